@@ -1,0 +1,42 @@
+"""recoverssm_rs — recurrent-state layouts, copy plans and RecoverSSM for hybrid SSM serving.
+
+Serving engines for hybrid SSM / linear-attention models keep per-layer recurrent state (conv
+windows, temporal / recurrent states) in a block pool and must copy it between blocks for prefix
+caching and speculative decoding. This package makes the state-layout contract explicit and checked
+(persistent states first, temporary workspace after), plans the copies in a Rust core, executes them
+on CPU tensors (a Rust host executor) or CUDA tensors (CuPy kernels), and implements RecoverSSM's
+verify-records workspace and commit.
+
+The rules live in the compiled core (:mod:`recoverssm_rs._core`); errors are raised as the classes
+of :mod:`recoverssm_rs.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import errors
+from ._core import Layout, StateSpec, __version__
+from .contract import validate_copy_funcs
+from .errors import (
+    BackendUnavailableError,
+    BindingError,
+    LayoutError,
+    PlanError,
+    RecoverSSMError,
+)
+
+logging.getLogger("recoverssm_rs").addHandler(logging.NullHandler())
+
+__all__ = [
+    "__version__",
+    "Layout",
+    "StateSpec",
+    "validate_copy_funcs",
+    "errors",
+    "RecoverSSMError",
+    "LayoutError",
+    "BindingError",
+    "PlanError",
+    "BackendUnavailableError",
+]

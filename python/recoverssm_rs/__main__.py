@@ -1,0 +1,7 @@
+"""``python -m recoverssm_rs``: see :mod:`recoverssm_rs.cli`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

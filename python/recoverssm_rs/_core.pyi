@@ -1,0 +1,136 @@
+"""Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
+
+from typing import Any, Literal, Sequence
+
+__version__: str
+
+Role = Literal["persistent", "workspace"]
+CopyKindName = Literal["conv", "temporal"]
+ConvLayoutName = Literal["SD", "DS"]
+
+class StateSpec:
+    """One state tensor of a layer (per block if persistent, per request if workspace)."""
+
+    def __init__(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: Any,
+        role: Role = "persistent",
+        copy: CopyKindName | None = None,
+        conv_layout: ConvLayoutName | None = None,
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def itemsize(self) -> int: ...
+    @property
+    def role(self) -> Role: ...
+    @property
+    def copy(self) -> CopyKindName | None: ...
+    @property
+    def conv_layout(self) -> ConvLayoutName | None: ...
+    @property
+    def nbytes(self) -> int | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+class Layout:
+    """A validated per-layer layout: persistent states first, workspace after."""
+
+    def __init__(self, backend: str, states: Sequence[StateSpec], num_spec: int = 0) -> None: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def states(self) -> tuple[StateSpec, ...]: ...
+    @property
+    def persistent(self) -> tuple[StateSpec, ...]: ...
+    @property
+    def workspace(self) -> tuple[StateSpec, ...]: ...
+    @property
+    def num_spec(self) -> int: ...
+    @property
+    def copyable_prefix_len(self) -> int: ...
+    @property
+    def persistent_bytes_per_block(self) -> int: ...
+    @property
+    def workspace_bytes_per_request(self) -> int: ...
+    def state(self, name: str) -> StateSpec: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def __len__(self) -> int: ...
+
+def _validate_copy_funcs(
+    groups: Sequence[
+        tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]
+    ],
+    copy_funcs: Sequence[tuple[str, Sequence[str]]],
+) -> dict[str, int]: ...
+def mamba1_layout(
+    *,
+    intermediate_size: int,
+    state_size: int,
+    conv_kernel_size: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: ConvLayoutName = "SD",
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+) -> Layout: ...
+def mamba2_layout(
+    *,
+    intermediate_size: int,
+    n_groups: int,
+    num_heads: int,
+    head_dim: int,
+    state_size: int,
+    conv_kernel_size: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: ConvLayoutName = "SD",
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+    replay_ring: int | None = None,
+) -> Layout: ...
+def short_conv_layout(
+    *,
+    hidden_size: int,
+    conv_kernel_size: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: ConvLayoutName = "SD",
+    dtype: Any = None,
+) -> Layout: ...
+def linear_attention_layout(
+    *, num_heads: int, head_dim: int, tp_size: int = 1, num_spec: int = 0, ssm_dtype: Any = None
+) -> Layout: ...
+def gdn_layout(
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    conv_kernel_size: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: ConvLayoutName = "SD",
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+    recover_ssm: bool = False,
+) -> Layout: ...
+def kda_layout(
+    *,
+    num_heads: int,
+    head_dim: int,
+    conv_kernel_size: int,
+    num_k_heads: int | None = None,
+    head_k_dim: int | None = None,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: ConvLayoutName = "SD",
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+    recover_ssm: bool = False,
+) -> Layout: ...

@@ -1,0 +1,96 @@
+"""The vLLM-compatible copy-function check, as an engine calls it at start-up.
+
+vLLM's ``validate_mamba_state_copy_funcs(mamba_groups, copy_funcs)`` accepts any non-empty copyable
+prefix so that RecoverSSM's 4-state layout (2 persistent + 2 workspace) can start; this version keeps
+that and restores what the relaxed check lost: each copy function must apply to the state at its
+index, and the groups must agree on block size, speculative blocks and cache mode. The rules are
+applied by the compiled core; this module only reads the engine's objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ._core import _validate_copy_funcs
+
+__all__ = ["validate_copy_funcs"]
+
+
+def _backend_name(value: Any) -> str:
+    """A backend given as a string or as an enum member (``MambaAttentionBackendEnum.GDN_ATTN``)."""
+    if isinstance(value, str):
+        return value
+    name = getattr(value, "name", None)
+    return name if isinstance(name, str) else str(value)
+
+
+def _field(group: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(group, Mapping):
+            if name in group:
+                return group[name]
+        elif hasattr(group, name):
+            return getattr(group, name)
+    return None
+
+
+def _copy_func_name(func: Any) -> str:
+    if isinstance(func, str):
+        return func
+    name = getattr(func, "__name__", None)
+    if name is None and hasattr(func, "func"):  # functools.partial
+        name = getattr(func.func, "__name__", None)
+    return name if isinstance(name, str) else repr(func)
+
+
+def _group_tuple(group: Any) -> tuple[Any, ...]:
+    backend = _field(group, "mamba_type", "backend")
+    shapes = _field(group, "shapes")
+    if backend is None or shapes is None:
+        raise TypeError(
+            f"each group needs a backend ('mamba_type' or 'backend') and 'shapes'; got {group!r}"
+        )
+    dtypes = _field(group, "dtypes")
+    mode = _field(group, "mamba_cache_mode", "cache_mode")
+    block_size = _field(group, "block_size")
+    spec_blocks = _field(group, "num_speculative_blocks")
+    return (
+        _backend_name(backend),
+        [[int(d) for d in shape] for shape in shapes],
+        None if dtypes is None else [str(d) for d in dtypes],
+        None if block_size is None else int(block_size),
+        None if spec_blocks is None else int(spec_blocks),
+        None if mode is None else str(_backend_name(mode)),
+    )
+
+
+def validate_copy_funcs(
+    groups: Iterable[Any] | Mapping[Any, Any],
+    copy_funcs: Mapping[Any, Sequence[Any]],
+) -> dict[str, int]:
+    """Check an engine's copy-function registration against the copyable-prefix contract.
+
+    Args:
+        groups: the engine's recurrent groups: vLLM's ``mamba_groups`` mapping (its keys are the
+            ``MambaSpec`` objects), or any iterable of objects / dicts with ``mamba_type`` (or
+            ``backend``), ``shapes`` and optionally ``dtypes``, ``block_size``,
+            ``num_speculative_blocks`` and ``mamba_cache_mode``.
+        copy_funcs: per backend (a name or an enum member), the copy functions it registers in state
+            order: ``"conv"`` / ``"temporal"`` or vLLM's own copy-spec functions, recognised by name.
+
+    Returns:
+        ``{backend: number of leading states covered by copy functions}``.
+
+    Raises:
+        LayoutError: a backend without an entry, an empty registration, more copy functions than
+            states ("expected a non-empty copyable prefix"), a copy kind that cannot apply to the
+            state at its index, or groups disagreeing on block size / speculative blocks / cache
+            mode. The message names the backend and the state.
+    """
+    group_list = list(groups.keys()) if isinstance(groups, Mapping) else list(groups)
+    funcs = [
+        (_backend_name(backend), [_copy_func_name(f) for f in seq])
+        for backend, seq in copy_funcs.items()
+    ]
+    return dict(_validate_copy_funcs([_group_tuple(g) for g in group_list], funcs))

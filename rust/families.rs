@@ -1,0 +1,331 @@
+//! Layout calculators for the recurrent-state families serving engines run, per tensor-parallel
+//! rank, with the shape formulas of vLLM's state-shape calculators.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout::{ConvLayout, CopyKind, Layout, StateSpec};
+
+/// Settings shared by every family: the rank split, the speculative window and the storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Common {
+    pub tp_size: u64,
+    pub num_spec: u32,
+    pub conv_layout: ConvLayout,
+    /// dtype of conv windows (the cache / model dtype).
+    pub dtype: DType,
+    /// dtype of temporal / recurrent states (`ssm_cache_dtype`).
+    pub ssm_dtype: DType,
+}
+
+impl Common {
+    fn check(&self, family: &str) -> Result<()> {
+        if self.tp_size == 0 {
+            return Err(Error::layout(format!("{family}: tp_size must be >= 1, got 0")));
+        }
+        Ok(())
+    }
+}
+
+/// `value / tp_size`, or an error naming the parameter when it does not divide.
+fn divide(family: &str, what: &str, value: u64, tp: u64) -> Result<u64> {
+    if value == 0 {
+        return Err(Error::layout(format!("{family}: {what} must be > 0")));
+    }
+    if value % tp != 0 {
+        return Err(Error::layout(format!(
+            "{family}: {what} = {value} is not divisible by tp_size = {tp}; choose a tp_size that \
+             divides it"
+        )));
+    }
+    Ok(value / tp)
+}
+
+fn positive(family: &str, what: &str, value: u64) -> Result<u64> {
+    if value == 0 {
+        return Err(Error::layout(format!("{family}: {what} must be > 0")));
+    }
+    Ok(value)
+}
+
+fn checked(family: &str, what: &str, v: Option<u64>) -> Result<u64> {
+    v.ok_or_else(|| Error::layout(format!("{family}: {what} overflows 64 bits")))
+}
+
+fn conv_state(c: &Common, width: u64, dim: u64) -> StateSpec {
+    let shape = match c.conv_layout {
+        ConvLayout::SD => [width, dim],
+        ConvLayout::DS => [dim, width],
+    };
+    StateSpec::persistent("conv", &shape, c.dtype, CopyKind::Conv(c.conv_layout))
+}
+
+/// Conv window width `conv_kernel_size - 1 + num_spec`.
+fn conv_width(family: &str, c: &Common, conv_kernel_size: u64) -> Result<u64> {
+    if conv_kernel_size < 2 {
+        return Err(Error::layout(format!(
+            "{family}: conv_kernel_size must be >= 2 (the window keeps conv_kernel_size - 1 \
+             columns), got {conv_kernel_size}"
+        )));
+    }
+    Ok(conv_kernel_size - 1 + c.num_spec as u64)
+}
+
+/// Mamba1: conv `dim = intermediate_size / tp`, `width = conv_kernel_size - 1`; temporal
+/// `(intermediate_size / tp, state_size)`.
+pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel_size: u64, c: &Common) -> Result<Layout> {
+    const F: &str = "mamba1";
+    c.check(F)?;
+    if c.num_spec != 0 {
+        return Err(Error::layout(format!(
+            "{F}: speculative decoding is not supported by Mamba1 state (its conv window keeps no \
+             speculative columns); use num_spec = 0, got {}",
+            c.num_spec
+        )));
+    }
+    let dim = divide(F, "intermediate_size", intermediate_size, c.tp_size)?;
+    let n = positive(F, "state_size", state_size)?;
+    let width = conv_width(F, c, conv_kernel_size)?;
+    Layout::new(
+        "MAMBA1",
+        vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[dim, n], c.ssm_dtype, CopyKind::Temporal)],
+        c.num_spec,
+    )
+}
+
+/// Mamba2 parameters (vLLM names).
+#[derive(Clone, Copy, Debug)]
+pub struct Mamba2 {
+    pub intermediate_size: u64,
+    pub n_groups: u64,
+    pub num_heads: u64,
+    pub head_dim: u64,
+    pub state_size: u64,
+    pub conv_kernel_size: u64,
+    /// ReplaySSM ring length; `Some(r)` appends the three never-copied rings as workspace.
+    pub replay_ring: Option<u64>,
+}
+
+/// Mamba2: `g' = n_groups + (tp - n_groups if n_groups % tp else 0)`; conv
+/// `dim = (intermediate_size + 2 g' state_size) / tp`, `width = conv_kernel_size - 1 + num_spec`;
+/// temporal `(num_heads / tp, head_dim, state_size)`; ReplaySSM rings
+/// `(num_heads / tp, R, head_dim)`, `(num_heads / tp, R)`, `(g' / tp, R, state_size)`.
+pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
+    const F: &str = "mamba2";
+    c.check(F)?;
+    let tp = c.tp_size;
+    let g = positive(F, "n_groups", p.n_groups)?;
+    if g % tp != 0 && g > tp {
+        return Err(Error::layout(format!(
+            "{F}: n_groups = {g} is neither divisible by tp_size = {tp} nor smaller than it (groups \
+             are replicated only when there are fewer groups than ranks)"
+        )));
+    }
+    let g_eff = if g % tp != 0 { g + (tp - g) } else { g };
+    let n = positive(F, "state_size", p.state_size)?;
+    let total = checked(
+        F,
+        "intermediate_size + 2 * n_groups * state_size",
+        g_eff.checked_mul(n).and_then(|x| x.checked_mul(2)).and_then(|x| x.checked_add(p.intermediate_size)),
+    )?;
+    positive(F, "intermediate_size", p.intermediate_size)?;
+    let dim = divide(F, "intermediate_size + 2 * n_groups * state_size", total, tp)?;
+    let heads = divide(F, "num_heads", p.num_heads, tp)?;
+    let hd = positive(F, "head_dim", p.head_dim)?;
+    let width = conv_width(F, c, p.conv_kernel_size)?;
+    let mut states = vec![
+        conv_state(c, width, dim),
+        StateSpec::persistent("temporal", &[heads, hd, n], c.ssm_dtype, CopyKind::Temporal),
+    ];
+    if let Some(r) = p.replay_ring {
+        let r = positive(F, "replay ring length", r)?;
+        let groups = divide(F, "n_groups (after replication)", g_eff, tp)?;
+        states.push(StateSpec::workspace("replay_x_ring", &[heads, r, hd], c.ssm_dtype));
+        states.push(StateSpec::workspace("replay_dt_ring", &[heads, r], c.ssm_dtype));
+        states.push(StateSpec::workspace("replay_B_ring", &[groups, r, n], c.ssm_dtype));
+    }
+    Layout::new("MAMBA2", states, c.num_spec)
+}
+
+/// Short conv: conv `dim = hidden_size / tp`, `width = conv_kernel_size - 1 + num_spec`.
+pub fn short_conv(hidden_size: u64, conv_kernel_size: u64, c: &Common) -> Result<Layout> {
+    const F: &str = "short_conv";
+    c.check(F)?;
+    let dim = divide(F, "hidden_size", hidden_size, c.tp_size)?;
+    let width = conv_width(F, c, conv_kernel_size)?;
+    Layout::new("SHORT_CONV", vec![conv_state(c, width, dim)], c.num_spec)
+}
+
+/// Linear attention: temporal `(num_heads / tp, head_dim, head_dim)`.
+pub fn linear_attention(num_heads: u64, head_dim: u64, c: &Common) -> Result<Layout> {
+    const F: &str = "linear_attention";
+    c.check(F)?;
+    let h = divide(F, "num_heads", num_heads, c.tp_size)?;
+    let d = positive(F, "head_dim", head_dim)?;
+    Layout::new(
+        "LINEAR",
+        vec![StateSpec::persistent("temporal", &[h, d, d], c.ssm_dtype, CopyKind::Temporal)],
+        c.num_spec,
+    )
+}
+
+/// The RecoverSSM verify records per request and layer: corrections `[H, Q, V]` fp32 and
+/// key + gate `[H, Q, key_gate]` in the model dtype, `Q = num_spec + 1`.
+fn recover_records(c: &Common, heads: u64, v: u64, key_gate: u64) -> [StateSpec; 2] {
+    let q = c.num_spec as u64 + 1;
+    [
+        StateSpec::workspace("verify_corrections", &[heads, q, v], DType::Float32),
+        StateSpec::workspace("verify_keygate", &[heads, q, key_gate], c.dtype),
+    ]
+}
+
+/// Gated DeltaNet parameters (vLLM names).
+#[derive(Clone, Copy, Debug)]
+pub struct Gdn {
+    pub num_k_heads: u64,
+    pub num_v_heads: u64,
+    pub head_k_dim: u64,
+    pub head_v_dim: u64,
+    pub conv_kernel_size: u64,
+    /// Append the RecoverSSM verify records as workspace.
+    pub recover_ssm: bool,
+}
+
+/// GDN: conv `dim = (2 num_k_heads head_k_dim + num_v_heads head_v_dim) / tp`,
+/// `width = conv_kernel_size - 1 + num_spec`; temporal `(num_v_heads / tp, head_v_dim, head_k_dim)`
+/// (V-major); with RecoverSSM, records `[H, Q, V]` fp32 and `[H, Q, K + 1]`.
+pub fn gdn(p: &Gdn, c: &Common) -> Result<Layout> {
+    const F: &str = "gdn";
+    c.check(F)?;
+    let nk = positive(F, "num_k_heads", p.num_k_heads)?;
+    let hk = positive(F, "head_k_dim", p.head_k_dim)?;
+    let hv = positive(F, "head_v_dim", p.head_v_dim)?;
+    let total = checked(
+        F,
+        "conv dim",
+        nk.checked_mul(hk)
+            .and_then(|x| x.checked_mul(2))
+            .and_then(|x| x.checked_add(p.num_v_heads.checked_mul(hv)?)),
+    )?;
+    let dim = divide(F, "2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim", total, c.tp_size)?;
+    let _ = divide(F, "num_k_heads", nk, c.tp_size)?;
+    let h = divide(F, "num_v_heads", p.num_v_heads, c.tp_size)?;
+    let width = conv_width(F, c, p.conv_kernel_size)?;
+    let mut states = vec![
+        conv_state(c, width, dim),
+        StateSpec::persistent("temporal", &[h, hv, hk], c.ssm_dtype, CopyKind::Temporal),
+    ];
+    if p.recover_ssm {
+        states.extend(recover_records(c, h, hv, hk + 1));
+    }
+    Layout::new("GDN_ATTN", states, c.num_spec)
+}
+
+/// Kimi Delta Attention parameters (vLLM names).
+#[derive(Clone, Copy, Debug)]
+pub struct Kda {
+    pub num_heads: u64,
+    pub head_dim: u64,
+    pub num_k_heads: u64,
+    pub head_k_dim: u64,
+    pub conv_kernel_size: u64,
+    pub recover_ssm: bool,
+}
+
+/// KDA: conv `dim = (num_heads head_dim + 2 num_k_heads head_k_dim) / tp`,
+/// `width = conv_kernel_size - 1 + num_spec`; recurrent `(num_heads / tp, head_dim, head_dim)`;
+/// with RecoverSSM, records `[H, Q, V]` fp32 and `[H, Q, 2K]`. KDA is served by the GDN_ATTN
+/// backend.
+pub fn kda(p: &Kda, c: &Common) -> Result<Layout> {
+    const F: &str = "kda";
+    c.check(F)?;
+    let nh = positive(F, "num_heads", p.num_heads)?;
+    let hd = positive(F, "head_dim", p.head_dim)?;
+    let nkh = positive(F, "num_k_heads", p.num_k_heads)?;
+    let hkd = positive(F, "head_k_dim", p.head_k_dim)?;
+    let total = checked(
+        F,
+        "conv dim",
+        nh.checked_mul(hd).and_then(|x| x.checked_add(nkh.checked_mul(hkd)?.checked_mul(2)?)),
+    )?;
+    let dim = divide(F, "num_heads * head_dim + 2 * num_k_heads * head_k_dim", total, c.tp_size)?;
+    let h = divide(F, "num_heads", nh, c.tp_size)?;
+    let width = conv_width(F, c, p.conv_kernel_size)?;
+    let mut states = vec![
+        conv_state(c, width, dim),
+        StateSpec::persistent("recurrent", &[h, hd, hd], c.ssm_dtype, CopyKind::Temporal),
+    ];
+    if p.recover_ssm {
+        states.extend(recover_records(c, h, hd, 2 * hd));
+    }
+    Layout::new("GDN_ATTN", states, c.num_spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn common(tp: u64, num_spec: u32, l: ConvLayout) -> Common {
+        Common { tp_size: tp, num_spec, conv_layout: l, dtype: DType::BFloat16, ssm_dtype: DType::Float32 }
+    }
+
+    #[test]
+    fn gdn_qwen3_next_shapes() {
+        let p = Gdn { num_k_heads: 16, num_v_heads: 32, head_k_dim: 128, head_v_dim: 128, conv_kernel_size: 4, recover_ssm: false };
+        let l = gdn(&p, &common(2, 3, ConvLayout::SD)).unwrap();
+        assert_eq!(l.states()[0].shape, vec![3 + 3, (2 * 16 * 128 + 32 * 128) / 2]);
+        assert_eq!(l.states()[1].shape, vec![16, 128, 128]);
+        assert_eq!(l.backend(), "GDN_ATTN");
+        let l = gdn(&Gdn { recover_ssm: true, ..p }, &common(1, 3, ConvLayout::DS)).unwrap();
+        assert_eq!(l.states()[0].shape, vec![8192, 6]);
+        assert_eq!(l.states()[2].shape, vec![32, 4, 128]);
+        assert_eq!(l.states()[3].shape, vec![32, 4, 129]);
+        assert_eq!(l.copyable_prefix_len(), 2);
+    }
+
+    #[test]
+    fn kda_recover_shapes() {
+        let p = Kda { num_heads: 32, head_dim: 128, num_k_heads: 32, head_k_dim: 128, conv_kernel_size: 4, recover_ssm: true };
+        let l = kda(&p, &common(1, 7, ConvLayout::DS)).unwrap();
+        assert_eq!(l.states()[0].shape, vec![32 * 128 * 3, 10]);
+        assert_eq!(l.states()[1].shape, vec![32, 128, 128]);
+        assert_eq!(l.states()[2].shape, vec![32, 8, 128]);
+        assert_eq!(l.states()[3].shape, vec![32, 8, 256]);
+        assert_eq!(l.states()[3].dtype, DType::BFloat16);
+        assert_eq!(l.states()[2].dtype, DType::Float32);
+    }
+
+    #[test]
+    fn mamba2_group_replication_and_rings() {
+        let p = Mamba2 { intermediate_size: 8192, n_groups: 1, num_heads: 128, head_dim: 64, state_size: 128, conv_kernel_size: 4, replay_ring: Some(8) };
+        let l = mamba2(&p, &common(4, 0, ConvLayout::SD)).unwrap();
+        // g' = 1 + (4 - 1) = 4
+        assert_eq!(l.states()[0].shape, vec![3, (8192 + 2 * 4 * 128) / 4]);
+        assert_eq!(l.states()[1].shape, vec![32, 64, 128]);
+        assert_eq!(l.states()[2].shape, vec![32, 8, 64]);
+        assert_eq!(l.states()[3].shape, vec![32, 8]);
+        assert_eq!(l.states()[4].shape, vec![1, 8, 128]);
+        assert_eq!(l.copyable_prefix_len(), 2);
+    }
+
+    #[test]
+    fn indivisible_dimension_names_the_parameter() {
+        let p = Gdn { num_k_heads: 16, num_v_heads: 32, head_k_dim: 128, head_v_dim: 128, conv_kernel_size: 4, recover_ssm: false };
+        let m = gdn(&p, &common(3, 0, ConvLayout::SD)).unwrap_err().message;
+        assert!(m.contains("not divisible by tp_size = 3"), "{m}");
+        let m = linear_attention(6, 64, &common(4, 0, ConvLayout::SD)).unwrap_err().message;
+        assert!(m.contains("num_heads = 6"), "{m}");
+    }
+
+    #[test]
+    fn other_families() {
+        let l = mamba1(8192, 16, 4, &common(2, 0, ConvLayout::DS)).unwrap();
+        assert_eq!(l.states()[0].shape, vec![4096, 3]);
+        assert_eq!(l.states()[1].shape, vec![4096, 16]);
+        assert!(mamba1(8192, 16, 4, &common(2, 1, ConvLayout::DS)).is_err());
+        let l = short_conv(2048, 3, &common(1, 2, ConvLayout::SD)).unwrap();
+        assert_eq!(l.states()[0].shape, vec![4, 2048]);
+        let l = linear_attention(64, 96, &common(8, 0, ConvLayout::SD)).unwrap();
+        assert_eq!(l.states()[0].shape, vec![8, 96, 96]);
+        assert!(short_conv(2048, 1, &common(1, 0, ConvLayout::SD)).unwrap_err().message.contains("conv_kernel_size"));
+    }
+}

@@ -1,0 +1,19 @@
+//! recoverssm_rs: the state-layout contract, copy plans and RecoverSSM commit plans for the
+//! recurrent layers of hybrid SSM / linear-attention models.
+//!
+//! The core is plain Rust: `cargo test` and `cargo bench` need no Python. The `python` feature adds
+//! the PyO3 bindings (a thin layer in [`python`]) that maturin builds into `recoverssm_rs._core`.
+
+pub mod copy_funcs;
+pub mod dtype;
+pub mod error;
+pub mod families;
+pub mod layout;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use copy_funcs::{validate_copy_funcs, CopyFuncKind, CopyPrefix, GroupSpec};
+pub use dtype::DType;
+pub use error::{Error, ErrorKind, Result};
+pub use layout::{ConvGeometry, ConvLayout, CopyKind, Layout, Role, StateSpec};

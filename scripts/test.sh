@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every test of recoverssm_rs on a fresh machine: sets up .venv (scripts/setup.sh --test),
+# then the Rust tests, a build of the Rust benchmarks, and the Python tests (which include the
+# kernel checks that need no GPU; tests marked `gpu` skip without one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+echo "== cargo test"
+cargo test --quiet
+echo "== cargo bench --no-run"
+cargo bench --quiet --no-run
+echo "== pytest"
+.venv/bin/python -m pytest -q tests "$@"
