@@ -96,7 +96,7 @@ pub fn validate_copy_funcs(
                 ))
             })?;
             let shape = &g.shapes[i];
-            if shape.is_empty() || shape.iter().any(|&d| d == 0) {
+            if shape.is_empty() || shape.contains(&0) {
                 return Err(Error::layout(format!(
                     "{backend}: {}: every state needs at least one dimension and no zero dimension",
                     state_name(i)

@@ -4,16 +4,22 @@
 //! The core is plain Rust: `cargo test` and `cargo bench` need no Python. The `python` feature adds
 //! the PyO3 bindings (a thin layer in [`python`]) that maturin builds into `recoverssm_rs._core`.
 
+pub mod binding;
 pub mod copy_funcs;
 pub mod dtype;
 pub mod error;
+pub mod executor;
 pub mod families;
 pub mod layout;
+pub mod plan;
 
 #[cfg(feature = "python")]
 mod python;
 
+pub use binding::{Binding, Device, StateTensor, TensorDesc};
 pub use copy_funcs::{validate_copy_funcs, CopyFuncKind, CopyPrefix, GroupSpec};
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};
 pub use layout::{ConvGeometry, ConvLayout, CopyKind, Layout, Role, StateSpec};
+pub use plan::segment::{Mode, MoveRow, Segment, StateMeta, Tile};
+pub use plan::{AlignStep, CopyPlan, Planner};

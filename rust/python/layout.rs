@@ -210,11 +210,14 @@ pub(crate) fn dtype_name(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(obj.str()?.to_string())
 }
 
+/// `(backend, shapes, dtypes, block_size, num_speculative_blocks, cache_mode)` of one group.
+type GroupTuple = (String, Vec<Vec<u64>>, Option<Vec<String>>, Option<u64>, Option<u64>, Option<String>);
+
 /// Applies the copyable-prefix contract to an engine's groups; returns `{backend: prefix_len}`.
 #[pyfunction]
 fn _validate_copy_funcs<'py>(
     py: Python<'py>,
-    groups: Vec<(String, Vec<Vec<u64>>, Option<Vec<String>>, Option<u64>, Option<u64>, Option<String>)>,
+    groups: Vec<GroupTuple>,
     copy_funcs: Vec<(String, Vec<String>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let groups: Vec<GroupSpec> = groups

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 mod layout;
+mod plan;
 
 /// Converts a core error into the package exception of its kind.
 pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
@@ -40,5 +41,6 @@ impl<T> IntoPyResult<T> for crate::error::Result<T> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     layout::register(m)?;
+    plan::register(m)?;
     Ok(())
 }

@@ -1,0 +1,250 @@
+//! Bindings for state binding, copy plans, tiles and the host executor. Plans are built and
+//! executed with the GIL released; their records are exposed as read-only buffers (zero-copy
+//! numpy views, see `recoverssm_rs/planner.py`).
+
+use super::layout::{dtype_name, Layout};
+use super::{to_py, IntoPyResult};
+use crate::binding::{Binding, TensorDesc};
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::executor;
+use crate::plan::segment::{StateMeta, Tile};
+use crate::plan::{tiles, AlignStep, CopyPlan, Planner as CorePlanner};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use std::os::raw::c_int;
+use std::sync::Arc;
+
+/// The core planner bound to state tensors, keeping the tensors alive.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct Planner {
+    inner: Arc<CorePlanner>,
+    /// The caller's state tensors: referenced for as long as any plan may copy into them.
+    _keepalive: Py<PyAny>,
+}
+
+fn int_array(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Vec<i64>, Vec<usize>)> {
+    if let Ok(b) = PyBuffer::<i64>::get(obj) {
+        return Ok((b.to_vec(py)?, b.shape().to_vec()));
+    }
+    if let Ok(b) = PyBuffer::<i32>::get(obj) {
+        let v: Vec<i32> = b.to_vec(py)?;
+        return Ok((v.into_iter().map(i64::from).collect(), b.shape().to_vec()));
+    }
+    Err(to_py(
+        py,
+        Error::plan(format!("{what} must be an int32 or int64 array (numpy array or CPU tensor), got {}", obj.get_type().name()?)),
+    ))
+}
+
+#[pymethods]
+impl Planner {
+    /// `states[layer]` holds `(data_ptr, dtype, shape, byte_strides, device, writable)` per state tensor;
+    /// `keepalive` is the object owning those tensors.
+    #[new]
+    #[allow(clippy::type_complexity)]
+    fn new(
+        py: Python<'_>,
+        layout: PyRef<'_, Layout>,
+        states: Vec<Vec<(u64, Bound<'_, PyAny>, Vec<i64>, Vec<i64>, String, bool)>>,
+        keepalive: Py<PyAny>,
+    ) -> PyResult<Self> {
+        let mut descs = Vec::with_capacity(states.len());
+        for layer in &states {
+            let mut l = Vec::with_capacity(layer.len());
+            for (ptr, dtype, shape, strides, device, writable) in layer {
+                let dtype = DType::parse(&dtype_name(dtype)?).map_err(|e| to_py(py, Error::binding(e.message)))?;
+                l.push(TensorDesc { data_ptr: *ptr, dtype, shape: shape.clone(), strides: strides.clone(), device: device.clone(), writable: *writable });
+            }
+            descs.push(l);
+        }
+        let binding = Binding::new(layout.core(), &descs).py_err(py)?;
+        Ok(Planner { inner: Arc::new(CorePlanner::new(binding)), _keepalive: keepalive })
+    }
+
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.inner.binding().num_layers()
+    }
+    #[getter]
+    fn num_blocks(&self) -> u64 {
+        self.inner.binding().num_blocks()
+    }
+    #[getter]
+    fn device(&self) -> String {
+        match self.inner.binding().device() {
+            crate::binding::Device::Cpu => "cpu".into(),
+            crate::binding::Device::Cuda(i) => format!("cuda:{i}"),
+        }
+    }
+    #[getter]
+    fn layout(&self) -> Layout {
+        Layout { inner: self.inner.binding().layout().clone() }
+    }
+
+    /// Plans an align-mode step. Inputs: `block_table` `[R, cols]`, `src_col`, `dst_col`,
+    /// `num_accepted` `[R]` (int32 or int64).
+    fn plan_align(
+        slf: Bound<'_, Self>,
+        block_table: &Bound<'_, PyAny>,
+        src_col: &Bound<'_, PyAny>,
+        dst_col: &Bound<'_, PyAny>,
+        num_accepted: &Bound<'_, PyAny>,
+    ) -> PyResult<Plan> {
+        let py = slf.py();
+        let (bt, shape) = int_array(py, block_table, "block_table")?;
+        let (sc, _) = int_array(py, src_col, "src_col")?;
+        let (dc, _) = int_array(py, dst_col, "dst_col")?;
+        let (na, _) = int_array(py, num_accepted, "num_accepted")?;
+        let cols = match shape.as_slice() {
+            [_, c] => *c,
+            _ => {
+                return Err(to_py(py, Error::plan(format!("block_table must be 2-D [requests, cols], got shape {shape:?}"))))
+            }
+        };
+        let planner = Arc::clone(&slf.get().inner);
+        let plan = py.detach(move || {
+            planner.plan_align(&AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na })
+        });
+        Ok(Plan { inner: Arc::new(plan.py_err(py)?), planner: slf.unbind() })
+    }
+
+    /// Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state.
+    fn plan_copy(slf: Bound<'_, Self>, src_blocks: &Bound<'_, PyAny>, dst_blocks: &Bound<'_, PyAny>) -> PyResult<Plan> {
+        let py = slf.py();
+        let (s, _) = int_array(py, src_blocks, "src_blocks")?;
+        let (d, _) = int_array(py, dst_blocks, "dst_blocks")?;
+        let planner = Arc::clone(&slf.get().inner);
+        let plan = py.detach(move || planner.plan_copy(&s, &d));
+        Ok(Plan { inner: Arc::new(plan.py_err(py)?), planner: slf.unbind() })
+    }
+
+    /// The per-(layer, persistent state) metadata table of the fused device kernel.
+    fn state_meta(&self) -> RawBuffer {
+        RawBuffer { owner: Owner::Meta(self.inner.state_meta()) }
+    }
+}
+
+/// One step's plan. Holds its planner, and so the state tensors, alive.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct Plan {
+    inner: Arc<CopyPlan>,
+    planner: Py<Planner>,
+}
+
+#[pymethods]
+impl Plan {
+    /// Segment records (32 bytes each) as a read-only buffer.
+    fn segments(&self) -> RawBuffer {
+        RawBuffer { owner: Owner::Segments(Arc::clone(&self.inner)) }
+    }
+    /// Compact per-request records (40 bytes each).
+    fn rows(&self) -> RawBuffer {
+        RawBuffer { owner: Owner::Rows(Arc::clone(&self.inner)) }
+    }
+    /// Segment index where each wave starts, plus the total (`num_waves + 1` u32 values).
+    fn wave_starts(&self) -> RawBuffer {
+        RawBuffer { owner: Owner::U32(self.inner.wave_starts().to_vec()) }
+    }
+    /// Tiles of about `tile_bytes` bytes and where each wave's tiles start.
+    #[pyo3(signature = (tile_bytes = tiles::DEFAULT_TILE_BYTES))]
+    fn tiles(&self, py: Python<'_>, tile_bytes: u32) -> PyResult<(RawBuffer, RawBuffer)> {
+        let plan = Arc::clone(&self.inner);
+        let t = py.detach(move || tiles::cut(&plan, tile_bytes)).py_err(py)?;
+        Ok((RawBuffer { owner: Owner::Tiles(t.tiles) }, RawBuffer { owner: Owner::U32(t.wave_starts) }))
+    }
+    #[getter]
+    fn num_waves(&self) -> usize {
+        self.inner.num_waves()
+    }
+    #[getter]
+    fn num_segments(&self) -> usize {
+        self.inner.segments().len()
+    }
+    #[getter]
+    fn num_copies(&self) -> u64 {
+        self.inner.num_copies()
+    }
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.rows().len()
+    }
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.inner.bytes()
+    }
+    #[getter]
+    fn planner(&self, py: Python<'_>) -> Py<Planner> {
+        self.planner.clone_ref(py)
+    }
+    /// Runs the plan over CPU tensors with the host executor (GIL released). Checks every segment
+    /// against the bound tensors first: either all of it runs or nothing does.
+    fn execute_host(&self, py: Python<'_>) -> PyResult<()> {
+        let plan = Arc::clone(&self.inner);
+        py.detach(move || executor::execute(&plan)).py_err(py)
+    }
+}
+
+enum Owner {
+    Segments(Arc<CopyPlan>),
+    Rows(Arc<CopyPlan>),
+    Tiles(Vec<Tile>),
+    U32(Vec<u32>),
+    Meta(Vec<StateMeta>),
+}
+
+/// A read-only byte buffer over plan records; numpy views it without copying.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct RawBuffer {
+    owner: Owner,
+}
+
+fn as_bytes<T>(v: &[T]) -> (*const u8, usize) {
+    (v.as_ptr() as *const u8, std::mem::size_of_val(v))
+}
+
+impl RawBuffer {
+    fn bytes(&self) -> (*const u8, usize) {
+        match &self.owner {
+            Owner::Segments(p) => as_bytes(p.segments()),
+            Owner::Rows(p) => as_bytes(p.rows()),
+            Owner::Tiles(t) => as_bytes(t),
+            Owner::U32(v) => as_bytes(v),
+            Owner::Meta(m) => as_bytes(m),
+        }
+    }
+}
+
+#[pymethods]
+impl RawBuffer {
+    fn __len__(&self) -> usize {
+        self.bytes().1
+    }
+
+    /// # Safety
+    /// Called by the interpreter with a valid `view`. The exported memory is owned by `slf` (or by
+    /// an immutable plan it holds), never mutated, and `view.obj` keeps `slf` alive.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("view is null"));
+        }
+        if (flags & ffi::PyBUF_WRITABLE) == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("plan buffers are read-only"));
+        }
+        let (ptr, len) = slf.get().bytes();
+        let rc = ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut _, len as ffi::Py_ssize_t, 1, flags);
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Planner>()?;
+    m.add_class::<Plan>()?;
+    m.add_class::<RawBuffer>()?;
+    Ok(())
+}
