@@ -5,6 +5,7 @@
 //! the PyO3 bindings (a thin layer in [`python`]) that maturin builds into `recoverssm_rs._core`.
 
 pub mod binding;
+pub mod commit;
 pub mod copy_funcs;
 pub mod dtype;
 pub mod error;
@@ -12,6 +13,7 @@ pub mod executor;
 pub mod families;
 pub mod layout;
 pub mod plan;
+pub mod recover;
 
 #[cfg(feature = "python")]
 mod python;

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SEGMENT_DTYPE", "TILE_DTYPE", "MOVE_ROW_DTYPE", "STATE_META_DTYPE", "MODE_NAMES"]
+__all__ = [
+    "SEGMENT_DTYPE",
+    "TILE_DTYPE",
+    "MOVE_ROW_DTYPE",
+    "STATE_META_DTYPE",
+    "COMMIT_ROW_DTYPE",
+    "MODE_NAMES",
+]
 
 #: One 2-D strided copy: rows x row_bytes from ``src + r * pitch`` to ``dst + r * pitch``.
 SEGMENT_DTYPE = np.dtype(
@@ -58,6 +65,18 @@ STATE_META_DTYPE = np.dtype(
     ]
 )
 
+#: One request's RecoverSSM commit: tokens to fold in, its state block, the boundary block (-1: none).
+COMMIT_ROW_DTYPE = np.dtype(
+    [
+        ("request", "<u4"),
+        ("count", "<u4"),
+        ("state_block", "<i8"),
+        ("boundary_block", "<i8"),
+        ("boundary_len", "<u4"),
+        ("reserved", "<u4"),
+    ]
+)
+
 #: Segment modes: how source and destination may overlap.
 MODE_NAMES = {0: "disjoint", 1: "rows_ascending", 2: "within_row"}
 
@@ -65,3 +84,4 @@ assert SEGMENT_DTYPE.itemsize == 32
 assert TILE_DTYPE.itemsize == 16
 assert MOVE_ROW_DTYPE.itemsize == 40
 assert STATE_META_DTYPE.itemsize == 64
+assert COMMIT_ROW_DTYPE.itemsize == 32

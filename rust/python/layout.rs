@@ -179,6 +179,26 @@ impl Layout {
             }
         }
     }
+    /// The RecoverSSM geometry of this layout (state indices, heads, head dims, window, gate
+    /// kind, conv geometry); raises LayoutError when the layout cannot serve RecoverSSM.
+    fn recover_geometry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let g = crate::recover::recover_geometry(&self.inner).py_err(py)?;
+        let d = PyDict::new(py);
+        d.set_item("conv_state", g.conv_state)?;
+        d.set_item("recurrent_state", g.recurrent_state)?;
+        d.set_item("corrections", g.corrections)?;
+        d.set_item("keygate", g.keygate)?;
+        d.set_item("kind", g.kind.name())?;
+        d.set_item("heads", g.heads)?;
+        d.set_item("head_v_dim", g.head_v_dim)?;
+        d.set_item("head_k_dim", g.head_k_dim)?;
+        d.set_item("window", g.window)?;
+        d.set_item("conv_layout", g.conv.layout.name())?;
+        d.set_item("conv_width", g.conv.width)?;
+        d.set_item("conv_dim", g.conv.dim)?;
+        d.set_item("conv_kernel_size", g.conv_kernel_size)?;
+        Ok(d)
+    }
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("backend", self.backend())?;

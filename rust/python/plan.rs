@@ -5,6 +5,7 @@
 use super::layout::{dtype_name, Layout};
 use super::{to_py, IntoPyResult};
 use crate::binding::{Binding, TensorDesc};
+use crate::commit::{plan_commit, AlignInputs, CommitRow, CommitStep};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::executor;
@@ -121,6 +122,51 @@ impl Planner {
         Ok(Plan { inner: Arc::new(plan.py_err(py)?), planner: slf.unbind() })
     }
 
+    /// A RecoverSSM commit plan (records of `recoverssm_rs.plan_format.COMMIT_ROW_DTYPE`): per
+    /// request the tokens to fold in, its state block and, in align mode, the boundary block.
+    #[pyo3(signature = (state_blocks, num_accepted, query_lens, seq_lens = None, block_table = None, block_size = None))]
+    fn plan_commit(
+        &self,
+        py: Python<'_>,
+        state_blocks: &Bound<'_, PyAny>,
+        num_accepted: &Bound<'_, PyAny>,
+        query_lens: &Bound<'_, PyAny>,
+        seq_lens: Option<&Bound<'_, PyAny>>,
+        block_table: Option<&Bound<'_, PyAny>>,
+        block_size: Option<u64>,
+    ) -> PyResult<RawBuffer> {
+        let (sb, _) = int_array(py, state_blocks, "state_blocks")?;
+        let (na, _) = int_array(py, num_accepted, "num_accepted")?;
+        let (ql, _) = int_array(py, query_lens, "query_lens")?;
+        let align = match (seq_lens, block_table, block_size) {
+            (None, None, None) => None,
+            (Some(s), Some(b), Some(bs)) => {
+                let (s, _) = int_array(py, s, "seq_lens")?;
+                let (b, shape) = int_array(py, b, "block_table")?;
+                let cols = match shape.as_slice() {
+                    [_, c] => *c,
+                    _ => return Err(to_py(py, Error::plan(format!("block_table must be 2-D [requests, cols], got shape {shape:?}")))),
+                };
+                Some((s, b, cols, bs))
+            }
+            _ => {
+                return Err(to_py(
+                    py,
+                    Error::plan("align mode needs seq_lens, block_table and block_size together; pass all three or none"),
+                ))
+            }
+        };
+        let b = self.inner.binding();
+        let step = CommitStep {
+            state_blocks: &sb,
+            num_accepted: &na,
+            query_lens: &ql,
+            align: align.as_ref().map(|(s, bt, cols, bs)| AlignInputs { seq_lens: s, block_table: bt, cols: *cols, block_size: *bs }),
+        };
+        let rows = plan_commit(&step, b.layout().backend(), b.num_blocks(), b.layout().num_spec() + 1).py_err(py)?;
+        Ok(RawBuffer { owner: Owner::Commit(rows) })
+    }
+
     /// The per-(layer, persistent state) metadata table of the fused device kernel.
     fn state_meta(&self) -> RawBuffer {
         RawBuffer { owner: Owner::Meta(self.inner.state_meta()) }
@@ -193,6 +239,7 @@ enum Owner {
     Tiles(Vec<Tile>),
     U32(Vec<u32>),
     Meta(Vec<StateMeta>),
+    Commit(Vec<CommitRow>),
 }
 
 /// A read-only byte buffer over plan records; numpy views it without copying.
@@ -213,6 +260,7 @@ impl RawBuffer {
             Owner::Tiles(t) => as_bytes(t),
             Owner::U32(v) => as_bytes(v),
             Owner::Meta(m) => as_bytes(m),
+            Owner::Commit(c) => as_bytes(c),
         }
     }
 }

@@ -1,0 +1,309 @@
+"""RecoverSSM state cache: the persistent block pool and the verify-record workspace of a stack
+of GDN / KDA layers, allocated once, and the verify / commit steps of speculative decoding.
+
+Per step and layer, :meth:`StateCache.conv_verify` runs the short causal conv over the window and
+writes the verified conv window in place (as serving engines' conv-update kernels do), and
+:meth:`StateCache.verify` runs the recurrence over the window *from* the persistent state without
+writing it, leaving per-token records ``(u_t, k_t, gate_t)`` in the workspace row of each request.
+After sampling, :meth:`StateCache.commit` folds each request's accepted records into its state
+(and, in align mode, writes the state at the block boundary crossed inside the window into the
+prefix-cache block) and compacts the conv windows — for every layer at once, from a commit plan
+built and checked by the Rust core. The workspace is per request row, not per block, so it costs
+no cache capacity; nothing is reallocated in steady state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import recurrence
+from ._core import Layout
+from .errors import PlanError
+from .plan_format import COMMIT_ROW_DTYPE
+from .planner import CopyPlanner, _host_ints
+
+__all__ = ["StateCache", "MemoryReport"]
+
+log = logging.getLogger("recoverssm_rs")
+
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        return getattr(torch, name)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Memory of a :class:`StateCache` (all layers)."""
+
+    persistent_bytes_per_block: int
+    """Persistent states of every layer in one block."""
+    pool_bytes: int
+    """The whole persistent block pool."""
+    workspace_bytes: int
+    """The verify-record workspace for ``max_requests`` requests."""
+    workspace_bytes_per_request: int
+    full_state_scratch_bytes: int
+    """What keeping one full recurrent state per window token would cost for the same requests."""
+    window: int
+
+    @property
+    def scratch_ratio(self) -> float:
+        """Full-state scratch bytes per workspace byte."""
+        return self.full_state_scratch_bytes / max(self.workspace_bytes, 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "persistent_bytes_per_block": self.persistent_bytes_per_block,
+            "pool_bytes": self.pool_bytes,
+            "workspace_bytes": self.workspace_bytes,
+            "workspace_bytes_per_request": self.workspace_bytes_per_request,
+            "full_state_scratch_bytes": self.full_state_scratch_bytes,
+            "scratch_ratio": self.scratch_ratio,
+            "window": self.window,
+        }
+
+
+class StateCache:
+    """Persistent block pool + verify-record workspace for ``num_layers`` RecoverSSM layers.
+
+    Args:
+        layout: a RecoverSSM layout (e.g. ``layouts.kda(..., recover_ssm=True)``): conv window and
+            recurrent state persistent, corrections and key+gate records as workspace.
+        num_layers: layers sharing this layout.
+        num_blocks: blocks in the pool, including the null block 0.
+        max_requests: workspace rows (the largest batch a step may verify).
+        device: where to allocate (``"cpu"``, ``"cuda"``, ...).
+
+    Raises:
+        LayoutError: the layout is not a RecoverSSM layout (the message says why).
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        max_requests: int,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        geo = layout.recover_geometry()
+        self.layout = layout
+        self.geometry: dict[str, Any] = geo
+        self.kind: str = geo["kind"]
+        self.window: int = int(geo["window"])
+        self.conv_kernel_size: int = int(geo["conv_kernel_size"])
+        self.conv_layout: str = geo["conv_layout"]
+        self.num_layers = int(num_layers)
+        self.num_blocks = int(num_blocks)
+        self.max_requests = int(max_requests)
+        self.device = torch.device(device)
+        states = layout.states
+        conv_spec = states[geo["conv_state"]]
+        rec_spec = states[geo["recurrent_state"]]
+        corr_spec = states[geo["corrections"]]
+        kg_spec = states[geo["keygate"]]
+        dev = self.device
+        # One allocation per state kind; per-layer tensors are views of it.
+        self._conv = torch.zeros((num_layers, num_blocks, *conv_spec.shape),
+                                 dtype=_torch_dtype(conv_spec.dtype), device=dev)
+        self._recurrent = torch.zeros((num_layers, num_blocks, *rec_spec.shape),
+                                      dtype=_torch_dtype(rec_spec.dtype), device=dev)
+        self._corrections = torch.zeros((num_layers, max_requests, *corr_spec.shape),
+                                        dtype=torch.float32, device=dev)
+        self._keygate = torch.zeros((num_layers, max_requests, *kg_spec.shape),
+                                    dtype=_torch_dtype(kg_spec.dtype), device=dev)
+        pers = [[self._conv[l], self._recurrent[l]] for l in range(num_layers)]
+        if geo["conv_state"] != 0:
+            pers = [[r, c] for c, r in pers]
+        self.planner = CopyPlanner(layout, pers)
+        log.debug("StateCache: %s", self)
+
+    # ---- tensors -------------------------------------------------------------------------
+    def conv_state(self, layer: int) -> torch.Tensor:
+        """``[num_blocks, *conv_shape]`` conv windows of ``layer``."""
+        return self._conv[layer]
+
+    def recurrent_state(self, layer: int) -> torch.Tensor:
+        """``[num_blocks, H, V, K]`` recurrent states of ``layer``."""
+        return self._recurrent[layer]
+
+    def workspace(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(corrections [max_requests, H, Q, V], keygate [max_requests, H, Q, KG])`` of ``layer``."""
+        return self._corrections[layer], self._keygate[layer]
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """Every tensor the cache allocated (for inspection: they never change identity)."""
+        return {"conv": self._conv, "recurrent": self._recurrent,
+                "corrections": self._corrections, "keygate": self._keygate}
+
+    # ---- verify --------------------------------------------------------------------------
+    def _rows(self, state_blocks: Any) -> torch.Tensor:
+        idx = torch.as_tensor(_host_ints(state_blocks, "state_blocks"), dtype=torch.long)
+        if idx.ndim != 1 or idx.numel() > self.max_requests:
+            raise PlanError(
+                f"state_blocks must be [B] with B <= max_requests = {self.max_requests}; "
+                f"got shape {tuple(idx.shape)}"
+            )
+        return idx.to(self.device)
+
+    def conv_verify(self, layer: int, state_blocks: Any, x: torch.Tensor,
+                    weight: torch.Tensor) -> torch.Tensor:
+        """Causal depthwise conv over the window, writing the verified window in place.
+
+        ``x`` ``[B, Q, dim]`` are the window's conv inputs, ``weight`` ``[dim, conv_kernel_size]``
+        (tap ``j`` multiplies the input ``conv_kernel_size - 1 - j`` positions back). The conv
+        window of each request's block holds the last ``conv_kernel_size - 1`` inputs in its first
+        columns; afterwards it holds ``[h_2 .. h_{K-1}, x_1 .. x_Q]``, which :meth:`commit`
+        compacts by the accepted count. Returns ``[B, Q, dim]`` (float32).
+        """
+        blocks = self._rows(state_blocks)
+        kc = self.conv_kernel_size
+        b, q, dim = x.shape
+        win = self._conv[layer][blocks]  # [B, dim, W] (DS) or [B, W, dim] (SD)
+        if self.conv_layout == "SD":
+            win = win.transpose(1, 2)
+        hist = win[:, :, : kc - 1].float()  # [B, dim, K-1]
+        seq = torch.cat([hist, x.float().transpose(1, 2)], dim=2)  # [B, dim, K-1+Q]
+        taps = seq.unfold(2, kc, 1)  # [B, dim, Q, K]
+        y = (taps * weight.float()[None, :, None, :]).sum(-1).transpose(1, 2)
+        new = seq[:, :, 1:].to(self._conv.dtype)  # [B, dim, K-2+Q] == window width
+        if self.conv_layout == "SD":
+            new = new.transpose(1, 2)
+        self._conv[layer][blocks] = new
+        return y
+
+    def verify(self, layer: int, state_blocks: Any, q_hat: torch.Tensor, k_hat: torch.Tensor,
+               v: torch.Tensor, gate: torch.Tensor, beta: torch.Tensor,
+               query_lens: Any = None) -> torch.Tensor:
+        """Run the window from each request's persistent state without writing it; write the
+        records into workspace rows ``0..B-1`` of ``layer``. Shapes as
+        :func:`recoverssm_rs.recurrence.verify` (``[B, Q, H, *]``); returns ``[B, Q, H, V]``."""
+        blocks = self._rows(state_blocks)
+        b = blocks.numel()
+        state = self._recurrent[layer][blocks]
+        corr, kg = self.workspace(layer)
+        return recurrence.verify(state, q_hat, k_hat, v, gate, beta, corr[:b], kg[:b],
+                                 query_lens=query_lens)
+
+    # ---- commit --------------------------------------------------------------------------
+    def plan_commit(self, num_accepted: Any, state_blocks: Any, query_lens: Any = None, *,
+                    seq_lens: Any = None, block_table: Any = None,
+                    block_size: int | None = None) -> np.ndarray:
+        """The commit plan (``COMMIT_ROW_DTYPE`` records), checked by the core. See :meth:`commit`."""
+        sb = _host_ints(state_blocks, "state_blocks")
+        if query_lens is None:
+            query_lens = np.full(len(sb), self.window, dtype=np.int64)
+        raw = self.planner._core.plan_commit(
+            sb, _host_ints(num_accepted, "num_accepted"), _host_ints(query_lens, "query_lens"),
+            None if seq_lens is None else _host_ints(seq_lens, "seq_lens"),
+            None if block_table is None else _host_ints(block_table, "block_table"),
+            block_size,
+        )
+        return np.frombuffer(raw, dtype=COMMIT_ROW_DTYPE)
+
+    def commit(self, num_accepted: Any, state_blocks: Any, query_lens: Any = None, *,
+               seq_lens: Any = None, block_table: Any = None,
+               block_size: int | None = None) -> np.ndarray:
+        """Fold each request's accepted records into its state, for every layer.
+
+        Args:
+            num_accepted: ``[B]`` tokens accepted (clamped to ``[0, query_len]``).
+            state_blocks: ``[B]`` block of each request's running state (as given to verify);
+                ``<= 0`` marks padding.
+            query_lens: ``[B]`` tokens verified per request (default: the full window).
+            seq_lens, block_table, block_size: align mode (all three or none): tokens in each
+                running state before the window, the block table ``[B, cols]`` and the block size
+                in tokens. When ``seq_len + count`` crosses a multiple of ``block_size``, the state
+                (and conv window) at that boundary is written into ``block_table[r, boundary //
+                block_size - 1]`` for the prefix cache.
+
+        Returns:
+            the commit plan that was executed (``COMMIT_ROW_DTYPE``).
+
+        Raises:
+            PlanError: before anything changes (a bad count, block, boundary or a block written
+                twice), naming the request.
+        """
+        rows = self.plan_commit(num_accepted, state_blocks, query_lens, seq_lens=seq_lens,
+                                block_table=block_table, block_size=block_size)
+        if len(rows) == 0:
+            return rows
+        dev = self.device
+        req = torch.as_tensor(rows["request"].astype(np.int64), device=dev)
+        sb = torch.as_tensor(rows["state_block"].copy(), device=dev)
+        counts = torch.as_tensor(rows["count"].astype(np.int64), device=dev)
+        has_b = rows["boundary_block"] >= 0
+        bmask = torch.as_tensor(has_b, device=dev)
+        bb = torch.as_tensor(rows["boundary_block"][has_b].copy(), device=dev)
+        bcounts = torch.as_tensor(np.where(has_b, rows["boundary_len"], -1).astype(np.int64),
+                                  device=dev)
+        any_b = bool(has_b.any())
+        for layer in range(self.num_layers):
+            corr, kg = self.workspace(layer)
+            rec = self._recurrent[layer]
+            s0 = rec[sb]
+            bout = torch.empty_like(s0) if any_b else None
+            new = recurrence.commit(s0, corr[req], kg[req], counts,
+                                    boundary_counts=bcounts if any_b else None,
+                                    boundary_out=bout)
+            if any_b:
+                rec[bb] = bout[bmask]
+            rec[sb] = new
+            conv = self._conv[layer]
+            win = conv[sb]
+            if any_b:
+                conv[bb] = recurrence.compact_conv_window(
+                    win[bmask], bcounts[bmask], self.conv_kernel_size, self.conv_layout)
+            conv[sb] = recurrence.compact_conv_window(win, counts, self.conv_kernel_size,
+                                                      self.conv_layout)
+        return rows
+
+    # ---- copies & memory -----------------------------------------------------------------
+    def copy_blocks(self, src_blocks: Sequence[int] | Any, dst_blocks: Sequence[int] | Any) -> int:
+        """Copy whole blocks (every persistent state of every layer): forks and prefix-cache hits,
+        planned and checked by the copy planner. Returns the number of copies."""
+        plan = self.planner.plan_copy(src_blocks, dst_blocks)
+        plan.execute()
+        return len(plan)
+
+    def memory_report(self) -> MemoryReport:
+        """Persistent bytes per block, pool and workspace bytes, and the full-state scratch the
+        same window would need."""
+        l = self.num_layers
+        per_block = self.layout.persistent_bytes_per_block * l
+        ws_req = self.layout.workspace_bytes_per_request * l
+        g = self.geometry
+        rec_dtype = self.layout.states[g["recurrent_state"]].dtype
+        full = recurrence.full_state_scratch_bytes(
+            int(g["heads"]), int(g["head_k_dim"]), int(g["head_v_dim"]), self.window,
+            _torch_dtype(rec_dtype)) * l * self.max_requests
+        return MemoryReport(
+            persistent_bytes_per_block=per_block,
+            pool_bytes=per_block * self.num_blocks,
+            workspace_bytes=ws_req * self.max_requests,
+            workspace_bytes_per_request=ws_req,
+            full_state_scratch_bytes=full,
+            window=self.window,
+        )
+
+    def __repr__(self) -> str:
+        return (f"StateCache({self.layout.backend!r}, kind={self.kind!r}, layers={self.num_layers}, "
+                f"blocks={self.num_blocks}, max_requests={self.max_requests}, "
+                f"window={self.window}, device={str(self.device)!r})")
