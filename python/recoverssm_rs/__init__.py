@@ -18,6 +18,7 @@ import logging
 from . import errors
 from ._core import Layout, StateSpec, __version__
 from .contract import validate_copy_funcs
+from .planner import CopyPlan, CopyPlanner
 from .errors import (
     BackendUnavailableError,
     BindingError,
@@ -28,11 +29,23 @@ from .errors import (
 
 logging.getLogger("recoverssm_rs").addHandler(logging.NullHandler())
 
+
+def __getattr__(name: str) -> object:
+    # StateCache needs torch; import it on first use so the rest of the package works without.
+    if name == "StateCache":
+        from .state_cache import StateCache
+
+        return StateCache
+    raise AttributeError(f"module 'recoverssm_rs' has no attribute {name!r}")
+
 __all__ = [
     "__version__",
     "Layout",
     "StateSpec",
     "validate_copy_funcs",
+    "CopyPlanner",
+    "CopyPlan",
+    "StateCache",
     "errors",
     "RecoverSSMError",
     "LayoutError",

@@ -1,7 +1,8 @@
 //! Hazards between the moves of one kind of state, shared by every layer: two moves writing the
 //! same block, and moves that read a block another move overwrites (ordered into waves). In-block
 //! shifts (source block == destination block) are not hazards: their segments are memmove-safe.
-//! O(n log n) in the number of moves.
+//! O(n) with a block-indexed table (kept between steps, reset after use) for pools of up to
+//! 16M blocks; O(n log n) by sorting for larger pools.
 
 use super::step::Move;
 use crate::error::{Error, Result};
@@ -9,6 +10,8 @@ use crate::error::{Error, Result};
 /// Reusable buffers for the wave computation.
 #[derive(Default, Debug)]
 pub struct Scratch {
+    /// `writer[block]` = 1 + index of the move writing `block`, 0 for none. All zero between calls.
+    writer: Vec<u32>,
     by_dst: Vec<(u64, u32)>,
     next: Vec<u32>,
     indeg: Vec<u32>,
@@ -18,10 +21,22 @@ pub struct Scratch {
 
 const NONE: u32 = u32::MAX;
 
+/// Pools up to this many blocks use the O(n) block-indexed table (4 bytes per block).
+const DENSE_BLOCKS: u64 = 1 << 24;
+
+fn duplicate(moves: &[Move], i: usize, j: usize, backend: &str, state: &str) -> Error {
+    let (a, b) = (moves[i].request.min(moves[j].request), moves[i].request.max(moves[j].request));
+    Error::plan(format!(
+        "{backend}: requests {a} and {b} both write block {} of state '{state}' (all layers): two copies would write the same bytes; give each request its own destination block",
+        moves[i].dst
+    ))
+}
+
 /// Assigns a wave to every move (written into `waves`) so that a move that reads block X runs in
 /// an earlier wave than the move that overwrites X. Returns the number of waves.
 pub fn waves(
     moves: &[Move],
+    num_blocks: u64,
     backend: &str,
     state: &str,
     scratch: &mut Scratch,
@@ -34,33 +49,60 @@ pub fn waves(
         return Ok(0);
     }
     let s = scratch;
-    s.by_dst.clear();
-    s.by_dst.extend(moves.iter().enumerate().map(|(i, m)| (m.dst, i as u32)));
-    s.by_dst.sort_unstable();
-    for w in s.by_dst.windows(2) {
-        if w[0].0 == w[1].0 {
-            let (a, b) = (moves[w[0].1 as usize].request, moves[w[1].1 as usize].request);
-            return Err(Error::plan(format!(
-                "{backend}: requests {a} and {b} both write block {} of state '{state}' (all layers): two copies would write the same bytes; give each request its own destination block",
-                w[0].0
-            )));
-        }
-    }
     // next[i]: the move that overwrites the block move i reads (it must run after i).
     s.next.clear();
     s.indeg.clear();
     s.indeg.resize(n, 0);
     let mut any = false;
-    for (i, m) in moves.iter().enumerate() {
-        let j = match s.by_dst.binary_search_by_key(&m.src, |&(d, _)| d) {
-            Ok(k) if s.by_dst[k].1 as usize != i => s.by_dst[k].1,
-            _ => NONE,
-        };
-        if j != NONE {
-            s.indeg[j as usize] += 1;
-            any = true;
+    if num_blocks <= DENSE_BLOCKS {
+        if s.writer.len() < num_blocks as usize {
+            s.writer.resize(num_blocks as usize, 0);
         }
-        s.next.push(j);
+        let mut dup = None;
+        for (i, m) in moves.iter().enumerate() {
+            let w = &mut s.writer[m.dst as usize];
+            if *w != 0 && dup.is_none() {
+                dup = Some((*w as usize - 1, i));
+            }
+            *w = i as u32 + 1;
+        }
+        if dup.is_none() {
+            for (i, m) in moves.iter().enumerate() {
+                let w = s.writer[m.src as usize];
+                let j = if w != 0 && w as usize - 1 != i { w - 1 } else { NONE };
+                if j != NONE {
+                    s.indeg[j as usize] += 1;
+                    any = true;
+                }
+                s.next.push(j);
+            }
+        }
+        for m in moves {
+            s.writer[m.dst as usize] = 0;
+        }
+        if let Some((a, b)) = dup {
+            return Err(duplicate(moves, a, b, backend, state));
+        }
+    } else {
+        s.by_dst.clear();
+        s.by_dst.extend(moves.iter().enumerate().map(|(i, m)| (m.dst, i as u32)));
+        s.by_dst.sort_unstable();
+        for w in s.by_dst.windows(2) {
+            if w[0].0 == w[1].0 {
+                return Err(duplicate(moves, w[0].1 as usize, w[1].1 as usize, backend, state));
+            }
+        }
+        for (i, m) in moves.iter().enumerate() {
+            let j = match s.by_dst.binary_search_by_key(&m.src, |&(d, _)| d) {
+                Ok(k) if s.by_dst[k].1 as usize != i => s.by_dst[k].1,
+                _ => NONE,
+            };
+            if j != NONE {
+                s.indeg[j as usize] += 1;
+                any = true;
+            }
+            s.next.push(j);
+        }
     }
     if !any {
         return Ok(1);
@@ -126,7 +168,12 @@ mod tests {
     fn run(moves: &[Move]) -> Result<(usize, Vec<u16>)> {
         let mut s = Scratch::default();
         let mut w = Vec::new();
-        let n = waves(moves, "B", "conv", &mut s, &mut w)?;
+        let n = waves(moves, 64, "B", "conv", &mut s, &mut w)?;
+        // The sorting path (huge pools) must agree with the table path.
+        let mut w2 = Vec::new();
+        let n2 = waves(moves, DENSE_BLOCKS + 1, "B", "conv", &mut s, &mut w2);
+        assert_eq!(n2.as_ref().ok(), Some(&n));
+        assert_eq!(w, w2);
         Ok((n, w))
     }
 

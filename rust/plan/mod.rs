@@ -143,8 +143,9 @@ impl Planner {
         let names = layout.states();
         let conv_name = self.conv_state.map(|i| names[i].name.as_str()).unwrap_or("conv");
         let temporal_name = self.temporal_state.map(|i| names[i].name.as_str()).unwrap_or("temporal");
-        let nc = hazard::waves(&s.moves.conv, backend, conv_name, &mut s.hazard, &mut s.conv_waves)?;
-        let nt = hazard::waves(&s.moves.temporal, backend, temporal_name, &mut s.hazard, &mut s.temporal_waves)?;
+        let nb = b.num_blocks();
+        let nc = hazard::waves(&s.moves.conv, nb, backend, conv_name, &mut s.hazard, &mut s.conv_waves)?;
+        let nt = hazard::waves(&s.moves.temporal, nb, backend, temporal_name, &mut s.hazard, &mut s.temporal_waves)?;
         let num_waves = nc.max(nt);
 
         let (mut segments, mut rows) = {
