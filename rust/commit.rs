@@ -159,6 +159,33 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
     Ok(rows)
 }
 
+/// Checks the running-state blocks a verify step reads (or a reset writes): each in range, no two
+/// requests on one block. Values `<= 0` are padding.
+pub fn check_state_blocks(state_blocks: &[i64], backend: &str, num_blocks: u64) -> Result<()> {
+    let mut seen: Vec<(i64, usize)> = Vec::with_capacity(state_blocks.len());
+    for (i, &b) in state_blocks.iter().enumerate() {
+        if b <= 0 {
+            continue;
+        }
+        if b as u64 >= num_blocks {
+            return Err(Error::plan(format!("{backend}: request {i}: state block {b} is outside 0..{num_blocks}")));
+        }
+        seen.push((b, i));
+    }
+    seen.sort_unstable();
+    for w in seen.windows(2) {
+        if w[0].0 == w[1].0 {
+            return Err(Error::plan(format!(
+                "{backend}: requests {} and {} both use state block {}; every request needs its own running block",
+                w[0].1.min(w[1].1),
+                w[0].1.max(w[1].1),
+                w[0].0
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +235,13 @@ mod tests {
         assert!(e(plan(&[3], &[2], &[2], Some(a))).contains("block_size = 2"));
         let a = AlignInputs { seq_lens: &[31], block_table: &[5], cols: 1, block_size: 16 };
         assert!(e(plan(&[3], &[2], &[2], Some(a))).contains("column 1, outside the row"));
+    }
+
+    #[test]
+    fn state_block_checks() {
+        assert!(check_state_blocks(&[3, -1, 0, 5], "B", 8).is_ok());
+        assert!(check_state_blocks(&[3, 9], "B", 8).unwrap_err().message.contains("request 1: state block 9"));
+        assert!(check_state_blocks(&[3, 5, 3], "B", 8).unwrap_err().message.contains("requests 0 and 2 both use state block 3"));
     }
 
     #[test]

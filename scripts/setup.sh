@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 extras=(numpy torch)
 if [[ "${1:-}" == "--test" ]]; then
-  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12)
+  # cupy-cuda12x imports without a GPU: the kernel checks use CuPy's own NVRTC options.
+  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12 cupy-cuda12x)
 fi
 
 if [[ ! -x .venv/bin/python ]]; then
@@ -22,6 +23,7 @@ for pkg in maturin "${extras[@]}"; do
   mod=${pkg//-/_}
   case "$pkg" in
     nvidia-cuda-nvrtc-cu12) probe='import importlib.util,sys; sys.exit(importlib.util.find_spec("nvidia.cuda_nvrtc") is None)' ;;
+    cupy-cuda12x) probe='import cupy' ;;
     maturin) probe='import shutil,sys; sys.exit(shutil.which("maturin") is None)' ;;
     *) probe="import $mod" ;;
   esac

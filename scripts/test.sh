@@ -10,4 +10,5 @@ cargo test --quiet
 echo "== cargo bench --no-run"
 cargo bench --quiet --no-run
 echo "== pytest"
-.venv/bin/python -m pytest -q tests "$@"
+# The kernel compile checks must run here, not skip: fail if NVRTC is missing.
+RECOVERSSM_REQUIRE_NVRTC=1 .venv/bin/python -m pytest -q tests "$@"

@@ -2,14 +2,14 @@
 of GDN / KDA layers, allocated once, and the verify / commit steps of speculative decoding.
 
 Per step and layer, :meth:`StateCache.conv_verify` runs the short causal conv over the window and
-writes the verified conv window in place (as serving engines' conv-update kernels do), and
-:meth:`StateCache.verify` runs the recurrence over the window *from* the persistent state without
-writing it, leaving per-token records ``(u_t, k_t, gate_t)`` in the workspace row of each request.
-After sampling, :meth:`StateCache.commit` folds each request's accepted records into its state
-(and, in align mode, writes the state at the block boundary crossed inside the window into the
-prefix-cache block) and compacts the conv windows — for every layer at once, from a commit plan
-built and checked by the Rust core. The workspace is per request row, not per block, so it costs
-no cache capacity; nothing is reallocated in steady state.
+:meth:`StateCache.verify` runs the recurrence over the window, both *from* the persistent state
+without writing it: the verified conv window and the per-token records ``(u_t, k_t, gate_t)`` go to
+the workspace row of each request. After sampling, :meth:`StateCache.commit` folds each request's
+accepted records into its state and writes the conv window compacted by the accepted count (and,
+in align mode, writes the state and window at the block boundary crossed inside the window into
+the prefix-cache block) — for every layer at once, from a commit plan built and checked by the Rust
+core. A commit of 0 tokens leaves both states exactly as they were. The workspace is per request
+row, not per block, so it costs no cache capacity; nothing is reallocated in steady state.
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ class MemoryReport:
     pool_bytes: int
     """The whole persistent block pool."""
     workspace_bytes: int
-    """The verify-record workspace for ``max_requests`` requests."""
+    """The workspace for ``max_requests`` requests: verify records and verified conv windows."""
     workspace_bytes_per_request: int
+    record_bytes_per_request: int
+    """The layout's verify records (all layers) for one request."""
     full_state_scratch_bytes: int
     """What keeping one full recurrent state per window token would cost for the same requests."""
     window: int
@@ -73,6 +75,7 @@ class MemoryReport:
             "pool_bytes": self.pool_bytes,
             "workspace_bytes": self.workspace_bytes,
             "workspace_bytes_per_request": self.workspace_bytes_per_request,
+            "record_bytes_per_request": self.record_bytes_per_request,
             "full_state_scratch_bytes": self.full_state_scratch_bytes,
             "scratch_ratio": self.scratch_ratio,
             "window": self.window,
@@ -129,6 +132,9 @@ class StateCache:
                                         dtype=torch.float32, device=dev)
         self._keygate = torch.zeros((num_layers, max_requests, *kg_spec.shape),
                                     dtype=_torch_dtype(kg_spec.dtype), device=dev)
+        # The verified conv window of each request row: commit compacts it into the block.
+        self._conv_window = torch.zeros((num_layers, max_requests, *conv_spec.shape),
+                                        dtype=self._conv.dtype, device=dev)
         pers = [[self._conv[l], self._recurrent[l]] for l in range(num_layers)]
         if geo["conv_state"] != 0:
             pers = [[r, c] for c, r in pers]
@@ -151,31 +157,36 @@ class StateCache:
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every tensor the cache allocated (for inspection: they never change identity)."""
         return {"conv": self._conv, "recurrent": self._recurrent,
-                "corrections": self._corrections, "keygate": self._keygate}
+                "corrections": self._corrections, "keygate": self._keygate,
+                "conv_window": self._conv_window}
 
     # ---- verify --------------------------------------------------------------------------
     def _rows(self, state_blocks: Any) -> torch.Tensor:
-        idx = torch.as_tensor(_host_ints(state_blocks, "state_blocks"), dtype=torch.long)
+        """Checked running-state blocks as a device index; padding rows (``<= 0``) read block 0."""
+        sb = _host_ints(state_blocks, "state_blocks")
+        self.planner._core.check_state_blocks(sb)
+        idx = torch.as_tensor(np.asarray(sb), dtype=torch.long)
         if idx.ndim != 1 or idx.numel() > self.max_requests:
             raise PlanError(
                 f"state_blocks must be [B] with B <= max_requests = {self.max_requests}; "
                 f"got shape {tuple(idx.shape)}"
             )
-        return idx.to(self.device)
+        return idx.clamp(min=0).to(self.device)
 
     def conv_verify(self, layer: int, state_blocks: Any, x: torch.Tensor,
                     weight: torch.Tensor) -> torch.Tensor:
-        """Causal depthwise conv over the window, writing the verified window in place.
+        """Causal depthwise conv over the window, from each request's conv window.
 
         ``x`` ``[B, Q, dim]`` are the window's conv inputs, ``weight`` ``[dim, conv_kernel_size]``
-        (tap ``j`` multiplies the input ``conv_kernel_size - 1 - j`` positions back). The conv
-        window of each request's block holds the last ``conv_kernel_size - 1`` inputs in its first
-        columns; afterwards it holds ``[h_2 .. h_{K-1}, x_1 .. x_Q]``, which :meth:`commit`
-        compacts by the accepted count. Returns ``[B, Q, dim]`` (float32).
+        (tap ``j`` multiplies the input ``conv_kernel_size - 1 - j`` positions back). The window
+        in each request's block holds the last ``conv_kernel_size - 1`` inputs in its first
+        columns and is not written; the verified window ``[h_2 .. h_{K-1}, x_1 .. x_Q]`` goes to
+        the request's workspace row, which :meth:`commit` compacts by the accepted count into the
+        block. Returns ``[B, Q, dim]`` (float32).
         """
         blocks = self._rows(state_blocks)
         kc = self.conv_kernel_size
-        b, q, dim = x.shape
+        b = blocks.numel()
         win = self._conv[layer][blocks]  # [B, dim, W] (DS) or [B, W, dim] (SD)
         if self.conv_layout == "SD":
             win = win.transpose(1, 2)
@@ -186,7 +197,7 @@ class StateCache:
         new = seq[:, :, 1:].to(self._conv.dtype)  # [B, dim, K-2+Q] == window width
         if self.conv_layout == "SD":
             new = new.transpose(1, 2)
-        self._conv[layer][blocks] = new
+        self._conv_window[layer][:b] = new
         return y
 
     def verify(self, layer: int, state_blocks: Any, q_hat: torch.Tensor, k_hat: torch.Tensor,
@@ -255,6 +266,9 @@ class StateCache:
         bcounts = torch.as_tensor(np.where(has_b, rows["boundary_len"], -1).astype(np.int64),
                                   device=dev)
         any_b = bool(has_b.any())
+        moved_np = rows["count"] > 0
+        moved = torch.as_tensor(moved_np, device=dev)
+        moved_all, moved_any = bool(moved_np.all()), bool(moved_np.any())
         for layer in range(self.num_layers):
             corr, kg = self.workspace(layer)
             rec = self._recurrent[layer]
@@ -267,15 +281,30 @@ class StateCache:
                 rec[bb] = bout[bmask]
             rec[sb] = new
             conv = self._conv[layer]
-            win = conv[sb]
+            win = self._conv_window[layer][req]
             if any_b:
                 conv[bb] = recurrence.compact_conv_window(
                     win[bmask], bcounts[bmask], self.conv_kernel_size, self.conv_layout)
-            conv[sb] = recurrence.compact_conv_window(win, counts, self.conv_kernel_size,
-                                                      self.conv_layout)
+            # A commit of 0 tokens keeps the block's window as it was before the verify.
+            if moved_all:
+                conv[sb] = recurrence.compact_conv_window(win, counts, self.conv_kernel_size,
+                                                          self.conv_layout)
+            elif moved_any:
+                conv[sb[moved]] = recurrence.compact_conv_window(
+                    win[moved], counts[moved], self.conv_kernel_size, self.conv_layout)
         return rows
 
     # ---- copies & memory -----------------------------------------------------------------
+    def reset_blocks(self, blocks: Any) -> None:
+        """Zero every persistent state of ``blocks`` (all layers): a fresh request's running
+        block. Values ``<= 0`` are skipped; blocks are checked by the core."""
+        sb = _host_ints(blocks, "blocks")
+        self.planner._core.check_state_blocks(sb)
+        idx = torch.as_tensor(np.asarray(sb), dtype=torch.long)
+        idx = idx[idx > 0].to(self.device)
+        self._conv[:, idx] = 0
+        self._recurrent[:, idx] = 0
+
     def copy_blocks(self, src_blocks: Sequence[int] | Any, dst_blocks: Sequence[int] | Any) -> int:
         """Copy whole blocks (every persistent state of every layer): forks and prefix-cache hits,
         planned and checked by the copy planner. Returns the number of copies."""
@@ -288,7 +317,9 @@ class StateCache:
         same window would need."""
         l = self.num_layers
         per_block = self.layout.persistent_bytes_per_block * l
-        ws_req = self.layout.workspace_bytes_per_request * l
+        records = self.layout.workspace_bytes_per_request * l
+        conv_window = self._conv_window[0, 0].numel() * self._conv_window.element_size() * l
+        ws_req = records + conv_window
         g = self.geometry
         rec_dtype = self.layout.states[g["recurrent_state"]].dtype
         full = recurrence.full_state_scratch_bytes(
@@ -299,6 +330,7 @@ class StateCache:
             pool_bytes=per_block * self.num_blocks,
             workspace_bytes=ws_req * self.max_requests,
             workspace_bytes_per_request=ws_req,
+            record_bytes_per_request=records,
             full_state_scratch_bytes=full,
             window=self.window,
         )

@@ -39,7 +39,10 @@ pub fn cut(plan: &CopyPlan, tile_bytes: u32) -> Result<TileTable> {
 
 fn cut_segment(index: u32, s: &Segment, tile_bytes: u32, out: &mut Vec<Tile>) {
     let by_bytes = s.rows == 1 || s.mode() == Mode::RowsAscending;
-    if by_bytes {
+    if s.rows == 1 && s.mode() == Mode::WithinRow {
+        // A single row shifted in place: one worker must copy it whole, so one tile.
+        out.push(Tile { segment: index, begin: 0, count: s.row_bytes, reserved: 0 });
+    } else if by_bytes {
         let len = s.row_bytes as u64;
         // Bytes per row covered by one tile: the tile's work is that times the rows.
         let unit = ((tile_bytes as u64 / s.rows as u64) & !15).max(16);

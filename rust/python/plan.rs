@@ -5,7 +5,7 @@
 use super::layout::{dtype_name, Layout};
 use super::{to_py, IntoPyResult};
 use crate::binding::{Binding, TensorDesc};
-use crate::commit::{plan_commit, AlignInputs, CommitRow, CommitStep};
+use crate::commit::{check_state_blocks, plan_commit, AlignInputs, CommitRow, CommitStep};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::executor;
@@ -165,6 +165,13 @@ impl Planner {
         };
         let rows = plan_commit(&step, b.layout().backend(), b.num_blocks(), b.layout().num_spec() + 1).py_err(py)?;
         Ok(RawBuffer { owner: Owner::Commit(rows) })
+    }
+
+    /// Checks running-state blocks (`<= 0` padding): in range, one request per block.
+    fn check_state_blocks(&self, py: Python<'_>, state_blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (sb, _) = int_array(py, state_blocks, "state_blocks")?;
+        let b = self.inner.binding();
+        check_state_blocks(&sb, b.layout().backend(), b.num_blocks()).py_err(py)
     }
 
     /// The per-(layer, persistent state) metadata table of the fused device kernel.

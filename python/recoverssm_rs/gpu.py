@@ -1,0 +1,569 @@
+"""CuPy launch layer for the package's CUDA kernels, and the record formats they read.
+
+The kernels live as CUDA sources in ``recoverssm_rs/kernels/`` (``copy_tiles.cu``,
+``state_copy.cu``, shared ``common.cuh``). They are compiled once per process into one
+:class:`cupy.RawModule` (NVRTC, options :data:`MODULE_OPTIONS`) and launched on the caller's torch
+stream, so they order with the surrounding torch work without any host synchronisation.
+
+Importing this module needs neither CuPy nor a GPU: CuPy is imported on first use, and a missing
+CuPy or GPU raises :class:`~recoverssm_rs.errors.BackendUnavailableError`.
+
+Kernels (parameters are listed in the launch functions and in the ``.cu`` headers):
+
+* ``rs_copy_tiles`` -- one wave of a planned batched copy (segments cut into tiles);
+  :func:`launch_copy_tiles`.
+* ``rs_state_copy`` / ``rs_state_copy_align`` -- the fused align-mode copy of every persistent
+  state of every layer for a batch of requests, explicit or with the align decision taken on the
+  device; :func:`launch_state_copy`, :func:`launch_state_copy_align`.
+
+:func:`execute_plan` runs a :class:`~recoverssm_rs.planner.CopyPlan` bound to CUDA states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import BackendUnavailableError, BindingError, PlanError
+from .plan_format import SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
+
+__all__ = [
+    "KERNEL_DIR",
+    "KERNEL_FILES",
+    "KERNEL_NAMES",
+    "MODULE_OPTIONS",
+    "THREADS",
+    "DEFAULT_STATE_CHUNKS",
+    "SEGMENT_DTYPE",
+    "TILE_DTYPE",
+    "STATE_META_DTYPE",
+    "MODE_DISJOINT",
+    "MODE_ROWS_ASCENDING",
+    "MODE_WITHIN_ROW",
+    "KIND_TEMPORAL",
+    "KIND_CONV_SD",
+    "KIND_CONV_DS",
+    "FLAG_HAS_TEMPORAL",
+    "ERROR_CODES",
+    "ErrorWord",
+    "decode_error_word",
+    "kernel_source",
+    "module_source",
+    "load_module",
+    "get_kernel",
+    "current_stream",
+    "state_copy_grid",
+    "launch_copy_tiles",
+    "launch_state_copy",
+    "launch_state_copy_align",
+    "execute_plan",
+]
+
+_LOG = logging.getLogger("recoverssm_rs")
+
+#: Folder of the CUDA sources shipped inside the package.
+KERNEL_DIR = Path(__file__).resolve().with_name("kernels")
+#: Kernel translation units, in module order.
+KERNEL_FILES = ("copy_tiles.cu", "state_copy.cu")
+#: Entry points of the module (``extern "C"``, so the names are not mangled).
+KERNEL_NAMES = ("rs_copy_tiles", "rs_state_copy", "rs_state_copy_align")
+#: Options given to ``cupy.RawModule`` (CuPy appends its own: include paths, ``-ftz=true``,
+#: ``-arch=sm_XX``, ``--device-as-default-execution-space``; kernelcheck reproduces them).
+MODULE_OPTIONS = ("--std=c++17", "-DRECOVERSSM_KERNELS=1")
+#: Threads per CTA of every launch (RS_THREADS in common.cuh).
+THREADS = 256
+#: CTAs per state copy in the fused kernel (blockIdx.x): 16 per 2 MiB temporal state keeps an H100 /
+#: H200 busy even for one request (vLLM's Triton kernel uses the same).
+DEFAULT_STATE_CHUNKS = 16
+_MAX_GRID_YZ = 65535
+_MAX_GRID_X = 2**31 - 1
+
+# Record formats (little-endian, #[repr(C)]): one definition, in plan_format (which mirrors
+# rust/plan/segment.rs and kernels/common.cuh); re-exported here for the launch layer's users.
+assert SEGMENT_DTYPE.itemsize == 32 and TILE_DTYPE.itemsize == 16 and STATE_META_DTYPE.itemsize == 64
+
+MODE_DISJOINT = 0
+MODE_ROWS_ASCENDING = 1
+MODE_WITHIN_ROW = 2
+KIND_TEMPORAL = 0
+KIND_CONV_SD = 1
+KIND_CONV_DS = 2
+#: ``flags`` bit of the fused kernels: some state is temporal (validate its source column/block for
+#: the whole request).
+FLAG_HAS_TEMPORAL = 1
+
+#: Error bits of the fused kernels' error word (RS_ERR_* in common.cuh).
+ERROR_CODES = {
+    1: "accepted",  # num_accepted outside [1, max_accepted]
+    2: "column",  # a block-table column outside [0, cols)
+    4: "block",  # a block id outside [1, num_blocks) (dst) / [0, num_blocks) (src)
+    8: "meta",  # a state cannot take the request (window shorter than the shift, ...)
+    16: "args",  # block_size < 1 or running < 0 (align form)
+}
+
+
+@dataclass(frozen=True)
+class ErrorWord:
+    """The decoded error word (``int32[3]``) of a fused state-copy launch."""
+
+    bits: int
+    first_request: Optional[int]
+    last_request: Optional[int]
+
+    @property
+    def ok(self) -> bool:
+        """True when no request was rejected."""
+        return self.bits == 0
+
+    @property
+    def names(self) -> list[str]:
+        """Names of the error kinds seen (see :data:`ERROR_CODES`)."""
+        return [name for bit, name in ERROR_CODES.items() if self.bits & bit]
+
+
+def decode_error_word(err: Any, num_requests: int) -> ErrorWord:
+    """Decode the ``int32[3]`` error word written by the fused kernels.
+
+    ``err[0]`` is the OR of the error bits, ``err[1]`` the maximum of ``num_requests - r`` and
+    ``err[2]`` the maximum of ``r + 1`` over the rejected requests ``r`` (zero-initialised by the
+    caller). Pass a host copy (numpy array, list, or a CPU tensor); reading a device word is the
+    caller's (synchronising) decision.
+    """
+    w = [int(x) for x in np.asarray(err).reshape(-1)[:3]]
+    if w[0] == 0:
+        return ErrorWord(0, None, None)
+    return ErrorWord(w[0], num_requests - w[1], w[2] - 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sources
+# ------------------------------------------------------------------------------------------------
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+def _expand(name: str, seen: set[str]) -> str:
+    path = KERNEL_DIR / name
+    text = path.read_text(encoding="utf-8")
+    out: list[str] = []
+    pos = 0
+    for m in _INCLUDE.finditer(text):
+        out.append(text[pos : m.start()])
+        inc = m.group(1)
+        if inc not in seen:
+            seen.add(inc)
+            line = text.count("\n", 0, m.end()) + 2
+            out.append(_expand(inc, seen) + f'\n#line {line} "{name}"\n')
+        pos = m.end() + 1
+    out.append(text[pos:])
+    return f'#line 1 "{name}"\n' + "".join(out)
+
+
+def kernel_source(name: str) -> str:
+    """The full text of one kernel source with its local ``#include "..."`` files inlined.
+
+    Inlining (rather than ``-I``) makes the source text the whole compilation input, so CuPy's
+    kernel cache (keyed on the source) can never serve a binary built from an older header.
+    """
+    return _expand(name, set())
+
+
+def module_source() -> str:
+    """The source of the module :func:`load_module` compiles: every kernel file, headers once."""
+    seen: set[str] = set()
+    return "\n".join(_expand(name, seen) for name in KERNEL_FILES)
+
+
+# ------------------------------------------------------------------------------------------------
+# Module loading
+# ------------------------------------------------------------------------------------------------
+
+_HINT = (
+    "The CUDA executor needs CuPy and a CUDA GPU: install CuPy with `pip install cupy-cuda12x` "
+    "(CUDA 12; `cupy-cuda13x` for CUDA 13), or use CPU tensors (host executor)."
+)
+_lock = threading.Lock()
+_module: Any = None
+_kernels: dict[str, Any] = {}
+
+
+_cupy_ok: Any = None
+
+
+def _cupy() -> Any:
+    """The cupy module, once it is known to see a device (checked once: no CUDA call afterwards,
+    so launches stay legal inside a CUDA-graph capture)."""
+    global _cupy_ok
+    if _cupy_ok is not None:
+        return _cupy_ok
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendUnavailableError(f"CuPy is not installed. {_HINT}") from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError without a driver / device
+        raise BackendUnavailableError(f"CuPy found no usable CUDA device ({exc}). {_HINT}") from exc
+    if count < 1:
+        raise BackendUnavailableError(f"CuPy found no CUDA device. {_HINT}")
+    _cupy_ok = cupy
+    return cupy
+
+
+def load_module() -> Any:
+    """The kernels' ``cupy.RawModule``, compiled once per process (thread-safe) and cached.
+
+    Raises:
+        BackendUnavailableError: CuPy is missing or there is no CUDA device.
+    """
+    global _module
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is None:
+            cp = _cupy()
+            module = cp.RawModule(code=module_source(), options=MODULE_OPTIONS)
+            module.compile()
+            _LOG.debug("recoverssm_rs kernels compiled (options %s)", " ".join(MODULE_OPTIONS))
+            _module = module
+    return _module
+
+
+def get_kernel(name: str) -> Any:
+    """One kernel of :func:`load_module` (a ``cupy.RawKernel``), cached by name."""
+    kernel = _kernels.get(name)
+    if kernel is None:
+        if name not in KERNEL_NAMES:
+            raise KeyError(f"unknown kernel {name!r}; known: {', '.join(KERNEL_NAMES)}")
+        kernel = load_module().get_function(name)
+        _kernels[name] = kernel
+    return kernel
+
+
+_torch_ok: Any = None
+
+
+def _torch() -> Any:
+    """The torch module, once it is known to see a CUDA device (checked once)."""
+    global _torch_ok
+    if _torch_ok is None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise BackendUnavailableError(f"torch is not installed. {_HINT}") from exc
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(f"torch sees no CUDA device. {_HINT}")
+        _torch_ok = torch
+    return _torch_ok
+
+
+def current_stream() -> Any:
+    """The caller's current torch CUDA stream, as a ``cupy.cuda.ExternalStream``.
+
+    Inside ``torch.cuda.graph(...)`` this is the capture stream, so launches are captured.
+    """
+    _cupy()  # first: without CuPy, torch is not even imported
+    return _external(_torch().cuda.current_stream())
+
+
+def _external(torch_stream: Any) -> Any:
+    """A torch CUDA stream as a ``cupy.cuda.ExternalStream`` (same handle, same device)."""
+    cp = _cupy()
+    with warnings.catch_warnings():
+        # CuPy 14 deprecates ExternalStream in favour of Stream.from_external; it still works.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cp.cuda.ExternalStream(torch_stream.cuda_stream, torch_stream.device.index)
+
+
+# ------------------------------------------------------------------------------------------------
+# Launches
+# ------------------------------------------------------------------------------------------------
+
+
+def _ptr(x: Any, what: str) -> int:
+    """Device address of a torch tensor, CuPy array, ``__cuda_array_interface__`` object or int."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if hasattr(x, "data_ptr") and hasattr(x, "is_cuda"):
+        if not x.is_cuda:
+            raise BindingError(f"{what}: expected a CUDA tensor, got a tensor on {x.device}")
+        return int(x.data_ptr())
+    iface = getattr(x, "__cuda_array_interface__", None)
+    if iface is not None:
+        return int(iface["data"][0])
+    raise BindingError(f"{what}: expected a CUDA tensor, a CuPy array or a device address, got {type(x).__name__}")
+
+
+def _int32_vector(x: Any, n: int, what: str) -> int:
+    """Check a per-request int32 device vector with at least ``n`` contiguous elements."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    dtype = str(getattr(x, "dtype", ""))
+    if dtype not in ("torch.int32", "int32"):
+        raise BindingError(f"{what}: expected int32, got {dtype or type(x).__name__}")
+    shape = tuple(x.shape)
+    if len(shape) != 1 or shape[0] < n:
+        raise BindingError(f"{what}: expected a 1-D vector of at least {n} elements, got shape {shape}")
+    strides = x.stride() if callable(getattr(x, "stride", None)) else tuple(s // 4 for s in x.strides)
+    if n > 1 and strides[0] != 1:
+        raise BindingError(f"{what}: must be contiguous")
+    return _ptr(x, what)
+
+
+def _block_table(block_table: Any) -> tuple[int, int, int, int]:
+    """(address, rows, cols, row stride in elements) of an int32 2-D block table."""
+    dtype = str(getattr(block_table, "dtype", ""))
+    if dtype not in ("torch.int32", "int32"):
+        raise BindingError(f"block_table: expected int32, got {dtype or type(block_table).__name__}")
+    shape = tuple(block_table.shape)
+    if len(shape) != 2:
+        raise BindingError(f"block_table: expected 2-D [requests, cols], got shape {shape}")
+    if callable(getattr(block_table, "stride", None)):
+        strides = tuple(block_table.stride())
+    else:
+        strides = tuple(s // 4 for s in block_table.strides)
+    if shape[1] > 1 and strides[1] != 1:
+        raise BindingError("block_table: the column axis must be contiguous")
+    if shape[1] >= 2**31:
+        raise BindingError("block_table: too many columns")
+    return _ptr(block_table, "block_table"), shape[0], shape[1], strides[0]
+
+
+def _launch(name: str, grid: tuple[int, int, int], args: tuple[Any, ...], stream: Any) -> None:
+    kernel = get_kernel(name)
+    if stream is None:
+        stream = current_stream()
+    elif hasattr(stream, "cuda_stream") and not hasattr(stream, "ptr"):
+        stream = _external(stream)  # a torch.cuda.Stream
+    with stream:
+        kernel(grid, (THREADS, 1, 1), args)
+
+
+def launch_copy_tiles(
+    segments_dev: Any,
+    tiles_dev: Any,
+    first_tile: int,
+    num_tiles: int,
+    stream: Any = None,
+    *,
+    max_ctas: Optional[int] = None,
+) -> None:
+    """Launch ``rs_copy_tiles`` for one wave: tiles ``[first_tile, first_tile + num_tiles)``.
+
+    Args:
+        segments_dev: device array of :data:`SEGMENT_DTYPE` records (tensor, CuPy array or address).
+        tiles_dev: device array of :data:`TILE_DTYPE` records.
+        first_tile, num_tiles: the wave's tile range (``wave_starts[w]``, ``wave_starts[w+1] -
+            wave_starts[w]``). Launch waves in order on one stream; ``num_tiles == 0`` launches nothing.
+        stream: a CuPy stream or a ``torch.cuda.Stream``; ``None`` uses :func:`current_stream` (the
+            caller's torch stream).
+        max_ctas: cap on the grid (the kernel walks the tiles grid-stride); ``None``: one CTA per tile.
+
+    Kernel: ``rs_copy_tiles(const Segment*, const Tile*, uint32 first_tile, uint32 num_tiles)``,
+    grid ``(min(num_tiles, max_ctas), 1, 1)``, block ``(256, 1, 1)``.
+    """
+    if first_tile < 0 or num_tiles < 0 or first_tile + num_tiles >= 2**32:
+        raise PlanError(f"bad tile range: first_tile={first_tile}, num_tiles={num_tiles}")
+    if num_tiles == 0:
+        return
+    grid_x = num_tiles if max_ctas is None else max(1, min(num_tiles, int(max_ctas)))
+    grid_x = min(grid_x, _MAX_GRID_X)
+    args = (
+        np.uint64(_ptr(segments_dev, "segments")),
+        np.uint64(_ptr(tiles_dev, "tiles")),
+        np.uint32(first_tile),
+        np.uint32(num_tiles),
+    )
+    _launch("rs_copy_tiles", (grid_x, 1, 1), args, stream)
+
+
+def state_copy_grid(num_requests: int, num_meta: int, chunks: int = DEFAULT_STATE_CHUNKS) -> tuple[int, int, int]:
+    """Grid of the fused kernels: ``(chunks, min(R, 65535), min(num_meta, 65535))``.
+
+    The kernels walk requests (y) and states (z) grid-stride, so the folded grid stays correct.
+    """
+    return (max(1, int(chunks)), max(1, min(num_requests, _MAX_GRID_YZ)), max(1, min(num_meta, _MAX_GRID_YZ)))
+
+
+def _state_common(
+    num_meta: int,
+    block_table: Any,
+    num_requests: int,
+    max_accepted: int,
+    num_blocks: int,
+    chunks: int,
+    err: Any,
+) -> tuple[int, int, int, int]:
+    if num_meta < 0 or num_meta >= 2**32:
+        raise PlanError(f"bad num_meta {num_meta}")
+    if not 1 <= max_accepted < 2**31:
+        raise PlanError(f"max_accepted must be >= 1 (1 + num_spec), got {max_accepted}")
+    if not 1 <= num_blocks < 2**63:
+        raise PlanError(f"num_blocks must be >= 1, got {num_blocks}")
+    if not 1 <= chunks <= _MAX_GRID_X:
+        raise PlanError(f"chunks must be >= 1, got {chunks}")
+    if not 0 <= num_requests < 2**31:
+        raise PlanError(f"bad number of requests {num_requests}")
+    bt, bt_rows, cols, row_stride = _block_table(block_table)
+    if bt_rows < num_requests:
+        raise BindingError(f"block_table has {bt_rows} rows for {num_requests} requests")
+    if not isinstance(err, (int, np.integer)):
+        _int32_vector(err, 3, "err")
+    return bt, cols, row_stride, _ptr(err, "err")
+
+
+def launch_state_copy(
+    meta_dev: Any,
+    num_meta: int,
+    block_table: Any,
+    src_col: Any,
+    dst_col: Any,
+    num_accepted: Any,
+    err: Any,
+    *,
+    max_accepted: int,
+    num_blocks: int,
+    has_temporal: bool,
+    num_requests: Optional[int] = None,
+    chunks: int = DEFAULT_STATE_CHUNKS,
+    stream: Any = None,
+) -> None:
+    """Launch ``rs_state_copy`` (explicit form) on the caller's stream; never synchronises.
+
+    Args:
+        meta_dev: device array of ``num_meta`` :data:`STATE_META_DTYPE` records.
+        block_table: int32 CUDA tensor / CuPy array ``[>= R, cols]``, column axis contiguous.
+        src_col, dst_col, num_accepted: int32 device vectors of ``R`` elements.
+        err: int32 device vector of 3 elements, zeroed by the caller before the step; read it (a
+            synchronising read) with :func:`decode_error_word` when convenient.
+        max_accepted: ``1 + num_spec``.
+        num_blocks: blocks of the pool (destination ids in ``[1, num_blocks)``, sources in
+            ``[0, num_blocks)``).
+        has_temporal: some state in ``meta_dev`` is temporal (sets :data:`FLAG_HAS_TEMPORAL`).
+        num_requests: ``R``; default ``len(src_col)``. Keep it fixed for CUDA-graph replay.
+        chunks: CTAs per state copy (grid x).
+        stream: a CuPy stream or a ``torch.cuda.Stream``; ``None``: the current torch stream.
+
+    Kernel: ``rs_state_copy(const StateMeta* metas, uint32 num_meta, const int32* block_table,
+    int64 bt_row_stride, int32 bt_cols, const int32* src_col, const int32* dst_col,
+    const int32* num_accepted, int32 num_requests, int32 max_accepted, int64 num_blocks,
+    uint32 flags, int32* err)``, grid :func:`state_copy_grid`, block ``(256, 1, 1)``.
+    """
+    n = int(src_col.shape[0]) if num_requests is None else int(num_requests)
+    bt, cols, row_stride, err_ptr = _state_common(num_meta, block_table, n, max_accepted, num_blocks, chunks, err)
+    if n == 0 or num_meta == 0:
+        return
+    args = (
+        np.uint64(_ptr(meta_dev, "metas")),
+        np.uint32(num_meta),
+        np.uint64(bt),
+        np.int64(row_stride),
+        np.int32(cols),
+        np.uint64(_int32_vector(src_col, n, "src_col")),
+        np.uint64(_int32_vector(dst_col, n, "dst_col")),
+        np.uint64(_int32_vector(num_accepted, n, "num_accepted")),
+        np.int32(n),
+        np.int32(max_accepted),
+        np.int64(num_blocks),
+        np.uint32(FLAG_HAS_TEMPORAL if has_temporal else 0),
+        np.uint64(err_ptr),
+    )
+    _launch("rs_state_copy", state_copy_grid(n, num_meta, chunks), args, stream)
+
+
+def launch_state_copy_align(
+    meta_dev: Any,
+    num_meta: int,
+    block_table: Any,
+    src_col: Any,
+    running: Any,
+    num_accepted: Any,
+    err: Any,
+    *,
+    block_size: int,
+    max_accepted: int,
+    num_blocks: int,
+    has_temporal: bool,
+    num_requests: Optional[int] = None,
+    chunks: int = DEFAULT_STATE_CHUNKS,
+    stream: Any = None,
+) -> None:
+    """Launch ``rs_state_copy_align``: the align decision is taken on the device.
+
+    Per request: ``new = running + a - 1``, ``aligned = new // block_size * block_size``; the request
+    copies iff ``aligned >= running`` and ``aligned >= block_size``, with destination column
+    ``aligned // block_size - 1`` and accepted count ``aligned - running + 1``. ``running`` is an
+    int32 device vector (``computed + scheduled - drafts``); the other arguments are those of
+    :func:`launch_state_copy`.
+
+    Kernel: ``rs_state_copy_align(const StateMeta* metas, uint32 num_meta, const int32* block_table,
+    int64 bt_row_stride, int32 bt_cols, const int32* src_col, const int32* running,
+    const int32* num_accepted, int32 block_size, int32 num_requests, int32 max_accepted,
+    int64 num_blocks, uint32 flags, int32* err)``, grid :func:`state_copy_grid`, block ``(256, 1, 1)``.
+    """
+    n = int(src_col.shape[0]) if num_requests is None else int(num_requests)
+    bt, cols, row_stride, err_ptr = _state_common(num_meta, block_table, n, max_accepted, num_blocks, chunks, err)
+    if not 1 <= block_size < 2**31:
+        raise PlanError(f"block_size must be >= 1, got {block_size}")
+    if n == 0 or num_meta == 0:
+        return
+    args = (
+        np.uint64(_ptr(meta_dev, "metas")),
+        np.uint32(num_meta),
+        np.uint64(bt),
+        np.int64(row_stride),
+        np.int32(cols),
+        np.uint64(_int32_vector(src_col, n, "src_col")),
+        np.uint64(_int32_vector(running, n, "running")),
+        np.uint64(_int32_vector(num_accepted, n, "num_accepted")),
+        np.int32(block_size),
+        np.int32(n),
+        np.int32(max_accepted),
+        np.int64(num_blocks),
+        np.uint32(FLAG_HAS_TEMPORAL if has_temporal else 0),
+        np.uint64(err_ptr),
+    )
+    _launch("rs_state_copy_align", state_copy_grid(n, num_meta, chunks), args, stream)
+
+
+def execute_plan(plan: Any, stream: Any = None, *, tile_bytes: int = 64 * 1024) -> None:
+    """Run a :class:`~recoverssm_rs.planner.CopyPlan` whose states are CUDA tensors.
+
+    The plan's segments and tiles (``plan.tiles(tile_bytes)``) are staged in pinned host memory,
+    copied to the device asynchronously, and executed by one ``rs_copy_tiles`` launch per wave, all
+    on ``stream`` (a ``torch.cuda.Stream``; default: the current torch stream). Nothing waits for
+    the device. The staging buffers return to torch's caching allocators, which keep them alive
+    until the stream has used them.
+    """
+    torch = _torch()
+    if stream is not None and not hasattr(stream, "cuda_stream"):
+        raise PlanError(f"stream must be a torch.cuda.Stream or None, got {type(stream).__name__}")
+    segments = np.ascontiguousarray(plan.segments)
+    table = plan.tiles(tile_bytes)
+    tiles = np.ascontiguousarray(table.tiles)
+    starts = [int(x) for x in table.wave_starts]
+    if len(tiles) == 0:
+        return
+    device = torch.device(plan.planner.device)
+    nseg = segments.nbytes
+    ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    with torch.cuda.device(device), ctx:
+        host = torch.empty(nseg + tiles.nbytes, dtype=torch.uint8, pin_memory=True)
+        staged = host.numpy()
+        staged[:nseg] = segments.view(np.uint8).reshape(-1)
+        staged[nseg:] = tiles.view(np.uint8).reshape(-1)
+        dev = torch.empty(host.shape[0], dtype=torch.uint8, device=device)
+        dev.copy_(host, non_blocking=True)
+        cs = current_stream()
+        base = dev.data_ptr()
+        for w in range(len(starts) - 1):
+            if starts[w + 1] > starts[w]:
+                launch_copy_tiles(base, base + nseg, starts[w], starts[w + 1] - starts[w], cs)

@@ -1,0 +1,326 @@
+"""Real-GPU tests of the CUDA kernels through recoverssm_rs.gpu (skipped without CUDA + CuPy).
+
+Run on a machine with a GPU: ``python -m pytest tests/test_gpu.py -q -m gpu``. Every kernel result is
+compared byte for byte with the numpy reference of recoverssm_rs.kernelcheck (the same reference
+the host emulation is checked against); the fused kernel is also captured in a CUDA graph and
+replayed, and launched under torch's sync-debug mode "error".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+cupy = pytest.importorskip("cupy")
+
+from recoverssm_rs import gpu, kernelcheck as kc  # noqa: E402
+
+
+def _gpu_ok() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, torch and CuPy")]
+
+DATA = Path(__file__).parent / "data"
+
+
+def to_dev(records: np.ndarray) -> "torch.Tensor":
+    """Records (any dtype) as a uint8 CUDA tensor."""
+    raw = np.ascontiguousarray(records).view(np.uint8).reshape(-1).copy()
+    return torch.from_numpy(raw).cuda()
+
+
+def i32_dev(x) -> "torch.Tensor":
+    return torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.int32))).cuda()
+
+
+def bt_dev(bt: np.ndarray) -> "torch.Tensor":
+    """The block table as a strided view of a wider device tensor (exercises bt_row_stride)."""
+    rows, cols = bt.shape
+    full = np.full((rows, cols + 5), -3, dtype=np.int32)
+    full[:, :cols] = bt
+    return torch.from_numpy(full).cuda()[:, :cols]
+
+
+def run_waves(segs_d, tiles_d, starts, max_ctas=None):
+    for w in range(len(starts) - 1):
+        gpu.launch_copy_tiles(segs_d, tiles_d, int(starts[w]), int(starts[w + 1] - starts[w]), max_ctas=max_ctas)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_copy_tiles_matches_reference(seed):
+    rng = np.random.default_rng(5000 + seed)
+    host = rng.integers(0, 256, size=1 << 21, dtype=np.uint8)
+    dev = torch.from_numpy(host.copy()).cuda()
+    base = dev.data_ptr()
+    rel = kc.random_segment_plan(rng, arena_size=host.size, max_segments=16, max_bytes=512 * 1024,
+                                 descending=seed % 4 == 3)
+    segs = kc.absolute_segments(rel, base)
+    tiles, starts = kc.make_tiles(segs, tile_bytes=int(rng.choice([64, 4096, 65536])), rng=rng)
+    run_waves(to_dev(segs), to_dev(tiles), starts, max_ctas=None if seed % 2 else 7)
+    torch.cuda.synchronize()
+    ref = host.copy()
+    kc.reference_execute_segments(ref, segs, base=base)
+    got = dev.cpu().numpy()
+    assert np.array_equal(got, ref), f"{np.count_nonzero(got != ref)} bytes differ"
+
+
+def test_copy_tiles_large_unaligned_temporal_copies():
+    # Sixteen 2 MiB copies at every (src mod 16, dst mod 16) class that shares an element size.
+    n = 2 << 20
+    host = np.random.default_rng(1).integers(0, 256, size=40 * n, dtype=np.uint8)
+    dev = torch.from_numpy(host.copy()).cuda()
+    base = dev.data_ptr()
+    segs = np.zeros(16, dtype=gpu.SEGMENT_DTYPE)
+    for i in range(16):
+        src = 2 * i * n + (i % 4) * 4
+        dst = (2 * i + 1) * n + (i // 4) * 4 + 8
+        segs[i] = (base + src, base + dst, n - 64, 1, 0, 0, gpu.MODE_DISJOINT, 4)
+    tiles, starts = kc.make_tiles(segs, tile_bytes=128 * 1024)
+    run_waves(to_dev(segs), to_dev(tiles), starts)
+    torch.cuda.synchronize()
+    ref = host.copy()
+    kc.reference_execute_segments(ref, segs, base=base)
+    assert np.array_equal(dev.cpu().numpy(), ref)
+
+
+def state_case(seed, **kw):
+    rng = np.random.default_rng(seed)
+    p = kc.random_state_problem(rng, **kw)
+    host = rng.integers(0, 256, size=p.arena_size, dtype=np.uint8)
+    dev = torch.from_numpy(host.copy()).cuda()
+    return rng, p, host, dev
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_state_copy_matches_reference(seed):
+    rng, p, host, dev = state_case(6000 + seed, max_state_bytes=256 * 1024)
+    base = dev.data_ptr()
+    metas = p.metas(base)
+    err = torch.zeros(3, dtype=torch.int32, device="cuda")
+    gpu.launch_state_copy(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col), i32_dev(p.dst_col),
+                          i32_dev(p.num_accepted), err, max_accepted=p.max_accepted, num_blocks=p.num_blocks,
+                          has_temporal=p.has_temporal, chunks=int(rng.choice([1, 4, 16])))
+    torch.cuda.synchronize()
+    ref = host.copy()
+    want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+                                   max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=base)
+    assert err.cpu().numpy().tolist() == want.tolist()
+    assert np.array_equal(dev.cpu().numpy(), ref)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_state_copy_align_matches_reference(seed):
+    rng, p, host, dev = state_case(7000 + seed)
+    base = dev.data_ptr()
+    metas = p.metas(base)
+    R, cols = p.block_table.shape
+    bs = int(rng.choice([1, 2, 4, 16]))
+    running = rng.integers(0, (cols + 1) * bs + 1, size=R).astype(np.int32)
+    err = torch.zeros(3, dtype=torch.int32, device="cuda")
+    gpu.launch_state_copy_align(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col),
+                                i32_dev(running), i32_dev(p.num_accepted), err, block_size=bs,
+                                max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
+    torch.cuda.synchronize()
+    ref = host.copy()
+    want = kc.reference_state_copy_align(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
+                                         block_size=bs, max_accepted=p.max_accepted, num_blocks=p.num_blocks,
+                                         base=base)
+    assert err.cpu().numpy().tolist() == want.tolist()
+    assert np.array_equal(dev.cpu().numpy(), ref)
+
+
+def test_state_copy_gdn_sized_states():
+    # GDN-like: 4 layers x (SD conv [4, 8192] bf16, temporal 32x128x128 fp32 = 2 MiB), 6 requests,
+    # two of them shifting their conv window in place.
+    layers, width, dim, tbytes, nb, R, cols = 4, 4, 8192, 32 * 128 * 128 * 4, 32, 6, 4
+    conv_bytes = width * dim * 2
+    sizes = [conv_bytes, tbytes] * layers
+    offsets = np.cumsum([0] + [s * nb for s in sizes])
+    rng = np.random.default_rng(11)
+    host = rng.integers(0, 256, size=int(offsets[-1]), dtype=np.uint8)
+    dev = torch.from_numpy(host.copy()).cuda()
+    base = dev.data_ptr()
+    metas = np.zeros(2 * layers, dtype=gpu.STATE_META_DTYPE)
+    for i, size in enumerate(sizes):
+        kind = gpu.KIND_CONV_SD if i % 2 == 0 else gpu.KIND_TEMPORAL
+        metas[i] = (base + int(offsets[i]), size, size, kind, 2 if kind else 4, width if kind else 0,
+                    dim if kind else 0, i // 2, i % 2, nb, 0)
+    bt = (1 + np.arange(R * cols, dtype=np.int32)).reshape(R, cols)
+    src = np.array([0, 1, 0, 2, 1, 0], np.int32)
+    dst = np.array([1, 2, 0, 3, 1, 2], np.int32)
+    acc = np.array([1, 2, 3, 2, 2, 3], np.int32)  # requests 2 and 4 shift in place
+    err = torch.zeros(3, dtype=torch.int32, device="cuda")
+    gpu.launch_state_copy(to_dev(metas), len(metas), bt_dev(bt), i32_dev(src), i32_dev(dst), i32_dev(acc), err,
+                          max_accepted=4, num_blocks=nb, has_temporal=True)
+    torch.cuda.synchronize()
+    ref = host.copy()
+    kc.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=4, num_blocks=nb, base=base)
+    assert err.cpu().tolist() == [0, 0, 0]
+    assert np.array_equal(dev.cpu().numpy(), ref)
+
+
+def test_state_copy_vllm_vectors():
+    path = DATA / "align_copy.npz"
+    if not path.exists():
+        pytest.skip("conformance vectors missing")
+    d = np.load(path)
+    for case in range(int(d["num_cases"])):
+        p = f"case{case}_"
+        sd = str(d[p + "orientation"]) == "SD"
+        before, after, spec = [], [], []
+        for layer in (0, 1):
+            cb = (np.ascontiguousarray(d[p + f"layer{layer}_conv_before"], np.float32).view(np.uint32) >> 16)
+            ca = (np.ascontiguousarray(d[p + f"layer{layer}_conv_after"], np.float32).view(np.uint32) >> 16)
+            tb = np.ascontiguousarray(d[p + f"layer{layer}_temporal_before"], np.float32)
+            ta = np.ascontiguousarray(d[p + f"layer{layer}_temporal_after"], np.float32)
+            cb, ca = cb.astype(np.uint16), ca.astype(np.uint16)
+            width, dim = (cb.shape[1], cb.shape[2]) if sd else (cb.shape[2], cb.shape[1])
+            spec += [(gpu.KIND_CONV_SD if sd else gpu.KIND_CONV_DS, 2, width, dim, cb[0].nbytes),
+                     (gpu.KIND_TEMPORAL, 4, 0, 0, tb[0].nbytes)]
+            before += [cb, tb]
+            after += [ca, ta]
+        nb = before[0].shape[0]
+        offs = np.cumsum([0] + [(t.nbytes + 255) // 256 * 256 for t in before])
+        host = np.zeros(int(offs[-1]), np.uint8)
+        for t, o in zip(before, offs):
+            host[o : o + t.nbytes] = t.reshape(-1).view(np.uint8)
+        dev = torch.from_numpy(host).cuda()
+        metas = np.zeros(4, dtype=gpu.STATE_META_DTYPE)
+        for i, (kind, elem, width, dim, nbytes) in enumerate(spec):
+            metas[i] = (dev.data_ptr() + int(offs[i]), nbytes, nbytes, kind, elem, width, dim, i // 2, i % 2, nb, 0)
+        err = torch.zeros(3, dtype=torch.int32, device="cuda")
+        gpu.launch_state_copy(to_dev(metas), 4, bt_dev(d[p + "block_table"]), i32_dev(d[p + "src_col"]),
+                              i32_dev(d[p + "dst_col"]), i32_dev(d[p + "num_accepted"]), err,
+                              max_accepted=int(spec[0][2]), num_blocks=nb, has_temporal=True)
+        got = dev.cpu().numpy()
+        assert err.cpu().tolist() == [0, 0, 0]
+        for t, o, want in zip(before, offs, after):
+            assert np.array_equal(got[o : o + t.nbytes].view(t.dtype).reshape(t.shape), want), f"case {case}"
+
+
+def _graph_problem():
+    rng, p, host, dev = state_case(8123, invalid=0.0, max_requests=8, max_state_bytes=64 * 1024)
+    base = dev.data_ptr()
+    metas = p.metas(base)
+    tensors = dict(metas=to_dev(metas), bt=bt_dev(p.block_table), src=i32_dev(p.src_col), dst=i32_dev(p.dst_col),
+                   acc=i32_dev(p.num_accepted), err=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    return rng, p, host, dev, metas, tensors
+
+
+def _launch(p, t, metas):
+    gpu.launch_state_copy(t["metas"], len(metas), t["bt"], t["src"], t["dst"], t["acc"], t["err"],
+                          max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
+
+
+def test_state_copy_captures_in_a_cuda_graph_and_replays():
+    rng, p, host, dev, metas, t = _graph_problem()
+    for name in gpu.KERNEL_NAMES:  # compile + load outside the capture
+        gpu.get_kernel(name)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _launch(p, t, metas)
+    torch.cuda.synchronize()
+    assert np.array_equal(dev.cpu().numpy(), host)  # capturing ran nothing
+    for step in range(3):
+        # New inputs written in place into the captured buffers, then replay.
+        arena = rng.integers(0, 256, size=host.size, dtype=np.uint8)
+        acc = rng.integers(1, p.max_accepted + 1, size=len(p.src_col)).astype(np.int32)
+        acc = np.where(p.src_col + acc - 1 < p.block_table.shape[1], acc, 1).astype(np.int32)
+        dev.copy_(torch.from_numpy(arena))
+        t["acc"].copy_(torch.from_numpy(acc))
+        t["err"].zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = arena.copy()
+        want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, acc,
+                                       max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
+        assert t["err"].cpu().tolist() == want.tolist()
+        assert np.array_equal(dev.cpu().numpy(), ref), f"replay {step}"
+
+
+def test_launches_never_synchronise():
+    rng, p, host, dev, metas, t = _graph_problem()
+    rel = kc.random_segment_plan(rng, arena_size=host.size, max_bytes=8192)
+    segs = kc.absolute_segments(rel, dev.data_ptr())
+    tiles, starts = kc.make_tiles(segs, tile_bytes=1024)
+    segs_d, tiles_d = to_dev(segs), to_dev(tiles)
+    for name in gpu.KERNEL_NAMES:
+        gpu.get_kernel(name)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _launch(p, t, metas)
+        run_waves(segs_d, tiles_d, starts)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+
+
+def test_launches_follow_the_callers_stream():
+    # Work queued on a side stream before and after the launch sees it in order.
+    rng, p, host, dev, metas, t = _graph_problem()
+    src_host = rng.integers(0, 256, size=host.size, dtype=np.uint8)
+    staged = torch.from_numpy(src_host).cuda()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)  # keep the side stream busy so a wrong stream would race
+        dev.copy_(staged)
+        _launch(p, t, metas)
+        out = dev.clone()
+    side.synchronize()
+    ref = src_host.copy()
+    kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+                            max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
+    assert np.array_equal(out.cpu().numpy(), ref)
+
+
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
+def test_execute_plan_of_the_rust_planner(conv_layout):
+    try:
+        from recoverssm_rs import layouts
+        from recoverssm_rs.planner import CopyPlanner
+    except ImportError as exc:
+        pytest.skip(f"planner unavailable: {exc}")
+    rng = np.random.default_rng(31)
+    nspec, R, cols = 3, 5, 6
+    nb = R * cols + 2
+    layout = layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64, conv_kernel_size=4,
+                         num_spec=nspec, conv_layout=conv_layout)
+    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+    sizes = [s.nbytes * nb for _ in range(3) for s in layout.persistent]
+    offs = np.cumsum([0] + [(n + 255) // 256 * 256 for n in sizes])
+    host = rng.integers(0, 256, size=int(offs[-1]), dtype=np.uint8)
+    arena = torch.from_numpy(host.copy()).cuda()
+    states, k = [], 0
+    for _ in range(3):
+        layer = []
+        for s in layout.persistent:
+            layer.append(arena[int(offs[k]) : int(offs[k]) + s.nbytes * nb].view(dtypes[s.dtype]).view(nb, *s.shape))
+            k += 1
+        states.append(layer)
+    planner = CopyPlanner(layout, states)
+    bt = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)
+    acc = np.array([1, 2, 3, 4, 2], np.int32)
+    src = np.array([0, 1, 2, 0, 3], np.int32)
+    dst = np.array([1, 1, 5, 4, 3], np.int32)  # requests 1 and 4 shift in place
+    plan = planner.plan_align(bt, src, dst, acc)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    plan.execute(stream=side)
+    side.synchronize()
+    ref = host.copy()
+    kc.reference_state_copy(ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb,
+                            base=arena.data_ptr())
+    assert np.array_equal(arena.cpu().numpy(), ref)

@@ -1,0 +1,647 @@
+"""No-GPU checks of the CUDA kernels (DESIGN.md section 6).
+
+* NVRTC compiles every kernel source for sm_80 and sm_90 with CuPy's RawModule options; ptxas
+  reports no spills, no stack frame (local memory) and no barriers.
+* The same sources, compiled as host C++ through kernels/host_shim.h, run over the whole grid on
+  numpy buffers and must match the numpy reference byte for byte -- on random plans, in natural,
+  reversed and shuffled thread orders (a race in the work decomposition changes the bytes), with no
+  misaligned and no out-of-range data access.
+* The fused kernel reproduces vLLM 0.33's align-copy conformance vectors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recoverssm_rs import BackendUnavailableError, BindingError, gpu, kernelcheck as kc
+
+DATA = Path(__file__).parent / "data"
+ORDERS = (0, 1, 12345)
+# The host emulation builds the kernels with a C++17 compiler (g++ by default, RECOVERSSM_CXX).
+needs_cxx = pytest.mark.skipif(shutil.which(kc.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
+
+
+# ------------------------------------------------------------------------------------------------
+# Records and sources
+# ------------------------------------------------------------------------------------------------
+
+
+def test_record_layouts_match_the_planner():
+    seg, tile, meta = gpu.SEGMENT_DTYPE, gpu.TILE_DTYPE, gpu.STATE_META_DTYPE
+    assert (seg.itemsize, tile.itemsize, meta.itemsize) == (32, 16, 64)
+    assert [seg.fields[f][1] for f in seg.names] == [0, 8, 16, 20, 24, 28, 30, 31]
+    assert [tile.fields[f][1] for f in tile.names] == [0, 4, 8, 12]
+    assert [meta.fields[f][1] for f in meta.names] == [0, 8, 16, 24, 28, 32, 36, 40, 44, 48, 56]
+    # The C side pins the same numbers with static_asserts (host build) -- see common.cuh.
+    text = (gpu.KERNEL_DIR / "common.cuh").read_text()
+    assert "static_assert(sizeof(Segment) == 32" in text and "static_assert(sizeof(StateMeta) == 64" in text
+
+
+def test_sources_inline_headers_once():
+    src = gpu.module_source()
+    assert "#include" not in src.replace("#include <stdint.h>", "")
+    assert src.count("struct Segment {") == 1
+    for name in gpu.KERNEL_NAMES:
+        assert f"RS_LAUNCH_BOUNDS {name}(" in src
+    for f in gpu.KERNEL_FILES:
+        assert "struct StateMeta {" in gpu.kernel_source(f)
+
+
+# ------------------------------------------------------------------------------------------------
+# NVRTC
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nvrtc_reports():
+    if kc.find_nvrtc() is None:
+        # CI (scripts/test.sh) sets RECOVERSSM_REQUIRE_NVRTC: there the compile check must run.
+        if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
+            pytest.fail("NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set (pip install nvidia-cuda-nvrtc-cu12)")
+        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)")
+    return kc.compile_all()
+
+
+def test_nvrtc_compiles_every_kernel_for_sm80_and_sm90(nvrtc_reports):
+    failed = [(r.file, r.arch, r.target, r.log) for r in nvrtc_reports if not r.ok]
+    assert not failed, failed
+    files = {p.name for p in gpu.KERNEL_DIR.glob("*.cu")}
+    assert files == set(gpu.KERNEL_FILES)
+    seen = {(r.file, r.arch, r.target) for r in nvrtc_reports}
+    for arch in kc.ARCHS:
+        for f in files:
+            assert (f, arch, "cubin") in seen and (f, arch, "ptx") in seen
+        module = [r for r in nvrtc_reports if r.file == "<module>" and r.arch == arch]
+        assert {k.kernel for k in module[0].kernels} == set(gpu.KERNEL_NAMES)
+    # The options are CuPy's RawModule options (plus ptxas -v for the report).
+    opts = nvrtc_reports[0].options
+    assert "--std=c++17" in opts and "-ftz=true" in opts and "--device-as-default-execution-space" in opts
+
+
+def test_no_spills_no_local_memory_no_barriers(nvrtc_reports):
+    resources = [k for r in nvrtc_reports for k in r.kernels]
+    expected = {("copy_tiles.cu", "rs_copy_tiles"), ("state_copy.cu", "rs_state_copy"),
+                ("state_copy.cu", "rs_state_copy_align")}
+    for arch in kc.ARCHS:
+        got = {(k.file, k.kernel) for k in resources if k.arch == arch and k.file != "<module>"}
+        assert got == expected
+    bad = [k for k in resources if not k.clean or k.barriers != 0]
+    assert not bad, "\n" + kc.resource_table(nvrtc_reports)
+    # Registers leave room for 3 CTAs of 256 threads per SM (RS_LAUNCH_BOUNDS).
+    assert all(k.registers <= 85 for k in resources), kc.resource_table(nvrtc_reports)
+
+
+def test_ptxas_log_parser():
+    log = (
+        "ptxas info    : 0 bytes gmem\n"
+        "ptxas info    : Compiling entry function 'k1' for 'sm_90'\n"
+        "ptxas info    : Function properties for k1\n"
+        "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 40 registers, used 1 barriers, 380 bytes cmem[0]\n"
+        "ptxas info    : Compiling entry function 'k2' for 'sm_90'\n"
+        "ptxas info    : Function properties for k2\n"
+        "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 16 registers, used 0 barriers\n"
+    )
+    k1, k2 = kc.parse_ptxas_log(log, "f.cu", 90)
+    assert (k1.kernel, k1.registers, k1.stack_frame, k1.spill_stores, k1.spill_loads, k1.barriers, k1.cmem) == (
+        "k1", 40, 8, 4, 12, 1, 380)
+    assert not k1.clean and k2.clean and k2.registers == 16
+
+
+# ------------------------------------------------------------------------------------------------
+# Host emulation: copy_tiles
+# ------------------------------------------------------------------------------------------------
+
+
+@needs_cxx
+def test_host_build_is_warning_free():
+    for f in gpu.KERNEL_FILES:
+        assert kc.host_build_warnings(f) == ""
+
+
+def run_plan(rel, arena, *, tile_bytes, rng, order, threads=256, grid=None):
+    """Emulate a relative plan on a copy of `arena`; compare with the reference; return stats."""
+    emu = arena.copy()
+    ref = arena.copy()
+    segs = kc.absolute_segments(rel, emu.ctypes.data)
+    tiles, starts = kc.make_tiles(segs, tile_bytes=tile_bytes, rng=rng)
+    stats = kc.emulate_copy_tiles(segs, tiles, starts, order=order, threads=threads, grid=grid, ranges=[emu])
+    kc.reference_execute_segments(ref, segs, base=emu.ctypes.data)
+    if not np.array_equal(emu, ref):
+        bad = np.flatnonzero(emu != ref)
+        raise AssertionError(f"{bad.size} bytes differ, first at offset {bad[0]}; plan:\n{rel}\ntiles:\n{tiles}")
+    return stats
+
+
+@needs_cxx
+@pytest.mark.parametrize("seed", range(24))
+def test_copy_tiles_random_plans(seed):
+    rng = np.random.default_rng(1000 + seed)
+    arena = rng.integers(0, 256, size=1 << 19, dtype=np.uint8)
+    rel = kc.random_segment_plan(rng, arena_size=arena.size, max_bytes=100 * 1024)
+    tile_bytes = int(rng.choice([16, 100, 1024, 4096, 64 * 1024]))
+    threads = int(rng.choice([256, 256, 64, 33]))
+    grid = None if rng.random() < 0.7 else int(rng.integers(1, 8))
+    stats = run_plan(rel, arena, tile_bytes=tile_bytes, rng=rng, order=ORDERS[seed % 3], threads=threads, grid=grid)
+    assert stats.accesses > 0
+
+
+@needs_cxx
+@pytest.mark.parametrize("seed", range(6))
+def test_copy_tiles_right_shifts_are_memmoves_too(seed):
+    # Beyond the planner's contract (it emits left shifts only): src < dst still memmoves.
+    rng = np.random.default_rng(2000 + seed)
+    arena = rng.integers(0, 256, size=1 << 18, dtype=np.uint8)
+    rel = kc.random_segment_plan(rng, arena_size=arena.size, max_bytes=32 * 1024, descending=True)
+    run_plan(rel, arena, tile_bytes=512, rng=rng, order=ORDERS[seed % 3])
+
+
+def one_segment(src, dst, row_bytes, rows=1, pitch=0, mode=0, elem=1, wave=0):
+    s = np.zeros(1, dtype=gpu.SEGMENT_DTYPE)
+    s[0] = (src, dst, row_bytes, rows, pitch, wave, mode, elem)
+    return s
+
+
+@needs_cxx
+@pytest.mark.parametrize("src_off,dst_off", [(0, 0), (16, 48), (1, 17), (3, 40), (2, 36), (4, 72), (8, 24), (5, 6)])
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 31, 100, 4097])
+def test_copy_tiles_alignment_classes(src_off, dst_off, n):
+    # Every (src mod 16, dst mod 16) class and head/body/tail split; the shim counts misaligned words.
+    arena = np.arange(16384, dtype=np.uint32).astype(np.uint8)
+    rel = one_segment(256 + src_off, 8192 + dst_off, n)
+    for order in ORDERS:
+        run_plan(rel, arena, tile_bytes=64, rng=None, order=order)
+
+
+@needs_cxx
+def test_copy_tiles_vectorises_when_congruent():
+    arena = np.zeros(1 << 16, dtype=np.uint8)
+    aligned = run_plan(one_segment(0, 32768, 16384), arena, tile_bytes=1 << 20, rng=None, order=0)
+    congruent = run_plan(one_segment(3, 32768 + 3, 16384), arena, tile_bytes=1 << 20, rng=None, order=0)
+    bytewise = run_plan(one_segment(3, 32768 + 4, 16384), arena, tile_bytes=1 << 20, rng=None, order=0)
+    assert aligned.accesses == 2 * 16384 // 16
+    assert congruent.accesses < 2 * (16384 // 16 + 32)
+    assert bytewise.accesses == 2 * 16384
+
+
+@needs_cxx
+@pytest.mark.parametrize("width,shift,dim,elem", [(4, 1, 64, 2), (8, 3, 7, 1), (5, 4, 96, 4), (10, 7, 3000, 2)])
+def test_copy_tiles_in_block_sd_shift(width, shift, dim, elem):
+    # ROWS_ASCENDING: rows overlap (src = dst + shift*pitch); cut in many byte tiles.
+    arena = np.random.default_rng(width).integers(0, 256, size=width * dim * elem + 64, dtype=np.uint8)
+    pitch = dim * elem
+    rel = one_segment(8 + shift * pitch, 8, pitch, rows=width - shift, pitch=pitch, mode=1, elem=elem)
+    for order in ORDERS:
+        run_plan(rel, arena, tile_bytes=48, rng=None, order=order)
+    # The result equals numpy's memmove of the window.
+    want = arena.copy()
+    want[8 : 8 + (width - shift) * pitch] = arena[8 + shift * pitch : 8 + width * pitch]
+    got = arena.copy()
+    segs = kc.absolute_segments(rel, got.ctypes.data)
+    tiles, starts = kc.make_tiles(segs, tile_bytes=48)
+    kc.emulate_copy_tiles(segs, tiles, starts, ranges=[got])
+    assert np.array_equal(got, want)
+
+
+@needs_cxx
+def test_copy_tiles_single_row_shift_without_overlap_is_cut_and_parallel():
+    # The planner's SD shift by width-1 columns: ROWS_ASCENDING with one row, no overlap; cut into
+    # many byte tiles (as the Rust tiler does) and copied cooperatively.
+    rng = np.random.default_rng(5)
+    dim, width, elem = 8192, 4, 2
+    arena = rng.integers(0, 256, size=width * dim * elem + 64, dtype=np.uint8)
+    row = dim * elem
+    rel = one_segment(16 + 3 * row, 16, row, rows=1, pitch=row, mode=1, elem=elem)
+    for order in ORDERS:
+        stats = run_plan(rel, arena, tile_bytes=1024, rng=None, order=order)
+        assert stats.accesses == 2 * row // 16  # all 16-byte words: the cooperative path
+
+
+@needs_cxx
+@pytest.mark.parametrize("rows,width,shift,elem", [(1, 6, 2, 2), (300, 4, 1, 2), (17, 64, 63, 8), (5, 70, 3, 1)])
+def test_copy_tiles_in_block_ds_shift(rows, width, shift, elem):
+    # WITHIN_ROW: each row shifts left inside itself.
+    rng = np.random.default_rng(rows)
+    pitch = width * elem
+    arena = rng.integers(0, 256, size=rows * pitch + 32, dtype=np.uint8)
+    rel = one_segment(2 * elem + shift * elem, 2 * elem, (width - shift) * elem, rows=rows,
+                      pitch=pitch if rows > 1 else 0, mode=2, elem=elem)
+    for order in ORDERS:
+        run_plan(rel, arena, tile_bytes=int(rng.choice([1, 64, 4096])), rng=None, order=order)
+
+
+@needs_cxx
+def test_copy_tiles_waves_are_ordered():
+    # Wave 1 reads what wave 0 wrote (a chain A -> B -> C).
+    arena = np.arange(4096, dtype=np.uint32).astype(np.uint8)
+    segs = np.concatenate([one_segment(0, 1000, 300, wave=0), one_segment(1000, 2000, 300, wave=1)])
+    for order in ORDERS:
+        emu = arena.copy()
+        abs_segs = kc.absolute_segments(segs, emu.ctypes.data)
+        tiles, starts = kc.make_tiles(abs_segs, tile_bytes=64)
+        assert len(starts) == 3
+        kc.emulate_copy_tiles(abs_segs, tiles, starts, order=order, ranges=[emu])
+        assert np.array_equal(emu[2000:2300], arena[0:300])
+
+
+@needs_cxx
+def test_emulation_reports_bad_accesses():
+    # A copy that leaves the registered range is counted (and raises by default).
+    arena = np.zeros(256, dtype=np.uint8)
+    segs = kc.absolute_segments(one_segment(0, 200, 100), arena.ctypes.data)
+    other = np.zeros(512, dtype=np.uint8)
+    segs["dst"] = other.ctypes.data
+    tiles, starts = kc.make_tiles(segs)
+    with pytest.raises(kc.EmulationError, match="out-of-range"):
+        kc.emulate_copy_tiles(segs, tiles, starts, ranges=[arena])
+    stats = kc.emulate_copy_tiles(segs, tiles, starts, ranges=[arena, other], check=False)
+    assert stats.out_of_range == 0 and stats.misaligned == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Host emulation: fused state copy
+# ------------------------------------------------------------------------------------------------
+
+
+def check_state_problem(p, rng, *, order, chunks, threads=256, grid_yz=None):
+    arena = rng.integers(0, 256, size=p.arena_size, dtype=np.uint8)
+    emu, ref = arena.copy(), arena.copy()
+    metas = p.metas(emu.ctypes.data)
+    kw = dict(max_accepted=p.max_accepted, num_blocks=p.num_blocks)
+    err = kc.emulate_state_copy(metas, p.block_table, p.src_col, p.dst_col, p.num_accepted, chunks=chunks,
+                                threads=threads, grid_yz=grid_yz, order=order, ranges=[emu], **kw)
+    want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+                                   base=emu.ctypes.data, **kw)
+    assert err.tolist() == want.tolist()
+    if not np.array_equal(emu, ref):
+        bad = np.flatnonzero(emu != ref)
+        raise AssertionError(f"{bad.size} bytes differ, first at {bad[0]}; problem {p}")
+    return arena, emu, err
+
+
+@needs_cxx
+@pytest.mark.parametrize("seed", range(30))
+def test_state_copy_random(seed):
+    rng = np.random.default_rng(3000 + seed)
+    p = kc.random_state_problem(rng)
+    chunks = int(rng.choice([1, 2, 3, 16]))
+    grid_yz = None if seed % 4 else (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+    threads = 256 if seed % 5 else 64
+    check_state_problem(p, rng, order=ORDERS[seed % 3], chunks=chunks, threads=threads, grid_yz=grid_yz)
+
+
+@needs_cxx
+def test_state_copy_errors_change_nothing():
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        p = kc.random_state_problem(rng, invalid=1.0, in_place=0.0)
+        arena, emu, err = check_state_problem(p, rng, order=2, chunks=4)
+        word = gpu.decode_error_word(err, len(p.src_col))
+        if word.ok:
+            continue
+        assert word.first_request is not None and 0 <= word.first_request <= word.last_request < len(p.src_col)
+        assert set(word.names) <= set(gpu.ERROR_CODES.values())
+
+
+@needs_cxx
+def test_state_copy_error_word_pins_codes_and_requests():
+    # Two states (SD conv, temporal), 4 requests: 0 valid, 1 bad accepted, 2 padding, 3 bad dst block.
+    nb = 12
+    metas = np.zeros(2, dtype=gpu.STATE_META_DTYPE)
+    conv_bytes, tmp_bytes = 3 * 8 * 2, 64
+    arena = np.random.default_rng(0).integers(0, 256, size=nb * (conv_bytes + tmp_bytes) + 64, dtype=np.uint8)
+    emu = arena.copy()
+    b = emu.ctypes.data
+    metas[0] = (b, conv_bytes, conv_bytes, gpu.KIND_CONV_SD, 2, 3, 8, 0, 0, nb, 0)
+    metas[1] = (b + nb * conv_bytes, tmp_bytes, tmp_bytes, gpu.KIND_TEMPORAL, 4, 0, 0, 0, 1, nb, 0)
+    # Row 3: dst column 1 -> block 0, the null block: an invalid destination.
+    bt = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 0], [12, 0, 11, 12]], dtype=np.int32)
+    src = np.array([0, 0, -1, 0], np.int32)
+    dst = np.array([1, 1, 1, 1], np.int32)
+    acc = np.array([2, 5, 1, 1], np.int32)
+    err = kc.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=3, num_blocks=nb, ranges=[emu])
+    word = gpu.decode_error_word(err, 4)
+    assert word.names == ["accepted", "block"] and (word.first_request, word.last_request) == (1, 3)
+    ref = arena.copy()
+    kc.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=3, num_blocks=nb, base=b)
+    assert np.array_equal(emu, ref)
+    # Request 0 did copy: conv block 2 <- columns 1..2 of block 1; temporal block 2 <- block 2 (skip).
+    conv = arena[: nb * conv_bytes].reshape(nb, 3, 16)
+    assert np.array_equal(emu[: nb * conv_bytes].reshape(nb, 3, 16)[2, :2], conv[1, 1:])
+
+
+@needs_cxx
+@pytest.mark.parametrize("seed", range(10))
+def test_state_copy_align_entry(seed):
+    rng = np.random.default_rng(4000 + seed)
+    p = kc.random_state_problem(rng, invalid=0.15)
+    R, cols = p.block_table.shape
+    bs = int(rng.choice([1, 2, 3, 4, 16]))
+    running = rng.integers(0, (cols + 1) * bs + 1, size=R).astype(np.int32)
+    if seed % 3 == 0:
+        running[0] = -1  # RS_ERR_ARGS
+    arena = rng.integers(0, 256, size=p.arena_size, dtype=np.uint8)
+    emu, ref, expl = arena.copy(), arena.copy(), arena.copy()
+    metas = p.metas(emu.ctypes.data)
+    kw = dict(max_accepted=p.max_accepted, num_blocks=p.num_blocks)
+    err = kc.emulate_state_copy_align(metas, p.block_table, p.src_col, running, p.num_accepted, block_size=bs,
+                                      chunks=int(rng.choice([1, 5])), order=ORDERS[seed % 3], ranges=[emu], **kw)
+    want = kc.reference_state_copy_align(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
+                                         block_size=bs, base=emu.ctypes.data, **kw)
+    assert err.tolist() == want.tolist()
+    assert np.array_equal(emu, ref)
+    # Same bytes as the explicit entry fed with the host-side decision (for requests the device
+    # accepted without error).
+    if err[0] == 0:
+        dst = np.full(R, -1, np.int32)
+        acc = np.ones(R, np.int32)
+        for r in range(R):
+            if p.src_col[r] >= 0:
+                dec = kc.align_decision(int(running[r]), int(p.num_accepted[r]), bs)
+                if dec is not None:
+                    dst[r], acc[r] = dec
+        metas2 = p.metas(expl.ctypes.data)
+        err2 = kc.emulate_state_copy(metas2, p.block_table, p.src_col, dst, acc, ranges=[expl], **kw)
+        assert err2.tolist() == [0, 0, 0]
+        assert np.array_equal(expl, emu)
+
+
+def test_state_copy_align_decision_examples():
+    # block_size 4: running 6, accepted 3 -> new 8, aligned 8 >= 6 -> dst col 1, a_eff 3.
+    assert kc.align_decision(6, 3, 4) == (1, 3)
+    assert kc.align_decision(6, 2, 4) is None  # new 7 -> aligned 4 < running
+    assert kc.align_decision(8, 1, 4) == (1, 1)  # exactly on the boundary
+    assert kc.align_decision(0, 3, 4) is None  # aligned 0 < block_size
+    assert kc.align_decision(3, 2, 4) == (0, 2)  # aligned 4: a_eff = 4 - 3 + 1
+
+
+def load_vectors():
+    path = DATA / "align_copy.npz"
+    if not path.exists():
+        pytest.skip("conformance vectors missing")
+    return np.load(path)
+
+
+def bf16_bits(x):
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    assert np.all(bits & 0xFFFF == 0), "conv values must be exactly bf16"
+    return (bits >> 16).astype(np.uint16)
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", range(14))
+def test_state_copy_reproduces_vllm_vectors(case):
+    d = load_vectors()
+    if case >= int(d["num_cases"]):
+        pytest.skip("no such case")
+    p = f"case{case}_"
+    orient = str(d[p + "orientation"])
+    tensors_before, tensors_after, metas_spec = [], [], []
+    for layer in (0, 1):
+        conv_b = bf16_bits(d[p + f"layer{layer}_conv_before"])
+        conv_a = bf16_bits(d[p + f"layer{layer}_conv_after"])
+        tmp_b = np.ascontiguousarray(d[p + f"layer{layer}_temporal_before"], dtype=np.float32)
+        tmp_a = np.ascontiguousarray(d[p + f"layer{layer}_temporal_after"], dtype=np.float32)
+        nb = conv_b.shape[0]
+        if orient == "SD":
+            width, dim = conv_b.shape[1], conv_b.shape[2]
+            kind = gpu.KIND_CONV_SD
+        else:
+            dim, width = conv_b.shape[1], conv_b.shape[2]
+            kind = gpu.KIND_CONV_DS
+        metas_spec.append((kind, 2, width, dim, conv_b[0].nbytes, layer, 0))
+        metas_spec.append((gpu.KIND_TEMPORAL, 4, 0, 0, tmp_b[0].nbytes, layer, 1))
+        tensors_before += [conv_b, tmp_b]
+        tensors_after += [conv_a, tmp_a]
+    # Lay the four tensors out in one arena.
+    offsets, off = [], 0
+    for t in tensors_before:
+        offsets.append(off)
+        off += (t.nbytes + 255) // 256 * 256
+    arena = np.zeros(off, dtype=np.uint8)
+    for t, o in zip(tensors_before, offsets):
+        arena[o : o + t.nbytes] = t.reshape(-1).view(np.uint8)
+    metas = np.zeros(4, dtype=gpu.STATE_META_DTYPE)
+    base = arena.ctypes.data
+    for i, (kind, elem, width, dim, nbytes, layer, state) in enumerate(metas_spec):
+        metas[i] = (base + offsets[i], nbytes, nbytes, kind, elem, width, dim, layer, state, nb, 0)
+    bt = d[p + "block_table"]
+    width0 = int(metas[0]["width"])
+    err = kc.emulate_state_copy(metas, bt, d[p + "src_col"], d[p + "dst_col"], d[p + "num_accepted"],
+                                max_accepted=width0, num_blocks=nb, chunks=3, order=case % 3, ranges=[arena])
+    assert err.tolist() == [0, 0, 0]
+    for t, o, want in zip(tensors_before, offsets, tensors_after):
+        got = arena[o : o + t.nbytes].view(t.dtype).reshape(t.shape)
+        assert np.array_equal(got, want), f"case {case} ({d[p + 'producer']})"
+
+
+# ------------------------------------------------------------------------------------------------
+# gpu.py without a GPU
+# ------------------------------------------------------------------------------------------------
+
+
+def _has_gpu():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present")
+def test_gpu_module_unavailable_without_gpu():
+    with pytest.raises(BackendUnavailableError, match="pip install cupy-cuda12x"):
+        gpu.load_module()
+
+
+def test_gpu_module_unavailable_without_cupy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    monkeypatch.setattr(gpu, "_module", None)
+    monkeypatch.setattr(gpu, "_cupy_ok", None)
+    monkeypatch.setattr(gpu, "_kernels", {})
+    with pytest.raises(BackendUnavailableError, match="pip install cupy-cuda12x"):
+        gpu.load_module()
+    with pytest.raises(BackendUnavailableError):
+        gpu.current_stream()
+
+
+def test_gpu_launchers_reject_host_tensors_before_touching_cuda():
+    torch = pytest.importorskip("torch")
+    bt = torch.zeros((2, 3), dtype=torch.int32)
+    v = torch.zeros(2, dtype=torch.int32)
+    err = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(BindingError, match="CUDA tensor"):
+        gpu.launch_state_copy(0, 1, bt, v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
+    with pytest.raises(BindingError, match="int32"):
+        gpu.launch_state_copy(0, 1, bt.long(), v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
+    with pytest.raises(BindingError, match="column axis"):
+        gpu.launch_state_copy(0, 1, bt.t(), v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
+
+
+def test_decode_error_word():
+    assert gpu.decode_error_word([0, 0, 0], 5).ok
+    w = gpu.decode_error_word(np.array([1 | 4, 5 - 1, 3 + 1], np.int32), 5)
+    assert (w.first_request, w.last_request, w.names) == (1, 3, ["accepted", "block"])
+    assert gpu.state_copy_grid(3, 200_000, 16) == (16, 3, 65535)
+
+
+class _FakeDeviceArray:
+    """Just enough of a CuPy array for the launch layer: __cuda_array_interface__, shape, dtype."""
+
+    def __init__(self, ptr, shape, strides=None, dtype="int32"):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape}
+        self.shape, self.dtype = shape, dtype
+        self.strides = strides if strides is not None else tuple(
+            4 * int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
+
+
+def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
+    calls = []
+
+    class FakeKernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, grid, block, args):
+            calls.append((self.name, grid, block, args, entered[-1] if entered else None))
+
+    class FakeModule:
+        def __init__(self, code, options):
+            self.code, self.options = code, options
+
+        def compile(self):
+            pass
+
+        def get_function(self, name):
+            return FakeKernel(name)
+
+    entered = []
+
+    class FakeStream:
+        def __enter__(self):
+            entered.append(self)
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class FakeCupy:
+        RawModule = FakeModule
+
+        class cuda:  # noqa: N801
+            class runtime:  # noqa: N801
+                @staticmethod
+                def getDeviceCount():
+                    return 1
+
+    monkeypatch.setitem(sys.modules, "cupy", FakeCupy)
+    monkeypatch.setattr(gpu, "_module", None)
+    monkeypatch.setattr(gpu, "_kernels", {})
+    monkeypatch.setattr(gpu, "_cupy_ok", None)
+    mod = gpu.load_module()
+    assert mod.options == gpu.MODULE_OPTIONS and mod.code == gpu.module_source()
+    stream = FakeStream()
+
+    gpu.launch_copy_tiles(0x1000, 0x2000, 5, 300, stream)
+    gpu.launch_copy_tiles(0x1000, 0x2000, 5, 300, stream, max_ctas=64)
+    gpu.launch_copy_tiles(0x1000, 0x2000, 5, 0, stream)  # nothing to launch
+    (n1, g1, b1, a1, s1), (n2, g2, _, _, _) = calls
+    assert (n1, g1, b1, s1) == ("rs_copy_tiles", (300, 1, 1), (256, 1, 1), stream) and g2 == (64, 1, 1)
+    assert [type(x) for x in a1] == [np.uint64, np.uint64, np.uint32, np.uint32]
+    assert [int(x) for x in a1] == [0x1000, 0x2000, 5, 300]
+
+    calls.clear()
+    bt = _FakeDeviceArray(0x3000, (70000, 4), strides=(4 * 9, 4))
+    vec = _FakeDeviceArray(0x4000, (70000,))
+    err = _FakeDeviceArray(0x5000, (3,))
+    gpu.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, max_accepted=4, num_blocks=1 << 40,
+                          has_temporal=True, stream=stream)
+    gpu.launch_state_copy_align(0x6000, 96, bt, vec, vec, vec, err, block_size=16, max_accepted=4,
+                                num_blocks=100, has_temporal=False, chunks=2, stream=stream)
+    (n1, g1, _, a1, _), (n2, g2, _, a2, _) = calls
+    assert n1 == "rs_state_copy" and g1 == (16, 65535, 96)  # requests folded into gridDim.y
+    assert [type(x).__name__ for x in a1] == ["uint64", "uint32", "uint64", "int64", "int32", "uint64", "uint64",
+                                               "uint64", "int32", "int32", "int64", "uint32", "uint64"]
+    assert [int(x) for x in a1] == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 70000, 4, 1 << 40,
+                                    gpu.FLAG_HAS_TEMPORAL, 0x5000]
+    assert n2 == "rs_state_copy_align" and g2 == (2, 65535, 96)
+    assert [int(x) for x in a2] == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 16, 70000, 4, 100, 0, 0x5000]
+    with pytest.raises(BindingError, match="at least 70000"):
+        gpu.launch_state_copy(0x6000, 1, bt, vec, _FakeDeviceArray(0x4000, (5,)), vec, err, max_accepted=4,
+                              num_blocks=8, has_temporal=True, stream=stream)
+    with pytest.raises(BindingError, match="rows"):
+        gpu.launch_state_copy(0x6000, 1, _FakeDeviceArray(0x3000, (3, 4)), vec, vec, vec, err, max_accepted=4,
+                              num_blocks=8, has_temporal=True, stream=stream)
+
+
+# ------------------------------------------------------------------------------------------------
+# The Rust planner's real plans, executed by the emulated kernel
+# ------------------------------------------------------------------------------------------------
+
+
+def _planner_states(layout, num_layers, nb, torch, seed):
+    """State tensors as views into one byte arena (so the reference can address them all)."""
+    dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+    sizes = [s.nbytes * nb for _ in range(num_layers) for s in layout.persistent]
+    offs = np.cumsum([0] + [(n + 255) // 256 * 256 for n in sizes])
+    g = torch.Generator().manual_seed(seed)
+    arena = torch.randint(0, 256, (int(offs[-1]),), dtype=torch.uint8, generator=g)
+    states, k = [], 0
+    for _ in range(num_layers):
+        layer = []
+        for s in layout.persistent:
+            raw = arena[int(offs[k]) : int(offs[k]) + s.nbytes * nb]
+            layer.append(raw.view(dtypes[s.dtype]).view(nb, *s.shape))
+            k += 1
+        states.append(layer)
+    return arena, states
+
+
+@needs_cxx
+@pytest.mark.parametrize("seed", range(8))
+def test_rust_planner_plans_run_on_the_emulated_kernel(seed):
+    torch = pytest.importorskip("torch")
+    try:
+        from recoverssm_rs import layouts
+        from recoverssm_rs.planner import CopyPlanner
+    except ImportError as exc:  # the planner is built separately
+        pytest.skip(f"planner unavailable: {exc}")
+    rng = np.random.default_rng(9000 + seed)
+    nspec = int(rng.integers(0, 4))
+    layout = layouts.gdn(num_k_heads=2, num_v_heads=2, head_k_dim=int(rng.choice([8, 16])), head_v_dim=16,
+                         conv_kernel_size=4, num_spec=nspec, conv_layout=str(rng.choice(["SD", "DS"])))
+    R, cols = int(rng.integers(1, 7)), nspec + 1 + int(rng.integers(0, 3))
+    nb = R * cols + 2
+    arena, states = _planner_states(layout, 2, nb, torch, seed)
+    planner = CopyPlanner(layout, states)
+    bt = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)
+    acc = rng.integers(1, nspec + 2, size=R).astype(np.int32)
+    src = np.array([rng.integers(0, cols - a + 1) for a in acc], np.int32)
+    dst = rng.integers(0, cols, size=R).astype(np.int32)
+    in_place = rng.random(R) < 0.4
+    dst[in_place] = src[in_place]  # some in-block shifts
+    plan = planner.plan_align(bt, src, dst, acc)
+    metas = planner.state_meta.copy()
+    base = arena.data_ptr()
+    before = arena.numpy().copy()
+    ref = before.copy()
+    err = kc.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, base=base)
+    assert err.tolist() == [0, 0, 0]
+    table = plan.tiles(int(rng.choice([16, 256, 65536])))
+    kc.emulate_copy_tiles(plan.segments, table.tiles, table.wave_starts, order=ORDERS[seed % 3],
+                          ranges=[arena.numpy()])
+    got = arena.numpy()
+    assert np.array_equal(got, ref), f"{np.count_nonzero(got != ref)} bytes differ"
+    # The fused kernel on the planner's bind-time metadata gives the same bytes.
+    got[:] = before
+    err = kc.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, chunks=3,
+                                order=ORDERS[seed % 3], ranges=[got])
+    assert err.tolist() == [0, 0, 0] and np.array_equal(got, ref)
