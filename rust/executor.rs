@@ -5,6 +5,7 @@ use crate::binding::Device;
 use crate::error::{Error, Result};
 use crate::plan::segment::{Mode, Segment};
 use crate::plan::CopyPlan;
+use std::sync::OnceLock;
 
 /// Plans above this many bytes use two threads per wave (where the machine has them).
 const PARALLEL_BYTES: u64 = 4 << 20;
@@ -31,15 +32,21 @@ pub fn check(plan: &CopyPlan) -> Result<()> {
     Ok(())
 }
 
+/// Worker threads for large waves: the machine's parallelism, asked once (the query reads cgroup
+/// files, far too slow to repeat per step).
+fn threads() -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8))
+}
+
 /// Executes `plan` on the CPU tensors it was planned for.
 pub fn execute(plan: &CopyPlan) -> Result<()> {
     check(plan)?;
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
     for w in 0..plan.num_waves() {
         let segs = plan.wave(w);
         let bytes: u64 = segs.iter().map(|s| s.bytes()).sum();
-        if threads > 1 && bytes >= PARALLEL_BYTES && segs.len() > 1 {
-            run_parallel(segs, bytes, threads);
+        if bytes >= PARALLEL_BYTES && segs.len() > 1 && threads() > 1 {
+            run_parallel(segs, bytes, threads());
         } else {
             for s in segs {
                 // SAFETY: `check` proved both extents lie inside live bound tensors (the plan holds

@@ -66,7 +66,10 @@ def _host_ints(x: Any, name: str) -> Any:
                 "would synchronise the device). Pass CPU arrays, or launch the device-side copy "
                 "with the GPU executor, which reads its inputs in device memory."
             )
-        return x.detach().numpy()
+        try:
+            return x.detach().numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16, ...): never an integer array
+            raise PlanError(f"{name} must be an int32 or int64 array, got {x.dtype}") from None
     return np.asarray(x)
 
 

@@ -43,6 +43,15 @@ pub struct Limits<'a> {
 }
 
 impl Limits<'_> {
+    fn block_of_copy(&self, copy: usize, what: &str, id: i64) -> Result<u64> {
+        if id < 0 || id as u64 >= self.num_blocks {
+            return Err(Error::plan(format!(
+                "{}: copy {copy}: {what} block id {id} is outside 0..{}",
+                self.backend, self.num_blocks
+            )));
+        }
+        Ok(id as u64)
+    }
     fn block(&self, request: usize, what: &str, col: usize, id: i64, state: &str) -> Result<u64> {
         if id < 0 || id as u64 >= self.num_blocks {
             return Err(Error::plan(format!(
@@ -168,14 +177,13 @@ pub fn copy_moves(src: &[i64], dst: &[i64], lim: &Limits<'_>, out: &mut Moves) -
     }
     out.conv.clear();
     out.temporal.clear();
-    let state = lim.conv_state.or(lim.temporal_state).unwrap_or("?");
     for i in 0..src.len() {
         let (s, d) = (src[i], dst[i]);
         if s < 0 || d < 0 {
             continue;
         }
-        let d = lim.block(i, "destination", i, d, state)?;
-        let s = lim.block(i, "source", i, s, state)?;
+        let d = lim.block_of_copy(i, "destination", d)?;
+        let s = lim.block_of_copy(i, "source", s)?;
         if d == 0 {
             return Err(Error::plan(format!(
                 "{b}: copy {i}: the destination is the null block 0; the null block is never written"

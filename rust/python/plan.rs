@@ -26,11 +26,24 @@ pub struct Planner {
     _keepalive: Py<PyAny>,
 }
 
+/// Whether a buffer's struct format names a non-native (big-endian) byte order.
+fn foreign_order<T: pyo3::buffer::Element>(b: &PyBuffer<T>) -> bool {
+    let f = b.format().to_bytes();
+    cfg!(target_endian = "little") && matches!(f.first(), Some(b'>') | Some(b'!'))
+}
+
 fn int_array(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Vec<i64>, Vec<usize>)> {
+    let foreign = || to_py(py, Error::plan(format!("{what} must be in native byte order, got a byte-swapped array")));
     if let Ok(b) = PyBuffer::<i64>::get(obj) {
+        if foreign_order(&b) {
+            return Err(foreign());
+        }
         return Ok((b.to_vec(py)?, b.shape().to_vec()));
     }
     if let Ok(b) = PyBuffer::<i32>::get(obj) {
+        if foreign_order(&b) {
+            return Err(foreign());
+        }
         let v: Vec<i32> = b.to_vec(py)?;
         return Ok((v.into_iter().map(i64::from).collect(), b.shape().to_vec()));
     }
@@ -38,6 +51,15 @@ fn int_array(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Ve
         py,
         Error::plan(format!("{what} must be an int32 or int64 array (numpy array or CPU tensor), got {}", obj.get_type().name()?)),
     ))
+}
+
+/// A 1-D integer vector (one entry per request).
+fn int_vector(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+    let (v, shape) = int_array(py, obj, what)?;
+    if shape.len() != 1 {
+        return Err(to_py(py, Error::plan(format!("{what} must be 1-D (one entry per request), got shape {shape:?}"))));
+    }
+    Ok(v)
 }
 
 #[pymethods]
@@ -53,10 +75,14 @@ impl Planner {
         keepalive: Py<PyAny>,
     ) -> PyResult<Self> {
         let mut descs = Vec::with_capacity(states.len());
-        for layer in &states {
+        let core = layout.core();
+        for (li, layer) in states.iter().enumerate() {
             let mut l = Vec::with_capacity(layer.len());
-            for (ptr, dtype, shape, strides, device, writable) in layer {
-                let dtype = DType::parse(&dtype_name(dtype)?).map_err(|e| to_py(py, Error::binding(e.message)))?;
+            for (si, (ptr, dtype, shape, strides, device, writable)) in layer.iter().enumerate() {
+                let dtype = DType::parse(&dtype_name(dtype)?).map_err(|e| {
+                    let name = core.states().get(si).map(|s| s.name.as_str()).unwrap_or("?");
+                    to_py(py, Error::binding(format!("{}: layer {li}, state {si} ('{name}'): {}", core.backend(), e.message)))
+                })?;
                 l.push(TensorDesc { data_ptr: *ptr, dtype, shape: shape.clone(), strides: strides.clone(), device: device.clone(), writable: *writable });
             }
             descs.push(l);
@@ -96,9 +122,9 @@ impl Planner {
     ) -> PyResult<Plan> {
         let py = slf.py();
         let (bt, shape) = int_array(py, block_table, "block_table")?;
-        let (sc, _) = int_array(py, src_col, "src_col")?;
-        let (dc, _) = int_array(py, dst_col, "dst_col")?;
-        let (na, _) = int_array(py, num_accepted, "num_accepted")?;
+        let sc = int_vector(py, src_col, "src_col")?;
+        let dc = int_vector(py, dst_col, "dst_col")?;
+        let na = int_vector(py, num_accepted, "num_accepted")?;
         let cols = match shape.as_slice() {
             [_, c] => *c,
             _ => {
@@ -115,8 +141,8 @@ impl Planner {
     /// Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state.
     fn plan_copy(slf: Bound<'_, Self>, src_blocks: &Bound<'_, PyAny>, dst_blocks: &Bound<'_, PyAny>) -> PyResult<Plan> {
         let py = slf.py();
-        let (s, _) = int_array(py, src_blocks, "src_blocks")?;
-        let (d, _) = int_array(py, dst_blocks, "dst_blocks")?;
+        let s = int_vector(py, src_blocks, "src_blocks")?;
+        let d = int_vector(py, dst_blocks, "dst_blocks")?;
         let planner = Arc::clone(&slf.get().inner);
         let plan = py.detach(move || planner.plan_copy(&s, &d));
         Ok(Plan { inner: Arc::new(plan.py_err(py)?), planner: slf.unbind() })
@@ -135,13 +161,13 @@ impl Planner {
         block_table: Option<&Bound<'_, PyAny>>,
         block_size: Option<u64>,
     ) -> PyResult<RawBuffer> {
-        let (sb, _) = int_array(py, state_blocks, "state_blocks")?;
-        let (na, _) = int_array(py, num_accepted, "num_accepted")?;
-        let (ql, _) = int_array(py, query_lens, "query_lens")?;
+        let sb = int_vector(py, state_blocks, "state_blocks")?;
+        let na = int_vector(py, num_accepted, "num_accepted")?;
+        let ql = int_vector(py, query_lens, "query_lens")?;
         let align = match (seq_lens, block_table, block_size) {
             (None, None, None) => None,
             (Some(s), Some(b), Some(bs)) => {
-                let (s, _) = int_array(py, s, "seq_lens")?;
+                let s = int_vector(py, s, "seq_lens")?;
                 let (b, shape) = int_array(py, b, "block_table")?;
                 let cols = match shape.as_slice() {
                     [_, c] => *c,
@@ -169,7 +195,7 @@ impl Planner {
 
     /// Checks running-state blocks (`<= 0` padding): in range, one request per block.
     fn check_state_blocks(&self, py: Python<'_>, state_blocks: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (sb, _) = int_array(py, state_blocks, "state_blocks")?;
+        let sb = int_vector(py, state_blocks, "state_blocks")?;
         let b = self.inner.binding();
         check_state_blocks(&sb, b.layout().backend(), b.num_blocks()).py_err(py)
     }
