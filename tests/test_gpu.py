@@ -324,3 +324,246 @@ def test_execute_plan_of_the_rust_planner(conv_layout):
     kc.reference_state_copy(ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb,
                             base=arena.data_ptr())
     assert np.array_equal(arena.cpu().numpy(), ref)
+
+
+# ------------------------------------------------------------------------------------------------
+# CopyPlanner's device path (launch_align / launch_align_decision) and CopyPlan.execute on CUDA,
+# against the host plan run by the Rust host executor on CPU copies of the same bytes.
+# ------------------------------------------------------------------------------------------------
+
+_TORCH_DT = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def _planner_mod():
+    try:
+        from recoverssm_rs import layouts
+        from recoverssm_rs.planner import CopyPlanner
+    except ImportError as exc:  # pragma: no cover - the core is built in every supported setup
+        pytest.skip(f"planner unavailable: {exc}")
+    return layouts, CopyPlanner
+
+
+def _gdn(conv_layout, nspec=3):
+    layouts, _ = _planner_mod()
+    return layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64, conv_kernel_size=4,
+                       num_spec=nspec, conv_layout=conv_layout)
+
+
+class _Pair:
+    """The same random states twice: in one CUDA arena and in one CPU arena (same offsets), each
+    bound to a planner. Comparing the whole arenas also catches writes outside the states."""
+
+    def __init__(self, layout, nb, layers, seed):
+        _, CopyPlanner = _planner_mod()
+        rng = np.random.default_rng(seed)
+        sizes = [s.nbytes * nb for _ in range(layers) for s in layout.persistent]
+        self.offs = np.cumsum([0] + [(n + 255) // 256 * 256 + 256 for n in sizes])
+        self.host = rng.integers(0, 256, size=int(self.offs[-1]), dtype=np.uint8)
+        self.dev_arena = torch.from_numpy(self.host.copy()).cuda()
+        self.cpu_arena = torch.from_numpy(self.host.copy())
+        self.layout, self.nb, self.layers = layout, nb, layers
+        self.dev = CopyPlanner(layout, self._carve(self.dev_arena))
+        self.cpu = CopyPlanner(layout, self._carve(self.cpu_arena))
+
+    def _carve(self, arena):
+        states, k = [], 0
+        for _ in range(self.layers):
+            layer = []
+            for s in self.layout.persistent:
+                n = s.nbytes * self.nb
+                layer.append(arena[int(self.offs[k]): int(self.offs[k]) + n].view(_TORCH_DT[s.dtype]).view(self.nb, *s.shape))
+                k += 1
+            states.append(layer)
+        return states
+
+    def reset(self, rng):
+        """New random bytes in both arenas."""
+        fresh = rng.integers(0, 256, size=self.host.size, dtype=np.uint8)
+        self.dev_arena.copy_(torch.from_numpy(fresh))
+        self.cpu_arena.copy_(torch.from_numpy(fresh))
+
+    def assert_equal(self):
+        torch.cuda.synchronize()
+        got, want = self.dev_arena.cpu().numpy(), self.cpu_arena.numpy()
+        assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} bytes differ"
+
+
+def _owned_step(rng, R, cols, max_acc, nb):
+    """A valid step in which every request owns its blocks (so one launch is hazard-free): in-block
+    conv shifts, two columns naming one block, no-ops and padding rows included."""
+    bt = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols).copy()
+    src, dst, acc = (np.zeros(R, np.int32) for _ in range(3))
+    for r in range(R):
+        a = int(rng.integers(1, max_acc + 1))
+        s = int(rng.integers(0, cols - a + 1))
+        d = int(rng.integers(0, cols))
+        u = rng.random()
+        if u < 0.25 and a > 1:
+            d = s
+        elif u < 0.35:
+            bt[r, d] = bt[r, s]
+        elif u < 0.4:
+            d, a = s, 1
+        elif u < 0.5:
+            s = -1
+        src[r], dst[r], acc[r] = s, d, a
+    if R > 1:  # make sure both in-block shifts and plain copies are present
+        src[0], dst[0], acc[0] = 0, 0, max_acc
+        src[1], dst[1], acc[1] = 0, cols - 1, max(1, max_acc - 1)
+    return bt, src, dst, acc
+
+
+def _dev(x, dtype=torch.int32):
+    return torch.as_tensor(np.asarray(x)).to(dtype).cuda()
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
+@pytest.mark.parametrize("seed", range(4))
+def test_launch_align_equals_the_host_plan(conv_layout, dtype, seed):
+    rng = np.random.default_rng(9000 + seed)
+    nspec, cols, R = 3, 6, int(rng.integers(1, 12))
+    pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 3, seed)
+    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    pair.cpu.plan_align(bt, src, dst, acc).execute()
+    pair.dev.launch_align(bt_dev(bt) if dtype == torch.int32 else _dev(bt, dtype), _dev(src, dtype),
+                          _dev(dst, dtype), _dev(acc, dtype))
+    assert pair.dev.last_error().ok
+    pair.assert_equal()
+
+
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
+@pytest.mark.parametrize("seed", range(4))
+def test_launch_align_decision_equals_the_host_plan(conv_layout, seed):
+    rng = np.random.default_rng(9100 + seed)
+    nspec, cols, R = 3, 6, int(rng.integers(1, 12))
+    bs = int(rng.choice([1, 2, 4, 16]))
+    pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 2, seed)
+    bt = rng.permutation(np.arange(1, pair.nb, dtype=np.int32))[: R * cols].reshape(R, cols)
+    src, running, acc = (np.zeros(R, np.int32) for _ in range(3))
+    h_src, h_dst, h_acc = np.full(R, -1, np.int32), np.full(R, -1, np.int32), np.ones(R, np.int32)
+    for r in range(R):
+        while True:  # a running position / accepted count whose decision is valid for this row
+            a = int(rng.integers(1, nspec + 2))
+            run = int(rng.integers(0, cols * bs))
+            s = max(0, (run - 1) // bs)
+            dec = kc.align_decision(run, a, bs)
+            if dec is None or (dec[0] < cols and s + dec[1] - 1 < cols and (dec[0], dec[1]) != (s, 1)):
+                break
+        src[r], running[r], acc[r] = s, run, a
+        if dec is not None:
+            h_src[r], h_dst[r], h_acc[r] = s, dec[0], dec[1]
+    pair.cpu.plan_align(bt, h_src, h_dst, h_acc).execute()
+    pair.dev.launch_align_decision(_dev(bt), _dev(src, torch.int64), _dev(running), _dev(acc), bs)
+    assert pair.dev.last_error().ok
+    pair.assert_equal()
+
+
+def test_launch_align_reports_invalid_requests():
+    nspec, R, cols = 2, 4, 4
+    pair = _Pair(_gdn("SD", nspec), R * cols + 1, 1, 5)
+    bt = np.arange(1, R * cols + 1, dtype=np.int32).reshape(R, cols)
+    src, dst = np.array([0, 0, 0, 1], np.int32), np.full(R, 3, np.int32)
+    acc = np.array([2, 9, 1, 0], np.int32)  # requests 1 and 3 are invalid: skipped, reported
+    ok = np.array([0, 2])
+    pair.cpu.plan_align(bt[ok], src[ok], dst[ok], acc[ok]).execute()
+    pair.dev.launch_align(_dev(bt), _dev(src), _dev(dst), _dev(acc))
+    word = pair.dev.last_error()
+    assert word.names == ["accepted"] and (word.first_request, word.last_request) == (1, 3)
+    pair.assert_equal()
+    err = torch.zeros(3, dtype=torch.int32, device="cuda")  # a caller-owned word
+    pair.dev.launch_align(_dev(bt), _dev(src), _dev(dst), _dev(acc), err=err)
+    assert gpu.decode_error_word(err.cpu(), R).names == ["accepted"]
+
+
+def test_launch_align_is_one_launch_and_never_synchronises(monkeypatch):
+    rng = np.random.default_rng(77)
+    nspec, cols, R = 3, 6, 9
+    pair = _Pair(_gdn("DS", nspec), R * cols + 3, 4, 77)
+    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    pair.cpu.plan_align(bt, src, dst, acc).execute()
+    inputs = [_dev(bt, torch.int64), _dev(src, torch.int64), _dev(dst), _dev(acc, torch.int64)]
+    pair.dev.prepare_device()  # upload + compile outside the checked region
+    launches = []
+    real = gpu._launch
+    monkeypatch.setattr(gpu, "_launch", lambda name, *a: (launches.append(name), real(name, *a)))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pair.dev.launch_align(*inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert launches == ["rs_state_copy"]
+    assert pair.dev.last_error().ok
+    pair.assert_equal()
+
+
+def test_launch_align_follows_the_given_stream():
+    rng = np.random.default_rng(78)
+    nspec, cols, R = 3, 6, 5
+    pair = _Pair(_gdn("SD", nspec), R * cols + 3, 2, 78)
+    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    inputs = [_dev(bt), _dev(src), _dev(dst), _dev(acc)]
+    fresh = rng.integers(0, 256, size=pair.host.size, dtype=np.uint8)
+    staged = torch.from_numpy(fresh).cuda()
+    pair.dev.prepare_device()
+    pair.cpu_arena.copy_(torch.from_numpy(fresh))
+    pair.cpu.plan_align(bt, src, dst, acc).execute()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)  # a launch on the wrong stream would run before the copy below
+        pair.dev_arena.copy_(staged)
+    pair.dev.launch_align(*inputs, stream=side)
+    with torch.cuda.stream(side):
+        out = pair.dev_arena.clone()
+    side.synchronize()
+    assert np.array_equal(out.cpu().numpy(), pair.cpu_arena.numpy())
+
+
+def test_launch_align_captures_in_a_cuda_graph_and_replays():
+    rng = np.random.default_rng(79)
+    nspec, cols, R = 3, 6, 7
+    pair = _Pair(_gdn("DS", nspec), R * cols + 3, 3, 79)
+    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    t_bt, t_src, t_dst, t_acc = _dev(bt), _dev(src), _dev(dst), _dev(acc)
+    pair.dev.prepare_device()
+    torch.cuda.synchronize()
+    before = pair.dev_arena.cpu().numpy().copy()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pair.dev.launch_align(t_bt, t_src, t_dst, t_acc)
+    torch.cuda.synchronize()
+    assert np.array_equal(pair.dev_arena.cpu().numpy(), before)  # capturing ran nothing
+    for step in range(3):
+        new_bt, new_src, new_dst, new_acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+        pair.reset(rng)
+        for t, x in ((t_bt, new_bt), (t_src, new_src), (t_dst, new_dst), (t_acc, new_acc)):
+            t.copy_(torch.from_numpy(np.ascontiguousarray(x)))
+        pair.cpu.plan_align(new_bt, new_src, new_dst, new_acc).execute()
+        graph.replay()
+        assert pair.dev.last_error().ok, f"replay {step}"
+        pair.assert_equal()
+    # A replay with an invalid request flags it in the planner's word (zeroed by the graph itself).
+    t_acc[0] = nspec + 5
+    graph.replay()
+    assert pair.dev.last_error().names == ["accepted"]
+
+
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
+def test_copy_plan_execute_on_cuda_equals_the_host_executor(conv_layout):
+    rng = np.random.default_rng(80)
+    nspec, cols, R = 3, 6, 10
+    pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 3, 80)
+    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    pair.cpu.plan_align(bt, src, dst, acc).execute()
+    pair.dev.plan_align(bt, src, dst, acc).execute()
+    pair.assert_equal()
+    # Whole-block copies (forks / cache hits), including a chain that needs two waves.
+    s_blocks = np.array([1, 2, 5, 9], np.int64)
+    d_blocks = np.array([2, 3, 6, 10], np.int64)
+    pair.cpu.plan_copy(s_blocks, d_blocks).execute()
+    plan = pair.dev.plan_copy(s_blocks, d_blocks)
+    assert plan.num_waves >= 2
+    plan.execute()
+    pair.assert_equal()

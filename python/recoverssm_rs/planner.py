@@ -6,13 +6,20 @@ strided views into one shared buffer). Each step, :meth:`CopyPlanner.plan_align`
 decoding / prefix-cache alignment) or :meth:`CopyPlanner.plan_copy` (forks, cache hits) turns
 vectorised inputs into a validated, hazard-ordered, coalesced :class:`CopyPlan`; the Rust core does
 all of the work with the GIL released. :meth:`CopyPlan.execute` runs it on the states' device.
+
+For CUDA states there is also a *device path* that never reads the step's inputs on the host:
+:meth:`CopyPlanner.launch_align` (explicit columns) and :meth:`CopyPlanner.launch_align_decision`
+(vLLM's align decision taken on the device) launch the fused state-copy kernel once per step on the
+caller's stream, straight from device-resident ``int32`` / ``int64`` tensors -- so an engine need
+not wait for ``num_accepted`` after sampling, and the call can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -20,6 +27,9 @@ from . import _core
 from ._core import Layout
 from .errors import PlanError
 from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
+
+if TYPE_CHECKING:
+    from .gpu import ErrorWord
 
 __all__ = ["CopyPlanner", "CopyPlan", "TileTable", "describe_tensor"]
 
@@ -71,6 +81,116 @@ def _host_ints(x: Any, name: str) -> Any:
         except TypeError:  # a dtype numpy lacks (bfloat16, ...): never an integer array
             raise PlanError(f"{name} must be an int32 or int64 array, got {x.dtype}") from None
     return np.asarray(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# Device path helpers (CopyPlanner.launch_align / launch_align_decision)
+# ------------------------------------------------------------------------------------------------
+
+_KIND_TEMPORAL = 0  # STATE_META_DTYPE kind of a temporal state (gpu.KIND_TEMPORAL)
+_INT32_MAX = 2**31 - 1
+
+
+class _CudaOps:
+    """The few torch CUDA calls the device path makes, in one place.
+
+    torch is imported on first use (the package works without it). Tests without a GPU replace the
+    module's instance (``planner._cuda_ops``) to run the device path's host logic.
+    """
+
+    @staticmethod
+    def torch() -> Any:
+        import torch
+
+        return torch
+
+    def context(self, index: int, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        """Make ``cuda:index`` current and, if given, ``stream`` (a torch stream) current."""
+        torch = self.torch()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(index))
+        if stream is not None:
+            stack.enter_context(torch.cuda.stream(stream))
+        return stack
+
+    def torch_stream(self, stream: Any, index: int) -> Any:
+        """``stream`` as a torch CUDA stream: a torch stream passes through, a CuPy stream (anything
+        with ``.ptr``) is wrapped in ``torch.cuda.ExternalStream``; ``None`` stays ``None``."""
+        if stream is None or hasattr(stream, "cuda_stream"):
+            return stream
+        ptr = getattr(stream, "ptr", None)
+        if ptr is None:
+            raise PlanError(
+                f"stream must be a torch.cuda.Stream, a CuPy stream or None, got {type(stream).__name__}"
+            )
+        torch = self.torch()
+        return torch.cuda.ExternalStream(int(ptr), device=torch.device("cuda", index))
+
+    def upload(self, raw: np.ndarray, index: int) -> Any:
+        """A device copy of host bytes; waits for it (once per planner)."""
+        torch = self.torch()
+        dev = torch.from_numpy(np.ascontiguousarray(raw).copy()).to(torch.device("cuda", index))
+        torch.cuda.synchronize(index)
+        return dev
+
+    def zeros_i32(self, n: int, index: int) -> Any:
+        torch = self.torch()
+        out = torch.zeros(n, dtype=torch.int32, device=torch.device("cuda", index))
+        torch.cuda.synchronize(index)
+        return out
+
+    def synchronize(self, index: int) -> None:
+        self.torch().cuda.synchronize(index)
+
+
+_cuda_ops = _CudaOps()
+
+
+class _DeviceState(NamedTuple):
+    """What a CUDA-bound planner keeps on the device for the fused kernel (created once)."""
+
+    meta: Any
+    """The ``state_meta`` table as raw bytes on the states' device (uint8 tensor)."""
+    num_meta: int
+    has_temporal: bool
+    err: Any
+    """The planner's own ``int32[3]`` error word (used when a launch gets no ``err``)."""
+
+
+_HOST_ALTERNATIVE = (
+    "the device path reads its inputs in device memory; for host inputs use "
+    "planner.plan_align(...) and CopyPlan.execute()"
+)
+
+
+def _check_device_input(x: Any, name: str, index: int, ndim: int, *, allow_int64: bool = True,
+                        shape_desc: str | None = None) -> tuple[int, ...]:
+    """Host-side checks of one device input (no device access): a CUDA tensor on ``cuda:index``,
+    ``ndim``-D, int32 (or int64). Returns its shape; raises :class:`PlanError` naming ``name``."""
+    dev = getattr(x, "device", None)
+    if getattr(dev, "type", None) != "cuda" or not hasattr(x, "dtype") or not callable(getattr(x, "stride", None)):
+        got = f"a tensor on {dev}" if getattr(dev, "type", None) else f"a {type(x).__name__}"
+        raise PlanError(f"{name}: expected a CUDA tensor on cuda:{index}, got {got}; {_HOST_ALTERNATIVE}")
+    if dev.index is not None and int(dev.index) != index:
+        raise PlanError(f"{name} is on {dev} but the planner's states are on cuda:{index}")
+    dtype = str(x.dtype)
+    allowed = ("torch.int32", "torch.int64") if allow_int64 else ("torch.int32",)
+    if dtype not in allowed:
+        raise PlanError(f"{name}: expected {' or '.join(a[6:] for a in allowed)}, got {dtype}")
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) != ndim:
+        want = shape_desc or ("2-D [requests, cols]" if ndim == 2 else "1-D [requests]")
+        raise PlanError(f"{name}: expected a {want} tensor, got shape {list(shape)}")
+    return shape
+
+
+def _as_device_int32(torch: Any, x: Any) -> Any:
+    """``x`` as int32 with a contiguous last axis, converted on the device (no host copy)."""
+    if x.dtype != torch.int32:
+        x = x.to(torch.int32)
+    if x.shape[-1] > 1 and x.stride()[-1] != 1:
+        x = x.contiguous()
+    return x
 
 
 class TileTable(NamedTuple):
@@ -177,19 +297,32 @@ class CopyPlanner:
             the persistent states (``[num_blocks, *state_shape]`` each), optionally followed by the
             workspace tensors (ignored: they are never copied). All on one device.
 
+    Two ways to run a step:
+
+    * **host plan** -- :meth:`plan_align` / :meth:`plan_copy` on host inputs, then
+      :meth:`CopyPlan.execute`: everything is validated and hazard-ordered on the host before a byte
+      moves (any device; needs ``num_accepted`` on the host);
+    * **device path** (CUDA states only) -- :meth:`launch_align` / :meth:`launch_align_decision` on
+      device inputs: one fused kernel launch per step on the caller's stream, no host
+      synchronisation, CUDA-graph capturable. The kernel validates each request itself (invalid
+      requests are skipped and flagged in an error word, see :meth:`last_error`) and relies on the
+      caller for the cross-request hazard precondition described in :meth:`launch_align`.
+
     Raises:
         BindingError: a tensor does not match the layout (dtype, per-block shape, dense inner
             dimensions, block stride, alignment, device, overlapping memory); the message names
             the layer and state.
     """
 
-    __slots__ = ("_core", "_states", "_meta", "__weakref__")
+    __slots__ = ("_core", "_states", "_meta", "_device_state", "_err_requests", "__weakref__")
 
     def __init__(self, layout: Layout, states: Sequence[Sequence[Any]]) -> None:
         self._states = [list(layer) for layer in states]
         descs = [[describe_tensor(t) for t in layer] for layer in self._states]
         self._core = _core.Planner(layout, descs, self._states)
         self._meta: np.ndarray | None = None
+        self._device_state: _DeviceState | None = None
+        self._err_requests = 0
         log.debug("bound %r: %d layers, %d blocks on %s", layout.backend, self.num_layers,
                   self.num_blocks, self.device)
 
@@ -260,6 +393,237 @@ class CopyPlanner:
                                  _host_ints(dst_blocks, "dst_blocks")),
             self,
         )
+
+    # --------------------------------------------------------------------------------------------
+    # Device path
+    # --------------------------------------------------------------------------------------------
+
+    def _cuda_index(self, what: str) -> int:
+        """The CUDA device index of the bound states; :class:`PlanError` for a CPU-bound planner."""
+        device = self.device
+        if not device.startswith("cuda"):
+            raise PlanError(
+                f"{what} launches the fused CUDA kernel, but this planner is bound to {device} "
+                "tensors; for host states plan the step with planner.plan_align(...) (host inputs) "
+                "and run it with CopyPlan.execute()"
+            )
+        _, _, idx = device.partition(":")
+        return int(idx) if idx else 0
+
+    def _device(self, index: int) -> _DeviceState:
+        ds = self._device_state
+        if ds is None:
+            meta = self.state_meta
+            ds = _DeviceState(
+                meta=_cuda_ops.upload(meta.view(np.uint8).reshape(-1), index),
+                num_meta=len(meta),
+                has_temporal=bool(np.any(meta["kind"] == _KIND_TEMPORAL)),
+                err=_cuda_ops.zeros_i32(3, index),
+            )
+            self._device_state = ds
+            log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
+        return ds
+
+    def prepare_device(self) -> None:
+        """Upload the state metadata table (:attr:`state_meta`) to the states' device, allocate the
+        planner's error word, and compile and load the fused kernels.
+
+        The first :meth:`launch_align` / :meth:`launch_align_decision` does the upload and
+        allocation itself (synchronising once); call this first when the first launch must not
+        synchronise or compile: before capturing a CUDA graph, or under
+        ``torch.cuda.set_sync_debug_mode("error")``.
+
+        Raises:
+            PlanError: the planner is bound to CPU tensors.
+            BackendUnavailableError: CuPy or a CUDA device is missing.
+        """
+        index = self._cuda_index("prepare_device")
+        from . import gpu
+
+        self._device(index)
+        gpu.get_kernel("rs_state_copy")
+        gpu.get_kernel("rs_state_copy_align")
+
+    def _step_inputs(
+        self, what: str, block_table: Any, vectors: Sequence[tuple[Any, str]], err: Any
+    ) -> tuple[int, int]:
+        """Host-side checks shared by the launches; returns ``(device index, requests)``."""
+        index = self._cuda_index(what)
+        (first, first_name), *rest = vectors
+        (num_requests,) = _check_device_input(first, first_name, index, 1)
+        for x, name in rest:
+            (n,) = _check_device_input(x, name, index, 1)
+            if n != num_requests:
+                raise PlanError(f"{name} has {n} elements but {first_name} has {num_requests}")
+        rows, _cols = _check_device_input(block_table, "block_table", index, 2)
+        if rows < num_requests:
+            raise PlanError(f"block_table has {rows} rows for {num_requests} requests")
+        if err is not None:
+            (n,) = _check_device_input(err, "err", index, 1, allow_int64=False, shape_desc="1-D int32[3]")
+            if n < 3:
+                raise PlanError(f"err: expected an int32 vector of 3 elements, got {n}")
+            if err.stride()[0] != 1:
+                raise PlanError("err: must be contiguous")
+        return index, num_requests
+
+    def launch_align(
+        self,
+        block_table: Any,
+        src_col: Any,
+        dst_col: Any,
+        num_accepted: Any,
+        *,
+        stream: Any = None,
+        err: Any = None,
+    ) -> None:
+        """Launch an align-mode step on the device: one fused kernel launch, no host synchronisation.
+
+        The semantics are those of :meth:`plan_align` (per request ``r``, ``a = num_accepted[r]``,
+        ``bt = block_table[r]``: conv windows ``bt[dst_col] <- bt[src_col]`` shifted left by
+        ``a - 1`` columns, in place when both are the same block; temporal states
+        ``bt[dst_col] <- bt[src_col + a - 1]``; a negative ``src_col`` or ``dst_col`` is padding;
+        ``src_col == dst_col`` with ``a == 1`` is a no-op), executed by the fused kernel
+        (``gpu.launch_state_copy``) for every persistent state of every layer at once, reading the
+        inputs in device memory. The launch goes on ``stream`` (default: the current torch stream
+        of the states' device), so it orders with the surrounding torch work; it can be captured
+        in a CUDA graph (call :meth:`prepare_device` before capturing, and keep the input tensors
+        and the number of requests fixed between replays).
+
+        **Precondition (not checked):** no request's destination block ``bt[dst_col]`` is a source
+        block (``bt[src_col]`` or ``bt[src_col + a - 1]``) of *another* request in the same step,
+        and no two requests write the same block. The kernel runs all requests concurrently; this
+        holds when each request writes only blocks it owns (the usual case: a request's boundary
+        block belongs to that request). When in doubt, use :meth:`plan_align` on host inputs, which
+        checks these hazards and orders the copies in waves. (A request whose conv source and
+        destination are the same block is fine: the kernel shifts in place in memmove order.)
+
+        **Validation on the device:** the kernel checks each request (``a`` in
+        ``1 ..= 1 + num_spec``, columns inside the row, destination ids in ``[1, num_blocks)``,
+        source ids in ``[0, num_blocks)``); an invalid request is *skipped* -- nothing of it is
+        written, the other requests still run -- and flagged in the error word: ``err`` if given,
+        else the planner's own word, read with :meth:`last_error`. Block ids are read as int32
+        (int64 inputs are narrowed on the device).
+
+        Args:
+            block_table: CUDA ``int32`` (or ``int64``) tensor ``[>= R, cols]``, on the states'
+                device; rows beyond ``R`` are ignored; the row stride may be anything.
+            src_col, dst_col, num_accepted: CUDA ``int32`` (or ``int64``) vectors ``[R]``. int64
+                inputs are converted on the device (``.to(torch.int32)``), never copied to the host.
+            stream: a ``torch.cuda.Stream`` or CuPy stream; ``None``: the current torch stream.
+            err: an optional caller-owned ``int32[3]`` CUDA tensor that the kernel ORs its error
+                bits into (zero it before the step; decode a host copy with
+                ``gpu.decode_error_word(err.cpu(), R)``). ``None``: the planner's own word, zeroed
+                asynchronously on ``stream`` by each call (one word per planner: with launches on
+                several concurrent streams, pass your own).
+
+        Raises:
+            PlanError: on the host, before anything is queued: the planner is bound to CPU tensors
+                (use :meth:`plan_align` + :meth:`CopyPlan.execute`), or an input is not a CUDA
+                tensor on the states' device, has the wrong dtype or shape (the message names it).
+            BackendUnavailableError: CuPy or a CUDA device is missing.
+        """
+        index, n = self._step_inputs(
+            "launch_align",
+            block_table,
+            [(src_col, "src_col"), (dst_col, "dst_col"), (num_accepted, "num_accepted")],
+            err,
+        )
+        self._launch("rs_state_copy", index, n, block_table, src_col, dst_col, num_accepted, None, stream, err)
+
+    def launch_align_decision(
+        self,
+        block_table: Any,
+        src_col: Any,
+        running: Any,
+        num_accepted: Any,
+        block_size: int,
+        *,
+        stream: Any = None,
+        err: Any = None,
+    ) -> None:
+        """Launch an align-mode step whose copy decision is taken on the device (vLLM's GPU path).
+
+        Per request ``r`` with ``a = num_accepted[r]``: ``new = running[r] + a - 1``,
+        ``aligned = new // block_size * block_size``; the request copies iff
+        ``aligned >= running[r]`` and ``aligned >= block_size``, and then behaves exactly like
+        :meth:`launch_align` with ``dst_col = aligned // block_size - 1`` and accepted count
+        ``aligned - running[r] + 1``. ``running = computed + scheduled - drafts`` (the tokens before
+        this step's drafts); a negative ``src_col`` is padding. The host never reads
+        ``num_accepted``.
+
+        Same launch, precondition (no request's destination block is another request's source
+        block), device validation and error word as :meth:`launch_align`; a negative ``running``
+        is reported as an ``"args"`` error.
+
+        Args:
+            block_table: CUDA ``int32``/``int64`` ``[>= R, cols]``.
+            src_col, running, num_accepted: CUDA ``int32``/``int64`` vectors ``[R]``.
+            block_size: tokens per block (a host integer, ``>= 1``).
+            stream, err: as :meth:`launch_align`.
+
+        Raises:
+            PlanError: as :meth:`launch_align`, or ``block_size < 1``.
+        """
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+            raise PlanError(f"block_size must be a host integer, got {type(block_size).__name__}")
+        if not 1 <= int(block_size) <= _INT32_MAX:
+            raise PlanError(f"block_size must be in [1, 2**31), got {block_size}")
+        index, n = self._step_inputs(
+            "launch_align_decision",
+            block_table,
+            [(src_col, "src_col"), (running, "running"), (num_accepted, "num_accepted")],
+            err,
+        )
+        self._launch("rs_state_copy_align", index, n, block_table, src_col, running, num_accepted,
+                     int(block_size), stream, err)
+
+    def _launch(self, kernel: str, index: int, n: int, block_table: Any, src_col: Any, mid: Any,
+                num_accepted: Any, block_size: int | None, stream: Any, err: Any) -> None:
+        from . import gpu
+
+        ds = self._device(index)
+        ts = _cuda_ops.torch_stream(stream, index)
+        torch = _cuda_ops.torch()
+        common = dict(max_accepted=1 + self.layout.num_spec, num_blocks=self.num_blocks,
+                      has_temporal=ds.has_temporal, num_requests=n, stream=ts)
+        with _cuda_ops.context(index, ts):
+            if block_table.shape[0] > n and block_table.dtype != torch.int32:
+                block_table = block_table[:n]  # narrow only the rows this step reads
+            bt = _as_device_int32(torch, block_table)
+            s = _as_device_int32(torch, src_col)
+            m = _as_device_int32(torch, mid)
+            a = _as_device_int32(torch, num_accepted)
+            if err is None:
+                word = ds.err
+                word.zero_()
+                self._err_requests = n
+            else:
+                word = err
+            if block_size is None:
+                gpu.launch_state_copy(ds.meta, ds.num_meta, bt, s, m, a, word, **common)
+            else:
+                gpu.launch_state_copy_align(ds.meta, ds.num_meta, bt, s, m, a, word, block_size=block_size,
+                                            **common)
+
+    def last_error(self) -> ErrorWord:
+        """The planner's error word after its last :meth:`launch_align` /
+        :meth:`launch_align_decision` without ``err``: which error kinds the kernel saw and the
+        first / last rejected request (``gpu.ErrorWord``; ``.ok`` when nothing was rejected).
+
+        **Synchronises** the states' device (it reads device memory): for debugging and tests, not
+        for the step loop. After a CUDA-graph replay it reflects that replay.
+
+        Raises:
+            PlanError: the planner is bound to CPU tensors (host plans raise instead of skipping).
+        """
+        index = self._cuda_index("last_error")
+        from . import gpu
+
+        ds = self._device_state
+        if ds is None:
+            return gpu.decode_error_word([0, 0, 0], 0)
+        _cuda_ops.synchronize(index)
+        return gpu.decode_error_word(ds.err.cpu(), self._err_requests)
 
     def __repr__(self) -> str:
         return (f"CopyPlanner({self.layout.backend!r}, layers={self.num_layers}, "

@@ -1,0 +1,523 @@
+"""The device path of CopyPlanner (launch_align / launch_align_decision / last_error) without a GPU.
+
+A CUDA-bound planner is built over CPU torch tensors that claim to live on ``cuda:0`` (the binding
+only reads pointers, shapes and device names), and the module's CUDA seam (``planner._cuda_ops``)
+is replaced by a host fake. ``gpu.launch_state_copy`` / ``gpu.launch_state_copy_align`` are replaced
+by recorders that check the arguments and, where a C++ compiler is available, run the *real kernel
+source* through the host emulation of ``kernelcheck`` on those (host) addresses -- so the whole
+device path (argument checks, int64 narrowing, metadata table, error word, the kernel itself) is
+compared byte for byte with the host plan executed by the Rust host executor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from recoverssm_rs import gpu, layouts  # noqa: E402
+from recoverssm_rs import planner as planner_mod  # noqa: E402
+from recoverssm_rs.errors import PlanError  # noqa: E402
+from recoverssm_rs.planner import CopyPlanner  # noqa: E402
+
+HAVE_CXX = shutil.which("g++") is not None or shutil.which("c++") is not None
+needs_cxx = pytest.mark.skipif(not HAVE_CXX, reason="host emulation needs a C++ compiler")
+
+
+class FakeCuda:
+    """A CPU torch tensor that claims to be on ``cuda:index`` (enough for the host-side logic)."""
+
+    def __init__(self, t: torch.Tensor, index: int = 0) -> None:
+        self.t = t
+        self.device = torch.device("cuda", index)
+
+    dtype = property(lambda self: self.t.dtype)
+    shape = property(lambda self: self.t.shape)
+
+    def stride(self) -> tuple[int, ...]:
+        return self.t.stride()
+
+    def data_ptr(self) -> int:
+        return self.t.data_ptr()
+
+    def element_size(self) -> int:
+        return self.t.element_size()
+
+    def to(self, dtype: Any) -> FakeCuda:
+        return FakeCuda(self.t.to(dtype), self.device.index)
+
+    def contiguous(self) -> FakeCuda:
+        return FakeCuda(self.t.contiguous(), self.device.index)
+
+    def __getitem__(self, key: Any) -> FakeCuda:
+        return FakeCuda(self.t[key], self.device.index)
+
+    def zero_(self) -> FakeCuda:
+        self.t.zero_()
+        return self
+
+    def cpu(self) -> torch.Tensor:
+        return self.t
+
+    def numpy(self) -> np.ndarray:  # what the recorder hands to the emulation
+        return self.t.numpy()
+
+
+class FakeOps(planner_mod._CudaOps):
+    """Host stand-in for the torch CUDA calls of the device path."""
+
+    def __init__(self) -> None:
+        self.uploads = 0
+        self.allocs = 0
+        self.syncs = 0
+        self.contexts: list[tuple[int, Any]] = []
+
+    def context(self, index: int, stream: Any) -> Any:
+        self.contexts.append((index, stream))
+        return contextlib.nullcontext()
+
+    def torch_stream(self, stream: Any, index: int) -> Any:
+        return stream
+
+    def upload(self, raw: np.ndarray, index: int) -> Any:
+        self.uploads += 1
+        return FakeCuda(torch.from_numpy(np.ascontiguousarray(raw).copy()), index)
+
+    def zeros_i32(self, n: int, index: int) -> Any:
+        self.allocs += 1
+        return FakeCuda(torch.zeros(n, dtype=torch.int32), index)
+
+    def synchronize(self, index: int) -> None:
+        self.syncs += 1
+
+
+class Recorder:
+    """Replaces the two gpu launch functions; records each call (and optionally emulates it)."""
+
+    def __init__(self, emulate: bool) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.emulate = emulate
+
+    def _np(self, x: Any) -> np.ndarray:
+        return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+    def record(self, kernel: str, args: tuple, kw: dict) -> None:
+        meta_dev, num_meta, bt, src, mid, acc, err = args
+        self.calls.append(dict(kernel=kernel, meta=meta_dev, num_meta=num_meta, bt=bt, src=src, mid=mid, acc=acc,
+                               err=err, err_at_launch=self._np(err).copy(), **kw))
+        if not self.emulate:
+            return
+        from recoverssm_rs import kernelcheck as kc
+
+        metas = self._np(meta_dev).view(gpu.STATE_META_DTYPE)
+        assert len(metas) == num_meta
+        common = dict(max_accepted=kw["max_accepted"], num_blocks=kw["num_blocks"], has_temporal=kw["has_temporal"],
+                      chunks=3, err=self._np(err))
+        n = kw["num_requests"]
+        bt_np = self._np(bt)[:n]
+        if kernel == "rs_state_copy":
+            kc.emulate_state_copy(metas, bt_np, self._np(src)[:n], self._np(mid)[:n], self._np(acc)[:n], **common)
+        else:
+            kc.emulate_state_copy_align(metas, bt_np, self._np(src)[:n], self._np(mid)[:n], self._np(acc)[:n],
+                                        block_size=kw["block_size"], **common)
+
+    def explicit(self, *args: Any, **kw: Any) -> None:
+        self.record("rs_state_copy", args, kw)
+
+    def align(self, *args: Any, **kw: Any) -> None:
+        self.record("rs_state_copy_align", args, kw)
+
+
+@pytest.fixture
+def fake_ops(monkeypatch: pytest.MonkeyPatch) -> FakeOps:
+    ops = FakeOps()
+    monkeypatch.setattr(planner_mod, "_cuda_ops", ops)
+    return ops
+
+
+def _recorder(monkeypatch: pytest.MonkeyPatch, emulate: bool = False) -> Recorder:
+    rec = Recorder(emulate)
+    monkeypatch.setattr(gpu, "launch_state_copy", rec.explicit)
+    monkeypatch.setattr(gpu, "launch_state_copy_align", rec.align)
+    return rec
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    return _recorder(monkeypatch)
+
+
+@pytest.fixture
+def emulator(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    return _recorder(monkeypatch, emulate=True)
+
+
+_DT = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def gdn_layout(conv_layout: str = "SD", nspec: int = 3):
+    return layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4,
+                       num_spec=nspec, conv_layout=conv_layout)
+
+
+def host_states(layout, nb: int, layers: int, seed: int) -> list[list[torch.Tensor]]:
+    """Random per-layer state tensors on the CPU (random bytes, so every copied byte is checked)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(layers):
+        layer = []
+        for s in layout.persistent:
+            t = torch.empty((nb, *s.shape), dtype=_DT[s.dtype])
+            t.view(torch.uint8).copy_(torch.from_numpy(rng.integers(0, 256, size=t.nbytes, dtype=np.uint8))
+                                      .view(t.view(torch.uint8).shape))
+            layer.append(t)
+        out.append(layer)
+    return out
+
+
+def cuda_planner(layout, states: list[list[torch.Tensor]], index: int = 0) -> CopyPlanner:
+    """A planner bound to the given CPU tensors as if they were on cuda:index."""
+    return CopyPlanner(layout, [[FakeCuda(t, index) for t in layer] for layer in states])
+
+
+def clone_states(states):
+    return [[t.clone() for t in layer] for layer in states]
+
+
+def fc(x, dtype=torch.int32, index: int = 0) -> FakeCuda:
+    return FakeCuda(torch.as_tensor(np.asarray(x)).to(dtype), index)
+
+
+def random_step(rng: np.random.Generator, R: int, cols: int, max_acc: int, nb: int):
+    """A valid step where every request owns its blocks: in-place shifts, aliased columns, no-ops,
+    padding rows."""
+    blocks = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)
+    bt = blocks.copy()
+    src = np.zeros(R, np.int32)
+    dst = np.zeros(R, np.int32)
+    acc = np.zeros(R, np.int32)
+    for r in range(R):
+        a = int(rng.integers(1, max_acc + 1))
+        s = int(rng.integers(0, cols - a + 1))
+        d = int(rng.integers(0, cols))
+        u = rng.random()
+        if u < 0.25 and a > 1:
+            d = s  # in-block shift
+        elif u < 0.35:
+            bt[r, d] = bt[r, s]  # two columns naming one block
+        elif u < 0.4:
+            d, a = s, 1  # no-op
+        elif u < 0.5:
+            s = -1  # padding
+        src[r], dst[r], acc[r] = s, d, a
+    return bt, src, dst, acc
+
+
+def assert_same_bytes(got, want):
+    for layer, (g, w) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(g, w)):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"layer {layer}, state {i}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Argument checks
+# ------------------------------------------------------------------------------------------------
+
+
+def test_cpu_planner_rejects_the_device_path(fake_ops, recorder):
+    layout = gdn_layout()
+    planner = CopyPlanner(layout, host_states(layout, 6, 1, 0))
+    i = fc([0])
+    with pytest.raises(PlanError, match=r"bound to cpu tensors.*plan_align\(\.\.\.\).*CopyPlan\.execute\(\)"):
+        planner.launch_align(fc([[1, 2]]), i, i, i)
+    with pytest.raises(PlanError, match="launch_align_decision.*plan_align"):
+        planner.launch_align_decision(fc([[1, 2]]), i, i, i, 4)
+    with pytest.raises(PlanError, match="last_error"):
+        planner.last_error()
+    with pytest.raises(PlanError, match="prepare_device"):
+        planner.prepare_device()
+    assert not recorder.calls and fake_ops.uploads == 0
+
+
+def test_a_planner_over_cuda_descriptors_is_cuda_bound():
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 6, 2, 0))
+    assert planner.device == "cuda:0"
+    assert planner._cuda_index("x") == 0
+    assert cuda_planner(layout, host_states(layout, 6, 1, 0), index=3)._cuda_index("x") == 3
+
+
+def _good(R=2, cols=3):
+    bt = fc(np.arange(1, R * cols + 1).reshape(R, cols))
+    return bt, fc(np.zeros(R)), fc(np.full(R, cols - 1)), fc(np.ones(R))
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda a: a.__setitem__(1, torch.zeros(2, dtype=torch.int32)),
+         r"src_col: expected a CUDA tensor on cuda:0, got a tensor on cpu; .*plan_align\(\.\.\.\) and CopyPlan"),
+        (lambda a: a.__setitem__(0, torch.ones(2, 3, dtype=torch.int32)), "block_table: expected a CUDA tensor"),
+        (lambda a: a.__setitem__(2, np.zeros(2, np.int32)), "dst_col: expected a CUDA tensor.*got a ndarray"),
+        (lambda a: a.__setitem__(3, [1, 1]), "num_accepted: expected a CUDA tensor.*got a list"),
+        (lambda a: a.__setitem__(2, fc([2, 2], index=1)), "dst_col is on cuda:1 but the planner's states are on cuda:0"),
+        (lambda a: a.__setitem__(3, fc([1.0, 1.0], torch.float32)), "num_accepted: expected int32 or int64, got torch.float32"),
+        (lambda a: a.__setitem__(1, fc([[0, 0]])), r"src_col: expected a 1-D \[requests\] tensor, got shape \[1, 2\]"),
+        (lambda a: a.__setitem__(2, fc([2, 2, 2])), "dst_col has 3 elements but src_col has 2"),
+        (lambda a: a.__setitem__(3, fc([1])), "num_accepted has 1 elements but src_col has 2"),
+        (lambda a: a.__setitem__(0, fc([1, 2, 3])), r"block_table: expected a 2-D \[requests, cols\] tensor"),
+        (lambda a: a.__setitem__(0, fc([[1, 2, 3]])), "block_table has 1 rows for 2 requests"),
+    ],
+)
+def test_launch_align_argument_checks(fake_ops, recorder, mutate, message):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 8, 1, 0))
+    args = list(_good())
+    mutate(args)
+    with pytest.raises(PlanError, match=message):
+        planner.launch_align(*args)
+    assert not recorder.calls
+    assert fake_ops.uploads == 0 and not fake_ops.contexts  # nothing touched the device
+
+
+@pytest.mark.parametrize(
+    "err, message",
+    [
+        (fc([0, 0, 0], torch.int64), "err: expected int32, got torch.int64"),
+        (fc([0, 0]), "err: expected an int32 vector of 3 elements, got 2"),
+        (torch.zeros(3, dtype=torch.int32), "err: expected a CUDA tensor"),
+        (fc(np.zeros((3, 1))), r"err: expected a 1-D int32\[3\] tensor, got shape \[3, 1\]"),
+        (FakeCuda(torch.zeros(6, dtype=torch.int32)[::2]), "err: must be contiguous"),
+    ],
+)
+def test_err_argument_checks(fake_ops, recorder, err, message):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 8, 1, 0))
+    with pytest.raises(PlanError, match=message):
+        planner.launch_align(*_good(), err=err)
+    assert not recorder.calls
+
+
+@pytest.mark.parametrize("block_size, message", [(0, r"block_size must be in \[1, 2\*\*31\)"),
+                                                 (-4, "block_size must be in"), (2**31, "block_size must be in"),
+                                                 (True, "host integer"), (2.0, "host integer"),
+                                                 (torch.tensor(4), "host integer")])
+def test_launch_align_decision_checks_block_size(fake_ops, recorder, block_size, message):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 8, 1, 0))
+    bt, src, _, acc = _good()
+    with pytest.raises(PlanError, match=message):
+        planner.launch_align_decision(bt, src, fc([5, 9]), acc, block_size)
+    with pytest.raises(PlanError, match="running has 3 elements"):
+        planner.launch_align_decision(bt, src, fc([5, 9, 1]), acc, 4)
+    assert not recorder.calls
+
+
+def test_torch_stream_normalisation():
+    ops = planner_mod._CudaOps()
+
+    class TorchLike:
+        cuda_stream = 1234
+
+    s = TorchLike()
+    assert ops.torch_stream(s, 0) is s
+    assert ops.torch_stream(None, 0) is None
+    with pytest.raises(PlanError, match="stream must be a torch.cuda.Stream, a CuPy stream or None"):
+        ops.torch_stream(object(), 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# What reaches gpu.launch_state_copy
+# ------------------------------------------------------------------------------------------------
+
+
+def test_launch_align_passes_the_planners_metadata(fake_ops, recorder):
+    nspec, nb, R, cols = 3, 20, 3, 5
+    layout = gdn_layout("DS", nspec)
+    states = host_states(layout, nb, 2, 1)
+    planner = cuda_planner(layout, states)
+    bt = fc(np.arange(1, R * cols + 1).reshape(R, cols), torch.int64)
+    src, dst, acc = fc([0, 1, 0], torch.int64), fc([4, 4, 3], torch.int64), fc([1, 2, 4], torch.int64)
+    stream = object()
+    planner.launch_align(bt, src, dst, acc, stream=stream)
+    planner.launch_align(bt, src, dst, acc)
+    assert fake_ops.uploads == 1 and fake_ops.allocs == 1  # uploaded once, cached on the planner
+    assert [c[1] for c in fake_ops.contexts] == [stream, None] and {c[0] for c in fake_ops.contexts} == {0}
+    first, second = recorder.calls
+    assert first["kernel"] == "rs_state_copy"
+    assert first["meta"] is second["meta"] and first["err"] is second["err"]
+    assert first["meta"].numpy().tobytes() == planner.state_meta.tobytes()
+    assert first["num_meta"] == len(planner.state_meta) == 2 * 2
+    assert first["max_accepted"] == nspec + 1
+    assert first["num_blocks"] == nb == planner.num_blocks
+    assert first["has_temporal"] is True
+    assert first["num_requests"] == R
+    assert first["stream"] is stream and second["stream"] is None
+    for name in ("bt", "src", "mid", "acc"):  # int64 narrowed on the "device", never via numpy
+        assert isinstance(first[name], FakeCuda) and first[name].dtype == torch.int32, name
+    assert first["bt"].numpy().tolist() == bt.numpy().tolist()
+    assert first["mid"].numpy().tolist() == [4, 4, 3]
+
+
+def test_int32_inputs_pass_through_and_strided_tables_are_fixed(fake_ops, recorder):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 20, 1, 1))
+    src, dst, acc = fc([0, 1]), fc([2, 2]), fc([1, 2])
+    wide = fc(np.arange(1, 2 * 8 + 1).reshape(2, 8))
+    view = FakeCuda(wide.t[:, :3])  # row stride 8: passed as is (the kernel takes the row stride)
+    planner.launch_align(view, src, dst, acc)
+    call = recorder.calls[-1]
+    assert call["src"] is src and call["mid"] is dst and call["acc"] is acc and call["bt"].t.data_ptr() == view.t.data_ptr()
+    transposed = FakeCuda(torch.arange(1, 7, dtype=torch.int32).reshape(3, 2).T)  # column stride 2
+    planner.launch_align(transposed, src, dst, acc)
+    bt = recorder.calls[-1]["bt"]
+    assert bt.stride()[-1] == 1 and bt.numpy().tolist() == transposed.t.tolist()
+
+
+def test_an_int64_table_with_spare_rows_is_narrowed_to_the_step(fake_ops, recorder):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 40, 1, 1))
+    table = fc(np.arange(1, 10 * 3 + 1).reshape(10, 3), torch.int64)  # a persistent [max_reqs, cols] table
+    planner.launch_align(table, fc([0, 0]), fc([2, 2]), fc([1, 2]))
+    bt = recorder.calls[-1]["bt"]
+    assert bt.dtype == torch.int32 and tuple(bt.shape) == (2, 3) and bt.numpy().tolist() == [[1, 2, 3], [4, 5, 6]]
+    wide32 = fc(np.arange(1, 10 * 3 + 1).reshape(10, 3))
+    planner.launch_align(wide32, fc([0, 0]), fc([2, 2]), fc([1, 2]))
+    assert recorder.calls[-1]["bt"] is wide32  # int32: passed as is (the kernel reads the first R rows)
+
+
+def test_conv_only_layout_has_no_temporal_flag(fake_ops, recorder):
+    layout = layouts.short_conv(hidden_size=64, conv_kernel_size=4, num_spec=2, conv_layout="DS")
+    planner = cuda_planner(layout, host_states(layout, 8, 3, 2))
+    planner.launch_align(*_good())
+    assert recorder.calls[0]["has_temporal"] is False
+    assert recorder.calls[0]["max_accepted"] == 3
+
+
+def test_own_error_word_is_zeroed_each_call_and_a_callers_word_is_used(fake_ops, recorder):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 20, 1, 3))
+    planner.launch_align(*_good())
+    own = recorder.calls[0]["err"]
+    own.t.copy_(torch.tensor([5, 1, 2], dtype=torch.int32))  # as if the kernel had flagged something
+    planner.launch_align(*_good())
+    assert recorder.calls[1]["err"] is own
+    assert recorder.calls[1]["err_at_launch"].tolist() == [0, 0, 0]  # zeroed before the launch
+    mine = fc([7, 7, 7])
+    planner.launch_align(*_good(), err=mine)
+    assert recorder.calls[2]["err"] is mine
+    assert mine.numpy().tolist() == [7, 7, 7]  # the caller's word is not zeroed by the planner
+
+
+def test_last_error_before_any_launch_is_ok(fake_ops):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 8, 1, 0))
+    word = planner.last_error()
+    assert word.ok and word.first_request is None and fake_ops.syncs == 0
+
+
+def test_zero_requests(fake_ops, recorder):
+    layout = gdn_layout()
+    planner = cuda_planner(layout, host_states(layout, 8, 1, 0))
+    e = fc(np.zeros(0))
+    planner.launch_align(fc(np.zeros((0, 4))), e, e, e)
+    assert recorder.calls[0]["num_requests"] == 0
+    assert planner.last_error().ok
+
+
+# ------------------------------------------------------------------------------------------------
+# End to end on the host: the real kernel source (host emulation) vs the host plan
+# ------------------------------------------------------------------------------------------------
+
+
+@needs_cxx
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
+@pytest.mark.parametrize("seed", range(6))
+def test_launch_align_emulated_equals_the_host_plan(fake_ops, emulator, conv_layout, seed):
+    rng = np.random.default_rng(100 + seed)
+    nspec, R, cols, layers = 3, int(rng.integers(1, 9)), 6, 2
+    nb = R * cols + 3
+    layout = gdn_layout(conv_layout, nspec)
+    states = host_states(layout, nb, layers, seed)
+    want = clone_states(states)
+    bt, src, dst, acc = random_step(rng, R, cols, nspec + 1, nb)
+    CopyPlanner(layout, want).plan_align(bt, src, dst, acc).execute()
+    planner = cuda_planner(layout, states)
+    dtype = torch.int64 if seed % 2 else torch.int32
+    planner.launch_align(fc(bt, dtype), fc(src, dtype), fc(dst, dtype), fc(acc, dtype))
+    assert len(emulator.calls) == 1
+    assert planner.last_error().ok
+    assert_same_bytes(states, want)
+
+
+@needs_cxx
+@pytest.mark.parametrize("conv_layout", ["SD", "DS"])
+@pytest.mark.parametrize("seed", range(6))
+def test_launch_align_decision_emulated_equals_the_host_plan(fake_ops, emulator, conv_layout, seed):
+    from recoverssm_rs import kernelcheck as kc
+
+    rng = np.random.default_rng(200 + seed)
+    nspec, R, cols, layers = 3, int(rng.integers(1, 9)), 6, 2
+    nb = R * cols + 3
+    bs = int(rng.choice([1, 2, 4]))
+    layout = gdn_layout(conv_layout, nspec)
+    states = host_states(layout, nb, layers, seed)
+    want = clone_states(states)
+    bt = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)
+    src = np.zeros(R, np.int32)
+    running = np.zeros(R, np.int32)
+    acc = np.zeros(R, np.int32)
+    # Host side of the same decision, for the reference plan (padding where nothing is copied).
+    h_dst = np.full(R, -1, np.int32)
+    h_acc = np.ones(R, np.int32)
+    h_src = np.full(R, -1, np.int32)
+    for r in range(R):
+        while True:
+            a = int(rng.integers(1, nspec + 2))
+            run = int(rng.integers(0, cols * bs))
+            s = max(0, (run - 1) // bs) if run else 0
+            dec = kc.align_decision(run, a, bs)
+            if dec is None or (dec[0] < cols and s + dec[1] - 1 < cols and not (dec[0] == s and dec[1] == 1)):
+                break
+        src[r], running[r], acc[r] = s, run, a
+        if dec is not None:
+            h_src[r], h_dst[r], h_acc[r] = s, dec[0], dec[1]
+    CopyPlanner(layout, want).plan_align(bt, h_src, h_dst, h_acc).execute()
+    planner = cuda_planner(layout, states)
+    planner.launch_align_decision(fc(bt), fc(src, torch.int64), fc(running), fc(acc), bs)
+    call = emulator.calls[0]
+    assert call["kernel"] == "rs_state_copy_align" and call["block_size"] == bs
+    assert planner.last_error().ok
+    assert_same_bytes(states, want)
+
+
+@needs_cxx
+def test_invalid_requests_are_skipped_and_reported(fake_ops, emulator):
+    nspec, R, cols = 2, 4, 4
+    nb = R * cols + 1
+    layout = gdn_layout("SD", nspec)
+    states = host_states(layout, nb, 1, 9)
+    want = clone_states(states)
+    bt = np.arange(1, nb, dtype=np.int32).reshape(R, cols)
+    src = np.array([0, 0, 0, 1], np.int32)
+    dst = np.array([3, 3, 3, 3], np.int32)
+    acc = np.array([2, 9, 1, 0], np.int32)  # requests 1 and 3: accepted count out of range
+    ok = np.array([0, 2], np.int64)
+    CopyPlanner(layout, want).plan_align(bt[ok], src[ok], dst[ok], acc[ok]).execute()
+    with pytest.raises(PlanError):  # the host plan refuses the whole step instead
+        CopyPlanner(layout, clone_states(states)).plan_align(bt, src, dst, acc)
+    planner = cuda_planner(layout, states)
+    planner.launch_align(fc(bt), fc(src), fc(dst), fc(acc))
+    word = planner.last_error()
+    assert fake_ops.syncs == 1
+    assert not word.ok and word.names == ["accepted"]
+    assert (word.first_request, word.last_request) == (1, 3)
+    assert_same_bytes(states, want)
+    # The next launch starts from a clean word.
+    planner.launch_align(fc(bt[ok]), fc(src[ok]), fc(dst[ok]), fc(np.ones(2)))
+    assert planner.last_error().ok
