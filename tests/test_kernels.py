@@ -87,7 +87,7 @@ def test_nvrtc_compiles_every_kernel_for_sm80_and_sm90(nvrtc_reports):
 def test_no_spills_no_local_memory_no_barriers(nvrtc_reports):
     resources = [k for r in nvrtc_reports for k in r.kernels]
     expected = {("copy_tiles.cu", "rs_copy_tiles"), ("state_copy.cu", "rs_state_copy"),
-                ("state_copy.cu", "rs_state_copy_align")}
+                ("state_copy.cu", "rs_state_copy_align"), ("recover_commit.cu", "rs_recover_commit")}
     for arch in kc.ARCHS:
         got = {(k.file, k.kernel) for k in resources if k.arch == arch and k.file != "<module>"}
         assert got == expected

@@ -15,6 +15,10 @@ Kernels (parameters are listed in the launch functions and in the ``.cu`` header
 * ``rs_state_copy`` / ``rs_state_copy_align`` -- the fused align-mode copy of every persistent
   state of every layer for a batch of requests, explicit or with the align decision taken on the
   device; :func:`launch_state_copy`, :func:`launch_state_copy_align`.
+* ``rs_recover_commit`` (``recover_commit.cu``) -- the RecoverSSM commit (GDN / KDA) of every layer
+  and request in one launch: recurrent states folded from the verify records, conv windows
+  compacted, align-mode boundary states; :func:`build_commit_meta`, :func:`commit_grid`,
+  :func:`launch_recover_commit`.
 
 :func:`execute_plan` runs a :class:`~recoverssm_rs.planner.CopyPlan` bound to CUDA states.
 """
@@ -33,7 +37,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .errors import BackendUnavailableError, BindingError, PlanError
-from .plan_format import SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
+from .plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
 
 __all__ = [
     "KERNEL_DIR",
@@ -45,6 +49,17 @@ __all__ = [
     "SEGMENT_DTYPE",
     "TILE_DTYPE",
     "STATE_META_DTYPE",
+    "COMMIT_ROW_DTYPE",
+    "COMMIT_META_DTYPE",
+    "COMMIT_ROWS_PER_THREAD",
+    "COMMIT_DTYPE_PAIRS",
+    "COMMIT_CONV_CHUNK_BYTES",
+    "DT_F32",
+    "DT_BF16",
+    "DT_F16",
+    "COMMIT_GDN",
+    "COMMIT_KDA",
+    "CommitGrid",
     "MODE_DISJOINT",
     "MODE_ROWS_ASCENDING",
     "MODE_WITHIN_ROW",
@@ -65,6 +80,9 @@ __all__ = [
     "launch_state_copy",
     "launch_state_copy_align",
     "execute_plan",
+    "build_commit_meta",
+    "commit_grid",
+    "launch_recover_commit",
 ]
 
 _LOG = logging.getLogger("recoverssm_rs")
@@ -72,9 +90,9 @@ _LOG = logging.getLogger("recoverssm_rs")
 #: Folder of the CUDA sources shipped inside the package.
 KERNEL_DIR = Path(__file__).resolve().with_name("kernels")
 #: Kernel translation units, in module order.
-KERNEL_FILES = ("copy_tiles.cu", "state_copy.cu")
+KERNEL_FILES = ("copy_tiles.cu", "state_copy.cu", "recover_commit.cu")
 #: Entry points of the module (``extern "C"``, so the names are not mangled).
-KERNEL_NAMES = ("rs_copy_tiles", "rs_state_copy", "rs_state_copy_align")
+KERNEL_NAMES = ("rs_copy_tiles", "rs_state_copy", "rs_state_copy_align", "rs_recover_commit")
 #: Options given to ``cupy.RawModule`` (CuPy appends its own: include paths, ``-ftz=true``,
 #: ``-arch=sm_XX``, ``--device-as-default-execution-space``; kernelcheck reproduces them).
 MODULE_OPTIONS = ("--std=c++17", "-DRECOVERSSM_KERNELS=1")
@@ -99,6 +117,56 @@ KIND_CONV_DS = 2
 #: ``flags`` bit of the fused kernels: some state is temporal (validate its source column/block for
 #: the whole request).
 FLAG_HAS_TEMPORAL = 1
+
+#: Element-type codes of the commit kernel's metadata (RS_DT_* in recover_commit.cu).
+DT_F32 = 0
+DT_BF16 = 1
+DT_F16 = 2
+#: Recurrence kinds of the commit kernel (RS_RC_GDN / RS_RC_KDA).
+COMMIT_GDN = 0
+COMMIT_KDA = 1
+#: Value rows of the recurrent state each thread of the commit kernel keeps in registers (x 4 key
+#: channels; RS_RC_ROWS): a CTA of 256 threads covers 64 rows of a 128-channel head.
+COMMIT_ROWS_PER_THREAD = 8
+#: (recurrent state dtype, key+gate record dtype) pairs the commit kernel is instantiated for: a
+#: float32 state with float32 / bfloat16 / float16 records, or a 16-bit state with records of its own
+#: type.
+COMMIT_DTYPE_PAIRS = (("float32", "float32"), ("float32", "bfloat16"), ("float32", "float16"),
+                      ("bfloat16", "bfloat16"), ("float16", "float16"))
+#: Bytes of a conv window per conv CTA of the commit kernel.
+COMMIT_CONV_CHUNK_BYTES = 16 * 1024
+
+#: One layer of the commit kernel (``struct CommitMeta`` in recover_commit.cu): byte addresses and
+#: strides of the five tensors (recurrent pool, corrections, key+gate records, conv pool, verified
+#: conv windows) and the layer's geometry. Built by :func:`build_commit_meta`.
+COMMIT_META_DTYPE = np.dtype(
+    [
+        ("rec_base", "<u8"),
+        ("rec_block_stride", "<u8"),
+        ("corr_base", "<u8"),
+        ("corr_row_stride", "<u8"),
+        ("kg_base", "<u8"),
+        ("kg_row_stride", "<u8"),
+        ("conv_base", "<u8"),
+        ("conv_block_stride", "<u8"),
+        ("win_base", "<u8"),
+        ("win_row_stride", "<u8"),
+        ("heads", "<u4"),
+        ("head_v", "<u4"),
+        ("head_k", "<u4"),
+        ("window", "<u4"),
+        ("kg_width", "<u4"),
+        ("kind", "<u4"),
+        ("state_dtype", "<u4"),
+        ("kg_dtype", "<u4"),
+        ("conv_layout", "<u4"),
+        ("conv_width", "<u4"),
+        ("conv_dim", "<u4"),
+        ("conv_hist", "<u2"),
+        ("conv_elem", "<u2"),
+    ]
+)
+assert COMMIT_META_DTYPE.itemsize == 128 and COMMIT_ROW_DTYPE.itemsize == 32
 
 #: Error bits of the fused kernels' error word (RS_ERR_* in common.cuh).
 ERROR_CODES = {
@@ -567,3 +635,245 @@ def execute_plan(plan: Any, stream: Any = None, *, tile_bytes: int = 64 * 1024) 
         for w in range(len(starts) - 1):
             if starts[w + 1] > starts[w]:
                 launch_copy_tiles(base, base + nseg, starts[w], starts[w + 1] - starts[w], cs)
+
+
+# ------------------------------------------------------------------------------------------------
+# RecoverSSM commit
+# ------------------------------------------------------------------------------------------------
+
+_DT_CODES = {"torch.float32": DT_F32, "torch.bfloat16": DT_BF16, "torch.float16": DT_F16}
+
+
+def _dt_code(t: Any, what: str) -> int:
+    code = _DT_CODES.get(str(t.dtype))
+    if code is None:
+        raise BindingError(f"{what}: expected float32, bfloat16 or float16, got {t.dtype}")
+    return code
+
+
+def _dense_inner(t: Any, what: str) -> None:
+    """Every axis but the first is dense (C order); the first stride is free (and positive)."""
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    expect = 1
+    for n, st in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if n > 1 and st != expect:
+            raise BindingError(f"{what}: every axis but the first must be dense (C order); got shape "
+                               f"{list(shape)} with strides {list(strides)}")
+        expect *= n
+    if shape[0] > 1 and strides[0] < expect:
+        raise BindingError(f"{what}: the first axis must not overlap the others (stride {strides[0]} < {expect})")
+
+
+def build_commit_meta(
+    recurrent: Any,
+    corrections: Any,
+    keygate: Any,
+    conv: Any = None,
+    conv_window: Any = None,
+    *,
+    kind: str,
+    conv_layout: str = "DS",
+    conv_kernel_size: int = 1,
+) -> np.ndarray:
+    """The per-layer :data:`COMMIT_META_DTYPE` table of ``rs_recover_commit`` (host numpy array).
+
+    Each argument is a sequence of per-layer torch tensors (or one tensor with a leading layer
+    axis): ``recurrent`` ``[num_blocks, H, V, K]`` (float32, bfloat16 or float16),
+    ``corrections`` ``[max_requests, H, Q, V]`` float32, ``keygate`` ``[max_requests, H, Q, K + 1]``
+    (``kind="gdn"``) or ``[..., 2K]`` (``"kda"``) in float32 / bfloat16 / float16, ``conv``
+    ``[num_blocks, W, D]`` (``conv_layout="SD"``) or ``[num_blocks, D, W]`` (``"DS"``) with
+    ``W = conv_kernel_size - 1 + Q - 1``, and ``conv_window`` ``[max_requests, same]`` of the conv
+    dtype (``conv`` and ``conv_window`` both ``None``: no conv state). Every axis but the first must
+    be dense; the first (block / request) stride is free. Only addresses, strides and shapes are
+    read, so CPU tensors give a table for the host emulation, CUDA tensors one for the device.
+
+    Raises:
+        BindingError: a shape, dtype, stride or device that the kernel cannot take.
+    """
+    if kind not in ("gdn", "kda"):
+        raise BindingError(f"kind: expected 'gdn' or 'kda', got {kind!r}")
+    if conv_layout not in ("SD", "DS"):
+        raise BindingError(f"conv_layout: expected 'SD' or 'DS', got {conv_layout!r}")
+    if (conv is None) != (conv_window is None):
+        raise BindingError("conv and conv_window: give both or neither")
+    recs, corrs, kgs = list(recurrent), list(corrections), list(keygate)
+    convs = [None] * len(recs) if conv is None else list(conv)
+    wins = [None] * len(recs) if conv_window is None else list(conv_window)
+    if not (len(recs) == len(corrs) == len(kgs) == len(convs) == len(wins)):
+        raise BindingError(f"one tensor per layer expected; got {len(recs)} recurrent, {len(corrs)} corrections, "
+                           f"{len(kgs)} keygate, {len(convs)} conv, {len(wins)} conv_window")
+    hist = int(conv_kernel_size) - 1
+    if hist < 0 or hist > 0xFFFF:
+        raise BindingError(f"conv_kernel_size must be in 1 ..= 65536, got {conv_kernel_size}")
+    meta = np.zeros(len(recs), dtype=COMMIT_META_DTYPE)
+    for layer, (rec, corr, kg, cv, win) in enumerate(zip(recs, corrs, kgs, convs, wins)):
+        where = f"layer {layer}"
+        if rec.dim() != 4:
+            raise BindingError(f"{where}: recurrent must be [num_blocks, H, V, K], got {list(rec.shape)}")
+        nb, H, V, K = (int(x) for x in rec.shape)
+        if corr.dim() != 4 or str(corr.dtype) != "torch.float32":
+            raise BindingError(f"{where}: corrections must be float32 [max_requests, H, Q, V], "
+                               f"got {corr.dtype} {list(corr.shape)}")
+        R, Q = int(corr.shape[0]), int(corr.shape[2])
+        if tuple(corr.shape) != (R, H, Q, V):
+            raise BindingError(f"{where}: corrections must be [max_requests, H={H}, Q, V={V}], got {list(corr.shape)}")
+        kgw = 2 * K if kind == "kda" else K + 1
+        if tuple(kg.shape) != (R, H, Q, kgw):
+            what = "2K" if kind == "kda" else "K+1"
+            raise BindingError(f"{where}: keygate must be [max_requests={R}, H={H}, Q={Q}, {what}={kgw}] "
+                               f"for {kind}, got {list(kg.shape)}")
+        if Q < 1 or H < 1 or V < 1 or K < 1:
+            raise BindingError(f"{where}: empty dimensions")
+        if (K + 3) // 4 > THREADS:
+            raise BindingError(f"{where}: head_k_dim {K} exceeds the commit kernel's {4 * THREADS}")
+        devices = {str(t.device) for t in (rec, corr, kg) + ((cv, win) if cv is not None else ())}
+        if len(devices) != 1:
+            raise BindingError(f"{where}: tensors on several devices: {sorted(devices)}")
+        for name, t in (("recurrent", rec), ("corrections", corr), ("keygate", kg)):
+            _dense_inner(t, f"{where}: {name}")
+        row = meta[layer]
+        row["rec_base"] = rec.data_ptr()
+        row["rec_block_stride"] = rec.stride(0) * rec.element_size()
+        row["corr_base"] = corr.data_ptr()
+        row["corr_row_stride"] = corr.stride(0) * 4
+        row["kg_base"] = kg.data_ptr()
+        row["kg_row_stride"] = kg.stride(0) * kg.element_size()
+        row["heads"], row["head_v"], row["head_k"], row["window"], row["kg_width"] = H, V, K, Q, kgw
+        row["kind"] = COMMIT_KDA if kind == "kda" else COMMIT_GDN
+        row["state_dtype"] = _dt_code(rec, f"{where}: recurrent")
+        row["kg_dtype"] = _dt_code(kg, f"{where}: keygate")
+        pair = (str(rec.dtype).replace("torch.", ""), str(kg.dtype).replace("torch.", ""))
+        if pair not in COMMIT_DTYPE_PAIRS:
+            raise BindingError(f"{where}: the commit kernel takes (state, key+gate) dtypes "
+                               f"{', '.join('/'.join(q) for q in COMMIT_DTYPE_PAIRS)}; got {'/'.join(pair)}")
+        if K * 4 >= 2**32 or V * 4 >= 2**32 or kgw * 4 >= 2**32:
+            raise BindingError(f"{where}: head dimensions too large")
+        if cv is None:
+            continue
+        if cv.dim() != 3 or win.dim() != 3:
+            raise BindingError(f"{where}: conv and conv_window must be 3-D, got {list(cv.shape)} and {list(win.shape)}")
+        if int(cv.shape[0]) != nb:
+            raise BindingError(f"{where}: conv has {cv.shape[0]} blocks, the recurrent pool {nb}")
+        if tuple(win.shape) != (R,) + tuple(cv.shape[1:]) or win.dtype != cv.dtype:
+            raise BindingError(f"{where}: conv_window must be [max_requests={R}, {', '.join(map(str, cv.shape[1:]))}] "
+                               f"{cv.dtype}, got {list(win.shape)} {win.dtype}")
+        W, D = (int(cv.shape[1]), int(cv.shape[2])) if conv_layout == "SD" else (int(cv.shape[2]), int(cv.shape[1]))
+        if W != hist + Q - 1:
+            raise BindingError(f"{where}: conv window width {W} != conv_kernel_size - 1 + Q - 1 = {hist + Q - 1} "
+                               f"({conv_layout} layout, shape {list(cv.shape)})")
+        es = cv.element_size()
+        if es not in (1, 2, 4, 8) or W * D >= 2**32:
+            raise BindingError(f"{where}: conv element size {es} / window {W}x{D} not supported")
+        _dense_inner(cv, f"{where}: conv")
+        _dense_inner(win, f"{where}: conv_window")
+        row["conv_base"] = cv.data_ptr()
+        row["conv_block_stride"] = cv.stride(0) * es
+        row["win_base"] = win.data_ptr()
+        row["win_row_stride"] = win.stride(0) * es
+        row["conv_layout"] = KIND_CONV_SD if conv_layout == "SD" else KIND_CONV_DS
+        row["conv_width"], row["conv_dim"], row["conv_hist"], row["conv_elem"] = W, D, hist, es
+    return meta
+
+
+class CommitGrid(tuple):
+    """``(rec_ctas, conv_ctas)`` of a commit launch: CTAs per (layer, row) for the recurrent states
+    (heads x value tiles) and for the conv windows."""
+
+    def __new__(cls, rec_ctas: int, conv_ctas: int) -> "CommitGrid":
+        return super().__new__(cls, (int(rec_ctas), int(conv_ctas)))
+
+    @property
+    def rec_ctas(self) -> int:
+        return self[0]
+
+    @property
+    def conv_ctas(self) -> int:
+        return self[1]
+
+    def grid(self, num_rows: int, num_layers: int) -> tuple[int, int, int]:
+        """The launch grid for ``num_rows`` rows and ``num_layers`` layers."""
+        return (self.rec_ctas + self.conv_ctas, max(1, min(int(num_rows), _MAX_GRID_YZ)),
+                max(1, min(int(num_layers), _MAX_GRID_YZ)))
+
+
+def commit_grid(meta: Any, *, threads: int = THREADS, conv_chunk_bytes: int = COMMIT_CONV_CHUNK_BYTES) -> CommitGrid:
+    """CTAs per (layer, row) of ``rs_recover_commit`` for a :data:`COMMIT_META_DTYPE` table: one per
+    (head, value tile) of the largest layer, and one per ``conv_chunk_bytes`` of the largest conv
+    window (0 when no layer has a conv state)."""
+    m = np.asarray(meta).view(COMMIT_META_DTYPE).reshape(-1)
+    rec, conv = 1, 0
+    for row in m:
+        groups = (int(row["head_k"]) + 3) // 4
+        per_cta = max(1, threads // max(1, groups)) * COMMIT_ROWS_PER_THREAD
+        rec = max(rec, int(row["heads"]) * -(-int(row["head_v"]) // per_cta))
+        if int(row["conv_layout"]):
+            nbytes = int(row["conv_width"]) * int(row["conv_dim"]) * int(row["conv_elem"])
+            conv = max(conv, max(1, -(-nbytes // max(16, int(conv_chunk_bytes)))))
+    return CommitGrid(rec, conv)
+
+
+def launch_recover_commit(
+    meta_dev: Any,
+    num_layers: int,
+    rows_dev: Any,
+    num_rows: int,
+    *,
+    num_blocks: int,
+    max_requests: int,
+    grid: CommitGrid,
+    num_accepted: Any = None,
+    err: Any = None,
+    stream: Any = None,
+) -> None:
+    """Launch ``rs_recover_commit`` on the caller's stream; never synchronises, never allocates.
+
+    Args:
+        meta_dev: device array of ``num_layers`` :data:`COMMIT_META_DTYPE` records.
+        rows_dev: device array of at least ``num_rows`` :data:`COMMIT_ROW_DTYPE` records (the Rust
+            commit plan; padding rows have ``state_block <= 0``).
+        num_blocks: blocks of the pools; max_requests: workspace rows.
+        grid: :func:`commit_grid` of the table.
+        num_accepted: optional int32 device vector indexed by ``row.request``: the count becomes
+            ``clamp(num_accepted[request], 0, row.count)`` on the device (plan with the query
+            lengths as counts). ``None``: the rows' counts.
+        err: optional int32 device vector of 3 elements (zeroed by the caller), see
+            :func:`decode_error_word` (its request numbers are row indices).
+        stream: a CuPy stream or a ``torch.cuda.Stream``; ``None``: the current torch stream.
+
+    Kernel: ``rs_recover_commit(const CommitMeta* metas, uint32 num_layers, const CommitRow* rows,
+    uint32 num_rows, const int32* num_accepted, uint32 num_counts, int64 num_blocks,
+    uint32 max_requests, uint32 rec_ctas, int32* err)``, grid ``grid.grid(num_rows, num_layers)``,
+    block ``(256, 1, 1)``.
+    """
+    if not 0 <= num_layers < 2**32 or not 0 <= num_rows < 2**32:
+        raise PlanError(f"bad num_layers {num_layers} / num_rows {num_rows}")
+    if not 1 <= num_blocks < 2**63 or not 0 <= max_requests < 2**32:
+        raise PlanError(f"bad num_blocks {num_blocks} / max_requests {max_requests}")
+    grid = CommitGrid(*grid)
+    if grid.rec_ctas < 1 or grid.conv_ctas < 0 or grid.rec_ctas + grid.conv_ctas > _MAX_GRID_X:
+        raise PlanError(f"bad commit grid {tuple(grid)}")
+    counts_ptr, num_counts = 0, 0
+    if num_accepted is not None:
+        n = int(num_accepted.shape[0]) if len(tuple(num_accepted.shape)) == 1 else -1
+        if n < 1:
+            raise BindingError("num_accepted: expected a non-empty 1-D int32 vector, got shape "
+                               f"{tuple(num_accepted.shape)}")
+        counts_ptr, num_counts = _int32_vector(num_accepted, n, "num_accepted"), n
+    err_ptr = 0
+    if err is not None:
+        err_ptr = _int32_vector(err, 3, "err") if not isinstance(err, (int, np.integer)) else int(err)
+    if num_rows == 0 or num_layers == 0:
+        return
+    args = (
+        np.uint64(_ptr(meta_dev, "metas")),
+        np.uint32(num_layers),
+        np.uint64(_ptr(rows_dev, "rows")),
+        np.uint32(num_rows),
+        np.uint64(counts_ptr),
+        np.uint32(num_counts),
+        np.int64(num_blocks),
+        np.uint32(max_requests),
+        np.uint32(grid.rec_ctas),
+        np.uint64(err_ptr),
+    )
+    _launch("rs_recover_commit", grid.grid(num_rows, num_layers), args, stream)

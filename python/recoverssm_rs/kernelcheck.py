@@ -9,12 +9,13 @@ Three tools, used by ``tests/test_kernels.py`` (and usable by anyone comparing o
   stores/loads, barriers per kernel) and to PTX (``-arch=compute_XX``, CuPy's path when the device is
   newer than NVRTC).
 * **Host emulation** (:func:`emulate_copy_tiles`, :func:`emulate_state_copy`,
-  :func:`emulate_state_copy_align`): the same sources compiled as host C++ through
-  ``kernels/host_shim.h`` into a shared library (cached by source hash), run over the whole grid on
-  numpy buffers, counting misaligned and out-of-range data accesses and barriers.
+  :func:`emulate_state_copy_align`, :func:`emulate_recover_commit`): the same sources compiled as
+  host C++ through ``kernels/host_shim.h`` into a shared library (cached by source hash), run over
+  the whole grid on numpy buffers, counting misaligned and out-of-range data accesses and barriers.
 * **Reference semantics** in numpy (:func:`reference_execute_segments`,
-  :func:`reference_state_copy`, :func:`reference_state_copy_align`) and a reference tiler
-  (:func:`make_tiles`) implementing the planner's tile rules.
+  :func:`reference_state_copy`, :func:`reference_state_copy_align`), in torch for the RecoverSSM
+  commit (:func:`reference_recover_commit`, built on :mod:`recoverssm_rs.recurrence`), and a
+  reference tiler (:func:`make_tiles`) implementing the planner's tile rules.
 
 Addresses: segments and state metas hold absolute byte addresses. The references take a numpy
 ``uint8`` buffer and the address ``base`` its first byte stands for (default: its own address), so
@@ -42,6 +43,9 @@ from typing import Any, Optional
 import numpy as np
 
 from .gpu import (
+    COMMIT_DTYPE_PAIRS,
+    COMMIT_META_DTYPE,
+    COMMIT_ROW_DTYPE,
     FLAG_HAS_TEMPORAL,
     KERNEL_DIR,
     KIND_CONV_DS,
@@ -55,6 +59,8 @@ from .gpu import (
     STATE_META_DTYPE,
     THREADS,
     TILE_DTYPE,
+    build_commit_meta,
+    commit_grid,
     kernel_source,
     module_source,
 )
@@ -87,6 +93,11 @@ __all__ = [
     "random_segment_plan",
     "StateProblem",
     "random_state_problem",
+    "emulate_recover_commit",
+    "reference_recover_commit",
+    "CommitTensors",
+    "CommitProblem",
+    "random_commit_problem",
     "ERR_ACCEPTED",
     "ERR_COLUMN",
     "ERR_BLOCK",
@@ -372,7 +383,12 @@ _ENTRY_SIGNATURES: dict[str, list[Any]] = {
         ctypes.c_uint32, ctypes.c_void_p,
     ],
 }
-_ENTRY_FILES = {"rs_copy_tiles": "copy_tiles.cu", "rs_state_copy": "state_copy.cu", "rs_state_copy_align": "state_copy.cu"}
+_ENTRY_SIGNATURES["rs_recover_commit"] = [
+    ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint32,
+    ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p,
+]
+_ENTRY_FILES = {"rs_copy_tiles": "copy_tiles.cu", "rs_state_copy": "state_copy.cu", "rs_state_copy_align": "state_copy.cu",
+                "rs_recover_commit": "recover_commit.cu"}
 _RUNNER_PREFIX = [
     ctypes.POINTER(ctypes.c_uint),  # grid[3]
     ctypes.POINTER(ctypes.c_uint),  # block[3]
@@ -1147,3 +1163,313 @@ def random_state_problem(
         full[:, :cols] = bt
         bt = full[:, :cols]
     return StateProblem(arena, metas, nb, max_acc, bt, src, dst, acc)
+
+
+# ================================================================================================
+# RecoverSSM commit (rs_recover_commit)
+# ================================================================================================
+
+
+def emulate_recover_commit(
+    metas: Any,
+    rows: Any,
+    *,
+    num_blocks: int,
+    max_requests: int,
+    num_accepted: Any = None,
+    grid: Optional[Sequence[int]] = None,
+    threads: int = THREADS,
+    grid_yz: Optional[tuple[int, int]] = None,
+    order: int = 0,
+    ranges: Optional[Iterable[Any]] = None,
+    err: Optional[np.ndarray] = None,
+    check: bool = True,
+    stats: Optional[EmulationStats] = None,
+) -> np.ndarray:
+    """Run ``rs_recover_commit`` on the host over the whole grid; returns the ``int32[3]`` error word.
+
+    Args:
+        metas: :data:`~recoverssm_rs.gpu.COMMIT_META_DTYPE` table (addresses of host memory, e.g.
+            :func:`~recoverssm_rs.gpu.build_commit_meta` of CPU tensors).
+        rows: :data:`~recoverssm_rs.plan_format.COMMIT_ROW_DTYPE` records.
+        num_accepted: optional int32 vector indexed by ``row.request`` (the device-count form).
+        grid: ``(rec_ctas, conv_ctas)``; default :func:`~recoverssm_rs.gpu.commit_grid` of ``metas``
+            for ``threads``. grid_yz: overrides gridDim.y / gridDim.z (grid-stride folding).
+        ranges: memory the kernel may touch besides ``metas``, ``rows`` and ``num_accepted`` (which
+            are added); accesses outside are counted. stats: receives the access counters.
+            Other arguments as :func:`emulate_state_copy`.
+    """
+    m = _records(metas, COMMIT_META_DTYPE, "metas")
+    rw = _records(rows, COMMIT_ROW_DTYPE, "rows")
+    counts = None if num_accepted is None else _i32(num_accepted).reshape(-1)
+    if grid is None:
+        grid = commit_grid(m, threads=threads)
+    rec_ctas, conv_ctas = int(grid[0]), int(grid[1])
+    if err is None:
+        err = np.zeros(3, dtype=np.int32)
+    n, layers = len(rw), len(m)
+    gy = max(1, min(n, 65535)) if grid_yz is None else grid_yz[0]
+    gz = max(1, min(layers, 65535)) if grid_yz is None else grid_yz[1]
+    extra: list[Any] = [m, rw] + ([counts] if counts is not None and counts.size else [])
+    rng = _ranges_arg(None if ranges is None else list(ranges) + extra)
+    if stats is None:
+        stats = EmulationStats()
+    if n and layers:
+        _run("rs_recover_commit", (rec_ctas + conv_ctas, gy, gz), (threads, 1, 1), order, rng, stats,
+             m.ctypes.data, layers, rw.ctypes.data, n, 0 if counts is None else counts.ctypes.data,
+             0 if counts is None else counts.size, num_blocks, max_requests, rec_ctas, err.ctypes.data)
+    if check:
+        _check(stats, "rs_recover_commit")
+    return err
+
+
+@dataclass
+class CommitTensors:
+    """The tensors of a RecoverSSM commit, one entry per layer (torch tensors, any device)."""
+
+    recurrent: list[Any]
+    """``[num_blocks, H, V, K]`` per layer."""
+    corrections: list[Any]
+    """``[max_requests, H, Q, V]`` float32 per layer."""
+    keygate: list[Any]
+    """``[max_requests, H, Q, K + 1 | 2K]`` per layer."""
+    conv: Optional[list[Any]]
+    """``[num_blocks, W, D]`` (SD) / ``[num_blocks, D, W]`` (DS) per layer, or ``None``."""
+    conv_window: Optional[list[Any]]
+    """``[max_requests, same]`` per layer, or ``None``."""
+    kind: str
+    conv_layout: str
+    conv_kernel_size: int
+
+    def meta(self) -> np.ndarray:
+        """The kernel's :data:`~recoverssm_rs.gpu.COMMIT_META_DTYPE` table for these tensors."""
+        return build_commit_meta(self.recurrent, self.corrections, self.keygate, self.conv, self.conv_window,
+                                 kind=self.kind, conv_layout=self.conv_layout, conv_kernel_size=self.conv_kernel_size)
+
+    def all(self) -> list[Any]:
+        out = self.recurrent + self.corrections + self.keygate
+        return out + (self.conv or []) + (self.conv_window or [])
+
+
+def _commit_row_code(row: np.void, num_blocks: int, max_requests: int, num_counts: Optional[int]) -> int:
+    req, sb, bb = int(row["request"]), int(row["state_block"]), int(row["boundary_block"])
+    code = 0
+    if req >= max_requests or (num_counts is not None and req >= num_counts):
+        code |= ERR_ARGS
+    if sb >= num_blocks or (bb >= 0 and (bb < 1 or bb >= num_blocks or bb == sb)):
+        code |= ERR_BLOCK
+    return code
+
+
+def reference_recover_commit(
+    tensors: CommitTensors,
+    rows: Any,
+    num_accepted: Any = None,
+    *,
+    num_blocks: int,
+    max_requests: int,
+    err: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """The commit kernel's semantics, executed in place on ``tensors`` with the torch reference
+    (:func:`recoverssm_rs.recurrence.commit` with boundary states, and
+    :func:`~recoverssm_rs.recurrence.compact_conv_window`) -- the same calls ``StateCache.commit``
+    makes. Returns the error word the kernel reports for ``rows``.
+
+    Per row: ``state_block <= 0`` is padding; a row the kernel rejects (request / block out of
+    range, boundary block equal to the state block) changes nothing; ``count`` is
+    ``min(row.count, Q)``, or ``clamp(num_accepted[request], 0, row.count)`` with ``num_accepted``;
+    ``count == 0`` changes nothing; the boundary is written when ``boundary_block >= 0`` and
+    ``1 <= boundary_len <= count``.
+    """
+    import torch
+
+    from . import recurrence
+
+    rw = _records(rows, COMMIT_ROW_DTYPE, "rows")
+    counts_in = None if num_accepted is None else np.asarray(num_accepted, dtype=np.int64).reshape(-1)
+    if err is None:
+        err = np.zeros(3, dtype=np.int32)
+    n = len(rw)
+    ok = np.zeros(n, dtype=bool)
+    for i in range(n):
+        if int(rw[i]["state_block"]) <= 0:
+            continue
+        code = _commit_row_code(rw[i], num_blocks, max_requests, None if counts_in is None else counts_in.size)
+        if code:
+            _report(err, code, i, n)
+        else:
+            ok[i] = True
+    r = rw[ok]
+    if len(r) == 0:
+        return err
+    req_np = r["request"].astype(np.int64)
+    cnt = r["count"].astype(np.int64)
+    if counts_in is not None:
+        cnt = np.clip(counts_in[req_np], 0, cnt)
+    for layer in range(len(tensors.recurrent)):
+        rec, corr, kg = tensors.recurrent[layer], tensors.corrections[layer], tensors.keygate[layer]
+        q = int(corr.shape[2])
+        nl = np.minimum(cnt, q)
+        moved = nl > 0
+        if not moved.any():
+            continue
+        rm, nm = r[moved], nl[moved]
+        blen = rm["boundary_len"].astype(np.int64)
+        has_b = (rm["boundary_block"] >= 0) & (blen >= 1) & (blen <= nm)
+        dev = rec.device
+        req = torch.as_tensor(rm["request"].astype(np.int64), device=dev)
+        sb = torch.as_tensor(rm["state_block"].astype(np.int64), device=dev)
+        n_t = torch.as_tensor(nm, device=dev)
+        s0 = rec[sb]
+        bout = torch.empty_like(s0) if has_b.any() else None
+        bcounts = torch.as_tensor(np.where(has_b, blen, -1), device=dev)
+        new = recurrence.commit(s0, corr[req], kg[req], n_t, boundary_counts=bcounts if bout is not None else None,
+                                boundary_out=bout)
+        bmask = torch.as_tensor(has_b, device=dev)
+        bb = torch.as_tensor(rm["boundary_block"][has_b].astype(np.int64), device=dev)
+        if bout is not None:
+            rec[bb] = bout[bmask]
+        rec[sb] = new
+        if tensors.conv is not None and tensors.conv_window is not None:
+            conv, win = tensors.conv[layer], tensors.conv_window[layer][req]
+            kc_, lay = tensors.conv_kernel_size, tensors.conv_layout
+            if bout is not None:
+                conv[bb] = recurrence.compact_conv_window(win[bmask], bcounts[bmask], kc_, lay)
+            conv[sb] = recurrence.compact_conv_window(win, n_t, kc_, lay)
+    return err
+
+
+
+
+@dataclass
+class CommitProblem:
+    """A random commit problem: the tensors as views at byte offsets of one arena (so the same
+    problem can be laid on two arenas -- emulated kernel and reference -- or on a CUDA arena), the
+    rows and the optional device counts."""
+
+    arena_size: int
+    specs: list[tuple[str, int, int, tuple[int, ...], str, int]]
+    """(name, layer, byte offset, shape, dtype, first-axis stride in elements)."""
+    kind: str
+    conv_layout: str
+    conv_kernel_size: int
+    num_blocks: int
+    max_requests: int
+    rows: np.ndarray
+    num_accepted: Optional[np.ndarray]
+
+    def tensors(self, arena: Any) -> CommitTensors:
+        """The problem's tensors as views of ``arena`` (a 1-D uint8 torch tensor of arena_size bytes)."""
+        import torch
+
+        out: dict[str, list[Any]] = {k: [] for k in ("recurrent", "corrections", "keygate", "conv", "conv_window")}
+        for name, _layer, off, shape, dtype, stride0 in self.specs:
+            dt = getattr(torch, dtype)
+            es = torch.empty((), dtype=dt).element_size()
+            inner = int(np.prod(shape[1:]))
+            nbytes = ((shape[0] - 1) * stride0 + inner) * es
+            flat = arena[off : off + nbytes].view(dt)
+            strides = [stride0] + [int(np.prod(shape[i + 1 :])) for i in range(1, len(shape))]
+            out[name].append(flat.as_strided(shape, strides))
+        has_conv = bool(out["conv"])
+        return CommitTensors(out["recurrent"], out["corrections"], out["keygate"],
+                             out["conv"] if has_conv else None, out["conv_window"] if has_conv else None,
+                             self.kind, self.conv_layout, self.conv_kernel_size)
+
+    def fill(self, arena: Any, seed: int) -> None:
+        """Random bytes everywhere, then sensible values in the tensors: states ~ N(0, 0.25),
+        corrections ~ N(0, 1), keys ~ N(0, 1/K), log-gates in (-3, 0), conv values ~ N(0, 1)."""
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        arena.copy_(torch.randint(0, 256, (arena.numel(),), dtype=torch.uint8, generator=g))
+        t = self.tensors(arena)
+        for x in t.recurrent:
+            x.copy_(torch.randn(x.shape, generator=g) * 0.5)
+        for x in t.corrections:
+            x.copy_(torch.randn(x.shape, generator=g))
+        for x in t.keygate:
+            k = t.recurrent[0].shape[-1]
+            x[..., :k].copy_(torch.randn(x[..., :k].shape, generator=g) / max(1.0, k**0.5))
+            x[..., k:].copy_(-3.0 * torch.rand(x[..., k:].shape, generator=g))
+        for x in (t.conv or []) + (t.conv_window or []):
+            x.copy_(torch.randn(x.shape, generator=g))
+
+
+def random_commit_problem(
+    rng: np.random.Generator,
+    *,
+    kind: Optional[str] = None,
+    dtypes: Optional[tuple[str, str]] = None,
+    device_counts: Optional[bool] = None,
+    max_rows: int = 6,
+    max_layers: int = 3,
+    conv: Optional[str] = None,
+) -> CommitProblem:
+    """A random problem for ``rs_recover_commit`` honouring the host's guarantees (every block is
+    written by one row at most, no row writes a block another row reads).
+
+    Mixes GDN / KDA, the kernel's (state, key+gate) dtype pairs, head sizes that are and are not
+    multiples of 4 (vector and element paths), several layers, padding rows, counts 0 .. Q (and
+    device counts beyond both ends), boundary rows, SD / DS / no conv windows of 2- and 4-byte
+    elements, misaligned bases and padded block / row strides. ``conv`` forces "SD", "DS" or "none".
+    """
+    kind = kind or str(rng.choice(["gdn", "kda"]))
+    sdt, kdt = dtypes or COMMIT_DTYPE_PAIRS[int(rng.integers(0, len(COMMIT_DTYPE_PAIRS)))]
+    if device_counts is None:
+        device_counts = bool(rng.random() < 0.35)
+    conv = conv or str(rng.choice(["SD", "DS", "DS", "SD", "none"]))
+    H = int(rng.integers(1, 4))
+    K = int(rng.choice([1, 3, 4, 5, 8, 8, 12, 16, 16, 32]))
+    V = int(rng.integers(1, 41))
+    Q = int(rng.integers(1, 6))
+    L = int(rng.integers(1, max_layers + 1))
+    kc_ = int(rng.integers(1, 5))
+    D = int(rng.integers(1, 41))
+    cdt = str(rng.choice(["bfloat16", "float32", "float16"]))
+    W = kc_ - 1 + Q - 1
+    R = int(rng.integers(1, max_rows + 1))
+    MR = R + int(rng.integers(0, 3))
+    nb = 2 * R + 2 + int(rng.integers(0, 4))
+    kgw = 2 * K if kind == "kda" else K + 1
+    es = {"float32": 4, "bfloat16": 2, "float16": 2}
+    specs: list[tuple[str, int, int, tuple[int, ...], str, int]] = []
+    off = int(rng.integers(0, 64))
+
+    def place(name: str, layer: int, shape: tuple[int, ...], dtype: str) -> None:
+        nonlocal off
+        e = es[dtype]
+        inner = int(np.prod(shape[1:]))
+        stride0 = inner + (int(rng.integers(1, 5)) if rng.random() < 0.3 else 0)
+        off = (off + e - 1) // e * e
+        if rng.random() < 0.5:
+            off = (off + 15) // 16 * 16
+        specs.append((name, layer, off, shape, dtype, stride0))
+        off += ((shape[0] - 1) * stride0 + inner) * e + int(rng.integers(0, 40))
+
+    for layer in range(L):
+        place("recurrent", layer, (nb, H, V, K), sdt)
+        place("corrections", layer, (MR, H, Q, V), "float32")
+        place("keygate", layer, (MR, H, Q, kgw), kdt)
+        if conv != "none":
+            shape = (W, D) if conv == "SD" else (D, W)
+            place("conv", layer, (nb,) + shape, cdt)
+            place("conv_window", layer, (MR,) + shape, cdt)
+    rows = np.zeros(R, dtype=COMMIT_ROW_DTYPE)
+    blocks = rng.permutation(np.arange(1, nb))
+    reqs = rng.permutation(MR)[:R]
+    for i in range(R):
+        sb = int(blocks[2 * i])
+        cnt = int(rng.integers(0, Q + 1))
+        if rng.random() < 0.3:
+            cnt = Q
+        bb, blen = -1, 0
+        if cnt >= 1 and rng.random() < 0.45:
+            bb, blen = int(blocks[2 * i + 1]), int(rng.integers(1, cnt + 1))
+        if rng.random() < 0.12:
+            sb = int(rng.choice([0, -1]))  # padding
+        rows[i] = (int(reqs[i]), cnt, sb, bb, blen, 0)
+    counts = None
+    if device_counts:
+        counts = rng.integers(-2, Q + 3, size=MR + int(rng.integers(0, 3))).astype(np.int32)
+    return CommitProblem(off + 64, specs, kind, conv if conv != "none" else "DS", kc_, nb, MR, rows, counts)

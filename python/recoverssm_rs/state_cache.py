@@ -10,6 +10,11 @@ in align mode, writes the state and window at the block boundary crossed inside 
 the prefix-cache block) — for every layer at once, from a commit plan built and checked by the Rust
 core. A commit of 0 tokens leaves both states exactly as they were. The workspace is per request
 row, not per block, so it costs no cache capacity; nothing is reallocated in steady state.
+
+On CUDA tensors the commit is one launch of the ``rs_recover_commit`` kernel (every layer, request
+and head; see :mod:`recoverssm_rs.gpu`) on the caller's stream, without any host synchronisation;
+the per-request accepted counts may then stay on the device (pass a CUDA ``num_accepted``). On CPU
+tensors (or without CuPy) the torch reference of :mod:`recoverssm_rs.recurrence` runs.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import recurrence
+from . import gpu, recurrence
 from ._core import Layout
-from .errors import PlanError
+from .errors import BackendUnavailableError, BindingError, PlanError
 from .plan_format import COMMIT_ROW_DTYPE
 from .planner import CopyPlanner, _host_ints
 
@@ -45,6 +50,25 @@ def _torch_dtype(name: str) -> torch.dtype:
         return _DTYPES[name]
     except KeyError:
         return getattr(torch, name)
+
+
+def _pinned_bytes(nbytes: int) -> torch.Tensor:
+    """Pinned host staging for an asynchronous host -> device copy (torch's caching host allocator
+    keeps the block alive until the copy that used it has run)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+@dataclass
+class _DeviceCommit:
+    """What the commit kernel needs, allocated once per CUDA cache (fixed addresses: graph-safe)."""
+
+    meta: np.ndarray
+    meta_dev: torch.Tensor
+    rows_dev: torch.Tensor
+    err: torch.Tensor
+    grid: gpu.CommitGrid
+    num_rows: int = 0
+    ready: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +163,9 @@ class StateCache:
         if geo["conv_state"] != 0:
             pers = [[r, c] for c, r in pers]
         self.planner = CopyPlanner(layout, pers)
+        self._device_commit: _DeviceCommit | None = None
+        if dev.type == "cuda":
+            self._device_commit = self._bind_commit_kernel()
         log.debug("StateCache: %s", self)
 
     # ---- tensors -------------------------------------------------------------------------
@@ -245,6 +272,14 @@ class StateCache:
                 (and conv window) at that boundary is written into ``block_table[r, boundary //
                 block_size - 1]`` for the prefix cache.
 
+        On CUDA the commit runs as one ``rs_recover_commit`` launch on the current stream: the
+        plan's rows go to the device through pinned memory, nothing waits for the device, and
+        ``num_accepted`` may be a CUDA integer tensor ``[>= B]`` that the host never reads: each
+        request is then planned for its whole window (``query_lens``) and the kernel clamps
+        ``num_accepted[r]`` to it; an align-mode boundary is written when the device count reaches
+        it (the returned plan then holds the caps as counts and the boundary a full window would
+        cross). Rows the kernel rejects are reported by :meth:`commit_error`.
+
         Returns:
             the commit plan that was executed (``COMMIT_ROW_DTYPE``).
 
@@ -252,9 +287,23 @@ class StateCache:
             PlanError: before anything changes (a bad count, block, boundary or a block written
                 twice), naming the request.
         """
-        rows = self.plan_commit(num_accepted, state_blocks, query_lens, seq_lens=seq_lens,
-                                block_table=block_table, block_size=block_size)
+        kernel = self._commit_kernel_ready()
+        device_counts = kernel and self._is_device_tensor(num_accepted)
+        if device_counts:
+            # Counts stay on the device: plan each request for its whole window (the cap) and let
+            # the kernel clamp num_accepted[request] to it.
+            sb = _host_ints(state_blocks, "state_blocks")
+            caps = (np.full(len(sb), self.window, dtype=np.int64) if query_lens is None
+                    else _host_ints(query_lens, "query_lens"))
+            rows = self.plan_commit(caps, sb, caps, seq_lens=seq_lens, block_table=block_table,
+                                    block_size=block_size)
+        else:
+            rows = self.plan_commit(num_accepted, state_blocks, query_lens, seq_lens=seq_lens,
+                                    block_table=block_table, block_size=block_size)
         if len(rows) == 0:
+            return rows
+        if kernel:
+            self._commit_on_device(rows, num_accepted if device_counts else None, len(rows))
             return rows
         dev = self.device
         req = torch.as_tensor(rows["request"].astype(np.int64), device=dev)
@@ -293,6 +342,128 @@ class StateCache:
                 conv[sb[moved]] = recurrence.compact_conv_window(
                     win[moved], counts[moved], self.conv_kernel_size, self.conv_layout)
         return rows
+
+    # ---- commit kernel (CUDA) -------------------------------------------------------------
+    def commit_meta(self) -> np.ndarray:
+        """The commit kernel's per-layer table (:data:`~recoverssm_rs.gpu.COMMIT_META_DTYPE`) for
+        this cache's buffers (their addresses: on CPU it drives the host emulation of the kernel).
+
+        Raises:
+            BindingError: the kernel cannot take this layout (e.g. a (state, record) dtype pair it
+                is not instantiated for; see :data:`~recoverssm_rs.gpu.COMMIT_DTYPE_PAIRS`).
+        """
+        L = self.num_layers
+        return gpu.build_commit_meta(
+            [self._recurrent[l] for l in range(L)], [self._corrections[l] for l in range(L)],
+            [self._keygate[l] for l in range(L)], [self._conv[l] for l in range(L)],
+            [self._conv_window[l] for l in range(L)], kind=self.kind, conv_layout=self.conv_layout,
+            conv_kernel_size=self.conv_kernel_size)
+
+    def _bind_commit_kernel(self) -> _DeviceCommit | None:
+        """Build the kernel's table once (the only host -> device copy that waits) and the
+        fixed-address row buffer and error word; ``None`` when the kernel cannot take the layout."""
+        try:
+            meta = self.commit_meta()
+        except BindingError as exc:
+            log.warning("StateCache: commit kernel unavailable for this layout (%s); the torch "
+                        "reference commits", exc)
+            return None
+        dev = self.device
+        meta_dev = torch.from_numpy(meta.view(np.uint8).copy()).to(dev)
+        rows_dev = torch.zeros(max(1, self.max_requests) * COMMIT_ROW_DTYPE.itemsize,
+                               dtype=torch.uint8, device=dev)
+        err = torch.zeros(3, dtype=torch.int32, device=dev)
+        return _DeviceCommit(meta, meta_dev, rows_dev, err, gpu.commit_grid(meta))
+
+    @staticmethod
+    def _is_device_tensor(x: Any) -> bool:
+        """A tensor in device memory (the host must not read it)."""
+        return isinstance(x, torch.Tensor) and x.device.type != "cpu"
+
+    def _commit_kernel_ready(self) -> bool:
+        """True when commits run on the kernel (a CUDA cache, CuPy and a device; checked once)."""
+        d = self._device_commit
+        if d is None:
+            return False
+        if d.ready is None:
+            try:
+                gpu.get_kernel("rs_recover_commit")
+                d.ready = True
+            except BackendUnavailableError as exc:
+                log.warning("StateCache: %s; the torch reference commits", exc)
+                d.ready = False
+        return bool(d.ready)
+
+    def _commit_on_device(self, rows: np.ndarray, num_accepted: torch.Tensor | None,
+                          num_rows: int) -> None:
+        d = self._device_commit
+        assert d is not None
+        if int(rows["request"].max()) >= self.max_requests:
+            raise PlanError(f"commit: {len(rows)} requests exceed the workspace "
+                            f"(max_requests = {self.max_requests})")
+        counts = None
+        if num_accepted is not None:
+            if num_accepted.device != self._recurrent.device:
+                raise PlanError(f"num_accepted is on {num_accepted.device}, the cache on "
+                                f"{self._recurrent.device}")
+            if num_accepted.ndim != 1 or num_accepted.shape[0] <= int(rows["request"].max()):
+                raise PlanError(f"num_accepted must be [B] with one count per request; got shape "
+                                f"{tuple(num_accepted.shape)}")
+            if num_accepted.is_floating_point() or num_accepted.dtype == torch.bool:
+                raise PlanError(f"num_accepted: expected an integer tensor, got {num_accepted.dtype}")
+            counts = num_accepted
+            if counts.dtype != torch.int32 or not counts.is_contiguous():
+                counts = counts.to(dtype=torch.int32, memory_format=torch.contiguous_format)
+        nbytes = num_rows * COMMIT_ROW_DTYPE.itemsize
+        # Pinned staging (torch's caching host allocator keeps it alive until the copy ran), then an
+        # asynchronous copy into the fixed device row buffer, then the launch: all on this stream.
+        host = _pinned_bytes(nbytes)
+        host.numpy()[:] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
+        d.rows_dev[:nbytes].copy_(host, non_blocking=True)
+        d.err.zero_()
+        d.num_rows = num_rows
+        gpu.launch_recover_commit(d.meta_dev, self.num_layers, d.rows_dev, num_rows,
+                                  num_blocks=self.num_blocks, max_requests=self.max_requests,
+                                  grid=d.grid, num_accepted=counts, err=d.err)
+
+    def launch_commit(self, rows: torch.Tensor, num_rows: int | None = None, *,
+                      num_accepted: torch.Tensor | None = None, stream: Any = None) -> None:
+        """Launch the commit kernel on rows already in device memory (CUDA caches only).
+
+        Nothing is planned, staged, allocated or synchronised: with fixed ``rows`` / ``num_accepted``
+        tensors the launch can be captured in a CUDA graph and replayed after rewriting them in
+        place. ``rows`` holds ``COMMIT_ROW_DTYPE`` records (e.g. a :meth:`plan_commit` result
+        copied to the device; pad with ``state_block = -1`` rows), ``num_rows`` of them (default:
+        all); ``num_accepted`` (optional int32 CUDA vector) overrides the counts as in
+        :meth:`commit`. The host guarantees the plan's invariants (the Rust planner checks them);
+        rows the kernel rejects are reported by :meth:`commit_error`.
+        """
+        d = self._device_commit
+        if d is None:
+            raise BackendUnavailableError("launch_commit needs a CUDA StateCache whose layout the "
+                                          "commit kernel takes")
+        n = rows.numel() * rows.element_size() // COMMIT_ROW_DTYPE.itemsize if num_rows is None \
+            else int(num_rows)
+        if n * COMMIT_ROW_DTYPE.itemsize > rows.numel() * rows.element_size() or not rows.is_contiguous():
+            raise PlanError(f"rows: expected a contiguous tensor of at least {n} commit rows")
+        ctx = torch.cuda.stream(stream) if stream is not None else None
+        if ctx is not None:
+            with ctx:
+                d.err.zero_()
+        else:
+            d.err.zero_()
+        d.num_rows = n
+        gpu.launch_recover_commit(d.meta_dev, self.num_layers, rows, n, num_blocks=self.num_blocks,
+                                  max_requests=self.max_requests, grid=d.grid,
+                                  num_accepted=num_accepted, err=d.err, stream=stream)
+
+    def commit_error(self) -> gpu.ErrorWord | None:
+        """The error word of the last kernel commit, decoded (a synchronising read; request numbers
+        are row indices of that commit's plan). ``None`` when commits do not run on the kernel."""
+        d = self._device_commit
+        if d is None:
+            return None
+        return gpu.decode_error_word(d.err.cpu().numpy(), d.num_rows)
 
     # ---- copies & memory -----------------------------------------------------------------
     def reset_blocks(self, blocks: Any) -> None:
