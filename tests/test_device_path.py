@@ -521,3 +521,32 @@ def test_invalid_requests_are_skipped_and_reported(fake_ops, emulator):
     # The next launch starts from a clean word.
     planner.launch_align(fc(bt[ok]), fc(src[ok]), fc(dst[ok]), fc(np.ones(2)))
     assert planner.last_error().ok
+
+
+@needs_cxx
+def test_null_blocks_are_handled_like_the_host_plan(fake_ops, emulator):
+    # Row 0: a null-block row (source and destination both block 0): skipped silently by both.
+    # Row 1: an ordinary copy. Row 2: the conv source is the null block: the host rejects the step,
+    # the device skips that request's conv copy and reports a block error.
+    nspec, cols = 2, 4
+    nb = 3 * cols + 1
+    layout = gdn_layout("DS", nspec)
+    states = host_states(layout, nb, 1, 11)
+    bt = np.array([[0, 0, 0, 0], [5, 6, 7, 8], [0, 10, 11, 12]], np.int32)
+    src, dst, acc = np.array([0, 0, 0], np.int32), np.array([1, 2, 3], np.int32), np.array([2, 2, 2], np.int32)
+    want = clone_states(states)
+    CopyPlanner(layout, want).plan_align(bt[:2], src[:2], dst[:2], acc[:2]).execute()
+    with pytest.raises(PlanError, match="request 2.*null block"):
+        CopyPlanner(layout, clone_states(states)).plan_align(bt, src, dst, acc)
+    planner = cuda_planner(layout, states)
+    planner.launch_align(fc(bt[:2]), fc(src[:2]), fc(dst[:2]), fc(acc[:2]))
+    assert planner.last_error().ok
+    assert_same_bytes(states, want)
+    # Row 2 alone: its temporal copy (block 10 -> 12) is valid, its conv source is not.
+    planner.launch_align(fc(bt[2:]), fc(src[2:]), fc(dst[2:]), fc(acc[2:]))
+    word = planner.last_error()
+    assert not word.ok and word.names == ["block"] and (word.first_request, word.last_request) == (0, 0)
+    conv, temporal = (s_.view(torch.uint8) for s_ in states[0])
+    want_conv, want_temporal = (s_.view(torch.uint8) for s_ in want[0])
+    assert torch.equal(conv[12], want_conv[12]), "the conv window of block 12 must not be written"
+    assert torch.equal(temporal[12], want_temporal[10]), "the temporal copy 10 -> 12 still happens"

@@ -750,18 +750,23 @@ def reference_execute_segments(buf: np.ndarray, segments: Any, base: Optional[in
 
 def _decide(bt_row: np.ndarray, cols: int, s: int, d: int, a: int, max_accepted: int, num_blocks: int,
             temporal: bool) -> tuple[int, Optional[tuple[int, int, int, int]]]:
+    # The host planner's order (rust/plan/step.rs), as rs_decide in state_copy.cu.
     if s < 0 or d < 0:
+        return 0, None
+    if s >= cols or d >= cols:
+        return ERR_COLUMN, None
+    src_blk, dst_blk = int(bt_row[s]), int(bt_row[d])
+    if src_blk == 0 and dst_blk == 0:
         return 0, None
     if a < 1 or a > max_accepted:
         return ERR_ACCEPTED, None
-    if s >= cols or d >= cols or (temporal and s + a - 1 >= cols):
+    if temporal and s + a - 1 >= cols:
         return ERR_COLUMN, None
     if s == d and a == 1:
         return 0, None
-    src_blk, dst_blk = int(bt_row[s]), int(bt_row[d])
     if not (1 <= dst_blk < num_blocks) or not (0 <= src_blk < num_blocks):
         return ERR_BLOCK, None
-    if temporal and not (0 <= int(bt_row[s + a - 1]) < num_blocks):
+    if temporal and not (1 <= int(bt_row[s + a - 1]) < num_blocks):
         return ERR_BLOCK, None
     return 0, (src_blk, dst_blk, s, a)
 
@@ -779,7 +784,7 @@ def _apply_state(buf: np.ndarray, b: int, m: np.void, bt_row: np.ndarray, cols: 
         if col >= cols:
             return ERR_COLUMN
         sb = int(bt_row[col])
-        if not 0 <= sb < num_blocks:
+        if not 1 <= sb < num_blocks:
             return ERR_BLOCK
         if sb >= meta_blocks:
             return ERR_META
@@ -790,6 +795,8 @@ def _apply_state(buf: np.ndarray, b: int, m: np.void, bt_row: np.ndarray, cols: 
     if kind not in (KIND_CONV_SD, KIND_CONV_DS):
         return ERR_META
     width, dim, elem = int(m["width"]), int(m["dim"]), int(m["elem_bytes"])
+    if src_blk < 1:
+        return ERR_BLOCK
     if src_blk >= meta_blocks:
         return ERR_META
     if width == 0 or dim == 0 or elem == 0 or a - 1 >= width or width * dim * elem > int(m["state_bytes"]):

@@ -15,23 +15,28 @@ struct RsRequest {
   int64_t a;        // effective accepted count (>= 1)
 };
 
-// Request-level validation (explicit form). Returns 0 and fills *q when the request copies, returns
-// 0 with q->a = 0 when it is skipped silently (padding, no-op), else RS_ERR_* bits (skip + report).
-// Order: padding -> accepted range -> column range -> no-op -> block ids.
+// Request-level validation (explicit form), in the host planner's order (rust/plan/step.rs).
+// Returns 0 and fills *q when the request copies, returns 0 with q->a = 0 when it is skipped
+// silently (padding, a null-block row, a no-op), else RS_ERR_* bits (skip + report).
+// Order: padding -> column range -> null row -> accepted range -> accepted column -> no-op -> ids.
+// The null block 0 is never a destination and never a source (a conv state checks its own source
+// in rs_copy_state, as a layout without conv state has no use for bt[src_col]).
 RS_DEVICE uint32_t rs_decide(const int32_t* bt_row, int64_t cols, int64_t s, int64_t d, int64_t a,
                              int64_t max_accepted, int64_t num_blocks, uint32_t flags, RsRequest* q) {
   q->a = 0;
-  if (s < 0 || d < 0) return 0;                           // padding row
-  if (a < 1 || a > max_accepted) return RS_ERR_ACCEPTED;  // bad accepted count
-  const bool temporal = (flags & RS_FLAG_HAS_TEMPORAL) != 0;
-  if (s >= cols || d >= cols || (temporal && s + a - 1 >= cols)) return RS_ERR_COLUMN;
-  if (s == d && a == 1) return 0;  // no-op
+  if (s < 0 || d < 0) return 0;  // padding row
+  if (s >= cols || d >= cols) return RS_ERR_COLUMN;
   const int64_t src_blk = bt_row[s];
   const int64_t dst_blk = bt_row[d];
+  if (src_blk == 0 && dst_blk == 0) return 0;             // a null-block row
+  if (a < 1 || a > max_accepted) return RS_ERR_ACCEPTED;  // bad accepted count
+  const bool temporal = (flags & RS_FLAG_HAS_TEMPORAL) != 0;
+  if (temporal && s + a - 1 >= cols) return RS_ERR_COLUMN;
+  if (s == d && a == 1) return 0;  // no-op
   if (dst_blk < 1 || dst_blk >= num_blocks || src_blk < 0 || src_blk >= num_blocks) return RS_ERR_BLOCK;
   if (temporal) {
     const int64_t t = bt_row[s + a - 1];
-    if (t < 0 || t >= num_blocks) return RS_ERR_BLOCK;
+    if (t < 1 || t >= num_blocks) return RS_ERR_BLOCK;
   }
   q->src_blk = src_blk;
   q->dst_blk = dst_blk;
@@ -56,7 +61,7 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
     const int64_t col = q.src_col + q.a - 1;
     if (col >= cols) return RS_ERR_COLUMN;  // only reachable without RS_FLAG_HAS_TEMPORAL
     const int64_t sb = bt_row[col];
-    if (sb < 0 || sb >= num_blocks) return RS_ERR_BLOCK;  // likewise
+    if (sb < 1 || sb >= num_blocks) return RS_ERR_BLOCK;  // likewise
     if (sb >= meta_blocks) return RS_ERR_META;
     if (sb == q.dst_blk) return 0;
     src = m.base + (uint64_t)sb * m.block_stride;
@@ -66,6 +71,7 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
     if (m.kind != RS_KIND_CONV_SD && m.kind != RS_KIND_CONV_DS) return RS_ERR_META;
     // Conv window: dst columns [0, width-(a-1)) = src columns [a-1, width).
     const uint64_t width = m.width, dim = m.dim, elem = m.elem_bytes;
+    if (q.src_blk < 1) return RS_ERR_BLOCK;  // the null block holds no window
     if (q.src_blk >= meta_blocks) return RS_ERR_META;
     if (width == 0 || dim == 0 || elem == 0 || (uint64_t)(q.a - 1) >= width ||
         width * dim * elem > m.state_bytes)
@@ -176,12 +182,15 @@ RS_DEVICE void rs_state_copy_body(const StateMeta* __restrict__ metas, uint32_t 
 //   conv SD / DS: state[bt[dst_col], columns 0 .. width-a] = state[bt[src_col], columns a-1 .. width-1]
 //   temporal:     state[bt[dst_col]] = state[bt[src_col + a - 1]]  (skipped when that block is bt[dst_col])
 // with bt = block_table row r (int32, row stride bt_row_stride elements, bt_cols columns).
-// Skipped silently: padding (src_col < 0 or dst_col < 0), no-op (src_col == dst_col and a == 1).
+// Skipped silently, as by the host planner: padding (src_col < 0 or dst_col < 0), a null-block row
+// (bt[src_col] == bt[dst_col] == 0), no-op (src_col == dst_col and a == 1).
 // Skipped in every state and reported in err (see common.cuh): a outside [1, max_accepted]; a
 // column outside [0, bt_cols) (src_col, dst_col, and src_col + a - 1 when flags has
-// RS_FLAG_HAS_TEMPORAL); a block id outside [1, num_blocks) for the destination or [0, num_blocks)
-// for a source (the temporal source only with RS_FLAG_HAS_TEMPORAL). These request-level checks
-// use kernel parameters only, so every CTA of a request takes the same decision.
+// RS_FLAG_HAS_TEMPORAL); a block id outside [1, num_blocks) for the destination or the temporal
+// source (the latter only with RS_FLAG_HAS_TEMPORAL), or outside [0, num_blocks) for bt[src_col].
+// These request-level checks use kernel parameters only, so every CTA of a request takes the same
+// decision. A conv state whose source bt[src_col] is the null block is skipped and reported as a
+// block error (the host planner rejects the whole step instead).
 // Skipped in one state and reported: a state that cannot take the request (RS_ERR_META: a block id
 // beyond that tensor's num_blocks, a window not wider than the shift, width*dim*elem > state_bytes,
 // an unknown kind) -- a host/bind-time inconsistency; the request's other states are still copied.
