@@ -5,10 +5,12 @@ use crate::binding::Device;
 use crate::error::{Error, Result};
 use crate::plan::segment::{Mode, Segment};
 use crate::plan::CopyPlan;
+use rayon::prelude::*;
 use std::sync::OnceLock;
 
-/// Plans above this many bytes use two threads per wave (where the machine has them).
-const PARALLEL_BYTES: u64 = 4 << 20;
+/// Waves of at least this many bytes use several threads (where the machine has them); below it,
+/// starting threads costs more than it saves.
+const PARALLEL_BYTES: u64 = 2 << 20;
 
 /// Checks that every segment of `plan` stays inside the bound tensors' memory.
 pub fn check(plan: &CopyPlan) -> Result<()> {
@@ -32,11 +34,10 @@ pub fn check(plan: &CopyPlan) -> Result<()> {
     Ok(())
 }
 
-/// Worker threads for large waves: the machine's parallelism, asked once (the query reads cgroup
-/// files, far too slow to repeat per step).
+/// Shares for large waves: the size of rayon's pool, asked once.
 fn threads() -> usize {
     static THREADS: OnceLock<usize> = OnceLock::new();
-    *THREADS.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8))
+    *THREADS.get_or_init(|| rayon::current_num_threads().clamp(1, 8))
 }
 
 /// Executes `plan` on the CPU tensors it was planned for.
@@ -45,8 +46,14 @@ pub fn execute(plan: &CopyPlan) -> Result<()> {
     for w in 0..plan.num_waves() {
         let segs = plan.wave(w);
         let bytes: u64 = segs.iter().map(|s| s.bytes()).sum();
-        if bytes >= PARALLEL_BYTES && segs.len() > 1 && threads() > 1 {
-            run_parallel(segs, bytes, threads());
+        let threads = if bytes >= PARALLEL_BYTES { threads() } else { 1 };
+        if threads > 1 {
+            // Equal byte shares on rayon's pool (threads started once per process).
+            let share = bytes.div_ceil(threads as u64);
+            (0..threads as u64).into_par_iter().for_each(|t| {
+                // SAFETY: as below; the byte ranges of the shares are disjoint.
+                unsafe { copy_range(segs, t * share, (t + 1) * share) }
+            });
         } else {
             for s in segs {
                 // SAFETY: `check` proved both extents lie inside live bound tensors (the plan holds
@@ -59,30 +66,33 @@ pub fn execute(plan: &CopyPlan) -> Result<()> {
     Ok(())
 }
 
-/// Splits a wave's segments into `threads` runs of about equal bytes.
-fn run_parallel(segs: &[Segment], bytes: u64, threads: usize) {
-    let share = bytes.div_ceil(threads as u64);
-    let mut cuts = vec![0usize];
-    let mut acc = 0u64;
-    for (i, s) in segs.iter().enumerate() {
-        acc += s.bytes();
-        if acc >= share * cuts.len() as u64 && cuts.len() < threads {
-            cuts.push(i + 1);
+/// Copies the bytes `[lo, hi)` of the concatenation of a wave's segments. Single-row disjoint
+/// segments are split at the range ends; any other segment is copied whole by the range holding
+/// its first byte, so no overlapping copy is ever split.
+///
+/// # Safety
+/// As for [`copy_segment`], for every segment of `segs`; concurrent calls must use disjoint ranges
+/// of one hazard-free wave.
+unsafe fn copy_range(segs: &[Segment], lo: u64, hi: u64) {
+    let mut pos = 0u64;
+    for s in segs {
+        let (start, end) = (pos, pos + s.bytes());
+        pos = end;
+        if end <= lo {
+            continue;
+        }
+        if start >= hi {
+            break;
+        }
+        if s.rows == 1 && s.mode() == Mode::Disjoint {
+            let from = (lo.max(start) - start) as usize;
+            let to = (hi.min(end) - start) as usize;
+            let (src, dst) = (s.src as usize as *const u8, s.dst as usize as *mut u8);
+            std::ptr::copy_nonoverlapping(src.add(from), dst.add(from), to - from);
+        } else if start >= lo {
+            copy_segment(s);
         }
     }
-    cuts.push(segs.len());
-    cuts.dedup();
-    std::thread::scope(|scope| {
-        for w in cuts.windows(2) {
-            let part = &segs[w[0]..w[1]];
-            scope.spawn(move || {
-                for s in part {
-                    // SAFETY: as in `execute`; the runs are disjoint slices of one hazard-free wave.
-                    unsafe { copy_segment(s) };
-                }
-            });
-        }
-    });
 }
 
 /// Copies one segment.
