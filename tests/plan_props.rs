@@ -255,3 +255,39 @@ proptest! {
         m.buf.clear();
     }
 }
+
+/// Waves above the executor's parallel threshold are split across threads (single-row copies
+/// inside, other segments whole): the result must still be exact.
+#[test]
+fn large_waves_split_across_threads_are_exact() {
+    let c = Case {
+        conv: Some((ConvLayout::DS, 4 + 2, 4096, DType::BFloat16)),
+        temporal: Some((vec![64, 64, 64], DType::Float32)), // 1 MiB per block
+        num_spec: 2,
+        layers: 2,
+        blocks: 24,
+        interleaved: false,
+        pad: 1,
+        reqs: (0..6)
+            .map(|r| {
+                let base = 1 + 3 * r as i64;
+                // window columns: [running, spec 1, spec 2, destination] with distinct blocks
+                (vec![base, base + 1, base + 2, 19 + (r as i64 % 5)], 0, 3, 1 + (r as i64 % 3))
+            })
+            .filter(|(row, ..)| row[3] < 24)
+            .take(5)
+            .collect(),
+        seed: 99,
+    };
+    let l = layout(&c);
+    let m = memory(&c, &l);
+    let planner = Planner::new(Binding::new(&l, &m.descs).unwrap());
+    let before = bytes(&m);
+    let (bt, cols, sc, dc, na) = step_arrays(&c);
+    let plan = planner
+        .plan_align(&AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na })
+        .unwrap();
+    assert!(plan.bytes() > 4 << 20, "the wave must be large enough to run in parallel");
+    executor::execute(&plan).unwrap();
+    assert!(bytes(&m) == reference(&c, &l, &m, &before));
+}
