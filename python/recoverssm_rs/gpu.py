@@ -488,6 +488,33 @@ def _state_common(
     return bt, cols, row_stride, _ptr(err, "err")
 
 
+def _state_head(meta_dev: Any, num_meta: int, bt: int, row_stride: int, cols: int, n: int, src_col: Any,
+                second: tuple[str, Any], num_accepted: Any) -> tuple[Any, ...]:
+    """The parameters both fused-copy entry points start with (their 7th is ``second``)."""
+    name, vec = second
+    return (
+        np.uint64(_ptr(meta_dev, "metas")),
+        np.uint32(num_meta),
+        np.uint64(bt),
+        np.int64(row_stride),
+        np.int32(cols),
+        np.uint64(_int32_vector(src_col, n, "src_col")),
+        np.uint64(_int32_vector(vec, n, name)),
+        np.uint64(_int32_vector(num_accepted, n, "num_accepted")),
+    )
+
+
+def _state_tail(n: int, max_accepted: int, num_blocks: int, has_temporal: bool, err_ptr: int) -> tuple[Any, ...]:
+    """The parameters both fused-copy entry points end with."""
+    return (
+        np.int32(n),
+        np.int32(max_accepted),
+        np.int64(num_blocks),
+        np.uint32(FLAG_HAS_TEMPORAL if has_temporal else 0),
+        np.uint64(err_ptr),
+    )
+
+
 def launch_state_copy(
     meta_dev: Any,
     num_meta: int,
@@ -529,22 +556,9 @@ def launch_state_copy(
     bt, cols, row_stride, err_ptr = _state_common(num_meta, block_table, n, max_accepted, num_blocks, chunks, err)
     if n == 0 or num_meta == 0:
         return
-    args = (
-        np.uint64(_ptr(meta_dev, "metas")),
-        np.uint32(num_meta),
-        np.uint64(bt),
-        np.int64(row_stride),
-        np.int32(cols),
-        np.uint64(_int32_vector(src_col, n, "src_col")),
-        np.uint64(_int32_vector(dst_col, n, "dst_col")),
-        np.uint64(_int32_vector(num_accepted, n, "num_accepted")),
-        np.int32(n),
-        np.int32(max_accepted),
-        np.int64(num_blocks),
-        np.uint32(FLAG_HAS_TEMPORAL if has_temporal else 0),
-        np.uint64(err_ptr),
-    )
-    _launch("rs_state_copy", state_copy_grid(n, num_meta, chunks), args, stream)
+    head = _state_head(meta_dev, num_meta, bt, row_stride, cols, n, src_col, ("dst_col", dst_col), num_accepted)
+    tail = _state_tail(n, max_accepted, num_blocks, has_temporal, err_ptr)
+    _launch("rs_state_copy", state_copy_grid(n, num_meta, chunks), head + tail, stream)
 
 
 def launch_state_copy_align(
@@ -583,23 +597,9 @@ def launch_state_copy_align(
         raise PlanError(f"block_size must be >= 1, got {block_size}")
     if n == 0 or num_meta == 0:
         return
-    args = (
-        np.uint64(_ptr(meta_dev, "metas")),
-        np.uint32(num_meta),
-        np.uint64(bt),
-        np.int64(row_stride),
-        np.int32(cols),
-        np.uint64(_int32_vector(src_col, n, "src_col")),
-        np.uint64(_int32_vector(running, n, "running")),
-        np.uint64(_int32_vector(num_accepted, n, "num_accepted")),
-        np.int32(block_size),
-        np.int32(n),
-        np.int32(max_accepted),
-        np.int64(num_blocks),
-        np.uint32(FLAG_HAS_TEMPORAL if has_temporal else 0),
-        np.uint64(err_ptr),
-    )
-    _launch("rs_state_copy_align", state_copy_grid(n, num_meta, chunks), args, stream)
+    head = _state_head(meta_dev, num_meta, bt, row_stride, cols, n, src_col, ("running", running), num_accepted)
+    tail = _state_tail(n, max_accepted, num_blocks, has_temporal, err_ptr)
+    _launch("rs_state_copy_align", state_copy_grid(n, num_meta, chunks), head + (np.int32(block_size),) + tail, stream)
 
 
 def execute_plan(plan: Any, stream: Any = None, *, tile_bytes: int = 64 * 1024) -> None:
