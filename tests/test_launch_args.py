@@ -56,3 +56,29 @@ def test_kernel_sources_declare_that_order():
     assert [p.split()[-1].lstrip("*") for p in explicit.split("(", 1)[1].split(",")] == [
         "metas", "num_meta", "block_table", "bt_row_stride", "bt_cols", "src_col", "dst_col",
         "num_accepted", "num_requests", "max_accepted", "num_blocks", "flags", "err"]
+
+
+def test_external_streams_are_made_once_per_handle(monkeypatch):
+    made = []
+
+    class FakeCuda:
+        @staticmethod
+        def ExternalStream(ptr, device):  # noqa: N802 - CuPy's name
+            made.append((ptr, device))
+            return ("stream", ptr, device)
+
+    class FakeCupy:
+        cuda = FakeCuda
+
+    class TorchStream:
+        def __init__(self, ptr, index):
+            self.cuda_stream = ptr
+            self.device = type("D", (), {"index": index})()
+
+    monkeypatch.setattr(gpu, "_cupy", lambda: FakeCupy)
+    monkeypatch.setattr(gpu, "_EXTERNAL", {})
+    a1 = gpu._external(TorchStream(0x1000, 0))
+    a2 = gpu._external(TorchStream(0x1000, 0))
+    b = gpu._external(TorchStream(0x2000, 1))
+    assert a1 is a2 and a1 == ("stream", 0x1000, 0) and b == ("stream", 0x2000, 1)
+    assert made == [(0x1000, 0), (0x2000, 1)]

@@ -342,13 +342,26 @@ def current_stream() -> Any:
     return _external(_torch().cuda.current_stream())
 
 
+_EXTERNAL: dict[tuple[int, int], Any] = {}
+_EXTERNAL_KEEP = 64
+
+
 def _external(torch_stream: Any) -> Any:
-    """A torch CUDA stream as a ``cupy.cuda.ExternalStream`` (same handle, same device)."""
-    cp = _cupy()
-    with warnings.catch_warnings():
-        # CuPy 14 deprecates ExternalStream in favour of Stream.from_external; it still works.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return cp.cuda.ExternalStream(torch_stream.cuda_stream, torch_stream.device.index)
+    """A torch CUDA stream as a ``cupy.cuda.ExternalStream`` (same handle, same device), made once
+    per (handle, device): the wrapper holds nothing but the handle, so reusing it is exact and
+    saves its construction on every launch."""
+    key = (int(torch_stream.cuda_stream), int(torch_stream.device.index))
+    ext = _EXTERNAL.get(key)
+    if ext is None:
+        cp = _cupy()
+        with warnings.catch_warnings():
+            # CuPy 14 deprecates ExternalStream in favour of Stream.from_external; it still works.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            ext = cp.cuda.ExternalStream(key[0], key[1])
+        if len(_EXTERNAL) >= _EXTERNAL_KEEP:
+            _EXTERNAL.clear()
+        _EXTERNAL[key] = ext
+    return ext
 
 
 # ------------------------------------------------------------------------------------------------
