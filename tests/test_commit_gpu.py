@@ -28,16 +28,8 @@ from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE  # noqa: E402
 from recoverssm_rs.state_cache import StateCache  # noqa: E402
 
 
-def _gpu_ok() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, torch and CuPy")]
+# Skipped without a CUDA device by tests/conftest.py.
+pytestmark = pytest.mark.gpu
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 H, K, KC, NSPEC = 2, 16, 4, 3

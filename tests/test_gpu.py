@@ -19,16 +19,8 @@ cupy = pytest.importorskip("cupy")
 from recoverssm_rs import gpu, kernelcheck as kc  # noqa: E402
 
 
-def _gpu_ok() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_ok(), reason="needs a CUDA GPU, torch and CuPy")]
+# Skipped without a CUDA device by tests/conftest.py.
+pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).parent / "data"
 

@@ -553,8 +553,8 @@ def launch_state_copy(
         err: int32 device vector of 3 elements, zeroed by the caller before the step; read it (a
             synchronising read) with :func:`decode_error_word` when convenient.
         max_accepted: ``1 + num_spec``.
-        num_blocks: blocks of the pool (destination ids in ``[1, num_blocks)``, sources in
-            ``[0, num_blocks)``).
+        num_blocks: blocks of the pool (ids in ``[1, num_blocks)``: the null block 0 is neither
+            written nor read; a row whose source and destination are both 0 is skipped).
         has_temporal: some state in ``meta_dev`` is temporal (sets :data:`FLAG_HAS_TEMPORAL`).
         num_requests: ``R``; default ``len(src_col)``. Keep it fixed for CUDA-graph replay.
         chunks: CTAs per state copy (grid x).
