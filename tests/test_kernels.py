@@ -68,6 +68,17 @@ def nvrtc_reports():
     return kc.compile_all()
 
 
+def test_find_nvrtc_honours_the_override(monkeypatch, tmp_path):
+    lib = tmp_path / "libnvrtc.so.99"
+    lib.write_bytes(b"")
+    monkeypatch.setenv("RECOVERSSM_NVRTC", str(lib))
+    assert kc.find_nvrtc() == lib
+    monkeypatch.setenv("RECOVERSSM_NVRTC", str(tmp_path / "missing.so"))
+    with pytest.raises(kc.NvrtcUnavailableError, match="RECOVERSSM_NVRTC=.*missing.so: no such file"):
+        kc.find_nvrtc()
+    assert issubclass(kc.NvrtcUnavailableError, BackendUnavailableError)
+
+
 def test_nvrtc_compiles_every_kernel_for_sm80_and_sm90(nvrtc_reports):
     failed = [(r.file, r.arch, r.target, r.log) for r in nvrtc_reports if not r.ok]
     assert not failed, failed

@@ -42,6 +42,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .errors import BackendUnavailableError
 from .gpu import (
     COMMIT_DTYPE_PAIRS,
     COMMIT_META_DTYPE,
@@ -115,7 +116,7 @@ ERR_META = 8
 ERR_ARGS = 16
 
 
-class NvrtcUnavailableError(RuntimeError):
+class NvrtcUnavailableError(BackendUnavailableError):
     """The NVRTC shared library could not be found or loaded."""
 
 
@@ -129,7 +130,18 @@ class EmulationError(AssertionError):
 
 
 def find_nvrtc() -> Optional[Path]:
-    """Path of ``libnvrtc.so.12`` from the ``nvidia-cuda-nvrtc-cu12`` wheel (else the system's)."""
+    """Path of the NVRTC library the compile checks use.
+
+    In order: the file named by ``RECOVERSSM_NVRTC``; ``libnvrtc.so.12`` of the
+    ``nvidia-cuda-nvrtc-cu12`` wheel; ``libnvrtc.so.13`` of the CUDA 13 ``nvidia-cuda-nvrtc`` wheel;
+    else the system's ``libnvrtc`` (a CUDA toolkit on the loader path).
+    """
+    override = os.environ.get("RECOVERSSM_NVRTC")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise NvrtcUnavailableError(f"RECOVERSSM_NVRTC={override}: no such file")
+        return path
     candidates: list[Path] = []
     try:
         spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
@@ -140,6 +152,8 @@ def find_nvrtc() -> Optional[Path]:
             candidates.append(Path(loc) / "lib" / "libnvrtc.so.12")
     for entry in sys.path:
         candidates.append(Path(entry) / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12")
+    for entry in sys.path:
+        candidates.append(Path(entry) / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13")
     for c in candidates:
         if c.is_file():
             return c

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a machine with a CUDA GPU, torch and CuPy (cupy-cuda12x or
+# cupy-cuda13x), which may have no Rust toolchain and no network:
+#
+#   bash scripts/gpu_check.sh [RESULTS_DIR]        (default: gpu-results)
+#
+# 1. env.txt        GPU, driver, Python and package versions
+# 2. gpu_tests.log  `pytest -m gpu tests` (kernels against the host executor, one launch per step,
+#    gpu_tests.xml  CUDA-graph capture, no host sync, the commit kernel, the demo on CUDA)
+# 3. gpu_copy.txt   benches/gpu_copy.py: kernels against device-to-device copy bandwidth
+#    gpu_copy.json
+# 4. summary.txt    exit status and wall time of every stage
+#
+# The package: the recoverssm_rs that $PYTHON (default python3) already imports, else the wheel in
+# wheelhouse/ (made anywhere by scripts/build_wheel.sh) installed into $RECOVERSSM_SITE
+# (default /tmp/recoverssm_site). Every stage runs even when an earlier one failed; the exit status
+# is non-zero when any did. Stage time limits (seconds): $GPU_TESTS_TIMEOUT (240), $GPU_BENCH_TIMEOUT
+# (200); extra benchmark arguments: $GPU_BENCH_ARGS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+results=${1:-gpu-results}
+mkdir -p "$results"
+results=$(cd "$results" && pwd)
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+summary="$results/summary.txt"
+: >"$summary"
+failed=0
+
+stage() {  # stage NAME TIMEOUT COMMAND...
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  echo "== $name" >&2
+  timeout --kill-after=10 "$limit" "$@"
+  rc=$?
+  echo "$name: rc=$rc, $(( $(date +%s) - t0 )) s$( ((rc == 124 || rc == 137)) && echo ' (time limit)')" | tee -a "$summary" >&2
+  ((rc == 0)) || failed=1
+}
+
+# The package.
+if ! "$py" -c "import recoverssm_rs._core" >/dev/null 2>&1; then
+  site=${RECOVERSSM_SITE:-/tmp/recoverssm_site}
+  wheel=$(ls -t wheelhouse/recoverssm_rs-*.whl 2>/dev/null | head -n 1)
+  if [[ -z "$wheel" ]]; then
+    echo "gpu_check: recoverssm_rs is not importable and wheelhouse/ holds no wheel (bash scripts/build_wheel.sh)" | tee -a "$summary" >&2
+    exit 2
+  fi
+  "$py" -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" "$wheel" || {
+    echo "gpu_check: installing $wheel failed" | tee -a "$summary" >&2
+    exit 2
+  }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+{
+  date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo -dirty)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || true
+  "$py" - <<'PY'
+import platform
+import importlib
+print("python", platform.python_version(), platform.machine())
+for name in ("numpy", "torch", "cupy", "recoverssm_rs"):
+    try:
+        m = importlib.import_module(name)
+        print(name, getattr(m, "__version__", "?"), getattr(m, "__file__", ""))
+    except Exception as exc:  # report, do not stop: the stages below say what fails
+        print(name, "NOT IMPORTABLE:", exc)
+try:
+    import torch
+    print("torch cuda", torch.version.cuda, "available", torch.cuda.is_available(),
+          torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+    import cupy
+    print("cupy runtime", cupy.cuda.runtime.runtimeGetVersion(), "driver", cupy.cuda.runtime.driverGetVersion())
+except Exception as exc:
+    print("CUDA probe failed:", exc)
+PY
+} >"$results/env.txt" 2>&1
+cat "$results/env.txt" >&2
+
+stage gpu-tests "${GPU_TESTS_TIMEOUT:-240}" \
+  "$py" -m pytest -m gpu tests -p no:cacheprovider -rs -v --durations=15 \
+  --junitxml="$results/gpu_tests.xml" >"$results/gpu_tests.log" 2>&1
+tail -n 25 "$results/gpu_tests.log" >&2
+
+# shellcheck disable=SC2086
+stage gpu-bench "${GPU_BENCH_TIMEOUT:-200}" \
+  "$py" benches/gpu_copy.py --json ${GPU_BENCH_ARGS:-} >"$results/gpu_copy.json" 2>"$results/gpu_copy.txt"
+cat "$results/gpu_copy.txt" >&2
+
+cat "$summary" >&2
+exit $failed
