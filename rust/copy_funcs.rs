@@ -189,9 +189,9 @@ mod tests {
     #[test]
     fn missing_empty_and_too_many_are_rejected() {
         let g = group("GDN_ATTN", &K3);
-        let m = validate_copy_funcs(&[g.clone()], &[]).unwrap_err().message;
+        let m = validate_copy_funcs(std::slice::from_ref(&g), &[]).unwrap_err().message;
         assert!(m.contains("missing state copy funcs for GDN_ATTN"), "{m}");
-        let m = validate_copy_funcs(&[g.clone()], &[funcs("GDN_ATTN", &[])]).unwrap_err().message;
+        let m = validate_copy_funcs(std::slice::from_ref(&g), &[funcs("GDN_ATTN", &[])]).unwrap_err().message;
         assert!(m.contains("declares 4 states, but provides 0") && m.contains("expected a non-empty copyable prefix"), "{m}");
         let g2 = group("LINEAR", &[&[16, 128, 128]]);
         let m = validate_copy_funcs(&[g2], &[funcs("LINEAR", &["temporal", "temporal"])]).unwrap_err().message;

@@ -6,6 +6,7 @@
 
 pub mod binding;
 pub mod commit;
+pub mod commit_meta;
 pub mod copy_funcs;
 pub mod dtype;
 pub mod error;
@@ -19,6 +20,7 @@ pub mod recover;
 mod python;
 
 pub use binding::{Binding, Device, StateTensor, TensorDesc};
+pub use commit_meta::{commit_meta, CommitConfig, CommitMeta, CommitTensors};
 pub use copy_funcs::{validate_copy_funcs, CopyFuncKind, CopyPrefix, GroupSpec};
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};

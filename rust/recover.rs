@@ -16,6 +16,15 @@ pub enum GateKind {
 }
 
 impl GateKind {
+    /// `"gdn"` or `"kda"` (any case).
+    pub fn parse(s: &str) -> Result<GateKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "gdn" => Ok(GateKind::Gdn),
+            "kda" => Ok(GateKind::Kda),
+            _ => Err(Error::binding(format!("kind: expected 'gdn' or 'kda', got '{s}'"))),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             GateKind::Gdn => "gdn",

@@ -33,6 +33,9 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   "$py" -m pip install --quiet "${missing[@]}"
 fi
+# The extension is abi3 (_core.abi3.so); an interpreter-specific build left by an older checkout
+# would shadow it, so remove any.
+rm -f python/recoverssm_rs/_core.cpython-*.so
 # maturin develop installs into the environment named by VIRTUAL_ENV.
 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" maturin develop --release --quiet
 "$py" -c "import recoverssm_rs; print('setup: recoverssm_rs', recoverssm_rs.__version__, 'ready in .venv')"

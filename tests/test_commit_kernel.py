@@ -488,6 +488,16 @@ def test_commit_meta_of_a_cache():
     with pytest.raises(BindingError, match="width"):
         gpu.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], [torch.zeros(3, 5, 6)],
                               [torch.zeros(2, 5, 6)], kind="kda", conv_layout="DS", conv_kernel_size=4)
+    # The core also refuses read-only destinations and misaligned addresses, naming the layer.
+    frozen = np.zeros((3, 2, 4, 4), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(BindingError, match="layer 0: recurrent: the commit writes it"):
+        gpu.build_commit_meta([frozen], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda")
+    odd = np.zeros(3 * 2 * 4 * 4 * 4 + 2, np.uint8)[2:].view(np.float32).reshape(3, 2, 4, 4)
+    with pytest.raises(BindingError, match="layer 0: recurrent: address .* multiples of the 4-byte element"):
+        gpu.build_commit_meta([odd], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda")
+    with pytest.raises(BindingError, match="kind: expected 'gdn' or 'kda'"):
+        gpu.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], kind="mamba")
     # CPU caches keep the torch path (no kernel bound).
     assert cache._device_commit is None and cache.commit_error() is None
 

@@ -193,3 +193,19 @@ class Planner:
     ) -> RawBuffer: ...
     def check_state_blocks(self, state_blocks: Any) -> None: ...
     def state_meta(self) -> RawBuffer: ...
+
+_TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool]
+
+def commit_meta_table(
+    recurrent: Sequence[_TensorDesc],
+    corrections: Sequence[_TensorDesc],
+    keygate: Sequence[_TensorDesc],
+    conv: Sequence[_TensorDesc] | None,
+    conv_window: Sequence[_TensorDesc] | None,
+    kind: str,
+    conv_layout: str,
+    conv_kernel_size: int,
+) -> RawBuffer:
+    """The RecoverSSM commit kernel's table (128-byte ``CommitMeta`` records, one per layer) for
+    per-layer tensor descriptions ``(data_ptr, dtype, shape, byte_strides, device, writable)``;
+    raises ``BindingError`` naming the layer and tensor the kernel cannot take."""

@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from . import _core
 from .errors import BackendUnavailableError, BindingError, PlanError
 from .plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
 
@@ -654,29 +655,6 @@ def execute_plan(plan: Any, stream: Any = None, *, tile_bytes: int = 64 * 1024) 
 # RecoverSSM commit
 # ------------------------------------------------------------------------------------------------
 
-_DT_CODES = {"torch.float32": DT_F32, "torch.bfloat16": DT_BF16, "torch.float16": DT_F16}
-
-
-def _dt_code(t: Any, what: str) -> int:
-    code = _DT_CODES.get(str(t.dtype))
-    if code is None:
-        raise BindingError(f"{what}: expected float32, bfloat16 or float16, got {t.dtype}")
-    return code
-
-
-def _dense_inner(t: Any, what: str) -> None:
-    """Every axis but the first is dense (C order); the first stride is free (and positive)."""
-    shape, strides = tuple(t.shape), tuple(t.stride())
-    expect = 1
-    for n, st in zip(reversed(shape[1:]), reversed(strides[1:])):
-        if n > 1 and st != expect:
-            raise BindingError(f"{what}: every axis but the first must be dense (C order); got shape "
-                               f"{list(shape)} with strides {list(strides)}")
-        expect *= n
-    if shape[0] > 1 and strides[0] < expect:
-        raise BindingError(f"{what}: the first axis must not overlap the others (stride {strides[0]} < {expect})")
-
-
 def build_commit_meta(
     recurrent: Any,
     corrections: Any,
@@ -690,102 +668,29 @@ def build_commit_meta(
 ) -> np.ndarray:
     """The per-layer :data:`COMMIT_META_DTYPE` table of ``rs_recover_commit`` (host numpy array).
 
-    Each argument is a sequence of per-layer torch tensors (or one tensor with a leading layer
-    axis): ``recurrent`` ``[num_blocks, H, V, K]`` (float32, bfloat16 or float16),
+    Each argument is a sequence of per-layer torch tensors or numpy arrays (or one tensor with a
+    leading layer axis): ``recurrent`` ``[num_blocks, H, V, K]`` (float32, bfloat16 or float16),
     ``corrections`` ``[max_requests, H, Q, V]`` float32, ``keygate`` ``[max_requests, H, Q, K + 1]``
     (``kind="gdn"``) or ``[..., 2K]`` (``"kda"``) in float32 / bfloat16 / float16, ``conv``
     ``[num_blocks, W, D]`` (``conv_layout="SD"``) or ``[num_blocks, D, W]`` (``"DS"``) with
     ``W = conv_kernel_size - 1 + Q - 1``, and ``conv_window`` ``[max_requests, same]`` of the conv
     dtype (``conv`` and ``conv_window`` both ``None``: no conv state). Every axis but the first must
-    be dense; the first (block / request) stride is free. Only addresses, strides and shapes are
-    read, so CPU tensors give a table for the host emulation, CUDA tensors one for the device.
+    be dense; the first (block / request) stride is free; all tensors share one device. Only
+    addresses, strides and shapes are read, so CPU tensors give a table for the host emulation,
+    CUDA tensors one for the device. The rules are the core's (``rust/commit_meta.rs``).
 
     Raises:
-        BindingError: a shape, dtype, stride or device that the kernel cannot take.
+        BindingError: a shape, dtype, stride, alignment or device that the kernel cannot take.
     """
-    if kind not in ("gdn", "kda"):
-        raise BindingError(f"kind: expected 'gdn' or 'kda', got {kind!r}")
-    if conv_layout not in ("SD", "DS"):
-        raise BindingError(f"conv_layout: expected 'SD' or 'DS', got {conv_layout!r}")
-    if (conv is None) != (conv_window is None):
-        raise BindingError("conv and conv_window: give both or neither")
-    recs, corrs, kgs = list(recurrent), list(corrections), list(keygate)
-    convs = [None] * len(recs) if conv is None else list(conv)
-    wins = [None] * len(recs) if conv_window is None else list(conv_window)
-    if not (len(recs) == len(corrs) == len(kgs) == len(convs) == len(wins)):
-        raise BindingError(f"one tensor per layer expected; got {len(recs)} recurrent, {len(corrs)} corrections, "
-                           f"{len(kgs)} keygate, {len(convs)} conv, {len(wins)} conv_window")
-    hist = int(conv_kernel_size) - 1
-    if hist < 0 or hist > 0xFFFF:
-        raise BindingError(f"conv_kernel_size must be in 1 ..= 65536, got {conv_kernel_size}")
-    meta = np.zeros(len(recs), dtype=COMMIT_META_DTYPE)
-    for layer, (rec, corr, kg, cv, win) in enumerate(zip(recs, corrs, kgs, convs, wins)):
-        where = f"layer {layer}"
-        if rec.dim() != 4:
-            raise BindingError(f"{where}: recurrent must be [num_blocks, H, V, K], got {list(rec.shape)}")
-        nb, H, V, K = (int(x) for x in rec.shape)
-        if corr.dim() != 4 or str(corr.dtype) != "torch.float32":
-            raise BindingError(f"{where}: corrections must be float32 [max_requests, H, Q, V], "
-                               f"got {corr.dtype} {list(corr.shape)}")
-        R, Q = int(corr.shape[0]), int(corr.shape[2])
-        if tuple(corr.shape) != (R, H, Q, V):
-            raise BindingError(f"{where}: corrections must be [max_requests, H={H}, Q, V={V}], got {list(corr.shape)}")
-        kgw = 2 * K if kind == "kda" else K + 1
-        if tuple(kg.shape) != (R, H, Q, kgw):
-            what = "2K" if kind == "kda" else "K+1"
-            raise BindingError(f"{where}: keygate must be [max_requests={R}, H={H}, Q={Q}, {what}={kgw}] "
-                               f"for {kind}, got {list(kg.shape)}")
-        if Q < 1 or H < 1 or V < 1 or K < 1:
-            raise BindingError(f"{where}: empty dimensions")
-        if (K + 3) // 4 > THREADS:
-            raise BindingError(f"{where}: head_k_dim {K} exceeds the commit kernel's {4 * THREADS}")
-        devices = {str(t.device) for t in (rec, corr, kg) + ((cv, win) if cv is not None else ())}
-        if len(devices) != 1:
-            raise BindingError(f"{where}: tensors on several devices: {sorted(devices)}")
-        for name, t in (("recurrent", rec), ("corrections", corr), ("keygate", kg)):
-            _dense_inner(t, f"{where}: {name}")
-        row = meta[layer]
-        row["rec_base"] = rec.data_ptr()
-        row["rec_block_stride"] = rec.stride(0) * rec.element_size()
-        row["corr_base"] = corr.data_ptr()
-        row["corr_row_stride"] = corr.stride(0) * 4
-        row["kg_base"] = kg.data_ptr()
-        row["kg_row_stride"] = kg.stride(0) * kg.element_size()
-        row["heads"], row["head_v"], row["head_k"], row["window"], row["kg_width"] = H, V, K, Q, kgw
-        row["kind"] = COMMIT_KDA if kind == "kda" else COMMIT_GDN
-        row["state_dtype"] = _dt_code(rec, f"{where}: recurrent")
-        row["kg_dtype"] = _dt_code(kg, f"{where}: keygate")
-        pair = (str(rec.dtype).replace("torch.", ""), str(kg.dtype).replace("torch.", ""))
-        if pair not in COMMIT_DTYPE_PAIRS:
-            raise BindingError(f"{where}: the commit kernel takes (state, key+gate) dtypes "
-                               f"{', '.join('/'.join(q) for q in COMMIT_DTYPE_PAIRS)}; got {'/'.join(pair)}")
-        if K * 4 >= 2**32 or V * 4 >= 2**32 or kgw * 4 >= 2**32:
-            raise BindingError(f"{where}: head dimensions too large")
-        if cv is None:
-            continue
-        if cv.dim() != 3 or win.dim() != 3:
-            raise BindingError(f"{where}: conv and conv_window must be 3-D, got {list(cv.shape)} and {list(win.shape)}")
-        if int(cv.shape[0]) != nb:
-            raise BindingError(f"{where}: conv has {cv.shape[0]} blocks, the recurrent pool {nb}")
-        if tuple(win.shape) != (R,) + tuple(cv.shape[1:]) or win.dtype != cv.dtype:
-            raise BindingError(f"{where}: conv_window must be [max_requests={R}, {', '.join(map(str, cv.shape[1:]))}] "
-                               f"{cv.dtype}, got {list(win.shape)} {win.dtype}")
-        W, D = (int(cv.shape[1]), int(cv.shape[2])) if conv_layout == "SD" else (int(cv.shape[2]), int(cv.shape[1]))
-        if W != hist + Q - 1:
-            raise BindingError(f"{where}: conv window width {W} != conv_kernel_size - 1 + Q - 1 = {hist + Q - 1} "
-                               f"({conv_layout} layout, shape {list(cv.shape)})")
-        es = cv.element_size()
-        if es not in (1, 2, 4, 8) or W * D >= 2**32:
-            raise BindingError(f"{where}: conv element size {es} / window {W}x{D} not supported")
-        _dense_inner(cv, f"{where}: conv")
-        _dense_inner(win, f"{where}: conv_window")
-        row["conv_base"] = cv.data_ptr()
-        row["conv_block_stride"] = cv.stride(0) * es
-        row["win_base"] = win.data_ptr()
-        row["win_row_stride"] = win.stride(0) * es
-        row["conv_layout"] = KIND_CONV_SD if conv_layout == "SD" else KIND_CONV_DS
-        row["conv_width"], row["conv_dim"], row["conv_hist"], row["conv_elem"] = W, D, hist, es
-    return meta
+    from .planner import describe_tensor
+
+    def descs(x: Any) -> Optional[list[Any]]:
+        return None if x is None else [describe_tensor(t) for t in x]
+
+    raw = _core.commit_meta_table(
+        descs(recurrent), descs(corrections), descs(keygate), descs(conv), descs(conv_window),
+        str(kind), str(conv_layout), int(conv_kernel_size))
+    return np.frombuffer(raw, dtype=COMMIT_META_DTYPE).copy()
 
 
 class CommitGrid(tuple):

@@ -6,6 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
+mod commit;
 mod layout;
 mod plan;
 
@@ -42,5 +43,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     layout::register(m)?;
     plan::register(m)?;
+    commit::register(m)?;
     Ok(())
 }

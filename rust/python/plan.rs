@@ -6,6 +6,7 @@ use super::layout::{dtype_name, Layout};
 use super::{to_py, IntoPyResult};
 use crate::binding::{Binding, TensorDesc};
 use crate::commit::{check_state_blocks, plan_commit, AlignInputs, CommitRow, CommitStep};
+use crate::commit_meta::CommitMeta;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::executor;
@@ -62,6 +63,17 @@ fn int_vector(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Ve
     Ok(v)
 }
 
+/// `(data_ptr, dtype, shape, byte_strides, device, writable)` of one tensor, as
+/// `planner.describe_tensor` gives it.
+pub(super) type DescTuple<'py> = (u64, Bound<'py, PyAny>, Vec<i64>, Vec<i64>, String, bool);
+
+/// A [`TensorDesc`] from its Python tuple; an unknown dtype is a binding error naming `what()`.
+pub(super) fn tensor_desc(py: Python<'_>, t: &DescTuple<'_>, what: impl Fn() -> String) -> PyResult<TensorDesc> {
+    let (ptr, dtype, shape, strides, device, writable) = t;
+    let dtype = DType::parse(&dtype_name(dtype)?).map_err(|e| to_py(py, Error::binding(format!("{}: {}", what(), e.message))))?;
+    Ok(TensorDesc { data_ptr: *ptr, dtype, shape: shape.clone(), strides: strides.clone(), device: device.clone(), writable: *writable })
+}
+
 #[pymethods]
 impl Planner {
     /// `states[layer]` holds `(data_ptr, dtype, shape, byte_strides, device, writable)` per state tensor;
@@ -71,19 +83,18 @@ impl Planner {
     fn new(
         py: Python<'_>,
         layout: PyRef<'_, Layout>,
-        states: Vec<Vec<(u64, Bound<'_, PyAny>, Vec<i64>, Vec<i64>, String, bool)>>,
+        states: Vec<Vec<DescTuple<'_>>>,
         keepalive: Py<PyAny>,
     ) -> PyResult<Self> {
         let mut descs = Vec::with_capacity(states.len());
         let core = layout.core();
         for (li, layer) in states.iter().enumerate() {
             let mut l = Vec::with_capacity(layer.len());
-            for (si, (ptr, dtype, shape, strides, device, writable)) in layer.iter().enumerate() {
-                let dtype = DType::parse(&dtype_name(dtype)?).map_err(|e| {
+            for (si, t) in layer.iter().enumerate() {
+                l.push(tensor_desc(py, t, || {
                     let name = core.states().get(si).map(|s| s.name.as_str()).unwrap_or("?");
-                    to_py(py, Error::binding(format!("{}: layer {li}, state {si} ('{name}'): {}", core.backend(), e.message)))
-                })?;
-                l.push(TensorDesc { data_ptr: *ptr, dtype, shape: shape.clone(), strides: strides.clone(), device: device.clone(), writable: *writable });
+                    format!("{}: layer {li}, state {si} ('{name}')", core.backend())
+                })?);
             }
             descs.push(l);
         }
@@ -150,6 +161,7 @@ impl Planner {
 
     /// A RecoverSSM commit plan (records of `recoverssm_rs.plan_format.COMMIT_ROW_DTYPE`): per
     /// request the tokens to fold in, its state block and, in align mode, the boundary block.
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (state_blocks, num_accepted, query_lens, seq_lens = None, block_table = None, block_size = None))]
     fn plan_commit(
         &self,
@@ -273,6 +285,7 @@ enum Owner {
     U32(Vec<u32>),
     Meta(Vec<StateMeta>),
     Commit(Vec<CommitRow>),
+    CommitMeta(Vec<CommitMeta>),
 }
 
 /// A read-only byte buffer over plan records; numpy views it without copying.
@@ -286,6 +299,10 @@ fn as_bytes<T>(v: &[T]) -> (*const u8, usize) {
 }
 
 impl RawBuffer {
+    pub(super) fn commit_meta(v: Vec<CommitMeta>) -> RawBuffer {
+        RawBuffer { owner: Owner::CommitMeta(v) }
+    }
+
     fn bytes(&self) -> (*const u8, usize) {
         match &self.owner {
             Owner::Segments(p) => as_bytes(p.segments()),
@@ -294,6 +311,7 @@ impl RawBuffer {
             Owner::U32(v) => as_bytes(v),
             Owner::Meta(m) => as_bytes(m),
             Owner::Commit(c) => as_bytes(c),
+            Owner::CommitMeta(m) => as_bytes(m),
         }
     }
 }
