@@ -161,6 +161,16 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
 
 /// Checks the running-state blocks a verify step reads (or a reset writes): each in range, no two
 /// requests on one block. Values `<= 0` are padding.
+/// A step of `requests` requests fits a workspace of `max_requests` rows (one row per request).
+pub fn check_workspace_rows(requests: usize, backend: &str, max_requests: u64) -> Result<()> {
+    if requests as u64 > max_requests {
+        return Err(Error::plan(format!(
+            "{backend}: {requests} requests exceed the workspace (max_requests = {max_requests}): state_blocks must be [B] with B <= max_requests"
+        )));
+    }
+    Ok(())
+}
+
 pub fn check_state_blocks(state_blocks: &[i64], backend: &str, num_blocks: u64) -> Result<()> {
     let mut seen: Vec<(i64, usize)> = Vec::with_capacity(state_blocks.len());
     for (i, &b) in state_blocks.iter().enumerate() {
@@ -189,6 +199,13 @@ pub fn check_state_blocks(state_blocks: &[i64], backend: &str, num_blocks: u64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workspace_rows_bound_the_batch() {
+        assert!(check_workspace_rows(8, "KDA", 8).is_ok());
+        let m = check_workspace_rows(9, "KDA", 8).unwrap_err().message;
+        assert!(m.starts_with("KDA: 9 requests exceed the workspace (max_requests = 8)"), "{m}");
+    }
 
     fn plan(sb: &[i64], na: &[i64], ql: &[i64], align: Option<AlignInputs<'_>>) -> Result<Vec<CommitRow>> {
         plan_commit(&CommitStep { state_blocks: sb, num_accepted: na, query_lens: ql, align }, "GDN_ATTN", 32, 4)

@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod families;
+pub mod launch;
 pub mod layout;
 pub mod plan;
 pub mod recover;

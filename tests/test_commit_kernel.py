@@ -18,13 +18,13 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from fakes import FakeDeviceArray, FakeStream, install_fake_cupy
 from recoverssm_rs import BindingError, PlanError, gpu, kernelcheck as kc, layouts, recurrence
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE
 from recoverssm_rs.state_cache import StateCache
@@ -461,8 +461,10 @@ def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
     # Device counts must cover every request, be integers and live with the cache.
     with pytest.raises(PlanError, match="one count per request"):
         cache.commit(torch.zeros(2, dtype=torch.int32), blocks)
-    with pytest.raises(PlanError, match="integer"):
+    with pytest.raises(PlanError, match="num_accepted: expected int32 or int64, got torch.float32"):
         cache.commit(torch.zeros(6), blocks)
+    with pytest.raises(PlanError, match="num_accepted is on meta, the cache on cpu"):
+        cache.commit(torch.zeros(6, dtype=torch.int32, device="meta"), blocks)
 
 
 def test_commit_meta_of_a_cache():
@@ -539,54 +541,16 @@ def test_kda_vector_through_the_emulated_kernel(n):
 # ------------------------------------------------------------------------------------------------
 
 
-class _FakeDeviceArray:
-    def __init__(self, ptr, shape, dtype="int32"):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape}
-        self.shape, self.dtype = shape, dtype
-        self.strides = tuple(4 * int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
-
-
 def test_launch_layer_with_a_fake_cupy(monkeypatch):
-    calls = []
-
-    class FakeModule:
-        def __init__(self, code, options):
-            pass
-
-        def compile(self):
-            pass
-
-        def get_function(self, name):
-            return lambda grid, block, args: calls.append((name, grid, block, args))
-
-    class FakeStream:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    class FakeCupy:
-        RawModule = FakeModule
-
-        class cuda:  # noqa: N801
-            class runtime:  # noqa: N801
-                @staticmethod
-                def getDeviceCount():
-                    return 1
-
-    monkeypatch.setitem(sys.modules, "cupy", FakeCupy)
-    monkeypatch.setattr(gpu, "_module", None)
-    monkeypatch.setattr(gpu, "_kernels", {})
-    monkeypatch.setattr(gpu, "_cupy_ok", None)
-    acc = _FakeDeviceArray(0x7000, (9,))
-    err = _FakeDeviceArray(0x8000, (3,))
+    calls = install_fake_cupy(monkeypatch).calls
+    acc = FakeDeviceArray(0x7000, (9,))
+    err = FakeDeviceArray(0x8000, (3,))
     grid = gpu.CommitGrid(6, 2)
     gpu.launch_recover_commit(0x1000, 70000, 0x2000, 100000, num_blocks=1 << 40, max_requests=9, grid=grid,
                               num_accepted=acc, err=err, stream=FakeStream())
     gpu.launch_recover_commit(0x1000, 3, 0x2000, 5, num_blocks=10, max_requests=9, grid=grid, stream=FakeStream())
     gpu.launch_recover_commit(0x1000, 3, 0x2000, 0, num_blocks=10, max_requests=9, grid=grid, stream=FakeStream())
-    (n1, g1, b1, a1), (n2, g2, _, a2) = calls
+    (n1, g1, b1, a1, _), (n2, g2, _, a2, _) = calls
     assert (n1, g1, b1) == ("rs_recover_commit", (8, 65535, 65535), (256, 1, 1))
     assert [type(x).__name__ for x in a1] == ["uint64", "uint32", "uint64", "uint32", "uint64", "uint32", "int64",
                                                "uint32", "uint32", "uint64"]
@@ -594,7 +558,7 @@ def test_launch_layer_with_a_fake_cupy(monkeypatch):
     assert g2 == (8, 5, 3) and [int(x) for x in a2][4:6] == [0, 0] and int(a2[-1]) == 0
     with pytest.raises(BindingError, match="int32"):
         gpu.launch_recover_commit(0x1000, 3, 0x2000, 5, num_blocks=10, max_requests=9, grid=grid,
-                                  num_accepted=_FakeDeviceArray(0x7000, (9,), dtype="int64"), stream=FakeStream())
+                                  num_accepted=FakeDeviceArray(0x7000, (9,), dtype="int64"), stream=FakeStream())
 
 
 def test_commit_grid():

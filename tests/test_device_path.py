@@ -289,9 +289,9 @@ def test_launch_align_argument_checks(fake_ops, recorder, mutate, message):
     "err, message",
     [
         (fc([0, 0, 0], torch.int64), "err: expected int32, got torch.int64"),
-        (fc([0, 0]), "err: expected an int32 vector of 3 elements, got 2"),
+        (fc([0, 0]), r"err: expected a 1-D vector of at least 3 elements, got shape \[2\]"),
         (torch.zeros(3, dtype=torch.int32), "err: expected a CUDA tensor"),
-        (fc(np.zeros((3, 1))), r"err: expected a 1-D int32\[3\] tensor, got shape \[3, 1\]"),
+        (fc(np.zeros((3, 1), np.int32)), r"err: expected a 1-D vector of at least 3 elements, got shape \[3, 1\]"),
         (FakeCuda(torch.zeros(6, dtype=torch.int32)[::2]), "err: must be contiguous"),
     ],
 )

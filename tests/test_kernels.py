@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recoverssm_rs import BackendUnavailableError, BindingError, gpu, kernelcheck as kc
+from fakes import FakeDeviceArray, FakeStream, install_fake_cupy
+from recoverssm_rs import BackendUnavailableError, BindingError, PlanError, gpu, kernelcheck as kc
 
 DATA = Path(__file__).parent / "data"
 ORDERS = (0, 1, 12345)
@@ -491,10 +492,26 @@ def test_gpu_launchers_reject_host_tensors_before_touching_cuda():
     err = torch.zeros(3, dtype=torch.int32)
     with pytest.raises(BindingError, match="CUDA tensor"):
         gpu.launch_state_copy(0, 1, bt, v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
-    with pytest.raises(BindingError, match="int32"):
-        gpu.launch_state_copy(0, 1, bt.long(), v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
-    with pytest.raises(BindingError, match="column axis"):
-        gpu.launch_state_copy(0, 1, bt.t(), v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
+    with pytest.raises(BindingError, match="expected a CUDA tensor, got a tensor on cpu"):
+        gpu.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), v, v, v, err, max_accepted=2, num_blocks=4,
+                              has_temporal=True)
+    # Device arrays (described, never read): the core checks dtype, layout and alignment.
+    dv = FakeDeviceArray(0x4000, (2,))
+    derr = FakeDeviceArray(0x5000, (3,))
+    for table, message in [
+        (FakeDeviceArray(0x3000, (2, 3), dtype="int64"), "block_table: expected int32, got int64"),
+        (FakeDeviceArray(0x3000, (2, 3), strides=(4, 8)), "block_table: the column axis must be contiguous"),
+        (FakeDeviceArray(0x3002, (2, 3)), "block_table: address 0x3002 .* not element-aligned"),
+        (FakeDeviceArray(0x3000, (1, 3)), "block_table has 1 rows for 2 requests"),
+    ]:
+        with pytest.raises(BindingError, match=message):
+            gpu.launch_state_copy(0, 1, table, dv, dv, dv, derr, max_accepted=2, num_blocks=4, has_temporal=True)
+    with pytest.raises(BindingError, match="num_accepted: must be contiguous"):
+        gpu.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), dv, dv, FakeDeviceArray(0x4000, (2,), (8,)),
+                              derr, max_accepted=2, num_blocks=4, has_temporal=True)
+    with pytest.raises(PlanError, match="max_accepted must be >= 1"):
+        gpu.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), dv, dv, dv, derr, max_accepted=0,
+                              num_blocks=4, has_temporal=True)
 
 
 def test_decode_error_word():
@@ -504,62 +521,12 @@ def test_decode_error_word():
     assert gpu.state_copy_grid(3, 200_000, 16) == (16, 3, 65535)
 
 
-class _FakeDeviceArray:
-    """Just enough of a CuPy array for the launch layer: __cuda_array_interface__, shape, dtype."""
-
-    def __init__(self, ptr, shape, strides=None, dtype="int32"):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape}
-        self.shape, self.dtype = shape, dtype
-        self.strides = strides if strides is not None else tuple(
-            4 * int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
-
-
 def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
-    calls = []
-
-    class FakeKernel:
-        def __init__(self, name):
-            self.name = name
-
-        def __call__(self, grid, block, args):
-            calls.append((self.name, grid, block, args, entered[-1] if entered else None))
-
-    class FakeModule:
-        def __init__(self, code, options):
-            self.code, self.options = code, options
-
-        def compile(self):
-            pass
-
-        def get_function(self, name):
-            return FakeKernel(name)
-
-    entered = []
-
-    class FakeStream:
-        def __enter__(self):
-            entered.append(self)
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    class FakeCupy:
-        RawModule = FakeModule
-
-        class cuda:  # noqa: N801
-            class runtime:  # noqa: N801
-                @staticmethod
-                def getDeviceCount():
-                    return 1
-
-    monkeypatch.setitem(sys.modules, "cupy", FakeCupy)
-    monkeypatch.setattr(gpu, "_module", None)
-    monkeypatch.setattr(gpu, "_kernels", {})
-    monkeypatch.setattr(gpu, "_cupy_ok", None)
+    fake = install_fake_cupy(monkeypatch)
+    calls = fake.calls
     mod = gpu.load_module()
     assert mod.options == gpu.MODULE_OPTIONS and mod.code == gpu.module_source()
-    stream = FakeStream()
+    stream = FakeStream(fake.entered)
 
     gpu.launch_copy_tiles(0x1000, 0x2000, 5, 300, stream)
     gpu.launch_copy_tiles(0x1000, 0x2000, 5, 300, stream, max_ctas=64)
@@ -570,9 +537,9 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     assert [int(x) for x in a1] == [0x1000, 0x2000, 5, 300]
 
     calls.clear()
-    bt = _FakeDeviceArray(0x3000, (70000, 4), strides=(4 * 9, 4))
-    vec = _FakeDeviceArray(0x4000, (70000,))
-    err = _FakeDeviceArray(0x5000, (3,))
+    bt = FakeDeviceArray(0x3000, (70000, 4), strides=(4 * 9, 4))
+    vec = FakeDeviceArray(0x4000, (70000,))
+    err = FakeDeviceArray(0x5000, (3,))
     gpu.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, max_accepted=4, num_blocks=1 << 40,
                           has_temporal=True, stream=stream)
     gpu.launch_state_copy_align(0x6000, 96, bt, vec, vec, vec, err, block_size=16, max_accepted=4,
@@ -586,10 +553,10 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     assert n2 == "rs_state_copy_align" and g2 == (2, 65535, 96)
     assert [int(x) for x in a2] == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 16, 70000, 4, 100, 0, 0x5000]
     with pytest.raises(BindingError, match="at least 70000"):
-        gpu.launch_state_copy(0x6000, 1, bt, vec, _FakeDeviceArray(0x4000, (5,)), vec, err, max_accepted=4,
+        gpu.launch_state_copy(0x6000, 1, bt, vec, FakeDeviceArray(0x4000, (5,)), vec, err, max_accepted=4,
                               num_blocks=8, has_temporal=True, stream=stream)
     with pytest.raises(BindingError, match="rows"):
-        gpu.launch_state_copy(0x6000, 1, _FakeDeviceArray(0x3000, (3, 4)), vec, vec, vec, err, max_accepted=4,
+        gpu.launch_state_copy(0x6000, 1, FakeDeviceArray(0x3000, (3, 4)), vec, vec, vec, err, max_accepted=4,
                               num_blocks=8, has_temporal=True, stream=stream)
 
 

@@ -4,18 +4,8 @@ a GPU by capturing the launch)."""
 import numpy as np
 import pytest
 
+from fakes import FakeDeviceArray
 from recoverssm_rs import gpu
-
-
-class FakeTable:
-    """A device int32 [rows, cols] array, as far as the launch layer looks at it."""
-
-    dtype = "int32"
-
-    def __init__(self, rows, cols, address):
-        self.shape = (rows, cols)
-        self.strides = (cols * 4, 4)
-        self.__cuda_array_interface__ = {"data": (address, False)}
 
 
 @pytest.fixture
@@ -26,7 +16,7 @@ def captured(monkeypatch):
 
 
 def test_explicit_entry_parameter_order(captured):
-    gpu.launch_state_copy(1000, 3, FakeTable(5, 6, 9000), 2000, 3000, 4000, 5000,
+    gpu.launch_state_copy(1000, 3, FakeDeviceArray(9000, (5, 6)), 2000, 3000, 4000, 5000,
                           max_accepted=4, num_blocks=77, has_temporal=True, num_requests=5)
     ((name, grid, args),) = captured
     assert name == "rs_state_copy" and grid == gpu.state_copy_grid(5, 3)
@@ -40,7 +30,7 @@ def test_explicit_entry_parameter_order(captured):
 
 
 def test_align_entry_parameter_order(captured):
-    gpu.launch_state_copy_align(1000, 3, FakeTable(5, 6, 9000), 2000, 3000, 4000, 5000, block_size=16,
+    gpu.launch_state_copy_align(1000, 3, FakeDeviceArray(9000, (5, 6)), 2000, 3000, 4000, 5000, block_size=16,
                                 max_accepted=4, num_blocks=77, has_temporal=False, num_requests=5)
     ((name, _, args),) = captured
     assert name == "rs_state_copy_align"

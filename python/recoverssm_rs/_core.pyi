@@ -190,8 +190,9 @@ class Planner:
         seq_lens: Any = None,
         block_table: Any = None,
         block_size: int | None = None,
+        max_requests: int | None = None,
     ) -> RawBuffer: ...
-    def check_state_blocks(self, state_blocks: Any) -> None: ...
+    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> None: ...
     def state_meta(self) -> RawBuffer: ...
 
 _TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool]
@@ -209,3 +210,46 @@ def commit_meta_table(
     """The RecoverSSM commit kernel's table (128-byte ``CommitMeta`` records, one per layer) for
     per-layer tensor descriptions ``(data_ptr, dtype, shape, byte_strides, device, writable)``;
     raises ``BindingError`` naming the layer and tensor the kernel cannot take."""
+
+_DeviceArg = tuple[int, str, Sequence[int], Sequence[int], str]
+
+def check_device_address(a: _DeviceArg, what: str) -> None:
+    """``BindingError`` unless the described argument lives in CUDA memory."""
+
+def device_vector(a: _DeviceArg, what: str, min_len: int) -> tuple[int, int]:
+    """``(ptr, len)`` of a contiguous 1-D int32 CUDA vector of at least ``min_len`` elements."""
+
+def device_block_table(a: _DeviceArg) -> tuple[int, int, int, int]:
+    """``(ptr, rows, cols, row_stride_elements)`` of a 2-D int32 CUDA block table."""
+
+def check_step_args(
+    device_name: str,
+    block_table: _DeviceArg,
+    vectors: Sequence[tuple[str, _DeviceArg]],
+    err: _DeviceArg | None = None,
+    block_size: int | None = None,
+) -> int:
+    """The number of requests of a fused-kernel step whose device inputs pass the core's checks
+    (``PlanError`` otherwise)."""
+
+def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> None:
+    """``PlanError`` unless ``a`` is an int32/int64 vector on ``device_name`` of ``min_len``+ counts."""
+
+def check_fused_launch(
+    num_meta: int,
+    num_requests: int,
+    max_accepted: int,
+    num_blocks: int,
+    chunks: int,
+    block_size: int | None,
+    bt_rows: int,
+) -> None:
+    """Ranges of the fused state-copy kernels' scalar parameters."""
+
+def check_tile_range(first_tile: int, num_tiles: int) -> None:
+    """A wave's tile range of ``rs_copy_tiles`` (32-bit indices)."""
+
+def check_commit_launch(
+    num_layers: int, num_rows: int, num_blocks: int, max_requests: int, rec_ctas: int, conv_ctas: int
+) -> None:
+    """Ranges of the commit kernel's scalar parameters."""

@@ -370,53 +370,58 @@ def _external(torch_stream: Any) -> Any:
 # ------------------------------------------------------------------------------------------------
 
 
-def _ptr(x: Any, what: str) -> int:
-    """Device address of a torch tensor, CuPy array, ``__cuda_array_interface__`` object or int."""
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if hasattr(x, "data_ptr") and hasattr(x, "is_cuda"):
-        if not x.is_cuda:
-            raise BindingError(f"{what}: expected a CUDA tensor, got a tensor on {x.device}")
-        return int(x.data_ptr())
+def describe_arg(x: Any) -> Optional[tuple[int, str, list[int], list[int], str]]:
+    """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a
+    ``__cuda_array_interface__`` object (a CuPy array) or a numpy array; ``None`` for anything
+    else. Reads attributes only (never device memory); the core checks what it describes."""
+    if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
+        es = x.element_size()
+        return (int(x.data_ptr()), str(x.dtype), list(x.shape), [int(st) * es for st in x.stride()], str(x.device))
     iface = getattr(x, "__cuda_array_interface__", None)
     if iface is not None:
-        return int(iface["data"][0])
-    raise BindingError(f"{what}: expected a CUDA tensor, a CuPy array or a device address, got {type(x).__name__}")
+        dt = np.dtype(iface["typestr"])
+        shape = [int(n) for n in iface["shape"]]
+        strides = iface.get("strides")
+        if strides is None:  # C order
+            strides, acc = [0] * len(shape), dt.itemsize
+            for i in range(len(shape) - 1, -1, -1):
+                strides[i], acc = acc, acc * max(shape[i], 1)
+        dev = getattr(getattr(x, "device", None), "id", None)
+        return (int(iface["data"][0]), dt.name, shape, [int(st) for st in strides],
+                f"cuda:{int(dev)}" if dev is not None else "cuda")
+    if isinstance(x, np.ndarray):
+        return (int(x.ctypes.data), x.dtype.name, list(x.shape), list(x.strides), "cpu")
+    return None
+
+
+def _described(x: Any, what: str) -> tuple[int, str, list[int], list[int], str]:
+    d = describe_arg(x)
+    if d is None:
+        raise BindingError(f"{what}: expected a CUDA tensor, a CuPy array or a device address, got {type(x).__name__}")
+    return d
+
+
+def _ptr(x: Any, what: str) -> int:
+    """Device address of a CUDA tensor, CuPy array, ``__cuda_array_interface__`` object or int."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    d = _described(x, what)
+    _core.check_device_address(d, what)
+    return d[0]
 
 
 def _int32_vector(x: Any, n: int, what: str) -> int:
-    """Check a per-request int32 device vector with at least ``n`` contiguous elements."""
+    """Address of a per-request int32 device vector with at least ``n`` contiguous elements (the
+    core checks it); a plain int is taken as the address."""
     if isinstance(x, (int, np.integer)):
         return int(x)
-    dtype = str(getattr(x, "dtype", ""))
-    if dtype not in ("torch.int32", "int32"):
-        raise BindingError(f"{what}: expected int32, got {dtype or type(x).__name__}")
-    shape = tuple(x.shape)
-    if len(shape) != 1 or shape[0] < n:
-        raise BindingError(f"{what}: expected a 1-D vector of at least {n} elements, got shape {shape}")
-    strides = x.stride() if callable(getattr(x, "stride", None)) else tuple(s // 4 for s in x.strides)
-    if n > 1 and strides[0] != 1:
-        raise BindingError(f"{what}: must be contiguous")
-    return _ptr(x, what)
+    return int(_core.device_vector(_described(x, what), what, int(n))[0])
 
 
 def _block_table(block_table: Any) -> tuple[int, int, int, int]:
-    """(address, rows, cols, row stride in elements) of an int32 2-D block table."""
-    dtype = str(getattr(block_table, "dtype", ""))
-    if dtype not in ("torch.int32", "int32"):
-        raise BindingError(f"block_table: expected int32, got {dtype or type(block_table).__name__}")
-    shape = tuple(block_table.shape)
-    if len(shape) != 2:
-        raise BindingError(f"block_table: expected 2-D [requests, cols], got shape {shape}")
-    if callable(getattr(block_table, "stride", None)):
-        strides = tuple(block_table.stride())
-    else:
-        strides = tuple(s // 4 for s in block_table.strides)
-    if shape[1] > 1 and strides[1] != 1:
-        raise BindingError("block_table: the column axis must be contiguous")
-    if shape[1] >= 2**31:
-        raise BindingError("block_table: too many columns")
-    return _ptr(block_table, "block_table"), shape[0], shape[1], strides[0]
+    """(address, rows, cols, row stride in elements) of an int32 2-D block table (core-checked)."""
+    ptr, rows, cols, row_stride = _core.device_block_table(_described(block_table, "block_table"))
+    return int(ptr), int(rows), int(cols), int(row_stride)
 
 
 def _launch(name: str, grid: tuple[int, int, int], args: tuple[Any, ...], stream: Any) -> None:
@@ -452,8 +457,7 @@ def launch_copy_tiles(
     Kernel: ``rs_copy_tiles(const Segment*, const Tile*, uint32 first_tile, uint32 num_tiles)``,
     grid ``(min(num_tiles, max_ctas), 1, 1)``, block ``(256, 1, 1)``.
     """
-    if first_tile < 0 or num_tiles < 0 or first_tile + num_tiles >= 2**32:
-        raise PlanError(f"bad tile range: first_tile={first_tile}, num_tiles={num_tiles}")
+    _core.check_tile_range(first_tile, num_tiles)
     if num_tiles == 0:
         return
     grid_x = num_tiles if max_ctas is None else max(1, min(num_tiles, int(max_ctas)))
@@ -483,23 +487,11 @@ def _state_common(
     num_blocks: int,
     chunks: int,
     err: Any,
+    block_size: Optional[int] = None,
 ) -> tuple[int, int, int, int]:
-    if num_meta < 0 or num_meta >= 2**32:
-        raise PlanError(f"bad num_meta {num_meta}")
-    if not 1 <= max_accepted < 2**31:
-        raise PlanError(f"max_accepted must be >= 1 (1 + num_spec), got {max_accepted}")
-    if not 1 <= num_blocks < 2**63:
-        raise PlanError(f"num_blocks must be >= 1, got {num_blocks}")
-    if not 1 <= chunks <= _MAX_GRID_X:
-        raise PlanError(f"chunks must be >= 1, got {chunks}")
-    if not 0 <= num_requests < 2**31:
-        raise PlanError(f"bad number of requests {num_requests}")
     bt, bt_rows, cols, row_stride = _block_table(block_table)
-    if bt_rows < num_requests:
-        raise BindingError(f"block_table has {bt_rows} rows for {num_requests} requests")
-    if not isinstance(err, (int, np.integer)):
-        _int32_vector(err, 3, "err")
-    return bt, cols, row_stride, _ptr(err, "err")
+    _core.check_fused_launch(num_meta, num_requests, max_accepted, num_blocks, chunks, block_size, bt_rows)
+    return bt, cols, row_stride, _int32_vector(err, 3, "err")
 
 
 def _state_head(meta_dev: Any, num_meta: int, bt: int, row_stride: int, cols: int, n: int, src_col: Any,
@@ -606,9 +598,8 @@ def launch_state_copy_align(
     int64 num_blocks, uint32 flags, int32* err)``, grid :func:`state_copy_grid`, block ``(256, 1, 1)``.
     """
     n = int(src_col.shape[0]) if num_requests is None else int(num_requests)
-    bt, cols, row_stride, err_ptr = _state_common(num_meta, block_table, n, max_accepted, num_blocks, chunks, err)
-    if not 1 <= block_size < 2**31:
-        raise PlanError(f"block_size must be >= 1, got {block_size}")
+    bt, cols, row_stride, err_ptr = _state_common(num_meta, block_table, n, max_accepted, num_blocks, chunks, err,
+                                                  block_size)
     if n == 0 or num_meta == 0:
         return
     head = _state_head(meta_dev, num_meta, bt, row_stride, cols, n, src_col, ("running", running), num_accepted)
@@ -763,23 +754,13 @@ def launch_recover_commit(
     uint32 max_requests, uint32 rec_ctas, int32* err)``, grid ``grid.grid(num_rows, num_layers)``,
     block ``(256, 1, 1)``.
     """
-    if not 0 <= num_layers < 2**32 or not 0 <= num_rows < 2**32:
-        raise PlanError(f"bad num_layers {num_layers} / num_rows {num_rows}")
-    if not 1 <= num_blocks < 2**63 or not 0 <= max_requests < 2**32:
-        raise PlanError(f"bad num_blocks {num_blocks} / max_requests {max_requests}")
     grid = CommitGrid(*grid)
-    if grid.rec_ctas < 1 or grid.conv_ctas < 0 or grid.rec_ctas + grid.conv_ctas > _MAX_GRID_X:
-        raise PlanError(f"bad commit grid {tuple(grid)}")
+    _core.check_commit_launch(num_layers, num_rows, num_blocks, max_requests, grid.rec_ctas, grid.conv_ctas)
     counts_ptr, num_counts = 0, 0
     if num_accepted is not None:
-        n = int(num_accepted.shape[0]) if len(tuple(num_accepted.shape)) == 1 else -1
-        if n < 1:
-            raise BindingError("num_accepted: expected a non-empty 1-D int32 vector, got shape "
-                               f"{tuple(num_accepted.shape)}")
-        counts_ptr, num_counts = _int32_vector(num_accepted, n, "num_accepted"), n
-    err_ptr = 0
-    if err is not None:
-        err_ptr = _int32_vector(err, 3, "err") if not isinstance(err, (int, np.integer)) else int(err)
+        counts_ptr, num_counts = (int(x) for x in _core.device_vector(
+            _described(num_accepted, "num_accepted"), "num_accepted", 1))
+    err_ptr = 0 if err is None else _int32_vector(err, 3, "err")
     if num_rows == 0 or num_layers == 0:
         return
     args = (

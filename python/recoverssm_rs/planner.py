@@ -88,7 +88,6 @@ def _host_ints(x: Any, name: str) -> Any:
 # ------------------------------------------------------------------------------------------------
 
 _KIND_TEMPORAL = 0  # STATE_META_DTYPE kind of a temporal state (gpu.KIND_TEMPORAL)
-_INT32_MAX = 2**31 - 1
 
 
 class _CudaOps:
@@ -161,27 +160,6 @@ _HOST_ALTERNATIVE = (
     "the device path reads its inputs in device memory; for host inputs use "
     "planner.plan_align(...) and CopyPlan.execute()"
 )
-
-
-def _check_device_input(x: Any, name: str, index: int, ndim: int, *, allow_int64: bool = True,
-                        shape_desc: str | None = None) -> tuple[int, ...]:
-    """Host-side checks of one device input (no device access): a CUDA tensor on ``cuda:index``,
-    ``ndim``-D, int32 (or int64). Returns its shape; raises :class:`PlanError` naming ``name``."""
-    dev = getattr(x, "device", None)
-    if getattr(dev, "type", None) != "cuda" or not hasattr(x, "dtype") or not callable(getattr(x, "stride", None)):
-        got = f"a tensor on {dev}" if getattr(dev, "type", None) else f"a {type(x).__name__}"
-        raise PlanError(f"{name}: expected a CUDA tensor on cuda:{index}, got {got}; {_HOST_ALTERNATIVE}")
-    if dev.index is not None and int(dev.index) != index:
-        raise PlanError(f"{name} is on {dev} but the planner's states are on cuda:{index}")
-    dtype = str(x.dtype)
-    allowed = ("torch.int32", "torch.int64") if allow_int64 else ("torch.int32",)
-    if dtype not in allowed:
-        raise PlanError(f"{name}: expected {' or '.join(a[6:] for a in allowed)}, got {dtype}")
-    shape = tuple(int(d) for d in x.shape)
-    if len(shape) != ndim:
-        want = shape_desc or ("2-D [requests, cols]" if ndim == 2 else "1-D [requests]")
-        raise PlanError(f"{name}: expected a {want} tensor, got shape {list(shape)}")
-    return shape
 
 
 def _as_device_int32(torch: Any, x: Any) -> Any:
@@ -445,26 +423,24 @@ class CopyPlanner:
         gpu.get_kernel("rs_state_copy_align")
 
     def _step_inputs(
-        self, what: str, block_table: Any, vectors: Sequence[tuple[Any, str]], err: Any
+        self, what: str, block_table: Any, vectors: Sequence[tuple[Any, str]], err: Any,
+        block_size: int | None = None,
     ) -> tuple[int, int]:
-        """Host-side checks shared by the launches; returns ``(device index, requests)``."""
+        """The core's checks of a step's device inputs (nothing is queued before they pass);
+        returns ``(device index, requests)``."""
         index = self._cuda_index(what)
-        (first, first_name), *rest = vectors
-        (num_requests,) = _check_device_input(first, first_name, index, 1)
-        for x, name in rest:
-            (n,) = _check_device_input(x, name, index, 1)
-            if n != num_requests:
-                raise PlanError(f"{name} has {n} elements but {first_name} has {num_requests}")
-        rows, _cols = _check_device_input(block_table, "block_table", index, 2)
-        if rows < num_requests:
-            raise PlanError(f"block_table has {rows} rows for {num_requests} requests")
-        if err is not None:
-            (n,) = _check_device_input(err, "err", index, 1, allow_int64=False, shape_desc="1-D int32[3]")
-            if n < 3:
-                raise PlanError(f"err: expected an int32 vector of 3 elements, got {n}")
-            if err.stride()[0] != 1:
-                raise PlanError("err: must be contiguous")
-        return index, num_requests
+        from .gpu import describe_arg
+
+        def desc(x: Any, name: str) -> Any:
+            if not (hasattr(x, "data_ptr") and hasattr(x, "element_size")):
+                raise PlanError(f"{name}: expected a CUDA tensor on cuda:{index}, got a {type(x).__name__}; "
+                                f"{_HOST_ALTERNATIVE}")
+            return describe_arg(x)
+
+        n = _core.check_step_args(
+            self.device, desc(block_table, "block_table"), [(name, desc(x, name)) for x, name in vectors],
+            None if err is None else desc(err, "err"), block_size)
+        return index, int(n)
 
     def launch_align(
         self,
@@ -566,13 +542,12 @@ class CopyPlanner:
         """
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
             raise PlanError(f"block_size must be a host integer, got {type(block_size).__name__}")
-        if not 1 <= int(block_size) <= _INT32_MAX:
-            raise PlanError(f"block_size must be in [1, 2**31), got {block_size}")
         index, n = self._step_inputs(
             "launch_align_decision",
             block_table,
             [(src_col, "src_col"), (running, "running"), (num_accepted, "num_accepted")],
             err,
+            int(block_size),
         )
         self._launch("rs_state_copy_align", index, n, block_table, src_col, running, num_accepted,
                      int(block_size), stream, err)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import gpu, recurrence
+from . import _core, gpu, recurrence
 from ._core import Layout
 from .errors import BackendUnavailableError, BindingError, PlanError
 from .plan_format import COMMIT_ROW_DTYPE
@@ -191,13 +191,8 @@ class StateCache:
     def _rows(self, state_blocks: Any) -> torch.Tensor:
         """Checked running-state blocks as a device index; padding rows (``<= 0``) read block 0."""
         sb = _host_ints(state_blocks, "state_blocks")
-        self.planner._core.check_state_blocks(sb)
+        self.planner._core.check_state_blocks(sb, self.max_requests)
         idx = torch.as_tensor(np.asarray(sb), dtype=torch.long)
-        if idx.ndim != 1 or idx.numel() > self.max_requests:
-            raise PlanError(
-                f"state_blocks must be [B] with B <= max_requests = {self.max_requests}; "
-                f"got shape {tuple(idx.shape)}"
-            )
         return idx.clamp(min=0).to(self.device)
 
     def conv_verify(self, layer: int, state_blocks: Any, x: torch.Tensor,
@@ -253,6 +248,7 @@ class StateCache:
             None if seq_lens is None else _host_ints(seq_lens, "seq_lens"),
             None if block_table is None else _host_ints(block_table, "block_table"),
             block_size,
+            self.max_requests,
         )
         return np.frombuffer(raw, dtype=COMMIT_ROW_DTYPE)
 
@@ -398,19 +394,11 @@ class StateCache:
                           num_rows: int) -> None:
         d = self._device_commit
         assert d is not None
-        if int(rows["request"].max()) >= self.max_requests:
-            raise PlanError(f"commit: {len(rows)} requests exceed the workspace "
-                            f"(max_requests = {self.max_requests})")
         counts = None
         if num_accepted is not None:
-            if num_accepted.device != self._recurrent.device:
-                raise PlanError(f"num_accepted is on {num_accepted.device}, the cache on "
-                                f"{self._recurrent.device}")
-            if num_accepted.ndim != 1 or num_accepted.shape[0] <= int(rows["request"].max()):
-                raise PlanError(f"num_accepted must be [B] with one count per request; got shape "
-                                f"{tuple(num_accepted.shape)}")
-            if num_accepted.is_floating_point() or num_accepted.dtype == torch.bool:
-                raise PlanError(f"num_accepted: expected an integer tensor, got {num_accepted.dtype}")
+            # rows come from plan_commit, which bounded the batch by max_requests.
+            _core.check_commit_counts(str(self._recurrent.device), gpu.describe_arg(num_accepted),
+                                      int(rows["request"].max()) + 1)
             counts = num_accepted
             if counts.dtype != torch.int32 or not counts.is_contiguous():
                 counts = counts.to(dtype=torch.int32, memory_format=torch.contiguous_format)

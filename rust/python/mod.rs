@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 mod commit;
+mod launch;
 mod layout;
 mod plan;
 
@@ -44,5 +45,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layout::register(m)?;
     plan::register(m)?;
     commit::register(m)?;
+    launch::register(m)?;
     Ok(())
 }

@@ -5,7 +5,7 @@
 use super::layout::{dtype_name, Layout};
 use super::{to_py, IntoPyResult};
 use crate::binding::{Binding, TensorDesc};
-use crate::commit::{check_state_blocks, plan_commit, AlignInputs, CommitRow, CommitStep};
+use crate::commit::{check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitRow, CommitStep};
 use crate::commit_meta::CommitMeta;
 use crate::dtype::DType;
 use crate::error::Error;
@@ -162,7 +162,8 @@ impl Planner {
     /// A RecoverSSM commit plan (records of `recoverssm_rs.plan_format.COMMIT_ROW_DTYPE`): per
     /// request the tokens to fold in, its state block and, in align mode, the boundary block.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (state_blocks, num_accepted, query_lens, seq_lens = None, block_table = None, block_size = None))]
+    /// `max_requests`: the workspace rows, when the caller has a workspace (B <= max_requests).
+    #[pyo3(signature = (state_blocks, num_accepted, query_lens, seq_lens = None, block_table = None, block_size = None, max_requests = None))]
     fn plan_commit(
         &self,
         py: Python<'_>,
@@ -172,8 +173,12 @@ impl Planner {
         seq_lens: Option<&Bound<'_, PyAny>>,
         block_table: Option<&Bound<'_, PyAny>>,
         block_size: Option<u64>,
+        max_requests: Option<u64>,
     ) -> PyResult<RawBuffer> {
         let sb = int_vector(py, state_blocks, "state_blocks")?;
+        if let Some(m) = max_requests {
+            check_workspace_rows(sb.len(), self.inner.binding().layout().backend(), m).py_err(py)?;
+        }
         let na = int_vector(py, num_accepted, "num_accepted")?;
         let ql = int_vector(py, query_lens, "query_lens")?;
         let align = match (seq_lens, block_table, block_size) {
@@ -205,10 +210,15 @@ impl Planner {
         Ok(RawBuffer { owner: Owner::Commit(rows) })
     }
 
-    /// Checks running-state blocks (`<= 0` padding): in range, one request per block.
-    fn check_state_blocks(&self, py: Python<'_>, state_blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
+    /// `max_requests` requests when given (the workspace rows).
+    #[pyo3(signature = (state_blocks, max_requests = None))]
+    fn check_state_blocks(&self, py: Python<'_>, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<()> {
         let sb = int_vector(py, state_blocks, "state_blocks")?;
         let b = self.inner.binding();
+        if let Some(m) = max_requests {
+            check_workspace_rows(sb.len(), b.layout().backend(), m).py_err(py)?;
+        }
         check_state_blocks(&sb, b.layout().backend(), b.num_blocks()).py_err(py)
     }
 

@@ -1,0 +1,410 @@
+//! Arguments of the CUDA kernel launches, checked on the host before anything is launched: the
+//! device tensors a step reads (block table, per-request vectors, accepted counts, error word) and
+//! the scalar launch parameters. The launch layer in Python only describes its arguments and packs
+//! what these functions return; it reads no device memory and keeps no rule of its own.
+
+use crate::binding::Device;
+use crate::error::{Error, ErrorKind, Result};
+
+/// What the launch layer knows about one device argument (a tensor or array it never reads): data
+/// pointer, dtype name as the framework spells it (`"torch.int32"`, `"int32"`, ...), shape, strides
+/// in bytes and device (`"cuda:0"`, `"cpu"`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceArg {
+    pub data_ptr: u64,
+    pub dtype: String,
+    pub shape: Vec<i64>,
+    pub strides: Vec<i64>,
+    pub device: String,
+}
+
+/// An integer element type a launch argument may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntType {
+    I32,
+    I64,
+}
+
+impl IntType {
+    pub fn name(self) -> &'static str {
+        match self {
+            IntType::I32 => "int32",
+            IntType::I64 => "int64",
+        }
+    }
+    fn bytes(self) -> i64 {
+        match self {
+            IntType::I32 => 4,
+            IntType::I64 => 8,
+        }
+    }
+}
+
+impl DeviceArg {
+    /// The dtype without a framework prefix (`"torch.int32"` -> `"int32"`).
+    pub fn dtype_name(&self) -> &str {
+        let d = self.dtype.trim();
+        d.strip_prefix("torch.").unwrap_or(d)
+    }
+
+    fn int_type(&self, what: &str, allowed: &[IntType], kind: ErrorKind) -> Result<IntType> {
+        let name = self.dtype_name();
+        allowed.iter().copied().find(|t| t.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = allowed.iter().map(|t| t.name()).collect();
+            err(kind, format!("{what}: expected {}, got {}", names.join(" or "), self.dtype.trim()))
+        })
+    }
+}
+
+fn err(kind: ErrorKind, message: String) -> Error {
+    Error { kind, message }
+}
+
+/// The argument lives in CUDA memory.
+pub fn require_cuda(a: &DeviceArg, what: &str, kind: ErrorKind) -> Result<()> {
+    match Device::parse(&a.device) {
+        Ok(Device::Cuda(_)) => Ok(()),
+        _ => Err(err(kind, format!("{what}: expected a CUDA tensor, got a tensor on {}", a.device))),
+    }
+}
+
+/// A checked 1-D device vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceVector {
+    pub ptr: u64,
+    pub len: u64,
+    pub dtype: IntType,
+}
+
+/// A checked 2-D device block table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceTable {
+    pub ptr: u64,
+    pub rows: u64,
+    pub cols: u64,
+    /// Elements between consecutive rows.
+    pub row_stride: i64,
+    pub dtype: IntType,
+}
+
+/// A 1-D integer vector of at least `min_len` elements (contiguous when longer than one element),
+/// of one of the `allowed` types.
+pub fn int_vector(a: &DeviceArg, what: &str, min_len: u64, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceVector> {
+    require_cuda(a, what, kind)?;
+    let dtype = a.int_type(what, allowed, kind)?;
+    let (&[n], &[stride]) = (&a.shape[..], &a.strides[..]) else {
+        return Err(err(kind, format!("{what}: expected a 1-D vector of at least {min_len} elements, got shape {:?}", a.shape)));
+    };
+    let len = u64::try_from(n).map_err(|_| err(kind, format!("{what}: negative length {n}")))?;
+    if len < min_len {
+        return Err(err(kind, format!("{what}: expected a 1-D vector of at least {min_len} elements, got shape {:?}", a.shape)));
+    }
+    if len > 1 && stride != dtype.bytes() {
+        return Err(err(kind, format!("{what}: must be contiguous (byte stride {stride}, element {})", dtype.bytes())));
+    }
+    if a.data_ptr % dtype.bytes() as u64 != 0 {
+        return Err(err(kind, format!("{what}: address {:#x} is not {}-byte aligned", a.data_ptr, dtype.bytes())));
+    }
+    Ok(DeviceVector { ptr: a.data_ptr, len, dtype })
+}
+
+/// A 2-D integer block table `[rows, cols]` whose column axis is contiguous.
+pub fn block_table(a: &DeviceArg, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceTable> {
+    let what = "block_table";
+    require_cuda(a, what, kind)?;
+    let dtype = a.int_type(what, allowed, kind)?;
+    let (&[rows, cols], &[row_stride, col_stride]) = (&a.shape[..], &a.strides[..]) else {
+        return Err(err(kind, format!("{what}: expected a 2-D [requests, cols] tensor, got shape {:?}", a.shape)));
+    };
+    if rows < 0 || cols < 0 {
+        return Err(err(kind, format!("{what}: negative shape {:?}", a.shape)));
+    }
+    if cols > 1 && col_stride != dtype.bytes() {
+        return Err(err(kind, format!("{what}: the column axis must be contiguous (byte stride {col_stride})")));
+    }
+    if cols >= 1 << 31 || rows >= 1 << 31 {
+        return Err(err(kind, format!("{what}: shape {:?} exceeds the kernels' 32-bit request / column counts", a.shape)));
+    }
+    if row_stride % dtype.bytes() != 0 || a.data_ptr % dtype.bytes() as u64 != 0 {
+        return Err(err(kind, format!("{what}: address {:#x} / row stride {row_stride} are not element-aligned", a.data_ptr)));
+    }
+    Ok(DeviceTable { ptr: a.data_ptr, rows: rows as u64, cols: cols as u64, row_stride: row_stride / dtype.bytes(), dtype })
+}
+
+/// Where the planner's states live, for the step checks.
+fn on_device(a: &DeviceArg, what: &str, device: &Device) -> Result<()> {
+    let host_alternative = "the device path reads its inputs in device memory; for host inputs use planner.plan_align(...) and CopyPlan.execute()";
+    let Device::Cuda(index) = device else {
+        return Err(Error::plan(format!("{what}: the planner's states are on the host; {host_alternative}")));
+    };
+    match Device::parse(&a.device) {
+        Ok(Device::Cuda(i)) if i == *index => Ok(()),
+        Ok(Device::Cuda(_)) => Err(Error::plan(format!("{what} is on {} but the planner's states are on cuda:{index}", a.device))),
+        _ => Err(Error::plan(format!("{what}: expected a CUDA tensor on cuda:{index}, got a tensor on {}; {host_alternative}", a.device))),
+    }
+}
+
+/// The device inputs of one fused-kernel step, as the caller gives them.
+#[derive(Clone, Debug)]
+pub struct StepArgs<'a> {
+    pub block_table: &'a DeviceArg,
+    /// Per-request vectors (`src_col`, `dst_col` or `running`, `num_accepted`), with their names.
+    pub vectors: Vec<(&'a str, &'a DeviceArg)>,
+    /// The caller's error word, if any.
+    pub err: Option<&'a DeviceArg>,
+    /// Tokens per block, for the device-side align decision.
+    pub block_size: Option<i64>,
+}
+
+/// Checks a step's device inputs against the planner's device: every input on that CUDA device,
+/// int32 or int64 (the error word int32, 3 elements, contiguous), vectors of one length `R`, and a
+/// block table of at least `R` rows, and a block size in `1 ..= 2**31 - 1`. Returns `R`. Errors
+/// are [`ErrorKind::Plan`].
+pub fn check_step_args(device: &Device, s: &StepArgs<'_>) -> Result<u64> {
+    const INTS: [IntType; 2] = [IntType::I32, IntType::I64];
+    if let Some(bs) = s.block_size {
+        if !(1..1 << 31).contains(&bs) {
+            return Err(Error::plan(format!("block_size must be in [1, 2**31), got {bs}")));
+        }
+    }
+    let mut requests: Option<(&str, u64)> = None;
+    for (name, a) in &s.vectors {
+        on_device(a, name, device)?;
+        a.int_type(name, &INTS, ErrorKind::Plan)?;
+        let &[n] = &a.shape[..] else {
+            return Err(Error::plan(format!("{name}: expected a 1-D [requests] tensor, got shape {:?}", a.shape)));
+        };
+        let n = n.max(0) as u64;
+        match requests {
+            None => requests = Some((name, n)),
+            Some((first, r)) if r != n => {
+                return Err(Error::plan(format!("{name} has {n} elements but {first} has {r}")));
+            }
+            _ => {}
+        }
+    }
+    let r = requests.map_or(0, |(_, r)| r);
+    on_device(s.block_table, "block_table", device)?;
+    s.block_table.int_type("block_table", &INTS, ErrorKind::Plan)?;
+    let &[rows, _cols] = &s.block_table.shape[..] else {
+        return Err(Error::plan(format!("block_table: expected a 2-D [requests, cols] tensor, got shape {:?}", s.block_table.shape)));
+    };
+    if (rows.max(0) as u64) < r {
+        return Err(Error::plan(format!("block_table has {rows} rows for {r} requests")));
+    }
+    if r >= 1 << 31 {
+        return Err(Error::plan(format!("{r} requests exceed the kernels' 32-bit request count")));
+    }
+    if let Some(e) = s.err {
+        on_device(e, "err", device)?;
+        int_vector(e, "err", 3, &[IntType::I32], ErrorKind::Plan)?;
+    }
+    Ok(r)
+}
+
+/// Checks the accepted counts of a kernel commit: an int32 or int64 vector on the cache's `device`
+/// with one count per request, `min_len` at least. Errors are [`ErrorKind::Plan`].
+pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Result<()> {
+    let ok = Device::parse(&a.device).is_ok_and(|d| d == *device);
+    if !ok {
+        return Err(Error::plan(format!(
+            "num_accepted is on {}, the cache on {}",
+            a.device,
+            match device {
+                Device::Cpu => "cpu".to_string(),
+                Device::Cuda(i) => format!("cuda:{i}"),
+            }
+        )));
+    }
+    a.int_type("num_accepted", &[IntType::I32, IntType::I64], ErrorKind::Plan)?;
+    match a.shape[..] {
+        [n] if n >= 0 && n as u64 >= min_len => Ok(()),
+        _ => Err(Error::plan(format!(
+            "num_accepted must be [B] with one count per request ({min_len} at least); got shape {:?}",
+            a.shape
+        ))),
+    }
+}
+
+/// Scalar parameters of a fused state-copy launch (`rs_state_copy` / `rs_state_copy_align`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedParams {
+    pub num_meta: i64,
+    pub num_requests: i64,
+    pub max_accepted: i64,
+    pub num_blocks: i64,
+    pub chunks: i64,
+    /// Align form only.
+    pub block_size: Option<i64>,
+    /// Rows of the block table.
+    pub bt_rows: u64,
+}
+
+/// Ranges of the fused kernels' scalar parameters (they travel as 32-bit and 64-bit integers).
+/// Errors are [`ErrorKind::Plan`] (a block table short of rows: [`ErrorKind::Binding`]).
+pub fn check_fused(p: &FusedParams) -> Result<()> {
+    if !(0..1 << 32).contains(&p.num_meta) {
+        return Err(Error::plan(format!("bad num_meta {}: expected 0 <= num_meta < 2**32", p.num_meta)));
+    }
+    if !(1..1 << 31).contains(&p.max_accepted) {
+        return Err(Error::plan(format!("max_accepted must be >= 1 (1 + num_spec), got {}", p.max_accepted)));
+    }
+    if p.num_blocks < 1 {
+        return Err(Error::plan(format!("num_blocks must be >= 1, got {}", p.num_blocks)));
+    }
+    if !(1..1 << 31).contains(&p.chunks) {
+        return Err(Error::plan(format!("chunks must be in 1 ..= 2**31 - 1, got {}", p.chunks)));
+    }
+    if !(0..1 << 31).contains(&p.num_requests) {
+        return Err(Error::plan(format!("bad number of requests {}: expected 0 <= R < 2**31", p.num_requests)));
+    }
+    if let Some(bs) = p.block_size {
+        if !(1..1 << 31).contains(&bs) {
+            return Err(Error::plan(format!("block_size must be in 1 ..= 2**31 - 1, got {bs}")));
+        }
+    }
+    if p.bt_rows < p.num_requests as u64 {
+        return Err(Error::binding(format!("block_table has {} rows for {} requests", p.bt_rows, p.num_requests)));
+    }
+    Ok(())
+}
+
+/// A wave's tile range of `rs_copy_tiles` (32-bit tile indices).
+pub fn check_tile_range(first_tile: i64, num_tiles: i64) -> Result<()> {
+    if first_tile < 0 || num_tiles < 0 || !first_tile.checked_add(num_tiles).is_some_and(|s| s < 1 << 32) {
+        return Err(Error::plan(format!("bad tile range: first_tile={first_tile}, num_tiles={num_tiles}")));
+    }
+    Ok(())
+}
+
+/// Scalar parameters of a RecoverSSM commit launch (`rs_recover_commit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitParams {
+    pub num_layers: i64,
+    pub num_rows: i64,
+    pub num_blocks: i64,
+    pub max_requests: i64,
+    pub rec_ctas: i64,
+    pub conv_ctas: i64,
+}
+
+/// Ranges of the commit kernel's scalar parameters.
+pub fn check_commit_launch(p: &CommitParams) -> Result<()> {
+    if !(0..1 << 32).contains(&p.num_layers) || !(0..1 << 32).contains(&p.num_rows) {
+        return Err(Error::plan(format!("bad num_layers {} / num_rows {}: expected 0 ..= 2**32 - 1", p.num_layers, p.num_rows)));
+    }
+    if p.num_blocks < 1 || !(0..1 << 32).contains(&p.max_requests) {
+        return Err(Error::plan(format!("bad num_blocks {} / max_requests {}", p.num_blocks, p.max_requests)));
+    }
+    if p.rec_ctas < 1 || p.conv_ctas < 0 || p.rec_ctas.saturating_add(p.conv_ctas) >= 1 << 31 {
+        return Err(Error::plan(format!("bad commit grid ({}, {})", p.rec_ctas, p.conv_ctas)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(dtype: &str, shape: &[i64], device: &str) -> DeviceArg {
+        let es = if dtype.ends_with("64") { 8 } else { 4 };
+        let mut strides = vec![0; shape.len()];
+        let mut acc = es;
+        for i in (0..shape.len()).rev() {
+            strides[i] = acc;
+            acc *= shape[i].max(1);
+        }
+        DeviceArg { data_ptr: 0x10_0000, dtype: dtype.into(), shape: shape.to_vec(), strides, device: device.into() }
+    }
+
+    const I32: [IntType; 1] = [IntType::I32];
+
+    #[test]
+    fn vectors_and_tables() {
+        let v = int_vector(&arg("torch.int32", &[5], "cuda:0"), "src_col", 5, &I32, ErrorKind::Binding).unwrap();
+        assert_eq!((v.ptr, v.len, v.dtype), (0x10_0000, 5, IntType::I32));
+        let e = int_vector(&arg("int64", &[5], "cuda:0"), "src_col", 5, &I32, ErrorKind::Binding).unwrap_err();
+        assert_eq!((e.kind, e.message.as_str()), (ErrorKind::Binding, "src_col: expected int32, got int64"));
+        let e = int_vector(&arg("int32", &[2], "cuda:0"), "err", 3, &I32, ErrorKind::Plan).unwrap_err().message;
+        assert!(e.contains("err: expected a 1-D vector of at least 3 elements, got shape [2]"), "{e}");
+        let mut strided = arg("int32", &[4], "cuda:0");
+        strided.strides[0] = 8;
+        assert!(int_vector(&strided, "x", 1, &I32, ErrorKind::Plan).unwrap_err().message.contains("contiguous"));
+        strided.shape[0] = 1; // one element: the stride does not matter
+        assert!(int_vector(&strided, "x", 1, &I32, ErrorKind::Plan).is_ok());
+        let e = int_vector(&arg("int32", &[4], "cpu"), "num_accepted", 1, &I32, ErrorKind::Binding).unwrap_err().message;
+        assert_eq!(e, "num_accepted: expected a CUDA tensor, got a tensor on cpu");
+
+        let mut t = arg("int32", &[6, 4], "cuda:0");
+        t.strides[0] = 4 * 16; // a padded row
+        let bt = block_table(&t, &I32, ErrorKind::Binding).unwrap();
+        assert_eq!((bt.rows, bt.cols, bt.row_stride), (6, 4, 16));
+        t.strides[1] = 8;
+        assert!(block_table(&t, &I32, ErrorKind::Binding).unwrap_err().message.contains("column axis must be contiguous"));
+        let e = block_table(&arg("int32", &[6], "cuda:0"), &I32, ErrorKind::Binding).unwrap_err().message;
+        assert!(e.contains("expected a 2-D [requests, cols] tensor"), "{e}");
+    }
+
+    #[test]
+    fn step_args() {
+        let dev = Device::Cuda(0);
+        let (bt, src, dst, acc, err) = (
+            arg("torch.int32", &[8, 5], "cuda:0"),
+            arg("torch.int32", &[6], "cuda:0"),
+            arg("torch.int64", &[6], "cuda:0"),
+            arg("torch.int32", &[6], "cuda:0"),
+            arg("torch.int32", &[3], "cuda:0"),
+        );
+        let step = |bt: &DeviceArg, vs: Vec<(&'static str, DeviceArg)>, err: Option<&DeviceArg>| {
+            let vectors: Vec<(&str, &DeviceArg)> = vs.iter().map(|(n, a)| (*n, a)).collect();
+            check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, block_size: None }).map_err(|e| e.message)
+        };
+        let ok = vec![("src_col", src.clone()), ("dst_col", dst.clone()), ("num_accepted", acc.clone())];
+        assert_eq!(step(&bt, ok.clone(), Some(&err)), Ok(6));
+        let short = vec![("src_col", src.clone()), ("dst_col", arg("int32", &[5], "cuda:0"))];
+        assert_eq!(step(&bt, short, None), Err("dst_col has 5 elements but src_col has 6".into()));
+        let e = step(&arg("int32", &[4, 5], "cuda:0"), ok.clone(), None).unwrap_err();
+        assert_eq!(e, "block_table has 4 rows for 6 requests");
+        let e = step(&bt, vec![("src_col", arg("int32", &[6], "cpu"))], None).unwrap_err();
+        assert!(e.starts_with("src_col: expected a CUDA tensor on cuda:0, got a tensor on cpu;"), "{e}");
+        let e = step(&bt, vec![("src_col", arg("int32", &[6], "cuda:1"))], None).unwrap_err();
+        assert_eq!(e, "src_col is on cuda:1 but the planner's states are on cuda:0");
+        let e = step(&bt, vec![("num_accepted", arg("torch.bfloat16", &[6], "cuda:0"))], None).unwrap_err();
+        assert_eq!(e, "num_accepted: expected int32 or int64, got torch.bfloat16");
+        let e = step(&bt, ok.clone(), Some(&arg("int64", &[3], "cuda:0"))).unwrap_err();
+        assert_eq!(e, "err: expected int32, got int64");
+        let e = check_step_args(&Device::Cpu, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None }).unwrap_err();
+        assert!(e.message.contains("on the host"), "{}", e.message);
+        let e = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0) }).unwrap_err();
+        assert_eq!(e.message, "block_size must be in [1, 2**31), got 0");
+    }
+
+    #[test]
+    fn scalar_ranges() {
+        let p = FusedParams { num_meta: 96, num_requests: 6, max_accepted: 4, num_blocks: 100, chunks: 16, block_size: Some(16), bt_rows: 6 };
+        assert!(check_fused(&p).is_ok());
+        assert!(check_fused(&FusedParams { max_accepted: 0, ..p }).unwrap_err().message.contains("max_accepted must be >= 1"));
+        assert!(check_fused(&FusedParams { block_size: Some(0), ..p }).unwrap_err().message.contains("block_size"));
+        assert!(check_fused(&FusedParams { num_meta: 1 << 32, ..p }).unwrap_err().message.contains("num_meta"));
+        let e = check_fused(&FusedParams { bt_rows: 5, ..p }).unwrap_err();
+        assert_eq!((e.kind, e.message.as_str()), (ErrorKind::Binding, "block_table has 5 rows for 6 requests"));
+        assert!(check_tile_range(5, 300).is_ok());
+        assert!(check_tile_range(-1, 3).is_err() && check_tile_range((1 << 32) - 3, 3).is_err());
+        let c = CommitParams { num_layers: 48, num_rows: 256, num_blocks: 1000, max_requests: 256, rec_ctas: 64, conv_ctas: 2 };
+        assert!(check_commit_launch(&c).is_ok());
+        assert!(check_commit_launch(&CommitParams { rec_ctas: 0, ..c }).unwrap_err().message.contains("bad commit grid"));
+        assert!(check_commit_launch(&CommitParams { num_blocks: 0, ..c }).is_err());
+    }
+
+    #[test]
+    fn commit_counts() {
+        let dev = Device::Cuda(0);
+        assert!(check_commit_counts(&dev, &arg("torch.int64", &[8], "cuda:0"), 6).is_ok());
+        let e = check_commit_counts(&dev, &arg("torch.int32", &[8], "cpu"), 6).unwrap_err().message;
+        assert_eq!(e, "num_accepted is on cpu, the cache on cuda:0");
+        let e = check_commit_counts(&dev, &arg("torch.int32", &[5], "cuda:0"), 6).unwrap_err().message;
+        assert!(e.starts_with("num_accepted must be [B] with one count per request (6 at least)"), "{e}");
+        let e = check_commit_counts(&dev, &arg("torch.float32", &[8], "cuda:0"), 6).unwrap_err().message;
+        assert_eq!(e, "num_accepted: expected int32 or int64, got torch.float32");
+    }
+}
