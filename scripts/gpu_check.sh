@@ -23,6 +23,10 @@ mkdir -p "$results"
 results=$(cd "$results" && pwd)
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+# A GPU run must not pass by skipping its GPU tests (tests/conftest.py turns a missing GPU, torch or
+# CuPy into an error); CuPy's kernel cache goes where it can surely write.
+export RECOVERSSM_REQUIRE_GPU=1
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/recoverssm_cupy_cache}
 summary="$results/summary.txt"
 : >"$summary"
 failed=0

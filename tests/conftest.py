@@ -1,4 +1,10 @@
-"""Tests marked ``gpu`` need a CUDA device: they are skipped, with the reason, where torch sees none."""
+"""Tests marked ``gpu`` need a CUDA device: they are skipped, with the reason, where torch sees none.
+
+With ``RECOVERSSM_REQUIRE_GPU=1`` (``scripts/gpu_check.sh`` sets it) a missing GPU, torch or CuPy
+is an error instead: a GPU run that silently skipped its GPU tests would look green.
+"""
+
+import os
 
 import pytest
 
@@ -11,7 +17,30 @@ def _cuda_device() -> bool:
     return torch.cuda.is_available()
 
 
+def _gpu_stack_problem() -> str | None:
+    """Why the GPU tests cannot run here, or None."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch is not importable ({exc})"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device"
+    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
+        return f"CuPy is not usable ({type(exc).__name__}: {exc})"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("RECOVERSSM_REQUIRE_GPU"):
+        problem = _gpu_stack_problem()
+        if problem is not None:
+            raise pytest.UsageError(f"RECOVERSSM_REQUIRE_GPU is set but {problem}")
+        return
     if _cuda_device():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none)")
