@@ -39,6 +39,7 @@ import numpy as np
 from . import _core
 from .errors import BackendUnavailableError, BindingError, PlanError
 from .plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
+from .tensors import describe_arg, describe_tensor
 
 __all__ = [
     "KERNEL_DIR",
@@ -370,30 +371,6 @@ def _external(torch_stream: Any) -> Any:
 # ------------------------------------------------------------------------------------------------
 
 
-def describe_arg(x: Any) -> Optional[tuple[int, str, list[int], list[int], str]]:
-    """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a
-    ``__cuda_array_interface__`` object (a CuPy array) or a numpy array; ``None`` for anything
-    else. Reads attributes only (never device memory); the core checks what it describes."""
-    if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
-        es = x.element_size()
-        return (int(x.data_ptr()), str(x.dtype), list(x.shape), [int(st) * es for st in x.stride()], str(x.device))
-    iface = getattr(x, "__cuda_array_interface__", None)
-    if iface is not None:
-        dt = np.dtype(iface["typestr"])
-        shape = [int(n) for n in iface["shape"]]
-        strides = iface.get("strides")
-        if strides is None:  # C order
-            strides, acc = [0] * len(shape), dt.itemsize
-            for i in range(len(shape) - 1, -1, -1):
-                strides[i], acc = acc, acc * max(shape[i], 1)
-        dev = getattr(getattr(x, "device", None), "id", None)
-        return (int(iface["data"][0]), dt.name, shape, [int(st) for st in strides],
-                f"cuda:{int(dev)}" if dev is not None else "cuda")
-    if isinstance(x, np.ndarray):
-        return (int(x.ctypes.data), x.dtype.name, list(x.shape), list(x.strides), "cpu")
-    return None
-
-
 def _described(x: Any, what: str) -> tuple[int, str, list[int], list[int], str]:
     d = describe_arg(x)
     if d is None:
@@ -673,8 +650,6 @@ def build_commit_meta(
     Raises:
         BindingError: a shape, dtype, stride, alignment or device that the kernel cannot take.
     """
-    from .planner import describe_tensor
-
     def descs(x: Any) -> Optional[list[Any]]:
         return None if x is None else [describe_tensor(t) for t in x]
 

@@ -27,6 +27,7 @@ from . import _core
 from ._core import Layout
 from .errors import PlanError
 from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
+from .tensors import describe_arg, describe_tensor
 
 if TYPE_CHECKING:
     from .gpu import ErrorWord
@@ -36,33 +37,6 @@ __all__ = ["CopyPlanner", "CopyPlan", "TileTable", "describe_tensor"]
 log = logging.getLogger("recoverssm_rs")
 
 DEFAULT_TILE_BYTES = 64 * 1024
-
-
-def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool]:
-    """``(data_ptr, dtype, shape, byte_strides, device, writable)`` of a torch tensor or numpy array.
-
-    The core checks these against the layout; this only reads them.
-    """
-    if isinstance(t, np.ndarray):
-        return (
-            int(t.ctypes.data),
-            t.dtype.name,
-            list(t.shape),
-            list(t.strides),
-            "cpu",
-            bool(t.flags.writeable),
-        )
-    if hasattr(t, "data_ptr") and hasattr(t, "element_size"):  # torch.Tensor
-        es = t.element_size()
-        return (
-            int(t.data_ptr()),
-            str(t.dtype),
-            list(t.shape),
-            [int(s) * es for s in t.stride()],
-            str(t.device),
-            True,
-        )
-    raise TypeError(f"state tensors must be torch tensors or numpy arrays, got {type(t).__name__}")
 
 
 def _host_ints(x: Any, name: str) -> Any:
@@ -429,7 +403,6 @@ class CopyPlanner:
         """The core's checks of a step's device inputs (nothing is queued before they pass);
         returns ``(device index, requests)``."""
         index = self._cuda_index(what)
-        from .gpu import describe_arg
 
         def desc(x: Any, name: str) -> Any:
             if not (hasattr(x, "data_ptr") and hasattr(x, "element_size")):

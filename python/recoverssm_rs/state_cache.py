@@ -32,6 +32,7 @@ from ._core import Layout
 from .errors import BackendUnavailableError, BindingError, PlanError
 from .plan_format import COMMIT_ROW_DTYPE
 from .planner import CopyPlanner, _host_ints
+from .tensors import describe_arg
 
 __all__ = ["StateCache", "MemoryReport"]
 
@@ -397,7 +398,7 @@ class StateCache:
         counts = None
         if num_accepted is not None:
             # rows come from plan_commit, which bounded the batch by max_requests.
-            _core.check_commit_counts(str(self._recurrent.device), gpu.describe_arg(num_accepted),
+            _core.check_commit_counts(str(self._recurrent.device), describe_arg(num_accepted),
                                       int(rows["request"].max()) + 1)
             counts = num_accepted
             if counts.dtype != torch.int32 or not counts.is_contiguous():

@@ -1,0 +1,53 @@
+"""Descriptions of tensors for the core: what the compiled core needs to check a tensor without
+touching its memory. These functions only read attributes (never data, never device memory); every
+rule about what they describe lives in the core.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["describe_arg", "describe_tensor"]
+
+#: ``(data_ptr, dtype, shape, byte_strides, device)``
+ArgDesc = tuple[int, str, list[int], list[int], str]
+
+
+def describe_arg(x: Any) -> Optional[ArgDesc]:
+    """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a
+    ``__cuda_array_interface__`` object (a CuPy array) or a numpy array; ``None`` for anything
+    else."""
+    if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
+        es = x.element_size()
+        return (int(x.data_ptr()), str(x.dtype), list(x.shape), [int(st) * es for st in x.stride()], str(x.device))
+    iface = getattr(x, "__cuda_array_interface__", None)
+    if iface is not None:
+        dt = np.dtype(iface["typestr"])
+        shape = [int(n) for n in iface["shape"]]
+        strides = iface.get("strides")
+        if strides is None:  # C order
+            strides, acc = [0] * len(shape), dt.itemsize
+            for i in range(len(shape) - 1, -1, -1):
+                strides[i], acc = acc, acc * max(shape[i], 1)
+        dev = getattr(getattr(x, "device", None), "id", None)
+        return (int(iface["data"][0]), dt.name, shape, [int(st) for st in strides],
+                f"cuda:{int(dev)}" if dev is not None else "cuda")
+    if isinstance(x, np.ndarray):
+        return (int(x.ctypes.data), x.dtype.name, list(x.shape), list(x.strides), "cpu")
+    return None
+
+
+def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool]:
+    """``(data_ptr, dtype, shape, byte_strides, device, writable)`` of a state tensor: a torch
+    tensor or a numpy array (``writable`` is False for a read-only numpy array).
+
+    Raises:
+        TypeError: ``t`` is neither.
+    """
+    if isinstance(t, np.ndarray) or (hasattr(t, "data_ptr") and hasattr(t, "element_size")):
+        d = describe_arg(t)
+        assert d is not None
+        return (*d, bool(t.flags.writeable) if isinstance(t, np.ndarray) else True)
+    raise TypeError(f"state tensors must be torch tensors or numpy arrays, got {type(t).__name__}")
