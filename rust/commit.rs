@@ -159,8 +159,6 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
     Ok(rows)
 }
 
-/// Checks the running-state blocks a verify step reads (or a reset writes): each in range, no two
-/// requests on one block. Values `<= 0` are padding.
 /// A step of `requests` requests fits a workspace of `max_requests` rows (one row per request).
 pub fn check_workspace_rows(requests: usize, backend: &str, max_requests: u64) -> Result<()> {
     if requests as u64 > max_requests {
@@ -171,6 +169,8 @@ pub fn check_workspace_rows(requests: usize, backend: &str, max_requests: u64) -
     Ok(())
 }
 
+/// Checks the running-state blocks a verify step reads (or a reset writes): each in range, no two
+/// requests on one block. Values `<= 0` are padding.
 pub fn check_state_blocks(state_blocks: &[i64], backend: &str, num_blocks: u64) -> Result<()> {
     let mut seen: Vec<(i64, usize)> = Vec::with_capacity(state_blocks.len());
     for (i, &b) in state_blocks.iter().enumerate() {

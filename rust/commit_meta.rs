@@ -69,6 +69,13 @@ pub struct CommitMeta {
 }
 
 const _: () = assert!(std::mem::size_of::<CommitMeta>() == 128);
+const _: () = assert!(
+    std::mem::offset_of!(CommitMeta, win_row_stride) == 72
+        && std::mem::offset_of!(CommitMeta, heads) == 80
+        && std::mem::offset_of!(CommitMeta, conv_dim) == 120
+        && std::mem::offset_of!(CommitMeta, conv_hist) == 124
+        && std::mem::offset_of!(CommitMeta, conv_elem) == 126
+);
 
 /// The tensors of a commit, one entry per layer in each slice. `conv` holds the conv pools and the
 /// verified conv windows (`None`: the layers have no conv state).
@@ -328,8 +335,8 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
                 ConvLayout::SD => CONV_SD,
                 ConvLayout::DS => CONV_DS,
             };
-            m.conv_width = w as u32;
-            m.conv_dim = d as u32;
+            m.conv_width = fits_u32(w, &at("conv window width"))?;
+            m.conv_dim = fits_u32(d, &at("conv channels"))?;
             m.conv_hist = hist as u16;
             m.conv_elem = es as u16;
         }

@@ -202,7 +202,7 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>) -> Result<u64> {
     Ok(r)
 }
 
-/// Checks the accepted counts of a kernel commit: an int32 or int64 vector on the cache's `device`
+/// Checks the accepted counts of a kernel commit: an integer vector on the cache's `device`
 /// with one count per request, `min_len` at least. Errors are [`ErrorKind::Plan`].
 pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Result<()> {
     let ok = Device::parse(&a.device).is_ok_and(|d| d == *device);
@@ -216,7 +216,11 @@ pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Resu
             }
         )));
     }
-    a.int_type("num_accepted", &[IntType::I32, IntType::I64], ErrorKind::Plan)?;
+    // Any integer type: the caller narrows the counts to int32 on the device.
+    const INTEGER: [&str; 8] = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"];
+    if !INTEGER.contains(&a.dtype_name()) {
+        return Err(Error::plan(format!("num_accepted: expected an integer tensor, got {}", a.dtype.trim())));
+    }
     match a.shape[..] {
         [n] if n >= 0 && n as u64 >= min_len => Ok(()),
         _ => Err(Error::plan(format!(
@@ -400,11 +404,12 @@ mod tests {
     fn commit_counts() {
         let dev = Device::Cuda(0);
         assert!(check_commit_counts(&dev, &arg("torch.int64", &[8], "cuda:0"), 6).is_ok());
+        assert!(check_commit_counts(&dev, &arg("torch.int16", &[8], "cuda:0"), 6).is_ok());
         let e = check_commit_counts(&dev, &arg("torch.int32", &[8], "cpu"), 6).unwrap_err().message;
         assert_eq!(e, "num_accepted is on cpu, the cache on cuda:0");
         let e = check_commit_counts(&dev, &arg("torch.int32", &[5], "cuda:0"), 6).unwrap_err().message;
         assert!(e.starts_with("num_accepted must be [B] with one count per request (6 at least)"), "{e}");
         let e = check_commit_counts(&dev, &arg("torch.float32", &[8], "cuda:0"), 6).unwrap_err().message;
-        assert_eq!(e, "num_accepted: expected int32 or int64, got torch.float32");
+        assert_eq!(e, "num_accepted: expected an integer tensor, got torch.float32");
     }
 }

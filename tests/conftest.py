@@ -36,7 +36,7 @@ def _gpu_stack_problem() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("RECOVERSSM_REQUIRE_GPU"):
+    if os.environ.get("RECOVERSSM_REQUIRE_GPU", "0") not in ("", "0"):
         problem = _gpu_stack_problem()
         if problem is not None:
             raise pytest.UsageError(f"RECOVERSSM_REQUIRE_GPU is set but {problem}")

@@ -461,7 +461,7 @@ def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
     # Device counts must cover every request, be integers and live with the cache.
     with pytest.raises(PlanError, match="one count per request"):
         cache.commit(torch.zeros(2, dtype=torch.int32), blocks)
-    with pytest.raises(PlanError, match="num_accepted: expected int32 or int64, got torch.float32"):
+    with pytest.raises(PlanError, match="num_accepted: expected an integer tensor, got torch.float32"):
         cache.commit(torch.zeros(6), blocks)
     with pytest.raises(PlanError, match="num_accepted is on meta, the cache on cpu"):
         cache.commit(torch.zeros(6, dtype=torch.int32, device="meta"), blocks)
@@ -498,6 +498,10 @@ def test_commit_meta_of_a_cache():
     odd = np.zeros(3 * 2 * 4 * 4 * 4 + 2, np.uint8)[2:].view(np.float32).reshape(3, 2, 4, 4)
     with pytest.raises(BindingError, match="layer 0: recurrent: address .* multiples of the 4-byte element"):
         gpu.build_commit_meta([odd], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda")
+    with pytest.raises(BindingError, match="layer 0: conv: state tensors must be torch tensors"):
+        gpu.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], [None], [None], kind="kda")
+    with pytest.raises(BindingError, match="conv_kernel_size must be in 1 ..= 65536"):
+        gpu.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda", conv_kernel_size=2**70)
     with pytest.raises(BindingError, match="kind: expected 'gdn' or 'kda'"):
         gpu.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], kind="mamba")
     # CPU caches keep the torch path (no kernel bound).

@@ -650,12 +650,21 @@ def build_commit_meta(
     Raises:
         BindingError: a shape, dtype, stride, alignment or device that the kernel cannot take.
     """
-    def descs(x: Any) -> Optional[list[Any]]:
-        return None if x is None else [describe_tensor(t) for t in x]
+    def descs(x: Any, name: str) -> Optional[list[Any]]:
+        if x is None:
+            return None
+        out = []
+        for layer, t in enumerate(x):
+            try:
+                out.append(describe_tensor(t))
+            except TypeError as exc:
+                raise BindingError(f"layer {layer}: {name}: {exc} (layers without a conv state: pass "
+                                   "conv=None and conv_window=None)") from None
+        return out
 
     raw = _core.commit_meta_table(
-        descs(recurrent), descs(corrections), descs(keygate), descs(conv), descs(conv_window),
-        str(kind), str(conv_layout), int(conv_kernel_size))
+        descs(recurrent, "recurrent"), descs(corrections, "corrections"), descs(keygate, "keygate"),
+        descs(conv, "conv"), descs(conv_window, "conv_window"), str(kind), str(conv_layout), conv_kernel_size)
     return np.frombuffer(raw, dtype=COMMIT_META_DTYPE).copy()
 
 

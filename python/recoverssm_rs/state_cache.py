@@ -309,7 +309,7 @@ class StateCache:
         has_b = rows["boundary_block"] >= 0
         bmask = torch.as_tensor(has_b, device=dev)
         bb = torch.as_tensor(rows["boundary_block"][has_b].copy(), device=dev)
-        bcounts = torch.as_tensor(np.where(has_b, rows["boundary_len"], -1).astype(np.int64),
+        bcounts = torch.as_tensor(np.where(has_b, rows["boundary_len"].astype(np.int64), -1),
                                   device=dev)
         any_b = bool(has_b.any())
         moved_np = rows["count"] > 0

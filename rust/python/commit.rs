@@ -28,13 +28,14 @@ fn commit_meta_table(
     conv_window: Option<Vec<DescTuple<'_>>>,
     kind: &str,
     conv_layout: &str,
-    conv_kernel_size: i64,
+    conv_kernel_size: &Bound<'_, PyAny>,
 ) -> PyResult<RawBuffer> {
     let kind = GateKind::parse(kind).py_err(py)?;
     let conv_layout = ConvLayout::parse(conv_layout)
         .map_err(|e| Error::binding(format!("conv_layout: {}", e.message)))
         .py_err(py)?;
-    let conv_kernel_size = u64::try_from(conv_kernel_size)
+    let conv_kernel_size = conv_kernel_size
+        .extract::<u64>()
         .map_err(|_| Error::binding(format!("conv_kernel_size must be in 1 ..= 65536, got {conv_kernel_size}")))
         .py_err(py)?;
     let (rec, corr, kg) = (descs(py, &recurrent, "recurrent")?, descs(py, &corrections, "corrections")?, descs(py, &keygate, "keygate")?);
