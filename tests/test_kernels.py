@@ -204,6 +204,26 @@ def test_copy_tiles_vectorises_when_congruent():
 
 
 @needs_cxx
+@pytest.mark.parametrize("src_off,dst_off", [(4, 0), (6, 2), (16, 32), (3, 9), (8, 40)])
+@pytest.mark.parametrize("pitch,n,rows", [(20, 16, 300), (20, 12, 7), (32, 16, 64), (10, 4, 33), (200, 127, 5),
+                                          (48, 48, 257)])
+def test_copy_tiles_short_disjoint_rows_spread_flat(src_off, dst_off, pitch, n, rows):
+    # A DS conv window copied to another block: rows of n < 128 bytes at a pitch, source and
+    # destination disjoint. The rows' words are spread flat over the CTA; every word stays aligned.
+    rng = np.random.default_rng(pitch * n + rows)
+    arena = rng.integers(0, 256, size=2 * rows * pitch + 4096, dtype=np.uint8)
+    rel = one_segment(64 + src_off, 64 + rows * pitch + 512 + dst_off, n, rows=rows, pitch=pitch, mode=0, elem=1)
+    for order in ORDERS:
+        for tile_bytes in (1, 4096):
+            stats = run_plan(rel, arena, tile_bytes=tile_bytes, rng=None, order=order)
+    # Words as wide as src, dst, pitch and n allow: e.g. 4-byte words for a bf16 [dim, 10] window
+    # shifted by 2 (pitch 20, 16 bytes per row).
+    x = (64 + src_off) | (64 + rows * pitch + 512 + dst_off) | pitch | n | 16
+    w = x & -x
+    assert stats.accesses == 2 * rows * (n // w)
+
+
+@needs_cxx
 @pytest.mark.parametrize("width,shift,dim,elem", [(4, 1, 64, 2), (8, 3, 7, 1), (5, 4, 96, 4), (10, 7, 3000, 2)])
 def test_copy_tiles_in_block_sd_shift(width, shift, dim, elem):
     # ROWS_ASCENDING: rows overlap (src = dst + shift*pitch); cut in many byte tiles.

@@ -260,6 +260,52 @@ RS_DEVICE void rs_move(uint64_t dst, uint64_t src, uint64_t n, uint32_t lane, ui
   }
 }
 
+// Rows [r_begin, r_end) of a 2-D copy whose source and destination are DISJOINT: row r copies n
+// bytes from src + r*pitch to dst + r*pitch. The bytes of all those rows are cut in W-byte units (W
+// the widest word dividing dst, src, pitch and n, so every unit is W-aligned on both sides) and the
+// units form one flat index space spread over the threads: consecutive threads touch consecutive
+// words of a row, then of the next row. Short rows (a bf16 conv window of a few columns in the DS
+// layout) are then read and written in nearly contiguous warps instead of one thread per row
+// striding by the pitch. Four loads are in flight per thread before the four stores.
+template <int W>
+RS_DEVICE void rs_rows_flat_w(uint64_t dst, uint64_t src, uint64_t n, uint64_t pitch, uint64_t r_begin,
+                              uint64_t r_end, uint32_t tid, uint32_t nthreads) {
+  const uint64_t upr = n / W;  // units per row (W divides n)
+  if (upr == 0 || r_end <= r_begin) return;
+  const uint64_t units = (r_end - r_begin) * upr;
+  const uint64_t d0 = dst + r_begin * pitch, s0 = src + r_begin * pitch;
+  const uint64_t step = (uint64_t)nthreads * 4u;
+  uint64_t u = tid;
+  for (; u + 3u * nthreads < units; u += step) {
+    uint64_t o[4];
+    typename rs_word<W>::type w[4];
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t uk = u + (uint64_t)k * nthreads;
+      const uint64_t r = uk / upr;
+      o[k] = r * pitch + (uk - r * upr) * W;
+      w[k] = rs_ld<W>(s0 + o[k]);
+    }
+    for (int k = 0; k < 4; ++k) rs_st<W>(d0 + o[k], w[k]);
+  }
+  for (; u < units; u += nthreads) {
+    const uint64_t r = u / upr;
+    const uint64_t o = r * pitch + (u - r * upr) * W;
+    rs_mv<W>(d0 + o, s0 + o);
+  }
+}
+
+RS_DEVICE void rs_rows_flat(uint64_t dst, uint64_t src, uint64_t n, uint64_t pitch, uint64_t r_begin,
+                            uint64_t r_end, uint32_t tid, uint32_t nthreads) {
+  const uint64_t x = dst | src | pitch | n | 16u;
+  switch ((uint32_t)(x & (~x + 1))) {  // lowest set bit
+    case 16: rs_rows_flat_w<16>(dst, src, n, pitch, r_begin, r_end, tid, nthreads); break;
+    case 8: rs_rows_flat_w<8>(dst, src, n, pitch, r_begin, r_end, tid, nthreads); break;
+    case 4: rs_rows_flat_w<4>(dst, src, n, pitch, r_begin, r_end, tid, nthreads); break;
+    case 2: rs_rows_flat_w<2>(dst, src, n, pitch, r_begin, r_end, tid, nthreads); break;
+    default: rs_rows_flat_w<1>(dst, src, n, pitch, r_begin, r_end, tid, nthreads); break;
+  }
+}
+
 // Lane walk for rows that overlap each other (ROWS_ASCENDING, and the in-place SD conv shift): copy
 // bytes [lane_begin, lane_begin + lane_count) of every row, row r from src + r*pitch to dst + r*pitch.
 // The lanes must lie within one pitch (lane_begin + lane_count <= pitch), so that a byte address

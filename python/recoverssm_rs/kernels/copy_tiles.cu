@@ -21,8 +21,9 @@
 //  * DISJOINT, rows == 1: the whole CTA copies the byte range (rs_move -> rs_span_par_w: 16-byte
 //    words when src and dst are congruent mod 16, else the widest common word; head/tail bytes
 //    peeled). Nothing in the wave writes what it reads, so any order is fine.
-//  * DISJOINT, rows > 1: rows are distributed over the CTA (a CTA per row when the tile has fewer
-//    rows than the CTA has warps, else a warp per row for rows >= 128 bytes, else a thread per row).
+//  * DISJOINT, rows > 1: rows shorter than 128 bytes are cut in words spread flat over the CTA
+//    (rs_rows_flat); longer rows get a CTA per row when the tile has fewer rows than the CTA has
+//    warps, else a warp per row.
 //  * ROWS_ASCENDING (rows overlap each other: src = dst + shift*pitch): rs_lanes_rows. Each lane
 //    unit (a byte, or a W-byte word when src, dst and pitch are congruent mod W) is owned by one
 //    thread that walks the rows ascending, reading row r of the source (= row r+shift of the
@@ -79,6 +80,11 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_copy_tiles(const Segment* __restr
     } else {
       // Row units.
       r_end = (uint64_t)tile.begin + tile.count;
+      if (seg.mode == RS_MODE_DISJOINT && n < 128u) {
+        // Short disjoint rows: their words spread flat over the CTA (coalesced across rows).
+        rs_rows_flat(dst, src, n, pitch, tile.begin, r_end, tid, nthreads);
+        continue;
+      }
       if (seg.mode == RS_MODE_WITHIN_ROW || (tile.count >= ngroups && n < 128u)) {
         r0 = (uint64_t)tile.begin + tid;  // a thread per row (memmove for WITHIN_ROW)
         rstep = nthreads;

@@ -96,14 +96,19 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
       }
       n = ncols * L;  // different blocks: one contiguous, disjoint span
     } else {
-      // [dim, width]: each of the dim rows (width*elem bytes) shifts left by shift elements. One
-      // thread per row, rs_move(nlanes = 1) = an ascending memmove, so in place is safe; rows are
-      // disjoint. Rows are cut in nchunks pieces.
+      // [dim, width]: each of the dim rows (width*elem bytes) shifts left by shift elements. Rows are
+      // cut in nchunks pieces.
       pitch = width * elem;
       src = src_state + shift * elem;
       n = ncols * elem;
       const uint64_t rc = rs_ceil_div(dim, nchunks);
       const uint64_t lo = rs_min_u64(dim, chunk * rc);
+      if (q.src_blk != q.dst_blk) {
+        // Different blocks: disjoint, so the rows' words are spread flat over the CTA (coalesced).
+        rs_rows_flat(dst, src, n, pitch, lo, rs_min_u64(dim, lo + rc), tid, nthreads);
+        return 0;
+      }
+      // In place: one thread per row, rs_move(nlanes = 1) = an ascending memmove; rows are disjoint.
       r0 = lo + tid;
       rstep = nthreads;
       r_end = rs_min_u64(dim, lo + rc);
