@@ -330,6 +330,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--budget", type=float, default=0.25, help="GPU seconds per measurement (about)")
     ap.add_argument("--max-gib", type=float, default=None, help="cap on the benchmark's device arena (GiB)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunks", default="32,64",
+                    help="extra CTAs-per-state counts to time the fused temporal copy with (the default launch uses 16)")
+    ap.add_argument("--profile-host", action="store_true",
+                    help="print a cProfile summary of launch_align's host time at each request count")
     ap.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table goes to stderr)")
     args = ap.parse_args(argv)
     try:
@@ -338,6 +342,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--requests: expected comma-separated integers, got {args.requests!r}")
     if not requests or min(requests) < 1 or args.layers < 1:
         ap.error("request counts and --layers must be >= 1")
+    try:
+        args.extra_chunks = [int(x) for x in args.chunks.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--chunks: expected comma-separated integers, got {args.chunks!r}")
     command = shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(["gpu_copy.py", *argv])
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if args.json:
@@ -446,7 +454,7 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
             continue
         case = build_case(torch, arena_t, R, layers, sets, geo, lay, accepted, args.seed + R)
         case.notes += notes
-        res = measure(torch, clock, case, arena_t, geo, shift, l2)
+        res = measure(torch, clock, case, arena_t, geo, shift, l2, args.extra_chunks, args.profile_host)
         res["empty_kernel_us"] = empty.gpu_us
         results.append(res)
         report(res)
@@ -480,7 +488,8 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
     return 0
 
 
-def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, shift: int, l2: int) -> dict[str, Any]:
+def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, shift: int, l2: int,
+            extra_chunks: list[int], profile_host: bool) -> dict[str, Any]:
     R, sets = case.requests, case.sets
     src_h, dst_h, acc_h = case.vec_host
     src_d, dst_d, acc_d = case.vec_dev
@@ -541,6 +550,37 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
         ok &= planner.last_error().ok
         add(f"fused[{key}]", key, fused, verified=ok)
 
+    # The fused temporal copy with other CTA counts per state (the launch layer, same planner tables).
+    from recoverssm_rs import gpu
+
+    tp = pl["temporal"]
+    ds = tp._device_state
+    for c in extra_chunks:
+        def fused_c(k: int, c: int = c) -> None:
+            gpu.launch_state_copy(ds.meta, ds.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, ds.err,
+                                  max_accepted=geo.max_accepted, num_blocks=case.num_blocks, has_temporal=True,
+                                  num_requests=R, chunks=c, validated=True)
+
+        ok = verify(torch, case, lambda: fused_c(0), temporal=True, conv=False, shift=shift)
+        add(f"fused[temporal,c={c}]", "temporal", fused_c, verified=ok)
+
+    profile = None
+    if profile_host:
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        for i in range(200):
+            pl["combined"].launch_align(case.bt_dev[i % sets], src_d, dst_d, acc_d)
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(14)
+        profile = buf.getvalue()
+
     # Tiled executor of host plans.
     for key, temporal, conv in (("combined", True, True), ("temporal", True, False)):
         planner = pl[key]
@@ -571,6 +611,7 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
         "plan_align_host_us": plan_us,
         "methods": methods,
         "notes": case.notes,
+        "host_profile": profile,
     }
 
 
@@ -582,6 +623,11 @@ def report(res: dict[str, Any]) -> None:
         f"plan_align {res['plan_align_host_us']:.0f} us")
     for n in res["notes"]:
         say(f"  note: {n}")
+    if res.get("host_profile"):
+        say("  launch_align host profile (200 calls, cumulative):")
+        for line in res["host_profile"].splitlines():
+            if line.strip():
+                say("    " + line)
     say(f"  {'method':<18} {'MB':>10} {'GPU us':>10} {'GB/s':>8} {'% d2d':>7} {'host us':>9}  check")
     for name, m in res["methods"].items():
         host = "" if m["host_us"] is None else f"{m['host_us']:.1f}"

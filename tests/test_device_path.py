@@ -391,6 +391,29 @@ def test_an_int64_table_with_spare_rows_is_narrowed_to_the_step(fake_ops, record
     assert recorder.calls[-1]["bt"] is wide32  # int32: passed as is (the kernel reads the first R rows)
 
 
+def test_the_planner_launch_packs_what_the_checked_launch_layer_packs(fake_ops, monkeypatch):
+    # CopyPlanner launches with validated=True (the core checked the step, the planner made every
+    # input int32 with a contiguous last axis): the launch layer must then pack exactly the
+    # parameters its own checked path packs for the same tensors.
+    packed = []
+    monkeypatch.setattr(gpu, "_launch", lambda name, grid, args, stream: packed.append(
+        (name, grid, [int(a) for a in args], [a.dtype for a in args])))
+    layout = gdn_layout("DS", 3)
+    planner = cuda_planner(layout, host_states(layout, 20, 2, 1))
+    wide = fc(np.arange(1, 10 * 8 + 1).reshape(10, 8) % 19 + 1)
+    view = FakeCuda(wide.t[:, :5])  # int32, row stride 8, spare rows: passed as is
+    src, dst, running, acc, err = fc([0, 1, 0]), fc([4, 4, 3]), fc([5, 9, 14]), fc([1, 2, 4]), fc([0, 0, 0])
+    planner.launch_align(view, src, dst, acc, err=err)
+    planner.launch_align_decision(view, src, running, acc, 4, err=err)
+    ds = planner._device_state
+    common = dict(max_accepted=4, num_blocks=20, has_temporal=True, num_requests=3)
+    gpu.launch_state_copy(ds.meta, ds.num_meta, view, src, dst, acc, err, **common)
+    gpu.launch_state_copy_align(ds.meta, ds.num_meta, view, src, running, acc, err, block_size=4, **common)
+    assert len(packed) == 4
+    assert packed[0] == packed[2] and packed[1] == packed[3]
+    assert packed[0][2][2:5] == [view.data_ptr(), 8, 5]  # table address, row stride, columns
+
+
 def test_conv_only_layout_has_no_temporal_flag(fake_ops, recorder):
     layout = layouts.short_conv(hidden_size=64, conv_kernel_size=4, num_spec=2, conv_layout="DS")
     planner = cuda_planner(layout, host_states(layout, 8, 3, 2))

@@ -456,46 +456,65 @@ def state_copy_grid(num_requests: int, num_meta: int, chunks: int = DEFAULT_STAT
     return (max(1, int(chunks)), max(1, min(num_requests, _MAX_GRID_YZ)), max(1, min(num_meta, _MAX_GRID_YZ)))
 
 
-def _state_common(
+def _launch_fused(
+    kernel: str,
+    meta_dev: Any,
     num_meta: int,
     block_table: Any,
-    num_requests: int,
+    src_col: Any,
+    second: tuple[str, Any],
+    num_accepted: Any,
+    err: Any,
+    *,
+    n: int,
     max_accepted: int,
     num_blocks: int,
+    has_temporal: bool,
     chunks: int,
-    err: Any,
-    block_size: Optional[int] = None,
-) -> tuple[int, int, int, int]:
-    bt, bt_rows, cols, row_stride = _block_table(block_table)
-    _core.check_fused_launch(num_meta, num_requests, max_accepted, num_blocks, chunks, block_size, bt_rows)
-    return bt, cols, row_stride, _int32_vector(err, 3, "err")
-
-
-def _state_head(meta_dev: Any, num_meta: int, bt: int, row_stride: int, cols: int, n: int, src_col: Any,
-                second: tuple[str, Any], num_accepted: Any) -> tuple[Any, ...]:
-    """The parameters both fused-copy entry points start with (their 7th is ``second``)."""
+    block_size: Optional[int],
+    stream: Any,
+    validated: bool,
+) -> None:
+    """Check (unless ``validated``), pack and launch one fused state-copy kernel. The parameters of
+    both entry points are those of ``rs_state_copy`` with ``block_size`` inserted before
+    ``num_requests`` for ``rs_state_copy_align`` (``second`` is dst_col or running)."""
     name, vec = second
-    return (
-        np.uint64(_ptr(meta_dev, "metas")),
+    if validated:
+        # The caller had the core check these inputs (CopyPlanner: check_step_args on every call,
+        # check_fused_launch of its constants once) and made them int32 tensors with a contiguous
+        # last axis: only their addresses are read here.
+        bt, row_stride, cols = int(block_table.data_ptr()), int(block_table.stride()[0]), int(block_table.shape[1])
+        meta_ptr, s_ptr, m_ptr, a_ptr, err_ptr = (int(x.data_ptr()) for x in (meta_dev, src_col, vec, num_accepted, err))
+    else:
+        bt, bt_rows, cols, row_stride = _block_table(block_table)
+        _core.check_fused_launch(num_meta, n, max_accepted, num_blocks, chunks, block_size, bt_rows)
+        err_ptr = _int32_vector(err, 3, "err")
+        meta_ptr = _ptr(meta_dev, "metas")
+        s_ptr = _int32_vector(src_col, n, "src_col")
+        m_ptr = _int32_vector(vec, n, name)
+        a_ptr = _int32_vector(num_accepted, n, "num_accepted")
+    if n == 0 or num_meta == 0:
+        return
+    args: tuple[Any, ...] = (
+        np.uint64(meta_ptr),
         np.uint32(num_meta),
         np.uint64(bt),
         np.int64(row_stride),
         np.int32(cols),
-        np.uint64(_int32_vector(src_col, n, "src_col")),
-        np.uint64(_int32_vector(vec, n, name)),
-        np.uint64(_int32_vector(num_accepted, n, "num_accepted")),
+        np.uint64(s_ptr),
+        np.uint64(m_ptr),
+        np.uint64(a_ptr),
     )
-
-
-def _state_tail(n: int, max_accepted: int, num_blocks: int, has_temporal: bool, err_ptr: int) -> tuple[Any, ...]:
-    """The parameters both fused-copy entry points end with."""
-    return (
+    if block_size is not None:
+        args += (np.int32(block_size),)
+    args += (
         np.int32(n),
         np.int32(max_accepted),
         np.int64(num_blocks),
         np.uint32(FLAG_HAS_TEMPORAL if has_temporal else 0),
         np.uint64(err_ptr),
     )
+    _launch(kernel, state_copy_grid(n, num_meta, chunks), args, stream)
 
 
 def launch_state_copy(
@@ -513,6 +532,7 @@ def launch_state_copy(
     num_requests: Optional[int] = None,
     chunks: int = DEFAULT_STATE_CHUNKS,
     stream: Any = None,
+    validated: bool = False,
 ) -> None:
     """Launch ``rs_state_copy`` (explicit form) on the caller's stream; never synchronises.
 
@@ -529,6 +549,9 @@ def launch_state_copy(
         num_requests: ``R``; default ``len(src_col)``. Keep it fixed for CUDA-graph replay.
         chunks: CTAs per state copy (grid x).
         stream: a CuPy stream or a ``torch.cuda.Stream``; ``None``: the current torch stream.
+        validated: the caller already had the core check these arguments (``CopyPlanner`` does,
+            with ``_core.check_step_args``) and passes int32 torch tensors with a contiguous last
+            axis: their addresses are used as they are (saves the re-description on every step).
 
     Kernel: ``rs_state_copy(const StateMeta* metas, uint32 num_meta, const int32* block_table,
     int64 bt_row_stride, int32 bt_cols, const int32* src_col, const int32* dst_col,
@@ -536,12 +559,9 @@ def launch_state_copy(
     uint32 flags, int32* err)``, grid :func:`state_copy_grid`, block ``(256, 1, 1)``.
     """
     n = int(src_col.shape[0]) if num_requests is None else int(num_requests)
-    bt, cols, row_stride, err_ptr = _state_common(num_meta, block_table, n, max_accepted, num_blocks, chunks, err)
-    if n == 0 or num_meta == 0:
-        return
-    head = _state_head(meta_dev, num_meta, bt, row_stride, cols, n, src_col, ("dst_col", dst_col), num_accepted)
-    tail = _state_tail(n, max_accepted, num_blocks, has_temporal, err_ptr)
-    _launch("rs_state_copy", state_copy_grid(n, num_meta, chunks), head + tail, stream)
+    _launch_fused("rs_state_copy", meta_dev, num_meta, block_table, src_col, ("dst_col", dst_col), num_accepted, err,
+                  n=n, max_accepted=max_accepted, num_blocks=num_blocks, has_temporal=has_temporal, chunks=chunks,
+                  block_size=None, stream=stream, validated=validated)
 
 
 def launch_state_copy_align(
@@ -560,6 +580,7 @@ def launch_state_copy_align(
     num_requests: Optional[int] = None,
     chunks: int = DEFAULT_STATE_CHUNKS,
     stream: Any = None,
+    validated: bool = False,
 ) -> None:
     """Launch ``rs_state_copy_align``: the align decision is taken on the device.
 
@@ -575,13 +596,9 @@ def launch_state_copy_align(
     int64 num_blocks, uint32 flags, int32* err)``, grid :func:`state_copy_grid`, block ``(256, 1, 1)``.
     """
     n = int(src_col.shape[0]) if num_requests is None else int(num_requests)
-    bt, cols, row_stride, err_ptr = _state_common(num_meta, block_table, n, max_accepted, num_blocks, chunks, err,
-                                                  block_size)
-    if n == 0 or num_meta == 0:
-        return
-    head = _state_head(meta_dev, num_meta, bt, row_stride, cols, n, src_col, ("running", running), num_accepted)
-    tail = _state_tail(n, max_accepted, num_blocks, has_temporal, err_ptr)
-    _launch("rs_state_copy_align", state_copy_grid(n, num_meta, chunks), head + (np.int32(block_size),) + tail, stream)
+    _launch_fused("rs_state_copy_align", meta_dev, num_meta, block_table, src_col, ("running", running), num_accepted,
+                  err, n=n, max_accepted=max_accepted, num_blocks=num_blocks, has_temporal=has_temporal,
+                  chunks=chunks, block_size=block_size, stream=stream, validated=validated)
 
 
 def execute_plan(plan: Any, stream: Any = None, *, tile_bytes: int = 64 * 1024) -> None:

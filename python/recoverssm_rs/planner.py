@@ -80,6 +80,8 @@ class _CudaOps:
     def context(self, index: int, stream: Any) -> contextlib.AbstractContextManager[Any]:
         """Make ``cuda:index`` current and, if given, ``stream`` (a torch stream) current."""
         torch = self.torch()
+        if stream is None and torch.cuda.current_device() == index:
+            return contextlib.nullcontext()  # the common case, without a device switch
         stack = contextlib.ExitStack()
         stack.enter_context(torch.cuda.device(index))
         if stream is not None:
@@ -366,6 +368,11 @@ class CopyPlanner:
         ds = self._device_state
         if ds is None:
             meta = self.state_meta
+            from .gpu import DEFAULT_STATE_CHUNKS
+
+            # The launch constants, checked once: each step's inputs are checked by check_step_args.
+            _core.check_fused_launch(len(meta), 0, 1 + self.layout.num_spec, self.num_blocks,
+                                     DEFAULT_STATE_CHUNKS, None, 0)
             ds = _DeviceState(
                 meta=_cuda_ops.upload(meta.view(np.uint8).reshape(-1), index),
                 num_meta=len(meta),
@@ -532,8 +539,10 @@ class CopyPlanner:
         ds = self._device(index)
         ts = _cuda_ops.torch_stream(stream, index)
         torch = _cuda_ops.torch()
+        # validated: check_step_args passed, and the conversions below make every input an int32
+        # tensor with a contiguous last axis, so the launch layer reads addresses only.
         common = dict(max_accepted=1 + self.layout.num_spec, num_blocks=self.num_blocks,
-                      has_temporal=ds.has_temporal, num_requests=n, stream=ts)
+                      has_temporal=ds.has_temporal, num_requests=n, stream=ts, validated=True)
         with _cuda_ops.context(index, ts):
             if block_table.shape[0] > n and block_table.dtype != torch.int32:
                 block_table = block_table[:n]  # narrow only the rows this step reads
