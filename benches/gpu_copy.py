@@ -330,8 +330,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--budget", type=float, default=0.25, help="GPU seconds per measurement (about)")
     ap.add_argument("--max-gib", type=float, default=None, help="cap on the benchmark's device arena (GiB)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--chunks", default="32,64",
-                    help="extra CTAs-per-state counts to time the fused temporal copy with (the default launch uses 16)")
+    ap.add_argument("--chunks", default="16,32",
+                    help="extra CTAs-per-state counts to time the fused temporal copy with (launch_align uses "
+                         "gpu.state_chunks: 64 for these 2 MiB states)")
     ap.add_argument("--profile-host", action="store_true",
                     help="print a cProfile summary of launch_align's host time at each request count")
     ap.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table goes to stderr)")

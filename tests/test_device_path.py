@@ -357,6 +357,7 @@ def test_launch_align_passes_the_planners_metadata(fake_ops, recorder):
     assert first["num_blocks"] == nb == planner.num_blocks
     assert first["has_temporal"] is True
     assert first["num_requests"] == R
+    assert first["chunks"] == gpu.state_chunks(int(planner.state_meta["state_bytes"].max())) >= 1
     assert first["stream"] is stream and second["stream"] is None
     for name in ("bt", "src", "mid", "acc"):  # int64 narrowed on the "device", never via numpy
         assert isinstance(first[name], FakeCuda) and first[name].dtype == torch.int32, name
@@ -406,12 +407,20 @@ def test_the_planner_launch_packs_what_the_checked_launch_layer_packs(fake_ops, 
     planner.launch_align(view, src, dst, acc, err=err)
     planner.launch_align_decision(view, src, running, acc, 4, err=err)
     ds = planner._device_state
-    common = dict(max_accepted=4, num_blocks=20, has_temporal=True, num_requests=3)
+    common = dict(max_accepted=4, num_blocks=20, has_temporal=True, num_requests=3, chunks=ds.chunks)
     gpu.launch_state_copy(ds.meta, ds.num_meta, view, src, dst, acc, err, **common)
     gpu.launch_state_copy_align(ds.meta, ds.num_meta, view, src, running, acc, err, block_size=4, **common)
     assert len(packed) == 4
     assert packed[0] == packed[2] and packed[1] == packed[3]
     assert packed[0][2][2:5] == [view.data_ptr(), 8, 5]  # table address, row stride, columns
+
+
+def test_state_chunks_follow_the_largest_state():
+    # 32 KiB of a state per CTA, at most 64 CTAs (what measured best for 2 MiB states on an H200).
+    assert gpu.state_chunks(2 << 20) == gpu.DEFAULT_STATE_CHUNKS == 64
+    assert gpu.state_chunks(8 << 20) == 64
+    assert gpu.state_chunks(245760) == 8  # a bf16 [12288, 10] conv window
+    assert gpu.state_chunks(1) == gpu.state_chunks(0) == 1
 
 
 def test_conv_only_layout_has_no_temporal_flag(fake_ops, recorder):

@@ -565,7 +565,7 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     gpu.launch_state_copy_align(0x6000, 96, bt, vec, vec, vec, err, block_size=16, max_accepted=4,
                                 num_blocks=100, has_temporal=False, chunks=2, stream=stream)
     (n1, g1, _, a1, _), (n2, g2, _, a2, _) = calls
-    assert n1 == "rs_state_copy" and g1 == (16, 65535, 96)  # requests folded into gridDim.y
+    assert n1 == "rs_state_copy" and g1 == (gpu.DEFAULT_STATE_CHUNKS, 65535, 96)  # requests folded into gridDim.y
     assert [type(x).__name__ for x in a1] == ["uint64", "uint32", "uint64", "int64", "int32", "uint64", "uint64",
                                                "uint64", "int32", "int32", "int64", "uint32", "uint64"]
     assert [int(x) for x in a1] == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 70000, 4, 1 << 40,

@@ -130,6 +130,8 @@ class _DeviceState(NamedTuple):
     has_temporal: bool
     err: Any
     """The planner's own ``int32[3]`` error word (used when a launch gets no ``err``)."""
+    chunks: int
+    """CTAs per state copy (``gpu.state_chunks`` of the largest state)."""
 
 
 _HOST_ALTERNATIVE = (
@@ -368,16 +370,17 @@ class CopyPlanner:
         ds = self._device_state
         if ds is None:
             meta = self.state_meta
-            from .gpu import DEFAULT_STATE_CHUNKS
+            from .gpu import state_chunks
 
+            chunks = state_chunks(int(meta["state_bytes"].max()) if len(meta) else 0)
             # The launch constants, checked once: each step's inputs are checked by check_step_args.
-            _core.check_fused_launch(len(meta), 0, 1 + self.layout.num_spec, self.num_blocks,
-                                     DEFAULT_STATE_CHUNKS, None, 0)
+            _core.check_fused_launch(len(meta), 0, 1 + self.layout.num_spec, self.num_blocks, chunks, None, 0)
             ds = _DeviceState(
                 meta=_cuda_ops.upload(meta.view(np.uint8).reshape(-1), index),
                 num_meta=len(meta),
                 has_temporal=bool(np.any(meta["kind"] == _KIND_TEMPORAL)),
                 err=_cuda_ops.zeros_i32(3, index),
+                chunks=chunks,
             )
             self._device_state = ds
             log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
@@ -542,7 +545,8 @@ class CopyPlanner:
         # validated: check_step_args passed, and the conversions below make every input an int32
         # tensor with a contiguous last axis, so the launch layer reads addresses only.
         common = dict(max_accepted=1 + self.layout.num_spec, num_blocks=self.num_blocks,
-                      has_temporal=ds.has_temporal, num_requests=n, stream=ts, validated=True)
+                      has_temporal=ds.has_temporal, num_requests=n, stream=ts, validated=True,
+                      chunks=ds.chunks)
         with _cuda_ops.context(index, ts):
             if block_table.shape[0] > n and block_table.dtype != torch.int32:
                 block_table = block_table[:n]  # narrow only the rows this step reads

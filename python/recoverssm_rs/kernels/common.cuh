@@ -267,6 +267,17 @@ RS_DEVICE void rs_move(uint64_t dst, uint64_t src, uint64_t n, uint32_t lane, ui
 // words of a row, then of the next row. Short rows (a bf16 conv window of a few columns in the DS
 // layout) are then read and written in nearly contiguous warps instead of one thread per row
 // striding by the pitch. Four loads are in flight per thread before the four stores.
+// Advance the (row, column) of a flat unit index by q rows and d columns (d < upr): the unit index
+// moved by q*upr + d, without a division.
+RS_DEVICE void rs_flat_step(uint64_t& r, uint64_t& c, uint64_t q, uint64_t d, uint64_t upr) {
+  c += d;
+  r += q;
+  if (c >= upr) {
+    c -= upr;
+    ++r;
+  }
+}
+
 template <int W>
 RS_DEVICE void rs_rows_flat_w(uint64_t dst, uint64_t src, uint64_t n, uint64_t pitch, uint64_t r_begin,
                               uint64_t r_end, uint32_t tid, uint32_t nthreads) {
@@ -274,23 +285,25 @@ RS_DEVICE void rs_rows_flat_w(uint64_t dst, uint64_t src, uint64_t n, uint64_t p
   if (upr == 0 || r_end <= r_begin) return;
   const uint64_t units = (r_end - r_begin) * upr;
   const uint64_t d0 = dst + r_begin * pitch, s0 = src + r_begin * pitch;
-  const uint64_t step = (uint64_t)nthreads * 4u;
+  // Thread tid walks units tid, tid + nthreads, ...: its (row, column) advances by (q, d) per step,
+  // so the loop divides nothing (a 64-bit division per unit would cost more than the copy).
+  const uint64_t q = nthreads / upr, d = nthreads % upr;
+  uint64_t r = tid / upr, c = tid % upr;
   uint64_t u = tid;
-  for (; u + 3u * nthreads < units; u += step) {
+  for (; u + 3u * nthreads < units; u += (uint64_t)nthreads * 4u) {
     uint64_t o[4];
     typename rs_word<W>::type w[4];
     for (int k = 0; k < 4; ++k) {
-      const uint64_t uk = u + (uint64_t)k * nthreads;
-      const uint64_t r = uk / upr;
-      o[k] = r * pitch + (uk - r * upr) * W;
+      o[k] = r * pitch + c * W;
       w[k] = rs_ld<W>(s0 + o[k]);
+      rs_flat_step(r, c, q, d, upr);
     }
     for (int k = 0; k < 4; ++k) rs_st<W>(d0 + o[k], w[k]);
   }
   for (; u < units; u += nthreads) {
-    const uint64_t r = u / upr;
-    const uint64_t o = r * pitch + (u - r * upr) * W;
+    const uint64_t o = r * pitch + c * W;
     rs_mv<W>(d0 + o, s0 + o);
+    rs_flat_step(r, c, q, d, upr);
   }
 }
 
