@@ -330,6 +330,16 @@ def test_state_copy_random(seed):
 
 
 @needs_cxx
+@pytest.mark.parametrize("seed", range(6))
+def test_state_copy_large_states_take_their_own_number_of_ctas(seed):
+    # States up to 200 KB next to small ones, with up to 64 CTAs per state: each state uses
+    # min(chunks, ceil(bytes / 32 KiB)) of them; every byte is still copied exactly once.
+    rng = np.random.default_rng(3500 + seed)
+    p = kc.random_state_problem(rng, max_state_bytes=200 * 1024)
+    check_state_problem(p, rng, order=ORDERS[seed % 3], chunks=int(rng.choice([5, 8, 64])))
+
+
+@needs_cxx
 def test_state_copy_errors_change_nothing():
     rng = np.random.default_rng(7)
     for _ in range(10):

@@ -2,6 +2,10 @@
 // compact per-request form (DESIGN.md section 2, vLLM 0.33 align mode).
 #include "common.cuh"
 
+// Bytes of one state copy per CTA: a state uses min(gridDim.x, ceil(state_bytes / this)) CTAs (at
+// least one). gpu.STATE_CHUNK_BYTES mirrors it.
+#define RS_STATE_CHUNK_BYTES 32768u
+
 // Flags of the fused kernels.
 #define RS_FLAG_HAS_TEMPORAL 1u  // some StateMeta is TEMPORAL: validate the temporal source column /
                                  // block for the whole request (so a bad request is skipped in
@@ -175,7 +179,13 @@ RS_DEVICE void rs_state_copy_body(const StateMeta* __restrict__ metas, uint32_t 
     if (q.a == 0) continue;
     for (uint32_t mi = blockIdx.z; mi < num_meta; mi += gridDim.z) {
       const StateMeta m = metas[mi];
-      const uint32_t c = rs_copy_state(m, bt_row, cols, num_blocks, q, chunk, nchunks, tid, nthreads);
+      // A state takes only as many of the gridDim.x CTAs as its size calls for (one per
+      // RS_STATE_CHUNK_BYTES): small conv windows next to 2 MiB recurrent states are not cut into
+      // slivers. CTA 0 always takes part, so per-state errors are still reported.
+      const uint64_t want = rs_ceil_div(m.state_bytes, RS_STATE_CHUNK_BYTES);
+      const uint64_t mchunks = rs_min_u64(nchunks, want > 0 ? want : 1);
+      if (chunk >= mchunks) continue;
+      const uint32_t c = rs_copy_state(m, bt_row, cols, num_blocks, q, chunk, mchunks, tid, nthreads);
       if (c != 0 && reporter) rs_report_error(err, c, r, num_requests);
     }
   }
