@@ -105,23 +105,31 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
       pitch = width * elem;
       src = src_state + shift * elem;
       n = ncols * elem;
-      const uint64_t rc = rs_ceil_div(dim, nchunks);
-      const uint64_t lo = rs_min_u64(dim, chunk * rc);
-      if (q.src_blk != q.dst_blk) {
-        // Different blocks: disjoint, so the rows' words are spread flat over the CTA (coalesced).
-        rs_rows_flat(dst, src, n, pitch, lo, rs_min_u64(dim, lo + rc), tid, nthreads);
-        return 0;
+      if (shift == 0) {
+        // The whole window to another block (the same block with a == 1 returned above): one
+        // contiguous, disjoint span, copied by the cooperative path below in 16-byte words.
+        n = dim * pitch;
+        pitch = 0;
+      } else {
+        const uint64_t rc = rs_ceil_div(dim, nchunks);
+        const uint64_t lo = rs_min_u64(dim, chunk * rc);
+        if (q.src_blk != q.dst_blk) {
+          // Different blocks: disjoint, so the rows' words are spread flat over the CTA (coalesced).
+          rs_rows_flat(dst, src, n, pitch, lo, rs_min_u64(dim, lo + rc), tid, nthreads);
+          return 0;
+        }
+        // In place: one thread per row, rs_move(nlanes = 1) = an ascending memmove; rows are disjoint.
+        r0 = lo + tid;
+        rstep = nthreads;
+        r_end = rs_min_u64(dim, lo + rc);
+        lane = 0;
+        nlanes = 1;
       }
-      // In place: one thread per row, rs_move(nlanes = 1) = an ascending memmove; rows are disjoint.
-      r0 = lo + tid;
-      rstep = nthreads;
-      r_end = rs_min_u64(dim, lo + rc);
-      lane = 0;
-      nlanes = 1;
     }
   }
   if (nlanes > 1) {
-    // A contiguous disjoint span (temporal, SD across blocks): this CTA's piece, 16-byte multiples.
+    // A contiguous disjoint span (temporal, SD across blocks, an unshifted DS window across blocks):
+    // this CTA's piece, 16-byte multiples.
     const uint64_t cb = (rs_ceil_div(n, nchunks) + 15u) & ~(uint64_t)15u;
     const uint64_t lo = rs_min_u64(n, chunk * cb), hi = rs_min_u64(n, lo + cb);
     dst += lo;
