@@ -207,14 +207,7 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>) -> Result<u64> {
 pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Result<()> {
     let ok = Device::parse(&a.device).is_ok_and(|d| d == *device);
     if !ok {
-        return Err(Error::plan(format!(
-            "num_accepted is on {}, the cache on {}",
-            a.device,
-            match device {
-                Device::Cpu => "cpu".to_string(),
-                Device::Cuda(i) => format!("cuda:{i}"),
-            }
-        )));
+        return Err(Error::plan(format!("num_accepted is on {}, the cache on {}", a.device, device_name(device))));
     }
     // Any integer type: the caller narrows the counts to int32 on the device.
     const INTEGER: [&str; 8] = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"];
@@ -227,6 +220,55 @@ pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Resu
             "num_accepted must be [B] with one count per request ({min_len} at least); got shape {:?}",
             a.shape
         ))),
+    }
+}
+
+/// Bytes per element of the dtype names a raw byte buffer may be viewed as.
+fn itemsize_of(name: &str) -> Option<i64> {
+    Some(match name {
+        "int8" | "uint8" | "bool" => 1,
+        "int16" | "uint16" | "float16" | "bfloat16" => 2,
+        "int32" | "uint32" | "float32" => 4,
+        "int64" | "uint64" | "float64" => 8,
+        _ => return None,
+    })
+}
+
+/// Bytes of one commit row (`CommitRow`, `COMMIT_ROW_DTYPE`).
+pub const COMMIT_ROW_BYTES: u64 = 32;
+
+/// Checks the commit rows a kernel commit reads from device memory: a C-contiguous tensor on the
+/// cache's `device` holding at least `num_rows` 32-byte records (default: as many as it holds).
+/// Returns the number of rows. Errors are [`ErrorKind::Plan`].
+pub fn check_commit_rows(device: &Device, a: &DeviceArg, num_rows: Option<u64>) -> Result<u64> {
+    if !Device::parse(&a.device).is_ok_and(|d| d == *device) {
+        return Err(Error::plan(format!("rows are on {}, the cache on {}", a.device, device_name(device))));
+    }
+    let es = itemsize_of(a.dtype_name())
+        .ok_or_else(|| Error::plan(format!("rows: expected a byte or integer tensor, got {}", a.dtype.trim())))?;
+    let mut expect = es;
+    let mut numel: u64 = 1;
+    for (&n, &st) in a.shape.iter().zip(&a.strides).rev() {
+        if n < 0 || (n > 1 && st != expect) {
+            return Err(Error::plan(format!("rows: expected a contiguous tensor, got shape {:?} with byte strides {:?}", a.shape, a.strides)));
+        }
+        expect = expect.saturating_mul(n);
+        numel = numel.saturating_mul(n as u64);
+    }
+    let nbytes = numel.saturating_mul(es as u64);
+    let n = num_rows.unwrap_or(nbytes / COMMIT_ROW_BYTES);
+    if !n.checked_mul(COMMIT_ROW_BYTES).is_some_and(|b| b <= nbytes) || n >= 1 << 32 {
+        return Err(Error::plan(format!(
+            "rows: expected at least {n} commit rows ({COMMIT_ROW_BYTES} bytes each), got a tensor of {nbytes} bytes"
+        )));
+    }
+    Ok(n)
+}
+
+fn device_name(d: &Device) -> String {
+    match d {
+        Device::Cpu => "cpu".to_string(),
+        Device::Cuda(i) => format!("cuda:{i}"),
     }
 }
 
@@ -398,6 +440,26 @@ mod tests {
         assert!(check_commit_launch(&c).is_ok());
         assert!(check_commit_launch(&CommitParams { rec_ctas: 0, ..c }).unwrap_err().message.contains("bad commit grid"));
         assert!(check_commit_launch(&CommitParams { num_blocks: 0, ..c }).is_err());
+    }
+
+    #[test]
+    fn commit_rows() {
+        let dev = Device::Cuda(0);
+        let bytes = arg("torch.uint8", &[6 * 32], "cuda:0");
+        let mut bytes = bytes;
+        bytes.strides = vec![1];
+        assert_eq!(check_commit_rows(&dev, &bytes, None), Ok(6));
+        assert_eq!(check_commit_rows(&dev, &bytes, Some(4)), Ok(4));
+        let e = check_commit_rows(&dev, &bytes, Some(7)).unwrap_err().message;
+        assert_eq!(e, "rows: expected at least 7 commit rows (32 bytes each), got a tensor of 192 bytes");
+        assert_eq!(check_commit_rows(&dev, &arg("torch.int64", &[6, 4], "cuda:0"), None), Ok(6));
+        let mut strided = arg("torch.int64", &[6, 4], "cuda:0");
+        strided.strides = vec![64, 8];
+        assert!(check_commit_rows(&dev, &strided, None).unwrap_err().message.contains("contiguous"));
+        let e = check_commit_rows(&dev, &arg("torch.int64", &[6, 4], "cuda:1"), None).unwrap_err().message;
+        assert_eq!(e, "rows are on cuda:1, the cache on cuda:0");
+        let e = check_commit_rows(&dev, &arg("torch.complex64", &[6], "cuda:0"), None).unwrap_err().message;
+        assert_eq!(e, "rows: expected a byte or integer tensor, got torch.complex64");
     }
 
     #[test]

@@ -465,6 +465,16 @@ def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
         cache.commit(torch.zeros(6), blocks)
     with pytest.raises(PlanError, match="num_accepted is on meta, the cache on cpu"):
         cache.commit(torch.zeros(6, dtype=torch.int32, device="meta"), blocks)
+    # launch_commit's rows and counts are checked by the core before anything is queued.
+    raw = torch.from_numpy(rows.view(np.uint8).copy())
+    n_launches = len(launches)
+    with pytest.raises(PlanError, match="rows: expected at least 7 commit rows"):
+        cache.launch_commit(raw, 7)
+    with pytest.raises(PlanError, match="rows: expected a contiguous tensor"):
+        cache.launch_commit(raw.view(-1, 32)[:, :16], 1)
+    with pytest.raises(PlanError, match="num_accepted is on meta, the cache on cpu"):
+        cache.launch_commit(raw, num_accepted=torch.zeros(6, dtype=torch.int32, device="meta"))
+    assert len(launches) == n_launches
 
 
 def test_commit_meta_of_a_cache():

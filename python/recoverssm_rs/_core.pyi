@@ -233,7 +233,11 @@ def check_step_args(
     (``PlanError`` otherwise)."""
 
 def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> None:
-    """``PlanError`` unless ``a`` is an int32/int64 vector on ``device_name`` of ``min_len``+ counts."""
+    """``PlanError`` unless ``a`` is an integer vector on ``device_name`` of ``min_len``+ counts."""
+
+def check_commit_rows(device_name: str, a: _DeviceArg, num_rows: int | None = None) -> int:
+    """The number of 32-byte commit rows in a contiguous row buffer on ``device_name`` (``PlanError``
+    when it is elsewhere, strided, or holds fewer than ``num_rows``)."""
 
 def check_fused_launch(
     num_meta: int,

@@ -29,7 +29,7 @@ import torch
 
 from . import _core, gpu, recurrence
 from ._core import Layout
-from .errors import BackendUnavailableError, BindingError, PlanError
+from .errors import BackendUnavailableError, BindingError
 from .plan_format import COMMIT_ROW_DTYPE
 from .planner import CopyPlanner, _host_ints
 from .tensors import describe_arg
@@ -431,10 +431,10 @@ class StateCache:
         if d is None:
             raise BackendUnavailableError("launch_commit needs a CUDA StateCache whose layout the "
                                           "commit kernel takes")
-        n = rows.numel() * rows.element_size() // COMMIT_ROW_DTYPE.itemsize if num_rows is None \
-            else int(num_rows)
-        if n * COMMIT_ROW_DTYPE.itemsize > rows.numel() * rows.element_size() or not rows.is_contiguous():
-            raise PlanError(f"rows: expected a contiguous tensor of at least {n} commit rows")
+        device = str(self._recurrent.device)
+        n = int(_core.check_commit_rows(device, describe_arg(rows), None if num_rows is None else int(num_rows)))
+        if num_accepted is not None:
+            _core.check_commit_counts(device, describe_arg(num_accepted), 1)
         ctx = torch.cuda.stream(stream) if stream is not None else None
         if ctx is not None:
             with ctx:

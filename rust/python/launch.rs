@@ -73,6 +73,14 @@ fn check_commit_counts(py: Python<'_>, device_name: &str, a: ArgTuple, min_len: 
     launch::check_commit_counts(&dev, &arg(a), min_len).py_err(py)
 }
 
+/// The number of commit rows in a device row buffer that passes the core's checks.
+#[pyfunction]
+#[pyo3(signature = (device_name, a, num_rows = None))]
+fn check_commit_rows(py: Python<'_>, device_name: &str, a: ArgTuple, num_rows: Option<u64>) -> PyResult<u64> {
+    let dev = device(py, device_name)?;
+    launch::check_commit_rows(&dev, &arg(a), num_rows).py_err(py)
+}
+
 /// Checks the scalar parameters of a fused state-copy launch.
 #[pyfunction]
 #[pyo3(signature = (num_meta, num_requests, max_accepted, num_blocks, chunks, block_size, bt_rows))]
@@ -134,6 +142,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_block_table, m)?)?;
     m.add_function(wrap_pyfunction!(check_step_args, m)?)?;
     m.add_function(wrap_pyfunction!(check_commit_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(check_commit_rows, m)?)?;
     m.add_function(wrap_pyfunction!(check_fused_launch, m)?)?;
     m.add_function(wrap_pyfunction!(check_tile_range, m)?)?;
     m.add_function(wrap_pyfunction!(check_commit_launch, m)?)?;
