@@ -161,8 +161,8 @@ impl Planner {
 
     /// A RecoverSSM commit plan (records of `recoverssm_rs.plan_format.COMMIT_ROW_DTYPE`): per
     /// request the tokens to fold in, its state block and, in align mode, the boundary block.
-    #[allow(clippy::too_many_arguments)]
     /// `max_requests`: the workspace rows, when the caller has a workspace (B <= max_requests).
+    #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (state_blocks, num_accepted, query_lens, seq_lens = None, block_table = None, block_size = None, max_requests = None))]
     fn plan_commit(
         &self,
