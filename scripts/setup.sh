@@ -4,14 +4,14 @@
 # built in release mode with `maturin develop`. Idempotent: a second run only rebuilds what changed.
 #
 #   bash scripts/setup.sh          # runtime: numpy, torch
-#   bash scripts/setup.sh --test   # also pytest, hypothesis and the NVRTC wheel for kernel checks
+#   bash scripts/setup.sh --test   # also pytest, hypothesis, mypy and the NVRTC wheel for kernel checks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=(numpy torch)
 if [[ "${1:-}" == "--test" ]]; then
   # cupy-cuda12x imports without a GPU: the kernel checks use CuPy's own NVRTC options.
-  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12 cupy-cuda12x)
+  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12 cupy-cuda12x mypy==2.4.1)
 fi
 
 if [[ ! -x .venv/bin/python ]]; then
@@ -25,6 +25,7 @@ for pkg in maturin "${extras[@]}"; do
     nvidia-cuda-nvrtc-cu12) probe='import importlib.util,sys; sys.exit(importlib.util.find_spec("nvidia.cuda_nvrtc") is None)' ;;
     cupy-cuda12x) probe='import cupy' ;;
     maturin) probe='import shutil,sys; sys.exit(shutil.which("maturin") is None)' ;;
+    mypy==*) probe="import importlib.metadata as m,sys; sys.exit(m.version('mypy') != '${pkg#mypy==}')" ;;
     *) probe="import $mod" ;;
   esac
   "$py" -c "$probe" >/dev/null 2>&1 || missing+=("$pkg")

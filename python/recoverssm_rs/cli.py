@@ -34,7 +34,7 @@ def format_layout(layout: Layout, num_layers: int | None = None) -> str:
     """A readable table of ``layout``: state, role, copy kind, shape, dtype and bytes."""
     rows = [("#", "state", "role", "copy", "shape", "dtype", "bytes")]
     for i, s in enumerate(layout.states):
-        copy = s.copy or "-"
+        copy: str = s.copy or "-"
         if s.conv_layout:
             copy = f"conv/{s.conv_layout}"
         per = "block" if s.role == "persistent" else "request"

@@ -54,7 +54,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import recurrence
 
 import numpy as np
 
@@ -91,7 +94,7 @@ class _BlockPool:
         self.free = list(range(num_blocks - 1, 0, -1))  # pop() hands out low ids first
         self.refs: dict[int, int] = {}
         self.evict: Callable[[], bool] | None = None
-        self.on_free: Callable[[int], None] | None = None
+        self.on_free: Callable[[int], object] | None = None
         self.peak_used = 0
         self.num_blocks = num_blocks
 
@@ -176,10 +179,10 @@ class _Request:
 
 
 class _Layer:
-    def __init__(self, kind: str, index: int, cache: Any, gen: Any, device: Any) -> None:
+    def __init__(self, kind: recurrence.Kind, index: int, cache: Any, gen: Any, device: Any) -> None:
         import torch
 
-        self.kind = kind
+        self.kind: recurrence.Kind = kind
         self.index = index  # layer index inside its StateCache
         self.cache = cache
         g = cache.geometry

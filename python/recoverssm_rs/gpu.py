@@ -38,8 +38,8 @@ import numpy as np
 
 from . import _core
 from .errors import BackendUnavailableError, BindingError, PlanError
-from .plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
-from .tensors import describe_arg, describe_tensor
+from .plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE, records
+from .tensors import describe_tensor, require_arg
 
 __all__ = [
     "KERNEL_DIR",
@@ -378,10 +378,7 @@ def _external(torch_stream: Any) -> Any:
 
 
 def _described(x: Any, what: str) -> tuple[int, str, list[int], list[int], str]:
-    d = describe_arg(x)
-    if d is None:
-        raise BindingError(f"{what}: expected a CUDA tensor, a CuPy array or a device address, got {type(x).__name__}")
-    return d
+    return require_arg(x, what)
 
 
 def _ptr(x: Any, what: str) -> int:
@@ -679,9 +676,7 @@ def build_commit_meta(
     Raises:
         BindingError: a shape, dtype, stride, alignment or device that the kernel cannot take.
     """
-    def descs(x: Any, name: str) -> Optional[list[Any]]:
-        if x is None:
-            return None
+    def descs(x: Any, name: str) -> list[Any]:
         out = []
         for layer, t in enumerate(x):
             try:
@@ -693,8 +688,9 @@ def build_commit_meta(
 
     raw = _core.commit_meta_table(
         descs(recurrent, "recurrent"), descs(corrections, "corrections"), descs(keygate, "keygate"),
-        descs(conv, "conv"), descs(conv_window, "conv_window"), str(kind), str(conv_layout), conv_kernel_size)
-    return np.frombuffer(raw, dtype=COMMIT_META_DTYPE).copy()
+        None if conv is None else descs(conv, "conv"), None if conv_window is None else descs(conv_window, "conv_window"),
+        str(kind), str(conv_layout), conv_kernel_size)
+    return records(raw, dtype=COMMIT_META_DTYPE).copy()
 
 
 class CommitGrid(tuple):

@@ -38,7 +38,10 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from . import recurrence
 
 import numpy as np
 
@@ -1259,7 +1262,7 @@ class CommitTensors:
     conv_window: Optional[list[Any]]
     """``[max_requests, same]`` per layer, or ``None``."""
     kind: str
-    conv_layout: str
+    conv_layout: recurrence.ConvLayout
     conv_kernel_size: int
 
     def meta(self) -> np.ndarray:
@@ -1372,7 +1375,7 @@ class CommitProblem:
     specs: list[tuple[str, int, int, tuple[int, ...], str, int]]
     """(name, layer, byte offset, shape, dtype, first-axis stride in elements)."""
     kind: str
-    conv_layout: str
+    conv_layout: recurrence.ConvLayout
     conv_kernel_size: int
     num_blocks: int
     max_requests: int
@@ -1493,4 +1496,5 @@ def random_commit_problem(
     counts = None
     if device_counts:
         counts = rng.integers(-2, Q + 3, size=MR + int(rng.integers(0, 3))).astype(np.int32)
-    return CommitProblem(off + 64, specs, kind, conv if conv != "none" else "DS", kc_, nb, MR, rows, counts)
+    layout: recurrence.ConvLayout = "SD" if conv == "SD" else "DS"  # no conv state: either
+    return CommitProblem(off + 64, specs, kind, layout, kc_, nb, MR, rows, counts)

@@ -6,9 +6,12 @@ the sizes against the compiled core.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = [
+    "records",
     "SEGMENT_DTYPE",
     "TILE_DTYPE",
     "MOVE_ROW_DTYPE",
@@ -85,3 +88,9 @@ assert TILE_DTYPE.itemsize == 16
 assert MOVE_ROW_DTYPE.itemsize == 40
 assert STATE_META_DTYPE.itemsize == 64
 assert COMMIT_ROW_DTYPE.itemsize == 32
+
+
+def records(raw: Any, dtype: Any) -> np.ndarray:
+    """A read-only, zero-copy numpy view of a core buffer (``_core.RawBuffer``, which exports the
+    buffer protocol) as records of ``dtype``."""
+    return np.frombuffer(raw, dtype=dtype)

@@ -26,7 +26,7 @@ import numpy as np
 from . import _core
 from ._core import Layout
 from .errors import PlanError
-from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
+from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE, records
 from .tensors import describe_arg, describe_tensor
 
 if TYPE_CHECKING:
@@ -176,27 +176,27 @@ class CopyPlan:
     def segments(self) -> np.ndarray:
         """Segment records (``SEGMENT_DTYPE``), grouped by wave; a read-only view."""
         if self._segments is None:
-            self._segments = np.frombuffer(self._plan.segments(), dtype=SEGMENT_DTYPE)
+            self._segments = records(self._plan.segments(), dtype=SEGMENT_DTYPE)
         return self._segments
 
     @property
     def rows(self) -> np.ndarray:
         """Compact per-request records (``MOVE_ROW_DTYPE``), sorted by request."""
         if self._rows is None:
-            self._rows = np.frombuffer(self._plan.rows(), dtype=MOVE_ROW_DTYPE)
+            self._rows = records(self._plan.rows(), dtype=MOVE_ROW_DTYPE)
         return self._rows
 
     @property
     def waves(self) -> np.ndarray:
         """``uint32 [num_waves + 1]``: segments of wave ``w`` are ``segments[waves[w]:waves[w+1]]``."""
         if self._waves is None:
-            self._waves = np.frombuffer(self._plan.wave_starts(), dtype=np.uint32)
+            self._waves = records(self._plan.wave_starts(), dtype=np.uint32)
         return self._waves
 
     def tiles(self, tile_bytes: int = DEFAULT_TILE_BYTES) -> TileTable:
         """Cut the segments into tiles of about ``tile_bytes`` (a multiple of 16)."""
         t, w = self._plan.tiles(tile_bytes)
-        return TileTable(np.frombuffer(t, dtype=TILE_DTYPE), np.frombuffer(w, dtype=np.uint32),
+        return TileTable(records(t, dtype=TILE_DTYPE), records(w, dtype=np.uint32),
                          tile_bytes)
 
     @property
@@ -308,7 +308,7 @@ class CopyPlanner:
     def state_meta(self) -> np.ndarray:
         """Per (layer, persistent state) metadata (``STATE_META_DTYPE``) for the fused kernel."""
         if self._meta is None:
-            self._meta = np.frombuffer(self._core.state_meta(), dtype=STATE_META_DTYPE)
+            self._meta = records(self._core.state_meta(), dtype=STATE_META_DTYPE)
         return self._meta
 
     def plan_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any) -> CopyPlan:

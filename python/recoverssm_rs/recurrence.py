@@ -64,6 +64,7 @@ __all__ = [
 ]
 
 Kind = Literal["gdn", "kda"]
+ConvLayout = Literal["DS", "SD"]
 """Recurrence flavour: ``"gdn"`` (scalar gate per head) or ``"kda"`` (gate per key channel)."""
 
 Counts = Union[torch.Tensor, Sequence[int], int]
@@ -390,7 +391,7 @@ def verify(
         ["B", "H", "Q", "2K" if kind == "kda" else "K+1"],
         [B, H, Q, width],
     )
-    for name, t in (
+    for name, x in (
         ("q_hat", q_hat),
         ("k_hat", k_hat),
         ("v", v),
@@ -399,7 +400,7 @@ def verify(
         ("corrections_out", corrections_out),
         ("keygate_out", keygate_out),
     ):
-        _check_device(name, t, state.device)
+        _check_device(name, x, state.device)
 
     cdt = _compute_dtype(state)
     rec_dt = keygate_out.dtype
@@ -601,8 +602,8 @@ def sequential_decode(
         _check_shape("gate", gate, ["B", "Q", "H", "K"], [B, Q, H, K])
     else:
         _check_shape("gate", gate, ["B", "Q", "H"], [B, Q, H])
-    for name, t in (("q_hat", q_hat), ("k_hat", k_hat), ("v", v), ("gate", gate), ("beta", beta)):
-        _check_device(name, t, state.device)
+    for name, x in (("q_hat", q_hat), ("k_hat", k_hat), ("v", v), ("gate", gate), ("beta", beta)):
+        _check_device(name, x, state.device)
     assert Q is not None
 
     cdt = _compute_dtype(state, q_hat, k_hat, v, gate, beta)
@@ -630,7 +631,7 @@ def compact_conv_window(
     window: torch.Tensor,
     num_accepted: Counts,
     conv_kernel_size: int,
-    layout: Literal["DS", "SD"] = "DS",
+    layout: ConvLayout = "DS",
     *,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:

@@ -30,9 +30,9 @@ import torch
 from . import _core, gpu, recurrence
 from ._core import Layout
 from .errors import BackendUnavailableError, BindingError
-from .plan_format import COMMIT_ROW_DTYPE
+from .plan_format import COMMIT_ROW_DTYPE, records
 from .planner import CopyPlanner, _host_ints
-from .tensors import describe_arg
+from .tensors import require_arg
 
 __all__ = ["StateCache", "MemoryReport"]
 
@@ -137,7 +137,7 @@ class StateCache:
         self.kind: str = geo["kind"]
         self.window: int = int(geo["window"])
         self.conv_kernel_size: int = int(geo["conv_kernel_size"])
-        self.conv_layout: str = geo["conv_layout"]
+        self.conv_layout: recurrence.ConvLayout = geo["conv_layout"]
         self.num_layers = int(num_layers)
         self.num_blocks = int(num_blocks)
         self.max_requests = int(max_requests)
@@ -251,7 +251,7 @@ class StateCache:
             block_size,
             self.max_requests,
         )
-        return np.frombuffer(raw, dtype=COMMIT_ROW_DTYPE)
+        return records(raw, dtype=COMMIT_ROW_DTYPE)
 
     def commit(self, num_accepted: Any, state_blocks: Any, query_lens: Any = None, *,
                seq_lens: Any = None, block_table: Any = None,
@@ -323,7 +323,7 @@ class StateCache:
             new = recurrence.commit(s0, corr[req], kg[req], counts,
                                     boundary_counts=bcounts if any_b else None,
                                     boundary_out=bout)
-            if any_b:
+            if bout is not None:
                 rec[bb] = bout[bmask]
             rec[sb] = new
             conv = self._conv[layer]
@@ -398,7 +398,7 @@ class StateCache:
         counts = None
         if num_accepted is not None:
             # rows come from plan_commit, which bounded the batch by max_requests.
-            _core.check_commit_counts(str(self._recurrent.device), describe_arg(num_accepted),
+            _core.check_commit_counts(str(self._recurrent.device), require_arg(num_accepted, "num_accepted"),
                                       int(rows["request"].max()) + 1)
             counts = num_accepted
             if counts.dtype != torch.int32 or not counts.is_contiguous():
@@ -432,9 +432,9 @@ class StateCache:
             raise BackendUnavailableError("launch_commit needs a CUDA StateCache whose layout the "
                                           "commit kernel takes")
         device = str(self._recurrent.device)
-        n = int(_core.check_commit_rows(device, describe_arg(rows), None if num_rows is None else int(num_rows)))
+        n = int(_core.check_commit_rows(device, require_arg(rows, "rows"), None if num_rows is None else int(num_rows)))
         if num_accepted is not None:
-            _core.check_commit_counts(device, describe_arg(num_accepted), 1)
+            _core.check_commit_counts(device, require_arg(num_accepted, "num_accepted"), 1)
         ctx = torch.cuda.stream(stream) if stream is not None else None
         if ctx is not None:
             with ctx:

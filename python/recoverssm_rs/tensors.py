@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["describe_arg", "describe_tensor"]
+__all__ = ["describe_arg", "require_arg", "describe_tensor"]
 
 #: ``(data_ptr, dtype, shape, byte_strides, device)``
 ArgDesc = tuple[int, str, list[int], list[int], str]
@@ -37,6 +37,17 @@ def describe_arg(x: Any) -> Optional[ArgDesc]:
     if isinstance(x, np.ndarray):
         return (int(x.ctypes.data), x.dtype.name, list(x.shape), list(x.strides), "cpu")
     return None
+
+
+def require_arg(x: Any, what: str) -> ArgDesc:
+    """:func:`describe_arg` of ``x``, or :class:`~recoverssm_rs.errors.BindingError` naming ``what``
+    when ``x`` is none of the kinds it describes."""
+    d = describe_arg(x)
+    if d is None:
+        from .errors import BindingError
+
+        raise BindingError(f"{what}: expected a CUDA tensor, a CuPy array or a device address, got {type(x).__name__}")
+    return d
 
 
 def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool]:
