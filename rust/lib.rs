@@ -2,7 +2,7 @@
 //! recurrent layers of hybrid SSM / linear-attention models.
 //!
 //! The core is plain Rust: `cargo test` and `cargo bench` need no Python. The `python` feature adds
-//! the PyO3 bindings (a thin layer in [`python`]) that maturin builds into `recoverssm_rs._core`.
+//! the PyO3 bindings (a thin layer in `rust/python/`) that maturin builds into `recoverssm_rs._core`.
 
 pub mod binding;
 pub mod commit;
