@@ -260,13 +260,6 @@ RS_DEVICE void rs_move(uint64_t dst, uint64_t src, uint64_t n, uint32_t lane, ui
   }
 }
 
-// Rows [r_begin, r_end) of a 2-D copy whose source and destination are DISJOINT: row r copies n
-// bytes from src + r*pitch to dst + r*pitch. The bytes of all those rows are cut in W-byte units (W
-// the widest word dividing dst, src, pitch and n, so every unit is W-aligned on both sides) and the
-// units form one flat index space spread over the threads: consecutive threads touch consecutive
-// words of a row, then of the next row. Short rows (a bf16 conv window of a few columns in the DS
-// layout) are then read and written in nearly contiguous warps instead of one thread per row
-// striding by the pitch. Four loads are in flight per thread before the four stores.
 // Advance the (row, column) of a flat unit index by q rows and d columns (d < upr): the unit index
 // moved by q*upr + d, without a division.
 RS_DEVICE void rs_flat_step(uint64_t& r, uint64_t& c, uint64_t q, uint64_t d, uint64_t upr) {
@@ -278,6 +271,13 @@ RS_DEVICE void rs_flat_step(uint64_t& r, uint64_t& c, uint64_t q, uint64_t d, ui
   }
 }
 
+// Rows [r_begin, r_end) of a 2-D copy whose source and destination are DISJOINT: row r copies n
+// bytes from src + r*pitch to dst + r*pitch. The bytes of all those rows are cut in W-byte units (W
+// the widest word dividing dst, src, pitch and n, so every unit is W-aligned on both sides) and the
+// units form one flat index space spread over the threads: consecutive threads touch consecutive
+// words of a row, then of the next row. Short rows (a bf16 conv window of a few columns in the DS
+// layout) are then read and written in nearly contiguous warps instead of one thread per row
+// striding by the pitch. Four loads are in flight per thread before the four stores.
 template <int W>
 RS_DEVICE void rs_rows_flat_w(uint64_t dst, uint64_t src, uint64_t n, uint64_t pitch, uint64_t r_begin,
                               uint64_t r_end, uint32_t tid, uint32_t nthreads) {
