@@ -39,6 +39,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import shlex
 import statistics
@@ -310,6 +311,9 @@ def verify(torch: Any, case: Case, run: Callable[[], None], *, temporal: bool, c
 
 
 def _git() -> Optional[str]:
+    built = os.environ.get("RECOVERSSM_COMMIT")  # set by scripts/gpu_check.sh from the wheel
+    if built:
+        return built
     try:
         root = Path(__file__).resolve().parents[1]
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,

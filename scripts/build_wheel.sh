@@ -9,4 +9,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null   # the .venv with maturin
 rm -rf wheelhouse
 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" maturin build --release --quiet --out wheelhouse
+# The commit the wheel was built from, for the records of a run elsewhere (scripts/gpu_check.sh).
+echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo -dirty)" \
+  >wheelhouse/COMMIT
 ls wheelhouse/*.whl
+cat wheelhouse/COMMIT

@@ -55,11 +55,14 @@ if ! "$py" -c "import recoverssm_rs._core" >/dev/null 2>&1; then
     exit 2
   }
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  # The commit the wheel was built from (a copied checkout's own git metadata may be stale).
+  [[ -f wheelhouse/COMMIT ]] && export RECOVERSSM_COMMIT="$(cat wheelhouse/COMMIT)"
 fi
 
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -q . && echo -dirty)"
+  echo "wheel built from: ${RECOVERSSM_COMMIT:-(no wheel used)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || true
   "$py" - <<'PY'
 import platform
