@@ -56,6 +56,16 @@ pub enum Device {
     Cuda(u32),
 }
 
+impl std::fmt::Display for Device {
+    /// The torch spelling: `cpu`, `cuda:0`, ...
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
 impl Device {
     pub fn parse(s: &str) -> Result<Device> {
         let t = s.trim();

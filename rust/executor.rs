@@ -17,7 +17,7 @@ pub fn check(plan: &CopyPlan) -> Result<()> {
     let b = plan.binding();
     if *b.device() != Device::Cpu {
         return Err(Error::plan(format!(
-            "{}: the host executor runs plans over CPU tensors, but the states are on {:?}; use the CUDA executor",
+            "{}: the host executor runs plans over CPU tensors, but the states are on {}; use the CUDA executor",
             b.layout().backend(),
             b.device()
         )));

@@ -131,6 +131,11 @@ pub fn block_table(a: &DeviceArg, allowed: &[IntType], kind: ErrorKind) -> Resul
     Ok(DeviceTable { ptr: a.data_ptr, rows: rows as u64, cols: cols as u64, row_stride: row_stride / dtype.bytes(), dtype })
 }
 
+/// The argument lives on `device` (a device string that does not parse lives nowhere).
+fn on_same_device(a: &DeviceArg, device: &Device) -> bool {
+    Device::parse(&a.device).is_ok_and(|d| d == *device)
+}
+
 /// Where the planner's states live, for the step checks.
 fn on_device(a: &DeviceArg, what: &str, device: &Device) -> Result<()> {
     let host_alternative = "the device path reads its inputs in device memory; for host inputs use planner.plan_align(...) and CopyPlan.execute()";
@@ -205,9 +210,8 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>) -> Result<u64> {
 /// Checks the accepted counts of a kernel commit: an integer vector on the cache's `device`
 /// with one count per request, `min_len` at least. Errors are [`ErrorKind::Plan`].
 pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Result<()> {
-    let ok = Device::parse(&a.device).is_ok_and(|d| d == *device);
-    if !ok {
-        return Err(Error::plan(format!("num_accepted is on {}, the cache on {}", a.device, device_name(device))));
+    if !on_same_device(a, device) {
+        return Err(Error::plan(format!("num_accepted is on {}, the cache on {device}", a.device)));
     }
     // Any integer type: the caller narrows the counts to int32 on the device.
     const INTEGER: [&str; 8] = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"];
@@ -241,8 +245,8 @@ pub const COMMIT_ROW_BYTES: u64 = 32;
 /// cache's `device` holding at least `num_rows` 32-byte records (default: as many as it holds).
 /// Returns the number of rows. Errors are [`ErrorKind::Plan`].
 pub fn check_commit_rows(device: &Device, a: &DeviceArg, num_rows: Option<u64>) -> Result<u64> {
-    if !Device::parse(&a.device).is_ok_and(|d| d == *device) {
-        return Err(Error::plan(format!("rows are on {}, the cache on {}", a.device, device_name(device))));
+    if !on_same_device(a, device) {
+        return Err(Error::plan(format!("rows are on {}, the cache on {device}", a.device)));
     }
     let es = itemsize_of(a.dtype_name())
         .ok_or_else(|| Error::plan(format!("rows: expected a byte or integer tensor, got {}", a.dtype.trim())))?;
@@ -263,13 +267,6 @@ pub fn check_commit_rows(device: &Device, a: &DeviceArg, num_rows: Option<u64>) 
         )));
     }
     Ok(n)
-}
-
-fn device_name(d: &Device) -> String {
-    match d {
-        Device::Cpu => "cpu".to_string(),
-        Device::Cuda(i) => format!("cuda:{i}"),
-    }
 }
 
 /// Scalar parameters of a fused state-copy launch (`rs_state_copy` / `rs_state_copy_align`).

@@ -112,10 +112,7 @@ impl Planner {
     }
     #[getter]
     fn device(&self) -> String {
-        match self.inner.binding().device() {
-            crate::binding::Device::Cpu => "cpu".into(),
-            crate::binding::Device::Cuda(i) => format!("cuda:{i}"),
-        }
+        self.inner.binding().device().to_string()
     }
     #[getter]
     fn layout(&self) -> Layout {
