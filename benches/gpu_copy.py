@@ -443,7 +443,7 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
     empty_kernel = cupy.RawKernel('extern "C" __global__ void rs_bench_empty() {}', "rs_bench_empty")
 
     def launch_empty(_: int) -> None:
-        with gpu.current_stream():
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             empty_kernel((1, 1, 1), (32, 1, 1), ())
 
     empty = clock.gpu(launch_empty, 1, warmup=5, min_reps=50, max_reps=200)
@@ -559,12 +559,13 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
     from recoverssm_rs import gpu
 
     tp = pl["temporal"]
-    ds = tp._device_state
+    tp.prepare_device()
+    dp = tp.device_path
     for c in extra_chunks:
         def fused_c(k: int, c: int = c) -> None:
-            gpu.launch_state_copy(ds.meta, ds.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, ds.err,
+            gpu.launch_state_copy(dp.meta, dp.fused.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, dp.err,
                                   max_accepted=geo.max_accepted, num_blocks=case.num_blocks, has_temporal=True,
-                                  num_requests=R, chunks=c, validated=True)
+                                  chunks=c)
 
         ok = verify(torch, case, lambda: fused_c(0), temporal=True, conv=False, shift=shift)
         add(f"fused[temporal,c={c}]", "temporal", fused_c, verified=ok)

@@ -6,22 +6,21 @@
 
 pub mod binding;
 pub mod commit;
-pub mod commit_meta;
 pub mod copy_funcs;
 pub mod dtype;
 pub mod error;
 pub mod executor;
 pub mod families;
-pub mod launch;
+pub mod kernels;
 pub mod layout;
 pub mod plan;
-pub mod recover;
 
 #[cfg(feature = "python")]
 mod python;
 
 pub use binding::{Binding, Device, StateTensor, TensorDesc};
-pub use commit_meta::{commit_meta, CommitConfig, CommitMeta, CommitTensors};
+pub use commit::{commit_meta, CommitConfig, CommitMeta, CommitTensors};
+pub use kernels::{KernelSpec, Launch, KERNELS};
 pub use copy_funcs::{validate_copy_funcs, CopyFuncKind, CopyPrefix, GroupSpec};
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};

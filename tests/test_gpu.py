@@ -16,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 cupy = pytest.importorskip("cupy")
 
-from recoverssm_rs import gpu, kernelcheck as kc  # noqa: E402
+from recoverssm_rs import gpu  # noqa: E402
+from support import emulation, generators, references  # noqa: E402
 
 
 # Skipped without a CUDA device by tests/conftest.py.
@@ -54,14 +55,14 @@ def test_copy_tiles_matches_reference(seed):
     host = rng.integers(0, 256, size=1 << 21, dtype=np.uint8)
     dev = torch.from_numpy(host.copy()).cuda()
     base = dev.data_ptr()
-    rel = kc.random_segment_plan(rng, arena_size=host.size, max_segments=16, max_bytes=512 * 1024,
+    rel = generators.random_segment_plan(rng, arena_size=host.size, max_segments=16, max_bytes=512 * 1024,
                                  descending=seed % 4 == 3)
-    segs = kc.absolute_segments(rel, base)
-    tiles, starts = kc.make_tiles(segs, tile_bytes=int(rng.choice([64, 4096, 65536])), rng=rng)
+    segs = generators.absolute_segments(rel, base)
+    tiles, starts = references.make_tiles(segs, tile_bytes=int(rng.choice([64, 4096, 65536])), rng=rng)
     run_waves(to_dev(segs), to_dev(tiles), starts, max_ctas=None if seed % 2 else 7)
     torch.cuda.synchronize()
     ref = host.copy()
-    kc.reference_execute_segments(ref, segs, base=base)
+    references.reference_execute_segments(ref, segs, base=base)
     got = dev.cpu().numpy()
     assert np.array_equal(got, ref), f"{np.count_nonzero(got != ref)} bytes differ"
 
@@ -77,17 +78,17 @@ def test_copy_tiles_large_unaligned_temporal_copies():
         src = 2 * i * n + (i % 4) * 4
         dst = (2 * i + 1) * n + (i // 4) * 4 + 8
         segs[i] = (base + src, base + dst, n - 64, 1, 0, 0, gpu.MODE_DISJOINT, 4)
-    tiles, starts = kc.make_tiles(segs, tile_bytes=128 * 1024)
+    tiles, starts = references.make_tiles(segs, tile_bytes=128 * 1024)
     run_waves(to_dev(segs), to_dev(tiles), starts)
     torch.cuda.synchronize()
     ref = host.copy()
-    kc.reference_execute_segments(ref, segs, base=base)
+    references.reference_execute_segments(ref, segs, base=base)
     assert np.array_equal(dev.cpu().numpy(), ref)
 
 
 def state_case(seed, **kw):
     rng = np.random.default_rng(seed)
-    p = kc.random_state_problem(rng, **kw)
+    p = generators.random_state_problem(rng, **kw)
     host = rng.integers(0, 256, size=p.arena_size, dtype=np.uint8)
     dev = torch.from_numpy(host.copy()).cuda()
     return rng, p, host, dev
@@ -104,7 +105,7 @@ def test_state_copy_matches_reference(seed):
                           has_temporal=p.has_temporal, chunks=int(rng.choice([1, 4, 16])))
     torch.cuda.synchronize()
     ref = host.copy()
-    want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
                                    max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=base)
     assert err.cpu().numpy().tolist() == want.tolist()
     assert np.array_equal(dev.cpu().numpy(), ref)
@@ -119,12 +120,12 @@ def test_state_copy_align_matches_reference(seed):
     bs = int(rng.choice([1, 2, 4, 16]))
     running = rng.integers(0, (cols + 1) * bs + 1, size=R).astype(np.int32)
     err = torch.zeros(3, dtype=torch.int32, device="cuda")
-    gpu.launch_state_copy_align(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col),
-                                i32_dev(running), i32_dev(p.num_accepted), err, block_size=bs,
-                                max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
+    gpu.launch_state_copy(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col),
+                          i32_dev(running), i32_dev(p.num_accepted), err, block_size=bs,
+                          max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
     torch.cuda.synchronize()
     ref = host.copy()
-    want = kc.reference_state_copy_align(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
+    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
                                          block_size=bs, max_accepted=p.max_accepted, num_blocks=p.num_blocks,
                                          base=base)
     assert err.cpu().numpy().tolist() == want.tolist()
@@ -156,7 +157,7 @@ def test_state_copy_gdn_sized_states():
                           max_accepted=4, num_blocks=nb, has_temporal=True)
     torch.cuda.synchronize()
     ref = host.copy()
-    kc.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=4, num_blocks=nb, base=base)
+    references.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=4, num_blocks=nb, base=base)
     assert err.cpu().tolist() == [0, 0, 0]
     assert np.array_equal(dev.cpu().numpy(), ref)
 
@@ -235,7 +236,7 @@ def test_state_copy_captures_in_a_cuda_graph_and_replays():
         graph.replay()
         torch.cuda.synchronize()
         ref = arena.copy()
-        want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, acc,
+        want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, acc,
                                        max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
         assert t["err"].cpu().tolist() == want.tolist()
         assert np.array_equal(dev.cpu().numpy(), ref), f"replay {step}"
@@ -243,9 +244,9 @@ def test_state_copy_captures_in_a_cuda_graph_and_replays():
 
 def test_launches_never_synchronise():
     rng, p, host, dev, metas, t = _graph_problem()
-    rel = kc.random_segment_plan(rng, arena_size=host.size, max_bytes=8192)
-    segs = kc.absolute_segments(rel, dev.data_ptr())
-    tiles, starts = kc.make_tiles(segs, tile_bytes=1024)
+    rel = generators.random_segment_plan(rng, arena_size=host.size, max_bytes=8192)
+    segs = generators.absolute_segments(rel, dev.data_ptr())
+    tiles, starts = references.make_tiles(segs, tile_bytes=1024)
     segs_d, tiles_d = to_dev(segs), to_dev(tiles)
     for name in gpu.KERNEL_NAMES:
         gpu.get_kernel(name)
@@ -273,7 +274,7 @@ def test_launches_follow_the_callers_stream():
         out = dev.clone()
     side.synchronize()
     ref = src_host.copy()
-    kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+    references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
                             max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
     assert np.array_equal(out.cpu().numpy(), ref)
 
@@ -313,7 +314,7 @@ def test_execute_plan_of_the_rust_planner(conv_layout):
     plan.execute(stream=side)
     side.synchronize()
     ref = host.copy()
-    kc.reference_state_copy(ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb,
+    references.reference_state_copy(ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb,
                             base=arena.data_ptr())
     assert np.array_equal(arena.cpu().numpy(), ref)
 
@@ -439,7 +440,7 @@ def test_launch_align_decision_equals_the_host_plan(conv_layout, seed):
             a = int(rng.integers(1, nspec + 2))
             run = int(rng.integers(0, cols * bs))
             s = max(0, (run - 1) // bs)
-            dec = kc.align_decision(run, a, bs)
+            dec = references.align_decision(run, a, bs)
             if dec is None or (dec[0] < cols and s + dec[1] - 1 < cols and (dec[0], dec[1]) != (s, 1)):
                 break
         src[r], running[r], acc[r] = s, run, a
@@ -477,8 +478,10 @@ def test_launch_align_is_one_launch_and_never_synchronises(monkeypatch):
     inputs = [_dev(bt, torch.int64), _dev(src, torch.int64), _dev(dst), _dev(acc, torch.int64)]
     pair.dev.prepare_device()  # upload + compile outside the checked region
     launches = []
-    real = gpu._launch
-    monkeypatch.setattr(gpu, "_launch", lambda name, *a: (launches.append(name), real(name, *a)))
+    from recoverssm_rs.cuda import module
+
+    real = module.launch
+    monkeypatch.setattr(module, "launch", lambda kl, *a: (launches.append(kl.kernel), real(kl, *a)))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -182,7 +182,19 @@ class Planner:
     def layout(self) -> Layout: ...
     def plan_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any) -> Plan: ...
     def plan_copy(self, src_blocks: Any, dst_blocks: Any) -> Plan: ...
-    def plan_commit(
+    def state_meta(self) -> RawBuffer: ...
+
+class CommitPlanner:
+    """Commit planning for one RecoverSSM layout over a pool of ``num_blocks`` blocks: which requests
+    fold how many verified tokens into which block and, in align mode, which prefix-cache block
+    receives the state at the crossed block boundary. Every input is checked before anything moves."""
+
+    def __init__(self, layout: Layout, num_blocks: int) -> None: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def window(self) -> int: ...
+    def plan(
         self,
         state_blocks: Any,
         num_accepted: Any,
@@ -191,9 +203,9 @@ class Planner:
         block_table: Any = None,
         block_size: int | None = None,
         max_requests: int | None = None,
-    ) -> RawBuffer: ...
+    ) -> RawBuffer:
+        """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
     def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> None: ...
-    def state_meta(self) -> RawBuffer: ...
 
 _TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool]
 
@@ -213,47 +225,144 @@ def commit_meta_table(
 
 _DeviceArg = tuple[int, str, Sequence[int], Sequence[int], str]
 
-def check_device_address(a: _DeviceArg, what: str) -> None:
-    """``BindingError`` unless the described argument lives in CUDA memory."""
+class RecoverSSMError(Exception): ...
+class LayoutError(RecoverSSMError, ValueError): ...
+class BindingError(RecoverSSMError, ValueError): ...
+class PlanError(RecoverSSMError, ValueError): ...
+class BackendUnavailableError(RecoverSSMError, RuntimeError): ...
 
-def device_vector(a: _DeviceArg, what: str, min_len: int) -> tuple[int, int]:
-    """``(ptr, len)`` of a contiguous 1-D int32 CUDA vector of at least ``min_len`` elements."""
+class KernelLaunch:
+    """One ready launch built by the core: kernel, grid, block and the packed arguments."""
 
-def device_block_table(a: _DeviceArg) -> tuple[int, int, int, int]:
-    """``(ptr, rows, cols, row_stride_elements)`` of a 2-D int32 CUDA block table."""
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def grid(self) -> tuple[int, int, int]: ...
+    @property
+    def block(self) -> tuple[int, int, int]: ...
+    @property
+    def args(self) -> bytes: ...
+    @property
+    def args_ptr(self) -> int: ...
+    @property
+    def args_size(self) -> int: ...
+    @property
+    def extra_ptr(self) -> int:
+        """Address of the ``extra`` array for ``cuLaunchKernel`` (valid while this object lives)."""
+    def values(self) -> list[tuple[str, int]]: ...
 
-def check_step_args(
+class FusedCopy:
+    """The fused state copy of one bound planner (constants checked once)."""
+
+    def __init__(
+        self,
+        device_name: str,
+        metas: int,
+        num_meta: int,
+        max_accepted: int,
+        num_blocks: int,
+        has_temporal: bool,
+        chunks: int,
+        err: int,
+    ) -> None: ...
+    def launch(
+        self,
+        block_table: _DeviceArg,
+        src_col: _DeviceArg,
+        second: _DeviceArg,
+        num_accepted: _DeviceArg,
+        err: _DeviceArg | None = None,
+        block_size: int | None = None,
+    ) -> KernelLaunch | None: ...
+    def check(
+        self,
+        block_table: _DeviceArg,
+        src_col: _DeviceArg,
+        second: _DeviceArg,
+        num_accepted: _DeviceArg,
+        err: _DeviceArg | None = None,
+        block_size: int | None = None,
+    ) -> int: ...
+    @property
+    def device_index(self) -> int: ...
+    @property
+    def chunks(self) -> int: ...
+    @property
+    def num_meta(self) -> int: ...
+    @property
+    def has_temporal(self) -> bool: ...
+
+class CommitLaunch:
+    """The commit kernel of one state cache (constants and grid checked once)."""
+
+    def __init__(
+        self,
+        device_name: str,
+        metas: int,
+        table: Any,
+        num_blocks: int,
+        max_requests: int,
+        err: int = 0,
+        threads: int = 256,
+    ) -> None: ...
+    def launch(
+        self,
+        rows: _DeviceArg,
+        num_rows: int | None = None,
+        num_accepted: _DeviceArg | None = None,
+        err: _DeviceArg | None = None,
+    ) -> KernelLaunch | None: ...
+    @property
+    def ctas(self) -> tuple[int, int]: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def device_index(self) -> int: ...
+
+class ErrorWord:
+    """The decoded error word (``int32[3]``) of a kernel launch."""
+
+    def __init__(self, words: Sequence[int], num_requests: int) -> None: ...
+    @property
+    def bits(self) -> int: ...
+    @property
+    def first_request(self) -> int | None: ...
+    @property
+    def last_request(self) -> int | None: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def names(self) -> list[str]: ...
+
+def copy_tiles_launch(
+    segments: int, tiles: int, first_tile: int, num_tiles: int, max_ctas: int | None = None
+) -> KernelLaunch | None:
+    """The launch of one wave of ``rs_copy_tiles``, or ``None`` when it has no tile."""
+
+def state_chunks(max_state_bytes: int) -> int:
+    """CTAs per state copy of the fused kernel for states of at most ``max_state_bytes`` bytes."""
+
+def commit_grid(table: Any, threads: int = 256) -> tuple[int, int]:
+    """``(rec_ctas, conv_ctas)`` of the commit kernel for a table's bytes."""
+
+def pack_launch(
+    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], values: Sequence[int]
+) -> KernelLaunch:
+    """A launch of kernel ``name`` with raw, range-checked argument values."""
+
+def check_fused_step(
     device_name: str,
     block_table: _DeviceArg,
-    vectors: Sequence[tuple[str, _DeviceArg]],
+    src_col: _DeviceArg,
+    second: _DeviceArg,
+    num_accepted: _DeviceArg,
     err: _DeviceArg | None = None,
     block_size: int | None = None,
 ) -> int:
-    """The number of requests of a fused-kernel step whose device inputs pass the core's checks
-    (``PlanError`` otherwise)."""
+    """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
 
 def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> None:
     """``PlanError`` unless ``a`` is an integer vector on ``device_name`` of ``min_len``+ counts."""
 
-def check_commit_rows(device_name: str, a: _DeviceArg, num_rows: int | None = None) -> int:
-    """The number of 32-byte commit rows in a contiguous row buffer on ``device_name`` (``PlanError``
-    when it is elsewhere, strided, or holds fewer than ``num_rows``)."""
-
-def check_fused_launch(
-    num_meta: int,
-    num_requests: int,
-    max_accepted: int,
-    num_blocks: int,
-    chunks: int,
-    block_size: int | None,
-    bt_rows: int,
-) -> None:
-    """Ranges of the fused state-copy kernels' scalar parameters."""
-
-def check_tile_range(first_tile: int, num_tiles: int) -> None:
-    """A wave's tile range of ``rs_copy_tiles`` (32-bit indices)."""
-
-def check_commit_launch(
-    num_layers: int, num_rows: int, num_blocks: int, max_requests: int, rec_ctas: int, conv_ctas: int
-) -> None:
-    """Ranges of the commit kernel's scalar parameters."""
+def kernel_abi() -> dict[str, Any]:
+    """The calling convention of every kernel, the record layouts and the shared constants."""

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["describe_arg", "require_arg", "describe_tensor"]
+__all__ = ["describe_arg", "require_arg", "describe_tensor", "host_ints"]
 
 #: ``(data_ptr, dtype, shape, byte_strides, device)``
 ArgDesc = tuple[int, str, list[int], list[int], str]
@@ -62,3 +62,29 @@ def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool]:
         assert d is not None
         return (*d, bool(t.flags.writeable) if isinstance(t, np.ndarray) else True)
     raise TypeError(f"state tensors must be torch tensors or numpy arrays, got {type(t).__name__}")
+
+
+def host_ints(x: Any, name: str) -> Any:
+    """A host integer array for the core: numpy arrays pass through without a copy, CPU tensors
+    become numpy views; the core checks the dtype and shape.
+
+    Raises:
+        PlanError: ``x`` is a tensor in device memory (reading it would synchronise the device), or
+            a tensor of a dtype numpy lacks.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "device") and hasattr(x, "numpy"):  # torch.Tensor
+        from .errors import PlanError
+
+        if x.device.type != "cpu":
+            raise PlanError(
+                f"{name} is on {x.device}; host plans read host inputs (copying them to the host "
+                "would synchronise the device). Pass CPU arrays, or launch the device-side copy "
+                "with the GPU executor, which reads its inputs in device memory."
+            )
+        try:
+            return x.detach().numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16, ...): never an integer array
+            raise PlanError(f"{name} must be an int32 or int64 array, got {x.dtype}") from None
+    return np.asarray(x)

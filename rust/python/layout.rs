@@ -182,7 +182,7 @@ impl Layout {
     /// The RecoverSSM geometry of this layout (state indices, heads, head dims, window, gate
     /// kind, conv geometry); raises LayoutError when the layout cannot serve RecoverSSM.
     fn recover_geometry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let g = crate::recover::recover_geometry(&self.inner).py_err(py)?;
+        let g = crate::commit::recover_geometry(&self.inner).py_err(py)?;
         let d = PyDict::new(py);
         d.set_item("conv_state", g.conv_state)?;
         d.set_item("recurrent_state", g.recurrent_state)?;

@@ -584,10 +584,5 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_recover_commit(
 }
 
 #if defined(RS_HOST_EMULATION)
-RS_HOST_ENTRY(rs_recover_commit,
-              (const CommitMeta* metas, uint32_t num_layers, const CommitRow* rows, uint32_t num_rows,
-               const int32_t* num_accepted, uint32_t num_counts, int64_t num_blocks, uint32_t max_requests,
-               uint32_t rec_ctas, int32_t* err),
-              (metas, num_layers, rows, num_rows, num_accepted, num_counts, num_blocks, max_requests, rec_ctas,
-               err))
+RS_HOST_ENTRY(rs_recover_commit)
 #endif
