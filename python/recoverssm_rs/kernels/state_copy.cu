@@ -1,5 +1,5 @@
 // recoverssm_rs: fused align-mode copy of the persistent states (GDN_ATTN / Mamba / KDA layouts),
-// compact per-request form (DESIGN.md section 2, vLLM 0.33 align mode).
+// compact per-request form (docs/design.md section 3, vLLM 0.33 align mode).
 #include "common.cuh"
 
 // Bytes of one state copy per CTA: a state uses min(gridDim.x, ceil(state_bytes / this)) CTAs (at
