@@ -24,7 +24,7 @@ def _text_files() -> list[Path]:
 
 
 def _sections() -> set[str]:
-    heads = re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", DESIGN.read_text(), flags=re.M)
+    heads = re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", DESIGN.read_text(), flags=re.MULTILINE)
     return set(heads)
 
 
