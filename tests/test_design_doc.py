@@ -3,6 +3,7 @@ section that exists, and nothing points to a design document outside the reposit
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,11 +16,12 @@ CITATION = re.compile(r"docs/design\.md\)?\s+sections?\s+(\d+(?:\.\d+)?)")
 
 def _text_files() -> list[Path]:
     out = []
-    for path in ROOT.rglob("*"):
-        if any(part in SKIP_DIRS for part in path.relative_to(ROOT).parts):
-            continue
-        if path.is_file() and (path.suffix in SUFFIXES or path.name == "run"):
-            out.append(path)
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        for name in filenames:
+            path = Path(dirpath, name)
+            if path.suffix in SUFFIXES or name == "run":
+                out.append(path)
     return out
 
 
