@@ -416,7 +416,7 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
         "combined": combined,
         "temporal": layouts.linear_attention(num_heads=temp_spec.shape[0], head_dim=temp_spec.shape[1],
                                              num_spec=nspec, ssm_dtype="float32"),
-        "conv": layouts.short_conv(hidden_size=dim, conv_kernel_size=width - nspec + 1, num_spec=nspec,
+        "conv": layouts.short_conv(intermediate_size=dim, conv_kernel=width - nspec + 1, num_spec=nspec,
                                    conv_layout="DS", dtype="bfloat16"),
     }
     assert lay["temporal"].persistent[0].shape == temp_spec.shape

@@ -2,7 +2,7 @@
 
     .venv/bin/python benches/plan_step.py [--requests 256 --layers 48 --repeat 300 --json]
 
-Workload (DESIGN.md section 4): Qwen3-Next GDN layers (``layouts.preset("qwen3-next-80b-a3b",
+Workload (docs/design.md section 9): Qwen3-Next GDN layers (``layouts.preset("qwen3-next-80b-a3b",
 num_spec=3)``: conv SD ``[6, 8192]`` bf16 = 96 KiB, temporal ``[32, 128, 128]`` bf16 = 1 MiB per
 block), ``--layers`` layers x ``--requests`` requests x 2 persistent states; block table
 ``[R, 5]`` int32 with distinct blocks, ``src_col = 0``, ``dst_col = 4``, ``num_accepted`` random

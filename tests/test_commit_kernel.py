@@ -1,4 +1,4 @@
-"""No-GPU checks of the RecoverSSM commit kernel (kernels/recover_commit.cu, DESIGN.md section 6).
+"""No-GPU checks of the RecoverSSM commit kernel (kernels/recover_commit.cu, docs/design.md section 8).
 
 * NVRTC compiles ``recover_commit.cu`` for sm_80 and sm_90 with CuPy's RawModule options; ptxas
   reports no spills, no stack frame (local memory), no barriers and registers for 3 CTAs of 256

@@ -421,7 +421,7 @@ def test_state_chunks_follow_the_largest_state():
 
 
 def test_conv_only_layout_has_no_temporal_flag(fake_ops, recorder):
-    layout = layouts.short_conv(hidden_size=64, conv_kernel_size=4, num_spec=2, conv_layout="DS")
+    layout = layouts.short_conv(intermediate_size=64, conv_kernel=4, num_spec=2, conv_layout="DS")
     planner = cuda_planner(layout, host_states(layout, 8, 3, 2))
     planner.launch_align(*_good())
     assert recorder.calls[0]["has_temporal"] is False

@@ -1,4 +1,4 @@
-"""No-GPU checks of the CUDA kernels (DESIGN.md section 6).
+"""No-GPU checks of the CUDA kernels (docs/design.md section 8).
 
 * NVRTC compiles every kernel source for sm_80 and sm_90 with CuPy's RawModule options; ptxas
   reports no spills, no stack frame (local memory) and no barriers.

@@ -2,7 +2,7 @@
 
 * Property tests (hypothesis): random layouts, pools (separate tensors or strided page views into
   one byte buffer) and steps; every executed plan is compared byte for byte with a naive reference
-  written from DESIGN.md section 2, and a model of the validation rules predicts exactly which
+  written from docs/design.md section 3, and a model of the validation rules predicts exactly which
   steps the planner rejects (and which request the message names). A rejected step moves nothing.
 * Targeted tests for every PlanError rule, hazard ordering (waves), in-block conv shifts, inputs.
 * Plan inspection: the zero-copy record views, coalescing, tiles, compact rows, reprs.
@@ -113,7 +113,7 @@ def assert_bytes_equal(states, expected):
 
 
 # ------------------------------------------------------------------------------------------------
-# The reference (DESIGN.md section 2, torch indexing on byte views) and a model of the rules
+# The reference (docs/design.md section 3, torch indexing on byte views) and a model of the rules
 # ------------------------------------------------------------------------------------------------
 
 

@@ -135,7 +135,8 @@ def _add_layout_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help=f"one of: {', '.join(layouts.PRESETS)}")
     p.add_argument("--family", choices=sorted(layouts.FAMILIES), help="a calculator to call")
     p.add_argument("--param", action="append", metavar="NAME=VALUE",
-                   help="a calculator parameter, e.g. num_k_heads=16 (repeatable)")
+                   help="a calculator parameter under vLLM's name, e.g. num_k_heads=16 (repeatable; "
+                        "docs/design.md section 4 lists each family's)")
     p.add_argument("--tp-size", type=int, dest="tp_size")
     p.add_argument("--num-spec", type=int, dest="num_spec")
     p.add_argument("--conv-layout", choices=["SD", "DS"], dest="conv_layout")

@@ -107,7 +107,7 @@ impl Planner {
         }
     }
 
-    /// Plans an align-mode step (DESIGN.md section 2).
+    /// Plans an align-mode step (docs/design.md section 3).
     pub fn plan_align(&self, step: &AlignStep<'_>) -> Result<CopyPlan> {
         let mut scratch = self.take_scratch();
         let r = step::align_moves(step, &self.limits(), &mut scratch.moves)

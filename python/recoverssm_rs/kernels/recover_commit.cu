@@ -3,7 +3,7 @@
 // After sampling, each request folds its first `count` verified records (u_t, k_t, gate_t) into its
 // persistent recurrent state, in place, and the block's conv window becomes the verified window
 // compacted by `count`; in align mode the state / window after `boundary_len` tokens also go to the
-// prefix-cache block crossed inside the window (DESIGN.md section 3; the torch reference is
+// prefix-cache block crossed inside the window (docs/design.md section 5; the torch reference is
 // recoverssm_rs.recurrence.commit + compact_conv_window, driven as StateCache.commit drives them).
 #include "common.cuh"
 

@@ -1,6 +1,7 @@
 // recoverssm_rs: fused align-mode copy of the persistent states (GDN_ATTN / Mamba / KDA layouts),
-// compact per-request form (docs/design.md, vLLM 0.33 align mode). One entry point, rs_state_copy,
-// with the destination columns given or the align decision taken on the device (RS_FLAG_DECIDE).
+// compact per-request form (docs/design.md section 3, vLLM 0.33 align mode). One entry point,
+// rs_state_copy, with the destination columns given or the align decision taken on the device
+// (RS_FLAG_DECIDE).
 #include "common.cuh"
 
 // Bytes of one state copy per CTA: a state uses min(gridDim.x, ceil(state_bytes / this)) CTAs (at
