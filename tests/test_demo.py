@@ -189,6 +189,19 @@ def test_cli_json_subprocess():
     assert doc["config"]["device"] == "cpu"
     assert doc["tokens_accepted"] > 0 and doc["boundary_states"] > 0
     assert "step    8/8" in r.stderr  # progress on stderr
+    # the last progress line counts the same checks as the summary
+    assert f" {doc['checks']} checks, 0 mismatches" in r.stderr.splitlines()[-1]
+
+
+def test_the_demo_package_imports_neither_the_cli_nor_torch():
+    # the command line imports the demo's parser; the demo never imports the command line (no
+    # cycle), and parsing needs no torch
+    code = ("import sys, recoverssm_rs.demo, recoverssm_rs.demo.cli; "
+            "print('recoverssm_rs.cli' in sys.modules, 'torch' in sys.modules); "
+            "import recoverssm_rs.cli; print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False", "False"]
 
 
 def test_cli_text_summary(capsys):

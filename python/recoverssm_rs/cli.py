@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -241,3 +243,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         return int(args.func(args))
     except RecoverSSMError as e:
         fail(prog, f"{type(e).__name__}: {e}")
+    except KeyboardInterrupt:
+        fail(prog, "interrupted", 130)
+    except BrokenPipeError:  # the reader went away (``... | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
