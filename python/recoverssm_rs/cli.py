@@ -36,6 +36,8 @@ _FAMILY_FLAGS = {"tp_size": "--tp-size", "num_spec": "--num-spec", "conv_layout"
                  "dtype": "--dtype", "ssm_dtype": "--ssm-dtype"}
 """Calculator parameters that have their own flag (the others go through --param)."""
 
+_UNSET = "(default: the preset's value, or the calculator's: see --list-params)"
+
 
 def family_params(family: str) -> list[inspect.Parameter]:
     """The parameters of ``family``'s calculator, as the core declares them."""
@@ -186,16 +188,14 @@ def _add_layout_parser(sub: Any) -> None:
                    help="a calculator parameter, e.g. num_k_heads=16 (repeatable; overrides a "
                         "preset's value)")
     p.add_argument("--tp-size", type=int, dest="tp_size",
-                   help="tensor-parallel size (default: the preset's, or 1)")
+                   help=f"tensor-parallel size {_UNSET}")
     p.add_argument("--num-spec", type=int, dest="num_spec",
-                   help="draft tokens per speculative step (default: the preset's, or 0)")
+                   help=f"draft tokens per speculative step {_UNSET}")
     p.add_argument("--conv-layout", choices=["SD", "DS"], dest="conv_layout",
-                   help="conv window layout: SD = (width, dim), DS = (dim, width) "
-                        "(default: the preset's, or SD)")
-    p.add_argument("--dtype", help="state dtype, e.g. bfloat16 (default: the preset's, or the "
-                                   "family's)")
+                   help=f"conv window layout: SD = (width, dim), DS = (dim, width) {_UNSET}")
+    p.add_argument("--dtype", help=f"state dtype, e.g. bfloat16 {_UNSET}")
     p.add_argument("--ssm-dtype", dest="ssm_dtype",
-                   help="temporal / recurrent state dtype (default: the preset's, or --dtype)")
+                   help=f"temporal / recurrent state dtype {_UNSET}")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_layout, parser=p)
 
