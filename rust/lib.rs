@@ -9,6 +9,7 @@ pub mod commit;
 pub mod commit_meta;
 pub mod copy_funcs;
 pub mod dtype;
+pub mod engine_step;
 pub mod error;
 pub mod executor;
 pub mod families;
