@@ -13,6 +13,7 @@ pub mod engine_step;
 pub mod error;
 pub mod executor;
 pub mod families;
+pub mod group_plan;
 pub mod launch;
 pub mod layout;
 pub mod plan;

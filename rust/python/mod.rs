@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 mod commit;
+mod group_plan;
 mod launch;
 mod layout;
 mod plan;
@@ -46,5 +47,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     commit::register(m)?;
     launch::register(m)?;
+    group_plan::register(m)?;
     Ok(())
 }
