@@ -72,15 +72,20 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     """vLLM's mamba groups as ``(group id, spec, layer names)``, sorted by group id; a group whose
     layers use several specs gives one entry per spec. A spec is recognised by its ``mamba_type``
     and ``shapes``; attention groups are skipped."""
-    out: dict[tuple[int, Any], list[str]] = {}
+    out: list[tuple[int, Any, list[str]]] = []
     for gid, group in enumerate(kv_cache_config.kv_cache_groups):
         for layer in group.layer_names:
             spec = _layer_spec(group, layer)
             if hasattr(spec, "mamba_type") and hasattr(spec, "shapes"):
-                out.setdefault((gid, spec), []).append(layer)
+                # Specs are compared by value (vLLM's are frozen dataclasses); plain objects by identity.
+                entry = next((e for e in out if e[0] == gid and (e[1] is spec or e[1] == spec)), None)
+                if entry is None:
+                    out.append((gid, spec, [layer]))
+                else:
+                    entry[2].append(layer)
     if not out:
         raise LayoutError("the KV-cache config has no mamba group (no spec with mamba_type and shapes)")
-    return [(gid, spec, layers) for (gid, spec), layers in sorted(out.items(), key=lambda kv: kv[0][0])]
+    return out
 
 
 def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
