@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -51,7 +51,7 @@ def _name(x: Any) -> str:
     return n if isinstance(n, str) else str(x)
 
 
-def copy_kind(func: Any) -> str:
+def copy_kind(func: Any) -> Literal["conv", "temporal"]:
     """``"conv"`` or ``"temporal"`` for a copy function (vLLM's ``get_conv_copy_spec`` /
     ``get_temporal_copy_spec``, or the strings themselves), recognised by name."""
     name = func if isinstance(func, str) else getattr(func, "__name__", repr(func))
@@ -89,12 +89,15 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
 
 
 def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
+    if conv_layout not in ("SD", "DS"):
+        raise LayoutError(f"conv_layout must be 'SD' or 'DS' (VLLM_SSM_CONV_STATE_LAYOUT), got {conv_layout!r}")
+    layout = cast(Literal["SD", "DS"], conv_layout)
     states = []
     for i, f in enumerate(funcs):
         kind = copy_kind(f)
         states.append(StateSpec(
             f"{kind}{i}", [int(d) for d in spec.shapes[i]], spec.dtypes[i], copy=kind,
-            conv_layout=conv_layout if kind == "conv" else None))
+            conv_layout=layout if kind == "conv" else None))
     return Layout(_name(spec.mamba_type), states, num_spec=int(spec.num_speculative_blocks))
 
 
