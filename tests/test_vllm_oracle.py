@@ -32,7 +32,7 @@ def oracle():
 
 
 TRACES = {
-    # name: (groups, block_size, num_speculative_blocks, conv layout, seed)
+    # name: (groups, block_size, num_speculative_blocks, conv layout, seed[, shared pages])
     "gdn-SD-spec2": ([G("GDN_ATTN", 2)], 4, 2, "SD", 11),
     "gdn-DS-spec2": ([G("GDN_ATTN", 2)], 4, 2, "DS", 12),
     "3groups-DS-spec2": ([G("GDN_ATTN", 1), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 1, temporal_shape=(3, 4))],
@@ -40,16 +40,32 @@ TRACES = {
     "2groups-SD-bs2-spec3": ([G("GDN_ATTN", 1), G("SHORT_CONV", 2, conv_dim=3)], 2, 3, "SD", 14),
     "gdn-SD-nospec-scalar": ([G("GDN_ATTN", 2), G("SHORT_CONV", 1)], 4, 0, "SD", 15),
     "gdn-DS-nospec-scalar": ([G("GDN_ATTN", 1)], 3, 0, "DS", 16),
+    # vLLM's hybrid allocator: layer i of every group views one buffer of padded pages
+    "3groups-DS-shared-pages": ([G("GDN_ATTN", 2), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 2, temporal_shape=(3, 4))],
+                                4, 2, "DS", 21, True),
+    "2groups-SD-shared-pages": ([G("GDN_ATTN", 1), G("LINEAR", 1, temporal_shape=(3, 4))], 4, 1, "SD", 22, True),
 }
 
 
 @pytest.mark.parametrize("name", list(TRACES))
 def test_trace_equals_vllm(oracle, name):
-    groups, bs, nsb, layout, seed = TRACES[name]
-    stats = vllm_trace.run_trace(oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS)
+    groups, bs, nsb, layout, seed, *shared = TRACES[name]
+    stats = vllm_trace.run_trace(oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS,
+                                 shared_pages=bool(shared))
     assert stats.steps == STEPS and stats.pre_copies > 0
     if nsb:
         assert stats.post_copies > 0
+
+
+def test_shared_pages_share_memory_across_groups():
+    sim = vllm_trace.Sim([G("GDN_ATTN", 1), G("LINEAR", 1, temporal_shape=(3, 4))], 4, 1, "SD", seed=0)
+    states = sim.make_states(shared_pages=True)
+    gdn_conv, linear_temporal = states[0][0][0], states[1][0][0]
+    assert gdn_conv.untyped_storage().data_ptr() == linear_temporal.untyped_storage().data_ptr()
+    assert gdn_conv.stride(0) == linear_temporal.stride(0) > gdn_conv[0].numel() + states[0][0][1][0].numel()
+    clone = vllm_trace.Sim.clone_states(states)
+    assert clone[0][0][0].untyped_storage().data_ptr() == clone[1][0][0].untyped_storage().data_ptr()
+    assert clone[0][0][0].untyped_storage().data_ptr() != gdn_conv.untyped_storage().data_ptr()
 
 
 def test_traces_cover_the_features(oracle):

@@ -67,17 +67,52 @@ class Sim:
                 out.append(g.temporal_shape)
         return out
 
-    def make_states(self) -> list[list[list[torch.Tensor]]]:
-        """Per group, per layer, the kv_cache list (persistent states + one extra uncopied tensor)."""
+    def make_states(self, shared_pages: bool = False) -> list[list[list[torch.Tensor]]]:
+        """Per group, per layer, the kv_cache list (persistent states + one extra uncopied tensor).
+
+        ``shared_pages``: as vLLM's hybrid allocator lays them out, layer ``i`` of every group
+        views one buffer of padded pages (``[state0 | state1 | ... | padding]`` per block), and the
+        groups' block ids come from one pool (float32 groups only)."""
         gen = torch.Generator().manual_seed(int(self.rng.integers(1 << 30)))
+        pages: list[torch.Tensor] = []
+        if shared_pages:
+            page = max(sum(int(np.prod(s)) for s in self.shapes(g)) for g in self.groups) + 3  # padding
+            pages = [torch.randn(self.nb, page, generator=gen) for _ in range(max(g.layers for g in self.groups))]
         out = []
         for g in self.groups:
             layers = []
-            for _ in range(g.layers):
-                ts = [torch.randn((self.nb, *s), generator=gen, dtype=g.dtype) for s in self.shapes(g)]
+            for li in range(g.layers):
+                if shared_pages:
+                    ts, off = [], 0
+                    for s in self.shapes(g):
+                        inner = [int(np.prod(s[k + 1:])) for k in range(len(s))]
+                        ts.append(pages[li].as_strided((self.nb, *s), (pages[li].stride(0), *inner), off))
+                        off += int(np.prod(s))
+                else:
+                    ts = [torch.randn((self.nb, *s), generator=gen, dtype=g.dtype) for s in self.shapes(g)]
                 ts.append(torch.zeros(self.nb, 2))  # e.g. a ReplaySSM ring: never copied
                 layers.append(ts)
             out.append(layers)
+        return out
+
+    @staticmethod
+    def clone_states(states: list[list[list[torch.Tensor]]]) -> list[list[list[torch.Tensor]]]:
+        """An identical copy, views of shared buffers staying views of (copied) shared buffers."""
+        bases: dict[int, torch.Tensor] = {}
+        out = []
+        for g in states:
+            gl = []
+            for layer in g:
+                ll = []
+                for t in layer:
+                    base = t._base if t._base is not None else None
+                    if base is None:
+                        ll.append(t.clone())
+                        continue
+                    nb_ = bases.setdefault(id(base), base.clone())
+                    ll.append(nb_.as_strided(t.shape, t.stride(), t.storage_offset()))
+                gl.append(ll)
+            out.append(gl)
         return out
 
     def alloc(self) -> int:
@@ -258,8 +293,9 @@ def _equal(a: list[list[list[torch.Tensor]]], b: list[list[list[torch.Tensor]]])
     for gi, (ga, gb) in enumerate(zip(a, b)):
         for li, (la, lb) in enumerate(zip(ga, gb)):
             for si, (ta, tb) in enumerate(zip(la, lb)):
-                if not torch.equal(ta.view(torch.uint8) if ta.dtype != torch.uint8 else ta,
-                                   tb.view(torch.uint8) if tb.dtype != torch.uint8 else tb):
+                same = (torch.equal(ta.view(torch.uint8), tb.view(torch.uint8)) if ta.is_contiguous()
+                        else torch.equal(ta, tb) and torch.equal(ta._base.view(torch.uint8), tb._base.view(torch.uint8)))
+                if not same:
                     diff = (ta != tb).reshape(ta.shape[0], -1).any(1).nonzero().flatten().tolist()
                     return f"group {gi}, layer {li}, state {si}: blocks {diff[:10]} differ"
     return None
@@ -277,15 +313,15 @@ class TraceStats:
 
 
 def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: int, nsb: int, conv_layout: str,
-              seed: int, steps: int = 24) -> TraceStats:
+              seed: int, steps: int = 24, shared_pages: bool = False) -> TraceStats:
     """Run one random trace through vLLM and the adapter; AssertionError at the first difference."""
     from recoverssm_rs.vllm import VllmMambaStep
 
     vllm_oracle.set_conv_layout(ns, conv_layout)
     sim = Sim(groups, block_size, nsb, conv_layout, seed)
     rng = sim.rng
-    states_v = sim.make_states()
-    states_o = [[[t.clone() for t in layer] for layer in g] for g in states_v]
+    states_v = sim.make_states(shared_pages)
+    states_o = Sim.clone_states(states_v)
     side_v, side_o = Side(sim, states_v, ns), Side(sim, states_o, None)
     vllm = VllmSide(ns, side_v)
     ours = VllmMambaStep.from_runner(side_o.kv_cache_config, side_o.forward_context, side_o.copy_funcs(None),
