@@ -99,7 +99,7 @@ def time_adapter(kvc, fc, ib, requests, so, ids, reps):
     times = []
     for _ in range(reps):
         step.release(ids)
-        step._slots(ids)
+        step._slots(ids, [])
         step.running_col[: len(ids)] = 0
         ib.num_accepted_tokens_cpu[:] = 1
         t0 = time.perf_counter()

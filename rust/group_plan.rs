@@ -192,3 +192,79 @@ impl GroupPlan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binding::{Binding, TensorDesc};
+    use crate::dtype::DType;
+    use crate::layout::{ConvLayout, CopyKind, Layout, StateSpec};
+
+    const NB: usize = 8;
+
+    /// One layer: an SD conv window (3 x 2) and a temporal state (4), f32, over `mem`.
+    fn planner(mem: &mut [f32], name: &str) -> Planner {
+        let states = vec![
+            StateSpec::persistent("conv", &[3, 2], DType::Float32, CopyKind::Conv(ConvLayout::SD)),
+            StateSpec::persistent("temporal", &[4], DType::Float32, CopyKind::Temporal),
+        ];
+        let layout = Layout::new(name, states, 2).unwrap();
+        let base = mem.as_mut_ptr() as u64;
+        let desc = |off: usize, shape: Vec<i64>, strides: Vec<i64>| TensorDesc {
+            data_ptr: base + off as u64 * 4,
+            dtype: DType::Float32,
+            shape,
+            strides,
+            device: "cpu".into(),
+            writable: true,
+        };
+        let conv = desc(0, vec![NB as i64, 3, 2], vec![24, 8, 4]);
+        let temporal = desc(NB * 6, vec![NB as i64, 4], vec![16, 4]);
+        Planner::new(Binding::new(&layout, &[vec![conv, temporal]]).unwrap())
+    }
+
+    fn mem() -> Vec<f32> {
+        (0..NB * 10).map(|i| i as f32).collect()
+    }
+
+    #[test]
+    fn equal_columns_follow_the_named_semantics() {
+        let cfg = StepConfig { block_size: 4, num_spec_blocks: 2 };
+        let table: Vec<i64> = vec![1, 2, 3, 4];
+        let t = [GroupTable { ids: &table, cols: 4 }];
+        for (sem, moves) in [(Semantics::PreCopy, false), (Semantics::PostProcess, true)] {
+            let mut m = mem();
+            let before = m.clone();
+            let gp = GroupPlanner::new(vec![planner(&mut m, "A")], cfg).unwrap();
+            // src == dst == column 1 (block 2), 3 accepted.
+            let plan = gp.plan(&t, &[1], &[1], &[3], sem).unwrap();
+            plan.execute_host().unwrap();
+            assert_eq!(plan.is_empty(), !moves, "{}", sem.name());
+            if moves {
+                // conv of block 2 shifted left by 2 rows in place; temporal from column 3 (block 4).
+                assert_eq!(m[12..14], before[16..18]);
+                assert_eq!(m[NB * 6 + 8..NB * 6 + 12], before[NB * 6 + 16..NB * 6 + 20]);
+            } else {
+                assert_eq!(m, before);
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_group_names_itself_and_nothing_runs() {
+        let cfg = StepConfig { block_size: 4, num_spec_blocks: 2 };
+        let (mut m0, mut m1) = (mem(), mem());
+        let before = (m0.clone(), m1.clone());
+        let gp = GroupPlanner::new(vec![planner(&mut m0, "A"), planner(&mut m1, "B")], cfg).unwrap();
+        let good: Vec<i64> = vec![1, 2, 3, 4];
+        let bad: Vec<i64> = vec![1, 0, 3, 4]; // group 1's destination is the null block
+        let e = gp
+            .plan(&[GroupTable { ids: &good, cols: 4 }, GroupTable { ids: &bad, cols: 4 }], &[0], &[1], &[1], Semantics::PreCopy)
+            .unwrap_err();
+        assert!(e.message.starts_with("group 1: B: request 0"), "{}", e.message);
+        assert_eq!((m0, m1), before);
+        let e = GroupPlanner::new(vec![planner(&mut mem(), "A")], StepConfig { block_size: 4, num_spec_blocks: 1 })
+            .unwrap_err();
+        assert!(e.message.contains("group 0 (A): its layout has num_spec = 2"), "{}", e.message);
+    }
+}

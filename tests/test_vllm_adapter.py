@@ -62,8 +62,11 @@ def test_a_prefix_hit_without_recurrent_state_names_the_request():
     step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=8)
     # An attention hit of 8 tokens; the window (columns 2..=4) is allocated, column 1 is not.
     r = Req("req-hit", prompt=20, computed=8, cols=[{2: 10, 3: 11, 4: 12}])
+    before = [t.clone() for t in side.states[0][0]]
     with pytest.raises(PlanError, match=r"request req-hit \(row 0\): prefix-cache hit of 8 computed tokens"):
         _one_step(sim, side, step, [r], {"req-hit": (4, 0)}, ensure=False)
+    assert repr(step).endswith("live=0)")  # no slot left behind
+    assert all(torch.equal(a, b) for a, b in zip(before, side.states[0][0]))
     r.cols[0][1] = 13  # with the recurrent state at column 1 the step runs
     _one_step(sim, side, step, [r], {"req-hit": (4, 0)}, ensure=False)
     assert step.running_col.max() == 2

@@ -190,7 +190,8 @@ class VllmMambaStep:
                 self.running_col[s] = -1
                 self._free.append(s)
 
-    def _slots(self, req_ids: Sequence[str]) -> np.ndarray:
+    def _slots(self, req_ids: Sequence[str], added: list[str]) -> np.ndarray:
+        """Each request's slot; new requests get a free one (their ids are appended to ``added``)."""
         out = np.empty(len(req_ids), dtype=np.int64)
         slot = self._slot
         for i, r in enumerate(req_ids):
@@ -199,6 +200,7 @@ class VllmMambaStep:
                 if not self._free:
                     raise PlanError(f"request {r!r}: more live requests than max_num_reqs = {len(self.running_col)}")
                 s = slot[r] = self._free.pop()
+                added.append(r)
             out[i] = s
         return out
 
@@ -247,15 +249,20 @@ class VllmMambaStep:
         self.release(getattr(cached, "resumed_req_ids", None) or ())
         req_ids = list(input_batch.req_ids)
         n = len(req_ids)
-        slots = self._slots(req_ids)
-        sched = scheduler_output.num_scheduled_tokens
-        spec = scheduler_output.scheduled_spec_decode_tokens
-        c = np.fromiter((requests[r].num_computed_tokens for r in req_ids), np.int64, n)
-        ns = np.fromiter((sched[r] for r in req_ids), np.int64, n)
-        nd = np.fromiter((len(spec.get(r, ())) for r in req_ids), np.int64, n)
-        tables = self.tables(input_batch, n)
-        acc = input_batch.num_accepted_tokens_cpu
-        d = self.pre_copy(tables, slots, c, ns, acc[:n], req_ids=req_ids)
+        added: list[str] = []
+        try:
+            slots = self._slots(req_ids, added)
+            sched = scheduler_output.num_scheduled_tokens
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            c = np.fromiter((requests[r].num_computed_tokens for r in req_ids), np.int64, n)
+            ns = np.fromiter((sched[r] for r in req_ids), np.int64, n)
+            nd = np.fromiter((len(spec.get(r, ())) for r in req_ids), np.int64, n)
+            tables = self.tables(input_batch, n)
+            acc = input_batch.num_accepted_tokens_cpu
+            d = self.pre_copy(tables, slots, c, ns, acc[:n], req_ids=req_ids)
+        except Exception:
+            self.release(added)  # a rejected step leaves no new slot behind
+            raise
         acc[:n] = d.num_accepted
         self._step = (tables, d.curr, c, ns, nd, req_ids)
 
