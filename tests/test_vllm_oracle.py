@@ -10,6 +10,7 @@ Skipped when the wheel cannot be fetched or Triton is missing, unless RECOVERSSM
 from __future__ import annotations
 
 import os
+import types
 
 import pytest
 
@@ -89,3 +90,54 @@ def test_the_oracle_catches_a_wrong_adapter(oracle, monkeypatch):
     with pytest.raises(AssertionError, match="after the post-process"):
         vllm_trace.run_trace(oracle, [G("GDN_ATTN", 1)], block_size=4, nsb=2, conv_layout="SD", seed=11, steps=STEPS)
     monkeypatch.setattr(adapter.VllmMambaStep, "post_process", real)
+
+
+def test_pre_copy_decisions_equal_vllms_over_random_rows(oracle, monkeypatch):
+    """vLLM's preprocess_mamba decision (its Python loop; the fused launch captured, not run) and
+    align_pre_copy agree on every row of random batches: new rows, prefix hits, stored columns
+    before, at and after the new running column, any accepted count."""
+    import numpy as np
+
+    from recoverssm_rs.groups import align_pre_copy
+
+    rng = np.random.default_rng(5)
+    for bs, nsb in [(4, 2), (1, 0), (16, 3), (3, 1)]:
+        sim = vllm_trace.Sim([G("GDN_ATTN", 1)], bs, nsb, "SD", seed=0, num_blocks=8, max_reqs=256, max_cols=64)
+        side = vllm_trace.Side(sim, sim.make_states(), oracle)
+        vllm = vllm_trace.VllmSide(oracle, side)
+        ctx = vllm.bufs.postprocess_align
+        captured = {}
+        if ctx is not None:
+            ctx.is_initialized = True
+            monkeypatch.setattr(ctx, "run_fused_precopy", lambda **k: captured.update(k))
+        else:
+            monkeypatch.setattr(oracle.wmu, "do_mamba_copy_block", lambda bufs: None)
+        r = 256
+        c = rng.integers(0, 40 * bs, r)
+        n = rng.integers(1, 3 * bs + 2, r)
+        a = rng.integers(1, nsb + 2, r)
+        curr = (c + n - 1) // bs
+        stored = np.where(rng.random(r) < 0.6, np.clip(curr + rng.integers(-2, 2, r), 0, None), -1)
+        ids = [f"r{i}" for i in range(r)]
+        bt = np.arange(1, r * 64 + 1, dtype=np.int64).reshape(r, 64) % 7 + 1  # every column live
+        side.input_batch.req_ids = ids
+        side.input_batch.num_accepted_tokens_cpu[:r] = a
+        side.requests = {i: types_ns(num_computed_tokens=int(x), block_ids=(bt[k].tolist(),))
+                         for k, (i, x) in enumerate(zip(ids, c))}
+        vllm.mamba_state_idx = {i: int(s) for i, s in zip(ids, stored) if s >= 0}
+        so = vllm_trace.scheduler_output(
+            [types_ns(rid=i) for i in ids], {i: (int(x), 0) for i, x in zip(ids, n)}, set(), set(), set())
+        vllm.pre(so)
+        d = align_pre_copy([bt], c, n, a, stored, block_size=bs, num_spec_blocks=nsb)
+        assert [vllm.mamba_state_idx[i] for i in ids] == d.curr.tolist()
+        assert side.input_batch.num_accepted_tokens_cpu[:r].tolist() == d.num_accepted.tolist()
+        if ctx is not None:
+            assert ctx.precopy_src_col_buf.np[:r].tolist() == d.src_col.tolist()
+            assert ctx.precopy_token_bias_buf.np[:r].tolist() == d.bias.tolist()
+            assert ctx.mamba_state_idx_buf.np[:r].tolist() == d.curr.tolist()
+        moved = d.src_col >= 0
+        assert moved.any() and (~moved).any() and (moved & (d.prev > d.curr)).any()
+
+
+def types_ns(**k):
+    return types.SimpleNamespace(**k)
