@@ -48,6 +48,20 @@ def test_from_runner_runs_the_contract_check():
         VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, {"MAMBA2": ("conv",)}, max_num_reqs=4)
 
 
+def test_only_align_mode_is_accepted():
+    import dataclasses
+
+    sim, side = _side([GroupCfg("GDN_ATTN", 1)])
+    group = side.kv_cache_config.kv_cache_groups[0]
+    group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, mamba_cache_mode="none")
+    with pytest.raises(LayoutError, match="mamba_cache_mode is 'none'"):
+        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
+    with pytest.raises(LayoutError, match="conv_layout must be 'SD' or 'DS'"):
+        group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, mamba_cache_mode="align")
+        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4,
+                                  conv_layout="XY")
+
+
 def _one_step(sim, side, step, reqs, sched, ensure=True, **so):
     for r in reqs:
         if ensure:
