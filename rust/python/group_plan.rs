@@ -44,14 +44,12 @@ fn views(t: &[(Vec<i64>, usize)]) -> Vec<GroupTable<'_>> {
     t.iter().map(|(ids, cols)| GroupTable { ids, cols: *cols }).collect()
 }
 
-/// Request names for messages: `req_ids[i]` when given, else the batch row.
-fn namer<'a>(py: Python<'a>, req_ids: Option<&'a Bound<'a, PyAny>>) -> impl Fn(usize) -> String + 'a {
+/// Request names for messages: `req_ids[i]` when given, else the batch row. Looked up only when
+/// a message is built (under the GIL, which the decisions hold).
+fn namer<'a>(req_ids: Option<&'a Bound<'a, PyAny>>) -> impl Fn(usize) -> String + 'a {
     move |i| match req_ids.and_then(|ids| ids.get_item(i).ok()).and_then(|x| x.str().ok()) {
         Some(s) => format!("request {} (row {i})", s.to_string_lossy()),
-        None => {
-            let _ = py;
-            engine_step::row_name(i)
-        }
+        None => engine_step::row_name(i),
     }
 }
 
@@ -104,7 +102,7 @@ fn align_pre_copy<'py>(
     let f = fresh_mask(py, fresh)?;
     let inp = PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: &a, running_col: &r, fresh: f.as_deref() };
     let cfg = StepConfig { block_size, num_spec_blocks };
-    let d = engine_step::pre_copy(&inp, &views(&t), &cfg, &namer(py, req_ids)).py_err(py)?;
+    let d = engine_step::pre_copy(&inp, &views(&t), &cfg, &namer(req_ids)).py_err(py)?;
     Ok(pre_bytes(py, &d))
 }
 
@@ -135,7 +133,7 @@ fn align_post_process<'py>(
     );
     let inp = PostInputs { state_col: &s, num_computed: &c, num_scheduled: &n, num_draft: &dr, num_accepted: &a };
     let cfg = StepConfig { block_size, num_spec_blocks };
-    let d = engine_step::post_process(&inp, &views(&t), &cfg, &namer(py, req_ids)).py_err(py)?;
+    let d = engine_step::post_process(&inp, &views(&t), &cfg, &namer(req_ids)).py_err(py)?;
     Ok(post_bytes(py, &d))
 }
 
@@ -260,7 +258,7 @@ impl GroupPlanner {
         let tv = views(&t);
         // The decision needs the request names only on error (under the GIL); the plan is built
         // without it.
-        let d = engine_step::pre_copy(&inp, &tv, &slf.get().inner.config(), &namer(py, req_ids)).py_err(py)?;
+        let d = engine_step::pre_copy(&inp, &tv, &slf.get().inner.config(), &namer(req_ids)).py_err(py)?;
         let accepted: Vec<i64> = d.bias.iter().map(|b| b + 1).collect();
         let p = Arc::clone(&slf.get().inner);
         let plan = py.detach(|| p.plan(&tv, &d.src_col, &d.curr, &accepted, Semantics::PreCopy)).py_err(py)?;
@@ -291,7 +289,7 @@ impl GroupPlanner {
         );
         let inp = PostInputs { state_col: &s, num_computed: &c, num_scheduled: &n, num_draft: &dr, num_accepted: &a };
         let tv = views(&t);
-        let d = engine_step::post_process(&inp, &tv, &slf.get().inner.config(), &namer(py, req_ids)).py_err(py)?;
+        let d = engine_step::post_process(&inp, &tv, &slf.get().inner.config(), &namer(req_ids)).py_err(py)?;
         let accepted: Vec<i64> = d.bias.iter().map(|b| b + 1).collect();
         let p = Arc::clone(&slf.get().inner);
         let plan = py.detach(|| p.plan(&tv, &d.src_col, &d.dest, &accepted, Semantics::PostProcess)).py_err(py)?;
