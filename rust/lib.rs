@@ -8,10 +8,12 @@ pub mod binding;
 pub mod commit;
 pub mod copy_funcs;
 pub mod dtype;
+pub mod engine_step;
 pub mod error;
 pub mod executor;
 pub mod families;
 pub mod kernels;
+pub mod group_plan;
 pub mod layout;
 pub mod plan;
 

@@ -8,6 +8,7 @@ mod buffer;
 mod commit;
 mod errors;
 mod kernels;
+mod group_plan;
 mod layout;
 mod plan;
 
@@ -33,5 +34,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     commit::register(m)?;
     kernels::register(m)?;
+    group_plan::register(m)?;
     Ok(())
 }
