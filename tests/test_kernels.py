@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -656,3 +657,16 @@ def test_rust_planner_plans_run_on_the_emulated_kernel(seed):
     err = emulation.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, chunks=3,
                                 order=ORDERS[seed % 3], ranges=[got])
     assert err.tolist() == [0, 0, 0] and np.array_equal(got, ref)
+
+
+def test_check_kernels_command(capsys):
+    if nvrtc.find_nvrtc() is None:
+        pytest.skip("NVRTC not available")
+    from recoverssm_rs import cli
+
+    assert cli.main(["check-kernels", "--arch", "sm_80", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["archs"] == [80] and not out["failed"]
+    kernels = {(k["file"], k["kernel"]) for k in out["kernels"]}
+    assert {k for _, k in kernels} == set(gpu.KERNEL_NAMES)
+    assert all(k["spill_stores"] == 0 and k["stack_frame"] == 0 for k in out["kernels"])

@@ -24,6 +24,7 @@ from typing import Any
 from . import layouts
 from ._core import Layout
 from .cli_args import HelpFormatter, Parser, fail
+from .cuda.check_cli import add_parser as _add_check_kernels_parser
 from .demo.cli import add_parser as _add_demo_parser
 from .errors import RecoverSSMError
 from .formatting import format_layout
@@ -211,6 +212,7 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_layout_parser,
     _add_presets_parser,
     _add_demo_parser,
+    _add_check_kernels_parser,
 )
 """Each registers one subcommand: ``add_parser(subparsers)``."""
 
