@@ -46,9 +46,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ OUT = sys.stdout
 # ------------------------------------------------------------------------------------------------
 
 
-def detect() -> tuple[Optional[Any], str]:
+def detect() -> tuple[Any | None, str]:
     """(torch, "") when torch + CuPy see a CUDA device, else (None, why not)."""
     try:
         import torch
@@ -310,7 +311,7 @@ def verify(torch: Any, case: Case, run: Callable[[], None], *, temporal: bool, c
 # ------------------------------------------------------------------------------------------------
 
 
-def _git() -> Optional[str]:
+def _git() -> str | None:
     built = os.environ.get("RECOVERSSM_COMMIT")  # set by scripts/gpu_check.sh from the wheel
     if built:
         return built
@@ -325,7 +326,7 @@ def _git() -> Optional[str]:
         return None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     global OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", default="1,16,64,256,1024", help="comma-separated request counts")
@@ -352,7 +353,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError:
         ap.error(f"--chunks: expected comma-separated integers, got {args.chunks!r}")
     command = shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(["gpu_copy.py", *argv])
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     if args.json:
         OUT = sys.stderr
 
@@ -370,9 +371,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str, date: str,
         device: Any = None) -> int:
     import cupy
-
     import recoverssm_rs
-    from recoverssm_rs import gpu, layouts
+    from recoverssm_rs import layouts
 
     t_start = time.perf_counter()
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else device
@@ -519,8 +519,8 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
             m["note"] = f"measured on {size} of {nbytes} bytes (memory)"
         methods[f"d2d[{key}]"] = m
 
-    def add(name: str, layout: str, fn: Callable[[int], None], *, host_fn: Optional[Callable[[int], None]] = None,
-            verified: Optional[bool] = None, launches: int = 1) -> None:
+    def add(name: str, layout: str, fn: Callable[[int], None], *, host_fn: Callable[[int], None] | None = None,
+            verified: bool | None = None, launches: int = 1) -> None:
         # Every repetition is queued behind one sleep kernel: keep the queued launches under the
         # driver's pending-launch queue (about 1k) as far as 5 repetitions allow, or the host blocks
         # and its launch time leaks into the GPU time of launch-bound methods.

@@ -22,14 +22,13 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
-
 from recoverssm_rs import CopyPlanner, device_path, layouts
-from recoverssm_rs.cuda import module
 from recoverssm_rs.cuda.commit import CommitKernel
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE
 from recoverssm_rs.state_cache import StateCache
@@ -54,7 +53,7 @@ class FakeCuda:
     def element_size(self) -> int:
         return self.t.element_size()
 
-    def zero_(self) -> "FakeCuda":
+    def zero_(self) -> FakeCuda:
         self.t.zero_()
         return self
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import ctypes
 import sys
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
-
 from recoverssm_rs.cuda import module
 from recoverssm_rs.plan_format import ABI
 
@@ -22,7 +21,7 @@ class FakeDeviceArray:
     """A CUDA array as the launch layer sees a CuPy array: ``__cuda_array_interface__`` (version 3:
     data, shape, byte strides, typestr), ``shape``, ``dtype`` and ``device.id``. It owns no memory."""
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], strides: Optional[tuple[int, ...]] = None,
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
                  dtype: str = "int32", device_id: int = 0) -> None:
         dt = np.dtype(dtype)
         self.shape, self.dtype = tuple(shape), dt

@@ -247,7 +247,7 @@ def test_recoverssm_layout_with_workspace_tensors():
     lay = layouts.kda(num_heads=2, head_dim=8, conv_kernel_size=4, recover_ssm=True, num_spec=3)
     torch_dtype = {s.name: getattr(torch, s.dtype) for s in lay.states}
     states = []
-    for l in range(2):
+    for _ in range(2):
         per = [torch.randn(NB, *s.shape).to(torch_dtype[s.name]) for s in lay.persistent]
         ws = [torch.randn(6, *s.shape).to(torch_dtype[s.name]) for s in lay.workspace]
         states.append(per + ws)

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from recoverssm_rs import LayoutError, layouts
 
 # --- the pinned names ------------------------------------------------------------------------

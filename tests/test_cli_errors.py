@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from recoverssm_rs import cli, layouts
 
 GDN = ["--param", "num_v_heads=32", "--param", "head_k_dim=128", "--param", "head_v_dim=128",

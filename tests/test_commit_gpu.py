@@ -24,10 +24,9 @@ torch = pytest.importorskip("torch")
 cupy = pytest.importorskip("cupy")
 
 from recoverssm_rs import gpu, layouts, recurrence  # noqa: E402
-from support import emulation, generators, references  # noqa: E402
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE  # noqa: E402
 from recoverssm_rs.state_cache import StateCache  # noqa: E402
-
+from support import generators, references  # noqa: E402
 
 # Skipped without a CUDA device by tests/conftest.py.
 pytestmark = pytest.mark.gpu

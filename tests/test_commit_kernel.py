@@ -24,13 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from fakes import FakeDeviceArray, FakeStream, install_fake_cupy
 from recoverssm_rs import BindingError, PlanError, gpu, layouts, recurrence
-from support import emulation, generators, references
 from recoverssm_rs.cuda import nvrtc
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, CONSTANTS
 from recoverssm_rs.state_cache import StateCache
+from support import emulation, generators, references
 
 DATA = Path(__file__).parent / "data" / "kda_recoverssm.npz"
 ORDERS = (0, 1, 12345)

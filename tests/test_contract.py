@@ -4,7 +4,6 @@ import enum
 from dataclasses import dataclass, field
 
 import pytest
-
 from recoverssm_rs import LayoutError, layouts, validate_copy_funcs
 
 

@@ -10,7 +10,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from recoverssm_rs import cli, demo
 from recoverssm_rs.errors import LayoutError
 from recoverssm_rs.state_cache import StateCache

@@ -488,7 +488,7 @@ def test_launch_align_emulated_equals_the_host_plan(fake_ops, emulator, conv_lay
 @pytest.mark.parametrize("conv_layout", ["SD", "DS"])
 @pytest.mark.parametrize("seed", range(6))
 def test_launch_align_decision_emulated_equals_the_host_plan(fake_ops, emulator, conv_layout, seed):
-    from support import emulation, references
+    from support import references
 
     rng = np.random.default_rng(200 + seed)
     nspec, R, cols, layers = 3, int(rng.integers(1, 9)), 6, 2

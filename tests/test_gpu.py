@@ -17,8 +17,7 @@ torch = pytest.importorskip("torch")
 cupy = pytest.importorskip("cupy")
 
 from recoverssm_rs import gpu  # noqa: E402
-from support import emulation, generators, references  # noqa: E402
-
+from support import generators, references  # noqa: E402
 
 # Skipped without a CUDA device by tests/conftest.py.
 pytestmark = pytest.mark.gpu
@@ -26,17 +25,17 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).parent / "data"
 
 
-def to_dev(records: np.ndarray) -> "torch.Tensor":
+def to_dev(records: np.ndarray) -> torch.Tensor:
     """Records (any dtype) as a uint8 CUDA tensor."""
     raw = np.ascontiguousarray(records).view(np.uint8).reshape(-1).copy()
     return torch.from_numpy(raw).cuda()
 
 
-def i32_dev(x) -> "torch.Tensor":
+def i32_dev(x) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.int32))).cuda()
 
 
-def bt_dev(bt: np.ndarray) -> "torch.Tensor":
+def bt_dev(bt: np.ndarray) -> torch.Tensor:
     """The block table as a strided view of a wider device tensor (exercises bt_row_stride)."""
     rows, cols = bt.shape
     full = np.full((rows, cols + 5), -3, dtype=np.int32)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from recoverssm_rs import Layout, PlanError, StateSpec
 from recoverssm_rs.errors import BindingError
 from recoverssm_rs.groups import MultiGroupPlanner, align_post_process, align_pre_copy

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
-
 from recoverssm_rs import _core
 from recoverssm_rs.cuda.module import KERNEL_DIR
 from recoverssm_rs.plan_format import ABI, CONSTANTS, record_dtype

@@ -11,17 +11,16 @@
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fakes import FakeDeviceArray, FakeStream, install_fake_cupy
-from recoverssm_rs import BackendUnavailableError, BindingError, PlanError, gpu
+from recoverssm_rs import BackendUnavailableError, PlanError, gpu
 from recoverssm_rs.cuda import nvrtc
 from support import emulation, generators, references
 

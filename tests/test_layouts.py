@@ -1,7 +1,6 @@
 """Layout calculators: the formulas of docs/design.md section 4 on the presets, and their errors."""
 
 import pytest
-
 from recoverssm_rs import LayoutError, layouts
 
 

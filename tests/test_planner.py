@@ -22,7 +22,6 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
 from recoverssm_rs import Layout, PlanError, StateSpec  # noqa: E402
 from recoverssm_rs.plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, TILE_DTYPE  # noqa: E402
 from recoverssm_rs.planner import CopyPlan, CopyPlanner  # noqa: E402
@@ -991,7 +990,7 @@ def test_steady_state_reuses_pooled_segment_buffers():
     layout, p, states = small_planner(num_layers=3, num_blocks=64)
     rng = np.random.default_rng(0)
     addrs = []
-    for step in range(1000):
+    for _ in range(1000):
         ids = rng.permutation(np.arange(1, 64))[:5 * 6].reshape(6, 5).astype(np.int32)
         na = rng.integers(1, NUM_SPEC + 2, 6).astype(np.int32)
         plan = p.plan_align(ids, np.zeros(6, np.int32), np.full(6, 4, np.int32), na)

@@ -17,7 +17,6 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-
 from recoverssm_rs import LayoutError, PlanError, layouts, recurrence
 from recoverssm_rs.state_cache import StateCache
 

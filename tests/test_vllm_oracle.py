@@ -97,7 +97,6 @@ def test_pre_copy_decisions_equal_vllms_over_random_rows(oracle, monkeypatch):
     align_pre_copy agree on every row of random batches: new rows, prefix hits, stored columns
     before, at and after the new running column, any accepted count."""
     import numpy as np
-
     from recoverssm_rs.groups import align_pre_copy
 
     rng = np.random.default_rng(5)

@@ -1,25 +1,64 @@
 """Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal, final
 
 __version__: str
+__all__ = [
+    "BackendUnavailableError",
+    "BindingError",
+    "CommitLaunch",
+    "CommitPlanner",
+    "ErrorWord",
+    "FusedCopy",
+    "GroupPlan",
+    "GroupPlanner",
+    "KernelLaunch",
+    "Layout",
+    "LayoutError",
+    "Plan",
+    "PlanError",
+    "Planner",
+    "RawBuffer",
+    "RecoverSSMError",
+    "StateSpec",
+    "__version__",
+    "_validate_copy_funcs",
+    "align_post_process",
+    "align_pre_copy",
+    "check_commit_counts",
+    "check_fused_step",
+    "commit_grid",
+    "commit_meta_table",
+    "copy_tiles_launch",
+    "gdn_layout",
+    "kda_layout",
+    "kernel_abi",
+    "linear_attention_layout",
+    "mamba1_layout",
+    "mamba2_layout",
+    "pack_launch",
+    "short_conv_layout",
+    "state_chunks",
+]
 
-Role = Literal["persistent", "workspace"]
-CopyKindName = Literal["conv", "temporal"]
-ConvLayoutName = Literal["SD", "DS"]
+_Role = Literal["persistent", "workspace"]
+_CopyKindName = Literal["conv", "temporal"]
+_ConvLayoutName = Literal["SD", "DS"]
 
+@final
 class StateSpec:
     """One state tensor of a layer (per block if persistent, per request if workspace)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         name: str,
         shape: Sequence[int],
         dtype: Any,
-        role: Role = "persistent",
-        copy: CopyKindName | None = None,
-        conv_layout: ConvLayoutName | None = None,
-    ) -> None: ...
+        role: _Role = "persistent",
+        copy: _CopyKindName | None = None,
+        conv_layout: _ConvLayoutName | None = None,
+    ) -> StateSpec: ...
     @property
     def name(self) -> str: ...
     @property
@@ -29,19 +68,20 @@ class StateSpec:
     @property
     def itemsize(self) -> int: ...
     @property
-    def role(self) -> Role: ...
+    def role(self) -> _Role: ...
     @property
-    def copy(self) -> CopyKindName | None: ...
+    def copy(self) -> _CopyKindName | None: ...
     @property
-    def conv_layout(self) -> ConvLayoutName | None: ...
+    def conv_layout(self) -> _ConvLayoutName | None: ...
     @property
     def nbytes(self) -> int | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
+@final
 class Layout:
     """A validated per-layer layout: persistent states first, workspace after."""
 
-    def __init__(self, backend: str, states: Sequence[StateSpec], num_spec: int = 0) -> None: ...
+    def __new__(cls, backend: str, states: Sequence[StateSpec], num_spec: int = 0) -> Layout: ...
     @property
     def backend(self) -> str: ...
     @property
@@ -76,7 +116,7 @@ def mamba1_layout(
     conv_kernel: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
 ) -> Layout: ...
@@ -90,7 +130,7 @@ def mamba2_layout(
     conv_kernel: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
     logical_window: int | None = None,
@@ -102,7 +142,7 @@ def short_conv_layout(
     conv_kernel: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
 ) -> Layout: ...
 def linear_attention_layout(
@@ -117,7 +157,7 @@ def gdn_layout(
     conv_kernel_size: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
     recover_ssm: bool = False,
@@ -131,25 +171,26 @@ def kda_layout(
     conv_kernel_size: int = 4,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
     recover_ssm: bool = False,
 ) -> Layout: ...
 
+@final
 class RawBuffer:
     """Read-only bytes of plan records (supports the buffer protocol; view with numpy)."""
 
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int) -> memoryview: ...
 
+@final
 class Plan:
     """One step's copy plan (see :class:`recoverssm_rs.planner.CopyPlan`)."""
 
     def segments(self) -> RawBuffer: ...
     def rows(self) -> RawBuffer: ...
     def wave_starts(self) -> RawBuffer: ...
-    def tiles(self, tile_bytes: int = 65536) -> tuple[RawBuffer, RawBuffer]: ...
+    def tiles(self, tile_bytes: int = ...) -> tuple[RawBuffer, RawBuffer]: ...
     @property
     def num_waves(self) -> int: ...
     @property
@@ -162,17 +203,18 @@ class Plan:
     def nbytes(self) -> int: ...
     @property
     def planner(self) -> Planner: ...
-    def execute_host(self) -> None: ...
+    def execute_host(self) -> Plan: ...
 
+@final
 class Planner:
     """The core planner bound to state tensors (see :class:`recoverssm_rs.planner.CopyPlanner`)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         layout: Layout,
         states: Sequence[Sequence[tuple[int, Any, Sequence[int], Sequence[int], str, bool]]],
         keepalive: Any,
-    ) -> None: ...
+    ) -> Planner: ...
     @property
     def num_layers(self) -> int: ...
     @property
@@ -185,12 +227,13 @@ class Planner:
     def plan_copy(self, src_blocks: Any, dst_blocks: Any) -> Plan: ...
     def state_meta(self) -> RawBuffer: ...
 
+@final
 class CommitPlanner:
     """Commit planning for one RecoverSSM layout over a pool of ``num_blocks`` blocks: which requests
     fold how many verified tokens into which block and, in align mode, which prefix-cache block
     receives the state at the crossed block boundary. Every input is checked before anything moves."""
 
-    def __init__(self, layout: Layout, num_blocks: int) -> None: ...
+    def __new__(cls, layout: Layout, num_blocks: int) -> CommitPlanner: ...
     @property
     def num_blocks(self) -> int: ...
     @property
@@ -206,7 +249,7 @@ class CommitPlanner:
         max_requests: int | None = None,
     ) -> RawBuffer:
         """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
-    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> None: ...
+    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> CommitPlanner: ...
 
 _TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool]
 
@@ -232,6 +275,7 @@ class BindingError(RecoverSSMError, ValueError): ...
 class PlanError(RecoverSSMError, ValueError): ...
 class BackendUnavailableError(RecoverSSMError, RuntimeError): ...
 
+@final
 class KernelLaunch:
     """One ready launch built by the core: kernel, grid, block and the packed arguments."""
 
@@ -252,11 +296,12 @@ class KernelLaunch:
         """Address of the ``extra`` array for ``cuLaunchKernel`` (valid while this object lives)."""
     def values(self) -> list[tuple[str, int]]: ...
 
+@final
 class FusedCopy:
     """The fused state copy of one bound planner (constants checked once)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         device_name: str,
         metas: int,
         num_meta: int,
@@ -265,7 +310,7 @@ class FusedCopy:
         has_temporal: bool,
         chunks: int,
         err: int,
-    ) -> None: ...
+    ) -> FusedCopy: ...
     def launch(
         self,
         block_table: _DeviceArg,
@@ -293,19 +338,20 @@ class FusedCopy:
     @property
     def has_temporal(self) -> bool: ...
 
+@final
 class CommitLaunch:
     """The commit kernel of one state cache (constants and grid checked once)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         device_name: str,
         metas: int,
         table: Any,
         num_blocks: int,
         max_requests: int,
         err: int = 0,
-        threads: int = 256,
-    ) -> None: ...
+        threads: int = ...,
+    ) -> CommitLaunch: ...
     def launch(
         self,
         rows: _DeviceArg,
@@ -320,10 +366,11 @@ class CommitLaunch:
     @property
     def device_index(self) -> int: ...
 
+@final
 class ErrorWord:
     """The decoded error word (``int32[3]``) of a kernel launch."""
 
-    def __init__(self, words: Sequence[int], num_requests: int) -> None: ...
+    def __new__(cls, words: Sequence[int], num_requests: int) -> ErrorWord: ...
     @property
     def bits(self) -> int: ...
     @property
@@ -343,7 +390,7 @@ def copy_tiles_launch(
 def state_chunks(max_state_bytes: int) -> int:
     """CTAs per state copy of the fused kernel for states of at most ``max_state_bytes`` bytes."""
 
-def commit_grid(table: Any, threads: int = 256) -> tuple[int, int]:
+def commit_grid(table: Any, threads: int = ...) -> tuple[int, int]:
     """``(rec_ctas, conv_ctas)`` of the commit kernel for a table's bytes."""
 
 def pack_launch(
@@ -362,7 +409,7 @@ def check_fused_step(
 ) -> int:
     """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
 
-def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> None:
+def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> ErrorWord:
     """``PlanError`` unless ``a`` is an integer vector on ``device_name`` of ``min_len``+ counts."""
 
 def kernel_abi() -> dict[str, Any]:
@@ -380,6 +427,7 @@ def align_post_process(
     req_ids: Sequence[Any] | None = None,
 ) -> bytes: ...
 
+@final
 class GroupPlan:
     @property
     def num_copies(self) -> int: ...
@@ -390,11 +438,12 @@ class GroupPlan:
     def group_stats(self) -> list[tuple[int, int, int, int]]: ...
     def execute_host(self) -> None: ...
 
+@final
 class GroupPlanner:
-    def __init__(
-        self, layouts: Sequence[Layout], states: Sequence[Sequence[Sequence[Any]]], keepalive: Any,
+    def __new__(
+        cls, layouts: Sequence[Layout], states: Sequence[Sequence[Sequence[Any]]], keepalive: Any,
         block_size: int, num_spec_blocks: int,
-    ) -> None: ...
+    ) -> GroupPlanner: ...
     @property
     def num_groups(self) -> int: ...
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +107,7 @@ def _as_int32(torch: Any, x: Any) -> Any:
 
 
 def check_step(device: str, index: int, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
-               block_size: Optional[int], err: Any) -> int:
+               block_size: int | None, err: Any) -> int:
     """The core's checks of a step (int32 or int64 inputs) before anything is bound or uploaded;
     returns the number of requests."""
     second_name = "dst_col" if block_size is None else "running"
@@ -134,7 +134,7 @@ class DevicePath:
         log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
 
     def launch(self, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
-               block_size: Optional[int], stream: Any, err: Any) -> None:
+               block_size: int | None, stream: Any, err: Any) -> None:
         """Check, pack and launch one step (``second``: dst_col, or running with a block size)."""
         index = self.index
         second_name = "dst_col" if block_size is None else "running"

@@ -5,7 +5,7 @@ rule about what they describe lives in the core.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +15,7 @@ __all__ = ["describe_arg", "require_arg", "describe_tensor", "host_ints"]
 ArgDesc = tuple[int, str, list[int], list[int], str]
 
 
-def describe_arg(x: Any) -> Optional[ArgDesc]:
+def describe_arg(x: Any) -> ArgDesc | None:
     """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a
     ``__cuda_array_interface__`` object (a CuPy array) or a numpy array; ``None`` for anything
     else."""

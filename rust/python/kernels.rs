@@ -149,6 +149,7 @@ impl PyFusedCopy {
 
     /// The launch of one step (`second`: `dst_col`, or `running` with a `block_size`).
     #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None))]
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         py: Python<'_>,
@@ -174,6 +175,7 @@ impl PyFusedCopy {
     }
     /// Checks a step whose inputs may be int32 or int64; returns the number of requests.
     #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None))]
+    #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
         py: Python<'_>,

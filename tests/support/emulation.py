@@ -20,13 +20,20 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
-
 from recoverssm_rs import _core
 from recoverssm_rs.cuda.module import KERNEL_DIR
-from recoverssm_rs.plan_format import ABI, COMMIT_META_DTYPE, COMMIT_ROW_DTYPE, CONSTANTS, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE
+from recoverssm_rs.plan_format import (
+    ABI,
+    COMMIT_META_DTYPE,
+    COMMIT_ROW_DTYPE,
+    CONSTANTS,
+    SEGMENT_DTYPE,
+    STATE_META_DTYPE,
+    TILE_DTYPE,
+)
 
 from .references import records_of
 
@@ -154,7 +161,7 @@ class EmulationStats:
             )
 
 
-def _ranges_arg(ranges: Optional[Iterable[Any]]) -> tuple[Any, int]:
+def _ranges_arg(ranges: Iterable[Any] | None) -> tuple[Any, int]:
     """ranges: numpy arrays (their byte extent) or (lo, hi) address pairs."""
     if ranges is None:
         return None, 0
@@ -176,8 +183,8 @@ def device_desc(x: np.ndarray) -> tuple[int, str, list[int], list[int], str]:
     return (int(x.ctypes.data), x.dtype.name, list(x.shape), list(x.strides), "cuda:0")
 
 
-def run(kl: Any, *, grid: Optional[Sequence[int]] = None, block: Optional[Sequence[int]] = None, order: int = 0,
-        ranges: Optional[Iterable[Any]] = None, stats: Optional[EmulationStats] = None) -> EmulationStats:
+def run(kl: Any, *, grid: Sequence[int] | None = None, block: Sequence[int] | None = None, order: int = 0,
+        ranges: Iterable[Any] | None = None, stats: EmulationStats | None = None) -> EmulationStats:
     """Run one core-built launch on the host (its grid and block unless overridden).
 
     ``order``: thread execution order (0 natural, 1 reversed, other: a seeded shuffle of the grid).
@@ -203,12 +210,12 @@ def run(kl: Any, *, grid: Optional[Sequence[int]] = None, block: Optional[Sequen
 def emulate_copy_tiles(
     segments: Any,
     tiles: Any,
-    wave_starts: Optional[Sequence[int]] = None,
+    wave_starts: Sequence[int] | None = None,
     *,
     threads: int = THREADS,
-    grid: Optional[int] = None,
+    grid: int | None = None,
     order: int = 0,
-    ranges: Optional[Iterable[Any]] = None,
+    ranges: Iterable[Any] | None = None,
     check: bool = True,
 ) -> EmulationStats:
     """Run ``rs_copy_tiles`` on the host, one emulated launch per wave, in wave order.
@@ -246,14 +253,14 @@ def emulate_state_copy(
     *,
     max_accepted: int,
     num_blocks: int,
-    block_size: Optional[int] = None,
-    has_temporal: Optional[bool] = None,
+    block_size: int | None = None,
+    has_temporal: bool | None = None,
     chunks: int = 4,
     threads: int = THREADS,
-    grid_yz: Optional[tuple[int, int]] = None,
+    grid_yz: tuple[int, int] | None = None,
     order: int = 0,
-    ranges: Optional[Iterable[Any]] = None,
-    err: Optional[np.ndarray] = None,
+    ranges: Iterable[Any] | None = None,
+    err: np.ndarray | None = None,
     check: bool = True,
 ) -> np.ndarray:
     """Run ``rs_state_copy`` on the host through the core's ``FusedCopy``; returns the ``int32[3]``
@@ -288,14 +295,14 @@ def emulate_recover_commit(
     num_blocks: int,
     max_requests: int,
     num_accepted: Any = None,
-    grid: Optional[Sequence[int]] = None,
+    grid: Sequence[int] | None = None,
     threads: int = THREADS,
-    grid_yz: Optional[tuple[int, int]] = None,
+    grid_yz: tuple[int, int] | None = None,
     order: int = 0,
-    ranges: Optional[Iterable[Any]] = None,
-    err: Optional[np.ndarray] = None,
+    ranges: Iterable[Any] | None = None,
+    err: np.ndarray | None = None,
     check: bool = True,
-    stats: Optional[EmulationStats] = None,
+    stats: EmulationStats | None = None,
 ) -> np.ndarray:
     """Run ``rs_recover_commit`` on the host over the whole grid; returns the ``int32[3]`` error word.
 

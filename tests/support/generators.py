@@ -4,12 +4,12 @@ segment plans over an arena, fused state-copy problems, RecoverSSM commit proble
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
-
-from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, CONSTANTS, SEGMENT_DTYPE, STATE_META_DTYPE
+from recoverssm_rs import recurrence
 from recoverssm_rs.gpu import COMMIT_DTYPE_PAIRS
+from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, CONSTANTS, SEGMENT_DTYPE, STATE_META_DTYPE
 
 from .references import CommitTensors
 
@@ -34,14 +34,14 @@ def _footprint(src: int, dst: int, row_bytes: int, rows: int, pitch: int) -> tup
     return src + idx, dst + idx
 
 
-def _random_segment(rng: np.random.Generator, arena: int, max_bytes: int, descending: bool) -> Optional[tuple]:
+def _random_segment(rng: np.random.Generator, arena: int, max_bytes: int, descending: bool) -> tuple | None:
     kind = rng.choice(["1d", "1d", "2d", "rows_asc", "within_row", "tiny", "overlap_row"])
     elem = int(rng.choice([1, 2, 4, 8]))
 
     def log_size(lo: int, hi: int) -> int:
         return int(np.exp(rng.uniform(np.log(lo), np.log(max(lo, hi) + 1))))
 
-    def place(extent: int) -> Optional[int]:
+    def place(extent: int) -> int | None:
         if extent >= arena:
             return None
         off = int(rng.integers(0, arena - extent)) // elem * elem
@@ -182,7 +182,7 @@ def random_state_problem(
     invalid: float = 0.2,
     in_place: float = 0.35,
     max_state_bytes: int = 16 * 1024,
-    wide_block_table: Optional[bool] = None,
+    wide_block_table: bool | None = None,
 ) -> StateProblem:
     """A random problem for the fused kernels honouring the host's guarantees.
 
@@ -287,7 +287,7 @@ class CommitProblem:
     num_blocks: int
     max_requests: int
     rows: np.ndarray
-    num_accepted: Optional[np.ndarray]
+    num_accepted: np.ndarray | None
 
     def tensors(self, arena: Any) -> CommitTensors:
         """The problem's tensors as views of ``arena`` (a 1-D uint8 torch tensor of arena_size bytes)."""
@@ -330,12 +330,12 @@ class CommitProblem:
 def random_commit_problem(
     rng: np.random.Generator,
     *,
-    kind: Optional[str] = None,
-    dtypes: Optional[tuple[str, str]] = None,
-    device_counts: Optional[bool] = None,
+    kind: str | None = None,
+    dtypes: tuple[str, str] | None = None,
+    device_counts: bool | None = None,
     max_rows: int = 6,
     max_layers: int = 3,
-    conv: Optional[str] = None,
+    conv: str | None = None,
 ) -> CommitProblem:
     """A random problem for ``rs_recover_commit`` honouring the host's guarantees (every block is
     written by one row at most, no row writes a block another row reads).

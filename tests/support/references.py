@@ -11,10 +11,9 @@ a plan built for one buffer (or for a GPU tensor) can be replayed on a host copy
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
-
 from recoverssm_rs import recurrence
 from recoverssm_rs.gpu import build_commit_meta
 from recoverssm_rs.plan_format import (
@@ -50,7 +49,7 @@ def records_of(x: Any, dtype: np.dtype, what: str) -> np.ndarray:
 
 
 def make_tiles(
-    segments: Any, *, tile_bytes: int = 64 * 1024, rng: Optional[np.random.Generator] = None
+    segments: Any, *, tile_bytes: int = 64 * 1024, rng: np.random.Generator | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cut segments into tiles grouped by wave, with the planner's rules.
 
@@ -106,7 +105,7 @@ def make_tiles(
 # ================================================================================================
 
 
-def _base(buf: np.ndarray, base: Optional[int]) -> int:
+def _base(buf: np.ndarray, base: int | None) -> int:
     if buf.dtype != np.uint8 or buf.ndim != 1:
         raise TypeError("buf must be a 1-D uint8 array")
     return int(buf.ctypes.data) if base is None else int(base)
@@ -122,7 +121,7 @@ def _copy_rows(buf: np.ndarray, src: int, dst: int, row_bytes: int, rows: int, p
     buf[dst + idx] = data
 
 
-def reference_execute_segments(buf: np.ndarray, segments: Any, base: Optional[int] = None) -> None:
+def reference_execute_segments(buf: np.ndarray, segments: Any, base: int | None = None) -> None:
     """Execute a segment plan on ``buf`` (uint8) in place, with the documented semantics.
 
     Segments run wave by wave (a stable sort by ``wave``); each segment copies its rows as if all of
@@ -140,7 +139,7 @@ def reference_execute_segments(buf: np.ndarray, segments: Any, base: Optional[in
 
 
 def _decide(bt_row: np.ndarray, cols: int, s: int, d: int, a: int, max_accepted: int, num_blocks: int,
-            temporal: bool) -> tuple[int, Optional[tuple[int, int, int, int]]]:
+            temporal: bool) -> tuple[int, tuple[int, int, int, int] | None]:
     # The host planner's order (rust/plan/step.rs), as rs_decide in state_copy.cu.
     if s < 0 or d < 0:
         return 0, None
@@ -221,10 +220,10 @@ def reference_state_copy(
     *,
     max_accepted: int,
     num_blocks: int,
-    block_size: Optional[int] = None,
-    has_temporal: Optional[bool] = None,
-    base: Optional[int] = None,
-    err: Optional[np.ndarray] = None,
+    block_size: int | None = None,
+    has_temporal: bool | None = None,
+    base: int | None = None,
+    err: np.ndarray | None = None,
 ) -> np.ndarray:
     """The fused kernel's semantics on ``buf``, in place; returns the error word.
 
@@ -245,7 +244,7 @@ def reference_state_copy(
     for r in range(n):
         s, x, a = int(s_[r]), int(x_[r]), int(a_[r])
         code: int = 0
-        q: Optional[tuple[int, int, int, int]] = None
+        q: tuple[int, int, int, int] | None = None
         if block_size is None:
             code, q = _decide(bt[r], cols, s, x, a, max_accepted, num_blocks, has_temporal)
         elif s >= 0:
@@ -262,7 +261,7 @@ def reference_state_copy(
 
 
 def _finish(buf: np.ndarray, b: int, m: np.ndarray, bt_row: np.ndarray, cols: int, num_blocks: int, code: int,
-            q: Optional[tuple[int, int, int, int]], err: np.ndarray, r: int, n: int) -> None:
+            q: tuple[int, int, int, int] | None, err: np.ndarray, r: int, n: int) -> None:
     if code:
         _report(err, code, r, n)
         return
@@ -274,7 +273,7 @@ def _finish(buf: np.ndarray, b: int, m: np.ndarray, bt_row: np.ndarray, cols: in
             _report(err, c, r, n)
 
 
-def align_decision(running: int, a: int, block_size: int) -> Optional[tuple[int, int]]:
+def align_decision(running: int, a: int, block_size: int) -> tuple[int, int] | None:
     """vLLM's align decision: ``(dst_col, a_eff)`` when the request copies, else ``None``."""
     new = running + a - 1
     aligned = new // block_size * block_size
@@ -293,9 +292,9 @@ class CommitTensors:
     """``[max_requests, H, Q, V]`` float32 per layer."""
     keygate: list[Any]
     """``[max_requests, H, Q, K + 1 | 2K]`` per layer."""
-    conv: Optional[list[Any]]
+    conv: list[Any] | None
     """``[num_blocks, W, D]`` (SD) / ``[num_blocks, D, W]`` (DS) per layer, or ``None``."""
-    conv_window: Optional[list[Any]]
+    conv_window: list[Any] | None
     """``[max_requests, same]`` per layer, or ``None``."""
     kind: str
     conv_layout: recurrence.ConvLayout
@@ -311,7 +310,7 @@ class CommitTensors:
         return out + (self.conv or []) + (self.conv_window or [])
 
 
-def _commit_row_code(row: np.void, num_blocks: int, max_requests: int, num_counts: Optional[int]) -> int:
+def _commit_row_code(row: np.void, num_blocks: int, max_requests: int, num_counts: int | None) -> int:
     req, sb, bb = int(row["request"]), int(row["state_block"]), int(row["boundary_block"])
     code = 0
     if req >= max_requests or (num_counts is not None and req >= num_counts):
@@ -328,7 +327,7 @@ def reference_recover_commit(
     *,
     num_blocks: int,
     max_requests: int,
-    err: Optional[np.ndarray] = None,
+    err: np.ndarray | None = None,
 ) -> np.ndarray:
     """The commit kernel's semantics, executed in place on ``tensors`` with the torch reference
     (:func:`recoverssm_rs.recurrence.commit` with boundary states, and

@@ -129,7 +129,6 @@ class CpuGpuBuffer:
 
 def _stubs(envs: types.ModuleType) -> dict[str, types.ModuleType]:
     import torch
-
     from vllm_oracle_triton import tl, triton  # type: ignore[import-not-found]
 
     def cdiv(a: int, b: int) -> int:

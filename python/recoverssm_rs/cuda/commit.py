@@ -5,7 +5,7 @@ from raw device buffers. The core builds every launch (``_core.CommitLaunch``).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +88,7 @@ def launch_recover_commit(
     meta_dev: Any,
     meta: Any,
     rows_dev: Any,
-    num_rows: Optional[int] = None,
+    num_rows: int | None = None,
     *,
     num_blocks: int,
     max_requests: int,
@@ -141,7 +141,7 @@ class CommitKernel:
         self.launcher = _core.CommitLaunch(self.device_name(), int(self.meta_dev.data_ptr()), _table_bytes(meta),
                                            num_blocks, max_requests, int(self.err.data_ptr()))
         self.num_rows = 0
-        self.ready: Optional[bool] = None
+        self.ready: bool | None = None
 
     def device_name(self) -> str:
         """The device the core checks every argument against."""
@@ -171,7 +171,7 @@ class CommitKernel:
         self.rows_dev[:nbytes].copy_(host, non_blocking=True)
         self.launch(self.rows_dev, num_rows, num_accepted, None)
 
-    def launch(self, rows: Any, num_rows: Optional[int], num_accepted: Any, stream: Any) -> None:
+    def launch(self, rows: Any, num_rows: int | None, num_accepted: Any, stream: Any) -> None:
         """Check and pack the launch (the core), then zero the error word and launch over device
         ``rows`` on ``stream`` (default: the current stream)."""
         import torch

@@ -9,7 +9,7 @@ The core checks every argument and packs the launch (``_core.copy_tiles_launch``
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +42,7 @@ def _device_index(desc: tuple[int, str, list[int], list[int], str]) -> int:
 
 
 def launch_copy_tiles(segments_dev: Any, tiles_dev: Any, first_tile: int, num_tiles: int, stream: Any = None, *,
-                      max_ctas: Optional[int] = None, device_index: int = 0) -> None:
+                      max_ctas: int | None = None, device_index: int = 0) -> None:
     """Launch ``rs_copy_tiles`` for one wave: tiles ``[first_tile, first_tile + num_tiles)`` of the
     device arrays of ``SEGMENT_DTYPE`` / ``TILE_DTYPE`` records (tensors, CuPy arrays or addresses).
     Launch waves in order on one stream; ``num_tiles == 0`` launches nothing. ``max_ctas`` caps the
@@ -65,7 +65,7 @@ def launch_state_copy(
     max_accepted: int,
     num_blocks: int,
     has_temporal: bool,
-    block_size: Optional[int] = None,
+    block_size: int | None = None,
     chunks: int = MAX_STATE_CHUNKS,
     stream: Any = None,
 ) -> None:

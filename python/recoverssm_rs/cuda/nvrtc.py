@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from ..errors import BackendUnavailableError
 from .module import KERNEL_DIR, MODULE_OPTIONS, kernel_source, module_source
@@ -47,7 +46,7 @@ class NvrtcUnavailableError(BackendUnavailableError):
 # ================================================================================================
 
 
-def find_nvrtc() -> Optional[Path]:
+def find_nvrtc() -> Path | None:
     """Path of the NVRTC library the compile checks use.
 
     In order: the file named by ``RECOVERSSM_NVRTC``; ``libnvrtc.so.12`` of the
@@ -80,7 +79,7 @@ def find_nvrtc() -> Optional[Path]:
 
 
 _nvrtc_lock = threading.Lock()
-_nvrtc_lib: Optional[ctypes.CDLL] = None
+_nvrtc_lib: ctypes.CDLL | None = None
 
 
 def _nvrtc() -> ctypes.CDLL:
@@ -186,7 +185,7 @@ _REGS = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:.*?(\d+) b
 def parse_ptxas_log(log: str, file: str, arch: int) -> list[KernelResources]:
     """Per-entry resource usage from ptxas ``-v`` output (as NVRTC returns it in the program log)."""
     out: list[KernelResources] = []
-    current: Optional[str] = None
+    current: str | None = None
     frame = (0, 0, 0)
     for line in log.splitlines():
         m = _ENTRY.search(line)
@@ -219,7 +218,7 @@ def parse_ptxas_log(log: str, file: str, arch: int) -> list[KernelResources]:
 
 
 def nvrtc_compile(
-    name: str, arch: int, *, target: str = "cubin", source: Optional[str] = None, verbose: bool = True
+    name: str, arch: int, *, target: str = "cubin", source: str | None = None, verbose: bool = True
 ) -> CompileReport:
     """Compile one kernel file (``name`` under ``kernels/``, includes inlined) or ``source``.
 

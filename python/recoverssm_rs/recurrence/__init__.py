@@ -35,7 +35,17 @@ process-wide TF32 setting on CUDA cannot degrade this reference.
 
 from .commit import commit, commit_rows, sequential_decode, state_at
 from .conv import compact_conv_window, conv_verify
-from .gates import NORM_EPS, Prepared, gdn_gate, kda_gate, keygate_width, normalize_qk, prepare, prepare_gdn, prepare_kda
+from .gates import (
+    NORM_EPS,
+    Prepared,
+    gdn_gate,
+    kda_gate,
+    keygate_width,
+    normalize_qk,
+    prepare,
+    prepare_gdn,
+    prepare_kda,
+)
 from .inputs import ConvLayout, Counts, Kind
 from .memory import full_state_scratch_bytes, record_bytes
 from .verify import verify

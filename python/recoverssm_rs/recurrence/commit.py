@@ -9,10 +9,20 @@ import numpy as np
 import torch
 
 from ..errors import PlanError
-from .inputs import Counts, check_device, check_out, check_records, check_shape, check_tensor, compute_dtype, decay_view, raw_counts, window_counts
 from .conv import compact_conv_window
-from .inputs import ConvLayout
-from .verify import verify
+from .inputs import (
+    ConvLayout,
+    Counts,
+    check_device,
+    check_out,
+    check_records,
+    check_shape,
+    check_tensor,
+    compute_dtype,
+    decay_view,
+    raw_counts,
+    window_counts,
+)
 
 
 def commit(

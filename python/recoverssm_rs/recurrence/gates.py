@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from ..errors import PlanError
 from .inputs import Kind, check_device, check_shape, check_tensor, compute_dtype
 
-
 NORM_EPS: float = 1e-6
 """Epsilon inside the square root of the q/k L2 normalisation (vLLM's convention)."""
 

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 
 from ..errors import PlanError
 
-
 Kind = Literal["gdn", "kda"]
 ConvLayout = Literal["DS", "SD"]
 """Recurrence flavour: ``"gdn"`` (scalar gate per head) or ``"kda"`` (gate per key channel)."""
 
-Counts = Union[torch.Tensor, Sequence[int], int]
+Counts = torch.Tensor | Sequence[int] | int
 """Per-request token counts: an int (same for every request), a sequence or an integer tensor ``[B]``."""
 
 def fmt_shape(names: Sequence[str], dims: Sequence[int | None]) -> str:

@@ -7,7 +7,17 @@ import torch
 
 from ..errors import PlanError
 from .gates import keygate_width
-from .inputs import Counts, Kind, check_device, check_shape, check_tensor, compute_dtype, decay_view, fmt_shape, window_counts
+from .inputs import (
+    Counts,
+    Kind,
+    check_device,
+    check_shape,
+    check_tensor,
+    compute_dtype,
+    decay_view,
+    fmt_shape,
+    window_counts,
+)
 
 
 def verify(
