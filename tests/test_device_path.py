@@ -26,6 +26,7 @@ from recoverssm_rs import device_path, gpu, layouts  # noqa: E402
 from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.planner import CopyPlanner  # noqa: E402
+from support import generators  # noqa: E402
 
 HAVE_CXX = shutil.which("g++") is not None or shutil.which("c++") is not None
 needs_cxx = pytest.mark.skipif(not HAVE_CXX, reason="host emulation needs a C++ compiler")
@@ -190,31 +191,6 @@ def clone_states(states):
 
 def fc(x, dtype=torch.int32, index: int = 0) -> FakeCuda:
     return FakeCuda(torch.as_tensor(np.asarray(x)).to(dtype), index)
-
-
-def random_step(rng: np.random.Generator, R: int, cols: int, max_acc: int, nb: int):
-    """A valid step where every request owns its blocks: in-place shifts, aliased columns, no-ops,
-    padding rows."""
-    blocks = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)
-    bt = blocks.copy()
-    src = np.zeros(R, np.int32)
-    dst = np.zeros(R, np.int32)
-    acc = np.zeros(R, np.int32)
-    for r in range(R):
-        a = int(rng.integers(1, max_acc + 1))
-        s = int(rng.integers(0, cols - a + 1))
-        d = int(rng.integers(0, cols))
-        u = rng.random()
-        if u < 0.25 and a > 1:
-            d = s  # in-block shift
-        elif u < 0.35:
-            bt[r, d] = bt[r, s]  # two columns naming one block
-        elif u < 0.4:
-            d, a = s, 1  # no-op
-        elif u < 0.5:
-            s = -1  # padding
-        src[r], dst[r], acc[r] = s, d, a
-    return bt, src, dst, acc
 
 
 def assert_same_bytes(got, want):
@@ -474,7 +450,7 @@ def test_launch_align_emulated_equals_the_host_plan(fake_ops, emulator, conv_lay
     layout = gdn_layout(conv_layout, nspec)
     states = host_states(layout, nb, layers, seed)
     want = clone_states(states)
-    bt, src, dst, acc = random_step(rng, R, cols, nspec + 1, nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, nb)
     CopyPlanner(layout, want).plan_align(bt, src, dst, acc).execute()
     planner = cuda_planner(layout, states)
     dtype = torch.int64 if seed % 2 else torch.int32

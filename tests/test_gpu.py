@@ -380,31 +380,6 @@ class _Pair:
         assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} bytes differ"
 
 
-def _owned_step(rng, R, cols, max_acc, nb):
-    """A valid step in which every request owns its blocks (so one launch is hazard-free): in-block
-    conv shifts, two columns naming one block, no-ops and padding rows included."""
-    bt = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols).copy()
-    src, dst, acc = (np.zeros(R, np.int32) for _ in range(3))
-    for r in range(R):
-        a = int(rng.integers(1, max_acc + 1))
-        s = int(rng.integers(0, cols - a + 1))
-        d = int(rng.integers(0, cols))
-        u = rng.random()
-        if u < 0.25 and a > 1:
-            d = s
-        elif u < 0.35:
-            bt[r, d] = bt[r, s]
-        elif u < 0.4:
-            d, a = s, 1
-        elif u < 0.5:
-            s = -1
-        src[r], dst[r], acc[r] = s, d, a
-    if R > 1:  # make sure both in-block shifts and plain copies are present
-        src[0], dst[0], acc[0] = 0, 0, max_acc
-        src[1], dst[1], acc[1] = 0, cols - 1, max(1, max_acc - 1)
-    return bt, src, dst, acc
-
-
 def _dev(x, dtype=torch.int32):
     return torch.as_tensor(np.asarray(x)).to(dtype).cuda()
 
@@ -416,7 +391,7 @@ def test_launch_align_equals_the_host_plan(conv_layout, dtype, seed):
     rng = np.random.default_rng(9000 + seed)
     nspec, cols, R = 3, 6, int(rng.integers(1, 12))
     pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 3, seed)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     pair.cpu.plan_align(bt, src, dst, acc).execute()
     pair.dev.launch_align(bt_dev(bt) if dtype == torch.int32 else _dev(bt, dtype), _dev(src, dtype),
                           _dev(dst, dtype), _dev(acc, dtype))
@@ -472,7 +447,7 @@ def test_launch_align_is_one_launch_and_never_synchronises(monkeypatch):
     rng = np.random.default_rng(77)
     nspec, cols, R = 3, 6, 9
     pair = _Pair(_gdn("DS", nspec), R * cols + 3, 4, 77)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     pair.cpu.plan_align(bt, src, dst, acc).execute()
     inputs = [_dev(bt, torch.int64), _dev(src, torch.int64), _dev(dst), _dev(acc, torch.int64)]
     pair.dev.prepare_device()  # upload + compile outside the checked region
@@ -496,7 +471,7 @@ def test_launch_align_follows_the_given_stream():
     rng = np.random.default_rng(78)
     nspec, cols, R = 3, 6, 5
     pair = _Pair(_gdn("SD", nspec), R * cols + 3, 2, 78)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     inputs = [_dev(bt), _dev(src), _dev(dst), _dev(acc)]
     fresh = rng.integers(0, 256, size=pair.host.size, dtype=np.uint8)
     staged = torch.from_numpy(fresh).cuda()
@@ -519,7 +494,7 @@ def test_launch_align_captures_in_a_cuda_graph_and_replays():
     rng = np.random.default_rng(79)
     nspec, cols, R = 3, 6, 7
     pair = _Pair(_gdn("DS", nspec), R * cols + 3, 3, 79)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     t_bt, t_src, t_dst, t_acc = _dev(bt), _dev(src), _dev(dst), _dev(acc)
     pair.dev.prepare_device()
     torch.cuda.synchronize()
@@ -530,7 +505,7 @@ def test_launch_align_captures_in_a_cuda_graph_and_replays():
     torch.cuda.synchronize()
     assert np.array_equal(pair.dev_arena.cpu().numpy(), before)  # capturing ran nothing
     for step in range(3):
-        new_bt, new_src, new_dst, new_acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+        new_bt, new_src, new_dst, new_acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
         pair.reset(rng)
         for t, x in ((t_bt, new_bt), (t_src, new_src), (t_dst, new_dst), (t_acc, new_acc)):
             t.copy_(torch.from_numpy(np.ascontiguousarray(x)))
@@ -549,7 +524,7 @@ def test_copy_plan_execute_on_cuda_equals_the_host_executor(conv_layout):
     rng = np.random.default_rng(80)
     nspec, cols, R = 3, 6, 10
     pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 3, 80)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     pair.cpu.plan_align(bt, src, dst, acc).execute()
     pair.dev.plan_align(bt, src, dst, acc).execute()
     pair.assert_equal()

@@ -9,16 +9,17 @@ from typing import Any
 import numpy as np
 from recoverssm_rs import recurrence
 from recoverssm_rs.gpu import COMMIT_DTYPE_PAIRS
-from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, CONSTANTS, SEGMENT_DTYPE, STATE_META_DTYPE
+from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE
 
-from .references import CommitTensors
-
-MODE_DISJOINT = CONSTANTS["RS_MODE_DISJOINT"]
-MODE_ROWS_ASCENDING = CONSTANTS["RS_MODE_ROWS_ASCENDING"]
-MODE_WITHIN_ROW = CONSTANTS["RS_MODE_WITHIN_ROW"]
-KIND_TEMPORAL = CONSTANTS["RS_KIND_TEMPORAL"]
-KIND_CONV_SD = CONSTANTS["RS_KIND_CONV_SD"]
-KIND_CONV_DS = CONSTANTS["RS_KIND_CONV_DS"]
+from .references import (
+    KIND_CONV_DS,
+    KIND_CONV_SD,
+    KIND_TEMPORAL,
+    MODE_DISJOINT,
+    MODE_ROWS_ASCENDING,
+    MODE_WITHIN_ROW,
+    CommitTensors,
+)
 
 
 def absolute_segments(rel: np.ndarray, base: int) -> np.ndarray:
@@ -405,3 +406,31 @@ def random_commit_problem(
         counts = rng.integers(-2, Q + 3, size=MR + int(rng.integers(0, 3))).astype(np.int32)
     layout: recurrence.ConvLayout = "SD" if conv == "SD" else "DS"  # no conv state: either
     return CommitProblem(off + 64, specs, kind, layout, kc_, nb, MR, rows, counts)
+
+
+def owned_step(rng: np.random.Generator, R: int, cols: int, max_acc: int, nb: int):
+    """A random valid align step ``(block_table, src_col, dst_col, num_accepted)`` (int32) in which
+    every request owns its blocks (so one fused launch is hazard-free): in-block conv shifts, two
+    columns naming one block, no-ops and padding rows included; with two requests or more, the first
+    is an in-block shift and the second a plain copy."""
+    bt = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols).copy()
+    src, dst, acc = (np.zeros(R, np.int32) for _ in range(3))
+    for r in range(R):
+        a = int(rng.integers(1, max_acc + 1))
+        s = int(rng.integers(0, cols - a + 1))
+        d = int(rng.integers(0, cols))
+        u = rng.random()
+        if u < 0.25 and a > 1:
+            d = s  # in-block shift
+        elif u < 0.35:
+            bt[r, d] = bt[r, s]  # two columns naming one block
+        elif u < 0.4:
+            d, a = s, 1  # no-op
+        elif u < 0.5:
+            s = -1  # padding
+        src[r], dst[r], acc[r] = s, d, a
+    if R > 1 and cols >= max_acc:
+        src[0], dst[0], acc[0] = 0, 0, max_acc
+        src[1], dst[1], acc[1] = 0, cols - 1, max(1, max_acc - 1)
+    return bt, src, dst, acc
+
