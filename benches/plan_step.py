@@ -82,7 +82,7 @@ class Pool:
 
 
 def fake_descriptors(layout, num_layers: int, num_blocks: int):
-    """``(data_ptr, dtype, shape, byte_strides, "cuda:0", True)`` of dense tensors at made-up,
+    """``(data_ptr, dtype, shape, byte_strides, "cuda:0", True, False)`` of dense tensors at made-up,
     non-overlapping addresses (never dereferenced)."""
     addr, descs = 1 << 44, []
     for _ in range(num_layers):
@@ -90,7 +90,7 @@ def fake_descriptors(layout, num_layers: int, num_blocks: int):
         for s in layout.persistent:
             isz = s.itemsize
             inner = np.cumprod((isz,) + tuple(reversed(s.shape[1:])))[::-1].tolist()
-            layer.append((addr, s.dtype, [num_blocks, *s.shape], [s.nbytes, *inner], "cuda:0", True))
+            layer.append((addr, s.dtype, [num_blocks, *s.shape], [s.nbytes, *inner], "cuda:0", True, False))
             addr += (num_blocks * s.nbytes + 4095) // 4096 * 4096 + 4096
         descs.append(layer)
     return descs

@@ -186,7 +186,8 @@ def test_wrong_number_of_tensors_per_layer():
     with pytest.raises(BindingError, match="layer 0: got 3 state tensors"):
         CopyPlanner(lay, [per + ws[:1]])
     bind_error([], "no layers given")
-    with pytest.raises(TypeError, match="torch tensors or numpy arrays, got list"):
+    with pytest.raises(BindingError, match=r"layer 0, state 1 \('temporal'\): state tensors must be torch tensors or numpy "
+                                            "arrays, got list"):
         CopyPlanner(layout(), [[conv(), [0.0] * 6]])
 
 

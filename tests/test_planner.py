@@ -797,7 +797,7 @@ def test_host_executor_refuses_cuda_states():
 
     layout = small_layout()
     backing = [torch.zeros(NB, *s.shape) for s in layout.persistent]
-    descs = [[(t.data_ptr(), "float32", list(t.shape), [x * 4 for x in t.stride()], "cuda:0", True)
+    descs = [[(t.data_ptr(), "float32", list(t.shape), [x * 4 for x in t.stride()], "cuda:0", True, False)
               for t in backing]]
     core = _core.Planner(layout, descs, backing)
     assert core.device == "cuda:0"

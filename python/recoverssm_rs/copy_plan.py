@@ -99,13 +99,21 @@ class CopyPlan:
     def execute(self, stream: Any = None) -> None:
         """Run the plan on the states' device: the Rust host executor for CPU states (GIL
         released; every segment is checked before the first byte moves), the CUDA kernels for
-        CUDA states (on ``stream``, default the current torch stream; one launch per wave)."""
+        CUDA states (on ``stream``, default the current torch stream; one launch per wave).
+
+        Raises:
+            BindingError: a bound tensor or its storage no longer has the memory it was bound with
+                (``set_()``, ``resize_()``, ``.data = ...``, a freed storage); nothing is written.
+        """
+        bound = self._planner.bound
+        bound.check()
         if self._planner.device == "cpu":
             self._plan.execute_host()
-            return
-        from .cuda.copy import execute_plan
+        else:
+            from .cuda.copy import execute_plan
 
-        execute_plan(self, stream=stream)
+            execute_plan(self, stream=stream)
+        bound.mark_written()
 
     def __repr__(self) -> str:
         return (

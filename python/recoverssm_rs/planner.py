@@ -27,7 +27,8 @@ from ._core import ErrorWord, Layout
 from .copy_plan import CopyPlan, TileTable
 from .cuda import module
 from .device_path import DevicePath, check_step
-from .errors import PlanError
+from .errors import BindingError, PlanError
+from .guard import BoundTensors
 from .plan_format import STATE_META_DTYPE, records
 from .tensors import describe_tensor, host_ints
 
@@ -62,12 +63,28 @@ class CopyPlanner:
             the layer and state.
     """
 
-    __slots__ = ("_core", "_states", "_meta", "_device_path", "__weakref__")
+    __slots__ = ("_core", "_states", "_bound", "_meta", "_device_path", "__weakref__")
 
     def __init__(self, layout: Layout, states: Sequence[Sequence[Any]]) -> None:
-        self._states = [list(layer) for layer in states]
-        descs = [[describe_tensor(t) for t in layer] for layer in self._states]
+        self._states = tuple(tuple(layer) for layer in states)
+        names = [s.name for s in layout.states]
+
+        def label(layer: int, state: int) -> str:
+            name = names[state] if state < len(names) else "?"
+            return f"{layout.backend}: layer {layer}, state {state} ('{name}')"
+
+        descs = []
+        for li, layer in enumerate(self._states):
+            row = []
+            for si, t in enumerate(layer):
+                try:
+                    row.append(describe_tensor(t))
+                except TypeError as exc:
+                    raise BindingError(f"{label(li, si)}: {exc}") from None
+            descs.append(row)
         self._core = _core.Planner(layout, descs, self._states)
+        persistent = len(layout.persistent)
+        self._bound = BoundTensors([layer[:persistent] for layer in self._states], label)
         self._meta: np.ndarray | None = None
         self._device_path: DevicePath | None = None
         log.debug("bound %r: %d layers, %d blocks on %s", layout.backend, self.num_layers,
@@ -91,9 +108,15 @@ class CopyPlanner:
         return self._core.device
 
     @property
-    def states(self) -> list[list[Any]]:
-        """The bound tensors, per layer."""
+    def states(self) -> tuple[tuple[Any, ...], ...]:
+        """The bound tensors, per layer (an immutable copy: the planner keeps its own references)."""
         return self._states
+
+    @property
+    def bound(self) -> BoundTensors:
+        """The bound persistent tensors, checked before every execute and launch (see
+        :class:`~recoverssm_rs.guard.BoundTensors`)."""
+        return self._bound
 
     @property
     def device_path(self) -> DevicePath | None:
@@ -249,7 +272,10 @@ class CopyPlanner:
         """
         index = self._cuda_index("launch_align")
         step = (block_table, src_col, dst_col, num_accepted, None, err)
-        self._device(index, step).launch(block_table, src_col, dst_col, num_accepted, None, stream, err)
+        dp = self._device(index, step)
+        self._bound.check()
+        dp.launch(block_table, src_col, dst_col, num_accepted, None, stream, err)
+        self._bound.mark_written()
 
     def launch_align_decision(
         self,
@@ -289,7 +315,10 @@ class CopyPlanner:
             raise PlanError(f"block_size must be a host integer, got {type(block_size).__name__}")
         index = self._cuda_index("launch_align_decision")
         step = (block_table, src_col, running, num_accepted, int(block_size), err)
-        self._device(index, step).launch(block_table, src_col, running, num_accepted, int(block_size), stream, err)
+        dp = self._device(index, step)
+        self._bound.check()
+        dp.launch(block_table, src_col, running, num_accepted, int(block_size), stream, err)
+        self._bound.mark_written()
 
     def last_error(self) -> ErrorWord:
         """The planner's error word after its last :meth:`launch_align` /

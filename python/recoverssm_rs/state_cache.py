@@ -31,6 +31,7 @@ from ._core import CommitPlanner, ErrorWord, Layout
 from .cuda.commit import CommitKernel, build_commit_meta
 from .cuda.module import function_ptr
 from .errors import BackendUnavailableError, BindingError
+from .guard import BoundTensors
 from .memory_report import MemoryReport
 from .plan_format import COMMIT_ROW_DTYPE, records
 from .planner import CopyPlanner
@@ -79,6 +80,7 @@ class StateCache:
         max_requests: int,
         device: str | torch.device = "cpu",
     ) -> None:
+        _core.check_cache_sizes(num_layers, num_blocks, max_requests)
         geo = layout.recover_geometry()
         self.layout = layout
         self.geometry: dict[str, Any] = geo
@@ -113,22 +115,29 @@ class StateCache:
             pers = [[r, c] for c, r in pers]
         self.planner = CopyPlanner(layout, pers)
         self.commit_planner = CommitPlanner(layout, self.num_blocks)
+        kinds = ("conv", "recurrent", "corrections", "keygate", "conv_window")
+        self._bound = BoundTensors([[self._conv, self._recurrent, self._corrections, self._keygate,
+                                     self._conv_window]], lambda _layer, i: f"StateCache {kinds[i]} buffer")
         self._device_commit: CommitKernel | None = None
         if dev.type == "cuda":
             self._device_commit = self._bind_commit_kernel()
         log.debug("StateCache: %s", self)
 
     # ---- tensors -------------------------------------------------------------------------
+    def _layer(self, layer: int) -> int:
+        return int(_core.check_index("layer", layer, self.num_layers))
+
     def conv_state(self, layer: int) -> torch.Tensor:
         """``[num_blocks, *conv_shape]`` conv windows of ``layer``."""
-        return self._conv[layer]
+        return self._conv[self._layer(layer)]
 
     def recurrent_state(self, layer: int) -> torch.Tensor:
         """``[num_blocks, H, V, K]`` recurrent states of ``layer``."""
-        return self._recurrent[layer]
+        return self._recurrent[self._layer(layer)]
 
     def workspace(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(corrections [max_requests, H, Q, V], keygate [max_requests, H, Q, KG])`` of ``layer``."""
+        layer = self._layer(layer)
         return self._corrections[layer], self._keygate[layer]
 
     def buffers(self) -> dict[str, torch.Tensor]:
@@ -156,9 +165,11 @@ class StateCache:
         the request's workspace row, which :meth:`commit` compacts by the accepted count into the
         block. Returns ``[B, Q, dim]`` (float32).
         """
+        layer = self._layer(layer)
         blocks = self._rows(state_blocks)
+        self._bound.check()
         y, window = recurrence.conv_verify(self._conv[layer][blocks], x, weight, self.conv_kernel_size,
-                                           self.conv_layout)
+                                           self.conv_layout, window=self.window)
         self._conv_window[layer][: blocks.numel()] = window
         return y
 
@@ -168,7 +179,9 @@ class StateCache:
         """Run the window from each request's persistent state without writing it; write the
         records into workspace rows ``0..B-1`` of ``layer``. Shapes as
         :func:`recoverssm_rs.recurrence.verify` (``[B, Q, H, *]``); returns ``[B, Q, H, V]``."""
+        layer = self._layer(layer)
         blocks = self._rows(state_blocks)
+        self._bound.check()
         b = blocks.numel()
         state = self._recurrent[layer][blocks]
         corr, kg = self.workspace(layer)
@@ -223,6 +236,7 @@ class StateCache:
             PlanError: before anything changes (a bad count, block, boundary or a block written
                 twice), naming the request.
         """
+        self._bound.check()
         kernel = self._commit_kernel_ready()
         device_counts = kernel and self._is_device_tensor(num_accepted)
         if device_counts:
@@ -240,10 +254,11 @@ class StateCache:
             return rows
         if kernel:
             self._commit_on_device(rows, num_accepted if device_counts else None)
-            return rows
-        recurrence.commit_rows(rows, recurrent=self._recurrent, conv=self._conv, corrections=self._corrections,
-                               keygate=self._keygate, conv_window=self._conv_window,
-                               conv_kernel_size=self.conv_kernel_size, conv_layout=self.conv_layout)
+        else:
+            recurrence.commit_rows(rows, recurrent=self._recurrent, conv=self._conv, corrections=self._corrections,
+                                   keygate=self._keygate, conv_window=self._conv_window,
+                                   conv_kernel_size=self.conv_kernel_size, conv_layout=self.conv_layout)
+        self._bound.mark_written()
         return rows
 
     # ---- commit kernel (CUDA) -------------------------------------------------------------
@@ -323,7 +338,9 @@ class StateCache:
                                           "commit kernel takes")
         if num_accepted is not None:
             _core.check_commit_counts(str(self._recurrent.device), require_arg(num_accepted, "num_accepted"), 1)
+        self._bound.check()
         d.launch(rows, None if num_rows is None else int(num_rows), num_accepted, stream)
+        self._bound.mark_written()
 
     def commit_error(self) -> ErrorWord | None:
         """The error word of the last kernel commit, decoded (a synchronising read; request numbers

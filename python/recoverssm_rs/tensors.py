@@ -50,17 +50,26 @@ def require_arg(x: Any, what: str) -> ArgDesc:
     return d
 
 
-def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool]:
-    """``(data_ptr, dtype, shape, byte_strides, device, writable)`` of a state tensor: a torch
-    tensor or a numpy array (``writable`` is False for a read-only numpy array).
+def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool, bool]:
+    """``(data_ptr, dtype, shape, byte_strides, device, writable, requires_grad)`` of a state tensor:
+    a torch tensor or a numpy array (``writable`` is False for a read-only numpy array; torch does
+    not record whether the memory under a tensor is writable, see :doc:`the integration guide
+    <integration>`).
 
     Raises:
-        TypeError: ``t`` is neither.
+        TypeError: ``t`` is neither, or is a torch tensor that is not dense (sparse, nested, ...).
     """
-    if isinstance(t, np.ndarray) or (hasattr(t, "data_ptr") and hasattr(t, "element_size")):
+    if isinstance(t, np.ndarray):
         d = describe_arg(t)
         assert d is not None
-        return (*d, bool(t.flags.writeable) if isinstance(t, np.ndarray) else True)
+        return (*d, bool(t.flags.writeable), False)
+    if hasattr(t, "data_ptr") and hasattr(t, "element_size"):
+        layout = getattr(t, "layout", None)
+        if layout is not None and str(layout) != "torch.strided":
+            raise TypeError(f"a {layout} tensor cannot be bound: state tensors must be dense (torch.strided)")
+        d = describe_arg(t)
+        assert d is not None
+        return (*d, True, bool(getattr(t, "requires_grad", False)))
     raise TypeError(f"state tensors must be torch tensors or numpy arrays, got {type(t).__name__}")
 
 

@@ -7,5 +7,7 @@ pub mod plan;
 pub mod recover;
 
 pub use meta::{commit_meta, CommitConfig, CommitMeta, CommitTensors, COMMIT_DTYPE_PAIRS};
-pub use plan::{check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitRow, CommitStep};
+pub use plan::{
+    check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitRow, CommitStep,
+};
 pub use recover::{recover_geometry, GateKind, RecoverGeometry};

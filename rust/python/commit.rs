@@ -6,7 +6,9 @@ use super::buffer::RawBuffer;
 use super::layout::Layout;
 use super::plan::{int_array, int_vector, tensor_desc, DescTuple};
 use super::{to_py, IntoPyResult};
-use crate::commit::{check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitStep};
+use crate::commit::{
+    check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitStep,
+};
 use crate::binding::TensorDesc;
 use crate::commit::{commit_meta, CommitConfig, CommitTensors};
 use crate::error::Error;
@@ -60,7 +62,7 @@ impl CommitPlanner {
         query_lens: &Bound<'_, PyAny>,
         seq_lens: Option<&Bound<'_, PyAny>>,
         block_table: Option<&Bound<'_, PyAny>>,
-        block_size: Option<u64>,
+        block_size: Option<i64>,
         max_requests: Option<u64>,
     ) -> PyResult<RawBuffer> {
         let sb = int_vector(py, state_blocks, "state_blocks")?;
@@ -72,6 +74,7 @@ impl CommitPlanner {
         let align = match (seq_lens, block_table, block_size) {
             (None, None, None) => None,
             (Some(s), Some(b), Some(bs)) => {
+                let bs = check_block_size(bs).py_err(py)?;
                 let s = int_vector(py, s, "seq_lens")?;
                 let (b, shape) = int_array(py, b, "block_table")?;
                 let cols = match shape.as_slice() {
@@ -157,8 +160,28 @@ fn commit_meta_table(
     Ok(RawBuffer::commit_meta(meta))
 }
 
+/// Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated.
+#[pyfunction(name = "check_cache_sizes")]
+fn check_cache_sizes_py(py: Python<'_>, num_layers: &Bound<'_, PyAny>, num_blocks: &Bound<'_, PyAny>, max_requests: &Bound<'_, PyAny>) -> PyResult<()> {
+    let get = |o: &Bound<'_, PyAny>, name: &str| -> PyResult<i64> {
+        o.extract::<i64>().map_err(|_| to_py(py, Error::binding(format!("{name} must be an integer, got {o}"))))
+    };
+    check_cache_sizes(get(num_layers, "num_layers")?, get(num_blocks, "num_blocks")?, get(max_requests, "max_requests")?).py_err(py)
+}
+
+/// `index` as an index into `len` items named `what` (a `PlanError` otherwise).
+#[pyfunction(name = "check_index")]
+fn check_index_py(py: Python<'_>, what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
+    let i = index
+        .extract::<i64>()
+        .map_err(|_| to_py(py, Error::plan(format!("{what} must be an integer, got {index}"))))?;
+    check_index(what, i, len).py_err(py)
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CommitPlanner>()?;
+    m.add_function(wrap_pyfunction!(check_cache_sizes_py, m)?)?;
+    m.add_function(wrap_pyfunction!(check_index_py, m)?)?;
     m.add_function(wrap_pyfunction!(commit_meta_table, m)?)?;
     Ok(())
 }

@@ -146,7 +146,7 @@ pub struct GroupPlanner {
 
 #[pymethods]
 impl GroupPlanner {
-    /// `states[group][layer]`: `(data_ptr, dtype, shape, byte_strides, device, writable)` per
+    /// `states[group][layer]`: `(data_ptr, dtype, shape, byte_strides, device, writable, requires_grad)` per
     /// persistent state tensor of that layer; `keepalive` owns the tensors.
     #[new]
     fn new(

@@ -9,6 +9,7 @@ mod commit;
 mod errors;
 mod kernels;
 mod group_plan;
+mod guard;
 mod layout;
 mod plan;
 
@@ -34,6 +35,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     commit::register(m)?;
     kernels::register(m)?;
+    guard::register(m)?;
     group_plan::register(m)?;
     Ok(())
 }

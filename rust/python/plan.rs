@@ -58,20 +58,21 @@ pub(super) fn int_vector(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> 
     Ok(v)
 }
 
-/// `(data_ptr, dtype, shape, byte_strides, device, writable)` of one tensor, as
-/// `planner.describe_tensor` gives it.
-pub(super) type DescTuple<'py> = (u64, Bound<'py, PyAny>, Vec<i64>, Vec<i64>, String, bool);
+/// `(data_ptr, dtype, shape, byte_strides, device, writable, requires_grad)` of one tensor, as
+/// `tensors.describe_tensor` gives it.
+pub(super) type DescTuple<'py> = (u64, Bound<'py, PyAny>, Vec<i64>, Vec<i64>, String, bool, bool);
 
 /// A [`TensorDesc`] from its Python tuple; an unknown dtype is a binding error naming `what()`.
 pub(super) fn tensor_desc(py: Python<'_>, t: &DescTuple<'_>, what: impl Fn() -> String) -> PyResult<TensorDesc> {
-    let (ptr, dtype, shape, strides, device, writable) = t;
+    let (ptr, dtype, shape, strides, device, writable, requires_grad) = t;
+    crate::binding::check_not_tracked(*requires_grad, &what()).py_err(py)?;
     let dtype = DType::parse(&dtype_name(dtype)?).map_err(|e| to_py(py, Error::binding(format!("{}: {}", what(), e.message))))?;
     Ok(TensorDesc { data_ptr: *ptr, dtype, shape: shape.clone(), strides: strides.clone(), device: device.clone(), writable: *writable })
 }
 
 #[pymethods]
 impl Planner {
-    /// `states[layer]` holds `(data_ptr, dtype, shape, byte_strides, device, writable)` per state tensor;
+    /// `states[layer]` holds `(data_ptr, dtype, shape, byte_strides, device, writable, requires_grad)` per state tensor;
     /// `keepalive` is the object owning those tensors.
     #[new]
     #[allow(clippy::type_complexity)]

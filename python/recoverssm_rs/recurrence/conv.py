@@ -84,7 +84,7 @@ def same_storage_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def conv_verify(windows: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, conv_kernel_size: int,
-                conv_layout: ConvLayout) -> tuple[torch.Tensor, torch.Tensor]:
+                conv_layout: ConvLayout, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv over a speculative window, from each request's conv window.
 
     ``windows`` are the requests' persistent conv windows ``[B, dim, W]`` (DS) or ``[B, W, dim]``
@@ -92,9 +92,19 @@ def conv_verify(windows: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, co
     ``[B, Q, dim]`` the window's conv inputs; ``weight`` ``[dim, conv_kernel_size]`` (tap ``j``
     multiplies the input ``conv_kernel_size - 1 - j`` positions back). Returns ``(y, verified)``:
     the outputs ``[B, Q, dim]`` (float32) and the verified window ``[h_2 .. h_{K-1}, x_1 .. x_Q]`` in
-    the windows' layout and dtype (what a commit compacts by the accepted count).
+    the windows' layout and dtype (what a commit compacts by the accepted count). With ``window``,
+    ``x`` must hold exactly that many tokens (the verified window then fills the conv window).
+
+    Raises:
+        PlanError: ``x`` or ``weight`` has the wrong shape.
     """
     kc = int(conv_kernel_size)
+    b = windows.shape[0]
+    dim = windows.shape[1] if conv_layout == "DS" else windows.shape[2]
+    check_tensor("x", x)
+    check_shape("x", x, ("B", "Q", "dim"), (b, window, dim))
+    check_tensor("weight", weight)
+    check_shape("weight", weight, ("dim", "conv_kernel_size"), (dim, kc))
     win = windows.transpose(1, 2) if conv_layout == "SD" else windows
     hist = win[:, :, : kc - 1].float()  # [B, dim, K-1]
     seq = torch.cat([hist, x.float().transpose(1, 2)], dim=2)  # [B, dim, K-1+Q]
