@@ -35,20 +35,23 @@ from recoverssm_rs.state_cache import StateCache
 
 
 class FakeCuda:
-    """A CPU tensor that claims to live on cuda:0."""
+    """A CPU tensor that claims to live on cuda:0. The calls the bound-memory guard makes per
+    launch (``data_ptr``, the storage's ``data_ptr`` / ``nbytes``, the version-counter bump) go to
+    the real tensor's own C methods, so they cost what they cost on a CUDA tensor."""
 
     def __init__(self, t: torch.Tensor) -> None:
         self.t = t
         self.device = torch.device("cuda", 0)
+        self.data_ptr = t.data_ptr  # type: ignore[method-assign]
+        self.untyped_storage = t.untyped_storage
+        self.is_inference = t.is_inference
+        self._base = t._base if t._base is not None else t
 
     dtype = property(lambda self: self.t.dtype)
     shape = property(lambda self: self.t.shape)
 
     def stride(self) -> tuple[int, ...]:
         return self.t.stride()
-
-    def data_ptr(self) -> int:
-        return self.t.data_ptr()
 
     def element_size(self) -> int:
         return self.t.element_size()
