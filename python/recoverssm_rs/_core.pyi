@@ -22,12 +22,15 @@ __all__ = [
     "RawBuffer",
     "RecoverSSMError",
     "StateSpec",
+    "StorageGuard",
     "__version__",
     "_validate_copy_funcs",
     "align_post_process",
     "align_pre_copy",
+    "check_cache_sizes",
     "check_commit_counts",
     "check_fused_step",
+    "check_index",
     "commit_grid",
     "commit_meta_table",
     "copy_tiles_launch",
@@ -212,7 +215,7 @@ class Planner:
     def __new__(
         cls,
         layout: Layout,
-        states: Sequence[Sequence[tuple[int, Any, Sequence[int], Sequence[int], str, bool]]],
+        states: Sequence[Sequence[tuple[int, Any, Sequence[int], Sequence[int], str, bool, bool]]],
         keepalive: Any,
     ) -> Planner: ...
     @property
@@ -251,7 +254,7 @@ class CommitPlanner:
         """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
     def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> CommitPlanner: ...
 
-_TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool]
+_TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool, bool]
 
 def commit_meta_table(
     recurrent: Sequence[_TensorDesc],
@@ -411,6 +414,25 @@ def check_fused_step(
 
 def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> ErrorWord:
     """``PlanError`` unless ``a`` is an integer vector on ``device_name`` of ``min_len``+ counts."""
+
+@final
+class StorageGuard:
+    """Bound tensors and storages with the addresses (and storage sizes) they were bound at."""
+
+    def __new__(
+        cls,
+        tensors: Sequence[tuple[Any, str, int, str]],
+        storages: Sequence[tuple[Any, int, int, str]],
+    ) -> StorageGuard: ...
+    def check(self) -> None:
+        """``BindingError`` naming the first bound tensor or storage whose memory changed."""
+    def __len__(self) -> int: ...
+
+def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
+    """``BindingError`` unless a state cache's sizes are in range."""
+
+def check_index(what: str, index: int, len: int) -> int:
+    """``index`` as an index into ``len`` items (``PlanError`` naming ``what`` otherwise)."""
 
 def kernel_abi() -> dict[str, Any]:
     """The calling convention of every kernel, the record layouts and the shared constants."""
