@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import timeit
 
-import torch
-
 import recoverssm_rs as rs
+import torch
 from recoverssm_rs import layouts
 
 

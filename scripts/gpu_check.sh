@@ -96,5 +96,13 @@ stage gpu-bench "${GPU_BENCH_TIMEOUT:-200}" \
   "$py" benches/gpu_copy.py --json ${GPU_BENCH_ARGS:-} >"$results/gpu_copy.json" 2>"$results/gpu_copy.txt"
 cat "$results/gpu_copy.txt" >&2
 
+stage commit-bench "${COMMIT_BENCH_TIMEOUT:-120}" \
+  "$py" benches/commit_gpu.py --json "$results/commit_gpu.json" >"$results/commit_gpu.txt" 2>&1
+cat "$results/commit_gpu.txt" >&2
+
+stage launch-host "${LAUNCH_HOST_TIMEOUT:-60}" \
+  "$py" benches/launch_host.py --repeat 1000 --json "$results/launch_host.json" >"$results/launch_host.txt" 2>&1
+cat "$results/launch_host.txt" >&2
+
 cat "$summary" >&2
 exit $failed

@@ -614,3 +614,20 @@ def test_commit_grid():
     big["conv_width"], big["conv_dim"], big["conv_elem"] = 10, 12288, 2
     g = gpu.commit_grid(big)
     assert g == (32 * 2, -(-10 * 12288 * 2 // CONSTANTS["COMMIT_CONV_CHUNK_BYTES"]))
+
+
+def test_commit_benchmark_counts_the_bytes_the_kernel_moves():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("commit_gpu", Path(__file__).parents[1] / "benches" / "commit_gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cache = make_cache("kda", "DS", "bfloat16")
+    meta = cache.commit_meta()
+    m = meta[0]
+    state = int(m["heads"]) * int(m["head_v"]) * int(m["head_k"]) * 4  # float32 state
+    per_token = int(m["heads"]) * (int(m["head_v"]) * 4 + int(m["kg_width"]) * 2)  # bf16 records
+    conv = int(m["conv_width"]) * int(m["conv_dim"]) * int(m["conv_elem"])
+    counts = [0, 2, 99]  # 0 moves nothing; a count past the window folds the window
+    want = meta.nbytes + 3 * 32 + len(meta) * (2 * (2 * state + 2 * conv) + (2 + int(m["window"])) * per_token)
+    assert bench.commit_bytes(meta, counts) == want

@@ -238,7 +238,7 @@ def _good(R=2, cols=3):
         (lambda a: a.__setitem__(1, torch.zeros(2, dtype=torch.int32)),
          r"src_col: expected a CUDA tensor on cuda:0, got a tensor on cpu; .*plan_align\(\.\.\.\) and CopyPlan"),
         (lambda a: a.__setitem__(0, torch.ones(2, 3, dtype=torch.int32)), "block_table: expected a CUDA tensor"),
-        (lambda a: a.__setitem__(2, np.zeros(2, np.int32)), "dst_col: expected a CUDA tensor.*got a ndarray"),
+        (lambda a: a.__setitem__(2, np.zeros(2, np.int32)), "dst_col: expected a CUDA tensor on cuda:0, got a tensor on cpu"),
         (lambda a: a.__setitem__(3, [1, 1]), "num_accepted: expected a CUDA tensor.*got a list"),
         (lambda a: a.__setitem__(2, fc([2, 2], index=1)), "dst_col is on cuda:1 but the planner's states are on cuda:0"),
         (lambda a: a.__setitem__(3, fc([1.0, 1.0], torch.float32)), "num_accepted: expected int32 or int64, got torch.float32"),

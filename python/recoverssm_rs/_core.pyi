@@ -34,6 +34,7 @@ __all__ = [
     "commit_grid",
     "commit_meta_table",
     "copy_tiles_launch",
+    "describe_arg",
     "gdn_layout",
     "kda_layout",
     "kernel_abi",
@@ -206,7 +207,7 @@ class Plan:
     def nbytes(self) -> int: ...
     @property
     def planner(self) -> Planner: ...
-    def execute_host(self) -> Plan: ...
+    def execute_host(self) -> None: ...
 
 @final
 class Planner:
@@ -252,7 +253,7 @@ class CommitPlanner:
         max_requests: int | None = None,
     ) -> RawBuffer:
         """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
-    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> CommitPlanner: ...
+    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> None: ...
 
 _TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool, bool]
 
@@ -316,20 +317,31 @@ class FusedCopy:
     ) -> FusedCopy: ...
     def launch(
         self,
-        block_table: _DeviceArg,
-        src_col: _DeviceArg,
-        second: _DeviceArg,
-        num_accepted: _DeviceArg,
-        err: _DeviceArg | None = None,
+        block_table: Any,
+        src_col: Any,
+        second: Any,
+        num_accepted: Any,
+        err: Any = None,
         block_size: int | None = None,
-    ) -> KernelLaunch | None: ...
+    ) -> KernelLaunch | None:
+        """The launch of one step (tensors, CuPy arrays or description tuples; int32)."""
+    def step(
+        self,
+        block_table: Any,
+        src_col: Any,
+        second: Any,
+        num_accepted: Any,
+        err: Any = None,
+        block_size: int | None = None,
+    ) -> tuple[KernelLaunch | None, int, bool]:
+        """``(launch, requests, narrow)``: the launch, or ``narrow`` when inputs must be narrowed first."""
     def check(
         self,
-        block_table: _DeviceArg,
-        src_col: _DeviceArg,
-        second: _DeviceArg,
-        num_accepted: _DeviceArg,
-        err: _DeviceArg | None = None,
+        block_table: Any,
+        src_col: Any,
+        second: Any,
+        num_accepted: Any,
+        err: Any = None,
         block_size: int | None = None,
     ) -> int: ...
     @property
@@ -357,10 +369,10 @@ class CommitLaunch:
     ) -> CommitLaunch: ...
     def launch(
         self,
-        rows: _DeviceArg,
+        rows: Any,
         num_rows: int | None = None,
-        num_accepted: _DeviceArg | None = None,
-        err: _DeviceArg | None = None,
+        num_accepted: Any = None,
+        err: Any = None,
     ) -> KernelLaunch | None: ...
     @property
     def ctas(self) -> tuple[int, int]: ...
@@ -403,16 +415,20 @@ def pack_launch(
 
 def check_fused_step(
     device_name: str,
-    block_table: _DeviceArg,
-    src_col: _DeviceArg,
-    second: _DeviceArg,
-    num_accepted: _DeviceArg,
-    err: _DeviceArg | None = None,
+    block_table: Any,
+    src_col: Any,
+    second: Any,
+    num_accepted: Any,
+    err: Any = None,
     block_size: int | None = None,
 ) -> int:
     """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
 
-def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> ErrorWord:
+def describe_arg(obj: Any) -> tuple[int, str, list[int], list[int], str] | None:
+    """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a CuPy array or a numpy
+    array; ``None`` for anything else."""
+
+def check_commit_counts(device_name: str, a: Any, min_len: int) -> None:
     """``PlanError`` unless ``a`` is an integer vector on ``device_name`` of ``min_len``+ counts."""
 
 @final

@@ -20,7 +20,6 @@ from ._core import ErrorWord
 from .cuda import module
 from .errors import PlanError
 from .plan_format import CONSTANTS
-from .tensors import describe_arg
 
 __all__ = ["CudaOps", "cuda_ops", "DevicePath", "check_step", "HOST_ALTERNATIVE"]
 
@@ -89,14 +88,6 @@ class CudaOps:
 cuda_ops = CudaOps()
 
 
-def _desc(x: Any, name: str, index: int) -> tuple[int, str, list[int], list[int], str]:
-    if not (hasattr(x, "data_ptr") and hasattr(x, "element_size")):
-        raise PlanError(f"{name}: expected a CUDA tensor on cuda:{index}, got a {type(x).__name__}; {HOST_ALTERNATIVE}")
-    d = describe_arg(x)
-    assert d is not None
-    return d
-
-
 def _as_int32(torch: Any, x: Any) -> Any:
     """``x`` as int32 with a contiguous last axis, converted on the device (no host copy)."""
     if x.dtype != torch.int32:
@@ -110,12 +101,7 @@ def check_step(device: str, index: int, block_table: Any, src_col: Any, second: 
                block_size: int | None, err: Any) -> int:
     """The core's checks of a step (int32 or int64 inputs) before anything is bound or uploaded;
     returns the number of requests."""
-    second_name = "dst_col" if block_size is None else "running"
-    descs = [_desc(x, n, index) for x, n in zip((block_table, src_col, second, num_accepted),
-                                                 ("block_table", "src_col", second_name, "num_accepted"))]
-    err_desc = None if err is None else _desc(err, "err", index)
-    bt, src, mid, acc = descs
-    return int(_core.check_fused_step(device, bt, src, mid, acc, err_desc, block_size))
+    return int(_core.check_fused_step(device, block_table, src_col, second, num_accepted, err, block_size))
 
 
 class DevicePath:
@@ -137,24 +123,19 @@ class DevicePath:
                block_size: int | None, stream: Any, err: Any) -> None:
         """Check, pack and launch one step (``second``: dst_col, or running with a block size)."""
         index = self.index
-        second_name = "dst_col" if block_size is None else "running"
-        tensors = [block_table, src_col, second, num_accepted]
-        descs = [_desc(x, n, index) for x, n in zip(tensors, ("block_table", "src_col", second_name, "num_accepted"))]
-        err_desc = None if err is None else _desc(err, "err", index)
-        # int64 inputs are narrowed, and a table with a strided column axis made contiguous, on the
-        # device (after the core's checks); int32 inputs with a contiguous last axis pass as they are.
-        narrow = any(d[1] != "torch.int32" or (len(d[2]) > 0 and d[2][-1] > 1 and d[3][-1] != 4) for d in descs)
-        n = self.fused.check(descs[0], descs[1], descs[2], descs[3], err_desc, block_size) if narrow else int(descs[1][2][0])
+        # The core describes and checks the tensors and packs the launch; int64 inputs, or a table
+        # with a strided column axis, pass its checks but are first narrowed / made contiguous on
+        # the device (``narrow``), then packed.
+        kl, n, narrow = self.fused.step(block_table, src_col, second, num_accepted, err, block_size)
         ts = cuda_ops.torch_stream(stream, index)
         with cuda_ops.context(index, ts):
             if narrow:
-                # Checked: now narrow on the device (only the rows this step reads of a wide table).
                 torch = cuda_ops.torch()
                 if block_table.shape[0] > n and block_table.dtype != torch.int32:
-                    tensors[0] = block_table[:n]
-                tensors = [_as_int32(torch, x) for x in tensors]
-                descs = [describe_arg(x) for x in tensors]  # type: ignore[misc]
-            kl = self.fused.launch(descs[0], descs[1], descs[2], descs[3], err_desc, block_size)
+                    block_table = block_table[:n]  # only the rows this step reads of a wide table
+                block_table, src_col, second, num_accepted = (
+                    _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted))
+                kl = self.fused.launch(block_table, src_col, second, num_accepted, err, block_size)
             if err is None:
                 self.err.zero_()
                 self.err_requests = n

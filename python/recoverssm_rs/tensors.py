@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
+
 __all__ = ["describe_arg", "require_arg", "describe_tensor", "host_ints"]
 
 #: ``(data_ptr, dtype, shape, byte_strides, device)``
@@ -18,25 +20,8 @@ ArgDesc = tuple[int, str, list[int], list[int], str]
 def describe_arg(x: Any) -> ArgDesc | None:
     """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a
     ``__cuda_array_interface__`` object (a CuPy array) or a numpy array; ``None`` for anything
-    else."""
-    if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
-        es = x.element_size()
-        return (int(x.data_ptr()), str(x.dtype), list(x.shape), [int(st) * es for st in x.stride()], str(x.device))
-    iface = getattr(x, "__cuda_array_interface__", None)
-    if iface is not None:
-        dt = np.dtype(iface["typestr"])
-        shape = [int(n) for n in iface["shape"]]
-        strides = iface.get("strides")
-        if strides is None:  # C order
-            strides, acc = [0] * len(shape), dt.itemsize
-            for i in range(len(shape) - 1, -1, -1):
-                strides[i], acc = acc, acc * max(shape[i], 1)
-        dev = getattr(getattr(x, "device", None), "id", None)
-        return (int(iface["data"][0]), dt.name, shape, [int(st) for st in strides],
-                f"cuda:{int(dev)}" if dev is not None else "cuda")
-    if isinstance(x, np.ndarray):
-        return (int(x.ctypes.data), x.dtype.name, list(x.shape), list(x.strides), "cpu")
-    return None
+    else. The core makes the description (``_core.describe_arg``)."""
+    return _core.describe_arg(x)
 
 
 def require_arg(x: Any, what: str) -> ArgDesc:

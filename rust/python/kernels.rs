@@ -12,12 +12,25 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-/// `(data_ptr, dtype, shape, byte_strides, device)` of one device argument.
-type ArgTuple = (u64, String, Vec<i64>, Vec<i64>, String);
+/// The described device argument `obj` (a tensor, a CuPy array, or a description tuple), or a
+/// plan error naming `what`.
+fn arg(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<DeviceArg> {
+    super::describe::describe(py, obj)?.ok_or_else(|| {
+        let ty = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        to_py(py, Error::plan(format!("{what}: expected a CUDA tensor or a CuPy array, got a {ty}")))
+    })
+}
 
-fn arg(t: ArgTuple) -> DeviceArg {
-    let (data_ptr, dtype, shape, strides, device) = t;
-    DeviceArg { data_ptr, dtype, shape, strides, device }
+fn opt_arg(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<DeviceArg>> {
+    obj.filter(|o| !o.is_none()).map(|o| arg(py, o, what)).transpose()
+}
+
+fn second_name(block_size: Option<i64>) -> &'static str {
+    if block_size.is_some() {
+        "running"
+    } else {
+        "dst_col"
+    }
 }
 
 /// A Python int as i64, or a plan error naming the parameter.
@@ -153,16 +166,58 @@ impl PyFusedCopy {
     fn launch(
         &self,
         py: Python<'_>,
-        block_table: ArgTuple,
-        src_col: ArgTuple,
-        second: ArgTuple,
-        num_accepted: ArgTuple,
-        err: Option<ArgTuple>,
+        block_table: &Bound<'_, PyAny>,
+        src_col: &Bound<'_, PyAny>,
+        second: &Bound<'_, PyAny>,
+        num_accepted: &Bound<'_, PyAny>,
+        err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<KernelLaunch>> {
         let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
-        let err = err.map(arg);
-        launched(self.inner.launch(&arg(block_table), &arg(src_col), &arg(second), &arg(num_accepted), err.as_ref(), block_size), py)
+        let (bt, s, x, a) = (
+            arg(py, block_table, "block_table")?,
+            arg(py, src_col, "src_col")?,
+            arg(py, second, second_name(block_size))?,
+            arg(py, num_accepted, "num_accepted")?,
+        );
+        let err = opt_arg(py, err, "err")?;
+        launched(self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size), py)
+    }
+
+    /// One step from the caller's tensors: `(launch, requests, narrow)`. With `narrow` false the
+    /// launch is ready (`None`: nothing to launch); with `narrow` true every input passed the checks
+    /// but some must first be narrowed to int32 or made contiguous on the device (then call
+    /// `launch` with the converted tensors).
+    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        py: Python<'_>,
+        block_table: &Bound<'_, PyAny>,
+        src_col: &Bound<'_, PyAny>,
+        second: &Bound<'_, PyAny>,
+        num_accepted: &Bound<'_, PyAny>,
+        err: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
+        let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
+        let (bt, s, x, a) = (
+            arg(py, block_table, "block_table")?,
+            arg(py, src_col, "src_col")?,
+            arg(py, second, second_name(block_size))?,
+            arg(py, num_accepted, "num_accepted")?,
+        );
+        let err = opt_arg(py, err, "err")?;
+        match self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size) {
+            Ok(l) => {
+                let n = s.shape.first().copied().unwrap_or(0).max(0) as u64;
+                Ok((l.map(KernelLaunch::new), n, false))
+            }
+            Err(_) => {
+                let n = self.inner.check(&bt, &s, &x, &a, err.as_ref(), block_size).py_err(py)?;
+                Ok((None, n, true))
+            }
+        }
     }
 
     /// The CUDA device index of the states.
@@ -179,16 +234,22 @@ impl PyFusedCopy {
     fn check(
         &self,
         py: Python<'_>,
-        block_table: ArgTuple,
-        src_col: ArgTuple,
-        second: ArgTuple,
-        num_accepted: ArgTuple,
-        err: Option<ArgTuple>,
+        block_table: &Bound<'_, PyAny>,
+        src_col: &Bound<'_, PyAny>,
+        second: &Bound<'_, PyAny>,
+        num_accepted: &Bound<'_, PyAny>,
+        err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
         let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
-        let err = err.map(arg);
-        self.inner.check(&arg(block_table), &arg(src_col), &arg(second), &arg(num_accepted), err.as_ref(), block_size).py_err(py)
+        let (bt, s, x, a) = (
+            arg(py, block_table, "block_table")?,
+            arg(py, src_col, "src_col")?,
+            arg(py, second, second_name(block_size))?,
+            arg(py, num_accepted, "num_accepted")?,
+        );
+        let err = opt_arg(py, err, "err")?;
+        self.inner.check(&bt, &s, &x, &a, err.as_ref(), block_size).py_err(py)
     }
 
     #[getter]
@@ -247,9 +308,17 @@ impl PyCommitLaunch {
 
     /// The launch of one commit over the first `num_rows` rows of `rows` (default: all).
     #[pyo3(signature = (rows, num_rows = None, num_accepted = None, err = None))]
-    fn launch(&self, py: Python<'_>, rows: ArgTuple, num_rows: Option<u64>, num_accepted: Option<ArgTuple>, err: Option<ArgTuple>) -> PyResult<Option<KernelLaunch>> {
-        let (acc, err) = (num_accepted.map(arg), err.map(arg));
-        launched(self.inner.launch(&arg(rows), num_rows, acc.as_ref(), err.as_ref()), py)
+    fn launch(
+        &self,
+        py: Python<'_>,
+        rows: &Bound<'_, PyAny>,
+        num_rows: Option<u64>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<KernelLaunch>> {
+        let rows = arg(py, rows, "rows")?;
+        let (acc, err) = (opt_arg(py, num_accepted, "num_accepted")?, opt_arg(py, err, "err")?);
+        launched(self.inner.launch(&rows, num_rows, acc.as_ref(), err.as_ref()), py)
     }
 
     /// `(rec_ctas, conv_ctas)`: CTAs per (layer, row).
@@ -324,17 +393,23 @@ fn copy_tiles_launch(
 fn check_fused_step(
     py: Python<'_>,
     device_name: &str,
-    block_table: ArgTuple,
-    src_col: ArgTuple,
-    second: ArgTuple,
-    num_accepted: ArgTuple,
-    err: Option<ArgTuple>,
+    block_table: &Bound<'_, PyAny>,
+    src_col: &Bound<'_, PyAny>,
+    second: &Bound<'_, PyAny>,
+    num_accepted: &Bound<'_, PyAny>,
+    err: Option<&Bound<'_, PyAny>>,
     block_size: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<u64> {
     let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
-    let err = err.map(arg);
+    let (bt, s, x, a) = (
+        arg(py, block_table, "block_table")?,
+        arg(py, src_col, "src_col")?,
+        arg(py, second, second_name(block_size))?,
+        arg(py, num_accepted, "num_accepted")?,
+    );
+    let err = opt_arg(py, err, "err")?;
     let dev = device(py, device_name)?;
-    kernels::check_step(&dev, &arg(block_table), &arg(src_col), &arg(second), &arg(num_accepted), err.as_ref(), block_size, args::StepCheck::BeforeNarrowing)
+    kernels::check_step(&dev, &bt, &s, &x, &a, err.as_ref(), block_size, args::StepCheck::BeforeNarrowing)
         .map(|c| c.requests)
         .py_err(py)
 }
@@ -348,9 +423,9 @@ fn state_chunks(max_state_bytes: u64) -> u32 {
 /// Checks the accepted counts of a device commit: an integer vector on the cache's device with at
 /// least `min_len` counts.
 #[pyfunction]
-fn check_commit_counts(py: Python<'_>, device_name: &str, a: ArgTuple, min_len: u64) -> PyResult<()> {
+fn check_commit_counts(py: Python<'_>, device_name: &str, a: &Bound<'_, PyAny>, min_len: u64) -> PyResult<()> {
     let dev = device(py, device_name)?;
-    args::check_commit_counts(&dev, &arg(a), min_len).py_err(py)
+    args::check_commit_counts(&dev, &arg(py, a, "num_accepted")?, min_len).py_err(py)
 }
 
 /// The decoded error word (`int32[3]`) of a kernel launch.

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 mod buffer;
 mod commit;
+mod describe;
 mod errors;
 mod kernels;
 mod group_plan;
@@ -34,6 +35,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layout::register(m)?;
     plan::register(m)?;
     commit::register(m)?;
+    describe::register(m)?;
     kernels::register(m)?;
     guard::register(m)?;
     group_plan::register(m)?;

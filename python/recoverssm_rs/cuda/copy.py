@@ -92,9 +92,7 @@ def launch_state_copy(
     err_desc = require_arg(err, "err")
     fused = _core.FusedCopy(bt[4], _address(meta_dev, "metas"), num_meta, max_accepted, num_blocks,
                             bool(has_temporal), chunks, err_desc[0])
-    second = "running" if block_size is not None else "dst_col"
-    kl = fused.launch(bt, require_arg(src_col, "src_col"), require_arg(dst_or_running, second),
-                      require_arg(num_accepted, "num_accepted"), err_desc, block_size)
+    kl = fused.launch(bt, src_col, dst_or_running, num_accepted, err_desc, block_size)
     if kl is not None:
         module.launch(kl, index, stream)
 
