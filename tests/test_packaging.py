@@ -61,8 +61,28 @@ def test_license_file_and_expression_agree():
     assert PROJECT["license-files"] == ["LICENSE"]
 
 
-def test_every_build_path_tags_manylinux():
-    assert PYPROJECT["tool"]["maturin"]["compatibility"].startswith("manylinux_")
+def _backend(monkeypatch):
+    """build_backend/pep517_backend.py, imported from the checkout, run from the repository root."""
+    pytest.importorskip("maturin")
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT / PYPROJECT["build-system"]["backend-path"][0]))
+    monkeypatch.delenv("MATURIN_PEP517_ARGS", raising=False)
+    return __import__(PYPROJECT["build-system"]["build-backend"])
+
+
+def test_every_build_path_gets_the_configured_wheel_tag(monkeypatch):
+    compatibility = PYPROJECT["tool"]["maturin"]["compatibility"]
+    assert compatibility == "pypi" or compatibility.startswith("manylinux_")
+    backend = _backend(monkeypatch)
+    # pip wheel . / pip install . / python -m build: maturin's hook would pass --compatibility off.
+    assert backend._with_compatibility(None) == {"build-args": ["--compatibility", compatibility]}
+    monkeypatch.setenv("MATURIN_PEP517_ARGS", "--features python")
+    assert backend._with_compatibility({}) == {
+        "build-args": ["--features", "python", "--compatibility", compatibility]}
+    # A caller's own choice wins.
+    mine = {"build-args": "--compatibility linux"}
+    assert backend._with_compatibility(mine) == mine
+    assert backend.build_sdist is __import__("maturin").build_sdist
 
 
 def test_console_script_resolves_to_the_entry_point():
