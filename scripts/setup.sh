@@ -40,7 +40,9 @@ for pkg in maturin "${extras[@]}"; do
   "$py" -c "$probe" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
-  say "installing ${missing[*]} (torch alone is a download of several hundred MB)"
+  note=""
+  [[ " ${missing[*]} " == *" torch "* ]] && note=" (torch is a download of several hundred MB)"
+  say "installing ${missing[*]}$note"
   # pip's own progress (Collecting / Downloading / Installing) shows what is happening.
   "$py" -m pip install "${missing[@]}"
   done_step "installed ${missing[*]}"
@@ -51,10 +53,11 @@ fi
 # would shadow it, so remove any.
 rm -f python/recoverssm_rs/_core.cpython-*.so
 say "building the extension (cargo build --release through maturin develop; minutes on a first run)"
-# maturin develop installs into the environment named by VIRTUAL_ENV. Its dependency install asks
-# pip about every extra and pip answers "Ignoring <pkg>: markers 'extra == ...' don't match" for
-# each: drop those lines, keep the rest (cargo's Compiling lines, maturin's own).
+# maturin develop installs into the environment named by VIRTUAL_ENV. Two kinds of its lines are
+# dropped, the rest (cargo's Compiling lines, maturin's own) shown: pip's "Ignoring <pkg>: markers
+# 'extra == ...' don't match" for every extra, and maturin's warning that `build-backend` is not
+# `maturin` (it is maturin, wrapped: build_backend/pep517_backend.py).
 VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" maturin develop --release 2>&1 \
-  | { grep -v -E "^Ignoring [^ ]+: markers '.*' don't match your environment$" || true; }
+  | { grep -v -E "^Ignoring [^ ]+: markers '.*' don't match your environment$|Warning: .build-backend. in pyproject.toml is not set to .maturin." || true; }
 done_step "built and installed the extension"
 "$py" -c "import recoverssm_rs; print('setup: recoverssm_rs', recoverssm_rs.__version__, 'ready in .venv')"
