@@ -7,8 +7,8 @@ install. It never imports torch or CuPy unless asked to check them.
 
 - :func:`missing_module_message` maps a ``ModuleNotFoundError`` for an optional dependency to that
   sentence (``None`` for any other module: a real bug, left to surface).
-- :func:`require_torch` raises :class:`~recoverssm_rs.errors.BackendUnavailableError` when torch is
-  missing.
+- :func:`require` / :func:`require_torch` raise :class:`~recoverssm_rs.errors.BackendUnavailableError`
+  when an optional module (torch, matplotlib) is missing.
 - :func:`cuda_match_problem` compares torch's CUDA version with the installed CuPy wheels (pure:
   the facts are arguments); :func:`gpu_stack_problem` gathers those facts from this environment and
   :func:`require_gpu_stack` raises on a problem. Call them before the first GPU launch.
@@ -30,6 +30,7 @@ __all__ = [
     "cupy_extra",
     "gpu_stack_problem",
     "missing_module_message",
+    "require",
     "require_gpu_stack",
     "require_torch",
 ]
@@ -75,6 +76,16 @@ def missing_module_message(exc: ModuleNotFoundError, what: str = "this command")
     if extra is None:
         return None
     return f"{what} needs {top}, which is not installed: {_install_line(extra)}"
+
+
+def require(module: str, what: str = "this command") -> None:
+    """Raise :class:`BackendUnavailableError` if the optional ``module`` (a key of :data:`EXTRAS`)
+    is not installed; the message names ``what`` needs it and the extra to install."""
+    if module == "torch":
+        require_torch(what)
+    elif importlib.util.find_spec(module) is None:
+        raise BackendUnavailableError(
+            f"{what} needs {module}, which is not installed: {_install_line(EXTRAS[module])}")
 
 
 def require_torch(what: str = "this command") -> None:

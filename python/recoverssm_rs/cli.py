@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import demo
 
     demo.add_parser(sub)
+    from .bench import add_parser as add_bench_parser  # bench: the package's benchmarks
+
+    add_bench_parser(sub)
     return parser
 
 
