@@ -117,6 +117,14 @@ def test_bad_options_end_in_one_usage_line(args, flag):
     assert r.stderr.strip().splitlines()[-1].startswith(f"python -m recoverssm_rs bench: error: argument {flag}")
 
 
+def test_output_into_a_missing_folder_fails_before_measuring(tmp_path):
+    r = bench(*TINY, "--json", str(tmp_path / "no" / "r.json"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        (f"python -m recoverssm_rs bench: error: argument --json: the folder of '{tmp_path / 'no' / 'r.json'}' "
+         "does not exist")]
+
+
 def test_plot_without_matplotlib_fails_before_measuring(tmp_path):
     png = tmp_path / "x.png"
     code = ("import sys; sys.modules['matplotlib'] = None\n"

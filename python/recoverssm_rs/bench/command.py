@@ -172,6 +172,11 @@ def format_report(doc: dict[str, Any]) -> str:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     # Every missing piece is reported before a minute of measuring, not after.
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and path != "-" and not Path(path).resolve().parent.is_dir():
+            print(f"python -m recoverssm_rs bench: error: argument {flag}: the folder of {path!r} does not "
+                  "exist", file=sys.stderr)
+            return 2
     backend_check.require("torch", "`bench`")
     if args.plot:
         backend_check.require("matplotlib", "`bench --plot`")
