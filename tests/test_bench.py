@@ -223,3 +223,18 @@ def test_old_bench_scripts_still_run():
                         "--budget", "0.002"], capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     assert "exec/copy_" in r.stdout
+
+
+def test_methods_are_timed_interleaved_each_with_its_own_repetitions():
+    from recoverssm_rs.bench.timing import Budget, measure_interleaved
+
+    calls: list[str] = []
+    done: list[str] = []
+    fns = {"a": (lambda: calls.append("a"), Budget(1e9, min_reps=3, max_reps=3, warmup=1)),
+           "b": (lambda: calls.append("b"), Budget(1e9, min_reps=1, max_reps=1, warmup=1))}
+    out = measure_interleaved(fns, done.append)
+    assert calls == ["a", "a", "b", "b",   # warm-up: (warmup + 1) calls each, in turn
+                     "a", "b", "a", "a"]   # timed rounds: one call of each method still timing
+    assert done == ["b", "a"]
+    assert (out["a"]["reps"], out["b"]["reps"]) == (3, 1)
+    assert all(0 < v["p10_s"] <= v["median_s"] <= v["p90_s"] for v in out.values())

@@ -3,7 +3,8 @@
 For each state size S and batch N: a real CPU pool ``[2N + 1, *state]`` fp32 (one temporal state,
 one layer; the 2 MiB case is Kimi-K3-like ``[32, 128, 128]`` fp32), and ``plan_copy(src, dst)`` of
 N blocks to N other blocks, both in random order (no two copies coalesce, as in an engine step).
-Timed:
+Timed, interleaved (one call of each method per round, so that all of them see the same machine
+load):
 
   execute        ``plan.execute()`` (plan built outside the timed region; N segments)
   plan+execute   ``planner.plan_copy(src, dst).execute()``
@@ -28,7 +29,7 @@ import numpy as np
 from .._core import Layout, StateSpec
 from ..planner import CopyPlanner
 from .progress import Progress
-from .timing import Budget, measure
+from .timing import Budget, measure_interleaved
 
 __all__ = ["BASELINES", "METHODS", "SHAPES", "count_units", "format_table", "run"]
 
@@ -74,13 +75,11 @@ def _case(torch: Any, name: str, n: int, budget: Budget, progress: Progress, see
         "index": index_copy,
     }
     case = f"host copy, {name} states x {n}"
-    methods: dict[str, dict[str, float]] = {}
-    for method in METHODS:
-        progress.start(case, method)
-        t = measure(fns[method], budget)
+    progress.start(case, "timing the methods interleaved")
+    methods = measure_interleaved({m: (fns[m], budget) for m in METHODS},
+                                  on_done=lambda m: progress.advance(case, f"{m} done"))
+    for t in methods.values():
         t["GBps"] = 2 * payload / t["median_s"] / 1e9
-        methods[method] = t
-        progress.advance(case, method)
     return {"size": name, "state_bytes": state_bytes, "batch": n, "payload_bytes": payload,
             "segments": plan.num_segments, "segments_seq": seq.num_segments, "methods": methods,
             "execute_over_copy_": methods["execute"]["GBps"] / methods["copy_"]["GBps"]}

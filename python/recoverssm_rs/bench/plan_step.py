@@ -11,7 +11,8 @@ laid out as pages (per layer a ``[num_blocks, page]`` region, the conv state the
 state in each page, like vLLM's per-layer views). Nothing ever touches that memory (planning only
 computes addresses), so it costs no RAM; one pool, sized for the largest request count, serves
 every request count, and the baselines index the very same tensors, so every method computes the
-same addresses (checked before timing).
+same addresses (checked before timing). The methods are timed interleaved (one call of each per
+round), so that all of them see the same machine load.
 
 Methods, each producing the same (src_ptr, dst_ptr, nbytes) per copy:
   plan       ``CopyPlanner.plan_align(...)`` (validation, hazards, segments; Rust, GIL released)
@@ -36,7 +37,7 @@ import numpy as np
 from .. import layouts
 from ..planner import CopyPlanner
 from .progress import Progress
-from .timing import Budget, measure
+from .timing import Budget, measure_interleaved
 
 __all__ = ["BASELINES", "LAYOUT", "METHODS", "count_units", "format_table", "make_step", "run"]
 
@@ -224,15 +225,17 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
         nbytes = plan.nbytes
         del plan, segs
         fns = _methods(planner, vec, pool, (bt, sc, dc, na), bt_t, out)
-        methods: dict[str, dict[str, float]] = {}
-        for name in METHODS:
-            progress.start(case, name)
-            b = budget if name != "loop" else Budget(budget.seconds * LOOP_BUDGET_FACTOR, 2, budget.max_reps, 1)
-            t = measure(fns[name], b)
+        loop_budget = Budget(budget.seconds * LOOP_BUDGET_FACTOR, 2, budget.max_reps, 1)
+        progress.start(case, "timing the methods interleaved")
+
+        def done(name: str, case: str = case) -> None:
+            progress.advance(case, f"{name} done")
+
+        methods = measure_interleaved(
+            {name: (fns[name], loop_budget if name == "loop" else budget) for name in METHODS}, done)
+        for t in methods.values():
             t["ns_per_copy"] = t["median_s"] * 1e9 / copies
             t["copies_per_s"] = copies / t["median_s"]
-            methods[name] = t
-            progress.advance(case, name)
         results.append({
             "requests": R, "copies": copies, "bytes_per_step": nbytes, "check": check, "methods": methods,
             "loop_over_plan": methods["loop"]["median_s"] / methods["plan"]["median_s"],
