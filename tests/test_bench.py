@@ -230,11 +230,12 @@ def test_methods_are_timed_interleaved_each_with_its_own_repetitions():
 
     calls: list[str] = []
     done: list[str] = []
-    fns = {"a": (lambda: calls.append("a"), Budget(1e9, min_reps=3, max_reps=3, warmup=1)),
+    fns = {"a": (lambda: calls.append("a"), Budget(1e9, min_reps=4, max_reps=4, warmup=1)),
            "b": (lambda: calls.append("b"), Budget(1e9, min_reps=1, max_reps=1, warmup=1))}
-    out = measure_interleaved(fns, done.append)
+    out = measure_interleaved(fns, done.append, rounds=2)
     assert calls == ["a", "a", "b", "b",   # warm-up: (warmup + 1) calls each, in turn
-                     "a", "b", "a", "a"]   # timed rounds: one call of each method still timing
-    assert done == ["b", "a"]
-    assert (out["a"]["reps"], out["b"]["reps"]) == (3, 1)
+                     "a", "a",             # round 1: half of a's calls (b's one call is due in round 2)
+                     "a", "a", "b"]        # round 2: the rest of each
+    assert done == ["a", "b"]
+    assert (out["a"]["reps"], out["b"]["reps"]) == (4, 1)
     assert all(0 < v["p10_s"] <= v["median_s"] <= v["p90_s"] for v in out.values())

@@ -3,8 +3,8 @@
 For each state size S and batch N: a real CPU pool ``[2N + 1, *state]`` fp32 (one temporal state,
 one layer; the 2 MiB case is Kimi-K3-like ``[32, 128, 128]`` fp32), and ``plan_copy(src, dst)`` of
 N blocks to N other blocks, both in random order (no two copies coalesce, as in an engine step).
-Timed, interleaved (one call of each method per round, so that all of them see the same machine
-load):
+Timed interleaved (each method's calls split into rounds, the methods in turn within a round, so
+that all of them see the same machine load):
 
   execute        ``plan.execute()`` (plan built outside the timed region; N segments)
   plan+execute   ``planner.plan_copy(src, dst).execute()``

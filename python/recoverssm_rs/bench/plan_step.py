@@ -11,8 +11,8 @@ laid out as pages (per layer a ``[num_blocks, page]`` region, the conv state the
 state in each page, like vLLM's per-layer views). Nothing ever touches that memory (planning only
 computes addresses), so it costs no RAM; one pool, sized for the largest request count, serves
 every request count, and the baselines index the very same tensors, so every method computes the
-same addresses (checked before timing). The methods are timed interleaved (one call of each per
-round), so that all of them see the same machine load.
+same addresses (checked before timing). The methods are timed interleaved (each method's calls
+split into rounds, the methods in turn within a round), so that all of them see the same load.
 
 Methods, each producing the same (src_ptr, dst_ptr, nbytes) per copy:
   plan       ``CopyPlanner.plan_align(...)`` (validation, hazards, segments; Rust, GIL released)

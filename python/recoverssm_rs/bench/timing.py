@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Budget", "measure_interleaved"]
+__all__ = ["ROUNDS", "Budget", "measure_interleaved"]
+
+ROUNDS = 8
+"""Rounds :func:`measure_interleaved` splits each method's calls into."""
 
 
 @dataclass(frozen=True)
@@ -22,14 +25,17 @@ class Budget:
 
 
 def measure_interleaved(fns: Mapping[str, tuple[Callable[[], object], Budget]],
-                        on_done: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
-    """Time several methods of one case in rounds, one call of each per round, not one after another.
+                        on_done: Callable[[str], None] | None = None,
+                        rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
+    """Time several methods of one case in ``rounds`` rounds, each method's calls split among them.
 
-    On a shared machine the load changes within seconds; timed in turn, each method would see a
-    different load and their ratio would measure the load. Interleaved, every method samples the
-    same stretch of time. Each method gets the repetitions its own :class:`Budget` allows (from its
-    fastest warm-up call) and drops out of the rounds when it has them; ``on_done(name)`` is called
-    then. Returns, per name, what :func:`measure` returns.
+    On a shared machine the load changes within seconds; timed one after another, each method would
+    see a different load and their ratio would measure the load. Interleaved, every method samples
+    the same stretches of time. Within a round a method's calls run back to back, so that thread
+    pools (torch's OpenMP workers, the executor's rayon workers) do not fight over the cores at
+    every call. Each method gets the repetitions its own :class:`Budget` allows (from its fastest
+    warm-up call); ``on_done(name)`` is called when it has them. Returns, per name, ``median_s``,
+    ``p10_s``, ``p90_s`` (seconds) and ``reps``.
     """
     reps: dict[str, int] = {}
     for name, (fn, budget) in fns.items():
@@ -40,14 +46,18 @@ def measure_interleaved(fns: Mapping[str, tuple[Callable[[], object], Budget]],
             one = min(one, time.perf_counter() - t0)
         reps[name] = int(min(budget.max_reps, max(budget.min_reps, budget.seconds / max(one, 1e-7))))
     times = {name: np.empty(n) for name, n in reps.items()}
-    for i in range(max(reps.values(), default=0)):
+    done = dict.fromkeys(reps, 0)
+    for r in range(rounds):
         for name, (fn, _) in fns.items():
-            if i >= reps[name]:
+            until = reps[name] * (r + 1) // rounds  # an even share of the calls per round
+            if done[name] >= until:
                 continue
-            t0 = time.perf_counter_ns()
-            fn()
-            times[name][i] = time.perf_counter_ns() - t0
-            if i + 1 == reps[name] and on_done is not None:
+            for i in range(done[name], until):
+                t0 = time.perf_counter_ns()
+                fn()
+                times[name][i] = time.perf_counter_ns() - t0
+            done[name] = until
+            if until == reps[name] and on_done is not None:
                 on_done(name)
     out = {}
     for name, ts in times.items():
