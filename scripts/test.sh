@@ -15,12 +15,12 @@ names=() secs=() results=()
 table() {
   echo
   echo "== stages"
-  printf '%-10s %9s  %s\n' stage seconds result
+  printf '%-12s %8s  %s\n' stage seconds result
   local i total=0
   for i in "${!names[@]}"; do
-    printf '%-10s %9s  %s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
+    printf '%-12s %8s  %s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
   done
-  printf '%-10s %9s\n' total "$(awk -v s="${secs[*]}" 'BEGIN { n = split(s, a, " "); t = 0; for (i = 1; i <= n; i++) t += a[i]; printf "%.1f", t }')"
+  printf '%-12s %8s\n' total "$(awk -v s="${secs[*]}" 'BEGIN { n = split(s, a, " "); t = 0; for (i = 1; i <= n; i++) t += a[i]; printf "%.1f", t }')"
 }
 
 # stage NAME COMMAND...: runs COMMAND, records its seconds; a failure prints the table and exits.
@@ -40,8 +40,10 @@ stage() {
 }
 
 stage setup bash scripts/setup.sh --test
+# Build the tests first with cargo's Compiling lines (minutes on a fresh machine), then run them quietly.
+stage cargo-build cargo test --no-run
 stage cargo-test cargo test --quiet
-stage cargo-bench cargo bench --quiet --no-run
+stage cargo-bench cargo bench --no-run
 stage mypy .venv/bin/python -m mypy python/recoverssm_rs --ignore-missing-imports
 # The kernel compile checks must run here, not skip: RECOVERSSM_REQUIRE_NVRTC=1 fails if NVRTC is missing.
 stage pytest env RECOVERSSM_REQUIRE_NVRTC=1 .venv/bin/python -m pytest -q tests "${pytest_args[@]}"
