@@ -72,10 +72,17 @@ def missing_module_message(exc: ModuleNotFoundError, what: str = "this command")
     if top == "cupy":
         return (f"{what} needs CuPy, which is not installed: {_install_line('gpu-cu13')} for a torch "
                 f"built with CUDA 13, {_install_line('gpu-cu12')} for CUDA 12")
+    if top == "torch":
+        return _needs_torch(what)
     extra = EXTRAS.get(top)
     if extra is None:
         return None
     return f"{what} needs {top}, which is not installed: {_install_line(extra)}"
+
+
+def _needs_torch(what: str) -> str:
+    return (f"{what} needs torch, which is not installed: {_install_line('torch')} (CPU) or "
+            f"{_install_line('gpu-cu13')} (CUDA 13; gpu-cu12 for CUDA 12)")
 
 
 def require(module: str, what: str = "this command") -> None:
@@ -91,10 +98,7 @@ def require(module: str, what: str = "this command") -> None:
 def require_torch(what: str = "this command") -> None:
     """Raise :class:`BackendUnavailableError` (one line: what to install) if torch is missing."""
     if importlib.util.find_spec("torch") is None:
-        raise BackendUnavailableError(
-            f"{what} needs torch, which is not installed: {_install_line('torch')} "
-            f"(CPU) or {_install_line('gpu-cu13')} (CUDA 13; gpu-cu12 for CUDA 12)"
-        )
+        raise BackendUnavailableError(_needs_torch(what))
 
 
 def cupy_distributions() -> list[str]:
