@@ -2,16 +2,49 @@
 # Runs every test of recoverssm_rs on a fresh machine: sets up .venv (scripts/setup.sh --test),
 # then the Rust tests, a build of the Rust benchmarks, a type check of the package (mypy), and the
 # Python tests (which include the kernel checks that need no GPU; tests marked `gpu` skip without
-# one).
+# one). Each stage prints its command and its seconds; a table of all stages closes the run (also
+# after a failure, which stops the run).
+#
+#   bash scripts/test.sh [PYTEST_ARGS...]    # arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --test
-echo "== cargo test"
-cargo test --quiet
-echo "== cargo bench --no-run"
-cargo bench --quiet --no-run
-echo "== mypy (the package's type annotations and the _core stub)"
-.venv/bin/python -m mypy python/recoverssm_rs --ignore-missing-imports
-echo "== pytest"
-# The kernel compile checks must run here, not skip: fail if NVRTC is missing.
-RECOVERSSM_REQUIRE_NVRTC=1 .venv/bin/python -m pytest -q tests "$@"
+
+pytest_args=("$@")
+names=() secs=() results=()
+
+table() {
+  echo
+  echo "== stages"
+  printf '%-12s %8s  %s\n' stage seconds result
+  local i total=0
+  for i in "${!names[@]}"; do
+    printf '%-12s %8s  %s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
+  done
+  printf '%-12s %8s\n' total "$(awk -v s="${secs[*]}" 'BEGIN { n = split(s, a, " "); t = 0; for (i = 1; i <= n; i++) t += a[i]; printf "%.1f", t }')"
+}
+
+# stage NAME COMMAND...: runs COMMAND, records its seconds; a failure prints the table and exits.
+stage() {
+  local name=$1 rc=0 t0=$EPOCHREALTIME
+  shift
+  echo "== $name: $*"
+  "$@" || rc=$?
+  names+=("$name")
+  secs+=("$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')")
+  results+=("$( ((rc == 0)) && echo ok || echo "FAILED (exit $rc)")")
+  echo "== $name: ${secs[-1]} s, ${results[-1]}"
+  if ((rc != 0)); then
+    table
+    exit "$rc"
+  fi
+}
+
+stage setup bash scripts/setup.sh --test
+# Build the tests first with cargo's Compiling lines (minutes on a fresh machine), then run them quietly.
+stage cargo-build cargo test --no-run
+stage cargo-test cargo test --quiet
+stage cargo-bench cargo bench --no-run
+stage mypy .venv/bin/python -m mypy python/recoverssm_rs --ignore-missing-imports
+# The kernel compile checks must run here, not skip: RECOVERSSM_REQUIRE_NVRTC=1 fails if NVRTC is missing.
+stage pytest env RECOVERSSM_REQUIRE_NVRTC=1 .venv/bin/python -m pytest -q tests "${pytest_args[@]}"
+table

@@ -11,9 +11,7 @@ The rules live in the compiled core (:mod:`recoverssm_rs._core`); errors are rai
 of :mod:`recoverssm_rs.errors`.
 """
 
-from __future__ import annotations
-
-import logging
+import logging as _logging
 
 from . import errors
 from ._core import Layout, StateSpec, __version__
@@ -27,7 +25,7 @@ from .errors import (
 )
 from .planner import CopyPlan, CopyPlanner
 
-logging.getLogger("recoverssm_rs").addHandler(logging.NullHandler())
+_logging.getLogger("recoverssm_rs").addHandler(_logging.NullHandler())
 
 
 def __getattr__(name: str) -> object:
@@ -37,6 +35,13 @@ def __getattr__(name: str) -> object:
 
         return StateCache
     raise AttributeError(f"module 'recoverssm_rs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public names (StateCache included, though it is imported lazily) and the submodules
+    # already imported; not the module's own helpers.
+    submodules = [k for k, v in globals().items() if type(v) is type(errors) and not k.startswith("_")]
+    return sorted(set(__all__) | set(submodules))
 
 __all__ = [
     "__version__",

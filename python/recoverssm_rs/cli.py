@@ -24,6 +24,7 @@ from typing import Any
 from . import layouts
 from ._core import Layout
 from .cli_args import HelpFormatter, Parser, fail
+from .bench import add_parser as _add_bench_parser
 from .cuda.check_cli import add_parser as _add_check_kernels_parser
 from .demo.cli import add_parser as _add_demo_parser
 from .errors import RecoverSSMError
@@ -208,11 +209,12 @@ def _add_presets_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_presets, parser=p)
 
 
-SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
+SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (
     _add_layout_parser,
     _add_presets_parser,
     _add_demo_parser,
     _add_check_kernels_parser,
+    _add_bench_parser,
 )
 """Each registers one subcommand: ``add_parser(subparsers)``."""
 

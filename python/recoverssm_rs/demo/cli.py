@@ -111,7 +111,9 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
-        fail(parser.prog, "the demo needs torch: pip install 'recoverssm_rs[torch]'")
+        from ..backend_check import missing_module_message
+
+        fail(parser.prog, missing_module_message(ModuleNotFoundError(name="torch"), "`demo`") or "torch is missing")
     from . import format_summary, run, validate
     from .report import preset_header
 
