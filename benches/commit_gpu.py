@@ -27,7 +27,6 @@ import sys
 from typing import Any
 
 import numpy as np
-
 from recoverssm_rs.plan_format import COMMIT_META_DTYPE, COMMIT_ROW_DTYPE
 
 LAYERS = 48

@@ -27,10 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support import vllm_oracle  # noqa: E402
-
 from recoverssm_rs import groups as rs_groups  # noqa: E402
 from recoverssm_rs.vllm import VllmMambaStep  # noqa: E402
+from support import vllm_oracle  # noqa: E402
 
 BS, NSB, COLS = 4, 2, 4
 C, N, D = 3, 3, 2  # every request: running column 1, previous column 0: one move per request
@@ -58,7 +57,7 @@ def build(ns: types.SimpleNamespace, num_reqs: int, num_groups: int, layers: int
     kvc = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=g) for g in names])
     ids = [f"req-{i}" for i in range(num_reqs)]
     tables = []
-    for g in range(num_groups):
+    for _ in range(num_groups):
         t = torch.arange(1, num_reqs * COLS + 1, dtype=torch.int32).reshape(num_reqs, COLS)
         tables.append(_Table(t))
     acc = torch.ones(num_reqs, dtype=torch.int32)

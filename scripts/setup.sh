@@ -15,7 +15,8 @@ extras=(numpy torch)
 if [[ "${1:-}" == "--test" ]]; then
   # cupy-cuda12x imports without a GPU: the kernel checks use CuPy's own NVRTC options.
   # matplotlib: the `bench --plot` tests. ruff: the lint stage of scripts/test.sh.
-  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12 cupy-cuda12x mypy==2.4.1 ruff==0.17.5 matplotlib)
+  # triton: vLLM's own Triton kernels run (interpreted, on the CPU) by the vLLM conformance oracle.
+  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12 cupy-cuda12x mypy==2.4.1 ruff==0.17.5 matplotlib triton)
 fi
 
 step_start=$SECONDS

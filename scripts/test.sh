@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of recoverssm_rs on a fresh machine: sets up .venv (scripts/setup.sh --test),
-# then the Rust tests, a build of the Rust benchmarks, a type check of the package (mypy), and the
+# then clippy, rustfmt, ruff and stubtest, the Rust tests, a build of the Rust benchmarks, a type
+# check of the package (mypy), and the
 # Python tests (which include the kernel checks that need no GPU; tests marked `gpu` skip without
 # one). Each stage prints its command and its seconds; a table of all stages closes the run (also
 # after a failure, which stops the run).
@@ -40,6 +41,12 @@ stage() {
 }
 
 stage setup bash scripts/setup.sh --test
+# Checks that keep the code in shape: clippy (with the bindings), rustfmt, ruff, and the _core stub
+# against the compiled extension.
+stage clippy cargo clippy --quiet --all-targets --features python -- -D warnings
+stage rustfmt cargo fmt --check
+stage ruff .venv/bin/ruff check python tests benches
+stage stubtest .venv/bin/python -m mypy.stubtest recoverssm_rs._core
 # Build the tests first with cargo's Compiling lines (minutes on a fresh machine), then run them quietly.
 stage cargo-build cargo test --no-run
 stage cargo-test cargo test --quiet

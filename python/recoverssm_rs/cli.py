@@ -23,8 +23,8 @@ from typing import Any
 
 from . import layouts
 from ._core import Layout
-from .cli_args import HelpFormatter, Parser, fail
 from .bench import add_parser as _add_bench_parser
+from .cli_args import HelpFormatter, Parser, fail
 from .cuda.check_cli import add_parser as _add_check_kernels_parser
 from .demo.cli import add_parser as _add_demo_parser
 from .errors import RecoverSSMError
