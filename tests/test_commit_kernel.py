@@ -3,7 +3,7 @@
 * NVRTC compiles ``recover_commit.cu`` for sm_80 and sm_90 with CuPy's RawModule options; ptxas
   reports no spills, no stack frame (local memory), no barriers and registers for 3 CTAs of 256
   threads per SM. (The combined-module check of tests/test_kernels.py covers it too.)
-* The same source, compiled as host C++ through kernels/host_shim.h, runs over the whole grid on
+* The same source, compiled as host C++ through tests/support/host_shim.h, runs over the whole grid on
   random problems -- GDN and KDA, every (state, key+gate) dtype pair the kernel takes, counts 0 .. Q,
   device counts, boundary rows, padding rows, several layers, SD / DS / no conv windows, misaligned
   bases, padded strides, natural / reversed / shuffled thread orders, folded grids -- and must

@@ -2,7 +2,7 @@
 
 * NVRTC compiles every kernel source for sm_80 and sm_90 with CuPy's RawModule options; ptxas
   reports no spills, no stack frame (local memory) and no barriers.
-* The same sources, compiled as host C++ through kernels/host_shim.h, run over the whole grid on
+* The same sources, compiled as host C++ through tests/support/host_shim.h, run over the whole grid on
   numpy buffers and must match the numpy reference byte for byte -- on random plans, in natural,
   reversed and shuffled thread orders (a race in the work decomposition changes the bytes), with no
   misaligned and no out-of-range data access.

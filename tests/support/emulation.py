@@ -1,5 +1,5 @@
 """Host emulation of the package's CUDA kernels: the kernel sources compiled as host C++ through
-``kernels/host_shim.h`` into a shared library (cached by source hash) and run over the whole grid on
+``tests/support/host_shim.h`` into a shared library (cached by source hash) and run over the whole grid on
 numpy buffers, counting misaligned and out-of-range data accesses and barriers.
 
 Every emulated launch is a :class:`~recoverssm_rs._core.KernelLaunch` built by the core -- by the
@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 THREADS: int = CONSTANTS["RS_THREADS"]
+#: The host shim that makes the kernel sources host C++ (test tooling: not in the package).
+SHIM = Path(__file__).resolve().with_name("host_shim.h")
 _FILES = {k["name"]: k["file"] for k in ABI["kernels"]}
 
 HOST_CXX = os.environ.get("RECOVERSSM_CXX", "g++")
@@ -100,7 +102,7 @@ def host_library(name: str) -> ctypes.CDLL:
         if cxx is None:
             raise RuntimeError(f"host emulation needs a C++17 compiler ({HOST_CXX} not found)")
         h = hashlib.sha256()
-        for part in sorted(KERNEL_DIR.glob("*.cuh")) + sorted(KERNEL_DIR.glob("*.h")) + [KERNEL_DIR / name]:
+        for part in sorted(KERNEL_DIR.glob("*.cuh")) + [SHIM, KERNEL_DIR / name]:
             h.update(part.name.encode())
             h.update(part.read_bytes())
         h.update(" ".join(HOST_CXX_FLAGS).encode())
@@ -111,7 +113,7 @@ def host_library(name: str) -> ctypes.CDLL:
         log = _cache_dir() / f"{Path(name).stem}-{key}.log"
         if not so.exists():
             tmp = so.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            cmd = [cxx, *HOST_CXX_FLAGS, "-include", str(KERNEL_DIR / "host_shim.h"), "-I", str(KERNEL_DIR),
+            cmd = [cxx, *HOST_CXX_FLAGS, "-include", str(SHIM), "-I", str(KERNEL_DIR),
                    "-o", str(tmp), str(KERNEL_DIR / name)]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:

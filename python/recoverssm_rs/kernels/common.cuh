@@ -4,7 +4,7 @@
 //   * NVRTC (cupy.RawModule and kernelcheck.py's NVRTC check): __CUDACC_RTC__ is defined, there is no
 //     C library, so the fixed-width integer types are declared here;
 //   * nvcc: <stdint.h>;
-//   * host C++ (kernelcheck.py's emulation): host_shim.h is force-included first; it defines
+//   * host C++ (the test tree's emulation): tests/support/host_shim.h is force-included first; it defines
 //     RS_HOST_EMULATION, the CUDA keywords, vector types, blockIdx/threadIdx, and RS_CHECK_ACCESS,
 //     which records every misaligned or out-of-range data access the kernels make.
 //
