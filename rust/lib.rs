@@ -16,6 +16,8 @@ pub mod launch;
 pub mod layout;
 pub mod plan;
 pub mod recover;
+pub mod sharding;
+pub mod transfer;
 
 #[cfg(feature = "python")]
 mod python;
