@@ -10,6 +10,7 @@ mod commit;
 mod launch;
 mod layout;
 mod plan;
+mod transfer;
 
 /// Converts a core error into the package exception of its kind.
 pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
@@ -46,5 +47,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     commit::register(m)?;
     launch::register(m)?;
+    transfer::register(m)?;
     Ok(())
 }
