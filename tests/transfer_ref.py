@@ -178,3 +178,23 @@ def expected_destination(fam: Family, dlay: Any, before: list[np.ndarray], truth
 
 def pool(lay: Any, states: list[list[np.ndarray]], rank: int) -> StatePool:
     return StatePool(lay, states, tp_rank=rank, block_size=16)
+
+
+def serve_sources(conn: Any, fam_name: str, tp: int, num_spec: int, conv_layout: str, seed: int,
+                  blocks: list[int], num_layers: int) -> None:
+    """Child process: the source instance. Builds ``tp`` ranks holding the truth (from ``seed``)
+    in ``blocks``, registers each with NIXL, sends the handshake infos, serves until told to stop."""
+    from recoverssm_rs.transfer.nixl import NixlEndpoint
+
+    fam = FAMILIES[fam_name]
+    rng = np.random.default_rng(seed)
+    lay = layout(fam, tp, num_spec, conv_layout)
+    truth = make_truth(fam, fam.params.get("conv_kernel_size", 1) - 1 + num_spec, len(blocks), num_layers, rng)
+    eps = []
+    for p in range(tp):
+        _, st = paged_states(lay, num_layers, max(blocks) + 2, rng)
+        write_rank(fam, lay, st, truth, tp, p, blocks)
+        eps.append(NixlEndpoint(f"src-{fam_name}-{p}", pool(lay, st, p)))
+    conn.send([e.info().to_bytes() for e in eps])
+    conn.recv()  # the destination is done
+    conn.close()
