@@ -158,6 +158,7 @@ class NixlEndpoint:
         self.peers: dict[int, tuple[str, PeerInfo]] = {}
         self.source: LayoutFingerprint | None = None
         self._staging: Any = None
+        self._staging_size = 0
         self._staging_reg: Any = None
         log.info("nixl endpoint %s: registered %d regions (%s)", name, len(regions), self.mem_type)
 
@@ -222,7 +223,7 @@ class NixlEndpoint:
         for rank, (_, info) in self.peers.items():
             sel = reads[:, 1] == rank
             src[sel] = np.array(info.addresses, dtype=np.uint64)[reads[sel, 2]] + reads[sel, 3]
-        out = []
+        out: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         key = reads[:, 0] * np.uint64(1 << 20) + reads[:, 1]
         order = np.argsort(key, kind="stable")
         keys, starts = np.unique(key[order], return_index=True)
@@ -295,7 +296,7 @@ class NixlEndpoint:
 
     def notifications(self) -> list[str]:
         """Completion notices received so far (a source rank learns which reads finished)."""
-        out = []
+        out: list[str] = []
         for msgs in self.agent.get_new_notifs().values():
             out.extend(m.decode(errors="replace") for m in msgs)
         return out
