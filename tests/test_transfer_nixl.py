@@ -124,3 +124,19 @@ def test_missing_nixl_raises_backend_unavailable(monkeypatch):
     with pytest.raises(BackendUnavailableError, match="pip install nixl-cu12"):
         rnixl.import_nixl()
     assert not rnixl.nixl_available()
+
+
+def test_batch_mode_moves_the_same_bytes_in_fewer_transfers():
+    src, dst, bufs = _inproc(lp="DS", ld="SD", sp=1)
+    dst.connect(src.info())
+    reqs = [(1, 2), (3, 4), (5, 6)]
+    before = [b.copy() for b in bufs]
+    per = dst.pull(reqs)
+    after_per = [b.copy() for b in bufs]
+    assert any((a != b).any() for a, b in zip(before, after_per))
+    for b, a in zip(bufs, before):
+        b[:] = a
+    batch = dst.pull(reqs, per_request=False)
+    assert batch.done == per.done == [0, 1, 2] and batch.nbytes == per.nbytes
+    assert all((a == b).all() for a, b in zip(after_per, bufs))
+    assert batch.descriptors <= per.descriptors

@@ -206,9 +206,10 @@ class NixlEndpoint:
                 np.array([(addr, nbytes, self.device_id)], dtype=np.uint64), self.mem_type)
         return int(self._staging.data_ptr() if self.mem_type == "VRAM" else self._staging.ctypes.data)
 
-    def descriptors(self, plan: TransferPlan) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
-        """The plan's reads as NIXL descriptors: per (request, source rank), the local and remote
-        Nx3 arrays ``(address, bytes, device)``, merged where they continue each other."""
+    def descriptors(self, plan: TransferPlan, *, per_request: bool = True) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+        """The plan's reads as NIXL descriptors: per (request, source rank) -- or per source rank
+        for the whole batch when ``per_request`` is False (request reported as -1) -- the local
+        and remote Nx3 arrays ``(address, bytes, device)``, merged where they continue each other."""
         reads = read_rows(plan)
         if reads.size == 0:
             return []
@@ -224,7 +225,7 @@ class NixlEndpoint:
             sel = reads[:, 1] == rank
             src[sel] = np.array(info.addresses, dtype=np.uint64)[reads[sel, 2]] + reads[sel, 3]
         out: list[tuple[int, int, np.ndarray, np.ndarray]] = []
-        key = reads[:, 0] * np.uint64(1 << 20) + reads[:, 1]
+        key = (reads[:, 0] if per_request else np.zeros(len(reads), dtype=np.uint64)) * np.uint64(1 << 20) + reads[:, 1]
         order = np.argsort(key, kind="stable")
         keys, starts = np.unique(key[order], return_index=True)
         bounds = list(starts) + [len(order)]
@@ -233,17 +234,22 @@ class NixlEndpoint:
             s, d, n = _merge(src[idx], dst[idx], reads[idx, 6])
             dev = np.full(s.size, self.device_id, dtype=np.uint64)
             peer_dev = np.zeros(s.size, dtype=np.uint64) if self.mem_type == "DRAM" else dev
-            out.append((k >> 20, k & ((1 << 20) - 1), np.stack([d, n, dev], axis=1),
+            out.append(((k >> 20) if per_request else -1, k & ((1 << 20) - 1), np.stack([d, n, dev], axis=1),
                         np.stack([s, n, peer_dev], axis=1)))
         return out
 
-    def pull(self, requests: list[tuple[int, int]], *, timeout: float = 60.0) -> TransferResult:
+    def pull(self, requests: list[tuple[int, int]], *, timeout: float = 60.0,
+             per_request: bool = True) -> TransferResult:
         """Pulls ``requests``' states from the connected source ranks; blocks until every transfer
-        is done, failed, or ``timeout`` seconds passed (the rest are cancelled)."""
+        is done, failed, or ``timeout`` seconds passed (the rest are cancelled).
+
+        ``per_request`` (default) posts one transfer per (request, source rank), so completion and
+        errors are per request; False posts one transfer per source rank for the whole batch
+        (fewer, larger transfers; an error fails every request of the batch)."""
         t0 = time.perf_counter()
         plan = self.plan(requests)
         res = TransferResult(nbytes=plan.nbytes)
-        groups = self.descriptors(plan)
+        groups = self.descriptors(plan, per_request=per_request)
         pending: dict[int, list[Any]] = {}
         for req, rank, local, remote in groups:
             res.descriptors += len(local)
@@ -261,6 +267,12 @@ class NixlEndpoint:
             if state == "ERR":
                 res.failed[req] = f"source rank {rank}: NIXL reported an error posting the read"
             pending.setdefault(req, []).append(h)
+        if not per_request:  # one batch: every request shares the batch's transfers and fate
+            hs = pending.pop(-1, [])
+            pending = {r: hs for r in range(len(requests))} if hs else {}
+            if -1 in res.failed:
+                why = res.failed.pop(-1)
+                res.failed.update({r: why for r in range(len(requests))})
         active = {r: hs for r, hs in pending.items() if r not in res.failed}
         staged = staged_rows(plan)
         staged_by_req: dict[int, np.ndarray] = {}
@@ -269,8 +281,13 @@ class NixlEndpoint:
                 staged_by_req[req] = staged[staged[:, 0] == req]
         deadline = t0 + timeout
         while active:
+            seen: dict[int, str] = {}  # one state query per transfer per sweep
             for req in list(active):
-                states = [self.agent.check_xfer_state(h) for h in active[req]]
+                states = []
+                for h in active[req]:
+                    if id(h) not in seen:
+                        seen[id(h)] = self.agent.check_xfer_state(h)
+                    states.append(seen[id(h)])
                 if "ERR" in states:
                     res.failed[req] = "NIXL reported an error during the read"
                     del active[req]
@@ -283,8 +300,12 @@ class NixlEndpoint:
                 for req in active:
                     res.failed[req] = f"cancelled after {timeout} s"
                 break
+        released: set[int] = set()
         for hs in pending.values():
             for h in hs:
+                if id(h) in released:
+                    continue
+                released.add(id(h))
                 try:
                     self.agent.release_xfer_handle(h)
                 except Exception as exc:  # a handle still in flight: NIXL aborts it
