@@ -433,6 +433,29 @@ mod tests {
     }
 
     #[test]
+    fn replicated_groups_are_read_from_a_natural_source_rank() {
+        let m = |tp| {
+            let p = families::Mamba2 { intermediate_size: 16, n_groups: 1, num_heads: 8, head_dim: 2, state_size: 4, conv_kernel_size: 4, replay_ring: None };
+            let c = Common { tp_size: tp, num_spec: 0, conv_layout: ConvLayout::SD, dtype: DType::Float16, ssm_dtype: DType::Float32 };
+            families::mamba2(&p, &c).unwrap()
+        };
+        let s = Fingerprint::new(&m(4), 0, 16).unwrap();
+        let d = Fingerprint::new(&m(2), 1, 16).unwrap();
+        let p = plan_transfer(&s, &[pool(&s, 1, 4)], &d, &pool(&d, 1, 4), &[(1, 1)]).unwrap();
+        assert_eq!(p.source_ranks, vec![2, 3], "the replicated B / C group comes from rank 2, not rank 0");
+    }
+
+    #[test]
+    fn different_widths_carry_kernel_minus_one_columns() {
+        let (s, d) = (gdn(1, 0, 3, ConvLayout::SD), gdn(1, 0, 1, ConvLayout::SD));
+        let p = plan_transfer(&s, &[pool(&s, 1, 4)], &d, &pool(&d, 1, 4), &[(1, 1)]).unwrap();
+        assert!(p.staged.is_empty());
+        assert_eq!(p.bytes(), 3 * 48 * 2 + d.states[1].nbytes());
+        // The first three SD rows are contiguous on both sides: one read.
+        assert_eq!(p.reads.len(), 2);
+    }
+
+    #[test]
     fn bad_blocks_are_rejected() {
         let s = gdn(1, 0, 0, ConvLayout::SD);
         let (g, h) = (pool(&s, 1, 4), pool(&s, 1, 4));
