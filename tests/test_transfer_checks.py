@@ -127,3 +127,16 @@ def test_host_offload_round_trip_is_byte_exact_and_leaves_workspace(name):
         assert (got == want).all(), f"layer {layer}: restore is not byte-exact"
         for w, ws in zip(work[layer], wsaved[layer]):
             assert (w == ws).all(), "workspace changed"
+
+
+def test_a_missing_source_rank_is_named():
+    from recoverssm_rs.errors import BindingError
+
+    rng = np.random.default_rng(4)
+    s2, d1 = layout(GDN, 2, 0, "DS"), layout(GDN, 1, 0, "DS")
+    bufs, d = paged_states(d1, 2, 4, rng)
+    before = [b.copy() for b in bufs]
+    t = LocalTransfer({0: pool(s2, paged_states(s2, 2, 4, rng)[1], 0)}, pool(d1, d, 0))
+    with pytest.raises(BindingError, match=r"source ranks \[1\]"):
+        t.run([(1, 1)])
+    assert all((a == b).all() for a, b in zip(before, bufs))

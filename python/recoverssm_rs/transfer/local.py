@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._core import LayoutFingerprint, TransferPlan, plan_transfer
+from ..errors import BindingError
 from .pool import StatePool
 
 __all__ = ["READ_FIELDS", "STAGED_FIELDS", "STAGING", "read_rows", "staged_rows", "run_staged",
@@ -76,7 +77,7 @@ class LocalTransfer:
     def __init__(self, sources: Mapping[int, StatePool] | list[StatePool], destination: StatePool) -> None:
         self.sources = dict(sources) if isinstance(sources, Mapping) else {p.fingerprint.tp_rank: p for p in sources}
         if not self.sources:
-            raise ValueError("LocalTransfer: no source pool given")
+            raise BindingError("LocalTransfer: no source pool given; pass the source instance's pools by rank")
         self.destination = destination
         self.source_fingerprint: LayoutFingerprint = next(iter(self.sources.values())).fingerprint
 
@@ -92,7 +93,7 @@ class LocalTransfer:
         plan = self.plan(requests)
         missing = [r for r in plan.source_ranks if r not in self.sources]
         if missing:
-            raise ValueError(f"LocalTransfer: the plan reads source ranks {missing}, which were not given")
+            raise BindingError(f"LocalTransfer: the plan reads source ranks {missing}, which were not given")
         self.execute(plan)
         return plan
 
