@@ -33,7 +33,11 @@ class HostStates:
 
 
 class HostOffload:
-    """Offloads requests' persistent states of ``pool`` to host memory and restores them."""
+    """Offloads requests' persistent states of ``pool`` to host memory and restores them.
+
+    For a CUDA pool the host buffer is pinned and the copies are enqueued on the current CUDA
+    stream (the caller's): synchronize that stream before reading an offloaded copy on the host
+    or reusing the offloaded blocks."""
 
     def __init__(self, pool: StatePool) -> None:
         self.pool = pool
