@@ -41,6 +41,18 @@ def _strided(view: Any, offset: int, shape: tuple[int, ...], strides: tuple[int,
     return view[offset:].as_strided(shape, strides)
 
 
+_ELEM = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _matrix(buf: np.ndarray, offset: int, rows: int, cols: int, rs: int, cs: int, elem: int) -> np.ndarray:
+    """A ``rows x cols`` view of ``elem``-byte items of a flat uint8 numpy buffer (whole items
+    copy far faster than their bytes)."""
+    dt = _ELEM.get(elem)
+    if dt is None or (buf.ctypes.data + offset) % elem or rs % elem or cs % elem:
+        return np.lib.stride_tricks.as_strided(buf[offset:], shape=(rows, cols, elem), strides=(rs, cs, 1))
+    return np.ndarray(shape=(rows, cols), dtype=dt, buffer=buf, offset=offset, strides=(rs, cs))
+
+
 def run_staged(rows: np.ndarray, staging: Any, views: list[Any], requests: Any = None) -> None:
     """Finishes staged states: copies each staged row's matrix from ``staging`` (a flat uint8
     buffer) into the destination tensor's byte view. ``requests`` limits it to those requests."""
@@ -48,6 +60,14 @@ def run_staged(rows: np.ndarray, staging: Any, views: list[Any], requests: Any =
         if requests is not None and int(r[0]) not in requests:
             continue
         _, so, srs, scs, dt, do, drs, dcs, n_rows, n_cols, elem = (int(x) for x in r)
+        if isinstance(staging, np.ndarray) and isinstance(views[dt], np.ndarray):
+            src = _matrix(staging, so, n_rows, n_cols, srs, scs, elem)
+            dst = _matrix(views[dt], do, n_rows, n_cols, drs, dcs, elem)
+            if src.ndim != dst.ndim:  # one side unaligned: copy bytes on both
+                src = _strided(staging, so, (n_rows, n_cols, elem), (srs, scs, 1))
+                dst = _strided(views[dt], do, (n_rows, n_cols, elem), (drs, dcs, 1))
+            dst[...] = src
+            continue
         src = _strided(staging, so, (n_rows, n_cols, elem), (srs, scs, 1))
         dst = _strided(views[dt], do, (n_rows, n_cols, elem), (drs, dcs, 1))
         dst[...] = src
