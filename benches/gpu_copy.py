@@ -46,9 +46,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ OUT = sys.stdout
 # ------------------------------------------------------------------------------------------------
 
 
-def detect() -> tuple[Optional[Any], str]:
+def detect() -> tuple[Any | None, str]:
     """(torch, "") when torch + CuPy see a CUDA device, else (None, why not)."""
     try:
         import torch
@@ -310,7 +311,7 @@ def verify(torch: Any, case: Case, run: Callable[[], None], *, temporal: bool, c
 # ------------------------------------------------------------------------------------------------
 
 
-def _git() -> Optional[str]:
+def _git() -> str | None:
     built = os.environ.get("RECOVERSSM_COMMIT")  # set by scripts/gpu_check.sh from the wheel
     if built:
         return built
@@ -325,7 +326,7 @@ def _git() -> Optional[str]:
         return None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     global OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", default="1,16,64,256,1024", help="comma-separated request counts")
@@ -352,7 +353,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ValueError:
         ap.error(f"--chunks: expected comma-separated integers, got {args.chunks!r}")
     command = shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None else shlex.join(["gpu_copy.py", *argv])
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     if args.json:
         OUT = sys.stderr
 
@@ -370,9 +371,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str, date: str,
         device: Any = None) -> int:
     import cupy
-
     import recoverssm_rs
-    from recoverssm_rs import gpu, layouts
+    from recoverssm_rs import layouts
 
     t_start = time.perf_counter()
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else device
@@ -416,7 +416,7 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
         "combined": combined,
         "temporal": layouts.linear_attention(num_heads=temp_spec.shape[0], head_dim=temp_spec.shape[1],
                                              num_spec=nspec, ssm_dtype="float32"),
-        "conv": layouts.short_conv(hidden_size=dim, conv_kernel_size=width - nspec + 1, num_spec=nspec,
+        "conv": layouts.short_conv(intermediate_size=dim, conv_kernel=width - nspec + 1, num_spec=nspec,
                                    conv_layout="DS", dtype="bfloat16"),
     }
     assert lay["temporal"].persistent[0].shape == temp_spec.shape
@@ -443,7 +443,7 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
     empty_kernel = cupy.RawKernel('extern "C" __global__ void rs_bench_empty() {}', "rs_bench_empty")
 
     def launch_empty(_: int) -> None:
-        with gpu.current_stream():
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             empty_kernel((1, 1, 1), (32, 1, 1), ())
 
     empty = clock.gpu(launch_empty, 1, warmup=5, min_reps=50, max_reps=200)
@@ -519,8 +519,8 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
             m["note"] = f"measured on {size} of {nbytes} bytes (memory)"
         methods[f"d2d[{key}]"] = m
 
-    def add(name: str, layout: str, fn: Callable[[int], None], *, host_fn: Optional[Callable[[int], None]] = None,
-            verified: Optional[bool] = None, launches: int = 1) -> None:
+    def add(name: str, layout: str, fn: Callable[[int], None], *, host_fn: Callable[[int], None] | None = None,
+            verified: bool | None = None, launches: int = 1) -> None:
         # Every repetition is queued behind one sleep kernel: keep the queued launches under the
         # driver's pending-launch queue (about 1k) as far as 5 repetitions allow, or the host blocks
         # and its launch time leaks into the GPU time of launch-bound methods.
@@ -559,12 +559,13 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
     from recoverssm_rs import gpu
 
     tp = pl["temporal"]
-    ds = tp._device_state
+    tp.prepare_device()
+    dp = tp.device_path
     for c in extra_chunks:
         def fused_c(k: int, c: int = c) -> None:
-            gpu.launch_state_copy(ds.meta, ds.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, ds.err,
+            gpu.launch_state_copy(dp.meta, dp.fused.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, dp.err,
                                   max_accepted=geo.max_accepted, num_blocks=case.num_blocks, has_temporal=True,
-                                  num_requests=R, chunks=c, validated=True)
+                                  chunks=c)
 
         ok = verify(torch, case, lambda: fused_c(0), temporal=True, conv=False, shift=shift)
         add(f"fused[temporal,c={c}]", "temporal", fused_c, verified=ok)

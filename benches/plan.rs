@@ -27,8 +27,9 @@ fn mamba2() -> Layout {
         num_heads: 128,
         head_dim: 64,
         state_size: 128,
-        conv_kernel_size: 4,
-        replay_ring: None,
+        conv_kernel: 4,
+        logical_window: None,
+        mamba_backend: families::MambaBackend::Triton,
     };
     families::mamba2(&p, &common()).unwrap()
 }

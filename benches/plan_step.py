@@ -2,7 +2,7 @@
 
     .venv/bin/python benches/plan_step.py [--requests 256 --layers 48 --repeat 300 --json]
 
-Workload (DESIGN.md section 4): Qwen3-Next GDN layers (``layouts.preset("qwen3-next-80b-a3b",
+Workload (docs/design.md section 9): Qwen3-Next GDN layers (``layouts.preset("qwen3-next-80b-a3b",
 num_spec=3)``: conv SD ``[6, 8192]`` bf16 = 96 KiB, temporal ``[32, 128, 128]`` bf16 = 1 MiB per
 block), ``--layers`` layers x ``--requests`` requests x 2 persistent states; block table
 ``[R, 5]`` int32 with distinct blocks, ``src_col = 0``, ``dst_col = 4``, ``num_accepted`` random
@@ -82,7 +82,7 @@ class Pool:
 
 
 def fake_descriptors(layout, num_layers: int, num_blocks: int):
-    """``(data_ptr, dtype, shape, byte_strides, "cuda:0", True)`` of dense tensors at made-up,
+    """``(data_ptr, dtype, shape, byte_strides, "cuda:0", True, False)`` of dense tensors at made-up,
     non-overlapping addresses (never dereferenced)."""
     addr, descs = 1 << 44, []
     for _ in range(num_layers):
@@ -90,7 +90,7 @@ def fake_descriptors(layout, num_layers: int, num_blocks: int):
         for s in layout.persistent:
             isz = s.itemsize
             inner = np.cumprod((isz,) + tuple(reversed(s.shape[1:])))[::-1].tolist()
-            layer.append((addr, s.dtype, [num_blocks, *s.shape], [s.nbytes, *inner], "cuda:0", True))
+            layer.append((addr, s.dtype, [num_blocks, *s.shape], [s.nbytes, *inner], "cuda:0", True, False))
             addr += (num_blocks * s.nbytes + 4095) // 4096 * 4096 + 4096
         descs.append(layer)
     return descs

@@ -19,6 +19,19 @@ pub struct TensorDesc {
     pub writable: bool,
 }
 
+/// Refuses a state tensor that autograd tracks (`requires_grad`): plans write states in place,
+/// outside autograd, which would leave a graph computed from values that no longer exist. `what`
+/// names the tensor.
+pub fn check_not_tracked(requires_grad: bool, what: &str) -> Result<()> {
+    if requires_grad {
+        return Err(Error::binding(format!(
+            "{what}: the tensor requires grad; plans write state tensors in place, outside autograd: bind tensors that do \
+             not require grad (for example t.detach(), or allocate them under torch.no_grad())"
+        )));
+    }
+    Ok(())
+}
+
 /// Geometry of one bound (layer, persistent state) tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateTensor {

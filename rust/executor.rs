@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::plan::segment::{Mode, Segment};
 use crate::plan::CopyPlan;
 use rayon::prelude::*;
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 /// Waves of at least this many bytes use several threads (where the machine has them); below it,
 /// starting threads costs more than it saves.
@@ -34,10 +34,33 @@ pub fn check(plan: &CopyPlan) -> Result<()> {
     Ok(())
 }
 
-/// Shares for large waves: the size of rayon's pool, asked once.
-fn threads() -> usize {
-    static THREADS: OnceLock<usize> = OnceLock::new();
-    *THREADS.get_or_init(|| rayon::current_num_threads().clamp(1, 8))
+/// The executor's own thread pool, owned by the process that made it. A child of `fork()` inherits
+/// the pool's state but none of its threads: waiting on such a pool never returns. So the pool is
+/// tagged with the id of the process that built it, and a process that finds another id builds its
+/// own (the inherited one is leaked, never dropped: dropping would wait for threads that do not
+/// exist). Without a pool (one that cannot be built), large waves run on the calling thread.
+struct Pool {
+    pid: u32,
+    pool: Option<&'static rayon::ThreadPool>,
+}
+
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: Mutex<Option<Pool>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut guard = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    match &*guard {
+        Some(p) if p.pid == pid => p.pool,
+        _ => {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+            let pool = if threads > 1 {
+                rayon::ThreadPoolBuilder::new().num_threads(threads).build().ok().map(|p| &*Box::leak(Box::new(p)))
+            } else {
+                None
+            };
+            *guard = Some(Pool { pid, pool });
+            pool
+        }
+    }
 }
 
 /// Executes `plan` on the CPU tensors it was planned for.
@@ -46,13 +69,16 @@ pub fn execute(plan: &CopyPlan) -> Result<()> {
     for w in 0..plan.num_waves() {
         let segs = plan.wave(w);
         let bytes: u64 = segs.iter().map(|s| s.bytes()).sum();
-        let threads = if bytes >= PARALLEL_BYTES { threads() } else { 1 };
-        if threads > 1 {
-            // Equal byte shares on rayon's pool (threads started once per process).
-            let share = bytes.div_ceil(threads as u64);
-            (0..threads as u64).into_par_iter().for_each(|t| {
-                // SAFETY: as below; the byte ranges of the shares are disjoint.
-                unsafe { copy_range(segs, t * share, (t + 1) * share) }
+        let pool = if bytes >= PARALLEL_BYTES { pool() } else { None };
+        if let Some(pool) = pool {
+            // Equal byte shares on the process's pool (threads started once per process).
+            let threads = pool.current_num_threads() as u64;
+            let share = bytes.div_ceil(threads);
+            pool.install(|| {
+                (0..threads).into_par_iter().for_each(|t| {
+                    // SAFETY: as below; the byte ranges of the shares are disjoint.
+                    unsafe { copy_range(segs, t * share, (t + 1) * share) }
+                })
             });
         } else {
             for s in segs {

@@ -1,5 +1,8 @@
 //! Layout calculators for the recurrent-state families serving engines run, per tensor-parallel
-//! rank, with the shape formulas of vLLM's state-shape calculators.
+//! rank, with the shape formulas and the parameter names of vLLM 0.33's state-shape calculators
+//! (`MambaStateShapeCalculator`); the shared settings (`tp_size`, `num_spec`, the conv layout and
+//! the dtypes) live in [`Common`]. docs/design.md section 4 lists the formulas and the few places
+//! where these calculators are stricter than vLLM's.
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -17,6 +20,7 @@ fn sharding(family: &'static str, c: &Common, dims: &[(&'static str, u64)], stat
 /// Settings shared by every family: the rank split, the speculative window and the storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Common {
+    /// Tensor-parallel ranks (vLLM's `tp_world_size`; `tp_size` in its linear-attention calculator).
     pub tp_size: u64,
     pub num_spec: u32,
     pub conv_layout: ConvLayout,
@@ -68,20 +72,21 @@ fn conv_state(c: &Common, width: u64, dim: u64) -> StateSpec {
     StateSpec::persistent("conv", &shape, c.dtype, CopyKind::Conv(c.conv_layout))
 }
 
-/// Conv window width `conv_kernel_size - 1 + num_spec`.
-fn conv_width(family: &str, c: &Common, conv_kernel_size: u64) -> Result<u64> {
-    if conv_kernel_size < 2 {
+/// Conv window width `kernel - 1 + num_spec`; `what` is the family's name for the kernel size
+/// (vLLM calls it `conv_kernel` for Mamba1, Mamba2 and short conv, `conv_kernel_size` for GDN and
+/// KDA).
+fn conv_width(family: &str, what: &str, c: &Common, kernel: u64) -> Result<u64> {
+    if kernel < 2 {
         return Err(Error::layout(format!(
-            "{family}: conv_kernel_size must be >= 2 (the window keeps conv_kernel_size - 1 \
-             columns), got {conv_kernel_size}"
+            "{family}: {what} must be >= 2 (the window keeps {what} - 1 columns), got {kernel}"
         )));
     }
-    Ok(conv_kernel_size - 1 + c.num_spec as u64)
+    Ok(kernel - 1 + c.num_spec as u64)
 }
 
-/// Mamba1: conv `dim = intermediate_size / tp`, `width = conv_kernel_size - 1`; temporal
-/// `(intermediate_size / tp, state_size)`.
-pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel_size: u64, c: &Common) -> Result<Layout> {
+/// Mamba1: conv `dim = intermediate_size / tp`, `width = conv_kernel - 1`; temporal
+/// `(intermediate_size / tp, state_size)`. Parameter names as vLLM's `mamba1_state_shape`.
+pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel: u64, c: &Common) -> Result<Layout> {
     const F: &str = "mamba1";
     c.check(F)?;
     if c.num_spec != 0 {
@@ -93,13 +98,13 @@ pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel_size: u64, c:
     }
     let dim = divide(F, "intermediate_size", intermediate_size, c.tp_size)?;
     let n = positive(F, "state_size", state_size)?;
-    let width = conv_width(F, c, conv_kernel_size)?;
-    let k = conv_kernel_size;
+    let width = conv_width(F, "conv_kernel", c, conv_kernel)?;
+    let k = conv_kernel;
     let shards = vec![
         StateShard::Conv { segments: vec![seg("x", intermediate_size, 1)], kernel_size: k },
         StateShard::Heads { units: intermediate_size },
     ];
-    let dims = [("intermediate_size", intermediate_size), ("state_size", n), ("conv_kernel_size", k)];
+    let dims = [("intermediate_size", intermediate_size), ("state_size", n), ("conv_kernel", k)];
     Layout::new(
         "MAMBA1",
         vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[dim, n], c.ssm_dtype, CopyKind::Temporal)],
@@ -108,7 +113,37 @@ pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel_size: u64, c:
     .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
-/// Mamba2 parameters (vLLM names).
+/// The Mamba selective-state-update backend (vLLM's `MambaConfig.backend`). It matters to the
+/// layout only through the ReplaySSM ring length: FlashInfer keeps the verify window in the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MambaBackend {
+    #[default]
+    Triton,
+    FlashInfer,
+    Cpu,
+}
+
+impl MambaBackend {
+    pub fn parse(s: &str) -> Result<MambaBackend> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "triton" => Ok(MambaBackend::Triton),
+            "flashinfer" => Ok(MambaBackend::FlashInfer),
+            "cpu" => Ok(MambaBackend::Cpu),
+            _ => Err(Error::layout(format!(
+                "mamba2: unknown mamba_backend '{s}'; expected 'triton', 'flashinfer' or 'cpu'"
+            ))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            MambaBackend::Triton => "triton",
+            MambaBackend::FlashInfer => "flashinfer",
+            MambaBackend::Cpu => "cpu",
+        }
+    }
+}
+
+/// Mamba2 parameters (the names of vLLM's `mamba2_state_shape` and `append_replayssm_ring`).
 #[derive(Clone, Copy, Debug)]
 pub struct Mamba2 {
     pub intermediate_size: u64,
@@ -116,15 +151,18 @@ pub struct Mamba2 {
     pub num_heads: u64,
     pub head_dim: u64,
     pub state_size: u64,
-    pub conv_kernel_size: u64,
-    /// ReplaySSM ring length; `Some(r)` appends the three never-copied rings as workspace.
-    pub replay_ring: Option<u64>,
+    pub conv_kernel: u64,
+    /// ReplaySSM's logical window; `Some(w)` appends the three never-copied rings as workspace.
+    pub logical_window: Option<u64>,
+    /// Decides the ring length: `w` (Triton, CPU) or `w + 1 + num_spec` (FlashInfer).
+    pub mamba_backend: MambaBackend,
 }
 
 /// Mamba2: `g' = n_groups + (tp - n_groups if n_groups % tp else 0)`; conv
-/// `dim = (intermediate_size + 2 g' state_size) / tp`, `width = conv_kernel_size - 1 + num_spec`;
-/// temporal `(num_heads / tp, head_dim, state_size)`; ReplaySSM rings
-/// `(num_heads / tp, R, head_dim)`, `(num_heads / tp, R)`, `(g' / tp, R, state_size)`.
+/// `dim = (intermediate_size + 2 g' state_size) / tp`, `width = conv_kernel - 1 + num_spec`;
+/// temporal `(num_heads / tp, head_dim, state_size)`; ReplaySSM rings (ring length `R`)
+/// `(num_heads / tp, R, head_dim)` in the model dtype, `(num_heads / tp, R)` fp32 and
+/// `(g' / tp, R, state_size)` in the model dtype.
 pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
     const F: &str = "mamba2";
     c.check(F)?;
@@ -147,24 +185,28 @@ pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
     let dim = divide(F, "intermediate_size + 2 * n_groups * state_size", total, tp)?;
     let heads = divide(F, "num_heads", p.num_heads, tp)?;
     let hd = positive(F, "head_dim", p.head_dim)?;
-    let width = conv_width(F, c, p.conv_kernel_size)?;
+    let width = conv_width(F, "conv_kernel", c, p.conv_kernel)?;
     let mut states = vec![
         conv_state(c, width, dim),
         StateSpec::persistent("temporal", &[heads, hd, n], c.ssm_dtype, CopyKind::Temporal),
     ];
-    if let Some(r) = p.replay_ring {
-        let r = positive(F, "replay ring length", r)?;
+    if let Some(w) = p.logical_window {
+        let w = positive(F, "logical_window", w)?;
+        let r = match p.mamba_backend {
+            MambaBackend::FlashInfer => checked(F, "the ring length", w.checked_add(1 + c.num_spec as u64))?,
+            MambaBackend::Triton | MambaBackend::Cpu => w,
+        };
         let groups = divide(F, "n_groups (after replication)", g_eff, tp)?;
-        states.push(StateSpec::workspace("replay_x_ring", &[heads, r, hd], c.ssm_dtype));
-        states.push(StateSpec::workspace("replay_dt_ring", &[heads, r], c.ssm_dtype));
-        states.push(StateSpec::workspace("replay_B_ring", &[groups, r, n], c.ssm_dtype));
+        states.push(StateSpec::workspace("replay_x_ring", &[heads, r, hd], c.dtype));
+        states.push(StateSpec::workspace("replay_dt_ring", &[heads, r], DType::Float32));
+        states.push(StateSpec::workspace("replay_B_ring", &[groups, r, n], c.dtype));
     }
     // Channels [x | B | C]; with fewer groups than ranks each group is replicated on
     // tp / n_groups consecutive ranks.
     let shards = vec![
         StateShard::Conv {
             segments: vec![seg("x", p.intermediate_size, 1), seg("B", g, n), seg("C", g, n)],
-            kernel_size: p.conv_kernel_size,
+            kernel_size: p.conv_kernel,
         },
         StateShard::Heads { units: p.num_heads },
     ];
@@ -174,24 +216,28 @@ pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
         ("num_heads", p.num_heads),
         ("head_dim", hd),
         ("state_size", n),
-        ("conv_kernel_size", p.conv_kernel_size),
+        ("conv_kernel", p.conv_kernel),
     ];
     Layout::new("MAMBA2", states, c.num_spec).map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
-/// Short conv: conv `dim = hidden_size / tp`, `width = conv_kernel_size - 1 + num_spec`.
-pub fn short_conv(hidden_size: u64, conv_kernel_size: u64, c: &Common) -> Result<Layout> {
+/// Short conv: conv `dim = intermediate_size / tp`, `width = conv_kernel - 1 + num_spec`.
+/// Parameter names as vLLM's `short_conv_state_shape` (its `intermediate_size` is the conv's
+/// channel count, e.g. LFM2's `conv_dim`).
+pub fn short_conv(intermediate_size: u64, conv_kernel: u64, c: &Common) -> Result<Layout> {
     const F: &str = "short_conv";
     c.check(F)?;
-    let dim = divide(F, "hidden_size", hidden_size, c.tp_size)?;
-    let width = conv_width(F, c, conv_kernel_size)?;
-    let shards = vec![StateShard::Conv { segments: vec![seg("x", hidden_size, 1)], kernel_size: conv_kernel_size }];
-    let dims = [("hidden_size", hidden_size), ("conv_kernel_size", conv_kernel_size)];
+    let dim = divide(F, "intermediate_size", intermediate_size, c.tp_size)?;
+    let width = conv_width(F, "conv_kernel", c, conv_kernel)?;
+    let shards = vec![StateShard::Conv { segments: vec![seg("x", intermediate_size, 1)], kernel_size: conv_kernel }];
+    let dims = [("intermediate_size", intermediate_size), ("conv_kernel", conv_kernel)];
     Layout::new("SHORT_CONV", vec![conv_state(c, width, dim)], c.num_spec)
         .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
-/// Linear attention: temporal `(num_heads / tp, head_dim, head_dim)`.
+/// Linear attention: temporal `(num_heads / tp, head_dim, head_dim)`. vLLM's
+/// `linear_attention_state_shape` floors `num_heads // tp_size`; this calculator requires exact
+/// division (a remainder would leave heads on no rank).
 pub fn linear_attention(num_heads: u64, head_dim: u64, c: &Common) -> Result<Layout> {
     const F: &str = "linear_attention";
     c.check(F)?;
@@ -230,7 +276,8 @@ pub struct Gdn {
 
 /// GDN: conv `dim = (2 num_k_heads head_k_dim + num_v_heads head_v_dim) / tp`,
 /// `width = conv_kernel_size - 1 + num_spec`; temporal `(num_v_heads / tp, head_v_dim, head_k_dim)`
-/// (V-major); with RecoverSSM, records `[H, Q, V]` fp32 and `[H, Q, K + 1]`.
+/// (V-major); with RecoverSSM, records `[H, Q, V]` fp32 and `[H, Q, K + 1]`. Unlike vLLM's
+/// calculator, `num_k_heads` must also divide by `tp_size` (the key heads are sharded too).
 pub fn gdn(p: &Gdn, c: &Common) -> Result<Layout> {
     const F: &str = "gdn";
     c.check(F)?;
@@ -247,7 +294,7 @@ pub fn gdn(p: &Gdn, c: &Common) -> Result<Layout> {
     let dim = divide(F, "2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim", total, c.tp_size)?;
     let _ = divide(F, "num_k_heads", nk, c.tp_size)?;
     let h = divide(F, "num_v_heads", p.num_v_heads, c.tp_size)?;
-    let width = conv_width(F, c, p.conv_kernel_size)?;
+    let width = conv_width(F, "conv_kernel_size", c, p.conv_kernel_size)?;
     let mut states = vec![
         conv_state(c, width, dim),
         StateSpec::persistent("temporal", &[h, hv, hk], c.ssm_dtype, CopyKind::Temporal),
@@ -302,7 +349,7 @@ pub fn kda(p: &Kda, c: &Common) -> Result<Layout> {
     )?;
     let dim = divide(F, "num_heads * head_dim + 2 * num_k_heads * head_k_dim", total, c.tp_size)?;
     let h = divide(F, "num_heads", nh, c.tp_size)?;
-    let width = conv_width(F, c, p.conv_kernel_size)?;
+    let width = conv_width(F, "conv_kernel_size", c, p.conv_kernel_size)?;
     let mut states = vec![
         conv_state(c, width, dim),
         StateSpec::persistent("recurrent", &[h, hd, hd], c.ssm_dtype, CopyKind::Temporal),
@@ -365,7 +412,16 @@ mod tests {
 
     #[test]
     fn mamba2_group_replication_and_rings() {
-        let p = Mamba2 { intermediate_size: 8192, n_groups: 1, num_heads: 128, head_dim: 64, state_size: 128, conv_kernel_size: 4, replay_ring: Some(8) };
+        let p = Mamba2 {
+            intermediate_size: 8192,
+            n_groups: 1,
+            num_heads: 128,
+            head_dim: 64,
+            state_size: 128,
+            conv_kernel: 4,
+            logical_window: Some(8),
+            mamba_backend: MambaBackend::Triton,
+        };
         let l = mamba2(&p, &common(4, 0, ConvLayout::SD)).unwrap();
         // g' = 1 + (4 - 1) = 4
         assert_eq!(l.states()[0].shape, vec![3, (8192 + 2 * 4 * 128) / 4]);
@@ -374,6 +430,18 @@ mod tests {
         assert_eq!(l.states()[3].shape, vec![32, 8]);
         assert_eq!(l.states()[4].shape, vec![1, 8, 128]);
         assert_eq!(l.copyable_prefix_len(), 2);
+        // Ring dtypes: x and B in the model dtype, dt in fp32 (whatever the SSM dtype).
+        let dtypes: Vec<DType> = l.states()[2..].iter().map(|s| s.dtype).collect();
+        assert_eq!(dtypes, vec![DType::BFloat16, DType::Float32, DType::BFloat16]);
+        // FlashInfer keeps the verify window in the ring: R = window + 1 + num_spec.
+        let f = Mamba2 { mamba_backend: MambaBackend::FlashInfer, ..p };
+        let l = mamba2(&f, &common(4, 2, ConvLayout::DS)).unwrap();
+        assert_eq!(l.states()[0].shape, vec![(8192 + 2 * 4 * 128) / 4, 3 + 2]);
+        assert_eq!(l.states()[2].shape, vec![32, 8 + 1 + 2, 64]);
+        assert_eq!(l.states()[4].shape, vec![1, 8 + 1 + 2, 128]);
+        assert!(mamba2(&Mamba2 { logical_window: None, ..f }, &common(4, 2, ConvLayout::DS)).unwrap().states().len() == 2);
+        assert!(MambaBackend::parse("FlashInfer").unwrap() == MambaBackend::FlashInfer);
+        assert!(MambaBackend::parse("cuda").unwrap_err().message.contains("unknown mamba_backend 'cuda'"));
     }
 
     #[test]
@@ -393,8 +461,14 @@ mod tests {
         assert!(mamba1(8192, 16, 4, &common(2, 1, ConvLayout::DS)).is_err());
         let l = short_conv(2048, 3, &common(1, 2, ConvLayout::SD)).unwrap();
         assert_eq!(l.states()[0].shape, vec![4, 2048]);
+        assert_eq!(short_conv(2048, 3, &common(2, 2, ConvLayout::DS)).unwrap().states()[0].shape, vec![1024, 4]);
         let l = linear_attention(64, 96, &common(8, 0, ConvLayout::SD)).unwrap();
         assert_eq!(l.states()[0].shape, vec![8, 96, 96]);
-        assert!(short_conv(2048, 1, &common(1, 0, ConvLayout::SD)).unwrap_err().message.contains("conv_kernel_size"));
+        let m = short_conv(2048, 1, &common(1, 0, ConvLayout::SD)).unwrap_err().message;
+        assert!(m.contains("short_conv: conv_kernel must be >= 2"), "{m}");
+        let m = short_conv(2047, 4, &common(2, 0, ConvLayout::SD)).unwrap_err().message;
+        assert!(m.contains("intermediate_size = 2047"), "{m}");
+        let m = mamba1(8192, 16, 1, &common(1, 0, ConvLayout::SD)).unwrap_err().message;
+        assert!(m.contains("mamba1: conv_kernel must be >= 2"), "{m}");
     }
 }

@@ -6,16 +6,16 @@
 
 pub mod binding;
 pub mod commit;
-pub mod commit_meta;
 pub mod copy_funcs;
 pub mod dtype;
+pub mod engine_step;
 pub mod error;
 pub mod executor;
 pub mod families;
-pub mod launch;
+pub mod kernels;
+pub mod group_plan;
 pub mod layout;
 pub mod plan;
-pub mod recover;
 pub mod sharding;
 pub mod transfer;
 
@@ -23,7 +23,8 @@ pub mod transfer;
 mod python;
 
 pub use binding::{Binding, Device, StateTensor, TensorDesc};
-pub use commit_meta::{commit_meta, CommitConfig, CommitMeta, CommitTensors};
+pub use commit::{commit_meta, CommitConfig, CommitMeta, CommitTensors};
+pub use kernels::{KernelSpec, Launch, KERNELS};
 pub use copy_funcs::{validate_copy_funcs, CopyFuncKind, CopyPrefix, GroupSpec};
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};

@@ -47,9 +47,7 @@ pub fn owned_units(units: u64, tp_size: u64, rank: u64) -> Result<(u64, u64)> {
     } else if tp_size % units == 0 {
         Ok((rank / (tp_size / units), 1))
     } else {
-        Err(Error::layout(format!(
-            "{units} units cannot be split over tp_size {tp_size}: neither divides the other"
-        )))
+        Err(Error::layout(format!("{units} units cannot be split over tp_size {tp_size}: neither divides the other")))
     }
 }
 

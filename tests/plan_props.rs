@@ -155,7 +155,7 @@ fn bytes(m: &Memory) -> Vec<u8> {
     m.buf.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-/// The semantics of DESIGN.md section 2, applied to a snapshot: every copy reads the state as it
+/// The semantics of docs/design.md section 3, applied to a snapshot: every copy reads the state as it
 /// was before the step.
 fn reference(c: &Case, l: &Layout, m: &Memory, before: &[u8]) -> Vec<u8> {
     let mut after = before.to_vec();

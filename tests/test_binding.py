@@ -186,7 +186,8 @@ def test_wrong_number_of_tensors_per_layer():
     with pytest.raises(BindingError, match="layer 0: got 3 state tensors"):
         CopyPlanner(lay, [per + ws[:1]])
     bind_error([], "no layers given")
-    with pytest.raises(TypeError, match="torch tensors or numpy arrays, got list"):
+    with pytest.raises(BindingError, match=r"layer 0, state 1 \('temporal'\): state tensors must be torch tensors or numpy "
+                                            "arrays, got list"):
         CopyPlanner(layout(), [[conv(), [0.0] * 6]])
 
 
@@ -247,7 +248,7 @@ def test_recoverssm_layout_with_workspace_tensors():
     lay = layouts.kda(num_heads=2, head_dim=8, conv_kernel_size=4, recover_ssm=True, num_spec=3)
     torch_dtype = {s.name: getattr(torch, s.dtype) for s in lay.states}
     states = []
-    for l in range(2):
+    for _ in range(2):
         per = [torch.randn(NB, *s.shape).to(torch_dtype[s.name]) for s in lay.persistent]
         ws = [torch.randn(6, *s.shape).to(torch_dtype[s.name]) for s in lay.workspace]
         states.append(per + ws)

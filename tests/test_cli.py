@@ -28,8 +28,16 @@ def test_parameterised_layout_error_exits_non_zero():
     r = run("layout", "--family", "gdn", "--param", "num_k_heads=16", "--param", "num_v_heads=32",
             "--param", "head_k_dim=128", "--param", "head_v_dim=128", "--param", "conv_kernel_size=4",
             "--tp-size", "3")
-    assert r.returncode == 1
-    assert "LayoutError" in r.stderr and "not divisible by tp_size = 3" in r.stderr
+    # the core's message names two parameters the user gave: a layout error, exit 1
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("python -m recoverssm_rs: error: LayoutError: ")
+    assert "not divisible by tp_size = 3" in r.stderr
+    # with a preset only --tp-size was given: the error names that flag
+    r = run("layout", "--preset", "qwen3-next-80b-a3b", "--tp-size", "3")
+    assert r.returncode == 2
+    assert "argument --tp-size: invalid value 3: " in r.stderr
+    assert "not divisible by tp_size = 3" in r.stderr
 
 
 def test_parameterised_layout():

@@ -23,10 +23,10 @@ import pytest
 torch = pytest.importorskip("torch")
 cupy = pytest.importorskip("cupy")
 
-from recoverssm_rs import gpu, kernelcheck as kc, layouts, recurrence  # noqa: E402
+from recoverssm_rs import gpu, layouts, recurrence  # noqa: E402
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE  # noqa: E402
 from recoverssm_rs.state_cache import StateCache  # noqa: E402
-
+from support import generators, references  # noqa: E402
 
 # Skipped without a CUDA device by tests/conftest.py.
 pytestmark = pytest.mark.gpu
@@ -138,21 +138,19 @@ def test_device_counts_are_never_read_by_the_host(cfg, dtype):
 @pytest.mark.parametrize("seed", range(16))
 def test_random_problems_on_the_device(seed):
     rng = np.random.default_rng(50_000 + seed)
-    p = kc.random_commit_problem(rng, max_rows=8)
+    p = generators.random_commit_problem(rng, max_rows=8)
     host = torch.empty(p.arena_size, dtype=torch.uint8)
     p.fill(host, seed)
     arena = host.cuda()
     ref = host.clone()
     meta = p.tensors(arena).meta()
-    grid = gpu.commit_grid(meta)
     err = torch.zeros(3, dtype=torch.int32, device="cuda")
-    acc = None if p.num_accepted is None else torch.from_numpy(p.num_accepted).cuda()
-    gpu.launch_recover_commit(torch.from_numpy(meta.view(np.uint8).copy()).cuda(), len(meta),
+    acc = None if p.num_accepted is None else torch.from_numpy(p.num_accepted).to(torch.int32).cuda()
+    gpu.launch_recover_commit(torch.from_numpy(meta.view(np.uint8).copy()).cuda(), meta,
                               torch.from_numpy(p.rows.view(np.uint8).copy()).cuda(), len(p.rows),
-                              num_blocks=p.num_blocks, max_requests=p.max_requests, grid=grid,
-                              num_accepted=acc, err=err)
+                              num_blocks=p.num_blocks, max_requests=p.max_requests, num_accepted=acc, err=err)
     torch.cuda.synchronize()
-    want = kc.reference_recover_commit(p.tensors(ref), p.rows, p.num_accepted, num_blocks=p.num_blocks,
+    want = references.reference_recover_commit(p.tensors(ref), p.rows, p.num_accepted, num_blocks=p.num_blocks,
                                        max_requests=p.max_requests)
     assert err.cpu().tolist() == want.tolist()
     got = arena.cpu()

@@ -1,4 +1,4 @@
-"""No-GPU checks of the RecoverSSM commit kernel (kernels/recover_commit.cu, DESIGN.md section 6).
+"""No-GPU checks of the RecoverSSM commit kernel (kernels/recover_commit.cu, docs/design.md section 8).
 
 * NVRTC compiles ``recover_commit.cu`` for sm_80 and sm_90 with CuPy's RawModule options; ptxas
   reports no spills, no stack frame (local memory), no barriers and registers for 3 CTAs of 256
@@ -17,21 +17,23 @@
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
 from fakes import FakeDeviceArray, FakeStream, install_fake_cupy
-from recoverssm_rs import BindingError, PlanError, gpu, kernelcheck as kc, layouts, recurrence
-from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE
+from recoverssm_rs import BindingError, PlanError, gpu, layouts, recurrence
+from recoverssm_rs.cuda import nvrtc
+from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, CONSTANTS
 from recoverssm_rs.state_cache import StateCache
+from support import emulation, generators, references
 
 DATA = Path(__file__).parent / "data" / "kda_recoverssm.npz"
 ORDERS = (0, 1, 12345)
-needs_cxx = pytest.mark.skipif(shutil.which(kc.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
+needs_cxx = pytest.mark.skipif(shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
@@ -68,17 +70,17 @@ def test_commit_records_match_the_kernel():
 
 @pytest.fixture(scope="module")
 def commit_reports():
-    if kc.find_nvrtc() is None:
+    if nvrtc.find_nvrtc() is None:
         pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)")
-    return [kc.nvrtc_compile("recover_commit.cu", arch, target="cubin") for arch in kc.ARCHS]
+    return [nvrtc.nvrtc_compile("recover_commit.cu", arch, target="cubin") for arch in nvrtc.ARCHS]
 
 
 def test_nvrtc_resources_of_the_commit_kernel(commit_reports):
     assert all(r.ok for r in commit_reports), [r.log for r in commit_reports if not r.ok]
-    table = kc.resource_table(commit_reports)
+    table = nvrtc.resource_table(commit_reports)
     print("\n" + table)
     ks = [k for r in commit_reports for k in r.kernels]
-    assert sorted((k.kernel, k.arch) for k in ks) == [("rs_recover_commit", a) for a in kc.ARCHS]
+    assert sorted((k.kernel, k.arch) for k in ks) == [("rs_recover_commit", a) for a in nvrtc.ARCHS]
     for k in ks:
         assert k.clean and k.barriers == 0, table
         assert k.registers <= 85, table
@@ -94,16 +96,16 @@ def _byte_span(x: torch.Tensor) -> tuple[int, int]:
     return x.data_ptr(), x.data_ptr() + n
 
 
-def run_problem(p: kc.CommitProblem, seed: int, *, order: int = 0, threads: int = 256, grid=None, grid_yz=None):
+def run_problem(p: generators.CommitProblem, seed: int, *, order: int = 0, threads: int = 256, grid=None, grid_yz=None):
     """Emulated kernel vs torch reference on two copies of one arena; returns (before, emu, ref)."""
     before = torch.empty(p.arena_size, dtype=torch.uint8)
     p.fill(before, seed)
     emu, ref = before.clone(), before.clone()
     te, tr = p.tensors(emu), p.tensors(ref)
     kw = dict(num_blocks=p.num_blocks, max_requests=p.max_requests)
-    err = kc.emulate_recover_commit(te.meta(), p.rows, num_accepted=p.num_accepted, threads=threads, grid=grid,
+    err = emulation.emulate_recover_commit(te.meta(), p.rows, num_accepted=p.num_accepted, threads=threads, grid=grid,
                                     grid_yz=grid_yz, order=order, ranges=[emu.numpy()], **kw)
-    want = kc.reference_recover_commit(tr, p.rows, p.num_accepted, **kw)
+    want = references.reference_recover_commit(tr, p.rows, p.num_accepted, **kw)
     assert err.tolist() == want.tolist()
     # Recurrent states: to the tolerance of their dtype; every other byte of the arena: exact.
     exact = torch.ones(p.arena_size, dtype=torch.bool)
@@ -122,7 +124,7 @@ def run_problem(p: kc.CommitProblem, seed: int, *, order: int = 0, threads: int 
     written = set()
     acc = None if p.num_accepted is None else p.num_accepted.astype(np.int64)
     for r in p.rows:
-        if r["state_block"] <= 0 or kc._commit_row_code(r, p.num_blocks, p.max_requests,
+        if r["state_block"] <= 0 or references._commit_row_code(r, p.num_blocks, p.max_requests,
                                                         None if acc is None else acc.size):
             continue
         c = int(r["count"]) if acc is None else min(max(int(acc[r["request"]]), 0), int(r["count"]))
@@ -141,13 +143,13 @@ def run_problem(p: kc.CommitProblem, seed: int, *, order: int = 0, threads: int 
 @pytest.mark.parametrize("seed", range(48))
 def test_random_problems(seed):
     rng = np.random.default_rng(40_000 + seed)
-    p = kc.random_commit_problem(rng)
+    p = generators.random_commit_problem(rng)
     threads = (256, 64, 32, 128)[seed % 4]
     grid_yz = None if seed % 5 else (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
     grid = None
     if seed % 3 == 2:  # more CTAs than needed: the extra recurrent / conv CTAs must be harmless
         g = gpu.commit_grid(p.tensors(torch.zeros(p.arena_size, dtype=torch.uint8)).meta(), threads=threads)
-        grid = (g.rec_ctas + int(rng.integers(0, 3)), max(1, g.conv_ctas + int(rng.integers(-1, 4))))
+        grid = (g[0] + int(rng.integers(0, 3)), max(1, g[1] + int(rng.integers(-1, 4))))
     run_problem(p, seed, order=ORDERS[seed % 3], threads=threads, grid=grid, grid_yz=grid_yz)
 
 
@@ -158,7 +160,7 @@ def test_random_problems(seed):
 def test_every_kind_dtype_and_orientation(kind, dtypes, conv):
     for i in range(2):
         rng = np.random.default_rng(hash((kind, dtypes, conv, i)) % 2**32)
-        p = kc.random_commit_problem(rng, kind=kind, dtypes=dtypes, conv=conv, device_counts=bool(i))
+        p = generators.random_commit_problem(rng, kind=kind, dtypes=dtypes, conv=conv, device_counts=bool(i))
         run_problem(p, i, order=ORDERS[i % 3])
 
 
@@ -182,11 +184,11 @@ def test_realistic_head_vectorised(kind):
             o = off + (shift if name == "recurrent" else 0)
             specs.append((name, 0, o, shape, dt, int(np.prod(shape[1:]))))
             off += (int(np.prod(shape)) * (4 if dt == "float32" else 2) + 16 + 255) // 256 * 256
-        p = kc.CommitProblem(off, specs, kind, "DS", 4, nb, MR, rows, None)
+        p = generators.CommitProblem(off, specs, kind, "DS", 4, nb, MR, rows, None)
         before, _, _ = run_problem(p, 3)
         t = p.tensors(before)
-        stats = kc.EmulationStats()
-        kc.emulate_recover_commit(t.meta(), rows, num_blocks=nb, max_requests=MR, stats=stats,
+        stats = emulation.EmulationStats()
+        emulation.emulate_recover_commit(t.meta(), rows, num_blocks=nb, max_requests=MR, stats=stats,
                                   ranges=[before.numpy()])
         assert stats.misaligned == 0 and stats.out_of_range == 0
         accesses.append(stats.accesses)
@@ -197,7 +199,7 @@ def test_realistic_head_vectorised(kind):
 @needs_cxx
 def test_count_zero_and_padding_rows_write_nothing():
     rng = np.random.default_rng(11)
-    p = kc.random_commit_problem(rng, kind="kda", dtypes=("float32", "bfloat16"), conv="SD", device_counts=False)
+    p = generators.random_commit_problem(rng, kind="kda", dtypes=("float32", "bfloat16"), conv="SD", device_counts=False)
     p.rows["count"] = 0
     p.rows["state_block"][::2] = -1
     before, emu, _ = run_problem(p, 1)
@@ -207,7 +209,7 @@ def test_count_zero_and_padding_rows_write_nothing():
 @needs_cxx
 def test_rejected_rows_are_reported_and_write_nothing():
     rng = np.random.default_rng(12)
-    p = kc.random_commit_problem(rng, kind="gdn", dtypes=("float32", "float32"), conv="DS", device_counts=False,
+    p = generators.random_commit_problem(rng, kind="gdn", dtypes=("float32", "float32"), conv="DS", device_counts=False,
                                  max_rows=3)
     nb, mr = p.num_blocks, p.max_requests
     assert mr >= 2
@@ -221,22 +223,22 @@ def test_rejected_rows_are_reported_and_write_nothing():
     before, emu, _ = run_problem(p, 2)
     assert torch.equal(before, emu)
     t = p.tensors(emu)
-    err = kc.emulate_recover_commit(t.meta(), rows, num_blocks=nb, max_requests=mr, ranges=[emu.numpy()])
+    err = emulation.emulate_recover_commit(t.meta(), rows, num_blocks=nb, max_requests=mr, ranges=[emu.numpy()])
     word = gpu.decode_error_word(err, len(rows))
     assert set(word.names) == {"args", "block"} and (word.first_request, word.last_request) == (0, 3)
     # Device counts: a request beyond the count vector is rejected too.
     row = np.zeros(1, dtype=COMMIT_ROW_DTYPE)
     row[0] = (mr - 1, 1, 1, -1, 0, 0)
-    err = kc.emulate_recover_commit(t.meta(), row, num_blocks=nb, max_requests=mr,
+    err = emulation.emulate_recover_commit(t.meta(), row, num_blocks=nb, max_requests=mr,
                                     num_accepted=np.ones(mr - 1, np.int32), ranges=[emu.numpy()])
-    assert err.tolist() == [kc.ERR_ARGS, 1, 1]
+    assert err.tolist() == [references.ERR_ARGS, 1, 1]
     assert torch.equal(before, emu)
 
 
 @needs_cxx
 def test_a_grid_too_small_for_a_layer_is_a_meta_error():
     for seed in range(20):
-        p = kc.random_commit_problem(np.random.default_rng(seed), kind="kda", dtypes=("float32", "float32"),
+        p = generators.random_commit_problem(np.random.default_rng(seed), kind="kda", dtypes=("float32", "float32"),
                                      conv="SD", device_counts=False, max_rows=1)
         if p.specs[0][3][1] >= 2:  # two heads or more: the recurrent part needs >= 2 CTAs
             break
@@ -246,11 +248,11 @@ def test_a_grid_too_small_for_a_layer_is_a_meta_error():
     before = arena.clone()
     meta = p.tensors(arena).meta()
     g = gpu.commit_grid(meta)
-    assert g.rec_ctas >= 2
-    for grid in ((g.rec_ctas, 0), (g.rec_ctas - 1, g.conv_ctas)):
-        err = kc.emulate_recover_commit(meta, p.rows, num_blocks=p.num_blocks, max_requests=p.max_requests,
+    assert g[0] >= 2
+    for grid in ((g[0], 0), (g[0] - 1, g[1])):
+        err = emulation.emulate_recover_commit(meta, p.rows, num_blocks=p.num_blocks, max_requests=p.max_requests,
                                         grid=grid, ranges=[arena.numpy()])
-        assert err.tolist() == [kc.ERR_META, 1, 1]
+        assert err.tolist() == [references.ERR_META, 1, 1]
         assert torch.equal(arena, before)
 
 
@@ -266,10 +268,10 @@ def test_16_bit_conversions_match_torch():
     corr = torch.ones(1, H, 1, 1)
     kg = torch.zeros(1, H, 1, K + 1, dtype=torch.float16)
     kg[0, :, 0, :K] = pats
-    t = kc.CommitTensors([rec], [corr], [kg], None, None, "gdn", "DS", 1)
+    t = references.CommitTensors([rec], [corr], [kg], None, None, "gdn", "DS", 1)
     rows = np.zeros(1, dtype=COMMIT_ROW_DTYPE)
     rows[0] = (0, 1, 1, -1, 0, 0)
-    kc.emulate_recover_commit(t.meta(), rows, num_blocks=2, max_requests=1,
+    emulation.emulate_recover_commit(t.meta(), rows, num_blocks=2, max_requests=1,
                               ranges=[_byte_span(x) for x in t.all()])
     want = pats.float()
     finite = ~torch.isnan(want)
@@ -291,8 +293,8 @@ def test_16_bit_conversions_match_torch():
         corr = vals.reshape(1, 1, 1, V).clone()
         kg = torch.zeros(1, 1, 1, 2, dtype=dt)
         kg[..., 0] = 1.0
-        t = kc.CommitTensors([rec], [corr], [kg], None, None, "gdn", "DS", 1)
-        kc.emulate_recover_commit(t.meta(), rows, num_blocks=2, max_requests=1,
+        t = references.CommitTensors([rec], [corr], [kg], None, None, "gdn", "DS", 1)
+        emulation.emulate_recover_commit(t.meta(), rows, num_blocks=2, max_requests=1,
                                   ranges=[_byte_span(x) for x in t.all()])
         got = rec[1, 0, :, 0]
         want = vals.to(dt)
@@ -344,7 +346,7 @@ def verify_window(cache: StateCache, blocks, seed: int) -> None:
 
 def emulate_on_cache(cache: StateCache, rows, num_accepted=None, order=0):
     ranges = [_byte_span(x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])) for x in cache.buffers().values()]
-    return kc.emulate_recover_commit(cache.commit_meta(), rows, num_blocks=cache.num_blocks,
+    return emulation.emulate_recover_commit(cache.commit_meta(), rows, num_blocks=cache.num_blocks,
                                      max_requests=cache.max_requests, num_accepted=num_accepted, order=order,
                                      ranges=ranges)
 
@@ -409,28 +411,44 @@ def test_emulated_kernel_equals_state_cache_commit(cfg, align):
 def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
     """StateCache's CUDA path (binding, staging, device counts, launch_commit, error word) on CPU
     buffers: the "device" is the host emulation of the kernel."""
-    from recoverssm_rs import state_cache as sc
+    from recoverssm_rs.cuda import commit as cuda_commit
+    from recoverssm_rs.cuda import module as cuda_module
+
+    class HostKernel(cuda_commit.CommitKernel):
+        """The cache's CUDA commit path over its CPU buffers, described as if on cuda:0."""
+
+        def device_name(self) -> str:
+            return "cuda:0"
+
+        def describe(self, x, what):
+            d = super().describe(x, what)
+            return (*d[:4], "cuda:0")
+
+        def staging(self, nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8)
 
     cfg = ("kda", "SD", "bfloat16", "float32")
     cache, ref = make_cache(*cfg), make_cache(*cfg)
-    cache._device_commit = cache._bind_commit_kernel()
+    cache._device_commit = HostKernel(cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks,
+                                      max_requests=cache.max_requests)
     cache._device_commit.ready = True
-    monkeypatch.setattr(sc, "_pinned_bytes", lambda n: torch.empty(n, dtype=torch.uint8))
     monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
     launches = []
 
-    def fake_launch(meta_dev, num_layers, rows_dev, num_rows, *, num_blocks, max_requests, grid, num_accepted=None,
-                    err=None, stream=None):
-        launches.append((num_layers, num_rows, None if num_accepted is None else num_accepted.dtype))
-        meta = meta_dev.numpy().view(gpu.COMMIT_META_DTYPE)
-        assert len(meta) == num_layers
-        rows = rows_dev.numpy()[: num_rows * COMMIT_ROW_DTYPE.itemsize].view(COMMIT_ROW_DTYPE)
+    def fake_launch(kl, index, stream=None):
+        v = dict(kl.values())
+        acc = None
+        if v["num_accepted"]:
+            acc = np.frombuffer(ctypes.string_at(v["num_accepted"], 4 * v["num_counts"]), dtype=np.int32)
+        launches.append((v["num_layers"], v["num_rows"], None if acc is None else acc.dtype))
         ranges = [_byte_span(x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])) for x in cache.buffers().values()]
-        kc.emulate_recover_commit(meta, rows, num_blocks=num_blocks, max_requests=max_requests, grid=grid,
-                                  num_accepted=None if num_accepted is None else num_accepted.numpy(),
-                                  err=err.numpy(), ranges=ranges, order=12345)
+        meta = cache._device_commit.meta_dev.numpy()
+        spans = [(v["rows"], v["rows"] + 32 * v["num_rows"])]
+        if acc is not None:
+            spans.append((v["num_accepted"], v["num_accepted"] + 4 * v["num_counts"]))
+        emulation.run(kl, order=12345, ranges=ranges + [meta] + spans).check(kl.kernel)
 
-    monkeypatch.setattr(gpu, "launch_recover_commit", fake_launch)
+    monkeypatch.setattr(cuda_module, "launch", fake_launch)
     blocks = np.array([3, 7, -1, 12, 5, 9])
     free = [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 1, 2, 4, 6, 8, 10, 11]
     kw = dict(seq_lens=np.array([6, 15, 0, 16, 7, 5]), block_size=8, block_table=np.array(free).reshape(6, 3))
@@ -448,7 +466,7 @@ def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
             assert rows["count"].tolist() == [Q] * 5  # planned for the whole window
         assert_caches_match(cache, {k: v.clone() for k, v in ref.buffers().items()}, before)
         assert cache.commit_error().ok
-    assert launches == [(2, 5, None), (2, 5, torch.int32)]
+    assert launches == [(2, 5, None), (2, 5, np.int32)]
     # launch_commit: rows already "on the device", one of them rejected (state block out of range).
     rows = cache.plan_commit(np.full(6, Q), blocks).copy()
     rows[1]["state_block"] = cache.num_blocks
@@ -483,7 +501,8 @@ def test_commit_meta_of_a_cache():
     assert len(m) == cache.num_layers
     assert (m["heads"].tolist(), m["head_v"][0], m["head_k"][0], m["window"][0], m["kg_width"][0]) == (
         [H, H], K, K, Q, 2 * K)
-    assert (m["kind"][0], m["state_dtype"][0], m["kg_dtype"][0]) == (gpu.COMMIT_KDA, gpu.DT_F32, gpu.DT_BF16)
+    assert (m["kind"][0], m["state_dtype"][0], m["kg_dtype"][0]) == (
+        CONSTANTS["RS_RC_KDA"], CONSTANTS["RS_DT_F32"], CONSTANTS["RS_DT_BF16"])
     assert (m["conv_layout"][0], m["conv_hist"][0], m["conv_elem"][0]) == (gpu.KIND_CONV_DS, KC - 1, 2)
     assert m["rec_base"][1] - m["rec_base"][0] == cache.recurrent_state(0).nbytes
     assert m["rec_block_stride"][0] == cache.recurrent_state(0)[0].nbytes
@@ -536,10 +555,10 @@ def test_kda_vector_through_the_emulated_kernel(n):
     conv = torch.full((3, *win.shape[1:]), 7.0)
     conv[2] = -1.0
     kconv = win.shape[2] - (Qv - 1) + 1
-    t = kc.CommitTensors([rec], [corr], [kg], [conv], [win], "kda", "DS", kconv)
+    t = references.CommitTensors([rec], [corr], [kg], [conv], [win], "kda", "DS", kconv)
     rows = np.zeros(1, dtype=COMMIT_ROW_DTYPE)
     rows[0] = (0, n, 2, -1, 0, 0)
-    err = kc.emulate_recover_commit(t.meta(), rows, num_blocks=3, max_requests=1,
+    err = emulation.emulate_recover_commit(t.meta(), rows, num_blocks=3, max_requests=1,
                                     ranges=[_byte_span(x) for x in t.all()])
     assert err.tolist() == [0, 0, 0]
     torch.testing.assert_close(rec[2], f["S_committed"], atol=1e-5, rtol=1e-5)
@@ -555,34 +574,43 @@ def test_kda_vector_through_the_emulated_kernel(n):
 # ------------------------------------------------------------------------------------------------
 
 
+def _fake_table(heads: int, head_v: int, head_k: int, layers: int) -> np.ndarray:
+    meta = np.zeros(layers, dtype=gpu.COMMIT_META_DTYPE)
+    meta["heads"], meta["head_v"], meta["head_k"] = heads, head_v, head_k
+    return meta
+
+
 def test_launch_layer_with_a_fake_cupy(monkeypatch):
     calls = install_fake_cupy(monkeypatch).calls
     acc = FakeDeviceArray(0x7000, (9,))
     err = FakeDeviceArray(0x8000, (3,))
-    grid = gpu.CommitGrid(6, 2)
-    gpu.launch_recover_commit(0x1000, 70000, 0x2000, 100000, num_blocks=1 << 40, max_requests=9, grid=grid,
+    rows = FakeDeviceArray(0x2000, (100000 * 32,), dtype="uint8")
+    big = _fake_table(6, 64, 128, 70000)  # 6 heads of 64 value rows: 6 recurrent CTAs per (layer, row)
+    small = _fake_table(6, 64, 128, 3)
+    gpu.launch_recover_commit(0x1000, big, rows, 100000, num_blocks=1 << 40, max_requests=9,
                               num_accepted=acc, err=err, stream=FakeStream())
-    gpu.launch_recover_commit(0x1000, 3, 0x2000, 5, num_blocks=10, max_requests=9, grid=grid, stream=FakeStream())
-    gpu.launch_recover_commit(0x1000, 3, 0x2000, 0, num_blocks=10, max_requests=9, grid=grid, stream=FakeStream())
+    gpu.launch_recover_commit(0x1000, small, rows, 5, num_blocks=10, max_requests=9, stream=FakeStream())
+    gpu.launch_recover_commit(0x1000, small, rows, 0, num_blocks=10, max_requests=9, stream=FakeStream())
     (n1, g1, b1, a1, _), (n2, g2, _, a2, _) = calls
-    assert (n1, g1, b1) == ("rs_recover_commit", (8, 65535, 65535), (256, 1, 1))
-    assert [type(x).__name__ for x in a1] == ["uint64", "uint32", "uint64", "uint32", "uint64", "uint32", "int64",
-                                               "uint32", "uint32", "uint64"]
-    assert [int(x) for x in a1] == [0x1000, 70000, 0x2000, 100000, 0x7000, 9, 1 << 40, 9, 6, 0x8000]
-    assert g2 == (8, 5, 3) and [int(x) for x in a2][4:6] == [0, 0] and int(a2[-1]) == 0
-    with pytest.raises(BindingError, match="int32"):
-        gpu.launch_recover_commit(0x1000, 3, 0x2000, 5, num_blocks=10, max_requests=9, grid=grid,
+    assert (n1, g1, b1) == ("rs_recover_commit", (6, 65535, 65535), (256, 1, 1))
+    # metas, num_layers, rows, num_rows, num_accepted, num_counts, num_blocks, max_requests, rec_ctas, err
+    assert a1 == [0x1000, 70000, 0x2000, 100000, 0x7000, 9, 1 << 40, 9, 6, 0x8000]
+    assert g2 == (6, 5, 3) and a2[4:6] == [0, 0] and a2[-1] == 0
+    with pytest.raises(PlanError, match="num_accepted: expected int32, got int64"):
+        gpu.launch_recover_commit(0x1000, small, rows, 5, num_blocks=10, max_requests=9,
                                   num_accepted=FakeDeviceArray(0x7000, (9,), dtype="int64"), stream=FakeStream())
+    with pytest.raises(PlanError, match="at least 100001 commit rows"):
+        gpu.launch_recover_commit(0x1000, small, rows, 100001, num_blocks=10, max_requests=9, stream=FakeStream())
+    assert len(calls) == 2
 
 
 def test_commit_grid():
     cache = make_cache("kda", "DS", "bfloat16")
     g = gpu.commit_grid(cache.commit_meta())
     # K = 8: 2 groups of 4 channels per row, 128 rows of 8 per CTA -> one value tile per head.
-    assert (g.rec_ctas, g.conv_ctas) == (H, 1)
+    assert g == (H, 1)
     big = cache.commit_meta()
     big["head_v"], big["head_k"], big["heads"] = 128, 128, 32
     big["conv_width"], big["conv_dim"], big["conv_elem"] = 10, 12288, 2
     g = gpu.commit_grid(big)
-    assert (g.rec_ctas, g.conv_ctas) == (32 * 2, -(-10 * 12288 * 2 // gpu.COMMIT_CONV_CHUNK_BYTES))
-    assert g.grid(300, 48) == (g.rec_ctas + g.conv_ctas, 300, 48)
+    assert g == (32 * 2, -(-10 * 12288 * 2 // CONSTANTS["COMMIT_CONV_CHUNK_BYTES"]))

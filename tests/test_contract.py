@@ -4,7 +4,6 @@ import enum
 from dataclasses import dataclass, field
 
 import pytest
-
 from recoverssm_rs import LayoutError, layouts, validate_copy_funcs
 
 
@@ -66,8 +65,8 @@ def test_equal_length_cases_for_presets(name, backend):
 @pytest.mark.parametrize(
     "layout, backend",
     [
-        (layouts.mamba1(intermediate_size=1024, state_size=16, conv_kernel_size=4), Backend.MAMBA1),
-        (layouts.short_conv(hidden_size=1024, conv_kernel_size=3, num_spec=2), Backend.SHORT_CONV),
+        (layouts.mamba1(intermediate_size=1024, state_size=16, conv_kernel=4), Backend.MAMBA1),
+        (layouts.short_conv(intermediate_size=1024, conv_kernel=3, num_spec=2), Backend.SHORT_CONV),
         (layouts.linear_attention(num_heads=8, head_dim=64), Backend.LINEAR),
         (layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64,
                      conv_kernel_size=4, num_spec=2), Backend.GDN_ATTN),

@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from recoverssm_rs import cli, demo
+from recoverssm_rs.errors import LayoutError
 from recoverssm_rs.state_cache import StateCache
 
 SMALL = dict(steps=16, requests=6, seed=0)
@@ -66,14 +66,33 @@ def test_summary_reports_memory_and_is_json(small_run):
     assert pm["full_state_scratch_bytes_per_request"] == full
     assert pm["record_ratio"] == 64.0 and pm["ratio"] == full / (records + conv)
     assert pm["requests"] == 256
+    # the per-layer, per-request figures are StateCache.memory_report's
+    per = pm["per_layer_and_request"]
+    assert per["record_bytes_per_request"] * 48 == records
+    assert per["workspace_bytes_per_request"] * 48 == records + conv
+    assert per["full_state_scratch_bytes"] * 48 == full
     for kind in ("gdn", "kda"):
-        m = doc["memory"]["demo"][kind]
+        m = doc["memory"]["run"][kind]
         assert 0 < m["workspace_bytes"] < m["full_state_scratch_bytes"]
     # progress went through the callback (every 4 steps + the header), not to stdout
     assert len(lines) == 1 + SMALL["steps"] // 4
+    assert lines[0].startswith("run: a toy hybrid model of 4 layers")
     assert lines[-1].startswith(f"step {SMALL['steps']:4d}/{SMALL['steps']}")
     text = demo.format_summary(s)
     assert "mismatches            0" in text and "plan_copy copies" in text
+    assert "summary of the run (the toy model: 4 layers" in text
+    assert "preset kimi-k3-like-recoverssm, 48 layers" in text and "not run" in text
+
+
+def test_last_progress_line_counts_every_check(small_run):
+    s, lines = small_run
+    last = lines[-1]
+    assert f" {s['checks']} checks, {s['mismatches']} mismatches" in last, (last, s["checks"])
+    # the cached prefix blocks are re-checked after the last step; the line comes after them
+    assert f"incl. {s['prefix_cache_entries_at_end']} cached prefix blocks re-checked" in last
+    assert s["prefix_cache_entries_at_end"] > 0
+    earlier = [int(x.split(" checks")[0].rsplit(" ", 1)[1]) for x in lines[1:]]
+    assert earlier == sorted(earlier) and earlier[-1] == s["checks"]
 
 
 def test_other_shapes_and_seeds():
@@ -93,10 +112,31 @@ def test_same_seed_same_run():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="block_size"):
+    # the block size against the window is the core's rule: its message comes through
+    with pytest.raises(demo.DemoOptionError, match="smaller than the speculative window") as e:
         demo.run(steps=1, block_size=2, num_spec=3)
-    with pytest.raises(ValueError, match=">= 1"):
+    assert e.value.option == "block_size" and e.value.value == 2
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(demo.DemoOptionError, match=">= 1") as e:
         demo.run(steps=0)
+    assert e.value.option == "steps"
+    with pytest.raises(demo.DemoOptionError, match="not a RecoverSSM preset") as e:
+        demo.run(steps=1, preset="nemotron-h-8b")
+    assert e.value.option == "preset" and "kimi-k3-like-recoverssm" in str(e.value)
+    with pytest.raises(demo.DemoOptionError) as e:
+        demo.run(steps=1, seed=-1)
+    assert e.value.option == "seed"
+
+
+def test_recoverssm_presets_come_from_the_core():
+    from recoverssm_rs import layouts
+
+    names = demo.recoverssm_presets()
+    assert names == ["kimi-k3-like-recoverssm"]
+    for name in layouts.PRESETS:
+        if name not in names:  # the core refuses it as a RecoverSSM layout
+            with pytest.raises(LayoutError):
+                layouts.PRESETS[name].layout().recover_geometry()
 
 
 # ---- the checks have teeth -------------------------------------------------------------------
@@ -148,12 +188,28 @@ def test_cli_json_subprocess():
     assert doc["config"]["device"] == "cpu"
     assert doc["tokens_accepted"] > 0 and doc["boundary_states"] > 0
     assert "step    8/8" in r.stderr  # progress on stderr
+    # the last progress line counts the same checks as the summary
+    assert f" {doc['checks']} checks, 0 mismatches" in r.stderr.splitlines()[-1]
+
+
+def test_the_demo_package_imports_neither_the_cli_nor_torch():
+    # the command line imports the demo's parser; the demo never imports the command line (no
+    # cycle), and parsing needs no torch
+    code = ("import sys, recoverssm_rs.demo, recoverssm_rs.demo.cli; "
+            "print('recoverssm_rs.cli' in sys.modules, 'torch' in sys.modules); "
+            "import recoverssm_rs.cli; print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False", "False"]
 
 
 def test_cli_text_summary(capsys):
     assert cli.main(["demo", "--steps", "6", "--requests", "4", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "kimi-k3-like-recoverssm" in out and "GDN_ATTN" in out  # the layout header
+    # which table is the preset (not run) and which figures are the run (the toy model)
+    assert out.startswith("preset kimi-k3-like-recoverssm (") and "not run" in out.splitlines()[0]
+    assert "summary of the run (the toy model: 4 layers" in out
     assert "mismatches            0" in out and "OK:" in out
 
 

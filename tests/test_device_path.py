@@ -1,17 +1,19 @@
 """The device path of CopyPlanner (launch_align / launch_align_decision / last_error) without a GPU.
 
 A CUDA-bound planner is built over CPU torch tensors that claim to live on ``cuda:0`` (the binding
-only reads pointers, shapes and device names), and the module's CUDA seam (``planner._cuda_ops``)
-is replaced by a host fake. ``gpu.launch_state_copy`` / ``gpu.launch_state_copy_align`` are replaced
-by recorders that check the arguments and, where a C++ compiler is available, run the *real kernel
-source* through the host emulation of ``kernelcheck`` on those (host) addresses -- so the whole
-device path (argument checks, int64 narrowing, metadata table, error word, the kernel itself) is
-compared byte for byte with the host plan executed by the Rust host executor.
+only reads pointers, shapes and device names), and the device path's CUDA seam
+(``device_path.cuda_ops``) is replaced by a host fake. The driver launch (``cuda.module.launch``) is
+replaced by a recorder that keeps the core-built launch and, where a C++ compiler is available, runs
+the *real kernel source* on the launch's packed arguments through the host emulation of
+``tests/support/emulation.py`` (the arguments are host addresses) -- so the whole device path
+(argument checks, int64 narrowing, metadata table, error word, the core's packing, the kernel itself)
+is compared byte for byte with the host plan executed by the Rust host executor.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import shutil
 from typing import Any
 
@@ -20,10 +22,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from recoverssm_rs import gpu, layouts  # noqa: E402
-from recoverssm_rs import planner as planner_mod  # noqa: E402
+from recoverssm_rs import device_path, gpu, layouts  # noqa: E402
+from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.planner import CopyPlanner  # noqa: E402
+from support import generators  # noqa: E402
 
 HAVE_CXX = shutil.which("g++") is not None or shutil.which("c++") is not None
 needs_cxx = pytest.mark.skipif(not HAVE_CXX, reason="host emulation needs a C++ compiler")
@@ -68,7 +71,7 @@ class FakeCuda:
         return self.t.numpy()
 
 
-class FakeOps(planner_mod._CudaOps):
+class FakeOps(device_path.CudaOps):
     """Host stand-in for the torch CUDA calls of the device path."""
 
     def __init__(self) -> None:
@@ -96,54 +99,51 @@ class FakeOps(planner_mod._CudaOps):
         self.syncs += 1
 
 
+def _bytes_at(ptr: int, n: int) -> bytes:
+    return ctypes.string_at(ptr, n)
+
+
+def _ints_at(ptr: int, n: int) -> np.ndarray:
+    return np.frombuffer(ctypes.string_at(ptr, 4 * n), dtype=np.int32)
+
+
+def _word_at(ptr: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_int32 * 3).from_address(ptr)).copy()
+
+
 class Recorder:
-    """Replaces the two gpu launch functions; records each call (and optionally emulates it)."""
+    """Replaces the driver launch; records each core-built launch (and optionally emulates it)."""
 
     def __init__(self, emulate: bool) -> None:
         self.calls: list[dict[str, Any]] = []
         self.emulate = emulate
 
-    def _np(self, x: Any) -> np.ndarray:
-        return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+    def launch(self, kl: Any, index: int, stream: Any) -> None:
+        v = dict(kl.values())
+        table = None
+        if kl.kernel == "rs_state_copy":  # the rows this step reads, as the kernel sees them now
+            rows = [_ints_at(v["block_table"] + 4 * r * v["bt_row_stride"], v["bt_cols"]).tolist()
+                    for r in range(v["num_requests"])]
+            table = rows
+        self.calls.append(dict(v, kernel=kl.kernel, launch=kl, index=index, stream=stream, chunks=kl.grid[0],
+                               table=table, has_temporal=bool(v["flags"] & gpu.FLAG_HAS_TEMPORAL),
+                               decide=bool(v["flags"] & gpu.FLAG_DECIDE), err_at_launch=_word_at(v["err"])))
+        if self.emulate:
+            from support import emulation
 
-    def record(self, kernel: str, args: tuple, kw: dict) -> None:
-        meta_dev, num_meta, bt, src, mid, acc, err = args
-        self.calls.append(dict(kernel=kernel, meta=meta_dev, num_meta=num_meta, bt=bt, src=src, mid=mid, acc=acc,
-                               err=err, err_at_launch=self._np(err).copy(), **kw))
-        if not self.emulate:
-            return
-        from recoverssm_rs import kernelcheck as kc
-
-        metas = self._np(meta_dev).view(gpu.STATE_META_DTYPE)
-        assert len(metas) == num_meta
-        common = dict(max_accepted=kw["max_accepted"], num_blocks=kw["num_blocks"], has_temporal=kw["has_temporal"],
-                      chunks=3, err=self._np(err))
-        n = kw["num_requests"]
-        bt_np = self._np(bt)[:n]
-        if kernel == "rs_state_copy":
-            kc.emulate_state_copy(metas, bt_np, self._np(src)[:n], self._np(mid)[:n], self._np(acc)[:n], **common)
-        else:
-            kc.emulate_state_copy_align(metas, bt_np, self._np(src)[:n], self._np(mid)[:n], self._np(acc)[:n],
-                                        block_size=kw["block_size"], **common)
-
-    def explicit(self, *args: Any, **kw: Any) -> None:
-        self.record("rs_state_copy", args, kw)
-
-    def align(self, *args: Any, **kw: Any) -> None:
-        self.record("rs_state_copy_align", args, kw)
+            emulation.run(kl, grid=(3, kl.grid[1], kl.grid[2])).check(kl.kernel)
 
 
 @pytest.fixture
 def fake_ops(monkeypatch: pytest.MonkeyPatch) -> FakeOps:
     ops = FakeOps()
-    monkeypatch.setattr(planner_mod, "_cuda_ops", ops)
+    monkeypatch.setattr(device_path, "cuda_ops", ops)
     return ops
 
 
 def _recorder(monkeypatch: pytest.MonkeyPatch, emulate: bool = False) -> Recorder:
     rec = Recorder(emulate)
-    monkeypatch.setattr(gpu, "launch_state_copy", rec.explicit)
-    monkeypatch.setattr(gpu, "launch_state_copy_align", rec.align)
+    monkeypatch.setattr(cuda_module, "launch", rec.launch)
     return rec
 
 
@@ -191,31 +191,6 @@ def clone_states(states):
 
 def fc(x, dtype=torch.int32, index: int = 0) -> FakeCuda:
     return FakeCuda(torch.as_tensor(np.asarray(x)).to(dtype), index)
-
-
-def random_step(rng: np.random.Generator, R: int, cols: int, max_acc: int, nb: int):
-    """A valid step where every request owns its blocks: in-place shifts, aliased columns, no-ops,
-    padding rows."""
-    blocks = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)
-    bt = blocks.copy()
-    src = np.zeros(R, np.int32)
-    dst = np.zeros(R, np.int32)
-    acc = np.zeros(R, np.int32)
-    for r in range(R):
-        a = int(rng.integers(1, max_acc + 1))
-        s = int(rng.integers(0, cols - a + 1))
-        d = int(rng.integers(0, cols))
-        u = rng.random()
-        if u < 0.25 and a > 1:
-            d = s  # in-block shift
-        elif u < 0.35:
-            bt[r, d] = bt[r, s]  # two columns naming one block
-        elif u < 0.4:
-            d, a = s, 1  # no-op
-        elif u < 0.5:
-            s = -1  # padding
-        src[r], dst[r], acc[r] = s, d, a
-    return bt, src, dst, acc
 
 
 def assert_same_bytes(got, want):
@@ -319,7 +294,7 @@ def test_launch_align_decision_checks_block_size(fake_ops, recorder, block_size,
 
 
 def test_torch_stream_normalisation():
-    ops = planner_mod._CudaOps()
+    ops = device_path.CudaOps()
 
     class TorchLike:
         cuda_stream = 1234
@@ -332,7 +307,7 @@ def test_torch_stream_normalisation():
 
 
 # ------------------------------------------------------------------------------------------------
-# What reaches gpu.launch_state_copy
+# What reaches the driver (the core-built launch)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -349,9 +324,9 @@ def test_launch_align_passes_the_planners_metadata(fake_ops, recorder):
     assert fake_ops.uploads == 1 and fake_ops.allocs == 1  # uploaded once, cached on the planner
     assert [c[1] for c in fake_ops.contexts] == [stream, None] and {c[0] for c in fake_ops.contexts} == {0}
     first, second = recorder.calls
-    assert first["kernel"] == "rs_state_copy"
-    assert first["meta"] is second["meta"] and first["err"] is second["err"]
-    assert first["meta"].numpy().tobytes() == planner.state_meta.tobytes()
+    assert first["kernel"] == second["kernel"] == "rs_state_copy" and not first["decide"]
+    assert first["metas"] == second["metas"] and first["err"] == second["err"]
+    assert _bytes_at(first["metas"], planner.state_meta.nbytes) == planner.state_meta.tobytes()
     assert first["num_meta"] == len(planner.state_meta) == 2 * 2
     assert first["max_accepted"] == nspec + 1
     assert first["num_blocks"] == nb == planner.num_blocks
@@ -359,10 +334,10 @@ def test_launch_align_passes_the_planners_metadata(fake_ops, recorder):
     assert first["num_requests"] == R
     assert first["chunks"] == gpu.state_chunks(int(planner.state_meta["state_bytes"].max())) >= 1
     assert first["stream"] is stream and second["stream"] is None
-    for name in ("bt", "src", "mid", "acc"):  # int64 narrowed on the "device", never via numpy
-        assert isinstance(first[name], FakeCuda) and first[name].dtype == torch.int32, name
-    assert first["bt"].numpy().tolist() == bt.numpy().tolist()
-    assert first["mid"].numpy().tolist() == [4, 4, 3]
+    # int64 inputs narrowed on the "device" (never via numpy): the packed pointers are int32 copies.
+    for name in ("block_table", "src_col", "dst_or_running", "num_accepted"):
+        assert first[name] not in (bt.data_ptr(), src.data_ptr(), dst.data_ptr(), acc.data_ptr()), name
+    assert first["bt_cols"] == cols and first["bt_row_stride"] == cols
 
 
 def test_int32_inputs_pass_through_and_strided_tables_are_fixed(fake_ops, recorder):
@@ -373,11 +348,12 @@ def test_int32_inputs_pass_through_and_strided_tables_are_fixed(fake_ops, record
     view = FakeCuda(wide.t[:, :3])  # row stride 8: passed as is (the kernel takes the row stride)
     planner.launch_align(view, src, dst, acc)
     call = recorder.calls[-1]
-    assert call["src"] is src and call["mid"] is dst and call["acc"] is acc and call["bt"].t.data_ptr() == view.t.data_ptr()
+    assert (call["src_col"], call["dst_or_running"], call["num_accepted"]) == (src.data_ptr(), dst.data_ptr(), acc.data_ptr())
+    assert call["block_table"] == view.t.data_ptr() and call["bt_row_stride"] == 8 and call["bt_cols"] == 3
     transposed = FakeCuda(torch.arange(1, 7, dtype=torch.int32).reshape(3, 2).T)  # column stride 2
     planner.launch_align(transposed, src, dst, acc)
-    bt = recorder.calls[-1]["bt"]
-    assert bt.stride()[-1] == 1 and bt.numpy().tolist() == transposed.t.tolist()
+    call = recorder.calls[-1]
+    assert call["bt_row_stride"] == 3 and call["table"] == transposed.t.tolist()
 
 
 def test_an_int64_table_with_spare_rows_is_narrowed_to_the_step(fake_ops, recorder):
@@ -385,20 +361,16 @@ def test_an_int64_table_with_spare_rows_is_narrowed_to_the_step(fake_ops, record
     planner = cuda_planner(layout, host_states(layout, 40, 1, 1))
     table = fc(np.arange(1, 10 * 3 + 1).reshape(10, 3), torch.int64)  # a persistent [max_reqs, cols] table
     planner.launch_align(table, fc([0, 0]), fc([2, 2]), fc([1, 2]))
-    bt = recorder.calls[-1]["bt"]
-    assert bt.dtype == torch.int32 and tuple(bt.shape) == (2, 3) and bt.numpy().tolist() == [[1, 2, 3], [4, 5, 6]]
+    call = recorder.calls[-1]
+    assert call["table"] == [[1, 2, 3], [4, 5, 6]] and call["bt_cols"] == 3
     wide32 = fc(np.arange(1, 10 * 3 + 1).reshape(10, 3))
     planner.launch_align(wide32, fc([0, 0]), fc([2, 2]), fc([1, 2]))
-    assert recorder.calls[-1]["bt"] is wide32  # int32: passed as is (the kernel reads the first R rows)
+    assert recorder.calls[-1]["block_table"] == wide32.data_ptr()  # int32: passed as is (the kernel reads R rows)
 
 
-def test_the_planner_launch_packs_what_the_checked_launch_layer_packs(fake_ops, monkeypatch):
-    # CopyPlanner launches with validated=True (the core checked the step, the planner made every
-    # input int32 with a contiguous last axis): the launch layer must then pack exactly the
-    # parameters its own checked path packs for the same tensors.
-    packed = []
-    monkeypatch.setattr(gpu, "_launch", lambda name, grid, args, stream: packed.append(
-        (name, grid, [int(a) for a in args], [a.dtype for a in args])))
+def test_the_planner_launch_packs_what_the_launch_layer_packs(fake_ops, recorder):
+    # The planner's device path and the launch layer's gpu.launch_state_copy go through the same core
+    # builder: for the same tensors they pack the same bytes.
     layout = gdn_layout("DS", 3)
     planner = cuda_planner(layout, host_states(layout, 20, 2, 1))
     wide = fc(np.arange(1, 10 * 8 + 1).reshape(10, 8) % 19 + 1)
@@ -406,25 +378,26 @@ def test_the_planner_launch_packs_what_the_checked_launch_layer_packs(fake_ops, 
     src, dst, running, acc, err = fc([0, 1, 0]), fc([4, 4, 3]), fc([5, 9, 14]), fc([1, 2, 4]), fc([0, 0, 0])
     planner.launch_align(view, src, dst, acc, err=err)
     planner.launch_align_decision(view, src, running, acc, 4, err=err)
-    ds = planner._device_state
-    common = dict(max_accepted=4, num_blocks=20, has_temporal=True, num_requests=3, chunks=ds.chunks)
-    gpu.launch_state_copy(ds.meta, ds.num_meta, view, src, dst, acc, err, **common)
-    gpu.launch_state_copy_align(ds.meta, ds.num_meta, view, src, running, acc, err, block_size=4, **common)
-    assert len(packed) == 4
-    assert packed[0] == packed[2] and packed[1] == packed[3]
-    assert packed[0][2][2:5] == [view.data_ptr(), 8, 5]  # table address, row stride, columns
+    own, dec = recorder.calls
+    common = dict(max_accepted=4, num_blocks=20, has_temporal=True, chunks=own["chunks"])
+    gpu.launch_state_copy(own["metas"], own["num_meta"], view, src, dst, acc, err, **common)
+    gpu.launch_state_copy(own["metas"], own["num_meta"], view, src, running, acc, err, block_size=4, **common)
+    assert len(recorder.calls) == 4
+    assert recorder.calls[2]["launch"].args == own["launch"].args
+    assert recorder.calls[3]["launch"].args == dec["launch"].args and dec["decide"] and dec["block_size"] == 4
+    assert (own["block_table"], own["bt_row_stride"], own["bt_cols"]) == (view.data_ptr(), 8, 5)
 
 
 def test_state_chunks_follow_the_largest_state():
     # 32 KiB of a state per CTA, at most 64 CTAs (what measured best for 2 MiB states on an H200).
-    assert gpu.state_chunks(2 << 20) == gpu.DEFAULT_STATE_CHUNKS == 64
+    assert gpu.state_chunks(2 << 20) == gpu.MAX_STATE_CHUNKS == 64
     assert gpu.state_chunks(8 << 20) == 64
     assert gpu.state_chunks(245760) == 8  # a bf16 [12288, 10] conv window
     assert gpu.state_chunks(1) == gpu.state_chunks(0) == 1
 
 
 def test_conv_only_layout_has_no_temporal_flag(fake_ops, recorder):
-    layout = layouts.short_conv(hidden_size=64, conv_kernel_size=4, num_spec=2, conv_layout="DS")
+    layout = layouts.short_conv(intermediate_size=64, conv_kernel=4, num_spec=2, conv_layout="DS")
     planner = cuda_planner(layout, host_states(layout, 8, 3, 2))
     planner.launch_align(*_good())
     assert recorder.calls[0]["has_temporal"] is False
@@ -436,13 +409,13 @@ def test_own_error_word_is_zeroed_each_call_and_a_callers_word_is_used(fake_ops,
     planner = cuda_planner(layout, host_states(layout, 20, 1, 3))
     planner.launch_align(*_good())
     own = recorder.calls[0]["err"]
-    own.t.copy_(torch.tensor([5, 1, 2], dtype=torch.int32))  # as if the kernel had flagged something
+    np.ctypeslib.as_array((ctypes.c_int32 * 3).from_address(own))[:] = [5, 1, 2]  # as if the kernel had flagged
     planner.launch_align(*_good())
-    assert recorder.calls[1]["err"] is own
+    assert recorder.calls[1]["err"] == own
     assert recorder.calls[1]["err_at_launch"].tolist() == [0, 0, 0]  # zeroed before the launch
     mine = fc([7, 7, 7])
     planner.launch_align(*_good(), err=mine)
-    assert recorder.calls[2]["err"] is mine
+    assert recorder.calls[2]["err"] == mine.data_ptr()
     assert mine.numpy().tolist() == [7, 7, 7]  # the caller's word is not zeroed by the planner
 
 
@@ -458,7 +431,7 @@ def test_zero_requests(fake_ops, recorder):
     planner = cuda_planner(layout, host_states(layout, 8, 1, 0))
     e = fc(np.zeros(0))
     planner.launch_align(fc(np.zeros((0, 4))), e, e, e)
-    assert recorder.calls[0]["num_requests"] == 0
+    assert not recorder.calls  # nothing to launch
     assert planner.last_error().ok
 
 
@@ -477,7 +450,7 @@ def test_launch_align_emulated_equals_the_host_plan(fake_ops, emulator, conv_lay
     layout = gdn_layout(conv_layout, nspec)
     states = host_states(layout, nb, layers, seed)
     want = clone_states(states)
-    bt, src, dst, acc = random_step(rng, R, cols, nspec + 1, nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, nb)
     CopyPlanner(layout, want).plan_align(bt, src, dst, acc).execute()
     planner = cuda_planner(layout, states)
     dtype = torch.int64 if seed % 2 else torch.int32
@@ -491,7 +464,7 @@ def test_launch_align_emulated_equals_the_host_plan(fake_ops, emulator, conv_lay
 @pytest.mark.parametrize("conv_layout", ["SD", "DS"])
 @pytest.mark.parametrize("seed", range(6))
 def test_launch_align_decision_emulated_equals_the_host_plan(fake_ops, emulator, conv_layout, seed):
-    from recoverssm_rs import kernelcheck as kc
+    from support import references
 
     rng = np.random.default_rng(200 + seed)
     nspec, R, cols, layers = 3, int(rng.integers(1, 9)), 6, 2
@@ -513,7 +486,7 @@ def test_launch_align_decision_emulated_equals_the_host_plan(fake_ops, emulator,
             a = int(rng.integers(1, nspec + 2))
             run = int(rng.integers(0, cols * bs))
             s = max(0, (run - 1) // bs) if run else 0
-            dec = kc.align_decision(run, a, bs)
+            dec = references.align_decision(run, a, bs)
             if dec is None or (dec[0] < cols and s + dec[1] - 1 < cols and not (dec[0] == s and dec[1] == 1)):
                 break
         src[r], running[r], acc[r] = s, run, a
@@ -523,7 +496,7 @@ def test_launch_align_decision_emulated_equals_the_host_plan(fake_ops, emulator,
     planner = cuda_planner(layout, states)
     planner.launch_align_decision(fc(bt), fc(src, torch.int64), fc(running), fc(acc), bs)
     call = emulator.calls[0]
-    assert call["kernel"] == "rs_state_copy_align" and call["block_size"] == bs
+    assert call["kernel"] == "rs_state_copy" and call["decide"] and call["block_size"] == bs
     assert planner.last_error().ok
     assert_same_bytes(states, want)
 

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 cupy = pytest.importorskip("cupy")
 
-from recoverssm_rs import gpu, kernelcheck as kc  # noqa: E402
-
+from recoverssm_rs import gpu  # noqa: E402
+from support import generators, references  # noqa: E402
 
 # Skipped without a CUDA device by tests/conftest.py.
 pytestmark = pytest.mark.gpu
@@ -25,17 +25,17 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).parent / "data"
 
 
-def to_dev(records: np.ndarray) -> "torch.Tensor":
+def to_dev(records: np.ndarray) -> torch.Tensor:
     """Records (any dtype) as a uint8 CUDA tensor."""
     raw = np.ascontiguousarray(records).view(np.uint8).reshape(-1).copy()
     return torch.from_numpy(raw).cuda()
 
 
-def i32_dev(x) -> "torch.Tensor":
+def i32_dev(x) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.asarray(x, dtype=np.int32))).cuda()
 
 
-def bt_dev(bt: np.ndarray) -> "torch.Tensor":
+def bt_dev(bt: np.ndarray) -> torch.Tensor:
     """The block table as a strided view of a wider device tensor (exercises bt_row_stride)."""
     rows, cols = bt.shape
     full = np.full((rows, cols + 5), -3, dtype=np.int32)
@@ -54,14 +54,14 @@ def test_copy_tiles_matches_reference(seed):
     host = rng.integers(0, 256, size=1 << 21, dtype=np.uint8)
     dev = torch.from_numpy(host.copy()).cuda()
     base = dev.data_ptr()
-    rel = kc.random_segment_plan(rng, arena_size=host.size, max_segments=16, max_bytes=512 * 1024,
+    rel = generators.random_segment_plan(rng, arena_size=host.size, max_segments=16, max_bytes=512 * 1024,
                                  descending=seed % 4 == 3)
-    segs = kc.absolute_segments(rel, base)
-    tiles, starts = kc.make_tiles(segs, tile_bytes=int(rng.choice([64, 4096, 65536])), rng=rng)
+    segs = generators.absolute_segments(rel, base)
+    tiles, starts = references.make_tiles(segs, tile_bytes=int(rng.choice([64, 4096, 65536])), rng=rng)
     run_waves(to_dev(segs), to_dev(tiles), starts, max_ctas=None if seed % 2 else 7)
     torch.cuda.synchronize()
     ref = host.copy()
-    kc.reference_execute_segments(ref, segs, base=base)
+    references.reference_execute_segments(ref, segs, base=base)
     got = dev.cpu().numpy()
     assert np.array_equal(got, ref), f"{np.count_nonzero(got != ref)} bytes differ"
 
@@ -77,17 +77,17 @@ def test_copy_tiles_large_unaligned_temporal_copies():
         src = 2 * i * n + (i % 4) * 4
         dst = (2 * i + 1) * n + (i // 4) * 4 + 8
         segs[i] = (base + src, base + dst, n - 64, 1, 0, 0, gpu.MODE_DISJOINT, 4)
-    tiles, starts = kc.make_tiles(segs, tile_bytes=128 * 1024)
+    tiles, starts = references.make_tiles(segs, tile_bytes=128 * 1024)
     run_waves(to_dev(segs), to_dev(tiles), starts)
     torch.cuda.synchronize()
     ref = host.copy()
-    kc.reference_execute_segments(ref, segs, base=base)
+    references.reference_execute_segments(ref, segs, base=base)
     assert np.array_equal(dev.cpu().numpy(), ref)
 
 
 def state_case(seed, **kw):
     rng = np.random.default_rng(seed)
-    p = kc.random_state_problem(rng, **kw)
+    p = generators.random_state_problem(rng, **kw)
     host = rng.integers(0, 256, size=p.arena_size, dtype=np.uint8)
     dev = torch.from_numpy(host.copy()).cuda()
     return rng, p, host, dev
@@ -104,7 +104,7 @@ def test_state_copy_matches_reference(seed):
                           has_temporal=p.has_temporal, chunks=int(rng.choice([1, 4, 16])))
     torch.cuda.synchronize()
     ref = host.copy()
-    want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
                                    max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=base)
     assert err.cpu().numpy().tolist() == want.tolist()
     assert np.array_equal(dev.cpu().numpy(), ref)
@@ -119,12 +119,12 @@ def test_state_copy_align_matches_reference(seed):
     bs = int(rng.choice([1, 2, 4, 16]))
     running = rng.integers(0, (cols + 1) * bs + 1, size=R).astype(np.int32)
     err = torch.zeros(3, dtype=torch.int32, device="cuda")
-    gpu.launch_state_copy_align(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col),
-                                i32_dev(running), i32_dev(p.num_accepted), err, block_size=bs,
-                                max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
+    gpu.launch_state_copy(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col),
+                          i32_dev(running), i32_dev(p.num_accepted), err, block_size=bs,
+                          max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
     torch.cuda.synchronize()
     ref = host.copy()
-    want = kc.reference_state_copy_align(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
+    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
                                          block_size=bs, max_accepted=p.max_accepted, num_blocks=p.num_blocks,
                                          base=base)
     assert err.cpu().numpy().tolist() == want.tolist()
@@ -156,7 +156,7 @@ def test_state_copy_gdn_sized_states():
                           max_accepted=4, num_blocks=nb, has_temporal=True)
     torch.cuda.synchronize()
     ref = host.copy()
-    kc.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=4, num_blocks=nb, base=base)
+    references.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=4, num_blocks=nb, base=base)
     assert err.cpu().tolist() == [0, 0, 0]
     assert np.array_equal(dev.cpu().numpy(), ref)
 
@@ -235,7 +235,7 @@ def test_state_copy_captures_in_a_cuda_graph_and_replays():
         graph.replay()
         torch.cuda.synchronize()
         ref = arena.copy()
-        want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, acc,
+        want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, acc,
                                        max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
         assert t["err"].cpu().tolist() == want.tolist()
         assert np.array_equal(dev.cpu().numpy(), ref), f"replay {step}"
@@ -243,9 +243,9 @@ def test_state_copy_captures_in_a_cuda_graph_and_replays():
 
 def test_launches_never_synchronise():
     rng, p, host, dev, metas, t = _graph_problem()
-    rel = kc.random_segment_plan(rng, arena_size=host.size, max_bytes=8192)
-    segs = kc.absolute_segments(rel, dev.data_ptr())
-    tiles, starts = kc.make_tiles(segs, tile_bytes=1024)
+    rel = generators.random_segment_plan(rng, arena_size=host.size, max_bytes=8192)
+    segs = generators.absolute_segments(rel, dev.data_ptr())
+    tiles, starts = references.make_tiles(segs, tile_bytes=1024)
     segs_d, tiles_d = to_dev(segs), to_dev(tiles)
     for name in gpu.KERNEL_NAMES:
         gpu.get_kernel(name)
@@ -273,7 +273,7 @@ def test_launches_follow_the_callers_stream():
         out = dev.clone()
     side.synchronize()
     ref = src_host.copy()
-    kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+    references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
                             max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
     assert np.array_equal(out.cpu().numpy(), ref)
 
@@ -313,7 +313,7 @@ def test_execute_plan_of_the_rust_planner(conv_layout):
     plan.execute(stream=side)
     side.synchronize()
     ref = host.copy()
-    kc.reference_state_copy(ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb,
+    references.reference_state_copy(ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb,
                             base=arena.data_ptr())
     assert np.array_equal(arena.cpu().numpy(), ref)
 
@@ -380,31 +380,6 @@ class _Pair:
         assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} bytes differ"
 
 
-def _owned_step(rng, R, cols, max_acc, nb):
-    """A valid step in which every request owns its blocks (so one launch is hazard-free): in-block
-    conv shifts, two columns naming one block, no-ops and padding rows included."""
-    bt = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols).copy()
-    src, dst, acc = (np.zeros(R, np.int32) for _ in range(3))
-    for r in range(R):
-        a = int(rng.integers(1, max_acc + 1))
-        s = int(rng.integers(0, cols - a + 1))
-        d = int(rng.integers(0, cols))
-        u = rng.random()
-        if u < 0.25 and a > 1:
-            d = s
-        elif u < 0.35:
-            bt[r, d] = bt[r, s]
-        elif u < 0.4:
-            d, a = s, 1
-        elif u < 0.5:
-            s = -1
-        src[r], dst[r], acc[r] = s, d, a
-    if R > 1:  # make sure both in-block shifts and plain copies are present
-        src[0], dst[0], acc[0] = 0, 0, max_acc
-        src[1], dst[1], acc[1] = 0, cols - 1, max(1, max_acc - 1)
-    return bt, src, dst, acc
-
-
 def _dev(x, dtype=torch.int32):
     return torch.as_tensor(np.asarray(x)).to(dtype).cuda()
 
@@ -416,7 +391,7 @@ def test_launch_align_equals_the_host_plan(conv_layout, dtype, seed):
     rng = np.random.default_rng(9000 + seed)
     nspec, cols, R = 3, 6, int(rng.integers(1, 12))
     pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 3, seed)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     pair.cpu.plan_align(bt, src, dst, acc).execute()
     pair.dev.launch_align(bt_dev(bt) if dtype == torch.int32 else _dev(bt, dtype), _dev(src, dtype),
                           _dev(dst, dtype), _dev(acc, dtype))
@@ -439,7 +414,7 @@ def test_launch_align_decision_equals_the_host_plan(conv_layout, seed):
             a = int(rng.integers(1, nspec + 2))
             run = int(rng.integers(0, cols * bs))
             s = max(0, (run - 1) // bs)
-            dec = kc.align_decision(run, a, bs)
+            dec = references.align_decision(run, a, bs)
             if dec is None or (dec[0] < cols and s + dec[1] - 1 < cols and (dec[0], dec[1]) != (s, 1)):
                 break
         src[r], running[r], acc[r] = s, run, a
@@ -472,13 +447,15 @@ def test_launch_align_is_one_launch_and_never_synchronises(monkeypatch):
     rng = np.random.default_rng(77)
     nspec, cols, R = 3, 6, 9
     pair = _Pair(_gdn("DS", nspec), R * cols + 3, 4, 77)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     pair.cpu.plan_align(bt, src, dst, acc).execute()
     inputs = [_dev(bt, torch.int64), _dev(src, torch.int64), _dev(dst), _dev(acc, torch.int64)]
     pair.dev.prepare_device()  # upload + compile outside the checked region
     launches = []
-    real = gpu._launch
-    monkeypatch.setattr(gpu, "_launch", lambda name, *a: (launches.append(name), real(name, *a)))
+    from recoverssm_rs.cuda import module
+
+    real = module.launch
+    monkeypatch.setattr(module, "launch", lambda kl, *a: (launches.append(kl.kernel), real(kl, *a)))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -494,7 +471,7 @@ def test_launch_align_follows_the_given_stream():
     rng = np.random.default_rng(78)
     nspec, cols, R = 3, 6, 5
     pair = _Pair(_gdn("SD", nspec), R * cols + 3, 2, 78)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     inputs = [_dev(bt), _dev(src), _dev(dst), _dev(acc)]
     fresh = rng.integers(0, 256, size=pair.host.size, dtype=np.uint8)
     staged = torch.from_numpy(fresh).cuda()
@@ -517,7 +494,7 @@ def test_launch_align_captures_in_a_cuda_graph_and_replays():
     rng = np.random.default_rng(79)
     nspec, cols, R = 3, 6, 7
     pair = _Pair(_gdn("DS", nspec), R * cols + 3, 3, 79)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     t_bt, t_src, t_dst, t_acc = _dev(bt), _dev(src), _dev(dst), _dev(acc)
     pair.dev.prepare_device()
     torch.cuda.synchronize()
@@ -528,7 +505,7 @@ def test_launch_align_captures_in_a_cuda_graph_and_replays():
     torch.cuda.synchronize()
     assert np.array_equal(pair.dev_arena.cpu().numpy(), before)  # capturing ran nothing
     for step in range(3):
-        new_bt, new_src, new_dst, new_acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+        new_bt, new_src, new_dst, new_acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
         pair.reset(rng)
         for t, x in ((t_bt, new_bt), (t_src, new_src), (t_dst, new_dst), (t_acc, new_acc)):
             t.copy_(torch.from_numpy(np.ascontiguousarray(x)))
@@ -547,7 +524,7 @@ def test_copy_plan_execute_on_cuda_equals_the_host_executor(conv_layout):
     rng = np.random.default_rng(80)
     nspec, cols, R = 3, 6, 10
     pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 3, 80)
-    bt, src, dst, acc = _owned_step(rng, R, cols, nspec + 1, pair.nb)
+    bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     pair.cpu.plan_align(bt, src, dst, acc).execute()
     pair.dev.plan_align(bt, src, dst, acc).execute()
     pair.assert_equal()

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import _gpu_stack_problem
 
 TESTS = Path(__file__).resolve().parent

@@ -28,3 +28,4 @@ def test_the_guides_examples_run(capsys):
     out = capsys.readouterr().out
     assert "num_accepted = 9 is outside" in out  # the PlanError the guide prints
     assert "GDN_ATTN" in out
+    assert "request c (row 2): prefix-cache hit of 8 computed tokens" in out  # the vLLM section

@@ -1,4 +1,4 @@
-"""No-GPU checks of the CUDA kernels (DESIGN.md section 6).
+"""No-GPU checks of the CUDA kernels (docs/design.md section 8).
 
 * NVRTC compiles every kernel source for sm_80 and sm_90 with CuPy's RawModule options; ptxas
   reports no spills, no stack frame (local memory) and no barriers.
@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -18,14 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fakes import FakeDeviceArray, FakeStream, install_fake_cupy
-from recoverssm_rs import BackendUnavailableError, BindingError, PlanError, gpu, kernelcheck as kc
+from recoverssm_rs import BackendUnavailableError, PlanError, gpu
+from recoverssm_rs.cuda import nvrtc
+from support import emulation, generators, references
 
 DATA = Path(__file__).parent / "data"
 ORDERS = (0, 1, 12345)
 # The host emulation builds the kernels with a C++17 compiler (g++ by default, RECOVERSSM_CXX).
-needs_cxx = pytest.mark.skipif(shutil.which(kc.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
+needs_cxx = pytest.mark.skipif(shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -61,23 +63,23 @@ def test_sources_inline_headers_once():
 
 @pytest.fixture(scope="module")
 def nvrtc_reports():
-    if kc.find_nvrtc() is None:
+    if nvrtc.find_nvrtc() is None:
         # CI (scripts/test.sh) sets RECOVERSSM_REQUIRE_NVRTC: there the compile check must run.
         if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
             pytest.fail("NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set (pip install nvidia-cuda-nvrtc-cu12)")
         pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)")
-    return kc.compile_all()
+    return nvrtc.compile_all()
 
 
 def test_find_nvrtc_honours_the_override(monkeypatch, tmp_path):
     lib = tmp_path / "libnvrtc.so.99"
     lib.write_bytes(b"")
     monkeypatch.setenv("RECOVERSSM_NVRTC", str(lib))
-    assert kc.find_nvrtc() == lib
+    assert nvrtc.find_nvrtc() == lib
     monkeypatch.setenv("RECOVERSSM_NVRTC", str(tmp_path / "missing.so"))
-    with pytest.raises(kc.NvrtcUnavailableError, match="RECOVERSSM_NVRTC=.*missing.so: no such file"):
-        kc.find_nvrtc()
-    assert issubclass(kc.NvrtcUnavailableError, BackendUnavailableError)
+    with pytest.raises(nvrtc.NvrtcUnavailableError, match="RECOVERSSM_NVRTC=.*missing.so: no such file"):
+        nvrtc.find_nvrtc()
+    assert issubclass(nvrtc.NvrtcUnavailableError, BackendUnavailableError)
 
 
 def test_nvrtc_compiles_every_kernel_for_sm80_and_sm90(nvrtc_reports):
@@ -86,7 +88,7 @@ def test_nvrtc_compiles_every_kernel_for_sm80_and_sm90(nvrtc_reports):
     files = {p.name for p in gpu.KERNEL_DIR.glob("*.cu")}
     assert files == set(gpu.KERNEL_FILES)
     seen = {(r.file, r.arch, r.target) for r in nvrtc_reports}
-    for arch in kc.ARCHS:
+    for arch in nvrtc.ARCHS:
         for f in files:
             assert (f, arch, "cubin") in seen and (f, arch, "ptx") in seen
         module = [r for r in nvrtc_reports if r.file == "<module>" and r.arch == arch]
@@ -99,14 +101,14 @@ def test_nvrtc_compiles_every_kernel_for_sm80_and_sm90(nvrtc_reports):
 def test_no_spills_no_local_memory_no_barriers(nvrtc_reports):
     resources = [k for r in nvrtc_reports for k in r.kernels]
     expected = {("copy_tiles.cu", "rs_copy_tiles"), ("state_copy.cu", "rs_state_copy"),
-                ("state_copy.cu", "rs_state_copy_align"), ("recover_commit.cu", "rs_recover_commit")}
-    for arch in kc.ARCHS:
+                ("recover_commit.cu", "rs_recover_commit")}
+    for arch in nvrtc.ARCHS:
         got = {(k.file, k.kernel) for k in resources if k.arch == arch and k.file != "<module>"}
         assert got == expected
     bad = [k for k in resources if not k.clean or k.barriers != 0]
-    assert not bad, "\n" + kc.resource_table(nvrtc_reports)
+    assert not bad, "\n" + nvrtc.resource_table(nvrtc_reports)
     # Registers leave room for 3 CTAs of 256 threads per SM (RS_LAUNCH_BOUNDS).
-    assert all(k.registers <= 85 for k in resources), kc.resource_table(nvrtc_reports)
+    assert all(k.registers <= 85 for k in resources), nvrtc.resource_table(nvrtc_reports)
 
 
 def test_ptxas_log_parser():
@@ -121,7 +123,7 @@ def test_ptxas_log_parser():
         "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
         "ptxas info    : Used 16 registers, used 0 barriers\n"
     )
-    k1, k2 = kc.parse_ptxas_log(log, "f.cu", 90)
+    k1, k2 = nvrtc.parse_ptxas_log(log, "f.cu", 90)
     assert (k1.kernel, k1.registers, k1.stack_frame, k1.spill_stores, k1.spill_loads, k1.barriers, k1.cmem) == (
         "k1", 40, 8, 4, 12, 1, 380)
     assert not k1.clean and k2.clean and k2.registers == 16
@@ -135,17 +137,17 @@ def test_ptxas_log_parser():
 @needs_cxx
 def test_host_build_is_warning_free():
     for f in gpu.KERNEL_FILES:
-        assert kc.host_build_warnings(f) == ""
+        assert emulation.host_build_warnings(f) == ""
 
 
 def run_plan(rel, arena, *, tile_bytes, rng, order, threads=256, grid=None):
     """Emulate a relative plan on a copy of `arena`; compare with the reference; return stats."""
     emu = arena.copy()
     ref = arena.copy()
-    segs = kc.absolute_segments(rel, emu.ctypes.data)
-    tiles, starts = kc.make_tiles(segs, tile_bytes=tile_bytes, rng=rng)
-    stats = kc.emulate_copy_tiles(segs, tiles, starts, order=order, threads=threads, grid=grid, ranges=[emu])
-    kc.reference_execute_segments(ref, segs, base=emu.ctypes.data)
+    segs = generators.absolute_segments(rel, emu.ctypes.data)
+    tiles, starts = references.make_tiles(segs, tile_bytes=tile_bytes, rng=rng)
+    stats = emulation.emulate_copy_tiles(segs, tiles, starts, order=order, threads=threads, grid=grid, ranges=[emu])
+    references.reference_execute_segments(ref, segs, base=emu.ctypes.data)
     if not np.array_equal(emu, ref):
         bad = np.flatnonzero(emu != ref)
         raise AssertionError(f"{bad.size} bytes differ, first at offset {bad[0]}; plan:\n{rel}\ntiles:\n{tiles}")
@@ -157,7 +159,7 @@ def run_plan(rel, arena, *, tile_bytes, rng, order, threads=256, grid=None):
 def test_copy_tiles_random_plans(seed):
     rng = np.random.default_rng(1000 + seed)
     arena = rng.integers(0, 256, size=1 << 19, dtype=np.uint8)
-    rel = kc.random_segment_plan(rng, arena_size=arena.size, max_bytes=100 * 1024)
+    rel = generators.random_segment_plan(rng, arena_size=arena.size, max_bytes=100 * 1024)
     tile_bytes = int(rng.choice([16, 100, 1024, 4096, 64 * 1024]))
     threads = int(rng.choice([256, 256, 64, 33]))
     grid = None if rng.random() < 0.7 else int(rng.integers(1, 8))
@@ -171,7 +173,7 @@ def test_copy_tiles_right_shifts_are_memmoves_too(seed):
     # Beyond the planner's contract (it emits left shifts only): src < dst still memmoves.
     rng = np.random.default_rng(2000 + seed)
     arena = rng.integers(0, 256, size=1 << 18, dtype=np.uint8)
-    rel = kc.random_segment_plan(rng, arena_size=arena.size, max_bytes=32 * 1024, descending=True)
+    rel = generators.random_segment_plan(rng, arena_size=arena.size, max_bytes=32 * 1024, descending=True)
     run_plan(rel, arena, tile_bytes=512, rng=rng, order=ORDERS[seed % 3])
 
 
@@ -236,9 +238,9 @@ def test_copy_tiles_in_block_sd_shift(width, shift, dim, elem):
     want = arena.copy()
     want[8 : 8 + (width - shift) * pitch] = arena[8 + shift * pitch : 8 + width * pitch]
     got = arena.copy()
-    segs = kc.absolute_segments(rel, got.ctypes.data)
-    tiles, starts = kc.make_tiles(segs, tile_bytes=48)
-    kc.emulate_copy_tiles(segs, tiles, starts, ranges=[got])
+    segs = generators.absolute_segments(rel, got.ctypes.data)
+    tiles, starts = references.make_tiles(segs, tile_bytes=48)
+    emulation.emulate_copy_tiles(segs, tiles, starts, ranges=[got])
     assert np.array_equal(got, want)
 
 
@@ -276,10 +278,10 @@ def test_copy_tiles_waves_are_ordered():
     segs = np.concatenate([one_segment(0, 1000, 300, wave=0), one_segment(1000, 2000, 300, wave=1)])
     for order in ORDERS:
         emu = arena.copy()
-        abs_segs = kc.absolute_segments(segs, emu.ctypes.data)
-        tiles, starts = kc.make_tiles(abs_segs, tile_bytes=64)
+        abs_segs = generators.absolute_segments(segs, emu.ctypes.data)
+        tiles, starts = references.make_tiles(abs_segs, tile_bytes=64)
         assert len(starts) == 3
-        kc.emulate_copy_tiles(abs_segs, tiles, starts, order=order, ranges=[emu])
+        emulation.emulate_copy_tiles(abs_segs, tiles, starts, order=order, ranges=[emu])
         assert np.array_equal(emu[2000:2300], arena[0:300])
 
 
@@ -287,13 +289,13 @@ def test_copy_tiles_waves_are_ordered():
 def test_emulation_reports_bad_accesses():
     # A copy that leaves the registered range is counted (and raises by default).
     arena = np.zeros(256, dtype=np.uint8)
-    segs = kc.absolute_segments(one_segment(0, 200, 100), arena.ctypes.data)
+    segs = generators.absolute_segments(one_segment(0, 200, 100), arena.ctypes.data)
     other = np.zeros(512, dtype=np.uint8)
     segs["dst"] = other.ctypes.data
-    tiles, starts = kc.make_tiles(segs)
-    with pytest.raises(kc.EmulationError, match="out-of-range"):
-        kc.emulate_copy_tiles(segs, tiles, starts, ranges=[arena])
-    stats = kc.emulate_copy_tiles(segs, tiles, starts, ranges=[arena, other], check=False)
+    tiles, starts = references.make_tiles(segs)
+    with pytest.raises(emulation.EmulationError, match="out-of-range"):
+        emulation.emulate_copy_tiles(segs, tiles, starts, ranges=[arena])
+    stats = emulation.emulate_copy_tiles(segs, tiles, starts, ranges=[arena, other], check=False)
     assert stats.out_of_range == 0 and stats.misaligned == 0
 
 
@@ -307,9 +309,9 @@ def check_state_problem(p, rng, *, order, chunks, threads=256, grid_yz=None):
     emu, ref = arena.copy(), arena.copy()
     metas = p.metas(emu.ctypes.data)
     kw = dict(max_accepted=p.max_accepted, num_blocks=p.num_blocks)
-    err = kc.emulate_state_copy(metas, p.block_table, p.src_col, p.dst_col, p.num_accepted, chunks=chunks,
+    err = emulation.emulate_state_copy(metas, p.block_table, p.src_col, p.dst_col, p.num_accepted, chunks=chunks,
                                 threads=threads, grid_yz=grid_yz, order=order, ranges=[emu], **kw)
-    want = kc.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
+    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
                                    base=emu.ctypes.data, **kw)
     assert err.tolist() == want.tolist()
     if not np.array_equal(emu, ref):
@@ -322,7 +324,7 @@ def check_state_problem(p, rng, *, order, chunks, threads=256, grid_yz=None):
 @pytest.mark.parametrize("seed", range(30))
 def test_state_copy_random(seed):
     rng = np.random.default_rng(3000 + seed)
-    p = kc.random_state_problem(rng)
+    p = generators.random_state_problem(rng)
     chunks = int(rng.choice([1, 2, 3, 16]))
     grid_yz = None if seed % 4 else (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
     threads = 256 if seed % 5 else 64
@@ -335,7 +337,7 @@ def test_state_copy_large_states_take_their_own_number_of_ctas(seed):
     # States up to 200 KB next to small ones, with up to 64 CTAs per state: each state uses
     # min(chunks, ceil(bytes / 32 KiB)) of them; every byte is still copied exactly once.
     rng = np.random.default_rng(3500 + seed)
-    p = kc.random_state_problem(rng, max_state_bytes=200 * 1024)
+    p = generators.random_state_problem(rng, max_state_bytes=200 * 1024)
     check_state_problem(p, rng, order=ORDERS[seed % 3], chunks=int(rng.choice([5, 8, 64])))
 
 
@@ -343,7 +345,7 @@ def test_state_copy_large_states_take_their_own_number_of_ctas(seed):
 def test_state_copy_errors_change_nothing():
     rng = np.random.default_rng(7)
     for _ in range(10):
-        p = kc.random_state_problem(rng, invalid=1.0, in_place=0.0)
+        p = generators.random_state_problem(rng, invalid=1.0, in_place=0.0)
         arena, emu, err = check_state_problem(p, rng, order=2, chunks=4)
         word = gpu.decode_error_word(err, len(p.src_col))
         if word.ok:
@@ -368,11 +370,11 @@ def test_state_copy_error_word_pins_codes_and_requests():
     src = np.array([0, 0, -1, 0], np.int32)
     dst = np.array([1, 1, 1, 1], np.int32)
     acc = np.array([2, 5, 1, 1], np.int32)
-    err = kc.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=3, num_blocks=nb, ranges=[emu])
+    err = emulation.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=3, num_blocks=nb, ranges=[emu])
     word = gpu.decode_error_word(err, 4)
     assert word.names == ["accepted", "block"] and (word.first_request, word.last_request) == (1, 3)
     ref = arena.copy()
-    kc.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=3, num_blocks=nb, base=b)
+    references.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=3, num_blocks=nb, base=b)
     assert np.array_equal(emu, ref)
     # Request 0 did copy: conv block 2 <- columns 1..2 of block 1; temporal block 2 <- block 2 (skip).
     conv = arena[: nb * conv_bytes].reshape(nb, 3, 16)
@@ -383,7 +385,7 @@ def test_state_copy_error_word_pins_codes_and_requests():
 @pytest.mark.parametrize("seed", range(10))
 def test_state_copy_align_entry(seed):
     rng = np.random.default_rng(4000 + seed)
-    p = kc.random_state_problem(rng, invalid=0.15)
+    p = generators.random_state_problem(rng, invalid=0.15)
     R, cols = p.block_table.shape
     bs = int(rng.choice([1, 2, 3, 4, 16]))
     running = rng.integers(0, (cols + 1) * bs + 1, size=R).astype(np.int32)
@@ -393,9 +395,9 @@ def test_state_copy_align_entry(seed):
     emu, ref, expl = arena.copy(), arena.copy(), arena.copy()
     metas = p.metas(emu.ctypes.data)
     kw = dict(max_accepted=p.max_accepted, num_blocks=p.num_blocks)
-    err = kc.emulate_state_copy_align(metas, p.block_table, p.src_col, running, p.num_accepted, block_size=bs,
+    err = emulation.emulate_state_copy(metas, p.block_table, p.src_col, running, p.num_accepted, block_size=bs,
                                       chunks=int(rng.choice([1, 5])), order=ORDERS[seed % 3], ranges=[emu], **kw)
-    want = kc.reference_state_copy_align(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
+    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
                                          block_size=bs, base=emu.ctypes.data, **kw)
     assert err.tolist() == want.tolist()
     assert np.array_equal(emu, ref)
@@ -406,22 +408,22 @@ def test_state_copy_align_entry(seed):
         acc = np.ones(R, np.int32)
         for r in range(R):
             if p.src_col[r] >= 0:
-                dec = kc.align_decision(int(running[r]), int(p.num_accepted[r]), bs)
+                dec = references.align_decision(int(running[r]), int(p.num_accepted[r]), bs)
                 if dec is not None:
                     dst[r], acc[r] = dec
         metas2 = p.metas(expl.ctypes.data)
-        err2 = kc.emulate_state_copy(metas2, p.block_table, p.src_col, dst, acc, ranges=[expl], **kw)
+        err2 = emulation.emulate_state_copy(metas2, p.block_table, p.src_col, dst, acc, ranges=[expl], **kw)
         assert err2.tolist() == [0, 0, 0]
         assert np.array_equal(expl, emu)
 
 
 def test_state_copy_align_decision_examples():
     # block_size 4: running 6, accepted 3 -> new 8, aligned 8 >= 6 -> dst col 1, a_eff 3.
-    assert kc.align_decision(6, 3, 4) == (1, 3)
-    assert kc.align_decision(6, 2, 4) is None  # new 7 -> aligned 4 < running
-    assert kc.align_decision(8, 1, 4) == (1, 1)  # exactly on the boundary
-    assert kc.align_decision(0, 3, 4) is None  # aligned 0 < block_size
-    assert kc.align_decision(3, 2, 4) == (0, 2)  # aligned 4: a_eff = 4 - 3 + 1
+    assert references.align_decision(6, 3, 4) == (1, 3)
+    assert references.align_decision(6, 2, 4) is None  # new 7 -> aligned 4 < running
+    assert references.align_decision(8, 1, 4) == (1, 1)  # exactly on the boundary
+    assert references.align_decision(0, 3, 4) is None  # aligned 0 < block_size
+    assert references.align_decision(3, 2, 4) == (0, 2)  # aligned 4: a_eff = 4 - 3 + 1
 
 
 def load_vectors():
@@ -476,7 +478,7 @@ def test_state_copy_reproduces_vllm_vectors(case):
         metas[i] = (base + offsets[i], nbytes, nbytes, kind, elem, width, dim, layer, state, nb, 0)
     bt = d[p + "block_table"]
     width0 = int(metas[0]["width"])
-    err = kc.emulate_state_copy(metas, bt, d[p + "src_col"], d[p + "dst_col"], d[p + "num_accepted"],
+    err = emulation.emulate_state_copy(metas, bt, d[p + "src_col"], d[p + "dst_col"], d[p + "num_accepted"],
                                 max_accepted=width0, num_blocks=nb, chunks=3, order=case % 3, ranges=[arena])
     assert err.tolist() == [0, 0, 0]
     for t, o, want in zip(tensors_before, offsets, tensors_after):
@@ -505,14 +507,17 @@ def test_gpu_module_unavailable_without_gpu():
 
 
 def test_gpu_module_unavailable_without_cupy(monkeypatch):
+    from recoverssm_rs.cuda import module
+
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
-    monkeypatch.setattr(gpu, "_module", None)
-    monkeypatch.setattr(gpu, "_cupy_ok", None)
-    monkeypatch.setattr(gpu, "_kernels", {})
+    monkeypatch.setattr(module, "_module", None)
+    monkeypatch.setattr(module, "_cupy_ok", None)
+    monkeypatch.setattr(module, "_kernels", {})
+    monkeypatch.setattr(module, "_functions", {})
     with pytest.raises(BackendUnavailableError, match="pip install cupy-cuda12x"):
         gpu.load_module()
     with pytest.raises(BackendUnavailableError):
-        gpu.current_stream()
+        module.function_ptr("rs_state_copy", 0)
 
 
 def test_gpu_launchers_reject_host_tensors_before_touching_cuda():
@@ -520,9 +525,9 @@ def test_gpu_launchers_reject_host_tensors_before_touching_cuda():
     bt = torch.zeros((2, 3), dtype=torch.int32)
     v = torch.zeros(2, dtype=torch.int32)
     err = torch.zeros(3, dtype=torch.int32)
-    with pytest.raises(BindingError, match="CUDA tensor"):
+    with pytest.raises(PlanError, match="reads CUDA memory; got cpu"):
         gpu.launch_state_copy(0, 1, bt, v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
-    with pytest.raises(BindingError, match="expected a CUDA tensor, got a tensor on cpu"):
+    with pytest.raises(PlanError, match="src_col: expected a CUDA tensor on cuda:0, got a tensor on cpu"):
         gpu.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), v, v, v, err, max_accepted=2, num_blocks=4,
                               has_temporal=True)
     # Device arrays (described, never read): the core checks dtype, layout and alignment.
@@ -534,9 +539,9 @@ def test_gpu_launchers_reject_host_tensors_before_touching_cuda():
         (FakeDeviceArray(0x3002, (2, 3)), "block_table: address 0x3002 .* not element-aligned"),
         (FakeDeviceArray(0x3000, (1, 3)), "block_table has 1 rows for 2 requests"),
     ]:
-        with pytest.raises(BindingError, match=message):
+        with pytest.raises(PlanError, match=message):
             gpu.launch_state_copy(0, 1, table, dv, dv, dv, derr, max_accepted=2, num_blocks=4, has_temporal=True)
-    with pytest.raises(BindingError, match="num_accepted: must be contiguous"):
+    with pytest.raises(PlanError, match="num_accepted: must be contiguous"):
         gpu.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), dv, dv, FakeDeviceArray(0x4000, (2,), (8,)),
                               derr, max_accepted=2, num_blocks=4, has_temporal=True)
     with pytest.raises(PlanError, match="max_accepted must be >= 1"):
@@ -548,7 +553,6 @@ def test_decode_error_word():
     assert gpu.decode_error_word([0, 0, 0], 5).ok
     w = gpu.decode_error_word(np.array([1 | 4, 5 - 1, 3 + 1], np.int32), 5)
     assert (w.first_request, w.last_request, w.names) == (1, 3, ["accepted", "block"])
-    assert gpu.state_copy_grid(3, 200_000, 16) == (16, 3, 65535)
 
 
 def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
@@ -556,15 +560,14 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     calls = fake.calls
     mod = gpu.load_module()
     assert mod.options == gpu.MODULE_OPTIONS and mod.code == gpu.module_source()
-    stream = FakeStream(fake.entered)
+    stream = FakeStream(0xABC)
 
     gpu.launch_copy_tiles(0x1000, 0x2000, 5, 300, stream)
     gpu.launch_copy_tiles(0x1000, 0x2000, 5, 300, stream, max_ctas=64)
     gpu.launch_copy_tiles(0x1000, 0x2000, 5, 0, stream)  # nothing to launch
     (n1, g1, b1, a1, s1), (n2, g2, _, _, _) = calls
-    assert (n1, g1, b1, s1) == ("rs_copy_tiles", (300, 1, 1), (256, 1, 1), stream) and g2 == (64, 1, 1)
-    assert [type(x) for x in a1] == [np.uint64, np.uint64, np.uint32, np.uint32]
-    assert [int(x) for x in a1] == [0x1000, 0x2000, 5, 300]
+    assert (n1, g1, b1, s1) == ("rs_copy_tiles", (300, 1, 1), (256, 1, 1), 0xABC) and g2 == (64, 1, 1)
+    assert a1 == [0x1000, 0x2000, 5, 300]
 
     calls.clear()
     bt = FakeDeviceArray(0x3000, (70000, 4), strides=(4 * 9, 4))
@@ -572,22 +575,22 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     err = FakeDeviceArray(0x5000, (3,))
     gpu.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, max_accepted=4, num_blocks=1 << 40,
                           has_temporal=True, stream=stream)
-    gpu.launch_state_copy_align(0x6000, 96, bt, vec, vec, vec, err, block_size=16, max_accepted=4,
-                                num_blocks=100, has_temporal=False, chunks=2, stream=stream)
+    gpu.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, block_size=16, max_accepted=4,
+                          num_blocks=100, has_temporal=False, chunks=2, stream=stream)
     (n1, g1, _, a1, _), (n2, g2, _, a2, _) = calls
-    assert n1 == "rs_state_copy" and g1 == (gpu.DEFAULT_STATE_CHUNKS, 65535, 96)  # requests folded into gridDim.y
-    assert [type(x).__name__ for x in a1] == ["uint64", "uint32", "uint64", "int64", "int32", "uint64", "uint64",
-                                               "uint64", "int32", "int32", "int64", "uint32", "uint64"]
-    assert [int(x) for x in a1] == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 70000, 4, 1 << 40,
-                                    gpu.FLAG_HAS_TEMPORAL, 0x5000]
-    assert n2 == "rs_state_copy_align" and g2 == (2, 65535, 96)
-    assert [int(x) for x in a2] == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 16, 70000, 4, 100, 0, 0x5000]
-    with pytest.raises(BindingError, match="at least 70000"):
+    assert n1 == "rs_state_copy" and g1 == (gpu.MAX_STATE_CHUNKS, 65535, 96)  # requests folded into gridDim.y
+    # metas, num_meta, block_table, bt_row_stride, bt_cols, src_col, dst_or_running, num_accepted,
+    # block_size, num_requests, max_accepted, num_blocks, flags, err
+    assert a1 == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 0, 70000, 4, 1 << 40, gpu.FLAG_HAS_TEMPORAL, 0x5000]
+    assert n2 == "rs_state_copy" and g2 == (2, 65535, 96)
+    assert a2 == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 16, 70000, 4, 100, gpu.FLAG_DECIDE, 0x5000]
+    with pytest.raises(PlanError, match="dst_col has 5 elements but src_col has 70000"):
         gpu.launch_state_copy(0x6000, 1, bt, vec, FakeDeviceArray(0x4000, (5,)), vec, err, max_accepted=4,
                               num_blocks=8, has_temporal=True, stream=stream)
-    with pytest.raises(BindingError, match="rows"):
+    with pytest.raises(PlanError, match="block_table has 3 rows for 70000 requests"):
         gpu.launch_state_copy(0x6000, 1, FakeDeviceArray(0x3000, (3, 4)), vec, vec, vec, err, max_accepted=4,
                               num_blocks=8, has_temporal=True, stream=stream)
+    assert len(calls) == 2  # the refused launches queued nothing
 
 
 # ------------------------------------------------------------------------------------------------
@@ -641,15 +644,28 @@ def test_rust_planner_plans_run_on_the_emulated_kernel(seed):
     base = arena.data_ptr()
     before = arena.numpy().copy()
     ref = before.copy()
-    err = kc.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, base=base)
+    err = references.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, base=base)
     assert err.tolist() == [0, 0, 0]
     table = plan.tiles(int(rng.choice([16, 256, 65536])))
-    kc.emulate_copy_tiles(plan.segments, table.tiles, table.wave_starts, order=ORDERS[seed % 3],
+    emulation.emulate_copy_tiles(plan.segments, table.tiles, table.wave_starts, order=ORDERS[seed % 3],
                           ranges=[arena.numpy()])
     got = arena.numpy()
     assert np.array_equal(got, ref), f"{np.count_nonzero(got != ref)} bytes differ"
     # The fused kernel on the planner's bind-time metadata gives the same bytes.
     got[:] = before
-    err = kc.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, chunks=3,
+    err = emulation.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, chunks=3,
                                 order=ORDERS[seed % 3], ranges=[got])
     assert err.tolist() == [0, 0, 0] and np.array_equal(got, ref)
+
+
+def test_check_kernels_command(capsys):
+    if nvrtc.find_nvrtc() is None:
+        pytest.skip("NVRTC not available")
+    from recoverssm_rs import cli
+
+    assert cli.main(["check-kernels", "--arch", "sm_80", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["archs"] == [80] and not out["failed"]
+    kernels = {(k["file"], k["kernel"]) for k in out["kernels"]}
+    assert {k for _, k in kernels} == set(gpu.KERNEL_NAMES)
+    assert all(k["spill_stores"] == 0 and k["stack_frame"] == 0 for k in out["kernels"])

@@ -1,7 +1,6 @@
 """The layout model: construction, derived values, and every rule with its message."""
 
 import pytest
-
 import recoverssm_rs as rs
 from recoverssm_rs import Layout, LayoutError, StateSpec
 

@@ -2,7 +2,7 @@
 
 * Property tests (hypothesis): random layouts, pools (separate tensors or strided page views into
   one byte buffer) and steps; every executed plan is compared byte for byte with a naive reference
-  written from DESIGN.md section 2, and a model of the validation rules predicts exactly which
+  written from docs/design.md section 3, and a model of the validation rules predicts exactly which
   steps the planner rejects (and which request the message names). A rejected step moves nothing.
 * Targeted tests for every PlanError rule, hazard ordering (waves), in-block conv shifts, inputs.
 * Plan inspection: the zero-copy record views, coalescing, tiles, compact rows, reprs.
@@ -22,7 +22,6 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
 from recoverssm_rs import Layout, PlanError, StateSpec  # noqa: E402
 from recoverssm_rs.plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, TILE_DTYPE  # noqa: E402
 from recoverssm_rs.planner import CopyPlan, CopyPlanner  # noqa: E402
@@ -113,7 +112,7 @@ def assert_bytes_equal(states, expected):
 
 
 # ------------------------------------------------------------------------------------------------
-# The reference (DESIGN.md section 2, torch indexing on byte views) and a model of the rules
+# The reference (docs/design.md section 3, torch indexing on byte views) and a model of the rules
 # ------------------------------------------------------------------------------------------------
 
 
@@ -798,7 +797,7 @@ def test_host_executor_refuses_cuda_states():
 
     layout = small_layout()
     backing = [torch.zeros(NB, *s.shape) for s in layout.persistent]
-    descs = [[(t.data_ptr(), "float32", list(t.shape), [x * 4 for x in t.stride()], "cuda:0", True)
+    descs = [[(t.data_ptr(), "float32", list(t.shape), [x * 4 for x in t.stride()], "cuda:0", True, False)
               for t in backing]]
     core = _core.Planner(layout, descs, backing)
     assert core.device == "cuda:0"
@@ -991,7 +990,7 @@ def test_steady_state_reuses_pooled_segment_buffers():
     layout, p, states = small_planner(num_layers=3, num_blocks=64)
     rng = np.random.default_rng(0)
     addrs = []
-    for step in range(1000):
+    for _ in range(1000):
         ids = rng.permutation(np.arange(1, 64))[:5 * 6].reshape(6, 5).astype(np.int32)
         na = rng.integers(1, NUM_SPEC + 2, 6).astype(np.int32)
         plan = p.plan_align(ids, np.zeros(6, np.int32), np.full(6, 4, np.int32), na)

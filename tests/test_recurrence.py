@@ -25,7 +25,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from recoverssm_rs.errors import PlanError
 from recoverssm_rs.recurrence import (
     Prepared,

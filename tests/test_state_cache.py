@@ -17,7 +17,6 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-
 from recoverssm_rs import LayoutError, PlanError, layouts, recurrence
 from recoverssm_rs.state_cache import StateCache
 
@@ -426,7 +425,7 @@ def test_memory_report_of_the_kimi_k3_like_preset():
     layouts.kda(num_heads=2, head_dim=8, conv_kernel_size=4, num_spec=3),
     layouts.gdn(num_k_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8, conv_kernel_size=4,
                 num_spec=3),
-    layouts.mamba1(intermediate_size=8, state_size=4, conv_kernel_size=4),
+    layouts.mamba1(intermediate_size=8, state_size=4, conv_kernel=4),
 ], ids=["kda-plain", "gdn-plain", "mamba1"])
 def test_non_recover_ssm_layout_is_rejected(layout):
     with pytest.raises(LayoutError, match="not a RecoverSSM layout"):

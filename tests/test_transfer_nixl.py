@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from transfer_ref import FAMILIES, expected_destination, layout, make_truth, paged_states, pool, serve_sources
+from transfer_ref import FAMILIES, expected_destination, kernel_of, layout, make_truth, paged_states, pool, serve_sources
 
 from recoverssm_rs.errors import BackendUnavailableError, LayoutError
 from recoverssm_rs.transfer import nixl as rnixl
@@ -45,7 +45,7 @@ def test_two_process_transfer_has_zero_mismatches(name, ptp, lp, sp, dtp, ld, sd
     child.start()
     try:
         infos = here.recv()
-        kernel = fam.params["conv_kernel_size"]
+        kernel = kernel_of(fam)
         truth = make_truth(fam, kernel - 1 + sp, len(SRC_BLOCKS), LAYERS, np.random.default_rng(seed))
         dlay = layout(fam, dtp, sd, ld)
         rng = np.random.default_rng(7)

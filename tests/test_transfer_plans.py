@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from transfer_ref import FAMILIES, expected_destination, layout, make_truth, paged_states, pool, write_rank
+from transfer_ref import FAMILIES, expected_destination, kernel_of, layout, make_truth, paged_states, pool, write_rank
 
 from recoverssm_rs.transfer import LocalTransfer
 
@@ -33,7 +33,7 @@ def _cases():
 def test_every_tp_pair_rebuilds_the_destination_shard(name, lp, ld, sp, sd):
     fam = FAMILIES[name]
     rng = np.random.default_rng(abs(hash((name, lp, ld, sp, sd))) % 2**32)
-    kernel = fam.params.get("conv_kernel_size", 0)
+    kernel = kernel_of(fam)
     src_width = kernel - 1 + sp
     truth = make_truth(fam, src_width, len(SRC_BLOCKS), NUM_LAYERS, rng)
     for ptp, dtp in itertools.product(TPS, TPS):

@@ -29,15 +29,15 @@ class Family:
 FAMILIES = {
     f.name: f
     for f in [
-        Family("mamba1", "mamba1", dict(intermediate_size=16, state_size=3, conv_kernel_size=4),
+        Family("mamba1", "mamba1", dict(intermediate_size=16, state_size=3, conv_kernel=4),
                [("x", 16, 1)], 16, (3,), spec=False),
         Family("mamba2", "mamba2", dict(intermediate_size=16, n_groups=2, num_heads=8, head_dim=2, state_size=3,
-                                        conv_kernel_size=4),
+                                        conv_kernel=4),
                [("x", 16, 1), ("B", 2, 3), ("C", 2, 3)], 8, (2, 3)),
         Family("mamba2_g1", "mamba2", dict(intermediate_size=16, n_groups=1, num_heads=8, head_dim=2, state_size=3,
-                                           conv_kernel_size=4, replay_ring=4),
+                                           conv_kernel=4, logical_window=4),
                [("x", 16, 1), ("B", 1, 3), ("C", 1, 3)], 8, (2, 3)),
-        Family("short_conv", "short_conv", dict(hidden_size=16, conv_kernel_size=3), [("x", 16, 1)]),
+        Family("short_conv", "short_conv", dict(intermediate_size=16, conv_kernel=3), [("x", 16, 1)]),
         Family("linear_attention", "linear_attention", dict(num_heads=8, head_dim=3), [], 8, (3, 3), conv=False),
         Family("gdn", "gdn", dict(num_k_heads=8, num_v_heads=16, head_k_dim=2, head_v_dim=3, conv_kernel_size=4),
                [("q", 8, 2), ("k", 8, 2), ("v", 16, 3)], 16, (3, 2)),
@@ -52,6 +52,11 @@ FAMILIES = {
 }
 
 CONV_DTYPE = "float16"
+
+
+def kernel_of(fam: Family) -> int:
+    """The family's conv kernel size (vLLM names it conv_kernel or conv_kernel_size), 0 without conv."""
+    return int(fam.params.get("conv_kernel_size", fam.params.get("conv_kernel", 0)))
 SSM_DTYPE = "float32"
 
 
@@ -189,7 +194,7 @@ def serve_sources(conn: Any, fam_name: str, tp: int, num_spec: int, conv_layout:
     fam = FAMILIES[fam_name]
     rng = np.random.default_rng(seed)
     lay = layout(fam, tp, num_spec, conv_layout)
-    truth = make_truth(fam, fam.params.get("conv_kernel_size", 1) - 1 + num_spec, len(blocks), num_layers, rng)
+    truth = make_truth(fam, kernel_of(fam) - 1 + num_spec, len(blocks), num_layers, rng)
     eps = []
     for p in range(tp):
         _, st = paged_states(lay, num_layers, max(blocks) + 2, rng)

@@ -18,7 +18,6 @@ import logging
 from . import errors
 from ._core import Layout, StateSpec, __version__
 from .contract import validate_copy_funcs
-from .planner import CopyPlan, CopyPlanner
 from .errors import (
     BackendUnavailableError,
     BindingError,
@@ -26,6 +25,7 @@ from .errors import (
     PlanError,
     RecoverSSMError,
 )
+from .planner import CopyPlan, CopyPlanner
 
 logging.getLogger("recoverssm_rs").addHandler(logging.NullHandler())
 

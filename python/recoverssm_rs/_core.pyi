@@ -1,25 +1,70 @@
 """Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal, final
 
 __version__: str
+__all__ = [
+    "BackendUnavailableError",
+    "BindingError",
+    "CommitLaunch",
+    "CommitPlanner",
+    "ErrorWord",
+    "FusedCopy",
+    "GroupPlan",
+    "GroupPlanner",
+    "KernelLaunch",
+    "Layout",
+    "LayoutError",
+    "LayoutFingerprint",
+    "Plan",
+    "PlanError",
+    "Planner",
+    "RawBuffer",
+    "RecoverSSMError",
+    "StateSpec",
+    "StorageGuard",
+    "TransferPlan",
+    "__version__",
+    "_validate_copy_funcs",
+    "align_post_process",
+    "align_pre_copy",
+    "check_cache_sizes",
+    "check_commit_counts",
+    "check_fused_step",
+    "check_index",
+    "commit_grid",
+    "commit_meta_table",
+    "copy_tiles_launch",
+    "gdn_layout",
+    "kda_layout",
+    "kernel_abi",
+    "linear_attention_layout",
+    "mamba1_layout",
+    "mamba2_layout",
+    "pack_launch",
+    "plan_transfer",
+    "short_conv_layout",
+    "state_chunks",
+]
 
-Role = Literal["persistent", "workspace"]
-CopyKindName = Literal["conv", "temporal"]
-ConvLayoutName = Literal["SD", "DS"]
+_Role = Literal["persistent", "workspace"]
+_CopyKindName = Literal["conv", "temporal"]
+_ConvLayoutName = Literal["SD", "DS"]
 
+@final
 class StateSpec:
     """One state tensor of a layer (per block if persistent, per request if workspace)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         name: str,
         shape: Sequence[int],
         dtype: Any,
-        role: Role = "persistent",
-        copy: CopyKindName | None = None,
-        conv_layout: ConvLayoutName | None = None,
-    ) -> None: ...
+        role: _Role = "persistent",
+        copy: _CopyKindName | None = None,
+        conv_layout: _ConvLayoutName | None = None,
+    ) -> StateSpec: ...
     @property
     def name(self) -> str: ...
     @property
@@ -29,19 +74,20 @@ class StateSpec:
     @property
     def itemsize(self) -> int: ...
     @property
-    def role(self) -> Role: ...
+    def role(self) -> _Role: ...
     @property
-    def copy(self) -> CopyKindName | None: ...
+    def copy(self) -> _CopyKindName | None: ...
     @property
-    def conv_layout(self) -> ConvLayoutName | None: ...
+    def conv_layout(self) -> _ConvLayoutName | None: ...
     @property
     def nbytes(self) -> int | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
+@final
 class Layout:
     """A validated per-layer layout: persistent states first, workspace after."""
 
-    def __init__(self, backend: str, states: Sequence[StateSpec], num_spec: int = 0) -> None: ...
+    def __new__(cls, backend: str, states: Sequence[StateSpec], num_spec: int = 0) -> Layout: ...
     @property
     def backend(self) -> str: ...
     @property
@@ -73,10 +119,10 @@ def mamba1_layout(
     *,
     intermediate_size: int,
     state_size: int,
-    conv_kernel_size: int,
+    conv_kernel: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
 ) -> Layout: ...
@@ -87,21 +133,22 @@ def mamba2_layout(
     num_heads: int,
     head_dim: int,
     state_size: int,
-    conv_kernel_size: int,
+    conv_kernel: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
-    replay_ring: int | None = None,
+    logical_window: int | None = None,
+    mamba_backend: Literal["triton", "flashinfer", "cpu"] = "triton",
 ) -> Layout: ...
 def short_conv_layout(
     *,
-    hidden_size: int,
-    conv_kernel_size: int,
+    intermediate_size: int,
+    conv_kernel: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
 ) -> Layout: ...
 def linear_attention_layout(
@@ -116,7 +163,7 @@ def gdn_layout(
     conv_kernel_size: int,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
     recover_ssm: bool = False,
@@ -125,30 +172,31 @@ def kda_layout(
     *,
     num_heads: int,
     head_dim: int,
-    conv_kernel_size: int,
     num_k_heads: int | None = None,
     head_k_dim: int | None = None,
+    conv_kernel_size: int = 4,
     tp_size: int = 1,
     num_spec: int = 0,
-    conv_layout: ConvLayoutName = "SD",
+    conv_layout: _ConvLayoutName = "SD",
     dtype: Any = None,
     ssm_dtype: Any = None,
     recover_ssm: bool = False,
 ) -> Layout: ...
 
+@final
 class RawBuffer:
     """Read-only bytes of plan records (supports the buffer protocol; view with numpy)."""
 
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int) -> memoryview: ...
 
+@final
 class Plan:
     """One step's copy plan (see :class:`recoverssm_rs.planner.CopyPlan`)."""
 
     def segments(self) -> RawBuffer: ...
     def rows(self) -> RawBuffer: ...
     def wave_starts(self) -> RawBuffer: ...
-    def tiles(self, tile_bytes: int = 65536) -> tuple[RawBuffer, RawBuffer]: ...
+    def tiles(self, tile_bytes: int = ...) -> tuple[RawBuffer, RawBuffer]: ...
     @property
     def num_waves(self) -> int: ...
     @property
@@ -161,17 +209,18 @@ class Plan:
     def nbytes(self) -> int: ...
     @property
     def planner(self) -> Planner: ...
-    def execute_host(self) -> None: ...
+    def execute_host(self) -> Plan: ...
 
+@final
 class Planner:
     """The core planner bound to state tensors (see :class:`recoverssm_rs.planner.CopyPlanner`)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         layout: Layout,
-        states: Sequence[Sequence[tuple[int, Any, Sequence[int], Sequence[int], str, bool]]],
+        states: Sequence[Sequence[tuple[int, Any, Sequence[int], Sequence[int], str, bool, bool]]],
         keepalive: Any,
-    ) -> None: ...
+    ) -> Planner: ...
     @property
     def num_layers(self) -> int: ...
     @property
@@ -182,7 +231,20 @@ class Planner:
     def layout(self) -> Layout: ...
     def plan_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any) -> Plan: ...
     def plan_copy(self, src_blocks: Any, dst_blocks: Any) -> Plan: ...
-    def plan_commit(
+    def state_meta(self) -> RawBuffer: ...
+
+@final
+class CommitPlanner:
+    """Commit planning for one RecoverSSM layout over a pool of ``num_blocks`` blocks: which requests
+    fold how many verified tokens into which block and, in align mode, which prefix-cache block
+    receives the state at the crossed block boundary. Every input is checked before anything moves."""
+
+    def __new__(cls, layout: Layout, num_blocks: int) -> CommitPlanner: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def window(self) -> int: ...
+    def plan(
         self,
         state_blocks: Any,
         num_accepted: Any,
@@ -191,11 +253,11 @@ class Planner:
         block_table: Any = None,
         block_size: int | None = None,
         max_requests: int | None = None,
-    ) -> RawBuffer: ...
-    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> None: ...
-    def state_meta(self) -> RawBuffer: ...
+    ) -> RawBuffer:
+        """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
+    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> CommitPlanner: ...
 
-_TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool]
+_TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool, bool]
 
 def commit_meta_table(
     recurrent: Sequence[_TensorDesc],
@@ -213,57 +275,228 @@ def commit_meta_table(
 
 _DeviceArg = tuple[int, str, Sequence[int], Sequence[int], str]
 
-def check_device_address(a: _DeviceArg, what: str) -> None:
-    """``BindingError`` unless the described argument lives in CUDA memory."""
+class RecoverSSMError(Exception): ...
+class LayoutError(RecoverSSMError, ValueError): ...
+class BindingError(RecoverSSMError, ValueError): ...
+class PlanError(RecoverSSMError, ValueError): ...
+class BackendUnavailableError(RecoverSSMError, RuntimeError): ...
 
-def device_vector(a: _DeviceArg, what: str, min_len: int) -> tuple[int, int]:
-    """``(ptr, len)`` of a contiguous 1-D int32 CUDA vector of at least ``min_len`` elements."""
+@final
+class KernelLaunch:
+    """One ready launch built by the core: kernel, grid, block and the packed arguments."""
 
-def device_block_table(a: _DeviceArg) -> tuple[int, int, int, int]:
-    """``(ptr, rows, cols, row_stride_elements)`` of a 2-D int32 CUDA block table."""
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def grid(self) -> tuple[int, int, int]: ...
+    @property
+    def block(self) -> tuple[int, int, int]: ...
+    @property
+    def args(self) -> bytes: ...
+    @property
+    def args_ptr(self) -> int: ...
+    @property
+    def args_size(self) -> int: ...
+    @property
+    def extra_ptr(self) -> int:
+        """Address of the ``extra`` array for ``cuLaunchKernel`` (valid while this object lives)."""
+    def values(self) -> list[tuple[str, int]]: ...
 
-def check_step_args(
+@final
+class FusedCopy:
+    """The fused state copy of one bound planner (constants checked once)."""
+
+    def __new__(
+        cls,
+        device_name: str,
+        metas: int,
+        num_meta: int,
+        max_accepted: int,
+        num_blocks: int,
+        has_temporal: bool,
+        chunks: int,
+        err: int,
+    ) -> FusedCopy: ...
+    def launch(
+        self,
+        block_table: _DeviceArg,
+        src_col: _DeviceArg,
+        second: _DeviceArg,
+        num_accepted: _DeviceArg,
+        err: _DeviceArg | None = None,
+        block_size: int | None = None,
+    ) -> KernelLaunch | None: ...
+    def check(
+        self,
+        block_table: _DeviceArg,
+        src_col: _DeviceArg,
+        second: _DeviceArg,
+        num_accepted: _DeviceArg,
+        err: _DeviceArg | None = None,
+        block_size: int | None = None,
+    ) -> int: ...
+    @property
+    def device_index(self) -> int: ...
+    @property
+    def chunks(self) -> int: ...
+    @property
+    def num_meta(self) -> int: ...
+    @property
+    def has_temporal(self) -> bool: ...
+
+@final
+class CommitLaunch:
+    """The commit kernel of one state cache (constants and grid checked once)."""
+
+    def __new__(
+        cls,
+        device_name: str,
+        metas: int,
+        table: Any,
+        num_blocks: int,
+        max_requests: int,
+        err: int = 0,
+        threads: int = ...,
+    ) -> CommitLaunch: ...
+    def launch(
+        self,
+        rows: _DeviceArg,
+        num_rows: int | None = None,
+        num_accepted: _DeviceArg | None = None,
+        err: _DeviceArg | None = None,
+    ) -> KernelLaunch | None: ...
+    @property
+    def ctas(self) -> tuple[int, int]: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def device_index(self) -> int: ...
+
+@final
+class ErrorWord:
+    """The decoded error word (``int32[3]``) of a kernel launch."""
+
+    def __new__(cls, words: Sequence[int], num_requests: int) -> ErrorWord: ...
+    @property
+    def bits(self) -> int: ...
+    @property
+    def first_request(self) -> int | None: ...
+    @property
+    def last_request(self) -> int | None: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def names(self) -> list[str]: ...
+
+def copy_tiles_launch(
+    segments: int, tiles: int, first_tile: int, num_tiles: int, max_ctas: int | None = None
+) -> KernelLaunch | None:
+    """The launch of one wave of ``rs_copy_tiles``, or ``None`` when it has no tile."""
+
+def state_chunks(max_state_bytes: int) -> int:
+    """CTAs per state copy of the fused kernel for states of at most ``max_state_bytes`` bytes."""
+
+def commit_grid(table: Any, threads: int = ...) -> tuple[int, int]:
+    """``(rec_ctas, conv_ctas)`` of the commit kernel for a table's bytes."""
+
+def pack_launch(
+    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], values: Sequence[int]
+) -> KernelLaunch:
+    """A launch of kernel ``name`` with raw, range-checked argument values."""
+
+def check_fused_step(
     device_name: str,
     block_table: _DeviceArg,
-    vectors: Sequence[tuple[str, _DeviceArg]],
+    src_col: _DeviceArg,
+    second: _DeviceArg,
+    num_accepted: _DeviceArg,
     err: _DeviceArg | None = None,
     block_size: int | None = None,
 ) -> int:
-    """The number of requests of a fused-kernel step whose device inputs pass the core's checks
-    (``PlanError`` otherwise)."""
+    """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
 
-def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> None:
+def check_commit_counts(device_name: str, a: _DeviceArg, min_len: int) -> ErrorWord:
     """``PlanError`` unless ``a`` is an integer vector on ``device_name`` of ``min_len``+ counts."""
 
-def check_commit_rows(device_name: str, a: _DeviceArg, num_rows: int | None = None) -> int:
-    """The number of 32-byte commit rows in a contiguous row buffer on ``device_name`` (``PlanError``
-    when it is elsewhere, strided, or holds fewer than ``num_rows``)."""
+@final
+class StorageGuard:
+    """Bound tensors and storages with the addresses (and storage sizes) they were bound at."""
 
-def check_fused_launch(
-    num_meta: int,
-    num_requests: int,
-    max_accepted: int,
-    num_blocks: int,
-    chunks: int,
-    block_size: int | None,
-    bt_rows: int,
-) -> None:
-    """Ranges of the fused state-copy kernels' scalar parameters."""
+    def __new__(
+        cls,
+        tensors: Sequence[tuple[Any, str, int, str]],
+        storages: Sequence[tuple[Any, int, int, str]],
+    ) -> StorageGuard: ...
+    def check(self) -> None:
+        """``BindingError`` naming the first bound tensor or storage whose memory changed."""
+    def __len__(self) -> int: ...
 
-def check_tile_range(first_tile: int, num_tiles: int) -> None:
-    """A wave's tile range of ``rs_copy_tiles`` (32-bit indices)."""
+def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
+    """``BindingError`` unless a state cache's sizes are in range."""
 
-def check_commit_launch(
-    num_layers: int, num_rows: int, num_blocks: int, max_requests: int, rec_ctas: int, conv_ctas: int
-) -> None:
-    """Ranges of the commit kernel's scalar parameters."""
+def check_index(what: str, index: int, len: int) -> int:
+    """``index`` as an index into ``len`` items (``PlanError`` naming ``what`` otherwise)."""
 
-# --- transfer (rust/python/transfer.rs) ---
+def kernel_abi() -> dict[str, Any]:
+    """The calling convention of every kernel, the record layouts and the shared constants."""
 
+# Engine-step decisions and the multi-group planner (recoverssm_rs.groups wraps them).
+def align_pre_copy(
+    block_tables: list[Any], num_computed: Any, num_scheduled: Any, num_accepted: Any,
+    running_col: Any, block_size: int, num_spec_blocks: int, fresh: Any = None,
+    req_ids: Sequence[Any] | None = None,
+) -> bytes: ...
+def align_post_process(
+    block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
+    num_draft: Any, num_accepted: Any, block_size: int, num_spec_blocks: int,
+    req_ids: Sequence[Any] | None = None,
+) -> bytes: ...
+
+@final
+class GroupPlan:
+    @property
+    def num_copies(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def num_segments(self) -> int: ...
+    def group_stats(self) -> list[tuple[int, int, int, int]]: ...
+    def execute_host(self) -> None: ...
+
+@final
+class GroupPlanner:
+    def __new__(
+        cls, layouts: Sequence[Layout], states: Sequence[Sequence[Sequence[Any]]], keepalive: Any,
+        block_size: int, num_spec_blocks: int,
+    ) -> GroupPlanner: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_spec_blocks(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    def group_sizes(self) -> list[tuple[int, int]]: ...
+    def layouts(self) -> list[Layout]: ...
+    def plan(
+        self, block_tables: list[Any], src_col: Any, dst_col: Any, num_accepted: Any, semantics: str
+    ) -> GroupPlan: ...
+    def pre_copy(
+        self, block_tables: list[Any], num_computed: Any, num_scheduled: Any, num_accepted: Any,
+        running_col: Any, fresh: Any = None, req_ids: Sequence[Any] | None = None,
+    ) -> tuple[bytes, GroupPlan]: ...
+    def post_process(
+        self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
+        num_draft: Any, num_accepted: Any, req_ids: Sequence[Any] | None = None,
+    ) -> tuple[bytes, GroupPlan]: ...
+
+# Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
+@final
 class LayoutFingerprint:
     """One rank's pool as a transfer sees it; exchanged at handshake (``encode`` / ``decode``)."""
 
-    def __init__(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> None: ...
+    def __new__(cls, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> LayoutFingerprint: ...
     @staticmethod
     def decode(text: str) -> LayoutFingerprint: ...
     def encode(self) -> str: ...
@@ -278,7 +511,7 @@ class LayoutFingerprint:
     @property
     def block_size(self) -> int: ...
     @property
-    def conv_layout(self) -> ConvLayoutName | None: ...
+    def conv_layout(self) -> _ConvLayoutName | None: ...
     @property
     def conv_kernel_size(self) -> int | None: ...
     @property
@@ -286,10 +519,11 @@ class LayoutFingerprint:
     @property
     def state_nbytes(self) -> list[int]: ...
     @property
-    def conv_geometry(self) -> list[tuple[ConvLayoutName, int, int] | None]: ...
+    def conv_geometry(self) -> list[tuple[_ConvLayoutName, int, int] | None]: ...
     def with_rank(self, tp_rank: int) -> LayoutFingerprint: ...
     def check_compatible(self, destination: LayoutFingerprint) -> None: ...
 
+@final
 class TransferPlan:
     """Reads (and staged local copies) moving a batch of requests' states to one destination rank."""
 

@@ -2,11 +2,16 @@
 
 Every error the package raises on purpose derives from :class:`RecoverSSMError`. Errors caused by
 the caller's input (a bad layout, bad tensors, a bad step) are also :class:`ValueError` subclasses,
-so code that already catches ``ValueError`` keeps working. The compiled core raises these same
-classes: the rules live in Rust, the classes live here.
+so code that already catches ``ValueError`` keeps working; :class:`BackendUnavailableError` is also
+a :class:`RuntimeError`.
+
+The classes are created by the compiled core (``rust/python/errors.rs``), which raises them for
+every rule it enforces; this module re-exports them.
 """
 
 from __future__ import annotations
+
+from ._core import BackendUnavailableError, BindingError, LayoutError, PlanError, RecoverSSMError
 
 __all__ = [
     "RecoverSSMError",
@@ -15,29 +20,3 @@ __all__ = [
     "PlanError",
     "BackendUnavailableError",
 ]
-
-
-class RecoverSSMError(Exception):
-    """Base class of every error raised by recoverssm_rs."""
-
-
-class LayoutError(RecoverSSMError, ValueError):
-    """A state layout (or an engine's copy-function registration) breaks the layout contract.
-
-    The message names the backend, the state (index and name), what is wrong and how to fix it.
-    """
-
-
-class BindingError(RecoverSSMError, ValueError):
-    """State tensors do not match the layout they are bound to (dtype, shape, strides, device)."""
-
-
-class PlanError(RecoverSSMError, ValueError):
-    """A copy or commit step is invalid: bad block ids, columns, accepted counts, or a hazard.
-
-    Raised before anything moves: a rejected step leaves every state unchanged.
-    """
-
-
-class BackendUnavailableError(RecoverSSMError, RuntimeError):
-    """The tensors need an executor this machine lacks (for example CUDA tensors without CuPy)."""

@@ -2,23 +2,31 @@
 
 Every calculator returns a validated :class:`~recoverssm_rs.Layout` for one tensor-parallel rank.
 The shape formulas and their checks (divisibility by ``tp_size``, conv widths, ...) are applied by the
-compiled core; parameter names follow vLLM's state-shape calculators, plus ``tp_size``,
-``num_spec`` (draft tokens per step) and ``conv_layout`` (``"SD"`` = ``(width, dim)``, ``"DS"`` =
-``(dim, width)``).
+compiled core. The model parameters carry the names of vLLM 0.33's ``MambaStateShapeCalculator``
+(``conv_kernel`` for Mamba1, Mamba2 and short conv, ``conv_kernel_size`` for GDN and KDA, as there);
+the shared settings are ``tp_size`` (vLLM's ``tp_world_size``), ``num_spec`` (draft tokens per step),
+``conv_layout`` (``"SD"`` = ``(width, dim)``, ``"DS"`` = ``(dim, width)``), ``dtype`` (conv windows,
+verify-record keys) and ``ssm_dtype`` (temporal / recurrent states). docs/design.md section 4 has the
+formulas and where these calculators are stricter than vLLM's.
 
-=================  ==========================================================================
-calculator         states (per rank)
-=================  ==========================================================================
-``mamba1``         conv ``dim=I/tp, width=K-1``; temporal ``(I/tp, N)``
-``mamba2``         conv ``dim=(I+2g'N)/tp, width=K-1+nspec``; temporal ``(nh/tp, hd, N)``;
-                   ``replay_ring=R`` adds three ReplaySSM rings as workspace
-``short_conv``     conv ``dim=I/tp, width=K-1+nspec``
-``linear_attention`` temporal ``(H/tp, hd, hd)``
-``gdn``            conv ``dim=(2 nk hk + nv hv)/tp``; temporal ``(nv/tp, hv, hk)``;
-                   ``recover_ssm=True`` adds the verify records ``[H,Q,V]`` fp32, ``[H,Q,K+1]``
-``kda``            conv ``dim=(nh hd + 2 nkh hkd)/tp``; recurrent ``(nh/tp, hd, hd)`` fp32;
-                   ``recover_ssm=True`` adds the verify records ``[H,Q,V]`` fp32, ``[H,Q,2K]``
-=================  ==========================================================================
+====================  =======================================================================
+calculator            states (per rank)
+====================  =======================================================================
+``mamba1``            conv ``dim=intermediate_size/tp, width=conv_kernel-1``;
+                      temporal ``(intermediate_size/tp, state_size)``
+``mamba2``            conv ``dim=(intermediate_size+2 g' state_size)/tp, width=conv_kernel-1+nspec``;
+                      temporal ``(num_heads/tp, head_dim, state_size)``; ``logical_window=W``
+                      adds three ReplaySSM rings as workspace (ring ``W``, or ``W+1+nspec`` with
+                      ``mamba_backend="flashinfer"``)
+``short_conv``        conv ``dim=intermediate_size/tp, width=conv_kernel-1+nspec``
+``linear_attention``  temporal ``(num_heads/tp, head_dim, head_dim)``
+``gdn``               conv ``dim=(2 num_k_heads head_k_dim + num_v_heads head_v_dim)/tp``;
+                      temporal ``(num_v_heads/tp, head_v_dim, head_k_dim)``; ``recover_ssm=True``
+                      adds the verify records ``[H,Q,V]`` fp32, ``[H,Q,K+1]``
+``kda``               conv ``dim=(num_heads head_dim + 2 num_k_heads head_k_dim)/tp``;
+                      recurrent ``(num_heads/tp, head_dim, head_dim)`` fp32; ``recover_ssm=True``
+                      adds the verify records ``[H,Q,V]`` fp32, ``[H,Q,2K]``
+====================  =======================================================================
 """
 
 from __future__ import annotations
@@ -142,7 +150,7 @@ PRESETS: Mapping[str, Preset] = _presets(
             num_heads=128,
             head_dim=64,
             state_size=128,
-            conv_kernel_size=4,
+            conv_kernel=4,
         ),
         num_layers=24,
         defaults=dict(dtype="bfloat16", ssm_dtype="bfloat16", conv_layout="SD"),

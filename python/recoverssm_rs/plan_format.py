@@ -1,7 +1,10 @@
-"""numpy dtypes of the plan records the Rust core produces (and the CUDA kernels consume).
+"""The record formats and constants the Rust core shares with the CUDA kernels, as numpy dtypes and
+Python ints.
 
-They mirror ``rust/plan/segment.rs`` and ``kernels/common.cuh`` field for field; a test checks
-the sizes against the compiled core.
+The core owns every one of them (``rust/kernels/records.rs``, ``rust/kernels/constants.rs``) and
+exports them with :func:`recoverssm_rs._core.kernel_abi`; this module only turns that description
+into numpy dtypes. The CUDA sources repeat the layouts and constants they need, and a test parses
+the sources against the core.
 """
 
 from __future__ import annotations
@@ -10,84 +13,61 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
+
 __all__ = [
+    "ABI",
+    "CONSTANTS",
     "records",
+    "record_dtype",
     "SEGMENT_DTYPE",
     "TILE_DTYPE",
     "MOVE_ROW_DTYPE",
     "STATE_META_DTYPE",
     "COMMIT_ROW_DTYPE",
+    "COMMIT_META_DTYPE",
     "MODE_NAMES",
+    "ERROR_CODES",
 ]
 
+#: The core's description of the kernels' calling conventions, records and constants.
+ABI: dict[str, Any] = _core.kernel_abi()
+#: Every shared constant by its name in the CUDA sources (``RS_THREADS``, ``RS_KIND_TEMPORAL``, ...).
+CONSTANTS: dict[str, int] = dict(ABI["constants"])
+
+
+def record_dtype(name: str) -> np.dtype:
+    """The numpy dtype of the core's record ``name`` (``"Segment"``, ``"StateMeta"``, ...)."""
+    spec = ABI["records"][name]
+    names, offsets, formats = [], [], []
+    for field, offset, fmt, _c_type in spec["fields"]:
+        names.append(field)
+        offsets.append(offset)
+        formats.append(fmt)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": spec["size"]})
+
+
 #: One 2-D strided copy: rows x row_bytes from ``src + r * pitch`` to ``dst + r * pitch``.
-SEGMENT_DTYPE = np.dtype(
-    [
-        ("src", "<u8"),
-        ("dst", "<u8"),
-        ("row_bytes", "<u4"),
-        ("rows", "<u4"),
-        ("pitch", "<u4"),
-        ("wave", "<u2"),
-        ("mode", "u1"),
-        ("elem_bytes", "u1"),
-    ]
-)
-
+SEGMENT_DTYPE = record_dtype("Segment")
 #: A unit of GPU work: bytes (single-row / rows-ascending segments) or rows of one segment.
-TILE_DTYPE = np.dtype([("segment", "<u4"), ("begin", "<u4"), ("count", "<u4"), ("reserved", "<u4")])
-
+TILE_DTYPE = record_dtype("Tile")
 #: One request's copy in compact form, shared by all layers (-1: that kind is not copied).
-MOVE_ROW_DTYPE = np.dtype(
-    [
-        ("request", "<u4"),
-        ("shift", "<u4"),
-        ("conv_src", "<i8"),
-        ("temporal_src", "<i8"),
-        ("dst", "<i8"),
-        ("conv_wave", "<u2"),
-        ("temporal_wave", "<u2"),
-        ("reserved", "<u4"),
-    ]
-)
-
+MOVE_ROW_DTYPE = record_dtype("MoveRow")
 #: Per (layer, persistent state) metadata for the fused device kernel.
-STATE_META_DTYPE = np.dtype(
-    [
-        ("base", "<u8"),
-        ("block_stride", "<u8"),
-        ("state_bytes", "<u8"),
-        ("kind", "<u4"),
-        ("elem_bytes", "<u4"),
-        ("width", "<u4"),
-        ("dim", "<u4"),
-        ("layer", "<u4"),
-        ("state", "<u4"),
-        ("num_blocks", "<u8"),
-        ("reserved", "<u8"),
-    ]
-)
-
+STATE_META_DTYPE = record_dtype("StateMeta")
 #: One request's RecoverSSM commit: tokens to fold in, its state block, the boundary block (-1: none).
-COMMIT_ROW_DTYPE = np.dtype(
-    [
-        ("request", "<u4"),
-        ("count", "<u4"),
-        ("state_block", "<i8"),
-        ("boundary_block", "<i8"),
-        ("boundary_len", "<u4"),
-        ("reserved", "<u4"),
-    ]
-)
+COMMIT_ROW_DTYPE = record_dtype("CommitRow")
+#: One layer of the commit kernel's table.
+COMMIT_META_DTYPE = record_dtype("CommitMeta")
 
 #: Segment modes: how source and destination may overlap.
-MODE_NAMES = {0: "disjoint", 1: "rows_ascending", 2: "within_row"}
-
-assert SEGMENT_DTYPE.itemsize == 32
-assert TILE_DTYPE.itemsize == 16
-assert MOVE_ROW_DTYPE.itemsize == 40
-assert STATE_META_DTYPE.itemsize == 64
-assert COMMIT_ROW_DTYPE.itemsize == 32
+MODE_NAMES = {
+    CONSTANTS["RS_MODE_DISJOINT"]: "disjoint",
+    CONSTANTS["RS_MODE_ROWS_ASCENDING"]: "rows_ascending",
+    CONSTANTS["RS_MODE_WITHIN_ROW"]: "within_row",
+}
+#: Error bits of the kernels' error word and their names.
+ERROR_CODES: dict[int, str] = {int(bit): name for bit, name, _meaning in ABI["error_bits"]}
 
 
 def records(raw: Any, dtype: Any) -> np.ndarray:

@@ -16,232 +16,25 @@ not wait for ``num_accepted`` after sampling, and the call can be captured in a 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from . import _core
-from ._core import Layout
-from .errors import PlanError
-from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE, records
-from .tensors import describe_arg, describe_tensor
+from ._core import ErrorWord, Layout
+from .copy_plan import CopyPlan, TileTable
+from .cuda import module
+from .device_path import DevicePath, check_step
+from .errors import BindingError, PlanError
+from .guard import BoundTensors
+from .plan_format import STATE_META_DTYPE, records
+from .tensors import describe_tensor, host_ints
 
-if TYPE_CHECKING:
-    from .gpu import ErrorWord
-
-__all__ = ["CopyPlanner", "CopyPlan", "TileTable", "describe_tensor"]
+__all__ = ["CopyPlanner", "CopyPlan", "TileTable"]
 
 log = logging.getLogger("recoverssm_rs")
-
-DEFAULT_TILE_BYTES = 64 * 1024
-
-
-def _host_ints(x: Any, name: str) -> Any:
-    """A host integer array for the core (numpy arrays pass through without a copy)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "device") and hasattr(x, "numpy"):  # torch.Tensor
-        if x.device.type != "cpu":
-            raise PlanError(
-                f"{name} is on {x.device}; host plans read host inputs (copying them to the host "
-                "would synchronise the device). Pass CPU arrays, or launch the device-side copy "
-                "with the GPU executor, which reads its inputs in device memory."
-            )
-        try:
-            return x.detach().numpy()
-        except TypeError:  # a dtype numpy lacks (bfloat16, ...): never an integer array
-            raise PlanError(f"{name} must be an int32 or int64 array, got {x.dtype}") from None
-    return np.asarray(x)
-
-
-# ------------------------------------------------------------------------------------------------
-# Device path helpers (CopyPlanner.launch_align / launch_align_decision)
-# ------------------------------------------------------------------------------------------------
-
-_KIND_TEMPORAL = 0  # STATE_META_DTYPE kind of a temporal state (gpu.KIND_TEMPORAL)
-
-
-class _CudaOps:
-    """The few torch CUDA calls the device path makes, in one place.
-
-    torch is imported on first use (the package works without it). Tests without a GPU replace the
-    module's instance (``planner._cuda_ops``) to run the device path's host logic.
-    """
-
-    @staticmethod
-    def torch() -> Any:
-        import torch
-
-        return torch
-
-    def context(self, index: int, stream: Any) -> contextlib.AbstractContextManager[Any]:
-        """Make ``cuda:index`` current and, if given, ``stream`` (a torch stream) current."""
-        torch = self.torch()
-        if stream is None and torch.cuda.current_device() == index:
-            return contextlib.nullcontext()  # the common case, without a device switch
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.cuda.device(index))
-        if stream is not None:
-            stack.enter_context(torch.cuda.stream(stream))
-        return stack
-
-    def torch_stream(self, stream: Any, index: int) -> Any:
-        """``stream`` as a torch CUDA stream: a torch stream passes through, a CuPy stream (anything
-        with ``.ptr``) is wrapped in ``torch.cuda.ExternalStream``; ``None`` stays ``None``."""
-        if stream is None or hasattr(stream, "cuda_stream"):
-            return stream
-        ptr = getattr(stream, "ptr", None)
-        if ptr is None:
-            raise PlanError(
-                f"stream must be a torch.cuda.Stream, a CuPy stream or None, got {type(stream).__name__}"
-            )
-        torch = self.torch()
-        return torch.cuda.ExternalStream(int(ptr), device=torch.device("cuda", index))
-
-    def upload(self, raw: np.ndarray, index: int) -> Any:
-        """A device copy of host bytes; waits for it (once per planner)."""
-        torch = self.torch()
-        dev = torch.from_numpy(np.ascontiguousarray(raw).copy()).to(torch.device("cuda", index))
-        torch.cuda.synchronize(index)
-        return dev
-
-    def zeros_i32(self, n: int, index: int) -> Any:
-        torch = self.torch()
-        out = torch.zeros(n, dtype=torch.int32, device=torch.device("cuda", index))
-        torch.cuda.synchronize(index)
-        return out
-
-    def synchronize(self, index: int) -> None:
-        self.torch().cuda.synchronize(index)
-
-
-_cuda_ops = _CudaOps()
-
-
-class _DeviceState(NamedTuple):
-    """What a CUDA-bound planner keeps on the device for the fused kernel (created once)."""
-
-    meta: Any
-    """The ``state_meta`` table as raw bytes on the states' device (uint8 tensor)."""
-    num_meta: int
-    has_temporal: bool
-    err: Any
-    """The planner's own ``int32[3]`` error word (used when a launch gets no ``err``)."""
-    chunks: int
-    """CTAs per state copy (``gpu.state_chunks`` of the largest state)."""
-
-
-_HOST_ALTERNATIVE = (
-    "the device path reads its inputs in device memory; for host inputs use "
-    "planner.plan_align(...) and CopyPlan.execute()"
-)
-
-
-def _as_device_int32(torch: Any, x: Any) -> Any:
-    """``x`` as int32 with a contiguous last axis, converted on the device (no host copy)."""
-    if x.dtype != torch.int32:
-        x = x.to(torch.int32)
-    if x.shape[-1] > 1 and x.stride()[-1] != 1:
-        x = x.contiguous()
-    return x
-
-
-class TileTable(NamedTuple):
-    """Tiles of a plan for the GPU batched-copy kernel, grouped by wave."""
-
-    tiles: np.ndarray
-    """``TILE_DTYPE`` records."""
-    wave_starts: np.ndarray
-    """``uint32 [num_waves + 1]``: tiles of wave ``w`` are ``tiles[wave_starts[w]:wave_starts[w+1]]``."""
-    tile_bytes: int
-
-
-class CopyPlan:
-    """The validated copies of one step. Inspect it with zero-copy numpy views; run it with
-    :meth:`execute`. Holds its planner (and so the state tensors) alive."""
-
-    __slots__ = ("_plan", "_planner", "_segments", "_rows", "_waves")
-
-    def __init__(self, plan: _core.Plan, planner: CopyPlanner) -> None:
-        self._plan = plan
-        self._planner = planner
-        self._segments: np.ndarray | None = None
-        self._rows: np.ndarray | None = None
-        self._waves: np.ndarray | None = None
-
-    @property
-    def segments(self) -> np.ndarray:
-        """Segment records (``SEGMENT_DTYPE``), grouped by wave; a read-only view."""
-        if self._segments is None:
-            self._segments = records(self._plan.segments(), dtype=SEGMENT_DTYPE)
-        return self._segments
-
-    @property
-    def rows(self) -> np.ndarray:
-        """Compact per-request records (``MOVE_ROW_DTYPE``), sorted by request."""
-        if self._rows is None:
-            self._rows = records(self._plan.rows(), dtype=MOVE_ROW_DTYPE)
-        return self._rows
-
-    @property
-    def waves(self) -> np.ndarray:
-        """``uint32 [num_waves + 1]``: segments of wave ``w`` are ``segments[waves[w]:waves[w+1]]``."""
-        if self._waves is None:
-            self._waves = records(self._plan.wave_starts(), dtype=np.uint32)
-        return self._waves
-
-    def tiles(self, tile_bytes: int = DEFAULT_TILE_BYTES) -> TileTable:
-        """Cut the segments into tiles of about ``tile_bytes`` (a multiple of 16)."""
-        t, w = self._plan.tiles(tile_bytes)
-        return TileTable(records(t, dtype=TILE_DTYPE), records(w, dtype=np.uint32),
-                         tile_bytes)
-
-    @property
-    def num_waves(self) -> int:
-        """Ordered waves: copies of a wave may run concurrently, waves run in order."""
-        return self._plan.num_waves
-
-    @property
-    def num_segments(self) -> int:
-        return self._plan.num_segments
-
-    @property
-    def num_requests(self) -> int:
-        """Requests that move something."""
-        return self._plan.num_requests
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the plan copies."""
-        return self._plan.nbytes
-
-    @property
-    def planner(self) -> CopyPlanner:
-        return self._planner
-
-    def __len__(self) -> int:
-        """Number of (layer, state, request) copies planned, before coalescing."""
-        return self._plan.num_copies
-
-    def execute(self, stream: Any = None) -> None:
-        """Run the plan on the states' device: the Rust host executor for CPU states (GIL
-        released; every segment is checked before the first byte moves), the CUDA kernels for
-        CUDA states (on ``stream``, default the current torch stream; one launch per wave)."""
-        if self._planner.device == "cpu":
-            self._plan.execute_host()
-            return
-        from . import gpu
-
-        gpu.execute_plan(self, stream=stream)
-
-    def __repr__(self) -> str:
-        return (
-            f"CopyPlan(copies={len(self)}, segments={self.num_segments}, "
-            f"requests={self.num_requests}, waves={self.num_waves}, bytes={self.nbytes})"
-        )
 
 
 class CopyPlanner:
@@ -270,15 +63,30 @@ class CopyPlanner:
             the layer and state.
     """
 
-    __slots__ = ("_core", "_states", "_meta", "_device_state", "_err_requests", "__weakref__")
+    __slots__ = ("_core", "_states", "_bound", "_meta", "_device_path", "__weakref__")
 
     def __init__(self, layout: Layout, states: Sequence[Sequence[Any]]) -> None:
-        self._states = [list(layer) for layer in states]
-        descs = [[describe_tensor(t) for t in layer] for layer in self._states]
+        self._states = tuple(tuple(layer) for layer in states)
+        names = [s.name for s in layout.states]
+
+        def label(layer: int, state: int) -> str:
+            name = names[state] if state < len(names) else "?"
+            return f"{layout.backend}: layer {layer}, state {state} ('{name}')"
+
+        descs = []
+        for li, layer in enumerate(self._states):
+            row = []
+            for si, t in enumerate(layer):
+                try:
+                    row.append(describe_tensor(t))
+                except TypeError as exc:
+                    raise BindingError(f"{label(li, si)}: {exc}") from None
+            descs.append(row)
         self._core = _core.Planner(layout, descs, self._states)
+        persistent = len(layout.persistent)
+        self._bound = BoundTensors([layer[:persistent] for layer in self._states], label)
         self._meta: np.ndarray | None = None
-        self._device_state: _DeviceState | None = None
-        self._err_requests = 0
+        self._device_path: DevicePath | None = None
         log.debug("bound %r: %d layers, %d blocks on %s", layout.backend, self.num_layers,
                   self.num_blocks, self.device)
 
@@ -300,9 +108,21 @@ class CopyPlanner:
         return self._core.device
 
     @property
-    def states(self) -> list[list[Any]]:
-        """The bound tensors, per layer."""
+    def states(self) -> tuple[tuple[Any, ...], ...]:
+        """The bound tensors, per layer (an immutable copy: the planner keeps its own references)."""
         return self._states
+
+    @property
+    def bound(self) -> BoundTensors:
+        """The bound persistent tensors, checked before every execute and launch (see
+        :class:`~recoverssm_rs.guard.BoundTensors`)."""
+        return self._bound
+
+    @property
+    def device_path(self) -> DevicePath | None:
+        """The device path's state (metadata table and error word on the device, the core's launch
+        builder), once a launch or :meth:`prepare_device` made it; ``None`` before."""
+        return self._device_path
 
     @property
     def state_meta(self) -> np.ndarray:
@@ -333,10 +153,10 @@ class CopyPlanner:
         """
         return CopyPlan(
             self._core.plan_align(
-                _host_ints(block_table, "block_table"),
-                _host_ints(src_col, "src_col"),
-                _host_ints(dst_col, "dst_col"),
-                _host_ints(num_accepted, "num_accepted"),
+                host_ints(block_table, "block_table"),
+                host_ints(src_col, "src_col"),
+                host_ints(dst_col, "dst_col"),
+                host_ints(num_accepted, "num_accepted"),
             ),
             self,
         )
@@ -345,8 +165,7 @@ class CopyPlanner:
         """Plan whole-block copies ``dst_blocks[i] <- src_blocks[i]`` of every persistent state of
         every layer (forks, prefix-cache hits). Equal ids are no-ops, negative ids padding."""
         return CopyPlan(
-            self._core.plan_copy(_host_ints(src_blocks, "src_blocks"),
-                                 _host_ints(dst_blocks, "dst_blocks")),
+            self._core.plan_copy(host_ints(src_blocks, "src_blocks"), host_ints(dst_blocks, "dst_blocks")),
             self,
         )
 
@@ -359,32 +178,24 @@ class CopyPlanner:
         device = self.device
         if not device.startswith("cuda"):
             raise PlanError(
-                f"{what} launches the fused CUDA kernel, but this planner is bound to {device} "
+                f"{what} is part of the device path (CUDA states), but this planner is bound to {device} "
                 "tensors; for host states plan the step with planner.plan_align(...) (host inputs) "
                 "and run it with CopyPlan.execute()"
             )
         _, _, idx = device.partition(":")
         return int(idx) if idx else 0
 
-    def _device(self, index: int) -> _DeviceState:
-        ds = self._device_state
-        if ds is None:
-            meta = self.state_meta
-            from .gpu import state_chunks
-
-            chunks = state_chunks(int(meta["state_bytes"].max()) if len(meta) else 0)
-            # The launch constants, checked once: each step's inputs are checked by check_step_args.
-            _core.check_fused_launch(len(meta), 0, 1 + self.layout.num_spec, self.num_blocks, chunks, None, 0)
-            ds = _DeviceState(
-                meta=_cuda_ops.upload(meta.view(np.uint8).reshape(-1), index),
-                num_meta=len(meta),
-                has_temporal=bool(np.any(meta["kind"] == _KIND_TEMPORAL)),
-                err=_cuda_ops.zeros_i32(3, index),
-                chunks=chunks,
-            )
-            self._device_state = ds
-            log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
-        return ds
+    def _device(self, index: int, first_step: tuple[Any, ...] | None = None) -> DevicePath:
+        """The device path, made (table uploaded, error word allocated) on first use -- after the
+        core has checked ``first_step``'s inputs, so a bad first step touches nothing."""
+        dp = self._device_path
+        if dp is None:
+            if first_step is not None:
+                check_step(self.device, index, *first_step)
+            dp = DevicePath(index, self.device, self.state_meta, max_accepted=1 + self.layout.num_spec,
+                            num_blocks=self.num_blocks)
+            self._device_path = dp
+        return dp
 
     def prepare_device(self) -> None:
         """Upload the state metadata table (:attr:`state_meta`) to the states' device, allocate the
@@ -400,30 +211,8 @@ class CopyPlanner:
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
         index = self._cuda_index("prepare_device")
-        from . import gpu
-
         self._device(index)
-        gpu.get_kernel("rs_state_copy")
-        gpu.get_kernel("rs_state_copy_align")
-
-    def _step_inputs(
-        self, what: str, block_table: Any, vectors: Sequence[tuple[Any, str]], err: Any,
-        block_size: int | None = None,
-    ) -> tuple[int, int]:
-        """The core's checks of a step's device inputs (nothing is queued before they pass);
-        returns ``(device index, requests)``."""
-        index = self._cuda_index(what)
-
-        def desc(x: Any, name: str) -> Any:
-            if not (hasattr(x, "data_ptr") and hasattr(x, "element_size")):
-                raise PlanError(f"{name}: expected a CUDA tensor on cuda:{index}, got a {type(x).__name__}; "
-                                f"{_HOST_ALTERNATIVE}")
-            return describe_arg(x)
-
-        n = _core.check_step_args(
-            self.device, desc(block_table, "block_table"), [(name, desc(x, name)) for x, name in vectors],
-            None if err is None else desc(err, "err"), block_size)
-        return index, int(n)
+        module.function_ptr("rs_state_copy", index)
 
     def launch_align(
         self,
@@ -481,13 +270,12 @@ class CopyPlanner:
                 tensor on the states' device, has the wrong dtype or shape (the message names it).
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        index, n = self._step_inputs(
-            "launch_align",
-            block_table,
-            [(src_col, "src_col"), (dst_col, "dst_col"), (num_accepted, "num_accepted")],
-            err,
-        )
-        self._launch("rs_state_copy", index, n, block_table, src_col, dst_col, num_accepted, None, stream, err)
+        index = self._cuda_index("launch_align")
+        step = (block_table, src_col, dst_col, num_accepted, None, err)
+        dp = self._device(index, step)
+        self._bound.check()
+        dp.launch(block_table, src_col, dst_col, num_accepted, None, stream, err)
+        self._bound.mark_written()
 
     def launch_align_decision(
         self,
@@ -525,46 +313,12 @@ class CopyPlanner:
         """
         if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
             raise PlanError(f"block_size must be a host integer, got {type(block_size).__name__}")
-        index, n = self._step_inputs(
-            "launch_align_decision",
-            block_table,
-            [(src_col, "src_col"), (running, "running"), (num_accepted, "num_accepted")],
-            err,
-            int(block_size),
-        )
-        self._launch("rs_state_copy_align", index, n, block_table, src_col, running, num_accepted,
-                     int(block_size), stream, err)
-
-    def _launch(self, kernel: str, index: int, n: int, block_table: Any, src_col: Any, mid: Any,
-                num_accepted: Any, block_size: int | None, stream: Any, err: Any) -> None:
-        from . import gpu
-
-        ds = self._device(index)
-        ts = _cuda_ops.torch_stream(stream, index)
-        torch = _cuda_ops.torch()
-        # validated: check_step_args passed, and the conversions below make every input an int32
-        # tensor with a contiguous last axis, so the launch layer reads addresses only.
-        common = dict(max_accepted=1 + self.layout.num_spec, num_blocks=self.num_blocks,
-                      has_temporal=ds.has_temporal, num_requests=n, stream=ts, validated=True,
-                      chunks=ds.chunks)
-        with _cuda_ops.context(index, ts):
-            if block_table.shape[0] > n and block_table.dtype != torch.int32:
-                block_table = block_table[:n]  # narrow only the rows this step reads
-            bt = _as_device_int32(torch, block_table)
-            s = _as_device_int32(torch, src_col)
-            m = _as_device_int32(torch, mid)
-            a = _as_device_int32(torch, num_accepted)
-            if err is None:
-                word = ds.err
-                word.zero_()
-                self._err_requests = n
-            else:
-                word = err
-            if block_size is None:
-                gpu.launch_state_copy(ds.meta, ds.num_meta, bt, s, m, a, word, **common)
-            else:
-                gpu.launch_state_copy_align(ds.meta, ds.num_meta, bt, s, m, a, word, block_size=block_size,
-                                            **common)
+        index = self._cuda_index("launch_align_decision")
+        step = (block_table, src_col, running, num_accepted, int(block_size), err)
+        dp = self._device(index, step)
+        self._bound.check()
+        dp.launch(block_table, src_col, running, num_accepted, int(block_size), stream, err)
+        self._bound.mark_written()
 
     def last_error(self) -> ErrorWord:
         """The planner's error word after its last :meth:`launch_align` /
@@ -577,14 +331,11 @@ class CopyPlanner:
         Raises:
             PlanError: the planner is bound to CPU tensors (host plans raise instead of skipping).
         """
-        index = self._cuda_index("last_error")
-        from . import gpu
-
-        ds = self._device_state
-        if ds is None:
-            return gpu.decode_error_word([0, 0, 0], 0)
-        _cuda_ops.synchronize(index)
-        return gpu.decode_error_word(ds.err.cpu(), self._err_requests)
+        self._cuda_index("last_error")
+        dp = self._device_path
+        if dp is None:
+            return ErrorWord([0, 0, 0], 0)
+        return dp.last_error()
 
     def __repr__(self) -> str:
         return (f"CopyPlanner({self.layout.backend!r}, layers={self.num_layers}, "

@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import _core, gpu, recurrence
-from ._core import Layout
+from . import _core, recurrence
+from ._core import CommitPlanner, ErrorWord, Layout
+from .cuda.commit import CommitKernel, build_commit_meta
+from .cuda.module import function_ptr
 from .errors import BackendUnavailableError, BindingError
+from .guard import BoundTensors
+from .memory_report import MemoryReport
 from .plan_format import COMMIT_ROW_DTYPE, records
-from .planner import CopyPlanner, _host_ints
-from .tensors import require_arg
+from .planner import CopyPlanner
+from .tensors import host_ints, require_arg
 
 __all__ = ["StateCache", "MemoryReport"]
 
@@ -51,60 +54,6 @@ def _torch_dtype(name: str) -> torch.dtype:
         return _DTYPES[name]
     except KeyError:
         return getattr(torch, name)
-
-
-def _pinned_bytes(nbytes: int) -> torch.Tensor:
-    """Pinned host staging for an asynchronous host -> device copy (torch's caching host allocator
-    keeps the block alive until the copy that used it has run)."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-
-@dataclass
-class _DeviceCommit:
-    """What the commit kernel needs, allocated once per CUDA cache (fixed addresses: graph-safe)."""
-
-    meta: np.ndarray
-    meta_dev: torch.Tensor
-    rows_dev: torch.Tensor
-    err: torch.Tensor
-    grid: gpu.CommitGrid
-    num_rows: int = 0
-    ready: bool | None = None
-
-
-@dataclass(frozen=True)
-class MemoryReport:
-    """Memory of a :class:`StateCache` (all layers)."""
-
-    persistent_bytes_per_block: int
-    """Persistent states of every layer in one block."""
-    pool_bytes: int
-    """The whole persistent block pool."""
-    workspace_bytes: int
-    """The workspace for ``max_requests`` requests: verify records and verified conv windows."""
-    workspace_bytes_per_request: int
-    record_bytes_per_request: int
-    """The layout's verify records (all layers) for one request."""
-    full_state_scratch_bytes: int
-    """What keeping one full recurrent state per window token would cost for the same requests."""
-    window: int
-
-    @property
-    def scratch_ratio(self) -> float:
-        """Full-state scratch bytes per workspace byte."""
-        return self.full_state_scratch_bytes / max(self.workspace_bytes, 1)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "persistent_bytes_per_block": self.persistent_bytes_per_block,
-            "pool_bytes": self.pool_bytes,
-            "workspace_bytes": self.workspace_bytes,
-            "workspace_bytes_per_request": self.workspace_bytes_per_request,
-            "record_bytes_per_request": self.record_bytes_per_request,
-            "full_state_scratch_bytes": self.full_state_scratch_bytes,
-            "scratch_ratio": self.scratch_ratio,
-            "window": self.window,
-        }
 
 
 class StateCache:
@@ -131,6 +80,7 @@ class StateCache:
         max_requests: int,
         device: str | torch.device = "cpu",
     ) -> None:
+        _core.check_cache_sizes(num_layers, num_blocks, max_requests)
         geo = layout.recover_geometry()
         self.layout = layout
         self.geometry: dict[str, Any] = geo
@@ -164,22 +114,30 @@ class StateCache:
         if geo["conv_state"] != 0:
             pers = [[r, c] for c, r in pers]
         self.planner = CopyPlanner(layout, pers)
-        self._device_commit: _DeviceCommit | None = None
+        self.commit_planner = CommitPlanner(layout, self.num_blocks)
+        kinds = ("conv", "recurrent", "corrections", "keygate", "conv_window")
+        self._bound = BoundTensors([[self._conv, self._recurrent, self._corrections, self._keygate,
+                                     self._conv_window]], lambda _layer, i: f"StateCache {kinds[i]} buffer")
+        self._device_commit: CommitKernel | None = None
         if dev.type == "cuda":
             self._device_commit = self._bind_commit_kernel()
         log.debug("StateCache: %s", self)
 
     # ---- tensors -------------------------------------------------------------------------
+    def _layer(self, layer: int) -> int:
+        return int(_core.check_index("layer", layer, self.num_layers))
+
     def conv_state(self, layer: int) -> torch.Tensor:
         """``[num_blocks, *conv_shape]`` conv windows of ``layer``."""
-        return self._conv[layer]
+        return self._conv[self._layer(layer)]
 
     def recurrent_state(self, layer: int) -> torch.Tensor:
         """``[num_blocks, H, V, K]`` recurrent states of ``layer``."""
-        return self._recurrent[layer]
+        return self._recurrent[self._layer(layer)]
 
     def workspace(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(corrections [max_requests, H, Q, V], keygate [max_requests, H, Q, KG])`` of ``layer``."""
+        layer = self._layer(layer)
         return self._corrections[layer], self._keygate[layer]
 
     def buffers(self) -> dict[str, torch.Tensor]:
@@ -191,8 +149,8 @@ class StateCache:
     # ---- verify --------------------------------------------------------------------------
     def _rows(self, state_blocks: Any) -> torch.Tensor:
         """Checked running-state blocks as a device index; padding rows (``<= 0``) read block 0."""
-        sb = _host_ints(state_blocks, "state_blocks")
-        self.planner._core.check_state_blocks(sb, self.max_requests)
+        sb = host_ints(state_blocks, "state_blocks")
+        self.commit_planner.check_state_blocks(sb, self.max_requests)
         idx = torch.as_tensor(np.asarray(sb), dtype=torch.long)
         return idx.clamp(min=0).to(self.device)
 
@@ -207,20 +165,12 @@ class StateCache:
         the request's workspace row, which :meth:`commit` compacts by the accepted count into the
         block. Returns ``[B, Q, dim]`` (float32).
         """
+        layer = self._layer(layer)
         blocks = self._rows(state_blocks)
-        kc = self.conv_kernel_size
-        b = blocks.numel()
-        win = self._conv[layer][blocks]  # [B, dim, W] (DS) or [B, W, dim] (SD)
-        if self.conv_layout == "SD":
-            win = win.transpose(1, 2)
-        hist = win[:, :, : kc - 1].float()  # [B, dim, K-1]
-        seq = torch.cat([hist, x.float().transpose(1, 2)], dim=2)  # [B, dim, K-1+Q]
-        taps = seq.unfold(2, kc, 1)  # [B, dim, Q, K]
-        y = (taps * weight.float()[None, :, None, :]).sum(-1).transpose(1, 2)
-        new = seq[:, :, 1:].to(self._conv.dtype)  # [B, dim, K-2+Q] == window width
-        if self.conv_layout == "SD":
-            new = new.transpose(1, 2)
-        self._conv_window[layer][:b] = new
+        self._bound.check()
+        y, window = recurrence.conv_verify(self._conv[layer][blocks], x, weight, self.conv_kernel_size,
+                                           self.conv_layout, window=self.window)
+        self._conv_window[layer][: blocks.numel()] = window
         return y
 
     def verify(self, layer: int, state_blocks: Any, q_hat: torch.Tensor, k_hat: torch.Tensor,
@@ -229,7 +179,9 @@ class StateCache:
         """Run the window from each request's persistent state without writing it; write the
         records into workspace rows ``0..B-1`` of ``layer``. Shapes as
         :func:`recoverssm_rs.recurrence.verify` (``[B, Q, H, *]``); returns ``[B, Q, H, V]``."""
+        layer = self._layer(layer)
         blocks = self._rows(state_blocks)
+        self._bound.check()
         b = blocks.numel()
         state = self._recurrent[layer][blocks]
         corr, kg = self.workspace(layer)
@@ -241,13 +193,13 @@ class StateCache:
                     seq_lens: Any = None, block_table: Any = None,
                     block_size: int | None = None) -> np.ndarray:
         """The commit plan (``COMMIT_ROW_DTYPE`` records), checked by the core. See :meth:`commit`."""
-        sb = _host_ints(state_blocks, "state_blocks")
+        sb = host_ints(state_blocks, "state_blocks")
         if query_lens is None:
             query_lens = np.full(len(sb), self.window, dtype=np.int64)
-        raw = self.planner._core.plan_commit(
-            sb, _host_ints(num_accepted, "num_accepted"), _host_ints(query_lens, "query_lens"),
-            None if seq_lens is None else _host_ints(seq_lens, "seq_lens"),
-            None if block_table is None else _host_ints(block_table, "block_table"),
+        raw = self.commit_planner.plan(
+            sb, host_ints(num_accepted, "num_accepted"), host_ints(query_lens, "query_lens"),
+            None if seq_lens is None else host_ints(seq_lens, "seq_lens"),
+            None if block_table is None else host_ints(block_table, "block_table"),
             block_size,
             self.max_requests,
         )
@@ -284,14 +236,15 @@ class StateCache:
             PlanError: before anything changes (a bad count, block, boundary or a block written
                 twice), naming the request.
         """
+        self._bound.check()
         kernel = self._commit_kernel_ready()
         device_counts = kernel and self._is_device_tensor(num_accepted)
         if device_counts:
             # Counts stay on the device: plan each request for its whole window (the cap) and let
             # the kernel clamp num_accepted[request] to it.
-            sb = _host_ints(state_blocks, "state_blocks")
+            sb = host_ints(state_blocks, "state_blocks")
             caps = (np.full(len(sb), self.window, dtype=np.int64) if query_lens is None
-                    else _host_ints(query_lens, "query_lens"))
+                    else host_ints(query_lens, "query_lens"))
             rows = self.plan_commit(caps, sb, caps, seq_lens=seq_lens, block_table=block_table,
                                     block_size=block_size)
         else:
@@ -300,44 +253,12 @@ class StateCache:
         if len(rows) == 0:
             return rows
         if kernel:
-            self._commit_on_device(rows, num_accepted if device_counts else None, len(rows))
-            return rows
-        dev = self.device
-        req = torch.as_tensor(rows["request"].astype(np.int64), device=dev)
-        sb = torch.as_tensor(rows["state_block"].copy(), device=dev)
-        counts = torch.as_tensor(rows["count"].astype(np.int64), device=dev)
-        has_b = rows["boundary_block"] >= 0
-        bmask = torch.as_tensor(has_b, device=dev)
-        bb = torch.as_tensor(rows["boundary_block"][has_b].copy(), device=dev)
-        bcounts = torch.as_tensor(np.where(has_b, rows["boundary_len"].astype(np.int64), -1),
-                                  device=dev)
-        any_b = bool(has_b.any())
-        moved_np = rows["count"] > 0
-        moved = torch.as_tensor(moved_np, device=dev)
-        moved_all, moved_any = bool(moved_np.all()), bool(moved_np.any())
-        for layer in range(self.num_layers):
-            corr, kg = self.workspace(layer)
-            rec = self._recurrent[layer]
-            s0 = rec[sb]
-            bout = torch.empty_like(s0) if any_b else None
-            new = recurrence.commit(s0, corr[req], kg[req], counts,
-                                    boundary_counts=bcounts if any_b else None,
-                                    boundary_out=bout)
-            if bout is not None:
-                rec[bb] = bout[bmask]
-            rec[sb] = new
-            conv = self._conv[layer]
-            win = self._conv_window[layer][req]
-            if any_b:
-                conv[bb] = recurrence.compact_conv_window(
-                    win[bmask], bcounts[bmask], self.conv_kernel_size, self.conv_layout)
-            # A commit of 0 tokens keeps the block's window as it was before the verify.
-            if moved_all:
-                conv[sb] = recurrence.compact_conv_window(win, counts, self.conv_kernel_size,
-                                                          self.conv_layout)
-            elif moved_any:
-                conv[sb[moved]] = recurrence.compact_conv_window(
-                    win[moved], counts[moved], self.conv_kernel_size, self.conv_layout)
+            self._commit_on_device(rows, num_accepted if device_counts else None)
+        else:
+            recurrence.commit_rows(rows, recurrent=self._recurrent, conv=self._conv, corrections=self._corrections,
+                                   keygate=self._keygate, conv_window=self._conv_window,
+                                   conv_kernel_size=self.conv_kernel_size, conv_layout=self.conv_layout)
+        self._bound.mark_written()
         return rows
 
     # ---- commit kernel (CUDA) -------------------------------------------------------------
@@ -350,13 +271,13 @@ class StateCache:
                 is not instantiated for; see :data:`~recoverssm_rs.gpu.COMMIT_DTYPE_PAIRS`).
         """
         L = self.num_layers
-        return gpu.build_commit_meta(
+        return build_commit_meta(
             [self._recurrent[l] for l in range(L)], [self._corrections[l] for l in range(L)],
             [self._keygate[l] for l in range(L)], [self._conv[l] for l in range(L)],
             [self._conv_window[l] for l in range(L)], kind=self.kind, conv_layout=self.conv_layout,
             conv_kernel_size=self.conv_kernel_size)
 
-    def _bind_commit_kernel(self) -> _DeviceCommit | None:
+    def _bind_commit_kernel(self) -> CommitKernel | None:
         """Build the kernel's table once (the only host -> device copy that waits) and the
         fixed-address row buffer and error word; ``None`` when the kernel cannot take the layout."""
         try:
@@ -365,12 +286,7 @@ class StateCache:
             log.warning("StateCache: commit kernel unavailable for this layout (%s); the torch "
                         "reference commits", exc)
             return None
-        dev = self.device
-        meta_dev = torch.from_numpy(meta.view(np.uint8).copy()).to(dev)
-        rows_dev = torch.zeros(max(1, self.max_requests) * COMMIT_ROW_DTYPE.itemsize,
-                               dtype=torch.uint8, device=dev)
-        err = torch.zeros(3, dtype=torch.int32, device=dev)
-        return _DeviceCommit(meta, meta_dev, rows_dev, err, gpu.commit_grid(meta))
+        return CommitKernel(meta, device=self.device, num_blocks=self.num_blocks, max_requests=self.max_requests)
 
     @staticmethod
     def _is_device_tensor(x: Any) -> bool:
@@ -384,15 +300,14 @@ class StateCache:
             return False
         if d.ready is None:
             try:
-                gpu.get_kernel("rs_recover_commit")
+                function_ptr("rs_recover_commit", d.device_index)
                 d.ready = True
             except BackendUnavailableError as exc:
                 log.warning("StateCache: %s; the torch reference commits", exc)
                 d.ready = False
         return bool(d.ready)
 
-    def _commit_on_device(self, rows: np.ndarray, num_accepted: torch.Tensor | None,
-                          num_rows: int) -> None:
+    def _commit_on_device(self, rows: np.ndarray, num_accepted: torch.Tensor | None) -> None:
         d = self._device_commit
         assert d is not None
         counts = None
@@ -403,17 +318,7 @@ class StateCache:
             counts = num_accepted
             if counts.dtype != torch.int32 or not counts.is_contiguous():
                 counts = counts.to(dtype=torch.int32, memory_format=torch.contiguous_format)
-        nbytes = num_rows * COMMIT_ROW_DTYPE.itemsize
-        # Pinned staging (torch's caching host allocator keeps it alive until the copy ran), then an
-        # asynchronous copy into the fixed device row buffer, then the launch: all on this stream.
-        host = _pinned_bytes(nbytes)
-        host.numpy()[:] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
-        d.rows_dev[:nbytes].copy_(host, non_blocking=True)
-        d.err.zero_()
-        d.num_rows = num_rows
-        gpu.launch_recover_commit(d.meta_dev, self.num_layers, d.rows_dev, num_rows,
-                                  num_blocks=self.num_blocks, max_requests=self.max_requests,
-                                  grid=d.grid, num_accepted=counts, err=d.err)
+        d.commit_rows(rows, counts)
 
     def launch_commit(self, rows: torch.Tensor, num_rows: int | None = None, *,
                       num_accepted: torch.Tensor | None = None, stream: Any = None) -> None:
@@ -431,35 +336,26 @@ class StateCache:
         if d is None:
             raise BackendUnavailableError("launch_commit needs a CUDA StateCache whose layout the "
                                           "commit kernel takes")
-        device = str(self._recurrent.device)
-        n = int(_core.check_commit_rows(device, require_arg(rows, "rows"), None if num_rows is None else int(num_rows)))
         if num_accepted is not None:
-            _core.check_commit_counts(device, require_arg(num_accepted, "num_accepted"), 1)
-        ctx = torch.cuda.stream(stream) if stream is not None else None
-        if ctx is not None:
-            with ctx:
-                d.err.zero_()
-        else:
-            d.err.zero_()
-        d.num_rows = n
-        gpu.launch_recover_commit(d.meta_dev, self.num_layers, rows, n, num_blocks=self.num_blocks,
-                                  max_requests=self.max_requests, grid=d.grid,
-                                  num_accepted=num_accepted, err=d.err, stream=stream)
+            _core.check_commit_counts(str(self._recurrent.device), require_arg(num_accepted, "num_accepted"), 1)
+        self._bound.check()
+        d.launch(rows, None if num_rows is None else int(num_rows), num_accepted, stream)
+        self._bound.mark_written()
 
-    def commit_error(self) -> gpu.ErrorWord | None:
+    def commit_error(self) -> ErrorWord | None:
         """The error word of the last kernel commit, decoded (a synchronising read; request numbers
         are row indices of that commit's plan). ``None`` when commits do not run on the kernel."""
         d = self._device_commit
         if d is None:
             return None
-        return gpu.decode_error_word(d.err.cpu().numpy(), d.num_rows)
+        return d.error()
 
     # ---- copies & memory -----------------------------------------------------------------
     def reset_blocks(self, blocks: Any) -> None:
         """Zero every persistent state of ``blocks`` (all layers): a fresh request's running
         block. Values ``<= 0`` are skipped; blocks are checked by the core."""
-        sb = _host_ints(blocks, "blocks")
-        self.planner._core.check_state_blocks(sb)
+        sb = host_ints(blocks, "blocks")
+        self.commit_planner.check_state_blocks(sb)
         idx = torch.as_tensor(np.asarray(sb), dtype=torch.long)
         idx = idx[idx > 0].to(self.device)
         self._conv[:, idx] = 0

@@ -5,17 +5,17 @@ rule about what they describe lives in the core.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-__all__ = ["describe_arg", "require_arg", "describe_tensor"]
+__all__ = ["describe_arg", "require_arg", "describe_tensor", "host_ints"]
 
 #: ``(data_ptr, dtype, shape, byte_strides, device)``
 ArgDesc = tuple[int, str, list[int], list[int], str]
 
 
-def describe_arg(x: Any) -> Optional[ArgDesc]:
+def describe_arg(x: Any) -> ArgDesc | None:
     """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a
     ``__cuda_array_interface__`` object (a CuPy array) or a numpy array; ``None`` for anything
     else."""
@@ -50,15 +50,50 @@ def require_arg(x: Any, what: str) -> ArgDesc:
     return d
 
 
-def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool]:
-    """``(data_ptr, dtype, shape, byte_strides, device, writable)`` of a state tensor: a torch
-    tensor or a numpy array (``writable`` is False for a read-only numpy array).
+def describe_tensor(t: Any) -> tuple[int, str, list[int], list[int], str, bool, bool]:
+    """``(data_ptr, dtype, shape, byte_strides, device, writable, requires_grad)`` of a state tensor:
+    a torch tensor or a numpy array (``writable`` is False for a read-only numpy array; torch does
+    not record whether the memory under a tensor is writable, see :doc:`the integration guide
+    <integration>`).
 
     Raises:
-        TypeError: ``t`` is neither.
+        TypeError: ``t`` is neither, or is a torch tensor that is not dense (sparse, nested, ...).
     """
-    if isinstance(t, np.ndarray) or (hasattr(t, "data_ptr") and hasattr(t, "element_size")):
+    if isinstance(t, np.ndarray):
         d = describe_arg(t)
         assert d is not None
-        return (*d, bool(t.flags.writeable) if isinstance(t, np.ndarray) else True)
+        return (*d, bool(t.flags.writeable), False)
+    if hasattr(t, "data_ptr") and hasattr(t, "element_size"):
+        layout = getattr(t, "layout", None)
+        if layout is not None and str(layout) != "torch.strided":
+            raise TypeError(f"a {layout} tensor cannot be bound: state tensors must be dense (torch.strided)")
+        d = describe_arg(t)
+        assert d is not None
+        return (*d, True, bool(getattr(t, "requires_grad", False)))
     raise TypeError(f"state tensors must be torch tensors or numpy arrays, got {type(t).__name__}")
+
+
+def host_ints(x: Any, name: str) -> Any:
+    """A host integer array for the core: numpy arrays pass through without a copy, CPU tensors
+    become numpy views; the core checks the dtype and shape.
+
+    Raises:
+        PlanError: ``x`` is a tensor in device memory (reading it would synchronise the device), or
+            a tensor of a dtype numpy lacks.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "device") and hasattr(x, "numpy"):  # torch.Tensor
+        from .errors import PlanError
+
+        if x.device.type != "cpu":
+            raise PlanError(
+                f"{name} is on {x.device}; host plans read host inputs (copying them to the host "
+                "would synchronise the device). Pass CPU arrays, or launch the device-side copy "
+                "with the GPU executor, which reads its inputs in device memory."
+            )
+        try:
+            return x.detach().numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16, ...): never an integer array
+            raise PlanError(f"{name} must be an int32 or int64 array, got {x.dtype}") from None
+    return np.asarray(x)

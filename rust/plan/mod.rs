@@ -14,6 +14,7 @@ pub mod tiles;
 use crate::binding::Binding;
 use crate::error::Result;
 use crate::layout::CopyKind;
+use crate::kernels::constants::{KIND_CONV_DS, KIND_CONV_SD, KIND_TEMPORAL};
 use segment::{MoveRow, Segment, StateMeta};
 use std::sync::{Arc, Mutex};
 pub use step::{AlignStep, Move, Moves};
@@ -106,7 +107,7 @@ impl Planner {
         }
     }
 
-    /// Plans an align-mode step (DESIGN.md section 2).
+    /// Plans an align-mode step (docs/design.md section 3).
     pub fn plan_align(&self, step: &AlignStep<'_>) -> Result<CopyPlan> {
         let mut scratch = self.take_scratch();
         let r = step::align_moves(step, &self.limits(), &mut scratch.moves)
@@ -253,9 +254,9 @@ impl Planner {
             .iter()
             .map(|t| {
                 let (kind, width, dim) = match t.conv {
-                    None => (0, 0, 0),
+                    None => (KIND_TEMPORAL, 0, 0),
                     Some(g) => (
-                        if g.layout == crate::layout::ConvLayout::SD { 1 } else { 2 },
+                        if g.layout == crate::layout::ConvLayout::SD { KIND_CONV_SD } else { KIND_CONV_DS },
                         g.width as u32,
                         g.dim as u32,
                     ),

@@ -19,7 +19,7 @@ pub struct Moves {
     pub temporal: Vec<Move>,
 }
 
-/// Align-mode inputs (DESIGN.md section 2): per request a block-table row and
+/// Align-mode inputs (docs/design.md section 3): per request a block-table row and
 /// `(src_col, dst_col, num_accepted)`. A row with a negative column is padding.
 pub struct AlignStep<'a> {
     /// Row-major `[requests, cols]`.

@@ -182,7 +182,7 @@ impl Layout {
     /// The RecoverSSM geometry of this layout (state indices, heads, head dims, window, gate
     /// kind, conv geometry); raises LayoutError when the layout cannot serve RecoverSSM.
     fn recover_geometry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let g = crate::recover::recover_geometry(&self.inner).py_err(py)?;
+        let g = crate::commit::recover_geometry(&self.inner).py_err(py)?;
         let d = PyDict::new(py);
         d.set_item("conv_state", g.conv_state)?;
         d.set_item("recurrent_state", g.recurrent_state)?;
@@ -282,14 +282,14 @@ fn wrap(py: Python<'_>, l: crate::Result<CoreLayout>) -> PyResult<Layout> {
 
 /// Mamba1 layout: conv window + temporal state.
 #[pyfunction]
-#[pyo3(signature = (*, intermediate_size, state_size, conv_kernel_size, tp_size = 1, num_spec = 0,
+#[pyo3(signature = (*, intermediate_size, state_size, conv_kernel, tp_size = 1, num_spec = 0,
     conv_layout = "SD", dtype = None, ssm_dtype = None))]
 #[allow(clippy::too_many_arguments)]
 fn mamba1_layout(
     py: Python<'_>,
     intermediate_size: u64,
     state_size: u64,
-    conv_kernel_size: u64,
+    conv_kernel: u64,
     tp_size: u64,
     num_spec: u32,
     conv_layout: &str,
@@ -298,13 +298,14 @@ fn mamba1_layout(
 ) -> PyResult<Layout> {
     let (dt, sdt) = dtypes(py, dtype, ssm_dtype, "bfloat16");
     let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    wrap(py, families::mamba1(intermediate_size, state_size, conv_kernel_size, &c))
+    wrap(py, families::mamba1(intermediate_size, state_size, conv_kernel, &c))
 }
 
 /// Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace).
 #[pyfunction]
-#[pyo3(signature = (*, intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel_size,
-    tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None, ssm_dtype = None, replay_ring = None))]
+#[pyo3(signature = (*, intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel,
+    tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None, ssm_dtype = None, logical_window = None,
+    mamba_backend = "triton"))]
 #[allow(clippy::too_many_arguments)]
 fn mamba2_layout(
     py: Python<'_>,
@@ -313,27 +314,38 @@ fn mamba2_layout(
     num_heads: u64,
     head_dim: u64,
     state_size: u64,
-    conv_kernel_size: u64,
+    conv_kernel: u64,
     tp_size: u64,
     num_spec: u32,
     conv_layout: &str,
     dtype: Option<&Bound<'_, PyAny>>,
     ssm_dtype: Option<&Bound<'_, PyAny>>,
-    replay_ring: Option<u64>,
+    logical_window: Option<u64>,
+    mamba_backend: &str,
 ) -> PyResult<Layout> {
     let (dt, sdt) = dtypes(py, dtype, ssm_dtype, "bfloat16");
     let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    let p = families::Mamba2 { intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel_size, replay_ring };
+    let mamba_backend = families::MambaBackend::parse(mamba_backend).py_err(py)?;
+    let p = families::Mamba2 {
+        intermediate_size,
+        n_groups,
+        num_heads,
+        head_dim,
+        state_size,
+        conv_kernel,
+        logical_window,
+        mamba_backend,
+    };
     wrap(py, families::mamba2(&p, &c))
 }
 
 /// Short-conv layout: one conv window.
 #[pyfunction]
-#[pyo3(signature = (*, hidden_size, conv_kernel_size, tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None))]
+#[pyo3(signature = (*, intermediate_size, conv_kernel, tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None))]
 fn short_conv_layout(
     py: Python<'_>,
-    hidden_size: u64,
-    conv_kernel_size: u64,
+    intermediate_size: u64,
+    conv_kernel: u64,
     tp_size: u64,
     num_spec: u32,
     conv_layout: &str,
@@ -341,7 +353,7 @@ fn short_conv_layout(
 ) -> PyResult<Layout> {
     let (dt, sdt) = dtypes(py, dtype, None, "bfloat16");
     let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    wrap(py, families::short_conv(hidden_size, conv_kernel_size, &c))
+    wrap(py, families::short_conv(intermediate_size, conv_kernel, &c))
 }
 
 /// Linear-attention layout: one temporal state.
@@ -387,16 +399,16 @@ fn gdn_layout(
 
 /// Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records).
 #[pyfunction]
-#[pyo3(signature = (*, num_heads, head_dim, conv_kernel_size, num_k_heads = None, head_k_dim = None,
+#[pyo3(signature = (*, num_heads, head_dim, num_k_heads = None, head_k_dim = None, conv_kernel_size = 4,
     tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None, ssm_dtype = None, recover_ssm = false))]
 #[allow(clippy::too_many_arguments)]
 fn kda_layout(
     py: Python<'_>,
     num_heads: u64,
     head_dim: u64,
-    conv_kernel_size: u64,
     num_k_heads: Option<u64>,
     head_k_dim: Option<u64>,
+    conv_kernel_size: u64,
     tp_size: u64,
     num_spec: u32,
     conv_layout: &str,

@@ -1,33 +1,20 @@
-//! The Python bindings: a thin layer that converts arguments, calls the core, and maps core errors
-//! onto the package's exception classes (defined in `recoverssm_rs/errors.py`).
+//! The Python bindings: a thin layer that converts arguments, calls the core, and raises core
+//! errors as the package's exception classes (created here, in `errors`).
 
-use crate::error::{Error, ErrorKind};
-use pyo3::exceptions::PyValueError;
+use crate::error::Error;
 use pyo3::prelude::*;
-use pyo3::types::PyType;
 
+mod buffer;
 mod commit;
-mod launch;
+mod errors;
+mod kernels;
+mod group_plan;
+mod guard;
 mod layout;
 mod plan;
 mod transfer;
 
-/// Converts a core error into the package exception of its kind.
-pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    let class = match e.kind {
-        ErrorKind::Layout => "LayoutError",
-        ErrorKind::Binding => "BindingError",
-        ErrorKind::Plan => "PlanError",
-    };
-    let found = py
-        .import("recoverssm_rs.errors")
-        .and_then(|m| m.getattr(class))
-        .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
-    match found {
-        Ok(ty) => PyErr::from_type(ty, e.message),
-        Err(_) => PyValueError::new_err(e.message),
-    }
-}
+pub(crate) use errors::to_py;
 
 /// Extension trait: `core_result.py_err(py)?`.
 pub(crate) trait IntoPyResult<T> {
@@ -36,17 +23,21 @@ pub(crate) trait IntoPyResult<T> {
 
 impl<T> IntoPyResult<T> for crate::error::Result<T> {
     fn py_err(self, py: Python<'_>) -> PyResult<T> {
-        self.map_err(|e| to_py(py, e))
+        self.map_err(|e: Error| to_py(py, e))
     }
 }
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    buffer::register(m)?;
     layout::register(m)?;
     plan::register(m)?;
     commit::register(m)?;
-    launch::register(m)?;
+    kernels::register(m)?;
+    guard::register(m)?;
+    group_plan::register(m)?;
     transfer::register(m)?;
     Ok(())
 }

@@ -3,20 +3,15 @@
 //! numpy views, see `recoverssm_rs/planner.py`).
 
 use super::layout::{dtype_name, Layout};
+use super::buffer::RawBuffer;
 use super::{to_py, IntoPyResult};
 use crate::binding::{Binding, TensorDesc};
-use crate::commit::{check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitRow, CommitStep};
-use crate::commit_meta::CommitMeta;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::executor;
-use crate::plan::segment::{StateMeta, Tile};
 use crate::plan::{tiles, AlignStep, CopyPlan, Planner as CorePlanner};
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyBufferError;
-use pyo3::ffi;
 use pyo3::prelude::*;
-use std::os::raw::c_int;
 use std::sync::Arc;
 
 /// The core planner bound to state tensors, keeping the tensors alive.
@@ -33,7 +28,7 @@ fn foreign_order<T: pyo3::buffer::Element>(b: &PyBuffer<T>) -> bool {
     cfg!(target_endian = "little") && matches!(f.first(), Some(b'>') | Some(b'!'))
 }
 
-fn int_array(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Vec<i64>, Vec<usize>)> {
+pub(super) fn int_array(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Vec<i64>, Vec<usize>)> {
     let foreign = || to_py(py, Error::plan(format!("{what} must be in native byte order, got a byte-swapped array")));
     if let Ok(b) = PyBuffer::<i64>::get(obj) {
         if foreign_order(&b) {
@@ -55,7 +50,7 @@ fn int_array(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Ve
 }
 
 /// A 1-D integer vector (one entry per request).
-fn int_vector(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+pub(super) fn int_vector(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     let (v, shape) = int_array(py, obj, what)?;
     if shape.len() != 1 {
         return Err(to_py(py, Error::plan(format!("{what} must be 1-D (one entry per request), got shape {shape:?}"))));
@@ -63,20 +58,21 @@ fn int_vector(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Ve
     Ok(v)
 }
 
-/// `(data_ptr, dtype, shape, byte_strides, device, writable)` of one tensor, as
-/// `planner.describe_tensor` gives it.
-pub(super) type DescTuple<'py> = (u64, Bound<'py, PyAny>, Vec<i64>, Vec<i64>, String, bool);
+/// `(data_ptr, dtype, shape, byte_strides, device, writable, requires_grad)` of one tensor, as
+/// `tensors.describe_tensor` gives it.
+pub(super) type DescTuple<'py> = (u64, Bound<'py, PyAny>, Vec<i64>, Vec<i64>, String, bool, bool);
 
 /// A [`TensorDesc`] from its Python tuple; an unknown dtype is a binding error naming `what()`.
 pub(super) fn tensor_desc(py: Python<'_>, t: &DescTuple<'_>, what: impl Fn() -> String) -> PyResult<TensorDesc> {
-    let (ptr, dtype, shape, strides, device, writable) = t;
+    let (ptr, dtype, shape, strides, device, writable, requires_grad) = t;
+    crate::binding::check_not_tracked(*requires_grad, &what()).py_err(py)?;
     let dtype = DType::parse(&dtype_name(dtype)?).map_err(|e| to_py(py, Error::binding(format!("{}: {}", what(), e.message))))?;
     Ok(TensorDesc { data_ptr: *ptr, dtype, shape: shape.clone(), strides: strides.clone(), device: device.clone(), writable: *writable })
 }
 
 #[pymethods]
 impl Planner {
-    /// `states[layer]` holds `(data_ptr, dtype, shape, byte_strides, device, writable)` per state tensor;
+    /// `states[layer]` holds `(data_ptr, dtype, shape, byte_strides, device, writable, requires_grad)` per state tensor;
     /// `keepalive` is the object owning those tensors.
     #[new]
     #[allow(clippy::type_complexity)]
@@ -156,72 +152,9 @@ impl Planner {
         Ok(Plan { inner: Arc::new(plan.py_err(py)?), planner: slf.unbind() })
     }
 
-    /// A RecoverSSM commit plan (records of `recoverssm_rs.plan_format.COMMIT_ROW_DTYPE`): per
-    /// request the tokens to fold in, its state block and, in align mode, the boundary block.
-    /// `max_requests`: the workspace rows, when the caller has a workspace (B <= max_requests).
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (state_blocks, num_accepted, query_lens, seq_lens = None, block_table = None, block_size = None, max_requests = None))]
-    fn plan_commit(
-        &self,
-        py: Python<'_>,
-        state_blocks: &Bound<'_, PyAny>,
-        num_accepted: &Bound<'_, PyAny>,
-        query_lens: &Bound<'_, PyAny>,
-        seq_lens: Option<&Bound<'_, PyAny>>,
-        block_table: Option<&Bound<'_, PyAny>>,
-        block_size: Option<u64>,
-        max_requests: Option<u64>,
-    ) -> PyResult<RawBuffer> {
-        let sb = int_vector(py, state_blocks, "state_blocks")?;
-        if let Some(m) = max_requests {
-            check_workspace_rows(sb.len(), self.inner.binding().layout().backend(), m).py_err(py)?;
-        }
-        let na = int_vector(py, num_accepted, "num_accepted")?;
-        let ql = int_vector(py, query_lens, "query_lens")?;
-        let align = match (seq_lens, block_table, block_size) {
-            (None, None, None) => None,
-            (Some(s), Some(b), Some(bs)) => {
-                let s = int_vector(py, s, "seq_lens")?;
-                let (b, shape) = int_array(py, b, "block_table")?;
-                let cols = match shape.as_slice() {
-                    [_, c] => *c,
-                    _ => return Err(to_py(py, Error::plan(format!("block_table must be 2-D [requests, cols], got shape {shape:?}")))),
-                };
-                Some((s, b, cols, bs))
-            }
-            _ => {
-                return Err(to_py(
-                    py,
-                    Error::plan("align mode needs seq_lens, block_table and block_size together; pass all three or none"),
-                ))
-            }
-        };
-        let b = self.inner.binding();
-        let step = CommitStep {
-            state_blocks: &sb,
-            num_accepted: &na,
-            query_lens: &ql,
-            align: align.as_ref().map(|(s, bt, cols, bs)| AlignInputs { seq_lens: s, block_table: bt, cols: *cols, block_size: *bs }),
-        };
-        let rows = plan_commit(&step, b.layout().backend(), b.num_blocks(), b.layout().num_spec() + 1).py_err(py)?;
-        Ok(RawBuffer { owner: Owner::Commit(rows) })
-    }
-
-    /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
-    /// `max_requests` requests when given (the workspace rows).
-    #[pyo3(signature = (state_blocks, max_requests = None))]
-    fn check_state_blocks(&self, py: Python<'_>, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<()> {
-        let sb = int_vector(py, state_blocks, "state_blocks")?;
-        let b = self.inner.binding();
-        if let Some(m) = max_requests {
-            check_workspace_rows(sb.len(), b.layout().backend(), m).py_err(py)?;
-        }
-        check_state_blocks(&sb, b.layout().backend(), b.num_blocks()).py_err(py)
-    }
-
     /// The per-(layer, persistent state) metadata table of the fused device kernel.
     fn state_meta(&self) -> RawBuffer {
-        RawBuffer { owner: Owner::Meta(self.inner.state_meta()) }
+        RawBuffer::state_meta(self.inner.state_meta())
     }
 }
 
@@ -236,22 +169,22 @@ pub struct Plan {
 impl Plan {
     /// Segment records (32 bytes each) as a read-only buffer.
     fn segments(&self) -> RawBuffer {
-        RawBuffer { owner: Owner::Segments(Arc::clone(&self.inner)) }
+        RawBuffer::segments(Arc::clone(&self.inner))
     }
     /// Compact per-request records (40 bytes each).
     fn rows(&self) -> RawBuffer {
-        RawBuffer { owner: Owner::Rows(Arc::clone(&self.inner)) }
+        RawBuffer::rows(Arc::clone(&self.inner))
     }
     /// Segment index where each wave starts, plus the total (`num_waves + 1` u32 values).
     fn wave_starts(&self) -> RawBuffer {
-        RawBuffer { owner: Owner::U32(self.inner.wave_starts().to_vec()) }
+        RawBuffer::u32s(self.inner.wave_starts().to_vec())
     }
     /// Tiles of about `tile_bytes` bytes and where each wave's tiles start.
     #[pyo3(signature = (tile_bytes = tiles::DEFAULT_TILE_BYTES))]
     fn tiles(&self, py: Python<'_>, tile_bytes: u32) -> PyResult<(RawBuffer, RawBuffer)> {
         let plan = Arc::clone(&self.inner);
         let t = py.detach(move || tiles::cut(&plan, tile_bytes)).py_err(py)?;
-        Ok((RawBuffer { owner: Owner::Tiles(t.tiles) }, RawBuffer { owner: Owner::U32(t.wave_starts) }))
+        Ok((RawBuffer::tiles(t.tiles), RawBuffer::u32s(t.wave_starts)))
     }
     #[getter]
     fn num_waves(&self) -> usize {
@@ -285,72 +218,8 @@ impl Plan {
     }
 }
 
-enum Owner {
-    Segments(Arc<CopyPlan>),
-    Rows(Arc<CopyPlan>),
-    Tiles(Vec<Tile>),
-    U32(Vec<u32>),
-    Meta(Vec<StateMeta>),
-    Commit(Vec<CommitRow>),
-    CommitMeta(Vec<CommitMeta>),
-}
-
-/// A read-only byte buffer over plan records; numpy views it without copying.
-#[pyclass(module = "recoverssm_rs._core", frozen)]
-pub struct RawBuffer {
-    owner: Owner,
-}
-
-fn as_bytes<T>(v: &[T]) -> (*const u8, usize) {
-    (v.as_ptr() as *const u8, std::mem::size_of_val(v))
-}
-
-impl RawBuffer {
-    pub(super) fn commit_meta(v: Vec<CommitMeta>) -> RawBuffer {
-        RawBuffer { owner: Owner::CommitMeta(v) }
-    }
-
-    fn bytes(&self) -> (*const u8, usize) {
-        match &self.owner {
-            Owner::Segments(p) => as_bytes(p.segments()),
-            Owner::Rows(p) => as_bytes(p.rows()),
-            Owner::Tiles(t) => as_bytes(t),
-            Owner::U32(v) => as_bytes(v),
-            Owner::Meta(m) => as_bytes(m),
-            Owner::Commit(c) => as_bytes(c),
-            Owner::CommitMeta(m) => as_bytes(m),
-        }
-    }
-}
-
-#[pymethods]
-impl RawBuffer {
-    fn __len__(&self) -> usize {
-        self.bytes().1
-    }
-
-    /// # Safety
-    /// Called by the interpreter with a valid `view`. The exported memory is owned by `slf` (or by
-    /// an immutable plan it holds), never mutated, and `view.obj` keeps `slf` alive.
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("view is null"));
-        }
-        if (flags & ffi::PyBUF_WRITABLE) == ffi::PyBUF_WRITABLE {
-            return Err(PyBufferError::new_err("plan buffers are read-only"));
-        }
-        let (ptr, len) = slf.get().bytes();
-        let rc = ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut _, len as ffi::Py_ssize_t, 1, flags);
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
-    }
-}
-
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Planner>()?;
     m.add_class::<Plan>()?;
-    m.add_class::<RawBuffer>()?;
     Ok(())
 }

@@ -30,13 +30,7 @@ pub fn check_compatible(src: &Fingerprint, dst: &Fingerprint) -> Result<()> {
     }
     if src.states.len() != dst.states.len() {
         let names = |f: &Fingerprint| f.states.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
-        bad.push(format!(
-            "persistent states: source has {} ({}) vs destination {} ({})",
-            src.states.len(),
-            names(src),
-            dst.states.len(),
-            names(dst)
-        ));
+        bad.push(format!("persistent states: source has {} ({}) vs destination {} ({})", src.states.len(), names(src), dst.states.len(), names(dst)));
     }
     for (s, d) in src.states.iter().zip(&dst.states) {
         let name = &s.name;
@@ -47,10 +41,7 @@ pub fn check_compatible(src: &Fingerprint, dst: &Fingerprint) -> Result<()> {
             bad.push(format!("state '{name}' dtype: source {} vs destination {}", s.dtype, d.dtype));
         }
         match (&s.kind, &d.kind) {
-            (
-                StateKind::Conv { kernel_size: ks, segments: sg, .. },
-                StateKind::Conv { kernel_size: kd, segments: dg, .. },
-            ) => {
+            (StateKind::Conv { kernel_size: ks, segments: sg, .. }, StateKind::Conv { kernel_size: kd, segments: dg, .. }) => {
                 if ks != kd {
                     bad.push(format!("state '{name}' conv_kernel_size: source {ks} vs destination {kd}"));
                 }
@@ -58,11 +49,7 @@ pub fn check_compatible(src: &Fingerprint, dst: &Fingerprint) -> Result<()> {
                     let show = |g: &[super::fingerprint::Segment]| {
                         g.iter().map(|x| format!("{}={}x{}", x.name, x.units, x.unit_dim)).collect::<Vec<_>>().join(" ")
                     };
-                    bad.push(format!(
-                        "state '{name}' conv sub-projections: source [{}] vs destination [{}]",
-                        show(sg),
-                        show(dg)
-                    ));
+                    bad.push(format!("state '{name}' conv sub-projections: source [{}] vs destination [{}]", show(sg), show(dg)));
                 }
             }
             (StateKind::Heads { units: us, shape: ss }, StateKind::Heads { units: ud, shape: sd }) => {
@@ -70,18 +57,10 @@ pub fn check_compatible(src: &Fingerprint, dst: &Fingerprint) -> Result<()> {
                     bad.push(format!("state '{name}' heads: source {us} vs destination {ud}"));
                 }
                 if ss[1..] != sd[1..] {
-                    bad.push(format!(
-                        "state '{name}' per-head shape: source {:?} vs destination {:?}",
-                        &ss[1..],
-                        &sd[1..]
-                    ));
+                    bad.push(format!("state '{name}' per-head shape: source {:?} vs destination {:?}", &ss[1..], &sd[1..]));
                 }
             }
-            (a, b) => bad.push(format!(
-                "state '{name}' kind: source {} vs destination {}",
-                kind_name(a),
-                kind_name(b)
-            )),
+            (a, b) => bad.push(format!("state '{name}' kind: source {} vs destination {}", kind_name(a), kind_name(b))),
         }
     }
     if bad.is_empty() {

@@ -79,10 +79,7 @@ impl Fingerprint {
                         width: g.width,
                         dim: g.dim,
                         kernel_size: *kernel_size,
-                        segments: segments
-                            .iter()
-                            .map(|s| Segment { name: s.name.to_string(), units: s.units, unit_dim: s.unit_dim })
-                            .collect(),
+                        segments: segments.iter().map(|s| Segment { name: s.name.to_string(), units: s.units, unit_dim: s.unit_dim }).collect(),
                     }
                 }
                 (StateShard::Heads { units }, _) => StateKind::Heads { units: *units, shape: spec.shape.clone() },
@@ -114,10 +111,7 @@ impl Fingerprint {
     pub fn check(&self) -> Result<()> {
         let f = &self.family;
         if self.tp_size == 0 || self.tp_rank >= self.tp_size {
-            return Err(Error::layout(format!(
-                "{f}: tp_rank {} is out of range for tp_size {}",
-                self.tp_rank, self.tp_size
-            )));
+            return Err(Error::layout(format!("{f}: tp_rank {} is out of range for tp_size {}", self.tp_rank, self.tp_size)));
         }
         if self.states.is_empty() {
             return Err(Error::layout(format!("{f}: the fingerprint lists no persistent state")));
@@ -134,8 +128,8 @@ impl Fingerprint {
                     }
                     let mut local = 0u64;
                     for g in segments {
-                        let (_, n) = owned_units(g.units, self.tp_size, self.tp_rank)
-                            .map_err(|e| at(format!("segment '{}': {}", g.name, e.message)))?;
+                        let (_, n) =
+                            owned_units(g.units, self.tp_size, self.tp_rank).map_err(|e| at(format!("segment '{}': {}", g.name, e.message)))?;
                         local += n * g.unit_dim;
                     }
                     if local != *dim {
@@ -151,10 +145,7 @@ impl Fingerprint {
                         return Err(at(format!("{units} heads are not divisible by tp_size {}", self.tp_size)));
                     }
                     if shape.is_empty() || shape[0] != units / self.tp_size {
-                        return Err(at(format!(
-                            "local shape {shape:?} does not hold {units} / {} heads on its outermost axis",
-                            self.tp_size
-                        )));
+                        return Err(at(format!("local shape {shape:?} does not hold {units} / {} heads on its outermost axis", self.tp_size)));
                     }
                 }
             }
@@ -190,16 +181,8 @@ impl Fingerprint {
         for s in &self.states {
             match &s.kind {
                 StateKind::Conv { layout, width, dim, kernel_size, segments } => {
-                    let segs: Vec<String> =
-                        segments.iter().map(|g| format!("{}:{}:{}", g.name, g.units, g.unit_dim)).collect();
-                    let _ = writeln!(
-                        o,
-                        "conv {} {} {} {width} {dim} {kernel_size} {}",
-                        s.name,
-                        s.dtype.name(),
-                        layout.name(),
-                        segs.join(" ")
-                    );
+                    let segs: Vec<String> = segments.iter().map(|g| format!("{}:{}:{}", g.name, g.units, g.unit_dim)).collect();
+                    let _ = writeln!(o, "conv {} {} {} {width} {dim} {kernel_size} {}", s.name, s.dtype.name(), layout.name(), segs.join(" "));
                 }
                 StateKind::Heads { units, shape } => {
                     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
@@ -224,15 +207,7 @@ impl Fingerprint {
                 )))
             }
         }
-        let mut fp = Fingerprint {
-            family: String::new(),
-            model_dims: vec![],
-            tp_size: 0,
-            tp_rank: 0,
-            num_spec: 0,
-            block_size: 0,
-            states: vec![],
-        };
+        let mut fp = Fingerprint { family: String::new(), model_dims: vec![], tp_size: 0, tp_rank: 0, num_spec: 0, block_size: 0, states: vec![] };
         for (n, line) in lines {
             let t: Vec<&str> = line.split_whitespace().collect();
             match t.as_slice() {
@@ -240,9 +215,7 @@ impl Fingerprint {
                 ["family", f] => fp.family = f.to_string(),
                 ["dim", name, v] => fp.model_dims.push((name.to_string(), num(n, v)?)),
                 ["tp", size, rank] => (fp.tp_size, fp.tp_rank) = (num(n, size)?, num(n, rank)?),
-                ["num_spec", v] => {
-                    fp.num_spec = u32::try_from(num(n, v)?).map_err(|_| bad(n, format!("num_spec {v} is too large")))?
-                }
+                ["num_spec", v] => fp.num_spec = u32::try_from(num(n, v)?).map_err(|_| bad(n, format!("num_spec {v} is too large")))?,
                 ["block_size", v] => fp.block_size = num(n, v)?,
                 ["conv", name, dtype, layout, width, dim, k, segs @ ..] => {
                     let mut segments = Vec::with_capacity(segs.len());

@@ -155,10 +155,7 @@ fn natural(p: u64, ps: u64, d: u64, ds: u64) -> bool {
 /// source ranks among replicas.
 fn source_owner(units: u64, src: &Fingerprint, dst: &Fingerprint, unit: u64) -> u64 {
     let owners = unit_owners(units, src.tp_size, unit);
-    owners
-        .clone()
-        .find(|&p| natural(p, src.tp_size, dst.tp_rank, dst.tp_size))
-        .unwrap_or(owners.start)
+    owners.clone().find(|&p| natural(p, src.tp_size, dst.tp_rank, dst.tp_size)).unwrap_or(owners.start)
 }
 
 /// Channel pieces of a conv window: which source rank and local channel each destination channel
@@ -207,20 +204,14 @@ fn recipe(src: &Fingerprint, dst: &Fingerprint, i: usize) -> Result<StateRecipe>
             }
             Ok(StateRecipe { reads, staged: None, staging: 0 })
         }
-        (
-            StateKind::Conv { layout: lp, width: wp, dim: dp, kernel_size, segments },
-            StateKind::Conv { layout: ld, width: wd, dim: dd, .. },
-        ) => {
+        (StateKind::Conv { layout: lp, width: wp, dim: dp, kernel_size, segments }, StateKind::Conv { layout: ld, width: wd, dim: dd, .. }) => {
             let (wp, dp, wd, dd) = (*wp, *dp, *wd, *dd);
             let cols = if wp == wd { wd } else { kernel_size - 1 };
             let pieces = conv_pieces(src, dst, segments)?;
             let direct = |staged: bool, reads: &mut Vec<Local>| {
                 for c in 0..cols {
                     for p in &pieces {
-                        push_read(
-                            reads,
-                            Local { rank: p.rank, src: (c * dp + p.src) * es, staged, dst: (c * dd + p.dst) * es, len: p.n * es },
-                        );
+                        push_read(reads, Local { rank: p.rank, src: (c * dp + p.src) * es, staged, dst: (c * dd + p.dst) * es, len: p.n * es });
                     }
                 }
             };
@@ -267,10 +258,7 @@ fn check_pool(side: &str, fp: &Fingerprint, g: &PoolGeometry) -> Result<()> {
         return Err(Error::binding(format!("{side} pool: no layers")));
     }
     if g.num_blocks < 2 {
-        return Err(Error::binding(format!(
-            "{side} pool: {} blocks; a pool needs the null block 0 and at least one more",
-            g.num_blocks
-        )));
+        return Err(Error::binding(format!("{side} pool: {} blocks; a pool needs the null block 0 and at least one more", g.num_blocks)));
     }
     if g.block_strides.len() as u64 != g.num_layers * ns {
         return Err(Error::binding(format!(
@@ -357,7 +345,15 @@ pub fn plan_transfer(
                 for x in &rc.reads {
                     let src_off = sb * src_pool(x.rank).block_strides[t as usize] + x.src;
                     let (dt, doff) = if x.staged { (STAGING, sbase + x.dst) } else { (t, dbase + x.dst) };
-                    reads.push(Read { request: r as u64, src_rank: x.rank, src_tensor: t, src_offset: src_off, dst_tensor: dt, dst_offset: doff, len: x.len });
+                    reads.push(Read {
+                        request: r as u64,
+                        src_rank: x.rank,
+                        src_tensor: t,
+                        src_offset: src_off,
+                        dst_tensor: dt,
+                        dst_offset: doff,
+                        len: x.len,
+                    });
                 }
                 if let Some(st) = &rc.staged {
                     staged.push(StagedCopy {
@@ -435,7 +431,16 @@ mod tests {
     #[test]
     fn replicated_groups_are_read_from_a_natural_source_rank() {
         let m = |tp| {
-            let p = families::Mamba2 { intermediate_size: 16, n_groups: 1, num_heads: 8, head_dim: 2, state_size: 4, conv_kernel_size: 4, replay_ring: None };
+            let p = families::Mamba2 {
+                intermediate_size: 16,
+                n_groups: 1,
+                num_heads: 8,
+                head_dim: 2,
+                state_size: 4,
+                conv_kernel: 4,
+                logical_window: None,
+                mamba_backend: Default::default(),
+            };
             let c = Common { tp_size: tp, num_spec: 0, conv_layout: ConvLayout::SD, dtype: DType::Float16, ssm_dtype: DType::Float32 };
             families::mamba2(&p, &c).unwrap()
         };
@@ -459,13 +464,13 @@ mod tests {
     fn bad_blocks_are_rejected() {
         let s = gdn(1, 0, 0, ConvLayout::SD);
         let (g, h) = (pool(&s, 1, 4), pool(&s, 1, 4));
-        let e = |r: &[(u64, u64)]| plan_transfer(&s, &[g.clone()], &s, &h, r).unwrap_err().message;
+        let e = |r: &[(u64, u64)]| plan_transfer(&s, std::slice::from_ref(&g), &s, &h, r).unwrap_err().message;
         assert!(e(&[(0, 1)]).contains("request 0: the source block is the null block 0"));
         assert!(e(&[(1, 4)]).contains("destination block 4 is out of range [1, 4)"));
         assert!(e(&[(1, 2), (3, 2)]).contains("requests 0 and 1 both write destination block 2"));
         let mut bad = h.clone();
         bad.block_strides[1] = 4;
-        let m = plan_transfer(&s, &[g.clone()], &s, &bad, &[(1, 1)]).unwrap_err().message;
+        let m = plan_transfer(&s, std::slice::from_ref(&g), &s, &bad, &[(1, 1)]).unwrap_err().message;
         assert!(m.contains("state 'temporal': block stride 4 bytes"), "{m}");
     }
 }

@@ -105,7 +105,5 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_copy_tiles(const Segment* __restr
 }
 
 #if defined(RS_HOST_EMULATION)
-RS_HOST_ENTRY(rs_copy_tiles,
-              (const Segment* segments, const Tile* tiles, uint32_t first_tile, uint32_t num_tiles),
-              (segments, tiles, first_tile, num_tiles))
+RS_HOST_ENTRY(rs_copy_tiles)
 #endif

@@ -1,10 +1,12 @@
 // recoverssm_rs: host shim that lets the kernel sources (.cu) compile and run as host C++.
 //
-// kernelcheck.py compiles every kernel source with
+// The test tree's emulation (tests/support/emulation.py) compiles every kernel source with
 //   g++ -x c++ -std=c++17 -O1 -fno-strict-aliasing -fvisibility=hidden -fno-gnu-unique
 //       -include host_shim.h -shared -fPIC
 // and calls the RS_HOST_ENTRY wrappers through ctypes on numpy buffers (the kernels work on raw byte
-// addresses, so host memory works). Each wrapper runs the kernel body once per (block, thread) of the
+// addresses, so host memory works). A wrapper takes the packed argument buffer the core builds for
+// the CUDA driver (rust/kernels/abi.rs) and unpacks it by the kernel's own C++ parameter types, so
+// every emulated launch also checks the core's packing against the kernel's declaration. Each wrapper runs the kernel body once per (block, thread) of the
 // whole grid, sequentially, in a chosen order (natural, reversed, or a seeded shuffle of all threads
 // of the grid). The kernels are written so that every thread's work is independent of the others (no
 // __syncthreads, no shared memory), so any order must give the same bytes; running the orders and
@@ -21,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -146,17 +149,56 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 }
 
 // ---- grid-runner entry points ------------------------------------------------------------------------
-// RS_HOST_ENTRY(kernel, (parameter list), (argument list)) defines
+// The driver's packed-argument rule (CU_LAUNCH_PARAM_BUFFER_POINTER): each parameter at the next
+// offset aligned to its own size.
+namespace rs_host {
+template <typename... A>
+struct packed_args {
+  static std::uint64_t size() {
+    std::uint64_t off = 0;
+    ((off = (off + sizeof(A) - 1) / sizeof(A) * sizeof(A) + sizeof(A)), ...);
+    return off;
+  }
+  template <typename T>
+  static T take(const unsigned char* buf, std::uint64_t& off) {
+    off = (off + sizeof(T) - 1) / sizeof(T) * sizeof(T);
+    T v;
+    std::memcpy(&v, buf + off, sizeof(T));
+    off += sizeof(T);
+    return v;
+  }
+  // A braced list evaluates left to right, so the parameters are read in declaration order.
+  struct values {
+    std::tuple<A...> t;
+  };
+  static values unpack(const unsigned char* buf) {
+    std::uint64_t off = 0;
+    return values{std::tuple<A...>{take<A>(buf, off)...}};
+  }
+};
+
+template <typename... A>
+int call_packed(void (*kernel)(A...), const unsigned char* buf, std::uint64_t size, const unsigned* grid,
+                const unsigned* block, unsigned long long order, const unsigned long long* ranges, int num_ranges,
+                long long* counters) {
+  if (size != packed_args<A...>::size()) return -2;  // the core packed another signature
+  auto v = packed_args<A...>::unpack(buf);
+  return run_grid(grid, block, order, ranges, num_ranges, counters, [&]() { std::apply(kernel, v.t); });
+}
+}  // namespace rs_host
+
+// RS_HOST_ENTRY(kernel) defines
 //   extern "C" int rs_host_<kernel>(const unsigned grid[3], const unsigned block[3],
 //                                   unsigned long long order, const unsigned long long* ranges,
-//                                   int num_ranges, long long counters[4], <parameter list>)
-// which runs the kernel over the whole grid (see rs_host::run_grid).
-#define RS_HOST_STRIP(...) __VA_ARGS__
-#define RS_HOST_ENTRY(kernel, params, args)                                                     \
-  extern "C" __attribute__((visibility("default"))) int rs_host_##kernel(                       \
-      const unsigned* rs_grid, const unsigned* rs_block, unsigned long long rs_order,           \
-      const unsigned long long* rs_ranges, int rs_num_ranges, long long* rs_counters,           \
-      RS_HOST_STRIP params) {                                                                   \
-    return rs_host::run_grid(rs_grid, rs_block, rs_order, rs_ranges, rs_num_ranges, rs_counters, \
-                             [&]() { kernel args; });                                           \
+//                                   int num_ranges, long long counters[4],
+//                                   const unsigned char* args, unsigned long long args_size)
+// which unpacks `args` by the kernel's parameter types and runs the kernel over the whole grid (see
+// rs_host::run_grid); it returns -2 when args_size is not the size of the kernel's parameters.
+#define RS_HOST_ENTRY(kernel)                                                                        \
+  extern "C" __attribute__((visibility("default"))) int rs_host_##kernel(                            \
+      const unsigned* rs_grid, const unsigned* rs_block, unsigned long long rs_order,                \
+      const unsigned long long* rs_ranges, int rs_num_ranges, long long* rs_counters,                \
+      const unsigned char* rs_args, unsigned long long rs_args_size) {                               \
+    return rs_host::call_packed(&kernel, rs_args, rs_args_size, rs_grid, rs_block, rs_order, rs_ranges, \
+                                rs_num_ranges, rs_counters);                                         \
   }

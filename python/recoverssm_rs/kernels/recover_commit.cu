@@ -3,7 +3,7 @@
 // After sampling, each request folds its first `count` verified records (u_t, k_t, gate_t) into its
 // persistent recurrent state, in place, and the block's conv window becomes the verified window
 // compacted by `count`; in align mode the state / window after `boundary_len` tokens also go to the
-// prefix-cache block crossed inside the window (DESIGN.md section 3; the torch reference is
+// prefix-cache block crossed inside the window (docs/design.md section 5; the torch reference is
 // recoverssm_rs.recurrence.commit + compact_conv_window, driven as StateCache.commit drives them).
 #include "common.cuh"
 
@@ -584,10 +584,5 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_recover_commit(
 }
 
 #if defined(RS_HOST_EMULATION)
-RS_HOST_ENTRY(rs_recover_commit,
-              (const CommitMeta* metas, uint32_t num_layers, const CommitRow* rows, uint32_t num_rows,
-               const int32_t* num_accepted, uint32_t num_counts, int64_t num_blocks, uint32_t max_requests,
-               uint32_t rec_ctas, int32_t* err),
-              (metas, num_layers, rows, num_rows, num_accepted, num_counts, num_blocks, max_requests, rec_ctas,
-               err))
+RS_HOST_ENTRY(rs_recover_commit)
 #endif

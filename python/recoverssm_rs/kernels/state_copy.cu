@@ -1,15 +1,19 @@
 // recoverssm_rs: fused align-mode copy of the persistent states (GDN_ATTN / Mamba / KDA layouts),
-// compact per-request form (DESIGN.md section 2, vLLM 0.33 align mode).
+// compact per-request form (docs/design.md section 3, vLLM 0.33 align mode). One entry point,
+// rs_state_copy, with the destination columns given or the align decision taken on the device
+// (RS_FLAG_DECIDE).
 #include "common.cuh"
 
 // Bytes of one state copy per CTA: a state uses min(gridDim.x, ceil(state_bytes / this)) CTAs (at
-// least one). gpu.STATE_CHUNK_BYTES mirrors it.
+// least one). The core owns the value (rust/kernels/constants.rs); a test checks this copy.
 #define RS_STATE_CHUNK_BYTES 32768u
 
-// Flags of the fused kernels.
+// Flags of the fused kernel.
 #define RS_FLAG_HAS_TEMPORAL 1u  // some StateMeta is TEMPORAL: validate the temporal source column /
                                  // block for the whole request (so a bad request is skipped in
                                  // every state, not only in the temporal ones)
+#define RS_FLAG_DECIDE 2u        // the align decision is taken on the device: the second vector is
+                                 // `running` and block_size is used (see rs_state_copy)
 
 // What one request does, decided identically by every CTA that handles it.
 struct RsRequest {
@@ -141,15 +145,53 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
   return 0;
 }
 
-// Shared body of both entry points. align == false: `dst_or_running` is dst_col; align == true: it
-// is `running` and the destination column / effective accepted count are derived on the device.
-RS_DEVICE void rs_state_copy_body(const StateMeta* __restrict__ metas, uint32_t num_meta,
-                                  const int32_t* __restrict__ block_table, int64_t bt_row_stride,
-                                  int32_t bt_cols, const int32_t* __restrict__ src_col,
-                                  const int32_t* __restrict__ dst_or_running,
-                                  const int32_t* __restrict__ num_accepted, bool align, int32_t block_size,
-                                  int32_t num_requests, int32_t max_accepted, int64_t num_blocks,
-                                  uint32_t flags, int32_t* err) {
+// rs_state_copy
+// -------------
+// Explicit form (flags without RS_FLAG_DECIDE): `dst_or_running` is dst_col.
+// For each request r (a = num_accepted[r]) and each state m of metas[0 .. num_meta):
+//   conv SD / DS: state[bt[dst_col], columns 0 .. width-a] = state[bt[src_col], columns a-1 .. width-1]
+//   temporal:     state[bt[dst_col]] = state[bt[src_col + a - 1]]  (skipped when that block is bt[dst_col])
+// with bt = block_table row r (int32, row stride bt_row_stride elements, bt_cols columns).
+// Skipped silently, as by the host planner: padding (src_col < 0 or dst_col < 0), a null-block row
+// (bt[src_col] == bt[dst_col] == 0), no-op (src_col == dst_col and a == 1).
+// Skipped in every state and reported in err (see common.cuh): a outside [1, max_accepted]; a
+// column outside [0, bt_cols) (src_col, dst_col, and src_col + a - 1 when flags has
+// RS_FLAG_HAS_TEMPORAL); a block id outside [1, num_blocks) for the destination or the temporal
+// source (the latter only with RS_FLAG_HAS_TEMPORAL), or outside [0, num_blocks) for bt[src_col].
+// These request-level checks use kernel parameters only, so every CTA of a request takes the same
+// decision. A conv state whose source bt[src_col] is the null block is skipped and reported as a
+// block error (the host planner rejects the whole step instead).
+// Skipped in one state and reported: a state that cannot take the request (RS_ERR_META: a block id
+// beyond that tensor's num_blocks, a window not wider than the shift, width*dim*elem > state_bytes,
+// an unknown kind) -- a host/bind-time inconsistency; the request's other states are still copied.
+// (Without RS_FLAG_HAS_TEMPORAL a temporal state re-checks its own source column / block the same
+// way.) Nothing is ever written out of bounds, and the device never synchronises with the host.
+//
+// Device decision (flags with RS_FLAG_DECIDE; vLLM's GPU path: the host never waits for
+// num_accepted): `dst_or_running` is running[r] (= computed + scheduled - drafts; < 0 is
+// RS_ERR_ARGS, as is block_size < 1); s = src_col[r] < 0 is padding. new = running + a - 1;
+// aligned = new / block_size * block_size. The request copies iff aligned >= running and
+// aligned >= block_size, and then behaves exactly like the explicit form with
+// dst_col = aligned / block_size - 1 and accepted count a_eff = aligned - running + 1.
+//
+// Launch shape: grid (chunks, min(num_requests, 65535), min(num_meta, 65535)), block (RS_THREADS,
+// at most 256, see RS_LAUNCH_BOUNDS).
+// blockIdx.x cuts each state copy into gridDim.x pieces (16 for 2 MiB temporal states keeps 132 SMs
+// busy with a single request); blockIdx.y / blockIdx.z walk requests / states grid-stride, so any
+// gridDim.y / gridDim.z >= 1 is correct (folding). No shared memory, no barriers: CUDA-graph
+// capturable with a fixed shape for a fixed number of requests.
+//
+// Concurrency and memmove safety: the host guarantees that no request's destination block is a
+// source block of another request, so CTAs of different requests never touch each other's bytes;
+// CTAs of one request touch disjoint chunks. An in-place conv shift (bt[src_col] == bt[dst_col]) is
+// a left shift: SD runs the per-lane ascending row walk (rs_lanes_rows), DS one thread per row with
+// an ascending memmove (rs_move with one lane) -- the same disciplines as copy_tiles' modes 1 and 2.
+extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
+    const StateMeta* __restrict__ metas, uint32_t num_meta, const int32_t* __restrict__ block_table,
+    int64_t bt_row_stride, int32_t bt_cols, const int32_t* __restrict__ src_col,
+    const int32_t* __restrict__ dst_or_running, const int32_t* __restrict__ num_accepted, int32_t block_size,
+    int32_t num_requests, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
+  const bool align = (flags & RS_FLAG_DECIDE) != 0;
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
   const uint64_t chunk = blockIdx.x, nchunks = gridDim.x;
   const int64_t cols = bt_cols;
@@ -199,78 +241,6 @@ RS_DEVICE void rs_state_copy_body(const StateMeta* __restrict__ metas, uint32_t 
   }
 }
 
-// rs_state_copy: explicit form.
-// ------------------------------
-// For each request r (a = num_accepted[r]) and each state m of metas[0 .. num_meta):
-//   conv SD / DS: state[bt[dst_col], columns 0 .. width-a] = state[bt[src_col], columns a-1 .. width-1]
-//   temporal:     state[bt[dst_col]] = state[bt[src_col + a - 1]]  (skipped when that block is bt[dst_col])
-// with bt = block_table row r (int32, row stride bt_row_stride elements, bt_cols columns).
-// Skipped silently, as by the host planner: padding (src_col < 0 or dst_col < 0), a null-block row
-// (bt[src_col] == bt[dst_col] == 0), no-op (src_col == dst_col and a == 1).
-// Skipped in every state and reported in err (see common.cuh): a outside [1, max_accepted]; a
-// column outside [0, bt_cols) (src_col, dst_col, and src_col + a - 1 when flags has
-// RS_FLAG_HAS_TEMPORAL); a block id outside [1, num_blocks) for the destination or the temporal
-// source (the latter only with RS_FLAG_HAS_TEMPORAL), or outside [0, num_blocks) for bt[src_col].
-// These request-level checks use kernel parameters only, so every CTA of a request takes the same
-// decision. A conv state whose source bt[src_col] is the null block is skipped and reported as a
-// block error (the host planner rejects the whole step instead).
-// Skipped in one state and reported: a state that cannot take the request (RS_ERR_META: a block id
-// beyond that tensor's num_blocks, a window not wider than the shift, width*dim*elem > state_bytes,
-// an unknown kind) -- a host/bind-time inconsistency; the request's other states are still copied.
-// (Without RS_FLAG_HAS_TEMPORAL a temporal state re-checks its own source column / block the same
-// way.) Nothing is ever written out of bounds, and the device never synchronises with the host.
-//
-// Launch shape: grid (chunks, min(num_requests, 65535), min(num_meta, 65535)), block (RS_THREADS,
-// at most 256, see RS_LAUNCH_BOUNDS).
-// blockIdx.x cuts each state copy into gridDim.x pieces (16 for 2 MiB temporal states keeps 132 SMs
-// busy with a single request); blockIdx.y / blockIdx.z walk requests / states grid-stride, so any
-// gridDim.y / gridDim.z >= 1 is correct (folding). No shared memory, no barriers: CUDA-graph
-// capturable with a fixed shape for a fixed number of requests.
-//
-// Concurrency and memmove safety: the host guarantees that no request's destination block is a
-// source block of another request, so CTAs of different requests never touch each other's bytes;
-// CTAs of one request touch disjoint chunks. An in-place conv shift (bt[src_col] == bt[dst_col]) is
-// a left shift: SD runs the per-lane ascending row walk (rs_lanes_rows), DS one thread per row with
-// an ascending memmove (rs_move with one lane) -- the same disciplines as copy_tiles' modes 1 and 2.
-extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
-    const StateMeta* __restrict__ metas, uint32_t num_meta, const int32_t* __restrict__ block_table,
-    int64_t bt_row_stride, int32_t bt_cols, const int32_t* __restrict__ src_col,
-    const int32_t* __restrict__ dst_col, const int32_t* __restrict__ num_accepted, int32_t num_requests,
-    int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
-  rs_state_copy_body(metas, num_meta, block_table, bt_row_stride, bt_cols, src_col, dst_col, num_accepted,
-                     /*align=*/false, /*block_size=*/0, num_requests, max_accepted, num_blocks, flags, err);
-}
-
-// rs_state_copy_align: device-side align decision (vLLM's GPU path; the host never waits for
-// num_accepted).
-// ------------------------------------------------------------------------------------------------
-// Per request: s = src_col[r] (< 0: padding, skipped), a = num_accepted[r] (checked against
-// [1, max_accepted]), running = running[r] (= computed + scheduled - drafts; < 0 is RS_ERR_ARGS, as
-// is block_size < 1). new = running + a - 1; aligned = new / block_size * block_size. The request
-// copies iff aligned >= running and aligned >= block_size, and then behaves exactly like
-// rs_state_copy with dst_col = aligned / block_size - 1 and accepted count a_eff = aligned - running + 1.
-// Same launch shape, error word and safety argument as rs_state_copy.
-extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_align(
-    const StateMeta* __restrict__ metas, uint32_t num_meta, const int32_t* __restrict__ block_table,
-    int64_t bt_row_stride, int32_t bt_cols, const int32_t* __restrict__ src_col,
-    const int32_t* __restrict__ running, const int32_t* __restrict__ num_accepted, int32_t block_size,
-    int32_t num_requests, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
-  rs_state_copy_body(metas, num_meta, block_table, bt_row_stride, bt_cols, src_col, running, num_accepted,
-                     /*align=*/true, block_size, num_requests, max_accepted, num_blocks, flags, err);
-}
-
 #if defined(RS_HOST_EMULATION)
-RS_HOST_ENTRY(rs_state_copy,
-              (const StateMeta* metas, uint32_t num_meta, const int32_t* block_table, int64_t bt_row_stride,
-               int32_t bt_cols, const int32_t* src_col, const int32_t* dst_col, const int32_t* num_accepted,
-               int32_t num_requests, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err),
-              (metas, num_meta, block_table, bt_row_stride, bt_cols, src_col, dst_col, num_accepted,
-               num_requests, max_accepted, num_blocks, flags, err))
-RS_HOST_ENTRY(rs_state_copy_align,
-              (const StateMeta* metas, uint32_t num_meta, const int32_t* block_table, int64_t bt_row_stride,
-               int32_t bt_cols, const int32_t* src_col, const int32_t* running, const int32_t* num_accepted,
-               int32_t block_size, int32_t num_requests, int32_t max_accepted, int64_t num_blocks,
-               uint32_t flags, int32_t* err),
-              (metas, num_meta, block_table, bt_row_stride, bt_cols, src_col, running, num_accepted,
-               block_size, num_requests, max_accepted, num_blocks, flags, err))
+RS_HOST_ENTRY(rs_state_copy)
 #endif

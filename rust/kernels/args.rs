@@ -1,7 +1,7 @@
 //! Arguments of the CUDA kernel launches, checked on the host before anything is launched: the
-//! device tensors a step reads (block table, per-request vectors, accepted counts, error word) and
-//! the scalar launch parameters. The launch layer in Python only describes its arguments and packs
-//! what these functions return; it reads no device memory and keeps no rule of its own.
+//! device tensors a step reads (block table, per-request vectors, accepted counts, error word). The
+//! launch layer in Python only describes its arguments; it reads no device memory and keeps no rule
+//! of its own. The launch builders (`copy`, `commit`) turn checked arguments into a packed launch.
 
 use crate::binding::Device;
 use crate::error::{Error, ErrorKind, Result};
@@ -119,7 +119,7 @@ pub fn block_table(a: &DeviceArg, allowed: &[IntType], kind: ErrorKind) -> Resul
     if rows < 0 || cols < 0 {
         return Err(err(kind, format!("{what}: negative shape {:?}", a.shape)));
     }
-    if cols > 1 && col_stride != dtype.bytes() {
+    if rows > 0 && cols > 1 && col_stride != dtype.bytes() {
         return Err(err(kind, format!("{what}: the column axis must be contiguous (byte stride {col_stride})")));
     }
     if cols >= 1 << 31 || rows >= 1 << 31 {
@@ -161,50 +161,84 @@ pub struct StepArgs<'a> {
     pub block_size: Option<i64>,
 }
 
-/// Checks a step's device inputs against the planner's device: every input on that CUDA device,
-/// int32 or int64 (the error word int32, 3 elements, contiguous), vectors of one length `R`, and a
-/// block table of at least `R` rows, and a block size in `1 ..= 2**31 - 1`. Returns `R`. Errors
-/// are [`ErrorKind::Plan`].
-pub fn check_step_args(device: &Device, s: &StepArgs<'_>) -> Result<u64> {
+/// A step's device inputs, checked: the block table, the per-request vectors in the order given,
+/// the caller's error word (if any) and the number of requests `R`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedStep {
+    pub table: DeviceTable,
+    pub vectors: Vec<DeviceVector>,
+    pub err: Option<DeviceVector>,
+    pub requests: u64,
+}
+
+/// What a step check is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepCheck {
+    /// The caller's inputs, before the launch layer narrows int64 inputs to int32 and makes strided
+    /// ones contiguous on the device: int32 or int64, any strides.
+    BeforeNarrowing,
+    /// The inputs the kernel reads: int32, contiguous vectors and column axis, aligned addresses.
+    ForLaunch,
+}
+
+/// Checks a step's device inputs against the planner's device: every input an integer tensor on
+/// that CUDA device, vectors of one length `R`, a block table of at least `R` rows, an int32 error
+/// word of 3 contiguous elements, a block size in `1 ..= 2**31 - 1`, and for
+/// [`StepCheck::ForLaunch`] int32 inputs laid out as the kernel reads them. Errors are
+/// [`ErrorKind::Plan`].
+pub fn check_step_args(device: &Device, s: &StepArgs<'_>, check: StepCheck) -> Result<CheckedStep> {
+    const I32: [IntType; 1] = [IntType::I32];
     const INTS: [IntType; 2] = [IntType::I32, IntType::I64];
+    let allowed: &[IntType] = if check == StepCheck::ForLaunch { &I32 } else { &INTS };
     if let Some(bs) = s.block_size {
         if !(1..1 << 31).contains(&bs) {
             return Err(Error::plan(format!("block_size must be in [1, 2**31), got {bs}")));
         }
     }
-    let mut requests: Option<(&str, u64)> = None;
+    let mut first: Option<(&str, u64)> = None;
+    let mut vectors = Vec::with_capacity(s.vectors.len());
     for (name, a) in &s.vectors {
         on_device(a, name, device)?;
-        a.int_type(name, &INTS, ErrorKind::Plan)?;
+        a.int_type(name, allowed, ErrorKind::Plan)?;
         let &[n] = &a.shape[..] else {
             return Err(Error::plan(format!("{name}: expected a 1-D [requests] tensor, got shape {:?}", a.shape)));
         };
         let n = n.max(0) as u64;
-        match requests {
-            None => requests = Some((name, n)),
-            Some((first, r)) if r != n => {
-                return Err(Error::plan(format!("{name} has {n} elements but {first} has {r}")));
+        match first {
+            None => first = Some((name, n)),
+            Some((f, r)) if r != n => {
+                return Err(Error::plan(format!("{name} has {n} elements but {f} has {r}")));
             }
             _ => {}
         }
+        if check == StepCheck::ForLaunch {
+            vectors.push(int_vector(a, name, n, allowed, ErrorKind::Plan)?);
+        }
     }
-    let r = requests.map_or(0, |(_, r)| r);
+    let r = first.map_or(0, |(_, r)| r);
     on_device(s.block_table, "block_table", device)?;
-    s.block_table.int_type("block_table", &INTS, ErrorKind::Plan)?;
-    let &[rows, _cols] = &s.block_table.shape[..] else {
+    s.block_table.int_type("block_table", allowed, ErrorKind::Plan)?;
+    let &[rows, cols] = &s.block_table.shape[..] else {
         return Err(Error::plan(format!("block_table: expected a 2-D [requests, cols] tensor, got shape {:?}", s.block_table.shape)));
     };
     if (rows.max(0) as u64) < r {
         return Err(Error::plan(format!("block_table has {rows} rows for {r} requests")));
     }
+    let table = match check {
+        StepCheck::ForLaunch => block_table(s.block_table, allowed, ErrorKind::Plan)?,
+        StepCheck::BeforeNarrowing => DeviceTable { ptr: 0, rows: rows.max(0) as u64, cols: cols.max(0) as u64, row_stride: 0, dtype: IntType::I32 },
+    };
     if r >= 1 << 31 {
         return Err(Error::plan(format!("{r} requests exceed the kernels' 32-bit request count")));
     }
-    if let Some(e) = s.err {
-        on_device(e, "err", device)?;
-        int_vector(e, "err", 3, &[IntType::I32], ErrorKind::Plan)?;
-    }
-    Ok(r)
+    let err = match s.err {
+        Some(e) => {
+            on_device(e, "err", device)?;
+            Some(int_vector(e, "err", 3, &I32, ErrorKind::Plan)?)
+        }
+        None => None,
+    };
+    Ok(CheckedStep { table, vectors, err, requests: r })
 }
 
 /// Checks the accepted counts of a kernel commit: an integer vector on the cache's `device`
@@ -269,82 +303,6 @@ pub fn check_commit_rows(device: &Device, a: &DeviceArg, num_rows: Option<u64>) 
     Ok(n)
 }
 
-/// Scalar parameters of a fused state-copy launch (`rs_state_copy` / `rs_state_copy_align`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FusedParams {
-    pub num_meta: i64,
-    pub num_requests: i64,
-    pub max_accepted: i64,
-    pub num_blocks: i64,
-    pub chunks: i64,
-    /// Align form only.
-    pub block_size: Option<i64>,
-    /// Rows of the block table.
-    pub bt_rows: u64,
-}
-
-/// Ranges of the fused kernels' scalar parameters (they travel as 32-bit and 64-bit integers).
-/// Errors are [`ErrorKind::Plan`] (a block table short of rows: [`ErrorKind::Binding`]).
-pub fn check_fused(p: &FusedParams) -> Result<()> {
-    if !(0..1 << 32).contains(&p.num_meta) {
-        return Err(Error::plan(format!("bad num_meta {}: expected 0 <= num_meta < 2**32", p.num_meta)));
-    }
-    if !(1..1 << 31).contains(&p.max_accepted) {
-        return Err(Error::plan(format!("max_accepted must be >= 1 (1 + num_spec), got {}", p.max_accepted)));
-    }
-    if p.num_blocks < 1 {
-        return Err(Error::plan(format!("num_blocks must be >= 1, got {}", p.num_blocks)));
-    }
-    if !(1..1 << 31).contains(&p.chunks) {
-        return Err(Error::plan(format!("chunks must be in 1 ..= 2**31 - 1, got {}", p.chunks)));
-    }
-    if !(0..1 << 31).contains(&p.num_requests) {
-        return Err(Error::plan(format!("bad number of requests {}: expected 0 <= R < 2**31", p.num_requests)));
-    }
-    if let Some(bs) = p.block_size {
-        if !(1..1 << 31).contains(&bs) {
-            return Err(Error::plan(format!("block_size must be in 1 ..= 2**31 - 1, got {bs}")));
-        }
-    }
-    if p.bt_rows < p.num_requests as u64 {
-        return Err(Error::binding(format!("block_table has {} rows for {} requests", p.bt_rows, p.num_requests)));
-    }
-    Ok(())
-}
-
-/// A wave's tile range of `rs_copy_tiles` (32-bit tile indices).
-pub fn check_tile_range(first_tile: i64, num_tiles: i64) -> Result<()> {
-    if first_tile < 0 || num_tiles < 0 || !first_tile.checked_add(num_tiles).is_some_and(|s| s < 1 << 32) {
-        return Err(Error::plan(format!("bad tile range: first_tile={first_tile}, num_tiles={num_tiles}")));
-    }
-    Ok(())
-}
-
-/// Scalar parameters of a RecoverSSM commit launch (`rs_recover_commit`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CommitParams {
-    pub num_layers: i64,
-    pub num_rows: i64,
-    pub num_blocks: i64,
-    pub max_requests: i64,
-    pub rec_ctas: i64,
-    pub conv_ctas: i64,
-}
-
-/// Ranges of the commit kernel's scalar parameters.
-pub fn check_commit_launch(p: &CommitParams) -> Result<()> {
-    if !(0..1 << 32).contains(&p.num_layers) || !(0..1 << 32).contains(&p.num_rows) {
-        return Err(Error::plan(format!("bad num_layers {} / num_rows {}: expected 0 ..= 2**32 - 1", p.num_layers, p.num_rows)));
-    }
-    if p.num_blocks < 1 || !(0..1 << 32).contains(&p.max_requests) {
-        return Err(Error::plan(format!("bad num_blocks {} / max_requests {}", p.num_blocks, p.max_requests)));
-    }
-    if p.rec_ctas < 1 || p.conv_ctas < 0 || p.rec_ctas.saturating_add(p.conv_ctas) >= 1 << 31 {
-        return Err(Error::plan(format!("bad commit grid ({}, {})", p.rec_ctas, p.conv_ctas)));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,13 +352,15 @@ mod tests {
         let (bt, src, dst, acc, err) = (
             arg("torch.int32", &[8, 5], "cuda:0"),
             arg("torch.int32", &[6], "cuda:0"),
-            arg("torch.int64", &[6], "cuda:0"),
+            arg("torch.int32", &[6], "cuda:0"),
             arg("torch.int32", &[6], "cuda:0"),
             arg("torch.int32", &[3], "cuda:0"),
         );
         let step = |bt: &DeviceArg, vs: Vec<(&'static str, DeviceArg)>, err: Option<&DeviceArg>| {
             let vectors: Vec<(&str, &DeviceArg)> = vs.iter().map(|(n, a)| (*n, a)).collect();
-            check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, block_size: None }).map_err(|e| e.message)
+            check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, block_size: None }, StepCheck::ForLaunch)
+                .map(|c| c.requests)
+                .map_err(|e| e.message)
         };
         let ok = vec![("src_col", src.clone()), ("dst_col", dst.clone()), ("num_accepted", acc.clone())];
         assert_eq!(step(&bt, ok.clone(), Some(&err)), Ok(6));
@@ -413,30 +373,29 @@ mod tests {
         let e = step(&bt, vec![("src_col", arg("int32", &[6], "cuda:1"))], None).unwrap_err();
         assert_eq!(e, "src_col is on cuda:1 but the planner's states are on cuda:0");
         let e = step(&bt, vec![("num_accepted", arg("torch.bfloat16", &[6], "cuda:0"))], None).unwrap_err();
-        assert_eq!(e, "num_accepted: expected int32 or int64, got torch.bfloat16");
+        assert_eq!(e, "num_accepted: expected int32, got torch.bfloat16");
+        let e = step(&bt, vec![("num_accepted", arg("torch.int64", &[6], "cuda:0"))], None).unwrap_err();
+        assert_eq!(e, "num_accepted: expected int32, got torch.int64");
+        let mut strided = arg("torch.int32", &[6], "cuda:0");
+        strided.strides = vec![8];
+        assert!(step(&bt, vec![("src_col", strided)], None).unwrap_err().contains("contiguous"));
         let e = step(&bt, ok.clone(), Some(&arg("int64", &[3], "cuda:0"))).unwrap_err();
         assert_eq!(e, "err: expected int32, got int64");
-        let e = check_step_args(&Device::Cpu, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None }).unwrap_err();
+        let e = check_step_args(&Device::Cpu, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None }, StepCheck::BeforeNarrowing).unwrap_err();
         assert!(e.message.contains("on the host"), "{}", e.message);
-        let e = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0) }).unwrap_err();
+        let e = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0) }, StepCheck::BeforeNarrowing).unwrap_err();
         assert_eq!(e.message, "block_size must be in [1, 2**31), got 0");
-    }
-
-    #[test]
-    fn scalar_ranges() {
-        let p = FusedParams { num_meta: 96, num_requests: 6, max_accepted: 4, num_blocks: 100, chunks: 16, block_size: Some(16), bt_rows: 6 };
-        assert!(check_fused(&p).is_ok());
-        assert!(check_fused(&FusedParams { max_accepted: 0, ..p }).unwrap_err().message.contains("max_accepted must be >= 1"));
-        assert!(check_fused(&FusedParams { block_size: Some(0), ..p }).unwrap_err().message.contains("block_size"));
-        assert!(check_fused(&FusedParams { num_meta: 1 << 32, ..p }).unwrap_err().message.contains("num_meta"));
-        let e = check_fused(&FusedParams { bt_rows: 5, ..p }).unwrap_err();
-        assert_eq!((e.kind, e.message.as_str()), (ErrorKind::Binding, "block_table has 5 rows for 6 requests"));
-        assert!(check_tile_range(5, 300).is_ok());
-        assert!(check_tile_range(-1, 3).is_err() && check_tile_range((1 << 32) - 3, 3).is_err());
-        let c = CommitParams { num_layers: 48, num_rows: 256, num_blocks: 1000, max_requests: 256, rec_ctas: 64, conv_ctas: 2 };
-        assert!(check_commit_launch(&c).is_ok());
-        assert!(check_commit_launch(&CommitParams { rec_ctas: 0, ..c }).unwrap_err().message.contains("bad commit grid"));
-        assert!(check_commit_launch(&CommitParams { num_blocks: 0, ..c }).is_err());
+        let c = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![("src_col", &src)], err: Some(&err), block_size: None }, StepCheck::ForLaunch).unwrap();
+        let wide = arg("torch.int64", &[6], "cuda:0");
+        let step = StepArgs { block_table: &bt, vectors: vec![("src_col", &wide)], err: None, block_size: None };
+        assert_eq!(check_step_args(&dev, &step, StepCheck::BeforeNarrowing).map(|c| c.requests), Ok(6));
+        let mut strided = arg("torch.int64", &[6], "cuda:0");
+        strided.strides = vec![16];
+        let before = StepArgs { vectors: vec![("src_col", &strided)], ..step.clone() };
+        assert_eq!(check_step_args(&dev, &before, StepCheck::BeforeNarrowing).map(|c| c.requests), Ok(6));
+        let e = check_step_args(&dev, &StepArgs { vectors: vec![("x", &arg("torch.float32", &[6], "cuda:0"))], ..step }, StepCheck::BeforeNarrowing).unwrap_err();
+        assert_eq!(e.message, "x: expected int32 or int64, got torch.float32");
+        assert_eq!((c.table.rows, c.table.cols, c.vectors.len(), c.err.map(|e| e.len)), (8, 5, 1, Some(3)));
     }
 
     #[test]

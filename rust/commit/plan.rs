@@ -159,6 +159,33 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
     Ok(rows)
 }
 
+/// A positive block size (tokens per block) as the planner takes it.
+pub fn check_block_size(block_size: i64) -> Result<u64> {
+    if block_size < 1 {
+        return Err(Error::plan(format!("block_size must be >= 1 (tokens per block), got {block_size}")));
+    }
+    Ok(block_size as u64)
+}
+
+/// The sizes of a state cache: at least one layer, two blocks (the null block 0 and one more) and
+/// one workspace row, each within the 32-bit counts the kernels take.
+pub fn check_cache_sizes(num_layers: i64, num_blocks: i64, max_requests: i64) -> Result<()> {
+    for (name, value, min) in [("num_layers", num_layers, 1), ("num_blocks", num_blocks, 2), ("max_requests", max_requests, 1)] {
+        if value < min || value >= 1 << 31 {
+            return Err(Error::binding(format!("{name} must be in {min} ..= 2**31 - 1, got {value}")));
+        }
+    }
+    Ok(())
+}
+
+/// An index into `len` items (layers, say), named `what` in the error.
+pub fn check_index(what: &str, index: i64, len: u64) -> Result<usize> {
+    if index < 0 || index as u64 >= len {
+        return Err(Error::plan(format!("{what} {index} is out of range: there are {len} (0 ..= {})", len as i64 - 1)));
+    }
+    Ok(index as usize)
+}
+
 /// A step of `requests` requests fits a workspace of `max_requests` rows (one row per request).
 pub fn check_workspace_rows(requests: usize, backend: &str, max_requests: u64) -> Result<()> {
     if requests as u64 > max_requests {
@@ -194,6 +221,23 @@ pub fn check_state_blocks(state_blocks: &[i64], backend: &str, num_blocks: u64) 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[test]
+    fn sizes_blocks_and_indices() {
+        assert_eq!(check_block_size(16), Ok(16));
+        assert_eq!(check_block_size(-1).unwrap_err().message, "block_size must be >= 1 (tokens per block), got -1");
+        assert!(check_cache_sizes(4, 256, 32).is_ok());
+        assert_eq!(check_cache_sizes(4, -3, 32).unwrap_err().message, "num_blocks must be in 2 ..= 2**31 - 1, got -3");
+        assert!(check_cache_sizes(0, 8, 1).is_err() && check_cache_sizes(1, 8, 0).is_err());
+        assert_eq!(check_index("layer", 2, 4), Ok(2));
+        assert_eq!(check_index("layer", 4, 4).unwrap_err().message, "layer 4 is out of range: there are 4 (0 ..= 3)");
+        assert!(check_index("layer", -1, 4).is_err());
+    }
 }
 
 #[cfg(test)]

@@ -11,23 +11,11 @@ use crate::binding::{Device, TensorDesc};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::ConvLayout;
-use crate::recover::GateKind;
+use crate::commit::recover::GateKind;
+use crate::kernels::constants::{DT_BF16, DT_F16, DT_F32, KIND_CONV_DS as CONV_DS, KIND_CONV_SD as CONV_SD, RC_GDN, RC_KDA, THREADS};
 
-/// Threads per CTA of the commit kernel (`RS_THREADS`); each thread covers 4 key channels of a row.
-pub const COMMIT_THREADS: u64 = 256;
-
-/// Element-type codes of the table (`RS_DT_*` in `recover_commit.cu`).
-pub const DT_F32: u32 = 0;
-pub const DT_BF16: u32 = 1;
-pub const DT_F16: u32 = 2;
-/// Recurrence kinds of the table (`RS_RC_GDN` / `RS_RC_KDA`).
-pub const RC_GDN: u32 = 0;
-pub const RC_KDA: u32 = 1;
-/// Conv orientations of the table (the state-copy kinds `KIND_CONV_SD` / `KIND_CONV_DS`; 0: no
-/// conv state).
-pub const CONV_NONE: u32 = 0;
-pub const CONV_SD: u32 = 1;
-pub const CONV_DS: u32 = 2;
+/// Threads per CTA of the commit kernel; each thread covers 4 key channels of a row.
+const COMMIT_THREADS: u64 = THREADS as u64;
 
 /// (recurrent state dtype, key+gate record dtype) pairs the kernel is instantiated for.
 pub const COMMIT_DTYPE_PAIRS: [(DType, DType); 5] = [
@@ -76,6 +64,26 @@ const _: () = assert!(
         && std::mem::offset_of!(CommitMeta, conv_hist) == 124
         && std::mem::offset_of!(CommitMeta, conv_elem) == 126
 );
+
+impl CommitMeta {
+    /// Records from their little-endian bytes (a whole number of 128-byte records), as the kernel
+    /// reads them; every byte pattern is a valid record.
+    pub fn from_bytes(b: &[u8]) -> Result<Vec<CommitMeta>> {
+        const SIZE: usize = std::mem::size_of::<CommitMeta>();
+        if b.len() % SIZE != 0 {
+            return Err(Error::binding(format!("a commit table is a whole number of {SIZE}-byte records, got {} bytes", b.len())));
+        }
+        Ok(b.chunks_exact(SIZE)
+            .map(|c| {
+                // SAFETY: `c` holds exactly size_of::<CommitMeta>() initialised bytes; CommitMeta is
+                // `#[repr(C)]` plain integers with no padding (checked by the offset asserts above
+                // and the record tests), so any bytes are a valid value; read_unaligned imposes no
+                // alignment on `c`.
+                unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<CommitMeta>()) }
+            })
+            .collect())
+    }
+}
 
 /// The tensors of a commit, one entry per layer in each slice. `conv` holds the conv pools and the
 /// verified conv windows (`None`: the layers have no conv state).
@@ -410,7 +418,7 @@ mod tests {
         assert_eq!((m1.conv_block_stride, m1.win_row_stride), (16 * 6 * 2, 16 * 6 * 2));
         // Without a conv state the conv fields stay zero.
         let none = commit_meta(&CommitTensors { recurrent: &c.rec, corrections: &c.corr, keygate: &c.kg, conv: None }, &cfg()).unwrap();
-        assert_eq!((none[0].conv_layout, none[0].conv_base, none[0].conv_width), (CONV_NONE, 0, 0));
+        assert_eq!((none[0].conv_layout, none[0].conv_base, none[0].conv_width), (crate::kernels::constants::RC_NO_CONV, 0, 0));
         // GDN records are K + 1 wide; a padded first axis is fine.
         let mut g = case();
         for l in 0..2 {

@@ -1,0 +1,39 @@
+"""Cost of the bound-memory guard per step: ``planner.bound.check()`` (every tensor's and storage's
+address and size, before a write) and ``mark_written()`` (autograd version counters, after), for a
+48-layer GDN pool bound as one pool per state kind (each layer a view) and as one tensor per layer.
+
+    .venv/bin/python benches/guard_cost.py [--number 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import timeit
+
+import torch
+
+import recoverssm_rs as rs
+from recoverssm_rs import layouts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--number", type=int, default=20000)
+    args = ap.parse_args(argv)
+    layout = layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4,
+                         num_spec=3, conv_layout="DS")
+    pools = [torch.zeros((48, 64, *s.shape), dtype=getattr(torch, s.dtype)) for s in layout.persistent]
+    views = rs.CopyPlanner(layout, [[p[layer] for p in pools] for layer in range(48)])
+    separate = rs.CopyPlanner(layout, [[torch.zeros((64, *s.shape), dtype=getattr(torch, s.dtype))
+                                        for s in layout.persistent] for _ in range(48)])
+    print(f"{'binding':<40}{'check us':>10}{'mark us':>10}")
+    for name, planner in (("one pool per state kind (views)", views), ("one tensor per layer and state", separate)):
+        n = args.number
+        check = min(timeit.repeat(planner.bound.check, number=n, repeat=3)) / n * 1e6
+        mark = min(timeit.repeat(planner.bound.mark_written, number=n, repeat=3)) / n * 1e6
+        print(f"{name:<40}{check:>10.2f}{mark:>10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,287 @@
+"""Compiling the package's CUDA kernels with NVRTC, without a GPU or a driver: every ``.cu`` source
+(and the combined module the launch layer loads) for sm_80 and sm_90, to CUBIN with ptxas's resource
+report (registers, stack frame, spills, barriers per kernel) and to PTX, with the options
+``cupy.RawModule`` uses. ``python -m recoverssm_rs check-kernels`` runs it with the user's NVRTC.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.util
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BackendUnavailableError
+from .module import KERNEL_DIR, MODULE_OPTIONS, kernel_source, module_source
+
+__all__ = [
+    "ARCHS",
+    "NvrtcUnavailableError",
+    "KernelResources",
+    "CompileReport",
+    "find_nvrtc",
+    "nvrtc_version",
+    "cupy_nvrtc_options",
+    "nvrtc_compile",
+    "parse_ptxas_log",
+    "compile_all",
+    "resource_table",
+]
+
+#: Architectures checked (A100, H100/H200).
+ARCHS = (80, 90)
+
+
+class NvrtcUnavailableError(BackendUnavailableError):
+    """The NVRTC shared library could not be found or loaded."""
+
+
+# NVRTC
+# ================================================================================================
+
+
+def find_nvrtc() -> Path | None:
+    """Path of the NVRTC library the compile checks use.
+
+    In order: the file named by ``RECOVERSSM_NVRTC``; ``libnvrtc.so.12`` of the
+    ``nvidia-cuda-nvrtc-cu12`` wheel; ``libnvrtc.so.13`` of the CUDA 13 ``nvidia-cuda-nvrtc`` wheel;
+    else the system's ``libnvrtc`` (a CUDA toolkit on the loader path).
+    """
+    override = os.environ.get("RECOVERSSM_NVRTC")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise NvrtcUnavailableError(f"RECOVERSSM_NVRTC={override}: no such file")
+        return path
+    candidates: list[Path] = []
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        for loc in spec.submodule_search_locations or ():
+            candidates.append(Path(loc) / "lib" / "libnvrtc.so.12")
+    for entry in sys.path:
+        candidates.append(Path(entry) / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12")
+    for entry in sys.path:
+        candidates.append(Path(entry) / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13")
+    for c in candidates:
+        if c.is_file():
+            return c
+    found = ctypes.util.find_library("nvrtc")
+    return Path(found) if found else None
+
+
+_nvrtc_lock = threading.Lock()
+_nvrtc_lib: ctypes.CDLL | None = None
+
+
+def _nvrtc() -> ctypes.CDLL:
+    global _nvrtc_lib
+    with _nvrtc_lock:
+        if _nvrtc_lib is None:
+            path = find_nvrtc()
+            if path is None:
+                raise NvrtcUnavailableError("libnvrtc not found: pip install nvidia-cuda-nvrtc-cu12")
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:
+                raise NvrtcUnavailableError(f"cannot load {path}: {exc}") from exc
+            vp = ctypes.c_void_p
+            lib.nvrtcCreateProgram.argtypes = [
+                ctypes.POINTER(vp), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
+                ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+            ]
+            lib.nvrtcCompileProgram.argtypes = [vp, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(vp)]
+            for fn in ("nvrtcGetProgramLogSize", "nvrtcGetPTXSize", "nvrtcGetCUBINSize"):
+                getattr(lib, fn).argtypes = [vp, ctypes.POINTER(ctypes.c_size_t)]
+            for fn in ("nvrtcGetProgramLog", "nvrtcGetPTX", "nvrtcGetCUBIN"):
+                getattr(lib, fn).argtypes = [vp, ctypes.c_char_p]
+            lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            _nvrtc_lib = lib
+    return _nvrtc_lib
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library used."""
+    lib = _nvrtc()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+def cupy_nvrtc_options(arch: int, *, cubin: bool = True, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The NVRTC options ``cupy.RawModule(code=..., options=MODULE_OPTIONS)`` compiles with.
+
+    From CuPy's ``_core/_compile_with_cache.pyx`` (``assemble_cupy_compiler_options``: the user
+    options, ``--std=c++14`` unless a ``-std`` is given, then ``-I`` for the bundled CCCL, CuPy's
+    headers and the CUDA include folder) and ``cuda/compiler.py`` (``_compile_with_cache_cuda`` adds
+    ``-ftz=true``; ``_compile_using_nvrtc`` adds ``-arch=sm_XX`` -- CUBIN -- when NVRTC knows the
+    device's architecture, else ``-arch=compute_XX`` -- PTX -- and
+    ``--device-as-default-execution-space`` when jitify is off). When CuPy is importable its own
+    ``assemble_cupy_compiler_options`` is used (it needs no GPU); otherwise the equivalent without
+    include paths (the kernels include nothing from them).
+    """
+    opts: tuple[str, ...] = tuple(MODULE_OPTIONS)
+    try:
+        from cupy._core.core import assemble_cupy_compiler_options  # type: ignore[import-not-found]
+
+        opts = tuple(assemble_cupy_compiler_options(opts))
+    except Exception:  # CuPy missing, or its CUDA path detection failed
+        if not any("-std=" in o for o in opts):
+            opts += ("--std=c++14",)
+    opts += ("-ftz=true",)
+    opts += (f"-arch=sm_{arch}",) if cubin else (f"-arch=compute_{arch}",)
+    opts += ("--device-as-default-execution-space",)
+    return opts + tuple(extra)
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """ptxas's resource usage of one kernel for one architecture."""
+
+    file: str
+    kernel: str
+    arch: int
+    registers: int
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+    barriers: int
+    cmem: int = 0
+
+    @property
+    def clean(self) -> bool:
+        """No spills and no local memory (stack frame)."""
+        return self.stack_frame == 0 and self.spill_stores == 0 and self.spill_loads == 0
+
+
+@dataclass
+class CompileReport:
+    """Result of compiling one source for one architecture and target."""
+
+    file: str
+    arch: int
+    target: str  # "cubin" or "ptx"
+    ok: bool
+    options: tuple[str, ...]
+    log: str
+    binary_size: int = 0
+    kernels: list[KernelResources] = field(default_factory=list)
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:.*?(\d+) bytes cmem\[0\])?")
+
+
+def parse_ptxas_log(log: str, file: str, arch: int) -> list[KernelResources]:
+    """Per-entry resource usage from ptxas ``-v`` output (as NVRTC returns it in the program log)."""
+    out: list[KernelResources] = []
+    current: str | None = None
+    frame = (0, 0, 0)
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current, frame = m.group(1), (0, 0, 0)
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            frame = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            continue
+        m = _REGS.search(line)
+        if m:
+            out.append(
+                KernelResources(
+                    file=file,
+                    kernel=current,
+                    arch=arch,
+                    registers=int(m.group(1)),
+                    stack_frame=frame[0],
+                    spill_stores=frame[1],
+                    spill_loads=frame[2],
+                    barriers=int(m.group(2) or 0),
+                    cmem=int(m.group(3) or 0),
+                )
+            )
+            current = None
+    return out
+
+
+def nvrtc_compile(
+    name: str, arch: int, *, target: str = "cubin", source: str | None = None, verbose: bool = True
+) -> CompileReport:
+    """Compile one kernel file (``name`` under ``kernels/``, includes inlined) or ``source``.
+
+    ``target="cubin"`` compiles with ``-arch=sm_XX`` (plus ``-Xptxas=-v`` when ``verbose``) and parses
+    the resource report; ``target="ptx"`` compiles with ``-arch=compute_XX``.
+    """
+    if target not in ("cubin", "ptx"):
+        raise ValueError("target must be 'cubin' or 'ptx'")
+    lib = _nvrtc()
+    text = kernel_source(name) if source is None else source
+    extra = ("-Xptxas=-v",) if (verbose and target == "cubin") else ()
+    options = cupy_nvrtc_options(arch, cubin=target == "cubin", extra=extra)
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None)
+    if rc != 0:
+        raise NvrtcUnavailableError(f"nvrtcCreateProgram failed: {lib.nvrtcGetErrorString(rc).decode()}")
+    try:
+        enc = [o.encode() for o in options]
+        arr = (ctypes.c_char_p * len(enc))(*enc)
+        rc = lib.nvrtcCompileProgram(prog, len(enc), arr)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, buf)
+        log = buf.value.decode(errors="replace")
+        binary_size = 0
+        if rc == 0:
+            get_size = lib.nvrtcGetCUBINSize if target == "cubin" else lib.nvrtcGetPTXSize
+            get_size(prog, ctypes.byref(size))
+            binary_size = size.value
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    report = CompileReport(name, arch, target, rc == 0, options, log, binary_size)
+    if rc == 0 and target == "cubin":
+        report.kernels = parse_ptxas_log(log, name, arch)
+    return report
+
+
+def compile_all(archs: Sequence[int] = ARCHS, *, ptx: bool = True, module: bool = True) -> list[CompileReport]:
+    """Compile every kernel source (and the combined module) for every architecture.
+
+    Returns one :class:`CompileReport` per (file, arch, target); the CUBIN reports carry the
+    per-kernel :class:`KernelResources`. The combined module appears as file ``"<module>"``.
+    """
+    names = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
+    reports: list[CompileReport] = []
+    for arch in archs:
+        for name in names:
+            reports.append(nvrtc_compile(name, arch, target="cubin"))
+            if ptx:
+                reports.append(nvrtc_compile(name, arch, target="ptx"))
+        if module:
+            reports.append(nvrtc_compile("<module>", arch, target="cubin", source=module_source()))
+    return reports
+
+
+def resource_table(reports: Iterable[CompileReport]) -> str:
+    """A plain-text table of the CUBIN resource reports."""
+    lines = [f"{'file':<16} {'kernel':<22} {'arch':>5} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} {'bar':>4}"]
+    for rep in reports:
+        for k in rep.kernels:
+            lines.append(
+                f"{k.file:<16} {k.kernel:<22} {'sm_' + str(k.arch):>5} {k.registers:>5} {k.stack_frame:>6} "
+                f"{k.spill_stores:>9} {k.spill_loads:>9} {k.barriers:>4}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""The device path of a CUDA-bound :class:`~recoverssm_rs.CopyPlanner`: one fused-kernel launch per
+step from device-resident inputs, with no host synchronisation.
+
+The core's ``FusedCopy`` (made once per planner) checks every input and packs the launch; this
+module describes the inputs, narrows int64 inputs to int32 on the device when it must, zeroes the
+planner's error word and hands the core's launch to the driver. Every torch CUDA call goes through
+:data:`cuda_ops` (a seam that tests without a GPU replace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._core import ErrorWord
+from .cuda import module
+from .errors import PlanError
+from .plan_format import CONSTANTS
+from .tensors import describe_arg
+
+__all__ = ["CudaOps", "cuda_ops", "DevicePath", "check_step", "HOST_ALTERNATIVE"]
+
+log = logging.getLogger("recoverssm_rs")
+
+HOST_ALTERNATIVE = (
+    "the device path reads its inputs in device memory; for host inputs use "
+    "planner.plan_align(...) and CopyPlan.execute()"
+)
+
+
+class CudaOps:
+    """The few torch CUDA calls the device path makes, in one place.
+
+    torch is imported on first use (the package works without it). Tests without a GPU replace the
+    module's instance (:data:`cuda_ops`) to run the device path's host logic.
+    """
+
+    @staticmethod
+    def torch() -> Any:
+        import torch
+
+        return torch
+
+    def context(self, index: int, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        """Make ``cuda:index`` current and, if given, ``stream`` (a torch stream) current."""
+        torch = self.torch()
+        if stream is None and torch.cuda.current_device() == index:
+            return contextlib.nullcontext()  # the common case, without a device switch
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(index))
+        if stream is not None:
+            stack.enter_context(torch.cuda.stream(stream))
+        return stack
+
+    def torch_stream(self, stream: Any, index: int) -> Any:
+        """``stream`` as a torch CUDA stream: a torch stream passes through, a CuPy stream (anything
+        with ``.ptr``) is wrapped in ``torch.cuda.ExternalStream``; ``None`` stays ``None``."""
+        if stream is None or hasattr(stream, "cuda_stream"):
+            return stream
+        ptr = getattr(stream, "ptr", None)
+        if ptr is None:
+            raise PlanError(
+                f"stream must be a torch.cuda.Stream, a CuPy stream or None, got {type(stream).__name__}"
+            )
+        torch = self.torch()
+        return torch.cuda.ExternalStream(int(ptr), device=torch.device("cuda", index))
+
+    def upload(self, raw: np.ndarray, index: int) -> Any:
+        """A device copy of host bytes; waits for it (once per planner)."""
+        torch = self.torch()
+        dev = torch.from_numpy(np.ascontiguousarray(raw).copy()).to(torch.device("cuda", index))
+        torch.cuda.synchronize(index)
+        return dev
+
+    def zeros_i32(self, n: int, index: int) -> Any:
+        torch = self.torch()
+        out = torch.zeros(n, dtype=torch.int32, device=torch.device("cuda", index))
+        torch.cuda.synchronize(index)
+        return out
+
+    def synchronize(self, index: int) -> None:
+        self.torch().cuda.synchronize(index)
+
+
+cuda_ops = CudaOps()
+
+
+def _desc(x: Any, name: str, index: int) -> tuple[int, str, list[int], list[int], str]:
+    if not (hasattr(x, "data_ptr") and hasattr(x, "element_size")):
+        raise PlanError(f"{name}: expected a CUDA tensor on cuda:{index}, got a {type(x).__name__}; {HOST_ALTERNATIVE}")
+    d = describe_arg(x)
+    assert d is not None
+    return d
+
+
+def _as_int32(torch: Any, x: Any) -> Any:
+    """``x`` as int32 with a contiguous last axis, converted on the device (no host copy)."""
+    if x.dtype != torch.int32:
+        x = x.to(torch.int32)
+    if x.shape[-1] > 1 and x.stride()[-1] != 1:
+        x = x.contiguous()
+    return x
+
+
+def check_step(device: str, index: int, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
+               block_size: int | None, err: Any) -> int:
+    """The core's checks of a step (int32 or int64 inputs) before anything is bound or uploaded;
+    returns the number of requests."""
+    second_name = "dst_col" if block_size is None else "running"
+    descs = [_desc(x, n, index) for x, n in zip((block_table, src_col, second, num_accepted),
+                                                 ("block_table", "src_col", second_name, "num_accepted"))]
+    err_desc = None if err is None else _desc(err, "err", index)
+    bt, src, mid, acc = descs
+    return int(_core.check_fused_step(device, bt, src, mid, acc, err_desc, block_size))
+
+
+class DevicePath:
+    """What a CUDA-bound planner keeps on the device for the fused kernel (made once): the state
+    meta table, the planner's error word, and the core's launch builder."""
+
+    def __init__(self, index: int, device: str, meta: np.ndarray, *, max_accepted: int, num_blocks: int) -> None:
+        self.index = index
+        chunks = _core.state_chunks(int(meta["state_bytes"].max()) if len(meta) else 0)
+        temporal = CONSTANTS["RS_KIND_TEMPORAL"]
+        self.meta = cuda_ops.upload(meta.view(np.uint8).reshape(-1), index)
+        self.err = cuda_ops.zeros_i32(3, index)
+        self.fused = _core.FusedCopy(device, int(self.meta.data_ptr()), len(meta), max_accepted, num_blocks,
+                                     bool(np.any(meta["kind"] == temporal)), chunks, int(self.err.data_ptr()))
+        self.err_requests = 0
+        log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
+
+    def launch(self, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
+               block_size: int | None, stream: Any, err: Any) -> None:
+        """Check, pack and launch one step (``second``: dst_col, or running with a block size)."""
+        index = self.index
+        second_name = "dst_col" if block_size is None else "running"
+        tensors = [block_table, src_col, second, num_accepted]
+        descs = [_desc(x, n, index) for x, n in zip(tensors, ("block_table", "src_col", second_name, "num_accepted"))]
+        err_desc = None if err is None else _desc(err, "err", index)
+        # int64 inputs are narrowed, and a table with a strided column axis made contiguous, on the
+        # device (after the core's checks); int32 inputs with a contiguous last axis pass as they are.
+        narrow = any(d[1] != "torch.int32" or (len(d[2]) > 0 and d[2][-1] > 1 and d[3][-1] != 4) for d in descs)
+        n = self.fused.check(descs[0], descs[1], descs[2], descs[3], err_desc, block_size) if narrow else int(descs[1][2][0])
+        ts = cuda_ops.torch_stream(stream, index)
+        with cuda_ops.context(index, ts):
+            if narrow:
+                # Checked: now narrow on the device (only the rows this step reads of a wide table).
+                torch = cuda_ops.torch()
+                if block_table.shape[0] > n and block_table.dtype != torch.int32:
+                    tensors[0] = block_table[:n]
+                tensors = [_as_int32(torch, x) for x in tensors]
+                descs = [describe_arg(x) for x in tensors]  # type: ignore[misc]
+            kl = self.fused.launch(descs[0], descs[1], descs[2], descs[3], err_desc, block_size)
+            if err is None:
+                self.err.zero_()
+                self.err_requests = n
+            if kl is not None:
+                module.launch(kl, index, ts)
+
+    def last_error(self) -> ErrorWord:
+        """The planner's error word (synchronises the device)."""
+        cuda_ops.synchronize(self.index)
+        return ErrorWord([int(x) for x in self.err.cpu().tolist()], self.err_requests)

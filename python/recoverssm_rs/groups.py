@@ -1,0 +1,283 @@
+"""Several recurrent groups planned as one engine step, and the step's align-mode decisions.
+
+A hybrid model's recurrent layers may form several groups (vLLM's mamba groups: distinct state
+specs, each group with its own layers, state tensors and block table). One decision per request
+applies to every group; :class:`MultiGroupPlanner` binds all groups and turns a step into one
+:class:`MultiGroupPlan` that is checked whole before a byte moves.
+
+The decisions (:func:`align_pre_copy`, :func:`align_post_process`) are vLLM's align-mode formulas,
+computed by the compiled core with its consistency checks; see the functions for the formulas.
+
+Two semantics for a request whose source and destination columns are equal:
+
+* ``"pre_copy"`` -- vLLM's pre-copy: a no-op whatever the accepted count;
+* ``"post_process"`` -- vLLM's post-process and :meth:`CopyPlanner.plan_align`: with
+  ``num_accepted > 1`` the conv window shifts in place and the temporal state is taken from the
+  accepted column.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from . import _core
+from ._core import Layout
+from .tensors import describe_tensor
+
+__all__ = [
+    "MultiGroupPlanner",
+    "MultiGroupPlan",
+    "PreCopyDecision",
+    "PostProcessDecision",
+    "Semantics",
+    "align_pre_copy",
+    "align_post_process",
+]
+
+log = logging.getLogger("recoverssm_rs")
+
+Semantics = Literal["pre_copy", "post_process"]
+
+
+def _i64(x: Any) -> np.ndarray:
+    """A C-contiguous int64 host array (numpy or CPU tensor; no copy when it already is one)."""
+    if hasattr(x, "detach") and hasattr(x, "numpy"):  # torch.Tensor
+        x = x.detach().numpy()
+    return np.ascontiguousarray(x, dtype=np.int64)
+
+
+def _tables(block_tables: Sequence[Any]) -> list[np.ndarray]:
+    return [_i64(t) for t in block_tables]
+
+
+class PreCopyDecision(NamedTuple):
+    """vLLM's pre-copy decision per request (int64 arrays, one entry per request)."""
+
+    prev: np.ndarray
+    """Column the running state is read from (``-1``: a fresh state)."""
+    curr: np.ndarray
+    """The new running column ``(computed + scheduled - 1) // block_size``: store it."""
+    src_col: np.ndarray
+    """``prev`` where the state moves, else ``-1``."""
+    bias: np.ndarray
+    """Accepted-token offset of the move (``num_accepted - 1``), 0 where nothing moves."""
+    num_accepted: np.ndarray
+    """``num_accepted`` after the reset (1 where the state moved)."""
+
+
+class PostProcessDecision(NamedTuple):
+    """vLLM's post-process decision per request (int64 arrays)."""
+
+    running: np.ndarray
+    """Tokens the running state covers (``computed + scheduled - drafts``)."""
+    aligned: np.ndarray
+    """Tokens after acceptance, rounded down to a block boundary."""
+    dest: np.ndarray
+    """Column that must hold the state after ``aligned`` tokens."""
+    bias: np.ndarray
+    """Offset of that state from the running state (``aligned - running``)."""
+    src_col: np.ndarray
+    """The running column where a save copies anything, else ``-1``."""
+    num_accepted: np.ndarray
+    """``num_accepted`` for the next step (1 where the state was shifted in place)."""
+
+
+def _decision(raw: bytes, cls: Any, n: int) -> Any:
+    rows = np.frombuffer(raw, dtype=np.int64).reshape(len(cls._fields), n)
+    return cls(*rows)
+
+
+def align_pre_copy(
+    block_tables: Sequence[Any],
+    num_computed: Any,
+    num_scheduled: Any,
+    num_accepted: Any,
+    running_col: Any,
+    *,
+    block_size: int,
+    num_spec_blocks: int,
+    fresh: Any = None,
+    req_ids: Sequence[Any] | None = None,
+) -> PreCopyDecision:
+    """vLLM's align-mode pre-copy decision, without copies.
+
+    Per request: ``prev`` = ``running_col`` (the stored running column), or
+    ``(num_computed - 1) // block_size`` where it is ``-1`` (new, resumed or preempted);
+    ``curr = ceil((num_computed + num_scheduled) / block_size) - 1``; the state moves ``prev ->
+    curr`` with offset ``num_accepted - 1`` iff ``prev != -1 and prev != curr``, and then
+    ``num_accepted`` resets to 1.
+
+    Args:
+        block_tables: one ``[>= R, cols]`` block table per group (null block 0).
+        num_computed, num_scheduled (drafts included), num_accepted, running_col: ``[R]``.
+        fresh: optional ``[R]`` mask of rows new or resumed this step.
+        req_ids: optional names for error messages.
+
+    Raises:
+        PlanError: naming the request: inconsistent lengths or counts, a fresh row holding a
+            running column (stale), a prefix-cache hit whose recurrent column holds no state, a
+            window or source column outside a group's row or on the null block.
+    """
+    c = _i64(num_computed)
+    raw = _core.align_pre_copy(
+        _tables(block_tables), c, _i64(num_scheduled), _i64(num_accepted), _i64(running_col),
+        int(block_size), int(num_spec_blocks), None if fresh is None else _i64(fresh), req_ids)
+    return _decision(raw, PreCopyDecision, len(c))
+
+
+def align_post_process(
+    block_tables: Sequence[Any],
+    state_col: Any,
+    num_computed: Any,
+    num_scheduled: Any,
+    num_draft: Any,
+    num_accepted: Any,
+    *,
+    block_size: int,
+    num_spec_blocks: int,
+    req_ids: Sequence[Any] | None = None,
+) -> PostProcessDecision:
+    """vLLM's align-mode post-process decision, without copies.
+
+    Per request: ``running = computed + scheduled - drafts``, ``new = running + accepted - 1``,
+    ``aligned = new // block_size * block_size``; if ``aligned >= running`` the state after
+    ``aligned`` tokens (offset ``aligned - running``) is saved at ``dest = aligned // block_size -
+    1``; when ``dest == state_col`` that is an in-place shift and ``num_accepted`` resets to 1.
+
+    Raises:
+        PlanError: naming the request: ``state_col`` not this step's running column, drafts or
+            accepted counts out of range, a saved state's columns outside a row or null.
+    """
+    s = _i64(state_col)
+    raw = _core.align_post_process(
+        _tables(block_tables), s, _i64(num_computed), _i64(num_scheduled), _i64(num_draft),
+        _i64(num_accepted), int(block_size), int(num_spec_blocks), req_ids)
+    return _decision(raw, PostProcessDecision, len(s))
+
+
+class MultiGroupPlan:
+    """One step's copies over every group; run it with :meth:`execute`."""
+
+    __slots__ = ("_plan",)
+
+    def __init__(self, plan: _core.GroupPlan) -> None:
+        self._plan = plan
+
+    def __len__(self) -> int:
+        """(group, layer, state, request) copies planned, before coalescing."""
+        return self._plan.num_copies
+
+    @property
+    def nbytes(self) -> int:
+        return self._plan.nbytes
+
+    @property
+    def num_segments(self) -> int:
+        return self._plan.num_segments
+
+    def group_stats(self) -> list[tuple[int, int, int, int]]:
+        """Per group: ``(copies, segments, waves, bytes)``."""
+        return self._plan.group_stats()
+
+    def execute(self) -> None:
+        """Run every group's copies over the bound CPU tensors (the Rust host executor, GIL
+        released); every group's segments are checked before the first byte moves."""
+        self._plan.execute_host()
+
+    def __repr__(self) -> str:
+        return f"MultiGroupPlan(copies={len(self)}, segments={self.num_segments}, bytes={self.nbytes})"
+
+
+class MultiGroupPlanner:
+    """Plans a step's state copies for several recurrent groups at once.
+
+    Args:
+        groups: per group ``(layout, states)``: ``states[layer]`` lists that layer's tensors; the
+            first ``len(layout.persistent)`` are bound (``[num_blocks, *state_shape]`` each),
+            the rest (workspace, or tensors no copy function covers) are left alone.
+        block_size: tokens per block, shared by every group.
+        num_spec_blocks: speculative blocks (draft tokens per step); every layout's ``num_spec``
+            must equal it.
+
+    Raises:
+        BindingError: a tensor does not match its group's layout (the message names the group,
+            layer and state), or a layout's ``num_spec`` differs from ``num_spec_blocks``.
+    """
+
+    __slots__ = ("_core", "_states")
+
+    def __init__(self, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *, block_size: int,
+                 num_spec_blocks: int) -> None:
+        self._states = [[list(layer)[: len(layout.persistent)] for layer in states] for layout, states in groups]
+        descs = [[[describe_tensor(t) for t in layer] for layer in g] for g in self._states]
+        self._core = _core.GroupPlanner([layout for layout, _ in groups], descs, self._states,
+                                        int(block_size), int(num_spec_blocks))
+        log.debug("bound %d recurrent groups (%s)", self.num_groups,
+                  ", ".join(f"{layers} layers x {blocks} blocks" for layers, blocks in self._core.group_sizes()))
+
+    @property
+    def num_groups(self) -> int:
+        return self._core.num_groups
+
+    @property
+    def block_size(self) -> int:
+        return self._core.block_size
+
+    @property
+    def num_spec_blocks(self) -> int:
+        return self._core.num_spec_blocks
+
+    @property
+    def device(self) -> str:
+        return self._core.device
+
+    @property
+    def layouts(self) -> list[Layout]:
+        return self._core.layouts()
+
+    @property
+    def states(self) -> list[list[list[Any]]]:
+        """The bound tensors: ``states[group][layer][state]``."""
+        return self._states
+
+    def plan(self, block_tables: Sequence[Any], src_col: Any, dst_col: Any, num_accepted: Any,
+             semantics: Semantics) -> MultiGroupPlan:
+        """Plan ``dst_col <- src_col`` moves carrying ``num_accepted`` in every group: conv windows
+        shifted left by ``num_accepted - 1``, temporal states from column ``src_col +
+        num_accepted - 1``; a negative column moves nothing. ``semantics`` decides equal columns
+        (see the module docstring).
+
+        Raises:
+            PlanError: as :meth:`CopyPlanner.plan_align`, prefixed with the group.
+        """
+        return MultiGroupPlan(self._core.plan(_tables(block_tables), _i64(src_col), _i64(dst_col),
+                                              _i64(num_accepted), semantics))
+
+    def pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any,
+                 num_accepted: Any, running_col: Any, *, fresh: Any = None,
+                 req_ids: Sequence[Any] | None = None) -> tuple[PreCopyDecision, MultiGroupPlan]:
+        """:func:`align_pre_copy` and its copies (pre-copy semantics), in one core call."""
+        c = _i64(num_computed)
+        raw, plan = self._core.pre_copy(
+            _tables(block_tables), c, _i64(num_scheduled), _i64(num_accepted), _i64(running_col),
+            None if fresh is None else _i64(fresh), req_ids)
+        return _decision(raw, PreCopyDecision, len(c)), MultiGroupPlan(plan)
+
+    def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any,
+                     num_scheduled: Any, num_draft: Any, num_accepted: Any, *,
+                     req_ids: Sequence[Any] | None = None) -> tuple[PostProcessDecision, MultiGroupPlan]:
+        """:func:`align_post_process` and its copies (post-process semantics), in one core call."""
+        s = _i64(state_col)
+        raw, plan = self._core.post_process(
+            _tables(block_tables), s, _i64(num_computed), _i64(num_scheduled), _i64(num_draft),
+            _i64(num_accepted), req_ids)
+        return _decision(raw, PostProcessDecision, len(s)), MultiGroupPlan(plan)
+
+    def __repr__(self) -> str:
+        sizes = self._core.group_sizes()
+        return (f"MultiGroupPlanner(groups={self.num_groups}, layers={[s[0] for s in sizes]}, "
+                f"block_size={self.block_size}, num_spec_blocks={self.num_spec_blocks}, device={self.device!r})")

@@ -1,0 +1,286 @@
+"""The adapter for vLLM's model runner: its whole align-mode recurrent-state step in two calls.
+
+vLLM (``mamba_cache_mode == "align"``) moves each request's recurrent state between block columns
+before the forward pass (``preprocess_mamba``) and, with speculative decoding, saves the state at a
+crossed block boundary after sampling (``postprocess_mamba_align_gpu``). :class:`VllmMambaStep`
+does both for every mamba group at once: the decisions are taken by the compiled core (vectorised,
+with consistency checks vLLM lacks) and the copies of every layer of every group form one plan.
+
+It is built from what the model runner holds at start-up (:meth:`VllmMambaStep.from_runner`):
+the KV-cache config (its mamba groups' specs: shapes, dtypes, ``block_size``,
+``num_speculative_blocks``, ``mamba_cache_mode``), the forward context (each layer's ``kv_cache``
+tensors; only the leading states the copy functions cover are bound) and the copy functions. It
+keeps the per-request running columns in an array (one slot per live request) instead of a dict.
+vLLM itself is never imported: every object is read by attribute (duck typing).
+
+Host path: the copies run with the Rust host executor over CPU tensors (``CopyPlan.execute``).
+
+Device path (design note; the fused multi-group launch is not part of this module yet): the same
+decisions are formulas of per-request device vectors (``num_computed``, ``num_scheduled``,
+``num_draft``, ``num_accepted``, the running-column array indexed by slot) and of one block table
+per group; a fused kernel bound once to every group's state-metadata table and block-table pointers
+takes them in one launch per step (pre-copy semantics before the forward pass, post-process
+semantics after sampling, ``num_accepted`` updated in device memory), so no value visits the host.
+Until that launch exists, CUDA-bound groups are refused at :meth:`preprocess` with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, cast
+
+import numpy as np
+
+from ._core import Layout, StateSpec
+from .contract import validate_copy_funcs
+from .errors import BindingError, LayoutError, PlanError
+from .groups import MultiGroupPlanner, PostProcessDecision, PreCopyDecision
+
+__all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
+
+log = logging.getLogger("recoverssm_rs")
+
+
+def _name(x: Any) -> str:
+    """An enum member's name, or the string itself."""
+    if isinstance(x, str):
+        return x
+    n = getattr(x, "name", None)
+    return n if isinstance(n, str) else str(x)
+
+
+def copy_kind(func: Any) -> Literal["conv", "temporal"]:
+    """``"conv"`` or ``"temporal"`` for a copy function (vLLM's ``get_conv_copy_spec`` /
+    ``get_temporal_copy_spec``, or the strings themselves), recognised by name."""
+    name = func if isinstance(func, str) else getattr(func, "__name__", repr(func))
+    if "conv" in name:
+        return "conv"
+    if "temporal" in name:
+        return "temporal"
+    raise LayoutError(f"copy function {name!r} is neither a conv nor a temporal copy")
+
+
+def _layer_spec(group: Any, layer: str) -> Any:
+    spec = group.kv_cache_spec
+    per_layer = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
+    return per_layer[layer] if per_layer is not None else spec
+
+
+def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
+    """vLLM's mamba groups as ``(group id, spec, layer names)``, sorted by group id; a group whose
+    layers use several specs gives one entry per spec. A spec is recognised by its ``mamba_type``
+    and ``shapes``; attention groups are skipped."""
+    out: list[tuple[int, Any, list[str]]] = []
+    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+        for layer in group.layer_names:
+            spec = _layer_spec(group, layer)
+            if hasattr(spec, "mamba_type") and hasattr(spec, "shapes"):
+                # Specs are compared by value (vLLM's are frozen dataclasses); plain objects by identity.
+                entry = next((e for e in out if e[0] == gid and (e[1] is spec or e[1] == spec)), None)
+                if entry is None:
+                    out.append((gid, spec, [layer]))
+                else:
+                    entry[2].append(layer)
+    if not out:
+        raise LayoutError("the KV-cache config has no mamba group (no spec with mamba_type and shapes)")
+    return out
+
+
+def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
+    if conv_layout not in ("SD", "DS"):
+        raise LayoutError(f"conv_layout must be 'SD' or 'DS' (VLLM_SSM_CONV_STATE_LAYOUT), got {conv_layout!r}")
+    layout = cast(Literal["SD", "DS"], conv_layout)
+    states = []
+    for i, f in enumerate(funcs):
+        kind = copy_kind(f)
+        states.append(StateSpec(
+            f"{kind}{i}", [int(d) for d in spec.shapes[i]], spec.dtypes[i], copy=kind,
+            conv_layout=layout if kind == "conv" else None))
+    return Layout(_name(spec.mamba_type), states, num_spec=int(spec.num_speculative_blocks))
+
+
+def _block_table(input_batch: Any, gid: int, n: int) -> Any:
+    bt = input_batch.block_table[gid]
+    if hasattr(bt, "get_numpy_array"):
+        arr = bt.get_numpy_array()
+    else:
+        arr = getattr(bt, "block_table", bt)
+        arr = getattr(arr, "np", arr)
+    return arr[:n]
+
+
+class VllmMambaStep:
+    """vLLM's align-mode recurrent-state step for every mamba group, in two calls per step.
+
+    Args:
+        groups: per planner group ``(vLLM group id, layout, states)``; ``states[layer]`` lists that
+            layer's ``kv_cache`` tensors (the leading ``len(layout.persistent)`` are bound).
+        block_size, num_spec_blocks: the groups' shared scheduling parameters.
+        max_num_reqs: capacity of the running-column array.
+
+    Most engines build it with :meth:`from_runner`.
+    """
+
+    def __init__(self, groups: Sequence[tuple[int, Layout, Sequence[Sequence[Any]]]], *, block_size: int,
+                 num_spec_blocks: int, max_num_reqs: int) -> None:
+        self._group_ids = [int(g) for g, _, _ in groups]
+        self.planner = MultiGroupPlanner([(layout, states) for _, layout, states in groups],
+                                         block_size=block_size, num_spec_blocks=num_spec_blocks)
+        self.running_col = np.full(int(max_num_reqs), -1, dtype=np.int64)
+        """The running-state column per slot (``-1``: none)."""
+        self._slot: dict[str, int] = {}
+        self._free = list(range(int(max_num_reqs) - 1, -1, -1))
+        self._step: tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]] | None = None
+
+    @classmethod
+    def from_runner(cls, kv_cache_config: Any, forward_context: Mapping[str, Any],
+                    copy_funcs: Mapping[Any, Sequence[Any]], *, max_num_reqs: int,
+                    conv_layout: str | None = None) -> VllmMambaStep:
+        """Build the step from vLLM's model-runner objects (read by attribute, never imported).
+
+        Args:
+            kv_cache_config: its ``kv_cache_groups`` (each with ``kv_cache_spec`` and
+                ``layer_names``).
+            forward_context: layer name -> an object with ``kv_cache`` (the layer's state tensors).
+            copy_funcs: per mamba type, its copy functions in state order (vLLM's
+                ``MambaStateCopyFuncsByType``).
+            max_num_reqs: the runner's request capacity.
+            conv_layout: ``"SD"`` / ``"DS"``; default ``$VLLM_SSM_CONV_STATE_LAYOUT`` or ``"SD"``.
+
+        Raises:
+            LayoutError: the copy-function contract check fails (``validate_copy_funcs``), groups
+                disagree on scheduling parameters, or the mode is not ``"align"``.
+            BindingError: a layer's tensors do not match its spec (group, layer and state named).
+        """
+        layout_name = (conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
+        found = mamba_groups(kv_cache_config)
+        specs = [spec for _, spec, _ in found]
+        validate_copy_funcs(specs, copy_funcs)
+        for spec in specs:
+            if _name(spec.mamba_cache_mode) != "align":
+                raise LayoutError(f"{_name(spec.mamba_type)}: mamba_cache_mode is {_name(spec.mamba_cache_mode)!r}; "
+                                  "the step copies states only in 'align' mode")
+        by_type = {_name(k): v for k, v in copy_funcs.items()}
+        groups = []
+        for gid, spec, layers in found:
+            funcs = by_type[_name(spec.mamba_type)]
+            states = []
+            for layer in layers:
+                kv = list(forward_context[layer].kv_cache)
+                if len(kv) < len(funcs):
+                    raise BindingError(f"group {gid}, layer {layer!r}: {len(kv)} kv_cache tensors, but "
+                                       f"{len(funcs)} copy functions")
+                states.append(kv[: len(funcs)])
+            groups.append((gid, _layout(spec, funcs, layout_name), states))
+        first = specs[0]
+        return cls(groups, block_size=int(first.block_size), num_spec_blocks=int(first.num_speculative_blocks),
+                   max_num_reqs=max_num_reqs)
+
+    # --------------------------------------------------------------------------------------------
+    # Slots (the running-column array's rows)
+    # --------------------------------------------------------------------------------------------
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        """Forget finished / preempted / resumed requests: their running columns become ``-1``."""
+        for r in req_ids:
+            s = self._slot.pop(r, None)
+            if s is not None:
+                self.running_col[s] = -1
+                self._free.append(s)
+
+    def _slots(self, req_ids: Sequence[str], added: list[str]) -> np.ndarray:
+        """Each request's slot; new requests get a free one (their ids are appended to ``added``)."""
+        out = np.empty(len(req_ids), dtype=np.int64)
+        slot = self._slot
+        for i, r in enumerate(req_ids):
+            s = slot.get(r)
+            if s is None:
+                if not self._free:
+                    raise PlanError(f"request {r!r}: more live requests than max_num_reqs = {len(self.running_col)}")
+                s = slot[r] = self._free.pop()
+                added.append(r)
+            out[i] = s
+        return out
+
+    # --------------------------------------------------------------------------------------------
+    # The step
+    # --------------------------------------------------------------------------------------------
+
+    def tables(self, input_batch: Any, n: int) -> list[Any]:
+        """The batch's block table of each planner group (first ``n`` rows)."""
+        return [_block_table(input_batch, gid, n) for gid in self._group_ids]
+
+    def pre_copy(self, block_tables: Sequence[Any], slots: Any, num_computed: Any, num_scheduled: Any,
+                 num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[str] | None = None) -> PreCopyDecision:
+        """The array form of :meth:`preprocess`: decide, copy every group's states, store the new
+        running columns at ``slots``; returns the decision (its ``num_accepted`` is the reset
+        count for the step)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        d, plan = self.planner.pre_copy(block_tables, num_computed, num_scheduled, num_accepted,
+                                        self.running_col[slots], fresh=fresh, req_ids=req_ids)
+        plan.execute()
+        self.running_col[slots] = d.curr
+        return d
+
+    def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
+                     num_draft: Any, num_accepted: Any, *, req_ids: Sequence[str] | None = None) -> PostProcessDecision:
+        """The array form of :meth:`postprocess`: decide and copy; returns the decision (its
+        ``num_accepted`` is the count for the next step)."""
+        d, plan = self.planner.post_process(block_tables, state_col, num_computed, num_scheduled, num_draft,
+                                            num_accepted, req_ids=req_ids)
+        plan.execute()
+        return d
+
+    def preprocess(self, scheduler_output: Any, input_batch: Any, requests: Mapping[str, Any]) -> None:
+        """vLLM's ``preprocess_mamba`` (and ``stage_postprocess_inputs_to_gpu``'s bookkeeping): same
+        inputs, same effect on the states and on ``input_batch.num_accepted_tokens_cpu``.
+
+        Raises:
+            PlanError: naming the request (see :func:`recoverssm_rs.groups.align_pre_copy`).
+        """
+        if self.planner.device != "cpu":
+            raise PlanError(f"the states are on {self.planner.device}; the fused multi-group device launch is "
+                            "not available yet: use CPU states (host path)")
+        cached = scheduler_output.scheduled_cached_reqs
+        self.release(scheduler_output.finished_req_ids)
+        self.release(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        self.release(getattr(cached, "resumed_req_ids", None) or ())
+        req_ids = list(input_batch.req_ids)
+        n = len(req_ids)
+        added: list[str] = []
+        try:
+            slots = self._slots(req_ids, added)
+            sched = scheduler_output.num_scheduled_tokens
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            c = np.fromiter((requests[r].num_computed_tokens for r in req_ids), np.int64, n)
+            ns = np.fromiter((sched[r] for r in req_ids), np.int64, n)
+            nd = np.fromiter((len(spec.get(r, ())) for r in req_ids), np.int64, n)
+            tables = self.tables(input_batch, n)
+            acc = input_batch.num_accepted_tokens_cpu
+            d = self.pre_copy(tables, slots, c, ns, acc[:n], req_ids=req_ids)
+        except Exception:
+            self.release(added)  # a rejected step leaves no new slot behind
+            raise
+        acc[:n] = d.num_accepted
+        self._step = (tables, d.curr, c, ns, nd, req_ids)
+
+    def postprocess(self, num_accepted: Any) -> np.ndarray:
+        """vLLM's ``postprocess_mamba_align_gpu`` for the step :meth:`preprocess` prepared.
+
+        Args:
+            num_accepted: ``[num_reqs]`` tokens accepted this step, bonus included (vLLM:
+                ``(sampled_token_ids != -1).sum(1)``).
+
+        Returns:
+            ``num_accepted`` for the next step (store it in ``input_batch.num_accepted_tokens_cpu``).
+        """
+        if self._step is None:
+            raise PlanError("postprocess needs the step's preprocess first")
+        tables, curr, c, ns, nd, req_ids = self._step
+        return self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
+
+    def __repr__(self) -> str:
+        return (f"VllmMambaStep(groups={self._group_ids}, block_size={self.planner.block_size}, "
+                f"num_spec_blocks={self.planner.num_spec_blocks}, live={len(self._slot)})")

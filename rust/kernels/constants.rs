@@ -1,0 +1,126 @@
+//! Every constant the CUDA kernels and the core share, defined once here. The CUDA sources repeat
+//! the ones they need as `#define RS_*` (CUDA C cannot include Rust); [`CUDA_DEFINES`] lists each
+//! with its source name, and a test parses the sources and fails on any disagreement.
+
+use crate::plan::segment::Mode;
+
+/// Threads per CTA of every launch (`RS_THREADS`).
+pub const THREADS: u32 = 256;
+
+/// Segment modes of `rs_copy_tiles` (`RS_MODE_*`), the values of [`Mode`].
+pub const MODE_DISJOINT: u32 = Mode::Disjoint as u32;
+pub const MODE_ROWS_ASCENDING: u32 = Mode::RowsAscending as u32;
+pub const MODE_WITHIN_ROW: u32 = Mode::WithinRow as u32;
+
+/// State kinds of a `StateMeta` record (`RS_KIND_*`).
+pub const KIND_TEMPORAL: u32 = 0;
+pub const KIND_CONV_SD: u32 = 1;
+pub const KIND_CONV_DS: u32 = 2;
+
+/// Error bits of the fused kernels' error word (`RS_ERR_*`).
+pub const ERR_ACCEPTED: u32 = 1;
+pub const ERR_COLUMN: u32 = 2;
+pub const ERR_BLOCK: u32 = 4;
+pub const ERR_META: u32 = 8;
+pub const ERR_ARGS: u32 = 16;
+
+/// Every error bit with its name and meaning.
+pub const ERROR_BITS: [(u32, &str, &str); 5] = [
+    (ERR_ACCEPTED, "accepted", "num_accepted outside [1, max_accepted]"),
+    (ERR_COLUMN, "column", "a block-table column outside [0, cols)"),
+    (ERR_BLOCK, "block", "a block id outside [1, num_blocks) (destination) or [0, num_blocks) (source)"),
+    (ERR_META, "meta", "a state cannot take the request (window shorter than the shift, block beyond the tensor)"),
+    (ERR_ARGS, "args", "a bad scalar or per-request input (block_size < 1, running < 0, workspace row)"),
+];
+
+/// `flags` bits of `rs_state_copy` (`RS_FLAG_*`): some state is temporal (validate the temporal
+/// source column for the whole request); the copy decision is taken on the device (the second
+/// per-request vector is `running`, and `block_size` is used).
+pub const FLAG_HAS_TEMPORAL: u32 = 1;
+pub const FLAG_DECIDE: u32 = 2;
+
+/// Bytes of one state copy per CTA of `rs_state_copy` (`RS_STATE_CHUNK_BYTES`).
+pub const STATE_CHUNK_BYTES: u64 = 32 * 1024;
+/// Most CTAs per state copy (grid x) of `rs_state_copy`. Measured on an H200 (2026-11-29,
+/// Kimi-K3-like 2 MiB fp32 states, 48 layers): 16 CTAs per state reached 81.8% of device-to-device
+/// bandwidth at 1 request and 91.5% at 16+, 32 reached 86.0% / 92.7%, 64 reached 88.0% / 94.3%.
+pub const MAX_STATE_CHUNKS: u32 = 64;
+
+/// Element-type codes of the commit kernel's table (`RS_DT_*`).
+pub const DT_F32: u32 = 0;
+pub const DT_BF16: u32 = 1;
+pub const DT_F16: u32 = 2;
+/// Recurrence kinds of the commit kernel (`RS_RC_GDN` / `RS_RC_KDA`).
+pub const RC_GDN: u32 = 0;
+pub const RC_KDA: u32 = 1;
+/// Value rows of the recurrent state each commit thread keeps in registers, times 4 key channels
+/// (`RS_RC_ROWS`): a CTA of 256 threads covers 64 rows of a 128-channel head.
+pub const RC_ROWS: u32 = 8;
+/// `CommitMeta.conv_layout` of a layer without a conv state (`RS_RC_NO_CONV`); otherwise
+/// [`KIND_CONV_SD`] or [`KIND_CONV_DS`].
+pub const RC_NO_CONV: u32 = 0;
+/// Bytes of a conv window per conv CTA of the commit kernel (host side only).
+pub const COMMIT_CONV_CHUNK_BYTES: u64 = 16 * 1024;
+
+/// Largest grid y / z (CUDA's limit); the kernels walk those axes grid-stride.
+pub const MAX_GRID_YZ: u32 = 65535;
+/// Largest grid x.
+pub const MAX_GRID_X: u32 = (1 << 31) - 1;
+
+/// `(name in the CUDA sources, value)` of every constant the sources define.
+pub const CUDA_DEFINES: [(&str, u64); 22] = [
+    ("RS_THREADS", THREADS as u64),
+    ("RS_MODE_DISJOINT", MODE_DISJOINT as u64),
+    ("RS_MODE_ROWS_ASCENDING", MODE_ROWS_ASCENDING as u64),
+    ("RS_MODE_WITHIN_ROW", MODE_WITHIN_ROW as u64),
+    ("RS_KIND_TEMPORAL", KIND_TEMPORAL as u64),
+    ("RS_KIND_CONV_SD", KIND_CONV_SD as u64),
+    ("RS_KIND_CONV_DS", KIND_CONV_DS as u64),
+    ("RS_ERR_ACCEPTED", ERR_ACCEPTED as u64),
+    ("RS_ERR_COLUMN", ERR_COLUMN as u64),
+    ("RS_ERR_BLOCK", ERR_BLOCK as u64),
+    ("RS_ERR_META", ERR_META as u64),
+    ("RS_ERR_ARGS", ERR_ARGS as u64),
+    ("RS_FLAG_HAS_TEMPORAL", FLAG_HAS_TEMPORAL as u64),
+    ("RS_FLAG_DECIDE", FLAG_DECIDE as u64),
+    ("RS_STATE_CHUNK_BYTES", STATE_CHUNK_BYTES),
+    ("RS_DT_F32", DT_F32 as u64),
+    ("RS_DT_BF16", DT_BF16 as u64),
+    ("RS_DT_F16", DT_F16 as u64),
+    ("RS_RC_GDN", RC_GDN as u64),
+    ("RS_RC_KDA", RC_KDA as u64),
+    ("RS_RC_ROWS", RC_ROWS as u64),
+    ("RS_RC_NO_CONV", RC_NO_CONV as u64),
+];
+
+/// Constants of the core that the sources do not define (host side only), by name.
+pub const HOST_CONSTANTS: [(&str, u64); 4] = [
+    ("MAX_STATE_CHUNKS", MAX_STATE_CHUNKS as u64),
+    ("COMMIT_CONV_CHUNK_BYTES", COMMIT_CONV_CHUNK_BYTES),
+    ("MAX_GRID_YZ", MAX_GRID_YZ as u64),
+    ("MAX_GRID_X", MAX_GRID_X as u64),
+];
+
+/// The names of the error bits set in `bits`, in bit order.
+pub fn error_names(bits: u32) -> Vec<&'static str> {
+    ERROR_BITS.iter().filter(|(b, _, _)| bits & b != 0).map(|(_, n, _)| *n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_bits_distinct() {
+        let mut names: Vec<&str> = CUDA_DEFINES.iter().chain(HOST_CONSTANTS.iter()).map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), CUDA_DEFINES.len() + HOST_CONSTANTS.len());
+        let all = ERROR_BITS.iter().fold(0, |acc, (b, _, _)| {
+            assert_eq!(acc & b, 0, "bit {b} used twice");
+            acc | b
+        });
+        assert_eq!(all, 31);
+        assert_eq!(error_names(ERR_COLUMN | ERR_ARGS), vec!["column", "args"]);
+    }
+}

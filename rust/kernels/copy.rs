@@ -1,0 +1,236 @@
+//! Launches of the copy kernels: `rs_copy_tiles` (one wave of a planned batched copy) and
+//! `rs_state_copy` (the fused align-mode copy of every persistent state of every layer, with the
+//! columns given or the align decision taken on the device).
+
+use super::abi::{Arg, Launch, COPY_TILES, STATE_COPY};
+use super::args::{check_step_args, CheckedStep, DeviceArg, StepArgs, StepCheck};
+use super::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, MAX_GRID_X, MAX_GRID_YZ, MAX_STATE_CHUNKS, STATE_CHUNK_BYTES, THREADS};
+use crate::binding::Device;
+use crate::error::{Error, Result};
+
+const BLOCK: [u32; 3] = [THREADS, 1, 1];
+
+/// The launch of one wave of `rs_copy_tiles`: tiles `[first_tile, first_tile + num_tiles)` of the
+/// device arrays of `Segment` and `Tile` records at `segments` / `tiles`; grid `min(num_tiles,
+/// max_ctas)` CTAs (the kernel walks the tiles grid-stride). `None` when there is nothing to copy.
+pub fn copy_tiles_launch(segments: u64, tiles: u64, first_tile: i64, num_tiles: i64, max_ctas: Option<i64>) -> Result<Option<Launch>> {
+    if first_tile < 0 || num_tiles < 0 || !first_tile.checked_add(num_tiles).is_some_and(|s| s < 1 << 32) {
+        return Err(Error::plan(format!("bad tile range: first_tile={first_tile}, num_tiles={num_tiles}")));
+    }
+    if let Some(m) = max_ctas {
+        if m < 1 {
+            return Err(Error::plan(format!("max_ctas must be >= 1, got {m}")));
+        }
+    }
+    if num_tiles == 0 {
+        return Ok(None);
+    }
+    let grid_x = max_ctas.map_or(num_tiles, |m| m.min(num_tiles)).min(MAX_GRID_X as i64) as u32;
+    let args = [Arg::Ptr(segments), Arg::Ptr(tiles), Arg::U32(first_tile as u32), Arg::U32(num_tiles as u32)];
+    Launch::new(&COPY_TILES, [grid_x, 1, 1], BLOCK, &args).map(Some)
+}
+
+/// CTAs per state copy of `rs_state_copy` for states of at most `max_state_bytes` bytes: one per
+/// [`STATE_CHUNK_BYTES`], between 1 and [`MAX_STATE_CHUNKS`].
+pub fn state_chunks(max_state_bytes: u64) -> u32 {
+    max_state_bytes.div_ceil(STATE_CHUNK_BYTES).clamp(1, MAX_STATE_CHUNKS as u64) as u32
+}
+
+/// The grid of `rs_state_copy`: `(chunks, min(R, 65535), min(num_meta, 65535))` (requests and
+/// states are walked grid-stride, so the folded grid stays correct).
+pub fn state_copy_grid(num_requests: u64, num_meta: u64, chunks: u32) -> [u32; 3] {
+    let fold = |n: u64| n.clamp(1, MAX_GRID_YZ as u64) as u32;
+    [chunks.max(1), fold(num_requests), fold(num_meta)]
+}
+
+/// Checks one fused step's inputs for states on `device` (see [`check_step_args`]): `second` is
+/// `dst_col`, or `running` with a `block_size`.
+#[allow(clippy::too_many_arguments)]
+pub fn check_step<'a>(
+    device: &Device,
+    block_table: &'a DeviceArg,
+    src_col: &'a DeviceArg,
+    second: &'a DeviceArg,
+    num_accepted: &'a DeviceArg,
+    err: Option<&'a DeviceArg>,
+    block_size: Option<i64>,
+    check: StepCheck,
+) -> Result<CheckedStep> {
+    let second_name = if block_size.is_some() { "running" } else { "dst_col" };
+    let step = StepArgs {
+        block_table,
+        vectors: vec![("src_col", src_col), (second_name, second), ("num_accepted", num_accepted)],
+        err,
+        block_size,
+    };
+    check_step_args(device, &step, check)
+}
+
+/// The fused state copy of one bound planner: its device table of `StateMeta` records and the
+/// launch constants, checked once; [`FusedCopy::launch`] checks and packs each step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedCopy {
+    pub device: Device,
+    pub metas: u64,
+    pub num_meta: u32,
+    pub max_accepted: i32,
+    pub num_blocks: i64,
+    pub has_temporal: bool,
+    pub chunks: u32,
+    /// The planner's own error word, used when a step brings none.
+    pub err: u64,
+}
+
+impl FusedCopy {
+    /// Checks the constants: `num_meta < 2**32`, `max_accepted` (`1 + num_spec`) and `chunks` in
+    /// `1 ..= 2**31 - 1`, `num_blocks >= 1`, a CUDA device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(device: Device, metas: u64, num_meta: i64, max_accepted: i64, num_blocks: i64, has_temporal: bool, chunks: i64, err: u64) -> Result<FusedCopy> {
+        if !device.is_cuda() {
+            return Err(Error::plan(format!("the fused state copy reads CUDA memory; got {device}")));
+        }
+        if !(0..1 << 32).contains(&num_meta) {
+            return Err(Error::plan(format!("bad num_meta {num_meta}: expected 0 <= num_meta < 2**32")));
+        }
+        if !(1..1 << 31).contains(&max_accepted) {
+            return Err(Error::plan(format!("max_accepted must be >= 1 (1 + num_spec), got {max_accepted}")));
+        }
+        if num_blocks < 1 {
+            return Err(Error::plan(format!("num_blocks must be >= 1, got {num_blocks}")));
+        }
+        if !(1..1 << 31).contains(&chunks) {
+            return Err(Error::plan(format!("chunks must be in 1 ..= 2**31 - 1, got {chunks}")));
+        }
+        Ok(FusedCopy {
+            device,
+            metas,
+            num_meta: num_meta as u32,
+            max_accepted: max_accepted as i32,
+            num_blocks,
+            has_temporal,
+            chunks: chunks as u32,
+            err,
+        })
+    }
+
+    /// Checks a step whose inputs may still be int64 (the launch layer narrows them on the device
+    /// afterwards, then calls [`FusedCopy::launch`]); returns the number of requests.
+    pub fn check(
+        &self,
+        block_table: &DeviceArg,
+        src_col: &DeviceArg,
+        second: &DeviceArg,
+        num_accepted: &DeviceArg,
+        err: Option<&DeviceArg>,
+        block_size: Option<i64>,
+    ) -> Result<u64> {
+        Ok(check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, StepCheck::BeforeNarrowing)?.requests)
+    }
+
+    /// The launch of one step: `second` is `dst_col` (explicit columns) or, with a `block_size`,
+    /// `running` (the align decision on the device). Every input is checked by
+    /// [`check_step_args`] (int32 only); `None` when there is nothing to launch (no request or no
+    /// state).
+    pub fn launch(
+        &self,
+        block_table: &DeviceArg,
+        src_col: &DeviceArg,
+        second: &DeviceArg,
+        num_accepted: &DeviceArg,
+        err: Option<&DeviceArg>,
+        block_size: Option<i64>,
+    ) -> Result<Option<Launch>> {
+        let c = check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, StepCheck::ForLaunch)?;
+        let n = c.requests;
+        if n == 0 || self.num_meta == 0 {
+            return Ok(None);
+        }
+        let mut flags = if self.has_temporal { FLAG_HAS_TEMPORAL } else { 0 };
+        if block_size.is_some() {
+            flags |= FLAG_DECIDE;
+        }
+        let cols = i32::try_from(c.table.cols).map_err(|_| Error::plan(format!("block_table has {} columns (at most 2**31 - 1)", c.table.cols)))?;
+        let args = [
+            Arg::Ptr(self.metas),
+            Arg::U32(self.num_meta),
+            Arg::Ptr(c.table.ptr),
+            Arg::I64(c.table.row_stride),
+            Arg::I32(cols),
+            Arg::Ptr(c.vectors[0].ptr),
+            Arg::Ptr(c.vectors[1].ptr),
+            Arg::Ptr(c.vectors[2].ptr),
+            Arg::I32(block_size.unwrap_or(0) as i32),
+            Arg::I32(n as i32),
+            Arg::I32(self.max_accepted),
+            Arg::I64(self.num_blocks),
+            Arg::U32(flags),
+            Arg::Ptr(c.err.map_or(self.err, |e| e.ptr)),
+        ];
+        Launch::new(&STATE_COPY, state_copy_grid(n, self.num_meta as u64, self.chunks), BLOCK, &args).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(ptr: u64, dtype: &str, shape: &[i64]) -> DeviceArg {
+        let es = if dtype.ends_with("64") { 8 } else { 4 };
+        let mut strides = vec![0; shape.len()];
+        let mut acc = es;
+        for i in (0..shape.len()).rev() {
+            strides[i] = acc;
+            acc *= shape[i].max(1);
+        }
+        DeviceArg { data_ptr: ptr, dtype: dtype.into(), shape: shape.to_vec(), strides, device: "cuda:0".into() }
+    }
+
+    #[test]
+    fn fused_launch_packs_in_declaration_order() {
+        let f = FusedCopy::new(Device::Cuda(0), 1000, 3, 4, 77, true, 16, 5000).unwrap();
+        let (bt, s, d, a) = (arg(9000, "int32", &[5, 6]), arg(2000, "int32", &[5]), arg(3000, "int32", &[5]), arg(4000, "int32", &[5]));
+        let l = f.launch(&bt, &s, &d, &a, None, None).unwrap().unwrap();
+        assert_eq!((l.kernel.name, l.grid, l.block), ("rs_state_copy", [16, 5, 3], [256, 1, 1]));
+        let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
+        assert_eq!(v, vec![1000, 3, 9000, 6, 6, 2000, 3000, 4000, 0, 5, 4, 77, FLAG_HAS_TEMPORAL as i128, 5000]);
+        let e = arg(6000, "int32", &[3]);
+        let l = f.launch(&bt, &s, &d, &a, Some(&e), Some(16)).unwrap().unwrap();
+        let v: Vec<(&str, i128)> = l.values();
+        assert_eq!(v[8], ("block_size", 16));
+        assert_eq!(v[12], ("flags", (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
+        assert_eq!(v[13], ("err", 6000));
+        let e = f.launch(&bt, &s, &arg(3000, "int32", &[4]), &a, None, Some(16)).unwrap_err();
+        assert_eq!(e.message, "running has 4 elements but src_col has 5");
+        let wide = arg(3000, "int64", &[5]);
+        assert_eq!(f.check(&bt, &s, &wide, &a, None, None), Ok(5));
+        assert_eq!(f.launch(&bt, &s, &wide, &a, None, None).unwrap_err().message, "dst_col: expected int32, got int64");
+        let empty = arg(2000, "int32", &[0]);
+        assert_eq!(f.launch(&bt, &empty, &empty, &empty, None, None), Ok(None));
+    }
+
+    #[test]
+    fn constants_are_checked_once() {
+        let ok = |max_accepted, num_blocks, chunks| FusedCopy::new(Device::Cuda(0), 1, 2, max_accepted, num_blocks, false, chunks, 0);
+        assert!(ok(4, 100, 16).is_ok());
+        assert!(ok(0, 100, 16).unwrap_err().message.contains("max_accepted must be >= 1"));
+        assert!(ok(4, 0, 16).unwrap_err().message.contains("num_blocks"));
+        assert!(ok(4, 100, 0).unwrap_err().message.contains("chunks"));
+        let e = FusedCopy::new(Device::Cpu, 1, 2, 4, 100, false, 16, 0).unwrap_err();
+        assert!(e.message.contains("reads CUDA memory; got cpu"), "{}", e.message);
+    }
+
+    #[test]
+    fn tiles_and_grids() {
+        let l = copy_tiles_launch(10, 20, 5, 300, Some(128)).unwrap().unwrap();
+        assert_eq!(l.grid, [128, 1, 1]);
+        let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
+        assert_eq!(v, vec![10, 20, 5, 300]);
+        assert_eq!(copy_tiles_launch(10, 20, 5, 0, None), Ok(None));
+        assert!(copy_tiles_launch(1, 2, -1, 3, None).is_err());
+        assert!(copy_tiles_launch(1, 2, (1 << 32) - 3, 3, None).is_err());
+        assert_eq!(state_chunks(0), 1);
+        assert_eq!(state_chunks(2 << 20), 64);
+        assert_eq!(state_chunks(40_000), 2);
+        assert_eq!(state_copy_grid(100_000, 0, 4), [4, 65535, 1]);
+    }
+}

@@ -1,0 +1,226 @@
+"""A test-only oracle: vLLM 0.33.0's own align-mode step code, run on CPU.
+
+The released wheel is downloaded once (``pip download vllm==0.33.0 --no-deps``) into a cache
+(``$RECOVERSSM_VLLM_CACHE``, default ``~/.cache/recoverssm_rs/vllm-0.33.0``); the two modules the
+step needs (``vllm/v1/worker/mamba_utils.py`` and ``vllm/model_executor/layers/mamba/mamba_utils.py``)
+are extracted there and loaded by path, with small stand-ins for the imports they do not exercise
+(config classes, logging, type-only imports). Their Triton kernels (the fused pre-copy and
+post-process, and ``batch_memcpy``) run in Triton's interpreter (``TRITON_INTERPRET=1``) over CPU
+tensors. No vLLM code is stored in this repository.
+
+:func:`load` returns the loaded modules, or raises :class:`OracleUnavailable` with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+VERSION = "0.33.0"
+FILES = {
+    "vllm.v1.worker.mamba_utils": "vllm/v1/worker/mamba_utils.py",
+    "vllm.model_executor.layers.mamba.mamba_utils": "vllm/model_executor/layers/mamba/mamba_utils.py",
+}
+
+
+class OracleUnavailable(RuntimeError):
+    """vLLM's wheel or Triton's interpreter is not available here."""
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "recoverssm_rs" / f"vllm-{VERSION}"
+    return Path(os.environ.get("RECOVERSSM_VLLM_CACHE", default))
+
+
+def wheel() -> Path:
+    """The cached wheel, downloaded on first use."""
+    d = cache_dir()
+    found = sorted(d.glob(f"vllm-{VERSION}-*.whl"))
+    if found:
+        return found[0]
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps", "-d", str(d), "--quiet"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OracleUnavailable(f"could not run {' '.join(cmd)}: {exc}") from None
+    found = sorted(d.glob(f"vllm-{VERSION}-*.whl"))
+    if r.returncode != 0 or not found:
+        raise OracleUnavailable(f"`{' '.join(cmd)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
+    return found[0]
+
+
+def _extract() -> dict[str, Path]:
+    out = cache_dir() / "extracted"
+    paths = {name: out / rel for name, rel in FILES.items()}
+    if not all(p.exists() for p in paths.values()):
+        with zipfile.ZipFile(wheel()) as z:
+            for rel in FILES.values():
+                z.extract(rel, out)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------
+# Stand-ins for the imports the step code names but does not exercise here
+# ------------------------------------------------------------------------------------------------
+
+
+class _Logger:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+class _Anything:
+    """A placeholder class for type-only imports."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    m = types.ModuleType(name)
+    m.__path__ = []  # a package, so submodules resolve
+    m.__dict__.update(attrs)
+    m.__getattr__ = lambda attr: _Anything  # type: ignore[method-assign]
+    return m
+
+
+@dataclasses.dataclass(frozen=True)
+class MambaSpec:
+    """What vLLM's ``MambaSpec`` carries for the step (hashable: it keys ``get_mamba_groups``)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[Any, ...]
+    block_size: int
+    mamba_type: str
+    num_speculative_blocks: int
+    mamba_cache_mode: str = "align"
+
+
+class UniformTypeKVCacheSpecs:  # isinstance checks only
+    pass
+
+
+class CpuGpuBuffer:
+    """vLLM's pinned-host / device buffer pair, both on the CPU here."""
+
+    def __init__(self, *size: int, dtype: Any) -> None:
+        import torch
+
+        self.cpu = torch.zeros(*size, dtype=dtype)
+        self.np = self.cpu.numpy()
+        self.gpu = torch.zeros_like(self.cpu)
+
+    def copy_to_gpu(self, n: int | None = None) -> Any:
+        if n is None:
+            self.gpu.copy_(self.cpu)
+            return self.gpu
+        self.gpu[:n].copy_(self.cpu[:n])
+        return self.gpu[:n]
+
+
+def _stubs(envs: types.ModuleType) -> dict[str, types.ModuleType]:
+    import torch
+    from vllm_oracle_triton import tl, triton  # type: ignore[import-not-found]
+
+    def cdiv(a: int, b: int) -> int:
+        return -(a // -b)
+
+    mods = {
+        "vllm": _module("vllm"),
+        "vllm.envs": envs,
+        "vllm.config": _module("vllm.config"),
+        "vllm.config.cache": _module("vllm.config.cache"),
+        "vllm.config.mamba": _module("vllm.config.mamba"),
+        "vllm.config.model": _module("vllm.config.model"),
+        "vllm.distributed": _module("vllm.distributed", divide=lambda a, b: a // b),
+        "vllm.logger": _module("vllm.logger", init_logger=lambda name: _Logger()),
+        "vllm.utils": _module("vllm.utils"),
+        "vllm.utils.torch_utils": _module("vllm.utils.torch_utils", STR_DTYPE_TO_TORCH_DTYPE={"float32": torch.float32}),
+        "vllm.utils.math_utils": _module("vllm.utils.math_utils", cdiv=cdiv),
+        "vllm.utils.gpu_sync_debug": _module("vllm.utils.gpu_sync_debug", gpu_sync_allowed=contextlib.nullcontext),
+        "vllm.triton_utils": _module("vllm.triton_utils", tl=tl, triton=triton),
+        "vllm.v1": _module("vllm.v1"),
+        "vllm.v1.attention": _module("vllm.v1.attention"),
+        "vllm.v1.attention.backends": _module("vllm.v1.attention.backends"),
+        "vllm.v1.attention.backends.registry": _module("vllm.v1.attention.backends.registry"),
+        "vllm.v1.core": _module("vllm.v1.core"),
+        "vllm.v1.core.sched": _module("vllm.v1.core.sched"),
+        "vllm.v1.core.sched.output": _module("vllm.v1.core.sched.output"),
+        "vllm.v1.kv_cache_interface": _module(
+            "vllm.v1.kv_cache_interface", MambaSpec=MambaSpec, UniformTypeKVCacheSpecs=UniformTypeKVCacheSpecs
+        ),
+        "vllm.v1.utils": _module("vllm.v1.utils", CpuGpuBuffer=CpuGpuBuffer),
+        "vllm.v1.worker": _module("vllm.v1.worker"),
+        "vllm.v1.worker.gpu_input_batch": _module("vllm.v1.worker.gpu_input_batch"),
+        "vllm.model_executor": _module("vllm.model_executor"),
+        "vllm.model_executor.layers": _module("vllm.model_executor.layers"),
+        "vllm.model_executor.layers.mamba": _module("vllm.model_executor.layers.mamba"),
+    }
+    for name, mod in mods.items():  # `import vllm.envs as envs` reads the parent's attribute
+        parent, _, child = name.rpartition(".")
+        if parent in mods:
+            setattr(mods[parent], child, mod)
+    return mods
+
+
+_LOADED: types.SimpleNamespace | None = None
+
+
+def load() -> types.SimpleNamespace:
+    """``namespace(wmu=..., lmu=..., envs=...)``: vLLM's modules, loaded once per process.
+
+    ``envs.VLLM_SSM_CONV_STATE_LAYOUT`` selects SD / DS; call :func:`set_conv_layout` to switch.
+    """
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        raise OracleUnavailable(f"Triton is not importable ({exc}); pip install triton") from None
+    paths = _extract()
+    import triton as _triton
+    import triton.language as _tl
+
+    sys.modules["vllm_oracle_triton"] = types.SimpleNamespace(tl=_tl, triton=_triton)  # type: ignore[assignment]
+    envs = _module("vllm.envs", VLLM_SSM_CONV_STATE_LAYOUT="SD")
+    stubs = _stubs(envs)
+    saved = {k: sys.modules.get(k) for k in [*stubs, *FILES]}
+    try:
+        sys.modules.update(stubs)
+        loaded = {}
+        for name in ["vllm.model_executor.layers.mamba.mamba_utils", "vllm.v1.worker.mamba_utils"]:
+            spec = importlib.util.spec_from_file_location(name, paths[name])
+            assert spec is not None and spec.loader is not None
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            loaded[name] = mod
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        sys.modules.pop("vllm_oracle_triton", None)
+    _LOADED = types.SimpleNamespace(
+        wmu=loaded["vllm.v1.worker.mamba_utils"], lmu=loaded["vllm.model_executor.layers.mamba.mamba_utils"], envs=envs
+    )
+    return _LOADED
+
+
+def set_conv_layout(ns: types.SimpleNamespace, layout: str) -> None:
+    """Switch vLLM's conv-state layout (``VLLM_SSM_CONV_STATE_LAYOUT``) to ``"SD"`` or ``"DS"``."""
+    ns.envs.VLLM_SSM_CONV_STATE_LAYOUT = layout
+    ns.lmu.get_conv_state_layout.cache_clear()

@@ -1,0 +1,116 @@
+"""recoverssm_rs.vllm: building the step from vLLM-shaped runner objects, its checks and errors
+(no vLLM needed: the objects are the duck-typed stand-ins of tests/support)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from recoverssm_rs import LayoutError, PlanError  # noqa: E402
+from recoverssm_rs.vllm import VllmMambaStep, copy_kind, mamba_groups  # noqa: E402
+from support.vllm_trace import GroupCfg, Req, Side, Sim, scheduler_output  # noqa: E402
+
+
+def _side(groups, nsb=2, layout="SD"):
+    sim = Sim(groups, 4, nsb, layout, seed=0, num_blocks=64)
+    return sim, Side(sim, sim.make_states(), None)
+
+
+def test_importing_the_adapter_does_not_import_vllm():
+    code = "import sys, recoverssm_rs.vllm; assert 'vllm' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_from_runner_binds_each_groups_persistent_prefix():
+    sim, side = _side([GroupCfg("GDN_ATTN", 2), GroupCfg("SHORT_CONV", 3)])
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None),
+                                     max_num_reqs=8)
+    assert [len(g) for g in step.planner.states] == [2, 3]
+    assert [len(layer) for layer in step.planner.states[0]] == [2, 2]  # the extra ring tensor is left alone
+    assert [lo.backend for lo in step.planner.layouts] == ["GDN_ATTN", "SHORT_CONV"]
+    assert "groups=[0, 1]" in repr(step)
+    assert [g for g, _, _ in mamba_groups(side.kv_cache_config)] == [0, 1]
+    assert copy_kind("get_conv_copy_spec") == "conv"
+
+
+def test_from_runner_runs_the_contract_check():
+    sim, side = _side([GroupCfg("GDN_ATTN", 1)])
+    with pytest.raises(LayoutError, match="GDN_ATTN"):
+        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context,
+                                  {"GDN_ATTN": ("get_temporal_copy_spec", "get_conv_copy_spec")}, max_num_reqs=4)
+    with pytest.raises(LayoutError, match="missing state copy funcs"):
+        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, {"MAMBA2": ("conv",)}, max_num_reqs=4)
+
+
+def test_only_align_mode_is_accepted():
+    import dataclasses
+
+    sim, side = _side([GroupCfg("GDN_ATTN", 1)])
+    group = side.kv_cache_config.kv_cache_groups[0]
+    group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, mamba_cache_mode="none")
+    with pytest.raises(LayoutError, match="mamba_cache_mode is 'none'"):
+        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
+    with pytest.raises(LayoutError, match="conv_layout must be 'SD' or 'DS'"):
+        group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, mamba_cache_mode="align")
+        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4,
+                                  conv_layout="XY")
+
+
+def _one_step(sim, side, step, reqs, sched, ensure=True, **so):
+    for r in reqs:
+        if ensure:
+            sim.ensure_cols(r, sched[r.rid][0])
+    side.load_batch(reqs)
+    out = scheduler_output(reqs, sched, so.get("finished", set()), so.get("preempted", set()), set())
+    step.preprocess(out, side.input_batch, side.requests)
+
+
+def test_a_prefix_hit_without_recurrent_state_names_the_request():
+    sim, side = _side([GroupCfg("GDN_ATTN", 1)])
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=8)
+    # An attention hit of 8 tokens; the window (columns 2..=4) is allocated, column 1 is not.
+    r = Req("req-hit", prompt=20, computed=8, cols=[{2: 10, 3: 11, 4: 12}])
+    before = [t.clone() for t in side.states[0][0]]
+    with pytest.raises(PlanError, match=r"request req-hit \(row 0\): prefix-cache hit of 8 computed tokens"):
+        _one_step(sim, side, step, [r], {"req-hit": (4, 0)}, ensure=False)
+    assert repr(step).endswith("live=0)")  # no slot left behind
+    assert all(torch.equal(a, b) for a, b in zip(before, side.states[0][0]))
+    r.cols[0][1] = 13  # with the recurrent state at column 1 the step runs
+    _one_step(sim, side, step, [r], {"req-hit": (4, 0)}, ensure=False)
+    assert step.running_col.max() == 2
+
+
+def test_running_columns_live_in_an_array_and_are_released():
+    sim, side = _side([GroupCfg("GDN_ATTN", 1)])
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=2)
+    a, b = Req("a", prompt=9, cols=[{}]), Req("b", prompt=5, cols=[{}])
+    _one_step(sim, side, step, [a, b], {"a": (9, 0), "b": (5, 0)})
+    assert sorted(step.running_col.tolist()) == [1, 2]  # (9 - 1) // 4, (5 - 1) // 4
+    c = Req("c", prompt=3, cols=[{}])
+    with pytest.raises(PlanError, match="more live requests than max_num_reqs = 2"):
+        _one_step(sim, side, step, [c], {"c": (3, 0)})
+    _one_step(sim, side, step, [c], {"c": (3, 0)}, finished={"a", "b"})
+    assert sorted(step.running_col.tolist()) == [-1, 0]
+
+
+def test_a_stale_running_column_is_an_error():
+    sim, side = _side([GroupCfg("GDN_ATTN", 1)])
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
+    step.running_col[3] = 5  # left behind by a request that finished without release()
+    bt = np.arange(1, 9, dtype=np.int64).reshape(1, 8)
+    with pytest.raises(PlanError, match="stale"):
+        step.pre_copy([bt], [3], [0], [4], [1], fresh=[1])
+    assert step.running_col[3] == 5  # nothing changed
+
+
+def test_postprocess_needs_a_preprocess():
+    sim, side = _side([GroupCfg("GDN_ATTN", 1)])
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
+    with pytest.raises(PlanError, match="preprocess first"):
+        step.postprocess(np.ones(1, np.int64))
