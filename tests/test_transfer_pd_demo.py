@@ -55,3 +55,16 @@ def test_the_demo_check_catches_a_wrong_state():
     assert pd_demo._compare(model, rk, 1, 2, tokens)[0] is False
     temporal[2, 0, 0, 0] += 1e-2
     assert pd_demo._compare(model, rk, 1, 2, tokens)[1] > pd_demo.TOLERANCE
+
+
+def test_pd_demo_parser_follows_the_cli_conventions():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    pd_demo.add_parser(parser.add_subparsers())
+    sub = parser._subparsers._group_actions[0].choices["pd-demo"]  # type: ignore[union-attr]
+    for action in sub._actions:
+        if action.option_strings:
+            assert action.help, action.option_strings
+    text = sub.format_help()
+    assert "``" not in text and "(default: 16)" in text

@@ -347,22 +347,38 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0 if _ok(s) else 1
 
 
+_DESCRIPTION = (
+    "Prefill and decode in two OS processes with their own TP size, conv layout and num_spec: "
+    "a toy GDN + KDA stack is prefilled on one side, its states pulled over NIXL with re-sharding, "
+    "decoded in speculative windows on the other and checked against one-instance decoding "
+    "(exit status 1 on any mismatch)."
+)
+
+
 def add_parser(sub: Any) -> None:
     """Register the ``pd-demo`` subcommand."""
+    from ..cli_args import HelpFormatter
+
     d = Config()
-    p = sub.add_parser("pd-demo", help="prefill and decode in two processes, states moved over NIXL with "
-                                       "re-sharding, checked against one-instance decoding",
-                       description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=d.requests)
+    p = sub.add_parser("pd-demo", formatter_class=HelpFormatter, description=_DESCRIPTION,
+                       help="prefill and decode in two processes, states moved over NIXL with "
+                            "re-sharding, checked against one-instance decoding")
+    p.add_argument("--requests", type=int, default=d.requests, help="requests prefilled and decoded")
     p.add_argument("--layers", type=int, default=d.layers, help="layers (alternating GDN, KDA)")
-    p.add_argument("--prefill-tp", type=int, default=d.prefill_tp, dest="prefill_tp", choices=[1, 2, 4, 8])
-    p.add_argument("--decode-tp", type=int, default=d.decode_tp, dest="decode_tp", choices=[1, 2, 4, 8])
-    p.add_argument("--prefill-layout", default=d.prefill_layout, dest="prefill_layout", choices=["SD", "DS"])
-    p.add_argument("--decode-layout", default=d.decode_layout, dest="decode_layout", choices=["SD", "DS"])
-    p.add_argument("--prefill-spec", type=int, default=d.prefill_spec, dest="prefill_spec")
-    p.add_argument("--decode-spec", type=int, default=d.decode_spec, dest="decode_spec")
+    p.add_argument("--prefill-tp", type=int, default=d.prefill_tp, dest="prefill_tp", choices=[1, 2, 4, 8],
+                   help="tensor-parallel ranks of the prefill instance")
+    p.add_argument("--decode-tp", type=int, default=d.decode_tp, dest="decode_tp", choices=[1, 2, 4, 8],
+                   help="tensor-parallel ranks of the decode instance")
+    p.add_argument("--prefill-layout", default=d.prefill_layout, dest="prefill_layout", choices=["SD", "DS"],
+                   help="conv window layout on the prefill side")
+    p.add_argument("--decode-layout", default=d.decode_layout, dest="decode_layout", choices=["SD", "DS"],
+                   help="conv window layout on the decode side")
+    p.add_argument("--prefill-spec", type=int, default=d.prefill_spec, dest="prefill_spec",
+                   help="draft tokens per window the prefill side's conv windows hold (num_spec)")
+    p.add_argument("--decode-spec", type=int, default=d.decode_spec, dest="decode_spec",
+                   help="draft tokens per speculative window on the decode side (num_spec)")
     p.add_argument("--generate", type=int, default=d.generate, help="tokens generated per request")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights, prompts and acceptance")
     p.add_argument("--json", action="store_true", help="print the JSON summary")
     p.set_defaults(func=_cmd)
 
