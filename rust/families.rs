@@ -7,6 +7,15 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::{ConvLayout, CopyKind, Layout, StateSpec};
+use crate::sharding::{ConvSegment, Sharding, StateShard};
+
+fn seg(name: &'static str, units: u64, unit_dim: u64) -> ConvSegment {
+    ConvSegment { name, units, unit_dim }
+}
+
+fn sharding(family: &'static str, c: &Common, dims: &[(&'static str, u64)], states: Vec<StateShard>) -> Sharding {
+    Sharding { family, tp_size: c.tp_size, model_dims: dims.to_vec(), states }
+}
 
 /// Settings shared by every family: the rank split, the speculative window and the storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,11 +99,18 @@ pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel: u64, c: &Com
     let dim = divide(F, "intermediate_size", intermediate_size, c.tp_size)?;
     let n = positive(F, "state_size", state_size)?;
     let width = conv_width(F, "conv_kernel", c, conv_kernel)?;
+    let k = conv_kernel;
+    let shards = vec![
+        StateShard::Conv { segments: vec![seg("x", intermediate_size, 1)], kernel_size: k },
+        StateShard::Heads { units: intermediate_size },
+    ];
+    let dims = [("intermediate_size", intermediate_size), ("state_size", n), ("conv_kernel", k)];
     Layout::new(
         "MAMBA1",
         vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[dim, n], c.ssm_dtype, CopyKind::Temporal)],
         c.num_spec,
     )
+    .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
 /// The Mamba selective-state-update backend (vLLM's `MambaConfig.backend`). It matters to the
@@ -185,7 +201,24 @@ pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
         states.push(StateSpec::workspace("replay_dt_ring", &[heads, r], DType::Float32));
         states.push(StateSpec::workspace("replay_B_ring", &[groups, r, n], c.dtype));
     }
-    Layout::new("MAMBA2", states, c.num_spec)
+    // Channels [x | B | C]; with fewer groups than ranks each group is replicated on
+    // tp / n_groups consecutive ranks.
+    let shards = vec![
+        StateShard::Conv {
+            segments: vec![seg("x", p.intermediate_size, 1), seg("B", g, n), seg("C", g, n)],
+            kernel_size: p.conv_kernel,
+        },
+        StateShard::Heads { units: p.num_heads },
+    ];
+    let dims = [
+        ("intermediate_size", p.intermediate_size),
+        ("n_groups", g),
+        ("num_heads", p.num_heads),
+        ("head_dim", hd),
+        ("state_size", n),
+        ("conv_kernel", p.conv_kernel),
+    ];
+    Layout::new("MAMBA2", states, c.num_spec).map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
 /// Short conv: conv `dim = intermediate_size / tp`, `width = conv_kernel - 1 + num_spec`.
@@ -196,7 +229,10 @@ pub fn short_conv(intermediate_size: u64, conv_kernel: u64, c: &Common) -> Resul
     c.check(F)?;
     let dim = divide(F, "intermediate_size", intermediate_size, c.tp_size)?;
     let width = conv_width(F, "conv_kernel", c, conv_kernel)?;
+    let shards = vec![StateShard::Conv { segments: vec![seg("x", intermediate_size, 1)], kernel_size: conv_kernel }];
+    let dims = [("intermediate_size", intermediate_size), ("conv_kernel", conv_kernel)];
     Layout::new("SHORT_CONV", vec![conv_state(c, width, dim)], c.num_spec)
+        .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
 /// Linear attention: temporal `(num_heads / tp, head_dim, head_dim)`. vLLM's
@@ -207,11 +243,13 @@ pub fn linear_attention(num_heads: u64, head_dim: u64, c: &Common) -> Result<Lay
     c.check(F)?;
     let h = divide(F, "num_heads", num_heads, c.tp_size)?;
     let d = positive(F, "head_dim", head_dim)?;
+    let dims = [("num_heads", num_heads), ("head_dim", d)];
     Layout::new(
         "LINEAR",
         vec![StateSpec::persistent("temporal", &[h, d, d], c.ssm_dtype, CopyKind::Temporal)],
         c.num_spec,
     )
+    .map(|l| l.with_sharding(sharding(F, c, &dims, vec![StateShard::Heads { units: num_heads }])))
 }
 
 /// The RecoverSSM verify records per request and layer: corrections `[H, Q, V]` fp32 and
@@ -264,7 +302,22 @@ pub fn gdn(p: &Gdn, c: &Common) -> Result<Layout> {
     if p.recover_ssm {
         states.extend(recover_records(c, h, hv, hk + 1));
     }
-    Layout::new("GDN_ATTN", states, c.num_spec)
+    // Channels [q | k | v], each sharded by heads.
+    let shards = vec![
+        StateShard::Conv {
+            segments: vec![seg("q", nk, hk), seg("k", nk, hk), seg("v", p.num_v_heads, hv)],
+            kernel_size: p.conv_kernel_size,
+        },
+        StateShard::Heads { units: p.num_v_heads },
+    ];
+    let dims = [
+        ("num_k_heads", nk),
+        ("num_v_heads", p.num_v_heads),
+        ("head_k_dim", hk),
+        ("head_v_dim", hv),
+        ("conv_kernel_size", p.conv_kernel_size),
+    ];
+    Layout::new("GDN_ATTN", states, c.num_spec).map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
 /// Kimi Delta Attention parameters (vLLM names).
@@ -304,7 +357,23 @@ pub fn kda(p: &Kda, c: &Common) -> Result<Layout> {
     if p.recover_ssm {
         states.extend(recover_records(c, h, hd, 2 * hd));
     }
-    Layout::new("GDN_ATTN", states, c.num_spec)
+    // Channels [q | k | v] (q and k: num_k_heads x head_k_dim; v: num_heads x head_dim), each
+    // sharded by heads.
+    let shards = vec![
+        StateShard::Conv {
+            segments: vec![seg("q", nkh, hkd), seg("k", nkh, hkd), seg("v", nh, hd)],
+            kernel_size: p.conv_kernel_size,
+        },
+        StateShard::Heads { units: nh },
+    ];
+    let dims = [
+        ("num_heads", nh),
+        ("head_dim", hd),
+        ("num_k_heads", nkh),
+        ("head_k_dim", hkd),
+        ("conv_kernel_size", p.conv_kernel_size),
+    ];
+    Layout::new("GDN_ATTN", states, c.num_spec).map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
 #[cfg(test)]

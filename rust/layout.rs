@@ -3,6 +3,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::sharding::Sharding;
 use std::collections::HashSet;
 use std::fmt;
 
@@ -178,7 +179,7 @@ impl StateSpec {
 }
 
 /// A backend's validated per-layer state layout.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Layout {
     backend: String,
     states: Vec<StateSpec>,
@@ -186,7 +187,18 @@ pub struct Layout {
     prefix_len: usize,
     persistent_bytes: u64,
     workspace_bytes: u64,
+    /// The tensor-parallel split, when a family calculator built the layout.
+    sharding: Option<Sharding>,
 }
+
+/// Two layouts are equal when they declare the same states: the sharding a family calculator
+/// attaches describes where the states came from, not what they are.
+impl PartialEq for Layout {
+    fn eq(&self, other: &Self) -> bool {
+        self.backend == other.backend && self.states == other.states && self.num_spec == other.num_spec
+    }
+}
+impl Eq for Layout {}
 
 impl Layout {
     /// Validates `states` for `backend` and builds the layout.
@@ -307,7 +319,18 @@ impl Layout {
             prefix_len,
             persistent_bytes,
             workspace_bytes,
+            sharding: None,
         })
+    }
+
+    /// This layout with the tensor-parallel split `sharding` attached (family calculators).
+    pub fn with_sharding(mut self, sharding: Sharding) -> Layout {
+        self.sharding = Some(sharding);
+        self
+    }
+    /// The tensor-parallel split, for layouts built by a family calculator.
+    pub fn sharding(&self) -> Option<&Sharding> {
+        self.sharding.as_ref()
     }
 
     pub fn backend(&self) -> &str {

@@ -16,6 +16,8 @@ pub mod kernels;
 pub mod group_plan;
 pub mod layout;
 pub mod plan;
+pub mod sharding;
+pub mod transfer;
 
 #[cfg(feature = "python")]
 mod python;

@@ -16,7 +16,9 @@ if [[ "${1:-}" == "--test" ]]; then
   # cupy-cuda12x imports without a GPU: the kernel checks use CuPy's own NVRTC options.
   # matplotlib: the `bench --plot` tests. ruff: the lint stage of scripts/test.sh.
   # triton: vLLM's own Triton kernels run (interpreted, on the CPU) by the vLLM conformance oracle.
-  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12 cupy-cuda12x mypy==2.4.1 ruff==0.17.5 matplotlib triton)
+  # nixl-cu12: the P/D transfer tests (its UCX backend moves CPU memory between processes).
+  extras+=(pytest hypothesis nvidia-cuda-nvrtc-cu12 cupy-cuda12x mypy==2.4.1 ruff==0.17.5 matplotlib triton
+           nixl-cu12==1.5.1)
 fi
 
 step_start=$SECONDS
@@ -34,6 +36,7 @@ for pkg in maturin "${extras[@]}"; do
   case "$pkg" in
     nvidia-cuda-nvrtc-cu12) probe='import importlib.util,sys; sys.exit(importlib.util.find_spec("nvidia.cuda_nvrtc") is None)' ;;
     cupy-cuda12x) probe='import cupy' ;;
+    nixl-cu12==*) probe="import importlib.metadata as m,sys; sys.exit(m.version('nixl-cu12') != '${pkg#*==}')" ;;
     maturin) probe='import shutil,sys; sys.exit(shutil.which("maturin") is None)' ;;
     *==*) probe="import importlib.metadata as m,sys; sys.exit(m.version('${pkg%%==*}') != '${pkg#*==}')" ;;
     *) probe="import $mod" ;;

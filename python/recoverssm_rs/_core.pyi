@@ -16,6 +16,7 @@ __all__ = [
     "KernelLaunch",
     "Layout",
     "LayoutError",
+    "LayoutFingerprint",
     "Plan",
     "PlanError",
     "Planner",
@@ -23,6 +24,7 @@ __all__ = [
     "RecoverSSMError",
     "StateSpec",
     "StorageGuard",
+    "TransferPlan",
     "__version__",
     "_validate_copy_funcs",
     "align_post_process",
@@ -42,6 +44,7 @@ __all__ = [
     "mamba1_layout",
     "mamba2_layout",
     "pack_launch",
+    "plan_transfer",
     "short_conv_layout",
     "state_chunks",
 ]
@@ -503,3 +506,62 @@ class GroupPlanner:
         self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
         num_draft: Any, num_accepted: Any, req_ids: Sequence[Any] | None = None,
     ) -> tuple[bytes, GroupPlan]: ...
+
+# Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
+@final
+class LayoutFingerprint:
+    """One rank's pool as a transfer sees it; exchanged at handshake (``encode`` / ``decode``)."""
+
+    def __new__(cls, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> LayoutFingerprint: ...
+    @staticmethod
+    def decode(text: str) -> LayoutFingerprint: ...
+    def encode(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def tp_size(self) -> int: ...
+    @property
+    def tp_rank(self) -> int: ...
+    @property
+    def num_spec(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def conv_layout(self) -> _ConvLayoutName | None: ...
+    @property
+    def conv_kernel_size(self) -> int | None: ...
+    @property
+    def state_names(self) -> list[str]: ...
+    @property
+    def state_nbytes(self) -> list[int]: ...
+    @property
+    def conv_geometry(self) -> list[tuple[_ConvLayoutName, int, int] | None]: ...
+    def with_rank(self, tp_rank: int) -> LayoutFingerprint: ...
+    def check_compatible(self, destination: LayoutFingerprint) -> None: ...
+
+@final
+class TransferPlan:
+    """Reads (and staged local copies) moving a batch of requests' states to one destination rank."""
+
+    def reads(self) -> bytes: ...
+    def staged(self) -> bytes: ...
+    @property
+    def num_reads(self) -> int: ...
+    @property
+    def num_staged(self) -> int: ...
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def staging_bytes(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def source_ranks(self) -> list[int]: ...
+
+def plan_transfer(
+    source: LayoutFingerprint,
+    source_pools: Sequence[tuple[int, int, Sequence[int]]],
+    destination: LayoutFingerprint,
+    destination_pool: tuple[int, int, Sequence[int]],
+    requests: Sequence[tuple[int, int]],
+) -> TransferPlan: ...

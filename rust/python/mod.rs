@@ -13,6 +13,7 @@ mod group_plan;
 mod guard;
 mod layout;
 mod plan;
+mod transfer;
 
 pub(crate) use errors::to_py;
 
@@ -39,5 +40,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     kernels::register(m)?;
     guard::register(m)?;
     group_plan::register(m)?;
+    transfer::register(m)?;
     Ok(())
 }

@@ -1,0 +1,90 @@
+"""Host offload: a set of requests' persistent states copied to a host buffer (pinned when the
+pool is on CUDA) and back, byte-exact, with the transfer core's plans (the same layout and rank on
+both sides, so every state is one contiguous read). Workspace is never moved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .local import LocalTransfer
+from .pool import StatePool
+
+__all__ = ["HostOffload", "HostStates"]
+
+
+@dataclass
+class HostStates:
+    """Persistent states of ``num_requests`` requests held in host memory: ``pool`` holds request
+    ``i`` in its block ``i + 1`` (block 0 is the null block)."""
+
+    pool: StatePool
+    num_requests: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (all layers and persistent states of every request)."""
+        return self.num_requests * self.pool.num_layers * sum(self.pool.fingerprint.state_nbytes)
+
+    def __repr__(self) -> str:
+        return f"HostStates(requests={self.num_requests}, bytes={self.nbytes})"
+
+
+class HostOffload:
+    """Offloads requests' persistent states of ``pool`` to host memory and restores them.
+
+    For a CUDA pool the host buffer is pinned and the copies are enqueued on the current CUDA
+    stream (the caller's): synchronize that stream before reading an offloaded copy on the host
+    or reusing the offloaded blocks."""
+
+    def __init__(self, pool: StatePool) -> None:
+        self.pool = pool
+
+    def _host_pool(self, num_requests: int) -> StatePool:
+        p = self.pool
+        cuda = p.device.startswith("cuda")
+        layers: list[list[Any]] = []
+        for _ in range(p.num_layers):
+            layer = []
+            for spec in p.layout.persistent:
+                shape = (num_requests + 1, *spec.shape)
+                if cuda:
+                    import torch
+
+                    dt = getattr(torch, spec.dtype)
+                    layer.append(torch.empty(shape, dtype=dt, pin_memory=True))
+                else:
+                    layer.append(_host_array(shape, spec.dtype, p.tensors[0]))
+            layers.append(layer)
+        fp = p.fingerprint
+        return StatePool(p.layout, layers, tp_rank=fp.tp_rank, block_size=fp.block_size)
+
+    def offload(self, blocks: list[int]) -> HostStates:
+        """Copies the persistent states of ``blocks`` (one per request) to a new host buffer."""
+        host = self._host_pool(len(blocks))
+        LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host).run(
+            [(b, i + 1) for i, b in enumerate(blocks)])
+        return HostStates(host, len(blocks))
+
+    def restore(self, states: HostStates, blocks: list[int]) -> None:
+        """Copies ``states`` back into ``blocks`` of the pool (request ``i`` into ``blocks[i]``)."""
+        if len(blocks) != states.num_requests:
+            from ..errors import PlanError
+
+            raise PlanError(f"restore: {states.num_requests} offloaded requests but {len(blocks)} blocks given")
+        LocalTransfer({self.pool.fingerprint.tp_rank: states.pool}, self.pool).run(
+            [(i + 1, b) for i, b in enumerate(blocks)])
+
+    def __repr__(self) -> str:
+        return f"HostOffload({self.pool!r})"
+
+
+def _host_array(shape: tuple[int, ...], dtype: str, like: Any) -> Any:
+    """A host tensor of the pool's kind (torch for torch pools, numpy otherwise)."""
+    if hasattr(like, "data_ptr") and hasattr(like, "element_size"):
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return np.empty(shape, dtype=np.dtype(dtype))

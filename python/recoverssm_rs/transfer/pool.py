@@ -1,0 +1,96 @@
+"""One rank's block pool as a transfer sees it: the layout, its fingerprint, the persistent state
+tensors of every layer, and raw byte views of them (numpy or torch, CPU or CUDA)."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._core import Layout, LayoutFingerprint, Planner
+from ..tensors import describe_tensor
+
+__all__ = ["StatePool", "byte_view"]
+
+#: ``(num_layers, num_blocks, block_strides)``: what a transfer plan needs of a pool.
+Geometry = tuple[int, int, list[int]]
+
+
+def _is_torch(t: Any) -> bool:
+    return hasattr(t, "data_ptr") and hasattr(t, "element_size")
+
+
+def byte_view(t: Any) -> Any:
+    """A flat uint8 view of the memory a state tensor ``[num_blocks, *shape]`` spans, from its
+    block 0 to the end of its last block (strided pages included): a numpy array for numpy and CPU
+    torch tensors, a torch tensor on the same device for CUDA tensors."""
+    if _is_torch(t):
+        es = t.element_size()
+        inner = int(np.prod(t.shape[1:])) * es
+        span = (t.shape[0] - 1) * t.stride(0) * es + inner
+        if t.device.type == "cpu":
+            return np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(t.data_ptr()))
+        import torch
+
+        v = torch.empty(0, dtype=torch.uint8, device=t.device)
+        v.set_(t.untyped_storage(), t.storage_offset() * es, (span,), (1,))
+        return v
+    a = np.asarray(t)
+    inner = int(np.prod(a.shape[1:])) * a.itemsize
+    span = (a.shape[0] - 1) * a.strides[0] + inner
+    return np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(a.ctypes.data))
+
+
+class StatePool:
+    """One rank's persistent state tensors: ``states[layer][i]`` is the ``i``-th persistent state
+    of ``layer`` as a tensor ``[num_blocks, *shape]`` (numpy array or torch tensor; blocks may be
+    strided views into shared pages). The tensors are checked against ``layout`` by the core
+    (dtype, per-block shape, dense blocks, one device, no aliasing) on construction.
+
+    Args:
+        layout: the rank's layout, from a family calculator (it knows the TP split).
+        states: per layer, the persistent state tensors (workspace tensors may follow; ignored).
+        tp_rank: this pool's tensor-parallel rank.
+        block_size: tokens per cache block (informational, part of the fingerprint).
+    """
+
+    def __init__(self, layout: Layout, states: Sequence[Sequence[Any]], *, tp_rank: int = 0,
+                 block_size: int = 0) -> None:
+        self.layout = layout
+        self.fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
+        n = layout.copyable_prefix_len
+        self.tensors: list[Any] = [t for layer in states for t in list(layer)[:n]]
+        descs = [[describe_tensor(t) for t in list(layer)[:n]] for layer in states]
+        # The core's binding checks every tensor against the layout (and raises BindingError).
+        self._binding = Planner(layout, descs, self.tensors)
+        self.num_layers = len(states)
+        self.num_blocks = int(self._binding.num_blocks)
+        self.device = str(self._binding.device)
+        self.views = [byte_view(t) for t in self.tensors]
+
+    @property
+    def geometry(self) -> Geometry:
+        """``(num_layers, num_blocks, block_strides)`` with one byte stride per (layer, state)."""
+        return (self.num_layers, self.num_blocks, [self.block_stride(t) for t in self.tensors])
+
+    @staticmethod
+    def block_stride(t: Any) -> int:
+        """Bytes between consecutive blocks of a state tensor."""
+        if _is_torch(t):
+            return int(t.stride(0) * t.element_size())
+        return int(np.asarray(t).strides[0])
+
+    def addresses(self) -> list[int]:
+        """Address of block 0 of every (layer, state) tensor, layer-major."""
+        return [int(describe_tensor(t)[0]) for t in self.tensors]
+
+    def spans(self) -> list[int]:
+        """Bytes each (layer, state) tensor spans (its byte view's length)."""
+        return [int(v.shape[0]) for v in self.views]
+
+    def __repr__(self) -> str:
+        return (f"StatePool({self.fingerprint.family}, rank {self.fingerprint.tp_rank}/"
+                f"{self.fingerprint.tp_size}, layers={self.num_layers}, blocks={self.num_blocks}, "
+                f"device={self.device})")
