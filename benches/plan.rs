@@ -9,14 +9,7 @@ use recoverssm_rs::{AlignStep, Binding, DType, Planner, TensorDesc};
 use std::hint::black_box;
 
 fn gdn() -> Layout {
-    let p = families::Gdn {
-        num_k_heads: 16,
-        num_v_heads: 32,
-        head_k_dim: 128,
-        head_v_dim: 128,
-        conv_kernel_size: 4,
-        recover_ssm: false,
-    };
+    let p = families::Gdn { num_k_heads: 16, num_v_heads: 32, head_k_dim: 128, head_v_dim: 128, conv_kernel_size: 4, recover_ssm: false };
     families::gdn(&p, &common()).unwrap()
 }
 

@@ -136,9 +136,7 @@ impl Binding {
                 )));
             }
             for (si, (spec, t)) in layout.persistent().iter().zip(per_layer).enumerate() {
-                let at = |m: String| {
-                    Error::binding(format!("{backend}: layer {layer}, state {si} ('{}'): {m}", spec.name))
-                };
+                let at = |m: String| Error::binding(format!("{backend}: layer {layer}, state {si} ('{}'): {m}", spec.name));
                 let dev = Device::parse(&t.device).map_err(|e| at(e.message))?;
                 match &device {
                     None => device = Some((dev.clone(), t.device.clone())),
@@ -162,17 +160,10 @@ impl Binding {
                     )));
                 }
                 if t.shape[1..].iter().zip(&spec.shape).any(|(&a, &b)| a < 0 || a as u64 != b) {
-                    return Err(at(format!(
-                        "per-block shape {:?} does not match the layout's {:?}",
-                        &t.shape[1..],
-                        spec.shape
-                    )));
+                    return Err(at(format!("per-block shape {:?} does not match the layout's {:?}", &t.shape[1..], spec.shape)));
                 }
                 if t.shape[0] < 2 {
-                    return Err(at(format!(
-                        "the tensor has {} blocks; a block pool needs the null block 0 and at least one more",
-                        t.shape[0]
-                    )));
+                    return Err(at(format!("the tensor has {} blocks; a block pool needs the null block 0 and at least one more", t.shape[0])));
                 }
                 // Inner dimensions must be dense and C-ordered: the state of one block is one
                 // contiguous byte range.
@@ -192,10 +183,7 @@ impl Binding {
                     return Err(at(format!("one block's state is {state_bytes} bytes; states above 4 GiB - 1 per block are not supported")));
                 }
                 if t.strides[0] <= 0 || t.strides[0] as u64 % elem != 0 {
-                    return Err(at(format!(
-                        "the block stride is {} bytes; it must be a positive multiple of the element size {elem}",
-                        t.strides[0]
-                    )));
+                    return Err(at(format!("the block stride is {} bytes; it must be a positive multiple of the element size {elem}", t.strides[0])));
                 }
                 let block_stride = t.strides[0] as u64;
                 if block_stride < state_bytes {

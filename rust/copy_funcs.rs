@@ -18,8 +18,9 @@ impl CopyFuncKind {
     pub fn parse(name: &str) -> Option<CopyFuncKind> {
         match name.trim() {
             "conv" | "get_conv_copy_spec" | "conv_copy" | "conv_state_copy" => Some(CopyFuncKind::Conv),
-            "temporal" | "get_temporal_copy_spec" | "get_full_copy_spec" | "temporal_copy"
-            | "ssm_state_copy" | "full" => Some(CopyFuncKind::Temporal),
+            "temporal" | "get_temporal_copy_spec" | "get_full_copy_spec" | "temporal_copy" | "ssm_state_copy" | "full" => {
+                Some(CopyFuncKind::Temporal)
+            }
             _ => None,
         }
     }
@@ -58,10 +59,7 @@ fn shape_str(shape: &[u64]) -> String {
 
 /// Applies the copyable-prefix contract to every group. `copy_funcs` holds, per backend, the names
 /// of the copy functions it registers, in state order.
-pub fn validate_copy_funcs(
-    groups: &[GroupSpec],
-    copy_funcs: &[(String, Vec<String>)],
-) -> Result<Vec<CopyPrefix>> {
+pub fn validate_copy_funcs(groups: &[GroupSpec], copy_funcs: &[(String, Vec<String>)]) -> Result<Vec<CopyPrefix>> {
     let mut out: Vec<CopyPrefix> = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
         let backend = g.backend.as_str();
@@ -97,10 +95,7 @@ pub fn validate_copy_funcs(
             })?;
             let shape = &g.shapes[i];
             if shape.is_empty() || shape.contains(&0) {
-                return Err(Error::layout(format!(
-                    "{backend}: {}: every state needs at least one dimension and no zero dimension",
-                    state_name(i)
-                )));
+                return Err(Error::layout(format!("{backend}: {}: every state needs at least one dimension and no zero dimension", state_name(i))));
             }
             if kind == CopyFuncKind::Conv && shape.len() != 2 {
                 return Err(Error::layout(format!(
@@ -113,11 +108,7 @@ pub fn validate_copy_funcs(
                 )));
             }
         }
-        out.push(CopyPrefix {
-            backend: backend.to_string(),
-            num_states: g.shapes.len(),
-            prefix_len: funcs.len(),
-        });
+        out.push(CopyPrefix { backend: backend.to_string(), num_states: g.shapes.len(), prefix_len: funcs.len() });
     }
     if let Some(first) = groups.first() {
         for (gi, g) in groups.iter().enumerate().skip(1) {
@@ -132,11 +123,7 @@ pub fn validate_copy_funcs(
                 Ok(())
             };
             check("block size", fmt_opt(&first.block_size), fmt_opt(&g.block_size))?;
-            check(
-                "number of speculative blocks",
-                fmt_opt(&first.num_speculative_blocks),
-                fmt_opt(&g.num_speculative_blocks),
-            )?;
+            check("number of speculative blocks", fmt_opt(&first.num_speculative_blocks), fmt_opt(&g.num_speculative_blocks))?;
             check("cache mode", fmt_opt(&first.cache_mode), fmt_opt(&g.cache_mode))?;
         }
     }
@@ -172,8 +159,7 @@ mod tests {
 
     #[test]
     fn recoverssm_four_states_two_funcs_is_accepted() {
-        let r = validate_copy_funcs(&[group("GDN_ATTN", &K3)], &[funcs("GDN_ATTN", &["conv", "temporal"])])
-            .unwrap();
+        let r = validate_copy_funcs(&[group("GDN_ATTN", &K3)], &[funcs("GDN_ATTN", &["conv", "temporal"])]).unwrap();
         assert_eq!(r[0].prefix_len, 2);
         assert_eq!(r[0].num_states, 4);
     }
@@ -181,8 +167,7 @@ mod tests {
     #[test]
     fn equal_length_and_vllm_names_are_accepted() {
         let g = group("MAMBA2", &[&[4, 8192], &[128, 64, 128]]);
-        let r = validate_copy_funcs(&[g], &[funcs("MAMBA2", &["get_conv_copy_spec", "get_temporal_copy_spec"])])
-            .unwrap();
+        let r = validate_copy_funcs(&[g], &[funcs("MAMBA2", &["get_conv_copy_spec", "get_temporal_copy_spec"])]).unwrap();
         assert_eq!(r[0].prefix_len, 2);
     }
 
@@ -208,9 +193,7 @@ mod tests {
 
     #[test]
     fn unknown_copy_function_is_rejected() {
-        let m = validate_copy_funcs(&[group("GDN_ATTN", &K3)], &[funcs("GDN_ATTN", &["conv", "magic"])])
-            .unwrap_err()
-            .message;
+        let m = validate_copy_funcs(&[group("GDN_ATTN", &K3)], &[funcs("GDN_ATTN", &["conv", "magic"])]).unwrap_err().message;
         assert!(m.contains("unrecognised copy function 'magic'") && m.contains("state 1"), "{m}");
     }
 

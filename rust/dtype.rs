@@ -73,10 +73,7 @@ impl DType {
             "uint8" | "u8" => DType::UInt8,
             _ => {
                 let known: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
-                return Err(Error::layout(format!(
-                    "unknown dtype '{name}'; expected one of: {}",
-                    known.join(", ")
-                )));
+                return Err(Error::layout(format!("unknown dtype '{name}'; expected one of: {}", known.join(", "))));
             }
         };
         Ok(d)

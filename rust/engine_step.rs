@@ -114,10 +114,7 @@ fn check_config(cfg: &StepConfig) -> Result<()> {
 fn check_lengths(r: usize, named: &[(&str, usize)]) -> Result<()> {
     if let Some((name, n)) = named.iter().find(|(_, n)| *n != r) {
         let all: Vec<String> = named.iter().map(|(k, n)| format!("{k} = {n}")).collect();
-        return Err(Error::plan(format!(
-            "every per-request input needs one entry per request ({r}); {name} has {n} ({})",
-            all.join(", ")
-        )));
+        return Err(Error::plan(format!("every per-request input needs one entry per request ({r}); {name} has {n} ({})", all.join(", "))));
     }
     Ok(())
 }
@@ -140,14 +137,7 @@ fn check_tables(tables: &[GroupTable<'_>], r: usize) -> Result<()> {
 
 /// Checks that column `col` (and the `extra` columns after it) of request `i` lie inside every
 /// group's row and hold live (non-null, in-range) blocks.
-fn check_live(
-    tables: &[GroupTable<'_>],
-    i: usize,
-    col: i64,
-    extra: i64,
-    what: &str,
-    name: &dyn Fn(usize) -> String,
-) -> Result<()> {
+fn check_live(tables: &[GroupTable<'_>], i: usize, col: i64, extra: i64, what: &str, name: &dyn Fn(usize) -> String) -> Result<()> {
     for (g, t) in tables.iter().enumerate() {
         let last = col + extra;
         if col < 0 || last >= t.cols as i64 {
@@ -185,12 +175,7 @@ fn check_live(
 /// columns `prev..=prev + bias` inside every row and live; a request with computed tokens but no
 /// running column (a prefix-cache hit) whose column `(computed - 1) // block_size` holds no live
 /// block in some group (the attention hit is longer than the recurrent state's).
-pub fn pre_copy(
-    inp: &PreInputs<'_>,
-    tables: &[GroupTable<'_>],
-    cfg: &StepConfig,
-    name: &dyn Fn(usize) -> String,
-) -> Result<PreDecision> {
+pub fn pre_copy(inp: &PreInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepConfig, name: &dyn Fn(usize) -> String) -> Result<PreDecision> {
     check_config(cfg)?;
     let r = inp.num_computed.len();
     let mut lens = vec![
@@ -218,17 +203,10 @@ pub fn pre_copy(
             return Err(Error::plan(format!("{}: num_computed = {c} is negative", name(i))));
         }
         if n < 1 {
-            return Err(Error::plan(format!(
-                "{}: num_scheduled = {n}; a request in the step schedules at least one token",
-                name(i)
-            )));
+            return Err(Error::plan(format!("{}: num_scheduled = {n}; a request in the step schedules at least one token", name(i))));
         }
         if a < 1 || a > nsb + 1 {
-            return Err(Error::plan(format!(
-                "{}: num_accepted = {a} is outside 1..={} (1 + num_spec_blocks)",
-                name(i),
-                nsb + 1
-            )));
+            return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1..={} (1 + num_spec_blocks)", name(i), nsb + 1)));
         }
         if run < -1 {
             return Err(Error::plan(format!("{}: running_col = {run}; use -1 for none", name(i))));
@@ -282,12 +260,7 @@ pub fn pre_copy(
 /// and `<= 1 + num_spec_blocks`; `state_col == (computed + scheduled - 1) // block_size` (the
 /// pre-copy's column for this step); a saved state's columns (`state_col..=state_col + bias`,
 /// `dest`) inside every group's row and live.
-pub fn post_process(
-    inp: &PostInputs<'_>,
-    tables: &[GroupTable<'_>],
-    cfg: &StepConfig,
-    name: &dyn Fn(usize) -> String,
-) -> Result<PostDecision> {
+pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepConfig, name: &dyn Fn(usize) -> String) -> Result<PostDecision> {
     check_config(cfg)?;
     let r = inp.state_col.len();
     check_lengths(
@@ -311,13 +284,9 @@ pub fn post_process(
         num_accepted: Vec::with_capacity(r),
     };
     for i in 0..r {
-        let (s, c, n, dr, a) =
-            (inp.state_col[i], inp.num_computed[i], inp.num_scheduled[i], inp.num_draft[i], inp.num_accepted[i]);
+        let (s, c, n, dr, a) = (inp.state_col[i], inp.num_computed[i], inp.num_scheduled[i], inp.num_draft[i], inp.num_accepted[i]);
         if c < 0 || n < 1 {
-            return Err(Error::plan(format!(
-                "{}: num_computed = {c}, num_scheduled = {n}; need num_computed >= 0 and num_scheduled >= 1",
-                name(i)
-            )));
+            return Err(Error::plan(format!("{}: num_computed = {c}, num_scheduled = {n}; need num_computed >= 0 and num_scheduled >= 1", name(i))));
         }
         if dr < 0 || dr >= n || dr > nsb {
             return Err(Error::plan(format!(
@@ -327,11 +296,7 @@ pub fn post_process(
             )));
         }
         if a < 1 || a > dr + 1 {
-            return Err(Error::plan(format!(
-                "{}: num_accepted = {a} is outside 1..={} (1 + num_draft = {dr})",
-                name(i),
-                dr + 1
-            )));
+            return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1..={} (1 + num_draft = {dr})", name(i), dr + 1)));
         }
         let expect = (c + n - 1).div_euclid(bs);
         if s != expect {

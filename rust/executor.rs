@@ -52,11 +52,8 @@ fn pool() -> Option<&'static rayon::ThreadPool> {
         Some(p) if p.pid == pid => p.pool,
         _ => {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
-            let pool = if threads > 1 {
-                rayon::ThreadPoolBuilder::new().num_threads(threads).build().ok().map(|p| &*Box::leak(Box::new(p)))
-            } else {
-                None
-            };
+            let pool =
+                if threads > 1 { rayon::ThreadPoolBuilder::new().num_threads(threads).build().ok().map(|p| &*Box::leak(Box::new(p))) } else { None };
             *guard = Some(Pool { pid, pool });
             pool
         }

@@ -77,9 +77,7 @@ fn conv_state(c: &Common, width: u64, dim: u64) -> StateSpec {
 /// KDA).
 fn conv_width(family: &str, what: &str, c: &Common, kernel: u64) -> Result<u64> {
     if kernel < 2 {
-        return Err(Error::layout(format!(
-            "{family}: {what} must be >= 2 (the window keeps {what} - 1 columns), got {kernel}"
-        )));
+        return Err(Error::layout(format!("{family}: {what} must be >= 2 (the window keeps {what} - 1 columns), got {kernel}")));
     }
     Ok(kernel - 1 + c.num_spec as u64)
 }
@@ -100,17 +98,11 @@ pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel: u64, c: &Com
     let n = positive(F, "state_size", state_size)?;
     let width = conv_width(F, "conv_kernel", c, conv_kernel)?;
     let k = conv_kernel;
-    let shards = vec![
-        StateShard::Conv { segments: vec![seg("x", intermediate_size, 1)], kernel_size: k },
-        StateShard::Heads { units: intermediate_size },
-    ];
+    let shards =
+        vec![StateShard::Conv { segments: vec![seg("x", intermediate_size, 1)], kernel_size: k }, StateShard::Heads { units: intermediate_size }];
     let dims = [("intermediate_size", intermediate_size), ("state_size", n), ("conv_kernel", k)];
-    Layout::new(
-        "MAMBA1",
-        vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[dim, n], c.ssm_dtype, CopyKind::Temporal)],
-        c.num_spec,
-    )
-    .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
+    Layout::new("MAMBA1", vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[dim, n], c.ssm_dtype, CopyKind::Temporal)], c.num_spec)
+        .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
 /// The Mamba selective-state-update backend (vLLM's `MambaConfig.backend`). It matters to the
@@ -129,9 +121,7 @@ impl MambaBackend {
             "triton" => Ok(MambaBackend::Triton),
             "flashinfer" => Ok(MambaBackend::FlashInfer),
             "cpu" => Ok(MambaBackend::Cpu),
-            _ => Err(Error::layout(format!(
-                "mamba2: unknown mamba_backend '{s}'; expected 'triton', 'flashinfer' or 'cpu'"
-            ))),
+            _ => Err(Error::layout(format!("mamba2: unknown mamba_backend '{s}'; expected 'triton', 'flashinfer' or 'cpu'"))),
         }
     }
     pub fn name(self) -> &'static str {
@@ -186,10 +176,7 @@ pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
     let heads = divide(F, "num_heads", p.num_heads, tp)?;
     let hd = positive(F, "head_dim", p.head_dim)?;
     let width = conv_width(F, "conv_kernel", c, p.conv_kernel)?;
-    let mut states = vec![
-        conv_state(c, width, dim),
-        StateSpec::persistent("temporal", &[heads, hd, n], c.ssm_dtype, CopyKind::Temporal),
-    ];
+    let mut states = vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[heads, hd, n], c.ssm_dtype, CopyKind::Temporal)];
     if let Some(w) = p.logical_window {
         let w = positive(F, "logical_window", w)?;
         let r = match p.mamba_backend {
@@ -204,10 +191,7 @@ pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
     // Channels [x | B | C]; with fewer groups than ranks each group is replicated on
     // tp / n_groups consecutive ranks.
     let shards = vec![
-        StateShard::Conv {
-            segments: vec![seg("x", p.intermediate_size, 1), seg("B", g, n), seg("C", g, n)],
-            kernel_size: p.conv_kernel,
-        },
+        StateShard::Conv { segments: vec![seg("x", p.intermediate_size, 1), seg("B", g, n), seg("C", g, n)], kernel_size: p.conv_kernel },
         StateShard::Heads { units: p.num_heads },
     ];
     let dims = [
@@ -231,8 +215,7 @@ pub fn short_conv(intermediate_size: u64, conv_kernel: u64, c: &Common) -> Resul
     let width = conv_width(F, "conv_kernel", c, conv_kernel)?;
     let shards = vec![StateShard::Conv { segments: vec![seg("x", intermediate_size, 1)], kernel_size: conv_kernel }];
     let dims = [("intermediate_size", intermediate_size), ("conv_kernel", conv_kernel)];
-    Layout::new("SHORT_CONV", vec![conv_state(c, width, dim)], c.num_spec)
-        .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
+    Layout::new("SHORT_CONV", vec![conv_state(c, width, dim)], c.num_spec).map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
 /// Linear attention: temporal `(num_heads / tp, head_dim, head_dim)`. vLLM's
@@ -244,12 +227,8 @@ pub fn linear_attention(num_heads: u64, head_dim: u64, c: &Common) -> Result<Lay
     let h = divide(F, "num_heads", num_heads, c.tp_size)?;
     let d = positive(F, "head_dim", head_dim)?;
     let dims = [("num_heads", num_heads), ("head_dim", d)];
-    Layout::new(
-        "LINEAR",
-        vec![StateSpec::persistent("temporal", &[h, d, d], c.ssm_dtype, CopyKind::Temporal)],
-        c.num_spec,
-    )
-    .map(|l| l.with_sharding(sharding(F, c, &dims, vec![StateShard::Heads { units: num_heads }])))
+    Layout::new("LINEAR", vec![StateSpec::persistent("temporal", &[h, d, d], c.ssm_dtype, CopyKind::Temporal)], c.num_spec)
+        .map(|l| l.with_sharding(sharding(F, c, &dims, vec![StateShard::Heads { units: num_heads }])))
 }
 
 /// The RecoverSSM verify records per request and layer: corrections `[H, Q, V]` fp32 and
@@ -284,39 +263,23 @@ pub fn gdn(p: &Gdn, c: &Common) -> Result<Layout> {
     let nk = positive(F, "num_k_heads", p.num_k_heads)?;
     let hk = positive(F, "head_k_dim", p.head_k_dim)?;
     let hv = positive(F, "head_v_dim", p.head_v_dim)?;
-    let total = checked(
-        F,
-        "conv dim",
-        nk.checked_mul(hk)
-            .and_then(|x| x.checked_mul(2))
-            .and_then(|x| x.checked_add(p.num_v_heads.checked_mul(hv)?)),
-    )?;
+    let total =
+        checked(F, "conv dim", nk.checked_mul(hk).and_then(|x| x.checked_mul(2)).and_then(|x| x.checked_add(p.num_v_heads.checked_mul(hv)?)))?;
     let dim = divide(F, "2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim", total, c.tp_size)?;
     let _ = divide(F, "num_k_heads", nk, c.tp_size)?;
     let h = divide(F, "num_v_heads", p.num_v_heads, c.tp_size)?;
     let width = conv_width(F, "conv_kernel_size", c, p.conv_kernel_size)?;
-    let mut states = vec![
-        conv_state(c, width, dim),
-        StateSpec::persistent("temporal", &[h, hv, hk], c.ssm_dtype, CopyKind::Temporal),
-    ];
+    let mut states = vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[h, hv, hk], c.ssm_dtype, CopyKind::Temporal)];
     if p.recover_ssm {
         states.extend(recover_records(c, h, hv, hk + 1));
     }
     // Channels [q | k | v], each sharded by heads.
     let shards = vec![
-        StateShard::Conv {
-            segments: vec![seg("q", nk, hk), seg("k", nk, hk), seg("v", p.num_v_heads, hv)],
-            kernel_size: p.conv_kernel_size,
-        },
+        StateShard::Conv { segments: vec![seg("q", nk, hk), seg("k", nk, hk), seg("v", p.num_v_heads, hv)], kernel_size: p.conv_kernel_size },
         StateShard::Heads { units: p.num_v_heads },
     ];
-    let dims = [
-        ("num_k_heads", nk),
-        ("num_v_heads", p.num_v_heads),
-        ("head_k_dim", hk),
-        ("head_v_dim", hv),
-        ("conv_kernel_size", p.conv_kernel_size),
-    ];
+    let dims =
+        [("num_k_heads", nk), ("num_v_heads", p.num_v_heads), ("head_k_dim", hk), ("head_v_dim", hv), ("conv_kernel_size", p.conv_kernel_size)];
     Layout::new("GDN_ATTN", states, c.num_spec).map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
@@ -342,37 +305,21 @@ pub fn kda(p: &Kda, c: &Common) -> Result<Layout> {
     let hd = positive(F, "head_dim", p.head_dim)?;
     let nkh = positive(F, "num_k_heads", p.num_k_heads)?;
     let hkd = positive(F, "head_k_dim", p.head_k_dim)?;
-    let total = checked(
-        F,
-        "conv dim",
-        nh.checked_mul(hd).and_then(|x| x.checked_add(nkh.checked_mul(hkd)?.checked_mul(2)?)),
-    )?;
+    let total = checked(F, "conv dim", nh.checked_mul(hd).and_then(|x| x.checked_add(nkh.checked_mul(hkd)?.checked_mul(2)?)))?;
     let dim = divide(F, "num_heads * head_dim + 2 * num_k_heads * head_k_dim", total, c.tp_size)?;
     let h = divide(F, "num_heads", nh, c.tp_size)?;
     let width = conv_width(F, "conv_kernel_size", c, p.conv_kernel_size)?;
-    let mut states = vec![
-        conv_state(c, width, dim),
-        StateSpec::persistent("recurrent", &[h, hd, hd], c.ssm_dtype, CopyKind::Temporal),
-    ];
+    let mut states = vec![conv_state(c, width, dim), StateSpec::persistent("recurrent", &[h, hd, hd], c.ssm_dtype, CopyKind::Temporal)];
     if p.recover_ssm {
         states.extend(recover_records(c, h, hd, 2 * hd));
     }
     // Channels [q | k | v] (q and k: num_k_heads x head_k_dim; v: num_heads x head_dim), each
     // sharded by heads.
     let shards = vec![
-        StateShard::Conv {
-            segments: vec![seg("q", nkh, hkd), seg("k", nkh, hkd), seg("v", nh, hd)],
-            kernel_size: p.conv_kernel_size,
-        },
+        StateShard::Conv { segments: vec![seg("q", nkh, hkd), seg("k", nkh, hkd), seg("v", nh, hd)], kernel_size: p.conv_kernel_size },
         StateShard::Heads { units: nh },
     ];
-    let dims = [
-        ("num_heads", nh),
-        ("head_dim", hd),
-        ("num_k_heads", nkh),
-        ("head_k_dim", hkd),
-        ("conv_kernel_size", p.conv_kernel_size),
-    ];
+    let dims = [("num_heads", nh), ("head_dim", hd), ("num_k_heads", nkh), ("head_k_dim", hkd), ("conv_kernel_size", p.conv_kernel_size)];
     Layout::new("GDN_ATTN", states, c.num_spec).map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 

@@ -85,11 +85,7 @@ impl GroupPlanner {
 
     fn check_tables(&self, tables: &[GroupTable<'_>]) -> Result<()> {
         if tables.len() != self.groups.len() {
-            return Err(Error::plan(format!(
-                "one block table per group: {} groups bound, {} tables given",
-                self.groups.len(),
-                tables.len()
-            )));
+            return Err(Error::plan(format!("one block table per group: {} groups bound, {} tables given", self.groups.len(), tables.len())));
         }
         Ok(())
     }
@@ -97,25 +93,14 @@ impl GroupPlanner {
     /// Plans `dst_col <- src_col` moves carrying `num_accepted` (the accepted count: conv shift
     /// `num_accepted - 1`, temporal source `src_col + num_accepted - 1`) in every group, under
     /// `semantics`. A negative `src_col` or `dst_col` is a request that moves nothing.
-    pub fn plan(
-        &self,
-        tables: &[GroupTable<'_>],
-        src_col: &[i64],
-        dst_col: &[i64],
-        num_accepted: &[i64],
-        semantics: Semantics,
-    ) -> Result<GroupPlan> {
+    pub fn plan(&self, tables: &[GroupTable<'_>], src_col: &[i64], dst_col: &[i64], num_accepted: &[i64], semantics: Semantics) -> Result<GroupPlan> {
         self.check_tables(tables)?;
         let r = src_col.len();
         let masked;
         let src = match semantics {
             Semantics::PostProcess => src_col,
             Semantics::PreCopy => {
-                masked = src_col
-                    .iter()
-                    .zip(dst_col)
-                    .map(|(&s, &d)| if s == d { -1 } else { s })
-                    .collect::<Vec<i64>>();
+                masked = src_col.iter().zip(dst_col).map(|(&s, &d)| if s == d { -1 } else { s }).collect::<Vec<i64>>();
                 &masked
             }
         };
@@ -135,12 +120,7 @@ impl GroupPlanner {
     }
 
     /// The pre-copy decision and its copies (pre-copy semantics) in one call.
-    pub fn pre_copy(
-        &self,
-        inp: &PreInputs<'_>,
-        tables: &[GroupTable<'_>],
-        name: &dyn Fn(usize) -> String,
-    ) -> Result<(PreDecision, GroupPlan)> {
+    pub fn pre_copy(&self, inp: &PreInputs<'_>, tables: &[GroupTable<'_>], name: &dyn Fn(usize) -> String) -> Result<(PreDecision, GroupPlan)> {
         self.check_tables(tables)?;
         let d = engine_step::pre_copy(inp, tables, &self.cfg, name)?;
         let accepted: Vec<i64> = d.bias.iter().map(|b| b + 1).collect();
@@ -149,12 +129,7 @@ impl GroupPlanner {
     }
 
     /// The post-process decision and its copies (post-process semantics) in one call.
-    pub fn post_process(
-        &self,
-        inp: &PostInputs<'_>,
-        tables: &[GroupTable<'_>],
-        name: &dyn Fn(usize) -> String,
-    ) -> Result<(PostDecision, GroupPlan)> {
+    pub fn post_process(&self, inp: &PostInputs<'_>, tables: &[GroupTable<'_>], name: &dyn Fn(usize) -> String) -> Result<(PostDecision, GroupPlan)> {
         self.check_tables(tables)?;
         let d = engine_step::post_process(inp, tables, &self.cfg, name)?;
         let accepted: Vec<i64> = d.bias.iter().map(|b| b + 1).collect();
@@ -258,13 +233,10 @@ mod tests {
         let gp = GroupPlanner::new(vec![planner(&mut m0, "A"), planner(&mut m1, "B")], cfg).unwrap();
         let good: Vec<i64> = vec![1, 2, 3, 4];
         let bad: Vec<i64> = vec![1, 0, 3, 4]; // group 1's destination is the null block
-        let e = gp
-            .plan(&[GroupTable { ids: &good, cols: 4 }, GroupTable { ids: &bad, cols: 4 }], &[0], &[1], &[1], Semantics::PreCopy)
-            .unwrap_err();
+        let e = gp.plan(&[GroupTable { ids: &good, cols: 4 }, GroupTable { ids: &bad, cols: 4 }], &[0], &[1], &[1], Semantics::PreCopy).unwrap_err();
         assert!(e.message.starts_with("group 1: B: request 0"), "{}", e.message);
         assert_eq!((m0, m1), before);
-        let e = GroupPlanner::new(vec![planner(&mut mem(), "A")], StepConfig { block_size: 4, num_spec_blocks: 1 })
-            .unwrap_err();
+        let e = GroupPlanner::new(vec![planner(&mut mem(), "A")], StepConfig { block_size: 4, num_spec_blocks: 1 }).unwrap_err();
         assert!(e.message.contains("group 0 (A): its layout has num_spec = 2"), "{}", e.message);
     }
 }

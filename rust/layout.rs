@@ -20,9 +20,7 @@ impl Role {
         match s.trim().to_ascii_lowercase().as_str() {
             "persistent" => Ok(Role::Persistent),
             "workspace" => Ok(Role::Workspace),
-            _ => Err(Error::layout(format!(
-                "unknown state role '{s}'; expected 'persistent' or 'workspace'"
-            ))),
+            _ => Err(Error::layout(format!("unknown state role '{s}'; expected 'persistent' or 'workspace'"))),
         }
     }
     pub fn name(self) -> &'static str {
@@ -46,9 +44,7 @@ impl ConvLayout {
         match s.trim().to_ascii_uppercase().as_str() {
             "SD" => Ok(ConvLayout::SD),
             "DS" => Ok(ConvLayout::DS),
-            _ => Err(Error::layout(format!(
-                "unknown conv layout '{s}'; expected 'SD' (width, dim) or 'DS' (dim, width)"
-            ))),
+            _ => Err(Error::layout(format!("unknown conv layout '{s}'; expected 'SD' (width, dim) or 'DS' (dim, width)"))),
         }
     }
     pub fn name(self) -> &'static str {
@@ -108,14 +104,7 @@ impl StateSpec {
 
     /// Builds a spec from loosely typed parts (as a binding receives them), checking each part:
     /// the role, the copy kind and its conv orientation, the dtype name and non-negative dims.
-    pub fn from_parts(
-        name: &str,
-        shape: &[i64],
-        dtype: &str,
-        role: &str,
-        copy: Option<&str>,
-        conv_layout: Option<&str>,
-    ) -> Result<StateSpec> {
+    pub fn from_parts(name: &str, shape: &[i64], dtype: &str, role: &str, copy: Option<&str>, conv_layout: Option<&str>) -> Result<StateSpec> {
         let at = |m: String| Error::layout(format!("state '{name}': {m}"));
         let role = Role::parse(role).map_err(|e| at(e.message))?;
         let dtype = DType::parse(dtype).map_err(|e| at(e.message))?;
@@ -129,22 +118,14 @@ impl StateSpec {
         let copy = match (copy.map(|c| c.trim().to_ascii_lowercase()), conv_layout) {
             (None, None) => None,
             (None, Some(l)) => {
-                return Err(at(format!(
-                    "conv_layout '{l}' is given without the 'conv' copy kind; pass copy='conv' or drop conv_layout"
-                )))
+                return Err(at(format!("conv_layout '{l}' is given without the 'conv' copy kind; pass copy='conv' or drop conv_layout")))
             }
-            (Some(c), l) if c == "conv" => {
-                Some(CopyKind::Conv(ConvLayout::parse(l.unwrap_or("SD")).map_err(|e| at(e.message))?))
-            }
+            (Some(c), l) if c == "conv" => Some(CopyKind::Conv(ConvLayout::parse(l.unwrap_or("SD")).map_err(|e| at(e.message))?)),
             (Some(c), None) if c == "temporal" => Some(CopyKind::Temporal),
             (Some(c), Some(l)) if c == "temporal" => {
-                return Err(at(format!(
-                    "conv_layout '{l}' applies to conv copies only, but the copy kind is 'temporal'"
-                )))
+                return Err(at(format!("conv_layout '{l}' applies to conv copies only, but the copy kind is 'temporal'")))
             }
-            (Some(c), _) => {
-                return Err(at(format!("unknown copy kind '{c}'; expected 'conv', 'temporal' or None")))
-            }
+            (Some(c), _) => return Err(at(format!("unknown copy kind '{c}'; expected 'conv', 'temporal' or None"))),
         };
         Ok(StateSpec { name: name.to_string(), shape: dims, dtype, role, copy })
     }
@@ -162,12 +143,8 @@ impl StateSpec {
     /// The conv window geometry, for a conv-copied state with a 2-D shape.
     pub fn conv_geometry(&self) -> Option<ConvGeometry> {
         match (self.copy, self.shape.as_slice()) {
-            (Some(CopyKind::Conv(ConvLayout::SD)), [w, d]) => {
-                Some(ConvGeometry { layout: ConvLayout::SD, width: *w, dim: *d })
-            }
-            (Some(CopyKind::Conv(ConvLayout::DS)), [d, w]) => {
-                Some(ConvGeometry { layout: ConvLayout::DS, width: *w, dim: *d })
-            }
+            (Some(CopyKind::Conv(ConvLayout::SD)), [w, d]) => Some(ConvGeometry { layout: ConvLayout::SD, width: *w, dim: *d }),
+            (Some(CopyKind::Conv(ConvLayout::DS)), [d, w]) => Some(ConvGeometry { layout: ConvLayout::DS, width: *w, dim: *d }),
             _ => None,
         }
     }
@@ -208,14 +185,10 @@ impl Layout {
     pub fn new(backend: &str, states: Vec<StateSpec>, num_spec: u32) -> Result<Layout> {
         let backend = backend.trim();
         if backend.is_empty() {
-            return Err(Error::layout(
-                "layout: the backend name is empty; pass the engine's backend name (e.g. 'GDN_ATTN')",
-            ));
+            return Err(Error::layout("layout: the backend name is empty; pass the engine's backend name (e.g. 'GDN_ATTN')"));
         }
         if states.is_empty() {
-            return Err(Error::layout(format!(
-                "{backend}: the layout declares no states; declare at least one persistent state"
-            )));
+            return Err(Error::layout(format!("{backend}: the layout declares no states; declare at least one persistent state")));
         }
         let mut seen: HashSet<&str> = HashSet::new();
         let mut persistent_bytes = 0u64;
@@ -224,9 +197,7 @@ impl Layout {
         for (i, s) in states.iter().enumerate() {
             let at = |what: String| Error::layout(format!("{backend}: state {i} ('{}'): {what}", s.name));
             if s.name.trim().is_empty() {
-                return Err(Error::layout(format!(
-                    "{backend}: state {i} has an empty name; give every state a unique, non-empty name"
-                )));
+                return Err(Error::layout(format!("{backend}: state {i} has an empty name; give every state a unique, non-empty name")));
             }
             if !seen.insert(s.name.as_str()) {
                 return Err(at("the name is used by an earlier state; state names must be unique".into()));
@@ -235,14 +206,9 @@ impl Layout {
                 return Err(at("the per-block shape is empty; declare at least one dimension".into()));
             }
             if let Some(axis) = s.shape.iter().position(|&d| d == 0) {
-                return Err(at(format!(
-                    "dimension {axis} of shape {} is 0; every dimension must be > 0",
-                    s.shape_str()
-                )));
+                return Err(at(format!("dimension {axis} of shape {} is 0; every dimension must be > 0", s.shape_str())));
             }
-            let bytes = s.nbytes().ok_or_else(|| {
-                at(format!("the byte size of shape {} x {} overflows 64 bits", s.shape_str(), s.dtype))
-            })?;
+            let bytes = s.nbytes().ok_or_else(|| at(format!("the byte size of shape {} x {} overflows 64 bits", s.shape_str(), s.dtype)))?;
             match s.role {
                 Role::Persistent => {
                     if let Some(w) = first_workspace {
@@ -285,9 +251,8 @@ impl Layout {
                             )));
                         }
                     }
-                    persistent_bytes = persistent_bytes.checked_add(bytes).ok_or_else(|| {
-                        at("the persistent bytes per block overflow 64 bits".into())
-                    })?;
+                    persistent_bytes =
+                        persistent_bytes.checked_add(bytes).ok_or_else(|| at("the persistent bytes per block overflow 64 bits".into()))?;
                 }
                 Role::Workspace => {
                     if let Some(c) = s.copy {
@@ -298,9 +263,8 @@ impl Layout {
                         )));
                     }
                     first_workspace.get_or_insert(i);
-                    workspace_bytes = workspace_bytes.checked_add(bytes).ok_or_else(|| {
-                        at("the workspace bytes per request overflow 64 bits".into())
-                    })?;
+                    workspace_bytes =
+                        workspace_bytes.checked_add(bytes).ok_or_else(|| at("the workspace bytes per request overflow 64 bits".into()))?;
                 }
             }
         }
@@ -312,15 +276,7 @@ impl Layout {
                 states[0].name
             )));
         }
-        Ok(Layout {
-            backend: backend.to_string(),
-            states,
-            num_spec,
-            prefix_len,
-            persistent_bytes,
-            workspace_bytes,
-            sharding: None,
-        })
+        Ok(Layout { backend: backend.to_string(), states, num_spec, prefix_len, persistent_bytes, workspace_bytes, sharding: None })
     }
 
     /// This layout with the tensor-parallel split `sharding` attached (family calculators).

@@ -45,10 +45,7 @@ fn case() -> impl Strategy<Value = Case> {
                 -1i64..cols as i64,
                 1i64..(num_spec as i64 + 2),
             );
-            (
-                Just((conv, temporal, num_spec, layers, blocks, interleaved, pad, seed)),
-                prop::collection::vec(req, 0..12),
-            )
+            (Just((conv, temporal, num_spec, layers, blocks, interleaved, pad, seed)), prop::collection::vec(req, 0..12))
         })
         .prop_map(|((conv, temporal, num_spec, layers, blocks, interleaved, pad, seed), reqs)| Case {
             conv,
@@ -213,13 +210,7 @@ fn reference(c: &Case, l: &Layout, m: &Memory, before: &[u8]) -> Vec<u8> {
 fn step_arrays(c: &Case) -> (Vec<i64>, usize, Vec<i64>, Vec<i64>, Vec<i64>) {
     let cols = c.reqs.first().map(|r| r.0.len()).unwrap_or(1 + c.num_spec as usize + 2);
     let bt: Vec<i64> = c.reqs.iter().flat_map(|r| r.0.iter().copied()).collect();
-    (
-        bt,
-        cols,
-        c.reqs.iter().map(|r| r.1).collect(),
-        c.reqs.iter().map(|r| r.2).collect(),
-        c.reqs.iter().map(|r| r.3).collect(),
-    )
+    (bt, cols, c.reqs.iter().map(|r| r.1).collect(), c.reqs.iter().map(|r| r.2).collect(), c.reqs.iter().map(|r| r.3).collect())
 }
 
 proptest! {
@@ -284,9 +275,7 @@ fn large_waves_split_across_threads_are_exact() {
     let planner = Planner::new(Binding::new(&l, &m.descs).unwrap());
     let before = bytes(&m);
     let (bt, cols, sc, dc, na) = step_arrays(&c);
-    let plan = planner
-        .plan_align(&AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na })
-        .unwrap();
+    let plan = planner.plan_align(&AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na }).unwrap();
     assert!(plan.bytes() > 4 << 20, "the wave must be large enough to run in parallel");
     executor::execute(&plan).unwrap();
     assert!(bytes(&m) == reference(&c, &l, &m, &before));

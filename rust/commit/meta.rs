@@ -8,11 +8,11 @@
 //! addresses, one device, writable destinations, sizes that fit the kernel's 32-bit fields.
 
 use crate::binding::{Device, TensorDesc};
+use crate::commit::recover::GateKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout::ConvLayout;
-use crate::commit::recover::GateKind;
 use crate::kernels::constants::{DT_BF16, DT_F16, DT_F32, KIND_CONV_DS as CONV_DS, KIND_CONV_SD as CONV_SD, RC_GDN, RC_KDA, THREADS};
+use crate::layout::ConvLayout;
 
 /// Threads per CTA of the commit kernel; each thread covers 4 key channels of a row.
 const COMMIT_THREADS: u64 = THREADS as u64;
@@ -117,10 +117,7 @@ fn dims(t: &TensorDesc, what: &str, rank: usize, expect: &str) -> Result<Vec<u64
     if t.shape.len() != rank || t.strides.len() != rank {
         return Err(Error::binding(format!("{what} must be {expect}, got shape {:?}", t.shape)));
     }
-    t.shape
-        .iter()
-        .map(|&n| u64::try_from(n).map_err(|_| Error::binding(format!("{what}: negative dimension in shape {:?}", t.shape))))
-        .collect()
+    t.shape.iter().map(|&n| u64::try_from(n).map_err(|_| Error::binding(format!("{what}: negative dimension in shape {:?}", t.shape)))).collect()
 }
 
 /// Every axis but the first is dense (C order), the first (block / request) axis does not overlap
@@ -140,9 +137,7 @@ fn dense_rows(t: &TensorDesc, what: &str) -> Result<u64> {
     }
     let stride = t.strides[0];
     if t.shape[0] > 1 && stride < expect {
-        return Err(Error::binding(format!(
-            "{what}: the first axis must not overlap the others (byte stride {stride} < {expect})"
-        )));
+        return Err(Error::binding(format!("{what}: the first axis must not overlap the others (byte stride {stride} < {expect})")));
     }
     if t.data_ptr % es as u64 != 0 || stride.rem_euclid(es) != 0 {
         return Err(Error::binding(format!(
@@ -230,11 +225,7 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
         }
         let (r, q) = (c[0], c[2]);
         if c != [r, h, q, v] {
-            return Err(Error::binding(format!(
-                "{} must be [max_requests, H={h}, Q, V={v}], got {:?}",
-                at("corrections"),
-                corr.shape
-            )));
+            return Err(Error::binding(format!("{} must be [max_requests, H={h}, Q, V={v}], got {:?}", at("corrections"), corr.shape)));
         }
         let (kgw, kg_name) = match cfg.kind {
             GateKind::Kda => (2 * k, "2K"),
@@ -253,11 +244,7 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
             return Err(Error::binding(format!("{}: empty dimensions (H={h}, V={v}, K={k}, Q={q})", at("recurrent"))));
         }
         if k.div_ceil(4) > COMMIT_THREADS {
-            return Err(Error::binding(format!(
-                "{}: head_k_dim {k} exceeds the commit kernel's {}",
-                at("recurrent"),
-                4 * COMMIT_THREADS
-            )));
+            return Err(Error::binding(format!("{}: head_k_dim {k} exceeds the commit kernel's {}", at("recurrent"), 4 * COMMIT_THREADS)));
         }
         // The kernel forms byte offsets of a row as 32-bit products (elements x 4 bytes).
         if [v, k, kgw].iter().any(|&n| !n.checked_mul(4).is_some_and(|b| b < 1 << 32)) {
@@ -394,10 +381,7 @@ mod tests {
     }
 
     fn build(c: &Case, cfg: &CommitConfig) -> Result<Vec<CommitMeta>> {
-        commit_meta(
-            &CommitTensors { recurrent: &c.rec, corrections: &c.corr, keygate: &c.kg, conv: Some((&c.conv, &c.win)) },
-            cfg,
-        )
+        commit_meta(&CommitTensors { recurrent: &c.rec, corrections: &c.corr, keygate: &c.kg, conv: Some((&c.conv, &c.win)) }, cfg)
     }
 
     fn err(c: &Case) -> String {
@@ -489,10 +473,8 @@ mod tests {
         assert!(err(&c).contains("head_k_dim 2000 exceeds"), "{}", err(&c));
 
         let c = case();
-        let short = commit_meta(
-            &CommitTensors { recurrent: &c.rec, corrections: &c.corr[..1], keygate: &c.kg, conv: Some((&c.conv, &c.win)) },
-            &cfg(),
-        );
+        let short =
+            commit_meta(&CommitTensors { recurrent: &c.rec, corrections: &c.corr[..1], keygate: &c.kg, conv: Some((&c.conv, &c.win)) }, &cfg());
         assert!(short.unwrap_err().message.contains("one tensor per layer"));
         let bad = build(&c, &CommitConfig { conv_kernel_size: 0, ..cfg() }).unwrap_err().message;
         assert!(bad.contains("conv_kernel_size must be in 1 ..= 65536"), "{bad}");

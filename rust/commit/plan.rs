@@ -58,10 +58,7 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
     }
     if let Some(a) = &step.align {
         if a.seq_lens.len() != r {
-            return Err(Error::plan(format!(
-                "{backend}: seq_lens needs one entry per request; got {} for {r} requests",
-                a.seq_lens.len()
-            )));
+            return Err(Error::plan(format!("{backend}: seq_lens needs one entry per request; got {} for {r} requests", a.seq_lens.len())));
         }
         if a.cols == 0 || a.block_table.len() != r * a.cols {
             return Err(Error::plan(format!(
@@ -81,27 +78,16 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
     for i in 0..r {
         let (sb, na, ql) = (step.state_blocks[i], step.num_accepted[i], step.query_lens[i]);
         if ql < 0 || ql > window as i64 {
-            return Err(Error::plan(format!(
-                "{backend}: request {i}: query_len = {ql} is outside 0..={window} (the speculative window)"
-            )));
+            return Err(Error::plan(format!("{backend}: request {i}: query_len = {ql} is outside 0..={window} (the speculative window)")));
         }
         if sb <= 0 || ql == 0 {
             continue; // padding
         }
         if sb as u64 >= num_blocks {
-            return Err(Error::plan(format!(
-                "{backend}: request {i}: state block {sb} is outside 0..{num_blocks}"
-            )));
+            return Err(Error::plan(format!("{backend}: request {i}: state block {sb} is outside 0..{num_blocks}")));
         }
         let count = na.clamp(0, ql) as u32;
-        let mut row = CommitRow {
-            request: i as u32,
-            count,
-            state_block: sb,
-            boundary_block: -1,
-            boundary_len: 0,
-            reserved: 0,
-        };
+        let mut row = CommitRow { request: i as u32, count, state_block: sb, boundary_block: -1, boundary_len: 0, reserved: 0 };
         if let Some(a) = &step.align {
             let l0 = a.seq_lens[i];
             if l0 < 0 {

@@ -56,29 +56,19 @@ pub fn recover_geometry(layout: &Layout) -> Result<RecoverGeometry> {
     let b = layout.backend();
     let states = layout.states();
     let err = |m: String| Error::layout(format!("{b}: not a RecoverSSM layout: {m}"));
-    let conv_state = layout
-        .persistent()
-        .iter()
-        .position(|s| matches!(s.copy, Some(CopyKind::Conv(_))))
-        .ok_or_else(|| err("no persistent conv state".into()))?;
+    let conv_state =
+        layout.persistent().iter().position(|s| matches!(s.copy, Some(CopyKind::Conv(_)))).ok_or_else(|| err("no persistent conv state".into()))?;
     let recurrent_state = layout
         .persistent()
         .iter()
         .position(|s| s.copy == Some(CopyKind::Temporal))
         .ok_or_else(|| err("no persistent recurrent (temporal) state".into()))?;
     if layout.persistent().len() != 2 {
-        return Err(err(format!(
-            "expected exactly 2 persistent states (conv, recurrent), found {}",
-            layout.persistent().len()
-        )));
+        return Err(err(format!("expected exactly 2 persistent states (conv, recurrent), found {}", layout.persistent().len())));
     }
     let rec = &states[recurrent_state];
     let [h, v, k] = rec.shape[..] else {
-        return Err(err(format!(
-            "state {recurrent_state} ('{}') must be [heads, head_v_dim, head_k_dim], got {}-D",
-            rec.name,
-            rec.shape.len()
-        )));
+        return Err(err(format!("state {recurrent_state} ('{}') must be [heads, head_v_dim, head_k_dim], got {}-D", rec.name, rec.shape.len())));
     };
     let ws: Vec<usize> = (0..states.len()).filter(|&i| states[i].role == Role::Workspace).collect();
     if ws.len() < 2 {

@@ -272,8 +272,7 @@ mod tests {
     fn wrong_arity_or_type_is_refused() {
         let e = Launch::new(&COPY_TILES, [1, 1, 1], [256, 1, 1], &[Arg::Ptr(1)]).unwrap_err();
         assert!(e.message.contains("1 arguments for 4 parameters"), "{}", e.message);
-        let e = Launch::new(&COPY_TILES, [1, 1, 1], [256, 1, 1], &[Arg::Ptr(1), Arg::Ptr(2), Arg::I32(3), Arg::U32(4)])
-            .unwrap_err();
+        let e = Launch::new(&COPY_TILES, [1, 1, 1], [256, 1, 1], &[Arg::Ptr(1), Arg::Ptr(2), Arg::I32(3), Arg::U32(4)]).unwrap_err();
         assert!(e.message.contains("first_tile is uint32_t"), "{}", e.message);
     }
 

@@ -254,10 +254,7 @@ pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Resu
     }
     match a.shape[..] {
         [n] if n >= 0 && n as u64 >= min_len => Ok(()),
-        _ => Err(Error::plan(format!(
-            "num_accepted must be [B] with one count per request ({min_len} at least); got shape {:?}",
-            a.shape
-        ))),
+        _ => Err(Error::plan(format!("num_accepted must be [B] with one count per request ({min_len} at least); got shape {:?}", a.shape))),
     }
 }
 
@@ -282,8 +279,7 @@ pub fn check_commit_rows(device: &Device, a: &DeviceArg, num_rows: Option<u64>) 
     if !on_same_device(a, device) {
         return Err(Error::plan(format!("rows are on {}, the cache on {device}", a.device)));
     }
-    let es = itemsize_of(a.dtype_name())
-        .ok_or_else(|| Error::plan(format!("rows: expected a byte or integer tensor, got {}", a.dtype.trim())))?;
+    let es = itemsize_of(a.dtype_name()).ok_or_else(|| Error::plan(format!("rows: expected a byte or integer tensor, got {}", a.dtype.trim())))?;
     let mut expect = es;
     let mut numel: u64 = 1;
     for (&n, &st) in a.shape.iter().zip(&a.strides).rev() {
@@ -296,9 +292,7 @@ pub fn check_commit_rows(device: &Device, a: &DeviceArg, num_rows: Option<u64>) 
     let nbytes = numel.saturating_mul(es as u64);
     let n = num_rows.unwrap_or(nbytes / COMMIT_ROW_BYTES);
     if !n.checked_mul(COMMIT_ROW_BYTES).is_some_and(|b| b <= nbytes) || n >= 1 << 32 {
-        return Err(Error::plan(format!(
-            "rows: expected at least {n} commit rows ({COMMIT_ROW_BYTES} bytes each), got a tensor of {nbytes} bytes"
-        )));
+        return Err(Error::plan(format!("rows: expected at least {n} commit rows ({COMMIT_ROW_BYTES} bytes each), got a tensor of {nbytes} bytes")));
     }
     Ok(n)
 }
@@ -381,11 +375,19 @@ mod tests {
         assert!(step(&bt, vec![("src_col", strided)], None).unwrap_err().contains("contiguous"));
         let e = step(&bt, ok.clone(), Some(&arg("int64", &[3], "cuda:0"))).unwrap_err();
         assert_eq!(e, "err: expected int32, got int64");
-        let e = check_step_args(&Device::Cpu, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None }, StepCheck::BeforeNarrowing).unwrap_err();
+        let e =
+            check_step_args(&Device::Cpu, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None }, StepCheck::BeforeNarrowing)
+                .unwrap_err();
         assert!(e.message.contains("on the host"), "{}", e.message);
-        let e = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0) }, StepCheck::BeforeNarrowing).unwrap_err();
+        let e = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0) }, StepCheck::BeforeNarrowing)
+            .unwrap_err();
         assert_eq!(e.message, "block_size must be in [1, 2**31), got 0");
-        let c = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![("src_col", &src)], err: Some(&err), block_size: None }, StepCheck::ForLaunch).unwrap();
+        let c = check_step_args(
+            &dev,
+            &StepArgs { block_table: &bt, vectors: vec![("src_col", &src)], err: Some(&err), block_size: None },
+            StepCheck::ForLaunch,
+        )
+        .unwrap();
         let wide = arg("torch.int64", &[6], "cuda:0");
         let step = StepArgs { block_table: &bt, vectors: vec![("src_col", &wide)], err: None, block_size: None };
         assert_eq!(check_step_args(&dev, &step, StepCheck::BeforeNarrowing).map(|c| c.requests), Ok(6));
@@ -393,7 +395,8 @@ mod tests {
         strided.strides = vec![16];
         let before = StepArgs { vectors: vec![("src_col", &strided)], ..step.clone() };
         assert_eq!(check_step_args(&dev, &before, StepCheck::BeforeNarrowing).map(|c| c.requests), Ok(6));
-        let e = check_step_args(&dev, &StepArgs { vectors: vec![("x", &arg("torch.float32", &[6], "cuda:0"))], ..step }, StepCheck::BeforeNarrowing).unwrap_err();
+        let e = check_step_args(&dev, &StepArgs { vectors: vec![("x", &arg("torch.float32", &[6], "cuda:0"))], ..step }, StepCheck::BeforeNarrowing)
+            .unwrap_err();
         assert_eq!(e.message, "x: expected int32 or int64, got torch.float32");
         assert_eq!((c.table.rows, c.table.cols, c.vectors.len(), c.err.map(|e| e.len)), (8, 5, 1, Some(3)));
     }

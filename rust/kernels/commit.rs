@@ -67,7 +67,13 @@ impl CommitLaunch {
     /// `CommitRow` records; default: all it holds). With `num_accepted` (an int32 device vector
     /// indexed by `row.request`) the count becomes `clamp(num_accepted[request], 0, row.count)` on
     /// the device. `None` when there is nothing to launch.
-    pub fn launch(&self, rows: &DeviceArg, num_rows: Option<u64>, num_accepted: Option<&DeviceArg>, err: Option<&DeviceArg>) -> Result<Option<Launch>> {
+    pub fn launch(
+        &self,
+        rows: &DeviceArg,
+        num_rows: Option<u64>,
+        num_accepted: Option<&DeviceArg>,
+        err: Option<&DeviceArg>,
+    ) -> Result<Option<Launch>> {
         let n = check_commit_rows(&self.device, rows, num_rows)?;
         let counts = match num_accepted {
             Some(a) => {
@@ -125,7 +131,13 @@ mod tests {
     }
 
     fn arg(ptr: u64, dtype: &str, shape: &[i64], device: &str) -> DeviceArg {
-        let es = if dtype.ends_with("64") { 8 } else if dtype.ends_with("uint8") { 1 } else { 4 };
+        let es = if dtype.ends_with("64") {
+            8
+        } else if dtype.ends_with("uint8") {
+            1
+        } else {
+            4
+        };
         let mut strides = vec![0; shape.len()];
         let mut acc = es;
         for i in (0..shape.len()).rev() {

@@ -57,12 +57,7 @@ pub fn check_step<'a>(
     check: StepCheck,
 ) -> Result<CheckedStep> {
     let second_name = if block_size.is_some() { "running" } else { "dst_col" };
-    let step = StepArgs {
-        block_table,
-        vectors: vec![("src_col", src_col), (second_name, second), ("num_accepted", num_accepted)],
-        err,
-        block_size,
-    };
+    let step = StepArgs { block_table, vectors: vec![("src_col", src_col), (second_name, second), ("num_accepted", num_accepted)], err, block_size };
     check_step_args(device, &step, check)
 }
 
@@ -85,7 +80,16 @@ impl FusedCopy {
     /// Checks the constants: `num_meta < 2**32`, `max_accepted` (`1 + num_spec`) and `chunks` in
     /// `1 ..= 2**31 - 1`, `num_blocks >= 1`, a CUDA device.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(device: Device, metas: u64, num_meta: i64, max_accepted: i64, num_blocks: i64, has_temporal: bool, chunks: i64, err: u64) -> Result<FusedCopy> {
+    pub fn new(
+        device: Device,
+        metas: u64,
+        num_meta: i64,
+        max_accepted: i64,
+        num_blocks: i64,
+        has_temporal: bool,
+        chunks: i64,
+        err: u64,
+    ) -> Result<FusedCopy> {
         if !device.is_cuda() {
             return Err(Error::plan(format!("the fused state copy reads CUDA memory; got {device}")));
         }

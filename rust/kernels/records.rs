@@ -140,9 +140,6 @@ mod tests {
     #[test]
     fn sizes() {
         let sizes: Vec<(&str, usize)> = record_specs().iter().map(|s| (s.name, s.size)).collect();
-        assert_eq!(
-            sizes,
-            [("Segment", 32), ("Tile", 16), ("MoveRow", 40), ("StateMeta", 64), ("CommitRow", 32), ("CommitMeta", 128)]
-        );
+        assert_eq!(sizes, [("Segment", 32), ("Tile", 16), ("MoveRow", 40), ("StateMeta", 64), ("CommitRow", 32), ("CommitMeta", 128)]);
     }
 }

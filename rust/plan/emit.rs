@@ -10,13 +10,7 @@ use crate::layout::ConvLayout;
 
 /// Appends the segments of `moves` (all of one wave) on tensor `t`. `shift_sum` is the sum of the
 /// moves' shifts; returns the bytes the segments copy.
-pub fn emit(
-    out: &mut Vec<Segment>,
-    t: &StateTensor,
-    moves: impl ExactSizeIterator<Item = Move>,
-    shift_sum: u64,
-    wave: u16,
-) -> u64 {
+pub fn emit(out: &mut Vec<Segment>, t: &StateTensor, moves: impl ExactSizeIterator<Item = Move>, shift_sum: u64, wave: u16) -> u64 {
     let (base, stride, e) = (t.base, t.block_stride, t.elem_bytes as u64);
     let n = moves.len() as u64;
     let eb = e as u8;
@@ -24,8 +18,7 @@ pub fn emit(
         None => {
             // Whole states: only the addresses vary.
             let bytes = t.state_bytes as u32;
-            let template =
-                Segment { src: 0, dst: 0, row_bytes: bytes, rows: 1, pitch: bytes, wave, mode: Mode::Disjoint as u8, elem_bytes: eb };
+            let template = Segment { src: 0, dst: 0, row_bytes: bytes, rows: 1, pitch: bytes, wave, mode: Mode::Disjoint as u8, elem_bytes: eb };
             out.extend(moves.map(move |m| Segment { src: base + m.src * stride, dst: base + m.dst * stride, ..template }));
             n * t.state_bytes
         }

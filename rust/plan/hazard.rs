@@ -34,14 +34,7 @@ fn duplicate(moves: &[Move], i: usize, j: usize, backend: &str, state: &str) -> 
 
 /// Assigns a wave to every move (written into `waves`) so that a move that reads block X runs in
 /// an earlier wave than the move that overwrites X. Returns the number of waves.
-pub fn waves(
-    moves: &[Move],
-    num_blocks: u64,
-    backend: &str,
-    state: &str,
-    scratch: &mut Scratch,
-    waves: &mut Vec<u16>,
-) -> Result<usize> {
+pub fn waves(moves: &[Move], num_blocks: u64, backend: &str, state: &str, scratch: &mut Scratch, waves: &mut Vec<u16>) -> Result<usize> {
     let n = moves.len();
     waves.clear();
     waves.resize(n, 0);
@@ -137,20 +130,14 @@ pub fn waves(
             cyc.push(k);
             k = s.next[k] as usize;
         }
-        let desc: Vec<String> = cyc
-            .iter()
-            .map(|&i| format!("request {} ({} -> {})", moves[i].request, moves[i].src, moves[i].dst))
-            .collect();
+        let desc: Vec<String> = cyc.iter().map(|&i| format!("request {} ({} -> {})", moves[i].request, moves[i].src, moves[i].dst)).collect();
         return Err(Error::plan(format!(
             "{backend}: state '{state}' (all layers): copies form a cycle that cannot be ordered without staging: {}; each reads a block another overwrites. Route one copy through a free block in a separate step",
             desc.join(", ")
         )));
     }
     if max_wave >= u16::MAX as u32 {
-        return Err(Error::plan(format!(
-            "{backend}: state '{state}': the copies need {} ordered waves; at most 65534 are supported",
-            max_wave + 1
-        )));
+        return Err(Error::plan(format!("{backend}: state '{state}': the copies need {} ordered waves; at most 65534 are supported", max_wave + 1)));
     }
     for (w, &v) in waves.iter_mut().zip(wave32.iter()) {
         *w = v as u16;

@@ -13,8 +13,8 @@ pub mod tiles;
 
 use crate::binding::Binding;
 use crate::error::Result;
-use crate::layout::CopyKind;
 use crate::kernels::constants::{KIND_CONV_DS, KIND_CONV_SD, KIND_TEMPORAL};
+use crate::layout::CopyKind;
 use segment::{MoveRow, Segment, StateMeta};
 use std::sync::{Arc, Mutex};
 pub use step::{AlignStep, Move, Moves};
@@ -110,8 +110,7 @@ impl Planner {
     /// Plans an align-mode step (docs/design.md section 3).
     pub fn plan_align(&self, step: &AlignStep<'_>) -> Result<CopyPlan> {
         let mut scratch = self.take_scratch();
-        let r = step::align_moves(step, &self.limits(), &mut scratch.moves)
-            .and_then(|_| self.build(&mut scratch));
+        let r = step::align_moves(step, &self.limits(), &mut scratch.moves).and_then(|_| self.build(&mut scratch));
         self.give_scratch(scratch);
         r
     }
@@ -119,8 +118,7 @@ impl Planner {
     /// Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state.
     pub fn plan_copy(&self, src_blocks: &[i64], dst_blocks: &[i64]) -> Result<CopyPlan> {
         let mut scratch = self.take_scratch();
-        let r = step::copy_moves(src_blocks, dst_blocks, &self.limits(), &mut scratch.moves)
-            .and_then(|_| self.build(&mut scratch));
+        let r = step::copy_moves(src_blocks, dst_blocks, &self.limits(), &mut scratch.moves).and_then(|_| self.build(&mut scratch));
         self.give_scratch(scratch);
         r
     }
@@ -197,15 +195,7 @@ impl Planner {
         }
         wave_starts.push(segments.len() as u32);
         self.compact_rows(s, &mut rows);
-        Ok(CopyPlan {
-            segments,
-            wave_starts,
-            rows,
-            num_copies,
-            bytes,
-            binding: Arc::clone(&self.binding),
-            pool: Some(Arc::clone(&self.pool)),
-        })
+        Ok(CopyPlan { segments, wave_starts, rows, num_copies, bytes, binding: Arc::clone(&self.binding), pool: Some(Arc::clone(&self.pool)) })
     }
 
     fn count_kind(&self, conv: bool) -> usize {
@@ -220,16 +210,7 @@ impl Planner {
             let rc = c.get(i).map(|m| m.request).unwrap_or(u32::MAX);
             let rt = t.get(j).map(|m| m.request).unwrap_or(u32::MAX);
             let req = rc.min(rt);
-            let mut row = MoveRow {
-                request: req,
-                shift: 0,
-                conv_src: -1,
-                temporal_src: -1,
-                dst: -1,
-                conv_wave: 0,
-                temporal_wave: 0,
-                reserved: 0,
-            };
+            let mut row = MoveRow { request: req, shift: 0, conv_src: -1, temporal_src: -1, dst: -1, conv_wave: 0, temporal_wave: 0, reserved: 0 };
             if rc == req {
                 row.conv_src = c[i].src as i64;
                 row.dst = c[i].dst as i64;
@@ -255,11 +236,7 @@ impl Planner {
             .map(|t| {
                 let (kind, width, dim) = match t.conv {
                     None => (KIND_TEMPORAL, 0, 0),
-                    Some(g) => (
-                        if g.layout == crate::layout::ConvLayout::SD { KIND_CONV_SD } else { KIND_CONV_DS },
-                        g.width as u32,
-                        g.dim as u32,
-                    ),
+                    Some(g) => (if g.layout == crate::layout::ConvLayout::SD { KIND_CONV_SD } else { KIND_CONV_DS }, g.width as u32, g.dim as u32),
                 };
                 StateMeta {
                     base: t.base,

@@ -45,10 +45,7 @@ pub struct Limits<'a> {
 impl Limits<'_> {
     fn block_of_copy(&self, copy: usize, what: &str, id: i64) -> Result<u64> {
         if id < 0 || id as u64 >= self.num_blocks {
-            return Err(Error::plan(format!(
-                "{}: copy {copy}: {what} block id {id} is outside 0..{}",
-                self.backend, self.num_blocks
-            )));
+            return Err(Error::plan(format!("{}: copy {copy}: {what} block id {id} is outside 0..{}", self.backend, self.num_blocks)));
         }
         Ok(id as u64)
     }
@@ -99,9 +96,7 @@ pub fn align_moves(step: &AlignStep<'_>, lim: &Limits<'_>, out: &mut Moves) -> R
         let row = &step.block_table[i * step.cols..(i + 1) * step.cols];
         for (what, c) in [("src_col", sc), ("dst_col", dc)] {
             if c >= cols {
-                return Err(Error::plan(format!(
-                    "{b}: request {i}: {what} = {c} is outside the block-table row ({cols} columns)"
-                )));
+                return Err(Error::plan(format!("{b}: request {i}: {what} = {c} is outside the block-table row ({cols} columns)")));
             }
         }
         let (src_id, dst_id) = (row[sc as usize], row[dc as usize]);
@@ -166,11 +161,7 @@ fn null_source(lim: &Limits<'_>, i: usize, state: &str, col: i64) -> Error {
 pub fn copy_moves(src: &[i64], dst: &[i64], lim: &Limits<'_>, out: &mut Moves) -> Result<()> {
     let b = lim.backend;
     if src.len() != dst.len() {
-        return Err(Error::plan(format!(
-            "{b}: src_blocks and dst_blocks must have the same length; got {} and {}",
-            src.len(),
-            dst.len()
-        )));
+        return Err(Error::plan(format!("{b}: src_blocks and dst_blocks must have the same length; got {} and {}", src.len(), dst.len())));
     }
     if src.len() > u32::MAX as usize {
         return Err(Error::plan(format!("{b}: too many copies ({})", src.len())));
@@ -185,9 +176,7 @@ pub fn copy_moves(src: &[i64], dst: &[i64], lim: &Limits<'_>, out: &mut Moves) -
         let d = lim.block_of_copy(i, "destination", d)?;
         let s = lim.block_of_copy(i, "source", s)?;
         if d == 0 {
-            return Err(Error::plan(format!(
-                "{b}: copy {i}: the destination is the null block 0; the null block is never written"
-            )));
+            return Err(Error::plan(format!("{b}: copy {i}: the destination is the null block 0; the null block is never written")));
         }
         if s == 0 {
             return Err(Error::plan(format!("{b}: copy {i}: the source is the null block 0, which holds no state")));

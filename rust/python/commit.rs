@@ -6,14 +6,14 @@ use super::buffer::RawBuffer;
 use super::layout::Layout;
 use super::plan::{int_array, int_vector, tensor_desc, DescTuple};
 use super::{to_py, IntoPyResult};
+use crate::binding::TensorDesc;
+use crate::commit::GateKind;
 use crate::commit::{
     check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitStep,
 };
-use crate::binding::TensorDesc;
 use crate::commit::{commit_meta, CommitConfig, CommitTensors};
 use crate::error::Error;
 use crate::layout::ConvLayout;
-use crate::commit::GateKind;
 use pyo3::prelude::*;
 
 /// Commit planning for one RecoverSSM layout over a pool of `num_blocks` blocks: which requests
@@ -83,12 +83,7 @@ impl CommitPlanner {
                 };
                 Some((s, b, cols, bs))
             }
-            _ => {
-                return Err(to_py(
-                    py,
-                    Error::plan("align mode needs seq_lens, block_table and block_size together; pass all three or none"),
-                ))
-            }
+            _ => return Err(to_py(py, Error::plan("align mode needs seq_lens, block_table and block_size together; pass all three or none"))),
         };
         let step = CommitStep {
             state_blocks: &sb,
@@ -137,9 +132,7 @@ fn commit_meta_table(
     conv_kernel_size: &Bound<'_, PyAny>,
 ) -> PyResult<RawBuffer> {
     let kind = GateKind::parse(kind).py_err(py)?;
-    let conv_layout = ConvLayout::parse(conv_layout)
-        .map_err(|e| Error::binding(format!("conv_layout: {}", e.message)))
-        .py_err(py)?;
+    let conv_layout = ConvLayout::parse(conv_layout).map_err(|e| Error::binding(format!("conv_layout: {}", e.message))).py_err(py)?;
     let conv_kernel_size = conv_kernel_size
         .extract::<u64>()
         .map_err(|_| Error::binding(format!("conv_kernel_size must be in 1 ..= 65536, got {conv_kernel_size}")))
@@ -150,19 +143,19 @@ fn commit_meta_table(
         (Some(c), Some(w)) => Some((descs(py, &c, "conv")?, descs(py, &w, "conv_window")?)),
         _ => return Err(Error::binding("conv and conv_window: give both or neither")).py_err(py),
     };
-    let tensors = CommitTensors {
-        recurrent: &rec,
-        corrections: &corr,
-        keygate: &kg,
-        conv: pair.as_ref().map(|(c, w)| (c.as_slice(), w.as_slice())),
-    };
+    let tensors = CommitTensors { recurrent: &rec, corrections: &corr, keygate: &kg, conv: pair.as_ref().map(|(c, w)| (c.as_slice(), w.as_slice())) };
     let meta = commit_meta(&tensors, &CommitConfig { kind, conv_layout, conv_kernel_size }).py_err(py)?;
     Ok(RawBuffer::commit_meta(meta))
 }
 
 /// Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated.
 #[pyfunction(name = "check_cache_sizes")]
-fn check_cache_sizes_py(py: Python<'_>, num_layers: &Bound<'_, PyAny>, num_blocks: &Bound<'_, PyAny>, max_requests: &Bound<'_, PyAny>) -> PyResult<()> {
+fn check_cache_sizes_py(
+    py: Python<'_>,
+    num_layers: &Bound<'_, PyAny>,
+    num_blocks: &Bound<'_, PyAny>,
+    max_requests: &Bound<'_, PyAny>,
+) -> PyResult<()> {
     let get = |o: &Bound<'_, PyAny>, name: &str| -> PyResult<i64> {
         o.extract::<i64>().map_err(|_| to_py(py, Error::binding(format!("{name} must be an integer, got {o}"))))
     };
@@ -172,9 +165,7 @@ fn check_cache_sizes_py(py: Python<'_>, num_layers: &Bound<'_, PyAny>, num_block
 /// `index` as an index into `len` items named `what` (a `PlanError` otherwise).
 #[pyfunction(name = "check_index")]
 fn check_index_py(py: Python<'_>, what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
-    let i = index
-        .extract::<i64>()
-        .map_err(|_| to_py(py, Error::plan(format!("{what} must be an integer, got {index}"))))?;
+    let i = index.extract::<i64>().map_err(|_| to_py(py, Error::plan(format!("{what} must be an integer, got {index}"))))?;
     check_index(what, i, len).py_err(py)
 }
 

@@ -17,8 +17,7 @@ use std::sync::Arc;
 
 /// A 1-D int64 vector (the Python layer passes C-contiguous int64 arrays).
 fn vec_i64(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
-    let b = PyBuffer::<i64>::get(obj)
-        .map_err(|_| to_py(py, Error::plan(format!("{what} must be an int64 array"))))?;
+    let b = PyBuffer::<i64>::get(obj).map_err(|_| to_py(py, Error::plan(format!("{what} must be an int64 array"))))?;
     if b.dimensions() != 1 {
         return Err(to_py(py, Error::plan(format!("{what} must be 1-D (one entry per request), got shape {:?}", b.shape()))));
     }
@@ -29,8 +28,7 @@ fn vec_i64(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i
 fn tables(py: Python<'_>, objs: &Bound<'_, PyList>) -> PyResult<Vec<(Vec<i64>, usize)>> {
     let mut out = Vec::with_capacity(objs.len());
     for (g, o) in objs.iter().enumerate() {
-        let b = PyBuffer::<i64>::get(&o)
-            .map_err(|_| to_py(py, Error::plan(format!("group {g}: the block table must be an int64 array"))))?;
+        let b = PyBuffer::<i64>::get(&o).map_err(|_| to_py(py, Error::plan(format!("group {g}: the block table must be an int64 array"))))?;
         let cols = match b.shape() {
             [_, c] => *c,
             s => return Err(to_py(py, Error::plan(format!("group {g}: the block table must be 2-D [requests, cols], got shape {s:?}")))),
@@ -158,10 +156,7 @@ impl GroupPlanner {
         num_spec_blocks: i64,
     ) -> PyResult<Self> {
         if layouts.len() != states.len() {
-            return Err(to_py(
-                py,
-                Error::binding(format!("one layout per group: {} layouts, {} groups of states", layouts.len(), states.len())),
-            ));
+            return Err(to_py(py, Error::binding(format!("one layout per group: {} layouts, {} groups of states", layouts.len(), states.len()))));
         }
         let mut planners = Vec::with_capacity(layouts.len());
         for (g, (layout, group)) in layouts.iter().zip(&states).enumerate() {
@@ -177,9 +172,7 @@ impl GroupPlanner {
                 }
                 descs.push(l);
             }
-            let binding = Binding::new(core, &descs)
-                .map_err(|e| Error::binding(format!("group {g}: {}", e.message)))
-                .py_err(py)?;
+            let binding = Binding::new(core, &descs).map_err(|e| Error::binding(format!("group {g}: {}", e.message))).py_err(py)?;
             planners.push(CorePlanner::new(binding));
         }
         let cfg = StepConfig { block_size, num_spec_blocks };
@@ -222,11 +215,7 @@ impl GroupPlanner {
         let py = slf.py();
         let sem = Semantics::parse(semantics).py_err(py)?;
         let t = tables(py, block_tables)?;
-        let (s, d, a) = (
-            vec_i64(py, src_col, "src_col")?,
-            vec_i64(py, dst_col, "dst_col")?,
-            vec_i64(py, num_accepted, "num_accepted")?,
-        );
+        let (s, d, a) = (vec_i64(py, src_col, "src_col")?, vec_i64(py, dst_col, "dst_col")?, vec_i64(py, num_accepted, "num_accepted")?);
         let p = Arc::clone(&slf.get().inner);
         let plan = py.detach(move || p.plan(&views(&t), &s, &d, &a, sem)).py_err(py)?;
         Ok(GroupPlan { inner: plan, _planner: slf.unbind() })

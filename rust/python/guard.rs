@@ -10,8 +10,8 @@
 
 use super::to_py;
 use crate::error::Error;
-use pyo3::prelude::*;
 use pyo3::intern;
+use pyo3::prelude::*;
 
 /// How the guard reads an object's current data address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -38,8 +38,7 @@ fn int(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     if obj.is_instance_of::<pyo3::types::PyBool>() {
         return Err(to_py(py, Error::plan(format!("{name} must be an integer, got a bool"))));
     }
-    obj.extract::<i64>()
-        .map_err(|_| to_py(py, Error::plan(format!("{name} = {obj} is not an integer in the 64-bit range"))))
+    obj.extract::<i64>().map_err(|_| to_py(py, Error::plan(format!("{name} = {obj} is not an integer in the 64-bit range"))))
 }
 
 fn device(py: Python<'_>, s: &str) -> PyResult<Device> {
@@ -340,7 +339,10 @@ impl PyCommitLaunch {
     }
     fn __repr__(&self) -> String {
         let c = &self.inner;
-        format!("CommitLaunch({}, layers={}, blocks={}, max_requests={}, ctas=({}, {}))", c.device, c.num_layers, c.num_blocks, c.max_requests, c.rec_ctas, c.conv_ctas)
+        format!(
+            "CommitLaunch({}, layers={}, blocks={}, max_requests={}, ctas=({}, {}))",
+            c.device, c.num_layers, c.num_blocks, c.max_requests, c.rec_ctas, c.conv_ctas
+        )
     }
 }
 
@@ -409,9 +411,7 @@ fn check_fused_step(
     );
     let err = opt_arg(py, err, "err")?;
     let dev = device(py, device_name)?;
-    kernels::check_step(&dev, &bt, &s, &x, &a, err.as_ref(), block_size, args::StepCheck::BeforeNarrowing)
-        .map(|c| c.requests)
-        .py_err(py)
+    kernels::check_step(&dev, &bt, &s, &x, &a, err.as_ref(), block_size, args::StepCheck::BeforeNarrowing).map(|c| c.requests).py_err(py)
 }
 
 /// CTAs per state copy of the fused kernel for states of at most `max_state_bytes` bytes.

@@ -88,12 +88,7 @@ impl StateSpec {
             Some(CopyKind::Temporal) => ", copy='temporal'".to_string(),
             None => String::new(),
         };
-        format!(
-            "StateSpec('{}', {shape}, '{}', role='{}'{copy})",
-            self.inner.name,
-            self.inner.dtype.name(),
-            self.inner.role.name()
-        )
+        format!("StateSpec('{}', {shape}, '{}', role='{}'{copy})", self.inner.name, self.inner.dtype.name(), self.inner.role.name())
     }
 }
 
@@ -170,11 +165,7 @@ impl Layout {
                 let names: Vec<&str> = self.inner.states().iter().map(|s| s.name.as_str()).collect();
                 Err(super::to_py(
                     py,
-                    crate::Error::layout(format!(
-                        "{}: no state named '{name}'; the layout has {}",
-                        self.inner.backend(),
-                        names.join(", ")
-                    )),
+                    crate::Error::layout(format!("{}: no state named '{name}'; the layout has {}", self.inner.backend(), names.join(", "))),
                 ))
             }
         }
@@ -206,18 +197,13 @@ impl Layout {
         d.set_item("copyable_prefix_len", self.copyable_prefix_len())?;
         d.set_item("persistent_bytes_per_block", self.persistent_bytes_per_block())?;
         d.set_item("workspace_bytes_per_request", self.workspace_bytes_per_request())?;
-        let states: Vec<Bound<'py, PyDict>> = self
-            .inner
-            .states()
-            .iter()
-            .map(|s| StateSpec { inner: s.clone() }.to_dict(py))
-            .collect::<PyResult<_>>()?;
+        let states: Vec<Bound<'py, PyDict>> =
+            self.inner.states().iter().map(|s| StateSpec { inner: s.clone() }.to_dict(py)).collect::<PyResult<_>>()?;
         d.set_item("states", states)?;
         Ok(d)
     }
     fn __repr__(&self) -> String {
-        let states: Vec<String> =
-            self.inner.states().iter().map(|s| StateSpec { inner: s.clone() }.__repr__()).collect();
+        let states: Vec<String> = self.inner.states().iter().map(|s| StateSpec { inner: s.clone() }.__repr__()).collect();
         format!("Layout('{}', [{}], num_spec={})", self.inner.backend(), states.join(", "), self.inner.num_spec())
     }
 }
@@ -235,11 +221,7 @@ type GroupTuple = (String, Vec<Vec<u64>>, Option<Vec<String>>, Option<u64>, Opti
 
 /// Applies the copyable-prefix contract to an engine's groups; returns `{backend: prefix_len}`.
 #[pyfunction]
-fn _validate_copy_funcs<'py>(
-    py: Python<'py>,
-    groups: Vec<GroupTuple>,
-    copy_funcs: Vec<(String, Vec<String>)>,
-) -> PyResult<Bound<'py, PyDict>> {
+fn _validate_copy_funcs<'py>(py: Python<'py>, groups: Vec<GroupTuple>, copy_funcs: Vec<(String, Vec<String>)>) -> PyResult<Bound<'py, PyDict>> {
     let groups: Vec<GroupSpec> = groups
         .into_iter()
         .map(|(backend, shapes, dtypes, block_size, num_speculative_blocks, cache_mode)| GroupSpec {
@@ -326,16 +308,7 @@ fn mamba2_layout(
     let (dt, sdt) = dtypes(py, dtype, ssm_dtype, "bfloat16");
     let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
     let mamba_backend = families::MambaBackend::parse(mamba_backend).py_err(py)?;
-    let p = families::Mamba2 {
-        intermediate_size,
-        n_groups,
-        num_heads,
-        head_dim,
-        state_size,
-        conv_kernel,
-        logical_window,
-        mamba_backend,
-    };
+    let p = families::Mamba2 { intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel, logical_window, mamba_backend };
     wrap(py, families::mamba2(&p, &c))
 }
 

@@ -2,8 +2,8 @@
 //! executed with the GIL released; their records are exposed as read-only buffers (zero-copy
 //! numpy views, see `recoverssm_rs/planner.py`).
 
-use super::layout::{dtype_name, Layout};
 use super::buffer::RawBuffer;
+use super::layout::{dtype_name, Layout};
 use super::{to_py, IntoPyResult};
 use crate::binding::{Binding, TensorDesc};
 use crate::dtype::DType;
@@ -43,10 +43,7 @@ pub(super) fn int_array(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> P
         let v: Vec<i32> = b.to_vec(py)?;
         return Ok((v.into_iter().map(i64::from).collect(), b.shape().to_vec()));
     }
-    Err(to_py(
-        py,
-        Error::plan(format!("{what} must be an int32 or int64 array (numpy array or CPU tensor), got {}", obj.get_type().name()?)),
-    ))
+    Err(to_py(py, Error::plan(format!("{what} must be an int32 or int64 array (numpy array or CPU tensor), got {}", obj.get_type().name()?))))
 }
 
 /// A 1-D integer vector (one entry per request).
@@ -76,12 +73,7 @@ impl Planner {
     /// `keepalive` is the object owning those tensors.
     #[new]
     #[allow(clippy::type_complexity)]
-    fn new(
-        py: Python<'_>,
-        layout: PyRef<'_, Layout>,
-        states: Vec<Vec<DescTuple<'_>>>,
-        keepalive: Py<PyAny>,
-    ) -> PyResult<Self> {
+    fn new(py: Python<'_>, layout: PyRef<'_, Layout>, states: Vec<Vec<DescTuple<'_>>>, keepalive: Py<PyAny>) -> PyResult<Self> {
         let mut descs = Vec::with_capacity(states.len());
         let core = layout.core();
         for (li, layer) in states.iter().enumerate() {
@@ -131,14 +123,10 @@ impl Planner {
         let na = int_vector(py, num_accepted, "num_accepted")?;
         let cols = match shape.as_slice() {
             [_, c] => *c,
-            _ => {
-                return Err(to_py(py, Error::plan(format!("block_table must be 2-D [requests, cols], got shape {shape:?}"))))
-            }
+            _ => return Err(to_py(py, Error::plan(format!("block_table must be 2-D [requests, cols], got shape {shape:?}")))),
         };
         let planner = Arc::clone(&slf.get().inner);
-        let plan = py.detach(move || {
-            planner.plan_align(&AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na })
-        });
+        let plan = py.detach(move || planner.plan_align(&AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na }));
         Ok(Plan { inner: Arc::new(plan.py_err(py)?), planner: slf.unbind() })
     }
 
