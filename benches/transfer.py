@@ -60,7 +60,6 @@ def _layout(tp: int, conv_layout: str, num_spec: int) -> Any:
 
 def _pool(tp: int, rank: int, conv_layout: str, num_spec: int, layers: int, blocks: int, fill: bool) -> Any:
     import torch
-
     from recoverssm_rs.transfer import StatePool
 
     lay = _layout(tp, conv_layout, num_spec)
@@ -146,7 +145,7 @@ def main() -> int:
     rng = np.random.default_rng(1)
     rows = []
     try:
-        for name, (ptp, lp, sp, dtp, drank, ld, sd) in SCENARIOS.items():
+        for name, (ptp, lp, _sp, dtp, drank, ld, sd) in SCENARIOS.items():
             ep = NixlEndpoint(f"dst-{name}", _pool(dtp, drank, ld, sd, args.layers, blocks, False))
             for info in infos[name]:
                 ep.connect(info)

@@ -7,7 +7,7 @@ Run on a machine with a GPU: ``python -m pytest tests/test_commit_gpu.py -q -m g
   rounding step, conv windows and workspaces bit for bit, untouched blocks bit for bit), with host
   counts, device counts (``num_accepted`` a CUDA tensor the host never reads) and align-mode
   boundaries.
-* Random problems of ``kernelcheck.random_commit_problem`` (misaligned bases, padded strides, every
+* Random problems of ``tests/support/generators.random_commit_problem`` (misaligned bases, padded strides, every
   dtype pair, both conv orientations) on a CUDA arena against the torch reference.
 * The launch is captured in a CUDA graph and replayed with rows / counts rewritten in place.
 * ``torch.cuda.set_sync_debug_mode("error")`` around ``StateCache.commit``: no synchronisation.

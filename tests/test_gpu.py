@@ -1,7 +1,7 @@
 """Real-GPU tests of the CUDA kernels through recoverssm_rs.gpu (skipped without CUDA + CuPy).
 
 Run on a machine with a GPU: ``python -m pytest tests/test_gpu.py -q -m gpu``. Every kernel result is
-compared byte for byte with the numpy reference of recoverssm_rs.kernelcheck (the same reference
+compared byte for byte with the numpy reference of tests/support/references.py (the same reference
 the host emulation is checked against); the fused kernel is also captured in a CUDA graph and
 replayed, and launched under torch's sync-debug mode "error".
 """

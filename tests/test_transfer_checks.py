@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from transfer_ref import FAMILIES, layout, paged_states, pool
-
 from recoverssm_rs import Layout, layouts
 from recoverssm_rs.errors import BindingError, LayoutError, PlanError
 from recoverssm_rs.transfer import HostOffload, LayoutFingerprint, LocalTransfer, StatePool
+from transfer_ref import FAMILIES, layout, paged_states, pool
 
 GDN = FAMILIES["gdn"]
 

@@ -9,11 +9,18 @@ import os
 
 import numpy as np
 import pytest
-
-from transfer_ref import FAMILIES, expected_destination, kernel_of, layout, make_truth, paged_states, pool, serve_sources
-
 from recoverssm_rs.errors import BackendUnavailableError, LayoutError
 from recoverssm_rs.transfer import nixl as rnixl
+from transfer_ref import (
+    FAMILIES,
+    expected_destination,
+    kernel_of,
+    layout,
+    make_truth,
+    paged_states,
+    pool,
+    serve_sources,
+)
 
 REQUIRE = os.environ.get("RECOVERSSM_REQUIRE_NIXL", "0") not in ("", "0")
 if not rnixl.nixl_available():

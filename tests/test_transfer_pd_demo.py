@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from recoverssm_rs.transfer import nixl as rnixl
 from recoverssm_rs.transfer import pd_demo
 

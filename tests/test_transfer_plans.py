@@ -9,10 +9,8 @@ import itertools
 
 import numpy as np
 import pytest
-
-from transfer_ref import FAMILIES, expected_destination, kernel_of, layout, make_truth, paged_states, pool, write_rank
-
 from recoverssm_rs.transfer import LocalTransfer
+from transfer_ref import FAMILIES, expected_destination, kernel_of, layout, make_truth, paged_states, pool, write_rank
 
 TPS = (1, 2, 4, 8)
 NUM_LAYERS = 2

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from recoverssm_rs import layouts
 from recoverssm_rs.transfer import StatePool
 

@@ -1,7 +1,7 @@
 // recoverssm_rs kernels: record types and copy helpers shared by copy_tiles.cu and state_copy.cu.
 //
 // This header compiles three ways:
-//   * NVRTC (cupy.RawModule and kernelcheck.py's NVRTC check): __CUDACC_RTC__ is defined, there is no
+//   * NVRTC (cupy.RawModule and the NVRTC check, recoverssm_rs/cuda/nvrtc.py): __CUDACC_RTC__ is defined, there is no
 //     C library, so the fixed-width integer types are declared here;
 //   * nvcc: <stdint.h>;
 //   * host C++ (the test tree's emulation): tests/support/host_shim.h is force-included first; it defines
@@ -13,9 +13,9 @@
 // RS_CHECK_ACCESS). Offsets are 64-bit everywhere: a row index times a pitch, or a block id times a
 // block stride, overflows 32 bits on real pools.
 //
-// The record layouts below are the ones the Rust planner writes (little-endian, #[repr(C)],
-// rust/plan/segment.rs); the numpy mirrors are plan_format.SEGMENT_DTYPE, TILE_DTYPE and
-// STATE_META_DTYPE (re-exported by gpu.py).
+// The record layouts and RS_* constants below are owned by the Rust core (rust/kernels/records.rs,
+// rust/kernels/constants.rs; little-endian, #[repr(C)]); tests/test_kernel_abi.py parses this file
+// and fails on any field, offset, type or value that differs from the core's.
 #pragma once
 
 #if defined(__CUDACC_RTC__)
@@ -42,7 +42,7 @@ typedef long long int64_t;
 // multiples of 32 are assumed only for efficiency).
 #define RS_THREADS 256
 // At most RS_THREADS threads, and registers for 3 resident CTAs per SM (<= 85 registers): ptxas 12.9
-// then keeps every kernel spill-free on sm_80 and sm_90 (kernelcheck asserts it). Plain
+// then keeps every kernel spill-free on sm_80 and sm_90 (the NVRTC check asserts it). Plain
 // __launch_bounds__(256) made it pick 48-80 registers *with* spills; 4 CTAs (64 registers) spills.
 #ifndef RS_LAUNCH_BOUNDS
 #define RS_LAUNCH_BOUNDS __launch_bounds__(RS_THREADS, 3)
