@@ -97,7 +97,7 @@ def _as_int32(torch: Any, x: Any) -> Any:
     return x
 
 
-def check_step(device: str, index: int, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
+def check_step(device: str, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
                block_size: int | None, err: Any) -> int:
     """The core's checks of a step (int32 or int64 inputs) before anything is bound or uploaded;
     returns the number of requests."""

@@ -191,7 +191,7 @@ class CopyPlanner:
         dp = self._device_path
         if dp is None:
             if first_step is not None:
-                check_step(self.device, index, *first_step)
+                check_step(self.device, *first_step)
             dp = DevicePath(index, self.device, self.state_meta, max_accepted=1 + self.layout.num_spec,
                             num_blocks=self.num_blocks)
             self._device_path = dp
