@@ -204,3 +204,19 @@ def test_soak_bind_free_rebind_with_unmapped_frees():
     """, env={"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096"})
     refused = int(out[0].split()[1])
     assert 0 < refused < 150
+
+
+def test_multi_group_plans_are_guarded_too():
+    out = run("""
+        from recoverssm_rs.groups import MultiGroupPlanner
+        a, b = torch.randn(16, 4, 16, 16), torch.randn(16, 4, 16, 16)
+        mg = MultiGroupPlanner([(L, [[a]]), (L, [[b]])], block_size=16, num_spec_blocks=0)
+        bt = np.array([[1, 2]])
+        plan = mg.plan([bt, bt], np.array([0]), np.array([1]), np.array([1]), "post_process")
+        b.set_()
+        before = a.clone()
+        outcome(plan.execute)
+        print("group 0 unchanged", bool(torch.equal(a, before)))
+    """)
+    assert out[0].startswith("ERR BindingError group 1 (X): layer 0, state 0 ('t'):"), out
+    assert out[1] == "group 0 unchanged True"

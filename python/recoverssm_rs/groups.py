@@ -26,6 +26,8 @@ import numpy as np
 
 from . import _core
 from ._core import Layout
+from .errors import BindingError
+from .guard import BoundTensors
 from .tensors import describe_tensor
 
 __all__ = [
@@ -162,10 +164,11 @@ def align_post_process(
 class MultiGroupPlan:
     """One step's copies over every group; run it with :meth:`execute`."""
 
-    __slots__ = ("_plan",)
+    __slots__ = ("_plan", "_bound")
 
-    def __init__(self, plan: _core.GroupPlan) -> None:
+    def __init__(self, plan: _core.GroupPlan, bound: Sequence[BoundTensors]) -> None:
         self._plan = plan
+        self._bound = tuple(bound)
 
     def __len__(self) -> int:
         """(group, layer, state, request) copies planned, before coalescing."""
@@ -185,8 +188,17 @@ class MultiGroupPlan:
 
     def execute(self) -> None:
         """Run every group's copies over the bound CPU tensors (the Rust host executor, GIL
-        released); every group's segments are checked before the first byte moves."""
+        released); every group's segments are checked before the first byte moves.
+
+        Raises:
+            BindingError: a bound tensor or its storage no longer has the memory it was bound with
+                (see :class:`~recoverssm_rs.guard.BoundTensors`); nothing is written.
+        """
+        for b in self._bound:
+            b.check()
         self._plan.execute_host()
+        for b in self._bound:
+            b.mark_written()
 
     def __repr__(self) -> str:
         return f"MultiGroupPlan(copies={len(self)}, segments={self.num_segments}, bytes={self.nbytes})"
@@ -208,14 +220,30 @@ class MultiGroupPlanner:
             layer and state), or a layout's ``num_spec`` differs from ``num_spec_blocks``.
     """
 
-    __slots__ = ("_core", "_states")
+    __slots__ = ("_core", "_states", "_bound")
 
     def __init__(self, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *, block_size: int,
                  num_spec_blocks: int) -> None:
-        self._states = [[list(layer)[: len(layout.persistent)] for layer in states] for layout, states in groups]
-        descs = [[[describe_tensor(t) for t in layer] for layer in g] for g in self._states]
+        self._states = tuple(tuple(tuple(layer)[: len(layout.persistent)] for layer in states) for layout, states in groups)
+        labels = []
+        for g, (layout, _) in enumerate(groups):
+            names = [st.name for st in layout.states]
+            labels.append(lambda l, s, g=g, names=names, b=layout.backend: f"group {g} ({b}): layer {l}, state {s} ('{names[s]}')")
+        descs = []
+        for g, group in enumerate(self._states):
+            rows = []
+            for li, layer in enumerate(group):
+                row = []
+                for si, t in enumerate(layer):
+                    try:
+                        row.append(describe_tensor(t))
+                    except TypeError as exc:
+                        raise BindingError(f"{labels[g](li, si)}: {exc}") from None
+                rows.append(row)
+            descs.append(rows)
         self._core = _core.GroupPlanner([layout for layout, _ in groups], descs, self._states,
                                         int(block_size), int(num_spec_blocks))
+        self._bound = tuple(BoundTensors(group, labels[g]) for g, group in enumerate(self._states))
         log.debug("bound %d recurrent groups (%s)", self.num_groups,
                   ", ".join(f"{layers} layers x {blocks} blocks" for layers, blocks in self._core.group_sizes()))
 
@@ -240,8 +268,8 @@ class MultiGroupPlanner:
         return self._core.layouts()
 
     @property
-    def states(self) -> list[list[list[Any]]]:
-        """The bound tensors: ``states[group][layer][state]``."""
+    def states(self) -> tuple[tuple[tuple[Any, ...], ...], ...]:
+        """The bound tensors: ``states[group][layer][state]`` (an immutable copy)."""
         return self._states
 
     def plan(self, block_tables: Sequence[Any], src_col: Any, dst_col: Any, num_accepted: Any,
@@ -255,7 +283,7 @@ class MultiGroupPlanner:
             PlanError: as :meth:`CopyPlanner.plan_align`, prefixed with the group.
         """
         return MultiGroupPlan(self._core.plan(_tables(block_tables), _i64(src_col), _i64(dst_col),
-                                              _i64(num_accepted), semantics))
+                                              _i64(num_accepted), semantics), self._bound)
 
     def pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any,
                  num_accepted: Any, running_col: Any, *, fresh: Any = None,
@@ -265,7 +293,7 @@ class MultiGroupPlanner:
         raw, plan = self._core.pre_copy(
             _tables(block_tables), c, _i64(num_scheduled), _i64(num_accepted), _i64(running_col),
             None if fresh is None else _i64(fresh), req_ids)
-        return _decision(raw, PreCopyDecision, len(c)), MultiGroupPlan(plan)
+        return _decision(raw, PreCopyDecision, len(c)), MultiGroupPlan(plan, self._bound)
 
     def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any,
                      num_scheduled: Any, num_draft: Any, num_accepted: Any, *,
@@ -275,7 +303,7 @@ class MultiGroupPlanner:
         raw, plan = self._core.post_process(
             _tables(block_tables), s, _i64(num_computed), _i64(num_scheduled), _i64(num_draft),
             _i64(num_accepted), req_ids)
-        return _decision(raw, PostProcessDecision, len(s)), MultiGroupPlan(plan)
+        return _decision(raw, PostProcessDecision, len(s)), MultiGroupPlan(plan, self._bound)
 
     def __repr__(self) -> str:
         sizes = self._core.group_sizes()
