@@ -6,6 +6,7 @@
 use crate::engine_step::{self, GroupTable, PostDecision, PostInputs, PreDecision, PreInputs, StepConfig};
 use crate::error::{Error, Result};
 use crate::executor;
+use crate::plan::segment::StateMeta;
 use crate::plan::{AlignStep, CopyPlan, Planner};
 
 /// How a request whose source and destination columns are equal is treated.
@@ -78,6 +79,26 @@ impl GroupPlanner {
 
     pub fn groups(&self) -> &[Planner] {
         &self.groups
+    }
+
+    /// The fused kernel's state metas of every group, each naming its group (one launch copies
+    /// every group's states); `None` when the groups' states are not all on one CUDA device.
+    pub fn state_meta(&self) -> Result<Vec<StateMeta>> {
+        let device = self.groups[0].binding().device();
+        let mut out = Vec::new();
+        for (g, p) in self.groups.iter().enumerate() {
+            if p.binding().device() != device {
+                return Err(Error::binding(format!("group {g} is on {}, group 0 on {device}: one launch needs one device", p.binding().device())));
+            }
+            out.extend(p.state_meta().into_iter().map(|m| StateMeta { group: g as u32, ..m }));
+        }
+        Ok(out)
+    }
+
+    /// The largest pool of any group (the fused kernel's global block bound; each state meta
+    /// carries its own).
+    pub fn max_blocks(&self) -> u64 {
+        self.groups.iter().map(|p| p.binding().num_blocks()).max().unwrap_or(0)
     }
     pub fn config(&self) -> StepConfig {
         self.cfg

@@ -12,149 +12,22 @@ is compared byte for byte with the host plan executed by the Rust host executor.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import shutil
-from typing import Any
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from device_fakes import FakeCuda, bytes_at  # noqa: E402
 from recoverssm_rs import device_path, gpu, layouts  # noqa: E402
-from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.planner import CopyPlanner  # noqa: E402
 from support import generators  # noqa: E402
 
 HAVE_CXX = shutil.which("g++") is not None or shutil.which("c++") is not None
 needs_cxx = pytest.mark.skipif(not HAVE_CXX, reason="host emulation needs a C++ compiler")
-
-
-class FakeCuda:
-    """A CPU torch tensor that claims to be on ``cuda:index`` (enough for the host-side logic)."""
-
-    def __init__(self, t: torch.Tensor, index: int = 0) -> None:
-        self.t = t
-        self.device = torch.device("cuda", index)
-
-    dtype = property(lambda self: self.t.dtype)
-    shape = property(lambda self: self.t.shape)
-
-    def stride(self) -> tuple[int, ...]:
-        return self.t.stride()
-
-    def data_ptr(self) -> int:
-        return self.t.data_ptr()
-
-    def element_size(self) -> int:
-        return self.t.element_size()
-
-    def to(self, dtype: Any) -> FakeCuda:
-        return FakeCuda(self.t.to(dtype), self.device.index)
-
-    def contiguous(self) -> FakeCuda:
-        return FakeCuda(self.t.contiguous(), self.device.index)
-
-    def __getitem__(self, key: Any) -> FakeCuda:
-        return FakeCuda(self.t[key], self.device.index)
-
-    def zero_(self) -> FakeCuda:
-        self.t.zero_()
-        return self
-
-    def cpu(self) -> torch.Tensor:
-        return self.t
-
-    def numpy(self) -> np.ndarray:  # what the recorder hands to the emulation
-        return self.t.numpy()
-
-
-class FakeOps(device_path.CudaOps):
-    """Host stand-in for the torch CUDA calls of the device path."""
-
-    def __init__(self) -> None:
-        self.uploads = 0
-        self.allocs = 0
-        self.syncs = 0
-        self.contexts: list[tuple[int, Any]] = []
-
-    def context(self, index: int, stream: Any) -> Any:
-        self.contexts.append((index, stream))
-        return contextlib.nullcontext()
-
-    def torch_stream(self, stream: Any, index: int) -> Any:
-        return stream
-
-    def upload(self, raw: np.ndarray, index: int) -> Any:
-        self.uploads += 1
-        return FakeCuda(torch.from_numpy(np.ascontiguousarray(raw).copy()), index)
-
-    def zeros_i32(self, n: int, index: int) -> Any:
-        self.allocs += 1
-        return FakeCuda(torch.zeros(n, dtype=torch.int32), index)
-
-    def synchronize(self, index: int) -> None:
-        self.syncs += 1
-
-
-def _bytes_at(ptr: int, n: int) -> bytes:
-    return ctypes.string_at(ptr, n)
-
-
-def _ints_at(ptr: int, n: int) -> np.ndarray:
-    return np.frombuffer(ctypes.string_at(ptr, 4 * n), dtype=np.int32)
-
-
-def _word_at(ptr: int) -> np.ndarray:
-    return np.ctypeslib.as_array((ctypes.c_int32 * 3).from_address(ptr)).copy()
-
-
-class Recorder:
-    """Replaces the driver launch; records each core-built launch (and optionally emulates it)."""
-
-    def __init__(self, emulate: bool) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.emulate = emulate
-
-    def launch(self, kl: Any, index: int, stream: Any) -> None:
-        v = dict(kl.values())
-        table = None
-        if kl.kernel == "rs_state_copy":  # the rows this step reads, as the kernel sees them now
-            rows = [_ints_at(v["block_table"] + 4 * r * v["bt_row_stride"], v["bt_cols"]).tolist()
-                    for r in range(v["num_requests"])]
-            table = rows
-        self.calls.append(dict(v, kernel=kl.kernel, launch=kl, index=index, stream=stream, chunks=kl.grid[0],
-                               table=table, has_temporal=bool(v["flags"] & gpu.FLAG_HAS_TEMPORAL),
-                               decide=bool(v["flags"] & gpu.FLAG_DECIDE), err_at_launch=_word_at(v["err"])))
-        if self.emulate:
-            from support import emulation
-
-            emulation.run(kl, grid=(3, kl.grid[1], kl.grid[2])).check(kl.kernel)
-
-
-@pytest.fixture
-def fake_ops(monkeypatch: pytest.MonkeyPatch) -> FakeOps:
-    ops = FakeOps()
-    monkeypatch.setattr(device_path, "cuda_ops", ops)
-    return ops
-
-
-def _recorder(monkeypatch: pytest.MonkeyPatch, emulate: bool = False) -> Recorder:
-    rec = Recorder(emulate)
-    monkeypatch.setattr(cuda_module, "launch", rec.launch)
-    return rec
-
-
-@pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    return _recorder(monkeypatch)
-
-
-@pytest.fixture
-def emulator(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    return _recorder(monkeypatch, emulate=True)
 
 
 _DT = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -326,7 +199,7 @@ def test_launch_align_passes_the_planners_metadata(fake_ops, recorder):
     first, second = recorder.calls
     assert first["kernel"] == second["kernel"] == "rs_state_copy" and not first["decide"]
     assert first["metas"] == second["metas"] and first["err"] == second["err"]
-    assert _bytes_at(first["metas"], planner.state_meta.nbytes) == planner.state_meta.tobytes()
+    assert bytes_at(first["metas"], planner.state_meta.nbytes) == planner.state_meta.tobytes()
     assert first["num_meta"] == len(planner.state_meta) == 2 * 2
     assert first["max_accepted"] == nspec + 1
     assert first["num_blocks"] == nb == planner.num_blocks

@@ -146,7 +146,7 @@ def test_state_copy_gdn_sized_states():
     for i, size in enumerate(sizes):
         kind = gpu.KIND_CONV_SD if i % 2 == 0 else gpu.KIND_TEMPORAL
         metas[i] = (base + int(offsets[i]), size, size, kind, 2 if kind else 4, width if kind else 0,
-                    dim if kind else 0, i // 2, i % 2, nb, 0)
+                    dim if kind else 0, i // 2, i % 2, nb, 0, 0)
     bt = (1 + np.arange(R * cols, dtype=np.int32)).reshape(R, cols)
     src = np.array([0, 1, 0, 2, 1, 0], np.int32)
     dst = np.array([1, 2, 0, 3, 1, 2], np.int32)
@@ -189,7 +189,7 @@ def test_state_copy_vllm_vectors():
         dev = torch.from_numpy(host).cuda()
         metas = np.zeros(4, dtype=gpu.STATE_META_DTYPE)
         for i, (kind, elem, width, dim, nbytes) in enumerate(spec):
-            metas[i] = (dev.data_ptr() + int(offs[i]), nbytes, nbytes, kind, elem, width, dim, i // 2, i % 2, nb, 0)
+            metas[i] = (dev.data_ptr() + int(offs[i]), nbytes, nbytes, kind, elem, width, dim, i // 2, i % 2, nb, 0, 0)
         err = torch.zeros(3, dtype=torch.int32, device="cuda")
         gpu.launch_state_copy(to_dev(metas), 4, bt_dev(d[p + "block_table"]), i32_dev(d[p + "src_col"]),
                               i32_dev(d[p + "dst_col"]), i32_dev(d[p + "num_accepted"]), err,

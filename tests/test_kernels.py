@@ -40,7 +40,7 @@ def test_record_layouts_match_the_planner():
     assert (seg.itemsize, tile.itemsize, meta.itemsize) == (32, 16, 64)
     assert [seg.fields[f][1] for f in seg.names] == [0, 8, 16, 20, 24, 28, 30, 31]
     assert [tile.fields[f][1] for f in tile.names] == [0, 4, 8, 12]
-    assert [meta.fields[f][1] for f in meta.names] == [0, 8, 16, 24, 28, 32, 36, 40, 44, 48, 56]
+    assert [meta.fields[f][1] for f in meta.names] == [0, 8, 16, 24, 28, 32, 36, 40, 44, 48, 56, 60]
     # The C side pins the same numbers with static_asserts (host build) -- see common.cuh.
     text = (gpu.KERNEL_DIR / "common.cuh").read_text()
     assert "static_assert(sizeof(Segment) == 32" in text and "static_assert(sizeof(StateMeta) == 64" in text
@@ -363,8 +363,8 @@ def test_state_copy_error_word_pins_codes_and_requests():
     arena = np.random.default_rng(0).integers(0, 256, size=nb * (conv_bytes + tmp_bytes) + 64, dtype=np.uint8)
     emu = arena.copy()
     b = emu.ctypes.data
-    metas[0] = (b, conv_bytes, conv_bytes, gpu.KIND_CONV_SD, 2, 3, 8, 0, 0, nb, 0)
-    metas[1] = (b + nb * conv_bytes, tmp_bytes, tmp_bytes, gpu.KIND_TEMPORAL, 4, 0, 0, 0, 1, nb, 0)
+    metas[0] = (b, conv_bytes, conv_bytes, gpu.KIND_CONV_SD, 2, 3, 8, 0, 0, nb, 0, 0)
+    metas[1] = (b + nb * conv_bytes, tmp_bytes, tmp_bytes, gpu.KIND_TEMPORAL, 4, 0, 0, 0, 1, nb, 0, 0)
     # Row 3: dst column 1 -> block 0, the null block: an invalid destination.
     bt = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 0], [12, 0, 11, 12]], dtype=np.int32)
     src = np.array([0, 0, -1, 0], np.int32)
@@ -475,7 +475,7 @@ def test_state_copy_reproduces_vllm_vectors(case):
     metas = np.zeros(4, dtype=gpu.STATE_META_DTYPE)
     base = arena.ctypes.data
     for i, (kind, elem, width, dim, nbytes, layer, state) in enumerate(metas_spec):
-        metas[i] = (base + offsets[i], nbytes, nbytes, kind, elem, width, dim, layer, state, nb, 0)
+        metas[i] = (base + offsets[i], nbytes, nbytes, kind, elem, width, dim, layer, state, nb, 0, 0)
     bt = d[p + "block_table"]
     width0 = int(metas[0]["width"])
     err = emulation.emulate_state_copy(metas, bt, d[p + "src_col"], d[p + "dst_col"], d[p + "num_accepted"],
@@ -579,11 +579,12 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
                           num_blocks=100, has_temporal=False, chunks=2, stream=stream)
     (n1, g1, _, a1, _), (n2, g2, _, a2, _) = calls
     assert n1 == "rs_state_copy" and g1 == (gpu.MAX_STATE_CHUNKS, 65535, 96)  # requests folded into gridDim.y
-    # metas, num_meta, block_table, bt_row_stride, bt_cols, src_col, dst_or_running, num_accepted,
-    # block_size, num_requests, max_accepted, num_blocks, flags, err
-    assert a1 == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 0, 70000, 4, 1 << 40, gpu.FLAG_HAS_TEMPORAL, 0x5000]
+    # metas, num_meta, block_table, bt_row_stride, bt_cols, bt_group_stride, src_col, dst_or_running,
+    # num_accepted, block_size, num_requests, max_accepted, num_blocks, flags, err
+    assert a1 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 0, 70000, 4, 1 << 40, gpu.FLAG_HAS_TEMPORAL,
+                  0x5000]
     assert n2 == "rs_state_copy" and g2 == (2, 65535, 96)
-    assert a2 == [0x6000, 96, 0x3000, 9, 4, 0x4000, 0x4000, 0x4000, 16, 70000, 4, 100, gpu.FLAG_DECIDE, 0x5000]
+    assert a2 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 16, 70000, 4, 100, gpu.FLAG_DECIDE, 0x5000]
     with pytest.raises(PlanError, match="dst_col has 5 elements but src_col has 70000"):
         gpu.launch_state_copy(0x6000, 1, bt, vec, FakeDeviceArray(0x4000, (5,)), vec, err, max_accepted=4,
                               num_blocks=8, has_temporal=True, stream=stream)

@@ -317,6 +317,7 @@ class FusedCopy:
         has_temporal: bool,
         chunks: int,
         err: int,
+        groups: int = 1,
     ) -> FusedCopy: ...
     def launch(
         self,
@@ -326,6 +327,7 @@ class FusedCopy:
         num_accepted: Any,
         err: Any = None,
         block_size: int | None = None,
+        pre_copy: bool = False,
     ) -> KernelLaunch | None:
         """The launch of one step (tensors, CuPy arrays or description tuples; int32)."""
     def step(
@@ -336,6 +338,7 @@ class FusedCopy:
         num_accepted: Any,
         err: Any = None,
         block_size: int | None = None,
+        pre_copy: bool = False,
     ) -> tuple[KernelLaunch | None, int, bool]:
         """``(launch, requests, narrow)``: the launch, or ``narrow`` when inputs must be narrowed first."""
     def check(
@@ -349,6 +352,8 @@ class FusedCopy:
     ) -> int: ...
     @property
     def device_index(self) -> int: ...
+    @property
+    def groups(self) -> int: ...
     @property
     def chunks(self) -> int: ...
     @property
@@ -424,6 +429,7 @@ def check_fused_step(
     num_accepted: Any,
     err: Any = None,
     block_size: int | None = None,
+    groups: int = 1,
 ) -> int:
     """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
 
@@ -495,6 +501,9 @@ class GroupPlanner:
     def device(self) -> str: ...
     def group_sizes(self) -> list[tuple[int, int]]: ...
     def layouts(self) -> list[Layout]: ...
+    def state_meta(self) -> RawBuffer: ...
+    @property
+    def max_blocks(self) -> int: ...
     def plan(
         self, block_tables: list[Any], src_col: Any, dst_col: Any, num_accepted: Any, semantics: str
     ) -> GroupPlan: ...

@@ -98,44 +98,47 @@ def _as_int32(torch: Any, x: Any) -> Any:
 
 
 def check_step(device: str, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
-               block_size: int | None, err: Any) -> int:
+               block_size: int | None, err: Any, groups: int = 1) -> int:
     """The core's checks of a step (int32 or int64 inputs) before anything is bound or uploaded;
     returns the number of requests."""
-    return int(_core.check_fused_step(device, block_table, src_col, second, num_accepted, err, block_size))
+    return int(_core.check_fused_step(device, block_table, src_col, second, num_accepted, err, block_size, groups))
 
 
 class DevicePath:
     """What a CUDA-bound planner keeps on the device for the fused kernel (made once): the state
     meta table, the planner's error word, and the core's launch builder."""
 
-    def __init__(self, index: int, device: str, meta: np.ndarray, *, max_accepted: int, num_blocks: int) -> None:
+    def __init__(self, index: int, device: str, meta: np.ndarray, *, max_accepted: int, num_blocks: int,
+                 groups: int = 1) -> None:
         self.index = index
         chunks = _core.state_chunks(int(meta["state_bytes"].max()) if len(meta) else 0)
         temporal = CONSTANTS["RS_KIND_TEMPORAL"]
         self.meta = cuda_ops.upload(meta.view(np.uint8).reshape(-1), index)
         self.err = cuda_ops.zeros_i32(3, index)
         self.fused = _core.FusedCopy(device, int(self.meta.data_ptr()), len(meta), max_accepted, num_blocks,
-                                     bool(np.any(meta["kind"] == temporal)), chunks, int(self.err.data_ptr()))
+                                     bool(np.any(meta["kind"] == temporal)), chunks, int(self.err.data_ptr()),
+                                     groups)
         self.err_requests = 0
         log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
 
     def launch(self, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
-               block_size: int | None, stream: Any, err: Any) -> None:
-        """Check, pack and launch one step (``second``: dst_col, or running with a block size)."""
+               block_size: int | None, stream: Any, err: Any, pre_copy: bool = False) -> None:
+        """Check, pack and launch one step (``second``: dst_col, or running with a block size;
+        ``pre_copy``: equal columns are a no-op whatever the accepted count)."""
         index = self.index
         # The core describes and checks the tensors and packs the launch; int64 inputs, or a table
         # with a strided column axis, pass its checks but are first narrowed / made contiguous on
         # the device (``narrow``), then packed.
-        kl, n, narrow = self.fused.step(block_table, src_col, second, num_accepted, err, block_size)
+        kl, n, narrow = self.fused.step(block_table, src_col, second, num_accepted, err, block_size, pre_copy)
         ts = cuda_ops.torch_stream(stream, index)
         with cuda_ops.context(index, ts):
             if narrow:
                 torch = cuda_ops.torch()
-                if block_table.shape[0] > n and block_table.dtype != torch.int32:
+                if block_table.dim() == 2 and block_table.shape[0] > n and block_table.dtype != torch.int32:
                     block_table = block_table[:n]  # only the rows this step reads of a wide table
                 block_table, src_col, second, num_accepted = (
                     _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted))
-                kl = self.fused.launch(block_table, src_col, second, num_accepted, err, block_size)
+                kl = self.fused.launch(block_table, src_col, second, num_accepted, err, block_size, pre_copy)
             if err is None:
                 self.err.zero_()
                 self.err_requests = n

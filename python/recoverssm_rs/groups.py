@@ -25,9 +25,11 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from . import _core
-from ._core import Layout
-from .errors import BindingError
+from ._core import ErrorWord, Layout
+from .device_path import DevicePath, check_step
+from .errors import BindingError, PlanError
 from .guard import BoundTensors
+from .plan_format import STATE_META_DTYPE, records
 from .tensors import describe_tensor
 
 __all__ = [
@@ -220,7 +222,7 @@ class MultiGroupPlanner:
             layer and state), or a layout's ``num_spec`` differs from ``num_spec_blocks``.
     """
 
-    __slots__ = ("_core", "_states", "_bound")
+    __slots__ = ("_core", "_states", "_bound", "_device_path")
 
     def __init__(self, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *, block_size: int,
                  num_spec_blocks: int) -> None:
@@ -244,6 +246,7 @@ class MultiGroupPlanner:
         self._core = _core.GroupPlanner([layout for layout, _ in groups], descs, self._states,
                                         int(block_size), int(num_spec_blocks))
         self._bound = tuple(BoundTensors(group, labels[g]) for g, group in enumerate(self._states))
+        self._device_path: DevicePath | None = None
         log.debug("bound %d recurrent groups (%s)", self.num_groups,
                   ", ".join(f"{layers} layers x {blocks} blocks" for layers, blocks in self._core.group_sizes()))
 
@@ -304,6 +307,71 @@ class MultiGroupPlanner:
             _tables(block_tables), s, _i64(num_computed), _i64(num_scheduled), _i64(num_draft),
             _i64(num_accepted), req_ids)
         return _decision(raw, PostProcessDecision, len(s)), MultiGroupPlan(plan, self._bound)
+
+    # ---- device path: one fused launch for every group ----------------------------------------
+
+    def _cuda_index(self, what: str) -> int:
+        device = self.device
+        if not device.startswith("cuda"):
+            raise PlanError(f"{what} is part of the device path (CUDA states), but these groups are bound to {device} "
+                            "tensors: plan the step with plan(...) and run it with MultiGroupPlan.execute()")
+        _, _, idx = device.partition(":")
+        return int(idx) if idx else 0
+
+    def _device(self, index: int, first_step: tuple[Any, ...] | None = None) -> DevicePath:
+        dp = self._device_path
+        if dp is None:
+            if first_step is not None:
+                bt, src, dst, acc, err = first_step
+                check_step(self.device, bt, src, dst, acc, None, err, groups=self.num_groups)
+            meta = records(self._core.state_meta(), dtype=STATE_META_DTYPE)
+            dp = DevicePath(index, self.device, meta, max_accepted=1 + self.num_spec_blocks,
+                            num_blocks=self._core.max_blocks, groups=self.num_groups)
+            self._device_path = dp
+        return dp
+
+    def prepare_device(self) -> None:
+        """Upload the state table of every group and allocate the error word (once; call it before
+        capturing a CUDA graph, as :meth:`CopyPlanner.prepare_device`)."""
+        self._device(self._cuda_index("prepare_device"))
+
+    def launch(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any, semantics: Semantics, *,
+               stream: Any = None, err: Any = None) -> None:
+        """One fused kernel launch moves ``dst_col <- src_col`` in every group at once (CUDA
+        states; no host synchronisation), with the semantics of :meth:`plan`.
+
+        Args:
+            block_table: CUDA ``int32`` (or ``int64``) tensor ``[groups, >= R, cols]``, group ``g``'s
+                table at ``[g]`` (``torch.stack`` of the groups' tables; any group stride).
+            src_col, dst_col, num_accepted: CUDA int32 (or int64) vectors ``[R]``, shared by the
+                groups (one decision per request).
+            semantics: ``"pre_copy"`` (equal columns move nothing) or ``"post_process"``.
+            stream, err: as :meth:`CopyPlanner.launch_align`.
+
+        The kernel validates each (request, group) on the device and skips a rejected one (the
+        error word says which request); the host plan rejects the whole step instead. As for
+        :meth:`CopyPlanner.launch_align`, no request may write a block another request reads.
+
+        Raises:
+            PlanError: before anything is queued: host states, an input that is not a CUDA tensor on
+                the states' device, a bad dtype or shape, a table without one slice per group, or
+                an unknown ``semantics``.
+        """
+        if semantics not in ("pre_copy", "post_process"):
+            raise PlanError(f"semantics must be 'pre_copy' or 'post_process', got {semantics!r}")
+        index = self._cuda_index("launch")
+        dp = self._device(index, (block_table, src_col, dst_col, num_accepted, err))
+        for b in self._bound:
+            b.check()
+        dp.launch(block_table, src_col, dst_col, num_accepted, None, stream, err, pre_copy=semantics == "pre_copy")
+        for b in self._bound:
+            b.mark_written()
+
+    def last_error(self) -> ErrorWord:
+        """The error word of the last :meth:`launch` without ``err`` (synchronises the device)."""
+        self._cuda_index("last_error")
+        dp = self._device_path
+        return ErrorWord([0, 0, 0], 0) if dp is None else dp.last_error()
 
     def __repr__(self) -> str:
         sizes = self._core.group_sizes()

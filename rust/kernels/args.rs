@@ -84,6 +84,9 @@ pub struct DeviceTable {
     pub cols: u64,
     /// Elements between consecutive rows.
     pub row_stride: i64,
+    /// Elements between consecutive groups' tables (a `[groups, requests, cols]` table; 0 for one
+    /// group).
+    pub group_stride: i64,
     pub dtype: IntType,
 }
 
@@ -128,7 +131,31 @@ pub fn block_table(a: &DeviceArg, allowed: &[IntType], kind: ErrorKind) -> Resul
     if row_stride % dtype.bytes() != 0 || a.data_ptr % dtype.bytes() as u64 != 0 {
         return Err(err(kind, format!("{what}: address {:#x} / row stride {row_stride} are not element-aligned", a.data_ptr)));
     }
-    Ok(DeviceTable { ptr: a.data_ptr, rows: rows as u64, cols: cols as u64, row_stride: row_stride / dtype.bytes(), dtype })
+    Ok(DeviceTable { ptr: a.data_ptr, rows: rows as u64, cols: cols as u64, row_stride: row_stride / dtype.bytes(), group_stride: 0, dtype })
+}
+
+/// The block tables of `groups` recurrent groups: a 2-D `[requests, cols]` table for one group, a
+/// 3-D `[groups, requests, cols]` one (each group's table a slice, any element-aligned group
+/// stride) for several.
+pub fn group_block_tables(a: &DeviceArg, groups: u32, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceTable> {
+    if groups <= 1 && a.shape.len() != 3 {
+        return block_table(a, allowed, kind);
+    }
+    let what = "block_table";
+    let (&[g, rows, cols], &[group_stride, row_stride, col_stride]) = (&a.shape[..], &a.strides[..]) else {
+        return Err(err(kind, format!("{what}: expected a 3-D [groups = {groups}, requests, cols] tensor, got shape {:?}", a.shape)));
+    };
+    if g != groups as i64 {
+        return Err(err(kind, format!("{what}: {g} group tables for {groups} recurrent groups")));
+    }
+    let inner = DeviceArg { shape: vec![rows, cols], strides: vec![row_stride, col_stride], ..a.clone() };
+    let mut t = block_table(&inner, allowed, kind)?;
+    let es = t.dtype.bytes();
+    if group_stride % es != 0 {
+        return Err(err(kind, format!("{what}: group stride {group_stride} is not element-aligned")));
+    }
+    t.group_stride = group_stride / es;
+    Ok(t)
 }
 
 /// The argument lives on `device` (a device string that does not parse lives nowhere).
@@ -159,6 +186,8 @@ pub struct StepArgs<'a> {
     pub err: Option<&'a DeviceArg>,
     /// Tokens per block, for the device-side align decision.
     pub block_size: Option<i64>,
+    /// Recurrent groups the block table covers (1: a 2-D table; more: `[groups, requests, cols]`).
+    pub groups: u32,
 }
 
 /// A step's device inputs, checked: the block table, the per-request vectors in the order given,
@@ -218,15 +247,27 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>, check: StepCheck) -> R
     let r = first.map_or(0, |(_, r)| r);
     on_device(s.block_table, "block_table", device)?;
     s.block_table.int_type("block_table", allowed, ErrorKind::Plan)?;
-    let &[rows, cols] = &s.block_table.shape[..] else {
-        return Err(Error::plan(format!("block_table: expected a 2-D [requests, cols] tensor, got shape {:?}", s.block_table.shape)));
+    let (rows, cols) = match (&s.block_table.shape[..], s.groups) {
+        (&[rows, cols], 0 | 1) => (rows, cols),
+        (&[g, rows, cols], groups) if g == groups as i64 => (rows, cols),
+        (_, 0 | 1) => {
+            return Err(Error::plan(format!("block_table: expected a 2-D [requests, cols] tensor, got shape {:?}", s.block_table.shape)));
+        }
+        (_, groups) => {
+            return Err(Error::plan(format!(
+                "block_table: expected a 3-D [groups = {groups}, requests, cols] tensor, got shape {:?}",
+                s.block_table.shape
+            )));
+        }
     };
     if (rows.max(0) as u64) < r {
         return Err(Error::plan(format!("block_table has {rows} rows for {r} requests")));
     }
     let table = match check {
-        StepCheck::ForLaunch => block_table(s.block_table, allowed, ErrorKind::Plan)?,
-        StepCheck::BeforeNarrowing => DeviceTable { ptr: 0, rows: rows.max(0) as u64, cols: cols.max(0) as u64, row_stride: 0, dtype: IntType::I32 },
+        StepCheck::ForLaunch => group_block_tables(s.block_table, s.groups, allowed, ErrorKind::Plan)?,
+        StepCheck::BeforeNarrowing => {
+            DeviceTable { ptr: 0, rows: rows.max(0) as u64, cols: cols.max(0) as u64, row_stride: 0, group_stride: 0, dtype: IntType::I32 }
+        }
     };
     if r >= 1 << 31 {
         return Err(Error::plan(format!("{r} requests exceed the kernels' 32-bit request count")));
@@ -352,7 +393,7 @@ mod tests {
         );
         let step = |bt: &DeviceArg, vs: Vec<(&'static str, DeviceArg)>, err: Option<&DeviceArg>| {
             let vectors: Vec<(&str, &DeviceArg)> = vs.iter().map(|(n, a)| (*n, a)).collect();
-            check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, block_size: None }, StepCheck::ForLaunch)
+            check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, block_size: None, groups: 1 }, StepCheck::ForLaunch)
                 .map(|c| c.requests)
                 .map_err(|e| e.message)
         };
@@ -375,21 +416,28 @@ mod tests {
         assert!(step(&bt, vec![("src_col", strided)], None).unwrap_err().contains("contiguous"));
         let e = step(&bt, ok.clone(), Some(&arg("int64", &[3], "cuda:0"))).unwrap_err();
         assert_eq!(e, "err: expected int32, got int64");
-        let e =
-            check_step_args(&Device::Cpu, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None }, StepCheck::BeforeNarrowing)
-                .unwrap_err();
+        let e = check_step_args(
+            &Device::Cpu,
+            &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None, groups: 1 },
+            StepCheck::BeforeNarrowing,
+        )
+        .unwrap_err();
         assert!(e.message.contains("on the host"), "{}", e.message);
-        let e = check_step_args(&dev, &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0) }, StepCheck::BeforeNarrowing)
-            .unwrap_err();
+        let e = check_step_args(
+            &dev,
+            &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0), groups: 1 },
+            StepCheck::BeforeNarrowing,
+        )
+        .unwrap_err();
         assert_eq!(e.message, "block_size must be in [1, 2**31), got 0");
         let c = check_step_args(
             &dev,
-            &StepArgs { block_table: &bt, vectors: vec![("src_col", &src)], err: Some(&err), block_size: None },
+            &StepArgs { block_table: &bt, vectors: vec![("src_col", &src)], err: Some(&err), block_size: None, groups: 1 },
             StepCheck::ForLaunch,
         )
         .unwrap();
         let wide = arg("torch.int64", &[6], "cuda:0");
-        let step = StepArgs { block_table: &bt, vectors: vec![("src_col", &wide)], err: None, block_size: None };
+        let step = StepArgs { block_table: &bt, vectors: vec![("src_col", &wide)], err: None, block_size: None, groups: 1 };
         assert_eq!(check_step_args(&dev, &step, StepCheck::BeforeNarrowing).map(|c| c.requests), Ok(6));
         let mut strided = arg("torch.int64", &[6], "cuda:0");
         strided.strides = vec![16];

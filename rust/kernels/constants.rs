@@ -38,6 +38,8 @@ pub const ERROR_BITS: [(u32, &str, &str); 5] = [
 /// per-request vector is `running`, and `block_size` is used).
 pub const FLAG_HAS_TEMPORAL: u32 = 1;
 pub const FLAG_DECIDE: u32 = 2;
+/// vLLM's pre-copy semantics: `src_col == dst_col` is a no-op whatever the accepted count.
+pub const FLAG_PRE_COPY: u32 = 4;
 
 /// Bytes of one state copy per CTA of `rs_state_copy` (`RS_STATE_CHUNK_BYTES`).
 pub const STATE_CHUNK_BYTES: u64 = 32 * 1024;
@@ -68,7 +70,7 @@ pub const MAX_GRID_YZ: u32 = 65535;
 pub const MAX_GRID_X: u32 = (1 << 31) - 1;
 
 /// `(name in the CUDA sources, value)` of every constant the sources define.
-pub const CUDA_DEFINES: [(&str, u64); 22] = [
+pub const CUDA_DEFINES: [(&str, u64); 23] = [
     ("RS_THREADS", THREADS as u64),
     ("RS_MODE_DISJOINT", MODE_DISJOINT as u64),
     ("RS_MODE_ROWS_ASCENDING", MODE_ROWS_ASCENDING as u64),
@@ -83,6 +85,7 @@ pub const CUDA_DEFINES: [(&str, u64); 22] = [
     ("RS_ERR_ARGS", ERR_ARGS as u64),
     ("RS_FLAG_HAS_TEMPORAL", FLAG_HAS_TEMPORAL as u64),
     ("RS_FLAG_DECIDE", FLAG_DECIDE as u64),
+    ("RS_FLAG_PRE_COPY", FLAG_PRE_COPY as u64),
     ("RS_STATE_CHUNK_BYTES", STATE_CHUNK_BYTES),
     ("RS_DT_F32", DT_F32 as u64),
     ("RS_DT_BF16", DT_BF16 as u64),

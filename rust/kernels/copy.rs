@@ -4,7 +4,7 @@
 
 use super::abi::{Arg, Launch, COPY_TILES, STATE_COPY};
 use super::args::{check_step_args, CheckedStep, DeviceArg, StepArgs, StepCheck};
-use super::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, MAX_GRID_X, MAX_GRID_YZ, MAX_STATE_CHUNKS, STATE_CHUNK_BYTES, THREADS};
+use super::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, MAX_GRID_X, MAX_GRID_YZ, MAX_STATE_CHUNKS, STATE_CHUNK_BYTES, THREADS};
 use crate::binding::Device;
 use crate::error::{Error, Result};
 
@@ -54,10 +54,12 @@ pub fn check_step<'a>(
     num_accepted: &'a DeviceArg,
     err: Option<&'a DeviceArg>,
     block_size: Option<i64>,
+    groups: u32,
     check: StepCheck,
 ) -> Result<CheckedStep> {
     let second_name = if block_size.is_some() { "running" } else { "dst_col" };
-    let step = StepArgs { block_table, vectors: vec![("src_col", src_col), (second_name, second), ("num_accepted", num_accepted)], err, block_size };
+    let vectors = vec![("src_col", src_col), (second_name, second), ("num_accepted", num_accepted)];
+    let step = StepArgs { block_table, vectors, err, block_size, groups };
     check_step_args(device, &step, check)
 }
 
@@ -74,6 +76,9 @@ pub struct FusedCopy {
     pub chunks: u32,
     /// The planner's own error word, used when a step brings none.
     pub err: u64,
+    /// Recurrent groups the state metas span (their `group` fields are below it); a step's block
+    /// table is `[groups, requests, cols]` when there are several.
+    pub groups: u32,
 }
 
 impl FusedCopy {
@@ -114,7 +119,17 @@ impl FusedCopy {
             has_temporal,
             chunks: chunks as u32,
             err,
+            groups: 1,
         })
+    }
+
+    /// The same launch constants for state metas spanning `groups` recurrent groups (at least one).
+    pub fn with_groups(mut self, groups: u32) -> Result<FusedCopy> {
+        if groups < 1 {
+            return Err(Error::plan("groups must be >= 1"));
+        }
+        self.groups = groups;
+        Ok(self)
     }
 
     /// Checks a step whose inputs may still be int64 (the launch layer narrows them on the device
@@ -128,13 +143,15 @@ impl FusedCopy {
         err: Option<&DeviceArg>,
         block_size: Option<i64>,
     ) -> Result<u64> {
-        Ok(check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, StepCheck::BeforeNarrowing)?.requests)
+        Ok(check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, self.groups, StepCheck::BeforeNarrowing)?.requests)
     }
 
     /// The launch of one step: `second` is `dst_col` (explicit columns) or, with a `block_size`,
-    /// `running` (the align decision on the device). Every input is checked by
+    /// `running` (the align decision on the device); `pre_copy` selects vLLM's pre-copy semantics
+    /// (equal columns are a no-op whatever the accepted count). Every input is checked by
     /// [`check_step_args`] (int32 only); `None` when there is nothing to launch (no request or no
     /// state).
+    #[allow(clippy::too_many_arguments)]
     pub fn launch(
         &self,
         block_table: &DeviceArg,
@@ -143,8 +160,9 @@ impl FusedCopy {
         num_accepted: &DeviceArg,
         err: Option<&DeviceArg>,
         block_size: Option<i64>,
+        pre_copy: bool,
     ) -> Result<Option<Launch>> {
-        let c = check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, StepCheck::ForLaunch)?;
+        let c = check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, self.groups, StepCheck::ForLaunch)?;
         let n = c.requests;
         if n == 0 || self.num_meta == 0 {
             return Ok(None);
@@ -153,6 +171,9 @@ impl FusedCopy {
         if block_size.is_some() {
             flags |= FLAG_DECIDE;
         }
+        if pre_copy {
+            flags |= FLAG_PRE_COPY;
+        }
         let cols = i32::try_from(c.table.cols).map_err(|_| Error::plan(format!("block_table has {} columns (at most 2**31 - 1)", c.table.cols)))?;
         let args = [
             Arg::Ptr(self.metas),
@@ -160,6 +181,7 @@ impl FusedCopy {
             Arg::Ptr(c.table.ptr),
             Arg::I64(c.table.row_stride),
             Arg::I32(cols),
+            Arg::I64(c.table.group_stride),
             Arg::Ptr(c.vectors[0].ptr),
             Arg::Ptr(c.vectors[1].ptr),
             Arg::Ptr(c.vectors[2].ptr),
@@ -193,23 +215,31 @@ mod tests {
     fn fused_launch_packs_in_declaration_order() {
         let f = FusedCopy::new(Device::Cuda(0), 1000, 3, 4, 77, true, 16, 5000).unwrap();
         let (bt, s, d, a) = (arg(9000, "int32", &[5, 6]), arg(2000, "int32", &[5]), arg(3000, "int32", &[5]), arg(4000, "int32", &[5]));
-        let l = f.launch(&bt, &s, &d, &a, None, None).unwrap().unwrap();
+        let l = f.launch(&bt, &s, &d, &a, None, None, false).unwrap().unwrap();
         assert_eq!((l.kernel.name, l.grid, l.block), ("rs_state_copy", [16, 5, 3], [256, 1, 1]));
         let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
-        assert_eq!(v, vec![1000, 3, 9000, 6, 6, 2000, 3000, 4000, 0, 5, 4, 77, FLAG_HAS_TEMPORAL as i128, 5000]);
+        assert_eq!(v, vec![1000, 3, 9000, 6, 6, 0, 2000, 3000, 4000, 0, 5, 4, 77, FLAG_HAS_TEMPORAL as i128, 5000]);
         let e = arg(6000, "int32", &[3]);
-        let l = f.launch(&bt, &s, &d, &a, Some(&e), Some(16)).unwrap().unwrap();
+        let l = f.launch(&bt, &s, &d, &a, Some(&e), Some(16), false).unwrap().unwrap();
         let v: Vec<(&str, i128)> = l.values();
-        assert_eq!(v[8], ("block_size", 16));
-        assert_eq!(v[12], ("flags", (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
-        assert_eq!(v[13], ("err", 6000));
-        let e = f.launch(&bt, &s, &arg(3000, "int32", &[4]), &a, None, Some(16)).unwrap_err();
+        assert_eq!(v[9], ("block_size", 16));
+        assert_eq!(v[13], ("flags", (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
+        assert_eq!(v[14], ("err", 6000));
+        // Three groups: a [3, R, cols] table, its group stride packed; pre-copy semantics flagged.
+        let g3 = f.clone().with_groups(3).unwrap();
+        let mut t3 = arg(9000, "int32", &[3, 5, 6]);
+        t3.strides[0] = 4 * 64;
+        let v: Vec<(&str, i128)> = g3.launch(&t3, &s, &d, &a, None, None, true).unwrap().unwrap().values();
+        assert_eq!((v[5], v[13]), (("bt_group_stride", 64), ("flags", (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128)));
+        let e = g3.launch(&bt, &s, &d, &a, None, None, false).unwrap_err();
+        assert!(e.message.contains("expected a 3-D [groups = 3, requests, cols] tensor"), "{}", e.message);
+        let e = f.launch(&bt, &s, &arg(3000, "int32", &[4]), &a, None, Some(16), false).unwrap_err();
         assert_eq!(e.message, "running has 4 elements but src_col has 5");
         let wide = arg(3000, "int64", &[5]);
         assert_eq!(f.check(&bt, &s, &wide, &a, None, None), Ok(5));
-        assert_eq!(f.launch(&bt, &s, &wide, &a, None, None).unwrap_err().message, "dst_col: expected int32, got int64");
+        assert_eq!(f.launch(&bt, &s, &wide, &a, None, None, false).unwrap_err().message, "dst_col: expected int32, got int64");
         let empty = arg(2000, "int32", &[0]);
-        assert_eq!(f.launch(&bt, &empty, &empty, &empty, None, None), Ok(None));
+        assert_eq!(f.launch(&bt, &empty, &empty, &empty, None, None, false), Ok(None));
     }
 
     #[test]

@@ -108,7 +108,7 @@ pub fn record_specs() -> Vec<RecordSpec> {
         record!(MoveRow, "MoveRow", [request: u32, shift: u32, conv_src: i64, temporal_src: i64, dst: i64, conv_wave: u16, temporal_wave: u16, reserved: u32]),
         record!(StateMeta, "StateMeta", [
             base: u64, block_stride: u64, state_bytes: u64, kind: u32, elem_bytes: u32, width: u32, dim: u32,
-            layer: u32, state: u32, num_blocks: u64, reserved: u64,
+            layer: u32, state: u32, num_blocks: u64, group: u32, reserved: u32,
         ]),
         record!(CommitRow, "CommitRow", [request: u32, count: u32, state_block: i64, boundary_block: i64, boundary_len: u32, reserved: u32]),
         record!(CommitMeta, "CommitMeta", [

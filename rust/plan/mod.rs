@@ -249,6 +249,7 @@ impl Planner {
                     layer: t.layer,
                     state: t.state,
                     num_blocks: t.num_blocks,
+                    group: 0,
                     reserved: 0,
                 }
             })

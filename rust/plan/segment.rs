@@ -98,7 +98,9 @@ pub struct StateMeta {
     pub layer: u32,
     pub state: u32,
     pub num_blocks: u64,
-    pub reserved: u64,
+    /// The recurrent group whose block table the state follows (0 for a single-group planner).
+    pub group: u32,
+    pub reserved: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<StateMeta>() == 64);

@@ -2,6 +2,7 @@
 //! C-contiguous int64 buffers (the Python layer converts); decisions come back as one bytes object
 //! of int64 rows that numpy views without a copy. Plans are built and run with the GIL released.
 
+use super::buffer::RawBuffer;
 use super::layout::Layout;
 use super::plan::{tensor_desc, DescTuple};
 use super::{to_py, IntoPyResult};
@@ -201,6 +202,15 @@ impl GroupPlanner {
     }
     fn layouts(&self) -> Vec<Layout> {
         self.inner.groups().iter().map(|p| Layout { inner: p.binding().layout().clone() }).collect()
+    }
+    /// The fused kernel's state metas of every group, each naming its group.
+    fn state_meta(&self, py: Python<'_>) -> PyResult<RawBuffer> {
+        Ok(RawBuffer::state_meta(self.inner.state_meta().py_err(py)?))
+    }
+    /// The largest pool of any group.
+    #[getter]
+    fn max_blocks(&self) -> u64 {
+        self.inner.max_blocks()
     }
 
     /// Plans explicit moves in every group under `semantics` (`"pre_copy"` or `"post_process"`).

@@ -133,6 +133,7 @@ pub struct PyFusedCopy {
 #[pymethods]
 impl PyFusedCopy {
     #[new]
+    #[pyo3(signature = (device_name, metas, num_meta, max_accepted, num_blocks, has_temporal, chunks, err, groups = 1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -144,6 +145,7 @@ impl PyFusedCopy {
         has_temporal: bool,
         chunks: &Bound<'_, PyAny>,
         err: u64,
+        groups: u32,
     ) -> PyResult<Self> {
         let inner = kernels::FusedCopy::new(
             device(py, device_name)?,
@@ -155,12 +157,14 @@ impl PyFusedCopy {
             int(py, chunks, "chunks")?,
             err,
         )
+        .and_then(|f| f.with_groups(groups))
         .py_err(py)?;
         Ok(PyFusedCopy { inner })
     }
 
-    /// The launch of one step (`second`: `dst_col`, or `running` with a `block_size`).
-    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None))]
+    /// The launch of one step (`second`: `dst_col`, or `running` with a `block_size`; `pre_copy`:
+    /// equal columns are a no-op whatever the accepted count).
+    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None, pre_copy = false))]
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -171,6 +175,7 @@ impl PyFusedCopy {
         num_accepted: &Bound<'_, PyAny>,
         err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
+        pre_copy: bool,
     ) -> PyResult<Option<KernelLaunch>> {
         let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
         let (bt, s, x, a) = (
@@ -180,14 +185,14 @@ impl PyFusedCopy {
             arg(py, num_accepted, "num_accepted")?,
         );
         let err = opt_arg(py, err, "err")?;
-        launched(self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size), py)
+        launched(self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size, pre_copy), py)
     }
 
     /// One step from the caller's tensors: `(launch, requests, narrow)`. With `narrow` false the
     /// launch is ready (`None`: nothing to launch); with `narrow` true every input passed the checks
     /// but some must first be narrowed to int32 or made contiguous on the device (then call
     /// `launch` with the converted tensors).
-    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None))]
+    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None, pre_copy = false))]
     #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
@@ -198,6 +203,7 @@ impl PyFusedCopy {
         num_accepted: &Bound<'_, PyAny>,
         err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
+        pre_copy: bool,
     ) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
         let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
         let (bt, s, x, a) = (
@@ -207,7 +213,7 @@ impl PyFusedCopy {
             arg(py, num_accepted, "num_accepted")?,
         );
         let err = opt_arg(py, err, "err")?;
-        match self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size) {
+        match self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size, pre_copy) {
             Ok(l) => {
                 let n = s.shape.first().copied().unwrap_or(0).max(0) as u64;
                 Ok((l.map(KernelLaunch::new), n, false))
@@ -251,6 +257,11 @@ impl PyFusedCopy {
         self.inner.check(&bt, &s, &x, &a, err.as_ref(), block_size).py_err(py)
     }
 
+    /// Recurrent groups the state metas span.
+    #[getter]
+    fn groups(&self) -> u32 {
+        self.inner.groups
+    }
     #[getter]
     fn chunks(&self) -> u32 {
         self.inner.chunks
@@ -390,7 +401,7 @@ fn copy_tiles_launch(
 /// Checks a fused step's inputs (int32 or int64) for states on `device_name` before anything is
 /// bound or uploaded; returns the number of requests.
 #[pyfunction]
-#[pyo3(signature = (device_name, block_table, src_col, second, num_accepted, err = None, block_size = None))]
+#[pyo3(signature = (device_name, block_table, src_col, second, num_accepted, err = None, block_size = None, groups = 1))]
 #[allow(clippy::too_many_arguments)]
 fn check_fused_step(
     py: Python<'_>,
@@ -401,6 +412,7 @@ fn check_fused_step(
     num_accepted: &Bound<'_, PyAny>,
     err: Option<&Bound<'_, PyAny>>,
     block_size: Option<&Bound<'_, PyAny>>,
+    groups: u32,
 ) -> PyResult<u64> {
     let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
     let (bt, s, x, a) = (
@@ -411,7 +423,7 @@ fn check_fused_step(
     );
     let err = opt_arg(py, err, "err")?;
     let dev = device(py, device_name)?;
-    kernels::check_step(&dev, &bt, &s, &x, &a, err.as_ref(), block_size, args::StepCheck::BeforeNarrowing).map(|c| c.requests).py_err(py)
+    kernels::check_step(&dev, &bt, &s, &x, &a, err.as_ref(), block_size, groups, args::StepCheck::BeforeNarrowing).map(|c| c.requests).py_err(py)
 }
 
 /// CTAs per state copy of the fused kernel for states of at most `max_state_bytes` bytes.

@@ -219,7 +219,7 @@ def random_state_problem(
         if rng.random() < 0.4:
             off = (off + 15) // 16 * 16
         stride = st["bytes"] + (int(rng.integers(1, 9)) * elem if rng.random() < 0.3 else 0)
-        metas[i] = (off, stride, st["bytes"], st["kind"], elem, st["width"], st["dim"], st["layer"], i, nb, 0)
+        metas[i] = (off, stride, st["bytes"], st["kind"], elem, st["width"], st["dim"], st["layer"], i, nb, 0, 0)
         off += stride * nb + int(rng.integers(0, 40))
     arena = off + 64
     blocks = rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)

@@ -96,7 +96,8 @@ struct StateMeta {
   uint32_t layer;         // informational
   uint32_t state;         // informational
   uint64_t num_blocks;    // blocks in the tensor
-  uint64_t reserved;
+  uint32_t group;         // the recurrent group whose block table this state follows
+  uint32_t reserved;
 };
 
 static_assert(sizeof(Segment) == 32, "Segment must be 32 bytes");
@@ -112,7 +113,7 @@ static_assert(__builtin_offsetof(Tile, begin) == 4 && __builtin_offsetof(Tile, c
 static_assert(__builtin_offsetof(StateMeta, kind) == 24 && __builtin_offsetof(StateMeta, elem_bytes) == 28 &&
                   __builtin_offsetof(StateMeta, width) == 32 && __builtin_offsetof(StateMeta, dim) == 36 &&
                   __builtin_offsetof(StateMeta, layer) == 40 && __builtin_offsetof(StateMeta, state) == 44 &&
-                  __builtin_offsetof(StateMeta, num_blocks) == 48,
+                  __builtin_offsetof(StateMeta, num_blocks) == 48 && __builtin_offsetof(StateMeta, group) == 56,
               "StateMeta layout");
 #endif
 

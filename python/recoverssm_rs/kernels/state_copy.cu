@@ -14,6 +14,8 @@
                                  // every state, not only in the temporal ones)
 #define RS_FLAG_DECIDE 2u        // the align decision is taken on the device: the second vector is
                                  // `running` and block_size is used (see rs_state_copy)
+#define RS_FLAG_PRE_COPY 4u      // vLLM's pre-copy semantics: src_col == dst_col is a no-op whatever
+                                 // the accepted count (without it the window shifts in place)
 
 // What one request does, decided identically by every CTA that handles it.
 struct RsRequest {
@@ -40,7 +42,7 @@ RS_DEVICE uint32_t rs_decide(const int32_t* bt_row, int64_t cols, int64_t s, int
   if (a < 1 || a > max_accepted) return RS_ERR_ACCEPTED;  // bad accepted count
   const bool temporal = (flags & RS_FLAG_HAS_TEMPORAL) != 0;
   if (temporal && s + a - 1 >= cols) return RS_ERR_COLUMN;
-  if (s == d && a == 1) return 0;  // no-op
+  if (s == d && (a == 1 || (flags & RS_FLAG_PRE_COPY) != 0)) return 0;  // no-op
   if (dst_blk < 1 || dst_blk >= num_blocks || src_blk < 0 || src_blk >= num_blocks) return RS_ERR_BLOCK;
   if (temporal) {
     const int64_t t = bt_row[s + a - 1];
@@ -151,15 +153,19 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
 // For each request r (a = num_accepted[r]) and each state m of metas[0 .. num_meta):
 //   conv SD / DS: state[bt[dst_col], columns 0 .. width-a] = state[bt[src_col], columns a-1 .. width-1]
 //   temporal:     state[bt[dst_col]] = state[bt[src_col + a - 1]]  (skipped when that block is bt[dst_col])
-// with bt = block_table row r (int32, row stride bt_row_stride elements, bt_cols columns).
+// with bt = block_table row r of the state's group (int32, row stride bt_row_stride elements,
+// bt_cols columns, groups bt_group_stride elements apart: one launch serves every recurrent group of
+// a model, each state meta naming its group).
 // Skipped silently, as by the host planner: padding (src_col < 0 or dst_col < 0), a null-block row
-// (bt[src_col] == bt[dst_col] == 0), no-op (src_col == dst_col and a == 1).
+// (bt[src_col] == bt[dst_col] == 0), no-op (src_col == dst_col and a == 1, or any a with
+// RS_FLAG_PRE_COPY).
 // Skipped in every state and reported in err (see common.cuh): a outside [1, max_accepted]; a
 // column outside [0, bt_cols) (src_col, dst_col, and src_col + a - 1 when flags has
 // RS_FLAG_HAS_TEMPORAL); a block id outside [1, num_blocks) for the destination or the temporal
 // source (the latter only with RS_FLAG_HAS_TEMPORAL), or outside [0, num_blocks) for bt[src_col].
-// These request-level checks use kernel parameters only, so every CTA of a request takes the same
-// decision. A conv state whose source bt[src_col] is the null block is skipped and reported as a
+// These checks use kernel parameters and the request's row of the state's group only, so every CTA
+// of a (request, group) takes the same decision; a request can be rejected in one group and copied
+// in another (the host plan rejects the whole step instead). A conv state whose source bt[src_col] is the null block is skipped and reported as a
 // block error (the host planner rejects the whole step instead).
 // Skipped in one state and reported: a state that cannot take the request (RS_ERR_META: a block id
 // beyond that tensor's num_blocks, a window not wider than the shift, width*dim*elem > state_bytes,
@@ -188,47 +194,49 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
 // an ascending memmove (rs_move with one lane) -- the same disciplines as copy_tiles' modes 1 and 2.
 extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
     const StateMeta* __restrict__ metas, uint32_t num_meta, const int32_t* __restrict__ block_table,
-    int64_t bt_row_stride, int32_t bt_cols, const int32_t* __restrict__ src_col,
+    int64_t bt_row_stride, int32_t bt_cols, int64_t bt_group_stride, const int32_t* __restrict__ src_col,
     const int32_t* __restrict__ dst_or_running, const int32_t* __restrict__ num_accepted, int32_t block_size,
     int32_t num_requests, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
   const bool align = (flags & RS_FLAG_DECIDE) != 0;
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
   const uint64_t chunk = blockIdx.x, nchunks = gridDim.x;
   const int64_t cols = bt_cols;
-  const bool reporter = blockIdx.x == 0;  // one CTA per (request, state) reports per-state errors
+  const bool reporter = blockIdx.x == 0;  // one CTA per (request, state) reports
   for (int64_t r = blockIdx.y; r < num_requests; r += gridDim.y) {
-    const int32_t* bt_row = block_table + r * bt_row_stride;
     const int64_t s = src_col[r];
     const int64_t a = num_accepted[r];
-    RsRequest q;
-    uint32_t code = 0;
-    q.a = 0;
-    if (!align) {
-      code = rs_decide(bt_row, cols, s, dst_or_running[r], a, max_accepted, num_blocks, flags, &q);
-    } else if (s >= 0) {
-      // new = running + a - 1; aligned = new / block_size * block_size; copy iff aligned >= running
-      // and aligned >= block_size; then dst_col = aligned / block_size - 1, a_eff = aligned - running + 1.
-      const int64_t running = dst_or_running[r];
-      if (a < 1 || a > max_accepted) {
-        code = RS_ERR_ACCEPTED;
-      } else if (block_size < 1 || running < 0) {
-        code = RS_ERR_ARGS;
-      } else {
-        const int64_t bs = block_size;
-        const int64_t aligned = (running + a - 1) / bs * bs;
-        if (aligned >= running && aligned >= bs) {
-          code = rs_decide(bt_row, cols, s, aligned / bs - 1, aligned - running + 1, max_accepted, num_blocks,
-                           flags, &q);
-        }
-      }
-    }
-    if (code != 0) {
-      if (reporter && blockIdx.z == 0) rs_report_error(err, code, r, num_requests);
-      continue;
-    }
-    if (q.a == 0) continue;
+    const int64_t x = dst_or_running[r];
     for (uint32_t mi = blockIdx.z; mi < num_meta; mi += gridDim.z) {
       const StateMeta m = metas[mi];
+      // The state's group selects its block table (bt_group_stride elements apart); the decision
+      // reads only that row and kernel parameters, so every CTA of a (request, group) takes the
+      // same decision.
+      const int32_t* bt_row = block_table + (int64_t)m.group * bt_group_stride + r * bt_row_stride;
+      RsRequest q;
+      uint32_t code = 0;
+      q.a = 0;
+      if (!align) {
+        code = rs_decide(bt_row, cols, s, x, a, max_accepted, num_blocks, flags, &q);
+      } else if (s >= 0) {
+        // new = running + a - 1; aligned = new / block_size * block_size; copy iff aligned >= running
+        // and aligned >= block_size; then dst_col = aligned / block_size - 1, a_eff = aligned - running + 1.
+        if (a < 1 || a > max_accepted) {
+          code = RS_ERR_ACCEPTED;
+        } else if (block_size < 1 || x < 0) {
+          code = RS_ERR_ARGS;
+        } else {
+          const int64_t bs = block_size;
+          const int64_t aligned = (x + a - 1) / bs * bs;
+          if (aligned >= x && aligned >= bs) {
+            code = rs_decide(bt_row, cols, s, aligned / bs - 1, aligned - x + 1, max_accepted, num_blocks, flags, &q);
+          }
+        }
+      }
+      if (code != 0) {
+        if (reporter) rs_report_error(err, code, r, num_requests);
+        continue;
+      }
+      if (q.a == 0) continue;
       // A state takes only as many of the gridDim.x CTAs as its size calls for (one per
       // RS_STATE_CHUNK_BYTES): small conv windows next to 2 MiB recurrent states are not cut into
       // slivers. CTA 0 always takes part, so per-state errors are still reported.

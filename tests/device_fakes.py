@@ -1,0 +1,133 @@
+"""Test doubles for the device path without a GPU: CPU tensors that claim to live on ``cuda:N``, a
+host stand-in for the device path's torch CUDA calls, and a recorder that replaces the driver launch
+(keeping each core-built launch and, optionally, running it through the host emulation). The
+fixtures ``fake_ops``, ``recorder`` and ``emulator`` (``conftest.py``) install them."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Any
+
+import numpy as np
+import torch
+from recoverssm_rs import device_path, gpu
+from recoverssm_rs.cuda import module as cuda_module
+
+
+class FakeCuda:
+    """A CPU torch tensor that claims to be on ``cuda:index`` (enough for the host-side logic)."""
+
+    def __init__(self, t: torch.Tensor, index: int = 0) -> None:
+        self.t = t
+        self.device = torch.device("cuda", index)
+
+    dtype = property(lambda self: self.t.dtype)
+    shape = property(lambda self: self.t.shape)
+
+    def stride(self) -> tuple[int, ...]:
+        return self.t.stride()
+
+    def data_ptr(self) -> int:
+        return self.t.data_ptr()
+
+    def element_size(self) -> int:
+        return self.t.element_size()
+
+    def dim(self) -> int:
+        return self.t.dim()
+
+    def to(self, dtype: Any) -> FakeCuda:
+        return FakeCuda(self.t.to(dtype), self.device.index)
+
+    def contiguous(self) -> FakeCuda:
+        return FakeCuda(self.t.contiguous(), self.device.index)
+
+    def __getitem__(self, key: Any) -> FakeCuda:
+        return FakeCuda(self.t[key], self.device.index)
+
+    def zero_(self) -> FakeCuda:
+        self.t.zero_()
+        return self
+
+    def cpu(self) -> torch.Tensor:
+        return self.t
+
+    def numpy(self) -> np.ndarray:  # what the recorder hands to the emulation
+        return self.t.numpy()
+
+
+class FakeOps(device_path.CudaOps):
+    """Host stand-in for the torch CUDA calls of the device path."""
+
+    def __init__(self) -> None:
+        self.uploads = 0
+        self.allocs = 0
+        self.syncs = 0
+        self.contexts: list[tuple[int, Any]] = []
+
+    def context(self, index: int, stream: Any) -> Any:
+        self.contexts.append((index, stream))
+        return contextlib.nullcontext()
+
+    def torch_stream(self, stream: Any, index: int) -> Any:
+        return stream
+
+    def upload(self, raw: np.ndarray, index: int) -> Any:
+        self.uploads += 1
+        return FakeCuda(torch.from_numpy(np.ascontiguousarray(raw).copy()), index)
+
+    def zeros_i32(self, n: int, index: int) -> Any:
+        self.allocs += 1
+        return FakeCuda(torch.zeros(n, dtype=torch.int32), index)
+
+    def synchronize(self, index: int) -> None:
+        self.syncs += 1
+
+
+def bytes_at(ptr: int, n: int) -> bytes:
+    return ctypes.string_at(ptr, n)
+
+
+def ints_at(ptr: int, n: int) -> np.ndarray:
+    return np.frombuffer(ctypes.string_at(ptr, 4 * n), dtype=np.int32)
+
+
+def word_at(ptr: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_int32 * 3).from_address(ptr)).copy()
+
+
+class Recorder:
+    """Replaces the driver launch; records each core-built launch (and optionally emulates it)."""
+
+    def __init__(self, emulate: bool) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.emulate = emulate
+
+    def launch(self, kl: Any, index: int, stream: Any) -> None:
+        v = dict(kl.values())
+        table = None
+        if kl.kernel == "rs_state_copy":  # the rows this step reads, as the kernel sees them now
+            rows = [ints_at(v["block_table"] + 4 * r * v["bt_row_stride"], v["bt_cols"]).tolist()
+                    for r in range(v["num_requests"])]
+            table = rows
+        self.calls.append(dict(v, kernel=kl.kernel, launch=kl, index=index, stream=stream, chunks=kl.grid[0],
+                               table=table, has_temporal=bool(v["flags"] & gpu.FLAG_HAS_TEMPORAL),
+                               decide=bool(v["flags"] & gpu.FLAG_DECIDE), err_at_launch=word_at(v["err"])))
+        if self.emulate:
+            from support import emulation
+
+            emulation.run(kl, grid=(3, kl.grid[1], kl.grid[2])).check(kl.kernel)
+
+
+def install(monkeypatch: Any, *, ops: bool = True, emulate: bool | None = None) -> tuple[FakeOps | None, Recorder | None]:
+    """Install the fake CUDA ops and/or a launch recorder (``emulate=None``: no recorder)."""
+    fake = None
+    if ops:
+        fake = FakeOps()
+        monkeypatch.setattr(device_path, "cuda_ops", fake)
+    rec = None
+    if emulate is not None:
+        rec = Recorder(emulate)
+        monkeypatch.setattr(cuda_module, "launch", rec.launch)
+    return fake, rec
