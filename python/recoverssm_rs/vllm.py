@@ -15,13 +15,14 @@ vLLM itself is never imported: every object is read by attribute (duck typing).
 
 Host path: the copies run with the Rust host executor over CPU tensors (``CopyPlan.execute``).
 
-Device path (design note; the fused multi-group launch is not part of this module yet): the same
-decisions are formulas of per-request device vectors (``num_computed``, ``num_scheduled``,
-``num_draft``, ``num_accepted``, the running-column array indexed by slot) and of one block table
-per group; a fused kernel bound once to every group's state-metadata table and block-table pointers
-takes them in one launch per step (pre-copy semantics before the forward pass, post-process
-semantics after sampling, ``num_accepted`` updated in device memory), so no value visits the host.
-Until that launch exists, CUDA-bound groups are refused at :meth:`preprocess` with a clear error.
+Device path (design note): the fused launch that copies every group's states in one kernel exists
+(:meth:`recoverssm_rs.groups.MultiGroupPlanner.launch`, both semantics, emulated against the host
+plan in the tests); this adapter does not drive it yet. What remains is taking the decisions on the
+device too: they are formulas of per-request device vectors (``num_computed``, ``num_scheduled``,
+``num_draft``, ``num_accepted``, the running-column array indexed by slot), so the kernel can take
+them in the same launch (pre-copy before the forward pass, post-process after sampling,
+``num_accepted`` updated in device memory) and no value visits the host. Until then, CUDA-bound
+groups are refused at :meth:`preprocess` with a clear error.
 """
 
 from __future__ import annotations
