@@ -98,16 +98,22 @@ def _cupy() -> Any:
     global _cupy_ok
     if _cupy_ok is not None:
         return _cupy_ok
+    from ..backend_check import gpu_stack_problem
+
     try:
         import cupy
     except ImportError as exc:
-        raise BackendUnavailableError(f"CuPy is not installed. {_HINT}") from exc
+        raise BackendUnavailableError(f"CuPy is not importable ({exc}). {gpu_stack_problem() or _HINT}") from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDARuntimeError without a driver / device
         raise BackendUnavailableError(f"CuPy found no usable CUDA device ({exc}). {_HINT}") from exc
     if count < 1:
         raise BackendUnavailableError(f"CuPy found no CUDA device. {_HINT}")
+    problem = gpu_stack_problem()
+    if problem is not None:
+        # A CuPy for another CUDA major often still runs (the driver serves both); say so once.
+        _LOG.warning("recoverssm_rs: %s", problem)
     _cupy_ok = cupy
     return cupy
 
