@@ -36,11 +36,6 @@ def _address(x: Any, what: str) -> int:
     return require_arg(x, what)[0]
 
 
-def _device_index(desc: tuple[int, str, list[int], list[int], str]) -> int:
-    _, _, idx = desc[4].partition(":")
-    return int(idx) if idx.isdigit() else 0
-
-
 def launch_copy_tiles(segments_dev: Any, tiles_dev: Any, first_tile: int, num_tiles: int, stream: Any = None, *,
                       max_ctas: int | None = None, device_index: int = 0) -> None:
     """Launch ``rs_copy_tiles`` for one wave: tiles ``[first_tile, first_tile + num_tiles)`` of the
@@ -88,13 +83,12 @@ def launch_state_copy(
         PlanError: an argument the kernel cannot take (the core's message names it).
     """
     bt = require_arg(block_table, "block_table")
-    index = _device_index(bt)
     err_desc = require_arg(err, "err")
     fused = _core.FusedCopy(bt[4], _address(meta_dev, "metas"), num_meta, max_accepted, num_blocks,
                             bool(has_temporal), chunks, err_desc[0])
     kl = fused.launch(bt, src_col, dst_or_running, num_accepted, err_desc, block_size)
     if kl is not None:
-        module.launch(kl, index, stream)
+        module.launch(kl, fused.device_index, stream)
 
 
 def execute_plan(plan: CopyPlan, stream: Any = None, *, tile_bytes: int = 64 * 1024) -> None:
