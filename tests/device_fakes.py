@@ -131,3 +131,22 @@ def install(monkeypatch: Any, *, ops: bool = True, emulate: bool | None = None) 
         rec = Recorder(emulate)
         monkeypatch.setattr(cuda_module, "launch", rec.launch)
     return fake, rec
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def random_states(layout: Any, nb: int, layers: int, rng: np.random.Generator) -> list[list[torch.Tensor]]:
+    """Per-layer persistent state tensors ``[nb, *shape]`` on the CPU, filled with random bytes (so
+    every copied byte is checked)."""
+    out = []
+    for _ in range(layers):
+        layer = []
+        for s in layout.persistent:
+            t = torch.empty((nb, *s.shape), dtype=_DTYPES[s.dtype])
+            t.view(torch.uint8).copy_(torch.from_numpy(rng.integers(0, 256, size=t.nbytes, dtype=np.uint8))
+                                      .view(t.view(torch.uint8).shape))
+            layer.append(t)
+        out.append(layer)
+    return out
+

@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from device_fakes import FakeCuda, bytes_at  # noqa: E402
+from device_fakes import FakeCuda, bytes_at, random_states  # noqa: E402
 from recoverssm_rs import device_path, gpu, layouts  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.planner import CopyPlanner  # noqa: E402
@@ -30,7 +30,6 @@ HAVE_CXX = shutil.which("g++") is not None or shutil.which("c++") is not None
 needs_cxx = pytest.mark.skipif(not HAVE_CXX, reason="host emulation needs a C++ compiler")
 
 
-_DT = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def gdn_layout(conv_layout: str = "SD", nspec: int = 3):
@@ -40,17 +39,7 @@ def gdn_layout(conv_layout: str = "SD", nspec: int = 3):
 
 def host_states(layout, nb: int, layers: int, seed: int) -> list[list[torch.Tensor]]:
     """Random per-layer state tensors on the CPU (random bytes, so every copied byte is checked)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(layers):
-        layer = []
-        for s in layout.persistent:
-            t = torch.empty((nb, *s.shape), dtype=_DT[s.dtype])
-            t.view(torch.uint8).copy_(torch.from_numpy(rng.integers(0, 256, size=t.nbytes, dtype=np.uint8))
-                                      .view(t.view(torch.uint8).shape))
-            layer.append(t)
-        out.append(layer)
-    return out
+    return random_states(layout, nb, layers, np.random.default_rng(seed))
 
 
 def cuda_planner(layout, states: list[list[torch.Tensor]], index: int = 0) -> CopyPlanner:

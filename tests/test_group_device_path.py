@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from device_fakes import FakeCuda  # noqa: E402
+from device_fakes import FakeCuda, random_states  # noqa: E402
 from recoverssm_rs import layouts  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.groups import MultiGroupPlanner  # noqa: E402
@@ -20,7 +20,6 @@ from support import generators  # noqa: E402
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation needs a C++ compiler")
 NSPEC = 3
-_DT = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def group_layouts():
@@ -31,19 +30,6 @@ def group_layouts():
                     conv_layout="DS"),
         layouts.short_conv(intermediate_size=64, conv_kernel=4, num_spec=NSPEC, conv_layout="DS"),
     ]
-
-
-def random_states(layout, nb: int, layers: int, rng: np.random.Generator) -> list[list[torch.Tensor]]:
-    out = []
-    for _ in range(layers):
-        layer = []
-        for s in layout.persistent:
-            t = torch.empty((nb, *s.shape), dtype=_DT[s.dtype])
-            t.view(torch.uint8).copy_(torch.from_numpy(rng.integers(0, 256, size=t.nbytes, dtype=np.uint8))
-                                      .view(t.view(torch.uint8).shape))
-            layer.append(t)
-        out.append(layer)
-    return out
 
 
 def fake(x, dtype=torch.int32) -> FakeCuda:

@@ -25,11 +25,37 @@ fn opt_arg(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResu
     obj.filter(|o| !o.is_none()).map(|o| arg(py, o, what)).transpose()
 }
 
-fn second_name(block_size: Option<i64>) -> &'static str {
-    if block_size.is_some() {
-        "running"
-    } else {
-        "dst_col"
+/// A fused step's arguments, described: block table, `src_col`, `dst_col` or `running`,
+/// `num_accepted`, the optional error word, and the block size of the device decision.
+struct Step {
+    bt: DeviceArg,
+    s: DeviceArg,
+    x: DeviceArg,
+    a: DeviceArg,
+    err: Option<DeviceArg>,
+    block_size: Option<i64>,
+}
+
+impl Step {
+    fn describe(
+        py: Python<'_>,
+        block_table: &Bound<'_, PyAny>,
+        src_col: &Bound<'_, PyAny>,
+        second: &Bound<'_, PyAny>,
+        num_accepted: &Bound<'_, PyAny>,
+        err: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Step> {
+        let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
+        let second_name = if block_size.is_some() { "running" } else { "dst_col" };
+        Ok(Step {
+            bt: arg(py, block_table, "block_table")?,
+            s: arg(py, src_col, "src_col")?,
+            x: arg(py, second, second_name)?,
+            a: arg(py, num_accepted, "num_accepted")?,
+            err: opt_arg(py, err, "err")?,
+            block_size,
+        })
     }
 }
 
@@ -177,14 +203,7 @@ impl PyFusedCopy {
         block_size: Option<&Bound<'_, PyAny>>,
         pre_copy: bool,
     ) -> PyResult<Option<KernelLaunch>> {
-        let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
-        let (bt, s, x, a) = (
-            arg(py, block_table, "block_table")?,
-            arg(py, src_col, "src_col")?,
-            arg(py, second, second_name(block_size))?,
-            arg(py, num_accepted, "num_accepted")?,
-        );
-        let err = opt_arg(py, err, "err")?;
+        let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
         launched(self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size, pre_copy), py)
     }
 
@@ -205,14 +224,7 @@ impl PyFusedCopy {
         block_size: Option<&Bound<'_, PyAny>>,
         pre_copy: bool,
     ) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
-        let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
-        let (bt, s, x, a) = (
-            arg(py, block_table, "block_table")?,
-            arg(py, src_col, "src_col")?,
-            arg(py, second, second_name(block_size))?,
-            arg(py, num_accepted, "num_accepted")?,
-        );
-        let err = opt_arg(py, err, "err")?;
+        let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
         match self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size, pre_copy) {
             Ok(l) => {
                 let n = s.shape.first().copied().unwrap_or(0).max(0) as u64;
@@ -246,14 +258,7 @@ impl PyFusedCopy {
         err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
-        let (bt, s, x, a) = (
-            arg(py, block_table, "block_table")?,
-            arg(py, src_col, "src_col")?,
-            arg(py, second, second_name(block_size))?,
-            arg(py, num_accepted, "num_accepted")?,
-        );
-        let err = opt_arg(py, err, "err")?;
+        let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
         self.inner.check(&bt, &s, &x, &a, err.as_ref(), block_size).py_err(py)
     }
 
@@ -414,14 +419,7 @@ fn check_fused_step(
     block_size: Option<&Bound<'_, PyAny>>,
     groups: u32,
 ) -> PyResult<u64> {
-    let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
-    let (bt, s, x, a) = (
-        arg(py, block_table, "block_table")?,
-        arg(py, src_col, "src_col")?,
-        arg(py, second, second_name(block_size))?,
-        arg(py, num_accepted, "num_accepted")?,
-    );
-    let err = opt_arg(py, err, "err")?;
+    let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
     let dev = device(py, device_name)?;
     kernels::check_step(&dev, &bt, &s, &x, &a, err.as_ref(), block_size, groups, args::StepCheck::BeforeNarrowing).map(|c| c.requests).py_err(py)
 }
