@@ -161,6 +161,91 @@ fn check_live(tables: &[GroupTable<'_>], i: usize, col: i64, extra: i64, what: &
     Ok(())
 }
 
+/// The pre-copy's columns of every request, decided without the accepted counts: what the host
+/// decides when the counts stay in device memory and the kernel applies them (see
+/// [`pre_copy_columns`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PreColumns {
+    /// Column the running state is read from (`-1`: none, a fresh state).
+    pub prev: Vec<i64>,
+    /// The new running column; store it per request.
+    pub curr: Vec<i64>,
+    /// `prev` where the state moves (`prev != -1 && prev != curr`), else `-1`: with `curr` as the
+    /// destination, the explicit columns of the fused kernel's pre-copy.
+    pub src_col: Vec<i64>,
+}
+
+/// Request `i`'s `(prev, curr)` after the checks that need no accepted count.
+#[allow(clippy::too_many_arguments)]
+fn pre_columns_of(
+    i: usize,
+    c: i64,
+    n: i64,
+    run: i64,
+    fresh: bool,
+    tables: &[GroupTable<'_>],
+    cfg: &StepConfig,
+    name: &dyn Fn(usize) -> String,
+) -> Result<(i64, i64)> {
+    let (bs, nsb) = (cfg.block_size, cfg.num_spec_blocks);
+    if c < 0 {
+        return Err(Error::plan(format!("{}: num_computed = {c} is negative", name(i))));
+    }
+    if n < 1 {
+        return Err(Error::plan(format!("{}: num_scheduled = {n}; a request in the step schedules at least one token", name(i))));
+    }
+    if run < -1 {
+        return Err(Error::plan(format!("{}: running_col = {run}; use -1 for none", name(i))));
+    }
+    if run >= 0 && fresh {
+        return Err(Error::plan(format!(
+            "{}: new or resumed this step but still holds running column {run}: a stale column \
+             of a finished or preempted request (clear it when the request finishes or is preempted)",
+            name(i)
+        )));
+    }
+    let prev = if run >= 0 { run } else { (c - 1).div_euclid(bs) };
+    let curr = (c + n + bs - 1).div_euclid(bs) - 1;
+    check_live(tables, i, curr, nsb, "the step's running and speculative columns", name)?;
+    if run < 0 && c > 0 {
+        check_live(
+            tables,
+            i,
+            prev,
+            0,
+            &format!(
+                "prefix-cache hit of {c} computed tokens without a recurrent state at column {prev} \
+                 ((num_computed - 1) // block_size)"
+            ),
+            name,
+        )?;
+    }
+    Ok((prev, curr))
+}
+
+/// The pre-copy's columns without the accepted counts (they stay in device memory; the fused
+/// kernel checks them and the moved state's source columns, and resets them): every check of
+/// [`pre_copy`] but those two. `inp.num_accepted` is ignored (pass `&[]`).
+pub fn pre_copy_columns(inp: &PreInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepConfig, name: &dyn Fn(usize) -> String) -> Result<PreColumns> {
+    check_config(cfg)?;
+    let r = inp.num_computed.len();
+    let mut lens = vec![("num_computed", r), ("num_scheduled", inp.num_scheduled.len()), ("running_col", inp.running_col.len())];
+    if let Some(f) = inp.fresh {
+        lens.push(("fresh", f.len()));
+    }
+    check_lengths(r, &lens)?;
+    check_tables(tables, r)?;
+    let mut d = PreColumns { prev: Vec::with_capacity(r), curr: Vec::with_capacity(r), src_col: Vec::with_capacity(r) };
+    for i in 0..r {
+        let fresh = inp.fresh.is_some_and(|f| f[i]);
+        let (prev, curr) = pre_columns_of(i, inp.num_computed[i], inp.num_scheduled[i], inp.running_col[i], fresh, tables, cfg, name)?;
+        d.prev.push(prev);
+        d.curr.push(curr);
+        d.src_col.push(if prev != -1 && prev != curr { prev } else { -1 });
+    }
+    Ok(d)
+}
+
 /// The pre-copy decision (vLLM's `preprocess_mamba`).
 ///
 /// Per request: `prev` = the stored running column, or `(computed - 1) // block_size` (floor,
@@ -178,74 +263,65 @@ fn check_live(tables: &[GroupTable<'_>], i: usize, col: i64, extra: i64, what: &
 pub fn pre_copy(inp: &PreInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepConfig, name: &dyn Fn(usize) -> String) -> Result<PreDecision> {
     check_config(cfg)?;
     let r = inp.num_computed.len();
-    let mut lens = vec![
-        ("num_computed", r),
-        ("num_scheduled", inp.num_scheduled.len()),
-        ("num_accepted", inp.num_accepted.len()),
-        ("running_col", inp.running_col.len()),
-    ];
-    if let Some(f) = inp.fresh {
-        lens.push(("fresh", f.len()));
+    check_lengths(r, &[("num_computed", r), ("num_accepted", inp.num_accepted.len())])?;
+    let nsb = cfg.num_spec_blocks;
+    if let Some(i) = inp.num_accepted.iter().position(|&a| a < 1 || a > nsb + 1) {
+        let a = inp.num_accepted[i];
+        return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1..={} (1 + num_spec_blocks)", name(i), nsb + 1)));
     }
-    check_lengths(r, &lens)?;
-    check_tables(tables, r)?;
-    let (bs, nsb) = (cfg.block_size, cfg.num_spec_blocks);
-    let mut d = PreDecision {
-        prev: Vec::with_capacity(r),
-        curr: Vec::with_capacity(r),
-        src_col: Vec::with_capacity(r),
-        bias: Vec::with_capacity(r),
-        num_accepted: Vec::with_capacity(r),
-    };
+    let cols = pre_copy_columns(inp, tables, cfg, name)?;
+    let mut d =
+        PreDecision { prev: cols.prev, curr: cols.curr, src_col: cols.src_col, bias: Vec::with_capacity(r), num_accepted: Vec::with_capacity(r) };
     for i in 0..r {
-        let (c, n, a, run) = (inp.num_computed[i], inp.num_scheduled[i], inp.num_accepted[i], inp.running_col[i]);
-        if c < 0 {
-            return Err(Error::plan(format!("{}: num_computed = {c} is negative", name(i))));
-        }
-        if n < 1 {
-            return Err(Error::plan(format!("{}: num_scheduled = {n}; a request in the step schedules at least one token", name(i))));
-        }
-        if a < 1 || a > nsb + 1 {
-            return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1..={} (1 + num_spec_blocks)", name(i), nsb + 1)));
-        }
-        if run < -1 {
-            return Err(Error::plan(format!("{}: running_col = {run}; use -1 for none", name(i))));
-        }
-        if run >= 0 && inp.fresh.map(|f| f[i]).unwrap_or(false) {
-            return Err(Error::plan(format!(
-                "{}: new or resumed this step but still holds running column {run}: a stale column \
-                 of a finished or preempted request (clear it when the request finishes or is preempted)",
-                name(i)
-            )));
-        }
-        let prev = if run >= 0 { run } else { (c - 1).div_euclid(bs) };
-        let curr = (c + n + bs - 1).div_euclid(bs) - 1;
-        check_live(tables, i, curr, nsb, "the step's running and speculative columns", name)?;
-        if run < 0 && c > 0 {
-            check_live(
-                tables,
-                i,
-                prev,
-                0,
-                &format!(
-                    "prefix-cache hit of {c} computed tokens without a recurrent state at column {prev} \
-                     ((num_computed - 1) // block_size)"
-                ),
-                name,
-            )?;
-        }
-        let copy = prev != -1 && prev != curr;
+        let (a, prev) = (inp.num_accepted[i], d.src_col[i]);
+        let copy = prev >= 0;
         let bias = if copy { a - 1 } else { 0 };
         if copy {
             check_live(tables, i, prev, bias, "the running state's source columns (prev ..= prev + num_accepted - 1)", name)?;
         }
-        d.prev.push(prev);
-        d.curr.push(curr);
-        d.src_col.push(if copy { prev } else { -1 });
         d.bias.push(bias);
         d.num_accepted.push(if copy { 1 } else { a });
     }
     Ok(d)
+}
+
+/// Request `i`'s `running` after the checks that need no accepted count.
+fn post_running_of(i: usize, s: i64, c: i64, n: i64, dr: i64, cfg: &StepConfig, name: &dyn Fn(usize) -> String) -> Result<i64> {
+    let (bs, nsb) = (cfg.block_size, cfg.num_spec_blocks);
+    if c < 0 || n < 1 {
+        return Err(Error::plan(format!("{}: num_computed = {c}, num_scheduled = {n}; need num_computed >= 0 and num_scheduled >= 1", name(i))));
+    }
+    if dr < 0 || dr >= n || dr > nsb {
+        return Err(Error::plan(format!(
+            "{}: num_draft = {dr} is outside 0..={} (fewer than num_scheduled = {n}, at most num_spec_blocks = {nsb})",
+            name(i),
+            (n - 1).min(nsb)
+        )));
+    }
+    let expect = (c + n - 1).div_euclid(bs);
+    if s != expect {
+        return Err(Error::plan(format!(
+            "{}: state_col = {s}, but this step's running column is (num_computed + num_scheduled - 1) // block_size = {expect}; \
+             pass the column the pre-copy returned for this step",
+            name(i)
+        )));
+    }
+    Ok(c + n - dr)
+}
+
+/// The post-process's `running` (`computed + scheduled - drafts`) of every request when the
+/// accepted counts stay in device memory (the fused kernel decides with them, checks the saved
+/// state's columns and resets the counts): every check of [`post_process`] but the accepted counts'
+/// and the saved columns'. `inp.num_accepted` is ignored (pass `&[]`).
+pub fn post_process_running(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepConfig, name: &dyn Fn(usize) -> String) -> Result<Vec<i64>> {
+    check_config(cfg)?;
+    let r = inp.state_col.len();
+    check_lengths(
+        r,
+        &[("state_col", r), ("num_computed", inp.num_computed.len()), ("num_scheduled", inp.num_scheduled.len()), ("num_draft", inp.num_draft.len())],
+    )?;
+    check_tables(tables, r)?;
+    (0..r).map(|i| post_running_of(i, inp.state_col[i], inp.num_computed[i], inp.num_scheduled[i], inp.num_draft[i], cfg, name)).collect()
 }
 
 /// The post-process decision (vLLM's `postprocess_mamba_fused_kernel`).
@@ -274,7 +350,7 @@ pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepC
         ],
     )?;
     check_tables(tables, r)?;
-    let (bs, nsb) = (cfg.block_size, cfg.num_spec_blocks);
+    let bs = cfg.block_size;
     let mut d = PostDecision {
         running: Vec::with_capacity(r),
         aligned: Vec::with_capacity(r),
@@ -285,28 +361,10 @@ pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepC
     };
     for i in 0..r {
         let (s, c, n, dr, a) = (inp.state_col[i], inp.num_computed[i], inp.num_scheduled[i], inp.num_draft[i], inp.num_accepted[i]);
-        if c < 0 || n < 1 {
-            return Err(Error::plan(format!("{}: num_computed = {c}, num_scheduled = {n}; need num_computed >= 0 and num_scheduled >= 1", name(i))));
-        }
-        if dr < 0 || dr >= n || dr > nsb {
-            return Err(Error::plan(format!(
-                "{}: num_draft = {dr} is outside 0..={} (fewer than num_scheduled = {n}, at most num_spec_blocks = {nsb})",
-                name(i),
-                (n - 1).min(nsb)
-            )));
-        }
+        let running = post_running_of(i, s, c, n, dr, cfg, name)?;
         if a < 1 || a > dr + 1 {
             return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1..={} (1 + num_draft = {dr})", name(i), dr + 1)));
         }
-        let expect = (c + n - 1).div_euclid(bs);
-        if s != expect {
-            return Err(Error::plan(format!(
-                "{}: state_col = {s}, but this step's running column is (num_computed + num_scheduled - 1) // block_size = {expect}; \
-                 pass the column the pre-copy returned for this step",
-                name(i)
-            )));
-        }
-        let running = c + n - dr;
         let new = running + a - 1;
         let aligned = new.div_euclid(bs) * bs;
         let dest = aligned.div_euclid(bs) - 1;
@@ -449,5 +507,52 @@ mod tests {
         let e = post_process(&inp, &tables, &CFG, &row_name).unwrap_err();
         assert!(e.message.contains("group 1") && e.message.contains("boundary column"), "{}", e.message);
         assert!(post_process(&inp, &tables[..1], &CFG, &row_name).is_ok());
+    }
+
+    #[test]
+    fn the_device_halves_take_the_same_columns_without_the_counts() {
+        // Every row of a random batch: the columns decided without the accepted counts equal the
+        // full decision's, and the full decision's counts are the only difference.
+        let cfg = StepConfig { block_size: 3, num_spec_blocks: 2 };
+        let r = 64;
+        let mut seed = 7u64;
+        let mut next = |m: i64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) % m as u64) as i64
+        };
+        let c: Vec<i64> = (0..r).map(|_| next(30)).collect();
+        let n: Vec<i64> = (0..r).map(|_| 1 + next(6)).collect();
+        let a: Vec<i64> = (0..r).map(|_| 1 + next(3)).collect();
+        let run: Vec<i64> = (0..r).map(|i| if next(3) == 0 { -1 } else { ((c[i] + n[i] - 1) / 3 + next(3) - 1).max(0) }).collect();
+        let bt = dense(r, 20);
+        let tables = [GroupTable { ids: &bt, cols: 20 }];
+        let full =
+            pre_copy(&PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: &a, running_col: &run, fresh: None }, &tables, &cfg, &row_name)
+                .unwrap();
+        let cols = pre_copy_columns(
+            &PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: &[], running_col: &run, fresh: None },
+            &tables,
+            &cfg,
+            &row_name,
+        )
+        .unwrap();
+        assert_eq!((cols.prev, cols.curr, cols.src_col), (full.prev.clone(), full.curr.clone(), full.src_col.clone()));
+        assert!(full.src_col.iter().any(|&s| s >= 0) && full.src_col.iter().any(|&s| s < 0));
+        // Counts out of range are the device's to report: the columns do not look at them.
+        let bad = vec![9; r];
+        assert!(pre_copy(
+            &PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: &bad, running_col: &run, fresh: None },
+            &tables,
+            &cfg,
+            &row_name
+        )
+        .is_err());
+        let dr: Vec<i64> = n.iter().map(|&k| next(k.min(3))).collect();
+        let acc: Vec<i64> = dr.iter().map(|&d| 1 + next(d + 1)).collect();
+        let inp = PostInputs { state_col: &full.curr, num_computed: &c, num_scheduled: &n, num_draft: &dr, num_accepted: &acc };
+        let post = post_process(&inp, &tables, &cfg, &row_name).unwrap();
+        assert_eq!(post_process_running(&PostInputs { num_accepted: &[], ..inp }, &tables, &cfg, &row_name).unwrap(), post.running);
+        let e = post_process_running(&PostInputs { num_accepted: &[], state_col: &c, ..inp }, &tables, &cfg, &row_name).unwrap_err();
+        assert!(e.message.contains("state_col ="), "{}", e.message);
     }
 }

@@ -7,6 +7,7 @@
 pub mod binding;
 pub mod commit;
 pub mod copy_funcs;
+pub mod device_step;
 pub mod dtype;
 pub mod engine_step;
 pub mod error;

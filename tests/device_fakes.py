@@ -43,6 +43,9 @@ class FakeCuda:
     def contiguous(self) -> FakeCuda:
         return FakeCuda(self.t.contiguous(), self.device.index)
 
+    def view(self, *shape: Any) -> FakeCuda:
+        return FakeCuda(self.t.view(*shape), self.device.index)
+
     def __getitem__(self, key: Any) -> FakeCuda:
         return FakeCuda(self.t[key], self.device.index)
 
@@ -62,6 +65,7 @@ class FakeOps(device_path.CudaOps):
 
     def __init__(self) -> None:
         self.uploads = 0
+        self.staged = 0
         self.allocs = 0
         self.syncs = 0
         self.contexts: list[tuple[int, Any]] = []
@@ -76,6 +80,10 @@ class FakeOps(device_path.CudaOps):
     def upload(self, raw: np.ndarray, index: int) -> Any:
         self.uploads += 1
         return FakeCuda(torch.from_numpy(np.ascontiguousarray(raw).copy()), index)
+
+    def stage(self, host: np.ndarray, index: int) -> Any:
+        self.staged += 1
+        return FakeCuda(torch.from_numpy(np.ascontiguousarray(host).copy()), index)
 
     def zeros_i32(self, n: int, index: int) -> Any:
         self.allocs += 1

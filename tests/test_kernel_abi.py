@@ -173,7 +173,7 @@ def test_packed_buffer_follows_the_declared_order():
     k = next(k for k in ABI["kernels"] if k["name"] == "rs_state_copy")
     values = [1000 + i for i in range(len(k["params"]))]
     kl = _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), values)
-    assert unpack_args("rs_state_copy", kl.args) == values and kl.args_size == len(kl.args) == 112
+    assert unpack_args("rs_state_copy", kl.args) == values and kl.args_size == len(kl.args) == 120
     assert [v for _, v in kl.values()] == values
     with pytest.raises(_core.PlanError, match="metas = -1 does not fit const StateMeta"):
         _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), [-1] * len(values))

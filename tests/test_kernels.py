@@ -576,15 +576,17 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     gpu.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, max_accepted=4, num_blocks=1 << 40,
                           has_temporal=True, stream=stream)
     gpu.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, block_size=16, max_accepted=4,
-                          num_blocks=100, has_temporal=False, chunks=2, stream=stream)
+                          num_blocks=100, has_temporal=False, chunks=2, stream=stream,
+                          num_accepted_out=FakeDeviceArray(0x1000000, (70000,)))
     (n1, g1, _, a1, _), (n2, g2, _, a2, _) = calls
     assert n1 == "rs_state_copy" and g1 == (gpu.MAX_STATE_CHUNKS, 65535, 96)  # requests folded into gridDim.y
     # metas, num_meta, block_table, bt_row_stride, bt_cols, bt_group_stride, src_col, dst_or_running,
-    # num_accepted, block_size, num_requests, max_accepted, num_blocks, flags, err
-    assert a1 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 0, 70000, 4, 1 << 40, gpu.FLAG_HAS_TEMPORAL,
+    # num_accepted, num_accepted_out, block_size, num_requests, max_accepted, num_blocks, flags, err
+    assert a1 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 0, 0, 70000, 4, 1 << 40, gpu.FLAG_HAS_TEMPORAL,
                   0x5000]
     assert n2 == "rs_state_copy" and g2 == (2, 65535, 96)
-    assert a2 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 16, 70000, 4, 100, gpu.FLAG_DECIDE, 0x5000]
+    assert a2 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 0x1000000, 16, 70000, 4, 100, gpu.FLAG_DECIDE,
+                  0x5000]
     with pytest.raises(PlanError, match="dst_col has 5 elements but src_col has 70000"):
         gpu.launch_state_copy(0x6000, 1, bt, vec, FakeDeviceArray(0x4000, (5,)), vec, err, max_accepted=4,
                               num_blocks=8, has_temporal=True, stream=stream)

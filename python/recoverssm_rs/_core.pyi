@@ -328,6 +328,7 @@ class FusedCopy:
         err: Any = None,
         block_size: int | None = None,
         pre_copy: bool = False,
+        num_accepted_out: Any = None,
     ) -> KernelLaunch | None:
         """The launch of one step (tensors, CuPy arrays or description tuples; int32)."""
     def step(
@@ -339,6 +340,7 @@ class FusedCopy:
         err: Any = None,
         block_size: int | None = None,
         pre_copy: bool = False,
+        num_accepted_out: Any = None,
     ) -> tuple[KernelLaunch | None, int, bool]:
         """``(launch, requests, narrow)``: the launch, or ``narrow`` when inputs must be narrowed first."""
     def check(
@@ -349,6 +351,7 @@ class FusedCopy:
         num_accepted: Any,
         err: Any = None,
         block_size: int | None = None,
+        num_accepted_out: Any = None,
     ) -> int: ...
     @property
     def device_index(self) -> int: ...
@@ -430,6 +433,7 @@ def check_fused_step(
     err: Any = None,
     block_size: int | None = None,
     groups: int = 1,
+    num_accepted_out: Any = None,
 ) -> int:
     """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
 
@@ -515,6 +519,16 @@ class GroupPlanner:
         self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
         num_draft: Any, num_accepted: Any, req_ids: Sequence[Any] | None = None,
     ) -> tuple[bytes, GroupPlan]: ...
+    def device_pre_copy(
+        self, block_tables: list[Any], num_computed: Any, num_scheduled: Any, running_col: Any,
+        fresh: Any = None, req_ids: Sequence[Any] | None = None,
+    ) -> tuple[bytes, bytes, tuple[int, int, int]]:
+        """Host columns (int64 ``prev, curr, src_col``) and the int32 staged step, with the table's shape."""
+    def device_post_process(
+        self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
+        num_draft: Any, req_ids: Sequence[Any] | None = None,
+    ) -> tuple[bytes, bytes]:
+        """Host ``running`` (int64) and the int32 staged ``state_col, running``."""
 
 # Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
 @final

@@ -75,6 +75,13 @@ class CudaOps:
         torch.cuda.synchronize(index)
         return dev
 
+    def stage(self, host: np.ndarray, index: int) -> Any:
+        """A device copy of host bytes, queued on the current stream without waiting (through
+        pinned memory, which torch's caching host allocator keeps until the copy has run)."""
+        torch = self.torch()
+        pinned = torch.from_numpy(np.ascontiguousarray(host)).pin_memory()
+        return pinned.to(torch.device("cuda", index), non_blocking=True)
+
     def zeros_i32(self, n: int, index: int) -> Any:
         torch = self.torch()
         out = torch.zeros(n, dtype=torch.int32, device=torch.device("cuda", index))
@@ -98,10 +105,11 @@ def _as_int32(torch: Any, x: Any) -> Any:
 
 
 def check_step(device: str, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
-               block_size: int | None, err: Any, groups: int = 1) -> int:
+               block_size: int | None, err: Any, groups: int = 1, num_accepted_out: Any = None) -> int:
     """The core's checks of a step (int32 or int64 inputs) before anything is bound or uploaded;
     returns the number of requests."""
-    return int(_core.check_fused_step(device, block_table, src_col, second, num_accepted, err, block_size, groups))
+    return int(_core.check_fused_step(device, block_table, src_col, second, num_accepted, err, block_size, groups,
+                                      num_accepted_out))
 
 
 class DevicePath:
@@ -122,14 +130,17 @@ class DevicePath:
         log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
 
     def launch(self, block_table: Any, src_col: Any, second: Any, num_accepted: Any,
-               block_size: int | None, stream: Any, err: Any, pre_copy: bool = False) -> None:
+               block_size: int | None, stream: Any, err: Any, pre_copy: bool = False,
+               num_accepted_out: Any = None) -> None:
         """Check, pack and launch one step (``second``: dst_col, or running with a block size;
-        ``pre_copy``: equal columns are a no-op whatever the accepted count)."""
+        ``pre_copy``: equal columns are a no-op whatever the accepted count; ``num_accepted_out``:
+        where the kernel writes the accepted counts after the step)."""
         index = self.index
         # The core describes and checks the tensors and packs the launch; int64 inputs, or a table
         # with a strided column axis, pass its checks but are first narrowed / made contiguous on
         # the device (``narrow``), then packed.
-        kl, n, narrow = self.fused.step(block_table, src_col, second, num_accepted, err, block_size, pre_copy)
+        out = num_accepted_out
+        kl, n, narrow = self.fused.step(block_table, src_col, second, num_accepted, err, block_size, pre_copy, out)
         ts = cuda_ops.torch_stream(stream, index)
         with cuda_ops.context(index, ts):
             if narrow:
@@ -138,7 +149,7 @@ class DevicePath:
                     block_table = block_table[:n]  # only the rows this step reads of a wide table
                 block_table, src_col, second, num_accepted = (
                     _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted))
-                kl = self.fused.launch(block_table, src_col, second, num_accepted, err, block_size, pre_copy)
+                kl = self.fused.launch(block_table, src_col, second, num_accepted, err, block_size, pre_copy, out)
             if err is None:
                 self.err.zero_()
                 self.err_requests = n

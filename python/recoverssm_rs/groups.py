@@ -322,8 +322,8 @@ class MultiGroupPlanner:
         dp = self._device_path
         if dp is None:
             if first_step is not None:
-                bt, src, dst, acc, err = first_step
-                check_step(self.device, bt, src, dst, acc, None, err, groups=self.num_groups)
+                bt, src, second, acc, block_size, err = first_step
+                check_step(self.device, bt, src, second, acc, block_size, err, groups=self.num_groups)
             meta = records(self._core.state_meta(), dtype=STATE_META_DTYPE)
             dp = DevicePath(index, self.device, meta, max_accepted=1 + self.num_spec_blocks,
                             num_blocks=self._core.max_blocks, groups=self.num_groups)
@@ -336,7 +336,7 @@ class MultiGroupPlanner:
         self._device(self._cuda_index("prepare_device"))
 
     def launch(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any, semantics: Semantics, *,
-               stream: Any = None, err: Any = None) -> None:
+               stream: Any = None, err: Any = None, num_accepted_out: Any = None) -> None:
         """One fused kernel launch moves ``dst_col <- src_col`` in every group at once (CUDA
         states; no host synchronisation), with the semantics of :meth:`plan`.
 
@@ -347,6 +347,9 @@ class MultiGroupPlanner:
                 groups (one decision per request).
             semantics: ``"pre_copy"`` (equal columns move nothing) or ``"post_process"``.
             stream, err: as :meth:`CopyPlanner.launch_align`.
+            num_accepted_out: optional CUDA ``int32`` ``[R]`` (no byte shared with an input):
+                each request's accepted count after the step, written by the kernel (1 where the
+                running state moved, ``num_accepted[r]`` elsewhere; vLLM's reset).
 
         The kernel validates each (request, group) on the device and skips a rejected one (the
         error word says which request); the host plan rejects the whole step instead. As for
@@ -359,16 +362,43 @@ class MultiGroupPlanner:
         """
         if semantics not in ("pre_copy", "post_process"):
             raise PlanError(f"semantics must be 'pre_copy' or 'post_process', got {semantics!r}")
-        index = self._cuda_index("launch")
-        dp = self._device(index, (block_table, src_col, dst_col, num_accepted, err))
+        self._launch(block_table, src_col, dst_col, num_accepted, None, semantics == "pre_copy", stream, err,
+                     num_accepted_out, "launch")
+
+    def launch_post_process(self, block_table: Any, state_col: Any, running: Any, num_accepted: Any, *,
+                            stream: Any = None, err: Any = None, num_accepted_out: Any = None) -> None:
+        """vLLM's post-process decided and applied on the device for every group, in one launch:
+        the host never reads ``num_accepted``.
+
+        Per request: ``aligned = (running + num_accepted - 1) // block_size * block_size``; when
+        ``aligned >= running`` the state after ``aligned`` tokens is saved at column ``aligned //
+        block_size - 1`` from ``state_col`` (an in-place shift when that is ``state_col``), as
+        :func:`align_post_process` decides on the host. ``num_accepted_out`` receives the counts
+        for the next step (1 after an in-place shift).
+
+        Args:
+            block_table: as :meth:`launch`.
+            state_col: CUDA int32/int64 ``[R]``, this step's running column (``-1``: padding).
+            running: CUDA int32/int64 ``[R]``, ``computed + scheduled - drafts``.
+            num_accepted: CUDA int32/int64 ``[R]``, the tokens accepted this step (bonus included).
+            stream, err, num_accepted_out: as :meth:`launch`.
+        """
+        self._launch(block_table, state_col, running, num_accepted, self.block_size, False, stream, err,
+                     num_accepted_out, "launch_post_process")
+
+    def _launch(self, block_table: Any, src_col: Any, second: Any, num_accepted: Any, block_size: int | None,
+                pre_copy: bool, stream: Any, err: Any, out: Any, what: str) -> None:
+        index = self._cuda_index(what)
+        dp = self._device(index, (block_table, src_col, second, num_accepted, block_size, err))
         for b in self._bound:
             b.check()
-        dp.launch(block_table, src_col, dst_col, num_accepted, None, stream, err, pre_copy=semantics == "pre_copy")
+        dp.launch(block_table, src_col, second, num_accepted, block_size, stream, err, pre_copy=pre_copy,
+                  num_accepted_out=out)
         for b in self._bound:
             b.mark_written()
 
     def last_error(self) -> ErrorWord:
-        """The error word of the last :meth:`launch` without ``err`` (synchronises the device)."""
+        """The error word of the last launch without ``err`` (synchronises the device)."""
         self._cuda_index("last_error")
         dp = self._device_path
         return ErrorWord([0, 0, 0], 0) if dp is None else dp.last_error()

@@ -223,6 +223,7 @@ class CopyPlanner:
         *,
         stream: Any = None,
         err: Any = None,
+        num_accepted_out: Any = None,
     ) -> None:
         """Launch an align-mode step on the device: one fused kernel launch, no host synchronisation.
 
@@ -263,6 +264,9 @@ class CopyPlanner:
                 ``gpu.decode_error_word(err.cpu(), R)``). ``None``: the planner's own word, zeroed
                 asynchronously on ``stream`` by each call (one word per planner: with launches on
                 several concurrent streams, pass your own).
+            num_accepted_out: an optional CUDA ``int32`` vector ``[R]`` (sharing no byte with an
+                input) where the kernel writes each request's accepted count after the step: 1
+                where its state was moved or shifted, ``num_accepted[r]`` elsewhere.
 
         Raises:
             PlanError: on the host, before anything is queued: the planner is bound to CPU tensors
@@ -274,7 +278,7 @@ class CopyPlanner:
         step = (block_table, src_col, dst_col, num_accepted, None, err)
         dp = self._device(index, step)
         self._bound.check()
-        dp.launch(block_table, src_col, dst_col, num_accepted, None, stream, err)
+        dp.launch(block_table, src_col, dst_col, num_accepted, None, stream, err, num_accepted_out=num_accepted_out)
         self._bound.mark_written()
 
     def launch_align_decision(
@@ -287,6 +291,7 @@ class CopyPlanner:
         *,
         stream: Any = None,
         err: Any = None,
+        num_accepted_out: Any = None,
     ) -> None:
         """Launch an align-mode step whose copy decision is taken on the device (vLLM's GPU path).
 
@@ -307,6 +312,8 @@ class CopyPlanner:
             src_col, running, num_accepted: CUDA ``int32``/``int64`` vectors ``[R]``.
             block_size: tokens per block (a host integer, ``>= 1``).
             stream, err: as :meth:`launch_align`.
+            num_accepted_out: as :meth:`launch_align`: 1 where the save shifted the running state
+                in place (``aligned // block_size - 1 == src_col``), ``num_accepted[r]`` elsewhere.
 
         Raises:
             PlanError: as :meth:`launch_align`, or ``block_size < 1``.
@@ -317,7 +324,8 @@ class CopyPlanner:
         step = (block_table, src_col, running, num_accepted, int(block_size), err)
         dp = self._device(index, step)
         self._bound.check()
-        dp.launch(block_table, src_col, running, num_accepted, int(block_size), stream, err)
+        dp.launch(block_table, src_col, running, num_accepted, int(block_size), stream, err,
+                  num_accepted_out=num_accepted_out)
         self._bound.mark_written()
 
     def last_error(self) -> ErrorWord:

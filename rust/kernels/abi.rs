@@ -73,6 +73,7 @@ pub const STATE_COPY: KernelSpec = KernelSpec {
         ("src_col", "const int32_t*"),
         ("dst_or_running", "const int32_t*"),
         ("num_accepted", "const int32_t*"),
+        ("num_accepted_out", "int32_t*"),
         ("block_size", "int32_t"),
         ("num_requests", "int32_t"),
         ("max_accepted", "int32_t"),
@@ -240,8 +241,8 @@ mod tests {
     #[test]
     fn packing_follows_natural_alignment() {
         // metas(8) num_meta(4) pad(4) block_table(8) bt_row_stride(8) bt_cols(4) pad(4) bt_group_stride(8)
-        // src(8) dst(8) acc(8) block_size(4) num_requests(4) max_accepted(4) pad(4) num_blocks(8) flags(4)
-        // pad(4) err(8)
+        // src(8) dst(8) acc(8) acc_out(8) block_size(4) num_requests(4) max_accepted(4) pad(4) num_blocks(8)
+        // flags(4) pad(4) err(8)
         let args = [
             Arg::Ptr(1),
             Arg::U32(2),
@@ -252,6 +253,7 @@ mod tests {
             Arg::Ptr(6),
             Arg::Ptr(7),
             Arg::Ptr(8),
+            Arg::Ptr(88),
             Arg::I32(9),
             Arg::I32(10),
             Arg::I32(11),
@@ -260,16 +262,17 @@ mod tests {
             Arg::Ptr(14),
         ];
         let l = Launch::new(&STATE_COPY, [1, 1, 1], [256, 1, 1], &args).unwrap();
-        assert_eq!(l.args().len(), 112);
+        assert_eq!(l.args().len(), 120);
         assert_eq!(l.args().as_ptr() as usize % 8, 0);
         assert_eq!(&l.args()[16..24], &3u64.to_le_bytes());
         assert_eq!(&l.args()[24..32], &(-4i64).to_le_bytes());
         assert_eq!(&l.args()[40..48], &55i64.to_le_bytes());
-        assert_eq!(&l.args()[72..76], &9i32.to_le_bytes());
-        assert_eq!(&l.args()[88..96], &12i64.to_le_bytes());
-        assert_eq!(&l.args()[104..112], &14u64.to_le_bytes());
+        assert_eq!(&l.args()[72..80], &88u64.to_le_bytes());
+        assert_eq!(&l.args()[80..84], &9i32.to_le_bytes());
+        assert_eq!(&l.args()[96..104], &12i64.to_le_bytes());
+        assert_eq!(&l.args()[112..120], &14u64.to_le_bytes());
         let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
-        assert_eq!(v, vec![1, 2, 3, -4, 5, 55, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
+        assert_eq!(v, vec![1, 2, 3, -4, 5, 55, 6, 7, 8, 88, 9, 10, 11, 12, 13, 14]);
     }
 
     #[test]

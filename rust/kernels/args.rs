@@ -184,6 +184,9 @@ pub struct StepArgs<'a> {
     pub vectors: Vec<(&'a str, &'a DeviceArg)>,
     /// The caller's error word, if any.
     pub err: Option<&'a DeviceArg>,
+    /// Where the kernel writes each request's accepted count for what follows (int32 `[R]`,
+    /// sharing no byte with any input), if anywhere.
+    pub out: Option<&'a DeviceArg>,
     /// Tokens per block, for the device-side align decision.
     pub block_size: Option<i64>,
     /// Recurrent groups the block table covers (1: a 2-D table; more: `[groups, requests, cols]`).
@@ -197,6 +200,8 @@ pub struct CheckedStep {
     pub table: DeviceTable,
     pub vectors: Vec<DeviceVector>,
     pub err: Option<DeviceVector>,
+    /// The accepted counts' output vector.
+    pub out: Option<DeviceVector>,
     pub requests: u64,
 }
 
@@ -279,7 +284,51 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>, check: StepCheck) -> R
         }
         None => None,
     };
-    Ok(CheckedStep { table, vectors, err, requests: r })
+    let out = match s.out {
+        Some(o) => Some(check_output(o, device, r, s)?),
+        None => None,
+    };
+    Ok(CheckedStep { table, vectors, err, out, requests: r })
+}
+
+/// The output vector of a step's accepted counts: int32 (an output cannot be narrowed), exactly
+/// `r` contiguous elements on the states' device, sharing no byte with an input or the error word
+/// (every CTA of a request reads its count while one of them writes the output).
+fn check_output(o: &DeviceArg, device: &Device, r: u64, s: &StepArgs<'_>) -> Result<DeviceVector> {
+    const WHAT: &str = "num_accepted_out";
+    on_device(o, WHAT, device)?;
+    let v = int_vector(o, WHAT, 0, &[IntType::I32], ErrorKind::Plan)?;
+    if v.len != r {
+        return Err(Error::plan(format!("{WHAT} has {} elements for {r} requests", v.len)));
+    }
+    let mine = byte_extent(o);
+    let inputs = s.vectors.iter().map(|(n, a)| (*n, *a)).chain([("block_table", s.block_table)]).chain(s.err.map(|e| ("err", e)));
+    for (name, a) in inputs {
+        let theirs = byte_extent(a);
+        if mine.0 < mine.1 && theirs.0 < theirs.1 && mine.0 < theirs.1 && theirs.0 < mine.1 {
+            return Err(Error::plan(format!("{WHAT} overlaps {name}: the kernel reads {name} while it writes {WHAT}; pass a separate buffer")));
+        }
+    }
+    Ok(v)
+}
+
+/// The bytes `[lo, hi)` an integer argument spans (empty for an empty tensor).
+fn byte_extent(a: &DeviceArg) -> (u64, u64) {
+    let es: i64 = if a.dtype_name().ends_with("64") { 8 } else { 4 };
+    if a.shape.iter().any(|&n| n <= 0) {
+        return (a.data_ptr, a.data_ptr);
+    }
+    let (mut lo, mut hi) = (0i64, 0i64);
+    for (&n, &st) in a.shape.iter().zip(&a.strides) {
+        let span = (n - 1).saturating_mul(st);
+        if span < 0 {
+            lo = lo.saturating_add(span);
+        } else {
+            hi = hi.saturating_add(span);
+        }
+    }
+    let base = a.data_ptr as i64;
+    (base.saturating_add(lo) as u64, base.saturating_add(hi).saturating_add(es) as u64)
 }
 
 /// Checks the accepted counts of a kernel commit: an integer vector on the cache's `device`
@@ -393,7 +442,7 @@ mod tests {
         );
         let step = |bt: &DeviceArg, vs: Vec<(&'static str, DeviceArg)>, err: Option<&DeviceArg>| {
             let vectors: Vec<(&str, &DeviceArg)> = vs.iter().map(|(n, a)| (*n, a)).collect();
-            check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, block_size: None, groups: 1 }, StepCheck::ForLaunch)
+            check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, out: None, block_size: None, groups: 1 }, StepCheck::ForLaunch)
                 .map(|c| c.requests)
                 .map_err(|e| e.message)
         };
@@ -418,26 +467,26 @@ mod tests {
         assert_eq!(e, "err: expected int32, got int64");
         let e = check_step_args(
             &Device::Cpu,
-            &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: None, groups: 1 },
+            &StepArgs { block_table: &bt, vectors: vec![], err: None, out: None, block_size: None, groups: 1 },
             StepCheck::BeforeNarrowing,
         )
         .unwrap_err();
         assert!(e.message.contains("on the host"), "{}", e.message);
         let e = check_step_args(
             &dev,
-            &StepArgs { block_table: &bt, vectors: vec![], err: None, block_size: Some(0), groups: 1 },
+            &StepArgs { block_table: &bt, vectors: vec![], err: None, out: None, block_size: Some(0), groups: 1 },
             StepCheck::BeforeNarrowing,
         )
         .unwrap_err();
         assert_eq!(e.message, "block_size must be in [1, 2**31), got 0");
         let c = check_step_args(
             &dev,
-            &StepArgs { block_table: &bt, vectors: vec![("src_col", &src)], err: Some(&err), block_size: None, groups: 1 },
+            &StepArgs { block_table: &bt, vectors: vec![("src_col", &src)], err: Some(&err), out: None, block_size: None, groups: 1 },
             StepCheck::ForLaunch,
         )
         .unwrap();
         let wide = arg("torch.int64", &[6], "cuda:0");
-        let step = StepArgs { block_table: &bt, vectors: vec![("src_col", &wide)], err: None, block_size: None, groups: 1 };
+        let step = StepArgs { block_table: &bt, vectors: vec![("src_col", &wide)], err: None, out: None, block_size: None, groups: 1 };
         assert_eq!(check_step_args(&dev, &step, StepCheck::BeforeNarrowing).map(|c| c.requests), Ok(6));
         let mut strided = arg("torch.int64", &[6], "cuda:0");
         strided.strides = vec![16];

@@ -43,23 +43,26 @@ pub fn state_copy_grid(num_requests: u64, num_meta: u64, chunks: u32) -> [u32; 3
     [chunks.max(1), fold(num_requests), fold(num_meta)]
 }
 
-/// Checks one fused step's inputs for states on `device` (see [`check_step_args`]): `second` is
-/// `dst_col`, or `running` with a `block_size`.
-#[allow(clippy::too_many_arguments)]
-pub fn check_step<'a>(
-    device: &Device,
-    block_table: &'a DeviceArg,
-    src_col: &'a DeviceArg,
-    second: &'a DeviceArg,
-    num_accepted: &'a DeviceArg,
-    err: Option<&'a DeviceArg>,
-    block_size: Option<i64>,
-    groups: u32,
-    check: StepCheck,
-) -> Result<CheckedStep> {
-    let second_name = if block_size.is_some() { "running" } else { "dst_col" };
-    let vectors = vec![("src_col", src_col), (second_name, second), ("num_accepted", num_accepted)];
-    let step = StepArgs { block_table, vectors, err, block_size, groups };
+/// One fused step's device inputs, as the caller gives them.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInputs<'a> {
+    pub block_table: &'a DeviceArg,
+    pub src_col: &'a DeviceArg,
+    /// `dst_col`, or `running` with a `block_size` (the post-process decision on the device).
+    pub second: &'a DeviceArg,
+    pub num_accepted: &'a DeviceArg,
+    /// Where the kernel writes each request's accepted count after the step (see
+    /// [`FusedCopy::launch`]).
+    pub num_accepted_out: Option<&'a DeviceArg>,
+    pub err: Option<&'a DeviceArg>,
+    pub block_size: Option<i64>,
+}
+
+/// Checks one fused step's inputs for states on `device` (see [`check_step_args`]).
+pub fn check_step(device: &Device, inp: &StepInputs<'_>, groups: u32, check: StepCheck) -> Result<CheckedStep> {
+    let second_name = if inp.block_size.is_some() { "running" } else { "dst_col" };
+    let vectors = vec![("src_col", inp.src_col), (second_name, inp.second), ("num_accepted", inp.num_accepted)];
+    let step = StepArgs { block_table: inp.block_table, vectors, err: inp.err, out: inp.num_accepted_out, block_size: inp.block_size, groups };
     check_step_args(device, &step, check)
 }
 
@@ -134,41 +137,26 @@ impl FusedCopy {
 
     /// Checks a step whose inputs may still be int64 (the launch layer narrows them on the device
     /// afterwards, then calls [`FusedCopy::launch`]); returns the number of requests.
-    pub fn check(
-        &self,
-        block_table: &DeviceArg,
-        src_col: &DeviceArg,
-        second: &DeviceArg,
-        num_accepted: &DeviceArg,
-        err: Option<&DeviceArg>,
-        block_size: Option<i64>,
-    ) -> Result<u64> {
-        Ok(check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, self.groups, StepCheck::BeforeNarrowing)?.requests)
+    pub fn check(&self, inp: &StepInputs<'_>) -> Result<u64> {
+        Ok(check_step(&self.device, inp, self.groups, StepCheck::BeforeNarrowing)?.requests)
     }
 
     /// The launch of one step: `second` is `dst_col` (explicit columns) or, with a `block_size`,
-    /// `running` (the align decision on the device); `pre_copy` selects vLLM's pre-copy semantics
-    /// (equal columns are a no-op whatever the accepted count). Every input is checked by
-    /// [`check_step_args`] (int32 only); `None` when there is nothing to launch (no request or no
-    /// state).
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch(
-        &self,
-        block_table: &DeviceArg,
-        src_col: &DeviceArg,
-        second: &DeviceArg,
-        num_accepted: &DeviceArg,
-        err: Option<&DeviceArg>,
-        block_size: Option<i64>,
-        pre_copy: bool,
-    ) -> Result<Option<Launch>> {
-        let c = check_step(&self.device, block_table, src_col, second, num_accepted, err, block_size, self.groups, StepCheck::ForLaunch)?;
+    /// `running` (the post-process decision on the device); `pre_copy` selects vLLM's pre-copy
+    /// semantics (equal columns are a no-op whatever the accepted count). With
+    /// `num_accepted_out` the kernel also writes each request's accepted count for what follows:
+    /// 1 where the request's running state was moved or shifted (its window now starts at the
+    /// accepted token), its `num_accepted` elsewhere (see `rs_state_copy`). Every input is checked
+    /// by [`check_step_args`] (int32 only); `None` when there is nothing to launch (no request).
+    pub fn launch(&self, inp: &StepInputs<'_>, pre_copy: bool) -> Result<Option<Launch>> {
+        let c = check_step(&self.device, inp, self.groups, StepCheck::ForLaunch)?;
         let n = c.requests;
-        if n == 0 || self.num_meta == 0 {
+        // Without states the kernel still writes the accepted counts.
+        if n == 0 || (self.num_meta == 0 && c.out.is_none()) {
             return Ok(None);
         }
         let mut flags = if self.has_temporal { FLAG_HAS_TEMPORAL } else { 0 };
-        if block_size.is_some() {
+        if inp.block_size.is_some() {
             flags |= FLAG_DECIDE;
         }
         if pre_copy {
@@ -185,7 +173,8 @@ impl FusedCopy {
             Arg::Ptr(c.vectors[0].ptr),
             Arg::Ptr(c.vectors[1].ptr),
             Arg::Ptr(c.vectors[2].ptr),
-            Arg::I32(block_size.unwrap_or(0) as i32),
+            Arg::Ptr(c.out.map_or(0, |o| o.ptr)),
+            Arg::I32(inp.block_size.unwrap_or(0) as i32),
             Arg::I32(n as i32),
             Arg::I32(self.max_accepted),
             Arg::I64(self.num_blocks),
@@ -211,35 +200,68 @@ mod tests {
         DeviceArg { data_ptr: ptr, dtype: dtype.into(), shape: shape.to_vec(), strides, device: "cuda:0".into() }
     }
 
+    fn inputs<'a>(bt: &'a DeviceArg, s: &'a DeviceArg, d: &'a DeviceArg, a: &'a DeviceArg) -> StepInputs<'a> {
+        StepInputs { block_table: bt, src_col: s, second: d, num_accepted: a, num_accepted_out: None, err: None, block_size: None }
+    }
+
     #[test]
     fn fused_launch_packs_in_declaration_order() {
         let f = FusedCopy::new(Device::Cuda(0), 1000, 3, 4, 77, true, 16, 5000).unwrap();
         let (bt, s, d, a) = (arg(9000, "int32", &[5, 6]), arg(2000, "int32", &[5]), arg(3000, "int32", &[5]), arg(4000, "int32", &[5]));
-        let l = f.launch(&bt, &s, &d, &a, None, None, false).unwrap().unwrap();
+        let l = f.launch(&inputs(&bt, &s, &d, &a), false).unwrap().unwrap();
         assert_eq!((l.kernel.name, l.grid, l.block), ("rs_state_copy", [16, 5, 3], [256, 1, 1]));
         let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
-        assert_eq!(v, vec![1000, 3, 9000, 6, 6, 0, 2000, 3000, 4000, 0, 5, 4, 77, FLAG_HAS_TEMPORAL as i128, 5000]);
-        let e = arg(6000, "int32", &[3]);
-        let l = f.launch(&bt, &s, &d, &a, Some(&e), Some(16), false).unwrap().unwrap();
-        let v: Vec<(&str, i128)> = l.values();
-        assert_eq!(v[9], ("block_size", 16));
-        assert_eq!(v[13], ("flags", (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
-        assert_eq!(v[14], ("err", 6000));
+        assert_eq!(v, vec![1000, 3, 9000, 6, 6, 0, 2000, 3000, 4000, 0, 0, 5, 4, 77, FLAG_HAS_TEMPORAL as i128, 5000]);
+        let (e, out) = (arg(6000, "int32", &[3]), arg(7000, "int32", &[5]));
+        let post = StepInputs { err: Some(&e), num_accepted_out: Some(&out), block_size: Some(16), ..inputs(&bt, &s, &d, &a) };
+        let v: Vec<(&str, i128)> = f.launch(&post, false).unwrap().unwrap().values();
+        assert_eq!((v[9], v[10]), (("num_accepted_out", 7000), ("block_size", 16)));
+        assert_eq!(v[14], ("flags", (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
+        assert_eq!(v[15], ("err", 6000));
         // Three groups: a [3, R, cols] table, its group stride packed; pre-copy semantics flagged.
         let g3 = f.clone().with_groups(3).unwrap();
         let mut t3 = arg(9000, "int32", &[3, 5, 6]);
         t3.strides[0] = 4 * 64;
-        let v: Vec<(&str, i128)> = g3.launch(&t3, &s, &d, &a, None, None, true).unwrap().unwrap().values();
-        assert_eq!((v[5], v[13]), (("bt_group_stride", 64), ("flags", (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128)));
-        let e = g3.launch(&bt, &s, &d, &a, None, None, false).unwrap_err();
+        let v: Vec<(&str, i128)> = g3.launch(&inputs(&t3, &s, &d, &a), true).unwrap().unwrap().values();
+        assert_eq!((v[5], v[14]), (("bt_group_stride", 64), ("flags", (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128)));
+        let e = g3.launch(&inputs(&bt, &s, &d, &a), false).unwrap_err();
         assert!(e.message.contains("expected a 3-D [groups = 3, requests, cols] tensor"), "{}", e.message);
-        let e = f.launch(&bt, &s, &arg(3000, "int32", &[4]), &a, None, Some(16), false).unwrap_err();
+        let short = arg(3000, "int32", &[4]);
+        let e = f.launch(&StepInputs { block_size: Some(16), ..inputs(&bt, &s, &short, &a) }, false).unwrap_err();
         assert_eq!(e.message, "running has 4 elements but src_col has 5");
         let wide = arg(3000, "int64", &[5]);
-        assert_eq!(f.check(&bt, &s, &wide, &a, None, None), Ok(5));
-        assert_eq!(f.launch(&bt, &s, &wide, &a, None, None, false).unwrap_err().message, "dst_col: expected int32, got int64");
+        assert_eq!(f.check(&inputs(&bt, &s, &wide, &a)), Ok(5));
+        assert_eq!(f.launch(&inputs(&bt, &s, &wide, &a), false).unwrap_err().message, "dst_col: expected int32, got int64");
         let empty = arg(2000, "int32", &[0]);
-        assert_eq!(f.launch(&bt, &empty, &empty, &empty, None, None, false), Ok(None));
+        assert_eq!(f.launch(&inputs(&bt, &empty, &empty, &empty), false), Ok(None));
+    }
+
+    #[test]
+    fn the_accepted_output_is_checked() {
+        let f = FusedCopy::new(Device::Cuda(0), 1000, 3, 4, 77, true, 16, 5000).unwrap();
+        let (bt, s, d, a) = (arg(9000, "int32", &[5, 6]), arg(2000, "int32", &[5]), arg(3000, "int32", &[5]), arg(4000, "int32", &[5]));
+        let with = |out: &DeviceArg| f.launch(&StepInputs { num_accepted_out: Some(out), ..inputs(&bt, &s, &d, &a) }, false).map(|_| ());
+        // Overlapping an input: the num_accepted vector itself, its tail, or a table row.
+        for (ptr, name) in [(4000, "num_accepted"), (4016, "num_accepted"), (9000 + 4 * 12, "block_table")] {
+            let e = with(&arg(ptr, "int32", &[5])).unwrap_err();
+            assert!(e.message.starts_with(&format!("num_accepted_out overlaps {name}")), "{}", e.message);
+        }
+        assert!(with(&arg(4020, "int32", &[5])).is_ok(), "just after num_accepted");
+        assert!(with(&arg(3980, "int32", &[5])).is_ok(), "just before num_accepted");
+        assert_eq!(with(&arg(7000, "int32", &[4])).unwrap_err().message, "num_accepted_out has 4 elements for 5 requests");
+        assert_eq!(with(&arg(7000, "int64", &[5])).unwrap_err().message, "num_accepted_out: expected int32, got int64");
+        let mut other = arg(7000, "int32", &[5]);
+        other.device = "cuda:1".into();
+        assert!(with(&other).unwrap_err().message.contains("num_accepted_out is on cuda:1"));
+        // Even before narrowing (int64 inputs), the output must be int32 and separate.
+        let wide = arg(4000, "int64", &[5]);
+        let e = f.check(&StepInputs { num_accepted_out: Some(&arg(4024, "int32", &[5])), ..inputs(&bt, &s, &d, &wide) }).unwrap_err();
+        assert!(e.message.contains("overlaps num_accepted"), "{}", e.message);
+        // No states: the launch still writes the counts.
+        let none = FusedCopy::new(Device::Cuda(0), 1000, 0, 4, 77, false, 1, 5000).unwrap();
+        assert_eq!(none.launch(&inputs(&bt, &s, &d, &a), false), Ok(None));
+        let out = arg(7000, "int32", &[5]);
+        assert!(none.launch(&StepInputs { num_accepted_out: Some(&out), ..inputs(&bt, &s, &d, &a) }, false).unwrap().is_some());
     }
 
     #[test]

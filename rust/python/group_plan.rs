@@ -7,6 +7,7 @@ use super::layout::Layout;
 use super::plan::{tensor_desc, DescTuple};
 use super::{to_py, IntoPyResult};
 use crate::binding::Binding;
+use crate::device_step::{self, StagedStep};
 use crate::engine_step::{self, GroupTable, PostDecision, PostInputs, PreDecision, PreInputs, StepConfig};
 use crate::error::Error;
 use crate::group_plan::{GroupPlan as CoreGroupPlan, GroupPlanner as CoreGroupPlanner, Semantics};
@@ -68,6 +69,17 @@ fn pre_bytes<'py>(py: Python<'py>, d: &PreDecision) -> Bound<'py, PyBytes> {
 
 fn post_bytes<'py>(py: Python<'py>, d: &PostDecision) -> Bound<'py, PyBytes> {
     rows_bytes(py, &[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted])
+}
+
+/// `(columns, staged step, table shape)` of a device pre-copy.
+type StagedPre<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, (usize, usize, usize));
+
+fn staged_bytes<'py>(py: Python<'py>, s: &StagedStep) -> Bound<'py, PyBytes> {
+    let mut v: Vec<u8> = Vec::with_capacity(s.data.len() * 4);
+    for x in &s.data {
+        v.extend_from_slice(&x.to_ne_bytes());
+    }
+    PyBytes::new(py, &v)
 }
 
 fn fresh_mask(py: Python<'_>, fresh: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<bool>>> {
@@ -293,6 +305,62 @@ impl GroupPlanner {
         let p = Arc::clone(&slf.get().inner);
         let plan = py.detach(|| p.plan(&tv, &d.src_col, &d.dest, &accepted, Semantics::PostProcess)).py_err(py)?;
         Ok((post_bytes(py, &d), GroupPlan { inner: plan, _planner: slf.unbind() }))
+    }
+
+    /// The device path's pre-copy: the columns decided on the host without the accepted counts
+    /// (`engine_step::pre_copy_columns`; int64 rows `prev, curr, src_col` as bytes) and the step
+    /// staged for the kernel (int32 bytes: the `[groups, rows, cols]` table, then `src_col`,
+    /// `curr`), with the table's shape.
+    #[pyo3(signature = (block_tables, num_computed, num_scheduled, running_col, fresh = None, req_ids = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn device_pre_copy<'py>(
+        &self,
+        py: Python<'py>,
+        block_tables: &Bound<'py, PyList>,
+        num_computed: &Bound<'py, PyAny>,
+        num_scheduled: &Bound<'py, PyAny>,
+        running_col: &Bound<'py, PyAny>,
+        fresh: Option<&Bound<'py, PyAny>>,
+        req_ids: Option<&'py Bound<'py, PyAny>>,
+    ) -> PyResult<StagedPre<'py>> {
+        let t = tables(py, block_tables)?;
+        let (c, n, r) =
+            (vec_i64(py, num_computed, "num_computed")?, vec_i64(py, num_scheduled, "num_scheduled")?, vec_i64(py, running_col, "running_col")?);
+        let f = fresh_mask(py, fresh)?;
+        let inp = PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: &[], running_col: &r, fresh: f.as_deref() };
+        let tv = views(&t);
+        let d = engine_step::pre_copy_columns(&inp, &tv, &self.inner.config(), &namer(req_ids)).py_err(py)?;
+        let staged = device_step::stage(&tv, c.len(), &[("src_col", &d.src_col), ("curr", &d.curr)], true).py_err(py)?;
+        Ok((rows_bytes(py, &[&d.prev, &d.curr, &d.src_col]), staged_bytes(py, &staged), (staged.groups, staged.rows, staged.cols)))
+    }
+
+    /// The device path's post-process: `running` decided on the host without the accepted counts
+    /// (`engine_step::post_process_running`; int64 bytes) and the int32 bytes `state_col`,
+    /// `running` staged for the kernel (which reuses the pre-copy's staged table).
+    #[pyo3(signature = (block_tables, state_col, num_computed, num_scheduled, num_draft, req_ids = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn device_post_process<'py>(
+        &self,
+        py: Python<'py>,
+        block_tables: &Bound<'py, PyList>,
+        state_col: &Bound<'py, PyAny>,
+        num_computed: &Bound<'py, PyAny>,
+        num_scheduled: &Bound<'py, PyAny>,
+        num_draft: &Bound<'py, PyAny>,
+        req_ids: Option<&'py Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        let t = tables(py, block_tables)?;
+        let (s, c, n, dr) = (
+            vec_i64(py, state_col, "state_col")?,
+            vec_i64(py, num_computed, "num_computed")?,
+            vec_i64(py, num_scheduled, "num_scheduled")?,
+            vec_i64(py, num_draft, "num_draft")?,
+        );
+        let inp = PostInputs { state_col: &s, num_computed: &c, num_scheduled: &n, num_draft: &dr, num_accepted: &[] };
+        let tv = views(&t);
+        let running = engine_step::post_process_running(&inp, &tv, &self.inner.config(), &namer(req_ids)).py_err(py)?;
+        let staged = device_step::stage(&tv, s.len(), &[("state_col", &s), ("running", &running)], false).py_err(py)?;
+        Ok((rows_bytes(py, &[&running]), staged_bytes(py, &staged)))
     }
 }
 

@@ -26,17 +26,20 @@ fn opt_arg(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResu
 }
 
 /// A fused step's arguments, described: block table, `src_col`, `dst_col` or `running`,
-/// `num_accepted`, the optional error word, and the block size of the device decision.
+/// `num_accepted`, the optional output of the accepted counts and error word, and the block size
+/// of the device decision.
 struct Step {
     bt: DeviceArg,
     s: DeviceArg,
     x: DeviceArg,
     a: DeviceArg,
+    out: Option<DeviceArg>,
     err: Option<DeviceArg>,
     block_size: Option<i64>,
 }
 
 impl Step {
+    #[allow(clippy::too_many_arguments)]
     fn describe(
         py: Python<'_>,
         block_table: &Bound<'_, PyAny>,
@@ -45,6 +48,7 @@ impl Step {
         num_accepted: &Bound<'_, PyAny>,
         err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Step> {
         let block_size = block_size.map(|b| int(py, b, "block_size")).transpose()?;
         let second_name = if block_size.is_some() { "running" } else { "dst_col" };
@@ -53,9 +57,22 @@ impl Step {
             s: arg(py, src_col, "src_col")?,
             x: arg(py, second, second_name)?,
             a: arg(py, num_accepted, "num_accepted")?,
+            out: opt_arg(py, num_accepted_out, "num_accepted_out")?,
             err: opt_arg(py, err, "err")?,
             block_size,
         })
+    }
+
+    fn inputs(&self) -> kernels::StepInputs<'_> {
+        kernels::StepInputs {
+            block_table: &self.bt,
+            src_col: &self.s,
+            second: &self.x,
+            num_accepted: &self.a,
+            num_accepted_out: self.out.as_ref(),
+            err: self.err.as_ref(),
+            block_size: self.block_size,
+        }
     }
 }
 
@@ -189,8 +206,9 @@ impl PyFusedCopy {
     }
 
     /// The launch of one step (`second`: `dst_col`, or `running` with a `block_size`; `pre_copy`:
-    /// equal columns are a no-op whatever the accepted count).
-    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None, pre_copy = false))]
+    /// equal columns are a no-op whatever the accepted count; `num_accepted_out`: where the kernel
+    /// writes each request's accepted count after the step).
+    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None, pre_copy = false, num_accepted_out = None))]
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -202,16 +220,17 @@ impl PyFusedCopy {
         err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
         pre_copy: bool,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<KernelLaunch>> {
-        let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
-        launched(self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size, pre_copy), py)
+        let step = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size, num_accepted_out)?;
+        launched(self.inner.launch(&step.inputs(), pre_copy), py)
     }
 
     /// One step from the caller's tensors: `(launch, requests, narrow)`. With `narrow` false the
     /// launch is ready (`None`: nothing to launch); with `narrow` true every input passed the checks
     /// but some must first be narrowed to int32 or made contiguous on the device (then call
     /// `launch` with the converted tensors).
-    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None, pre_copy = false))]
+    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None, pre_copy = false, num_accepted_out = None))]
     #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
@@ -223,15 +242,16 @@ impl PyFusedCopy {
         err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
         pre_copy: bool,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
-        let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
-        match self.inner.launch(&bt, &s, &x, &a, err.as_ref(), block_size, pre_copy) {
+        let step = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size, num_accepted_out)?;
+        match self.inner.launch(&step.inputs(), pre_copy) {
             Ok(l) => {
-                let n = s.shape.first().copied().unwrap_or(0).max(0) as u64;
+                let n = step.s.shape.first().copied().unwrap_or(0).max(0) as u64;
                 Ok((l.map(KernelLaunch::new), n, false))
             }
             Err(_) => {
-                let n = self.inner.check(&bt, &s, &x, &a, err.as_ref(), block_size).py_err(py)?;
+                let n = self.inner.check(&step.inputs()).py_err(py)?;
                 Ok((None, n, true))
             }
         }
@@ -246,7 +266,7 @@ impl PyFusedCopy {
         }
     }
     /// Checks a step whose inputs may be int32 or int64; returns the number of requests.
-    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None))]
+    #[pyo3(signature = (block_table, src_col, second, num_accepted, err = None, block_size = None, num_accepted_out = None))]
     #[allow(clippy::too_many_arguments)]
     fn check(
         &self,
@@ -257,9 +277,10 @@ impl PyFusedCopy {
         num_accepted: &Bound<'_, PyAny>,
         err: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
-        self.inner.check(&bt, &s, &x, &a, err.as_ref(), block_size).py_err(py)
+        let step = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size, num_accepted_out)?;
+        self.inner.check(&step.inputs()).py_err(py)
     }
 
     /// Recurrent groups the state metas span.
@@ -406,7 +427,7 @@ fn copy_tiles_launch(
 /// Checks a fused step's inputs (int32 or int64) for states on `device_name` before anything is
 /// bound or uploaded; returns the number of requests.
 #[pyfunction]
-#[pyo3(signature = (device_name, block_table, src_col, second, num_accepted, err = None, block_size = None, groups = 1))]
+#[pyo3(signature = (device_name, block_table, src_col, second, num_accepted, err = None, block_size = None, groups = 1, num_accepted_out = None))]
 #[allow(clippy::too_many_arguments)]
 fn check_fused_step(
     py: Python<'_>,
@@ -418,10 +439,11 @@ fn check_fused_step(
     err: Option<&Bound<'_, PyAny>>,
     block_size: Option<&Bound<'_, PyAny>>,
     groups: u32,
+    num_accepted_out: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<u64> {
-    let Step { bt, s, x, a, err, block_size } = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size)?;
+    let step = Step::describe(py, block_table, src_col, second, num_accepted, err, block_size, num_accepted_out)?;
     let dev = device(py, device_name)?;
-    kernels::check_step(&dev, &bt, &s, &x, &a, err.as_ref(), block_size, groups, args::StepCheck::BeforeNarrowing).map(|c| c.requests).py_err(py)
+    kernels::check_step(&dev, &step.inputs(), groups, args::StepCheck::BeforeNarrowing).map(|c| c.requests).py_err(py)
 }
 
 /// CTAs per state copy of the fused kernel for states of at most `max_state_bytes` bytes.

@@ -63,6 +63,7 @@ def launch_state_copy(
     block_size: int | None = None,
     chunks: int = MAX_STATE_CHUNKS,
     stream: Any = None,
+    num_accepted_out: Any = None,
 ) -> None:
     """Launch ``rs_state_copy`` on the caller's stream; never synchronises.
 
@@ -78,6 +79,9 @@ def launch_state_copy(
         has_temporal: some state in ``meta_dev`` is temporal.
         chunks: CTAs per state copy (grid x).
         stream: a CuPy stream or a ``torch.cuda.Stream``; ``None``: the current torch stream.
+        num_accepted_out: optional int32 device vector of ``R`` elements, sharing no byte with an
+            input: each request's accepted count after the step (1 where its running state moved
+            or shifted, ``num_accepted[r]`` elsewhere).
 
     Raises:
         PlanError: an argument the kernel cannot take (the core's message names it).
@@ -86,7 +90,7 @@ def launch_state_copy(
     err_desc = require_arg(err, "err")
     fused = _core.FusedCopy(bt[4], _address(meta_dev, "metas"), num_meta, max_accepted, num_blocks,
                             bool(has_temporal), chunks, err_desc[0])
-    kl = fused.launch(bt, src_col, dst_or_running, num_accepted, err_desc, block_size)
+    kl = fused.launch(bt, src_col, dst_or_running, num_accepted, err_desc, block_size, False, num_accepted_out)
     if kl is not None:
         module.launch(kl, fused.device_index, stream)
 

@@ -55,6 +55,24 @@ RS_DEVICE uint32_t rs_decide(const int32_t* bt_row, int64_t cols, int64_t s, int
   return 0;
 }
 
+// The accepted count request r carries after the step (num_accepted_out): 1 where its running state
+// was moved or shifted (the state now sits at the start of its window), else its count unchanged.
+// Request-level only (the same for every group): explicit form, a valid row (both columns >= 0,
+// count in range) whose copy is not a no-op; decision form, a crossed boundary whose save column is
+// the running column itself (the shift in place; a save elsewhere leaves the running state alone).
+RS_DEVICE int32_t rs_next_accepted(int64_t s, int64_t x, int64_t a, int64_t max_accepted, int64_t block_size,
+                                   uint32_t flags) {
+  if (s < 0 || a < 1 || a > max_accepted) return (int32_t)a;
+  if ((flags & RS_FLAG_DECIDE) == 0) {
+    if (x < 0) return (int32_t)a;
+    const bool noop = s == x && (a == 1 || (flags & RS_FLAG_PRE_COPY) != 0);
+    return noop ? (int32_t)a : 1;
+  }
+  if (block_size < 1 || x < 0) return (int32_t)a;
+  const int64_t aligned = (x + a - 1) / block_size * block_size;
+  return (aligned >= x && aligned >= block_size && aligned / block_size - 1 == s) ? 1 : (int32_t)a;
+}
+
 // The part of one (request, state) copy that CTA `chunk` of `nchunks` owns. Returns RS_ERR_* bits
 // when this state cannot take the request (nothing is written then).
 RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int64_t cols, int64_t num_blocks,
@@ -173,6 +191,13 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
 // (Without RS_FLAG_HAS_TEMPORAL a temporal state re-checks its own source column / block the same
 // way.) Nothing is ever written out of bounds, and the device never synchronises with the host.
 //
+// num_accepted_out (may be null): each request's accepted count after the step, written once per
+// request by thread 0 of CTA (0, y, 0) -- rs_next_accepted: 1 where the running state moved or was
+// shifted in place, the request's num_accepted elsewhere (padding and a count out of range
+// included). It is request-level (the same in every group); a request reported in err has an
+// undefined state, so a step with a non-zero err must not be continued. It must share no byte with
+// any input (the core checks it): every CTA of a request reads num_accepted[r].
+//
 // Device decision (flags with RS_FLAG_DECIDE; vLLM's GPU path: the host never waits for
 // num_accepted): `dst_or_running` is running[r] (= computed + scheduled - drafts; < 0 is
 // RS_ERR_ARGS, as is block_size < 1); s = src_col[r] < 0 is padding. new = running + a - 1;
@@ -195,13 +220,21 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
 extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
     const StateMeta* __restrict__ metas, uint32_t num_meta, const int32_t* __restrict__ block_table,
     int64_t bt_row_stride, int32_t bt_cols, int64_t bt_group_stride, const int32_t* __restrict__ src_col,
-    const int32_t* __restrict__ dst_or_running, const int32_t* __restrict__ num_accepted, int32_t block_size,
+    const int32_t* __restrict__ dst_or_running, const int32_t* __restrict__ num_accepted,
+    int32_t* __restrict__ num_accepted_out, int32_t block_size,
     int32_t num_requests, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
   const bool align = (flags & RS_FLAG_DECIDE) != 0;
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
   const uint64_t chunk = blockIdx.x, nchunks = gridDim.x;
   const int64_t cols = bt_cols;
   const bool reporter = blockIdx.x == 0;  // one CTA per (request, state) reports
+  // The accepted counts after the step: one thread of the CTAs (0, y, 0), a loop of its own (so
+  // the output pointer is not live in the copy loop below).
+  if (num_accepted_out != nullptr && blockIdx.x == 0 && blockIdx.z == 0 && tid == 0) {
+    for (int64_t r = blockIdx.y; r < num_requests; r += gridDim.y)
+      num_accepted_out[r] = rs_next_accepted(src_col[r], dst_or_running[r], num_accepted[r], max_accepted,
+                                             block_size, flags);
+  }
   for (int64_t r = blockIdx.y; r < num_requests; r += gridDim.y) {
     const int64_t s = src_col[r];
     const int64_t a = num_accepted[r];
