@@ -58,6 +58,29 @@ def test_trace_equals_vllm(oracle, name):
         assert stats.post_copies > 0
 
 
+# The adapter's device path (FakeCuda states: the fused launches run through the host emulation of
+# the real kernel), against the same vLLM traces.
+DEVICE_TRACES = ["gdn-SD-spec2", "gdn-DS-spec2", "3groups-DS-spec2", "2groups-SD-bs2-spec3", "gdn-DS-nospec-scalar",
+                 "3groups-DS-shared-pages"]
+
+
+@pytest.mark.parametrize("name", DEVICE_TRACES)
+def test_device_trace_equals_vllm(oracle, fake_ops, emulator, name):
+    from device_fakes import FakeCuda
+
+    groups, bs, nsb, layout, seed, *shared = TRACES[name]
+    stats = vllm_trace.run_trace(oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS,
+                                 shared_pages=bool(shared), device=FakeCuda)
+    assert stats.steps == STEPS and stats.pre_copies > 0
+    # One fused launch per half-step for every group, and nothing waited for the device: the
+    # state table went up once, each half-step staged its inputs in one asynchronous copy.
+    launches = [c["kernel"] for c in emulator.calls]
+    assert launches == ["rs_state_copy"] * len(launches) and len(launches) == 2 * stats.busy_steps
+    assert {c["decide"] for c in emulator.calls} == {False, True}
+    assert all(c["num_accepted_out"] != 0 for c in emulator.calls)
+    assert fake_ops.syncs == 0 and fake_ops.uploads == 1 and fake_ops.staged == len(launches)
+
+
 def test_shared_pages_share_memory_across_groups():
     sim = vllm_trace.Sim([G("GDN_ATTN", 1), G("LINEAR", 1, temporal_shape=(3, 4))], 4, 1, "SD", seed=0)
     states = sim.make_states(shared_pages=True)

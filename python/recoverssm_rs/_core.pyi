@@ -521,12 +521,12 @@ class GroupPlanner:
     ) -> tuple[bytes, GroupPlan]: ...
     def device_pre_copy(
         self, block_tables: list[Any], num_computed: Any, num_scheduled: Any, running_col: Any,
-        fresh: Any = None, req_ids: Sequence[Any] | None = None,
+        fresh: Any = None, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
     ) -> tuple[bytes, bytes, tuple[int, int, int]]:
         """Host columns (int64 ``prev, curr, src_col``) and the int32 staged step, with the table's shape."""
     def device_post_process(
         self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
-        num_draft: Any, req_ids: Sequence[Any] | None = None,
+        num_draft: Any, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
     ) -> tuple[bytes, bytes]:
         """Host ``running`` (int64) and the int32 staged ``state_col, running``."""
 

@@ -13,16 +13,17 @@ tensors; only the leading states the copy functions cover are bound) and the cop
 keeps the per-request running columns in an array (one slot per live request) instead of a dict.
 vLLM itself is never imported: every object is read by attribute (duck typing).
 
-Host path: the copies run with the Rust host executor over CPU tensors (``CopyPlan.execute``).
+Two paths, chosen by where the states live:
 
-Device path (design note): the fused launch that copies every group's states in one kernel exists
-(:meth:`recoverssm_rs.groups.MultiGroupPlanner.launch`, both semantics, emulated against the host
-plan in the tests); this adapter does not drive it yet. What remains is taking the decisions on the
-device too: they are formulas of per-request device vectors (``num_computed``, ``num_scheduled``,
-``num_draft``, ``num_accepted``, the running-column array indexed by slot), so the kernel can take
-them in the same launch (pre-copy before the forward pass, post-process after sampling,
-``num_accepted`` updated in device memory) and no value visits the host. Until then, CUDA-bound
-groups are refused at :meth:`preprocess` with a clear error.
+* **host** (CPU states): the core decides and checks, and the Rust host executor runs one plan over
+  every group (``CopyPlan.execute``); the counts are host arrays, as vLLM's
+  ``input_batch.num_accepted_tokens_cpu``.
+* **device** (CUDA states; :class:`~recoverssm_rs.vllm_device.DeviceStep`): each half of the step
+  is one fused launch over every group. The host decides what needs no accepted count (columns,
+  ``running``) with the same checks, the step goes to the device in one asynchronous copy, and the
+  kernel reads the counts in device memory, decides, copies and writes the counts for what follows
+  (vLLM's resets). ``postprocess`` takes the sampler's device counts and returns device counts:
+  no value visits the host and nothing synchronises.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ._core import Layout, StateSpec
 from .contract import validate_copy_funcs
 from .errors import BindingError, LayoutError, PlanError
 from .groups import MultiGroupPlanner, PostProcessDecision, PreCopyDecision
+from .vllm_device import DeviceStep
 
 __all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
 
@@ -129,6 +131,8 @@ class VllmMambaStep:
         self._group_ids = [int(g) for g, _, _ in groups]
         self.planner = MultiGroupPlanner([(layout, states) for _, layout, states in groups],
                                          block_size=block_size, num_spec_blocks=num_spec_blocks)
+        self.device_step = DeviceStep(self.planner, max_num_reqs) if self.planner.device.startswith("cuda") else None
+        """The device path's launches (CUDA states), else ``None``."""
         self.running_col = np.full(int(max_num_reqs), -1, dtype=np.int64)
         """The running-state column per slot (``-1``: none)."""
         self._slot: dict[str, int] = {}
@@ -217,7 +221,9 @@ class VllmMambaStep:
                  num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[str] | None = None) -> PreCopyDecision:
         """The array form of :meth:`preprocess`: decide, copy every group's states, store the new
         running columns at ``slots``; returns the decision (its ``num_accepted`` is the reset
-        count for the step)."""
+        count for the step). Host path only (the device path's array form is
+        :meth:`DeviceStep.pre_copy <recoverssm_rs.vllm_device.DeviceStep.pre_copy>`)."""
+        self._host_only("pre_copy")
         slots = np.asarray(slots, dtype=np.int64)
         d, plan = self.planner.pre_copy(block_tables, num_computed, num_scheduled, num_accepted,
                                         self.running_col[slots], fresh=fresh, req_ids=req_ids)
@@ -228,22 +234,38 @@ class VllmMambaStep:
     def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
                      num_draft: Any, num_accepted: Any, *, req_ids: Sequence[str] | None = None) -> PostProcessDecision:
         """The array form of :meth:`postprocess`: decide and copy; returns the decision (its
-        ``num_accepted`` is the count for the next step)."""
+        ``num_accepted`` is the count for the next step). Host path only."""
+        self._host_only("post_process")
         d, plan = self.planner.post_process(block_tables, state_col, num_computed, num_scheduled, num_draft,
                                             num_accepted, req_ids=req_ids)
         plan.execute()
         return d
 
-    def preprocess(self, scheduler_output: Any, input_batch: Any, requests: Mapping[str, Any]) -> None:
+    def _host_only(self, what: str) -> None:
+        if self.device_step is not None:
+            raise PlanError(f"{what} runs the host path, but the states are on {self.planner.device}: use "
+                            "preprocess / postprocess, or device_step.pre_copy / post_process")
+
+    def preprocess(self, scheduler_output: Any, input_batch: Any, requests: Mapping[str, Any], *,
+                   num_accepted: Any = None, stream: Any = None) -> Any:
         """vLLM's ``preprocess_mamba`` (and ``stage_postprocess_inputs_to_gpu``'s bookkeeping): same
-        inputs, same effect on the states and on ``input_batch.num_accepted_tokens_cpu``.
+        inputs, same effect on the states.
+
+        Args:
+            scheduler_output, input_batch, requests: vLLM's (read by attribute).
+            num_accepted: the previous step's ``[num_reqs]`` counts per batch row; default
+                ``input_batch.num_accepted_tokens_cpu``. On the device path a CUDA tensor (e.g. the
+                last :meth:`postprocess` result, reordered as the batch) stays on the device.
+            stream: the device path's stream (``None``: the current torch stream).
+
+        Returns:
+            The counts after the reset, per batch row: host path, an int64 array, also written into
+            ``input_batch.num_accepted_tokens_cpu`` (as vLLM does); device path, an ``[num_reqs]``
+            int32 CUDA tensor for the forward pass (the host copy is not touched).
 
         Raises:
             PlanError: naming the request (see :func:`recoverssm_rs.groups.align_pre_copy`).
         """
-        if self.planner.device != "cpu":
-            raise PlanError(f"the states are on {self.planner.device}; the fused multi-group device launch is "
-                            "not available yet: use CPU states (host path)")
         cached = scheduler_output.scheduled_cached_reqs
         self.release(scheduler_output.finished_req_ids)
         self.release(getattr(scheduler_output, "preempted_req_ids", None) or ())
@@ -251,6 +273,8 @@ class VllmMambaStep:
         req_ids = list(input_batch.req_ids)
         n = len(req_ids)
         added: list[str] = []
+        host_acc = input_batch.num_accepted_tokens_cpu
+        acc = host_acc[:n] if num_accepted is None else num_accepted
         try:
             slots = self._slots(req_ids, added)
             sched = scheduler_output.num_scheduled_tokens
@@ -259,27 +283,40 @@ class VllmMambaStep:
             ns = np.fromiter((sched[r] for r in req_ids), np.int64, n)
             nd = np.fromiter((len(spec.get(r, ())) for r in req_ids), np.int64, n)
             tables = self.tables(input_batch, n)
-            acc = input_batch.num_accepted_tokens_cpu
-            d = self.pre_copy(tables, slots, c, ns, acc[:n], req_ids=req_ids)
+            if self.device_step is not None:
+                curr, out = self.device_step.pre_copy(tables, c, ns, self.running_col[slots], acc, req_ids=req_ids,
+                                                      stream=stream)
+                self.running_col[slots] = curr
+            else:
+                d = self.pre_copy(tables, slots, c, ns, acc, req_ids=req_ids)
+                curr, out = d.curr, d.num_accepted
         except Exception:
             self.release(added)  # a rejected step leaves no new slot behind
             raise
-        acc[:n] = d.num_accepted
-        self._step = (tables, d.curr, c, ns, nd, req_ids)
+        if self.device_step is None:
+            host_acc[:n] = out
+        self._step = (tables, curr, c, ns, nd, req_ids)
+        return out
 
-    def postprocess(self, num_accepted: Any) -> np.ndarray:
+    def postprocess(self, num_accepted: Any, *, stream: Any = None) -> Any:
         """vLLM's ``postprocess_mamba_align_gpu`` for the step :meth:`preprocess` prepared.
 
         Args:
             num_accepted: ``[num_reqs]`` tokens accepted this step, bonus included (vLLM:
-                ``(sampled_token_ids != -1).sum(1)``).
+                ``(sampled_token_ids != -1).sum(1)``); on the device path the sampler's CUDA
+                tensor (or a host array, staged).
+            stream: as :meth:`preprocess`.
 
         Returns:
-            ``num_accepted`` for the next step (store it in ``input_batch.num_accepted_tokens_cpu``).
+            ``num_accepted`` for the next step: host path, an int64 array (store it in
+            ``input_batch.num_accepted_tokens_cpu``); device path, an ``[num_reqs]`` int32 CUDA
+            tensor (never read by the host here).
         """
         if self._step is None:
             raise PlanError("postprocess needs the step's preprocess first")
         tables, curr, c, ns, nd, req_ids = self._step
+        if self.device_step is not None:
+            return self.device_step.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream)
         return self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
 
     def __repr__(self) -> str:

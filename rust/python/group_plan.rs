@@ -310,8 +310,8 @@ impl GroupPlanner {
     /// The device path's pre-copy: the columns decided on the host without the accepted counts
     /// (`engine_step::pre_copy_columns`; int64 rows `prev, curr, src_col` as bytes) and the step
     /// staged for the kernel (int32 bytes: the `[groups, rows, cols]` table, then `src_col`,
-    /// `curr`), with the table's shape.
-    #[pyo3(signature = (block_tables, num_computed, num_scheduled, running_col, fresh = None, req_ids = None))]
+    /// `curr`, and `num_accepted` when the counts are given on the host), with the table's shape.
+    #[pyo3(signature = (block_tables, num_computed, num_scheduled, running_col, fresh = None, req_ids = None, num_accepted = None))]
     #[allow(clippy::too_many_arguments)]
     fn device_pre_copy<'py>(
         &self,
@@ -322,6 +322,7 @@ impl GroupPlanner {
         running_col: &Bound<'py, PyAny>,
         fresh: Option<&Bound<'py, PyAny>>,
         req_ids: Option<&'py Bound<'py, PyAny>>,
+        num_accepted: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<StagedPre<'py>> {
         let t = tables(py, block_tables)?;
         let (c, n, r) =
@@ -330,14 +331,18 @@ impl GroupPlanner {
         let inp = PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: &[], running_col: &r, fresh: f.as_deref() };
         let tv = views(&t);
         let d = engine_step::pre_copy_columns(&inp, &tv, &self.inner.config(), &namer(req_ids)).py_err(py)?;
-        let staged = device_step::stage(&tv, c.len(), &[("src_col", &d.src_col), ("curr", &d.curr)], true).py_err(py)?;
+        let a = num_accepted.map(|a| vec_i64(py, a, "num_accepted")).transpose()?;
+        let mut vectors: Vec<(&str, &[i64])> = vec![("src_col", &d.src_col), ("curr", &d.curr)];
+        vectors.extend(a.as_deref().map(|a| ("num_accepted", a)));
+        let staged = device_step::stage(&tv, c.len(), &vectors, true).py_err(py)?;
         Ok((rows_bytes(py, &[&d.prev, &d.curr, &d.src_col]), staged_bytes(py, &staged), (staged.groups, staged.rows, staged.cols)))
     }
 
     /// The device path's post-process: `running` decided on the host without the accepted counts
     /// (`engine_step::post_process_running`; int64 bytes) and the int32 bytes `state_col`,
-    /// `running` staged for the kernel (which reuses the pre-copy's staged table).
-    #[pyo3(signature = (block_tables, state_col, num_computed, num_scheduled, num_draft, req_ids = None))]
+    /// `running` (and `num_accepted` when given on the host) staged for the kernel, which reuses the
+    /// pre-copy's staged table.
+    #[pyo3(signature = (block_tables, state_col, num_computed, num_scheduled, num_draft, req_ids = None, num_accepted = None))]
     #[allow(clippy::too_many_arguments)]
     fn device_post_process<'py>(
         &self,
@@ -348,6 +353,7 @@ impl GroupPlanner {
         num_scheduled: &Bound<'py, PyAny>,
         num_draft: &Bound<'py, PyAny>,
         req_ids: Option<&'py Bound<'py, PyAny>>,
+        num_accepted: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
         let t = tables(py, block_tables)?;
         let (s, c, n, dr) = (
@@ -359,7 +365,10 @@ impl GroupPlanner {
         let inp = PostInputs { state_col: &s, num_computed: &c, num_scheduled: &n, num_draft: &dr, num_accepted: &[] };
         let tv = views(&t);
         let running = engine_step::post_process_running(&inp, &tv, &self.inner.config(), &namer(req_ids)).py_err(py)?;
-        let staged = device_step::stage(&tv, s.len(), &[("state_col", &s), ("running", &running)], false).py_err(py)?;
+        let a = num_accepted.map(|a| vec_i64(py, a, "num_accepted")).transpose()?;
+        let mut vectors: Vec<(&str, &[i64])> = vec![("state_col", &s), ("running", &running)];
+        vectors.extend(a.as_deref().map(|a| ("num_accepted", a)));
+        let staged = device_step::stage(&tv, s.len(), &vectors, false).py_err(py)?;
         Ok((rows_bytes(py, &[&running]), staged_bytes(py, &staged)))
     }
 }

@@ -310,11 +310,17 @@ class TraceStats:
     preempted: int = 0
     skipped: int = 0
     backwards: int = 0
+    busy_steps: int = 0  # steps with at least one request
 
 
 def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: int, nsb: int, conv_layout: str,
-              seed: int, steps: int = 24, shared_pages: bool = False) -> TraceStats:
-    """Run one random trace through vLLM and the adapter; AssertionError at the first difference."""
+              seed: int, steps: int = 24, shared_pages: bool = False, device: Any = None) -> TraceStats:
+    """Run one random trace through vLLM and the adapter; AssertionError at the first difference.
+
+    ``device``: run the adapter's device path instead of its host path -- ``device(tensor)`` wraps
+    each state tensor as a CUDA tensor (the tests' ``FakeCuda`` with the kernel emulated, or the
+    identity on a GPU); the accepted counts are then passed as device vectors and the adapter's
+    device results compared."""
     from recoverssm_rs.vllm import VllmMambaStep
 
     vllm_oracle.set_conv_layout(ns, conv_layout)
@@ -324,8 +330,15 @@ def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: 
     states_o = Sim.clone_states(states_v)
     side_v, side_o = Side(sim, states_v, ns), Side(sim, states_o, None)
     vllm = VllmSide(ns, side_v)
-    ours = VllmMambaStep.from_runner(side_o.kv_cache_config, side_o.forward_context, side_o.copy_funcs(None),
+    context = side_o.forward_context
+    if device is not None:
+        context = {k: types.SimpleNamespace(kv_cache=[device(t) for t in v.kv_cache]) for k, v in context.items()}
+    ours = VllmMambaStep.from_runner(side_o.kv_cache_config, context, side_o.copy_funcs(None),
                                      max_num_reqs=sim.max_reqs, conv_layout=conv_layout)
+    assert (ours.device_step is not None) == (device is not None)
+
+    def host(x: Any) -> list[int]:
+        return [int(v) for v in (x.cpu() if hasattr(x, "cpu") else x)]
     stats = TraceStats()
     running: list[Req] = []
     skipped_last: set[str] = set()
@@ -365,9 +378,14 @@ def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: 
         n = len(batch)
         # pre-copy
         vllm.pre(so)
-        ours.preprocess(so, side_o.input_batch, side_o.requests)
+        if device is None:
+            ours.preprocess(so, side_o.input_batch, side_o.requests)
+            a_o = side_o.input_batch.num_accepted_tokens_cpu[:n].tolist()
+        else:  # the previous counts as a device vector (every other step: staged from the host copy)
+            prev = side_o.input_batch.num_accepted_tokens_cpu[:n]
+            acc_in = device(torch.from_numpy(prev.astype(np.int32))) if step % 2 else None
+            a_o = host(ours.preprocess(so, side_o.input_batch, side_o.requests, num_accepted=acc_in))
         a_v = side_v.input_batch.num_accepted_tokens_cpu[:n].tolist()
-        a_o = side_o.input_batch.num_accepted_tokens_cpu[:n].tolist()
         assert a_v == a_o, f"step {step}: num_accepted after the pre-copy: vLLM {a_v}, adapter {a_o}"
         err = _equal(states_v, states_o)
         assert err is None, f"step {step}, after the pre-copy: {err}"
@@ -388,7 +406,10 @@ def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: 
         # sampling and post-process
         acc = np.array([int(rng.integers(1, sched[r.rid][1] + 2)) for r in batch], dtype=np.int64)
         out_v = vllm.post(acc)
-        out_o = ours.postprocess(acc) if n else acc.copy()
+        if device is None:
+            out_o = ours.postprocess(acc) if n else acc.copy()
+        else:
+            out_o = np.array(host(ours.postprocess(device(torch.from_numpy(acc.astype(np.int32))))), dtype=np.int64)
         assert out_v.tolist() == out_o.tolist(), f"step {step}: num_accepted after the post-process: vLLM {out_v.tolist()}, adapter {out_o.tolist()}"
         err = _equal(states_v, states_o)
         assert err is None, f"step {step}, after the post-process: {err}"
@@ -404,4 +425,5 @@ def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: 
                 sim.release(r, keep=True)
                 finished_next.add(r.rid)
         stats.steps += 1
+        stats.busy_steps += n > 0
     return stats
