@@ -66,11 +66,13 @@ DEVICE_TRACES = ["gdn-SD-spec2", "gdn-DS-spec2", "3groups-DS-spec2", "2groups-SD
 
 @pytest.mark.parametrize("name", DEVICE_TRACES)
 def test_device_trace_equals_vllm(oracle, fake_ops, emulator, name):
+    import torch
     from device_fakes import FakeCuda
 
     groups, bs, nsb, layout, seed, *shared = TRACES[name]
+    mode = vllm_trace.DeviceMode(place=lambda t: t, bind=FakeCuda, vector=lambda a: FakeCuda(torch.from_numpy(a)))
     stats = vllm_trace.run_trace(oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS,
-                                 shared_pages=bool(shared), device=FakeCuda)
+                                 shared_pages=bool(shared), device=mode)
     assert stats.steps == STEPS and stats.pre_copies > 0
     # One fused launch per half-step for every group, and nothing waited for the device: the
     # state table went up once, each half-step staged its inputs in one asynchronous copy.

@@ -289,10 +289,41 @@ class VllmSide:
         return accepted.copy()
 
 
+class HostAdapterSide:
+    """The adapter's host path as the reference side (where vLLM's wheel is not at hand: a GPU
+    machine checks the device path against the host path, which the oracle traces hold equal to
+    vLLM)."""
+
+    def __init__(self, side: Side, conv_layout: str) -> None:
+        from recoverssm_rs.vllm import VllmMambaStep
+
+        self.side = side
+        self.step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None),
+                                              max_num_reqs=side.sim.max_reqs, conv_layout=conv_layout)
+
+    def pre(self, so: Any) -> None:
+        self.step.preprocess(so, self.side.input_batch, self.side.requests)
+
+    def post(self, accepted: np.ndarray) -> np.ndarray:
+        return np.asarray(self.step.postprocess(accepted)) if len(accepted) else accepted.copy()
+
+
+@dataclasses.dataclass
+class DeviceMode:
+    """How the device path's trace places its tensors: ``place`` gives the state tensor the trace
+    writes (the identity for host-backed fakes, ``.cuda()`` on a GPU), ``bind`` what the adapter
+    binds, ``vector`` a device vector of host ints."""
+
+    place: Any
+    bind: Any
+    vector: Any
+
+
 def _equal(a: list[list[list[torch.Tensor]]], b: list[list[list[torch.Tensor]]]) -> str | None:
     for gi, (ga, gb) in enumerate(zip(a, b)):
         for li, (la, lb) in enumerate(zip(ga, gb)):
             for si, (ta, tb) in enumerate(zip(la, lb)):
+                tb = tb.cpu()
                 same = (torch.equal(ta.view(torch.uint8), tb.view(torch.uint8)) if ta.is_contiguous()
                         else torch.equal(ta, tb) and torch.equal(ta._base.view(torch.uint8), tb._base.view(torch.uint8)))
                 if not same:
@@ -313,26 +344,30 @@ class TraceStats:
     busy_steps: int = 0  # steps with at least one request
 
 
-def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: int, nsb: int, conv_layout: str,
-              seed: int, steps: int = 24, shared_pages: bool = False, device: Any = None) -> TraceStats:
-    """Run one random trace through vLLM and the adapter; AssertionError at the first difference.
+def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block_size: int, nsb: int,
+              conv_layout: str, seed: int, steps: int = 24, shared_pages: bool = False,
+              device: DeviceMode | None = None) -> TraceStats:
+    """Run one random trace through vLLM (``ns``: the oracle; ``None``: the adapter's host path
+    instead) and the adapter; AssertionError at the first difference.
 
-    ``device``: run the adapter's device path instead of its host path -- ``device(tensor)`` wraps
-    each state tensor as a CUDA tensor (the tests' ``FakeCuda`` with the kernel emulated, or the
-    identity on a GPU); the accepted counts are then passed as device vectors and the adapter's
-    device results compared."""
+    ``device``: run the adapter's device path instead of its host path (see :class:`DeviceMode`);
+    the accepted counts are then passed as device vectors and the adapter's device results
+    compared."""
     from recoverssm_rs.vllm import VllmMambaStep
 
-    vllm_oracle.set_conv_layout(ns, conv_layout)
+    if ns is not None:
+        vllm_oracle.set_conv_layout(ns, conv_layout)
     sim = Sim(groups, block_size, nsb, conv_layout, seed)
     rng = sim.rng
     states_v = sim.make_states(shared_pages)
     states_o = Sim.clone_states(states_v)
+    if device is not None:
+        states_o = [[[device.place(t) for t in layer] for layer in g] for g in states_o]
     side_v, side_o = Side(sim, states_v, ns), Side(sim, states_o, None)
-    vllm = VllmSide(ns, side_v)
+    vllm: Any = VllmSide(ns, side_v) if ns is not None else HostAdapterSide(side_v, conv_layout)
     context = side_o.forward_context
     if device is not None:
-        context = {k: types.SimpleNamespace(kv_cache=[device(t) for t in v.kv_cache]) for k, v in context.items()}
+        context = {k: types.SimpleNamespace(kv_cache=[device.bind(t) for t in v.kv_cache]) for k, v in context.items()}
     ours = VllmMambaStep.from_runner(side_o.kv_cache_config, context, side_o.copy_funcs(None),
                                      max_num_reqs=sim.max_reqs, conv_layout=conv_layout)
     assert (ours.device_step is not None) == (device is not None)
@@ -383,7 +418,7 @@ def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: 
             a_o = side_o.input_batch.num_accepted_tokens_cpu[:n].tolist()
         else:  # the previous counts as a device vector (every other step: staged from the host copy)
             prev = side_o.input_batch.num_accepted_tokens_cpu[:n]
-            acc_in = device(torch.from_numpy(prev.astype(np.int32))) if step % 2 else None
+            acc_in = device.vector(prev.astype(np.int32)) if step % 2 else None
             a_o = host(ours.preprocess(so, side_o.input_batch, side_o.requests, num_accepted=acc_in))
         a_v = side_v.input_batch.num_accepted_tokens_cpu[:n].tolist()
         assert a_v == a_o, f"step {step}: num_accepted after the pre-copy: vLLM {a_v}, adapter {a_o}"
@@ -409,7 +444,7 @@ def run_trace(ns: types.SimpleNamespace, groups: list[GroupCfg], *, block_size: 
         if device is None:
             out_o = ours.postprocess(acc) if n else acc.copy()
         else:
-            out_o = np.array(host(ours.postprocess(device(torch.from_numpy(acc.astype(np.int32))))), dtype=np.int64)
+            out_o = np.array(host(ours.postprocess(device.vector(acc.astype(np.int32)))), dtype=np.int64)
         assert out_v.tolist() == out_o.tolist(), f"step {step}: num_accepted after the post-process: vLLM {out_v.tolist()}, adapter {out_o.tolist()}"
         err = _equal(states_v, states_o)
         assert err is None, f"step {step}, after the post-process: {err}"
