@@ -8,6 +8,12 @@ asynchronously. Adapter side: ``VllmMambaStep.preprocess`` (slots, gathering the
 per-request values, the core's decision and the multi-group plan) with the plan's execution
 skipped likewise. Every request moves its state every step (the worst case).
 
+Device path (the adapter bound to CUDA states; measured without a GPU through the device path's
+seam: the states are host tensors that claim to be on ``cuda:0``, the staging copy is a host copy
+and the driver launch is not made): host time of the pre-copy half, from the runner's objects
+(``preprocess``) and in array form (``DeviceStep.pre_copy``: the core's column decision, the int32
+staging, the launch build; no per-request Python), and of the post-process half in array form.
+
     .venv/bin/python benches/vllm_step.py [--requests 1 64 256 1024] [--groups 1 3] [--layers 48]
 
 ``--layers`` is the number of recurrent layers of the model, split evenly over the groups.
@@ -27,7 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from device_fakes import FakeCuda, FakeOps  # noqa: E402
+from recoverssm_rs import device_path  # noqa: E402
 from recoverssm_rs import groups as rs_groups  # noqa: E402
+from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.vllm import VllmMambaStep  # noqa: E402
 from support import vllm_oracle  # noqa: E402
 
@@ -107,6 +116,47 @@ def time_adapter(kvc, fc, ib, requests, so, ids, reps):
     return statistics.median(times), planned[-1]
 
 
+def time_device(kvc, fc, ib, requests, so, ids, reps):
+    """The device path's host time per half-step: ``(preprocess, pre_copy array form, post_process
+    array form, launches per step)``."""
+    launches = []
+    device_path.cuda_ops = FakeOps()
+    cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
+    def bound(t: torch.Tensor) -> FakeCuda:
+        f = FakeCuda(t)
+        f.data_ptr = t.data_ptr  # type: ignore[method-assign]  # a C call, as for a real tensor (the guard's)
+        return f
+
+    fake = {k: types.SimpleNamespace(kv_cache=[bound(t) for t in v.kv_cache]) for k, v in fc.items()}
+    step = VllmMambaStep.from_runner(kvc, fake, {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")},
+                                     max_num_reqs=len(ids), conv_layout="SD")
+    dev = step.device_step
+    assert dev is not None
+    n = len(ids)
+    tables = step.tables(ib, n)
+    c, ns_, nd = np.full(n, C), np.full(n, N), np.full(n, D)
+    run, acc = np.zeros(n, np.int64), FakeCuda(torch.ones(n, dtype=torch.int32))
+    acc_post = FakeCuda(torch.full((n,), 2, dtype=torch.int32))
+    pre, arr, post = [], [], []
+    for _ in range(reps):
+        step.release(ids)
+        step._slots(ids, [])
+        step.running_col[:n] = 0
+        launches.clear()
+        t0 = time.perf_counter()
+        step.preprocess(so, ib, requests, num_accepted=acc)
+        t1 = time.perf_counter()
+        curr, _ = dev.pre_copy(tables, c, ns_, run, acc)
+        t2 = time.perf_counter()
+        dev.post_process(tables, curr, c, ns_, nd, acc_post)
+        t3 = time.perf_counter()
+        pre.append(t1 - t0)
+        arr.append(t2 - t1)
+        post.append(t3 - t2)
+    assert len(launches) == 3, launches  # one fused launch per half-step, every group included
+    return statistics.median(pre), statistics.median(arr), statistics.median(post), len(launches) // 3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, nargs="+", default=[1, 64, 256, 1024])
@@ -118,14 +168,19 @@ def main() -> None:
     vllm_oracle.set_conv_layout(ns, "SD")
     print(f"align-mode step host time, {args.layers} recurrent layers (GDN: conv + temporal), "
           f"block_size={BS}, num_speculative_blocks={NSB}, every request moving; median of {args.reps}")
-    print(f"{'requests':>8} {'groups':>6} {'copies':>8} {'vLLM ms':>10} {'adapter ms':>11} {'ratio':>8}")
+    print("host path: vLLM's preprocess + staging against the adapter's preprocess (decision + plan); device path "
+          "(us): preprocess from the runner's objects, pre_copy / post_process in array form, launches per half-step")
+    print(f"{'requests':>8} {'groups':>6} {'copies':>8} {'vLLM ms':>10} {'adapter ms':>11} {'ratio':>8} "
+          f"{'dev pre us':>11} {'ratio':>8} {'dev array pre':>14} {'dev array post':>15} {'launch/half':>12}")
     for g in args.groups:
         for r in args.requests:
             kvc, fc, ib, requests, so, ids = build(ns, r, g, args.layers)
             tv, nv = time_vllm(ns, kvc, fc, ib, requests, so, ids, args.reps)
             ta, na = time_adapter(kvc, fc, ib, requests, so, ids, args.reps)
             assert nv == na, f"vLLM collected {nv} copies, the adapter planned {na}"
-            print(f"{r:>8} {g:>6} {na:>8} {tv * 1e3:>10.3f} {ta * 1e3:>11.3f} {tv / ta:>7.1f}x", flush=True)
+            dp, da, dq, nl = time_device(kvc, fc, ib, requests, so, ids, args.reps)
+            print(f"{r:>8} {g:>6} {na:>8} {tv * 1e3:>10.3f} {ta * 1e3:>11.3f} {tv / ta:>7.1f}x "
+                  f"{dp * 1e6:>11.1f} {tv / dp:>7.1f}x {da * 1e6:>14.1f} {dq * 1e6:>15.1f} {nl:>12}", flush=True)
 
 
 if __name__ == "__main__":
