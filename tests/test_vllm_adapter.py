@@ -114,3 +114,38 @@ def test_postprocess_needs_a_preprocess():
     step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
     with pytest.raises(PlanError, match="preprocess first"):
         step.postprocess(np.ones(1, np.int64))
+
+
+def test_the_device_path_checks_on_the_host_before_queueing(fake_ops, recorder):
+    """CUDA states (stand-ins): the host-side checks of the device path raise before anything is
+    staged or launched, and the host path's array forms are refused."""
+    import types
+
+    from device_fakes import FakeCuda
+
+    sim, side = _side([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1)])
+    ctx = {k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in side.forward_context.items()}
+    step = VllmMambaStep.from_runner(side.kv_cache_config, ctx, side.copy_funcs(None), max_num_reqs=4)
+    dev = step.device_step
+    assert dev is not None and "cuda:0" in repr(dev)
+    tables = [np.arange(1, 17, dtype=np.int64).reshape(2, 8)] * 2
+    one = np.ones(2, np.int64)
+    with pytest.raises(PlanError, match="runs the host path, but the states are on cuda:0"):
+        step.pre_copy(tables, [0, 1], one, one, one)
+    with pytest.raises(PlanError, match="group 1: pass the host block table"):
+        dev.pre_copy([tables[0], FakeCuda(torch.from_numpy(tables[1]))], one, one, [-1, -1], one)
+    with pytest.raises(PlanError, match="request 1: num_scheduled = 0"):
+        dev.pre_copy(tables, one, np.array([1, 0]), [-1, -1], one)
+    with pytest.raises(PlanError, match="stale column"):
+        dev.pre_copy(tables, [0, 0], one, [-1, 3], one, fresh=[0, 1])
+    with pytest.raises(PlanError, match="post_process of 2 requests, but the step's pre_copy staged 0"):
+        dev.post_process(tables, [0, 0], one, one, [0, 0], one)
+    with pytest.raises(PlanError, match=r"num_accepted\[1\] = 4294967296 does not fit the kernel's int32"):
+        dev.pre_copy(tables, one, one, [-1, -1], np.array([1, 1 << 32]))
+    with pytest.raises(PlanError, match="5 requests in the step, more than max_num_reqs = 4"):
+        dev.pre_copy([np.ones((5, 8), np.int64)] * 2, np.ones(5), np.ones(5), -np.ones(5), np.ones(5))
+    assert not recorder.calls and fake_ops.staged == 0
+    # A valid step: one launch, the counts as a device vector of the step's rows.
+    curr, counts = dev.pre_copy(tables, one, one, [-1, -1], FakeCuda(torch.ones(2, dtype=torch.int32)))
+    assert curr.tolist() == [0, 0] and isinstance(counts, FakeCuda) and tuple(counts.shape) == (2,)
+    assert len(recorder.calls) == 1 and fake_ops.staged == 1
