@@ -81,7 +81,7 @@ class FakeOps(device_path.CudaOps):
         self.uploads += 1
         return FakeCuda(torch.from_numpy(np.ascontiguousarray(raw).copy()), index)
 
-    def stage(self, host: np.ndarray, index: int) -> Any:
+    def stage_i32(self, host: np.ndarray, index: int) -> Any:
         self.staged += 1
         return FakeCuda(torch.from_numpy(np.ascontiguousarray(host).copy()), index)
 

@@ -75,11 +75,13 @@ class CudaOps:
         torch.cuda.synchronize(index)
         return dev
 
-    def stage(self, host: np.ndarray, index: int) -> Any:
-        """A device copy of host bytes, queued on the current stream without waiting (through
-        pinned memory, which torch's caching host allocator keeps until the copy has run)."""
+    def stage_i32(self, host: np.ndarray, index: int) -> Any:
+        """A device copy of a 1-D int32 host array, queued on the current stream without waiting:
+        one copy into pinned memory (which torch's caching host allocator keeps until the
+        asynchronous copy has run), then the host-to-device copy."""
         torch = self.torch()
-        pinned = torch.from_numpy(np.ascontiguousarray(host)).pin_memory()
+        pinned = torch.empty(len(host), dtype=torch.int32, pin_memory=True)
+        pinned.numpy()[:] = host
         return pinned.to(torch.device("cuda", index), non_blocking=True)
 
     def zeros_i32(self, n: int, index: int) -> Any:

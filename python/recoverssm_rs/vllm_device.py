@@ -79,7 +79,7 @@ class DeviceStep:
     def _stage(self, host: np.ndarray, stream: Any) -> Any:
         ops = device_path.cuda_ops
         with ops.context(self.index, ops.torch_stream(stream, self.index)):
-            return ops.stage(host, self.index)
+            return ops.stage_i32(host, self.index)
 
     def pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any, running_col: Any,
                  num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[Any] | None = None,
