@@ -85,6 +85,9 @@ class FakeOps(device_path.CudaOps):
         self.staged += 1
         return FakeCuda(torch.from_numpy(np.ascontiguousarray(host).copy()), index)
 
+    def stack_rows(self, tables: list[Any], rows: int, index: int) -> Any:
+        return FakeCuda(torch.stack([t.t[:rows] for t in tables]), index)
+
     def zeros_i32(self, n: int, index: int) -> Any:
         self.allocs += 1
         return FakeCuda(torch.zeros(n, dtype=torch.int32), index)

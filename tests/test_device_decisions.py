@@ -118,7 +118,8 @@ def test_the_counts_over_many_rows(fake_ops, emulator):
         dev.launch_post_process(FakeCuda(torch.from_numpy(tables[0].astype(np.int32))), fake(d.curr),
                                 fake(c + n - nd), fake(acc), num_accepted_out=out)
         assert out.t.tolist() == p.num_accepted.tolist()
-        assert (p.num_accepted == 1).any() and (p.num_accepted > 1).any()
+        assert ((acc > 1) & (p.num_accepted == 1)).any() and (p.num_accepted > 1).any()  # resets and keeps
+        assert ((a > 1) & (d.num_accepted == 1)).any()
         assert dev.last_error().ok
 
 
@@ -137,3 +138,29 @@ def test_an_output_that_aliases_an_input_is_refused(fake_ops, recorder):
     with pytest.raises(PlanError, match="num_accepted_out: expected int32, got torch.int64"):
         dev.launch_post_process(bt, fake([0, 1]), fake([4, 5]), acc, num_accepted_out=fake([0, 0], torch.int64))
     assert not recorder.calls
+
+
+@needs_cxx
+def test_the_step_error_word_covers_both_halves(fake_ops, emulator):
+    """A count the kernel rejects in the pre-copy stays reported after the post-process (one error
+    word per step, zeroed by the next pre-copy); the rejected request's state is not written."""
+    from recoverssm_rs.vllm_device import DeviceStep
+
+    lays = group_layouts()[:2]
+    rng = np.random.default_rng(9)
+    nb = 2 * 2 * COLS + 2
+    tables, _, _, _, _ = batch(rng, 2, 4, len(lays), nb)
+    states = [random_states(lay, nb, 1, rng) for lay in lays]
+    before = clone(states)
+    dev = MultiGroupPlanner([(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)],
+                            block_size=4, num_spec_blocks=NSPEC)
+    step = DeviceStep(dev, 4)
+    c, n, run = np.array([4, 4]), np.array([4, 4]), np.array([0, 1])  # request 0 moves 0 -> 1; request 1 stays
+    curr, counts = step.pre_copy(tables, c, n, run, fake([0, 2]))  # a count of 0 for the moving request
+    word = step.last_error()
+    assert not word.ok and "accepted" in str(word) and counts.t.tolist() == [0, 2]
+    assert_same(states, before)  # the rejected move wrote nothing; request 1 does not move
+    step.post_process(tables, curr, c, n, np.zeros(2, np.int64), fake([1, 1]))
+    assert not step.last_error().ok, "the post-process must not erase the pre-copy's report"
+    step.pre_copy(tables, c, n, run, fake([1, 1]))
+    assert step.last_error().ok

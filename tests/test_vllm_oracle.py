@@ -60,19 +60,21 @@ def test_trace_equals_vllm(oracle, name):
 
 # The adapter's device path (FakeCuda states: the fused launches run through the host emulation of
 # the real kernel), against the same vLLM traces.
-DEVICE_TRACES = ["gdn-SD-spec2", "gdn-DS-spec2", "3groups-DS-spec2", "2groups-SD-bs2-spec3", "gdn-DS-nospec-scalar",
-                 "3groups-DS-shared-pages"]
+# (name, the kernel reads the batch's device block tables instead of staged host tables)
+DEVICE_TRACES = [("gdn-SD-spec2", False), ("gdn-DS-spec2", True), ("3groups-DS-spec2", False),
+                 ("3groups-DS-spec2", True), ("2groups-SD-bs2-spec3", False), ("gdn-DS-nospec-scalar", False),
+                 ("3groups-DS-shared-pages", False)]
 
 
-@pytest.mark.parametrize("name", DEVICE_TRACES)
-def test_device_trace_equals_vllm(oracle, fake_ops, emulator, name):
+@pytest.mark.parametrize("name,device_tables", DEVICE_TRACES)
+def test_device_trace_equals_vllm(oracle, fake_ops, emulator, name, device_tables):
     import torch
     from device_fakes import FakeCuda
 
     groups, bs, nsb, layout, seed, *shared = TRACES[name]
     mode = vllm_trace.DeviceMode(place=lambda t: t, bind=FakeCuda, vector=lambda a: FakeCuda(torch.from_numpy(a)))
     stats = vllm_trace.run_trace(oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS,
-                                 shared_pages=bool(shared), device=mode)
+                                 shared_pages=bool(shared), device=mode, device_tables=device_tables)
     assert stats.steps == STEPS and stats.pre_copies > 0
     # One fused launch per half-step for every group, and nothing waited for the device: the
     # state table went up once, each half-step staged its inputs in one asynchronous copy.
@@ -80,6 +82,7 @@ def test_device_trace_equals_vllm(oracle, fake_ops, emulator, name):
     assert launches == ["rs_state_copy"] * len(launches) and len(launches) == 2 * stats.busy_steps
     assert {c["decide"] for c in emulator.calls} == {False, True}
     assert all(c["num_accepted_out"] != 0 for c in emulator.calls)
+    assert len({c["err"] for c in emulator.calls}) == 1  # one error word for the whole step
     assert fake_ops.syncs == 0 and fake_ops.uploads == 1 and fake_ops.staged == len(launches)
 
 

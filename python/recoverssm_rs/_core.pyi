@@ -32,6 +32,7 @@ __all__ = [
     "check_cache_sizes",
     "check_commit_counts",
     "check_fused_step",
+    "check_device_tables",
     "check_index",
     "commit_grid",
     "commit_meta_table",
@@ -437,6 +438,10 @@ def check_fused_step(
 ) -> int:
     """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
 
+def check_device_tables(device_name: str, tables: list[Any], groups: int, rows: int) -> None:
+    """``PlanError`` unless ``tables`` are one integer ``[>= rows, cols]`` CUDA table per group on
+    ``device_name``, of one width and dtype."""
+
 def describe_arg(obj: Any) -> tuple[int, str, list[int], list[int], str] | None:
     """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a CuPy array or a numpy
     array; ``None`` for anything else."""
@@ -522,13 +527,15 @@ class GroupPlanner:
     def device_pre_copy(
         self, block_tables: list[Any], num_computed: Any, num_scheduled: Any, running_col: Any,
         fresh: Any = None, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
+        stage_table: bool = True,
     ) -> tuple[bytes, bytes, tuple[int, int, int]]:
         """Host columns (int64 ``prev, curr, src_col``) and the int32 staged step, with the table's shape."""
     def device_post_process(
         self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
         num_draft: Any, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
-    ) -> tuple[bytes, bytes]:
-        """Host ``running`` (int64) and the int32 staged ``state_col, running``."""
+        stage_table: bool = True,
+    ) -> tuple[bytes, bytes, tuple[int, int, int]]:
+        """Host ``running`` (int64) and the int32 staged step, with the table's shape."""
 
 # Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
 @final

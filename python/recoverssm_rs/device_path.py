@@ -84,6 +84,12 @@ class CudaOps:
         pinned.numpy()[:] = host
         return pinned.to(torch.device("cuda", index), non_blocking=True)
 
+    def stack_rows(self, tables: list[Any], rows: int, index: int) -> Any:
+        """``[len(tables), rows, cols]``: the first ``rows`` rows of each CUDA table, stacked on the
+        device (queued on the current stream)."""
+        torch = self.torch()
+        return torch.stack([t[:rows] for t in tables])
+
     def zeros_i32(self, n: int, index: int) -> Any:
         torch = self.torch()
         out = torch.zeros(n, dtype=torch.int32, device=torch.device("cuda", index))

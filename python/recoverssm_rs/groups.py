@@ -99,7 +99,7 @@ class StagedStep(NamedTuple):
     staged: np.ndarray
     """int32: the table (if any), then the per-request vectors the kernel reads."""
     table_shape: tuple[int, int, int]
-    """``(groups, R, cols)`` of the staged table (``(0, R, 0)`` without one)."""
+    """``(groups, R, cols)`` of the staged table (``(0, R, 0)`` when none was staged)."""
 
 
 def _decision(raw: bytes, cls: Any, n: int) -> Any:
@@ -323,31 +323,42 @@ class MultiGroupPlanner:
     # ---- device path: one fused launch for every group ----------------------------------------
 
     def stage_pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any, running_col: Any, *,
-                       fresh: Any = None, req_ids: Sequence[Any] | None = None,
-                       num_accepted: Any = None) -> StagedStep:
-        """The host half of a device pre-copy: the columns (``vectors``: ``prev, curr, src_col``),
-        decided and checked by the core without the accepted counts, and the step staged for the
-        kernel: int32 ``[groups * R * cols]`` table, then ``src_col``, ``curr`` and, when given on
-        the host, ``num_accepted``."""
+                       fresh: Any = None, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
+                       stage_table: bool = True) -> StagedStep:
+        """The host half of a device pre-copy (the core's ``device_step::stage_pre_copy``): the
+        columns (``vectors``: ``prev, curr, src_col``) and the step staged for the kernel: the int32
+        ``[groups * R * cols]`` table (unless ``stage_table`` is false), then ``src_col``, ``curr``
+        and, when given on the host, ``num_accepted``. With host counts every check of
+        :func:`align_pre_copy` runs; without them, every check that needs no count (the kernel
+        checks the rest).
+
+        Raises:
+            PlanError: naming the request.
+        """
         c = _i64(num_computed)
         cols, raw, shape = self._core.device_pre_copy(
             _tables(block_tables), c, _i64(num_scheduled), _i64(running_col),
-            None if fresh is None else _i64(fresh), req_ids, None if num_accepted is None else _i64(num_accepted))
+            None if fresh is None else _i64(fresh), req_ids, None if num_accepted is None else _i64(num_accepted),
+            stage_table)
         return StagedStep(np.frombuffer(cols, dtype=np.int64).reshape(3, len(c)), np.frombuffer(raw, dtype=np.int32),
                           shape)
 
     def stage_post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
-                           num_draft: Any, *, req_ids: Sequence[Any] | None = None,
-                           num_accepted: Any = None) -> StagedStep:
-        """The host half of a device post-process: ``running`` (``vectors[0]``), checked by the core
-        without the accepted counts, and int32 ``state_col``, ``running`` (and host
-        ``num_accepted``) staged for the kernel (no table: it reuses the pre-copy's)."""
+                           num_draft: Any, *, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
+                           stage_table: bool = True) -> StagedStep:
+        """The host half of a device post-process: ``running`` (``vectors[0]``) and the staged
+        step: the table (unless ``stage_table`` is false), then ``state_col``, ``running`` and host
+        ``num_accepted`` when given (then every check of :func:`align_post_process` runs).
+
+        Raises:
+            PlanError: naming the request.
+        """
         s = _i64(state_col)
-        running, raw = self._core.device_post_process(
+        running, raw, shape = self._core.device_post_process(
             _tables(block_tables), s, _i64(num_computed), _i64(num_scheduled), _i64(num_draft), req_ids,
-            None if num_accepted is None else _i64(num_accepted))
+            None if num_accepted is None else _i64(num_accepted), stage_table)
         return StagedStep(np.frombuffer(running, dtype=np.int64).reshape(1, len(s)),
-                          np.frombuffer(raw, dtype=np.int32), (0, len(s), 0))
+                          np.frombuffer(raw, dtype=np.int32), shape)
 
     def _cuda_index(self, what: str) -> int:
         device = self.device

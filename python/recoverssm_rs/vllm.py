@@ -122,27 +122,32 @@ class VllmMambaStep:
             layer's ``kv_cache`` tensors (the leading ``len(layout.persistent)`` are bound).
         block_size, num_spec_blocks: the groups' shared scheduling parameters.
         max_num_reqs: capacity of the running-column array.
+        device_tables: CUDA states only: the kernel reads the input batch's device block tables
+            (``block_table[g].get_device_tensor(R)``, stacked on the device) instead of a staged
+            copy of the host tables the step is checked against -- for wide tables. They must be
+            committed (equal to the host tables) before :meth:`preprocess`.
 
     Most engines build it with :meth:`from_runner`.
     """
 
     def __init__(self, groups: Sequence[tuple[int, Layout, Sequence[Sequence[Any]]]], *, block_size: int,
-                 num_spec_blocks: int, max_num_reqs: int) -> None:
+                 num_spec_blocks: int, max_num_reqs: int, device_tables: bool = False) -> None:
         self._group_ids = [int(g) for g, _, _ in groups]
         self.planner = MultiGroupPlanner([(layout, states) for _, layout, states in groups],
                                          block_size=block_size, num_spec_blocks=num_spec_blocks)
         self.device_step = DeviceStep(self.planner, max_num_reqs) if self.planner.device.startswith("cuda") else None
         """The device path's launches (CUDA states), else ``None``."""
+        self._device_tables = bool(device_tables) and self.device_step is not None
         self.running_col = np.full(int(max_num_reqs), -1, dtype=np.int64)
         """The running-state column per slot (``-1``: none)."""
         self._slot: dict[str, int] = {}
         self._free = list(range(int(max_num_reqs) - 1, -1, -1))
-        self._step: tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]] | None = None
+        self._step: tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], Any] | None = None
 
     @classmethod
     def from_runner(cls, kv_cache_config: Any, forward_context: Mapping[str, Any],
                     copy_funcs: Mapping[Any, Sequence[Any]], *, max_num_reqs: int,
-                    conv_layout: str | None = None) -> VllmMambaStep:
+                    conv_layout: str | None = None, device_tables: bool = False) -> VllmMambaStep:
         """Build the step from vLLM's model-runner objects (read by attribute, never imported).
 
         Args:
@@ -153,6 +158,7 @@ class VllmMambaStep:
                 ``MambaStateCopyFuncsByType``).
             max_num_reqs: the runner's request capacity.
             conv_layout: ``"SD"`` / ``"DS"``; default ``$VLLM_SSM_CONV_STATE_LAYOUT`` or ``"SD"``.
+            device_tables: as the constructor's.
 
         Raises:
             LayoutError: the copy-function contract check fails (``validate_copy_funcs``), groups
@@ -181,7 +187,7 @@ class VllmMambaStep:
             groups.append((gid, _layout(spec, funcs, layout_name), states))
         first = specs[0]
         return cls(groups, block_size=int(first.block_size), num_spec_blocks=int(first.num_speculative_blocks),
-                   max_num_reqs=max_num_reqs)
+                   max_num_reqs=max_num_reqs, device_tables=device_tables)
 
     # --------------------------------------------------------------------------------------------
     # Slots (the running-column array's rows)
@@ -216,6 +222,18 @@ class VllmMambaStep:
     def tables(self, input_batch: Any, n: int) -> list[Any]:
         """The batch's block table of each planner group (first ``n`` rows)."""
         return [_block_table(input_batch, gid, n) for gid in self._group_ids]
+
+    def device_tables(self, input_batch: Any, n: int) -> list[Any]:
+        """The batch's device block table of each planner group (vLLM's ``get_device_tensor(n)``)."""
+        return [input_batch.block_table[gid].get_device_tensor(n) for gid in self._group_ids]
+
+    def last_error(self) -> Any:
+        """Device path: the current step's error word (see
+        :meth:`DeviceStep.last_error <recoverssm_rs.vllm_device.DeviceStep.last_error>`;
+        synchronises). The host path raises instead of reporting."""
+        if self.device_step is None:
+            raise PlanError("last_error is the device path's report; the host path raises PlanError on a bad step")
+        return self.device_step.last_error()
 
     def pre_copy(self, block_tables: Sequence[Any], slots: Any, num_computed: Any, num_scheduled: Any,
                  num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[str] | None = None) -> PreCopyDecision:
@@ -266,6 +284,7 @@ class VllmMambaStep:
         Raises:
             PlanError: naming the request (see :func:`recoverssm_rs.groups.align_pre_copy`).
         """
+        self._step = None  # a rejected step leaves nothing for postprocess
         cached = scheduler_output.scheduled_cached_reqs
         self.release(scheduler_output.finished_req_ids)
         self.release(getattr(scheduler_output, "preempted_req_ids", None) or ())
@@ -283,9 +302,10 @@ class VllmMambaStep:
             ns = np.fromiter((sched[r] for r in req_ids), np.int64, n)
             nd = np.fromiter((len(spec.get(r, ())) for r in req_ids), np.int64, n)
             tables = self.tables(input_batch, n)
+            dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
             if self.device_step is not None:
                 curr, out = self.device_step.pre_copy(tables, c, ns, self.running_col[slots], acc, req_ids=req_ids,
-                                                      stream=stream)
+                                                      stream=stream, device_tables=dev_tables)
                 self.running_col[slots] = curr
             else:
                 d = self.pre_copy(tables, slots, c, ns, acc, req_ids=req_ids)
@@ -295,7 +315,7 @@ class VllmMambaStep:
             raise
         if self.device_step is None:
             host_acc[:n] = out
-        self._step = (tables, curr, c, ns, nd, req_ids)
+        self._step = (tables, curr, c, ns, nd, req_ids, dev_tables)
         return out
 
     def postprocess(self, num_accepted: Any, *, stream: Any = None) -> Any:
@@ -314,9 +334,10 @@ class VllmMambaStep:
         """
         if self._step is None:
             raise PlanError("postprocess needs the step's preprocess first")
-        tables, curr, c, ns, nd, req_ids = self._step
+        tables, curr, c, ns, nd, req_ids, dev_tables = self._step
         if self.device_step is not None:
-            return self.device_step.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream)
+            return self.device_step.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream,
+                                                 device_tables=dev_tables)
         return self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
 
     def __repr__(self) -> str:

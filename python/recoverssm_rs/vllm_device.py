@@ -8,8 +8,11 @@ for the kernel as one int32 buffer (the groups' block tables, then the per-reque
 goes to the device in one asynchronous copy on the caller's stream. The kernel reads the accepted
 counts in device memory, decides and copies every state of every layer of every group, validates
 each request (the planner's error word), and writes the counts for what follows into a buffer of
-this object (vLLM's resets: 1 where the running state moved). Nothing here synchronises with the
-device.
+this object (vLLM's resets: 1 where the running state moved). Both halves report into one error
+word per step (:meth:`DeviceStep.last_error`). Nothing here synchronises with the device.
+
+The block tables are staged from the host tables the step was checked against, or, for wide
+tables, taken from the engine's own device tables (``device_tables``), stacked on the device.
 
 Every torch CUDA call goes through :data:`recoverssm_rs.device_path.cuda_ops` (the seam the tests
 replace to run this path on the host, through the emulation of the real kernel).
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, device_path
+from ._core import ErrorWord
 from .errors import PlanError
 from .groups import MultiGroupPlanner
 
@@ -53,9 +57,9 @@ class DeviceStep:
         max_num_reqs: the most requests of a step (the size of the output buffers).
 
     The counts a launch writes are views into buffers of this object (one for the pre-copy, one
-    for the post-process): use them before the same half of the next step overwrites them. Run
-    both halves of a step on one stream (the post-process reads the block table the pre-copy
-    staged).
+    for the post-process): use them before the same half of the next step overwrites them. Both
+    halves report into this object's error word (:meth:`last_error`), zeroed by each pre-copy, so
+    it covers the whole step.
     """
 
     def __init__(self, planner: MultiGroupPlanner, max_num_reqs: int) -> None:
@@ -67,101 +71,135 @@ class DeviceStep:
         self.index = int(idx) if idx else 0
         self.max_num_reqs = int(max_num_reqs)
         self._out: Any = None  # int32 [2 * max_num_reqs]: the pre-copy's counts, then the post-process's
-        self._table: Any = None  # the staged [groups, R, cols] table of the current step
-        self._rows = -1
+        self._err: Any = None  # int32 [3]: the step's error word
+        self._err_rows = 0
 
-    def _outputs(self) -> Any:
+    def _buffers(self) -> tuple[Any, Any]:
         if self._out is None:
             self.planner.prepare_device()
-            self._out = device_path.cuda_ops.zeros_i32(2 * self.max_num_reqs, self.index)
-        return self._out
+            ops = device_path.cuda_ops
+            self._out = ops.zeros_i32(2 * self.max_num_reqs, self.index)
+            self._err = ops.zeros_i32(3, self.index)
+        return self._out, self._err
 
-    def _stage(self, host: np.ndarray, stream: Any) -> Any:
-        ops = device_path.cuda_ops
-        with ops.context(self.index, ops.torch_stream(stream, self.index)):
-            return ops.stage_i32(host, self.index)
+    def _table(self, staged: Any, shape: tuple[int, int, int], device_tables: Sequence[Any] | None, rows: int) -> Any:
+        """The step's ``[groups, R, cols]`` table: the staged one, or the engine's device tables
+        stacked on the device."""
+        if device_tables is None:
+            g, r, c = shape
+            return staged[: g * r * c].view(g, r, c)
+        return device_path.cuda_ops.stack_rows(list(device_tables), rows, self.index)
+
+    def _check_device_tables(self, device_tables: Sequence[Any] | None, rows: int) -> None:
+        if device_tables is not None:
+            _core.check_device_tables(self.planner.device, list(device_tables), self.planner.num_groups, rows)
 
     def pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any, running_col: Any,
                  num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[Any] | None = None,
-                 stream: Any = None) -> tuple[np.ndarray, Any]:
+                 stream: Any = None, device_tables: Sequence[Any] | None = None) -> tuple[np.ndarray, Any]:
         """vLLM's pre-copy for every group in one launch.
 
         Args:
-            block_tables: one host ``[>= R, cols]`` table per group (checked on the host and staged).
+            block_tables: one host ``[>= R, cols]`` table per group (the host checks run on them).
             num_computed, num_scheduled, running_col: host ``[R]`` vectors (as
                 :func:`~recoverssm_rs.groups.align_pre_copy`).
             num_accepted: ``[R]`` counts of the previous step: a CUDA tensor (read only by the
-                kernel) or a host array (staged with the step).
+                kernel, which checks them) or a host array (staged with the step, after every host
+                check of :func:`~recoverssm_rs.groups.align_pre_copy`).
             fresh, req_ids: as :func:`~recoverssm_rs.groups.align_pre_copy`.
             stream: a torch or CuPy stream; ``None``: the current torch stream.
+            device_tables: the same tables already on the device (one CUDA ``[>= R, cols]`` per
+                group, e.g. vLLM's ``block_table[g].get_device_tensor(R)``): stacked on the device
+                instead of staging the host tables (for wide tables). They must hold what the host
+                tables hold; the kernel still checks every block id and column it reads.
 
         Returns:
             ``(curr, counts)``: the new running columns (host int64; store them per request) and
             the ``[R]`` int32 CUDA counts after the reset, for the forward pass.
 
         Raises:
-            PlanError: naming the request, before anything is queued (every host check of
-                :func:`~recoverssm_rs.groups.align_pre_copy` that needs no count).
+            PlanError: naming the request, before anything is queued.
         """
+        self._err_rows = 0
         r = len(num_computed)
         if r > self.max_num_reqs:
             raise PlanError(f"{r} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
+        self._check_device_tables(device_tables, r)
         dev_counts = on_device(num_accepted)
-        host = None if dev_counts else _host_counts(num_accepted)
         st = self.planner.stage_pre_copy(_as_host_tables(block_tables), num_computed, num_scheduled, running_col,
-                                         fresh=fresh, req_ids=req_ids, num_accepted=host)
-        curr = st.vectors[1]
-        g, rows, width = st.table_shape
-        out = self._outputs()
+                                         fresh=fresh, req_ids=req_ids,
+                                         num_accepted=None if dev_counts else _host_counts(num_accepted),
+                                         stage_table=device_tables is None)
+        out, err = self._buffers()
         counts = out[:r]
-        if r == 0:
-            return curr, counts
-        dev = self._stage(st.staged, stream)
-        n = g * rows * width
-        self._table, self._rows = dev[:n].view(g, rows, width), r
+        ops = device_path.cuda_ops
+        with ops.context(self.index, ops.torch_stream(stream, self.index)):
+            err.zero_()  # the step's word: the post-process ORs into it too
+            if r == 0:
+                return st.vectors[1], counts
+            dev = ops.stage_i32(st.staged, self.index)
+            table = self._table(dev, st.table_shape, device_tables, r)
+        n = st.table_shape[0] * st.table_shape[1] * st.table_shape[2]
         acc = num_accepted if dev_counts else dev[n + 2 * r: n + 3 * r]
-        self.planner.launch(self._table, dev[n: n + r], dev[n + r: n + 2 * r], acc, "pre_copy", stream=stream,
+        self.planner.launch(table, dev[n: n + r], dev[n + r: n + 2 * r], acc, "pre_copy", stream=stream, err=err,
                             num_accepted_out=counts)
-        return curr, counts
+        self._err_rows = r
+        return st.vectors[1], counts
 
     def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
                      num_draft: Any, num_accepted: Any, *, req_ids: Sequence[Any] | None = None,
-                     stream: Any = None) -> Any:
+                     stream: Any = None, device_tables: Sequence[Any] | None = None) -> Any:
         """vLLM's post-process for every group in one launch, decided on the device.
 
         Args:
-            block_tables: the step's host tables (checked again; the kernel reads the table the
-                pre-copy staged).
+            block_tables: the step's host tables.
             state_col: the ``curr`` :meth:`pre_copy` returned; num_computed, num_scheduled,
                 num_draft: host ``[R]`` vectors of the same step.
             num_accepted: ``[R]`` tokens accepted this step (bonus included): a CUDA tensor (the
-                sampler's) or a host array.
-            req_ids, stream: as :meth:`pre_copy`.
+                sampler's; the kernel checks ``1 <= a <= 1 + num_spec_blocks``) or a host array
+                (every check of :func:`~recoverssm_rs.groups.align_post_process` runs).
+            req_ids, stream, device_tables: as :meth:`pre_copy`.
 
         Returns:
             The ``[R]`` int32 CUDA counts for the next step (1 where the running state was shifted
             in place).
 
         Raises:
-            PlanError: naming the request, before anything is queued; or no pre-copy of this step.
+            PlanError: naming the request, before anything is queued.
         """
         r = len(state_col)
-        if self._rows != r and r:
-            raise PlanError(f"post_process of {r} requests, but the step's pre_copy staged {max(self._rows, 0)}: "
-                            "run pre_copy first, with the same batch")
+        if r > self.max_num_reqs:
+            raise PlanError(f"{r} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
+        self._check_device_tables(device_tables, r)
         dev_counts = on_device(num_accepted)
-        host = None if dev_counts else _host_counts(num_accepted)
         st = self.planner.stage_post_process(_as_host_tables(block_tables), state_col, num_computed, num_scheduled,
-                                             num_draft, req_ids=req_ids, num_accepted=host)
-        out = self._outputs()
+                                             num_draft, req_ids=req_ids,
+                                             num_accepted=None if dev_counts else _host_counts(num_accepted),
+                                             stage_table=device_tables is None)
+        out, err = self._buffers()
         counts = out[self.max_num_reqs: self.max_num_reqs + r]
         if r == 0:
             return counts
-        dev = self._stage(st.staged, stream)
-        acc = num_accepted if dev_counts else dev[2 * r: 3 * r]
-        self.planner.launch_post_process(self._table, dev[:r], dev[r: 2 * r], acc, stream=stream,
+        ops = device_path.cuda_ops
+        with ops.context(self.index, ops.torch_stream(stream, self.index)):
+            dev = ops.stage_i32(st.staged, self.index)
+            table = self._table(dev, st.table_shape, device_tables, r)
+        n = st.table_shape[0] * st.table_shape[1] * st.table_shape[2]
+        acc = num_accepted if dev_counts else dev[n + 2 * r: n + 3 * r]
+        self.planner.launch_post_process(table, dev[n: n + r], dev[n + r: n + 2 * r], acc, stream=stream, err=err,
                                          num_accepted_out=counts)
+        self._err_rows = max(self._err_rows, r)
         return counts
+
+    def last_error(self) -> ErrorWord:
+        """The error word of the current step (both halves since the last :meth:`pre_copy`):
+        which error kinds the kernel saw and the first / last rejected request. A step with an
+        error must not be continued: a rejected request was skipped (nothing of it written) while
+        its counts followed the decision. **Synchronises** the device (for checks, not the loop)."""
+        if self._err is None:
+            return ErrorWord([0, 0, 0], 0)
+        device_path.cuda_ops.synchronize(self.index)
+        return ErrorWord([int(x) for x in self._err.cpu().tolist()], self._err_rows)
 
     def __repr__(self) -> str:
         return f"DeviceStep(cuda:{self.index}, groups={self.planner.num_groups}, max_num_reqs={self.max_num_reqs})"

@@ -331,6 +331,39 @@ fn byte_extent(a: &DeviceArg) -> (u64, u64) {
     (base.saturating_add(lo) as u64, base.saturating_add(hi).saturating_add(es) as u64)
 }
 
+/// Checks the engine's device block tables of a multi-group step before they are stacked into one
+/// `[groups, rows, cols]` table: one per group, each an integer `[>= rows, cols]` tensor on the
+/// states' `device`, all of one width and dtype. Errors are [`ErrorKind::Plan`] naming the group.
+pub fn check_group_tables(device: &Device, tables: &[DeviceArg], groups: u32, rows: u64) -> Result<()> {
+    if tables.len() != groups as usize {
+        return Err(Error::plan(format!("{} device block tables for {groups} recurrent groups", tables.len())));
+    }
+    let mut first: Option<(i64, &str)> = None;
+    for (g, t) in tables.iter().enumerate() {
+        let what = format!("group {g}'s device block table");
+        on_device(t, &what, device)?;
+        t.int_type(&what, &[IntType::I32, IntType::I64], ErrorKind::Plan)?;
+        let &[r, cols] = &t.shape[..] else {
+            return Err(Error::plan(format!("{what}: expected a 2-D [requests, cols] tensor, got shape {:?}", t.shape)));
+        };
+        if r < rows as i64 {
+            return Err(Error::plan(format!("{what} has {r} rows for {rows} requests")));
+        }
+        match first {
+            None => first = Some((cols, t.dtype_name())),
+            Some((c, d)) if c != cols || d != t.dtype_name() => {
+                return Err(Error::plan(format!(
+                    "{what} is [.., {cols}] {}, group 0's [.., {c}] {d}: the groups' device tables must share a width and dtype \
+                     (or let the step stage the host tables)",
+                    t.dtype_name()
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Checks the accepted counts of a kernel commit: an integer vector on the cache's `device`
 /// with one count per request, `min_len` at least. Errors are [`ErrorKind::Plan`].
 pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Result<()> {
@@ -428,6 +461,21 @@ mod tests {
         assert!(block_table(&t, &I32, ErrorKind::Binding).unwrap_err().message.contains("column axis must be contiguous"));
         let e = block_table(&arg("int32", &[6], "cuda:0"), &I32, ErrorKind::Binding).unwrap_err().message;
         assert!(e.contains("expected a 2-D [requests, cols] tensor"), "{e}");
+    }
+
+    #[test]
+    fn group_tables() {
+        let dev = Device::Cuda(0);
+        let (a, b) = (arg("int32", &[4, 8], "cuda:0"), arg("int32", &[5, 8], "cuda:0"));
+        assert!(check_group_tables(&dev, &[a.clone(), b.clone()], 2, 4).is_ok());
+        let e = check_group_tables(&dev, std::slice::from_ref(&a), 2, 4).unwrap_err();
+        assert_eq!(e.message, "1 device block tables for 2 recurrent groups");
+        let e = check_group_tables(&dev, &[a.clone(), b.clone()], 2, 5).unwrap_err();
+        assert_eq!(e.message, "group 0's device block table has 4 rows for 5 requests");
+        let e = check_group_tables(&dev, &[a.clone(), arg("int32", &[4, 9], "cuda:0")], 2, 4).unwrap_err();
+        assert!(e.message.starts_with("group 1's device block table is [.., 9] int32, group 0's [.., 8] int32"), "{}", e.message);
+        let e = check_group_tables(&dev, &[a, arg("int32", &[4, 8], "cpu")], 2, 4).unwrap_err();
+        assert!(e.message.starts_with("group 1's device block table: expected a CUDA tensor"), "{}", e.message);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::layout::Layout;
 use super::plan::{tensor_desc, DescTuple};
 use super::{to_py, IntoPyResult};
 use crate::binding::Binding;
-use crate::device_step::{self, StagedStep};
+use crate::device_step::{self, StagedStep, Tables};
 use crate::engine_step::{self, GroupTable, PostDecision, PostInputs, PreDecision, PreInputs, StepConfig};
 use crate::error::Error;
 use crate::group_plan::{GroupPlan as CoreGroupPlan, GroupPlanner as CoreGroupPlanner, Semantics};
@@ -71,7 +71,7 @@ fn post_bytes<'py>(py: Python<'py>, d: &PostDecision) -> Bound<'py, PyBytes> {
     rows_bytes(py, &[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted])
 }
 
-/// `(columns, staged step, table shape)` of a device pre-copy.
+/// `(decided vectors, staged step, table shape)` of a device half-step.
 type StagedPre<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, (usize, usize, usize));
 
 fn staged_bytes<'py>(py: Python<'py>, s: &StagedStep) -> Bound<'py, PyBytes> {
@@ -307,11 +307,10 @@ impl GroupPlanner {
         Ok((post_bytes(py, &d), GroupPlan { inner: plan, _planner: slf.unbind() }))
     }
 
-    /// The device path's pre-copy: the columns decided on the host without the accepted counts
-    /// (`engine_step::pre_copy_columns`; int64 rows `prev, curr, src_col` as bytes) and the step
-    /// staged for the kernel (int32 bytes: the `[groups, rows, cols]` table, then `src_col`,
-    /// `curr`, and `num_accepted` when the counts are given on the host), with the table's shape.
-    #[pyo3(signature = (block_tables, num_computed, num_scheduled, running_col, fresh = None, req_ids = None, num_accepted = None))]
+    /// The host half of a device pre-copy (`device_step::stage_pre_copy`): int64 rows `prev,
+    /// curr, src_col` as bytes, the int32 staged step as bytes, and the staged table's shape
+    /// (`(0, R, 0)` when `stage_table` is false: the engine's device tables are used).
+    #[pyo3(signature = (block_tables, num_computed, num_scheduled, running_col, fresh = None, req_ids = None, num_accepted = None, stage_table = true))]
     #[allow(clippy::too_many_arguments)]
     fn device_pre_copy<'py>(
         &self,
@@ -323,26 +322,22 @@ impl GroupPlanner {
         fresh: Option<&Bound<'py, PyAny>>,
         req_ids: Option<&'py Bound<'py, PyAny>>,
         num_accepted: Option<&Bound<'py, PyAny>>,
+        stage_table: bool,
     ) -> PyResult<StagedPre<'py>> {
         let t = tables(py, block_tables)?;
         let (c, n, r) =
             (vec_i64(py, num_computed, "num_computed")?, vec_i64(py, num_scheduled, "num_scheduled")?, vec_i64(py, running_col, "running_col")?);
         let f = fresh_mask(py, fresh)?;
-        let inp = PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: &[], running_col: &r, fresh: f.as_deref() };
-        let tv = views(&t);
-        let d = engine_step::pre_copy_columns(&inp, &tv, &self.inner.config(), &namer(req_ids)).py_err(py)?;
         let a = num_accepted.map(|a| vec_i64(py, a, "num_accepted")).transpose()?;
-        let mut vectors: Vec<(&str, &[i64])> = vec![("src_col", &d.src_col), ("curr", &d.curr)];
-        vectors.extend(a.as_deref().map(|a| ("num_accepted", a)));
-        let staged = device_step::stage(&tv, c.len(), &vectors, true).py_err(py)?;
-        Ok((rows_bytes(py, &[&d.prev, &d.curr, &d.src_col]), staged_bytes(py, &staged), (staged.groups, staged.rows, staged.cols)))
+        let inp = PreInputs { num_computed: &c, num_scheduled: &n, num_accepted: a.as_deref().unwrap_or(&[]), running_col: &r, fresh: f.as_deref() };
+        let from = if stage_table { Tables::Staged } else { Tables::OnDevice };
+        let (d, st) = device_step::stage_pre_copy(&inp, a.is_some(), &views(&t), &self.inner.config(), &namer(req_ids), from).py_err(py)?;
+        Ok((rows_bytes(py, &[&d.prev, &d.curr, &d.src_col]), staged_bytes(py, &st), (st.groups, st.rows, st.cols)))
     }
 
-    /// The device path's post-process: `running` decided on the host without the accepted counts
-    /// (`engine_step::post_process_running`; int64 bytes) and the int32 bytes `state_col`,
-    /// `running` (and `num_accepted` when given on the host) staged for the kernel, which reuses the
-    /// pre-copy's staged table.
-    #[pyo3(signature = (block_tables, state_col, num_computed, num_scheduled, num_draft, req_ids = None, num_accepted = None))]
+    /// The host half of a device post-process (`device_step::stage_post_process`): int64
+    /// `running` as bytes, the int32 staged step as bytes, and the staged table's shape.
+    #[pyo3(signature = (block_tables, state_col, num_computed, num_scheduled, num_draft, req_ids = None, num_accepted = None, stage_table = true))]
     #[allow(clippy::too_many_arguments)]
     fn device_post_process<'py>(
         &self,
@@ -354,7 +349,8 @@ impl GroupPlanner {
         num_draft: &Bound<'py, PyAny>,
         req_ids: Option<&'py Bound<'py, PyAny>>,
         num_accepted: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        stage_table: bool,
+    ) -> PyResult<StagedPre<'py>> {
         let t = tables(py, block_tables)?;
         let (s, c, n, dr) = (
             vec_i64(py, state_col, "state_col")?,
@@ -362,14 +358,11 @@ impl GroupPlanner {
             vec_i64(py, num_scheduled, "num_scheduled")?,
             vec_i64(py, num_draft, "num_draft")?,
         );
-        let inp = PostInputs { state_col: &s, num_computed: &c, num_scheduled: &n, num_draft: &dr, num_accepted: &[] };
-        let tv = views(&t);
-        let running = engine_step::post_process_running(&inp, &tv, &self.inner.config(), &namer(req_ids)).py_err(py)?;
         let a = num_accepted.map(|a| vec_i64(py, a, "num_accepted")).transpose()?;
-        let mut vectors: Vec<(&str, &[i64])> = vec![("state_col", &s), ("running", &running)];
-        vectors.extend(a.as_deref().map(|a| ("num_accepted", a)));
-        let staged = device_step::stage(&tv, s.len(), &vectors, false).py_err(py)?;
-        Ok((rows_bytes(py, &[&running]), staged_bytes(py, &staged)))
+        let inp = PostInputs { state_col: &s, num_computed: &c, num_scheduled: &n, num_draft: &dr, num_accepted: a.as_deref().unwrap_or(&[]) };
+        let from = if stage_table { Tables::Staged } else { Tables::OnDevice };
+        let (running, st) = device_step::stage_post_process(&inp, a.is_some(), &views(&t), &self.inner.config(), &namer(req_ids), from).py_err(py)?;
+        Ok((rows_bytes(py, &[&running]), staged_bytes(py, &st), (st.groups, st.rows, st.cols)))
     }
 }
 

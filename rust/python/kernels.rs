@@ -452,6 +452,14 @@ fn state_chunks(max_state_bytes: u64) -> u32 {
     kernels::state_chunks(max_state_bytes)
 }
 
+/// Checks the engine's device block tables of a multi-group step (`args::check_group_tables`).
+#[pyfunction]
+fn check_device_tables(py: Python<'_>, device_name: &str, tables: Vec<Bound<'_, PyAny>>, groups: u32, rows: u64) -> PyResult<()> {
+    let dev = device(py, device_name)?;
+    let described = tables.iter().enumerate().map(|(g, t)| arg(py, t, &format!("group {g}'s device block table"))).collect::<PyResult<Vec<_>>>()?;
+    args::check_group_tables(&dev, &described, groups, rows).py_err(py)
+}
+
 /// Checks the accepted counts of a device commit: an integer vector on the cache's device with at
 /// least `min_len` counts.
 #[pyfunction]
@@ -553,6 +561,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(copy_tiles_launch, m)?)?;
     m.add_function(wrap_pyfunction!(state_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(check_fused_step, m)?)?;
+    m.add_function(wrap_pyfunction!(check_device_tables, m)?)?;
     m.add_function(wrap_pyfunction!(commit_grid, m)?)?;
     m.add_function(wrap_pyfunction!(pack_launch, m)?)?;
     m.add_function(wrap_pyfunction!(check_commit_counts, m)?)?;

@@ -182,9 +182,10 @@ class Sim:
 class BlockTable:
     def __init__(self, rows: int, cols: int) -> None:
         self.t = torch.zeros(rows, cols, dtype=torch.int32)
+        self.device: DeviceMode | None = None  # where get_device_tensor places the rows
 
-    def get_device_tensor(self, n: int) -> torch.Tensor:
-        return self.t[:n]
+    def get_device_tensor(self, n: int) -> Any:
+        return self.t[:n] if self.device is None else self.device.vector(self.t[:n].numpy())
 
     def get_numpy_array(self) -> np.ndarray:
         return self.t.numpy()
@@ -346,13 +347,14 @@ class TraceStats:
 
 def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block_size: int, nsb: int,
               conv_layout: str, seed: int, steps: int = 24, shared_pages: bool = False,
-              device: DeviceMode | None = None) -> TraceStats:
+              device: DeviceMode | None = None, device_tables: bool = False) -> TraceStats:
     """Run one random trace through vLLM (``ns``: the oracle; ``None``: the adapter's host path
     instead) and the adapter; AssertionError at the first difference.
 
     ``device``: run the adapter's device path instead of its host path (see :class:`DeviceMode`);
-    the accepted counts are then passed as device vectors and the adapter's device results
-    compared."""
+    the accepted counts are then passed as device vectors (every other step; staged from the
+    host copy otherwise), the counts the device returned feed the next step, and with
+    ``device_tables`` the kernel reads the batch's device block tables."""
     from recoverssm_rs.vllm import VllmMambaStep
 
     if ns is not None:
@@ -369,7 +371,10 @@ def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block
     if device is not None:
         context = {k: types.SimpleNamespace(kv_cache=[device.bind(t) for t in v.kv_cache]) for k, v in context.items()}
     ours = VllmMambaStep.from_runner(side_o.kv_cache_config, context, side_o.copy_funcs(None),
-                                     max_num_reqs=sim.max_reqs, conv_layout=conv_layout)
+                                     max_num_reqs=sim.max_reqs, conv_layout=conv_layout, device_tables=device_tables)
+    if device is not None and device_tables:
+        for bt in side_o.input_batch.block_table:
+            bt.device = device
     assert (ours.device_step is not None) == (device is not None)
 
     def host(x: Any) -> list[int]:
@@ -453,7 +458,7 @@ def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block
             stats.post_copies += int(((r.computed + n_s - d + acc[i] - 1) // sim.bs) * sim.bs >= r.computed + n_s - d
                                      and d > 0)
             r.computed = r.computed + n_s - d + int(acc[i]) - 1
-            r.accepted = int(out_v[i])
+            r.accepted = int(out_v[i] if device is None else out_o[i])  # the device's counts feed the next step
             r.running = curr[i]
             if r.computed >= r.prompt + 2 * sim.bs and rng.random() < 0.3:
                 running.remove(r)

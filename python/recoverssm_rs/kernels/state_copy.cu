@@ -57,20 +57,24 @@ RS_DEVICE uint32_t rs_decide(const int32_t* bt_row, int64_t cols, int64_t s, int
 
 // The accepted count request r carries after the step (num_accepted_out): 1 where its running state
 // was moved or shifted (the state now sits at the start of its window), else its count unchanged.
-// Request-level only (the same for every group): explicit form, a valid row (both columns >= 0,
-// count in range) whose copy is not a no-op; decision form, a crossed boundary whose save column is
-// the running column itself (the shift in place; a save elsewhere leaves the running state alone).
-RS_DEVICE int32_t rs_next_accepted(int64_t s, int64_t x, int64_t a, int64_t max_accepted, int64_t block_size,
-                                   uint32_t flags) {
-  if (s < 0 || a < 1 || a > max_accepted) return (int32_t)a;
-  if ((flags & RS_FLAG_DECIDE) == 0) {
-    if (x < 0) return (int32_t)a;
-    const bool noop = s == x && (a == 1 || (flags & RS_FLAG_PRE_COPY) != 0);
-    return noop ? (int32_t)a : 1;
+// Request-level (the same for every group; bt_row is group 0's row): explicit form, a valid row
+// (both columns inside the row, not both on the null block, count in range) whose copy is not a
+// no-op; decision form, a crossed boundary whose save column is the running column itself (the shift
+// in place; a save elsewhere leaves the running state alone) and not the null block.
+RS_DEVICE int32_t rs_next_accepted(const int32_t* bt_row, int64_t cols, int64_t s, int64_t x, int64_t a,
+                                   int64_t max_accepted, int64_t block_size, uint32_t flags) {
+  if (s < 0 || s >= cols || a < 1 || a > max_accepted) return (int32_t)a;
+  int64_t d = x;
+  if ((flags & RS_FLAG_DECIDE) != 0) {
+    if (block_size < 1 || x < 0) return (int32_t)a;
+    const int64_t aligned = (x + a - 1) / block_size * block_size;
+    if (!(aligned >= x && aligned >= block_size && aligned / block_size - 1 == s)) return (int32_t)a;
+    d = s;  // the shift in place (a save elsewhere returned above)
+  } else if (d < 0 || d >= cols || (s == d && (a == 1 || (flags & RS_FLAG_PRE_COPY) != 0))) {
+    return (int32_t)a;  // padding, a column error (reported by the copy), or a no-op
   }
-  if (block_size < 1 || x < 0) return (int32_t)a;
-  const int64_t aligned = (x + a - 1) / block_size * block_size;
-  return (aligned >= x && aligned >= block_size && aligned / block_size - 1 == s) ? 1 : (int32_t)a;
+  if (bt_row[s] == 0 && bt_row[d] == 0) return (int32_t)a;  // a null-block row: skipped
+  return 1;
 }
 
 // The part of one (request, state) copy that CTA `chunk` of `nchunks` owns. Returns RS_ERR_* bits
@@ -193,8 +197,8 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
 //
 // num_accepted_out (may be null): each request's accepted count after the step, written once per
 // request by thread 0 of CTA (0, y, 0) -- rs_next_accepted: 1 where the running state moved or was
-// shifted in place, the request's num_accepted elsewhere (padding and a count out of range
-// included). It is request-level (the same in every group); a request reported in err has an
+// shifted in place, the request's num_accepted elsewhere (padding, a null-block row of group 0, a
+// column outside the row and a count out of range included). It is request-level (the same in every group); a request reported in err has an
 // undefined state, so a step with a non-zero err must not be continued. It must share no byte with
 // any input (the core checks it): every CTA of a request reads num_accepted[r].
 //
@@ -232,8 +236,8 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
   // the output pointer is not live in the copy loop below).
   if (num_accepted_out != nullptr && blockIdx.x == 0 && blockIdx.z == 0 && tid == 0) {
     for (int64_t r = blockIdx.y; r < num_requests; r += gridDim.y)
-      num_accepted_out[r] = rs_next_accepted(src_col[r], dst_or_running[r], num_accepted[r], max_accepted,
-                                             block_size, flags);
+      num_accepted_out[r] = rs_next_accepted(block_table + r * bt_row_stride, cols, src_col[r], dst_or_running[r],
+                                             num_accepted[r], max_accepted, block_size, flags);
   }
   for (int64_t r = blockIdx.y; r < num_requests; r += gridDim.y) {
     const int64_t s = src_col[r];
