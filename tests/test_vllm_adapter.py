@@ -162,3 +162,20 @@ def test_the_device_path_checks_on_the_host_before_queueing(fake_ops, recorder):
     dev.pre_copy(tables, one, one, [-1, -1], one, device_tables=dt)
     assert recorder.calls[1]["table"] == [(t + 100).tolist() for t in tables[0]]
     assert dev.last_error().ok
+
+
+def test_device_path_equals_host_path_without_the_oracle(fake_ops, emulator):
+    """The GPU test's harness (tests/test_gpu_vllm_step.py) on the host: the adapter's device path,
+    emulated, against its host path over the same trace (no vLLM wheel needed)."""
+    import shutil
+
+    from device_fakes import FakeCuda
+    from support import vllm_trace
+
+    if shutil.which("g++") is None:
+        pytest.skip("host emulation needs a C++ compiler")
+    mode = vllm_trace.DeviceMode(place=lambda t: t, bind=FakeCuda, vector=lambda a: FakeCuda(torch.from_numpy(a)))
+    stats = vllm_trace.run_trace(None, [GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=5)], block_size=2,
+                                 nsb=3, conv_layout="SD", seed=8, steps=25, device=mode, device_tables=True)
+    assert stats.pre_copies > 0 and stats.post_copies > 0 and stats.preempted > 0
+    assert len(emulator.calls) == 2 * stats.busy_steps
