@@ -141,13 +141,21 @@ class NixlEndpoint:
         name: the agent's name (unique among the peers).
         pool: this rank's pool.
         backends: NIXL backends to create (UCX moves CPU and CUDA memory).
+        progress_thread: whether the agent runs NIXL's background progress thread (NIXL's
+            default). A pulling destination progresses its own reads while :meth:`pull` polls,
+            and a source serving one-sided reads (UCX over CMA or RDMA) needs no progress of its
+            own; a source whose transport emulates reads with messages (UCX over TCP only) needs
+            the thread. The thread busy-polls: on a machine with few cores each idle agent's
+            thread takes most of a core from the processes doing the copies.
     """
 
-    def __init__(self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",)) -> None:
+    def __init__(self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",),
+                 progress_thread: bool = True) -> None:
         nixl = import_nixl()
         self.name = name
         self.pool = pool
-        self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(backends=list(backends)))
+        self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=progress_thread,
+                                                                  backends=list(backends)))
         cuda = pool.device.startswith("cuda")
         self.mem_type = "VRAM" if cuda else "DRAM"
         self.device_id = int(pool.device.split(":")[1]) if cuda and ":" in pool.device else 0
