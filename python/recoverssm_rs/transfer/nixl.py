@@ -283,13 +283,10 @@ class NixlEndpoint:
                 res.failed.update({r: why for r in range(len(requests))})
         active = {r: hs for r, hs in pending.items() if r not in res.failed}
         staged = staged_rows(plan)
-        staged_by_req: dict[int, np.ndarray] = {}
-        if staged.size:
-            for req in np.unique(staged[:, 0]).tolist():
-                staged_by_req[req] = staged[staged[:, 0] == req]
         deadline = t0 + timeout
         while active:
             seen: dict[int, str] = {}  # one state query per transfer per sweep
+            finished: list[int] = []
             for req in list(active):
                 states = []
                 for h in active[req]:
@@ -301,9 +298,12 @@ class NixlEndpoint:
                     del active[req]
                 elif all(s == "DONE" for s in states):
                     del active[req]
-                    if req in staged_by_req:
-                        run_staged(staged_by_req[req], self._staging, self.pool.views)
-                    res.done.append(req)
+                    finished.append(req)
+            if finished:
+                # The staged states of every request finished in this sweep, in one pass.
+                if staged.size:
+                    run_staged(staged, self._staging, self.pool.views, finished)
+                res.done.extend(finished)
             if active and time.perf_counter() > deadline:
                 for req in active:
                     res.failed[req] = f"cancelled after {timeout} s"
