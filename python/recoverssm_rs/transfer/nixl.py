@@ -110,17 +110,6 @@ class TransferResult:
                 f"descriptors={self.descriptors}, seconds={self.seconds:.4f})")
 
 
-def _merge(src: np.ndarray, dst: np.ndarray, ln: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Merges consecutive descriptors that continue each other on both sides (states that sit back
-    to back in one page, consecutive blocks)."""
-    if src.size <= 1:
-        return src, dst, ln
-    brk = np.ones(src.size, dtype=bool)
-    brk[1:] = (src[:-1] + ln[:-1] != src[1:]) | (dst[:-1] + ln[:-1] != dst[1:])
-    starts = np.flatnonzero(brk)
-    return src[starts], dst[starts], np.add.reduceat(ln, starts)
-
-
 def _disjoint_spans(addrs: list[int], spans: list[int]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for a, n in sorted(zip(addrs, spans)):
@@ -232,19 +221,22 @@ class NixlEndpoint:
         for rank, (_, info) in self.peers.items():
             sel = reads[:, 1] == rank
             src[sel] = np.array(info.addresses, dtype=np.uint64)[reads[sel, 2]] + reads[sel, 3]
-        out: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        # Group by (request, source rank) -- or source rank -- keeping the plan's order within a
+        # group, and merge descriptors that continue each other on both sides, in one pass.
         key = (reads[:, 0] if per_request else np.zeros(len(reads), dtype=np.uint64)) * np.uint64(1 << 20) + reads[:, 1]
         order = np.argsort(key, kind="stable")
-        keys, starts = np.unique(key[order], return_index=True)
-        bounds = list(starts) + [len(order)]
-        for k, (a, b) in zip(keys.tolist(), zip(bounds[:-1], bounds[1:])):
-            idx = order[a:b]
-            s, d, n = _merge(src[idx], dst[idx], reads[idx, 6])
-            dev = np.full(s.size, self.device_id, dtype=np.uint64)
-            peer_dev = np.zeros(s.size, dtype=np.uint64) if self.mem_type == "DRAM" else dev
-            out.append(((k >> 20) if per_request else -1, k & ((1 << 20) - 1), np.stack([d, n, dev], axis=1),
-                        np.stack([s, n, peer_dev], axis=1)))
-        return out
+        key, src, dst, ln = key[order], src[order], dst[order], reads[order, 6]
+        brk = np.ones(len(key), dtype=bool)
+        brk[1:] = (key[1:] != key[:-1]) | (src[:-1] + ln[:-1] != src[1:]) | (dst[:-1] + ln[:-1] != dst[1:])
+        starts = np.flatnonzero(brk)
+        key, src, dst, ln = key[starts], src[starts], dst[starts], np.add.reduceat(ln, starts)
+        dev = np.full(len(key), self.device_id, dtype=np.uint64)
+        peer_dev = np.zeros(len(key), dtype=np.uint64) if self.mem_type == "DRAM" else dev
+        local, remote = np.stack([dst, ln, dev], axis=1), np.stack([src, ln, peer_dev], axis=1)
+        keys, first = np.unique(key, return_index=True)
+        bounds = first.tolist() + [len(key)]
+        return [((k >> 20) if per_request else -1, k & ((1 << 20) - 1), local[a:b], remote[a:b])
+                for k, a, b in zip(keys.tolist(), bounds[:-1], bounds[1:])]
 
     def pull(self, requests: list[tuple[int, int]], *, timeout: float = 60.0,
              per_request: bool = True) -> TransferResult:
