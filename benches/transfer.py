@@ -13,6 +13,12 @@ destination (this process) pulls a batch of requests into random blocks of its o
   pull-batch  the same with ``per_request=False``: one READ per source rank for the batch
   contiguous  one READ of one descriptor of the same byte count from the contiguous buffer
 
+Every agent runs without NIXL's progress thread unless ``--progress-thread``: the destination
+progresses its reads while it polls, and the source process progresses its agents every 1 ms
+(connection set-up, notifications; UCX's CMA reads need nothing from it). NIXL's thread
+busy-polls: with the 12 agents of this benchmark on a 2-core machine the threads, not the copies,
+set the figures.
+
 Pool pages are allocated by numpy, which advises the kernel to back large arrays with huge pages
 (transparent huge pages in `madvise` mode here): with 4 KiB pages (a plain `torch.empty`) UCX's
 shared-memory reads of the same descriptors ran about 2x slower in this setup.
