@@ -131,11 +131,13 @@ class NixlEndpoint:
         pool: this rank's pool.
         backends: NIXL backends to create (UCX moves CPU and CUDA memory).
         progress_thread: whether the agent runs NIXL's background progress thread (NIXL's
-            default). A pulling destination progresses its own reads while :meth:`pull` polls,
-            and a source serving one-sided reads (UCX over CMA or RDMA) needs no progress of its
-            own; a source whose transport emulates reads with messages (UCX over TCP only) needs
-            the thread. The thread busy-polls: on a machine with few cores each idle agent's
-            thread takes most of a core from the processes doing the copies.
+            default). A pulling destination progresses its own reads while :meth:`pull` polls.
+            A source rank without the thread must progress its agent itself, by calling
+            :meth:`notifications` every millisecond or so while peers connect and pull: UCX's
+            connection set-up waits on it (a pull from a source that never progresses is
+            cancelled at its timeout), although one-sided reads over CMA or RDMA then need nothing
+            from it. The thread busy-polls: on a machine with few cores each idle agent's thread
+            takes most of a core from the processes doing the copies.
     """
 
     def __init__(self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",),
