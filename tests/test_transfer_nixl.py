@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 
 import numpy as np
 import pytest
@@ -166,3 +167,20 @@ def test_a_destination_without_a_progress_thread_progresses_its_own_pulls():
         b[:] = a
     assert dst2.pull([(1, 2), (3, 4)], timeout=30).ok
     assert all((a == b).all() for a, b in zip(got, bufs2))
+
+
+@pytest.mark.parametrize("per_request", [True, False])
+def test_each_source_rank_is_told_which_of_its_blocks_were_read(per_request):
+    src, dst, _ = _inproc()
+    dst.connect(src.info())
+    res = dst.pull([(1, 2), (3, 4), (5, 6)], per_request=per_request)
+    assert res.ok
+    notes: list[str] = []
+    for _ in range(1000):  # the notice travels over the transport: wait for it, up to 10 s
+        notes += src.notifications()
+        if notes:
+            break
+        time.sleep(0.01)
+    assert notes and all(n.startswith(f"recoverssm:{dst.name}:") for n in notes), notes
+    blocks = sorted(int(b) for n in notes for b in n.rsplit(":", 1)[1].split(","))
+    assert blocks == [1, 3, 5]

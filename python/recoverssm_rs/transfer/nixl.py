@@ -2,7 +2,8 @@
 state memory once, peers exchange agent metadata and layout fingerprints at handshake (the
 compatibility check runs then, before any byte moves), and the destination rank pulls: the plan's
 reads become NIXL READ descriptors, one transfer per (request, source rank), with completion and
-errors reported per request.
+errors reported per request. Each source rank then learns which of its blocks were read from one
+notice per polling sweep (:meth:`NixlEndpoint.notifications`).
 
 A request whose reads fail or are cancelled is never reported done: its destination blocks are
 listed in :attr:`TransferResult.invalid_blocks` (reads land in place, so they may hold part of the
@@ -260,8 +261,7 @@ class NixlEndpoint:
             try:
                 h = self.agent.initialize_xfer(
                     "READ", self.agent.get_xfer_descs(local, self.mem_type),
-                    self.agent.get_xfer_descs(remote, self.mem_type), self.peers[rank][0],
-                    f"recoverssm:{self.name}:{req}".encode())
+                    self.agent.get_xfer_descs(remote, self.mem_type), self.peers[rank][0])
                 state = self.agent.transfer(h)
             except Exception as exc:  # NIXL raises its own error classes
                 res.failed[req] = f"source rank {rank}: {type(exc).__name__}: {exc}"
@@ -277,6 +277,7 @@ class NixlEndpoint:
                 res.failed.update({r: why for r in range(len(requests))})
         active = {r: hs for r, hs in pending.items() if r not in res.failed}
         staged = staged_rows(plan)
+        reads_from = np.unique(read_rows(plan)[:, :2], axis=0)  # (request, source rank) pairs
         deadline = t0 + timeout
         while active:
             seen: dict[int, str] = {}  # one state query per transfer per sweep
@@ -298,6 +299,7 @@ class NixlEndpoint:
                 if staged.size:
                     run_staged(staged, self._staging, self.pool.views, finished)
                 res.done.extend(finished)
+                self._notify(finished, reads_from, requests)
             if active and time.perf_counter() > deadline:
                 for req in active:
                     res.failed[req] = f"cancelled after {timeout} s"
@@ -317,8 +319,21 @@ class NixlEndpoint:
         res.seconds = time.perf_counter() - t0
         return res
 
+    def _notify(self, finished: list[int], reads_from: np.ndarray, requests: list[tuple[int, int]]) -> None:
+        """Tells each source rank which of its blocks were read, in one message per rank for the
+        requests finished in one sweep (a notice per transfer costs a round trip each)."""
+        done = reads_from[np.isin(reads_from[:, 0], np.array(finished, dtype=np.uint64))]
+        for rank in np.unique(done[:, 1]).tolist():
+            blocks = ",".join(str(requests[r][0]) for r in done[done[:, 1] == rank, 0].tolist())
+            try:
+                self.agent.send_notif(self.peers[rank][0], f"recoverssm:{self.name}:{blocks}".encode())
+            except Exception as exc:  # the states have landed; only the notice is lost
+                log.warning("nixl endpoint %s: notifying source rank %d: %s", self.name, rank, exc)
+
     def notifications(self) -> list[str]:
-        """Completion notices received so far (a source rank learns which reads finished)."""
+        """Completion notices received so far (this rank as a source; also progresses the agent):
+        ``recoverssm:<destination name>:<source blocks>``, the blocks (comma-separated) of this
+        rank whose reads finished, one notice per destination polling sweep."""
         out: list[str] = []
         for msgs in self.agent.get_new_notifs().values():
             out.extend(m.decode(errors="replace") for m in msgs)
