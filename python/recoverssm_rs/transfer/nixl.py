@@ -277,7 +277,8 @@ class NixlEndpoint:
                 res.failed.update({r: why for r in range(len(requests))})
         active = {r: hs for r, hs in pending.items() if r not in res.failed}
         staged = staged_rows(plan)
-        reads_from = np.unique(read_rows(plan)[:, :2], axis=0)  # (request, source rank) pairs
+        rows = read_rows(plan)
+        reads_from = np.unique(rows[:, 0] * np.uint64(1 << 20) + rows[:, 1])  # request << 20 | source rank
         deadline = t0 + timeout
         while active:
             seen: dict[int, str] = {}  # one state query per transfer per sweep
@@ -321,10 +322,12 @@ class NixlEndpoint:
 
     def _notify(self, finished: list[int], reads_from: np.ndarray, requests: list[tuple[int, int]]) -> None:
         """Tells each source rank which of its blocks were read, in one message per rank for the
-        requests finished in one sweep (a notice per transfer costs a round trip each)."""
-        done = reads_from[np.isin(reads_from[:, 0], np.array(finished, dtype=np.uint64))]
-        for rank in np.unique(done[:, 1]).tolist():
-            blocks = ",".join(str(requests[r][0]) for r in done[done[:, 1] == rank, 0].tolist())
+        requests finished in one sweep (a notice per transfer costs a round trip each).
+        ``reads_from``: the plan's distinct ``request << 20 | source rank`` keys."""
+        req, rank_of = reads_from >> np.uint64(20), reads_from & np.uint64((1 << 20) - 1)
+        done = np.isin(req, np.array(finished, dtype=np.uint64))
+        for rank in np.unique(rank_of[done]).tolist():
+            blocks = ",".join(str(requests[r][0]) for r in req[done & (rank_of == rank)].tolist())
             try:
                 self.agent.send_notif(self.peers[rank][0], f"recoverssm:{self.name}:{blocks}".encode())
             except Exception as exc:  # the states have landed; only the notice is lost
