@@ -13,6 +13,12 @@ destination (this process) pulls a batch of requests into random blocks of its o
   pull-batch  the same with ``per_request=False``: one READ per source rank for the batch
   contiguous  one READ of one descriptor of the same byte count from the contiguous buffer
 
+Every agent runs without NIXL's progress thread unless ``--progress-thread``: the destination
+progresses its reads while it polls, and the source process progresses its agents every 1 ms
+(connection set-up, notifications; UCX's CMA reads need nothing from it). NIXL's thread
+busy-polls: with the 12 agents of this benchmark on a 2-core machine the threads, not the copies,
+set the figures.
+
 Pool pages are allocated by numpy, which advises the kernel to back large arrays with huge pages
 (transparent huge pages in `madvise` mode here): with 4 KiB pages (a plain `torch.empty`) UCX's
 shared-memory reads of the same descriptors ran about 2x slower in this setup.
@@ -87,18 +93,26 @@ def _pool(tp: int, rank: int, conv_layout: str, num_spec: int, layers: int, bloc
     return p
 
 
-def _source(conn: Any, layers: int, blocks: int, raw_bytes: int) -> None:
+def _source(conn: Any, layers: int, blocks: int, raw_bytes: int, prog: bool) -> None:
     from recoverssm_rs.transfer.nixl import NixlEndpoint, import_nixl
 
     nixl = import_nixl()
     eps: dict[str, list[Any]] = {}
     for name, (ptp, lp, sp, *_rest) in SCENARIOS.items():
-        eps[name] = [NixlEndpoint(f"src-{name}-{p}", _pool(ptp, p, lp, sp, layers, blocks, True)) for p in range(ptp)]
+        eps[name] = [NixlEndpoint(f"src-{name}-{p}", _pool(ptp, p, lp, sp, layers, blocks, True), progress_thread=prog)
+                     for p in range(ptp)]
     raw = np.random.default_rng(0).integers(0, 256, size=raw_bytes, dtype=np.uint8)
-    agent = nixl.nixl_agent("src-raw", nixl.nixl_agent_config(backends=["UCX"]))
+    agent = nixl.nixl_agent("src-raw", nixl.nixl_agent_config(enable_prog_thread=prog, backends=["UCX"]))
     agent.register_memory(np.array([(raw.ctypes.data, raw.nbytes, 0)], dtype=np.uint64), "DRAM")
     conn.send(({k: [e.info().to_bytes() for e in v] for k, v in eps.items()},
                (agent.get_agent_metadata(), int(raw.ctypes.data), raw.nbytes)))
+    # Without progress threads the source's agents progress here (connection set-up and the
+    # pullers' notifications; CMA reads themselves need nothing from the source), every 1 ms.
+    while not prog and not conn.poll(0.001):
+        for v in eps.values():
+            for e in v:
+                e.notifications()
+        agent.get_new_notifs()
     conn.recv()
 
 
@@ -122,6 +136,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--progress-thread", action="store_true",
+                    help="run NIXL's background progress thread in every agent (NIXL's default; each busy-polls)")
     args = ap.parse_args()
 
     from recoverssm_rs.transfer.nixl import NixlEndpoint, import_nixl
@@ -134,11 +150,11 @@ def main() -> int:
     raw_bytes = per_req_max * n_max
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    src = ctx.Process(target=_source, args=(there, args.layers, blocks, raw_bytes))
+    src = ctx.Process(target=_source, args=(there, args.layers, blocks, raw_bytes, args.progress_thread))
     src.start()
     infos, (raw_md, raw_addr, _) = here.recv()
     local_raw = np.zeros(raw_bytes, dtype=np.uint8)
-    agent = nixl.nixl_agent("dst-raw", nixl.nixl_agent_config(backends=["UCX"]))
+    agent = nixl.nixl_agent("dst-raw", nixl.nixl_agent_config(enable_prog_thread=args.progress_thread, backends=["UCX"]))
     agent.register_memory(np.array([(local_raw.ctypes.data, local_raw.nbytes, 0)], dtype=np.uint64), "DRAM")
     remote_raw = agent.add_remote_agent(raw_md)
     remote_raw = remote_raw.decode() if isinstance(remote_raw, bytes) else remote_raw
@@ -146,7 +162,8 @@ def main() -> int:
     rows = []
     try:
         for name, (ptp, lp, _sp, dtp, drank, ld, sd) in SCENARIOS.items():
-            ep = NixlEndpoint(f"dst-{name}", _pool(dtp, drank, ld, sd, args.layers, blocks, False))
+            ep = NixlEndpoint(f"dst-{name}", _pool(dtp, drank, ld, sd, args.layers, blocks, False),
+                              progress_thread=args.progress_thread)
             for info in infos[name]:
                 ep.connect(info)
             for n in args.requests:

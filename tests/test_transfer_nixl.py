@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 
 import numpy as np
 import pytest
@@ -73,14 +74,14 @@ def test_two_process_transfer_has_zero_mismatches(name, ptp, lp, sp, dtp, ld, sd
     assert child.exitcode == 0
 
 
-def _inproc(name="gdn", sp=0, sd=0, lp="SD", ld="SD", **over):
+def _inproc(name="gdn", sp=0, sd=0, lp="SD", ld="SD", dst_progress_thread=True, **over):
     fam = FAMILIES[name]
     rng = np.random.default_rng(3)
     slay, dlay = layout(fam, 1, sp, lp), layout(fam, 1, sd, ld, **over)
     _, s = paged_states(slay, LAYERS, 8, rng)
     bufs, d = paged_states(dlay, LAYERS, 8, rng)
     src = rnixl.NixlEndpoint(f"s-{id(s)}", pool(slay, s, 0))
-    dst = rnixl.NixlEndpoint(f"d-{id(d)}", pool(dlay, d, 0))
+    dst = rnixl.NixlEndpoint(f"d-{id(d)}", pool(dlay, d, 0), progress_thread=dst_progress_thread)
     return src, dst, bufs
 
 
@@ -147,3 +148,39 @@ def test_batch_mode_moves_the_same_bytes_in_fewer_transfers():
     assert batch.done == per.done == [0, 1, 2] and batch.nbytes == per.nbytes
     assert all((a == b).all() for a, b in zip(after_per, bufs))
     assert batch.descriptors <= per.descriptors
+
+
+def test_a_destination_without_a_progress_thread_progresses_its_own_pulls():
+    # The pull's polling drives the reads: the same bytes land as with NIXL's progress thread.
+    src, dst, bufs = _inproc(lp="SD", ld="DS", sp=2, dst_progress_thread=False)
+    dst.connect(src.info())
+    before = [b.copy() for b in bufs]
+    res = dst.pull([(1, 2), (3, 4)], timeout=30)
+    assert res.ok and res.done == [0, 1]
+    got = [b.copy() for b in bufs]
+    assert any((a != b).any() for a, b in zip(before, got))
+    for b, a in zip(bufs, before):
+        b[:] = a
+    src2, dst2, bufs2 = _inproc(lp="SD", ld="DS", sp=2)
+    dst2.connect(src2.info())
+    for b, a in zip(bufs2, before):
+        b[:] = a
+    assert dst2.pull([(1, 2), (3, 4)], timeout=30).ok
+    assert all((a == b).all() for a, b in zip(got, bufs2))
+
+
+@pytest.mark.parametrize("per_request", [True, False])
+def test_each_source_rank_is_told_which_of_its_blocks_were_read(per_request):
+    src, dst, _ = _inproc()
+    dst.connect(src.info())
+    res = dst.pull([(1, 2), (3, 4), (5, 6)], per_request=per_request)
+    assert res.ok
+    notes: list[str] = []
+    for _ in range(1000):  # the notice travels over the transport: wait for it, up to 10 s
+        notes += src.notifications()
+        if notes:
+            break
+        time.sleep(0.01)
+    assert notes and all(n.startswith(f"recoverssm:{dst.name}:") for n in notes), notes
+    blocks = sorted(int(b) for n in notes for b in n.rsplit(":", 1)[1].split(","))
+    assert blocks == [1, 3, 5]

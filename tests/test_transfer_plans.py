@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 from recoverssm_rs.transfer import LocalTransfer
+from recoverssm_rs.transfer.local import run_staged
 from transfer_ref import FAMILIES, expected_destination, kernel_of, layout, make_truth, paged_states, pool, write_rank
 
 TPS = (1, 2, 4, 8)
@@ -84,3 +85,44 @@ def test_source_ranks_follow_the_tp_ratio():
     dst4 = pool(s4, paged_states(s4, 1, 4, rng)[1], 3)
     src2 = {p: pool(d2, paged_states(d2, 1, 4, rng)[1], p) for p in range(2)}
     assert LocalTransfer(src2, dst4).plan([(1, 1)]).source_ranks == [1]
+
+
+def _staged_reference(rows, staging, views, requests=None):
+    """Item-by-item copies, one staged row at a time."""
+    for r in rows.tolist():
+        req, so, srs, scs, dt, do, drs, dcs, n_rows, n_cols, elem = r
+        if requests is not None and req not in requests:
+            continue
+        for i in range(n_rows):
+            for j in range(n_cols):
+                s, d = so + i * srs + j * scs, do + i * drs + j * dcs
+                views[dt][d:d + elem] = staging[s:s + elem]
+
+
+@pytest.mark.parametrize("elem", [1, 2, 4, 3])
+@pytest.mark.parametrize("spacing", ["even", "uneven", "odd"])
+def test_vectorised_staged_copies_match_item_by_item_copies(elem, spacing):
+    # Transposing (SD -> DS) and column-keeping (DS -> DS) copies into two tensors: evenly spaced
+    # offsets (one strided view per side), uneven ones (index arrays), odd ones (unaligned items),
+    # 3-byte items (no numpy integer type); then a subset of the requests.
+    rng = np.random.default_rng(elem)
+    rows_n, cols_n, page = 5, 3, 4096
+    staging = rng.integers(0, 256, size=1 << 16, dtype=np.uint8)
+    blocks = [3, 0, 6, 2] if spacing == "uneven" else [1, 2, 3, 4]
+    gap = [0, 64, 8, 128] if spacing == "uneven" else [0, 0, 0, 0]
+    shift = 1 if spacing == "odd" else 0
+    rows, so = [], shift
+    for q, b in enumerate(blocks):
+        so += gap[q]
+        rows.append([q, so, elem, rows_n * elem, 0, b * page + shift, 6 * elem, elem, rows_n, cols_n, elem])
+        rows.append([q, so + 256, 6 * elem, elem, 1, b * page + 40, 6 * elem, elem, rows_n, cols_n, elem])
+        so += 512
+    rows = np.array(rows, dtype=np.uint64)
+    for subset in (None, {0, 2}):
+        want = [rng.integers(0, 256, size=8 * page, dtype=np.uint8) for _ in range(2)]
+        got = [w.copy() for w in want]
+        before = [w.copy() for w in want]
+        _staged_reference(rows, staging, want, requests=subset)
+        assert any((a != b).any() for a, b in zip(before, want))
+        run_staged(rows, staging, got, requests=None if subset is None else sorted(subset))
+        assert all((a == b).all() for a, b in zip(got, want))

@@ -44,33 +44,78 @@ def _strided(view: Any, offset: int, shape: tuple[int, ...], strides: tuple[int,
 _ELEM = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _matrix(buf: np.ndarray, offset: int, rows: int, cols: int, rs: int, cs: int, elem: int) -> np.ndarray:
-    """A ``rows x cols`` view of ``elem``-byte items of a flat uint8 numpy buffer (whole items
-    copy far faster than their bytes)."""
-    dt = _ELEM.get(elem)
-    if dt is None or (buf.ctypes.data + offset) % elem or rs % elem or cs % elem:
-        return np.lib.stride_tricks.as_strided(buf[offset:], shape=(rows, cols, elem), strides=(rs, cs, 1))
-    return np.ndarray(shape=(rows, cols), dtype=dt, buffer=buf, offset=offset, strides=(rs, cs))
-
-
 def run_staged(rows: np.ndarray, staging: Any, views: list[Any], requests: Any = None) -> None:
     """Finishes staged states: copies each staged row's matrix from ``staging`` (a flat uint8
-    buffer) into the destination tensor's byte view. ``requests`` limits it to those requests."""
+    buffer) into the destination tensor's byte view. ``requests`` limits it to those requests.
+
+    With numpy buffers the rows that share a destination tensor and a matrix shape (every request's
+    copy of one layer's state) run as one numpy copy over all their requests."""
+    if requests is not None:
+        rows = rows[np.isin(rows[:, 0], np.fromiter(requests, dtype=np.uint64))]
+    if rows.size == 0:
+        return
+    targets = np.unique(rows[:, 4]).tolist()
+    if isinstance(staging, np.ndarray) and all(isinstance(views[t], np.ndarray) for t in targets):
+        _run_staged_numpy(rows, staging, views)
+        return
     for r in rows:
-        if requests is not None and int(r[0]) not in requests:
-            continue
         _, so, srs, scs, dt, do, drs, dcs, n_rows, n_cols, elem = (int(x) for x in r)
-        if isinstance(staging, np.ndarray) and isinstance(views[dt], np.ndarray):
-            src = _matrix(staging, so, n_rows, n_cols, srs, scs, elem)
-            dst = _matrix(views[dt], do, n_rows, n_cols, drs, dcs, elem)
-            if src.ndim != dst.ndim:  # one side unaligned: copy bytes on both
-                src = _strided(staging, so, (n_rows, n_cols, elem), (srs, scs, 1))
-                dst = _strided(views[dt], do, (n_rows, n_cols, elem), (drs, dcs, 1))
-            dst[...] = src
-            continue
         src = _strided(staging, so, (n_rows, n_cols, elem), (srs, scs, 1))
         dst = _strided(views[dt], do, (n_rows, n_cols, elem), (drs, dcs, 1))
         dst[...] = src
+
+
+#: Columns of a staged row that one vectorised copy shares: the destination tensor, both sides'
+#: strides, the matrix shape and the item size.
+_GROUP = [2, 3, 4, 6, 7, 8, 9, 10]
+
+
+def _run_staged_numpy(rows: np.ndarray, staging: np.ndarray, views: list[np.ndarray]) -> None:
+    keys, inverse = np.unique(rows[:, _GROUP], axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    for g, key in enumerate(keys.tolist()):
+        srs, scs, dt, drs, dcs, n_rows, n_cols, elem = key
+        sel = rows[inverse == g]
+        so, do = sel[:, 1], sel[:, 5]
+        dst_buf = views[dt]
+        # The inner axis: one contiguous on both sides, else the longer one (long inner runs).
+        if n_cols > 1 and scs == dcs == elem:
+            rows_inner = False
+        elif n_rows > 1 and srs == drs == elem:
+            rows_inner = True
+        else:
+            rows_inner = n_rows >= n_cols
+        shape, s_str, d_str = ((n_cols, n_rows), (scs, srs), (dcs, drs)) if rows_inner else \
+            ((n_rows, n_cols), (srs, scs), (drs, dcs))
+        dtype = _ELEM.get(elem)
+        aligned = dtype is not None and not any(
+            (int(b.ctypes.data) | int(np.bitwise_or.reduce(o)) | x | y) % elem
+            for b, o, (x, y) in ((staging, so, s_str), (dst_buf, do, d_str)))
+        if aligned:
+            item: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+        else:
+            dtype, item = np.uint8, ((elem,), (1,))
+        src, s_idx = _batched(staging, so, shape + item[0], s_str + item[1], dtype)
+        dst, d_idx = _batched(dst_buf, do, shape + item[0], d_str + item[1], dtype)
+        dst[d_idx] = src[s_idx]
+
+
+def _batched(buf: np.ndarray, offsets: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
+             dtype: Any) -> tuple[np.ndarray, Any]:
+    """A view of ``buf`` holding one ``shape`` / ``strides`` matrix per offset on its first axis,
+    and the index selecting them: a slice when the offsets are evenly spaced, else an index array
+    (offsets as multiples of their greatest common divisor). numpy checks that every matrix lies
+    inside ``buf``."""
+    first = int(offsets[0])
+    steps = np.diff(offsets.astype(np.int64))
+    if offsets.size == 1 or (steps[0] > 0 and (steps == steps[0]).all()):
+        step = int(steps[0]) if offsets.size > 1 else 0
+        view = np.ndarray((offsets.size, *shape), dtype=dtype, buffer=buf, offset=first, strides=(step, *strides))
+        return view, slice(None)
+    g = int(np.gcd.reduce(offsets)) or 1
+    idx = (offsets // np.uint64(g)).astype(np.intp)
+    view = np.ndarray((int(idx.max()) + 1, *shape), dtype=dtype, buffer=buf, offset=0, strides=(g, *strides))
+    return view, idx
 
 
 def _copy(dst: Any, src: Any) -> None:

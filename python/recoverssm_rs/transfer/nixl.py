@@ -2,7 +2,8 @@
 state memory once, peers exchange agent metadata and layout fingerprints at handshake (the
 compatibility check runs then, before any byte moves), and the destination rank pulls: the plan's
 reads become NIXL READ descriptors, one transfer per (request, source rank), with completion and
-errors reported per request.
+errors reported per request. Each source rank then learns which of its blocks were read from one
+notice per polling sweep (:meth:`NixlEndpoint.notifications`).
 
 A request whose reads fail or are cancelled is never reported done: its destination blocks are
 listed in :attr:`TransferResult.invalid_blocks` (reads land in place, so they may hold part of the
@@ -110,17 +111,6 @@ class TransferResult:
                 f"descriptors={self.descriptors}, seconds={self.seconds:.4f})")
 
 
-def _merge(src: np.ndarray, dst: np.ndarray, ln: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Merges consecutive descriptors that continue each other on both sides (states that sit back
-    to back in one page, consecutive blocks)."""
-    if src.size <= 1:
-        return src, dst, ln
-    brk = np.ones(src.size, dtype=bool)
-    brk[1:] = (src[:-1] + ln[:-1] != src[1:]) | (dst[:-1] + ln[:-1] != dst[1:])
-    starts = np.flatnonzero(brk)
-    return src[starts], dst[starts], np.add.reduceat(ln, starts)
-
-
 def _disjoint_spans(addrs: list[int], spans: list[int]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for a, n in sorted(zip(addrs, spans)):
@@ -141,13 +131,23 @@ class NixlEndpoint:
         name: the agent's name (unique among the peers).
         pool: this rank's pool.
         backends: NIXL backends to create (UCX moves CPU and CUDA memory).
+        progress_thread: whether the agent runs NIXL's background progress thread (NIXL's
+            default). A pulling destination progresses its own reads while :meth:`pull` polls.
+            A source rank without the thread must progress its agent itself, by calling
+            :meth:`notifications` every millisecond or so while peers connect and pull: UCX's
+            connection set-up waits on it (a pull from a source that never progresses is
+            cancelled at its timeout), although one-sided reads over CMA or RDMA then need nothing
+            from it. The thread busy-polls: on a machine with few cores each idle agent's thread
+            takes most of a core from the processes doing the copies.
     """
 
-    def __init__(self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",)) -> None:
+    def __init__(self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",),
+                 progress_thread: bool = True) -> None:
         nixl = import_nixl()
         self.name = name
         self.pool = pool
-        self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(backends=list(backends)))
+        self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=progress_thread,
+                                                                  backends=list(backends)))
         cuda = pool.device.startswith("cuda")
         self.mem_type = "VRAM" if cuda else "DRAM"
         self.device_id = int(pool.device.split(":")[1]) if cuda and ":" in pool.device else 0
@@ -224,19 +224,22 @@ class NixlEndpoint:
         for rank, (_, info) in self.peers.items():
             sel = reads[:, 1] == rank
             src[sel] = np.array(info.addresses, dtype=np.uint64)[reads[sel, 2]] + reads[sel, 3]
-        out: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        # Group by (request, source rank) -- or source rank -- keeping the plan's order within a
+        # group, and merge descriptors that continue each other on both sides, in one pass.
         key = (reads[:, 0] if per_request else np.zeros(len(reads), dtype=np.uint64)) * np.uint64(1 << 20) + reads[:, 1]
         order = np.argsort(key, kind="stable")
-        keys, starts = np.unique(key[order], return_index=True)
-        bounds = list(starts) + [len(order)]
-        for k, (a, b) in zip(keys.tolist(), zip(bounds[:-1], bounds[1:])):
-            idx = order[a:b]
-            s, d, n = _merge(src[idx], dst[idx], reads[idx, 6])
-            dev = np.full(s.size, self.device_id, dtype=np.uint64)
-            peer_dev = np.zeros(s.size, dtype=np.uint64) if self.mem_type == "DRAM" else dev
-            out.append(((k >> 20) if per_request else -1, k & ((1 << 20) - 1), np.stack([d, n, dev], axis=1),
-                        np.stack([s, n, peer_dev], axis=1)))
-        return out
+        key, src, dst, ln = key[order], src[order], dst[order], reads[order, 6]
+        brk = np.ones(len(key), dtype=bool)
+        brk[1:] = (key[1:] != key[:-1]) | (src[:-1] + ln[:-1] != src[1:]) | (dst[:-1] + ln[:-1] != dst[1:])
+        starts = np.flatnonzero(brk)
+        key, src, dst, ln = key[starts], src[starts], dst[starts], np.add.reduceat(ln, starts)
+        dev = np.full(len(key), self.device_id, dtype=np.uint64)
+        peer_dev = np.zeros(len(key), dtype=np.uint64) if self.mem_type == "DRAM" else dev
+        local, remote = np.stack([dst, ln, dev], axis=1), np.stack([src, ln, peer_dev], axis=1)
+        keys, first = np.unique(key, return_index=True)
+        bounds = first.tolist() + [len(key)]
+        return [((k >> 20) if per_request else -1, k & ((1 << 20) - 1), local[a:b], remote[a:b])
+                for k, a, b in zip(keys.tolist(), bounds[:-1], bounds[1:])]
 
     def pull(self, requests: list[tuple[int, int]], *, timeout: float = 60.0,
              per_request: bool = True) -> TransferResult:
@@ -258,8 +261,7 @@ class NixlEndpoint:
             try:
                 h = self.agent.initialize_xfer(
                     "READ", self.agent.get_xfer_descs(local, self.mem_type),
-                    self.agent.get_xfer_descs(remote, self.mem_type), self.peers[rank][0],
-                    f"recoverssm:{self.name}:{req}".encode())
+                    self.agent.get_xfer_descs(remote, self.mem_type), self.peers[rank][0])
                 state = self.agent.transfer(h)
             except Exception as exc:  # NIXL raises its own error classes
                 res.failed[req] = f"source rank {rank}: {type(exc).__name__}: {exc}"
@@ -275,13 +277,12 @@ class NixlEndpoint:
                 res.failed.update({r: why for r in range(len(requests))})
         active = {r: hs for r, hs in pending.items() if r not in res.failed}
         staged = staged_rows(plan)
-        staged_by_req: dict[int, np.ndarray] = {}
-        if staged.size:
-            for req in np.unique(staged[:, 0]).tolist():
-                staged_by_req[req] = staged[staged[:, 0] == req]
+        rows = read_rows(plan)
+        reads_from = np.unique(rows[:, 0] * np.uint64(1 << 20) + rows[:, 1])  # request << 20 | source rank
         deadline = t0 + timeout
         while active:
             seen: dict[int, str] = {}  # one state query per transfer per sweep
+            finished: list[int] = []
             for req in list(active):
                 states = []
                 for h in active[req]:
@@ -293,9 +294,13 @@ class NixlEndpoint:
                     del active[req]
                 elif all(s == "DONE" for s in states):
                     del active[req]
-                    if req in staged_by_req:
-                        run_staged(staged_by_req[req], self._staging, self.pool.views)
-                    res.done.append(req)
+                    finished.append(req)
+            if finished:
+                # The staged states of every request finished in this sweep, in one pass.
+                if staged.size:
+                    run_staged(staged, self._staging, self.pool.views, finished)
+                res.done.extend(finished)
+                self._notify(finished, reads_from, requests)
             if active and time.perf_counter() > deadline:
                 for req in active:
                     res.failed[req] = f"cancelled after {timeout} s"
@@ -315,8 +320,23 @@ class NixlEndpoint:
         res.seconds = time.perf_counter() - t0
         return res
 
+    def _notify(self, finished: list[int], reads_from: np.ndarray, requests: list[tuple[int, int]]) -> None:
+        """Tells each source rank which of its blocks were read, in one message per rank for the
+        requests finished in one sweep (a notice per transfer costs a round trip each).
+        ``reads_from``: the plan's distinct ``request << 20 | source rank`` keys."""
+        req, rank_of = reads_from >> np.uint64(20), reads_from & np.uint64((1 << 20) - 1)
+        done = np.isin(req, np.array(finished, dtype=np.uint64))
+        for rank in np.unique(rank_of[done]).tolist():
+            blocks = ",".join(str(requests[r][0]) for r in req[done & (rank_of == rank)].tolist())
+            try:
+                self.agent.send_notif(self.peers[rank][0], f"recoverssm:{self.name}:{blocks}".encode())
+            except Exception as exc:  # the states have landed; only the notice is lost
+                log.warning("nixl endpoint %s: notifying source rank %d: %s", self.name, rank, exc)
+
     def notifications(self) -> list[str]:
-        """Completion notices received so far (a source rank learns which reads finished)."""
+        """Completion notices received so far (this rank as a source; also progresses the agent):
+        ``recoverssm:<destination name>:<source blocks>``, the blocks (comma-separated) of this
+        rank whose reads finished, one notice per destination polling sweep."""
         out: list[str] = []
         for msgs in self.agent.get_new_notifs().values():
             out.extend(m.decode(errors="replace") for m in msgs)

@@ -234,7 +234,8 @@ def _decode(cfg: Config, conn: Any, out: Any) -> None:
     failed: list[str] = []
     for rk in ranks:
         for kind, pool in rk.pools.items():
-            ep = NixlEndpoint(f"decode-{kind}-{rk.rank}", pool)
+            # The pull's polling progresses the reads: no busy-polling progress thread here.
+            ep = NixlEndpoint(f"decode-{kind}-{rk.rank}", pool, progress_thread=False)
             for info in infos[kind]:
                 ep.connect(info)
             res = ep.pull(list(zip(src_blocks, dst_blocks)))
