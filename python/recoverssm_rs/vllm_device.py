@@ -120,7 +120,6 @@ class DeviceStep:
         Raises:
             PlanError: naming the request, before anything is queued.
         """
-        self._err_rows = 0
         r = len(num_computed)
         if r > self.max_num_reqs:
             raise PlanError(f"{r} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
@@ -135,6 +134,7 @@ class DeviceStep:
         ops = device_path.cuda_ops
         with ops.context(self.index, ops.torch_stream(stream, self.index)):
             err.zero_()  # the step's word: the post-process ORs into it too
+            self._err_rows = 0
             if r == 0:
                 return st.vectors[1], counts
             dev = ops.stage_i32(st.staged, self.index)

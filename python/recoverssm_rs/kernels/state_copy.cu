@@ -187,8 +187,9 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
 // source (the latter only with RS_FLAG_HAS_TEMPORAL), or outside [0, num_blocks) for bt[src_col].
 // These checks use kernel parameters and the request's row of the state's group only, so every CTA
 // of a (request, group) takes the same decision; a request can be rejected in one group and copied
-// in another (the host plan rejects the whole step instead). A conv state whose source bt[src_col] is the null block is skipped and reported as a
-// block error (the host planner rejects the whole step instead).
+// in another (the host plan rejects the whole step instead). A conv state whose source bt[src_col]
+// is the null block is skipped and reported as a block error (the host planner rejects the whole
+// step instead).
 // Skipped in one state and reported: a state that cannot take the request (RS_ERR_META: a block id
 // beyond that tensor's num_blocks, a window not wider than the shift, width*dim*elem > state_bytes,
 // an unknown kind) -- a host/bind-time inconsistency; the request's other states are still copied.
@@ -198,9 +199,10 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
 // num_accepted_out (may be null): each request's accepted count after the step, written once per
 // request by thread 0 of CTA (0, y, 0) -- rs_next_accepted: 1 where the running state moved or was
 // shifted in place, the request's num_accepted elsewhere (padding, a null-block row of group 0, a
-// column outside the row and a count out of range included). It is request-level (the same in every group); a request reported in err has an
-// undefined state, so a step with a non-zero err must not be continued. It must share no byte with
-// any input (the core checks it): every CTA of a request reads num_accepted[r].
+// column outside the row and a count out of range included). It is request-level (the same in
+// every group); a request reported in err has an undefined state, so a step with a non-zero err
+// must not be continued. It must share no byte with any input (the core checks it): every CTA of a
+// request reads num_accepted[r].
 //
 // Device decision (flags with RS_FLAG_DECIDE; vLLM's GPU path: the host never waits for
 // num_accepted): `dst_or_running` is running[r] (= computed + scheduled - drafts; < 0 is
