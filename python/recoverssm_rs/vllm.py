@@ -29,8 +29,10 @@ Two paths, chosen by where the states live:
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -44,6 +46,8 @@ from .vllm_device import DeviceStep
 __all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
 
 log = logging.getLogger("recoverssm_rs")
+
+_COMPUTED = operator.attrgetter("num_computed_tokens")
 
 
 def _name(x: Any) -> str:
@@ -202,18 +206,21 @@ class VllmMambaStep:
                 self._free.append(s)
 
     def _slots(self, req_ids: Sequence[str], added: list[str]) -> np.ndarray:
-        """Each request's slot; new requests get a free one (their ids are appended to ``added``)."""
-        out = np.empty(len(req_ids), dtype=np.int64)
+        """Each request's slot; new requests get a free one (their ids are appended to ``added``).
+        The lookups run in C (``map``); only new requests take a Python step."""
         slot = self._slot
-        for i, r in enumerate(req_ids):
-            s = slot.get(r)
-            if s is None:
-                if not self._free:
-                    raise PlanError(f"request {r!r}: more live requests than max_num_reqs = {len(self.running_col)}")
-                s = slot[r] = self._free.pop()
-                added.append(r)
-            out[i] = s
-        return out
+        found = list(map(slot.get, req_ids))
+        if None in found:
+            for i, r in enumerate(req_ids):
+                if found[i] is None:
+                    if r in slot:  # a new id seen earlier in this batch
+                        found[i] = slot[r]
+                        continue
+                    if not self._free:
+                        raise PlanError(f"request {r!r}: more live requests than max_num_reqs = {len(self.running_col)}")
+                    found[i] = slot[r] = self._free.pop()
+                    added.append(r)
+        return np.fromiter(found, np.int64, len(req_ids))
 
     # --------------------------------------------------------------------------------------------
     # The step
@@ -298,9 +305,10 @@ class VllmMambaStep:
             slots = self._slots(req_ids, added)
             sched = scheduler_output.num_scheduled_tokens
             spec = scheduler_output.scheduled_spec_decode_tokens
-            c = np.fromiter((requests[r].num_computed_tokens for r in req_ids), np.int64, n)
-            ns = np.fromiter((sched[r] for r in req_ids), np.int64, n)
-            nd = np.fromiter((len(spec.get(r, ())) for r in req_ids), np.int64, n)
+            # Per-request values gathered in C (map), not a Python loop over requests.
+            c = np.fromiter(map(_COMPUTED, map(requests.__getitem__, req_ids)), np.int64, n)
+            ns = np.fromiter(map(sched.__getitem__, req_ids), np.int64, n)
+            nd = np.fromiter(map(len, map(spec.get, req_ids, repeat((), n))), np.int64, n)
             tables = self.tables(input_batch, n)
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
             if self.device_step is not None:
