@@ -34,7 +34,7 @@ def test_from_runner_binds_each_groups_persistent_prefix():
     assert [len(g) for g in step.planner.states] == [2, 3]
     assert [len(layer) for layer in step.planner.states[0]] == [2, 2]  # the extra ring tensor is left alone
     assert [lo.backend for lo in step.planner.layouts] == ["GDN_ATTN", "SHORT_CONV"]
-    assert "groups=[0, 1]" in repr(step)
+    assert "groups=[0, 1]" in repr(step) and "path='host'" in repr(step)
     assert [g for g, _, _ in mamba_groups(side.kv_cache_config)] == [0, 1]
     assert copy_kind("get_conv_copy_spec") == "conv"
 
@@ -127,7 +127,7 @@ def test_the_device_path_checks_on_the_host_before_queueing(fake_ops, recorder):
     ctx = {k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in side.forward_context.items()}
     step = VllmMambaStep.from_runner(side.kv_cache_config, ctx, side.copy_funcs(None), max_num_reqs=4)
     dev = step.device_step
-    assert dev is not None and "cuda:0" in repr(dev)
+    assert dev is not None and "cuda:0" in repr(dev) and "path='device cuda:0'" in repr(step)
     tables = [np.arange(1, 17, dtype=np.int64).reshape(2, 8)] * 2
     one = np.ones(2, np.int64)
     with pytest.raises(PlanError, match="runs the host path, but the states are on cuda:0"):

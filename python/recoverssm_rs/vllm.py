@@ -349,5 +349,6 @@ class VllmMambaStep:
         return self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
 
     def __repr__(self) -> str:
+        path = "host" if self.device_step is None else f"device {self.planner.device}"
         return (f"VllmMambaStep(groups={self._group_ids}, block_size={self.planner.block_size}, "
-                f"num_spec_blocks={self.planner.num_spec_blocks}, live={len(self._slot)})")
+                f"num_spec_blocks={self.planner.num_spec_blocks}, path={path!r}, live={len(self._slot)})")
