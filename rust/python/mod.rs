@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 mod buffer;
 mod commit;
+mod commit_launch;
 mod describe;
 mod errors;
 mod group_plan;
@@ -38,6 +39,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     commit::register(m)?;
     describe::register(m)?;
     kernels::register(m)?;
+    commit_launch::register(m)?;
     guard::register(m)?;
     group_plan::register(m)?;
     transfer::register(m)?;
