@@ -29,7 +29,7 @@ import numpy as np
 from . import _core, device_path
 from ._core import ErrorWord
 from .errors import PlanError
-from .groups import MultiGroupPlanner
+from .groups import MultiGroupPlanner, StagedStep
 
 __all__ = ["DeviceStep", "on_device"]
 
@@ -90,9 +90,23 @@ class DeviceStep:
             return staged[: g * r * c].view(g, r, c)
         return device_path.cuda_ops.stack_rows(list(device_tables), rows, self.index)
 
-    def _check_device_tables(self, device_tables: Sequence[Any] | None, rows: int) -> None:
+    def _check_step(self, r: int, device_tables: Sequence[Any] | None) -> None:
+        """The step's size and the engine's device tables, before anything is staged."""
+        if r > self.max_num_reqs:
+            raise PlanError(f"{r} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
         if device_tables is not None:
-            _core.check_device_tables(self.planner.device, list(device_tables), self.planner.num_groups, rows)
+            _core.check_device_tables(self.planner.device, list(device_tables), self.planner.num_groups, r)
+
+    def _upload(self, st: StagedStep, num_accepted: Any, dev_counts: bool, device_tables: Sequence[Any] | None,
+                r: int) -> tuple[Any, Any, Any, Any]:
+        """One half's launch inputs (in the caller's stream context): the staged buffer copied to
+        the device and cut into ``(table, first vector, second vector, counts)``; the counts are
+        the caller's device tensor when they were not staged."""
+        dev = device_path.cuda_ops.stage_i32(st.staged, self.index)
+        table = self._table(dev, st.table_shape, device_tables, r)
+        n = st.table_shape[0] * st.table_shape[1] * st.table_shape[2]
+        acc = num_accepted if dev_counts else dev[n + 2 * r: n + 3 * r]
+        return table, dev[n: n + r], dev[n + r: n + 2 * r], acc
 
     def pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any, running_col: Any,
                  num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[Any] | None = None,
@@ -121,9 +135,7 @@ class DeviceStep:
             PlanError: naming the request, before anything is queued.
         """
         r = len(num_computed)
-        if r > self.max_num_reqs:
-            raise PlanError(f"{r} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
-        self._check_device_tables(device_tables, r)
+        self._check_step(r, device_tables)
         dev_counts = on_device(num_accepted)
         st = self.planner.stage_pre_copy(_as_host_tables(block_tables), num_computed, num_scheduled, running_col,
                                          fresh=fresh, req_ids=req_ids,
@@ -137,12 +149,8 @@ class DeviceStep:
             self._err_rows = 0
             if r == 0:
                 return st.vectors[1], counts
-            dev = ops.stage_i32(st.staged, self.index)
-            table = self._table(dev, st.table_shape, device_tables, r)
-        n = st.table_shape[0] * st.table_shape[1] * st.table_shape[2]
-        acc = num_accepted if dev_counts else dev[n + 2 * r: n + 3 * r]
-        self.planner.launch(table, dev[n: n + r], dev[n + r: n + 2 * r], acc, "pre_copy", stream=stream, err=err,
-                            num_accepted_out=counts)
+            table, src, curr, acc = self._upload(st, num_accepted, dev_counts, device_tables, r)
+        self.planner.launch(table, src, curr, acc, "pre_copy", stream=stream, err=err, num_accepted_out=counts)
         self._err_rows = r
         return st.vectors[1], counts
 
@@ -168,9 +176,7 @@ class DeviceStep:
             PlanError: naming the request, before anything is queued.
         """
         r = len(state_col)
-        if r > self.max_num_reqs:
-            raise PlanError(f"{r} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
-        self._check_device_tables(device_tables, r)
+        self._check_step(r, device_tables)
         dev_counts = on_device(num_accepted)
         st = self.planner.stage_post_process(_as_host_tables(block_tables), state_col, num_computed, num_scheduled,
                                              num_draft, req_ids=req_ids,
@@ -182,11 +188,8 @@ class DeviceStep:
             return counts
         ops = device_path.cuda_ops
         with ops.context(self.index, ops.torch_stream(stream, self.index)):
-            dev = ops.stage_i32(st.staged, self.index)
-            table = self._table(dev, st.table_shape, device_tables, r)
-        n = st.table_shape[0] * st.table_shape[1] * st.table_shape[2]
-        acc = num_accepted if dev_counts else dev[n + 2 * r: n + 3 * r]
-        self.planner.launch_post_process(table, dev[n: n + r], dev[n + r: n + 2 * r], acc, stream=stream, err=err,
+            table, state_col_dev, running, acc = self._upload(st, num_accepted, dev_counts, device_tables, r)
+        self.planner.launch_post_process(table, state_col_dev, running, acc, stream=stream, err=err,
                                          num_accepted_out=counts)
         self._err_rows = max(self._err_rows, r)
         return counts
