@@ -13,7 +13,7 @@ block to its destination block:
                baseline; one per payload: combined, temporal-only, conv-only)
   index        vLLM-like: per layer ``pool[dst_idx] = pool[src_idx]`` (temporal) and
                ``conv[dst_idx, :, :w-s] = conv[src_idx, :, s:]`` (gather into a temporary, scatter)
-  fused        ``CopyPlanner.launch_align`` -- one launch of the fused kernel for every layer and
+  fused        ``Planner.launch_align`` -- one launch of the fused kernel for every layer and
                state; for the combined layout, a temporal-only layout and a conv-only layout bound
                to the same tensors
   tiled        ``plan.execute()`` of a ``plan_align`` plan (host plan built outside the timed
@@ -236,7 +236,7 @@ def plan_memory(R: int, L: int, geo: Geometry, arena: int, l2: int) -> tuple[int
 
 def build_case(torch: Any, arena_t: Any, R: int, layers: int, sets: int, geo: Geometry, layouts_: dict[str, Any],
                accepted: int, seed: int) -> Case:
-    from recoverssm_rs.planner import CopyPlanner
+    from recoverssm_rs.planner import Planner
 
     dev = arena_t.device
     nb = 1 + 2 * R * sets
@@ -252,9 +252,9 @@ def build_case(torch: Any, arena_t: Any, R: int, layers: int, sets: int, geo: Ge
         pools.append((conv, temp))
     assert off <= arena_t.numel()
     planners = {
-        "combined": CopyPlanner(layouts_["combined"], [[c, t] for c, t in pools]),
-        "temporal": CopyPlanner(layouts_["temporal"], [[t] for _, t in pools]),
-        "conv": CopyPlanner(layouts_["conv"], [[c] for c, _ in pools]),
+        "combined": Planner(layouts_["combined"], [[c, t] for c, t in pools]),
+        "temporal": Planner(layouts_["temporal"], [[t] for _, t in pools]),
+        "conv": Planner(layouts_["conv"], [[c] for c, _ in pools]),
     }
     for p in planners.values():
         p.prepare_device()
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunks", default="16,32",
                     help="extra CTAs-per-state counts to time the fused temporal copy with (launch_align uses "
-                         "gpu.state_chunks: 64 for these 2 MiB states)")
+                         "cuda.state_chunks: 64 for these 2 MiB states)")
     ap.add_argument("--profile-host", action="store_true",
                     help="print a cProfile summary of launch_align's host time at each request count")
     ap.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table goes to stderr)")
@@ -556,14 +556,14 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
         add(f"fused[{key}]", key, fused, verified=ok)
 
     # The fused temporal copy with other CTA counts per state (the launch layer, same planner tables).
-    from recoverssm_rs import gpu
+    from recoverssm_rs import cuda
 
     tp = pl["temporal"]
     tp.prepare_device()
     dp = tp.device_path
     for c in extra_chunks:
         def fused_c(k: int, c: int = c) -> None:
-            gpu.launch_state_copy(dp.meta, dp.fused.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, dp.err,
+            cuda.launch_state_copy(dp.meta, dp.fused.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, dp.err,
                                   max_accepted=geo.max_accepted, num_blocks=case.num_blocks, has_temporal=True,
                                   chunks=c)
 

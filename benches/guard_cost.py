@@ -1,4 +1,4 @@
-"""Cost of the bound-memory guard per step: ``planner.bound.check()`` (every tensor's and storage's
+"""Cost of the bound-memory guard per step: ``planner.core.check()`` (every tensor's and storage's
 address and size, before a write) and ``mark_written()`` (autograd version counters, after), for a
 48-layer GDN pool bound as one pool per state kind (each layer a view) and as one tensor per layer.
 
@@ -22,14 +22,14 @@ def main(argv: list[str] | None = None) -> int:
     layout = layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4,
                          num_spec=3, conv_layout="DS")
     pools = [torch.zeros((48, 64, *s.shape), dtype=getattr(torch, s.dtype)) for s in layout.persistent]
-    views = rs.CopyPlanner(layout, [[p[layer] for p in pools] for layer in range(48)])
-    separate = rs.CopyPlanner(layout, [[torch.zeros((64, *s.shape), dtype=getattr(torch, s.dtype))
+    views = rs.Planner(layout, [[p[layer] for p in pools] for layer in range(48)])
+    separate = rs.Planner(layout, [[torch.zeros((64, *s.shape), dtype=getattr(torch, s.dtype))
                                         for s in layout.persistent] for _ in range(48)])
     print(f"{'binding':<40}{'check us':>10}{'mark us':>10}")
     for name, planner in (("one pool per state kind (views)", views), ("one tensor per layer and state", separate)):
         n = args.number
-        check = min(timeit.repeat(planner.bound.check, number=n, repeat=3)) / n * 1e6
-        mark = min(timeit.repeat(planner.bound.mark_written, number=n, repeat=3)) / n * 1e6
+        check = min(timeit.repeat(planner.core.check, number=n, repeat=3)) / n * 1e6
+        mark = min(timeit.repeat(planner.core.mark_written, number=n, repeat=3)) / n * 1e6
         print(f"{name:<40}{check:>10.2f}{mark:>10.2f}")
     return 0
 

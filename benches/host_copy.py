@@ -2,7 +2,7 @@
 
     .venv/bin/python benches/host_copy.py [--sizes 4K 64K 256K 2M] [--batches 64 256] [--json]
 
-The benchmark lives in the package (``recoverssm_rs.bench.host_copy``: workload and methods are
+The benchmark lives in the package (``recoverssm_rs.tools.bench.host_copy``: workload and methods are
 described there) and runs as ``python -m recoverssm_rs bench --only host``; this script keeps the
 old command working.
 """
@@ -13,9 +13,9 @@ import argparse
 import json
 import sys
 
-from recoverssm_rs.bench import host_copy
-from recoverssm_rs.bench.progress import Progress
-from recoverssm_rs.bench.timing import Budget
+from recoverssm_rs.tools.bench import host_copy
+from recoverssm_rs.tools.bench.progress import Progress
+from recoverssm_rs.tools.bench.timing import Budget
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from recoverssm_rs import CopyPlanner, device_path, layouts
+from recoverssm_rs import Planner, layouts
+from recoverssm_rs.cuda import ops as device_path
 from recoverssm_rs.cuda.commit import CommitKernel
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE
-from recoverssm_rs.state_cache import StateCache
+from recoverssm_rs.recoverssm.state_cache import StateCache
 
 
 class FakeCuda:
@@ -106,14 +107,14 @@ def median_us(fn: Callable[[], None], repeat: int) -> float:
     return statistics.median(times) / 1e3
 
 
-def copy_case(R: int, layers: int = 48) -> tuple[CopyPlanner, list[Any], Any]:
+def copy_case(R: int, layers: int = 48) -> tuple[Planner, list[Any], Any]:
     layout = layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4,
                          num_spec=3, conv_layout="DS")
     cols, nb = 8, 2 * R * 8 + 2
     # one tensor per state kind, each layer a view (as engines bind their pools)
     pools = [torch.zeros((layers, nb, *s.shape), dtype=getattr(torch, s.dtype)) for s in layout.persistent]
     states = [[FakeCuda(p[l]) for p in pools] for l in range(layers)]
-    planner = CopyPlanner(layout, states)
+    planner = Planner(layout, states)
     bt = FakeCuda(torch.arange(1, R * cols + 1, dtype=torch.int32).reshape(R, cols))
     vecs = [FakeCuda(torch.zeros(R, dtype=torch.int32)) for _ in range(4)]
     return planner, [bt, *vecs], pools
@@ -126,9 +127,8 @@ def commit_case(R: int) -> CommitKernel:
         def device_name(self) -> str:
             return "cuda:0"
 
-        def describe(self, x: Any, what: str) -> Any:
-            d = super().describe(x, what)
-            return (*d[:4], "cuda:0")
+        def device_arg(self, x: Any) -> Any:
+            return FakeCuda(x)
 
     cache = StateCache(layout, num_layers=48, num_blocks=2 * R + 2, max_requests=R)
     return HostKernel(cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=R)

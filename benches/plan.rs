@@ -41,18 +41,10 @@ fn binding(layout: &Layout, layers: usize, num_blocks: u64) -> Binding {
                 .persistent()
                 .iter()
                 .map(|s| {
-                    let e = s.dtype.itemsize() as i64;
                     let mut shape = vec![num_blocks as i64];
                     shape.extend(s.shape.iter().map(|&d| d as i64));
-                    let mut strides = vec![0i64; shape.len()];
-                    let mut acc = e;
-                    for a in (1..shape.len()).rev() {
-                        strides[a] = acc;
-                        acc *= shape[a];
-                    }
-                    strides[0] = acc;
-                    let d = TensorDesc { data_ptr: addr, dtype: s.dtype, shape, strides, device: "cuda:0".into(), writable: true };
-                    addr += acc as u64 * num_blocks + 4096;
+                    let d = TensorDesc::dense(addr, s.dtype.name(), &shape, "cuda:0");
+                    addr += d.strides[0] as u64 * num_blocks + 4096;
                     d
                 })
                 .collect()
@@ -68,7 +60,7 @@ fn bench(c: &mut Criterion) {
         for layers in [24usize, 48, 64] {
             for requests in [1usize, 64, 256, 1024] {
                 let cols = 5; // 1 + num_spec + 1
-                let planner = Planner::new(binding(&layout, layers, (requests * cols + 1) as u64));
+                let planner = Planner::new(vec![binding(&layout, layers, (requests * cols + 1) as u64)]).unwrap();
                 let bt: Vec<i64> = (0..(requests * cols) as i64).map(|i| i + 1).collect();
                 let src = vec![0i64; requests];
                 let dst = vec![4i64; requests];

@@ -2,7 +2,7 @@
 
     .venv/bin/python benches/plan_step.py [--requests 256 --layers 48 --sweep 1 64 1024 --json]
 
-The benchmark lives in the package (``recoverssm_rs.bench.plan_step``: workload, methods and checks
+The benchmark lives in the package (``recoverssm_rs.tools.bench.plan_step``: workload, methods and checks
 are described there) and runs as ``python -m recoverssm_rs bench --only plan``; this script keeps
 the old command working: one table (or JSON) for the request counts ``--requests`` and ``--sweep``.
 """
@@ -13,9 +13,9 @@ import argparse
 import json
 import sys
 
-from recoverssm_rs.bench import plan_step
-from recoverssm_rs.bench.progress import Progress
-from recoverssm_rs.bench.timing import Budget
+from recoverssm_rs.tools.bench import plan_step
+from recoverssm_rs.tools.bench.progress import Progress
+from recoverssm_rs.tools.bench.timing import Budget
 
 
 def main(argv: list[str] | None = None) -> int:

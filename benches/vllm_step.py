@@ -33,12 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from device_fakes import FakeCuda, FakeOps  # noqa: E402
-from recoverssm_rs import device_path  # noqa: E402
-from recoverssm_rs import groups as rs_groups  # noqa: E402
 from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
+from recoverssm_rs.cuda import ops as cuda_ops  # noqa: E402
 from recoverssm_rs.vllm import VllmMambaStep  # noqa: E402
 from support import vllm_oracle  # noqa: E402
+from support.device_fakes import FakeCuda, FakeOps  # noqa: E402
 
 BS, NSB, COLS = 4, 2, 4
 C, N, D = 3, 3, 2  # every request: running column 1, previous column 0: one move per request
@@ -103,12 +102,12 @@ def time_adapter(kvc, fc, ib, requests, so, ids, reps):
     step = VllmMambaStep.from_runner(kvc, fc, {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")},
                                      max_num_reqs=len(ids), conv_layout="SD")
     planned = []
-    rs_groups.MultiGroupPlan.execute = lambda self: planned.append(len(self))  # type: ignore[method-assign]
+    VllmMambaStep._execute = staticmethod(lambda plan: planned.append(len(plan)))  # type: ignore[method-assign]
     times = []
     for _ in range(reps):
         step.release(ids)
         step._slots(ids, [])
-        step.running_col[: len(ids)] = 0
+        step.mamba_state_idx[: len(ids)] = 0
         ib.num_accepted_tokens_cpu[:] = 1
         t0 = time.perf_counter()
         step.preprocess(so, ib, requests)
@@ -120,7 +119,7 @@ def time_device(kvc, fc, ib, requests, so, ids, reps):
     """The device path's host time per half-step: ``(preprocess, pre_copy array form, post_process
     array form, launches per step)``."""
     launches = []
-    device_path.cuda_ops = FakeOps()
+    cuda_ops.cuda_ops = FakeOps()
     cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
     def bound(t: torch.Tensor) -> FakeCuda:
         f = FakeCuda(t)
@@ -141,7 +140,7 @@ def time_device(kvc, fc, ib, requests, so, ids, reps):
     for _ in range(reps):
         step.release(ids)
         step._slots(ids, [])
-        step.running_col[:n] = 0
+        step.mamba_state_idx[:n] = 0
         launches.clear()
         t0 = time.perf_counter()
         step.preprocess(so, ib, requests, num_accepted=acc)

@@ -2,35 +2,9 @@
 //! `[num_blocks, *state_shape]` (possibly a strided view into a shared buffer). The binding checks
 //! every tensor against the layout and records only what the planner needs.
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::{ConvGeometry, Layout};
-
-/// What a caller knows about one tensor: its data pointer, dtype, shape, strides **in bytes**, and
-/// the device as a string such as `"cpu"` or `"cuda:0"`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorDesc {
-    pub data_ptr: u64,
-    pub dtype: DType,
-    pub shape: Vec<i64>,
-    pub strides: Vec<i64>,
-    pub device: String,
-    /// False for read-only memory (a non-writeable numpy array): copies could not land there.
-    pub writable: bool,
-}
-
-/// Refuses a state tensor that autograd tracks (`requires_grad`): plans write states in place,
-/// outside autograd, which would leave a graph computed from values that no longer exist. `what`
-/// names the tensor.
-pub fn check_not_tracked(requires_grad: bool, what: &str) -> Result<()> {
-    if requires_grad {
-        return Err(Error::binding(format!(
-            "{what}: the tensor requires grad; plans write state tensors in place, outside autograd: bind tensors that do \
-             not require grad (for example t.detach(), or allocate them under torch.no_grad())"
-        )));
-    }
-    Ok(())
-}
+use crate::tensor::{Device, TensorDesc};
 
 /// Geometry of one bound (layer, persistent state) tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,44 +33,6 @@ impl StateTensor {
     #[inline]
     pub fn block_addr(&self, b: u64) -> u64 {
         self.base + b * self.block_stride
-    }
-}
-
-/// Whether the tensors live in host memory or on a CUDA device.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda(u32),
-}
-
-impl std::fmt::Display for Device {
-    /// The torch spelling: `cpu`, `cuda:0`, ...
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
-impl Device {
-    pub fn parse(s: &str) -> Result<Device> {
-        let t = s.trim();
-        if t == "cpu" {
-            return Ok(Device::Cpu);
-        }
-        if t == "cuda" {
-            return Ok(Device::Cuda(0));
-        }
-        if let Some(i) = t.strip_prefix("cuda:") {
-            if let Ok(i) = i.parse() {
-                return Ok(Device::Cuda(i));
-            }
-        }
-        Err(Error::binding(format!("unsupported device '{s}'; state tensors must be on 'cpu' or 'cuda'")))
-    }
-    pub fn is_cuda(&self) -> bool {
-        matches!(self, Device::Cuda(_))
     }
 }
 
@@ -137,7 +73,8 @@ impl Binding {
             }
             for (si, (spec, t)) in layout.persistent().iter().zip(per_layer).enumerate() {
                 let at = |m: String| Error::binding(format!("{backend}: layer {layer}, state {si} ('{}'): {m}", spec.name));
-                let dev = Device::parse(&t.device).map_err(|e| at(e.message))?;
+                t.check_not_tracked(&format!("{backend}: layer {layer}, state {si} ('{}')", spec.name))?;
+                let dev = t.device().map_err(|e| at(e.message))?;
                 match &device {
                     None => device = Some((dev.clone(), t.device.clone())),
                     Some((d, name)) if *d != dev => {
@@ -148,8 +85,9 @@ impl Binding {
                     }
                     _ => {}
                 }
-                if t.dtype != spec.dtype {
-                    return Err(at(format!("dtype is {} but the layout declares {}", t.dtype, spec.dtype)));
+                let dtype = t.state_dtype().map_err(|e| at(e.message))?;
+                if dtype != spec.dtype {
+                    return Err(at(format!("dtype is {dtype} but the layout declares {}", spec.dtype)));
                 }
                 let ndim = spec.shape.len() + 1;
                 if t.shape.len() != ndim || t.strides.len() != ndim {
@@ -167,7 +105,7 @@ impl Binding {
                 }
                 // Inner dimensions must be dense and C-ordered: the state of one block is one
                 // contiguous byte range.
-                let elem = t.dtype.itemsize();
+                let elem = dtype.itemsize();
                 let mut expect: i64 = elem as i64;
                 for axis in (1..ndim).rev() {
                     if t.shape[axis] > 1 && t.strides[axis] != expect {
@@ -248,24 +186,23 @@ impl Binding {
         for i in 0..n {
             for j in (i + 1)..n {
                 let (a, b) = (&self.tensors[i], &self.tensors[j]);
-                if a.end() <= b.base || b.end() <= a.base {
-                    continue;
-                }
-                if !interleaved_disjoint(a, b) {
+                if overlap(a, b) {
                     return Err(Error::binding(format!(
-                        "{}: layer {}, state {} ('{}') and layer {}, state {} ('{}') share memory: some block of one overlaps a block of the other; give each layer and state its own region (views into one buffer must interleave without overlap)",
+                        "{}: {} and {} share memory: some block of one overlaps a block of the other; give each layer and state its \
+                         own region (views into one buffer must interleave without overlap)",
                         self.layout.backend(),
-                        a.layer,
-                        a.state,
-                        self.layout.states()[a.state as usize].name,
-                        b.layer,
-                        b.state,
-                        self.layout.states()[b.state as usize].name
+                        self.name(a),
+                        self.name(b)
                     )));
                 }
             }
         }
         Ok(())
+    }
+
+    /// `layer L, state S ('name')` of a bound tensor.
+    fn name(&self, t: &StateTensor) -> String {
+        format!("layer {}, state {} ('{}')", t.layer, t.state, self.layout.states()[t.state as usize].name)
     }
 
     pub fn layout(&self) -> &Layout {
@@ -313,6 +250,11 @@ fn merged_spans(tensors: &[StateTensor]) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+/// Whether some block of `a` overlaps some block of `b`.
+fn overlap(a: &StateTensor, b: &StateTensor) -> bool {
+    !(a.end() <= b.base || b.end() <= a.base || interleaved_disjoint(a, b))
 }
 
 /// Two strided tensors whose address ranges overlap: their blocks must still be disjoint. Exact

@@ -1,10 +1,10 @@
 //! The host executor: runs a plan over CPU memory. Every segment is checked to lie inside the
 //! bound tensors before the first byte moves, so either the whole plan runs or nothing does.
 
-use crate::binding::Device;
 use crate::error::{Error, Result};
 use crate::plan::segment::{Mode, Segment};
 use crate::plan::CopyPlan;
+use crate::tensor::Device;
 use rayon::prelude::*;
 use std::sync::Mutex;
 
@@ -14,8 +14,8 @@ const PARALLEL_BYTES: u64 = 2 << 20;
 
 /// Checks that every segment of `plan` stays inside the bound tensors' memory.
 pub fn check(plan: &CopyPlan) -> Result<()> {
-    let b = plan.binding();
-    if *b.device() != Device::Cpu {
+    let bindings = plan.bindings();
+    if let Some(b) = bindings.iter().find(|b| *b.device() != Device::Cpu) {
         return Err(Error::plan(format!(
             "{}: the host executor runs plans over CPU tensors, but the states are on {}; use the CUDA executor",
             b.layout().backend(),
@@ -24,7 +24,8 @@ pub fn check(plan: &CopyPlan) -> Result<()> {
     }
     for (i, s) in plan.segments().iter().enumerate() {
         let ext = s.extent();
-        if !b.contains(s.src, ext) || !b.contains(s.dst, ext) {
+        // Each segment lies in one group's tensors (groups never share memory).
+        if !bindings.iter().any(|b| b.contains(s.src, ext) && b.contains(s.dst, ext)) {
             return Err(Error::plan(format!(
                 "segment {i} ({:#x} -> {:#x}, {ext} bytes) leaves the bound state tensors; the plan does not belong to these states",
                 s.src, s.dst

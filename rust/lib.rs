@@ -7,23 +7,22 @@
 pub mod binding;
 pub mod commit;
 pub mod copy_funcs;
-pub mod device_step;
 pub mod dtype;
-pub mod engine_step;
 pub mod error;
 pub mod executor;
 pub mod families;
-pub mod group_plan;
 pub mod kernels;
 pub mod layout;
 pub mod plan;
 pub mod sharding;
+pub mod tensor;
 pub mod transfer;
+pub mod vllm;
 
 #[cfg(feature = "python")]
 mod python;
 
-pub use binding::{Binding, Device, StateTensor, TensorDesc};
+pub use binding::{Binding, StateTensor};
 pub use commit::{commit_meta, CommitConfig, CommitMeta, CommitTensors};
 pub use copy_funcs::{validate_copy_funcs, CopyFuncKind, CopyPrefix, GroupSpec};
 pub use dtype::DType;
@@ -31,4 +30,5 @@ pub use error::{Error, ErrorKind, Result};
 pub use kernels::{KernelSpec, Launch, KERNELS};
 pub use layout::{ConvGeometry, ConvLayout, CopyKind, Layout, Role, StateSpec};
 pub use plan::segment::{Mode, MoveRow, Segment, StateMeta, Tile};
-pub use plan::{AlignStep, CopyPlan, Planner};
+pub use plan::{AlignStep, CopyPlan, GroupTable, Planner, Semantics, Step};
+pub use tensor::{Device, TensorDesc};

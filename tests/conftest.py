@@ -49,13 +49,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# ---- device-path doubles (tests/device_fakes.py), shared by the device-path tests --------------
+# ---- device-path doubles (tests/support/device_fakes.py), shared by the device-path tests --------------
 
 
 @pytest.fixture
 def fake_ops(monkeypatch):
     """The device path's torch CUDA calls on the host (see ``device_fakes.FakeOps``)."""
-    import device_fakes
+    from support import device_fakes
 
     return device_fakes.install(monkeypatch)[0]
 
@@ -63,7 +63,7 @@ def fake_ops(monkeypatch):
 @pytest.fixture
 def recorder(monkeypatch):
     """Records each core-built launch instead of running it."""
-    import device_fakes
+    from support import device_fakes
 
     return device_fakes.install(monkeypatch, ops=False, emulate=False)[1]
 
@@ -71,6 +71,6 @@ def recorder(monkeypatch):
 @pytest.fixture
 def emulator(monkeypatch):
     """Records each core-built launch and runs it through the host emulation."""
-    import device_fakes
+    from support import device_fakes
 
     return device_fakes.install(monkeypatch, ops=False, emulate=True)[1]

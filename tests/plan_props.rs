@@ -130,17 +130,11 @@ fn memory(c: &Case, l: &Layout) -> Memory {
             g.iter()
                 .zip(states)
                 .map(|(&(off, stride, _), spec)| {
-                    let e = spec.dtype.itemsize() as i64;
                     let mut shape = vec![c.blocks as i64];
                     shape.extend(spec.shape.iter().map(|&d| d as i64));
-                    let mut strides = vec![0i64; shape.len()];
-                    let mut acc = e;
-                    for a in (1..shape.len()).rev() {
-                        strides[a] = acc;
-                        acc *= shape[a];
-                    }
-                    strides[0] = stride as i64;
-                    TensorDesc { data_ptr: base + off as u64, dtype: spec.dtype, shape, strides, device: "cpu".into(), writable: true }
+                    let mut t = TensorDesc::dense(base + off as u64, spec.dtype.name(), &shape, "cpu");
+                    t.strides[0] = stride as i64;
+                    t
                 })
                 .collect()
         })
@@ -221,7 +215,7 @@ proptest! {
         let l = layout(&c);
         let mut m = memory(&c, &l);
         let binding = Binding::new(&l, &m.descs).unwrap();
-        let planner = Planner::new(binding);
+        let planner = Planner::new(vec![binding]).unwrap();
         let before = bytes(&m);
         let (bt, cols, sc, dc, na) = step_arrays(&c);
         let step = AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na };
@@ -272,7 +266,7 @@ fn large_waves_split_across_threads_are_exact() {
     };
     let l = layout(&c);
     let m = memory(&c, &l);
-    let planner = Planner::new(Binding::new(&l, &m.descs).unwrap());
+    let planner = Planner::new(vec![Binding::new(&l, &m.descs).unwrap()]).unwrap();
     let before = bytes(&m);
     let (bt, cols, sc, dc, na) = step_arrays(&c);
     let plan = planner.plan_align(&AlignStep { block_table: &bt, cols, src_col: &sc, dst_col: &dc, num_accepted: &na }).unwrap();

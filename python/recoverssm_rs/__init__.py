@@ -23,7 +23,7 @@ from .errors import (
     PlanError,
     RecoverSSMError,
 )
-from .planner import CopyPlan, CopyPlanner
+from .planner import CopyPlan, Planner
 
 _logging.getLogger("recoverssm_rs").addHandler(_logging.NullHandler())
 
@@ -31,7 +31,7 @@ _logging.getLogger("recoverssm_rs").addHandler(_logging.NullHandler())
 def __getattr__(name: str) -> object:
     # StateCache needs torch; import it on first use so the rest of the package works without.
     if name == "StateCache":
-        from .state_cache import StateCache
+        from .recoverssm.state_cache import StateCache
 
         return StateCache
     raise AttributeError(f"module 'recoverssm_rs' has no attribute {name!r}")
@@ -48,7 +48,7 @@ __all__ = [
     "Layout",
     "StateSpec",
     "validate_copy_funcs",
-    "CopyPlanner",
+    "Planner",
     "CopyPlan",
     "StateCache",
     "errors",

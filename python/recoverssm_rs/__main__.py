@@ -1,4 +1,4 @@
-"""``python -m recoverssm_rs`` and the ``recoverssm`` console script: see :mod:`recoverssm_rs.cli`.
+"""``python -m recoverssm_rs`` and the ``recoverssm`` console script: see :mod:`recoverssm_rs.tools.cli`.
 
 :func:`main` runs the command line and turns a missing optional dependency (torch, CuPy,
 matplotlib) into one line on stderr naming the extra to install, with exit status 1, instead of a
@@ -18,8 +18,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the command line; returns the exit status. ``prog`` names the program in messages
     (default: the console script's name)."""
     from .backend_check import missing_module_message
-    from .cli import PROG
-    from .cli import main as cli_main
+    from .tools.cli import PROG
+    from .tools.cli import main as cli_main
 
     try:
         return cli_main(argv, prog=prog or PROG)

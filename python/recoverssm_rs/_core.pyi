@@ -7,23 +7,21 @@ __version__: str
 __all__ = [
     "BackendUnavailableError",
     "BindingError",
+    "BoundTensors",
     "CommitLaunch",
     "CommitPlanner",
+    "CopyPlan",
     "ErrorWord",
     "FusedCopy",
-    "GroupPlan",
-    "GroupPlanner",
     "KernelLaunch",
     "Layout",
     "LayoutError",
     "LayoutFingerprint",
-    "Plan",
     "PlanError",
     "Planner",
     "RawBuffer",
     "RecoverSSMError",
     "StateSpec",
-    "StorageGuard",
     "TransferPlan",
     "__version__",
     "_validate_copy_funcs",
@@ -31,13 +29,11 @@ __all__ = [
     "align_pre_copy",
     "check_cache_sizes",
     "check_commit_counts",
-    "check_fused_step",
     "check_device_tables",
     "check_index",
     "commit_grid",
     "commit_meta_table",
     "copy_tiles_launch",
-    "describe_arg",
     "gdn_layout",
     "kda_layout",
     "kernel_abi",
@@ -48,6 +44,10 @@ __all__ = [
     "plan_transfer",
     "short_conv_layout",
     "state_chunks",
+    "vllm_device_post_process",
+    "vllm_device_pre_copy",
+    "vllm_post_process",
+    "vllm_pre_copy",
 ]
 
 _Role = Literal["persistent", "workspace"]
@@ -117,73 +117,13 @@ def _validate_copy_funcs(
     ],
     copy_funcs: Sequence[tuple[str, Sequence[str]]],
 ) -> dict[str, int]: ...
-def mamba1_layout(
-    *,
-    intermediate_size: int,
-    state_size: int,
-    conv_kernel: int,
-    tp_size: int = 1,
-    num_spec: int = 0,
-    conv_layout: _ConvLayoutName = "SD",
-    dtype: Any = None,
-    ssm_dtype: Any = None,
-) -> Layout: ...
-def mamba2_layout(
-    *,
-    intermediate_size: int,
-    n_groups: int,
-    num_heads: int,
-    head_dim: int,
-    state_size: int,
-    conv_kernel: int,
-    tp_size: int = 1,
-    num_spec: int = 0,
-    conv_layout: _ConvLayoutName = "SD",
-    dtype: Any = None,
-    ssm_dtype: Any = None,
-    logical_window: int | None = None,
-    mamba_backend: Literal["triton", "flashinfer", "cpu"] = "triton",
-) -> Layout: ...
-def short_conv_layout(
-    *,
-    intermediate_size: int,
-    conv_kernel: int,
-    tp_size: int = 1,
-    num_spec: int = 0,
-    conv_layout: _ConvLayoutName = "SD",
-    dtype: Any = None,
-) -> Layout: ...
-def linear_attention_layout(
-    *, num_heads: int, head_dim: int, tp_size: int = 1, num_spec: int = 0, ssm_dtype: Any = None
-) -> Layout: ...
-def gdn_layout(
-    *,
-    num_k_heads: int,
-    num_v_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-    conv_kernel_size: int,
-    tp_size: int = 1,
-    num_spec: int = 0,
-    conv_layout: _ConvLayoutName = "SD",
-    dtype: Any = None,
-    ssm_dtype: Any = None,
-    recover_ssm: bool = False,
-) -> Layout: ...
-def kda_layout(
-    *,
-    num_heads: int,
-    head_dim: int,
-    num_k_heads: int | None = None,
-    head_k_dim: int | None = None,
-    conv_kernel_size: int = 4,
-    tp_size: int = 1,
-    num_spec: int = 0,
-    conv_layout: _ConvLayoutName = "SD",
-    dtype: Any = None,
-    ssm_dtype: Any = None,
-    recover_ssm: bool = False,
-) -> Layout: ...
+# The family calculators take keyword arguments only (recoverssm_rs.layouts has their typed signatures).
+def mamba1_layout(**kwargs: Any) -> Layout: ...
+def mamba2_layout(**kwargs: Any) -> Layout: ...
+def short_conv_layout(**kwargs: Any) -> Layout: ...
+def linear_attention_layout(**kwargs: Any) -> Layout: ...
+def gdn_layout(**kwargs: Any) -> Layout: ...
+def kda_layout(**kwargs: Any) -> Layout: ...
 
 @final
 class RawBuffer:
@@ -192,8 +132,8 @@ class RawBuffer:
     def __len__(self) -> int: ...
 
 @final
-class Plan:
-    """One step's copy plan (see :class:`recoverssm_rs.planner.CopyPlan`)."""
+class CopyPlan:
+    """One step's copy plan over every group (see :class:`recoverssm_rs.planner.CopyPlan`)."""
 
     def segments(self) -> RawBuffer: ...
     def rows(self) -> RawBuffer: ...
@@ -209,20 +149,22 @@ class Plan:
     def num_requests(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
+    def group_stats(self) -> list[tuple[int, int, int, int]]: ...
     @property
     def planner(self) -> Planner: ...
     def execute_host(self) -> None: ...
+    def __len__(self) -> int: ...
 
 @final
 class Planner:
-    """The core planner bound to state tensors (see :class:`recoverssm_rs.planner.CopyPlanner`)."""
+    """The core planner over one or more groups, bound to their tensors (see
+    :class:`recoverssm_rs.planner.Planner`)."""
 
     def __new__(
-        cls,
-        layout: Layout,
-        states: Sequence[Sequence[tuple[int, Any, Sequence[int], Sequence[int], str, bool, bool]]],
-        keepalive: Any,
+        cls, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *, block_size: int | None = None
     ) -> Planner: ...
+    @property
+    def num_groups(self) -> int: ...
     @property
     def num_layers(self) -> int: ...
     @property
@@ -230,10 +172,28 @@ class Planner:
     @property
     def device(self) -> str: ...
     @property
-    def layout(self) -> Layout: ...
-    def plan_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any) -> Plan: ...
-    def plan_copy(self, src_blocks: Any, dst_blocks: Any) -> Plan: ...
+    def block_size(self) -> int | None: ...
+    @property
+    def num_spec(self) -> int: ...
+    @property
+    def layouts(self) -> list[Layout]: ...
+    def group_sizes(self) -> list[tuple[int, int]]: ...
+    @property
+    def states(self) -> tuple[tuple[tuple[Any, ...], ...], ...]: ...
+    # Keyword arguments: tables, src_col, dst_col, num_accepted, semantics.
+    def plan(self, **kwargs: Any) -> CopyPlan: ...
+    # Keyword arguments: src_blocks, dst_blocks.
+    def plan_copy(self, **kwargs: Any) -> CopyPlan: ...
     def state_meta(self) -> RawBuffer: ...
+    def check(self) -> None: ...
+    def mark_written(self) -> None: ...
+    def bind_device(self, metas: int, err: int) -> None: ...
+    @property
+    def device_bound(self) -> bool: ...
+    # Keyword arguments: block_table, src_col, second, num_accepted, err, block_size, pre_copy,
+    # num_accepted_out.
+    def check_device_step(self, **kwargs: Any) -> int: ...
+    def device_step(self, **kwargs: Any) -> tuple[KernelLaunch | None, int, bool]: ...
 
 @final
 class CommitPlanner:
@@ -246,36 +206,17 @@ class CommitPlanner:
     def num_blocks(self) -> int: ...
     @property
     def window(self) -> int: ...
-    def plan(
-        self,
-        state_blocks: Any,
-        num_accepted: Any,
-        query_lens: Any,
-        seq_lens: Any = None,
-        block_table: Any = None,
-        block_size: int | None = None,
-        max_requests: int | None = None,
-    ) -> RawBuffer:
+    # Keyword arguments: state_blocks, num_accepted, query_lens, seq_lens, block_table, block_size,
+    # max_requests.
+    def plan(self, **kwargs: Any) -> RawBuffer:
         """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
     def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> None: ...
 
-_TensorDesc = tuple[int, Any, Sequence[int], Sequence[int], str, bool, bool]
-
-def commit_meta_table(
-    recurrent: Sequence[_TensorDesc],
-    corrections: Sequence[_TensorDesc],
-    keygate: Sequence[_TensorDesc],
-    conv: Sequence[_TensorDesc] | None,
-    conv_window: Sequence[_TensorDesc] | None,
-    kind: str,
-    conv_layout: str,
-    conv_kernel_size: int,
-) -> RawBuffer:
-    """The RecoverSSM commit kernel's table (128-byte ``CommitMeta`` records, one per layer) for
-    per-layer tensor descriptions ``(data_ptr, dtype, shape, byte_strides, device, writable)``;
-    raises ``BindingError`` naming the layer and tensor the kernel cannot take."""
-
-_DeviceArg = tuple[int, str, Sequence[int], Sequence[int], str]
+# Keyword arguments: recurrent, corrections, keygate, conv, conv_window (per-layer tensors), kind,
+# conv_layout, conv_kernel_size.
+def commit_meta_table(**kwargs: Any) -> RawBuffer:
+    """The RecoverSSM commit kernel's table (128-byte ``CommitMeta`` records, one per layer); raises
+    ``BindingError`` naming the layer and tensor the kernel cannot take."""
 
 class RecoverSSMError(Exception): ...
 class LayoutError(RecoverSSMError, ValueError): ...
@@ -306,54 +247,13 @@ class KernelLaunch:
 
 @final
 class FusedCopy:
-    """The fused state copy of one bound planner (constants checked once)."""
+    """The fused state copy over a caller-built table of state metas (constants checked once)."""
 
-    def __new__(
-        cls,
-        device_name: str,
-        metas: int,
-        num_meta: int,
-        max_accepted: int,
-        num_blocks: int,
-        has_temporal: bool,
-        chunks: int,
-        err: int,
-        groups: int = 1,
-    ) -> FusedCopy: ...
-    def launch(
-        self,
-        block_table: Any,
-        src_col: Any,
-        second: Any,
-        num_accepted: Any,
-        err: Any = None,
-        block_size: int | None = None,
-        pre_copy: bool = False,
-        num_accepted_out: Any = None,
-    ) -> KernelLaunch | None:
-        """The launch of one step (tensors, CuPy arrays or description tuples; int32)."""
-    def step(
-        self,
-        block_table: Any,
-        src_col: Any,
-        second: Any,
-        num_accepted: Any,
-        err: Any = None,
-        block_size: int | None = None,
-        pre_copy: bool = False,
-        num_accepted_out: Any = None,
-    ) -> tuple[KernelLaunch | None, int, bool]:
-        """``(launch, requests, narrow)``: the launch, or ``narrow`` when inputs must be narrowed first."""
-    def check(
-        self,
-        block_table: Any,
-        src_col: Any,
-        second: Any,
-        num_accepted: Any,
-        err: Any = None,
-        block_size: int | None = None,
-        num_accepted_out: Any = None,
-    ) -> int: ...
+    # Keyword arguments: device, metas, num_meta, max_accepted, num_blocks, has_temporal, chunks,
+    # err, groups.
+    def __new__(cls, **kwargs: Any) -> FusedCopy: ...
+    # Keyword arguments as Planner.device_step.
+    def launch(self, **kwargs: Any) -> KernelLaunch | None: ...
     @property
     def device_index(self) -> int: ...
     @property
@@ -369,23 +269,10 @@ class FusedCopy:
 class CommitLaunch:
     """The commit kernel of one state cache (constants and grid checked once)."""
 
-    def __new__(
-        cls,
-        device_name: str,
-        metas: int,
-        table: Any,
-        num_blocks: int,
-        max_requests: int,
-        err: int = 0,
-        threads: int = ...,
-    ) -> CommitLaunch: ...
-    def launch(
-        self,
-        rows: Any,
-        num_rows: int | None = None,
-        num_accepted: Any = None,
-        err: Any = None,
-    ) -> KernelLaunch | None: ...
+    # Keyword arguments: device, metas, num_blocks, max_requests, err, threads.
+    def __new__(cls, table: Any, **kwargs: Any) -> CommitLaunch: ...
+    # Keyword arguments: rows, num_rows, num_accepted, err.
+    def launch(self, **kwargs: Any) -> KernelLaunch | None: ...
     @property
     def ctas(self) -> tuple[int, int]: ...
     @property
@@ -409,9 +296,8 @@ class ErrorWord:
     @property
     def names(self) -> list[str]: ...
 
-def copy_tiles_launch(
-    segments: int, tiles: int, first_tile: int, num_tiles: int, max_ctas: int | None = None
-) -> KernelLaunch | None:
+# Keyword arguments: segments, tiles, first_tile, num_tiles, max_ctas.
+def copy_tiles_launch(**kwargs: Any) -> KernelLaunch | None:
     """The launch of one wave of ``rs_copy_tiles``, or ``None`` when it has no tile."""
 
 def state_chunks(max_state_bytes: int) -> int:
@@ -425,41 +311,22 @@ def pack_launch(
 ) -> KernelLaunch:
     """A launch of kernel ``name`` with raw, range-checked argument values."""
 
-def check_fused_step(
-    device_name: str,
-    block_table: Any,
-    src_col: Any,
-    second: Any,
-    num_accepted: Any,
-    err: Any = None,
-    block_size: int | None = None,
-    groups: int = 1,
-    num_accepted_out: Any = None,
-) -> int:
-    """Checks a fused step's inputs (int32 or int64); returns the number of requests."""
-
-def check_device_tables(device_name: str, tables: list[Any], groups: int, rows: int) -> None:
+# Keyword arguments: device, tables, groups, rows.
+def check_device_tables(**kwargs: Any) -> None:
     """``PlanError`` unless ``tables`` are one integer ``[>= rows, cols]`` CUDA table per group on
-    ``device_name``, of one width and dtype."""
+    ``device``, of one width and dtype."""
 
-def describe_arg(obj: Any) -> tuple[int, str, list[int], list[int], str] | None:
-    """``(data_ptr, dtype, shape, byte_strides, device)`` of a torch tensor, a CuPy array or a numpy
-    array; ``None`` for anything else."""
-
-def check_commit_counts(device_name: str, a: Any, min_len: int) -> None:
-    """``PlanError`` unless ``a`` is an integer vector on ``device_name`` of ``min_len``+ counts."""
+def check_commit_counts(device: str, num_accepted: Any, min_len: int) -> None:
+    """``PlanError`` unless ``num_accepted`` is an integer vector on ``device`` of ``min_len``+ counts."""
 
 @final
-class StorageGuard:
-    """Bound tensors and storages with the addresses (and storage sizes) they were bound at."""
+class BoundTensors:
+    """Bound tensors kept alive and checked before every write."""
 
-    def __new__(
-        cls,
-        tensors: Sequence[tuple[Any, str, int, str]],
-        storages: Sequence[tuple[Any, int, int, str]],
-    ) -> StorageGuard: ...
+    def __new__(cls, tensors: Sequence[tuple[Any, str]]) -> BoundTensors: ...
     def check(self) -> None:
         """``BindingError`` naming the first bound tensor or storage whose memory changed."""
+    def mark_written(self) -> None: ...
     def __len__(self) -> int: ...
 
 def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
@@ -471,71 +338,13 @@ def check_index(what: str, index: int, len: int) -> int:
 def kernel_abi() -> dict[str, Any]:
     """The calling convention of every kernel, the record layouts and the shared constants."""
 
-# Engine-step decisions and the multi-group planner (recoverssm_rs.groups wraps them).
-def align_pre_copy(
-    block_tables: list[Any], num_computed: Any, num_scheduled: Any, num_accepted: Any,
-    running_col: Any, block_size: int, num_spec_blocks: int, fresh: Any = None,
-    req_ids: Sequence[Any] | None = None,
-) -> bytes: ...
-def align_post_process(
-    block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
-    num_draft: Any, num_accepted: Any, block_size: int, num_spec_blocks: int,
-    req_ids: Sequence[Any] | None = None,
-) -> bytes: ...
-
-@final
-class GroupPlan:
-    @property
-    def num_copies(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def num_segments(self) -> int: ...
-    def group_stats(self) -> list[tuple[int, int, int, int]]: ...
-    def execute_host(self) -> None: ...
-
-@final
-class GroupPlanner:
-    def __new__(
-        cls, layouts: Sequence[Layout], states: Sequence[Sequence[Sequence[Any]]], keepalive: Any,
-        block_size: int, num_spec_blocks: int,
-    ) -> GroupPlanner: ...
-    @property
-    def num_groups(self) -> int: ...
-    @property
-    def block_size(self) -> int: ...
-    @property
-    def num_spec_blocks(self) -> int: ...
-    @property
-    def device(self) -> str: ...
-    def group_sizes(self) -> list[tuple[int, int]]: ...
-    def layouts(self) -> list[Layout]: ...
-    def state_meta(self) -> RawBuffer: ...
-    @property
-    def max_blocks(self) -> int: ...
-    def plan(
-        self, block_tables: list[Any], src_col: Any, dst_col: Any, num_accepted: Any, semantics: str
-    ) -> GroupPlan: ...
-    def pre_copy(
-        self, block_tables: list[Any], num_computed: Any, num_scheduled: Any, num_accepted: Any,
-        running_col: Any, fresh: Any = None, req_ids: Sequence[Any] | None = None,
-    ) -> tuple[bytes, GroupPlan]: ...
-    def post_process(
-        self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
-        num_draft: Any, num_accepted: Any, req_ids: Sequence[Any] | None = None,
-    ) -> tuple[bytes, GroupPlan]: ...
-    def device_pre_copy(
-        self, block_tables: list[Any], num_computed: Any, num_scheduled: Any, running_col: Any,
-        fresh: Any = None, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
-        stage_table: bool = True,
-    ) -> tuple[bytes, bytes, tuple[int, int, int]]:
-        """Host columns (int64 ``prev, curr, src_col``) and the int32 staged step, with the table's shape."""
-    def device_post_process(
-        self, block_tables: list[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
-        num_draft: Any, req_ids: Sequence[Any] | None = None, num_accepted: Any = None,
-        stage_table: bool = True,
-    ) -> tuple[bytes, bytes, tuple[int, int, int]]:
-        """Host ``running`` (int64) and the int32 staged step, with the table's shape."""
+# vLLM's align-mode step (recoverssm_rs.vllm wraps them). Keyword arguments: see rust/python/vllm.rs.
+def align_pre_copy(**kwargs: Any) -> RawBuffer: ...
+def align_post_process(**kwargs: Any) -> RawBuffer: ...
+def vllm_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
+def vllm_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
+def vllm_device_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
+def vllm_device_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
 
 # Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
 @final

@@ -36,15 +36,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ._core import (
-    Layout,
-    gdn_layout,
-    kda_layout,
-    linear_attention_layout,
-    mamba1_layout,
-    mamba2_layout,
-    short_conv_layout,
-)
+from . import _core
+from ._core import Layout
+from .errors import LayoutError
 
 __all__ = [
     "FAMILIES",
@@ -59,12 +53,50 @@ __all__ = [
     "short_conv",
 ]
 
-mamba1 = mamba1_layout
-mamba2 = mamba2_layout
-short_conv = short_conv_layout
-linear_attention = linear_attention_layout
-gdn = gdn_layout
-kda = kda_layout
+Dtype = Any
+"""A dtype name (``"bfloat16"``, ``"fp32"``, ...) or a torch / numpy dtype; ``None``: the family's default."""
+
+# Each calculator passes its arguments, by name, to the core's calculator of the same family, which
+# checks every value (the message names the parameter) and applies the shape formulas.
+
+
+def mamba1(*, intermediate_size: int, state_size: int, conv_kernel: int, tp_size: int = 1, num_spec: int = 0,
+           conv_layout: str = "SD", dtype: Dtype = None, ssm_dtype: Dtype = None) -> Layout:
+    """Mamba1: conv window + temporal state."""
+    return _core.mamba1_layout(**locals())
+
+
+def mamba2(*, intermediate_size: int, n_groups: int, num_heads: int, head_dim: int, state_size: int, conv_kernel: int,
+           tp_size: int = 1, num_spec: int = 0, conv_layout: str = "SD", dtype: Dtype = None, ssm_dtype: Dtype = None,
+           logical_window: int | None = None, mamba_backend: str = "triton") -> Layout:
+    """Mamba2: conv window + temporal state (+ the three ReplaySSM rings as workspace)."""
+    return _core.mamba2_layout(**locals())
+
+
+def short_conv(*, intermediate_size: int, conv_kernel: int, tp_size: int = 1, num_spec: int = 0,
+               conv_layout: str = "SD", dtype: Dtype = None) -> Layout:
+    """Short conv: one conv window."""
+    return _core.short_conv_layout(**locals())
+
+
+def linear_attention(*, num_heads: int, head_dim: int, tp_size: int = 1, num_spec: int = 0,
+                     ssm_dtype: Dtype = None) -> Layout:
+    """Linear attention: one temporal state."""
+    return _core.linear_attention_layout(conv_layout="SD", **locals())
+
+
+def gdn(*, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int, conv_kernel_size: int,
+        tp_size: int = 1, num_spec: int = 0, conv_layout: str = "SD", dtype: Dtype = None, ssm_dtype: Dtype = None,
+        recover_ssm: bool = False) -> Layout:
+    """Gated DeltaNet: conv window + temporal state (+ RecoverSSM verify records)."""
+    return _core.gdn_layout(**locals())
+
+
+def kda(*, num_heads: int, head_dim: int, num_k_heads: int | None = None, head_k_dim: int | None = None,
+        conv_kernel_size: int = 4, tp_size: int = 1, num_spec: int = 0, conv_layout: str = "SD", dtype: Dtype = None,
+        ssm_dtype: Dtype = None, recover_ssm: bool = False) -> Layout:
+    """Kimi Delta Attention: conv window + recurrent state (+ RecoverSSM verify records)."""
+    return _core.kda_layout(**locals())
 
 #: Calculator by family name.
 FAMILIES: Mapping[str, Callable[..., Layout]] = MappingProxyType(
@@ -160,9 +192,13 @@ PRESETS: Mapping[str, Preset] = _presets(
 
 
 def preset(name: str, **overrides: Any) -> Layout:
-    """The layout of preset ``name`` for one rank (``tp_size``, ``num_spec``, ... as overrides)."""
-    try:
-        p = PRESETS[name]
-    except KeyError:
-        raise KeyError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
+    """The layout of preset ``name`` for one rank (``tp_size``, ``num_spec``, ... as overrides).
+
+    Raises:
+        LayoutError: an unknown preset (the message lists the known ones), or overrides the
+            family's calculator refuses.
+    """
+    p = PRESETS.get(name)
+    if p is None:
+        raise LayoutError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return p.layout(**overrides)

@@ -1,250 +1,414 @@
-"""Copy plans for recurrent-state copies between cache blocks.
+"""Copy plans for recurrent-state copies between cache blocks: :class:`Planner` and :class:`CopyPlan`.
 
-A :class:`CopyPlanner` binds a :class:`~recoverssm_rs.Layout` to an engine's state tensors (per
-layer, the persistent states ``[num_blocks, *state_shape]``, torch tensors or numpy arrays, possibly
-strided views into one shared buffer). Each step, :meth:`CopyPlanner.plan_align` (speculative
-decoding / prefix-cache alignment) or :meth:`CopyPlanner.plan_copy` (forks, cache hits) turns
-vectorised inputs into a validated, hazard-ordered, coalesced :class:`CopyPlan`; the Rust core does
-all of the work with the GIL released. :meth:`CopyPlan.execute` runs it on the states' device.
+A :class:`Planner` binds one or more recurrent groups (vLLM's mamba groups: each a
+:class:`~recoverssm_rs.Layout` bound to its layers' state tensors and indexed by its own block
+table; one layout is one group) to the compiled core's planner, which describes and checks every
+tensor, keeps them alive and guards their memory. Each step it turns vectorised inputs into one
+validated, hazard-ordered, coalesced :class:`CopyPlan` over every group (the core does the work
+with the GIL released); :meth:`CopyPlan.execute` runs it on the states' device.
 
 For CUDA states there is also a *device path* that never reads the step's inputs on the host:
-:meth:`CopyPlanner.launch_align` (explicit columns) and :meth:`CopyPlanner.launch_align_decision`
-(vLLM's align decision taken on the device) launch the fused state-copy kernel once per step on the
-caller's stream, straight from device-resident ``int32`` / ``int64`` tensors -- so an engine need
-not wait for ``num_accepted`` after sampling, and the call can be captured in a CUDA graph.
+:meth:`Planner.launch_align` (explicit columns), :meth:`Planner.launch_align_decision` (vLLM's
+align decision taken on the device) and :meth:`Planner.launch` launch the fused state-copy kernel
+once per step on the caller's stream, straight from device-resident ``int32`` / ``int64`` tensors,
+so an engine need not wait for ``num_accepted`` after sampling, and the call can be captured in a
+CUDA graph.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
 from . import _core
 from ._core import ErrorWord, Layout
-from .copy_plan import CopyPlan, TileTable
-from .cuda import module
-from .device_path import DevicePath, check_step
-from .errors import BindingError, PlanError
-from .guard import BoundTensors
-from .plan_format import STATE_META_DTYPE, records
-from .tensors import describe_tensor, host_ints
+from .cuda import module, ops
+from .cuda.ops import cuda_index
+from .errors import PlanError
+from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE, records
 
-__all__ = ["CopyPlanner", "CopyPlan", "TileTable"]
+__all__ = ["Planner", "CopyPlan", "TileTable", "Semantics", "DEFAULT_TILE_BYTES"]
 
 log = logging.getLogger("recoverssm_rs")
 
+#: How a request whose source and destination columns are equal is treated: ``"pre_copy"`` (vLLM's
+#: pre-copy) moves nothing; ``"post_process"`` (vLLM's post-process, :meth:`Planner.plan_align`)
+#: shifts the conv window in place by ``num_accepted - 1`` and takes the temporal state from the
+#: accepted column.
+Semantics = Literal["pre_copy", "post_process"]
 
-class CopyPlanner:
-    """Plans state copies for one layout bound to an engine's state tensors.
+DEFAULT_TILE_BYTES = 64 * 1024
+
+
+class TileTable(NamedTuple):
+    """Tiles of a plan for the GPU batched-copy kernel, grouped by wave."""
+
+    tiles: np.ndarray
+    """``TILE_DTYPE`` records."""
+    wave_starts: np.ndarray
+    """``uint32 [num_waves + 1]``: tiles of wave ``w`` are ``tiles[wave_starts[w]:wave_starts[w+1]]``."""
+    tile_bytes: int
+
+
+class CopyPlan:
+    """The validated copies of one step over every group of a :class:`Planner`. Inspect it with
+    zero-copy numpy views; run it with :meth:`execute`. Holds its planner (and so the state
+    tensors) alive."""
+
+    __slots__ = ("_plan", "_planner", "_views")
+
+    def __init__(self, plan: _core.CopyPlan, planner: Planner) -> None:
+        self._plan = plan
+        self._planner = planner
+        self._views: dict[str, np.ndarray] = {}
+
+    def _view(self, name: str, raw: Any, dtype: Any) -> np.ndarray:
+        v = self._views.get(name)
+        if v is None:
+            v = self._views[name] = records(raw(), dtype=dtype)
+        return v
+
+    @property
+    def segments(self) -> np.ndarray:
+        """Segment records (``SEGMENT_DTYPE``), grouped by wave; a read-only view."""
+        return self._view("segments", self._plan.segments, SEGMENT_DTYPE)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Compact per-request records (``MOVE_ROW_DTYPE``), by group, then request."""
+        return self._view("rows", self._plan.rows, MOVE_ROW_DTYPE)
+
+    @property
+    def waves(self) -> np.ndarray:
+        """``uint32 [num_waves + 1]``: segments of wave ``w`` are ``segments[waves[w]:waves[w+1]]``."""
+        return self._view("waves", self._plan.wave_starts, np.uint32)
+
+    def tiles(self, tile_bytes: int = DEFAULT_TILE_BYTES) -> TileTable:
+        """Cut the segments into tiles of about ``tile_bytes`` (a multiple of 16)."""
+        t, w = self._plan.tiles(tile_bytes)
+        return TileTable(records(t, dtype=TILE_DTYPE), records(w, dtype=np.uint32), tile_bytes)
+
+    @property
+    def num_waves(self) -> int:
+        """Ordered waves: copies of a wave may run concurrently, waves run in order."""
+        return self._plan.num_waves
+
+    @property
+    def num_segments(self) -> int:
+        return self._plan.num_segments
+
+    @property
+    def num_requests(self) -> int:
+        """Requests (per group) that move something."""
+        return self._plan.num_requests
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the plan copies."""
+        return self._plan.nbytes
+
+    @property
+    def planner(self) -> Planner:
+        return self._planner
+
+    def group_stats(self) -> list[tuple[int, int, int, int]]:
+        """Per group: ``(copies, segments, waves, bytes)``."""
+        return self._plan.group_stats()
+
+    def __len__(self) -> int:
+        """(group, layer, state, request) copies planned, before coalescing."""
+        return self._plan.num_copies
+
+    def execute(self, stream: Any = None) -> None:
+        """Run the plan on the states' device: the Rust host executor for CPU states (GIL
+        released; every segment is checked before the first byte moves), the CUDA kernels for
+        CUDA states (on ``stream``, default the current torch stream; one launch per wave).
+
+        Raises:
+            BindingError: a bound tensor or its storage no longer has the memory it was bound with
+                (``set_()``, ``resize_()``, ``.data = ...``, a freed storage); nothing is written.
+        """
+        if self._planner.device == "cpu":
+            self._plan.execute_host()
+            return
+        from .cuda.copy import execute_plan
+
+        core = self._planner.core
+        core.check()
+        execute_plan(self, stream=stream)
+        core.mark_written()
+
+    def __repr__(self) -> str:
+        return (f"CopyPlan(copies={len(self)}, segments={self.num_segments}, requests={self.num_requests}, "
+                f"waves={self.num_waves}, bytes={self.nbytes})")
+
+
+class _DevicePath:
+    """What a CUDA-bound planner keeps on the device for the fused kernel (made once): its table of
+    state metas and its error word, registered with the core's planner."""
+
+    def __init__(self, core: _core.Planner, index: int) -> None:
+        meta = records(core.state_meta(), dtype=STATE_META_DTYPE)
+        self.index = index
+        self.meta = ops.cuda_ops.upload(meta.view(np.uint8).reshape(-1), index)
+        self.err = ops.cuda_ops.zeros_i32(3, index)
+        core.bind_device(int(self.meta.data_ptr()), int(self.err.data_ptr()))
+        self.err_requests = 0
+        log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
+
+    def last_error(self) -> ErrorWord:
+        ops.cuda_ops.synchronize(self.index)
+        return ErrorWord([int(x) for x in self.err.cpu().tolist()], self.err_requests)
+
+
+def _as_int32(torch: Any, x: Any) -> Any:
+    """``x`` as int32 with a contiguous last axis, converted on the device (no host copy)."""
+    if x.dtype != torch.int32:
+        x = x.to(torch.int32)
+    if x.shape[-1] > 1 and x.stride()[-1] != 1:
+        x = x.contiguous()
+    return x
+
+
+class Planner:
+    """Plans state copies for one layout bound to an engine's state tensors (one group); see
+    :meth:`from_groups` for several.
 
     Args:
         layout: the layer layout.
-        states: ``states[layer]`` is the list of that layer's state tensors, in layout order:
-            the persistent states (``[num_blocks, *state_shape]`` each), optionally followed by the
-            workspace tensors (ignored: they are never copied). All on one device.
+        states: ``states[layer]`` is the list of that layer's state tensors, in layout order: the
+            persistent states (``[num_blocks, *state_shape]`` each, torch tensors or numpy arrays,
+            possibly strided views into one buffer), optionally followed by the workspace tensors
+            (ignored: they are never copied). All on one device.
+        block_size: tokens per block, for vLLM's step decisions (:mod:`recoverssm_rs.vllm`).
 
     Two ways to run a step:
 
-    * **host plan** -- :meth:`plan_align` / :meth:`plan_copy` on host inputs, then
+    * **host plan** -- :meth:`plan_align` / :meth:`plan` / :meth:`plan_copy` on host inputs, then
       :meth:`CopyPlan.execute`: everything is validated and hazard-ordered on the host before a byte
       moves (any device; needs ``num_accepted`` on the host);
-    * **device path** (CUDA states only) -- :meth:`launch_align` / :meth:`launch_align_decision` on
-      device inputs: one fused kernel launch per step on the caller's stream, no host
-      synchronisation, CUDA-graph capturable. The kernel validates each request itself (invalid
-      requests are skipped and flagged in an error word, see :meth:`last_error`) and relies on the
-      caller for the cross-request hazard precondition described in :meth:`launch_align`.
+    * **device path** (CUDA states only) -- :meth:`launch_align` / :meth:`launch_align_decision` /
+      :meth:`launch` on device inputs: one fused kernel launch per step on the caller's stream, no
+      host synchronisation, CUDA-graph capturable. The kernel validates each request itself
+      (invalid requests are skipped and flagged in an error word, see :meth:`last_error`) and relies
+      on the caller for the cross-request hazard precondition described in :meth:`launch_align`.
+
+    ``core`` is the compiled core's planner (the binding, its guard, its plans and launches).
 
     Raises:
         BindingError: a tensor does not match the layout (dtype, per-block shape, dense inner
             dimensions, block stride, alignment, device, overlapping memory); the message names
-            the layer and state.
+            the group, layer and state.
     """
 
-    __slots__ = ("_core", "_states", "_bound", "_meta", "_device_path", "__weakref__")
+    __slots__ = ("core", "_device_path", "__weakref__")
 
-    def __init__(self, layout: Layout, states: Sequence[Sequence[Any]]) -> None:
-        self._states = tuple(tuple(layer) for layer in states)
-        names = [s.name for s in layout.states]
+    def __init__(self, layout: Layout, states: Sequence[Sequence[Any]], *, block_size: int | None = None) -> None:
+        self._bind([(layout, states)], block_size)
 
-        def label(layer: int, state: int) -> str:
-            name = names[state] if state < len(names) else "?"
-            return f"{layout.backend}: layer {layer}, state {state} ('{name}')"
+    @classmethod
+    def from_groups(cls, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *,
+                    block_size: int | None = None) -> Planner:
+        """A planner over several recurrent groups: per group ``(layout, states)``, ``states[layer]``
+        that layer's tensors, of which the first ``len(layout.persistent)`` are bound (the rest,
+        workspace or tensors no copy function covers, are left alone). One decision per request
+        applies to every group, so every layout has the same ``num_spec``; a step takes one block
+        table per group.
 
-        descs = []
-        for li, layer in enumerate(self._states):
-            row = []
-            for si, t in enumerate(layer):
-                try:
-                    row.append(describe_tensor(t))
-                except TypeError as exc:
-                    raise BindingError(f"{label(li, si)}: {exc}") from None
-            descs.append(row)
-        self._core = _core.Planner(layout, descs, self._states)
-        persistent = len(layout.persistent)
-        self._bound = BoundTensors([layer[:persistent] for layer in self._states], label)
-        self._meta: np.ndarray | None = None
-        self._device_path: DevicePath | None = None
-        log.debug("bound %r: %d layers, %d blocks on %s", layout.backend, self.num_layers,
-                  self.num_blocks, self.device)
+        Raises:
+            BindingError: as the constructor's (the message names the group), groups on different
+                devices, layouts with different ``num_spec``, or groups sharing memory.
+        """
+        self = cls.__new__(cls)
+        self._bind([(layout, [list(layer)[: len(layout.persistent)] for layer in states]) for layout, states in groups],
+                   block_size)
+        return self
+
+    def _bind(self, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], block_size: int | None) -> None:
+        self.core = _core.Planner([(layout, [list(layer) for layer in states]) for layout, states in groups],
+                                  block_size=block_size)
+        self._device_path: _DevicePath | None = None
+        log.debug("bound %s", self.core)
+
+    # ---- what is bound -----------------------------------------------------------------------
 
     @property
     def layout(self) -> Layout:
-        return self._core.layout
+        """The layout of a one-group planner."""
+        layouts = self.core.layouts
+        if len(layouts) != 1:
+            raise PlanError(f"this planner has {len(layouts)} groups; use planner.layouts")
+        return layouts[0]
+
+    @property
+    def layouts(self) -> list[Layout]:
+        return self.core.layouts
+
+    @property
+    def num_groups(self) -> int:
+        return self.core.num_groups
 
     @property
     def num_layers(self) -> int:
-        return self._core.num_layers
+        """Layers of every group."""
+        return self.core.num_layers
 
     @property
     def num_blocks(self) -> int:
-        return self._core.num_blocks
+        """Blocks of the (largest) pool."""
+        return self.core.num_blocks
+
+    @property
+    def num_spec(self) -> int:
+        """Speculative blocks after the running column, shared by every group."""
+        return self.core.num_spec
+
+    @property
+    def block_size(self) -> int | None:
+        return self.core.block_size
 
     @property
     def device(self) -> str:
         """``"cpu"`` or ``"cuda:N"``."""
-        return self._core.device
+        return self.core.device
 
     @property
-    def states(self) -> tuple[tuple[Any, ...], ...]:
-        """The bound tensors, per layer (an immutable copy: the planner keeps its own references)."""
-        return self._states
-
-    @property
-    def bound(self) -> BoundTensors:
-        """The bound persistent tensors, checked before every execute and launch (see
-        :class:`~recoverssm_rs.guard.BoundTensors`)."""
-        return self._bound
-
-    @property
-    def device_path(self) -> DevicePath | None:
-        """The device path's state (metadata table and error word on the device, the core's launch
-        builder), once a launch or :meth:`prepare_device` made it; ``None`` before."""
-        return self._device_path
+    def states(self) -> tuple[tuple[tuple[Any, ...], ...], ...]:
+        """The bound persistent tensors, ``states[group][layer][state]`` (the planner keeps its own
+        references)."""
+        return self.core.states
 
     @property
     def state_meta(self) -> np.ndarray:
-        """Per (layer, persistent state) metadata (``STATE_META_DTYPE``) for the fused kernel."""
-        if self._meta is None:
-            self._meta = records(self._core.state_meta(), dtype=STATE_META_DTYPE)
-        return self._meta
+        """Per (group, layer, persistent state) metadata (``STATE_META_DTYPE``) for the fused kernel."""
+        return records(self.core.state_meta(), dtype=STATE_META_DTYPE)
 
-    def plan_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any) -> CopyPlan:
-        """Plan an align-mode step (speculative decoding with prefix caching).
+    # ---- host plans -----------------------------------------------------------------------
 
-        Per request ``r``, with ``a = num_accepted[r]`` and ``bt = block_table[r]``:
-        conv windows ``bt[dst_col]`` get the window of ``bt[src_col]`` shifted left by ``a - 1``
-        columns (in place when both are the same block); temporal states
-        ``bt[dst_col] <- bt[src_col + a - 1]``. Rows with a negative column are padding; rows whose
-        source and destination are both the null block 0 are skipped; ``src_col == dst_col`` with
-        ``a == 1`` is a no-op.
+    def plan(self, block_tables: Any, src_col: Any, dst_col: Any, num_accepted: Any,
+             semantics: Semantics = "post_process") -> CopyPlan:
+        """Plan ``dst_col <- src_col`` moves carrying ``num_accepted`` in every group: conv windows
+        shifted left by ``num_accepted - 1``, temporal states from column ``src_col +
+        num_accepted - 1``; a negative column moves nothing. ``semantics`` decides equal columns
+        (:data:`Semantics`).
 
         Args:
-            block_table: ``[R, cols]`` int32/int64 block ids (numpy or CPU tensor).
+            block_tables: one ``[>= R, cols]`` int32/int64 host table per group.
+            src_col, dst_col, num_accepted: ``[R]`` int32/int64 host vectors.
+
+        Raises:
+            PlanError: as :meth:`plan_align` (prefixed with the group when there are several).
+        """
+        return CopyPlan(self.core.plan(tables=list(block_tables), src_col=src_col, dst_col=dst_col,
+                                       num_accepted=num_accepted, semantics=semantics), self)
+
+    def plan_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any) -> CopyPlan:
+        """Plan an align-mode step (speculative decoding with prefix caching) of a one-group planner.
+
+        Per request ``r``, with ``a = num_accepted[r]`` and ``bt = block_table[r]``: conv windows
+        ``bt[dst_col]`` get the window of ``bt[src_col]`` shifted left by ``a - 1`` columns (in
+        place when both are the same block); temporal states ``bt[dst_col] <- bt[src_col + a - 1]``.
+        Rows with a negative column are padding; rows whose source and destination are both the
+        null block 0 are skipped; ``src_col == dst_col`` with ``a == 1`` is a no-op.
+
+        Args:
+            block_table: ``[R, cols]`` int32/int64 block ids (numpy, CPU tensor or lists).
             src_col, dst_col, num_accepted: ``[R]`` int32/int64.
 
         Raises:
-            PlanError: before anything moves, naming the request and state: a column outside the
-                row, ``num_accepted`` outside ``1..=1+num_spec``, a block id outside the pool, the
-                null block as a destination or a source, two copies writing the same block, or a
-                cycle of copies that cannot be ordered without staging.
+            PlanError: before anything moves, naming the request and state: an input that is not an
+                integer array, a column outside the row, ``num_accepted`` outside
+                ``1..=1+num_spec``, a block id outside the pool, the null block as a destination or
+                a source, two copies writing the same block, or a cycle of copies that cannot be
+                ordered without staging.
         """
-        return CopyPlan(
-            self._core.plan_align(
-                host_ints(block_table, "block_table"),
-                host_ints(src_col, "src_col"),
-                host_ints(dst_col, "dst_col"),
-                host_ints(num_accepted, "num_accepted"),
-            ),
-            self,
-        )
+        return CopyPlan(self.core.plan(block_table=block_table, src_col=src_col, dst_col=dst_col,
+                                       num_accepted=num_accepted), self)
 
     def plan_copy(self, src_blocks: Any, dst_blocks: Any) -> CopyPlan:
         """Plan whole-block copies ``dst_blocks[i] <- src_blocks[i]`` of every persistent state of
-        every layer (forks, prefix-cache hits). Equal ids are no-ops, negative ids padding."""
-        return CopyPlan(
-            self._core.plan_copy(host_ints(src_blocks, "src_blocks"), host_ints(dst_blocks, "dst_blocks")),
-            self,
-        )
+        every layer of every group (forks, prefix-cache hits). Equal ids are no-ops, negative ids
+        padding."""
+        return CopyPlan(self.core.plan_copy(src_blocks=src_blocks, dst_blocks=dst_blocks), self)
 
-    # --------------------------------------------------------------------------------------------
-    # Device path
-    # --------------------------------------------------------------------------------------------
+    # ---- device path ------------------------------------------------------------------------
 
-    def _cuda_index(self, what: str) -> int:
-        """The CUDA device index of the bound states; :class:`PlanError` for a CPU-bound planner."""
-        device = self.device
-        if not device.startswith("cuda"):
-            raise PlanError(
-                f"{what} is part of the device path (CUDA states), but this planner is bound to {device} "
-                "tensors; for host states plan the step with planner.plan_align(...) (host inputs) "
-                "and run it with CopyPlan.execute()"
-            )
-        _, _, idx = device.partition(":")
-        return int(idx) if idx else 0
-
-    def _device(self, index: int, first_step: tuple[Any, ...] | None = None) -> DevicePath:
+    def _device(self, what: str, first_step: dict[str, Any] | None = None) -> _DevicePath:
         """The device path, made (table uploaded, error word allocated) on first use -- after the
         core has checked ``first_step``'s inputs, so a bad first step touches nothing."""
+        index = cuda_index(self.device, what)
         dp = self._device_path
         if dp is None:
             if first_step is not None:
-                check_step(self.device, *first_step)
-            dp = DevicePath(index, self.device, self.state_meta, max_accepted=1 + self.layout.num_spec,
-                            num_blocks=self.num_blocks)
-            self._device_path = dp
+                self.core.check_device_step(**first_step)
+            dp = self._device_path = _DevicePath(self.core, index)
         return dp
 
     def prepare_device(self) -> None:
         """Upload the state metadata table (:attr:`state_meta`) to the states' device, allocate the
         planner's error word, and compile and load the fused kernels.
 
-        The first :meth:`launch_align` / :meth:`launch_align_decision` does the upload and
-        allocation itself (synchronising once); call this first when the first launch must not
-        synchronise or compile: before capturing a CUDA graph, or under
-        ``torch.cuda.set_sync_debug_mode("error")``.
+        The first launch does the upload and allocation itself (synchronising once); call this
+        first when the first launch must not synchronise or compile: before capturing a CUDA graph,
+        or under ``torch.cuda.set_sync_debug_mode("error")``.
 
         Raises:
             PlanError: the planner is bound to CPU tensors.
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        index = self._cuda_index("prepare_device")
-        self._device(index)
-        module.function_ptr("rs_state_copy", index)
+        dp = self._device("prepare_device")
+        module.function_ptr("rs_state_copy", dp.index)
 
-    def launch_align(
-        self,
-        block_table: Any,
-        src_col: Any,
-        dst_col: Any,
-        num_accepted: Any,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
-    ) -> None:
+    def launch(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any,
+               semantics: Semantics = "post_process", *, stream: Any = None, err: Any = None,
+               num_accepted_out: Any = None) -> None:
+        """One fused kernel launch moves ``dst_col <- src_col`` in every group at once (CUDA
+        states; no host synchronisation), with the semantics of :meth:`plan`.
+
+        Args:
+            block_table: CUDA ``int32`` (or ``int64``) tensor ``[>= R, cols]`` for one group, or
+                ``[groups, >= R, cols]`` (group ``g``'s table at ``[g]``; any group stride).
+            src_col, dst_col, num_accepted: CUDA int32 (or int64) vectors ``[R]``, shared by the
+                groups (one decision per request).
+            semantics: ``"pre_copy"`` (equal columns move nothing) or ``"post_process"``.
+            stream, err, num_accepted_out: as :meth:`launch_align`.
+
+        The kernel validates each (request, group) on the device and skips a rejected one (the
+        error word says which request); the host plan rejects the whole step instead. As for
+        :meth:`launch_align`, no request may write a block another request reads.
+
+        Raises:
+            PlanError: before anything is queued: host states, an input that is not a CUDA tensor on
+                the states' device, a bad dtype or shape, a table without one slice per group, or
+                an unknown ``semantics``.
+        """
+        if semantics not in ("pre_copy", "post_process"):
+            raise PlanError(f"semantics must be 'pre_copy' or 'post_process', got {semantics!r}")
+        self._launch("launch", stream, block_table=block_table, src_col=src_col, second=dst_col,
+                     num_accepted=num_accepted, err=err, pre_copy=semantics == "pre_copy",
+                     num_accepted_out=num_accepted_out)
+
+    def launch_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any, *, stream: Any = None,
+                     err: Any = None, num_accepted_out: Any = None) -> None:
         """Launch an align-mode step on the device: one fused kernel launch, no host synchronisation.
 
-        The semantics are those of :meth:`plan_align` (per request ``r``, ``a = num_accepted[r]``,
-        ``bt = block_table[r]``: conv windows ``bt[dst_col] <- bt[src_col]`` shifted left by
-        ``a - 1`` columns, in place when both are the same block; temporal states
-        ``bt[dst_col] <- bt[src_col + a - 1]``; a negative ``src_col`` or ``dst_col`` is padding;
-        ``src_col == dst_col`` with ``a == 1`` is a no-op), executed by the fused kernel
-        (``gpu.launch_state_copy``) for every persistent state of every layer at once, reading the
-        inputs in device memory. The launch goes on ``stream`` (default: the current torch stream
-        of the states' device), so it orders with the surrounding torch work; it can be captured
-        in a CUDA graph (call :meth:`prepare_device` before capturing, and keep the input tensors
-        and the number of requests fixed between replays).
+        The semantics are those of :meth:`plan_align`, executed by the fused kernel for every
+        persistent state of every layer at once, reading the inputs in device memory. The launch
+        goes on ``stream`` (default: the current torch stream of the states' device), so it orders
+        with the surrounding torch work; it can be captured in a CUDA graph (call
+        :meth:`prepare_device` before capturing, and keep the input tensors and the number of
+        requests fixed between replays).
 
         **Precondition (not checked):** no request's destination block ``bt[dst_col]`` is a source
         block (``bt[src_col]`` or ``bt[src_col + a - 1]``) of *another* request in the same step,
         and no two requests write the same block. The kernel runs all requests concurrently; this
-        holds when each request writes only blocks it owns (the usual case: a request's boundary
-        block belongs to that request). When in doubt, use :meth:`plan_align` on host inputs, which
-        checks these hazards and orders the copies in waves. (A request whose conv source and
-        destination are the same block is fine: the kernel shifts in place in memmove order.)
+        holds when each request writes only blocks it owns (the usual case). When in doubt, use
+        :meth:`plan_align` on host inputs, which checks these hazards and orders the copies in
+        waves. (A request whose conv source and destination are the same block is fine: the kernel
+        shifts in place in memmove order.)
 
         **Validation on the device:** the kernel checks each request (``a`` in
         ``1 ..= 1 + num_spec``, columns inside the row, destination ids in ``[1, num_blocks)``,
@@ -261,7 +425,7 @@ class CopyPlanner:
             stream: a ``torch.cuda.Stream`` or CuPy stream; ``None``: the current torch stream.
             err: an optional caller-owned ``int32[3]`` CUDA tensor that the kernel ORs its error
                 bits into (zero it before the step; decode a host copy with
-                ``gpu.decode_error_word(err.cpu(), R)``). ``None``: the planner's own word, zeroed
+                ``cuda.decode_error_word(err.cpu(), R)``). ``None``: the planner's own word, zeroed
                 asynchronously on ``stream`` by each call (one word per planner: with launches on
                 several concurrent streams, pass your own).
             num_accepted_out: an optional CUDA ``int32`` vector ``[R]`` (sharing no byte with an
@@ -274,25 +438,12 @@ class CopyPlanner:
                 tensor on the states' device, has the wrong dtype or shape (the message names it).
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        index = self._cuda_index("launch_align")
-        step = (block_table, src_col, dst_col, num_accepted, None, err)
-        dp = self._device(index, step)
-        self._bound.check()
-        dp.launch(block_table, src_col, dst_col, num_accepted, None, stream, err, num_accepted_out=num_accepted_out)
-        self._bound.mark_written()
+        self._launch("launch_align", stream, block_table=block_table, src_col=src_col, second=dst_col,
+                     num_accepted=num_accepted, err=err, num_accepted_out=num_accepted_out)
 
-    def launch_align_decision(
-        self,
-        block_table: Any,
-        src_col: Any,
-        running: Any,
-        num_accepted: Any,
-        block_size: int,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
-    ) -> None:
+    def launch_align_decision(self, block_table: Any, src_col: Any, running: Any, num_accepted: Any,
+                              block_size: int, *, stream: Any = None, err: Any = None,
+                              num_accepted_out: Any = None) -> None:
         """Launch an align-mode step whose copy decision is taken on the device (vLLM's GPU path).
 
         Per request ``r`` with ``a = num_accepted[r]``: ``new = running[r] + a - 1``,
@@ -303,35 +454,55 @@ class CopyPlanner:
         this step's drafts); a negative ``src_col`` is padding. The host never reads
         ``num_accepted``.
 
-        Same launch, precondition (no request's destination block is another request's source
-        block), device validation and error word as :meth:`launch_align`; a negative ``running``
-        is reported as an ``"args"`` error.
-
-        Args:
-            block_table: CUDA ``int32``/``int64`` ``[>= R, cols]``.
-            src_col, running, num_accepted: CUDA ``int32``/``int64`` vectors ``[R]``.
-            block_size: tokens per block (a host integer, ``>= 1``).
-            stream, err: as :meth:`launch_align`.
-            num_accepted_out: as :meth:`launch_align`: 1 where the save shifted the running state
-                in place (``aligned // block_size - 1 == src_col``), ``num_accepted[r]`` elsewhere.
+        Same launch, precondition, device validation and error word as :meth:`launch_align`; a
+        negative ``running`` is reported as an ``"args"`` error. ``num_accepted_out``: 1 where the
+        save shifted the running state in place (``aligned // block_size - 1 == src_col``),
+        ``num_accepted[r]`` elsewhere.
 
         Raises:
-            PlanError: as :meth:`launch_align`, or ``block_size < 1``.
+            PlanError: as :meth:`launch_align`, or ``block_size`` not an integer in ``1..2**31``.
         """
-        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
-            raise PlanError(f"block_size must be a host integer, got {type(block_size).__name__}")
-        index = self._cuda_index("launch_align_decision")
-        step = (block_table, src_col, running, num_accepted, int(block_size), err)
-        dp = self._device(index, step)
-        self._bound.check()
-        dp.launch(block_table, src_col, running, num_accepted, int(block_size), stream, err,
-                  num_accepted_out=num_accepted_out)
-        self._bound.mark_written()
+        self._launch("launch_align_decision", stream, block_table=block_table, src_col=src_col, second=running,
+                     num_accepted=num_accepted, err=err, block_size=block_size, num_accepted_out=num_accepted_out)
+
+    def launch_post_process(self, block_table: Any, state_col: Any, running: Any, num_accepted: Any, *,
+                            stream: Any = None, err: Any = None, num_accepted_out: Any = None) -> None:
+        """vLLM's post-process decided and applied on the device for every group, in one launch
+        (:meth:`launch_align_decision` with this planner's ``block_size``): ``state_col`` is this
+        step's running column, ``running = computed + scheduled - drafts``, ``num_accepted`` the
+        tokens accepted this step (bonus included); ``num_accepted_out`` receives the counts for
+        the next step (1 after an in-place shift)."""
+        if self.block_size is None:
+            raise PlanError("launch_post_process needs the planner's block_size (Planner(..., block_size=...))")
+        self._launch("launch_post_process", stream, block_table=block_table, src_col=state_col, second=running,
+                     num_accepted=num_accepted, err=err, block_size=self.block_size,
+                     num_accepted_out=num_accepted_out)
+
+    def _launch(self, what: str, stream: Any, **step: Any) -> None:
+        """Checks and packs one step in the core (one call) and launches it on ``stream``; int64 or
+        strided inputs that passed the checks are first narrowed on the device."""
+        dp = self._device(what, step)
+        kl, n, narrow = self.core.device_step(**step)
+        ts = ops.cuda_ops.torch_stream(stream, dp.index)
+        with ops.cuda_ops.context(dp.index, ts):
+            if narrow:
+                torch = ops.cuda_ops.torch()
+                bt = step["block_table"]
+                if bt.dim() == 2 and bt.shape[0] > n and bt.dtype != torch.int32:
+                    step["block_table"] = bt[:n]  # only the rows this step reads of a wide table
+                for k in ("block_table", "src_col", "second", "num_accepted"):
+                    step[k] = _as_int32(torch, step[k])
+                kl, n, _ = self.core.device_step(**step)
+            if step.get("err") is None:
+                dp.err.zero_()
+                dp.err_requests = n
+            if kl is not None:
+                module.launch(kl, dp.index, ts)
+        self.core.mark_written()
 
     def last_error(self) -> ErrorWord:
-        """The planner's error word after its last :meth:`launch_align` /
-        :meth:`launch_align_decision` without ``err``: which error kinds the kernel saw and the
-        first / last rejected request (``gpu.ErrorWord``; ``.ok`` when nothing was rejected).
+        """The planner's error word after its last launch without ``err``: which error kinds the
+        kernel saw and the first / last rejected request (``.ok`` when nothing was rejected).
 
         **Synchronises** the states' device (it reads device memory): for debugging and tests, not
         for the step loop. After a CUDA-graph replay it reflects that replay.
@@ -339,12 +510,14 @@ class CopyPlanner:
         Raises:
             PlanError: the planner is bound to CPU tensors (host plans raise instead of skipping).
         """
-        self._cuda_index("last_error")
+        cuda_index(self.device, "last_error")
         dp = self._device_path
-        if dp is None:
-            return ErrorWord([0, 0, 0], 0)
-        return dp.last_error()
+        return ErrorWord([0, 0, 0], 0) if dp is None else dp.last_error()
 
     def __repr__(self) -> str:
-        return (f"CopyPlanner({self.layout.backend!r}, layers={self.num_layers}, "
-                f"blocks={self.num_blocks}, device={self.device!r})")
+        layers = [n for n, _ in self.core.group_sizes()]
+        if len(layers) == 1:
+            return f"Planner({self.layout.backend!r}, layers={layers[0]}, blocks={self.num_blocks}, device={self.device!r})"
+        backends = [l.backend for l in self.layouts]
+        return (f"Planner(groups={len(layers)}, backends={backends}, layers={layers}, blocks={self.num_blocks}, "
+                f"device={self.device!r})")

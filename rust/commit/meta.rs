@@ -7,12 +7,12 @@
 //! with each other, dtypes the kernel is instantiated for, dense inner axes, element-aligned
 //! addresses, one device, writable destinations, sizes that fit the kernel's 32-bit fields.
 
-use crate::binding::{Device, TensorDesc};
 use crate::commit::recover::GateKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::constants::{DT_BF16, DT_F16, DT_F32, KIND_CONV_DS as CONV_DS, KIND_CONV_SD as CONV_SD, RC_GDN, RC_KDA, THREADS};
 use crate::layout::ConvLayout;
+use crate::tensor::{Device, TensorDesc};
 
 /// Threads per CTA of the commit kernel; each thread covers 4 key channels of a row.
 const COMMIT_THREADS: u64 = THREADS as u64;
@@ -112,6 +112,11 @@ fn dtype_code(d: DType) -> Option<u32> {
     }
 }
 
+/// The element type of `t`, or a binding error naming it.
+fn dtype_of(t: &TensorDesc, what: &str) -> Result<DType> {
+    t.state_dtype().map_err(|e| Error::binding(format!("{what}: {}", e.message)))
+}
+
 /// `[d0, d1, ...]` as non-negative integers, or an error naming the tensor.
 fn dims(t: &TensorDesc, what: &str, rank: usize, expect: &str) -> Result<Vec<u64>> {
     if t.shape.len() != rank || t.strides.len() != rank {
@@ -124,7 +129,7 @@ fn dims(t: &TensorDesc, what: &str, rank: usize, expect: &str) -> Result<Vec<u64
 /// the others, the address and the first stride are element-aligned; returns the first axis' byte
 /// stride.
 fn dense_rows(t: &TensorDesc, what: &str) -> Result<u64> {
-    let es = t.dtype.itemsize() as i64;
+    let es = dtype_of(t, what)?.itemsize() as i64;
     let mut expect = es;
     for (&n, &st) in t.shape[1..].iter().zip(&t.strides[1..]).rev() {
         if n > 1 && st != expect {
@@ -204,6 +209,7 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
             tensors.push(("conv_window", win));
         }
         for (name, x) in &tensors {
+            x.check_not_tracked(&at(name))?;
             let d = Device::parse(&x.device).map_err(|e| Error::binding(format!("{}: {}", at(name), e.message)))?;
             match &device {
                 None => device = Some((&x.device, d)),
@@ -218,10 +224,11 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
             }
         }
 
+        let (rec_dt, corr_dt, kg_dt) = (dtype_of(rec, &at("recurrent"))?, dtype_of(corr, &at("corrections"))?, dtype_of(kg, &at("keygate"))?);
         let [nb, h, v, k] = dims(rec, &at("recurrent"), 4, "[num_blocks, H, V, K]")?[..] else { unreachable!() };
         let c = dims(corr, &at("corrections"), 4, "float32 [max_requests, H, Q, V]")?;
-        if corr.dtype != DType::Float32 {
-            return Err(Error::binding(format!("{} must be float32 [max_requests, H, Q, V], got {}", at("corrections"), corr.dtype)));
+        if corr_dt != DType::Float32 {
+            return Err(Error::binding(format!("{} must be float32 [max_requests, H, Q, V], got {corr_dt}", at("corrections"))));
         }
         let (r, q) = (c[0], c[2]);
         if c != [r, h, q, v] {
@@ -250,13 +257,13 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
         if [v, k, kgw].iter().any(|&n| !n.checked_mul(4).is_some_and(|b| b < 1 << 32)) {
             return Err(Error::binding(format!("{}: head dimensions too large (V={v}, K={k})", at("recurrent"))));
         }
-        if !COMMIT_DTYPE_PAIRS.contains(&(rec.dtype, kg.dtype)) {
+        if !COMMIT_DTYPE_PAIRS.contains(&(rec_dt, kg_dt)) {
             let pairs: Vec<String> = COMMIT_DTYPE_PAIRS.iter().map(|(a, b)| format!("{a}/{b}")).collect();
             return Err(Error::binding(format!(
                 "layer {l}: the commit kernel takes (state, key+gate) dtypes {}; got {}/{}",
                 pairs.join(", "),
-                rec.dtype,
-                kg.dtype
+                rec_dt,
+                kg_dt
             )));
         }
         if !rec.writable {
@@ -281,8 +288,8 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
                 GateKind::Gdn => RC_GDN,
                 GateKind::Kda => RC_KDA,
             },
-            state_dtype: dtype_code(rec.dtype).expect("a commit dtype pair"),
-            kg_dtype: dtype_code(kg.dtype).expect("a commit dtype pair"),
+            state_dtype: dtype_code(rec_dt).expect("a commit dtype pair"),
+            kg_dtype: dtype_code(kg_dt).expect("a commit dtype pair"),
             ..CommitMeta::default()
         };
         if let Some((cv, win)) = conv {
@@ -291,15 +298,16 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
             if s[0] != nb {
                 return Err(Error::binding(format!("{} has {} blocks, the recurrent pool {nb}", at("conv"), s[0])));
             }
-            if win.shape != [r as i64, cv.shape[1], cv.shape[2]] || win.dtype != cv.dtype {
+            let (cv_dt, win_dt) = (dtype_of(cv, &at("conv"))?, dtype_of(win, &at("conv_window"))?);
+            if win.shape != [r as i64, cv.shape[1], cv.shape[2]] || win_dt != cv_dt {
                 return Err(Error::binding(format!(
                     "{} must be [max_requests={r}, {}, {}] {}, got {:?} {}",
                     at("conv_window"),
                     s[1],
                     s[2],
-                    cv.dtype,
+                    cv_dt,
                     win.shape,
-                    win.dtype
+                    win_dt
                 )));
             }
             let (w, d) = match cfg.conv_layout {
@@ -315,7 +323,7 @@ pub fn commit_meta(t: &CommitTensors<'_>, cfg: &CommitConfig) -> Result<Vec<Comm
                     cv.shape
                 )));
             }
-            let es = cv.dtype.itemsize();
+            let es = cv_dt.itemsize();
             if !w.checked_mul(d).is_some_and(|n| n < 1 << 32) {
                 return Err(Error::binding(format!("{}: a conv window of {w} x {d} elements is too large", at("conv"))));
             }
@@ -345,13 +353,7 @@ mod tests {
     use super::*;
 
     fn dense(ptr: u64, dtype: DType, shape: &[i64]) -> TensorDesc {
-        let mut strides = vec![0i64; shape.len()];
-        let mut acc = dtype.itemsize() as i64;
-        for i in (0..shape.len()).rev() {
-            strides[i] = acc;
-            acc *= shape[i];
-        }
-        TensorDesc { data_ptr: ptr, dtype, shape: shape.to_vec(), strides, device: "cpu".into(), writable: true }
+        TensorDesc::dense(ptr, dtype.name(), shape, "cpu")
     }
 
     struct Case {
@@ -444,7 +446,7 @@ mod tests {
         assert!(err(&c).contains("conv has 4 blocks, the recurrent pool 5"), "{}", err(&c));
 
         let mut c = case();
-        c.corr[0].dtype = DType::BFloat16;
+        c.corr[0].dtype = "bfloat16".into();
         assert!(err(&c).contains("corrections must be float32"), "{}", err(&c));
 
         let mut c = case();

@@ -3,20 +3,8 @@
 //! launch layer in Python only describes its arguments; it reads no device memory and keeps no rule
 //! of its own. The launch builders (`copy`, `commit`) turn checked arguments into a packed launch.
 
-use crate::binding::Device;
 use crate::error::{Error, ErrorKind, Result};
-
-/// What the launch layer knows about one device argument (a tensor or array it never reads): data
-/// pointer, dtype name as the framework spells it (`"torch.int32"`, `"int32"`, ...), shape, strides
-/// in bytes and device (`"cuda:0"`, `"cpu"`, ...).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceArg {
-    pub data_ptr: u64,
-    pub dtype: String,
-    pub shape: Vec<i64>,
-    pub strides: Vec<i64>,
-    pub device: String,
-}
+use crate::tensor::{Device, TensorDesc};
 
 /// An integer element type a launch argument may have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,20 +28,13 @@ impl IntType {
     }
 }
 
-impl DeviceArg {
-    /// The dtype without a framework prefix (`"torch.int32"` -> `"int32"`).
-    pub fn dtype_name(&self) -> &str {
-        let d = self.dtype.trim();
-        d.strip_prefix("torch.").unwrap_or(d)
-    }
-
-    fn int_type(&self, what: &str, allowed: &[IntType], kind: ErrorKind) -> Result<IntType> {
-        let name = self.dtype_name();
-        allowed.iter().copied().find(|t| t.name() == name).ok_or_else(|| {
-            let names: Vec<&str> = allowed.iter().map(|t| t.name()).collect();
-            err(kind, format!("{what}: expected {}, got {}", names.join(" or "), self.dtype.trim()))
-        })
-    }
+/// The element type of `a` among the `allowed` integer types.
+fn int_type(a: &TensorDesc, what: &str, allowed: &[IntType], kind: ErrorKind) -> Result<IntType> {
+    let name = a.dtype_name();
+    allowed.iter().copied().find(|t| t.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = allowed.iter().map(|t| t.name()).collect();
+        err(kind, format!("{what}: expected {}, got {}", names.join(" or "), a.dtype.trim()))
+    })
 }
 
 fn err(kind: ErrorKind, message: String) -> Error {
@@ -61,7 +42,7 @@ fn err(kind: ErrorKind, message: String) -> Error {
 }
 
 /// The argument lives in CUDA memory.
-pub fn require_cuda(a: &DeviceArg, what: &str, kind: ErrorKind) -> Result<()> {
+pub fn require_cuda(a: &TensorDesc, what: &str, kind: ErrorKind) -> Result<()> {
     match Device::parse(&a.device) {
         Ok(Device::Cuda(_)) => Ok(()),
         _ => Err(err(kind, format!("{what}: expected a CUDA tensor, got a tensor on {}", a.device))),
@@ -92,9 +73,9 @@ pub struct DeviceTable {
 
 /// A 1-D integer vector of at least `min_len` elements (contiguous when longer than one element),
 /// of one of the `allowed` types.
-pub fn int_vector(a: &DeviceArg, what: &str, min_len: u64, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceVector> {
+pub fn int_vector(a: &TensorDesc, what: &str, min_len: u64, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceVector> {
     require_cuda(a, what, kind)?;
-    let dtype = a.int_type(what, allowed, kind)?;
+    let dtype = int_type(a, what, allowed, kind)?;
     let (&[n], &[stride]) = (&a.shape[..], &a.strides[..]) else {
         return Err(err(kind, format!("{what}: expected a 1-D vector of at least {min_len} elements, got shape {:?}", a.shape)));
     };
@@ -112,10 +93,10 @@ pub fn int_vector(a: &DeviceArg, what: &str, min_len: u64, allowed: &[IntType], 
 }
 
 /// A 2-D integer block table `[rows, cols]` whose column axis is contiguous.
-pub fn block_table(a: &DeviceArg, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceTable> {
+pub fn block_table(a: &TensorDesc, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceTable> {
     let what = "block_table";
     require_cuda(a, what, kind)?;
-    let dtype = a.int_type(what, allowed, kind)?;
+    let dtype = int_type(a, what, allowed, kind)?;
     let (&[rows, cols], &[row_stride, col_stride]) = (&a.shape[..], &a.strides[..]) else {
         return Err(err(kind, format!("{what}: expected a 2-D [requests, cols] tensor, got shape {:?}", a.shape)));
     };
@@ -137,7 +118,7 @@ pub fn block_table(a: &DeviceArg, allowed: &[IntType], kind: ErrorKind) -> Resul
 /// The block tables of `groups` recurrent groups: a 2-D `[requests, cols]` table for one group, a
 /// 3-D `[groups, requests, cols]` one (each group's table a slice, any element-aligned group
 /// stride) for several.
-pub fn group_block_tables(a: &DeviceArg, groups: u32, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceTable> {
+pub fn group_block_tables(a: &TensorDesc, groups: u32, allowed: &[IntType], kind: ErrorKind) -> Result<DeviceTable> {
     if groups <= 1 && a.shape.len() != 3 {
         return block_table(a, allowed, kind);
     }
@@ -148,7 +129,7 @@ pub fn group_block_tables(a: &DeviceArg, groups: u32, allowed: &[IntType], kind:
     if g != groups as i64 {
         return Err(err(kind, format!("{what}: {g} group tables for {groups} recurrent groups")));
     }
-    let inner = DeviceArg { shape: vec![rows, cols], strides: vec![row_stride, col_stride], ..a.clone() };
+    let inner = TensorDesc { shape: vec![rows, cols], strides: vec![row_stride, col_stride], ..a.clone() };
     let mut t = block_table(&inner, allowed, kind)?;
     let es = t.dtype.bytes();
     if group_stride % es != 0 {
@@ -159,12 +140,12 @@ pub fn group_block_tables(a: &DeviceArg, groups: u32, allowed: &[IntType], kind:
 }
 
 /// The argument lives on `device` (a device string that does not parse lives nowhere).
-fn on_same_device(a: &DeviceArg, device: &Device) -> bool {
+fn on_same_device(a: &TensorDesc, device: &Device) -> bool {
     Device::parse(&a.device).is_ok_and(|d| d == *device)
 }
 
 /// Where the planner's states live, for the step checks.
-fn on_device(a: &DeviceArg, what: &str, device: &Device) -> Result<()> {
+fn on_device(a: &TensorDesc, what: &str, device: &Device) -> Result<()> {
     let host_alternative = "the device path reads its inputs in device memory; for host inputs use planner.plan_align(...) and CopyPlan.execute()";
     let Device::Cuda(index) = device else {
         return Err(Error::plan(format!("{what}: the planner's states are on the host; {host_alternative}")));
@@ -179,14 +160,14 @@ fn on_device(a: &DeviceArg, what: &str, device: &Device) -> Result<()> {
 /// The device inputs of one fused-kernel step, as the caller gives them.
 #[derive(Clone, Debug)]
 pub struct StepArgs<'a> {
-    pub block_table: &'a DeviceArg,
+    pub block_table: &'a TensorDesc,
     /// Per-request vectors (`src_col`, `dst_col` or `running`, `num_accepted`), with their names.
-    pub vectors: Vec<(&'a str, &'a DeviceArg)>,
+    pub vectors: Vec<(&'a str, &'a TensorDesc)>,
     /// The caller's error word, if any.
-    pub err: Option<&'a DeviceArg>,
+    pub err: Option<&'a TensorDesc>,
     /// Where the kernel writes each request's accepted count for what follows (int32 `[R]`,
     /// sharing no byte with any input), if anywhere.
-    pub out: Option<&'a DeviceArg>,
+    pub out: Option<&'a TensorDesc>,
     /// Tokens per block, for the device-side align decision.
     pub block_size: Option<i64>,
     /// Recurrent groups the block table covers (1: a 2-D table; more: `[groups, requests, cols]`).
@@ -233,7 +214,7 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>, check: StepCheck) -> R
     let mut vectors = Vec::with_capacity(s.vectors.len());
     for (name, a) in &s.vectors {
         on_device(a, name, device)?;
-        a.int_type(name, allowed, ErrorKind::Plan)?;
+        int_type(a, name, allowed, ErrorKind::Plan)?;
         let &[n] = &a.shape[..] else {
             return Err(Error::plan(format!("{name}: expected a 1-D [requests] tensor, got shape {:?}", a.shape)));
         };
@@ -251,7 +232,7 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>, check: StepCheck) -> R
     }
     let r = first.map_or(0, |(_, r)| r);
     on_device(s.block_table, "block_table", device)?;
-    s.block_table.int_type("block_table", allowed, ErrorKind::Plan)?;
+    int_type(s.block_table, "block_table", allowed, ErrorKind::Plan)?;
     let (rows, cols) = match (&s.block_table.shape[..], s.groups) {
         (&[rows, cols], 0 | 1) => (rows, cols),
         (&[g, rows, cols], groups) if g == groups as i64 => (rows, cols),
@@ -294,7 +275,7 @@ pub fn check_step_args(device: &Device, s: &StepArgs<'_>, check: StepCheck) -> R
 /// The output vector of a step's accepted counts: int32 (an output cannot be narrowed), exactly
 /// `r` contiguous elements on the states' device, sharing no byte with an input or the error word
 /// (every CTA of a request reads its count while one of them writes the output).
-fn check_output(o: &DeviceArg, device: &Device, r: u64, s: &StepArgs<'_>) -> Result<DeviceVector> {
+fn check_output(o: &TensorDesc, device: &Device, r: u64, s: &StepArgs<'_>) -> Result<DeviceVector> {
     const WHAT: &str = "num_accepted_out";
     on_device(o, WHAT, device)?;
     let v = int_vector(o, WHAT, 0, &[IntType::I32], ErrorKind::Plan)?;
@@ -313,7 +294,7 @@ fn check_output(o: &DeviceArg, device: &Device, r: u64, s: &StepArgs<'_>) -> Res
 }
 
 /// The bytes `[lo, hi)` an integer argument spans (empty for an empty tensor).
-fn byte_extent(a: &DeviceArg) -> (u64, u64) {
+fn byte_extent(a: &TensorDesc) -> (u64, u64) {
     let es: i64 = if a.dtype_name().ends_with("64") { 8 } else { 4 };
     if a.shape.iter().any(|&n| n <= 0) {
         return (a.data_ptr, a.data_ptr);
@@ -334,7 +315,7 @@ fn byte_extent(a: &DeviceArg) -> (u64, u64) {
 /// Checks the engine's device block tables of a multi-group step before they are stacked into one
 /// `[groups, rows, cols]` table: one per group, each an integer `[>= rows, cols]` tensor on the
 /// states' `device`, all of one width and dtype. Errors are [`ErrorKind::Plan`] naming the group.
-pub fn check_group_tables(device: &Device, tables: &[DeviceArg], groups: u32, rows: u64) -> Result<()> {
+pub fn check_group_tables(device: &Device, tables: &[TensorDesc], groups: u32, rows: u64) -> Result<()> {
     if tables.len() != groups as usize {
         return Err(Error::plan(format!("{} device block tables for {groups} recurrent groups", tables.len())));
     }
@@ -342,7 +323,7 @@ pub fn check_group_tables(device: &Device, tables: &[DeviceArg], groups: u32, ro
     for (g, t) in tables.iter().enumerate() {
         let what = format!("group {g}'s device block table");
         on_device(t, &what, device)?;
-        t.int_type(&what, &[IntType::I32, IntType::I64], ErrorKind::Plan)?;
+        int_type(t, &what, &[IntType::I32, IntType::I64], ErrorKind::Plan)?;
         let &[r, cols] = &t.shape[..] else {
             return Err(Error::plan(format!("{what}: expected a 2-D [requests, cols] tensor, got shape {:?}", t.shape)));
         };
@@ -366,7 +347,7 @@ pub fn check_group_tables(device: &Device, tables: &[DeviceArg], groups: u32, ro
 
 /// Checks the accepted counts of a kernel commit: an integer vector on the cache's `device`
 /// with one count per request, `min_len` at least. Errors are [`ErrorKind::Plan`].
-pub fn check_commit_counts(device: &Device, a: &DeviceArg, min_len: u64) -> Result<()> {
+pub fn check_commit_counts(device: &Device, a: &TensorDesc, min_len: u64) -> Result<()> {
     if !on_same_device(a, device) {
         return Err(Error::plan(format!("num_accepted is on {}, the cache on {device}", a.device)));
     }
@@ -398,7 +379,7 @@ pub const COMMIT_ROW_BYTES: u64 = 32;
 /// Checks the commit rows a kernel commit reads from device memory: a C-contiguous tensor on the
 /// cache's `device` holding at least `num_rows` 32-byte records (default: as many as it holds).
 /// Returns the number of rows. Errors are [`ErrorKind::Plan`].
-pub fn check_commit_rows(device: &Device, a: &DeviceArg, num_rows: Option<u64>) -> Result<u64> {
+pub fn check_commit_rows(device: &Device, a: &TensorDesc, num_rows: Option<u64>) -> Result<u64> {
     if !on_same_device(a, device) {
         return Err(Error::plan(format!("rows are on {}, the cache on {device}", a.device)));
     }

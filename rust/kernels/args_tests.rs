@@ -1,15 +1,8 @@
 //! Tests of the launch-argument checks.
 use super::*;
 
-fn arg(dtype: &str, shape: &[i64], device: &str) -> DeviceArg {
-    let es = if dtype.ends_with("64") { 8 } else { 4 };
-    let mut strides = vec![0; shape.len()];
-    let mut acc = es;
-    for i in (0..shape.len()).rev() {
-        strides[i] = acc;
-        acc *= shape[i].max(1);
-    }
-    DeviceArg { data_ptr: 0x10_0000, dtype: dtype.into(), shape: shape.to_vec(), strides, device: device.into() }
+fn arg(dtype: &str, shape: &[i64], device: &str) -> TensorDesc {
+    TensorDesc::dense(0x10_0000, dtype, shape, device)
 }
 
 const I32: [IntType; 1] = [IntType::I32];
@@ -65,8 +58,8 @@ fn step_args() {
         arg("torch.int32", &[6], "cuda:0"),
         arg("torch.int32", &[3], "cuda:0"),
     );
-    let step = |bt: &DeviceArg, vs: Vec<(&'static str, DeviceArg)>, err: Option<&DeviceArg>| {
-        let vectors: Vec<(&str, &DeviceArg)> = vs.iter().map(|(n, a)| (*n, a)).collect();
+    let step = |bt: &TensorDesc, vs: Vec<(&'static str, TensorDesc)>, err: Option<&TensorDesc>| {
+        let vectors: Vec<(&str, &TensorDesc)> = vs.iter().map(|(n, a)| (*n, a)).collect();
         check_step_args(&dev, &StepArgs { block_table: bt, vectors, err, out: None, block_size: None, groups: 1 }, StepCheck::ForLaunch)
             .map(|c| c.requests)
             .map_err(|e| e.message)

@@ -3,11 +3,12 @@
 //! optional device-side accepted counts are checked per launch.
 
 use super::abi::{Arg, Launch, RECOVER_COMMIT};
-use super::args::{check_commit_rows, int_vector, DeviceArg, IntType};
+use super::args::{check_commit_rows, int_vector, IntType};
 use super::constants::{COMMIT_CONV_CHUNK_BYTES, MAX_GRID_YZ, RC_NO_CONV, RC_ROWS, THREADS};
-use crate::binding::Device;
 use crate::commit::CommitMeta;
 use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::Device;
+use crate::tensor::TensorDesc;
 
 /// CTAs per (layer, row) of the commit kernel with `threads` threads per CTA: `(rec_ctas,
 /// conv_ctas)`.
@@ -69,10 +70,10 @@ impl CommitLaunch {
     /// the device. `None` when there is nothing to launch.
     pub fn launch(
         &self,
-        rows: &DeviceArg,
+        rows: &TensorDesc,
         num_rows: Option<u64>,
-        num_accepted: Option<&DeviceArg>,
-        err: Option<&DeviceArg>,
+        num_accepted: Option<&TensorDesc>,
+        err: Option<&TensorDesc>,
     ) -> Result<Option<Launch>> {
         let n = check_commit_rows(&self.device, rows, num_rows)?;
         let counts = match num_accepted {
@@ -111,7 +112,7 @@ impl CommitLaunch {
     }
 }
 
-fn same_device(a: &DeviceArg, what: &str, device: &Device) -> Result<()> {
+fn same_device(a: &TensorDesc, what: &str, device: &Device) -> Result<()> {
     match Device::parse(&a.device) {
         Ok(d) if d == *device => Ok(()),
         _ => Err(Error::plan(format!("{what} is on {}, the cache on {device}", a.device))),
@@ -130,21 +131,8 @@ mod tests {
         m
     }
 
-    fn arg(ptr: u64, dtype: &str, shape: &[i64], device: &str) -> DeviceArg {
-        let es = if dtype.ends_with("64") {
-            8
-        } else if dtype.ends_with("uint8") {
-            1
-        } else {
-            4
-        };
-        let mut strides = vec![0; shape.len()];
-        let mut acc = es;
-        for i in (0..shape.len()).rev() {
-            strides[i] = acc;
-            acc *= shape[i].max(1);
-        }
-        DeviceArg { data_ptr: ptr, dtype: dtype.into(), shape: shape.to_vec(), strides, device: device.into() }
+    fn arg(ptr: u64, dtype: &str, shape: &[i64], device: &str) -> TensorDesc {
+        TensorDesc::dense(ptr, dtype, shape, device)
     }
 
     #[test]

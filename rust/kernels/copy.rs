@@ -3,10 +3,12 @@
 //! columns given or the align decision taken on the device).
 
 use super::abi::{Arg, Launch, COPY_TILES, STATE_COPY};
-use super::args::{check_step_args, CheckedStep, DeviceArg, StepArgs, StepCheck};
+use super::args::{check_step_args, CheckedStep, StepArgs, StepCheck};
 use super::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, MAX_GRID_X, MAX_GRID_YZ, MAX_STATE_CHUNKS, STATE_CHUNK_BYTES, THREADS};
-use crate::binding::Device;
 use crate::error::{Error, Result};
+use crate::plan::Planner;
+use crate::tensor::Device;
+use crate::tensor::TensorDesc;
 
 const BLOCK: [u32; 3] = [THREADS, 1, 1];
 
@@ -46,15 +48,15 @@ pub fn state_copy_grid(num_requests: u64, num_meta: u64, chunks: u32) -> [u32; 3
 /// One fused step's device inputs, as the caller gives them.
 #[derive(Clone, Copy, Debug)]
 pub struct StepInputs<'a> {
-    pub block_table: &'a DeviceArg,
-    pub src_col: &'a DeviceArg,
+    pub block_table: &'a TensorDesc,
+    pub src_col: &'a TensorDesc,
     /// `dst_col`, or `running` with a `block_size` (the post-process decision on the device).
-    pub second: &'a DeviceArg,
-    pub num_accepted: &'a DeviceArg,
+    pub second: &'a TensorDesc,
+    pub num_accepted: &'a TensorDesc,
     /// Where the kernel writes each request's accepted count after the step (see
     /// [`FusedCopy::launch`]).
-    pub num_accepted_out: Option<&'a DeviceArg>,
-    pub err: Option<&'a DeviceArg>,
+    pub num_accepted_out: Option<&'a TensorDesc>,
+    pub err: Option<&'a TensorDesc>,
     pub block_size: Option<i64>,
 }
 
@@ -86,53 +88,44 @@ pub struct FusedCopy {
 
 impl FusedCopy {
     /// Checks the constants: `num_meta < 2**32`, `max_accepted` (`1 + num_spec`) and `chunks` in
-    /// `1 ..= 2**31 - 1`, `num_blocks >= 1`, a CUDA device.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        device: Device,
-        metas: u64,
-        num_meta: i64,
-        max_accepted: i64,
-        num_blocks: i64,
-        has_temporal: bool,
-        chunks: i64,
-        err: u64,
-    ) -> Result<FusedCopy> {
-        if !device.is_cuda() {
-            return Err(Error::plan(format!("the fused state copy reads CUDA memory; got {device}")));
+    /// `1 ..= 2**31 - 1`, `num_blocks >= 1`, `groups >= 1`, a CUDA device.
+    pub fn checked(self) -> Result<FusedCopy> {
+        if !self.device.is_cuda() {
+            return Err(Error::plan(format!("the fused state copy reads CUDA memory; got {}", self.device)));
         }
-        if !(0..1 << 32).contains(&num_meta) {
-            return Err(Error::plan(format!("bad num_meta {num_meta}: expected 0 <= num_meta < 2**32")));
+        if self.max_accepted < 1 {
+            return Err(Error::plan(format!("max_accepted must be >= 1 (1 + num_spec), got {}", self.max_accepted)));
         }
-        if !(1..1 << 31).contains(&max_accepted) {
-            return Err(Error::plan(format!("max_accepted must be >= 1 (1 + num_spec), got {max_accepted}")));
+        if self.num_blocks < 1 {
+            return Err(Error::plan(format!("num_blocks must be >= 1, got {}", self.num_blocks)));
         }
-        if num_blocks < 1 {
-            return Err(Error::plan(format!("num_blocks must be >= 1, got {num_blocks}")));
+        if !(1..1 << 31).contains(&self.chunks) {
+            return Err(Error::plan(format!("chunks must be in 1 ..= 2**31 - 1, got {}", self.chunks)));
         }
-        if !(1..1 << 31).contains(&chunks) {
-            return Err(Error::plan(format!("chunks must be in 1 ..= 2**31 - 1, got {chunks}")));
-        }
-        Ok(FusedCopy {
-            device,
-            metas,
-            num_meta: num_meta as u32,
-            max_accepted: max_accepted as i32,
-            num_blocks,
-            has_temporal,
-            chunks: chunks as u32,
-            err,
-            groups: 1,
-        })
-    }
-
-    /// The same launch constants for state metas spanning `groups` recurrent groups (at least one).
-    pub fn with_groups(mut self, groups: u32) -> Result<FusedCopy> {
-        if groups < 1 {
+        if self.groups < 1 {
             return Err(Error::plan("groups must be >= 1"));
         }
-        self.groups = groups;
         Ok(self)
+    }
+
+    /// The fused copy of `planner`'s states, its table of [`Planner::state_meta`] records at
+    /// device address `metas` and its own error word at `err`.
+    pub fn for_planner(planner: &Planner, metas: u64, err: u64) -> Result<FusedCopy> {
+        let meta = planner.state_meta();
+        let max_bytes = meta.iter().map(|m| m.state_bytes).max().unwrap_or(0);
+        let num_meta = u32::try_from(meta.len()).map_err(|_| Error::plan(format!("{} state metas exceed 2**32 - 1", meta.len())))?;
+        FusedCopy {
+            device: planner.device().clone(),
+            metas,
+            num_meta,
+            max_accepted: planner.num_spec() as i32 + 1,
+            num_blocks: planner.max_blocks() as i64,
+            has_temporal: meta.iter().any(|m| m.kind == crate::kernels::constants::KIND_TEMPORAL),
+            chunks: state_chunks(max_bytes),
+            err,
+            groups: planner.num_groups() as u32,
+        }
+        .checked()
     }
 
     /// Checks a step whose inputs may still be int64 (the launch layer narrows them on the device
@@ -189,24 +182,30 @@ impl FusedCopy {
 mod tests {
     use super::*;
 
-    fn arg(ptr: u64, dtype: &str, shape: &[i64]) -> DeviceArg {
-        let es = if dtype.ends_with("64") { 8 } else { 4 };
-        let mut strides = vec![0; shape.len()];
-        let mut acc = es;
-        for i in (0..shape.len()).rev() {
-            strides[i] = acc;
-            acc *= shape[i].max(1);
-        }
-        DeviceArg { data_ptr: ptr, dtype: dtype.into(), shape: shape.to_vec(), strides, device: "cuda:0".into() }
+    fn arg(ptr: u64, dtype: &str, shape: &[i64]) -> TensorDesc {
+        TensorDesc::dense(ptr, dtype, shape, "cuda:0")
     }
 
-    fn inputs<'a>(bt: &'a DeviceArg, s: &'a DeviceArg, d: &'a DeviceArg, a: &'a DeviceArg) -> StepInputs<'a> {
+    /// Three state metas at 1000, 4 accepted at most, 77 blocks, 16 chunks, error word at 5000.
+    const BASE: FusedCopy = FusedCopy {
+        device: Device::Cuda(0),
+        metas: 1000,
+        num_meta: 3,
+        max_accepted: 4,
+        num_blocks: 77,
+        has_temporal: true,
+        chunks: 16,
+        err: 5000,
+        groups: 1,
+    };
+
+    fn inputs<'a>(bt: &'a TensorDesc, s: &'a TensorDesc, d: &'a TensorDesc, a: &'a TensorDesc) -> StepInputs<'a> {
         StepInputs { block_table: bt, src_col: s, second: d, num_accepted: a, num_accepted_out: None, err: None, block_size: None }
     }
 
     #[test]
     fn fused_launch_packs_in_declaration_order() {
-        let f = FusedCopy::new(Device::Cuda(0), 1000, 3, 4, 77, true, 16, 5000).unwrap();
+        let f = BASE.checked().unwrap();
         let (bt, s, d, a) = (arg(9000, "int32", &[5, 6]), arg(2000, "int32", &[5]), arg(3000, "int32", &[5]), arg(4000, "int32", &[5]));
         let l = f.launch(&inputs(&bt, &s, &d, &a), false).unwrap().unwrap();
         assert_eq!((l.kernel.name, l.grid, l.block), ("rs_state_copy", [16, 5, 3], [256, 1, 1]));
@@ -219,7 +218,7 @@ mod tests {
         assert_eq!(v[14], ("flags", (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
         assert_eq!(v[15], ("err", 6000));
         // Three groups: a [3, R, cols] table, its group stride packed; pre-copy semantics flagged.
-        let g3 = f.clone().with_groups(3).unwrap();
+        let g3 = FusedCopy { groups: 3, ..BASE }.checked().unwrap();
         let mut t3 = arg(9000, "int32", &[3, 5, 6]);
         t3.strides[0] = 4 * 64;
         let v: Vec<(&str, i128)> = g3.launch(&inputs(&t3, &s, &d, &a), true).unwrap().unwrap().values();
@@ -238,9 +237,9 @@ mod tests {
 
     #[test]
     fn the_accepted_output_is_checked() {
-        let f = FusedCopy::new(Device::Cuda(0), 1000, 3, 4, 77, true, 16, 5000).unwrap();
+        let f = BASE.checked().unwrap();
         let (bt, s, d, a) = (arg(9000, "int32", &[5, 6]), arg(2000, "int32", &[5]), arg(3000, "int32", &[5]), arg(4000, "int32", &[5]));
-        let with = |out: &DeviceArg| f.launch(&StepInputs { num_accepted_out: Some(out), ..inputs(&bt, &s, &d, &a) }, false).map(|_| ());
+        let with = |out: &TensorDesc| f.launch(&StepInputs { num_accepted_out: Some(out), ..inputs(&bt, &s, &d, &a) }, false).map(|_| ());
         // Overlapping an input: the num_accepted vector itself, its tail, or a table row.
         for (ptr, name) in [(4000, "num_accepted"), (4016, "num_accepted"), (9000 + 4 * 12, "block_table")] {
             let e = with(&arg(ptr, "int32", &[5])).unwrap_err();
@@ -258,7 +257,7 @@ mod tests {
         let e = f.check(&StepInputs { num_accepted_out: Some(&arg(4024, "int32", &[5])), ..inputs(&bt, &s, &d, &wide) }).unwrap_err();
         assert!(e.message.contains("overlaps num_accepted"), "{}", e.message);
         // No states: the launch still writes the counts.
-        let none = FusedCopy::new(Device::Cuda(0), 1000, 0, 4, 77, false, 1, 5000).unwrap();
+        let none = FusedCopy { num_meta: 0, has_temporal: false, chunks: 1, ..BASE }.checked().unwrap();
         assert_eq!(none.launch(&inputs(&bt, &s, &d, &a), false), Ok(None));
         let out = arg(7000, "int32", &[5]);
         assert!(none.launch(&StepInputs { num_accepted_out: Some(&out), ..inputs(&bt, &s, &d, &a) }, false).unwrap().is_some());
@@ -266,12 +265,13 @@ mod tests {
 
     #[test]
     fn constants_are_checked_once() {
-        let ok = |max_accepted, num_blocks, chunks| FusedCopy::new(Device::Cuda(0), 1, 2, max_accepted, num_blocks, false, chunks, 0);
+        let ok = |max_accepted, num_blocks, chunks| FusedCopy { max_accepted, num_blocks, chunks, ..BASE }.checked();
         assert!(ok(4, 100, 16).is_ok());
         assert!(ok(0, 100, 16).unwrap_err().message.contains("max_accepted must be >= 1"));
         assert!(ok(4, 0, 16).unwrap_err().message.contains("num_blocks"));
         assert!(ok(4, 100, 0).unwrap_err().message.contains("chunks"));
-        let e = FusedCopy::new(Device::Cpu, 1, 2, 4, 100, false, 16, 0).unwrap_err();
+        assert!(FusedCopy { groups: 0, ..BASE }.checked().unwrap_err().message.contains("groups must be >= 1"));
+        let e = FusedCopy { device: Device::Cpu, ..BASE }.checked().unwrap_err();
         assert!(e.message.contains("reads CUDA memory; got cpu"), "{}", e.message);
     }
 

@@ -12,6 +12,5 @@ pub mod copy;
 pub mod records;
 
 pub use abi::{Arg, KernelSpec, Launch, ParamType, KERNELS, KERNEL_FILES};
-pub use args::DeviceArg;
 pub use commit::{commit_grid, CommitLaunch};
 pub use copy::{check_step, copy_tiles_launch, state_chunks, state_copy_grid, FusedCopy, StepInputs};

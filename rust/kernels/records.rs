@@ -105,7 +105,7 @@ pub fn record_specs() -> Vec<RecordSpec> {
     vec![
         record!(Segment, "Segment", [src: u64, dst: u64, row_bytes: u32, rows: u32, pitch: u32, wave: u16, mode: u8, elem_bytes: u8]),
         record!(Tile, "Tile", [segment: u32, begin: u32, count: u32, reserved: u32]),
-        record!(MoveRow, "MoveRow", [request: u32, shift: u32, conv_src: i64, temporal_src: i64, dst: i64, conv_wave: u16, temporal_wave: u16, reserved: u32]),
+        record!(MoveRow, "MoveRow", [request: u32, shift: u32, conv_src: i64, temporal_src: i64, dst: i64, conv_wave: u16, temporal_wave: u16, group: u32]),
         record!(StateMeta, "StateMeta", [
             base: u64, block_stride: u64, state_bytes: u64, kind: u32, elem_bytes: u32, width: u32, dim: u32,
             layer: u32, state: u32, num_blocks: u64, group: u32, reserved: u32,

@@ -1,259 +1,297 @@
 //! Copy plans: validated, hazard-ordered, coalesced state copies for one engine step.
 //!
-//! A [`Planner`] owns a [`Binding`] (the layout bound to real state tensors). Each step it turns
-//! vectorised inputs into [`Moves`] (block-level, shared by all layers), orders them into waves,
-//! and emits byte-level [`Segment`]s for every layer and persistent state. Segment buffers are
-//! pooled: in steady state a step allocates nothing.
+//! A [`Planner`] owns one or more recurrent groups (vLLM's mamba groups: each a layout bound to its
+//! own layers' state tensors and indexed by its own block table; one layout is one group). Each
+//! step it turns vectorised inputs into block-level [`Moves`] per group (shared by the group's
+//! layers), orders them into waves, and emits byte-level [`Segment`]s for every layer and
+//! persistent state of every group: one [`CopyPlan`], checked whole before any byte moves.
+//! Buffers are pooled: in steady state a step allocates nothing.
 
 pub mod emit;
+mod group;
 pub mod hazard;
 pub mod segment;
 pub mod step;
 pub mod tiles;
 
 use crate::binding::Binding;
-use crate::error::Result;
-use crate::kernels::constants::{KIND_CONV_DS, KIND_CONV_SD, KIND_TEMPORAL};
-use crate::layout::CopyKind;
+use crate::error::{Error, Result};
+use crate::tensor::Device;
+use group::{Group, Scratch};
 use segment::{MoveRow, Segment, StateMeta};
 use std::sync::{Arc, Mutex};
 pub use step::{AlignStep, Move, Moves};
 
-/// Buffers reused across steps.
-#[derive(Default, Debug)]
-struct Scratch {
-    moves: Moves,
-    conv_waves: Vec<u16>,
-    temporal_waves: Vec<u16>,
-    hazard: hazard::Scratch,
-    /// Per kind (conv, temporal): move indices sorted by wave, and where each wave starts.
-    conv_order: Vec<u32>,
-    conv_starts: Vec<u32>,
-    temporal_order: Vec<u32>,
-    temporal_starts: Vec<u32>,
+/// How a request whose source and destination columns are equal is treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Semantics {
+    /// vLLM's pre-copy: equal columns are a no-op whatever the accepted count (the state is
+    /// already in place; the kernels find it through `num_accepted`).
+    PreCopy,
+    /// vLLM's post-process (and [`Planner::plan_align`]): equal columns with `num_accepted > 1`
+    /// shift the conv window in place and take the temporal state from the accepted column.
+    PostProcess,
 }
 
-/// Counting sort of move indices by wave.
-fn by_wave(waves: &[u16], num_waves: usize, order: &mut Vec<u32>, starts: &mut Vec<u32>) {
-    starts.clear();
-    starts.resize(num_waves + 1, 0);
-    for &w in waves {
-        starts[w as usize + 1] += 1;
+impl Semantics {
+    pub fn parse(s: &str) -> Result<Semantics> {
+        match s {
+            "pre_copy" => Ok(Semantics::PreCopy),
+            "post_process" => Ok(Semantics::PostProcess),
+            _ => Err(Error::plan(format!("semantics must be 'pre_copy' or 'post_process', got '{s}'"))),
+        }
     }
-    for w in 0..num_waves {
-        starts[w + 1] += starts[w];
+    pub fn name(self) -> &'static str {
+        match self {
+            Semantics::PreCopy => "pre_copy",
+            Semantics::PostProcess => "post_process",
+        }
     }
-    order.clear();
-    order.resize(waves.len(), 0);
-    let mut fill: Vec<u32> = starts[..num_waves].to_vec();
-    for (i, &w) in waves.iter().enumerate() {
-        order[fill[w as usize] as usize] = i as u32;
-        fill[w as usize] += 1;
-    }
+}
+
+/// One group's block table, row-major `[rows >= requests, cols]`.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupTable<'a> {
+    pub ids: &'a [i64],
+    pub cols: usize,
+}
+
+/// A step's moves over every group: per request `dst_col <- src_col` carrying `num_accepted`
+/// (conv shift `num_accepted - 1`, temporal source `src_col + num_accepted - 1`), columns indexing
+/// each group's own table. A negative column is a request that moves nothing.
+pub struct Step<'a> {
+    /// One table per group, in group order.
+    pub tables: &'a [GroupTable<'a>],
+    pub src_col: &'a [i64],
+    pub dst_col: &'a [i64],
+    pub num_accepted: &'a [i64],
+    pub semantics: Semantics,
+}
+
+/// Per group: `(copies, segments, waves, bytes)` of a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    pub copies: u64,
+    pub segments: usize,
+    pub waves: usize,
+    pub bytes: u64,
 }
 
 #[derive(Default, Debug)]
 struct Pool {
     segments: Vec<Vec<Segment>>,
     rows: Vec<Vec<MoveRow>>,
-    scratch: Vec<Scratch>,
+    scratch: Vec<Vec<Scratch>>,
 }
 
 const POOL_KEEP: usize = 4;
 
-/// Plans state copies for a bound layout.
+/// Plans state copies for one or more recurrent groups sharing one device and one `num_spec`.
 #[derive(Debug)]
 pub struct Planner {
-    binding: Arc<Binding>,
+    groups: Vec<Group>,
     pool: Arc<Mutex<Pool>>,
-    conv_state: Option<usize>,
-    temporal_state: Option<usize>,
 }
 
-/// The plan of one step: segments grouped by wave, plus the compact per-request form.
+/// The plan of one step: segments grouped by wave (group 0's waves first, then group 1's, ...),
+/// plus the compact per-request form.
 #[derive(Debug)]
 pub struct CopyPlan {
     segments: Vec<Segment>,
     /// `wave_starts[w]..wave_starts[w + 1]` are the segments of wave `w`.
     wave_starts: Vec<u32>,
     rows: Vec<MoveRow>,
-    num_copies: u64,
-    bytes: u64,
-    binding: Arc<Binding>,
+    stats: Vec<GroupStats>,
+    bindings: Vec<Arc<Binding>>,
     pool: Option<Arc<Mutex<Pool>>>,
 }
 
 impl Planner {
-    pub fn new(binding: Binding) -> Planner {
-        let states = binding.layout().persistent();
-        let conv_state = states.iter().position(|s| matches!(s.copy, Some(CopyKind::Conv(_))));
-        let temporal_state = states.iter().position(|s| s.copy == Some(CopyKind::Temporal));
-        Planner { binding: Arc::new(binding), pool: Arc::default(), conv_state, temporal_state }
-    }
-
-    pub fn binding(&self) -> &Binding {
-        &self.binding
-    }
-
-    fn limits(&self) -> step::Limits<'_> {
-        let states = self.binding.layout().states();
-        step::Limits {
-            backend: self.binding.layout().backend(),
-            num_blocks: self.binding.num_blocks(),
-            num_spec: self.binding.layout().num_spec(),
-            num_layers: self.binding.num_layers(),
-            conv_state: self.conv_state.map(|i| states[i].name.as_str()),
-            temporal_state: self.temporal_state.map(|i| states[i].name.as_str()),
-        }
-    }
-
-    /// Plans an align-mode step (docs/design.md section 3).
-    pub fn plan_align(&self, step: &AlignStep<'_>) -> Result<CopyPlan> {
-        let mut scratch = self.take_scratch();
-        let r = step::align_moves(step, &self.limits(), &mut scratch.moves).and_then(|_| self.build(&mut scratch));
-        self.give_scratch(scratch);
-        r
-    }
-
-    /// Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state.
-    pub fn plan_copy(&self, src_blocks: &[i64], dst_blocks: &[i64]) -> Result<CopyPlan> {
-        let mut scratch = self.take_scratch();
-        let r = step::copy_moves(src_blocks, dst_blocks, &self.limits(), &mut scratch.moves).and_then(|_| self.build(&mut scratch));
-        self.give_scratch(scratch);
-        r
-    }
-
-    fn take_scratch(&self) -> Scratch {
-        self.pool.lock().map(|mut p| p.scratch.pop()).ok().flatten().unwrap_or_default()
-    }
-
-    fn give_scratch(&self, s: Scratch) {
-        if let Ok(mut p) = self.pool.lock() {
-            if p.scratch.len() < POOL_KEEP {
-                p.scratch.push(s);
+    /// A planner over `bindings`, one per group. Every group shares the device and the layout's
+    /// `num_spec` (one accepted count per request applies to all of them).
+    pub fn new(bindings: Vec<Binding>) -> Result<Planner> {
+        let Some(first) = bindings.first() else {
+            return Err(Error::binding("a planner needs at least one recurrent group"));
+        };
+        let (device, num_spec) = (first.device().clone(), first.layout().num_spec());
+        for (g, b) in bindings.iter().enumerate().skip(1) {
+            if b.layout().num_spec() != num_spec {
+                return Err(Error::binding(format!(
+                    "group {g} ({}): its layout has num_spec = {}, but group 0's has {num_spec}; every group shares the step's \
+                     speculative blocks",
+                    b.layout().backend(),
+                    b.layout().num_spec()
+                )));
+            }
+            if *b.device() != device {
+                return Err(Error::binding(format!(
+                    "group {g} ({}) is on {}, group 0 on {device}: one planner's groups share one device",
+                    b.layout().backend(),
+                    b.device()
+                )));
             }
         }
+        Ok(Planner { groups: bindings.into_iter().map(Group::new).collect(), pool: Arc::default() })
     }
 
-    fn build(&self, s: &mut Scratch) -> Result<CopyPlan> {
-        let b = &*self.binding;
-        let layout = b.layout();
-        let backend = layout.backend();
-        let names = layout.states();
-        let conv_name = self.conv_state.map(|i| names[i].name.as_str()).unwrap_or("conv");
-        let temporal_name = self.temporal_state.map(|i| names[i].name.as_str()).unwrap_or("temporal");
-        let nb = b.num_blocks();
-        let nc = hazard::waves(&s.moves.conv, nb, backend, conv_name, &mut s.hazard, &mut s.conv_waves)?;
-        let nt = hazard::waves(&s.moves.temporal, nb, backend, temporal_name, &mut s.hazard, &mut s.temporal_waves)?;
-        let num_waves = nc.max(nt);
+    pub fn num_groups(&self) -> usize {
+        self.groups.len()
+    }
+    /// Group `g`'s binding.
+    pub fn binding(&self, g: usize) -> &Binding {
+        &self.groups[g].binding
+    }
+    pub fn bindings(&self) -> impl Iterator<Item = &Binding> + '_ {
+        self.groups.iter().map(|g| &*g.binding)
+    }
+    pub fn device(&self) -> &Device {
+        self.groups[0].binding.device()
+    }
+    /// Speculative blocks after the running column, shared by every group.
+    pub fn num_spec(&self) -> u32 {
+        self.groups[0].binding.layout().num_spec()
+    }
+    /// The largest pool of any group (the fused kernel's global block bound; each state meta
+    /// carries its own).
+    pub fn max_blocks(&self) -> u64 {
+        self.groups.iter().map(|g| g.binding.num_blocks()).max().unwrap_or(0)
+    }
 
+    /// An error of group `g`, named when the planner has several groups.
+    fn in_group(&self, g: usize, e: Error) -> Error {
+        if self.groups.len() == 1 {
+            e
+        } else {
+            Error { message: format!("group {g}: {}", e.message), ..e }
+        }
+    }
+
+    /// Plans an align-mode step of a one-group planner (docs/design.md section 3): post-process
+    /// semantics, the table exactly `[requests, cols]`.
+    pub fn plan_align(&self, step: &AlignStep<'_>) -> Result<CopyPlan> {
+        if self.groups.len() != 1 {
+            return Err(Error::plan(format!(
+                "plan_align plans one group; this planner has {}: use plan with one table per group",
+                self.groups.len()
+            )));
+        }
+        self.with_scratch(|planner, scratch| {
+            step::align_moves(step, &planner.groups[0].limits(), &mut scratch[0].moves)?;
+            planner.build(scratch)
+        })
+    }
+
+    /// Plans a step over every group (see [`Step`]).
+    pub fn plan(&self, step: &Step<'_>) -> Result<CopyPlan> {
+        if step.tables.len() != self.groups.len() {
+            return Err(Error::plan(format!("one block table per group: {} groups bound, {} tables given", self.groups.len(), step.tables.len())));
+        }
+        let r = step.src_col.len();
+        let masked;
+        let src = match step.semantics {
+            Semantics::PostProcess => step.src_col,
+            Semantics::PreCopy => {
+                masked = step.src_col.iter().zip(step.dst_col).map(|(&s, &d)| if s == d { -1 } else { s }).collect::<Vec<i64>>();
+                &masked
+            }
+        };
+        self.with_scratch(|planner, scratch| {
+            for (g, (group, t)) in planner.groups.iter().zip(step.tables).enumerate() {
+                if t.cols == 0 || t.ids.len() % t.cols != 0 || t.ids.len() / t.cols < r {
+                    return Err(planner.in_group(
+                        g,
+                        Error::plan(format!("block table must be [rows >= {r} requests, cols >= 1]; got {} ids for {} columns", t.ids.len(), t.cols)),
+                    ));
+                }
+                let align = AlignStep {
+                    block_table: &t.ids[..r * t.cols],
+                    cols: t.cols,
+                    src_col: src,
+                    dst_col: step.dst_col,
+                    num_accepted: step.num_accepted,
+                };
+                step::align_moves(&align, &group.limits(), &mut scratch[g].moves).map_err(|e| planner.in_group(g, e))?;
+            }
+            planner.build(scratch)
+        })
+    }
+
+    /// Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state of
+    /// every group.
+    pub fn plan_copy(&self, src_blocks: &[i64], dst_blocks: &[i64]) -> Result<CopyPlan> {
+        self.with_scratch(|planner, scratch| {
+            for (g, group) in planner.groups.iter().enumerate() {
+                step::copy_moves(src_blocks, dst_blocks, &group.limits(), &mut scratch[g].moves).map_err(|e| planner.in_group(g, e))?;
+            }
+            planner.build(scratch)
+        })
+    }
+
+    /// Runs `f` with one pooled scratch per group.
+    fn with_scratch(&self, f: impl FnOnce(&Planner, &mut [Scratch]) -> Result<CopyPlan>) -> Result<CopyPlan> {
+        let n = self.groups.len();
+        let mut scratch = self.pool.lock().map(|mut p| p.scratch.pop()).ok().flatten().unwrap_or_default();
+        scratch.resize_with(n, Scratch::default);
+        let r = f(self, &mut scratch);
+        if let Ok(mut p) = self.pool.lock() {
+            if p.scratch.len() < POOL_KEEP {
+                p.scratch.push(scratch);
+            }
+        }
+        r
+    }
+
+    /// Orders every group's moves into waves and emits the plan group by group: group 0's waves,
+    /// then group 1's, ... Groups may share tensors (vLLM lays every group's layers over the same
+    /// pages and gives each group its own blocks), so one group's copies never run beside
+    /// another's.
+    fn build(&self, scratch: &mut [Scratch]) -> Result<CopyPlan> {
+        let mut num_waves = 0;
+        for (g, (group, s)) in self.groups.iter().zip(scratch.iter_mut()).enumerate() {
+            num_waves += group.order(s).map_err(|e| self.in_group(g, e))?;
+        }
         let (mut segments, mut rows) = {
             let mut p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
             (p.segments.pop().unwrap_or_default(), p.rows.pop().unwrap_or_default())
         };
         segments.clear();
         rows.clear();
-        let ns = b.num_states();
-        let per_layer = s.moves.conv.len() * self.count_kind(true) + s.moves.temporal.len() * self.count_kind(false);
-        segments.reserve(per_layer * b.num_layers());
+        segments.reserve(self.groups.iter().zip(scratch.iter()).map(|(g, s)| g.segments_hint(s)).sum());
+        let mut stats = vec![GroupStats::default(); self.groups.len()];
         let mut wave_starts = Vec::with_capacity(num_waves + 1);
-        let mut num_copies = 0u64;
-        let mut bytes = 0u64;
-        if num_waves > 1 {
-            by_wave(&s.conv_waves, num_waves, &mut s.conv_order, &mut s.conv_starts);
-            by_wave(&s.temporal_waves, num_waves, &mut s.temporal_order, &mut s.temporal_starts);
-        }
-        // Whether consecutive moves of a kind continue each other block-wise: only then can
-        // segments inside one tensor's run merge (and only for dense tensors).
-        let consecutive = |ms: &[Move]| ms.windows(2).any(|w| w[1].src == w[0].src + 1 && w[1].dst == w[0].dst + 1);
-        let (conv_consec, temporal_consec) = (consecutive(&s.moves.conv), consecutive(&s.moves.temporal));
-        let conv_shift_sum: u64 = s.moves.conv.iter().map(|m| m.shift as u64).sum();
-        for w in 0..num_waves {
-            wave_starts.push(segments.len() as u32);
-            for layer in 0..b.num_layers() {
-                for st in 0..ns {
-                    let t = b.tensor(layer, st);
-                    let (moves, order, starts, consec) = if t.conv.is_some() {
-                        (&s.moves.conv, &s.conv_order, &s.conv_starts, conv_consec)
-                    } else {
-                        (&s.moves.temporal, &s.temporal_order, &s.temporal_starts, temporal_consec)
-                    };
-                    let from = segments.len();
-                    bytes += if num_waves == 1 {
-                        // The common case: no ordering needed, moves in request order.
-                        let shifts = if t.conv.is_some() { conv_shift_sum } else { 0 };
-                        emit::emit(&mut segments, t, moves.iter().copied(), shifts, 0)
-                    } else {
-                        let wave = &order[starts[w] as usize..starts[w + 1] as usize];
-                        let shifts = wave.iter().map(|&i| moves[i as usize].shift as u64).sum();
-                        emit::emit(&mut segments, t, wave.iter().map(|&i| moves[i as usize]), shifts, w as u16)
-                    };
-                    num_copies += (segments.len() - from) as u64;
-                    emit::coalesce(&mut segments, from, consec && t.block_stride == t.state_bytes);
-                }
+        let mut first = 0;
+        for ((group, s), st) in self.groups.iter().zip(scratch.iter()).zip(&mut stats) {
+            let from = segments.len();
+            for w in 0..s.num_waves {
+                wave_starts.push(segments.len() as u32);
+                let (copies, bytes) = group.emit_wave(s, w, first + w, &mut segments);
+                st.copies += copies;
+                st.bytes += bytes;
             }
+            st.segments = segments.len() - from;
+            first += s.num_waves;
+        }
+        if num_waves > u16::MAX as usize {
+            return Err(Error::plan(format!("the step needs {num_waves} waves; at most {} are supported", u16::MAX)));
         }
         wave_starts.push(segments.len() as u32);
-        self.compact_rows(s, &mut rows);
-        Ok(CopyPlan { segments, wave_starts, rows, num_copies, bytes, binding: Arc::clone(&self.binding), pool: Some(Arc::clone(&self.pool)) })
-    }
-
-    fn count_kind(&self, conv: bool) -> usize {
-        self.binding.tensors()[..self.binding.num_states()].iter().filter(|t| t.conv.is_some() == conv).count()
-    }
-
-    /// One row per request that moves anything, merging its conv and temporal moves.
-    fn compact_rows(&self, s: &mut Scratch, rows: &mut Vec<MoveRow>) {
-        let (c, t) = (&s.moves.conv, &s.moves.temporal);
-        let (mut i, mut j) = (0, 0);
-        while i < c.len() || j < t.len() {
-            let rc = c.get(i).map(|m| m.request).unwrap_or(u32::MAX);
-            let rt = t.get(j).map(|m| m.request).unwrap_or(u32::MAX);
-            let req = rc.min(rt);
-            let mut row = MoveRow { request: req, shift: 0, conv_src: -1, temporal_src: -1, dst: -1, conv_wave: 0, temporal_wave: 0, reserved: 0 };
-            if rc == req {
-                row.conv_src = c[i].src as i64;
-                row.dst = c[i].dst as i64;
-                row.shift = c[i].shift;
-                row.conv_wave = s.conv_waves[i];
-                i += 1;
-            }
-            if rt == req {
-                row.temporal_src = t[j].src as i64;
-                row.dst = t[j].dst as i64;
-                row.temporal_wave = s.temporal_waves[j];
-                j += 1;
-            }
-            rows.push(row);
+        for (g, (s, st)) in scratch.iter().zip(&mut stats).enumerate() {
+            st.waves = s.num_waves;
+            Group::compact_rows(s, g as u32, &mut rows);
         }
+        Ok(CopyPlan {
+            segments,
+            wave_starts,
+            rows,
+            stats,
+            bindings: self.groups.iter().map(|g| Arc::clone(&g.binding)).collect(),
+            pool: Some(Arc::clone(&self.pool)),
+        })
     }
 
-    /// The per-(layer, persistent state) metadata table for the fused device kernel.
+    /// The fused device kernel's metadata of every (group, layer, persistent state).
     pub fn state_meta(&self) -> Vec<StateMeta> {
-        self.binding
-            .tensors()
-            .iter()
-            .map(|t| {
-                let (kind, width, dim) = match t.conv {
-                    None => (KIND_TEMPORAL, 0, 0),
-                    Some(g) => (if g.layout == crate::layout::ConvLayout::SD { KIND_CONV_SD } else { KIND_CONV_DS }, g.width as u32, g.dim as u32),
-                };
-                StateMeta {
-                    base: t.base,
-                    block_stride: t.block_stride,
-                    state_bytes: t.state_bytes,
-                    kind,
-                    elem_bytes: t.elem_bytes,
-                    width,
-                    dim,
-                    layer: t.layer,
-                    state: t.state,
-                    num_blocks: t.num_blocks,
-                    group: 0,
-                    reserved: 0,
-                }
-            })
-            .collect()
+        self.groups.iter().enumerate().flat_map(|(g, group)| group.state_meta(g as u32)).collect()
     }
 }
 
@@ -271,20 +309,25 @@ impl CopyPlan {
     pub fn wave(&self, w: usize) -> &[Segment] {
         &self.segments[self.wave_starts[w] as usize..self.wave_starts[w + 1] as usize]
     }
-    /// Compact per-request rows (sorted by request).
+    /// Compact per-request rows (by group, then request).
     pub fn rows(&self) -> &[MoveRow] {
         &self.rows
     }
-    /// (layer, state, request) copies planned, before coalescing.
+    /// Per group: copies, segments, waves and bytes.
+    pub fn group_stats(&self) -> &[GroupStats] {
+        &self.stats
+    }
+    /// (group, layer, state, request) copies planned, before coalescing.
     pub fn num_copies(&self) -> u64 {
-        self.num_copies
+        self.stats.iter().map(|s| s.copies).sum()
     }
     /// Bytes the plan moves.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.stats.iter().map(|s| s.bytes).sum()
     }
-    pub fn binding(&self) -> &Binding {
-        &self.binding
+    /// The bindings the plan's segments lie in (one per group).
+    pub fn bindings(&self) -> &[Arc<Binding>] {
+        &self.bindings
     }
     pub fn is_empty(&self) -> bool {
         self.segments.is_empty()
@@ -305,3 +348,6 @@ impl Drop for CopyPlan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -78,7 +78,8 @@ pub struct MoveRow {
     pub dst: i64,
     pub conv_wave: u16,
     pub temporal_wave: u16,
-    pub reserved: u32,
+    /// The recurrent group whose block ids these are.
+    pub group: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<MoveRow>() == 40);

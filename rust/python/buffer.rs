@@ -1,5 +1,5 @@
 //! Read-only byte buffers over the core's records (plan segments, rows, tiles, state metas, commit
-//! rows and metas): numpy views them without copying (`plan_format.records`).
+//! rows and metas) and integer vectors: numpy views them without copying.
 
 use crate::commit::{CommitMeta, CommitRow};
 use crate::plan::segment::{StateMeta, Tile};
@@ -15,6 +15,8 @@ enum Owner {
     Rows(Arc<CopyPlan>),
     Tiles(Vec<Tile>),
     U32(Vec<u32>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
     Meta(Vec<StateMeta>),
     Commit(Vec<CommitRow>),
     CommitMeta(Vec<CommitMeta>),
@@ -43,6 +45,12 @@ impl RawBuffer {
     pub(super) fn u32s(v: Vec<u32>) -> RawBuffer {
         RawBuffer { owner: Owner::U32(v) }
     }
+    pub(super) fn i32s(v: Vec<i32>) -> RawBuffer {
+        RawBuffer { owner: Owner::I32(v) }
+    }
+    pub(super) fn i64s(v: Vec<i64>) -> RawBuffer {
+        RawBuffer { owner: Owner::I64(v) }
+    }
     pub(super) fn state_meta(v: Vec<StateMeta>) -> RawBuffer {
         RawBuffer { owner: Owner::Meta(v) }
     }
@@ -58,6 +66,8 @@ impl RawBuffer {
             Owner::Rows(p) => as_bytes(p.rows()),
             Owner::Tiles(t) => as_bytes(t),
             Owner::U32(v) => as_bytes(v),
+            Owner::I32(v) => as_bytes(v),
+            Owner::I64(v) => as_bytes(v),
             Owner::Meta(m) => as_bytes(m),
             Owner::Commit(c) => as_bytes(c),
             Owner::CommitMeta(m) => as_bytes(m),

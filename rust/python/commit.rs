@@ -1,20 +1,22 @@
-//! Bindings for RecoverSSM commit planning (`crate::commit`): the commit planner of a layout and
-//! pool, and the commit kernel's per-layer table (the tensors' descriptions in, the checked table
-//! out).
+//! Bindings for RecoverSSM commits (`crate::commit`, `crate::kernels::CommitLaunch`): the commit
+//! planner of a layout and pool, the commit kernel's per-layer table (made from the tensors
+//! themselves), and the kernel's launch builder of one state cache.
 
 use super::buffer::RawBuffer;
+use super::conversion::{arg_error, kwargs, DeviceOf, Ints, Table, Tensor};
+use super::launch::KernelLaunch;
 use super::layout::Layout;
-use super::plan::{int_array, int_vector, tensor_desc, DescTuple};
-use super::{to_py, IntoPyResult};
-use crate::binding::TensorDesc;
-use crate::commit::GateKind;
 use crate::commit::{
-    check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, plan_commit, AlignInputs, CommitStep,
+    check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, commit_meta, plan_commit, AlignInputs, CommitConfig,
+    CommitMeta, CommitStep, CommitTensors, GateKind,
 };
-use crate::commit::{commit_meta, CommitConfig, CommitTensors};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
+use crate::kernels::{self, args, constants};
 use crate::layout::ConvLayout;
+use crate::tensor::{Device, TensorDesc};
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 /// Commit planning for one RecoverSSM layout over a pool of `num_blocks` blocks: which requests
 /// fold how many verified tokens into which block and, in align mode, which prefix-cache block
@@ -27,15 +29,29 @@ pub struct CommitPlanner {
     window: u32,
 }
 
+kwargs! {
+    /// A commit step's inputs; align mode takes `seq_lens`, `block_table` and `block_size`
+    /// together; `max_requests`: the workspace rows, when the caller has a workspace.
+    pub(crate) struct CommitArgs (Plan) {
+        state_blocks: Ints,
+        num_accepted: Ints,
+        query_lens: Ints,
+        seq_lens: Option<Ints>,
+        block_table: Option<Table>,
+        block_size: Option<i64>,
+        max_requests: Option<u64>,
+    }
+}
+
 #[pymethods]
 impl CommitPlanner {
     #[new]
-    fn new(py: Python<'_>, layout: PyRef<'_, Layout>, num_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn new(layout: PyRef<'_, Layout>, num_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
         let num_blocks = num_blocks
             .extract::<u64>()
             .ok()
             .filter(|&n| n >= 1)
-            .ok_or_else(|| to_py(py, Error::binding(format!("num_blocks must be a positive integer, got {num_blocks}"))))?;
+            .ok_or_else(|| Error::binding(format!("num_blocks must be a positive integer, got {num_blocks}")))?;
         let core = layout.core();
         Ok(CommitPlanner { backend: core.backend().to_string(), num_blocks, window: core.num_spec() + 1 })
     }
@@ -49,61 +65,35 @@ impl CommitPlanner {
         self.window
     }
 
-    /// A commit plan (records of `recoverssm_rs.plan_format.COMMIT_ROW_DTYPE`): per
-    /// request the tokens to fold in, its state block and, in align mode, the boundary block.
-    /// `max_requests`: the workspace rows, when the caller has a workspace (B <= max_requests).
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (state_blocks, num_accepted, query_lens, seq_lens = None, block_table = None, block_size = None, max_requests = None))]
-    fn plan(
-        &self,
-        py: Python<'_>,
-        state_blocks: &Bound<'_, PyAny>,
-        num_accepted: &Bound<'_, PyAny>,
-        query_lens: &Bound<'_, PyAny>,
-        seq_lens: Option<&Bound<'_, PyAny>>,
-        block_table: Option<&Bound<'_, PyAny>>,
-        block_size: Option<i64>,
-        max_requests: Option<u64>,
-    ) -> PyResult<RawBuffer> {
-        let sb = int_vector(py, state_blocks, "state_blocks")?;
-        if let Some(m) = max_requests {
-            check_workspace_rows(sb.len(), &self.backend, m).py_err(py)?;
+    /// A commit plan (`CommitRow` records): per request the tokens to fold in, its state block
+    /// and, in align mode, the boundary block.
+    #[pyo3(signature = (**kwargs))]
+    fn plan(&self, py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
+        let a = CommitArgs::from_kwargs(kwargs)?;
+        if let Some(m) = a.max_requests {
+            check_workspace_rows(a.state_blocks.0.len(), &self.backend, m)?;
         }
-        let na = int_vector(py, num_accepted, "num_accepted")?;
-        let ql = int_vector(py, query_lens, "query_lens")?;
-        let align = match (seq_lens, block_table, block_size) {
+        let align = match (&a.seq_lens, &a.block_table, a.block_size) {
             (None, None, None) => None,
             (Some(s), Some(b), Some(bs)) => {
-                let bs = check_block_size(bs).py_err(py)?;
-                let s = int_vector(py, s, "seq_lens")?;
-                let (b, shape) = int_array(py, b, "block_table")?;
-                let cols = match shape.as_slice() {
-                    [_, c] => *c,
-                    _ => return Err(to_py(py, Error::plan(format!("block_table must be 2-D [requests, cols], got shape {shape:?}")))),
-                };
-                Some((s, b, cols, bs))
+                Some(AlignInputs { seq_lens: &s.0, block_table: &b.ids, cols: b.cols, block_size: check_block_size(bs)? })
             }
-            _ => return Err(to_py(py, Error::plan("align mode needs seq_lens, block_table and block_size together; pass all three or none"))),
+            _ => return Err(Error::plan("align mode needs seq_lens, block_table and block_size together; pass all three or none").into()),
         };
-        let step = CommitStep {
-            state_blocks: &sb,
-            num_accepted: &na,
-            query_lens: &ql,
-            align: align.as_ref().map(|(s, bt, cols, bs)| AlignInputs { seq_lens: s, block_table: bt, cols: *cols, block_size: *bs }),
-        };
-        let rows = py.detach(|| plan_commit(&step, &self.backend, self.num_blocks, self.window)).py_err(py)?;
+        let step = CommitStep { state_blocks: &a.state_blocks.0, num_accepted: &a.num_accepted.0, query_lens: &a.query_lens.0, align };
+        let rows = py.detach(|| plan_commit(&step, &self.backend, self.num_blocks, self.window))?;
         Ok(RawBuffer::commit_rows(rows))
     }
 
     /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
     /// `max_requests` requests when given (the workspace rows).
     #[pyo3(signature = (state_blocks, max_requests = None))]
-    fn check_state_blocks(&self, py: Python<'_>, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<()> {
-        let sb = int_vector(py, state_blocks, "state_blocks")?;
+    fn check_state_blocks(&self, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<()> {
+        let sb: Ints = super::conversion::Arg::arg(state_blocks, "state_blocks", ErrorKind::Plan)?;
         if let Some(m) = max_requests {
-            check_workspace_rows(sb.len(), &self.backend, m).py_err(py)?;
+            check_workspace_rows(sb.0.len(), &self.backend, m)?;
         }
-        check_state_blocks(&sb, &self.backend, self.num_blocks).py_err(py)
+        Ok(check_state_blocks(&sb.0, &self.backend, self.num_blocks)?)
     }
 
     fn __repr__(&self) -> String {
@@ -111,68 +101,166 @@ impl CommitPlanner {
     }
 }
 
-fn descs(py: Python<'_>, ts: &[DescTuple<'_>], name: &str) -> PyResult<Vec<TensorDesc>> {
-    ts.iter().enumerate().map(|(l, t)| tensor_desc(py, t, || format!("layer {l}: {name}"))).collect()
+kwargs! {
+    /// The commit kernel's tensors, one per layer (`conv` / `conv_window` both absent for layers
+    /// without a conv state), and its configuration.
+    pub(crate) struct MetaArgs (Binding) {
+        recurrent: Vec<Tensor>,
+        corrections: Vec<Tensor>,
+        keygate: Vec<Tensor>,
+        conv: Option<Vec<Tensor>>,
+        conv_window: Option<Vec<Tensor>>,
+        kind: String,
+        conv_layout: String = "DS".to_string(),
+        conv_kernel_size: u64 = 1,
+    }
 }
 
-/// The commit kernel's table (`CommitMeta` records, 128 bytes per layer) for per-layer tensor
-/// descriptions; `conv` / `conv_window` both `None` for layers without a conv state.
+fn descs(v: Vec<Tensor>) -> Vec<TensorDesc> {
+    v.into_iter().map(|t| t.0).collect()
+}
+
+/// The commit kernel's table (`CommitMeta` records, 128 bytes per layer).
 #[pyfunction]
-#[pyo3(signature = (recurrent, corrections, keygate, conv, conv_window, kind, conv_layout, conv_kernel_size))]
-#[allow(clippy::too_many_arguments)]
-fn commit_meta_table(
-    py: Python<'_>,
-    recurrent: Vec<DescTuple<'_>>,
-    corrections: Vec<DescTuple<'_>>,
-    keygate: Vec<DescTuple<'_>>,
-    conv: Option<Vec<DescTuple<'_>>>,
-    conv_window: Option<Vec<DescTuple<'_>>>,
-    kind: &str,
-    conv_layout: &str,
-    conv_kernel_size: &Bound<'_, PyAny>,
-) -> PyResult<RawBuffer> {
-    let kind = GateKind::parse(kind).py_err(py)?;
-    let conv_layout = ConvLayout::parse(conv_layout).map_err(|e| Error::binding(format!("conv_layout: {}", e.message))).py_err(py)?;
-    let conv_kernel_size = conv_kernel_size
-        .extract::<u64>()
-        .map_err(|_| Error::binding(format!("conv_kernel_size must be in 1 ..= 65536, got {conv_kernel_size}")))
-        .py_err(py)?;
-    let (rec, corr, kg) = (descs(py, &recurrent, "recurrent")?, descs(py, &corrections, "corrections")?, descs(py, &keygate, "keygate")?);
-    let pair = match (conv, conv_window) {
+#[pyo3(signature = (**kwargs))]
+fn commit_meta_table(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
+    let a = MetaArgs::from_kwargs(kwargs)?;
+    let kind = GateKind::parse(&a.kind)?;
+    let conv_layout = ConvLayout::parse(&a.conv_layout).map_err(|e| Error::binding(format!("conv_layout: {}", e.message)))?;
+    if !(1..=65536).contains(&a.conv_kernel_size) {
+        return Err(arg_error(ErrorKind::Binding, format!("conv_kernel_size must be in 1 ..= 65536, got {}", a.conv_kernel_size)));
+    }
+    let (rec, corr, kg) = (descs(a.recurrent), descs(a.corrections), descs(a.keygate));
+    let pair = match (a.conv, a.conv_window) {
         (None, None) => None,
-        (Some(c), Some(w)) => Some((descs(py, &c, "conv")?, descs(py, &w, "conv_window")?)),
-        _ => return Err(Error::binding("conv and conv_window: give both or neither")).py_err(py),
+        (Some(c), Some(w)) => Some((descs(c), descs(w))),
+        _ => return Err(Error::binding("conv and conv_window: give both or neither").into()),
     };
     let tensors = CommitTensors { recurrent: &rec, corrections: &corr, keygate: &kg, conv: pair.as_ref().map(|(c, w)| (c.as_slice(), w.as_slice())) };
-    let meta = commit_meta(&tensors, &CommitConfig { kind, conv_layout, conv_kernel_size }).py_err(py)?;
+    let meta = commit_meta(&tensors, &CommitConfig { kind, conv_layout, conv_kernel_size: a.conv_kernel_size })?;
     Ok(RawBuffer::commit_meta(meta))
 }
 
 /// Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated.
 #[pyfunction(name = "check_cache_sizes")]
-fn check_cache_sizes_py(
-    py: Python<'_>,
-    num_layers: &Bound<'_, PyAny>,
-    num_blocks: &Bound<'_, PyAny>,
-    max_requests: &Bound<'_, PyAny>,
-) -> PyResult<()> {
-    let get = |o: &Bound<'_, PyAny>, name: &str| -> PyResult<i64> {
-        o.extract::<i64>().map_err(|_| to_py(py, Error::binding(format!("{name} must be an integer, got {o}"))))
-    };
-    check_cache_sizes(get(num_layers, "num_layers")?, get(num_blocks, "num_blocks")?, get(max_requests, "max_requests")?).py_err(py)
+fn check_cache_sizes_py(num_layers: &Bound<'_, PyAny>, num_blocks: &Bound<'_, PyAny>, max_requests: &Bound<'_, PyAny>) -> PyResult<()> {
+    let get = |o: &Bound<'_, PyAny>, name: &str| -> PyResult<i64> { super::conversion::Arg::arg(o, name, ErrorKind::Binding) };
+    Ok(check_cache_sizes(get(num_layers, "num_layers")?, get(num_blocks, "num_blocks")?, get(max_requests, "max_requests")?)?)
 }
 
 /// `index` as an index into `len` items named `what` (a `PlanError` otherwise).
 #[pyfunction(name = "check_index")]
-fn check_index_py(py: Python<'_>, what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
-    let i = index.extract::<i64>().map_err(|_| to_py(py, Error::plan(format!("{what} must be an integer, got {index}"))))?;
-    check_index(what, i, len).py_err(py)
+fn check_index_py(what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
+    let i: i64 = super::conversion::Arg::arg(index, what, ErrorKind::Plan)?;
+    Ok(check_index(what, i, len)?)
+}
+
+/// `CommitMeta` records from a byte buffer (`uint8` numpy view, bytes, or a core buffer).
+fn commit_table(py: Python<'_>, table: &Bound<'_, PyAny>) -> PyResult<Vec<CommitMeta>> {
+    let bytes: Vec<u8> = PyBuffer::<u8>::get(table)
+        .and_then(|b| b.to_vec(py))
+        .map_err(|_| Error::binding("table: expected the commit table's bytes (a uint8 buffer of CommitMeta records)"))?;
+    Ok(CommitMeta::from_bytes(&bytes)?)
+}
+
+kwargs! {
+    /// The commit kernel of one state cache: the table's device address and bytes, the pool.
+    pub(crate) struct CommitLaunchArgs (Plan) {
+        device: DeviceOf,
+        metas: u64,
+        num_blocks: i64,
+        max_requests: i64,
+        err: u64 = 0,
+        threads: u32 = constants::THREADS,
+    }
+}
+
+kwargs! {
+    /// One commit launch over the first `num_rows` device rows (default: all).
+    pub(crate) struct CommitStepArgs (Plan) {
+        rows: Tensor,
+        num_rows: Option<u64>,
+        num_accepted: Option<Tensor>,
+        err: Option<Tensor>,
+    }
+}
+
+/// The commit kernel of one state cache (constants and grid checked once).
+#[pyclass(module = "recoverssm_rs._core", name = "CommitLaunch", frozen)]
+pub struct PyCommitLaunch {
+    inner: kernels::CommitLaunch,
+}
+
+#[pymethods]
+impl PyCommitLaunch {
+    /// `table`: the bytes of the `CommitMeta` records at device address `metas`.
+    #[new]
+    #[pyo3(signature = (table, **kwargs))]
+    fn new(py: Python<'_>, table: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let a = CommitLaunchArgs::from_kwargs(kwargs)?;
+        let device = a.device.0;
+        let t = commit_table(py, table)?;
+        Ok(PyCommitLaunch { inner: kernels::CommitLaunch::new(device, a.metas, &t, a.num_blocks, a.max_requests, a.err, a.threads)? })
+    }
+
+    /// The launch of one commit (`None`: no rows).
+    #[pyo3(signature = (**kwargs))]
+    fn launch(&self, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
+        let a = CommitStepArgs::from_kwargs(kwargs)?;
+        let l = self.inner.launch(&a.rows.0, a.num_rows, a.num_accepted.as_ref().map(|t| &t.0), a.err.as_ref().map(|t| &t.0))?;
+        Ok(l.map(KernelLaunch::new))
+    }
+
+    /// `(rec_ctas, conv_ctas)`: CTAs per (layer, row).
+    #[getter]
+    fn ctas(&self) -> (u32, u32) {
+        (self.inner.rec_ctas, self.inner.conv_ctas)
+    }
+    #[getter]
+    fn num_layers(&self) -> u32 {
+        self.inner.num_layers
+    }
+    /// The CUDA device index of the cache.
+    #[getter]
+    fn device_index(&self) -> u32 {
+        match self.inner.device {
+            Device::Cuda(i) => i,
+            Device::Cpu => unreachable!("CommitLaunch::new refuses host states"),
+        }
+    }
+    fn __repr__(&self) -> String {
+        let c = &self.inner;
+        format!(
+            "CommitLaunch({}, layers={}, blocks={}, max_requests={}, ctas=({}, {}))",
+            c.device, c.num_layers, c.num_blocks, c.max_requests, c.rec_ctas, c.conv_ctas
+        )
+    }
+}
+
+/// `(rec_ctas, conv_ctas)`: CTAs per (layer, row) of the commit kernel for a table's bytes, with
+/// `threads` threads per CTA.
+#[pyfunction]
+#[pyo3(signature = (table, threads = constants::THREADS))]
+fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32) -> PyResult<(u32, u32)> {
+    Ok(kernels::commit_grid(&commit_table(py, table)?, threads))
+}
+
+/// Checks the accepted counts of a device commit: an integer vector on the cache's device with at
+/// least `min_len` counts.
+#[pyfunction]
+fn check_commit_counts(device: &str, num_accepted: &Bound<'_, PyAny>, min_len: u64) -> PyResult<()> {
+    let device = Device::parse(device).map_err(|e| Error::plan(e.message))?;
+    let a: Tensor = super::conversion::Arg::arg(num_accepted, "num_accepted", ErrorKind::Plan)?;
+    Ok(args::check_commit_counts(&device, &a.0, min_len)?)
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CommitPlanner>()?;
+    m.add_class::<PyCommitLaunch>()?;
     m.add_function(wrap_pyfunction!(check_cache_sizes_py, m)?)?;
     m.add_function(wrap_pyfunction!(check_index_py, m)?)?;
     m.add_function(wrap_pyfunction!(commit_meta_table, m)?)?;
+    m.add_function(wrap_pyfunction!(commit_grid, m)?)?;
+    m.add_function(wrap_pyfunction!(check_commit_counts, m)?)?;
     Ok(())
 }

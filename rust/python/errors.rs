@@ -80,8 +80,15 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
     CLASSES.get_or_try_init(py, || make(py))
 }
 
+/// A core error raised as the package exception of its kind.
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        Python::attach(|py| to_py(py, e))
+    }
+}
+
 /// Converts a core error into the package exception of its kind.
-pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
+fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let index = match e.kind {
         ErrorKind::Layout => 1,
         ErrorKind::Binding => 2,

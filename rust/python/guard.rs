@@ -1,33 +1,25 @@
-//! The check that a planner's or a state cache's bound tensors still own the memory they were bound
-//! with, run before every execute and every launch: a tensor re-pointed (`set_()`, `.data = x`,
-//! `resize_()` to a larger size) or a storage resized or freed (`untyped_storage().resize_(0)`)
-//! is a binding error naming the layer and state, and nothing is written.
+//! The bound tensors of a planner, a state cache or a transfer pool, kept alive and checked before
+//! every write: a tensor re-pointed (`set_()`, `.data = x`, `resize_()` to a larger size) or a
+//! storage resized or freed (`untyped_storage().resize_(0)`) is a binding error naming the tensor,
+//! and nothing is written. After a write, autograd's version counter of what was written is bumped,
+//! as torch's own in-place operations do.
 //!
-//! The guard holds strong references to every bound tensor and every distinct storage, so nothing
-//! it checked can be freed between the check and the copy by dropping the caller's references
-//! (`planner.states` is a copy). It cannot stop another Python thread from resizing a storage while
-//! a host copy runs with the GIL released: that is a data race in the caller's program.
+//! The guard holds strong references to every bound tensor and every distinct storage (an
+//! immutable list: nothing it checked can be freed between the check and the copy by dropping the
+//! caller's references). It cannot stop another Python thread from resizing a storage while a host
+//! copy runs with the GIL released: that is a data race in the caller's program.
 
-use super::to_py;
 use crate::error::Error;
 use pyo3::intern;
 use pyo3::prelude::*;
-
-/// How the guard reads an object's current data address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    /// A torch tensor or storage: `data_ptr()`.
-    DataPtr,
-    /// A numpy array: `__array_interface__["data"][0]`.
-    ArrayInterface,
-}
+use pyo3::sync::PyOnceLock;
 
 struct Entry {
     obj: Py<PyAny>,
-    /// `obj.data_ptr` and `obj.nbytes`, bound once (a call is then one C call, no lookup).
+    /// `obj.data_ptr` and `obj.nbytes`, bound once; `None` for a numpy or CuPy array (its array
+    /// interface is read instead).
     data_ptr: Option<Py<PyAny>>,
     nbytes_fn: Option<Py<PyAny>>,
-    kind: Kind,
     ptr: u64,
     /// Bytes of a storage (`nbytes()`); `None` for tensors.
     nbytes: Option<u64>,
@@ -35,52 +27,87 @@ struct Entry {
 }
 
 /// Bound tensors and storages with the addresses (and storage sizes) they were bound at.
-#[pyclass(module = "recoverssm_rs._core", frozen)]
-pub struct StorageGuard {
+pub(crate) struct Guard {
     entries: Vec<Entry>,
+    /// The torch tensors (bases of views) whose version counters a write bumps.
+    roots: Vec<Py<PyAny>>,
+}
+
+/// The data address an array interface (`__array_interface__` or `__cuda_array_interface__`) gives.
+fn interface_address(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let py = obj.py();
+    let iface = match obj.getattr(intern!(py, "__cuda_array_interface__")) {
+        Ok(i) => i,
+        Err(_) => obj.getattr(intern!(py, "__array_interface__"))?,
+    };
+    iface.get_item("data")?.get_item(0)?.extract()
 }
 
 fn address(py: Python<'_>, e: &Entry) -> PyResult<u64> {
-    match (&e.data_ptr, e.kind) {
-        (Some(f), _) => f.bind(py).call0()?.extract(),
-        (None, _) => e.obj.bind(py).getattr(intern!(py, "__array_interface__"))?.get_item("data")?.get_item(0)?.extract(),
+    match &e.data_ptr {
+        Some(f) => f.bind(py).call0()?.extract(),
+        None => interface_address(e.obj.bind(py)),
     }
 }
 
-fn bound_method(py: Python<'_>, obj: &Py<PyAny>, kind: Kind, name: &str) -> PyResult<Option<Py<PyAny>>> {
-    match kind {
-        Kind::DataPtr => Ok(Some(obj.bind(py).getattr(name)?.unbind())),
-        Kind::ArrayInterface => Ok(None),
-    }
-}
-
-#[pymethods]
-impl StorageGuard {
-    /// `tensors`: `(tensor, kind, data_ptr, label)` with kind `"data_ptr"` (torch) or
-    /// `"array_interface"` (numpy); `storages`: `(storage, data_ptr, nbytes, label)` (torch).
-    #[new]
-    fn new(py: Python<'_>, tensors: Vec<(Py<PyAny>, String, u64, String)>, storages: Vec<(Py<PyAny>, u64, u64, String)>) -> PyResult<Self> {
-        let mut entries = Vec::with_capacity(tensors.len() + storages.len());
+impl Guard {
+    /// Guards `tensors` (torch tensors or numpy arrays), each with the label its errors use.
+    pub(crate) fn new(py: Python<'_>, tensors: &[(Bound<'_, PyAny>, String)]) -> PyResult<Guard> {
+        let mut storages: Vec<Entry> = Vec::new();
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut roots: Vec<Py<PyAny>> = Vec::new();
+        let mut seen: Vec<(String, u64)> = Vec::new();
+        for (t, label) in tensors {
+            if !t.hasattr(intern!(py, "data_ptr"))? {
+                // A numpy array or a `__cuda_array_interface__` object (a CuPy array).
+                let ptr = interface_address(t)?;
+                entries.push(Entry { obj: t.clone().unbind(), data_ptr: None, nbytes_fn: None, ptr, nbytes: None, label: label.clone() });
+                continue;
+            }
+            let data_ptr = t.getattr(intern!(py, "data_ptr"))?;
+            let ptr = data_ptr.call0()?.extract()?;
+            entries.push(Entry {
+                obj: t.clone().unbind(),
+                data_ptr: Some(data_ptr.unbind()),
+                nbytes_fn: None,
+                ptr,
+                nbytes: None,
+                label: label.clone(),
+            });
+            if let Ok(storage) = t.call_method0(intern!(py, "untyped_storage")) {
+                let (sp, nb) = (storage.getattr(intern!(py, "data_ptr"))?, storage.getattr(intern!(py, "nbytes"))?);
+                let (ptr, nbytes): (u64, u64) = (sp.call0()?.extract()?, nb.call0()?.extract()?);
+                let key = (t.getattr(intern!(py, "device"))?.str()?.to_string(), ptr);
+                if !seen.contains(&key) {
+                    seen.push(key);
+                    storages.push(Entry {
+                        obj: storage.unbind(),
+                        data_ptr: Some(sp.unbind()),
+                        nbytes_fn: Some(nb.unbind()),
+                        ptr,
+                        nbytes: Some(nbytes),
+                        label: label.clone(),
+                    });
+                }
+            }
+            // Views share their base's version counter: bump one tensor per base. Inference
+            // tensors have no version counter.
+            let inference = t.call_method0(intern!(py, "is_inference")).and_then(|x| x.extract::<bool>()).unwrap_or(true);
+            if !inference {
+                let base = t.getattr(intern!(py, "_base"))?;
+                let root = if base.is_none() { t.clone() } else { base };
+                if !roots.iter().any(|r| r.bind(py).is(&root)) {
+                    roots.push(root.unbind());
+                }
+            }
+        }
         // Storages first: a freed storage is reported as such, not as the tensor it left empty.
-        for (obj, ptr, nbytes, label) in storages {
-            let data_ptr = bound_method(py, &obj, Kind::DataPtr, "data_ptr")?;
-            let nbytes_fn = bound_method(py, &obj, Kind::DataPtr, "nbytes")?;
-            entries.push(Entry { obj, data_ptr, nbytes_fn, kind: Kind::DataPtr, ptr, nbytes: Some(nbytes), label });
-        }
-        for (obj, kind, ptr, label) in tensors {
-            let kind = match kind.as_str() {
-                "data_ptr" => Kind::DataPtr,
-                "array_interface" => Kind::ArrayInterface,
-                other => return Err(to_py(py, Error::binding(format!("{label}: unknown tensor kind {other:?}")))),
-            };
-            let data_ptr = bound_method(py, &obj, kind, "data_ptr")?;
-            entries.push(Entry { obj, data_ptr, nbytes_fn: None, kind, ptr, nbytes: None, label });
-        }
-        Ok(StorageGuard { entries })
+        storages.extend(entries);
+        Ok(Guard { entries: storages, roots })
     }
 
     /// Raises `BindingError` naming the first bound tensor or storage whose memory changed.
-    fn check(&self, py: Python<'_>) -> PyResult<()> {
+    pub(crate) fn check(&self, py: Python<'_>) -> PyResult<()> {
         for e in &self.entries {
             let ptr = address(py, e)?;
             let nbytes = match &e.nbytes_fn {
@@ -89,32 +116,72 @@ impl StorageGuard {
             };
             if ptr != e.ptr || nbytes != e.nbytes {
                 let what = match (e.nbytes, nbytes) {
-                    (Some(old), Some(new)) => format!(
-                        "its storage was resized or freed ({old} bytes at {:#x} when bound, now {new} bytes at {ptr:#x})",
-                        e.ptr
-                    ),
+                    (Some(old), Some(new)) => {
+                        format!("its storage was resized or freed ({old} bytes at {:#x} when bound, now {new} bytes at {ptr:#x})", e.ptr)
+                    }
                     _ => format!(
                         "the tensor no longer points at the memory it was bound with ({:#x} when bound, now {ptr:#x}: set_(), resize_() or .data = ...)",
                         e.ptr
                     ),
                 };
-                return Err(to_py(py, Error::binding(format!("{}: {what}; nothing was written: bind the tensors again", e.label))));
+                return Err(Error::binding(format!("{}: {what}; nothing was written: bind the tensors again", e.label)).into());
             }
         }
         Ok(())
     }
 
-    fn __len__(&self) -> usize {
-        self.entries.len()
+    /// Bumps autograd's version counters of the bound torch tensors (after a write).
+    pub(crate) fn mark_written(&self, py: Python<'_>) -> PyResult<()> {
+        if self.roots.is_empty() {
+            return Ok(());
+        }
+        static INCREMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let f = INCREMENT
+            .get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(py.import("torch.autograd.graph")?.getattr("increment_version")?.unbind()) })?;
+        let roots: Vec<&Py<PyAny>> = self.roots.iter().collect();
+        f.bind(py).call1((roots,))?;
+        Ok(())
     }
 
-    fn __repr__(&self) -> String {
+    /// Storages and tensors guarded.
+    pub(crate) fn counts(&self) -> (usize, usize) {
         let storages = self.entries.iter().filter(|e| e.nbytes.is_some()).count();
-        format!("StorageGuard({} tensors, {storages} storages)", self.entries.len() - storages)
+        (self.entries.len() - storages, storages)
+    }
+}
+
+/// Tensors bound by a state cache or a transfer pool, guarded as a planner guards its own.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct BoundTensors {
+    guard: Guard,
+}
+
+#[pymethods]
+impl BoundTensors {
+    /// `tensors`: `(tensor, label)` pairs; the label names the tensor in errors.
+    #[new]
+    fn new(py: Python<'_>, tensors: Vec<(Bound<'_, PyAny>, String)>) -> PyResult<Self> {
+        Ok(BoundTensors { guard: Guard::new(py, &tensors)? })
+    }
+    /// Raises `BindingError` when a bound tensor or storage no longer has the memory it was bound
+    /// with (nothing has been written then).
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        self.guard.check(py)
+    }
+    /// Bumps autograd's version counters of the bound torch tensors (after a write).
+    fn mark_written(&self, py: Python<'_>) -> PyResult<()> {
+        self.guard.mark_written(py)
+    }
+    fn __len__(&self) -> usize {
+        self.guard.entries.len()
+    }
+    fn __repr__(&self) -> String {
+        let (tensors, storages) = self.guard.counts();
+        format!("BoundTensors({tensors} tensors, {storages} storages)")
     }
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<StorageGuard>()?;
+    m.add_class::<BoundTensors>()?;
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! Bindings for the layout model, the copy-function check and the family calculators.
 
-use super::IntoPyResult;
+use super::conversion::{kwargs, DtypeName};
 use crate::copy_funcs::{validate_copy_funcs as core_validate, GroupSpec};
 use crate::dtype::DType;
+use crate::error::Error;
 use crate::families::{self, Common};
 use crate::layout::{ConvLayout, CopyKind, Layout as CoreLayout, StateSpec as CoreSpec};
 use pyo3::prelude::*;
@@ -20,17 +21,9 @@ pub struct StateSpec {
 impl StateSpec {
     #[new]
     #[pyo3(signature = (name, shape, dtype, role = "persistent", copy = None, conv_layout = None))]
-    fn new(
-        py: Python<'_>,
-        name: &str,
-        shape: Vec<i64>,
-        dtype: &Bound<'_, PyAny>,
-        role: &str,
-        copy: Option<&str>,
-        conv_layout: Option<&str>,
-    ) -> PyResult<Self> {
+    fn new(name: &str, shape: Vec<i64>, dtype: &Bound<'_, PyAny>, role: &str, copy: Option<&str>, conv_layout: Option<&str>) -> PyResult<Self> {
         let dtype = dtype_name(dtype)?;
-        let inner = CoreSpec::from_parts(name, &shape, &dtype, role, copy, conv_layout).py_err(py)?;
+        let inner = CoreSpec::from_parts(name, &shape, &dtype, role, copy, conv_layout)?;
         Ok(Self { inner })
     }
     #[getter]
@@ -115,9 +108,9 @@ fn specs_tuple<'py>(py: Python<'py>, specs: &[CoreSpec]) -> PyResult<Bound<'py, 
 impl Layout {
     #[new]
     #[pyo3(signature = (backend, states, num_spec = 0))]
-    fn new(py: Python<'_>, backend: &str, states: Vec<PyRef<'_, StateSpec>>, num_spec: u32) -> PyResult<Self> {
+    fn new(backend: &str, states: Vec<PyRef<'_, StateSpec>>, num_spec: u32) -> PyResult<Self> {
         let specs = states.iter().map(|s| s.inner.clone()).collect();
-        Ok(Self { inner: CoreLayout::new(backend, specs, num_spec).py_err(py)? })
+        Ok(Self { inner: CoreLayout::new(backend, specs, num_spec)? })
     }
     #[getter]
     fn backend(&self) -> &str {
@@ -158,22 +151,19 @@ impl Layout {
         self.inner.states().len()
     }
     /// The state called `name`.
-    fn state(&self, py: Python<'_>, name: &str) -> PyResult<StateSpec> {
+    fn state(&self, name: &str) -> PyResult<StateSpec> {
         match self.inner.index_of(name) {
             Some(i) => Ok(StateSpec { inner: self.inner.states()[i].clone() }),
             None => {
                 let names: Vec<&str> = self.inner.states().iter().map(|s| s.name.as_str()).collect();
-                Err(super::to_py(
-                    py,
-                    crate::Error::layout(format!("{}: no state named '{name}'; the layout has {}", self.inner.backend(), names.join(", "))),
-                ))
+                Err(crate::Error::layout(format!("{}: no state named '{name}'; the layout has {}", self.inner.backend(), names.join(", "))).into())
             }
         }
     }
     /// The RecoverSSM geometry of this layout (state indices, heads, head dims, window, gate
     /// kind, conv geometry); raises LayoutError when the layout cannot serve RecoverSSM.
     fn recover_geometry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let g = crate::commit::recover_geometry(&self.inner).py_err(py)?;
+        let g = crate::commit::recover_geometry(&self.inner)?;
         let d = PyDict::new(py);
         d.set_item("conv_state", g.conv_state)?;
         d.set_item("recurrent_state", g.recurrent_state)?;
@@ -233,7 +223,7 @@ fn _validate_copy_funcs<'py>(py: Python<'py>, groups: Vec<GroupTuple>, copy_func
             cache_mode,
         })
         .collect();
-    let out = core_validate(&groups, &copy_funcs).py_err(py)?;
+    let out = core_validate(&groups, &copy_funcs)?;
     let d = PyDict::new(py);
     for p in out {
         d.set_item(p.backend, p.prefix_len)?;
@@ -241,177 +231,184 @@ fn _validate_copy_funcs<'py>(py: Python<'py>, groups: Vec<GroupTuple>, copy_func
     Ok(d)
 }
 
-fn common(
-    py: Python<'_>,
-    tp_size: u64,
-    num_spec: u32,
-    conv_layout: &str,
-    dtype: &Bound<'_, PyAny>,
-    ssm_dtype: &Bound<'_, PyAny>,
-) -> PyResult<Common> {
+kwargs! {
+    /// The settings every calculator shares.
+    pub(crate) struct CommonArgs (Layout) {
+        tp_size: u64,
+        num_spec: u32,
+        conv_layout: String,
+        dtype: Option<DtypeName>,
+        ssm_dtype: Option<DtypeName>,
+    }
+}
+
+/// A family calculator's parameters: the shared settings (`tp_size`, `num_spec`, `conv_layout`,
+/// `dtype`, `ssm_dtype`; unset dtypes take the family's defaults) and the family's own.
+fn common(shared: &Bound<'_, PyDict>, ssm_default: DType) -> PyResult<Common> {
+    let a = CommonArgs::from_kwargs(Some(shared))?;
+    let dtype = |d: Option<DtypeName>, default: DType| d.map_or(Ok(default), |n| DType::parse(&n.0));
     Ok(Common {
-        tp_size,
-        num_spec,
-        conv_layout: ConvLayout::parse(conv_layout).py_err(py)?,
-        dtype: DType::parse(&dtype_name(dtype)?).py_err(py)?,
-        ssm_dtype: DType::parse(&dtype_name(ssm_dtype)?).py_err(py)?,
+        tp_size: a.tp_size,
+        num_spec: a.num_spec,
+        conv_layout: ConvLayout::parse(&a.conv_layout)?,
+        dtype: dtype(a.dtype, DType::BFloat16)?,
+        ssm_dtype: dtype(a.ssm_dtype, ssm_default)?,
     })
 }
 
-fn wrap(py: Python<'_>, l: crate::Result<CoreLayout>) -> PyResult<Layout> {
-    Ok(Layout { inner: l.py_err(py)? })
+/// `kwargs` split into the shared settings and the family's `own` parameters.
+fn split<'py>(kwargs: Option<&Bound<'py, PyDict>>, own: &[&str]) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let Some(d) = kwargs else {
+        return Err(Error::layout("a layout calculator takes keyword arguments").into());
+    };
+    let (shared, mine) = (PyDict::new(d.py()), PyDict::new(d.py()));
+    for (k, v) in d.iter() {
+        let target = if own.contains(&k.str()?.to_string().as_str()) { &mine } else { &shared };
+        target.set_item(k, v)?;
+    }
+    Ok((shared, mine))
+}
+
+/// Runs a family calculator: the shared settings from `kwargs`, the family's own parameters as
+/// `P` (a kwargs struct whose fields are `own`).
+fn calculate<P>(
+    kwargs: Option<&Bound<'_, PyDict>>,
+    own: &[&str],
+    ssm_default: DType,
+    parse: impl FnOnce(Option<&Bound<'_, PyDict>>) -> PyResult<P>,
+    f: impl FnOnce(P, &Common) -> crate::Result<CoreLayout>,
+) -> PyResult<Layout> {
+    let (shared, mine) = split(kwargs, own)?;
+    let c = common(&shared, ssm_default)?;
+    let p = parse(Some(&mine))?;
+    Ok(Layout { inner: f(p, &c)? })
+}
+
+kwargs! {
+    /// Mamba1's own parameters.
+    pub(crate) struct Mamba1Args (Layout) { intermediate_size: u64, state_size: u64, conv_kernel: u64 }
+}
+kwargs! {
+    /// Mamba2's own parameters.
+    pub(crate) struct Mamba2Args (Layout) {
+        intermediate_size: u64,
+        n_groups: u64,
+        num_heads: u64,
+        head_dim: u64,
+        state_size: u64,
+        conv_kernel: u64,
+        logical_window: Option<u64>,
+        mamba_backend: String = "triton".to_string(),
+    }
+}
+kwargs! {
+    /// Short conv's own parameters.
+    pub(crate) struct ShortConvArgs (Layout) { intermediate_size: u64, conv_kernel: u64 }
+}
+kwargs! {
+    /// Linear attention's own parameters.
+    pub(crate) struct LinearArgs (Layout) { num_heads: u64, head_dim: u64 }
+}
+kwargs! {
+    /// Gated DeltaNet's own parameters.
+    pub(crate) struct GdnArgs (Layout) {
+        num_k_heads: u64,
+        num_v_heads: u64,
+        head_k_dim: u64,
+        head_v_dim: u64,
+        conv_kernel_size: u64,
+        recover_ssm: bool = false,
+    }
+}
+kwargs! {
+    /// Kimi Delta Attention's own parameters.
+    pub(crate) struct KdaArgs (Layout) {
+        num_heads: u64,
+        head_dim: u64,
+        num_k_heads: Option<u64>,
+        head_k_dim: Option<u64>,
+        conv_kernel_size: u64 = 4,
+        recover_ssm: bool = false,
+    }
 }
 
 /// Mamba1 layout: conv window + temporal state.
 #[pyfunction]
-#[pyo3(signature = (*, intermediate_size, state_size, conv_kernel, tp_size = 1, num_spec = 0,
-    conv_layout = "SD", dtype = None, ssm_dtype = None))]
-#[allow(clippy::too_many_arguments)]
-fn mamba1_layout(
-    py: Python<'_>,
-    intermediate_size: u64,
-    state_size: u64,
-    conv_kernel: u64,
-    tp_size: u64,
-    num_spec: u32,
-    conv_layout: &str,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Layout> {
-    let (dt, sdt) = dtypes(py, dtype, ssm_dtype, "bfloat16");
-    let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    wrap(py, families::mamba1(intermediate_size, state_size, conv_kernel, &c))
+#[pyo3(signature = (**kwargs))]
+fn mamba1_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
+    calculate(kwargs, Mamba1Args::FIELDS, DType::BFloat16, Mamba1Args::from_kwargs, |p, c| {
+        families::mamba1(p.intermediate_size, p.state_size, p.conv_kernel, c)
+    })
 }
 
 /// Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace).
 #[pyfunction]
-#[pyo3(signature = (*, intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel,
-    tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None, ssm_dtype = None, logical_window = None,
-    mamba_backend = "triton"))]
-#[allow(clippy::too_many_arguments)]
-fn mamba2_layout(
-    py: Python<'_>,
-    intermediate_size: u64,
-    n_groups: u64,
-    num_heads: u64,
-    head_dim: u64,
-    state_size: u64,
-    conv_kernel: u64,
-    tp_size: u64,
-    num_spec: u32,
-    conv_layout: &str,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-    logical_window: Option<u64>,
-    mamba_backend: &str,
-) -> PyResult<Layout> {
-    let (dt, sdt) = dtypes(py, dtype, ssm_dtype, "bfloat16");
-    let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    let mamba_backend = families::MambaBackend::parse(mamba_backend).py_err(py)?;
-    let p = families::Mamba2 { intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel, logical_window, mamba_backend };
-    wrap(py, families::mamba2(&p, &c))
+#[pyo3(signature = (**kwargs))]
+fn mamba2_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
+    calculate(kwargs, Mamba2Args::FIELDS, DType::BFloat16, Mamba2Args::from_kwargs, |p, c| {
+        let mamba_backend = families::MambaBackend::parse(&p.mamba_backend)?;
+        let m = families::Mamba2 {
+            intermediate_size: p.intermediate_size,
+            n_groups: p.n_groups,
+            num_heads: p.num_heads,
+            head_dim: p.head_dim,
+            state_size: p.state_size,
+            conv_kernel: p.conv_kernel,
+            logical_window: p.logical_window,
+            mamba_backend,
+        };
+        families::mamba2(&m, c)
+    })
 }
 
 /// Short-conv layout: one conv window.
 #[pyfunction]
-#[pyo3(signature = (*, intermediate_size, conv_kernel, tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None))]
-fn short_conv_layout(
-    py: Python<'_>,
-    intermediate_size: u64,
-    conv_kernel: u64,
-    tp_size: u64,
-    num_spec: u32,
-    conv_layout: &str,
-    dtype: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Layout> {
-    let (dt, sdt) = dtypes(py, dtype, None, "bfloat16");
-    let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    wrap(py, families::short_conv(intermediate_size, conv_kernel, &c))
+#[pyo3(signature = (**kwargs))]
+fn short_conv_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
+    calculate(kwargs, ShortConvArgs::FIELDS, DType::BFloat16, ShortConvArgs::from_kwargs, |p, c| {
+        families::short_conv(p.intermediate_size, p.conv_kernel, c)
+    })
 }
 
 /// Linear-attention layout: one temporal state.
 #[pyfunction]
-#[pyo3(signature = (*, num_heads, head_dim, tp_size = 1, num_spec = 0, ssm_dtype = None))]
-fn linear_attention_layout(
-    py: Python<'_>,
-    num_heads: u64,
-    head_dim: u64,
-    tp_size: u64,
-    num_spec: u32,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Layout> {
-    let (dt, sdt) = dtypes(py, None, ssm_dtype, "float32");
-    let c = common(py, tp_size, num_spec, "SD", &dt, &sdt)?;
-    wrap(py, families::linear_attention(num_heads, head_dim, &c))
+#[pyo3(signature = (**kwargs))]
+fn linear_attention_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
+    calculate(kwargs, LinearArgs::FIELDS, DType::Float32, LinearArgs::from_kwargs, |p, c| families::linear_attention(p.num_heads, p.head_dim, c))
 }
 
 /// Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records).
 #[pyfunction]
-#[pyo3(signature = (*, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size, tp_size = 1,
-    num_spec = 0, conv_layout = "SD", dtype = None, ssm_dtype = None, recover_ssm = false))]
-#[allow(clippy::too_many_arguments)]
-fn gdn_layout(
-    py: Python<'_>,
-    num_k_heads: u64,
-    num_v_heads: u64,
-    head_k_dim: u64,
-    head_v_dim: u64,
-    conv_kernel_size: u64,
-    tp_size: u64,
-    num_spec: u32,
-    conv_layout: &str,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-    recover_ssm: bool,
-) -> PyResult<Layout> {
-    let (dt, sdt) = dtypes(py, dtype, ssm_dtype, "bfloat16");
-    let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    let p = families::Gdn { num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size, recover_ssm };
-    wrap(py, families::gdn(&p, &c))
+#[pyo3(signature = (**kwargs))]
+fn gdn_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
+    calculate(kwargs, GdnArgs::FIELDS, DType::BFloat16, GdnArgs::from_kwargs, |p, c| {
+        let g = families::Gdn {
+            num_k_heads: p.num_k_heads,
+            num_v_heads: p.num_v_heads,
+            head_k_dim: p.head_k_dim,
+            head_v_dim: p.head_v_dim,
+            conv_kernel_size: p.conv_kernel_size,
+            recover_ssm: p.recover_ssm,
+        };
+        families::gdn(&g, c)
+    })
 }
 
 /// Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records).
 #[pyfunction]
-#[pyo3(signature = (*, num_heads, head_dim, num_k_heads = None, head_k_dim = None, conv_kernel_size = 4,
-    tp_size = 1, num_spec = 0, conv_layout = "SD", dtype = None, ssm_dtype = None, recover_ssm = false))]
-#[allow(clippy::too_many_arguments)]
-fn kda_layout(
-    py: Python<'_>,
-    num_heads: u64,
-    head_dim: u64,
-    num_k_heads: Option<u64>,
-    head_k_dim: Option<u64>,
-    conv_kernel_size: u64,
-    tp_size: u64,
-    num_spec: u32,
-    conv_layout: &str,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-    recover_ssm: bool,
-) -> PyResult<Layout> {
-    let (dt, sdt) = dtypes(py, dtype, ssm_dtype, "float32");
-    let c = common(py, tp_size, num_spec, conv_layout, &dt, &sdt)?;
-    let p = families::Kda {
-        num_heads,
-        head_dim,
-        num_k_heads: num_k_heads.unwrap_or(num_heads),
-        head_k_dim: head_k_dim.unwrap_or(head_dim),
-        conv_kernel_size,
-        recover_ssm,
-    };
-    wrap(py, families::kda(&p, &c))
-}
-
-/// Defaults: conv / model dtype bfloat16; the SSM dtype defaults to `ssm_default`.
-fn dtypes<'py>(
-    py: Python<'py>,
-    dtype: Option<&Bound<'py, PyAny>>,
-    ssm_dtype: Option<&Bound<'py, PyAny>>,
-    ssm_default: &str,
-) -> (Bound<'py, PyAny>, Bound<'py, PyAny>) {
-    let d = dtype.cloned().unwrap_or_else(|| pyo3::types::PyString::new(py, "bfloat16").into_any());
-    let s = ssm_dtype.cloned().unwrap_or_else(|| pyo3::types::PyString::new(py, ssm_default).into_any());
-    (d, s)
+#[pyo3(signature = (**kwargs))]
+fn kda_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
+    calculate(kwargs, KdaArgs::FIELDS, DType::Float32, KdaArgs::from_kwargs, |p, c| {
+        let k = families::Kda {
+            num_heads: p.num_heads,
+            head_dim: p.head_dim,
+            num_k_heads: p.num_k_heads.unwrap_or(p.num_heads),
+            head_k_dim: p.head_k_dim.unwrap_or(p.head_dim),
+            conv_kernel_size: p.conv_kernel_size,
+            recover_ssm: p.recover_ssm,
+        };
+        families::kda(&k, c)
+    })
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

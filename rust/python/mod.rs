@@ -1,33 +1,26 @@
-//! The Python bindings: a thin layer that converts arguments, calls the core, and raises core
-//! errors as the package's exception classes (created here, in `errors`).
+//! The Python bindings: a thin layer over the core. Arguments are converted once
+//! ([`conversion`]: integers, integer arrays, block tables, tensors, keyword-argument structs),
+//! core errors become the package's exception classes (created here, in [`errors`]) through
+//! `From<Error> for PyErr`, and heavy work runs with the GIL released.
+//!
+//! One class per core concept: `Planner` / `CopyPlan` ([`planner`], [`plan`]), the vLLM step
+//! ([`vllm`]), the kernels' launches ([`launch`]), RecoverSSM commits ([`commit`]), layouts
+//! ([`layout`]) and transfers ([`transfer`]).
 
-use crate::error::Error;
 use pyo3::prelude::*;
 
 mod buffer;
 mod commit;
-mod commit_launch;
-mod describe;
+pub(crate) mod conversion;
 mod errors;
-mod group_plan;
 mod guard;
-mod kernels;
+mod launch;
 mod layout;
 mod plan;
+mod planner;
+mod tensor;
 mod transfer;
-
-pub(crate) use errors::to_py;
-
-/// Extension trait: `core_result.py_err(py)?`.
-pub(crate) trait IntoPyResult<T> {
-    fn py_err(self, py: Python<'_>) -> PyResult<T>;
-}
-
-impl<T> IntoPyResult<T> for crate::error::Result<T> {
-    fn py_err(self, py: Python<'_>) -> PyResult<T> {
-        self.map_err(|e: Error| to_py(py, e))
-    }
-}
+mod vllm;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -35,13 +28,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     buffer::register(m)?;
     layout::register(m)?;
-    plan::register(m)?;
-    commit::register(m)?;
-    describe::register(m)?;
-    kernels::register(m)?;
-    commit_launch::register(m)?;
     guard::register(m)?;
-    group_plan::register(m)?;
+    planner::register(m)?;
+    plan::register(m)?;
+    vllm::register(m)?;
+    launch::register(m)?;
+    commit::register(m)?;
     transfer::register(m)?;
     Ok(())
 }

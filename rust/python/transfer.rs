@@ -2,7 +2,6 @@
 //! plans (returned as packed little-endian u64 rows for numpy).
 
 use super::layout::Layout;
-use super::IntoPyResult;
 use crate::transfer::{self, Fingerprint, PoolGeometry, StateKind};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -20,13 +19,13 @@ pub struct LayoutFingerprint {
 impl LayoutFingerprint {
     #[new]
     #[pyo3(signature = (layout, *, tp_rank = 0, block_size = 0))]
-    fn new(py: Python<'_>, layout: PyRef<'_, Layout>, tp_rank: u64, block_size: u64) -> PyResult<Self> {
-        Ok(Self { inner: Fingerprint::new(layout.core(), tp_rank, block_size).py_err(py)? })
+    fn new(layout: PyRef<'_, Layout>, tp_rank: u64, block_size: u64) -> PyResult<Self> {
+        Ok(Self { inner: Fingerprint::new(layout.core(), tp_rank, block_size)? })
     }
     /// Parses the text form of `encode`.
     #[staticmethod]
-    fn decode(py: Python<'_>, text: &str) -> PyResult<Self> {
-        Ok(Self { inner: Fingerprint::decode(text).py_err(py)? })
+    fn decode(text: &str) -> PyResult<Self> {
+        Ok(Self { inner: Fingerprint::decode(text)? })
     }
     fn encode(&self) -> String {
         self.inner.encode()
@@ -82,16 +81,16 @@ impl LayoutFingerprint {
             .collect()
     }
     /// This fingerprint with another TP rank (the same pool layout on a sibling rank).
-    fn with_rank(&self, py: Python<'_>, tp_rank: u64) -> PyResult<Self> {
+    fn with_rank(&self, tp_rank: u64) -> PyResult<Self> {
         let mut inner = self.inner.clone();
         inner.tp_rank = tp_rank;
-        inner.check().py_err(py)?;
+        inner.check()?;
         Ok(Self { inner })
     }
     /// Raises LayoutError, naming every incompatible state with both values, unless states can
     /// move from this (source) rank to `destination`.
-    fn check_compatible(&self, py: Python<'_>, destination: PyRef<'_, Self>) -> PyResult<()> {
-        transfer::check_compatible(&self.inner, &destination.inner).py_err(py)
+    fn check_compatible(&self, destination: PyRef<'_, Self>) -> PyResult<()> {
+        Ok(transfer::check_compatible(&self.inner, &destination.inner)?)
     }
     fn __repr__(&self) -> String {
         format!(
@@ -198,7 +197,7 @@ fn plan_transfer(
     let (s, d) = (source.inner.clone(), destination.inner.clone());
     let sp: Vec<PoolGeometry> = source_pools.into_iter().map(geometry).collect();
     let dp = geometry(destination_pool);
-    let plan = py.detach(move || transfer::plan_transfer(&s, &sp, &d, &dp, &requests)).py_err(py)?;
+    let plan = py.detach(move || transfer::plan_transfer(&s, &sp, &d, &dp, &requests))?;
     Ok(TransferPlan { inner: plan })
 }
 

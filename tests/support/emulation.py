@@ -179,10 +179,12 @@ def _ranges_arg(ranges: Iterable[Any] | None) -> tuple[Any, int]:
     return arr, len(flat) // 2
 
 
-def device_desc(x: np.ndarray) -> tuple[int, str, list[int], list[int], str]:
-    """The launch layer's description of a host array, as if it lived on ``cuda:0`` (the core only
-    checks and packs descriptions; the emulation runs the kernel on the host addresses)."""
-    return (int(x.ctypes.data), x.dtype.name, list(x.shape), list(x.strides), "cuda:0")
+def device_desc(x: np.ndarray) -> Any:
+    """A host array as if it lived on ``cuda:0`` (a ``__cuda_array_interface__`` over its memory: the
+    core only checks and packs launches; the emulation runs the kernel on the host addresses)."""
+    from .fakes import FakeDeviceArray
+
+    return FakeDeviceArray(int(x.ctypes.data), tuple(x.shape), tuple(x.strides), dtype=x.dtype.name)
 
 
 def run(kl: Any, *, grid: Sequence[int] | None = None, block: Sequence[int] | None = None, order: int = 0,
@@ -234,7 +236,8 @@ def emulate_copy_tiles(
     stats = EmulationStats()
     for w in range(len(wave_starts) - 1):
         first, n = int(wave_starts[w]), int(wave_starts[w + 1]) - int(wave_starts[w])
-        kl = _core.copy_tiles_launch(int(seg.ctypes.data), int(til.ctypes.data), first, n, grid)
+        kl = _core.copy_tiles_launch(segments=int(seg.ctypes.data), tiles=int(til.ctypes.data), first_tile=first,
+                                     num_tiles=n, max_ctas=grid)
         if kl is not None:
             run(kl, block=(threads, 1, 1), order=order, ranges=ranges, stats=stats)
     if check:
@@ -278,9 +281,11 @@ def emulate_state_copy(
         has_temporal = bool(np.any(m["kind"] == CONSTANTS["RS_KIND_TEMPORAL"]))
     if err is None:
         err = np.zeros(3, dtype=np.int32)
-    fused = _core.FusedCopy("cuda:0", int(m.ctypes.data), len(m), max_accepted, num_blocks, bool(has_temporal),
-                            chunks, int(err.ctypes.data))
-    kl = fused.launch(device_desc(bt), device_desc(s), device_desc(x), device_desc(a), None, block_size)
+    fused = _core.FusedCopy(device="cuda:0", metas=int(m.ctypes.data), num_meta=len(m), max_accepted=max_accepted,
+                            num_blocks=num_blocks, has_temporal=bool(has_temporal), chunks=chunks,
+                            err=int(err.ctypes.data))
+    kl = fused.launch(block_table=device_desc(bt), src_col=device_desc(s), second=device_desc(x),
+                      num_accepted=device_desc(a), block_size=block_size)
     stats = EmulationStats()
     if kl is not None:
         grid = None if grid_yz is None else (kl.grid[0], grid_yz[0], grid_yz[1])
@@ -325,9 +330,10 @@ def emulate_recover_commit(
         stats = EmulationStats()
     if n and layers:
         if grid is None:
-            ck = _core.CommitLaunch("cuda:0", int(m.ctypes.data), m.view(np.uint8), num_blocks, max_requests,
-                                    int(err.ctypes.data), threads)
-            kl = ck.launch(device_desc(rw.view(np.uint8)), None, None if counts is None else device_desc(counts))
+            ck = _core.CommitLaunch(m.view(np.uint8), device="cuda:0", metas=int(m.ctypes.data), num_blocks=num_blocks,
+                                    max_requests=max_requests, err=int(err.ctypes.data), threads=threads)
+            kl = ck.launch(rows=device_desc(rw.view(np.uint8)),
+                           num_accepted=None if counts is None else device_desc(counts))
         else:
             rec_ctas, conv_ctas = int(grid[0]), int(grid[1])
             values = [int(m.ctypes.data), layers, int(rw.ctypes.data), n,

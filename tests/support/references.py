@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from recoverssm_rs import recurrence
-from recoverssm_rs.gpu import build_commit_meta
+from recoverssm_rs.cuda import build_commit_meta
 from recoverssm_rs.plan_format import (
     COMMIT_ROW_DTYPE,
     CONSTANTS,
@@ -23,6 +22,7 @@ from recoverssm_rs.plan_format import (
     STATE_META_DTYPE,
     TILE_DTYPE,
 )
+from recoverssm_rs.recoverssm import recurrence
 
 MODE_DISJOINT = CONSTANTS["RS_MODE_DISJOINT"]
 MODE_ROWS_ASCENDING = CONSTANTS["RS_MODE_ROWS_ASCENDING"]
@@ -301,7 +301,7 @@ class CommitTensors:
     conv_kernel_size: int
 
     def meta(self) -> np.ndarray:
-        """The kernel's :data:`~recoverssm_rs.gpu.COMMIT_META_DTYPE` table for these tensors."""
+        """The kernel's :data:`~recoverssm_rs.cuda.COMMIT_META_DTYPE` table for these tensors."""
         return build_commit_meta(self.recurrent, self.corrections, self.keygate, self.conv, self.conv_window,
                                  kind=self.kind, conv_layout=self.conv_layout, conv_kernel_size=self.conv_kernel_size)
 
@@ -330,8 +330,8 @@ def reference_recover_commit(
     err: np.ndarray | None = None,
 ) -> np.ndarray:
     """The commit kernel's semantics, executed in place on ``tensors`` with the torch reference
-    (:func:`recoverssm_rs.recurrence.commit` with boundary states, and
-    :func:`~recoverssm_rs.recurrence.compact_conv_window`) -- the same calls ``StateCache.commit``
+    (:func:`recoverssm_rs.recoverssm.recurrence.commit` with boundary states, and
+    :func:`~recoverssm_rs.recoverssm.recurrence.compact_conv_window`) -- the same calls ``StateCache.commit``
     makes. Returns the error word the kernel reports for ``rows``.
 
     Per row: ``state_block <= 0`` is padding; a row the kernel rejects (request / block out of

@@ -1,6 +1,6 @@
 """The RecoverSSM commit kernel ``rs_recover_commit``: its per-layer table (built and checked by the
-core from the tensors' descriptions), and its launch for a :class:`~recoverssm_rs.StateCache` or
-from raw device buffers. The core builds every launch (``_core.CommitLaunch``).
+core from the tensors themselves), and its launch for a :class:`~recoverssm_rs.StateCache` or from
+raw device buffers. The core builds every launch (``_core.CommitLaunch``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import numpy as np
 
 from .. import _core
 from .._core import ErrorWord
-from ..errors import BindingError
 from ..plan_format import ABI, COMMIT_META_DTYPE, COMMIT_ROW_DTYPE, CONSTANTS, records
-from ..tensors import describe_tensor, require_arg
 from . import module
 
 __all__ = [
@@ -54,21 +52,9 @@ def build_commit_meta(
     Raises:
         BindingError: a shape, dtype, stride, alignment or device that the kernel cannot take.
     """
-
-    def descs(x: Any, name: str) -> list[Any]:
-        out = []
-        for layer, t in enumerate(x):
-            try:
-                out.append(describe_tensor(t))
-            except TypeError as exc:
-                raise BindingError(f"layer {layer}: {name}: {exc} (layers without a conv state: pass "
-                                   "conv=None and conv_window=None)") from None
-        return out
-
-    raw = _core.commit_meta_table(
-        descs(recurrent, "recurrent"), descs(corrections, "corrections"), descs(keygate, "keygate"),
-        None if conv is None else descs(conv, "conv"), None if conv_window is None else descs(conv_window, "conv_window"),
-        str(kind), str(conv_layout), conv_kernel_size)
+    raw = _core.commit_meta_table(recurrent=recurrent, corrections=corrections, keygate=keygate, conv=conv,
+                                  conv_window=conv_window, kind=kind, conv_layout=conv_layout,
+                                  conv_kernel_size=conv_kernel_size)
     return records(raw, dtype=COMMIT_META_DTYPE).copy()
 
 
@@ -107,16 +93,12 @@ def launch_recover_commit(
         num_accepted: optional int32 device vector indexed by ``row.request``: the count becomes
             ``clamp(num_accepted[request], 0, row.count)`` on the device.
         err: optional int32 device vector of 3 elements (zeroed by the caller): see
-            :class:`~recoverssm_rs.gpu.ErrorWord` (its request numbers are row indices).
+            :class:`~recoverssm_rs.cuda.ErrorWord` (its request numbers are row indices).
         stream: a CuPy stream or a ``torch.cuda.Stream``; ``None``: the current torch stream.
     """
-    rows = require_arg(rows_dev, "rows")
-    err_desc = None if err is None else require_arg(err, "err")
-    meta_ptr = int(meta_dev) if isinstance(meta_dev, (int, np.integer)) else require_arg(meta_dev, "metas")[0]
-    ck = _core.CommitLaunch(rows[4], meta_ptr, _table_bytes(meta), num_blocks, max_requests,
-                            0 if err_desc is None else err_desc[0])
-    acc = None if num_accepted is None else require_arg(num_accepted, "num_accepted")
-    kl = ck.launch(rows, num_rows, acc, None)
+    ck = _core.CommitLaunch(_table_bytes(meta), device=rows_dev, metas=module.address(meta_dev), num_blocks=num_blocks,
+                            max_requests=max_requests, err=0 if err is None else module.address(err))
+    kl = ck.launch(rows=rows_dev, num_rows=num_rows, num_accepted=num_accepted)
     if kl is not None:
         index = ck.device_index
         module.launch(kl, index, stream)
@@ -127,7 +109,7 @@ class CommitKernel:
     device, a fixed-address row buffer and error word (graph-safe), and the core's launch builder,
     all made once.
 
-    The methods :meth:`device_name`, :meth:`describe` and :meth:`staging` are the seam a test
+    The methods :meth:`device_name`, :meth:`device_arg` and :meth:`staging` are the seam a test
     without a GPU overrides to run this class over host memory with the kernel emulated."""
 
     def __init__(self, meta: np.ndarray, *, device: Any, num_blocks: int, max_requests: int) -> None:
@@ -138,8 +120,9 @@ class CommitKernel:
         self.rows_dev = torch.zeros(max(1, max_requests) * COMMIT_ROW_DTYPE.itemsize, dtype=torch.uint8,
                                     device=device)
         self.err = torch.zeros(3, dtype=torch.int32, device=device)
-        self.launcher = _core.CommitLaunch(self.device_name(), int(self.meta_dev.data_ptr()), _table_bytes(meta),
-                                           num_blocks, max_requests, int(self.err.data_ptr()))
+        self.launcher = _core.CommitLaunch(_table_bytes(meta), device=self.device_name(),
+                                           metas=int(self.meta_dev.data_ptr()), num_blocks=num_blocks,
+                                           max_requests=max_requests, err=int(self.err.data_ptr()))
         self.num_rows = 0
         self.ready: bool | None = None
 
@@ -147,9 +130,9 @@ class CommitKernel:
         """The device the core checks every argument against."""
         return str(self.meta_dev.device)
 
-    def describe(self, x: Any, what: str) -> Any:
-        """The launch layer's description of a device argument."""
-        return require_arg(x, what)
+    def device_arg(self, x: Any) -> Any:
+        """A device argument as the core is to see it (the tensor itself)."""
+        return x
 
     def staging(self, nbytes: int) -> Any:
         """Pinned host staging for an asynchronous host -> device copy (torch's caching host
@@ -176,8 +159,8 @@ class CommitKernel:
         ``rows`` on ``stream`` (default: the current stream)."""
         import torch
 
-        acc = None if num_accepted is None else self.describe(num_accepted, "num_accepted")
-        kl = self.launcher.launch(self.describe(rows, "rows"), num_rows, acc, None)
+        acc = None if num_accepted is None else self.device_arg(num_accepted)
+        kl = self.launcher.launch(rows=self.device_arg(rows), num_rows=num_rows, num_accepted=acc)
         ctx = torch.cuda.stream(stream) if stream is not None and hasattr(stream, "cuda_stream") else None
         if ctx is not None:
             with ctx:

@@ -16,11 +16,10 @@ import numpy as np
 from .. import _core
 from ..errors import PlanError
 from ..plan_format import CONSTANTS
-from ..tensors import require_arg
 from . import module
 
 if TYPE_CHECKING:
-    from ..copy_plan import CopyPlan
+    from ..planner import CopyPlan
 
 __all__ = ["MAX_STATE_CHUNKS", "state_chunks", "launch_copy_tiles", "launch_state_copy", "execute_plan"]
 
@@ -29,21 +28,14 @@ MAX_STATE_CHUNKS = CONSTANTS["MAX_STATE_CHUNKS"]
 state_chunks = _core.state_chunks
 
 
-def _address(x: Any, what: str) -> int:
-    """A device address given as an int, or the data pointer of a described device array."""
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    return require_arg(x, what)[0]
-
-
 def launch_copy_tiles(segments_dev: Any, tiles_dev: Any, first_tile: int, num_tiles: int, stream: Any = None, *,
                       max_ctas: int | None = None, device_index: int = 0) -> None:
     """Launch ``rs_copy_tiles`` for one wave: tiles ``[first_tile, first_tile + num_tiles)`` of the
     device arrays of ``SEGMENT_DTYPE`` / ``TILE_DTYPE`` records (tensors, CuPy arrays or addresses).
     Launch waves in order on one stream; ``num_tiles == 0`` launches nothing. ``max_ctas`` caps the
     grid (the kernel walks the tiles grid-stride)."""
-    kl = _core.copy_tiles_launch(_address(segments_dev, "segments"), _address(tiles_dev, "tiles"), first_tile,
-                                 num_tiles, max_ctas)
+    kl = _core.copy_tiles_launch(segments=module.address(segments_dev), tiles=module.address(tiles_dev), first_tile=first_tile,
+                                 num_tiles=num_tiles, max_ctas=max_ctas)
     if kl is not None:
         module.launch(kl, device_index, stream)
 
@@ -72,9 +64,9 @@ def launch_state_copy(
         block_table: int32 CUDA tensor / CuPy array ``[>= R, cols]``, column axis contiguous.
         src_col, dst_or_running, num_accepted: int32 device vectors of ``R`` elements;
             ``dst_or_running`` is ``dst_col``, or ``running`` with a ``block_size`` (the align
-            decision on the device, see :meth:`~recoverssm_rs.CopyPlanner.launch_align_decision`).
+            decision on the device, see :meth:`~recoverssm_rs.Planner.launch_align_decision`).
         err: int32 device vector of 3 elements, zeroed by the caller before the step; decode a host
-            copy with :class:`~recoverssm_rs.gpu.ErrorWord`.
+            copy with :class:`~recoverssm_rs.cuda.ErrorWord`.
         max_accepted: ``1 + num_spec``. num_blocks: blocks of the pool (ids in ``[1, num_blocks)``).
         has_temporal: some state in ``meta_dev`` is temporal.
         chunks: CTAs per state copy (grid x).
@@ -86,11 +78,10 @@ def launch_state_copy(
     Raises:
         PlanError: an argument the kernel cannot take (the core's message names it).
     """
-    bt = require_arg(block_table, "block_table")
-    err_desc = require_arg(err, "err")
-    fused = _core.FusedCopy(bt[4], _address(meta_dev, "metas"), num_meta, max_accepted, num_blocks,
-                            bool(has_temporal), chunks, err_desc[0])
-    kl = fused.launch(bt, src_col, dst_or_running, num_accepted, err_desc, block_size, False, num_accepted_out)
+    fused = _core.FusedCopy(device=block_table, metas=module.address(meta_dev), num_meta=num_meta, max_accepted=max_accepted,
+                            num_blocks=num_blocks, has_temporal=bool(has_temporal), chunks=chunks, err=module.address(err))
+    kl = fused.launch(block_table=block_table, src_col=src_col, second=dst_or_running, num_accepted=num_accepted,
+                      err=err, block_size=block_size, num_accepted_out=num_accepted_out)
     if kl is not None:
         module.launch(kl, fused.device_index, stream)
 
@@ -128,6 +119,7 @@ def execute_plan(plan: CopyPlan, stream: Any = None, *, tile_bytes: int = 64 * 1
         handle = module.stream_handle(None, index)  # the current stream (``stream`` when given)
         base = dev.data_ptr()
         for w in range(len(starts) - 1):
-            kl = _core.copy_tiles_launch(base, base + nseg, starts[w], starts[w + 1] - starts[w])
+            kl = _core.copy_tiles_launch(segments=base, tiles=base + nseg, first_tile=starts[w],
+                                         num_tiles=starts[w + 1] - starts[w])
             if kl is not None:
                 module.launch(kl, index, handle)

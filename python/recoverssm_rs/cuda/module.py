@@ -11,6 +11,7 @@ parameters.
 from __future__ import annotations
 
 import logging
+import numbers
 import re
 import threading
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "function_ptr",
     "stream_handle",
     "launch",
+    "address",
 ]
 
 _LOG = logging.getLogger("recoverssm_rs")
@@ -192,3 +194,12 @@ def launch(kl: KernelLaunch, device_index: int, stream: Any = None) -> None:
     gx, gy, gz = kl.grid
     bx, by, bz = kl.block
     _cupy().cuda.driver.launchKernel(fn, gx, gy, gz, bx, by, bz, 0, handle, 0, kl.extra_ptr)
+
+
+def address(x: Any) -> int:
+    """A device address given as an int, or the data pointer of a torch tensor or CuPy array."""
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if hasattr(x, "data_ptr"):
+        return int(x.data_ptr())
+    return int(x.__cuda_array_interface__["data"][0])

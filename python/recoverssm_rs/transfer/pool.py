@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from .._core import Layout, LayoutFingerprint, Planner
-from ..tensors import describe_tensor
 
 __all__ = ["StatePool", "byte_view"]
 
@@ -62,9 +61,8 @@ class StatePool:
         self.fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
         n = layout.copyable_prefix_len
         self.tensors: list[Any] = [t for layer in states for t in list(layer)[:n]]
-        descs = [[describe_tensor(t) for t in list(layer)[:n]] for layer in states]
         # The core's binding checks every tensor against the layout (and raises BindingError).
-        self._binding = Planner(layout, descs, self.tensors)
+        self._binding = Planner([(layout, [list(layer)[:n] for layer in states])])
         self.num_layers = len(states)
         self.num_blocks = int(self._binding.num_blocks)
         self.device = str(self._binding.device)
@@ -84,7 +82,7 @@ class StatePool:
 
     def addresses(self) -> list[int]:
         """Address of block 0 of every (layer, state) tensor, layer-major."""
-        return [int(describe_tensor(t)[0]) for t in self.tensors]
+        return [int(t.data_ptr()) if _is_torch(t) else int(np.asarray(t).ctypes.data) for t in self.tensors]
 
     def spans(self) -> list[int]:
         """Bytes each (layer, state) tensor spans (its byte view's length)."""

@@ -1,0 +1,104 @@
+"""The few torch CUDA calls the device paths make, behind one seam (:data:`cuda_ops`) that tests
+without a GPU replace to run the device paths' host logic (with the kernels emulated on the host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlanError
+
+__all__ = ["CudaOps", "cuda_ops", "cuda_index"]
+
+
+def cuda_index(device: str, what: str) -> int:
+    """The CUDA index of the states' ``device``; :class:`PlanError` naming ``what`` for host states."""
+    if not device.startswith("cuda"):
+        raise PlanError(
+            f"{what} is part of the device path (CUDA states), but this planner is bound to {device} tensors; for host "
+            "states plan the step with planner.plan_align(...) or planner.plan(...) (host inputs) and run it with "
+            "CopyPlan.execute()"
+        )
+    _, _, idx = device.partition(":")
+    return int(idx) if idx else 0
+
+
+class CudaOps:
+    """The few torch CUDA calls the device path makes, in one place.
+
+    torch is imported on first use (the package works without it). Tests without a GPU replace the
+    module's instance (:data:`cuda_ops`) to run the device path's host logic.
+    """
+
+    @staticmethod
+    def torch() -> Any:
+        import torch
+
+        return torch
+
+    def context(self, index: int, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        """Make ``cuda:index`` current and, if given, ``stream`` (a torch stream) current."""
+        torch = self.torch()
+        if stream is None and torch.cuda.current_device() == index:
+            return contextlib.nullcontext()  # the common case, without a device switch
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(index))
+        if stream is not None:
+            stack.enter_context(torch.cuda.stream(stream))
+        return stack
+
+    def torch_stream(self, stream: Any, index: int) -> Any:
+        """``stream`` as a torch CUDA stream: a torch stream passes through, a CuPy stream (anything
+        with ``.ptr``) is wrapped in ``torch.cuda.ExternalStream``; ``None`` stays ``None``."""
+        if stream is None or hasattr(stream, "cuda_stream"):
+            return stream
+        ptr = getattr(stream, "ptr", None)
+        if ptr is None:
+            raise PlanError(
+                f"stream must be a torch.cuda.Stream, a CuPy stream or None, got {type(stream).__name__}"
+            )
+        torch = self.torch()
+        return torch.cuda.ExternalStream(int(ptr), device=torch.device("cuda", index))
+
+    def upload(self, raw: np.ndarray, index: int) -> Any:
+        """A device copy of host bytes; waits for it (once per planner or step object)."""
+        torch = self.torch()
+        dev = torch.from_numpy(np.ascontiguousarray(raw).copy()).to(torch.device("cuda", index))
+        torch.cuda.synchronize(index)
+        return dev
+
+    def stage_i32(self, host: Any, dest: Any) -> None:
+        """Copies a 1-D int32 host buffer into the front of the device vector ``dest``, queued on
+        the current stream without waiting: one copy into pinned memory (which torch's caching
+        host allocator keeps until the asynchronous copy has run), then the host-to-device copy."""
+        torch = self.torch()
+        host = np.frombuffer(host, dtype=np.int32)
+        pinned = torch.empty(len(host), dtype=torch.int32, pin_memory=True)
+        pinned.numpy()[:] = host
+        dest[: len(host)].copy_(pinned, non_blocking=True)
+
+    def stack_rows(self, tables: list[Any], rows: int, index: int) -> Any:
+        """``[len(tables), rows, cols]``: the first ``rows`` rows of each CUDA table, stacked on the
+        device (queued on the current stream)."""
+        torch = self.torch()
+        return torch.stack([t[:rows] for t in tables])
+
+    def empty_i32(self, n: int, index: int) -> Any:
+        """An uninitialised int32 device vector (no synchronisation)."""
+        torch = self.torch()
+        return torch.empty(n, dtype=torch.int32, device=torch.device("cuda", index))
+
+    def zeros_i32(self, n: int, index: int) -> Any:
+        torch = self.torch()
+        out = torch.zeros(n, dtype=torch.int32, device=torch.device("cuda", index))
+        torch.cuda.synchronize(index)
+        return out
+
+    def synchronize(self, index: int) -> None:
+        self.torch().cuda.synchronize(index)
+
+
+cuda_ops = CudaOps()

@@ -1,0 +1,219 @@
+"""``python -m recoverssm_rs bench``: options, the run, the table, ``--json`` and ``--plot``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ... import backend_check
+from ...errors import BackendUnavailableError
+from . import gpu_copy, host_copy, plan_step
+from .progress import Progress
+from .timing import Budget
+
+__all__ = ["FULL", "QUICK", "add_parser", "format_report", "run", "settings"]
+
+BENCHMARKS = ("plan", "host")
+
+FULL: dict[str, Any] = {"requests": [1, 16, 64, 256, 1024], "layers": 48,
+                        "sizes": ["4K", "64K", "256K", "2M"], "batches": [64, 256], "budget": 0.4}
+"""Settings of a full run (about a minute on a 2-core machine)."""
+QUICK: dict[str, Any] = {"requests": [1, 16, 64], "layers": 8, "sizes": ["4K", "64K", "256K"],
+                         "batches": [64], "budget": 0.02}
+"""Settings of ``--quick`` (a few seconds; for a smoke test, not for figures)."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return sorted(set(values))
+
+
+def _size_list(text: str) -> list[str]:
+    sizes = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [s for s in sizes if s not in host_copy.SHAPES]
+    if not sizes or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected sizes from {', '.join(host_copy.SHAPES)} (comma-separated), got {text!r}")
+    return sorted(set(sizes), key=list(host_copy.SHAPES).index)
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the CLI's subparsers; returns the subcommand's parser."""
+    p = subparsers.add_parser(
+        "bench", help="measure the planner and the host executor against their baselines",
+        description="Measure the copy planner (plan step: throughput against requests) and the host "
+                    "executor (host copy: bandwidth against state size) against the baselines engines "
+                    "use today (a per-copy Python loop, vectorised numpy, torch copy_ and index "
+                    "copies), on this machine's CPU; with --gpu also the GPU copy benchmark. Progress "
+                    "goes to stderr, the tables to stdout. Needs torch.")
+    p.add_argument("--quick", action="store_true",
+                   help="a few seconds: fewer requests and layers, small states, short timings "
+                        f"(requests {','.join(map(str, QUICK['requests']))}, {QUICK['layers']} layers, "
+                        f"sizes {','.join(QUICK['sizes'])}, batch {','.join(map(str, QUICK['batches']))})")
+    p.add_argument("--only", choices=BENCHMARKS, action="append",
+                   help="run only this benchmark (repeatable; default: both)")
+    p.add_argument("--requests", type=_int_list, metavar="N,N,...",
+                   help=f"plan step: request counts (default {','.join(map(str, FULL['requests']))})")
+    p.add_argument("--layers", type=_positive(int), metavar="N",
+                   help=f"plan step: GDN layers (default {FULL['layers']})")
+    p.add_argument("--sizes", type=_size_list, metavar="SIZE,...",
+                   help=f"host copy: state sizes, of {', '.join(host_copy.SHAPES)} (default all)")
+    p.add_argument("--batches", type=_int_list, metavar="N,N,...",
+                   help=f"host copy: blocks per call (default {','.join(map(str, FULL['batches']))})")
+    p.add_argument("--budget", type=_positive(float), metavar="SECONDS",
+                   help=f"timing per method and case (default {FULL['budget']})")
+    p.add_argument("--threads", type=_positive(int), metavar="N",
+                   help="torch intra-op threads (default: torch's own choice)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout, "
+                                                  "and the tables go to stderr)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw throughput against requests and bandwidth against state size, with the "
+                        "baselines, into FILE.png (needs matplotlib: the 'plot' extra)")
+    p.add_argument("--gpu", action="store_true",
+                   help="also run the GPU copy benchmark (benches/gpu_copy.py of a source checkout; "
+                        "needs a CUDA device, torch and CuPy)")
+    p.add_argument("--gpu-args", default=None, metavar="ARGS",
+                   help="arguments for the GPU copy benchmark as one string, written --gpu-args='...' "
+                        f"(default: its own; with --quick: {' '.join(gpu_copy.QUICK_ARGS)!r})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=_cmd_bench)
+    return p
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The effective settings: the options given, the rest from ``QUICK`` or ``FULL``."""
+    base = QUICK if args.quick else FULL
+    out = {k: (getattr(args, k) if getattr(args, k) is not None else base[k]) for k in base}
+    out["benchmarks"] = sorted(set(args.only), key=BENCHMARKS.index) if args.only else list(BENCHMARKS)
+    out["quick"] = bool(args.quick)
+    return out
+
+
+def _machine(torch: Any) -> dict[str, Any]:
+    import numpy as np
+
+    from ... import __version__
+
+    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "recoverssm_rs": __version__, "numpy": np.__version__,
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "cuda_device": bool(torch.cuda.is_available()), "load_average": list(os.getloadavg())}
+
+
+def run(cfg: dict[str, Any], progress_enabled: bool = True) -> dict[str, Any]:
+    """Run the CPU benchmarks of ``cfg`` (see :func:`settings`); returns the JSON document."""
+    import torch
+
+    budget = Budget(cfg["budget"])
+    units = 0
+    if "plan" in cfg["benchmarks"]:
+        units += plan_step.count_units(cfg["requests"])
+    if "host" in cfg["benchmarks"]:
+        units += host_copy.count_units(cfg["sizes"], cfg["batches"])
+    progress = Progress(units, enabled=progress_enabled)
+    doc: dict[str, Any] = {
+        "benchmark": "recoverssm_rs bench",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "settings": cfg, "machine": _machine(torch),
+    }
+    t0 = time.perf_counter()
+    try:
+        if "plan" in cfg["benchmarks"]:
+            doc["plan_step"] = plan_step.run(cfg["requests"], cfg["layers"], budget, progress)
+        if "host" in cfg["benchmarks"]:
+            doc["host_copy"] = host_copy.run(cfg["sizes"], cfg["batches"], budget, progress)
+    finally:
+        progress.close()
+    doc["machine"]["load_average_after"] = list(os.getloadavg())
+    doc["wall_s"] = time.perf_counter() - t0
+    return doc
+
+
+def format_report(doc: dict[str, Any]) -> str:
+    """The tables of every benchmark in ``doc``, with a header naming the machine."""
+    m = doc["machine"]
+    parts = [(f"recoverssm_rs {m['recoverssm_rs']} bench, {doc['date']}: {m['cpus']} CPUs, torch {m['torch']} "
+              f"({m['torch_threads']} threads), numpy {m['numpy']}, Python {m['python']}; load average "
+              f"{m['load_average'][0]:.2f} -> {m['load_average_after'][0]:.2f}; {doc['wall_s']:.1f} s")]
+    if "plan_step" in doc:
+        parts.append(plan_step.format_table(doc["plan_step"]))
+    if "host_copy" in doc:
+        parts.append(host_copy.format_table(doc["host_copy"]))
+    if "gpu_copy" in doc:
+        parts.append(gpu_copy.format_table(doc["gpu_copy"]))
+    return "\n\n".join(parts)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    # Every missing piece is reported before a minute of measuring, not after.
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and path != "-" and not Path(path).resolve().parent.is_dir():
+            print(f"python -m recoverssm_rs bench: error: argument {flag}: the folder of {path!r} does not "
+                  "exist", file=sys.stderr)
+            return 2
+    backend_check.require("torch", "`bench`")
+    if args.plot:
+        backend_check.require("matplotlib", "`bench --plot`")
+    cfg = settings(args)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.gpu:
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError("bench --gpu: torch sees no CUDA device")
+        backend_check.require_gpu_stack()
+        gpu_copy.require_script()
+    elif torch.cuda.is_available() and not args.no_progress:
+        print("bench: a CUDA device is present; add --gpu for the GPU copy benchmark", file=sys.stderr)
+
+    doc = run(cfg, progress_enabled=not args.no_progress)
+    if args.gpu:
+        import shlex
+
+        extra = (shlex.split(args.gpu_args) if args.gpu_args is not None
+                 else list(gpu_copy.QUICK_ARGS) if args.quick else [])
+        doc["gpu_copy"] = gpu_copy.run(extra)
+
+    to_stdout = args.json == "-"
+    print(format_report(doc), file=sys.stderr if to_stdout else sys.stdout)
+    if args.json:
+        text = json.dumps(doc, indent=2)
+        if to_stdout:
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+            print(f"bench: results written to {args.json}", file=sys.stderr)
+    if args.plot:
+        from .plot import save_plot
+
+        save_plot(doc, args.plot, title=f"recoverssm_rs {doc['machine']['recoverssm_rs']} on "
+                                        f"{doc['machine']['cpus']} CPUs ({doc['date'][:10]})")
+        print(f"bench: plot written to {args.plot}", file=sys.stderr)
+    return 0

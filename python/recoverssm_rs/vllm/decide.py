@@ -1,0 +1,158 @@
+"""vLLM's align-mode step decisions, computed by the compiled core with its consistency checks:
+:func:`align_pre_copy` (vLLM's ``preprocess_mamba``) and :func:`align_post_process` (its
+``postprocess_mamba_fused_kernel``), vectorised over requests and taken once for every recurrent
+group; each returns int64 arrays, one entry per request. :func:`plan_pre_copy` and
+:func:`plan_post_process` take the same decisions and plan their copies over every group of a
+:class:`~recoverssm_rs.Planner`, in one call into the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+import numpy as np
+
+from .. import _core
+
+if TYPE_CHECKING:
+    from ..planner import CopyPlan, Planner
+
+__all__ = ["PreCopyDecision", "PostProcessDecision", "align_pre_copy", "align_post_process", "plan_pre_copy",
+           "plan_post_process"]
+
+
+class PreCopyDecision(NamedTuple):
+    """vLLM's pre-copy decision per request (int64 arrays, one entry per request)."""
+
+    prev: np.ndarray
+    """Column the running state is read from (``-1``: a fresh state)."""
+    curr: np.ndarray
+    """The new running column ``(computed + scheduled - 1) // block_size``: vLLM's
+    ``mamba_state_idx`` for the request; store it."""
+    src_col: np.ndarray
+    """``prev`` where the state moves, else ``-1``."""
+    bias: np.ndarray
+    """Accepted-token offset of the move (``num_accepted - 1``), 0 where nothing moves."""
+    num_accepted: np.ndarray
+    """``num_accepted`` after the reset (1 where the state moved)."""
+
+
+class PostProcessDecision(NamedTuple):
+    """vLLM's post-process decision per request (int64 arrays)."""
+
+    running: np.ndarray
+    """Tokens the running state covers (``computed + scheduled - drafts``)."""
+    aligned: np.ndarray
+    """Tokens after acceptance, rounded down to a block boundary."""
+    dest: np.ndarray
+    """Column that must hold the state after ``aligned`` tokens."""
+    bias: np.ndarray
+    """Offset of that state from the running state (``aligned - running``)."""
+    src_col: np.ndarray
+    """The running column where a save copies anything, else ``-1``."""
+    num_accepted: np.ndarray
+    """``num_accepted`` for the next step (1 where the state was shifted in place)."""
+
+
+D = TypeVar("D", PreCopyDecision, PostProcessDecision)
+
+
+def decision(raw: Any, cls: type[D]) -> D:
+    """The decision ``cls`` from the core's int64 rows (zero-copy views)."""
+    rows = np.frombuffer(raw, dtype=np.int64).reshape(len(cls._fields), -1)
+    return cls(*rows)
+
+
+def align_pre_copy(
+    block_tables: Sequence[Any],
+    num_computed: Any,
+    num_scheduled: Any,
+    num_accepted: Any,
+    mamba_state_idx: Any,
+    *,
+    block_size: int,
+    num_spec_blocks: int,
+    fresh: Any = None,
+    req_ids: Sequence[Any] | None = None,
+) -> PreCopyDecision:
+    """vLLM's align-mode pre-copy decision, without copies.
+
+    Per request: ``prev`` = ``mamba_state_idx`` (the stored running column), or
+    ``(num_computed - 1) // block_size`` where it is ``-1`` (new, resumed or preempted);
+    ``curr = ceil((num_computed + num_scheduled) / block_size) - 1``; the state moves ``prev ->
+    curr`` with offset ``num_accepted - 1`` iff ``prev != -1 and prev != curr``, and then
+    ``num_accepted`` resets to 1.
+
+    Args:
+        block_tables: one ``[>= R, cols]`` block table per group (null block 0).
+        num_computed, num_scheduled (drafts included), num_accepted, mamba_state_idx: ``[R]``
+            integer host arrays.
+        fresh: optional ``[R]`` mask of rows new or resumed this step.
+        req_ids: optional names for error messages.
+
+    Raises:
+        PlanError: naming the request: an input that is not an integer array, inconsistent lengths
+            or counts, a fresh row holding a running column (stale), a prefix-cache hit whose
+            recurrent column holds no state, a window or source column outside a group's row or on
+            the null block.
+    """
+    raw = _core.align_pre_copy(tables=list(block_tables), num_computed=num_computed, num_scheduled=num_scheduled,
+                               num_accepted=num_accepted, mamba_state_idx=mamba_state_idx, fresh=fresh,
+                               req_ids=req_ids, block_size=block_size, num_spec_blocks=num_spec_blocks)
+    return decision(raw, PreCopyDecision)
+
+
+def align_post_process(
+    block_tables: Sequence[Any],
+    state_col: Any,
+    num_computed: Any,
+    num_scheduled: Any,
+    num_draft: Any,
+    num_accepted: Any,
+    *,
+    block_size: int,
+    num_spec_blocks: int,
+    req_ids: Sequence[Any] | None = None,
+) -> PostProcessDecision:
+    """vLLM's align-mode post-process decision, without copies.
+
+    Per request: ``running = computed + scheduled - drafts``, ``new = running + accepted - 1``,
+    ``aligned = new // block_size * block_size``; if ``aligned >= running`` the state after
+    ``aligned`` tokens (offset ``aligned - running``) is saved at ``dest = aligned // block_size -
+    1``; when ``dest == state_col`` that is an in-place shift and ``num_accepted`` resets to 1.
+
+    Raises:
+        PlanError: naming the request: ``state_col`` not this step's running column, drafts or
+            accepted counts out of range, a saved state's columns outside a row or null.
+    """
+    raw = _core.align_post_process(tables=list(block_tables), state_col=state_col, num_computed=num_computed,
+                                   num_scheduled=num_scheduled, num_draft=num_draft, num_accepted=num_accepted,
+                                   req_ids=req_ids, block_size=block_size, num_spec_blocks=num_spec_blocks)
+    return decision(raw, PostProcessDecision)
+
+
+def plan_pre_copy(planner: Planner, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any,
+                  num_accepted: Any, mamba_state_idx: Any, *, fresh: Any = None,
+                  req_ids: Sequence[Any] | None = None) -> tuple[PreCopyDecision, CopyPlan]:
+    """:func:`align_pre_copy` with ``planner``'s ``block_size`` and ``num_spec``, and its copies
+    over every group of ``planner`` (pre-copy semantics), in one call; run them with
+    :meth:`CopyPlan.execute <recoverssm_rs.CopyPlan.execute>`."""
+    from ..planner import CopyPlan
+
+    raw, plan = _core.vllm_pre_copy(planner.core, tables=list(block_tables), num_computed=num_computed,
+                                    num_scheduled=num_scheduled, num_accepted=num_accepted,
+                                    mamba_state_idx=mamba_state_idx, fresh=fresh, req_ids=req_ids)
+    return decision(raw, PreCopyDecision), CopyPlan(plan, planner)
+
+
+def plan_post_process(planner: Planner, block_tables: Sequence[Any], state_col: Any, num_computed: Any,
+                      num_scheduled: Any, num_draft: Any, num_accepted: Any, *,
+                      req_ids: Sequence[Any] | None = None) -> tuple[PostProcessDecision, CopyPlan]:
+    """:func:`align_post_process` and its copies (post-process semantics), as :func:`plan_pre_copy`."""
+    from ..planner import CopyPlan
+
+    raw, plan = _core.vllm_post_process(planner.core, tables=list(block_tables), state_col=state_col,
+                                        num_computed=num_computed, num_scheduled=num_scheduled, num_draft=num_draft,
+                                        num_accepted=num_accepted, req_ids=req_ids)
+    return decision(raw, PostProcessDecision), CopyPlan(plan, planner)

@@ -1,0 +1,191 @@
+"""The device path of :class:`recoverssm_rs.vllm.VllmMambaStep`: each half of the step is one call
+into the core and one fused launch over every mamba group, and the accepted counts never visit the
+host.
+
+Per half, the core decides what needs no accepted count -- the pre-copy's columns (``prev``,
+``curr``) and the post-process's ``running`` -- with every check of the host path that does not
+read a count, stages the step as one int32 buffer (the groups' block tables, then the per-request
+vectors) and packs the launch that reads it from this object's device staging buffer. The staged
+bytes go to the device in one asynchronous copy on the caller's stream, then the kernel reads the
+accepted counts in device memory, decides and copies every state of every layer of every group,
+validates each request (the step's error word) and writes the counts for what follows into a buffer
+of this object (vLLM's resets: 1 where the running state moved). Nothing here synchronises with the
+device.
+
+The block tables are staged from the host tables the step was checked against, or, for wide
+tables, taken from the engine's own device tables (``device_tables``), stacked on the device.
+
+Every torch CUDA call goes through :data:`recoverssm_rs.cuda.ops.cuda_ops` (the seam the tests
+replace to run this path on the host, through the emulation of the real kernel).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _core
+from .._core import ErrorWord
+from ..cuda import module, ops
+from ..cuda.ops import cuda_index
+from ..errors import PlanError
+
+if TYPE_CHECKING:
+    from ..planner import Planner
+
+__all__ = ["DeviceStep"]
+
+log = logging.getLogger("recoverssm_rs")
+
+
+def _int32_counts(x: Any) -> Any:
+    """Device counts as int32, narrowed on the device (the core checks every other dtype)."""
+    dtype = str(getattr(x, "dtype", ""))
+    if "cuda" in str(getattr(x, "device", "")) and dtype in ("torch.int64", "int64"):
+        return x.to(ops.cuda_ops.torch().int32)
+    return x
+
+
+class DeviceStep:
+    """The two fused launches of a step for a planner bound to CUDA states.
+
+    Args:
+        planner: the planner of every mamba group (CUDA states, with vLLM's ``block_size``).
+        max_num_reqs: the most requests of a step (the size of the output buffers).
+
+    The counts a launch writes are views into buffers of this object (one for the pre-copy, one
+    for the post-process): use them before the same half of the next step overwrites them. Both
+    halves report into this object's error word (:meth:`last_error`), zeroed by each pre-copy, so
+    it covers the whole step.
+    """
+
+    def __init__(self, planner: Planner, max_num_reqs: int) -> None:
+        self.planner = planner
+        self.index = cuda_index(planner.device, "the device step")
+        self.max_num_reqs = int(max_num_reqs)
+        self._out: Any = None  # int32 [2 * max_num_reqs]: the pre-copy's counts, then the post-process's
+        self._err: Any = None  # int32 [3]: the step's error word
+        self._staging: Any = None  # int32 device buffer the staged step is copied into
+        self._err_rows = 0
+
+    def _buffers(self) -> tuple[Any, Any]:
+        if self._out is None:
+            self.planner._device("the device step")  # the state table and the planner's word; compiled at launch
+            cuda = ops.cuda_ops
+            self._out = cuda.zeros_i32(2 * self.max_num_reqs, self.index)
+            self._err = cuda.zeros_i32(3, self.index)
+        return self._out, self._err
+
+    def _stage(self, tables: Sequence[Any], rows: int, device_tables: Sequence[Any] | None) -> tuple[Any, Any]:
+        """The staging buffer, grown to hold ``rows`` requests' step (allocated only when it
+        grows), and the engine's device tables stacked on the device when given."""
+        if rows > self.max_num_reqs:
+            raise PlanError(f"{rows} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
+        table = None
+        need = 3 * rows
+        if device_tables is None:
+            need += len(tables) * rows * max((np.shape(t)[1] for t in tables), default=0)
+        else:
+            _core.check_device_tables(device=self.planner.device, tables=list(device_tables),
+                                      groups=self.planner.num_groups, rows=rows)
+            table = ops.cuda_ops.stack_rows(list(device_tables), rows, self.index)
+        if self._staging is None or self._staging.shape[0] < need:
+            self._staging = ops.cuda_ops.empty_i32(max(need, 4 * self.max_num_reqs), self.index)
+        return self._staging, table
+
+    def _launch(self, half: Any, rows: int, stream: Any, **step: Any) -> tuple[Any, Any]:
+        """One half: the core decides, stages and packs (one call); then, on ``stream``, the staged
+        step is copied to the device and the kernel launched. Returns the core's vector and the
+        half's counts."""
+        out, err = self._buffers()
+        counts = out[:rows] if half is _core.vllm_device_pre_copy else out[self.max_num_reqs: self.max_num_reqs + rows]
+        staging, table = self._stage(step["tables"], rows, step.pop("device_tables"))
+        cuda = ops.cuda_ops
+        ts = cuda.torch_stream(stream, self.index)
+        vector, staged, kl = half(self.planner.core, staging=staging, device_table=table, err=err,
+                                  num_accepted_out=counts, **step)
+        with cuda.context(self.index, ts):
+            if half is _core.vllm_device_pre_copy:
+                err.zero_()  # the step's word: the post-process ORs into it too
+                self._err_rows = 0
+            if kl is not None:
+                cuda.stage_i32(staged, staging)
+                module.launch(kl, self.index, ts)
+                self._err_rows = max(self._err_rows, rows)
+        self.planner.core.mark_written()
+        return np.frombuffer(vector, dtype=np.int64), counts
+
+    def pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any, mamba_state_idx: Any,
+                 num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[Any] | None = None,
+                 stream: Any = None, device_tables: Sequence[Any] | None = None) -> tuple[np.ndarray, Any]:
+        """vLLM's pre-copy for every group in one launch.
+
+        Args:
+            block_tables: one host ``[>= R, cols]`` table per group (the host checks run on them).
+            num_computed, num_scheduled, mamba_state_idx: host ``[R]`` vectors (as
+                :func:`~recoverssm_rs.vllm.decide.align_pre_copy`).
+            num_accepted: ``[R]`` counts of the previous step: a CUDA tensor (read only by the
+                kernel, which checks them) or a host array (staged with the step, after every host
+                check of :func:`~recoverssm_rs.vllm.decide.align_pre_copy`).
+            fresh, req_ids: as :func:`~recoverssm_rs.vllm.decide.align_pre_copy`.
+            stream: a torch or CuPy stream; ``None``: the current torch stream.
+            device_tables: the same tables already on the device (one CUDA ``[>= R, cols]`` per
+                group, e.g. vLLM's ``block_table[g].get_device_tensor(R)``): stacked on the device
+                instead of staging the host tables (for wide tables). They must hold what the host
+                tables hold; the kernel still checks every block id and column it reads.
+
+        Returns:
+            ``(curr, counts)``: the new running columns (host int64; vLLM's ``mamba_state_idx``,
+            store them per request) and the ``[R]`` int32 CUDA counts after the reset, for the
+            forward pass.
+
+        Raises:
+            PlanError: naming the request, before anything is queued.
+        """
+        return self._launch(_core.vllm_device_pre_copy, len(num_computed), stream, tables=list(block_tables),
+                            num_computed=num_computed, num_scheduled=num_scheduled, mamba_state_idx=mamba_state_idx,
+                            num_accepted=_int32_counts(num_accepted), fresh=fresh, req_ids=req_ids,
+                            device_tables=device_tables)
+
+    def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
+                     num_draft: Any, num_accepted: Any, *, req_ids: Sequence[Any] | None = None,
+                     stream: Any = None, device_tables: Sequence[Any] | None = None) -> Any:
+        """vLLM's post-process for every group in one launch, decided on the device.
+
+        Args:
+            block_tables: the step's host tables.
+            state_col: the ``curr`` :meth:`pre_copy` returned; num_computed, num_scheduled,
+                num_draft: host ``[R]`` vectors of the same step.
+            num_accepted: ``[R]`` tokens accepted this step (bonus included): a CUDA tensor (the
+                sampler's; the kernel checks ``1 <= a <= 1 + num_spec_blocks``) or a host array
+                (every check of :func:`~recoverssm_rs.vllm.decide.align_post_process` runs).
+            req_ids, stream, device_tables: as :meth:`pre_copy`.
+
+        Returns:
+            The ``[R]`` int32 CUDA counts for the next step (1 where the running state was shifted
+            in place).
+
+        Raises:
+            PlanError: naming the request, before anything is queued.
+        """
+        _, counts = self._launch(_core.vllm_device_post_process, len(state_col), stream, tables=list(block_tables),
+                                 state_col=state_col, num_computed=num_computed, num_scheduled=num_scheduled,
+                                 num_draft=num_draft, num_accepted=_int32_counts(num_accepted), req_ids=req_ids,
+                                 device_tables=device_tables)
+        return counts
+
+    def last_error(self) -> ErrorWord:
+        """The error word of the current step (both halves since the last :meth:`pre_copy`):
+        which error kinds the kernel saw and the first / last rejected request. A step with an
+        error must not be continued: a rejected request was skipped (nothing of it written) while
+        its counts followed the decision. **Synchronises** the device (for checks, not the loop)."""
+        if self._err is None:
+            return ErrorWord([0, 0, 0], 0)
+        ops.cuda_ops.synchronize(self.index)
+        return ErrorWord([int(x) for x in self._err.cpu().tolist()], self._err_rows)
+
+    def __repr__(self) -> str:
+        return f"DeviceStep(cuda:{self.index}, groups={self.planner.num_groups}, max_num_reqs={self.max_num_reqs})"

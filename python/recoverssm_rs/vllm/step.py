@@ -1,0 +1,362 @@
+"""The adapter for vLLM's model runner: its whole align-mode recurrent-state step in two calls.
+
+vLLM (``mamba_cache_mode == "align"``) moves each request's recurrent state between block columns
+before the forward pass (``preprocess_mamba``) and, with speculative decoding, saves the state at a
+crossed block boundary after sampling (``postprocess_mamba_align_gpu``). :class:`VllmMambaStep`
+does both for every mamba group at once: the decisions are taken by the compiled core (vectorised,
+with consistency checks vLLM lacks) and the copies of every layer of every group form one plan.
+
+It is built from what the model runner holds at start-up (:meth:`VllmMambaStep.from_runner`):
+the KV-cache config (its mamba groups' specs: shapes, dtypes, ``block_size``,
+``num_speculative_blocks``, ``mamba_cache_mode``), the forward context (each layer's ``kv_cache``
+tensors; only the leading states the copy functions cover are bound) and the copy functions. It
+keeps the per-request running columns (vLLM's ``mamba_state_idx``) in an array (one slot per live request) instead of a dict.
+vLLM itself is never imported: every object is read by attribute (duck typing).
+
+Two paths, chosen by where the states live:
+
+* **host** (CPU states): the core decides and checks, and the Rust host executor runs one plan over
+  every group (``CopyPlan.execute``); the counts are host arrays, as vLLM's
+  ``input_batch.num_accepted_tokens_cpu``.
+* **device** (CUDA states; :class:`~recoverssm_rs.vllm.device_step.DeviceStep`): each half of the step
+  is one call into the core and one fused launch over every group. The host decides what needs no
+  accepted count (columns, ``running``) with the same checks, the step goes to the device in one
+  asynchronous copy, and the kernel reads the counts in device memory, decides, copies and writes
+  the counts for what follows (vLLM's resets). ``postprocess`` takes the sampler's device counts and
+  returns device counts: no value visits the host and nothing synchronises.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
+from typing import Any, Literal, cast
+
+import numpy as np
+
+from .._core import Layout, StateSpec
+from ..contract import validate_copy_funcs
+from ..errors import BindingError, LayoutError, PlanError
+from ..planner import CopyPlan, Planner
+from .decide import PostProcessDecision, PreCopyDecision, plan_post_process, plan_pre_copy
+from .device_step import DeviceStep
+
+__all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
+
+log = logging.getLogger("recoverssm_rs")
+
+_COMPUTED = operator.attrgetter("num_computed_tokens")
+
+
+def _name(x: Any) -> str:
+    """An enum member's name, or the string itself."""
+    if isinstance(x, str):
+        return x
+    n = getattr(x, "name", None)
+    return n if isinstance(n, str) else str(x)
+
+
+def copy_kind(func: Any) -> Literal["conv", "temporal"]:
+    """``"conv"`` or ``"temporal"`` for a copy function (vLLM's ``get_conv_copy_spec`` /
+    ``get_temporal_copy_spec``, or the strings themselves), recognised by name."""
+    name = func if isinstance(func, str) else getattr(func, "__name__", repr(func))
+    if "conv" in name:
+        return "conv"
+    if "temporal" in name:
+        return "temporal"
+    raise LayoutError(f"copy function {name!r} is neither a conv nor a temporal copy")
+
+
+def _layer_spec(group: Any, layer: str) -> Any:
+    spec = group.kv_cache_spec
+    per_layer = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
+    return per_layer[layer] if per_layer is not None else spec
+
+
+def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
+    """vLLM's mamba groups as ``(group id, spec, layer names)``, sorted by group id; a group whose
+    layers use several specs gives one entry per spec. A spec is recognised by its ``mamba_type``
+    and ``shapes``; attention groups are skipped."""
+    out: list[tuple[int, Any, list[str]]] = []
+    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+        for layer in group.layer_names:
+            spec = _layer_spec(group, layer)
+            if hasattr(spec, "mamba_type") and hasattr(spec, "shapes"):
+                # Specs are compared by value (vLLM's are frozen dataclasses); plain objects by identity.
+                entry = next((e for e in out if e[0] == gid and (e[1] is spec or e[1] == spec)), None)
+                if entry is None:
+                    out.append((gid, spec, [layer]))
+                else:
+                    entry[2].append(layer)
+    if not out:
+        raise LayoutError("the KV-cache config has no mamba group (no spec with mamba_type and shapes)")
+    return out
+
+
+def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
+    if conv_layout not in ("SD", "DS"):
+        raise LayoutError(f"conv_layout must be 'SD' or 'DS' (VLLM_SSM_CONV_STATE_LAYOUT), got {conv_layout!r}")
+    layout = cast(Literal["SD", "DS"], conv_layout)
+    states = []
+    for i, f in enumerate(funcs):
+        kind = copy_kind(f)
+        states.append(StateSpec(
+            f"{kind}{i}", [int(d) for d in spec.shapes[i]], spec.dtypes[i], copy=kind,
+            conv_layout=layout if kind == "conv" else None))
+    return Layout(_name(spec.mamba_type), states, num_spec=int(spec.num_speculative_blocks))
+
+
+def _block_table(input_batch: Any, gid: int, n: int) -> Any:
+    bt = input_batch.block_table[gid]
+    if hasattr(bt, "get_numpy_array"):
+        arr = bt.get_numpy_array()
+    else:
+        arr = getattr(bt, "block_table", bt)
+        arr = getattr(arr, "np", arr)
+    return arr[:n]
+
+
+class VllmMambaStep:
+    """vLLM's align-mode recurrent-state step for every mamba group, in two calls per step.
+
+    Args:
+        groups: per planner group ``(vLLM group id, layout, states)``; ``states[layer]`` lists that
+            layer's ``kv_cache`` tensors (the leading ``len(layout.persistent)`` are bound).
+        block_size, num_spec_blocks: the groups' shared scheduling parameters.
+        max_num_reqs: capacity of the mamba_state_idx array.
+        device_tables: CUDA states only: the kernel reads the input batch's device block tables
+            (``block_table[g].get_device_tensor(R)``, stacked on the device) instead of a staged
+            copy of the host tables the step is checked against -- for wide tables. They must be
+            committed (equal to the host tables) before :meth:`preprocess`.
+
+    Most engines build it with :meth:`from_runner`.
+    """
+
+    def __init__(self, groups: Sequence[tuple[int, Layout, Sequence[Sequence[Any]]]], *, block_size: int,
+                 num_spec_blocks: int, max_num_reqs: int, device_tables: bool = False) -> None:
+        self._group_ids = [int(g) for g, _, _ in groups]
+        self.planner = Planner.from_groups([(layout, states) for _, layout, states in groups], block_size=block_size)
+        if self.planner.num_spec != num_spec_blocks:
+            raise LayoutError(f"the groups' layouts have num_spec = {self.planner.num_spec}, but num_spec_blocks is "
+                              f"{num_spec_blocks}; every group shares the step's speculative blocks")
+        self.device_step = DeviceStep(self.planner, max_num_reqs) if self.planner.device.startswith("cuda") else None
+        """The device path's launches (CUDA states), else ``None``."""
+        self._device_tables = bool(device_tables) and self.device_step is not None
+        self.mamba_state_idx = np.full(int(max_num_reqs), -1, dtype=np.int64)
+        """vLLM's ``mamba_state_idx``: the running-state column per slot (``-1``: none)."""
+        self._slot: dict[str, int] = {}
+        self._free = list(range(int(max_num_reqs) - 1, -1, -1))
+        self._step: tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], Any] | None = None
+
+    @classmethod
+    def from_runner(cls, kv_cache_config: Any, forward_context: Mapping[str, Any],
+                    copy_funcs: Mapping[Any, Sequence[Any]], *, max_num_reqs: int,
+                    conv_layout: str | None = None, device_tables: bool = False) -> VllmMambaStep:
+        """Build the step from vLLM's model-runner objects (read by attribute, never imported).
+
+        Args:
+            kv_cache_config: its ``kv_cache_groups`` (each with ``kv_cache_spec`` and
+                ``layer_names``).
+            forward_context: layer name -> an object with ``kv_cache`` (the layer's state tensors).
+            copy_funcs: per mamba type, its copy functions in state order (vLLM's
+                ``MambaStateCopyFuncsByType``).
+            max_num_reqs: the runner's request capacity.
+            conv_layout: ``"SD"`` / ``"DS"``; default ``$VLLM_SSM_CONV_STATE_LAYOUT`` or ``"SD"``.
+            device_tables: as the constructor's.
+
+        Raises:
+            LayoutError: the copy-function contract check fails (``validate_copy_funcs``), groups
+                disagree on scheduling parameters, or the mode is not ``"align"``.
+            BindingError: a layer's tensors do not match its spec (group, layer and state named).
+        """
+        layout_name = (conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
+        found = mamba_groups(kv_cache_config)
+        specs = [spec for _, spec, _ in found]
+        validate_copy_funcs(specs, copy_funcs)
+        for spec in specs:
+            if _name(spec.mamba_cache_mode) != "align":
+                raise LayoutError(f"{_name(spec.mamba_type)}: mamba_cache_mode is {_name(spec.mamba_cache_mode)!r}; "
+                                  "the step copies states only in 'align' mode")
+        by_type = {_name(k): v for k, v in copy_funcs.items()}
+        groups = []
+        for gid, spec, layers in found:
+            funcs = by_type[_name(spec.mamba_type)]
+            states = []
+            for layer in layers:
+                kv = list(forward_context[layer].kv_cache)
+                if len(kv) < len(funcs):
+                    raise BindingError(f"group {gid}, layer {layer!r}: {len(kv)} kv_cache tensors, but "
+                                       f"{len(funcs)} copy functions")
+                states.append(kv[: len(funcs)])
+            groups.append((gid, _layout(spec, funcs, layout_name), states))
+        first = specs[0]
+        return cls(groups, block_size=int(first.block_size), num_spec_blocks=int(first.num_speculative_blocks),
+                   max_num_reqs=max_num_reqs, device_tables=device_tables)
+
+    # --------------------------------------------------------------------------------------------
+    # Slots (the mamba_state_idx array's rows)
+    # --------------------------------------------------------------------------------------------
+
+    def release(self, req_ids: Iterable[str]) -> None:
+        """Forget finished / preempted / resumed requests: their running columns become ``-1``."""
+        for r in req_ids:
+            s = self._slot.pop(r, None)
+            if s is not None:
+                self.mamba_state_idx[s] = -1
+                self._free.append(s)
+
+    def _slots(self, req_ids: Sequence[str], added: list[str]) -> np.ndarray:
+        """Each request's slot; new requests get a free one (their ids are appended to ``added``).
+        The lookups run in C (``map``); only new requests take a Python step."""
+        slot = self._slot
+        found = list(map(slot.get, req_ids))
+        if None in found:
+            for i, r in enumerate(req_ids):
+                if found[i] is None:
+                    if r in slot:  # a new id seen earlier in this batch
+                        found[i] = slot[r]
+                        continue
+                    if not self._free:
+                        raise PlanError(f"request {r!r}: more live requests than max_num_reqs = {len(self.mamba_state_idx)}")
+                    found[i] = slot[r] = self._free.pop()
+                    added.append(r)
+        return np.fromiter(found, np.int64, len(req_ids))
+
+    # --------------------------------------------------------------------------------------------
+    # The step
+    # --------------------------------------------------------------------------------------------
+
+    def tables(self, input_batch: Any, n: int) -> list[Any]:
+        """The batch's block table of each planner group (first ``n`` rows)."""
+        return [_block_table(input_batch, gid, n) for gid in self._group_ids]
+
+    def device_tables(self, input_batch: Any, n: int) -> list[Any]:
+        """The batch's device block table of each planner group (vLLM's ``get_device_tensor(n)``)."""
+        return [input_batch.block_table[gid].get_device_tensor(n) for gid in self._group_ids]
+
+    def last_error(self) -> Any:
+        """Device path: the current step's error word (see
+        :meth:`DeviceStep.last_error <recoverssm_rs.vllm.device_step.DeviceStep.last_error>`;
+        synchronises). The host path raises instead of reporting."""
+        if self.device_step is None:
+            raise PlanError("last_error is the device path's report; the host path raises PlanError on a bad step")
+        return self.device_step.last_error()
+
+    def pre_copy(self, block_tables: Sequence[Any], slots: Any, num_computed: Any, num_scheduled: Any,
+                 num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[str] | None = None) -> PreCopyDecision:
+        """The array form of :meth:`preprocess`: decide, copy every group's states, store the new
+        running columns at ``slots``; returns the decision (its ``num_accepted`` is the reset
+        count for the step). Host path only (the device path's array form is
+        :meth:`DeviceStep.pre_copy <recoverssm_rs.vllm.device_step.DeviceStep.pre_copy>`)."""
+        self._host_only("pre_copy")
+        slots = np.asarray(slots, dtype=np.int64)
+        d, plan = plan_pre_copy(self.planner, block_tables, num_computed, num_scheduled, num_accepted,
+                                self.mamba_state_idx[slots], fresh=fresh, req_ids=req_ids)
+        self._execute(plan)
+        self.mamba_state_idx[slots] = d.curr
+        return d
+
+    def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
+                     num_draft: Any, num_accepted: Any, *, req_ids: Sequence[str] | None = None) -> PostProcessDecision:
+        """The array form of :meth:`postprocess`: decide and copy; returns the decision (its
+        ``num_accepted`` is the count for the next step). Host path only."""
+        self._host_only("post_process")
+        d, plan = plan_post_process(self.planner, block_tables, state_col, num_computed, num_scheduled, num_draft,
+                                    num_accepted, req_ids=req_ids)
+        self._execute(plan)
+        return d
+
+    @staticmethod
+    def _execute(plan: CopyPlan) -> None:
+        """Runs a host step's plan (the host executor, GIL released; the guard checked first)."""
+        plan.execute()
+
+    def _host_only(self, what: str) -> None:
+        if self.device_step is not None:
+            raise PlanError(f"{what} runs the host path, but the states are on {self.planner.device}: use "
+                            "preprocess / postprocess, or device_step.pre_copy / post_process")
+
+    def preprocess(self, scheduler_output: Any, input_batch: Any, requests: Mapping[str, Any], *,
+                   num_accepted: Any = None, stream: Any = None) -> Any:
+        """vLLM's ``preprocess_mamba`` (and ``stage_postprocess_inputs_to_gpu``'s bookkeeping): same
+        inputs, same effect on the states.
+
+        Args:
+            scheduler_output, input_batch, requests: vLLM's (read by attribute).
+            num_accepted: the previous step's ``[num_reqs]`` counts per batch row; default
+                ``input_batch.num_accepted_tokens_cpu``. On the device path a CUDA tensor (e.g. the
+                last :meth:`postprocess` result, reordered as the batch) stays on the device.
+            stream: the device path's stream (``None``: the current torch stream).
+
+        Returns:
+            The counts after the reset, per batch row: host path, an int64 array, also written into
+            ``input_batch.num_accepted_tokens_cpu`` (as vLLM does); device path, an ``[num_reqs]``
+            int32 CUDA tensor for the forward pass (the host copy is not touched).
+
+        Raises:
+            PlanError: naming the request (see :func:`recoverssm_rs.vllm.decide.align_pre_copy`).
+        """
+        self._step = None  # a rejected step leaves nothing for postprocess
+        cached = scheduler_output.scheduled_cached_reqs
+        self.release(scheduler_output.finished_req_ids)
+        self.release(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        self.release(getattr(cached, "resumed_req_ids", None) or ())
+        req_ids = list(input_batch.req_ids)
+        n = len(req_ids)
+        added: list[str] = []
+        host_acc = input_batch.num_accepted_tokens_cpu
+        acc = host_acc[:n] if num_accepted is None else num_accepted
+        try:
+            slots = self._slots(req_ids, added)
+            sched = scheduler_output.num_scheduled_tokens
+            spec = scheduler_output.scheduled_spec_decode_tokens
+            # Per-request values gathered in C (map), not a Python loop over requests.
+            c = np.fromiter(map(_COMPUTED, map(requests.__getitem__, req_ids)), np.int64, n)
+            ns = np.fromiter(map(sched.__getitem__, req_ids), np.int64, n)
+            nd = np.fromiter(map(len, map(spec.get, req_ids, repeat((), n))), np.int64, n)
+            tables = self.tables(input_batch, n)
+            dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
+            if self.device_step is not None:
+                curr, out = self.device_step.pre_copy(tables, c, ns, self.mamba_state_idx[slots], acc, req_ids=req_ids,
+                                                      stream=stream, device_tables=dev_tables)
+                self.mamba_state_idx[slots] = curr
+            else:
+                d = self.pre_copy(tables, slots, c, ns, acc, req_ids=req_ids)
+                curr, out = d.curr, d.num_accepted
+        except Exception:
+            self.release(added)  # a rejected step leaves no new slot behind
+            raise
+        if self.device_step is None:
+            host_acc[:n] = out
+        self._step = (tables, curr, c, ns, nd, req_ids, dev_tables)
+        return out
+
+    def postprocess(self, num_accepted: Any, *, stream: Any = None) -> Any:
+        """vLLM's ``postprocess_mamba_align_gpu`` for the step :meth:`preprocess` prepared.
+
+        Args:
+            num_accepted: ``[num_reqs]`` tokens accepted this step, bonus included (vLLM:
+                ``(sampled_token_ids != -1).sum(1)``); on the device path the sampler's CUDA
+                tensor (or a host array, staged).
+            stream: as :meth:`preprocess`.
+
+        Returns:
+            ``num_accepted`` for the next step: host path, an int64 array (store it in
+            ``input_batch.num_accepted_tokens_cpu``); device path, an ``[num_reqs]`` int32 CUDA
+            tensor (never read by the host here).
+        """
+        if self._step is None:
+            raise PlanError("postprocess needs the step's preprocess first")
+        tables, curr, c, ns, nd, req_ids, dev_tables = self._step
+        if self.device_step is not None:
+            return self.device_step.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream,
+                                                 device_tables=dev_tables)
+        return self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
+
+    def __repr__(self) -> str:
+        path = "host" if self.device_step is None else f"device {self.planner.device}"
+        return (f"VllmMambaStep(groups={self._group_ids}, block_size={self.planner.block_size}, "
+                f"num_spec_blocks={self.planner.num_spec}, path={path!r}, live={len(self._slot)})")

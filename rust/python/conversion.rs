@@ -1,0 +1,335 @@
+//! What crosses the boundary, converted once: integers, integer vectors and block tables, tensors
+//! (described by `tensor.rs`), dtype names, and the keyword-argument structs of the calls that
+//! take a step's vectors. Every conversion names the argument it converts in its error, which is
+//! one of the package's exception classes (the call's error kind): a float, bool or object where an
+//! integer array belongs is refused, never truncated.
+
+use super::tensor::{describe, Described};
+use crate::error::{Error, ErrorKind};
+use crate::tensor::TensorDesc;
+use pyo3::buffer::PyBuffer;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple};
+
+/// An error of `kind` naming the argument.
+pub(crate) fn arg_error(kind: ErrorKind, message: String) -> PyErr {
+    Error { kind, message }.into()
+}
+
+/// A value converted from one argument of a call.
+pub(crate) trait Arg: Sized {
+    /// Converts `obj`, the argument `name` of a call whose errors are of `kind`.
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self>;
+    /// The value of an argument that was not given (an error: it is required).
+    fn absent(name: &str, kind: ErrorKind) -> PyResult<Self> {
+        Err(arg_error(kind, format!("missing argument '{name}'")))
+    }
+}
+
+impl<T: Arg> Arg for Option<T> {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        if obj.is_none() {
+            Ok(None)
+        } else {
+            T::arg(obj, name, kind).map(Some)
+        }
+    }
+    fn absent(_: &str, _: ErrorKind) -> PyResult<Self> {
+        Ok(None)
+    }
+}
+
+/// The type name of `obj` for messages (`float`, `numpy.ndarray`, ...).
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
+}
+
+/// One host integer: a Python int or a numpy integer. A bool, a float or a tensor (reading a device
+/// tensor would synchronise) is refused.
+fn int_of(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<i128> {
+    let py = obj.py();
+    let numpy_int = || {
+        obj.getattr(intern!(py, "dtype"))
+            .and_then(|d| d.getattr(intern!(py, "kind")))
+            .is_ok_and(|k| k.eq("i").unwrap_or(false) || k.eq("u").unwrap_or(false))
+    };
+    let host_int =
+        (obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>()) || (!obj.hasattr(intern!(py, "device")).unwrap_or(true) && numpy_int());
+    if !host_int {
+        let shown = if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() { format!(" {obj}") } else { String::new() };
+        return Err(arg_error(kind, format!("{name} must be a host integer (a Python or numpy int), got {}{shown}", type_name(obj))));
+    }
+    obj.extract::<i128>().map_err(|_| arg_error(kind, format!("{name} must be a host integer, got {}", type_name(obj))))
+}
+
+macro_rules! int_arg {
+    ($($t:ty),*) => {$(
+        impl Arg for $t {
+            fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+                let v = int_of(obj, name, kind)?;
+                <$t>::try_from(v).map_err(|_| {
+                    if v < 0 && <$t>::MIN == 0 {
+                        arg_error(kind, format!("{name} = {v} must be non-negative"))
+                    } else {
+                        arg_error(kind, format!("{name} = {v} is outside {}..={}", <$t>::MIN, <$t>::MAX))
+                    }
+                })
+            }
+        }
+    )*};
+}
+int_arg!(i64, i32, u64, u32, usize);
+
+impl Arg for bool {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        obj.cast::<PyBool>().map(|b| b.is_true()).map_err(|_| arg_error(kind, format!("{name} must be a bool, got {}", type_name(obj))))
+    }
+}
+
+impl Arg for String {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        obj.extract::<String>().map_err(|_| arg_error(kind, format!("{name} must be a string, got {}", type_name(obj))))
+    }
+}
+
+/// An integer array's values and shape: a buffer (numpy array, memoryview) of int32 or int64, a
+/// CPU tensor of those, or a (nested) list of Python integers.
+fn int_array(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<(Vec<i64>, Vec<usize>)> {
+    let py = obj.py();
+    let what = || {
+        let dtype = obj.getattr(intern!(py, "dtype")).and_then(|d| d.str()).map(|s| s.to_string());
+        match dtype {
+            Ok(d) => format!("{} of {d}", type_name(obj)),
+            Err(_) => format!("a {}", type_name(obj)),
+        }
+    };
+    let refused = || arg_error(kind, format!("{name} must be an int32 or int64 array (numpy array, CPU tensor or list of ints), got {}", what()));
+    if let Ok(b) = PyBuffer::<i64>::get(obj) {
+        return native(&b, name, kind).and_then(|_| Ok((b.to_vec(py)?, b.shape().to_vec())));
+    }
+    if let Ok(b) = PyBuffer::<i32>::get(obj) {
+        native(&b, name, kind)?;
+        let v: Vec<i32> = b.to_vec(py)?;
+        return Ok((v.into_iter().map(i64::from).collect(), b.shape().to_vec()));
+    }
+    if obj.hasattr(intern!(py, "numpy"))? && obj.hasattr(intern!(py, "device"))? {
+        // A torch tensor: a host view of CPU memory; device memory is never read here.
+        let device = obj.getattr(intern!(py, "device"))?.str()?.to_string();
+        if device != "cpu" {
+            return Err(arg_error(
+                kind,
+                format!(
+                    "{name} is on {device}; host plans read host inputs (copying them to the host would synchronise the device): pass \
+                     CPU arrays, or launch the device path, which reads its inputs in device memory"
+                ),
+            ));
+        }
+        let host = obj.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "numpy")).map_err(|_| refused())?;
+        return int_array(&host, name, kind).map_err(|_| refused());
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return nested_ints(obj, name, kind).ok_or_else(refused);
+    }
+    Err(refused())
+}
+
+/// Refuses a byte-swapped buffer.
+fn native<T: pyo3::buffer::Element>(b: &PyBuffer<T>, name: &str, kind: ErrorKind) -> PyResult<()> {
+    let swapped = cfg!(target_endian = "little") && matches!(b.format().to_bytes().first(), Some(b'>') | Some(b'!'));
+    if swapped {
+        return Err(arg_error(kind, format!("{name} must be in native byte order, got a byte-swapped array")));
+    }
+    Ok(())
+}
+
+/// A list of ints (1-D) or a list of equal-length lists of ints (2-D); `None` for anything else.
+fn nested_ints(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> Option<(Vec<i64>, Vec<usize>)> {
+    let items: Vec<Bound<'_, PyAny>> = obj.try_iter().ok()?.collect::<PyResult<_>>().ok()?;
+    let nested = items.first().is_some_and(|x| x.is_instance_of::<PyList>() || x.is_instance_of::<PyTuple>());
+    if !nested {
+        let v = items.iter().map(|x| int_of(x, name, kind).ok().and_then(|v| i64::try_from(v).ok())).collect::<Option<Vec<i64>>>()?;
+        let n = v.len();
+        return Some((v, vec![n]));
+    }
+    let mut out = Vec::new();
+    let mut cols = None;
+    for row in &items {
+        let (v, shape) = nested_ints(row, name, kind)?;
+        if shape.len() != 1 || *cols.get_or_insert(shape[0]) != shape[0] {
+            return None;
+        }
+        out.extend(v);
+    }
+    Some((out, vec![items.len(), cols.unwrap_or(0)]))
+}
+
+/// A 1-D integer vector (one entry per request, or a list of block ids).
+pub(crate) struct Ints(pub Vec<i64>);
+
+impl Arg for Ints {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        let (v, shape) = int_array(obj, name, kind)?;
+        if shape.len() != 1 {
+            return Err(arg_error(kind, format!("{name} must be 1-D (one entry per request), got shape {shape:?}")));
+        }
+        Ok(Ints(v))
+    }
+}
+
+/// A 2-D `[rows, cols]` integer table, row-major.
+pub(crate) struct Table {
+    pub ids: Vec<i64>,
+    pub cols: usize,
+}
+
+impl Arg for Table {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        let (ids, shape) = int_array(obj, name, kind)?;
+        match shape[..] {
+            [_, cols] => Ok(Table { ids, cols }),
+            _ => Err(arg_error(kind, format!("{name} must be 2-D [requests, cols], got shape {shape:?}"))),
+        }
+    }
+}
+
+/// One block table per group: a list of 2-D tables (a single 2-D table for one group).
+pub(crate) struct Tables(pub Vec<Table>);
+
+impl Tables {
+    pub fn views(&self) -> Vec<crate::plan::GroupTable<'_>> {
+        self.0.iter().map(|t| crate::plan::GroupTable { ids: &t.ids, cols: t.cols }).collect()
+    }
+}
+
+impl Arg for Tables {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        if let Ok(list) = obj.cast::<PyList>() {
+            let tables = list.iter().enumerate().map(|(g, t)| Table::arg(&t, &format!("group {g}: {name}"), kind)).collect::<PyResult<_>>()?;
+            return Ok(Tables(tables));
+        }
+        Ok(Tables(vec![Table::arg(obj, name, kind)?]))
+    }
+}
+
+/// A tensor or array the core describes without reading it (`tensor.rs`).
+pub(crate) struct Tensor(pub TensorDesc);
+
+impl Arg for Tensor {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        match describe(obj)? {
+            Described::Tensor(t) => Ok(Tensor(t)),
+            Described::Dense(reason) => Err(arg_error(kind, format!("{name}: {reason}"))),
+            Described::Unknown => {
+                Err(arg_error(kind, format!("{name}: expected a CUDA tensor, a CuPy array or a host array, got a {}", type_name(obj))))
+            }
+        }
+    }
+}
+
+impl Arg for Vec<Tensor> {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        let items = obj.try_iter().map_err(|_| arg_error(kind, format!("{name} must be a list of tensors, got {}", type_name(obj))))?;
+        items.enumerate().map(|(i, t)| Tensor::arg(&t?, &format!("layer {i}: {name}"), kind)).collect()
+    }
+}
+
+/// A device given by name (`"cuda:0"`) or as the device of a tensor or array.
+pub(crate) struct DeviceOf(pub crate::tensor::Device);
+
+impl Arg for DeviceOf {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        let spelled = match obj.extract::<String>() {
+            Ok(s) => s,
+            Err(_) => Tensor::arg(obj, name, kind)?.0.device,
+        };
+        crate::tensor::Device::parse(&spelled).map(DeviceOf).map_err(|e| arg_error(kind, format!("{name}: {}", e.message)))
+    }
+}
+
+/// A dtype given by name or as a torch / numpy dtype object (its `str`).
+pub(crate) struct DtypeName(pub String);
+
+impl Arg for DtypeName {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        match obj.extract::<String>() {
+            Ok(s) => Ok(DtypeName(s)),
+            Err(_)
+                if obj.hasattr(intern!(obj.py(), "itemsize")).unwrap_or(false)
+                    || obj.get_type().name().is_ok_and(|n| n.to_string().contains("dtype")) =>
+            {
+                Ok(DtypeName(obj.str()?.to_string()))
+            }
+            Err(_) => Err(arg_error(kind, format!("{name} must be a dtype name or a torch / numpy dtype, got {}", type_name(obj)))),
+        }
+    }
+}
+
+/// Request names for messages: `req_ids[i]` when given, else the batch row. Looked up only when a
+/// message is built.
+pub(crate) struct RequestNames(pub Option<Py<PyAny>>);
+
+impl Arg for RequestNames {
+    fn arg(obj: &Bound<'_, PyAny>, _: &str, _: ErrorKind) -> PyResult<Self> {
+        Ok(RequestNames(if obj.is_none() { None } else { Some(obj.clone().unbind()) }))
+    }
+    fn absent(_: &str, _: ErrorKind) -> PyResult<Self> {
+        Ok(RequestNames(None))
+    }
+}
+
+impl RequestNames {
+    /// `request <id> (row i)`, or `request i` (needs the GIL: called while building a message).
+    pub fn name(&self, i: usize) -> String {
+        let found = self
+            .0
+            .as_ref()
+            .and_then(|ids| Python::attach(|py| ids.bind(py).get_item(i).ok().and_then(|x| x.str().ok()).map(|s| s.to_string_lossy().into_owned())));
+        match found {
+            Some(s) => format!("request {s} (row {i})"),
+            None => crate::vllm::row_name(i),
+        }
+    }
+}
+
+/// Declares the keyword arguments of a call as a struct: each field converted by its [`Arg`]
+/// impl with the field's name (an optional field, `Option<T>`, may be absent; `= default` gives a
+/// default), unknown keywords refused, every error of the call's `kind`.
+macro_rules! kwargs {
+    ($(#[$meta:meta])* pub(crate) struct $name:ident ($kind:ident) { $($(#[$fm:meta])* $field:ident : $ty:ty $(= $default:expr)?),* $(,)? }) => {
+        $(#[$meta])*
+        pub(crate) struct $name { $($(#[$fm])* pub $field: $ty),* }
+
+        impl $name {
+            const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+
+            /// Converts the call's keyword arguments.
+            pub(crate) fn from_kwargs(kwargs: Option<&pyo3::Bound<'_, pyo3::types::PyDict>>) -> pyo3::PyResult<Self> {
+                use $crate::python::conversion::Arg;
+                let kind = $crate::error::ErrorKind::$kind;
+                $crate::python::conversion::check_keywords(kwargs, Self::FIELDS, kind)?;
+                let get = |k: &str| kwargs.and_then(|d| pyo3::types::PyDictMethods::get_item(d, k).ok().flatten());
+                Ok($name {
+                    $($field: match get(stringify!($field)) {
+                        Some(v) => <$ty as Arg>::arg(&v, stringify!($field), kind)?,
+                        None => kwargs!(@absent $ty, $field, kind $(, $default)?),
+                    }),*
+                })
+            }
+        }
+    };
+    (@absent $ty:ty, $field:ident, $kind:ident, $default:expr) => { $default };
+    (@absent $ty:ty, $field:ident, $kind:ident) => { <$ty as $crate::python::conversion::Arg>::absent(stringify!($field), $kind)? };
+}
+pub(crate) use kwargs;
+
+/// Refuses keywords a call does not take.
+pub(crate) fn check_keywords(kwargs: Option<&Bound<'_, PyDict>>, fields: &[&str], kind: ErrorKind) -> PyResult<()> {
+    for k in kwargs.into_iter().flat_map(|d| d.keys()) {
+        let k = k.str()?.to_string();
+        if !fields.contains(&k.as_str()) {
+            return Err(arg_error(kind, format!("unexpected argument '{k}'; this call takes {}", fields.join(", "))));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! Bindings for the kernels' calling convention (`crate::kernels`): the ABI description the Python
+//! package builds its record dtypes from, and the launches. A [`KernelLaunch`] carries the grid,
+//! the block and the packed argument buffer; the launch layer hands its `extra_ptr` to
+//! `cuLaunchKernel` and does nothing else.
+
+use super::conversion::{kwargs, DeviceOf, Tensor};
+use super::planner::DeviceStepArgs;
+use crate::error::Error;
+use crate::kernels::{self, abi, args, constants, records, FusedCopy, Launch};
+use crate::tensor::Device;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+/// `cuLaunchKernel`'s `extra` markers (cuda.h).
+const CU_LAUNCH_PARAM_END: usize = 0x00;
+const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
+const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
+
+/// One ready launch: kernel, grid, block and the packed arguments.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct KernelLaunch {
+    launch: Launch,
+    /// The size `extra` points to (boxed: its address must not move).
+    size: Box<usize>,
+    /// `{BUFFER_POINTER, args, BUFFER_SIZE, &size, END}` for `cuLaunchKernel(..., extra)`.
+    extra: Box<[usize; 5]>,
+}
+
+impl KernelLaunch {
+    pub(crate) fn new(launch: Launch) -> KernelLaunch {
+        let size = Box::new(launch.args().len());
+        let extra = Box::new([
+            CU_LAUNCH_PARAM_BUFFER_POINTER,
+            launch.args().as_ptr() as usize,
+            CU_LAUNCH_PARAM_BUFFER_SIZE,
+            &*size as *const usize as usize,
+            CU_LAUNCH_PARAM_END,
+        ]);
+        KernelLaunch { launch, size, extra }
+    }
+}
+
+#[pymethods]
+impl KernelLaunch {
+    /// The kernel's entry point name.
+    #[getter]
+    fn kernel(&self) -> &'static str {
+        self.launch.kernel.name
+    }
+    #[getter]
+    fn grid(&self) -> (u32, u32, u32) {
+        let [x, y, z] = self.launch.grid;
+        (x, y, z)
+    }
+    #[getter]
+    fn block(&self) -> (u32, u32, u32) {
+        let [x, y, z] = self.launch.block;
+        (x, y, z)
+    }
+    /// The packed argument buffer (a copy).
+    #[getter]
+    fn args<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.launch.args())
+    }
+    /// Address of the packed arguments (valid while this object lives).
+    #[getter]
+    fn args_ptr(&self) -> usize {
+        self.launch.args().as_ptr() as usize
+    }
+    /// Bytes of the packed arguments.
+    #[getter]
+    fn args_size(&self) -> usize {
+        *self.size
+    }
+    /// Address of the `extra` array for `cuLaunchKernel` (valid while this object lives).
+    #[getter]
+    fn extra_ptr(&self) -> usize {
+        self.extra.as_ptr() as usize
+    }
+    /// `(parameter name, value)` in declaration order, unpacked from the buffer.
+    fn values(&self) -> Vec<(&'static str, i128)> {
+        self.launch.values()
+    }
+    fn __repr__(&self) -> String {
+        format!("KernelLaunch({}, grid={:?}, block={:?}, {} argument bytes)", self.launch.kernel.name, self.launch.grid, self.launch.block, self.size)
+    }
+}
+
+kwargs! {
+    /// The launch constants of a fused copy whose state metas are at device address `metas`.
+    pub(crate) struct FusedArgs (Plan) {
+        device: DeviceOf,
+        metas: u64,
+        num_meta: u32,
+        max_accepted: i32,
+        num_blocks: i64,
+        has_temporal: bool,
+        chunks: u32,
+        err: u64,
+        groups: u32 = 1,
+    }
+}
+
+/// The fused state copy over a table of state metas the caller built (tools and tests; a planner
+/// builds its own, `Planner.bind_device`).
+#[pyclass(module = "recoverssm_rs._core", name = "FusedCopy", frozen)]
+pub struct PyFusedCopy {
+    inner: FusedCopy,
+}
+
+#[pymethods]
+impl PyFusedCopy {
+    #[new]
+    #[pyo3(signature = (**kwargs))]
+    fn new(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let a = FusedArgs::from_kwargs(kwargs)?;
+        let device = a.device.0;
+        let inner = FusedCopy {
+            device,
+            metas: a.metas,
+            num_meta: a.num_meta,
+            max_accepted: a.max_accepted,
+            num_blocks: a.num_blocks,
+            has_temporal: a.has_temporal,
+            chunks: a.chunks,
+            err: a.err,
+            groups: a.groups,
+        };
+        Ok(PyFusedCopy { inner: inner.checked()? })
+    }
+
+    /// The launch of one step (keywords as `Planner.device_step`; int32 inputs).
+    #[pyo3(signature = (**kwargs))]
+    fn launch(&self, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
+        let a = DeviceStepArgs::from_kwargs(kwargs)?;
+        Ok(self.inner.launch(&a.inputs(), a.pre_copy)?.map(KernelLaunch::new))
+    }
+
+    /// The CUDA device index of the states.
+    #[getter]
+    fn device_index(&self) -> u32 {
+        match self.inner.device {
+            Device::Cuda(i) => i,
+            Device::Cpu => unreachable!("FusedCopy::checked refuses host states"),
+        }
+    }
+    #[getter]
+    fn groups(&self) -> u32 {
+        self.inner.groups
+    }
+    #[getter]
+    fn chunks(&self) -> u32 {
+        self.inner.chunks
+    }
+    #[getter]
+    fn num_meta(&self) -> u32 {
+        self.inner.num_meta
+    }
+    #[getter]
+    fn has_temporal(&self) -> bool {
+        self.inner.has_temporal
+    }
+    fn __repr__(&self) -> String {
+        let f = &self.inner;
+        format!("FusedCopy({}, states={}, max_accepted={}, blocks={}, chunks={})", f.device, f.num_meta, f.max_accepted, f.num_blocks, f.chunks)
+    }
+}
+
+/// A launch of kernel `name` with raw argument `values` (one per parameter, range-checked against
+/// its C type) and the given grid and block; for tools and tests that launch with arguments of
+/// their own.
+#[pyfunction]
+fn pack_launch(name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), values: Vec<i128>) -> PyResult<KernelLaunch> {
+    let k = abi::kernel(name)?;
+    Ok(KernelLaunch::new(abi::pack(k, [grid.0, grid.1, grid.2], [block.0, block.1, block.2], &values)?))
+}
+
+kwargs! {
+    /// One wave of `rs_copy_tiles`: segment and tile records at device addresses.
+    pub(crate) struct TilesArgs (Plan) {
+        segments: u64,
+        tiles: u64,
+        first_tile: i64,
+        num_tiles: i64,
+        max_ctas: Option<i64>,
+    }
+}
+
+/// The launch of one wave of `rs_copy_tiles`, or `None` when it has no tile.
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+fn copy_tiles_launch(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
+    let a = TilesArgs::from_kwargs(kwargs)?;
+    Ok(kernels::copy_tiles_launch(a.segments, a.tiles, a.first_tile, a.num_tiles, a.max_ctas)?.map(KernelLaunch::new))
+}
+
+/// CTAs per state copy of the fused kernel for states of at most `max_state_bytes` bytes.
+#[pyfunction]
+fn state_chunks(max_state_bytes: u64) -> u32 {
+    kernels::state_chunks(max_state_bytes)
+}
+
+kwargs! {
+    /// The engine's device block tables of a multi-group step.
+    pub(crate) struct DeviceTablesArgs (Plan) {
+        device: DeviceOf,
+        tables: Vec<Tensor>,
+        groups: u32,
+        rows: u64,
+    }
+}
+
+/// Checks the engine's device block tables of a multi-group step (`args::check_group_tables`).
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+fn check_device_tables(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let a = DeviceTablesArgs::from_kwargs(kwargs)?;
+    let device = a.device.0;
+    let tables: Vec<_> = a.tables.into_iter().map(|t| t.0).collect();
+    Ok(args::check_group_tables(&device, &tables, a.groups, a.rows)?)
+}
+
+/// The decoded error word (`int32[3]`) of a kernel launch.
+#[pyclass(module = "recoverssm_rs._core", frozen, eq)]
+#[derive(PartialEq, Eq)]
+pub struct ErrorWord {
+    /// The OR of the error bits of every rejected request (or row).
+    #[pyo3(get)]
+    bits: u32,
+    /// The first rejected request, `None` when nothing was rejected.
+    #[pyo3(get)]
+    first_request: Option<i64>,
+    /// The last rejected request.
+    #[pyo3(get)]
+    last_request: Option<i64>,
+}
+
+#[pymethods]
+impl ErrorWord {
+    /// Decodes a host copy of the word: `err[0]` the OR of the bits, `err[1]` the maximum of
+    /// `num_requests - r`, `err[2]` the maximum of `r + 1` over the rejected requests `r`.
+    #[new]
+    fn new(words: Vec<i64>, num_requests: i64) -> PyResult<Self> {
+        let [bits, from_end, last, ..] = words[..] else {
+            return Err(Error::plan(format!("an error word has 3 elements, got {}", words.len())).into());
+        };
+        if bits == 0 {
+            return Ok(ErrorWord { bits: 0, first_request: None, last_request: None });
+        }
+        Ok(ErrorWord { bits: bits as u32, first_request: Some(num_requests - from_end), last_request: Some(last - 1) })
+    }
+    /// True when no request was rejected.
+    #[getter]
+    fn ok(&self) -> bool {
+        self.bits == 0
+    }
+    /// Names of the error kinds seen.
+    #[getter]
+    fn names(&self) -> Vec<&'static str> {
+        constants::error_names(self.bits)
+    }
+    fn __repr__(&self) -> String {
+        match self.first_request {
+            None => "ErrorWord(ok)".into(),
+            Some(f) => format!("ErrorWord({}, requests {f}..={})", self.names().join("|"), self.last_request.unwrap_or(f)),
+        }
+    }
+}
+
+/// The calling convention of every kernel, the record layouts and the shared constants:
+/// `{"kernels": [{"name", "file", "params": [(name, c_type)]}], "kernel_files": [...],
+/// "records": {name: {"size", "fields": [(name, offset, numpy_type, c_type)]}},
+/// "constants": {name: value}, "error_bits": [(bit, name, meaning)]}`.
+#[pyfunction]
+fn kernel_abi(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    let ks = PyList::empty(py);
+    for k in abi::KERNELS {
+        let d = PyDict::new(py);
+        d.set_item("name", k.name)?;
+        d.set_item("file", k.file)?;
+        d.set_item("params", k.params.to_vec())?;
+        ks.append(d)?;
+    }
+    out.set_item("kernels", ks)?;
+    out.set_item("kernel_files", abi::KERNEL_FILES.to_vec())?;
+    let recs = PyDict::new(py);
+    for r in records::record_specs() {
+        let d = PyDict::new(py);
+        d.set_item("size", r.size)?;
+        let fields: Vec<(&str, usize, &str, &str)> = r.fields.iter().map(|f| (f.name, f.offset, f.ty.numpy(), f.ty.c_name())).collect();
+        d.set_item("fields", fields)?;
+        recs.set_item(r.name, d)?;
+    }
+    out.set_item("records", recs)?;
+    let consts = PyDict::new(py);
+    for (name, v) in constants::CUDA_DEFINES.iter().chain(constants::HOST_CONSTANTS.iter()) {
+        consts.set_item(*name, *v)?;
+    }
+    out.set_item("constants", consts)?;
+    out.set_item("cuda_defines", constants::CUDA_DEFINES.iter().map(|(n, _)| *n).collect::<Vec<_>>())?;
+    out.set_item("error_bits", constants::ERROR_BITS.to_vec())?;
+    let pairs: Vec<(&str, &str)> = crate::commit::COMMIT_DTYPE_PAIRS.iter().map(|(s, k)| (s.name(), k.name())).collect();
+    out.set_item("commit_dtype_pairs", pairs)?;
+    Ok(out)
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<KernelLaunch>()?;
+    m.add_class::<PyFusedCopy>()?;
+    m.add_class::<ErrorWord>()?;
+    m.add_function(wrap_pyfunction!(copy_tiles_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(state_chunks, m)?)?;
+    m.add_function(wrap_pyfunction!(check_device_tables, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_abi, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! `Planner`: the core planner bound to the tensors themselves. It describes and binds every
+//! group's state tensors, owns their guard (checked before every execute and launch), plans host
+//! steps into one `CopyPlan`, and builds the fused kernel's launches for the device path.
+
+use super::buffer::RawBuffer;
+use super::conversion::{arg_error, kwargs, Ints, Table, Tables, Tensor};
+use super::guard::Guard;
+use super::launch::KernelLaunch;
+use super::layout::Layout;
+use super::plan::CopyPlan;
+use super::tensor::{describe, Described};
+use crate::binding::Binding;
+use crate::error::{Error, ErrorKind};
+use crate::kernels::args::StepCheck;
+use crate::kernels::{self, FusedCopy, StepInputs};
+use crate::plan::{AlignStep, Planner as CorePlanner, Semantics, Step};
+use crate::tensor::TensorDesc;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::sync::{Arc, OnceLock};
+
+/// The core planner over one or more recurrent groups, bound to their state tensors.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct Planner {
+    pub(crate) inner: Arc<CorePlanner>,
+    guard: Guard,
+    /// `states[group][layer][state]`: the bound tensors (an immutable copy).
+    states: Py<PyTuple>,
+    block_size: Option<i64>,
+    /// The device path's launch builder, once the state metas and error word are on the device.
+    fused: OnceLock<FusedCopy>,
+}
+
+/// One group as the constructor takes it: its layout and, per layer, its tensors.
+type GroupArg<'py> = (PyRef<'py, Layout>, Vec<Vec<Bound<'py, PyAny>>>);
+
+/// `group G (backend): ` before a tensor's place when there are several groups, `backend: ` else.
+fn place(groups: usize, g: usize, backend: &str) -> String {
+    if groups == 1 {
+        format!("{backend}: ")
+    } else {
+        format!("group {g} ({backend}): ")
+    }
+}
+
+impl Planner {
+    /// Checks the guard, runs `f`, and bumps the version counters of what was written.
+    pub(crate) fn write<T>(&self, py: Python<'_>, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+        self.guard.check(py)?;
+        let out = f()?;
+        self.guard.mark_written(py)?;
+        Ok(out)
+    }
+
+    /// The block size of vLLM's step decisions.
+    pub(crate) fn block_size(&self) -> PyResult<i64> {
+        self.block_size.ok_or_else(|| Error::plan("this planner was made without a block_size; vLLM's step decisions need one").into())
+    }
+
+    fn fused(&self) -> PyResult<&FusedCopy> {
+        self.fused.get().ok_or_else(|| Error::plan("the device path is not prepared: call bind_device(metas, err) first").into())
+    }
+
+    /// The fused kernel's launch of a step (the inputs the kernel reads, int32).
+    pub(crate) fn fused_launch(&self, inp: &StepInputs<'_>, pre_copy: bool) -> PyResult<Option<KernelLaunch>> {
+        Ok(self.fused()?.launch(inp, pre_copy)?.map(KernelLaunch::new))
+    }
+}
+
+kwargs! {
+    /// The inputs of `Planner.plan`: one block table per group (`tables`), or the one table of a
+    /// one-group planner (`block_table`, exactly `[requests, cols]`).
+    pub(crate) struct PlanArgs (Plan) {
+        tables: Option<Tables>,
+        block_table: Option<Table>,
+        src_col: Ints,
+        dst_col: Ints,
+        num_accepted: Ints,
+        semantics: String = "post_process".to_string(),
+    }
+}
+
+kwargs! {
+    /// The inputs of `Planner.plan_copy`.
+    pub(crate) struct CopyArgs (Plan) {
+        src_blocks: Ints,
+        dst_blocks: Ints,
+    }
+}
+
+kwargs! {
+    /// A fused step's device inputs: `second` is `dst_col`, or `running` with a `block_size`.
+    pub(crate) struct DeviceStepArgs (Plan) {
+        block_table: Tensor,
+        src_col: Tensor,
+        second: Tensor,
+        num_accepted: Tensor,
+        err: Option<Tensor>,
+        block_size: Option<i64>,
+        pre_copy: bool = false,
+        num_accepted_out: Option<Tensor>,
+    }
+}
+
+impl DeviceStepArgs {
+    pub(crate) fn inputs(&self) -> StepInputs<'_> {
+        StepInputs {
+            block_table: &self.block_table.0,
+            src_col: &self.src_col.0,
+            second: &self.second.0,
+            num_accepted: &self.num_accepted.0,
+            num_accepted_out: self.num_accepted_out.as_ref().map(|t| &t.0),
+            err: self.err.as_ref().map(|t| &t.0),
+            block_size: self.block_size,
+        }
+    }
+}
+
+#[pymethods]
+impl Planner {
+    /// `groups`: per group `(layout, states)`, `states[layer]` that layer's tensors in layout
+    /// order (the persistent states, optionally followed by the workspace, which is ignored);
+    /// `block_size`: tokens per block, for vLLM's step decisions.
+    #[new]
+    #[pyo3(signature = (groups, *, block_size = None))]
+    fn new(py: Python<'_>, groups: Vec<GroupArg<'_>>, block_size: Option<i64>) -> PyResult<Self> {
+        let n = groups.len();
+        let mut bindings = Vec::with_capacity(n);
+        let mut guarded = Vec::new();
+        let mut states = Vec::with_capacity(n);
+        for (g, (layout, layers)) in groups.iter().enumerate() {
+            let core = layout.core();
+            let at = place(n, g, core.backend());
+            let persistent = core.copyable_prefix_len();
+            let mut descs = Vec::with_capacity(layers.len());
+            for (li, layer) in layers.iter().enumerate() {
+                let mut row: Vec<TensorDesc> = Vec::with_capacity(layer.len());
+                for (si, t) in layer.iter().enumerate() {
+                    let name = core.states().get(si).map(|s| s.name.as_str()).unwrap_or("?");
+                    let label = format!("{at}layer {li}, state {si} ('{name}')");
+                    match describe(t)? {
+                        Described::Tensor(d) => row.push(d),
+                        Described::Dense(why) => return Err(Error::binding(format!("{label}: {why}")).into()),
+                        Described::Unknown => {
+                            let ty = t.get_type().name()?;
+                            return Err(Error::binding(format!("{label}: state tensors must be torch tensors or numpy arrays, got {ty}")).into());
+                        }
+                    }
+                    if si < persistent {
+                        guarded.push((t.clone(), label));
+                    }
+                }
+                descs.push(row);
+            }
+            let binding = Binding::new(core, &descs).map_err(|e| {
+                // A group's errors start with its backend: name the group there too.
+                let rest = e.message.strip_prefix(&format!("{}: ", core.backend())).unwrap_or(&e.message);
+                Error { message: format!("{at}{rest}"), ..e }
+            })?;
+            bindings.push(binding);
+            let layers = layers.iter().map(|l| PyTuple::new(py, l.iter().take(persistent))).collect::<PyResult<Vec<_>>>()?;
+            states.push(PyTuple::new(py, layers)?);
+        }
+        if let Some(bs) = block_size {
+            if bs < 1 {
+                return Err(arg_error(ErrorKind::Binding, format!("block_size must be >= 1, got {bs}")));
+            }
+        }
+        let inner = CorePlanner::new(bindings)?;
+        Ok(Planner {
+            inner: Arc::new(inner),
+            guard: Guard::new(py, &guarded)?,
+            states: PyTuple::new(py, states)?.unbind(),
+            block_size,
+            fused: OnceLock::new(),
+        })
+    }
+
+    #[getter]
+    fn num_groups(&self) -> usize {
+        self.inner.num_groups()
+    }
+    /// Layers of every group.
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.inner.bindings().map(|b| b.num_layers()).sum()
+    }
+    /// Blocks of the largest pool.
+    #[getter]
+    fn num_blocks(&self) -> u64 {
+        self.inner.max_blocks()
+    }
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+    #[getter(block_size)]
+    fn get_block_size(&self) -> Option<i64> {
+        self.block_size
+    }
+    #[getter]
+    fn num_spec(&self) -> u32 {
+        self.inner.num_spec()
+    }
+    #[getter]
+    fn layouts(&self) -> Vec<Layout> {
+        self.inner.bindings().map(|b| Layout { inner: b.layout().clone() }).collect()
+    }
+    /// Per group: `(layers, blocks)`.
+    fn group_sizes(&self) -> Vec<(usize, u64)> {
+        self.inner.bindings().map(|b| (b.num_layers(), b.num_blocks())).collect()
+    }
+    /// `states[group][layer][state]`: the bound persistent tensors.
+    #[getter]
+    fn states(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.states.clone_ref(py)
+    }
+
+    /// Plans `dst_col <- src_col` moves carrying `num_accepted` in every group (`tables`: one
+    /// block table per group, or one table for one group) under `semantics` (`"post_process"`,
+    /// the default, or `"pre_copy"`).
+    #[pyo3(signature = (**kwargs))]
+    fn plan(slf: Bound<'_, Self>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<CopyPlan> {
+        let a = PlanArgs::from_kwargs(kwargs)?;
+        let semantics = Semantics::parse(&a.semantics)?;
+        let planner = Arc::clone(&slf.get().inner);
+        let (src_col, dst_col, num_accepted) = (&a.src_col.0, &a.dst_col.0, &a.num_accepted.0);
+        let plan = match (&a.tables, &a.block_table) {
+            (Some(tables), None) => slf.py().detach(|| {
+                let tables = tables.views();
+                planner.plan(&Step { tables: &tables, src_col, dst_col, num_accepted, semantics })
+            })?,
+            (None, Some(t)) if semantics == Semantics::PostProcess => {
+                slf.py().detach(|| planner.plan_align(&AlignStep { block_table: &t.ids, cols: t.cols, src_col, dst_col, num_accepted }))?
+            }
+            _ => return Err(arg_error(ErrorKind::Plan, "give tables (one per group), or block_table with post-process semantics".into())),
+        };
+        Ok(CopyPlan::new(plan, slf.unbind()))
+    }
+
+    /// Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state.
+    #[pyo3(signature = (**kwargs))]
+    fn plan_copy(slf: Bound<'_, Self>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<CopyPlan> {
+        let a = CopyArgs::from_kwargs(kwargs)?;
+        let planner = Arc::clone(&slf.get().inner);
+        let plan = slf.py().detach(|| planner.plan_copy(&a.src_blocks.0, &a.dst_blocks.0))?;
+        Ok(CopyPlan::new(plan, slf.unbind()))
+    }
+
+    /// The fused kernel's table of every (group, layer, persistent state).
+    fn state_meta(&self) -> RawBuffer {
+        RawBuffer::state_meta(self.inner.state_meta())
+    }
+
+    /// Raises `BindingError` when a bound tensor no longer owns the memory it was bound with.
+    pub(crate) fn check(&self, py: Python<'_>) -> PyResult<()> {
+        self.guard.check(py)
+    }
+
+    /// Bumps autograd's version counters of the bound tensors (after a write on the device).
+    fn mark_written(&self, py: Python<'_>) -> PyResult<()> {
+        self.guard.mark_written(py)
+    }
+
+    /// Prepares the device path: the state metas (`state_meta()`) are at device address `metas`,
+    /// the planner's own error word (int32[3]) at `err`. Once per planner.
+    fn bind_device(&self, metas: u64, err: u64) -> PyResult<()> {
+        let f = FusedCopy::for_planner(&self.inner, metas, err)?;
+        self.fused.set(f).map_err(|_| Error::plan("the device path is already prepared").into())
+    }
+
+    /// Whether [`bind_device`] has run.
+    #[getter]
+    fn device_bound(&self) -> bool {
+        self.fused.get().is_some()
+    }
+
+    /// Checks a device step whose inputs may be int32 or int64 (before anything is bound or
+    /// narrowed); returns the number of requests.
+    #[pyo3(signature = (**kwargs))]
+    fn check_device_step(&self, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<u64> {
+        let a = DeviceStepArgs::from_kwargs(kwargs)?;
+        Ok(kernels::check_step(self.inner.device(), &a.inputs(), self.inner.num_groups() as u32, StepCheck::BeforeNarrowing)?.requests)
+    }
+
+    /// One device step from the caller's tensors: `(launch, requests, narrow)`. With `narrow` false
+    /// the launch is ready (`None`: nothing to launch); with `narrow` true every input passed the
+    /// checks but some must first be narrowed to int32 or made contiguous on the device (then call
+    /// again with the converted tensors). The guard is checked first.
+    #[pyo3(signature = (**kwargs))]
+    fn device_step(&self, py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
+        let a = DeviceStepArgs::from_kwargs(kwargs)?;
+        self.guard.check(py)?;
+        let fused = self.fused()?;
+        let inputs = a.inputs();
+        match fused.launch(&inputs, a.pre_copy) {
+            Ok(l) => Ok((l.map(KernelLaunch::new), a.src_col.0.shape.first().copied().unwrap_or(0).max(0) as u64, false)),
+            Err(_) => Ok((None, fused.check(&inputs)?, true)),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let sizes: Vec<String> = self.inner.bindings().map(|b| format!("{} x {} layers", b.layout().backend(), b.num_layers())).collect();
+        format!("Planner([{}], blocks={}, device={})", sizes.join(", "), self.inner.max_blocks(), self.inner.device())
+    }
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Planner>()?;
+    Ok(())
+}

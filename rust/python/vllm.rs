@@ -1,0 +1,291 @@
+//! vLLM's align-mode step (`crate::vllm`): the decisions alone, the decisions with their plan over
+//! a planner's groups (host path, one call per half-step), and a half-step staged and packed for
+//! the fused kernel (device path, one call and one launch per half-step). Decisions come back as
+//! int64 rows in one buffer that numpy views without a copy.
+
+use super::buffer::RawBuffer;
+use super::conversion::{arg_error, kwargs, Arg, Ints, RequestNames, Tables, Tensor};
+use super::launch::KernelLaunch;
+use super::plan::CopyPlan;
+use super::planner::Planner;
+use super::tensor::{describe, Described};
+use crate::error::{Error, ErrorKind};
+use crate::kernels::StepInputs;
+use crate::plan::GroupTable;
+use crate::tensor::TensorDesc;
+use crate::vllm::device_step::{self, StagedStep, Tables as TableSource};
+use crate::vllm::{self, decide, PostInputs, PreInputs, StepConfig};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// Accepted counts: a host vector (checked by the host decision) or a device tensor (read only by
+/// the kernel).
+pub(crate) enum Counts {
+    Host(Vec<i64>),
+    Device(TensorDesc),
+}
+
+impl Arg for Counts {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        if let Described::Tensor(t) = describe(obj)? {
+            if t.device().is_ok_and(|d| d.is_cuda()) {
+                return Ok(Counts::Device(t));
+            }
+        }
+        Ints::arg(obj, name, kind).map(|v| Counts::Host(v.0))
+    }
+}
+
+impl Counts {
+    fn host(&self) -> Option<&[i64]> {
+        match self {
+            Counts::Host(v) => Some(v),
+            Counts::Device(_) => None,
+        }
+    }
+}
+
+fn fresh_mask(f: &Option<Ints>) -> Option<Vec<bool>> {
+    f.as_ref().map(|v| v.0.iter().map(|&x| x != 0).collect())
+}
+
+fn rows(rows: &[&[i64]]) -> RawBuffer {
+    RawBuffer::i64s(rows.iter().flat_map(|r| r.iter().copied()).collect())
+}
+
+kwargs! {
+    /// The pre-copy's inputs (vLLM's `preprocess_mamba`).
+    pub(crate) struct PreArgs (Plan) {
+        tables: Tables,
+        num_computed: Ints,
+        num_scheduled: Ints,
+        num_accepted: Ints,
+        mamba_state_idx: Ints,
+        fresh: Option<Ints>,
+        req_ids: RequestNames,
+        block_size: Option<i64>,
+        num_spec_blocks: Option<i64>,
+    }
+}
+
+kwargs! {
+    /// The post-process's inputs (vLLM's `postprocess_mamba_align_gpu`).
+    pub(crate) struct PostArgs (Plan) {
+        tables: Tables,
+        state_col: Ints,
+        num_computed: Ints,
+        num_scheduled: Ints,
+        num_draft: Ints,
+        num_accepted: Ints,
+        req_ids: RequestNames,
+        block_size: Option<i64>,
+        num_spec_blocks: Option<i64>,
+    }
+}
+
+/// The step configuration of a decision without a planner.
+fn config(block_size: Option<i64>, num_spec_blocks: Option<i64>) -> PyResult<StepConfig> {
+    match (block_size, num_spec_blocks) {
+        (Some(block_size), Some(num_spec_blocks)) => Ok(StepConfig { block_size, num_spec_blocks }),
+        _ => Err(arg_error(ErrorKind::Plan, "block_size and num_spec_blocks are required".into())),
+    }
+}
+
+impl PreArgs {
+    fn inputs<'a>(&'a self, fresh: &'a Option<Vec<bool>>) -> PreInputs<'a> {
+        PreInputs {
+            num_computed: &self.num_computed.0,
+            num_scheduled: &self.num_scheduled.0,
+            num_accepted: &self.num_accepted.0,
+            mamba_state_idx: &self.mamba_state_idx.0,
+            fresh: fresh.as_deref(),
+        }
+    }
+}
+
+impl PostArgs {
+    fn inputs(&self) -> PostInputs<'_> {
+        PostInputs {
+            state_col: &self.state_col.0,
+            num_computed: &self.num_computed.0,
+            num_scheduled: &self.num_scheduled.0,
+            num_draft: &self.num_draft.0,
+            num_accepted: &self.num_accepted.0,
+        }
+    }
+}
+
+/// vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`.
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+fn align_pre_copy(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
+    let a = PreArgs::from_kwargs(kwargs)?;
+    let fresh = fresh_mask(&a.fresh);
+    let d = decide::pre_copy(&a.inputs(&fresh), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
+    Ok(rows(&[&d.prev, &d.curr, &d.src_col, &d.bias, &d.num_accepted]))
+}
+
+/// vLLM's post-process decision (no copies): int64 rows `running, aligned, dest, bias, src_col,
+/// num_accepted`.
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+fn align_post_process(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
+    let a = PostArgs::from_kwargs(kwargs)?;
+    let d = decide::post_process(&a.inputs(), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
+    Ok(rows(&[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted]))
+}
+
+/// The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
+#[pyfunction]
+#[pyo3(name = "vllm_pre_copy", signature = (planner, **kwargs))]
+fn pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<(RawBuffer, CopyPlan)> {
+    let a = PreArgs::from_kwargs(kwargs)?;
+    let fresh = fresh_mask(&a.fresh);
+    let p = planner.get();
+    let (d, plan) = vllm::pre_copy(&p.inner, &a.inputs(&fresh), &a.tables.views(), p.block_size()?, &|i| a.req_ids.name(i))?;
+    Ok((rows(&[&d.prev, &d.curr, &d.src_col, &d.bias, &d.num_accepted]), CopyPlan::new(plan, planner.unbind())))
+}
+
+/// The post-process decision (rows as `align_post_process`) and its plan.
+#[pyfunction]
+#[pyo3(name = "vllm_post_process", signature = (planner, **kwargs))]
+fn post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<(RawBuffer, CopyPlan)> {
+    let a = PostArgs::from_kwargs(kwargs)?;
+    let p = planner.get();
+    let (d, plan) = vllm::post_process(&p.inner, &a.inputs(), &a.tables.views(), p.block_size()?, &|i| a.req_ids.name(i))?;
+    Ok((rows(&[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted]), CopyPlan::new(plan, planner.unbind())))
+}
+
+kwargs! {
+    /// A device half-step: the host vectors the host decides with, the accepted counts (host or
+    /// device), and where the kernel reads and writes: `staging` (the device int32 buffer the
+    /// returned staged step is copied into before the launch), optionally the engine's own
+    /// `[groups, R, cols]` device table, the error word and the counts' output.
+    pub(crate) struct DeviceArgs (Plan) {
+        tables: Tables,
+        num_computed: Ints,
+        num_scheduled: Ints,
+        mamba_state_idx: Option<Ints>,
+        state_col: Option<Ints>,
+        num_draft: Option<Ints>,
+        num_accepted: Counts,
+        fresh: Option<Ints>,
+        req_ids: RequestNames,
+        staging: Tensor,
+        device_table: Option<Tensor>,
+        err: Tensor,
+        num_accepted_out: Tensor,
+    }
+}
+
+/// A dense int32 view of `len` elements at element `offset` of the staging buffer.
+fn staged_view(staging: &TensorDesc, offset: usize, shape: &[i64]) -> TensorDesc {
+    TensorDesc::dense(staging.data_ptr + 4 * offset as u64, "int32", shape, &staging.device)
+}
+
+/// The staged step's launch: the table (staged, or the engine's device table), then the vectors.
+fn launch(p: &Planner, a: &DeviceArgs, st: &StagedStep, pre_copy: bool) -> PyResult<Option<KernelLaunch>> {
+    let s = &a.staging.0;
+    let need = st.data.len();
+    if s.dtype_name() != "int32" || s.shape.len() != 1 || s.shape[0] < need as i64 || (s.shape[0] > 1 && s.strides[0] != 4) {
+        return Err(Error::plan(format!(
+            "staging must be a contiguous int32 vector of at least {need} elements, got {} {:?}",
+            s.dtype_name(),
+            s.shape
+        ))
+        .into());
+    }
+    let (r, n) = (st.rows as i64, st.table_len());
+    let table = match &a.device_table {
+        Some(t) => t.0.clone(),
+        None => staged_view(s, 0, &[st.groups as i64, r, st.cols as i64]),
+    };
+    let (first, second) = (staged_view(s, n, &[r]), staged_view(s, n + st.rows, &[r]));
+    let staged_counts;
+    let counts = match &a.num_accepted {
+        Counts::Device(t) => t,
+        Counts::Host(_) => {
+            staged_counts = staged_view(s, n + 2 * st.rows, &[r]);
+            &staged_counts
+        }
+    };
+    let block_size = if pre_copy { None } else { Some(p.block_size()?) };
+    let inputs = StepInputs {
+        block_table: &table,
+        src_col: &first,
+        second: &second,
+        num_accepted: counts,
+        num_accepted_out: Some(&a.num_accepted_out.0),
+        err: Some(&a.err.0),
+        block_size,
+    };
+    p.fused_launch(&inputs, pre_copy)
+}
+
+/// `(vector, staged step, launch)` of a device half-step.
+type DeviceHalf = (RawBuffer, RawBuffer, Option<KernelLaunch>);
+
+fn required<'a>(v: &'a Option<Ints>, name: &str) -> PyResult<&'a [i64]> {
+    v.as_ref().map(|v| v.0.as_slice()).ok_or_else(|| arg_error(ErrorKind::Plan, format!("missing argument '{name}'")))
+}
+
+/// The pre-copy for the device: the host decides the columns (every check that needs no count;
+/// with host counts every check), stages the step as int32 and packs the launch that reads it from
+/// `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
+/// launch), and the launch (`None` without requests).
+#[pyfunction]
+#[pyo3(name = "vllm_device_pre_copy", signature = (planner, **kwargs))]
+fn device_pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
+    let a = DeviceArgs::from_kwargs(kwargs)?;
+    let p = planner.get();
+    let fresh = fresh_mask(&a.fresh);
+    let host = a.num_accepted.host();
+    let inp = PreInputs {
+        num_computed: &a.num_computed.0,
+        num_scheduled: &a.num_scheduled.0,
+        num_accepted: host.unwrap_or(&[]),
+        mamba_state_idx: required(&a.mamba_state_idx, "mamba_state_idx")?,
+        fresh: fresh.as_deref(),
+    };
+    let tables: Vec<GroupTable<'_>> = a.tables.views();
+    let source = if a.device_table.is_some() { TableSource::OnDevice } else { TableSource::Staged };
+    let cfg = vllm::config(&p.inner, p.block_size()?);
+    let (cols, st) = device_step::stage_pre_copy(&inp, host.is_some(), &tables, &cfg, &|i| a.req_ids.name(i), source)?;
+    p.check(planner.py())?;
+    let l = launch(p, &a, &st, true)?;
+    Ok((RawBuffer::i64s(cols.curr), RawBuffer::i32s(st.data), l))
+}
+
+/// The post-process for the device (decided by the kernel from the counts): returns `running`,
+/// the staged step and the launch, as `device_pre_copy`.
+#[pyfunction]
+#[pyo3(name = "vllm_device_post_process", signature = (planner, **kwargs))]
+fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
+    let a = DeviceArgs::from_kwargs(kwargs)?;
+    let p = planner.get();
+    let host = a.num_accepted.host();
+    let inp = PostInputs {
+        state_col: required(&a.state_col, "state_col")?,
+        num_computed: &a.num_computed.0,
+        num_scheduled: &a.num_scheduled.0,
+        num_draft: required(&a.num_draft, "num_draft")?,
+        num_accepted: host.unwrap_or(&[]),
+    };
+    let tables: Vec<GroupTable<'_>> = a.tables.views();
+    let source = if a.device_table.is_some() { TableSource::OnDevice } else { TableSource::Staged };
+    let cfg = vllm::config(&p.inner, p.block_size()?);
+    let (running, st) = device_step::stage_post_process(&inp, host.is_some(), &tables, &cfg, &|i| a.req_ids.name(i), source)?;
+    p.check(planner.py())?;
+    let l = launch(p, &a, &st, false)?;
+    Ok((RawBuffer::i64s(running), RawBuffer::i32s(st.data), l))
+}
+
+pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(align_pre_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(align_post_process, m)?)?;
+    m.add_function(wrap_pyfunction!(pre_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(post_process, m)?)?;
+    m.add_function(wrap_pyfunction!(device_pre_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(device_post_process, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! A device step's host-decided inputs, narrowed to the int32 the fused kernel reads and laid out
+//! in one buffer, so that a step costs one host-to-device copy: the groups' block tables as one
+//! `[groups, rows, cols]` table (a group with fewer columns padded with the null block), then the
+//! per-request vectors. The kernel reads exactly what the host checked.
+
+use super::decide::{self, PostInputs, PreColumns, PreInputs, StepConfig};
+use crate::error::{Error, Result};
+use crate::plan::GroupTable;
+
+/// The layout of a staged step: `table_len = groups * rows * cols` table entries, then one
+/// `rows`-long vector per staged vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagedStep {
+    pub data: Vec<i32>,
+    pub groups: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl StagedStep {
+    /// Entries of the table part (0 when the table was not staged).
+    pub fn table_len(&self) -> usize {
+        self.groups * self.rows * self.cols
+    }
+}
+
+/// Where a device step takes its block tables from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tables {
+    /// Staged from the host tables the step was checked against.
+    Staged,
+    /// Already on the device (the engine's own device tables): only the vectors are staged.
+    OnDevice,
+}
+
+/// The host half of a device pre-copy: the columns and the staged step (table, then `src_col`,
+/// `curr`, and the accepted counts when they are given on the host). With host counts
+/// (`inp.num_accepted` not empty, or any step without requests) the whole host decision runs
+/// ([`decide::pre_copy`], every check); without them, every check that needs no count
+/// ([`decide::pre_copy_columns`]; the kernel checks the rest).
+pub fn stage_pre_copy(
+    inp: &PreInputs<'_>,
+    host_counts: bool,
+    tables: &[GroupTable<'_>],
+    cfg: &StepConfig,
+    name: &dyn Fn(usize) -> String,
+    from: Tables,
+) -> Result<(PreColumns, StagedStep)> {
+    let cols = if host_counts {
+        let d = decide::pre_copy(inp, tables, cfg, name)?;
+        PreColumns { prev: d.prev, curr: d.curr, src_col: d.src_col }
+    } else {
+        decide::pre_copy_columns(inp, tables, cfg, name)?
+    };
+    let mut vectors: Vec<(&str, &[i64])> = vec![("src_col", &cols.src_col), ("curr", &cols.curr)];
+    if host_counts {
+        vectors.push(("num_accepted", inp.num_accepted));
+    }
+    let staged = stage(tables, cols.curr.len(), &vectors, from == Tables::Staged, name)?;
+    Ok((cols, staged))
+}
+
+/// The host half of a device post-process: `running` and the staged step (table, then
+/// `state_col`, `running`, and host counts when given). With host counts the whole host decision
+/// runs ([`decide::post_process`], including `num_accepted <= 1 + num_draft` and the saved
+/// columns); without them, [`decide::post_process_running`].
+pub fn stage_post_process(
+    inp: &PostInputs<'_>,
+    host_counts: bool,
+    tables: &[GroupTable<'_>],
+    cfg: &StepConfig,
+    name: &dyn Fn(usize) -> String,
+    from: Tables,
+) -> Result<(Vec<i64>, StagedStep)> {
+    let running =
+        if host_counts { decide::post_process(inp, tables, cfg, name)?.running } else { decide::post_process_running(inp, tables, cfg, name)? };
+    let mut vectors: Vec<(&str, &[i64])> = vec![("state_col", inp.state_col), ("running", &running)];
+    if host_counts {
+        vectors.push(("num_accepted", inp.num_accepted));
+    }
+    let staged = stage(tables, inp.state_col.len(), &vectors, from == Tables::Staged, name)?;
+    Ok((running, staged))
+}
+
+fn narrow(x: i64, what: &dyn Fn() -> String) -> Result<i32> {
+    i32::try_from(x).map_err(|_| Error::plan(format!("{} = {x} does not fit the kernel's int32", what())))
+}
+
+/// Stages the first `rows` rows of every group's table (when `with_table`) and the `vectors`
+/// (each `rows` long) as int32. Errors name the group, request (`name`) and column, or the vector
+/// and request, of a value outside int32, and a vector of another length.
+pub fn stage(
+    tables: &[GroupTable<'_>],
+    rows: usize,
+    vectors: &[(&str, &[i64])],
+    with_table: bool,
+    name: &dyn Fn(usize) -> String,
+) -> Result<StagedStep> {
+    if let Some((name, v)) = vectors.iter().find(|(_, v)| v.len() != rows) {
+        return Err(Error::plan(format!("{name} has {} entries for {rows} requests", v.len())));
+    }
+    let (groups, cols) = if with_table { (tables.len(), tables.iter().map(|t| t.cols).max().unwrap_or(0)) } else { (0, 0) };
+    let mut data = Vec::with_capacity(groups * rows * cols + vectors.len() * rows);
+    for (g, t) in tables.iter().enumerate().take(groups) {
+        if t.cols == 0 || t.ids.len() < rows * t.cols {
+            return Err(Error::plan(format!("group {g}: the block table has {} ids, fewer than {rows} rows of {} columns", t.ids.len(), t.cols)));
+        }
+        for r in 0..rows {
+            for (c, &id) in t.ids[r * t.cols..(r + 1) * t.cols].iter().enumerate() {
+                data.push(narrow(id, &|| format!("{}: group {g}'s block table, column {c}: block id", name(r)))?);
+            }
+            data.resize(data.len() + (cols - t.cols), 0);
+        }
+    }
+    for (vec_name, v) in vectors {
+        for (r, &x) in v.iter().enumerate() {
+            data.push(narrow(x, &|| format!("{}: {vec_name}", name(r)))?);
+        }
+    }
+    Ok(StagedStep { data, groups, rows, cols })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::decide::row_name;
+    use super::*;
+
+    #[test]
+    fn host_counts_get_every_host_check() {
+        let cfg = StepConfig { block_size: 4, num_spec_blocks: 2 };
+        let bt: Vec<i64> = (1..=16).collect();
+        let t = [GroupTable { ids: &bt, cols: 8 }];
+        // Request 0 moves from column 0 to column 1 carrying 3 accepted tokens: source columns 0..=2.
+        let inp = PreInputs { num_computed: &[4, 0], num_scheduled: &[3, 1], num_accepted: &[3, 1], mamba_state_idx: &[0, -1], fresh: None };
+        let (cols, st) = stage_pre_copy(&inp, true, &t, &cfg, &row_name, Tables::Staged).unwrap();
+        assert_eq!((cols.src_col, cols.curr), (vec![0, -1], vec![1, 0]));
+        assert_eq!(&st.data[st.table_len()..], &[0, -1, 1, 0, 3, 1]);
+        let (_, st) = stage_pre_copy(&PreInputs { num_accepted: &[], ..inp }, false, &t, &cfg, &row_name, Tables::OnDevice).unwrap();
+        assert_eq!(st.data, vec![0, -1, 1, 0]);
+        // A count out of range is the host's to refuse when the host holds it.
+        let bad = PreInputs { num_accepted: &[4, 1], ..inp };
+        let e = stage_pre_copy(&bad, true, &t, &cfg, &row_name, Tables::Staged).unwrap_err();
+        assert!(e.message.contains("request 0: num_accepted = 4"), "{}", e.message);
+        assert!(stage_pre_copy(&PreInputs { num_accepted: &[], ..bad }, false, &t, &cfg, &row_name, Tables::Staged).is_ok());
+        // The post-process: a count above 1 + num_draft is refused with host counts.
+        let post = PostInputs { state_col: &[1], num_computed: &[4], num_scheduled: &[3], num_draft: &[1], num_accepted: &[3] };
+        let e = stage_post_process(&post, true, &t, &cfg, &row_name, Tables::Staged).unwrap_err();
+        assert!(e.message.contains("num_accepted = 3 is outside 1..=2"), "{}", e.message);
+        let (running, st) = stage_post_process(&PostInputs { num_accepted: &[], ..post }, false, &t, &cfg, &row_name, Tables::Staged).unwrap();
+        assert_eq!((running, st.table_len(), &st.data[8..]), (vec![6], 8, &[1, 6][..]));
+    }
+
+    #[test]
+    fn tables_then_vectors_padded_to_the_widest_group() {
+        let g0: Vec<i64> = vec![1, 2, 3, 4, 5, 6, 7, 8, 9]; // 3 rows x 3 cols
+        let g1: Vec<i64> = vec![10, 11, 12, 13, 14, 15]; // 3 rows x 2 cols
+        let t = [GroupTable { ids: &g0, cols: 3 }, GroupTable { ids: &g1, cols: 2 }];
+        let s = stage(&t, 2, &[("src_col", &[0, -1]), ("dst_col", &[1, 2])], true, &row_name).unwrap();
+        assert_eq!((s.groups, s.rows, s.cols, s.table_len()), (2, 2, 3, 12));
+        assert_eq!(s.data, vec![1, 2, 3, 4, 5, 6, 10, 11, 0, 12, 13, 0, 0, -1, 1, 2]);
+        let v = stage(&t, 2, &[("running", &[5, 6])], false, &row_name).unwrap();
+        assert_eq!((v.table_len(), v.data), (0, vec![5, 6]));
+    }
+
+    #[test]
+    fn values_beyond_int32_are_named() {
+        let g0: Vec<i64> = vec![1, 1 << 31];
+        let t = [GroupTable { ids: &g0, cols: 2 }];
+        let e = stage(&t, 1, &[], true, &row_name).unwrap_err();
+        assert_eq!(e.message, "request 0: group 0's block table, column 1: block id = 2147483648 does not fit the kernel's int32");
+        let e = stage(&t, 1, &[("running", &[-(1 << 33)])], false, &|i| format!("request 'x{i}'")).unwrap_err();
+        assert_eq!(e.message, "request 'x0': running = -8589934592 does not fit the kernel's int32");
+        let e = stage(&t, 2, &[], true, &row_name).unwrap_err();
+        assert!(e.message.contains("fewer than 2 rows"), "{}", e.message);
+        let e = stage(&t, 2, &[("running", &[1])], false, &row_name).unwrap_err();
+        assert_eq!(e.message, "running has 1 entries for 2 requests");
+    }
+}

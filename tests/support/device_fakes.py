@@ -1,0 +1,169 @@
+"""Test doubles for the device path without a GPU: CPU tensors that claim to live on ``cuda:N``, a
+host stand-in for the device path's torch CUDA calls, and a recorder that replaces the driver launch
+(keeping each core-built launch and, optionally, running it through the host emulation). The
+fixtures ``fake_ops``, ``recorder`` and ``emulator`` (``conftest.py``) install them."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Any
+
+import numpy as np
+import torch
+from recoverssm_rs import cuda
+from recoverssm_rs.cuda import module as cuda_module
+from recoverssm_rs.cuda import ops as device_path
+
+
+class FakeCuda:
+    """A CPU torch tensor that claims to be on ``cuda:index`` (enough for the host-side logic)."""
+
+    def __init__(self, t: torch.Tensor, index: int = 0) -> None:
+        self.t = t
+        self.device = torch.device("cuda", index)
+
+    dtype = property(lambda self: self.t.dtype)
+    shape = property(lambda self: self.t.shape)
+
+    def stride(self) -> tuple[int, ...]:
+        return self.t.stride()
+
+    def data_ptr(self) -> int:
+        return self.t.data_ptr()
+
+    def element_size(self) -> int:
+        return self.t.element_size()
+
+    def dim(self) -> int:
+        return self.t.dim()
+
+    def to(self, dtype: Any) -> FakeCuda:
+        return FakeCuda(self.t.to(dtype), self.device.index)
+
+    def contiguous(self) -> FakeCuda:
+        return FakeCuda(self.t.contiguous(), self.device.index)
+
+    def view(self, *shape: Any) -> FakeCuda:
+        return FakeCuda(self.t.view(*shape), self.device.index)
+
+    def __getitem__(self, key: Any) -> FakeCuda:
+        return FakeCuda(self.t[key], self.device.index)
+
+    def zero_(self) -> FakeCuda:
+        self.t.zero_()
+        return self
+
+    def cpu(self) -> torch.Tensor:
+        return self.t
+
+    def numpy(self) -> np.ndarray:  # what the recorder hands to the emulation
+        return self.t.numpy()
+
+
+class FakeOps(device_path.CudaOps):
+    """Host stand-in for the torch CUDA calls of the device path."""
+
+    def __init__(self) -> None:
+        self.uploads = 0
+        self.staged = 0
+        self.allocs = 0
+        self.syncs = 0
+        self.contexts: list[tuple[int, Any]] = []
+
+    def context(self, index: int, stream: Any) -> Any:
+        self.contexts.append((index, stream))
+        return contextlib.nullcontext()
+
+    def torch_stream(self, stream: Any, index: int) -> Any:
+        return stream
+
+    def upload(self, raw: np.ndarray, index: int) -> Any:
+        self.uploads += 1
+        return FakeCuda(torch.from_numpy(np.ascontiguousarray(raw).copy()), index)
+
+    def stage_i32(self, host: Any, dest: Any) -> None:
+        self.staged += 1
+        data = np.frombuffer(host, dtype=np.int32)
+        dest.t[: len(data)] = torch.from_numpy(data.copy())
+
+    def empty_i32(self, n: int, index: int) -> Any:
+        self.allocs += 1
+        return FakeCuda(torch.full((n,), -1, dtype=torch.int32), index)
+
+    def stack_rows(self, tables: list[Any], rows: int, index: int) -> Any:
+        return FakeCuda(torch.stack([t.t[:rows] for t in tables]), index)
+
+    def zeros_i32(self, n: int, index: int) -> Any:
+        self.allocs += 1
+        return FakeCuda(torch.zeros(n, dtype=torch.int32), index)
+
+    def synchronize(self, index: int) -> None:
+        self.syncs += 1
+
+
+def bytes_at(ptr: int, n: int) -> bytes:
+    return ctypes.string_at(ptr, n)
+
+
+def ints_at(ptr: int, n: int) -> np.ndarray:
+    return np.frombuffer(ctypes.string_at(ptr, 4 * n), dtype=np.int32)
+
+
+def word_at(ptr: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_int32 * 3).from_address(ptr)).copy()
+
+
+class Recorder:
+    """Replaces the driver launch; records each core-built launch (and optionally emulates it)."""
+
+    def __init__(self, emulate: bool) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.emulate = emulate
+
+    def launch(self, kl: Any, index: int, stream: Any) -> None:
+        v = dict(kl.values())
+        table = None
+        if kl.kernel == "rs_state_copy":  # the rows this step reads, as the kernel sees them now
+            rows = [ints_at(v["block_table"] + 4 * r * v["bt_row_stride"], v["bt_cols"]).tolist()
+                    for r in range(v["num_requests"])]
+            table = rows
+        self.calls.append(dict(v, kernel=kl.kernel, launch=kl, index=index, stream=stream, chunks=kl.grid[0],
+                               table=table, has_temporal=bool(v["flags"] & cuda.FLAG_HAS_TEMPORAL),
+                               decide=bool(v["flags"] & cuda.FLAG_DECIDE), err_at_launch=word_at(v["err"])))
+        if self.emulate:
+            from support import emulation
+
+            emulation.run(kl, grid=(3, kl.grid[1], kl.grid[2])).check(kl.kernel)
+
+
+def install(monkeypatch: Any, *, ops: bool = True, emulate: bool | None = None) -> tuple[FakeOps | None, Recorder | None]:
+    """Install the fake CUDA ops and/or a launch recorder (``emulate=None``: no recorder)."""
+    fake = None
+    if ops:
+        fake = FakeOps()
+        monkeypatch.setattr(device_path, "cuda_ops", fake)
+    rec = None
+    if emulate is not None:
+        rec = Recorder(emulate)
+        monkeypatch.setattr(cuda_module, "launch", rec.launch)
+    return fake, rec
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def random_states(layout: Any, nb: int, layers: int, rng: np.random.Generator) -> list[list[torch.Tensor]]:
+    """Per-layer persistent state tensors ``[nb, *shape]`` on the CPU, filled with random bytes (so
+    every copied byte is checked)."""
+    out = []
+    for _ in range(layers):
+        layer = []
+        for s in layout.persistent:
+            t = torch.empty((nb, *s.shape), dtype=_DTYPES[s.dtype])
+            t.view(torch.uint8).copy_(torch.from_numpy(rng.integers(0, 256, size=t.nbytes, dtype=np.uint8))
+                                      .view(t.view(torch.uint8).shape))
+            layer.append(t)
+        out.append(layer)
+    return out
+

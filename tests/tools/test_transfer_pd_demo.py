@@ -1,0 +1,69 @@
+"""``pd-demo``: prefill and decode in two processes with different TP sizes, conv layouts and
+num_spec, states moved over NIXL, every decode-side state checked against one-instance decoding."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from recoverssm_rs.tools import pd_demo
+from recoverssm_rs.transfer import nixl as rnixl
+
+if not rnixl.nixl_available():
+    if os.environ.get("RECOVERSSM_REQUIRE_NIXL", "0") not in ("", "0"):
+        raise RuntimeError(f"RECOVERSSM_REQUIRE_NIXL=1 but NIXL is not importable; {rnixl.INSTALL_HINT}")
+    pytest.skip(f"NIXL is not importable ({rnixl.INSTALL_HINT})", allow_module_level=True)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        pd_demo.Config(requests=4, layers=2, prefill_tp=2, decode_tp=1, prefill_layout="SD", decode_layout="DS",
+                       prefill_spec=0, decode_spec=3, generate=6),
+        pd_demo.Config(requests=3, layers=2, prefill_tp=1, decode_tp=4, prefill_layout="DS", decode_layout="SD",
+                       prefill_spec=2, decode_spec=1, generate=5, seed=5),
+    ],
+    ids=["tp2-SD-to-tp1-DS", "tp1-DS-to-tp4-SD"],
+)
+def test_pd_demo_has_zero_mismatches(cfg):
+    s = pd_demo.run(cfg)
+    assert "error" not in s, s
+    assert s["exit_codes"] == [0, 0]
+    assert s["num_mismatches"] == 0 and not s["failed"], pd_demo.format_summary(s)
+    assert s["bytes"] > 0 and s["descriptors"] > 0 and s["windows"] >= cfg.requests
+    assert s["max_state_err"] <= pd_demo.TOLERANCE
+
+
+def test_pd_demo_cli_exits_zero_and_prints_the_summary(capsys):
+    rc = pd_demo.main(["--requests", "2", "--layers", "2", "--generate", "3", "--decode-tp", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "mismatches: 0" in out and "descriptors" in out and "GB/s" in out
+
+
+def test_the_demo_check_catches_a_wrong_state():
+    cfg = pd_demo.Config(requests=1, layers=2, generate=1)
+    model = pd_demo._Model(cfg)
+    rk = pd_demo._Rank(cfg, model, 2, 1, "DS", 2, 4)
+    tokens = [3, 1, 4, 1, 5, 9, 2]
+    for layer in range(2):
+        rk.run(layer, 2, tokens)
+        assert pd_demo._compare(model, rk, layer, 2, tokens) == (True, pytest.approx(0.0, abs=1e-6))
+    conv, temporal = rk._tensors(1)
+    conv[2, 5, 0] += 1.0
+    assert pd_demo._compare(model, rk, 1, 2, tokens)[0] is False
+    temporal[2, 0, 0, 0] += 1e-2
+    assert pd_demo._compare(model, rk, 1, 2, tokens)[1] > pd_demo.TOLERANCE
+
+
+def test_pd_demo_parser_follows_the_cli_conventions():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    pd_demo.add_parser(parser.add_subparsers())
+    sub = parser._subparsers._group_actions[0].choices["pd-demo"]  # type: ignore[union-attr]
+    for action in sub._actions:
+        if action.option_strings:
+            assert action.help, action.option_strings
+    text = sub.format_help()
+    assert "``" not in text and "(default: 16)" in text
