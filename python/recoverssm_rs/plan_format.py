@@ -1,10 +1,10 @@
-"""The record formats and constants the Rust core shares with the CUDA kernels, as numpy dtypes and
-Python ints.
+"""The record formats and constants the Rust core shares with the CUDA kernels and the Python
+package, as numpy dtypes and Python ints.
 
 The core owns every one of them (``rust/kernels/records.rs``, ``rust/kernels/constants.rs``) and
 exports them with :func:`recoverssm_rs._core.kernel_abi`; this module only turns that description
-into numpy dtypes. The CUDA sources repeat the layouts and constants they need, and a test parses
-the sources against the core.
+into numpy dtypes. The CUDA sources include a header the core generates from the same tables
+(``kernels/rs_abi.cuh``), so no layout or constant has a second copy.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "CONSTANTS",
     "records",
     "record_dtype",
+    "record_columns",
     "SEGMENT_DTYPE",
     "TILE_DTYPE",
     "MOVE_ROW_DTYPE",
@@ -45,6 +46,19 @@ def record_dtype(name: str) -> np.dtype:
         offsets.append(offset)
         formats.append(fmt)
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": spec["size"]})
+
+
+def record_columns(name: str) -> tuple[tuple[str, ...], np.dtype]:
+    """The field names and the one scalar type of the core's record ``name`` when it is a run of
+    fields of one type without padding (the transfer plan's ``Read`` and ``StagedCopy`` rows): such
+    records are viewed as 2-D arrays with a column per field, in this order."""
+    spec = ABI["records"][name]
+    names = tuple(field for field, _offset, _fmt, _c_type in spec["fields"])
+    formats = {fmt for _field, _offset, fmt, _c_type in spec["fields"]}
+    scalar = np.dtype(formats.pop()) if len(formats) == 1 else None
+    if scalar is None or spec["size"] != scalar.itemsize * len(names):
+        raise _core.RecoverSSMError(f"record {name} is not a run of fields of one type; use record_dtype({name!r})")
+    return names, scalar
 
 
 #: One 2-D strided copy: rows x row_bytes from ``src + r * pitch`` to ``dst + r * pitch``.

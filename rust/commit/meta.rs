@@ -1,5 +1,5 @@
-//! The per-layer table of the RecoverSSM commit kernel (`struct CommitMeta` in
-//! `kernels/recover_commit.cu`): each layer's five tensors — recurrent pool, corrections, key+gate
+//! The per-layer table of the RecoverSSM commit kernel (`struct CommitMeta` of the generated
+//! `kernels/rs_abi.cuh`): each layer's five tensors — recurrent pool, corrections, key+gate
 //! records, conv pool and verified conv windows — checked against what the kernel can take and
 //! reduced to byte addresses, byte strides and geometry.
 //!
@@ -27,7 +27,7 @@ pub const COMMIT_DTYPE_PAIRS: [(DType, DType); 5] = [
 ];
 
 /// One layer of the commit kernel's table: 128 bytes, little-endian, field for field
-/// `struct CommitMeta` of `recover_commit.cu` (and `gpu.COMMIT_META_DTYPE` in Python).
+/// `struct CommitMeta` of the generated `rs_abi.cuh` (and `cuda.COMMIT_META_DTYPE` in Python).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommitMeta {

@@ -2,8 +2,9 @@
 //! and C type, in order), and the packing of argument values into the buffer the CUDA driver takes
 //! (`cuLaunchKernel`'s `CU_LAUNCH_PARAM_BUFFER_POINTER`: each parameter at the next offset aligned
 //! to its own size). The launch layer in Python only hands a [`Launch`]'s buffer to the driver; the
-//! host emulation unpacks the same buffer by the kernel's declared C++ parameter types, and a test
-//! parses the sources' declarations against [`KERNELS`].
+//! host emulation unpacks the same buffer by the kernel's declared C++ parameter types. The generated
+//! CUDA header declares every entry point from [`KERNELS`] ([`super::header`]), so the compilers
+//! refuse a definition in the sources whose parameters differ.
 
 use crate::error::{Error, Result};
 

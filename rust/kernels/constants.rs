@@ -1,6 +1,6 @@
-//! Every constant the CUDA kernels and the core share, defined once here. The CUDA sources repeat
-//! the ones they need as `#define RS_*` (CUDA C cannot include Rust); [`CUDA_DEFINES`] lists each
-//! with its source name, and a test parses the sources and fails on any disagreement.
+//! Every constant the CUDA kernels and the core share, defined once here. [`DEFINES`] lists the
+//! ones the CUDA sources use, with their `#define RS_*` names; the generated header
+//! (`kernels/rs_abi.cuh`, [`super::header`]) defines them for the sources.
 
 use crate::plan::segment::Mode;
 
@@ -69,39 +69,80 @@ pub const MAX_GRID_YZ: u32 = 65535;
 /// Largest grid x.
 pub const MAX_GRID_X: u32 = (1 << 31) - 1;
 
-/// `(name in the CUDA sources, value)` of every constant the sources define.
-pub const CUDA_DEFINES: [(&str, u64); 23] = [
-    ("RS_THREADS", THREADS as u64),
-    ("RS_MODE_DISJOINT", MODE_DISJOINT as u64),
-    ("RS_MODE_ROWS_ASCENDING", MODE_ROWS_ASCENDING as u64),
-    ("RS_MODE_WITHIN_ROW", MODE_WITHIN_ROW as u64),
-    ("RS_KIND_TEMPORAL", KIND_TEMPORAL as u64),
-    ("RS_KIND_CONV_SD", KIND_CONV_SD as u64),
-    ("RS_KIND_CONV_DS", KIND_CONV_DS as u64),
-    ("RS_ERR_ACCEPTED", ERR_ACCEPTED as u64),
-    ("RS_ERR_COLUMN", ERR_COLUMN as u64),
-    ("RS_ERR_BLOCK", ERR_BLOCK as u64),
-    ("RS_ERR_META", ERR_META as u64),
-    ("RS_ERR_ARGS", ERR_ARGS as u64),
-    ("RS_FLAG_HAS_TEMPORAL", FLAG_HAS_TEMPORAL as u64),
-    ("RS_FLAG_DECIDE", FLAG_DECIDE as u64),
-    ("RS_FLAG_PRE_COPY", FLAG_PRE_COPY as u64),
-    ("RS_STATE_CHUNK_BYTES", STATE_CHUNK_BYTES),
-    ("RS_DT_F32", DT_F32 as u64),
-    ("RS_DT_BF16", DT_BF16 as u64),
-    ("RS_DT_F16", DT_F16 as u64),
-    ("RS_RC_GDN", RC_GDN as u64),
-    ("RS_RC_KDA", RC_KDA as u64),
-    ("RS_RC_ROWS", RC_ROWS as u64),
-    ("RS_RC_NO_CONV", RC_NO_CONV as u64),
+/// One constant of the CUDA sources: its `#define` name, value and meaning (the generated
+/// header's comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Define {
+    pub name: &'static str,
+    pub value: u64,
+    pub doc: &'static str,
+}
+
+const fn define(name: &'static str, value: u64, doc: &'static str) -> Define {
+    Define { name, value, doc }
+}
+
+/// Every constant the CUDA sources use, in the order the generated header defines them.
+pub const DEFINES: [Define; 23] = [
+    define("RS_THREADS", THREADS as u64, "threads per CTA of every launch (the kernels work with any blockDim.x in [1, RS_THREADS])"),
+    define("RS_MODE_DISJOINT", MODE_DISJOINT as u64, "Segment.mode: no byte of the segment's source is written in the same wave"),
+    define("RS_MODE_ROWS_ASCENDING", MODE_ROWS_ASCENDING as u64, "Segment.mode: rows overlap (src = dst + shift*pitch): per-lane row walk"),
+    define("RS_MODE_WITHIN_ROW", MODE_WITHIN_ROW as u64, "Segment.mode: overlap inside each row (src = dst + shift*elem): per-row memmove"),
+    define("RS_KIND_TEMPORAL", KIND_TEMPORAL as u64, "StateMeta.kind: the whole state is copied"),
+    define("RS_KIND_CONV_SD", KIND_CONV_SD as u64, "StateMeta.kind: conv window [width, dim], dim contiguous"),
+    define("RS_KIND_CONV_DS", KIND_CONV_DS as u64, "StateMeta.kind: conv window [dim, width], width contiguous"),
+    define("RS_ERR_ACCEPTED", ERR_ACCEPTED as u64, ERROR_BITS[0].2),
+    define("RS_ERR_COLUMN", ERR_COLUMN as u64, ERROR_BITS[1].2),
+    define("RS_ERR_BLOCK", ERR_BLOCK as u64, ERROR_BITS[2].2),
+    define("RS_ERR_META", ERR_META as u64, ERROR_BITS[3].2),
+    define("RS_ERR_ARGS", ERR_ARGS as u64, ERROR_BITS[4].2),
+    define(
+        "RS_FLAG_HAS_TEMPORAL",
+        FLAG_HAS_TEMPORAL as u64,
+        "rs_state_copy flags: some StateMeta is temporal (validate the temporal source column / block for the whole request)",
+    ),
+    define(
+        "RS_FLAG_DECIDE",
+        FLAG_DECIDE as u64,
+        "rs_state_copy flags: the align decision is taken on the device (the second vector is `running`; block_size is used)",
+    ),
+    define(
+        "RS_FLAG_PRE_COPY",
+        FLAG_PRE_COPY as u64,
+        "rs_state_copy flags: vLLM's pre-copy semantics (src_col == dst_col is a no-op whatever the accepted count)",
+    ),
+    define("RS_STATE_CHUNK_BYTES", STATE_CHUNK_BYTES, "rs_state_copy: bytes of one state copy per CTA"),
+    define("RS_DT_F32", DT_F32 as u64, "CommitMeta.state_dtype / kg_dtype: float32"),
+    define("RS_DT_BF16", DT_BF16 as u64, "CommitMeta.state_dtype / kg_dtype: bfloat16"),
+    define("RS_DT_F16", DT_F16 as u64, "CommitMeta.state_dtype / kg_dtype: float16"),
+    define("RS_RC_GDN", RC_GDN as u64, "CommitMeta.kind: scalar gate per (head, token); key+gate record [K + 1], gate at [K]"),
+    define("RS_RC_KDA", RC_KDA as u64, "CommitMeta.kind: gate per key channel; record [2K], gate in [K, 2K)"),
+    define("RS_RC_ROWS", RC_ROWS as u64, "rs_recover_commit: value rows of the state each thread keeps in registers (x 4 key channels)"),
+    define("RS_RC_NO_CONV", RC_NO_CONV as u64, "CommitMeta.conv_layout of a layer without a conv state (else RS_KIND_CONV_SD / _DS)"),
 ];
 
-/// Constants of the core that the sources do not define (host side only), by name.
-pub const HOST_CONSTANTS: [(&str, u64); 4] = [
+/// `(name in the CUDA sources, value)` of every constant of [`DEFINES`].
+pub const CUDA_DEFINES: [(&str, u64); 23] = name_values(&DEFINES);
+
+const fn name_values<const N: usize>(defines: &[Define; N]) -> [(&'static str, u64); N] {
+    let mut out = [("", 0u64); N];
+    let mut i = 0;
+    while i < N {
+        out[i] = (defines[i].name, defines[i].value);
+        i += 1;
+    }
+    out
+}
+
+/// Constants of the core that the sources do not define (host side only), by name: launch limits,
+/// and `STAGING`, the `dst_tensor` of a transfer plan's read that lands in the staging buffer
+/// (`crate::transfer::STAGING`; the rows are the record table's `Read` and `StagedCopy`).
+pub const HOST_CONSTANTS: [(&str, u64); 5] = [
     ("MAX_STATE_CHUNKS", MAX_STATE_CHUNKS as u64),
     ("COMMIT_CONV_CHUNK_BYTES", COMMIT_CONV_CHUNK_BYTES),
     ("MAX_GRID_YZ", MAX_GRID_YZ as u64),
     ("MAX_GRID_X", MAX_GRID_X as u64),
+    ("STAGING", crate::transfer::STAGING),
 ];
 
 /// The names of the error bits set in `bits`, in bit order.
@@ -125,5 +166,14 @@ mod tests {
         });
         assert_eq!(all, 31);
         assert_eq!(error_names(ERR_COLUMN | ERR_ARGS), vec!["column", "args"]);
+    }
+
+    #[test]
+    fn every_error_bit_is_defined_under_its_name() {
+        for (bit, name, meaning) in ERROR_BITS {
+            let d = DEFINES.iter().find(|d| d.name == format!("RS_ERR_{}", name.to_uppercase())).expect("defined");
+            assert_eq!((d.value, d.doc), (bit as u64, meaning), "{}", d.name);
+        }
+        assert!(DEFINES.iter().all(|d| !d.doc.is_empty() && d.name.starts_with("RS_")));
     }
 }

@@ -2,13 +2,15 @@
 //! layouts it reads ([`records`]), the constants it shares with the core ([`constants`]), the checks
 //! of its device arguments ([`args`]), and the launch builders that turn described arguments into a
 //! grid, a block and a packed argument buffer ([`copy`], [`commit`]). The CUDA sources themselves
-//! ship in the Python package (`recoverssm_rs/kernels/*.cu`); tests check them against this module.
+//! ship in the Python package (`recoverssm_rs/kernels/*.cu`) and include the header [`header`]
+//! generates from this module (`kernels/rs_abi.cuh`): records, constants and entry prototypes.
 
 pub mod abi;
 pub mod args;
 pub mod commit;
 pub mod constants;
 pub mod copy;
+pub mod header;
 pub mod records;
 
 pub use abi::{Arg, KernelSpec, Launch, ParamType, KERNELS, KERNEL_FILES};

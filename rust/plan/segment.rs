@@ -1,5 +1,5 @@
-//! The plan's output records, shared bit for bit with the CUDA kernels
-//! (`python/recoverssm_rs/kernels/common.cuh`).
+//! The plan's output records, shared bit for bit with the CUDA kernels (declared for them by the
+//! generated `python/recoverssm_rs/kernels/rs_abi.cuh`).
 
 /// How a segment's source and destination may overlap, and so how it must be executed.
 #[repr(u8)]

@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::layout::ConvLayout;
 use crate::sharding::{owned_units, unit_owners};
 
-/// `dst_tensor` of a read that lands in the staging buffer.
+/// `dst_tensor` of a read that lands in the staging buffer (exported with the core's constants,
+/// `kernels::constants::HOST_CONSTANTS`).
 pub const STAGING: u64 = u64::MAX;
 /// Staging areas start on this many bytes.
 const STAGING_ALIGN: u64 = 64;
@@ -33,7 +34,8 @@ pub struct PoolGeometry {
 
 /// One read: `len` bytes from `src_offset` of the source rank's tensor `src_tensor` (offsets
 /// from the tensor's block 0) to `dst_offset` of the destination tensor `dst_tensor`, or of the
-/// staging buffer when `dst_tensor == STAGING`.
+/// staging buffer when `dst_tensor == STAGING`. A row of the core's record table
+/// (`kernels::records`): the Python package views the packed rows by its fields.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Read {
@@ -47,7 +49,8 @@ pub struct Read {
 }
 
 /// A local copy that finishes a staged state: a `rows x cols` matrix of `elem`-byte items from
-/// the staging buffer to a destination tensor, both sides given by byte offset and strides.
+/// the staging buffer to a destination tensor, both sides given by byte offset and strides. A row
+/// of the core's record table (`kernels::records`), like [`Read`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagedCopy {

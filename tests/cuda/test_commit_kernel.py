@@ -57,7 +57,7 @@ def test_commit_records_match_the_kernel():
     assert [meta.fields[f][1] for f in ("heads", "kg_width", "conv_layout", "conv_hist", "conv_elem")] == [
         80, 96, 112, 124, 126]
     assert [row.fields[f][1] for f in row.names] == [0, 4, 8, 16, 24, 28]
-    text = (cuda.KERNEL_DIR / "recover_commit.cu").read_text()
+    text = (cuda.KERNEL_DIR / "rs_abi.cuh").read_text()
     assert "static_assert(sizeof(CommitMeta) == 128" in text and "static_assert(sizeof(CommitRow) == 32" in text
     assert "__builtin_offsetof(CommitMeta, conv_hist) == 124" in text
     assert "recover_commit.cu" in cuda.KERNEL_FILES and "rs_recover_commit" in cuda.KERNEL_NAMES

@@ -1,169 +1,127 @@
-"""The CUDA sources agree with the core on every kernel's calling convention, every record layout and
-every shared constant (the core owns them: ``_core.kernel_abi()``). The sources are parsed as text,
-so a change on one side that misses the other fails here, without a GPU or a compiler."""
+"""The core owns every record layout, shared constant and kernel calling convention
+(``_core.kernel_abi()``); the Python package and the CUDA sources hold no copy of them.
+
+* Python builds its numpy dtypes, the transfer plan's row columns and ``STAGING`` from the core's
+  description (checked here).
+* The CUDA sources include ``kernels/rs_abi.cuh``, which the core generates from the same tables;
+  ``cargo test`` fails while the checked-in header differs from what the core renders
+  (``rust/kernels/header.rs``, one owner of that check). With the entry points declared there, the
+  compilers reject a kernel definition whose parameters differ from the core's (checked here, for
+  the host build and NVRTC).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 
+import numpy as np
 import pytest
 from recoverssm_rs import _core
-from recoverssm_rs.cuda.module import KERNEL_DIR
-from recoverssm_rs.plan_format import ABI, CONSTANTS, record_dtype
+from recoverssm_rs.cuda import nvrtc
+from recoverssm_rs.cuda.module import KERNEL_DIR, kernel_source
+from recoverssm_rs.plan_format import ABI, CONSTANTS, record_columns, record_dtype
+from recoverssm_rs.transfer import LocalTransfer
+from recoverssm_rs.transfer.local import READ_FIELDS, STAGED_FIELDS, STAGING, read_rows, staged_rows
+from support import emulation
 
-_C_SIZES = {"uint8_t": 1, "uint16_t": 2, "uint32_t": 4, "uint64_t": 8, "int32_t": 4, "int64_t": 8}
-
-
-def _strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return re.sub(r"//[^\n]*", "", text)
-
-
-def _sources() -> dict[str, str]:
-    return {p.name: _strip_comments(p.read_text()) for p in sorted(KERNEL_DIR.iterdir()) if p.suffix in (".cu", ".cuh")}
-
-
-def parse_entries(text: str) -> dict[str, list[tuple[str, str]]]:
-    """``extern "C" __global__`` entry points: name -> [(parameter, C type without qualifiers)]."""
-    out = {}
-    for m in re.finditer(r'extern\s+"C"\s+__global__\s+void\s+(?:RS_LAUNCH_BOUNDS\s+)?(\w+)\s*\(([^)]*)\)', text):
-        params = []
-        for p in m.group(2).split(","):
-            p = " ".join(p.replace("__restrict__", "").split())
-            ty, name = _split_param(p)
-            params.append((name, ty))
-        out[m.group(1)] = params
-    return out
-
-
-def _split_param(p: str) -> tuple[str, str]:
-    m = re.match(r"^(.*?[\s*])(\w+)$", p)
-    assert m, p
-    ty = m.group(1).replace(" *", "*").strip()
-    return " ".join(ty.split()), m.group(2)
-
-
-def parse_structs(text: str) -> dict[str, list[tuple[str, int, str]]]:
-    """``struct Name { type field; ... };`` -> [(field, offset, C type)] with C's layout rules."""
-    out = {}
-    for m in re.finditer(r"struct\s+(\w+)\s*\{([^{}]*)\};", text):
-        fields, off = [], 0
-        for decl in m.group(2).split(";"):
-            decl = " ".join(decl.split())
-            if not decl:
-                continue
-            ty, name = decl.rsplit(" ", 1)
-            size = _C_SIZES.get(ty)
-            if size is None:
-                break  # not a plain record (a helper struct of the kernels)
-            off = (off + size - 1) // size * size
-            fields.append((name, off, ty))
-            off += size
-        else:
-            out[m.group(1)] = fields
-    return out
-
-
-def parse_defines(text: str) -> dict[str, int]:
-    """Numeric ``#define RS_NAME value`` lines."""
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*#define\s+(RS_\w+)\s+(\d+)u?\s*$", text, re.M)}
-
-
-def abi_entries() -> dict[str, list[tuple[str, str]]]:
-    return {k["name"]: [tuple(p) for p in k["params"]] for k in ABI["kernels"]}
-
-
-def diff_entries(sources: dict[str, str]) -> list[str]:
-    problems = []
-    found: dict[str, tuple[str, list[tuple[str, str]]]] = {}
-    for fname, text in sources.items():
-        for name, params in parse_entries(text).items():
-            found[name] = (fname, params)
-    for k in ABI["kernels"]:
-        if k["name"] not in found:
-            problems.append(f"{k['name']}: not declared in the sources")
-            continue
-        fname, params = found[k["name"]]
-        if fname != k["file"]:
-            problems.append(f"{k['name']}: declared in {fname}, the core says {k['file']}")
-        if params != [tuple(p) for p in k["params"]]:
-            problems.append(f"{k['name']}: sources {params} != core {k['params']}")
-    for name in set(found) - {k["name"] for k in ABI["kernels"]}:
-        problems.append(f"{name}: an entry point the core does not know")
-    return problems
-
-
-def diff_structs(sources: dict[str, str]) -> list[str]:
-    structs: dict[str, list[tuple[str, int, str]]] = {}
-    for text in sources.values():
-        structs.update(parse_structs(text))
-    problems = []
-    for name in ("Segment", "Tile", "StateMeta", "CommitRow", "CommitMeta"):
-        if name not in structs:
-            problems.append(f"struct {name}: not in the sources")
-            continue
-        core = [(f, off, c) for f, off, _np, c in ABI["records"][name]["fields"]]
-        if structs[name] != core:
-            problems.append(f"struct {name}: sources {structs[name]} != core {core}")
-    return problems
-
-
-def diff_defines(sources: dict[str, str]) -> list[str]:
-    defines: dict[str, int] = {}
-    for text in sources.values():
-        defines.update(parse_defines(text))
-    problems = []
-    for name in ABI["cuda_defines"]:
-        if name not in defines:
-            problems.append(f"{name}: not defined in the sources")
-        elif defines[name] != CONSTANTS[name]:
-            problems.append(f"{name}: sources {defines[name]} != core {CONSTANTS[name]}")
-    for name in set(defines) - set(ABI["cuda_defines"]):
-        problems.append(f"{name} = {defines[name]}: a constant the core does not own")
-    return problems
-
-
-def test_entry_signatures_match_the_core():
-    assert diff_entries(_sources()) == []
-    assert set(abi_entries()) == {"rs_copy_tiles", "rs_state_copy", "rs_recover_commit"}
-
-
-def test_struct_layouts_match_the_core():
-    assert diff_structs(_sources()) == []
-
-
-def test_constants_match_the_core():
-    assert diff_defines(_sources()) == []
-
-
-@pytest.mark.parametrize(
-    "mutate, expect",
-    [
-        # two parameters swapped
-        (lambda s: s.replace("int32_t block_size,\n    int32_t num_requests", "int32_t num_requests,\n    int32_t block_size"),
-         "rs_state_copy: sources"),
-        # a field widened
-        (lambda s: s.replace("uint32_t row_bytes;", "uint64_t row_bytes;"), "struct Segment"),
-        # a constant changed
-        (lambda s: s.replace("#define RS_ERR_META 8", "#define RS_ERR_META 32"), "RS_ERR_META: sources 32"),
-        # a new constant the core does not own
-        (lambda s: s + "\n#define RS_NEW_THING 3\n", "RS_NEW_THING = 3"),
-    ],
-)
-def test_the_checks_catch_a_one_sided_change(mutate, expect):
-    sources = _sources()
-    mutated = {name: mutate(text) for name, text in sources.items()}
-    assert mutated != sources, "the mutation must apply to some source"
-    problems = diff_entries(mutated) + diff_structs(mutated) + diff_defines(mutated)
-    assert any(expect in p for p in problems), problems
+HEADER = "rs_abi.cuh"
 
 
 def test_numpy_dtypes_are_built_from_the_core():
+    assert {"Segment", "Tile", "MoveRow", "StateMeta", "CommitRow", "CommitMeta", "Read", "StagedCopy"} <= set(
+        ABI["records"])
     for name, spec in ABI["records"].items():
         dt = record_dtype(name)
         assert dt.itemsize == spec["size"]
         assert [(f, dt.fields[f][1]) for f, *_ in spec["fields"]] == [(f, off) for f, off, *_ in spec["fields"]]
+        assert [dt.fields[f][0].str for f, *_ in spec["fields"]] == [np.dtype(fmt).str for _, _, fmt, _ in spec["fields"]]
     assert record_dtype("StateMeta").itemsize == 64 and record_dtype("CommitMeta").itemsize == 128
+
+
+def test_transfer_rows_take_their_columns_and_staging_marker_from_the_core():
+    assert READ_FIELDS == tuple(f for f, *_ in ABI["records"]["Read"]["fields"])
+    assert STAGED_FIELDS == tuple(f for f, *_ in ABI["records"]["StagedCopy"]["fields"])
+    assert STAGING == CONSTANTS["STAGING"] == 2**64 - 1
+    assert record_columns("Read")[1] == np.dtype("<u8")
+    # A record with fields of several types has no column view.
+    with pytest.raises(_core.RecoverSSMError, match="Segment is not a run of fields of one type"):
+        record_columns("Segment")
+
+
+def test_transfer_rows_read_the_core_packed_plan_by_field_name():
+    # An SD -> DS transfer stages its conv windows: reads into the staging buffer, then local copies.
+    from transfer_ref import FAMILIES, layout, paged_states, pool
+
+    fam, rng = FAMILIES["gdn"], np.random.default_rng(0)
+    s, d = layout(fam, 1, 0, "SD"), layout(fam, 1, 0, "DS")
+    src, dst = pool(s, paged_states(s, 1, 4, rng)[1], 0), pool(d, paged_states(d, 1, 4, rng)[1], 0)
+    plan = LocalTransfer({0: src}, dst).plan([(1, 2), (3, 1)])
+    reads, staged = read_rows(plan), staged_rows(plan)
+    assert reads.shape == (plan.num_reads, len(READ_FIELDS)) and staged.shape == (plan.num_staged, len(STAGED_FIELDS))
+    r, c = dict(zip(READ_FIELDS, reads.T)), dict(zip(STAGED_FIELDS, staged.T))
+    assert int(r["len"].sum()) == plan.nbytes and set(r["request"].tolist()) == {0, 1}
+    to_staging = r["dst_tensor"] == STAGING
+    assert to_staging.any() and (~to_staging).any()
+    assert (r["dst_offset"][to_staging] + r["len"][to_staging] <= plan.staging_bytes).all()
+    assert (r["dst_tensor"][~to_staging] < len(dst.views)).all()
+    assert set(c["request"].tolist()) == {0, 1} and (c["dst_tensor"] < len(dst.views)).all()
+    assert (c["src_offset"] + (c["rows"] - 1) * c["src_row_stride"] + (c["cols"] - 1) * c["src_col_stride"]
+            + c["elem"] <= plan.staging_bytes).all()
+
+
+def test_sources_take_records_constants_and_prototypes_from_the_generated_header():
+    header = (KERNEL_DIR / HEADER).read_text()
+    assert header.startswith("// recoverssm_rs kernel ABI") and "GENERATED by the core" in header
+    assert "RECOVERSSM_BLESS=1 cargo test" in header
+    for k in ABI["kernels"]:
+        assert f'extern "C" __global__ void {k["name"]}(' in header
+        # Each entry point is defined in the file the core names (and the module loads).
+        assert f"RS_LAUNCH_BOUNDS {k['name']}(" in (KERNEL_DIR / k["file"]).read_text()
+    for f in ABI["kernel_files"]:
+        assert f'#include "{HEADER}"' in (KERNEL_DIR / f).read_text()
+        assert kernel_source(f).count(header) == 1  # inlined whole, once
+    # No hand copy elsewhere: an identical re-#define or a second struct would compile silently.
+    for path in sorted(KERNEL_DIR.glob("*.cu*")):
+        if path.name == HEADER:
+            continue
+        text = path.read_text()
+        copies = [n for n in ABI["cuda_defines"] if re.search(rf"#\s*define\s+{n}\b", text)]
+        copies += [n for n in ABI["records"] if re.search(rf"\bstruct\s+{n}\s*\{{", text)]
+        assert not copies, f"{path.name} repeats {copies}: they come from {HEADER}"
+
+
+def _wrong_first_tile(text: str) -> str:
+    """copy_tiles.cu with the definition's `uint32_t first_tile` changed to int32_t."""
+    out = text.replace("uint32_t first_tile,\n", "int32_t first_tile,\n", 1)
+    assert out != text
+    return out
+
+
+@pytest.mark.skipif(shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
+def test_host_build_rejects_a_definition_that_differs_from_the_prototype(tmp_path):
+    def build(text: str) -> subprocess.CompletedProcess:
+        src = tmp_path / "copy_tiles.cu"
+        src.write_text(text)
+        cmd = [emulation.HOST_CXX, *emulation.HOST_CXX_FLAGS, "-fsyntax-only", "-include", str(emulation.SHIM),
+               "-I", str(KERNEL_DIR), str(src)]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+    text = (KERNEL_DIR / "copy_tiles.cu").read_text()
+    assert build(text).returncode == 0
+    bad = build(_wrong_first_tile(text))
+    assert bad.returncode != 0 and "conflicting declaration" in bad.stderr and "rs_copy_tiles" in bad.stderr
+
+
+def test_nvrtc_rejects_a_definition_that_differs_from_the_prototype():
+    if nvrtc.find_nvrtc() is None:
+        if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
+            pytest.fail("NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set (pip install nvidia-cuda-nvrtc-cu12)")
+        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)")
+    rep = nvrtc.nvrtc_compile("copy_tiles.cu", 90, target="ptx", source=_wrong_first_tile(kernel_source("copy_tiles.cu")))
+    assert not rep.ok and 'more than one instance of overloaded function "rs_copy_tiles" has "C" linkage' in rep.log
 
 
 def test_packed_buffer_follows_the_declared_order():

@@ -41,8 +41,9 @@ def test_record_layouts_match_the_planner():
     assert [seg.fields[f][1] for f in seg.names] == [0, 8, 16, 20, 24, 28, 30, 31]
     assert [tile.fields[f][1] for f in tile.names] == [0, 4, 8, 12]
     assert [meta.fields[f][1] for f in meta.names] == [0, 8, 16, 24, 28, 32, 36, 40, 44, 48, 56, 60]
-    # The C side pins the same numbers with static_asserts (host build) -- see common.cuh.
-    text = (cuda.KERNEL_DIR / "common.cuh").read_text()
+    # The C side pins the same numbers with static_asserts (offsets in the host build) -- see the
+    # header the core generates, rs_abi.cuh.
+    text = (cuda.KERNEL_DIR / "rs_abi.cuh").read_text()
     assert "static_assert(sizeof(Segment) == 32" in text and "static_assert(sizeof(StateMeta) == 64" in text
 
 

@@ -1,8 +1,10 @@
-// recoverssm_rs kernels: record types and copy helpers shared by copy_tiles.cu and state_copy.cu.
+// recoverssm_rs kernels: copy helpers shared by copy_tiles.cu, state_copy.cu and recover_commit.cu.
 //
-// This header compiles three ways:
+// The records, the RS_* constants and the entry points' prototypes come from rs_abi.cuh, which the
+// Rust core generates from its own tables (rust/kernels/header.rs); this file holds only
+// hand-written device code. Like rs_abi.cuh it compiles three ways:
 //   * NVRTC (cupy.RawModule and the NVRTC check, recoverssm_rs/cuda/nvrtc.py): __CUDACC_RTC__ is defined, there is no
-//     C library, so the fixed-width integer types are declared here;
+//     C library (rs_abi.cuh declares the fixed-width integer types);
 //   * nvcc: <stdint.h>;
 //   * host C++ (the test tree's emulation): tests/support/host_shim.h is force-included first; it defines
 //     RS_HOST_EMULATION, the CUDA keywords, vector types, blockIdx/threadIdx, and RS_CHECK_ACCESS,
@@ -12,24 +14,9 @@
 // every call site guarantees that the address is W-aligned; the host emulation proves it (see
 // RS_CHECK_ACCESS). Offsets are 64-bit everywhere: a row index times a pitch, or a block id times a
 // block stride, overflows 32 bits on real pools.
-//
-// The record layouts and RS_* constants below are owned by the Rust core (rust/kernels/records.rs,
-// rust/kernels/constants.rs; little-endian, #[repr(C)]); tests/test_kernel_abi.py parses this file
-// and fails on any field, offset, type or value that differs from the core's.
 #pragma once
 
-#if defined(__CUDACC_RTC__)
-typedef unsigned char uint8_t;
-typedef unsigned short uint16_t;
-typedef unsigned int uint32_t;
-typedef unsigned long long uint64_t;
-typedef signed char int8_t;
-typedef short int16_t;
-typedef int int32_t;
-typedef long long int64_t;
-#elif !defined(RS_HOST_EMULATION)
-#include <stdint.h>
-#endif
+#include "rs_abi.cuh"
 
 #ifndef RS_CHECK_ACCESS
 // Device build: no checks (the host emulation defines this to record misaligned / stray accesses).
@@ -38,9 +25,6 @@ typedef long long int64_t;
 
 #define RS_DEVICE __device__ __forceinline__
 
-// Threads per CTA the launch layer uses (the kernels work with any blockDim.x in [1, RS_THREADS];
-// multiples of 32 are assumed only for efficiency).
-#define RS_THREADS 256
 // At most RS_THREADS threads, and registers for 3 resident CTAs per SM (<= 85 registers): ptxas 12.9
 // then keeps every kernel spill-free on sm_80 and sm_90 (the NVRTC check asserts it). Plain
 // __launch_bounds__(256) made it pick 48-80 registers *with* spills; 4 CTAs (64 registers) spills.
@@ -49,89 +33,13 @@ typedef long long int64_t;
 #endif
 
 // ------------------------------------------------------------------------------------------------
-// Records
+// Error word of the fused kernels (int32 err[3], zeroed by the host before the launch)
 // ------------------------------------------------------------------------------------------------
-
-// Segment modes.
-#define RS_MODE_DISJOINT 0        // no byte of this segment's source is written in the same wave
-#define RS_MODE_ROWS_ASCENDING 1  // rows overlap (src = dst + shift*pitch): per-lane row walk
-#define RS_MODE_WITHIN_ROW 2      // overlap inside each row (src = dst + shift*elem): per-row memmove
-
-// One 2-D strided copy within one state tensor: for r in [0, rows): copy row_bytes bytes from
-// src + r*pitch to dst + r*pitch.
-struct Segment {
-  uint64_t src;        // byte address of the first source byte
-  uint64_t dst;        // byte address of the first destination byte
-  uint32_t row_bytes;  // bytes per row (>= 1)
-  uint32_t rows;       // number of rows (>= 1)
-  uint32_t pitch;      // bytes between consecutive rows (src and dst); irrelevant when rows == 1
-  uint16_t wave;       // ordering wave
-  uint8_t mode;        // RS_MODE_*
-  uint8_t elem_bytes;  // element size of the state (1, 2, 4 or 8)
-};
-
-// A unit of work for one CTA. Units are bytes within each row when (rows == 1 || mode == 1), rows
-// otherwise.
-struct Tile {
-  uint32_t segment;   // index into the segment array
-  uint32_t begin;     // first unit
-  uint32_t count;     // number of units
-  uint32_t reserved;  // 0
-};
-
-// State kinds of StateMeta.kind.
-#define RS_KIND_TEMPORAL 0  // whole state copied
-#define RS_KIND_CONV_SD 1   // [width, dim], dim contiguous
-#define RS_KIND_CONV_DS 2   // [dim, width], width contiguous
-
-// One (layer, persistent state) of the fused state-copy kernel.
-struct StateMeta {
-  uint64_t base;          // address of block 0 of this state tensor
-  uint64_t block_stride;  // bytes between consecutive blocks
-  uint64_t state_bytes;   // bytes of one block's state (dense)
-  uint32_t kind;          // RS_KIND_*
-  uint32_t elem_bytes;    // element size
-  uint32_t width;         // conv window columns (conv kinds)
-  uint32_t dim;           // conv channels (conv kinds)
-  uint32_t layer;         // informational
-  uint32_t state;         // informational
-  uint64_t num_blocks;    // blocks in the tensor
-  uint32_t group;         // the recurrent group whose block table this state follows
-  uint32_t reserved;
-};
-
-static_assert(sizeof(Segment) == 32, "Segment must be 32 bytes");
-static_assert(sizeof(Tile) == 16, "Tile must be 16 bytes");
-static_assert(sizeof(StateMeta) == 64, "StateMeta must be 64 bytes");
-#if defined(RS_HOST_EMULATION)
-// NVRTC has no offsetof; the host build pins the field offsets (the numpy dtypes are checked too).
-static_assert(__builtin_offsetof(Segment, row_bytes) == 16 && __builtin_offsetof(Segment, rows) == 20 &&
-                  __builtin_offsetof(Segment, pitch) == 24 && __builtin_offsetof(Segment, wave) == 28 &&
-                  __builtin_offsetof(Segment, mode) == 30 && __builtin_offsetof(Segment, elem_bytes) == 31,
-              "Segment layout");
-static_assert(__builtin_offsetof(Tile, begin) == 4 && __builtin_offsetof(Tile, count) == 8, "Tile layout");
-static_assert(__builtin_offsetof(StateMeta, kind) == 24 && __builtin_offsetof(StateMeta, elem_bytes) == 28 &&
-                  __builtin_offsetof(StateMeta, width) == 32 && __builtin_offsetof(StateMeta, dim) == 36 &&
-                  __builtin_offsetof(StateMeta, layer) == 40 && __builtin_offsetof(StateMeta, state) == 44 &&
-                  __builtin_offsetof(StateMeta, num_blocks) == 48 && __builtin_offsetof(StateMeta, group) == 56,
-              "StateMeta layout");
-#endif
-
-// ------------------------------------------------------------------------------------------------
-// Error word of the fused kernel (int32 err[3], zeroed by the host before the launch)
-// ------------------------------------------------------------------------------------------------
-// err[0] |= code bits of every failure (nonzero <=> some request was rejected);
+// err[0] |= code bits (RS_ERR_*, rs_abi.cuh) of every failure (nonzero <=> some request was rejected);
 // err[1]  = max over rejected requests r of (num_requests - r)  => first rejected = R - err[1];
 // err[2]  = max over rejected requests r of (r + 1)             => last rejected  = err[2] - 1.
 // All three are order-independent (atomicOr / atomicMax), so the word is deterministic and a zeroed
 // word means "no error". Only thread 0 of a CTA reports.
-#define RS_ERR_ACCEPTED 1  // num_accepted outside [1, max_accepted]
-#define RS_ERR_COLUMN 2    // a block-table column outside [0, cols)
-#define RS_ERR_BLOCK 4     // a block id outside [1, num_blocks) (dst) or [0, num_blocks) (src)
-#define RS_ERR_META 8      // a StateMeta inconsistent with the request (window shorter than the
-                           // shift, block id beyond this tensor's num_blocks, conv bytes > state)
-#define RS_ERR_ARGS 16     // a bad scalar or per-request input (block_size < 1, running < 0)
-
 RS_DEVICE void rs_report_error(int32_t* err, uint32_t code, int64_t request, int64_t num_requests) {
   if (err == 0 || threadIdx.x != 0) return;
   atomicOr(err, (int32_t)code);

@@ -11,28 +11,28 @@ import numpy as np
 
 from .._core import LayoutFingerprint, TransferPlan, plan_transfer
 from ..errors import BindingError
+from ..plan_format import CONSTANTS, record_columns
 from .pool import StatePool
 
 __all__ = ["READ_FIELDS", "STAGED_FIELDS", "STAGING", "read_rows", "staged_rows", "run_staged",
            "LocalTransfer"]
 
-#: Columns of :func:`read_rows`.
-READ_FIELDS = ("request", "src_rank", "src_tensor", "src_offset", "dst_tensor", "dst_offset", "len")
-#: Columns of :func:`staged_rows`.
-STAGED_FIELDS = ("request", "src_offset", "src_row_stride", "src_col_stride", "dst_tensor",
-                 "dst_offset", "dst_row_stride", "dst_col_stride", "rows", "cols", "elem")
-#: ``dst_tensor`` of a read that lands in the staging buffer.
-STAGING = np.iinfo(np.uint64).max
+#: Columns of :func:`read_rows`: the fields of the core's ``Read`` record, in order.
+READ_FIELDS, _READ_TYPE = record_columns("Read")
+#: Columns of :func:`staged_rows`: the fields of the core's ``StagedCopy`` record, in order.
+STAGED_FIELDS, _STAGED_TYPE = record_columns("StagedCopy")
+#: ``dst_tensor`` of a read that lands in the staging buffer (the core's ``STAGING``).
+STAGING: int = CONSTANTS["STAGING"]
 
 
 def read_rows(plan: TransferPlan) -> np.ndarray:
     """The plan's reads as a ``[num_reads, 7]`` uint64 array (columns :data:`READ_FIELDS`)."""
-    return np.frombuffer(plan.reads(), dtype="<u8").reshape(-1, len(READ_FIELDS))
+    return np.frombuffer(plan.reads(), dtype=_READ_TYPE).reshape(-1, len(READ_FIELDS))
 
 
 def staged_rows(plan: TransferPlan) -> np.ndarray:
     """The plan's staged copies as a ``[num_staged, 11]`` uint64 array (:data:`STAGED_FIELDS`)."""
-    return np.frombuffer(plan.staged(), dtype="<u8").reshape(-1, len(STAGED_FIELDS))
+    return np.frombuffer(plan.staged(), dtype=_STAGED_TYPE).reshape(-1, len(STAGED_FIELDS))
 
 
 def _strided(view: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
