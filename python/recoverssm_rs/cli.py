@@ -36,7 +36,7 @@ from .cuda.check_cli import add_parser as _add_check_kernels_parser
 from .demo.cli import add_parser as _add_demo_parser
 from .errors import RecoverSSMError
 from .formatting import format_layout
-from .transfer.pd_demo import add_parser as _add_pd_demo_parser
+from .transfer.pd_demo_cli import add_parser as _add_pd_demo_parser
 
 __all__ = ["main", "build_parser", "format_layout", "family_params", "SUBCOMMANDS"]
 

@@ -149,9 +149,10 @@ def output_path(suffixes: Iterable[str] = (), *, stdout: bool = False) -> Callab
         if not text:
             raise argparse.ArgumentTypeError("invalid value '': expected a file name")
         if endings and not text.lower().endswith(endings):
+            listed = ", ".join(endings[:-1]) + " or " + endings[-1] if len(endings) > 1 else endings[0]
             raise argparse.ArgumentTypeError(
-                f"invalid value {text!r}: the file name must end in {', '.join(endings)} (the "
-                "format follows the suffix)")
+                f"invalid value {text!r}: the file name must end in {listed} (the format follows "
+                "the suffix)")
         problem = _writable_problem(Path(text))
         if problem is not None:
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: {problem}")

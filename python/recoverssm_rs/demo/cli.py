@@ -13,8 +13,7 @@ import sys
 from typing import Any
 
 from .. import layouts
-from ..cli_args import (HelpFormatter, add_json_option, add_quiet_option, fail, int_at_least,
-                        max_threads, write_json)
+from ..cli_args import HelpFormatter, add_json_option, add_quiet_option, fail, int_at_least, max_threads, write_json
 from .config import DEFAULTS, MAX_BLOCK_SIZE, DemoOptionError, recoverssm_presets
 
 __all__ = ["add_parser"]
