@@ -9,6 +9,7 @@ flag, its value and the allowed range (exit status 2).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import Any
 
@@ -112,9 +113,7 @@ def _cmd(args: argparse.Namespace) -> int:
             parser.error(f"argument --preset: invalid value {args.preset!r}: choose one of "
                          f"{', '.join(layouts.PRESETS)}")
         return _layout_only(args)
-    try:
-        import torch  # noqa: F401
-    except ModuleNotFoundError:
+    if importlib.util.find_spec("torch") is None:  # without importing it: the checks need none
         from ..backend_check import missing_module_message
 
         fail(parser.prog, missing_module_message(ModuleNotFoundError(name="torch"), "`demo`") or "torch is missing")

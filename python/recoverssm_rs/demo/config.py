@@ -120,23 +120,22 @@ def _core(option: str, value: Any, check: Callable[[], object]) -> None:
 
 def _check_block_size(num_spec: int, block_size: int) -> None:
     """The core's commit planner decides whether ``block_size`` fits the speculative window:
-    plan an empty align-mode commit on a minimal cache of the toy layout."""
-    from ..state_cache import StateCache
+    plan an empty align-mode commit for the toy layout (no torch needed)."""
+    from .._core import CommitPlanner
     from .model import toy_layouts
 
-    cache = StateCache(toy_layouts(num_spec)["gdn"], num_layers=1, num_blocks=2, max_requests=1)
     none = np.zeros(0, dtype=np.int64)
-    cache.plan_commit(none, none, none, seq_lens=none, block_table=np.zeros((0, 1), np.int64),
-                      block_size=block_size)
+    CommitPlanner(toy_layouts(num_spec)["gdn"], 2).plan(none, none, none, none, np.zeros((0, 1), np.int64),
+                                                        block_size, 1)
 
 
 def _check_device(device: str) -> None:
-    import torch
-
     if not isinstance(device, str) or not _DEVICE.fullmatch(device):
         raise DemoOptionError("device", device, "must be cpu, cuda or cuda:N")
     if device == "cpu":
         return
+    import torch
+
     if not torch.cuda.is_available():
         raise DemoOptionError("device", device, "CUDA is not available here (no GPU, or torch "
                                                 "was built without CUDA); use --device cpu")
