@@ -352,3 +352,16 @@ def test_help_runs_for_every_command():
     for name, p in procs.items():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0 and out.startswith("usage: ") and err == "", name
+
+
+def test_pd_demo_run_checks_its_config_before_any_process():
+    from recoverssm_rs.transfer.pd_demo import Config, PdOptionError, run
+
+    for cfg, option, text in [(Config(requests=-1), "requests", "must be >= 1"),
+                              (Config(prefill_tp=3), "prefill_tp", "not divisible by tp_size = 3"),
+                              (Config(decode_spec=-1), "decode_spec", "must be >= 0"),
+                              (Config(decode_layout="XY"), "decode_layout", "unknown conv layout 'XY'"),
+                              (Config(layers=True), "layers", "expected an integer")]:
+        with pytest.raises(PdOptionError, match=text) as e:
+            run(cfg)
+        assert e.value.option == option

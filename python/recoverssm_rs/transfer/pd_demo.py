@@ -425,13 +425,12 @@ def run(cfg: Config, *, progress: Callable[[str], None] | None = None, verbose: 
     if progress is not None:
         progress(f"pd-demo: prefill (TP{cfg.prefill_tp}, pid {pre.pid}) and decode (TP{cfg.decode_tp}, "
                  f"pid {dec.pid}) processes started")
+    grace = 0.0  # Ctrl-C: end them now
     try:
         summary = wait_result({"decode": (dec_here, dec), "prefill": (pre_here, pre)}, "decode")
-        if "error" not in summary:  # both are done: let them exit
-            for proc in (dec, pre):
-                proc.join(30)
-    finally:  # an error, Ctrl-C: no child outlives the call
-        stop_children([dec, pre])
+        grace = 2.0 if "error" in summary else 30.0  # done: let them exit
+    finally:  # however it ends, no child outlives the call
+        stop_children([dec, pre], grace)
         for c in (pre_here, dec_here):
             c.close()
     summary["wall_seconds"] = time.perf_counter() - t0

@@ -23,11 +23,15 @@ def quiet_logs(verbose: bool) -> None:
     import logging
     import os
 
+    from ..errors import BackendUnavailableError
     from .nixl import import_nixl
 
     if not verbose:
         os.environ.setdefault("UCX_LOG_LEVEL", "error")
-    import_nixl()  # configures the "nixl" logger (INFO, on stdout)
+    try:
+        import_nixl()  # configures the "nixl" logger (INFO, on stdout)
+    except BackendUnavailableError:
+        return  # nothing to silence; a body that needs NIXL says so itself
     nixl_log = logging.getLogger("nixl")
     if verbose:
         for h in nixl_log.handlers:
@@ -61,8 +65,14 @@ def child_main(role: str, body: Callable[..., dict[str, Any] | None], args: tupl
         sys.exit(1)
 
 
-def stop_children(procs: list[Any]) -> None:
-    """Ends every child still running: SIGTERM, then SIGKILL; waits for each."""
+def stop_children(procs: list[Any], grace: float = 0.0) -> None:
+    """Ends every child: those still running after ``grace`` seconds (together) get SIGTERM, then
+    SIGKILL; waits for each."""
+    import time
+
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
