@@ -74,7 +74,8 @@ def run(args: list[str], script: Path | None = None) -> dict[str, Any]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if getattr(module, "argparse", None) is argparse:  # its parser raises instead of exiting
-        module.argparse = types.SimpleNamespace(**{**vars(argparse), "ArgumentParser": _StrictParser})
+        strict = types.SimpleNamespace(**{**vars(argparse), "ArgumentParser": _StrictParser})
+        setattr(module, "argparse", strict)  # noqa: B010 (a module's global, by name)
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):  # the JSON document; its tables go to stderr

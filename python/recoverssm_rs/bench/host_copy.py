@@ -83,7 +83,7 @@ def _case(torch: Any, name: str, n: int, budget: Budget, progress: Progress, see
     }
     case = f"host copy, {name} states x {n}"
     progress.start(case, "timing the methods interleaved")
-    methods = measure_interleaved({m: (fns[m], budget) for m in METHODS},
+    methods: dict[str, dict[str, Any]] = measure_interleaved({m: (fns[m], budget) for m in METHODS},
                                   on_done=lambda m: progress.advance(case, f"{m} done"))
     for t in methods.values():
         t["GBps"] = 2 * payload / t["median_s"] / 1e9

@@ -184,7 +184,7 @@ def _pool_size(requests: Sequence[int], layers: int) -> tuple[int, int]:
     """``(num_blocks, bytes)`` of the never-touched mapping :func:`run` lays its pool out in."""
     conv, temp = layouts.preset(LAYOUT, num_spec=NUM_SPEC).persistent
     num_blocks = max(requests) * COLS + 1
-    return num_blocks, layers * num_blocks * (conv.nbytes + temp.nbytes)
+    return num_blocks, layers * num_blocks * ((conv.nbytes or 0) + (temp.nbytes or 0))
 
 
 def reserve_problem(requests: Sequence[int], layers: int) -> str | None:
@@ -265,12 +265,15 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
         def done(name: str, case: str = case) -> None:
             progress.advance(case, f"{name} done")
 
-        methods = measure_interleaved(
+        methods: dict[str, dict[str, Any]] = measure_interleaved(
             {name: (fns[name], loop_budget if name == "loop" else budget) for name in METHODS}, done)
+        def rate(s: float, c: int = copies) -> float:
+            return c / s
+
         for t in methods.values():
             t["ns_per_copy"] = t["median_s"] * 1e9 / copies
             t["copies_per_s"] = copies / t["median_s"]
-            t["copies_per_s_range"] = round_range(t, lambda s, c=copies: c / s)
+            t["copies_per_s_range"] = round_range(t, rate)
         m = methods
         results.append({
             "requests": R, "copies": copies, "bytes_per_step": nbytes, "check": check, "methods": methods,
