@@ -117,11 +117,11 @@ def test_each_figure_comes_with_its_spread_over_the_rounds(tiny_run):
             assert (lo, hi) == (min(rates), max(rates))
         for key in ("loop_over_plan", "numpy_over_plan", "plan_over_core"):
             lo, hi = res[f"{key}_range"]
-            assert 0 < lo <= hi
+            assert 0 < lo <= res[key] <= hi
     for res in doc["host_copy"]["results"]:
         for key in ("execute_over_copy_", "execute_over_index"):
             lo, hi = res[f"{key}_range"]
-            assert 0 < lo <= hi
+            assert 0 < lo <= res[key] <= hi
         assert all(0 < m["GBps_range"][0] <= m["GBps_range"][1] for m in res["methods"].values())
     # the tables print each ratio with its range
     assert re.search(r"\d+x \(\d[\d.]*-\d[\d.]*\)", r.stdout)
@@ -129,14 +129,16 @@ def test_each_figure_comes_with_its_spread_over_the_rounds(tiny_run):
 
 
 def test_ratio_and_round_ranges():
-    from recoverssm_rs.bench.timing import format_ratio, ratio_range, round_range
+    from recoverssm_rs.bench.timing import format_ratio, ratio, round_range
 
     a = {"median_s": 2.0, "rounds_s": [2.0, None, 4.0, 1.0]}
     b = {"median_s": 1.0, "rounds_s": [1.0, 1.0, None, 0.5]}
     assert round_range(a) == [1.0, 4.0]
     assert round_range(a, lambda s: 8 / s) == [2.0, 8.0]
-    assert ratio_range(a, b) == [2.0, 2.0]  # rounds 0 and 3: both ran; 2/1 and 1/0.5
-    assert ratio_range(a, {"median_s": 4.0, "rounds_s": [None, 1.0, None, None]}) == [0.5, 0.5]  # none shared
+    assert ratio(a, b) == (2.0, [2.0, 2.0])  # rounds 0 and 3: both ran; 2/1 and 1/0.5
+    c = {"median_s": 1.0, "rounds_s": [4.0, 1.0, 1.0, 1.0]}
+    assert ratio(a, c) == (1.0, [0.5, 4.0])  # 2/4, 4/1, 1/1: the median of the rounds' ratios
+    assert ratio(a, {"median_s": 4.0, "rounds_s": [None, 1.0, None, None]}) == (0.5, [0.5, 0.5])  # none shared
     assert round_range({"median_s": 3.0}) == [3.0, 3.0]
     assert format_ratio({"x": 0.625, "x_range": [0.5, 0.75]}, "x") == "0.62x (0.50-0.75)"
     assert format_ratio({"x": 1686.2, "x_range": [95.0, 2277.4]}, "x") == "1686x (95.0-2277)"

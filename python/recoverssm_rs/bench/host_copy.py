@@ -14,7 +14,9 @@ that all of them see the same machine load):
                  what engines do today)
 
 Bandwidth is bytes read + bytes written per second (2 N S / t; for ``index`` the temporary's extra
-traffic is not counted), median over repetitions, in GB/s (1e9). Small pools sit in the CPU caches
+traffic is not counted), median over repetitions, in GB/s (1e9), with the min-max of the rounds'
+medians (``GBps_range``). The executor's ratios to ``copy_`` and to ``index`` are the median of
+the ratios taken round by round, with their min-max (``_range``). Small pools sit in the CPU caches
 (no rotation), so the small sizes measure cache bandwidth and per-call overhead. The executor uses
 2 threads per wave of >= 4 MiB where the machine has them; torch uses its intra-op threads.
 """
@@ -29,7 +31,7 @@ import numpy as np
 from .._core import Layout, StateSpec
 from ..planner import CopyPlanner
 from .progress import Progress
-from .timing import Budget, format_ratio, measure_interleaved, ratio_range, round_range
+from .timing import Budget, format_ratio, measure_interleaved, ratio, round_range
 
 __all__ = ["BASELINES", "METHODS", "SHAPES", "count_units", "format_table", "memory_bytes", "run"]
 
@@ -88,13 +90,13 @@ def _case(torch: Any, name: str, n: int, budget: Budget, progress: Progress, see
     for t in methods.values():
         t["GBps"] = 2 * payload / t["median_s"] / 1e9
         t["GBps_range"] = round_range(t, lambda s: 2 * payload / s / 1e9)
-    m = methods
+    # GB/s ratios are inverse time ratios: execute / copy_ in GB/s = copy_ time / execute time
+    over_copy, over_copy_range = ratio(methods["copy_"], methods["execute"])
+    over_index, over_index_range = ratio(methods["index"], methods["execute"])
     return {"size": name, "state_bytes": state_bytes, "batch": n, "payload_bytes": payload,
             "segments": plan.num_segments, "segments_seq": seq.num_segments, "methods": methods,
-            "execute_over_copy_": m["execute"]["GBps"] / m["copy_"]["GBps"],
-            "execute_over_copy__range": ratio_range(m["copy_"], m["execute"]),
-            "execute_over_index": m["execute"]["GBps"] / m["index"]["GBps"],
-            "execute_over_index_range": ratio_range(m["index"], m["execute"])}
+            "execute_over_copy_": over_copy, "execute_over_copy__range": over_copy_range,
+            "execute_over_index": over_index, "execute_over_index_range": over_index_range}
 
 
 def run(sizes: Sequence[str], batches: Sequence[int], budget: Budget, progress: Progress | None = None,

@@ -38,7 +38,7 @@ from .. import _core, layouts
 from ..planner import CopyPlanner
 from ..tensors import describe_tensor
 from .progress import Progress
-from .timing import Budget, format_ratio, measure_interleaved, ratio_range, round_range
+from .timing import Budget, format_ratio, measure_interleaved, ratio, round_range
 
 __all__ = ["BASELINES", "LAYOUT", "METHODS", "count_units", "format_table", "make_step", "memory_bytes",
            "reserve_problem", "run"]
@@ -221,7 +221,8 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
     Each request count's methods are first checked to produce the same copies (``check``).
     ``results[i]["methods"][name]`` holds ``median_s``, ``p10_s``, ``p90_s``, ``reps``,
     ``rounds_s``, ``ns_per_copy``, ``copies_per_s`` and ``copies_per_s_range`` (min-max over the
-    rounds); each ratio (``loop_over_plan``, ...) comes with its ``_range``, taken round by round.
+    rounds); each ratio (``loop_over_plan``, ...) is the median of the ratios taken round by round,
+    with their min-max as its ``_range``.
     """
     import torch
 
@@ -274,16 +275,12 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
             t["ns_per_copy"] = t["median_s"] * 1e9 / copies
             t["copies_per_s"] = copies / t["median_s"]
             t["copies_per_s_range"] = round_range(t, rate)
-        m = methods
-        results.append({
-            "requests": R, "copies": copies, "bytes_per_step": nbytes, "check": check, "methods": methods,
-            "loop_over_plan": m["loop"]["median_s"] / m["plan"]["median_s"],
-            "loop_over_plan_range": ratio_range(m["loop"], m["plan"]),
-            "numpy_over_plan": m["numpy"]["median_s"] / m["plan"]["median_s"],
-            "numpy_over_plan_range": ratio_range(m["numpy"], m["plan"]),
-            "plan_over_core": m["plan"]["median_s"] / m["core"]["median_s"],
-            "plan_over_core_range": ratio_range(m["plan"], m["core"]),
-        })
+        ratios = {key: ratio(methods[a], methods[b])
+                  for key, a, b in (("loop_over_plan", "loop", "plan"), ("numpy_over_plan", "numpy", "plan"),
+                                    ("plan_over_core", "plan", "core"))}
+        results.append({"requests": R, "copies": copies, "bytes_per_step": nbytes, "check": check,
+                        "methods": methods, **{k: v for k, (v, _) in ratios.items()},
+                        **{f"{k}_range": rng for k, (_, rng) in ratios.items()}})
     return {
         "layout": LAYOUT, "num_spec": NUM_SPEC, "layers": layers, "num_blocks": num_blocks,
         "states": {"conv": [list(conv.shape), conv.dtype], "temporal": [list(temp.shape), temp.dtype]},

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ROUNDS", "Budget", "format_ratio", "measure_interleaved", "ratio_range", "round_range"]
+__all__ = ["ROUNDS", "Budget", "format_ratio", "measure_interleaved", "paired_ratios", "ratio", "round_range"]
 
 ROUNDS = 8
 """Rounds :func:`measure_interleaved` splits each method's calls into."""
@@ -38,7 +38,7 @@ def measure_interleaved(fns: Mapping[str, tuple[Callable[[], object], Budget]],
     warm-up call); ``on_done(name)`` is called when it has them. Returns, per name, ``median_s``,
     ``p10_s``, ``p90_s`` (seconds), ``reps``, and ``rounds_s``: the median of each round's calls
     (``None`` for a round without calls of that method). The spread of the round medians (and of
-    ratios of two methods taken round by round, :func:`ratio_range`) is what the load did to the
+    ratios of two methods taken round by round, :func:`ratio`) is what the load did to the
     figures while they were measured.
     """
     reps: dict[str, int] = {}
@@ -83,14 +83,19 @@ def round_range(t: Mapping[str, Any], f: Callable[[float], float] = lambda s: s)
     return [min(vals), max(vals)]
 
 
-def ratio_range(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[float]:
-    """``[min, max]`` of ``a / b`` taken round by round (the rounds in which both methods ran: the
-    same stretch of time, so the same load); the ratio of the medians twice where they share none."""
+def paired_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[float]:
+    """``a / b`` round by round, for the rounds in which both methods ran (the same stretch of time,
+    so the same load); the ratio of the medians alone where they share none."""
     pairs = [x / y for x, y in zip(a.get("rounds_s", ()), b.get("rounds_s", ()), strict=False)
              if x and y]
-    if not pairs:
-        pairs = [a["median_s"] / b["median_s"]]
-    return [min(pairs), max(pairs)]
+    return pairs or [a["median_s"] / b["median_s"]]
+
+
+def ratio(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, list[float]]:
+    """The ratio of two methods' times ``a / b``: the median of the per-round ratios
+    (:func:`paired_ratios`) and their ``[min, max]``."""
+    pairs = paired_ratios(a, b)
+    return float(np.median(pairs)), [min(pairs), max(pairs)]
 
 
 def _num(x: float) -> str:
