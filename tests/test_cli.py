@@ -93,3 +93,24 @@ def test_presets_lists_every_preset():
     assert r.returncode == 0
     for name in layouts.PRESETS:
         assert name in r.stdout
+
+
+def test_the_readme_command_lines_parse(tmp_path, monkeypatch):
+    import re
+    import shlex
+    from pathlib import Path
+
+    from recoverssm_rs import cli
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Command line"):text.index("## Performance")]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).replace("\\\n", " ")
+    lines = [line.split("#")[0] for line in block.splitlines() if line.startswith("recoverssm ")]
+    assert len(lines) >= 8
+    commands = set()
+    monkeypatch.chdir(tmp_path)  # output files are probed where they would be written
+    for line in lines:
+        args = cli.build_parser().parse_args(shlex.split(line)[1:])
+        commands.add(args.command)
+    assert commands == {"presets", "layout", "demo", "check-kernels", "bench", "pd-demo"}
+    assert not list(tmp_path.iterdir())  # nothing left behind
