@@ -10,6 +10,7 @@ process, all at once, under a timeout.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -305,7 +306,12 @@ def test_list_params_comes_from_the_calculator(capsys):
         names = list(inspect.signature(calc).parameters)
         listed = [line.split()[0] for line in out.splitlines()[2:]]
         assert listed == names
+        assert cli.main(["layout", "--list-params", family, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert [p["name"] for p in doc["parameters"]] == names
         if family == "gdn":
+            assert doc["parameters"][0] == {"name": "num_k_heads", "required": True, "default": None,
+                                            "flag": "--param num_k_heads"}
             assert "num_k_heads          required" in out
             assert "tp_size              default 1; flag --tp-size" in out
             assert "recover_ssm          default False" in out

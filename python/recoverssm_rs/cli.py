@@ -163,7 +163,14 @@ def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
 
 def _cmd_layout(args: argparse.Namespace) -> int:
     if args.list_params:
-        print(_format_params(args.list_params))
+        family = args.list_params
+        if args.json != "-":
+            print(_format_params(family))
+        if args.json:
+            write_json({"family": family, "parameters": [
+                {"name": prm.name, "required": prm.default is inspect.Parameter.empty,
+                 "default": None if prm.default is inspect.Parameter.empty else prm.default,
+                 "flag": _flag_of(prm.name)} for prm in family_params(family)]}, args.json, args.parser.prog)
         return 0
     layout, num_layers, model = _layout_from_args(args, args.parser)
     if args.json != "-":
