@@ -420,13 +420,13 @@ def run(cfg: Config, *, progress: Callable[[str], None] | None = None, verbose: 
                       name="decode")
     t0 = time.perf_counter()
     start_children([pre, dec])
-    for c in (p_conn, d_conn, pre_there, dec_there):  # the children hold these ends now
-        c.close()
-    if progress is not None:
-        progress(f"pd-demo: prefill (TP{cfg.prefill_tp}, pid {pre.pid}) and decode (TP{cfg.decode_tp}, "
-                 f"pid {dec.pid}) processes started")
     grace = 0.0  # Ctrl-C: end them now
     try:
+        for c in (p_conn, d_conn, pre_there, dec_there):  # the children hold these ends now
+            c.close()
+        if progress is not None:
+            progress(f"pd-demo: prefill (TP{cfg.prefill_tp}, pid {pre.pid}) and decode (TP{cfg.decode_tp}, "
+                     f"pid {dec.pid}) processes started")
         summary = wait_result({"decode": (dec_here, dec), "prefill": (pre_here, pre)}, "decode")
         grace = 2.0 if "error" in summary else 30.0  # done: let them exit
     finally:  # however it ends, no child outlives the call
