@@ -5,7 +5,7 @@ import struct
 import pytest
 from recoverssm_rs.tools.bench.plot import HOST_METHODS, PLAN_METHODS, make_figure, save_plot
 
-pytest.importorskip("matplotlib")
+matplotlib = pytest.importorskip("matplotlib")
 
 
 def _plan_doc(layers=7, requests=(1, 10, 100)):
@@ -56,6 +56,25 @@ def test_host_panel_draws_bandwidth_against_state_size_at_the_largest_batch():
     assert set(lines) == {"execute", "plan+execute", "copy_ (baseline)", "index (baseline)"}
     assert list(lines["execute"].get_xdata()) == [4096, 65536, 2 << 20]
     assert list(lines["copy_ (baseline)"].get_ydata()) == pytest.approx([30.32, 31.32, 32.32])
+
+
+def test_the_spread_is_a_band_around_each_line():
+    doc = _plan_doc()
+    for r in doc["results"]:
+        for m in r["methods"].values():
+            m["copies_per_s_range"] = [0.5 * m["copies_per_s"], 2.0 * m["copies_per_s"]]
+    (ax,) = make_figure({"plan_step": doc}).axes
+    bands = ax.collections
+    assert len(bands) == len(PLAN_METHODS)
+    lines = _lines(ax)
+    for band, label in zip(bands, ["plan", "core", "numpy (baseline)", "loop (baseline)"], strict=True):
+        ys = band.get_paths()[0].vertices[:, 1]
+        line = lines[label].get_ydata()
+        assert min(ys) == pytest.approx(0.5 * min(line)) and max(ys) == pytest.approx(2.0 * max(line))
+        assert tuple(band.get_facecolor()[0][:3]) == pytest.approx(matplotlib.colors.to_rgb(lines[label].get_color()))
+    # without ranges (results of an older run): lines only
+    (ax,) = make_figure({"host_copy": _host_doc()}).axes
+    assert not ax.collections
 
 
 def test_both_panels_and_the_png(tmp_path):

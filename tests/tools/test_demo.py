@@ -217,3 +217,32 @@ def test_cli_layout_only(capsys):
     assert cli.main(["demo", "--layout-only"]) == 0
     out = capsys.readouterr().out
     assert "verify_keygate" in out and "copyable prefix 2" in out
+
+
+def test_cli_json_file_keeps_the_text_summary(capsys, tmp_path):
+    path = tmp_path / "summary.json"
+    assert cli.main(["demo", "--steps", "3", "--requests", "3", "--quiet", "--json", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "OK: every state matched" in out and err == ""  # --quiet: no progress
+    doc = json.loads(path.read_text())
+    assert doc["steps"] == 3 and doc["mismatches"] == 0
+
+
+def test_run_bytes_is_what_the_state_caches_allocate():
+    from recoverssm_rs.tools.demo.config import run_bytes
+    from recoverssm_rs.tools.demo.engine import Engine
+
+    opts = dict(requests=3, layers=2, block_size=5, num_spec=2)
+    engine = Engine(device="cpu", steps=1, seed=0, **opts)
+    reports = [c.memory_report() for c in engine.caches.values()]
+    # the pools twice (the oracle's reference copies), the workspace once
+    assert run_bytes(**opts) == sum(2 * m.pool_bytes + m.workspace_bytes for m in reports)
+
+
+def test_a_run_too_large_for_memory_is_refused_before_it_starts():
+    with pytest.raises(demo.DemoOptionError, match="more than the .* of memory available") as e:
+        demo.run(steps=1, layers=10**8)
+    assert e.value.option == "layers" and e.value.value == 10**8
+    with pytest.raises(demo.DemoOptionError, match="num_blocks must be in") as e:
+        demo.run(steps=1, requests=10**12)
+    assert e.value.option == "requests"

@@ -3,6 +3,7 @@ num_spec, states moved over NIXL, every decode-side state checked against one-in
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -34,11 +35,16 @@ def test_pd_demo_has_zero_mismatches(cfg):
     assert s["max_state_err"] <= pd_demo.TOLERANCE
 
 
-def test_pd_demo_cli_exits_zero_and_prints_the_summary(capsys):
-    rc = pd_demo.main(["--requests", "2", "--layers", "2", "--generate", "3", "--decode-tp", "2"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert "mismatches: 0" in out and "descriptors" in out and "GB/s" in out
+def test_pd_demo_cli_exits_zero_and_prints_the_summary(capfd, tmp_path):
+    path = tmp_path / "s.json"
+    rc = pd_demo.main(["--requests", "2", "--layers", "2", "--generate", "3", "--decode-tp", "2", "--json", str(path)])
+    out, err = capfd.readouterr()  # the child processes' output too
+    assert rc == 0, out + err
+    assert "mismatches: 0" in out and "descriptors" in out and "not a bandwidth" in out
+    assert "GB/s" not in out and "gb_per_s" not in path.read_text()
+    assert "NIXL INFO" not in out + err  # NIXL's logging only with --verbose
+    assert err.splitlines()[0].startswith("pd-demo: prefill (TP2, pid ")  # progress on stderr
+    assert json.loads(path.read_text())["num_mismatches"] == 0
 
 
 def test_the_demo_check_catches_a_wrong_state():

@@ -1,28 +1,31 @@
-"""The ``check-kernels`` subcommand: compile the package's CUDA kernels with the NVRTC found on this
-machine (no GPU or driver needed) and report each kernel's registers, stack, spills and barriers.
+"""The ``check-kernels`` subcommand: compile the package's CUDA kernels (the combined module the
+launch layer loads) with the NVRTC found on this machine (no GPU or driver needed) and report each
+kernel's registers, stack, spills and barriers, once per architecture.
 
 Exit status 0 when every kernel compiles for every architecture without spills or local memory,
-1 when one does not, 2 when no NVRTC library can be found.
+1 when one does not or when no NVRTC library can be found, 2 for a bad argument (an architecture
+this NVRTC does not compile for is refused before compiling anything).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import ctypes
 from typing import Any
 
-from .cli_args import HelpFormatter
+from .cli_args import HelpFormatter, add_json_option, write_json
 
 __all__ = ["add_parser"]
 
 
 def _arch(text: str) -> int:
     try:
-        value = int(text.removeprefix("sm_"))
+        value = int(text.removeprefix("sm_"), 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an architecture like 80 or sm_90, got {text!r}") from None
-    if value < 50:
-        raise argparse.ArgumentTypeError(f"expected an architecture of at least 50, got {value}")
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected an architecture like 80 or sm_90") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an architecture like 80 or sm_90")
     return value
 
 
@@ -33,43 +36,80 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "check-kernels", formatter_class=HelpFormatter,
         help="compile the CUDA kernels with this machine's NVRTC and report their resources",
-        description="Compile the package's CUDA kernels with the NVRTC found on this machine (no GPU or "
-                    "driver needed) and report each kernel's registers, stack, spills and barriers. Exit "
-                    "status 0 when every kernel compiles without spills or local memory, 1 otherwise, 2 "
-                    "when no NVRTC library is found.")
+        description="Compile the package's CUDA kernels (the module the launch layer loads) with the "
+                    "NVRTC found on this machine (no GPU or driver needed) and report each kernel's "
+                    "registers, stack, spills and barriers per architecture.\n\n"
+                    "Exit status 0 when every kernel compiles without spills or local memory, 1 "
+                    "otherwise or when no NVRTC library is found (install nvidia-cuda-nvrtc-cu12, or "
+                    "set RECOVERSSM_NVRTC to a libnvrtc path), 2 for a bad argument.")
     p.add_argument("--arch", type=_arch, action="append", dest="archs", metavar="ARCH",
-                   help=f"architecture to compile for, e.g. 90 or sm_90 (repeatable; default: "
-                        f"{', '.join('sm_' + str(a) for a in nvrtc.ARCHS)})")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+                   help=f"architecture to compile for, e.g. 90 or sm_90, one this NVRTC supports "
+                        f"(repeatable; default: {', '.join('sm_' + str(a) for a in nvrtc.ARCHS)})")
+    add_json_option(p, "the report")
     p.set_defaults(func=_cmd, parser=p)
+
+
+def _supported_archs() -> list[int] | None:
+    """The architectures this NVRTC compiles for (``nvrtcGetSupportedArchs``), or None where the
+    library cannot say."""
+    from ..cuda import nvrtc
+
+    lib = nvrtc._nvrtc()
+    if not hasattr(lib, "nvrtcGetSupportedArchs"):
+        return None
+    n = ctypes.c_int()
+    if lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)) != 0 or n.value <= 0:
+        return None
+    archs = (ctypes.c_int * n.value)()
+    if lib.nvrtcGetSupportedArchs(archs) != 0:
+        return None
+    return list(archs)
+
+
+def _table(rows: list[Any]) -> str:
+    """One line per kernel and architecture, the columns as wide as their widest cell."""
+    head = ("kernel", "arch", "regs", "stack", "spill st", "spill ld", "bar")
+    cells = [head] + [(k.kernel, f"sm_{k.arch}", str(k.registers), str(k.stack_frame), str(k.spill_stores),
+                       str(k.spill_loads), str(k.barriers)) for k in rows]
+    widths = [max(len(r[c]) for r in cells) for c in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def _cmd(args: argparse.Namespace) -> int:
     from ..cuda import nvrtc
+    from ..cuda.module import module_source
+    from ..errors import BackendUnavailableError
 
-    archs = tuple(args.archs or nvrtc.ARCHS)
-    try:
-        path = nvrtc.find_nvrtc()
-        if path is None:
-            raise nvrtc.NvrtcUnavailableError("no NVRTC library found")
-        reports = nvrtc.compile_all(archs, ptx=False)
-    except nvrtc.NvrtcUnavailableError as exc:
-        args.parser.exit(2, f"{args.parser.prog}: error: {exc} (install nvidia-cuda-nvrtc-cu12, or set "
-                            "RECOVERSSM_NVRTC to a libnvrtc path)\n")
+    parser: argparse.ArgumentParser = args.parser
+    archs = tuple(dict.fromkeys(args.archs or nvrtc.ARCHS))
+    path = nvrtc.find_nvrtc()
+    if path is None:
+        raise BackendUnavailableError("check-kernels: no NVRTC library found (install nvidia-cuda-nvrtc-cu12, "
+                                      "or set RECOVERSSM_NVRTC to a libnvrtc path)")
+    supported = _supported_archs()
+    if supported is not None:
+        bad = [a for a in archs if a not in supported]
+        if bad:
+            major, minor = nvrtc.nvrtc_version()
+            parser.error(f"argument --arch: invalid value sm_{bad[0]}: NVRTC {major}.{minor} compiles for "
+                         f"{', '.join('sm_' + str(a) for a in supported)}")
+    reports = [nvrtc.nvrtc_compile("<module>", arch, target="cubin", source=module_source()) for arch in archs]
     failed = [r for r in reports if not r.ok]
-    unclean = [k for r in reports for k in r.kernels if not k.clean]
-    if args.json:
-        print(json.dumps({
-            "nvrtc": str(path), "version": list(nvrtc.nvrtc_version()), "archs": list(archs),
-            "failed": [{"file": r.file, "arch": r.arch, "log": r.log} for r in failed],
-            "kernels": [k.__dict__ for r in reports for k in r.kernels],
-        }, indent=1))
-    else:
-        major, minor = nvrtc.nvrtc_version()
-        print(f"NVRTC {major}.{minor} ({path})")
-        print(nvrtc.resource_table(reports))
+    kernels = sorted((k for r in reports for k in r.kernels), key=lambda k: (k.kernel, k.arch))
+    unclean = [k for k in kernels if not k.clean]
+    major, minor = nvrtc.nvrtc_version()
+    if args.json != "-":
+        print(f"NVRTC {major}.{minor} ({path}); the combined module the launch layer loads")
+        print(_table(kernels))
         for r in failed:
-            print(f"FAILED {r.file} sm_{r.arch}:\n{r.log}")
+            print(f"FAILED sm_{r.arch}:\n{r.log}")
         print("ok: every kernel compiles without spills or local memory" if not failed and not unclean
               else f"{len(failed)} failed compiles, {len(unclean)} kernels with spills or local memory")
+    if args.json:
+        write_json({"nvrtc": str(path), "version": [major, minor], "archs": list(archs),
+                    "failed": [{"arch": r.arch, "log": r.log} for r in failed],
+                    "kernels": [k.__dict__ for k in kernels]}, args.json, parser.prog)
     return 0 if not failed and not unclean else 1

@@ -1,20 +1,27 @@
 """Command line: ``recoverssm <command>`` (or ``python -m recoverssm_rs <command>``).
 
 Commands:
-    layout   print a preset's or a parameterised layout as a table (``--json`` for JSON)
-    presets  list the model presets
-    demo     serve a toy hybrid model and check every state (see ``demo --help``)
+    layout         print a preset's or a parameterised layout as a table
+    presets        list the model presets
+    demo           serve a toy hybrid model and check every state (see ``demo --help``)
+    check-kernels  compile the CUDA kernels with this machine's NVRTC
+    bench          the planner and the host executor against their baselines
+    pd-demo        prefill and decode in two processes, states moved over NIXL
 
-Each subcommand module exposes ``add_parser(subparsers)``; :data:`SUBCOMMANDS` lists them. A bad
-argument is answered with one line, ``PROG: error: ...``, exit status 2; an error the core raises
-while a command runs with one line and exit status 1 — never a traceback.
+Each subcommand module exposes ``add_parser(subparsers)``; :data:`SUBCOMMANDS` lists them. Every
+subcommand spells the shared options the same way (``--json [FILE]``, ``--quiet``: see
+:mod:`recoverssm_rs.tools.cli_args`) and checks every option before any work: a bad argument is answered
+with one line, ``PROG COMMAND: error: argument --flag: invalid value ...``, exit status 2. A
+layout parameter is checked by the core (building the layout); when the core refuses the layout and
+exactly one of the parameters given is to blame, the error names that flag, otherwise the layout as
+a whole is refused: one line ``PROG: error: LayoutError: ...``, exit status 1, as for any error the
+package raises while a command runs. Ctrl-C is one line and exit status 130 — never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import re
 import sys
@@ -26,10 +33,10 @@ from .._core import Layout
 from ..errors import RecoverSSMError
 from .bench import add_parser as _add_bench_parser
 from .check_kernels import add_parser as _add_check_kernels_parser
-from .cli_args import HelpFormatter, Parser, fail
+from .cli_args import HelpFormatter, Parser, add_json_option, core_reason, fail, write_json
 from .demo.cli import add_parser as _add_demo_parser
 from .formatting import format_layout
-from .pd_demo import add_parser as _add_pd_demo_parser
+from .pd_demo_cli import add_parser as _add_pd_demo_parser
 
 __all__ = ["main", "build_parser", "format_layout", "family_params", "SUBCOMMANDS"]
 
@@ -63,9 +70,11 @@ def _format_params(family: str) -> str:
     return "\n".join(lines)
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, default: Any) -> Any:
+    """A ``--param`` value: ``true``/``false`` for a parameter whose default is a bool, ``none``,
+    an integer, else the text (the core says whether it takes it)."""
     low = text.lower()
-    if low in ("true", "false"):
+    if isinstance(default, bool) and low in ("true", "false"):
         return low == "true"
     if low == "none":
         return None
@@ -79,17 +88,29 @@ def _flag_of(name: str) -> str:
     return _FAMILY_FLAGS.get(name, f"--param {name}")
 
 
-def _param_named(e: BaseException, given: dict[str, Any]) -> str | None:
-    """The parameter the core's error ``e`` is about, if it names exactly one the user gave."""
-    for note in getattr(e, "__notes__", ()):  # the bindings' "while processing 'NAME'"
+def _converting(e: BaseException, given: dict[str, Any]) -> str | None:
+    """The parameter whose conversion failed, from the bindings' note ``while processing 'NAME'``."""
+    for note in getattr(e, "__notes__", ()):
         m = re.search(r"'(\w+)'", note)
         if m and m.group(1) in given:
             return m.group(1)
-    m = re.match(r"argument '(\w+)'", str(e))
-    if m and m.group(1) in given:
-        return m.group(1)
-    named = [k for k in given if re.search(rf"\b{re.escape(k)}\b", str(e))]
-    return named[0] if len(named) == 1 else None
+    return None
+
+
+def _culprit(build: Callable[..., Layout], given: dict[str, Any], revertible: set[str]) -> str | None:
+    """The one parameter given whose value makes the core refuse the layout: the layout builds
+    when that parameter alone goes back to its default (or the preset's value) and not when any
+    other does. None when no single parameter is to blame (the layout as a whole is refused)."""
+    blamed = []
+    for name in given:
+        if name not in revertible:
+            continue
+        try:
+            build(**{k: v for k, v in given.items() if k != name})
+        except (RecoverSSMError, OverflowError, TypeError):
+            continue
+        blamed.append(name)
+    return blamed[0] if len(blamed) == 1 else None
 
 
 def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
@@ -109,7 +130,7 @@ def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
                          f"it takes: {', '.join(names)}")
         if key in _FAMILY_FLAGS:
             parser.error(f"argument --param: set {key} with {_FAMILY_FLAGS[key]}")
-        given[key] = _parse_value(value)
+        given[key] = _parse_value(value, names[key].default)
     for key in _FAMILY_FLAGS:
         value = getattr(args, key)
         if value is not None:
@@ -117,58 +138,63 @@ def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
     if args.preset:
         p = layouts.PRESETS[args.preset]
         build: Callable[..., Layout] = p.layout
-        kwargs, num_layers, model = given, p.num_layers, p.model
+        num_layers, model = p.num_layers, p.model
+        revertible = set(given)  # back to the preset's value
     else:
         missing = [n for n, prm in names.items()
                    if prm.default is inspect.Parameter.empty and n not in given]
         if missing:
             parser.error(f"argument --param: family {family} needs {', '.join(missing)} "
                          f"(see --list-params {family})")
-        build, kwargs, num_layers, model = layouts.FAMILIES[family], given, None, None
+        build, num_layers, model = layouts.FAMILIES[family], None, None
+        revertible = {n for n in given if names[n].default is not inspect.Parameter.empty}
     try:
-        return build(**kwargs), num_layers, model
+        return build(**given), num_layers, model
     except (RecoverSSMError, OverflowError, TypeError) as e:
-        name = _param_named(e, given)
+        name = _converting(e, given) or _culprit(build, given, revertible)
         if name is None and isinstance(e, RecoverSSMError):
-            raise  # a rule of the layout as a whole: main() reports it
+            raise  # a rule of the layout as a whole: main() reports it (exit status 1)
         if name is None:
             parser.error(f"{family}: {e}")
-        reason = str(e)
-        if isinstance(e, OverflowError):
-            reason = f"out of range: the calculator takes a non-negative integer ({e})"
-        elif isinstance(e, TypeError) and "integer" in reason:
-            reason = "expected an integer"
-        parser.error(f"argument {_flag_of(name)}: invalid value {given[name]!r}: {reason}")
+        parser.error(f"argument {_flag_of(name)}: invalid value {given[name]!r}: "
+                     f"{core_reason(e, given[name])}")
     raise AssertionError("unreachable")
 
 
 def _cmd_layout(args: argparse.Namespace) -> int:
     if args.list_params:
-        print(_format_params(args.list_params))
+        family = args.list_params
+        if args.json != "-":
+            print(_format_params(family))
+        if args.json:
+            write_json({"family": family, "parameters": [
+                {"name": prm.name, "required": prm.default is inspect.Parameter.empty,
+                 "default": None if prm.default is inspect.Parameter.empty else prm.default,
+                 "flag": _flag_of(prm.name)} for prm in family_params(family)]}, args.json, args.parser.prog)
         return 0
     layout, num_layers, model = _layout_from_args(args, args.parser)
+    if args.json != "-":
+        if model:
+            print(f"{args.preset}: {model}")
+        print(format_layout(layout, num_layers))
     if args.json:
         doc = layout.to_dict()
         if args.preset:
             doc["preset"] = args.preset
             doc["model"] = model
             doc["num_layers"] = num_layers
-        print(json.dumps(doc, indent=2))
-    else:
-        if model:
-            print(f"{args.preset}: {model}")
-        print(format_layout(layout, num_layers))
+        write_json(doc, args.json, args.parser.prog)
     return 0
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
+    if args.json != "-":
+        for name, p in layouts.PRESETS.items():
+            print(f"{name:26s} {p.family:6s} {p.model}  ({p.note})")
     if args.json:
-        print(json.dumps({n: {"model": p.model, "family": p.family, "num_layers": p.num_layers,
-                              "params": dict(p.params), "defaults": dict(p.defaults),
-                              "note": p.note} for n, p in layouts.PRESETS.items()}, indent=2))
-        return 0
-    for name, p in layouts.PRESETS.items():
-        print(f"{name:26s} {p.family:6s} {p.model}  ({p.note})")
+        write_json({n: {"model": p.model, "family": p.family, "num_layers": p.num_layers,
+                        "params": dict(p.params), "defaults": dict(p.defaults), "note": p.note}
+                    for n, p in layouts.PRESETS.items()}, args.json, args.parser.prog)
     return 0
 
 
@@ -199,14 +225,14 @@ def _add_layout_parser(sub: Any) -> None:
     p.add_argument("--dtype", help=f"state dtype, e.g. bfloat16 {_UNSET}")
     p.add_argument("--ssm-dtype", dest="ssm_dtype",
                    help=f"temporal / recurrent state dtype {_UNSET}")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_option(p, "the layout")
     p.set_defaults(func=_cmd_layout, parser=p)
 
 
 def _add_presets_parser(sub: Any) -> None:
     p = sub.add_parser("presets", formatter_class=HelpFormatter, help="list the model presets",
                        description="List the model presets: family, model and layer counts.")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a list")
+    add_json_option(p, "the presets")
     p.set_defaults(func=_cmd_presets, parser=p)
 
 

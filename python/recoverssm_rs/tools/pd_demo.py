@@ -24,13 +24,17 @@ independent; the recurrences are :func:`recoverssm_rs.recoverssm.recurrence.prep
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from .pd_processes import child_main, start_children, stop_children, wait_result
+
+__all__ = ["Config", "PdOptionError", "TOLERANCE", "add_parser", "format_summary", "main", "passed",
+           "run", "run_bytes", "validate"]
 
 HEADS = 8
 HEAD_DIM = 8
@@ -42,6 +46,8 @@ KINDS = ("gdn", "kda")
 
 @dataclass
 class Config:
+    """The options of one run (see ``pd-demo --help``)."""
+
     requests: int = 16
     layers: int = 2
     prefill_tp: int = 2
@@ -62,6 +68,115 @@ def _layout(kind: str, tp: int, num_spec: int, conv_layout: str) -> Any:
     if kind == "gdn":
         return layouts.gdn(num_k_heads=HEADS, num_v_heads=HEADS, head_k_dim=HEAD_DIM, head_v_dim=HEAD_DIM, **common)
     return layouts.kda(num_heads=HEADS, head_dim=HEAD_DIM, recover_ssm=True, **common)
+
+
+class PdOptionError(ValueError):
+    """An option of :class:`Config` the demo cannot run with.
+
+    Attributes:
+        option: the :class:`Config` field (``"prefill_tp"``, ...), or None for the two sides'
+            layouts together.
+        value: the value given.
+        reason: what is wrong and what it must be (the core's message where the core decided).
+    """
+
+    def __init__(self, option: str | None, value: Any, reason: str) -> None:
+        super().__init__(f"{option} = {value!r}: {reason}" if option else reason)
+        self.option, self.value, self.reason = option, value, reason
+
+    def __repr__(self) -> str:
+        return f"PdOptionError({self.option!r}, {self.value!r}, {self.reason!r})"
+
+
+def _at_least(cfg: Config, option: str, low: int, high: int | None = None) -> None:
+    value = getattr(cfg, option)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PdOptionError(option, value, "expected an integer")
+    if value < low or (high is not None and value > high):
+        raise PdOptionError(option, value, f"must be >= {low}" if high is None else f"must be in {low}..{high}")
+
+
+def _kinds(layers: int) -> tuple[str, ...]:
+    return KINDS[:min(layers, len(KINDS))]
+
+
+def _side_layouts(cfg: Config, side: str) -> dict[str, Any]:
+    """One side's layouts, built by the core; a refusal names the option to blame: the TP size
+    (refused with the plainest window and layout), else ``num_spec``, else the conv layout."""
+    from ..errors import RecoverSSMError
+    from .cli_args import core_reason
+
+    tp, spec, conv = (getattr(cfg, f"{side}_{k}") for k in ("tp", "spec", "layout"))
+    out = {}
+    for kind in _kinds(cfg.layers):
+        for option, args in ((f"{side}_tp", (tp, 0, "SD")), (f"{side}_spec", (tp, spec, "SD")),
+                             (f"{side}_layout", (tp, spec, conv))):
+            try:
+                out[kind] = _layout(kind, *args)
+            except (RecoverSSMError, OverflowError, TypeError) as e:
+                value = getattr(cfg, option)
+                raise PdOptionError(option, value, core_reason(e, value)) from e
+    return out
+
+
+def run_bytes(cfg: Config) -> int:
+    """About the memory a run takes (both processes): each rank's pools (the core's bytes per
+    block of its layouts), the model's weights in each process and the token sequences."""
+    c = 3 * HEADS * HEAD_DIM
+    total = 2 * cfg.layers * 4 * (VOCAB * c + c * KERNEL + VOCAB * HEADS * (HEAD_DIM + 1) + 2 * HEADS * HEAD_DIM)
+    total += 2 * cfg.requests * (40 + cfg.generate) * 40
+    for side, extra in (("prefill", 2), ("decode", 3)):
+        tp = getattr(cfg, f"{side}_tp")
+        for kind, lay in _side_layouts(cfg, side).items():
+            n = len(range(KINDS.index(kind), cfg.layers, len(KINDS)))
+            total += tp * lay.persistent_bytes_per_block * n * (cfg.requests + extra)
+    return total
+
+
+def validate(cfg: Config) -> None:
+    """Check every option before any process starts: the demo's ranges, the layouts of both sides
+    (the core builds them and checks that they fit together), the memory the run takes.
+
+    Raises:
+        PdOptionError: naming the option, its value and what it must be.
+    """
+    from .._core import LayoutFingerprint
+    from ..errors import RecoverSSMError
+    from .cli_args import memory_problem
+
+    _at_least(cfg, "requests", 1)
+    _at_least(cfg, "layers", 1)
+    _at_least(cfg, "generate", 0)
+    _at_least(cfg, "seed", 0, 2**64 - 3)  # torch seeds take 64 bits; numpy gets seed + 2
+    for side in ("prefill", "decode"):
+        _at_least(cfg, f"{side}_tp", 1)
+        _at_least(cfg, f"{side}_spec", 0)
+    pre, dec = _side_layouts(cfg, "prefill"), _side_layouts(cfg, "decode")
+    for kind in pre:
+        try:
+            LayoutFingerprint(pre[kind], block_size=16).check_compatible(LayoutFingerprint(dec[kind], block_size=16))
+        except RecoverSSMError as e:
+            raise PdOptionError(None, None, f"the prefill and decode layouts do not fit together: {e}") from e
+    problem = memory_problem(run_bytes(cfg), "the run")
+    if problem:
+        defaults = Config()
+        option = max(("requests", "layers", "generate", "prefill_spec", "decode_spec"),
+                     key=lambda o: getattr(cfg, o) / max(1, getattr(defaults, o)))
+        raise PdOptionError(option, getattr(cfg, option), problem)
+
+
+def add_parser(sub: Any) -> None:
+    """Register the ``pd-demo`` subcommand (see :mod:`recoverssm_rs.tools.pd_demo_cli`)."""
+    from .pd_demo_cli import add_parser as add
+
+    add(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m recoverssm_rs.tools.pd_demo``."""
+    from .pd_demo_cli import main as cli_main
+
+    return cli_main(argv)
 
 
 class _Model:
@@ -181,7 +296,7 @@ class _Rank:
         self.store(layer, block, hist[a:a + KERNEL - 1], states[a])
 
 
-def _prefill(cfg: Config, conn: Any) -> None:
+def _prefill(cfg: Config, conn: Any) -> dict[str, Any] | None:
     """The prefill process: prompts minus their last token, then serve the pulls."""
     from ..transfer.nixl import NixlEndpoint
 
@@ -196,8 +311,11 @@ def _prefill(cfg: Config, conn: Any) -> None:
     # The endpoints (agents and registrations) must stay alive while the decode side reads.
     eps = {kind: [NixlEndpoint(f"prefill-{kind}-{rk.rank}", rk.pools[kind]) for rk in ranks] for kind in ranks[0].pools}
     conn.send(({k: [e.info().to_bytes() for e in v] for k, v in eps.items()}, [i + 1 for i in range(cfg.requests)]))
-    if conn.poll(600):
+    try:  # serve until the decode side has pulled (or is gone)
         conn.recv()
+    except EOFError:
+        pass
+    return None
 
 
 def _reference(model: _Model, layer: int, tokens: list[int]) -> tuple[Any, Any]:
@@ -217,7 +335,7 @@ def _compare(model: _Model, rk: _Rank, layer: int, block: int, tokens: list[int]
     return conv_ok, err
 
 
-def _decode(cfg: Config, conn: Any, out: Any) -> None:
+def _decode(cfg: Config, conn: Any) -> dict[str, Any]:
     """The decode process: pull, check, decode in speculative windows, check again."""
     import numpy as np
 
@@ -281,37 +399,40 @@ def _decode(cfg: Config, conn: Any, out: Any) -> None:
                 max_err = max(max_err, err)
                 if not ok or err > TOLERANCE:
                     mismatches.append(f"after decode: rank {rk.rank} request {i} layer {layer} conv_ok={ok} err={err:.2e}")
-    out.send(dict(requests=cfg.requests, layers=cfg.layers, prefill=f"TP{cfg.prefill_tp} {cfg.prefill_layout} num_spec={cfg.prefill_spec}",
-                  decode=f"TP{cfg.decode_tp} {cfg.decode_layout} num_spec={cfg.decode_spec}", bytes=moved,
-                  descriptors=descriptors, transfer_seconds=seconds,
-                  gb_per_s=(moved / seconds / 1e9) if seconds else 0.0, windows=windows,
-                  max_state_err=max_err, failed=failed, mismatches=mismatches[:20],
-                  num_mismatches=len(mismatches)))
+    return dict(requests=cfg.requests, layers=cfg.layers, prefill=f"TP{cfg.prefill_tp} {cfg.prefill_layout} num_spec={cfg.prefill_spec}",
+                decode=f"TP{cfg.decode_tp} {cfg.decode_layout} num_spec={cfg.decode_spec}", bytes=moved,
+                descriptors=descriptors, transfer_seconds=seconds, windows=windows,
+                max_state_err=max_err, failed=failed, mismatches=mismatches[:20],
+                num_mismatches=len(mismatches))
 
 
-def run(cfg: Config) -> dict[str, Any]:
-    """Runs the two processes and returns the decode side's summary."""
+def run(cfg: Config, *, progress: Callable[[str], None] | None = None, verbose: bool = False) -> dict[str, Any]:
+    """Runs the two processes and returns the decode side's summary, or ``{"error": ...}`` naming
+    the process that failed. The configuration is checked first (:func:`validate`). However it
+    ends (an error, Ctrl-C), no child outlives the call."""
+    validate(cfg)
     ctx = mp.get_context("spawn")
     p_conn, d_conn = ctx.Pipe()
-    res_here, res_there = ctx.Pipe()
-    pre = ctx.Process(target=_prefill, args=(cfg, p_conn), name="prefill")
-    dec = ctx.Process(target=_decode, args=(cfg, d_conn, res_there), name="decode")
+    (pre_here, pre_there), (dec_here, dec_there) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
+    pre = ctx.Process(target=child_main, args=("prefill", _prefill, (cfg, p_conn), pre_there, verbose),
+                      name="prefill")
+    dec = ctx.Process(target=child_main, args=("decode", _decode, (cfg, d_conn), dec_there, verbose),
+                      name="decode")
     t0 = time.perf_counter()
-    pre.start()
-    dec.start()
-    summary: dict[str, Any] = dict(error="the decode process ended without a result")
-    deadline = time.perf_counter() + 900
-    while time.perf_counter() < deadline:
-        if res_here.poll(0.2):
-            summary = res_here.recv()
-            break
-        if not dec.is_alive():
-            break
-    for proc in (dec, pre):
-        proc.join(30)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(10)
+    start_children([pre, dec])
+    grace = 0.0  # Ctrl-C: end them now
+    try:
+        for c in (p_conn, d_conn, pre_there, dec_there):  # the children hold these ends now
+            c.close()
+        if progress is not None:
+            progress(f"pd-demo: prefill (TP{cfg.prefill_tp}, pid {pre.pid}) and decode (TP{cfg.decode_tp}, "
+                     f"pid {dec.pid}) processes started")
+        summary = wait_result({"decode": (dec_here, dec), "prefill": (pre_here, pre)}, "decode")
+        grace = 2.0 if "error" in summary else 30.0  # done: let them exit
+    finally:  # however it ends, no child outlives the call
+        stop_children([dec, pre], grace)
+        for c in (pre_here, dec_here):
+            c.close()
     summary["wall_seconds"] = time.perf_counter() - t0
     summary["exit_codes"] = [pre.exitcode, dec.exitcode]
     return summary
@@ -323,8 +444,8 @@ def format_summary(s: dict[str, Any]) -> str:
         return f"pd-demo: {s['error']}"
     lines = [
         f"pd-demo: prefill {s['prefill']} -> decode {s['decode']}, {s['requests']} requests x {s['layers']} layers",
-        f"  transfer: {s['bytes']} bytes in {s['descriptors']} descriptors, {s['transfer_seconds'] * 1e3:.1f} ms "
-        f"({s['gb_per_s']:.4f} GB/s)",
+        f"  transfer: {s['bytes']} bytes in {s['descriptors']} descriptors, pulled in {s['transfer_seconds'] * 1e3:.1f} ms "
+        f"(connection set-up included: not a bandwidth; benches/transfer.py measures that)",
         f"  decode: {s['windows']} speculative windows; max recurrent-state error {s['max_state_err']:.2e}",
         f"  mismatches: {s['num_mismatches']}, failed transfers: {len(s['failed'])}",
     ]
@@ -332,64 +453,9 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _ok(s: dict[str, Any]) -> bool:
+def passed(s: dict[str, Any]) -> bool:
+    """Whether the run of summary ``s`` found no mismatch, no failed transfer and no failed process."""
     return "error" not in s and not s["num_mismatches"] and not s["failed"] and s["exit_codes"] == [0, 0]
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    from ..transfer.nixl import import_nixl
-
-    import_nixl()  # BackendUnavailableError with the install hint, before starting processes
-    cfg = Config(requests=args.requests, layers=args.layers, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp,
-                 prefill_layout=args.prefill_layout, decode_layout=args.decode_layout,
-                 prefill_spec=args.prefill_spec, decode_spec=args.decode_spec, generate=args.generate, seed=args.seed)
-    s = run(cfg)
-    print(json.dumps(s) if args.json else format_summary(s))
-    return 0 if _ok(s) else 1
-
-
-_DESCRIPTION = (
-    "Prefill and decode in two OS processes with their own TP size, conv layout and num_spec: "
-    "a toy GDN + KDA stack is prefilled on one side, its states pulled over NIXL with re-sharding, "
-    "decoded in speculative windows on the other and checked against one-instance decoding "
-    "(exit status 1 on any mismatch)."
-)
-
-
-def add_parser(sub: Any) -> None:
-    """Register the ``pd-demo`` subcommand."""
-    from .cli_args import HelpFormatter
-
-    d = Config()
-    p = sub.add_parser("pd-demo", formatter_class=HelpFormatter, description=_DESCRIPTION,
-                       help="prefill and decode in two processes, states moved over NIXL with "
-                            "re-sharding, checked against one-instance decoding")
-    p.add_argument("--requests", type=int, default=d.requests, help="requests prefilled and decoded")
-    p.add_argument("--layers", type=int, default=d.layers, help="layers (alternating GDN, KDA)")
-    p.add_argument("--prefill-tp", type=int, default=d.prefill_tp, dest="prefill_tp", choices=[1, 2, 4, 8],
-                   help="tensor-parallel ranks of the prefill instance")
-    p.add_argument("--decode-tp", type=int, default=d.decode_tp, dest="decode_tp", choices=[1, 2, 4, 8],
-                   help="tensor-parallel ranks of the decode instance")
-    p.add_argument("--prefill-layout", default=d.prefill_layout, dest="prefill_layout", choices=["SD", "DS"],
-                   help="conv window layout on the prefill side")
-    p.add_argument("--decode-layout", default=d.decode_layout, dest="decode_layout", choices=["SD", "DS"],
-                   help="conv window layout on the decode side")
-    p.add_argument("--prefill-spec", type=int, default=d.prefill_spec, dest="prefill_spec",
-                   help="draft tokens per window the prefill side's conv windows hold (num_spec)")
-    p.add_argument("--decode-spec", type=int, default=d.decode_spec, dest="decode_spec",
-                   help="draft tokens per speculative window on the decode side (num_spec)")
-    p.add_argument("--generate", type=int, default=d.generate, help="tokens generated per request")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights, prompts and acceptance")
-    p.add_argument("--json", action="store_true", help="print the JSON summary")
-    p.set_defaults(func=_cmd)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m recoverssm_rs.tools.pd_demo``."""
-    parser = argparse.ArgumentParser(prog="python -m recoverssm_rs.tools.pd_demo")
-    add_parser(parser.add_subparsers(dest="command", required=False))
-    args = parser.parse_args(["pd-demo", *(argv if argv is not None else sys.argv[1:])])
-    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
+import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ... import backend_check
 from ...errors import BackendUnavailableError
+from ..cli_args import (
+    HelpFormatter,
+    add_json_option,
+    add_quiet_option,
+    int_at_least,
+    max_threads,
+    memory_problem,
+    output_path,
+    write_json,
+)
 from . import gpu_copy, host_copy, plan_step
 from .progress import Progress
 from .timing import Budget
@@ -28,16 +36,17 @@ FULL: dict[str, Any] = {"requests": [1, 16, 64, 256, 1024], "layers": 48,
 """Settings of a full run (about a minute on a 2-core machine)."""
 QUICK: dict[str, Any] = {"requests": [1, 16, 64], "layers": 8, "sizes": ["4K", "64K", "256K"],
                          "batches": [64], "budget": 0.02}
-"""Settings of ``--quick`` (a few seconds; for a smoke test, not for figures)."""
+"""Settings of ``--quick`` (10-15 s on a loaded 2-core machine; a smoke test, not for figures)."""
 
 
 def _int_list(text: str) -> list[int]:
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x, 10) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected comma-separated integers >= 1") from None
     if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected integers >= 1")
     return sorted(set(values))
 
 
@@ -46,63 +55,75 @@ def _size_list(text: str) -> list[str]:
     bad = [s for s in sizes if s not in host_copy.SHAPES]
     if not sizes or bad:
         raise argparse.ArgumentTypeError(
-            f"expected sizes from {', '.join(host_copy.SHAPES)} (comma-separated), got {text!r}")
+            f"invalid value {text!r}: expected sizes from {', '.join(host_copy.SHAPES)} (comma-separated)")
     return sorted(set(sizes), key=list(host_copy.SHAPES).index)
 
 
-def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-        return value
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected seconds > 0") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected seconds > 0 (finite)")
+    return value
 
-    return parse
+
+def _arg_string(text: str) -> list[str]:
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {e} (quote as in a shell)") from None
+
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+"""What ``--plot`` writes (matplotlib takes the format from the suffix)."""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on the CLI's subparsers; returns the subcommand's parser."""
     p = subparsers.add_parser(
-        "bench", help="measure the planner and the host executor against their baselines",
+        "bench", formatter_class=HelpFormatter,
+        help="measure the planner and the host executor against their baselines",
         description="Measure the copy planner (plan step: throughput against requests) and the host "
                     "executor (host copy: bandwidth against state size) against the baselines engines "
                     "use today (a per-copy Python loop, vectorised numpy, torch copy_ and index "
-                    "copies), on this machine's CPU; with --gpu also the GPU copy benchmark. Progress "
-                    "goes to stderr, the tables to stdout. Needs torch.")
+                    "copies), on this machine's CPU; with --gpu also the GPU copy benchmark. The "
+                    "methods are timed interleaved in rounds; each ratio comes with its spread over "
+                    "the rounds. Progress goes to stderr, the tables to stdout. Needs torch.")
     p.add_argument("--quick", action="store_true",
-                   help="a few seconds: fewer requests and layers, small states, short timings "
-                        f"(requests {','.join(map(str, QUICK['requests']))}, {QUICK['layers']} layers, "
-                        f"sizes {','.join(QUICK['sizes'])}, batch {','.join(map(str, QUICK['batches']))})")
+                   help="a smoke test, not for figures (about 10-15 s on a loaded 2-core machine): "
+                        f"requests {','.join(map(str, QUICK['requests']))}, {QUICK['layers']} layers, "
+                        f"sizes {','.join(QUICK['sizes'])}, batch {','.join(map(str, QUICK['batches']))}")
     p.add_argument("--only", choices=BENCHMARKS, action="append",
                    help="run only this benchmark (repeatable; default: both)")
     p.add_argument("--requests", type=_int_list, metavar="N,N,...",
                    help=f"plan step: request counts (default {','.join(map(str, FULL['requests']))})")
-    p.add_argument("--layers", type=_positive(int), metavar="N",
+    p.add_argument("--layers", type=int_at_least(1), metavar="N",
                    help=f"plan step: GDN layers (default {FULL['layers']})")
     p.add_argument("--sizes", type=_size_list, metavar="SIZE,...",
                    help=f"host copy: state sizes, of {', '.join(host_copy.SHAPES)} (default all)")
     p.add_argument("--batches", type=_int_list, metavar="N,N,...",
                    help=f"host copy: blocks per call (default {','.join(map(str, FULL['batches']))})")
-    p.add_argument("--budget", type=_positive(float), metavar="SECONDS",
+    p.add_argument("--budget", type=_seconds, metavar="SECONDS",
                    help=f"timing per method and case (default {FULL['budget']})")
-    p.add_argument("--threads", type=_positive(int), metavar="N",
-                   help="torch intra-op threads (default: torch's own choice)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout, "
-                                                  "and the tables go to stderr)")
-    p.add_argument("--plot", metavar="FILE.png",
+    p.add_argument("--threads", type=int_at_least(1, max_threads()), metavar="N",
+                   help="torch intra-op threads, at most this machine's CPUs (default: torch's own choice)")
+    add_json_option(p, "the results")
+    p.add_argument("--plot", metavar="FILE.png", type=output_path(PLOT_SUFFIXES),
                    help="draw throughput against requests and bandwidth against state size, with the "
-                        "baselines, into FILE.png (needs matplotlib: the 'plot' extra)")
+                        "baselines and the spread, into FILE (.png, .svg or .pdf; needs matplotlib: "
+                        "the 'plot' extra)")
     p.add_argument("--gpu", action="store_true",
                    help="also run the GPU copy benchmark (benches/gpu_copy.py of a source checkout; "
-                        "needs a CUDA device, torch and CuPy)")
-    p.add_argument("--gpu-args", default=None, metavar="ARGS",
-                   help="arguments for the GPU copy benchmark as one string, written --gpu-args='...' "
-                        f"(default: its own; with --quick: {' '.join(gpu_copy.QUICK_ARGS)!r})")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(func=_cmd_bench)
+                        "needs a CUDA device, torch and CuPy); it runs first")
+    p.add_argument("--gpu-args", default=None, metavar="ARGS", type=_arg_string,
+                   help="with --gpu: arguments for the GPU copy benchmark as one string, written "
+                        f"--gpu-args='...' (default: its own; with --quick: {' '.join(gpu_copy.QUICK_ARGS)!r})")
+    add_quiet_option(p)
+    p.set_defaults(func=_cmd_bench, parser=p)
     return p
 
 
@@ -170,17 +191,37 @@ def format_report(doc: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def _check_resources(parser: argparse.ArgumentParser, cfg: dict[str, Any]) -> None:
+    """Refuse, before measuring, a run whose pools cannot be made or do not fit in memory."""
+    if "plan" in cfg["benchmarks"]:
+        req, layers = cfg["requests"], cfg["layers"]
+        # Name the option furthest above its default: the one to lower.
+        if layers / FULL["layers"] >= max(req) / max(FULL["requests"]):
+            flag, value, what = "--layers", str(layers), f"(with --requests up to {max(req)})"
+        else:
+            flag, value, what = "--requests", ",".join(map(str, req)), f"(with --layers {layers})"
+        problem = (plan_step.reserve_problem(req, layers)
+                   or memory_problem(plan_step.memory_bytes(req, layers), "the plan step's address arrays"))
+        if problem:
+            parser.error(f"argument {flag}: invalid value {value} {what}: {problem}")
+    if "host" in cfg["benchmarks"]:
+        problem = memory_problem(host_copy.memory_bytes(cfg["sizes"], cfg["batches"]),
+                                 "the host copy's largest pool")
+        if problem:
+            parser.error(f"argument --batches: invalid value {','.join(map(str, cfg['batches']))} (with "
+                         f"--sizes {','.join(cfg['sizes'])}): {problem}")
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
-    # Every missing piece is reported before a minute of measuring, not after.
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and path != "-" and not Path(path).resolve().parent.is_dir():
-            print(f"python -m recoverssm_rs bench: error: argument {flag}: the folder of {path!r} does not "
-                  "exist", file=sys.stderr)
-            return 2
+    # Every argument and every missing piece is reported before a minute of measuring, not after.
+    parser: argparse.ArgumentParser = args.parser
+    if args.gpu_args is not None and not args.gpu:
+        parser.error("argument --gpu-args: only with --gpu")
+    cfg = settings(args)
+    _check_resources(parser, cfg)
     backend_check.require("torch", "`bench`")
     if args.plot:
         backend_check.require("matplotlib", "`bench --plot`")
-    cfg = settings(args)
     import torch
 
     if args.threads:
@@ -190,30 +231,32 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise BackendUnavailableError("bench --gpu: torch sees no CUDA device")
         backend_check.require_gpu_stack()
         gpu_copy.require_script()
-    elif torch.cuda.is_available() and not args.no_progress:
+    elif torch.cuda.is_available() and not args.quiet:
         print("bench: a CUDA device is present; add --gpu for the GPU copy benchmark", file=sys.stderr)
 
-    doc = run(cfg, progress_enabled=not args.no_progress)
-    if args.gpu:
-        import shlex
-
-        extra = (shlex.split(args.gpu_args) if args.gpu_args is not None
+    gpu_doc = None
+    if args.gpu:  # first: a bad --gpu-args is refused by the script before the CPU minute
+        extra = (args.gpu_args if args.gpu_args is not None
                  else list(gpu_copy.QUICK_ARGS) if args.quick else [])
-        doc["gpu_copy"] = gpu_copy.run(extra)
+        try:
+            gpu_doc = gpu_copy.run(extra)
+        except gpu_copy.GpuArgsError as e:
+            parser.error(f"argument --gpu-args: invalid value {' '.join(extra)!r}: {e}")
+    doc = run(cfg, progress_enabled=not args.quiet)
+    if gpu_doc is not None:
+        doc["gpu_copy"] = gpu_doc
 
-    to_stdout = args.json == "-"
-    print(format_report(doc), file=sys.stderr if to_stdout else sys.stdout)
+    if args.json != "-":
+        print(format_report(doc))
     if args.json:
-        text = json.dumps(doc, indent=2)
-        if to_stdout:
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        write_json(doc, args.json, parser.prog)
+        if args.json != "-" and not args.quiet:
             print(f"bench: results written to {args.json}", file=sys.stderr)
     if args.plot:
         from .plot import save_plot
 
         save_plot(doc, args.plot, title=f"recoverssm_rs {doc['machine']['recoverssm_rs']} on "
                                         f"{doc['machine']['cpus']} CPUs ({doc['date'][:10]})")
-        print(f"bench: plot written to {args.plot}", file=sys.stderr)
+        if not args.quiet:
+            print(f"bench: plot written to {args.plot}", file=sys.stderr)
     return 0

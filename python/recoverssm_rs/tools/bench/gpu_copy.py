@@ -8,19 +8,36 @@ with ``--json`` (its own tables stream to stderr as progress) and returns its JS
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import io
 import json
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ...errors import BackendUnavailableError
 
-__all__ = ["QUICK_ARGS", "find_script", "format_table", "require_script", "run"]
+__all__ = ["QUICK_ARGS", "GpuArgsError", "find_script", "format_table", "require_script", "run"]
 
 QUICK_ARGS = ["--requests", "1,16", "--layers", "8", "--budget", "0.05", "--chunks", ""]
 """``benches/gpu_copy.py`` arguments for ``bench --quick --gpu``."""
+
+
+class GpuArgsError(ValueError):
+    """The GPU copy benchmark refused its arguments (``--gpu-args``); the message is its own."""
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _StrictParser(argparse.ArgumentParser):
+    """The script's argument parser, raising its error instead of printing the usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ArgError(message)
 
 
 def find_script(checkout: Path | None = None) -> Path | None:
@@ -48,16 +65,23 @@ def run(args: list[str], script: Path | None = None) -> dict[str, Any]:
     """Run the GPU copy benchmark with ``args`` (plus ``--json``); returns its JSON document.
 
     Raises :class:`BackendUnavailableError` when the script is not found or measured nothing (no
-    CUDA device, torch or CuPy: its reason is in the message).
+    CUDA device, torch or CuPy: its reason is in the message), :class:`GpuArgsError` when its
+    argument parser refuses ``args`` (before it measures anything).
     """
     script = script or require_script()
     spec = importlib.util.spec_from_file_location("recoverssm_rs_bench_gpu_copy", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if getattr(module, "argparse", None) is argparse:  # its parser raises instead of exiting
+        strict = types.SimpleNamespace(**{**vars(argparse), "ArgumentParser": _StrictParser})
+        setattr(module, "argparse", strict)  # noqa: B010 (a module's global, by name)
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):  # the JSON document; its tables go to stderr
-        rc = module.main(["--json", *args])
+    try:
+        with contextlib.redirect_stdout(out):  # the JSON document; its tables go to stderr
+            rc = module.main(["--json", *args])
+    except _ArgError as e:
+        raise GpuArgsError(f"{script.name}: {e}") from None
     if rc != 0:
         raise BackendUnavailableError(f"{script} exited with status {rc}")
     doc: dict[str, Any] = json.loads(out.getvalue())

@@ -14,7 +14,9 @@ that all of them see the same machine load):
                  what engines do today)
 
 Bandwidth is bytes read + bytes written per second (2 N S / t; for ``index`` the temporary's extra
-traffic is not counted), median over repetitions, in GB/s (1e9). Small pools sit in the CPU caches
+traffic is not counted), median over repetitions, in GB/s (1e9), with the min-max of the rounds'
+medians (``GBps_range``). The executor's ratios to ``copy_`` and to ``index`` are the median of
+the ratios taken round by round, with their min-max (``_range``). Small pools sit in the CPU caches
 (no rotation), so the small sizes measure cache bandwidth and per-call overhead. The executor uses
 2 threads per wave of >= 4 MiB where the machine has them; torch uses its intra-op threads.
 """
@@ -29,14 +31,21 @@ import numpy as np
 from ..._core import Layout, StateSpec
 from ...planner import Planner
 from .progress import Progress
-from .timing import Budget, measure_interleaved
+from .timing import Budget, format_ratio, measure_interleaved, ratio, round_range
 
-__all__ = ["BASELINES", "METHODS", "SHAPES", "count_units", "format_table", "run"]
+__all__ = ["BASELINES", "METHODS", "SHAPES", "count_units", "format_table", "memory_bytes", "run"]
 
 SHAPES: dict[str, tuple[int, ...]] = {"4K": (1024,), "64K": (16384,), "256K": (65536,), "2M": (32, 128, 128)}
 """State sizes (fp32 shapes) by name."""
 METHODS = ("execute", "plan+execute", "execute(1seg)", "copy_", "index")
 BASELINES = ("copy_", "index")
+
+
+def memory_bytes(sizes: Sequence[str], batches: Sequence[int]) -> int:
+    """The memory the largest case takes: its pool of ``2N + 1`` states and the index copy's
+    temporary of ``N`` more (float32)."""
+    state = max(4 * int(np.prod(SHAPES[s])) for s in sizes)
+    return (3 * max(batches) + 1) * state
 
 
 def count_units(sizes: Sequence[str], batches: Sequence[int]) -> int:
@@ -76,13 +85,18 @@ def _case(torch: Any, name: str, n: int, budget: Budget, progress: Progress, see
     }
     case = f"host copy, {name} states x {n}"
     progress.start(case, "timing the methods interleaved")
-    methods = measure_interleaved({m: (fns[m], budget) for m in METHODS},
+    methods: dict[str, dict[str, Any]] = measure_interleaved({m: (fns[m], budget) for m in METHODS},
                                   on_done=lambda m: progress.advance(case, f"{m} done"))
     for t in methods.values():
         t["GBps"] = 2 * payload / t["median_s"] / 1e9
+        t["GBps_range"] = round_range(t, lambda s: 2 * payload / s / 1e9)
+    # GB/s ratios are inverse time ratios: execute / copy_ in GB/s = copy_ time / execute time
+    over_copy, over_copy_range = ratio(methods["copy_"], methods["execute"])
+    over_index, over_index_range = ratio(methods["index"], methods["execute"])
     return {"size": name, "state_bytes": state_bytes, "batch": n, "payload_bytes": payload,
             "segments": plan.num_segments, "segments_seq": seq.num_segments, "methods": methods,
-            "execute_over_copy_": methods["execute"]["GBps"] / methods["copy_"]["GBps"]}
+            "execute_over_copy_": over_copy, "execute_over_copy__range": over_copy_range,
+            "execute_over_index": over_index, "execute_over_index_range": over_index_range}
 
 
 def run(sizes: Sequence[str], batches: Sequence[int], budget: Budget, progress: Progress | None = None,
@@ -97,14 +111,17 @@ def run(sizes: Sequence[str], batches: Sequence[int], budget: Budget, progress: 
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """The host-copy results as a text table (GB/s, read + written)."""
+    """The host-copy results as a text table: median GB/s (read + written) per method, and the
+    executor's ratio to ``copy_`` and to the index copy with their spread (min-max of the
+    per-round ratios)."""
     lines = [(f"host copy: plan_copy of N random blocks of a CPU pool; GB/s = (bytes read + written) / s, "
-              f"medians; baselines: {', '.join(doc['baselines'])}; torch threads {doc['torch_threads']}")]
+              f"medians; baselines: {', '.join(doc['baselines'])}; torch threads {doc['torch_threads']}; "
+              f"ratios with their min-max over the timing rounds")]
     head = (f"{'state':>6} {'N':>4} {'MiB':>7} {'segs':>5} " + " ".join(f"{m:>13}" for m in METHODS)
-            + f" {'exec/copy_':>10}")
+            + f" {'exec/copy_':>19} {'exec/index':>19}")
     lines += [head, "-" * len(head)]
     for r in doc["results"]:
         lines.append(f"{r['size']:>6} {r['batch']:>4} {r['payload_bytes'] / 2**20:>7.1f} {r['segments']:>5} "
                      + " ".join(f"{r['methods'][m]['GBps']:>8.1f} GB/s" for m in METHODS)
-                     + f" {r['execute_over_copy_']:>9.2f}x")
+                     + f" {format_ratio(r, 'execute_over_copy_'):>19} {format_ratio(r, 'execute_over_index'):>19}")
     return "\n".join(lines)

@@ -37,9 +37,10 @@ import numpy as np
 from ... import layouts
 from ...planner import Planner
 from .progress import Progress
-from .timing import Budget, measure_interleaved
+from .timing import Budget, format_ratio, measure_interleaved, ratio, round_range
 
-__all__ = ["BASELINES", "LAYOUT", "METHODS", "count_units", "format_table", "make_step", "run"]
+__all__ = ["BASELINES", "LAYOUT", "METHODS", "count_units", "format_table", "make_step", "memory_bytes",
+           "reserve_problem", "run"]
 
 MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python < 3.12 lacks the name
 LAYOUT = "qwen3-next-80b-a3b"
@@ -177,6 +178,35 @@ def _methods(planner: Planner, vec: Vectorised, pool: Pool, step: tuple[np.ndarr
     }
 
 
+def _pool_size(requests: Sequence[int], layers: int) -> tuple[int, int]:
+    """``(num_blocks, bytes)`` of the never-touched mapping :func:`run` lays its pool out in."""
+    conv, temp = layouts.preset(LAYOUT, num_spec=NUM_SPEC).persistent
+    num_blocks = max(requests) * COLS + 1
+    return num_blocks, layers * num_blocks * ((conv.nbytes or 0) + (temp.nbytes or 0))
+
+
+def reserve_problem(requests: Sequence[int], layers: int) -> str | None:
+    """Why the pool mapping for ``requests`` and ``layers`` cannot be made here, or None: asks the
+    operating system for the mapping (reserved, never touched) and gives it back at once."""
+    _, size = _pool_size(requests, layers)
+    try:
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    except (OSError, OverflowError, ValueError) as e:
+        from ..formatting import human_bytes
+
+        why = getattr(e, "strerror", None) or "more than the address space"
+        return f"the plan step's pool ({human_bytes(size)} of address space, never touched) cannot be mapped here ({why})"
+    mapping.close()
+    return None
+
+
+def memory_bytes(requests: Sequence[int], layers: int) -> int:
+    """About the memory :func:`run` touches at the largest request count: per copy the address
+    arrays of the methods and the sets that check them against each other (about 600 bytes), and
+    per layer the state views."""
+    return max(requests) * layers * 2 * 600 + layers * 4096
+
+
 def count_units(requests: Sequence[int]) -> int:
     """Progress units :func:`run` reports: one per (request count, method)."""
     return len(requests) * len(METHODS)
@@ -188,7 +218,9 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
 
     Each request count's methods are first checked to produce the same copies (``check``).
     ``results[i]["methods"][name]`` holds ``median_s``, ``p10_s``, ``p90_s``, ``reps``,
-    ``ns_per_copy`` and ``copies_per_s``.
+    ``rounds_s``, ``ns_per_copy``, ``copies_per_s`` and ``copies_per_s_range`` (min-max over the
+    rounds); each ratio (``loop_over_plan``, ...) is the median of the ratios taken round by round,
+    with their min-max as its ``_range``.
     """
     import torch
 
@@ -232,17 +264,21 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
         def done(name: str, case: str = case) -> None:
             progress.advance(case, f"{name} done")
 
-        methods = measure_interleaved(
+        methods: dict[str, dict[str, Any]] = measure_interleaved(
             {name: (fns[name], loop_budget if name == "loop" else budget) for name in METHODS}, done)
+        def rate(s: float, c: int = copies) -> float:
+            return c / s
+
         for t in methods.values():
             t["ns_per_copy"] = t["median_s"] * 1e9 / copies
             t["copies_per_s"] = copies / t["median_s"]
-        results.append({
-            "requests": R, "copies": copies, "bytes_per_step": nbytes, "check": check, "methods": methods,
-            "loop_over_plan": methods["loop"]["median_s"] / methods["plan"]["median_s"],
-            "numpy_over_plan": methods["numpy"]["median_s"] / methods["plan"]["median_s"],
-            "plan_over_core": methods["plan"]["median_s"] / methods["core"]["median_s"],
-        })
+            t["copies_per_s_range"] = round_range(t, rate)
+        ratios = {key: ratio(methods[a], methods[b])
+                  for key, a, b in (("loop_over_plan", "loop", "plan"), ("numpy_over_plan", "numpy", "plan"),
+                                    ("plan_over_core", "plan", "core"))}
+        results.append({"requests": R, "copies": copies, "bytes_per_step": nbytes, "check": check,
+                        "methods": methods, **{k: v for k, (v, _) in ratios.items()},
+                        **{f"{k}_range": rng for k, (_, rng) in ratios.items()}})
     return {
         "layout": LAYOUT, "num_spec": NUM_SPEC, "layers": layers, "num_blocks": num_blocks,
         "states": {"conv": [list(conv.shape), conv.dtype], "temporal": [list(temp.shape), temp.dtype]},
@@ -253,15 +289,18 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """The plan-step results as a text table (median microseconds and copies per second)."""
+    """The plan-step results as a text table: median microseconds per step (M copies per second)
+    per method, and the ratios to ``plan`` with their spread (min-max of the per-round ratios)."""
     lines = [(f"plan step: {doc['layout']} GDN, {doc['layers']} layers x R requests x 2 states "
               f"(align mode, every request crosses); median us per step (M copies/s); "
-              f"baselines: {', '.join(doc['baselines'])}")]
-    head = f"{'requests':>8} {'copies':>8} " + " ".join(f"{m:>18}" for m in METHODS) + f" {'loop/plan':>10}"
+              f"baselines: {', '.join(doc['baselines'])}; ratios with their min-max over the timing rounds")]
+    head = (f"{'requests':>8} {'copies':>8} " + " ".join(f"{m:>18}" for m in METHODS)
+            + f" {'loop/plan':>21} {'numpy/plan':>17}")
     lines += [head, "-" * len(head)]
     for r in doc["results"]:
         cells = " ".join(
             f"{r['methods'][m]['median_s'] * 1e6:>10.1f} ({r['methods'][m]['copies_per_s'] / 1e6:>5.1f})"
             for m in METHODS)
-        lines.append(f"{r['requests']:>8} {r['copies']:>8} {cells} {r['loop_over_plan']:>9.0f}x")
+        lines.append(f"{r['requests']:>8} {r['copies']:>8} {cells} {format_ratio(r, 'loop_over_plan'):>21} "
+                     f"{format_ratio(r, 'numpy_over_plan'):>17}")
     return "\n".join(lines)

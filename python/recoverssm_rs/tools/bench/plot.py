@@ -2,9 +2,10 @@
 
 One panel per benchmark in the results: the plan step's copies per second against the number of
 requests (the package's planner and the baselines on the same log-log axes), and the host copy's
-GB/s against the state size at the largest batch (the executor and the torch baselines). Baselines
-are dashed. Needs matplotlib (the ``plot`` extra); uses the Agg canvas, never a window or pyplot's
-global state.
+GB/s against the state size at the largest batch (the executor and the torch baselines). Each line
+is the median; the shaded band around it spans the lowest to the highest per-round median (the
+spread the machine's load caused while the methods were timed interleaved). Baselines are dashed.
+Needs matplotlib (the ``plot`` extra); uses the Agg canvas, never a window or pyplot's global state.
 """
 
 from __future__ import annotations
@@ -29,17 +30,26 @@ def _style(method: str, baselines: list[str]) -> dict[str, Any]:
             "label": f"{method} (baseline)" if method in baselines else method}
 
 
+def _line(ax: Axes, x: list[float], methods: list[dict[str, Any]], key: str, style: dict[str, Any]) -> None:
+    """The medians ``m[key]`` as a line and, where every point has it, ``m[key + "_range"]`` as a
+    band in the line's colour."""
+    (line,) = ax.plot(x, [m[key] for m in methods], **style)
+    if all(f"{key}_range" in m for m in methods):
+        ax.fill_between(x, [m[f"{key}_range"][0] for m in methods], [m[f"{key}_range"][1] for m in methods],
+                        color=line.get_color(), alpha=0.18, linewidth=0)
+
+
 def _plan_panel(ax: Axes, doc: dict[str, Any]) -> None:
     results = sorted(doc["results"], key=lambda r: r["requests"])
     requests = [r["requests"] for r in results]
     for m in PLAN_METHODS:
-        ax.plot(requests, [r["methods"][m]["copies_per_s"] for r in results], **_style(m, doc["baselines"]))
+        _line(ax, requests, [r["methods"][m] for r in results], "copies_per_s", _style(m, doc["baselines"]))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(requests, [str(r) for r in requests])
     ax.set_xlabel(f"requests per step ({doc['layers']} layers x 2 states each)")
     ax.set_ylabel("copies planned per second")
-    ax.set_title(f"align step, {doc['layout']} (median)")
+    ax.set_title(f"align step, {doc['layout']} (median; band: min-max of the rounds)", fontsize="medium")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small")
 
@@ -49,12 +59,13 @@ def _host_panel(ax: Axes, doc: dict[str, Any]) -> None:
     results = sorted((r for r in doc["results"] if r["batch"] == batch), key=lambda r: r["state_bytes"])
     sizes = [r["state_bytes"] for r in results]
     for m in HOST_METHODS:
-        ax.plot(sizes, [r["methods"][m]["GBps"] for r in results], **_style(m, doc["baselines"]))
+        _line(ax, sizes, [r["methods"][m] for r in results], "GBps", _style(m, doc["baselines"]))
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [r["size"] for r in results])
     ax.set_xlabel(f"state size (bytes per block; {doc['dtype']})")
     ax.set_ylabel("GB/s (bytes read + written)")
-    ax.set_title(f"host copy, {batch} random blocks per call (median)")
+    ax.set_title(f"host copy, {batch} random blocks per call (median; band: min-max of the rounds)",
+                 fontsize="medium")
     ax.set_ylim(bottom=0)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small")

@@ -1,20 +1,21 @@
 """The ``demo`` subcommand: options, their up-front check, and the run's output.
 
-Progress lines go to stderr, the preset's table and the summary (or ``--json``) to stdout. A bad
-option is refused before anything runs with one line naming the flag, its value and the allowed
-range (exit status 2).
+Progress lines go to stderr (none with ``--quiet``), the preset's table and the summary to stdout;
+``--json FILE`` also writes the summary as JSON to FILE, ``--json`` (or ``--json -``) prints only the
+JSON summary on stdout. A bad option is refused before anything runs with one line naming the
+flag, its value and the allowed range (exit status 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import sys
 from typing import Any
 
 from ... import layouts
-from ..cli_args import HelpFormatter, fail, int_at_least
-from .config import DEFAULTS, DemoOptionError, recoverssm_presets
+from ..cli_args import HelpFormatter, add_json_option, add_quiet_option, fail, int_at_least, max_threads, write_json
+from .config import DEFAULTS, MAX_BLOCK_SIZE, DemoOptionError, recoverssm_presets
 
 __all__ = ["add_parser"]
 
@@ -50,7 +51,7 @@ def add_parser(sub: Any) -> None:
                    help="layers per kind (the stack has as many GDN as KDA layers)")
     p.add_argument("--seed", type=int_at_least(0, 2**64 - 1), default=DEFAULTS["seed"],
                    help="seeds weights, prompts, drafts, acceptance and scheduling")
-    p.add_argument("--block-size", type=int_at_least(1), default=DEFAULTS["block_size"],
+    p.add_argument("--block-size", type=int_at_least(1, MAX_BLOCK_SIZE), default=DEFAULTS["block_size"],
                    dest="block_size",
                    help="prefix-cache block size in tokens (at least --num-spec + 1)")
     p.add_argument("--num-spec", type=int_at_least(1), default=DEFAULTS["num_spec"],
@@ -59,12 +60,11 @@ def add_parser(sub: Any) -> None:
                    help=f"the RecoverSSM preset whose layout and memory are shown (not run): "
                         f"{', '.join(presets)}; with --layout-only any of: "
                         f"{', '.join(layouts.PRESETS)}")
-    p.add_argument("--threads", type=int_at_least(0), default=DEFAULTS["num_threads"],
-                   help="torch CPU threads during the run (the tensors are tiny; 0 keeps torch's "
-                        "setting)")
-    p.add_argument("--json", action="store_true",
-                   help="print only the JSON summary on stdout")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--threads", type=int_at_least(0, max_threads()), default=DEFAULTS["num_threads"],
+                   help="torch CPU threads during the run, at most this machine's CPUs (the tensors "
+                        "are tiny; 0 keeps torch's setting)")
+    add_json_option(p, "the summary")
+    add_quiet_option(p)
     p.add_argument("--layout-only", action="store_true", dest="layout_only",
                    help="only print the preset's layout table and check its copy-function "
                         "registration (any preset; nothing is served)")
@@ -81,10 +81,15 @@ def _layout_only(args: argparse.Namespace) -> int:
     group = {"mamba_type": layout.backend, "shapes": [s.shape for s in layout.states],
              "dtypes": [s.dtype for s in layout.states]}
     prefix = validate_copy_funcs([group], {layout.backend: [s.copy for s in layout.persistent]})
-    print(format_layout(layout, p.num_layers))
-    for backend, n in prefix.items():
-        print(f"copy functions: {backend} registers {n} copy functions for {len(layout)} states "
-              f"(copyable prefix {n}) - valid")
+    if args.json != "-":
+        print(format_layout(layout, p.num_layers))
+        for backend, n in prefix.items():
+            print(f"copy functions: {backend} registers {n} copy functions for {len(layout)} "
+                  f"states (copyable prefix {n}) - valid")
+    if args.json:
+        doc = {"preset": args.preset, "model": p.model, "num_layers": p.num_layers,
+               "layout": layout.to_dict(), "copyable_prefix": dict(prefix)}
+        write_json(doc, args.json, args.parser.prog)
     return 0
 
 
@@ -108,9 +113,7 @@ def _cmd(args: argparse.Namespace) -> int:
             parser.error(f"argument --preset: invalid value {args.preset!r}: choose one of "
                          f"{', '.join(layouts.PRESETS)}")
         return _layout_only(args)
-    try:
-        import torch  # noqa: F401
-    except ModuleNotFoundError:
+    if importlib.util.find_spec("torch") is None:  # without importing it: the checks need none
         from ...backend_check import missing_module_message
 
         fail(parser.prog, missing_module_message(ModuleNotFoundError(name="torch"), "`demo`") or "torch is missing")
@@ -122,7 +125,8 @@ def _cmd(args: argparse.Namespace) -> int:
         validate(**options)
     except DemoOptionError as e:
         _refuse(parser, e, options)
-    if not args.json:
+    text = args.json != "-"
+    if text:
         print(preset_header(args.preset))
         print()
         sys.stdout.flush()
@@ -132,11 +136,11 @@ def _cmd(args: argparse.Namespace) -> int:
             print(msg, file=sys.stderr, flush=True)
 
     summary = run(**options, progress=progress)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
+    ok = summary["mismatches"] == 0
+    if text:
         print(format_summary(summary))
-        ok = summary["mismatches"] == 0
         print("OK: every state matched the token-by-token ground truth" if ok
               else "FAILED: states differ from the token-by-token ground truth")
-    return 0 if summary["mismatches"] == 0 else 1
+    if args.json:
+        write_json(summary, args.json, parser.prog)
+    return 0 if ok else 1

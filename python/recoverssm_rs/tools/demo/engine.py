@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import sizes
 from .model import HEADS, HIDDEN, KINDS, VOCAB, ToyLayer, rms, toy_layouts
 from .oracle import Oracle, Snapshot
 
@@ -174,14 +175,9 @@ class Engine:
         gen = torch.Generator().manual_seed(seed)
 
         # Sizes: prompts, generations, block-table columns, pool.
-        self.max_prompt = 3 * block_size + 6
-        self.max_new = 6 * self.Q + 8
-        max_seq = self.max_prompt + self.max_new + 2 * self.Q
-        self.cols = max_seq // block_size + 2
-        # The worst case of the active requests (a running block and a full block table each)
-        # plus room for the prefix cache, which evicts its least recently used unshared entry
-        # when the free list runs dry.
-        self.num_blocks = 1 + requests * (self.cols + 1) + 4 * requests
+        size = sizes(requests=requests, block_size=block_size, num_spec=num_spec)
+        self.max_prompt, self.max_new = size.max_prompt, size.max_new
+        self.cols, self.num_blocks = size.cols, size.num_blocks
 
         self.caches = {
             kind: StateCache(lay, num_layers=layers, num_blocks=self.num_blocks,
