@@ -139,6 +139,8 @@ def test_the_installed_extension_is_the_manylinux_2_28_build():
         "`bash scripts/setup.sh` (maturin develop tags linux_x86_64 and links for this machine's glibc)")
     needed = _glibc_versions_needed(Path(recoverssm_rs._core.__file__))
     assert needed and max(needed) <= TARGET_GLIBC, sorted(needed)
+    # The built metadata carries every extra of pyproject.toml.
+    assert sorted(dist.metadata.get_all("Provides-Extra") or []) == sorted(PROJECT["optional-dependencies"])
 
 
 def test_every_build_path_gets_the_configured_tag_and_zig(monkeypatch):
