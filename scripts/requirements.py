@@ -2,6 +2,7 @@
 requirements): run by setup.sh with the Python of .venv, imported by tests/test_packaging.py.
 
     python scripts/requirements.py unmet KIND...     # unmet requirements, one a line
+    python scripts/requirements.py torch-cuda        # torch.version.cuda (None: CPU-only)
     python scripts/requirements.py test-extra CUDA   # the test extra for torch.version.cuda
     python scripts/requirements.py foreign-cupy EXTRA
 
@@ -12,6 +13,7 @@ the package's own extras named in a requirement (``recoverssm_rs[gpu-cu13]``) ar
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import re
 import sys
 import tomllib
@@ -81,6 +83,20 @@ def unmet(*kinds: str) -> list[str]:
     return missing
 
 
+def torch_cuda() -> str | None:
+    """``torch.version.cuda`` of the installed torch, read from its ``torch/version.py`` without
+    importing torch (seconds)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("requirements.py: torch is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    version_spec = importlib.util.spec_from_file_location("_torch_version", path)
+    assert version_spec is not None and version_spec.loader is not None
+    module = importlib.util.module_from_spec(version_spec)
+    version_spec.loader.exec_module(module)
+    return module.cuda
+
+
 def extra_for_cuda(torch_cuda: str | None) -> str:
     """The test extra for a torch built with CUDA ``torch_cuda`` (``torch.version.cuda``):
     ``test-cu12`` for CUDA 12, ``test`` (CUDA 13) otherwise, a CPU-only torch included."""
@@ -105,6 +121,8 @@ def main(argv: list[str]) -> int:
     cmd, args = argv[0], argv[1:]
     if cmd == "unmet":
         lines = unmet(*args)
+    elif cmd == "torch-cuda":
+        lines = [str(torch_cuda())]
     elif cmd == "test-extra":
         lines = [extra_for_cuda(args[0] if args and args[0] != "None" else None)]
     elif cmd == "foreign-cupy":

@@ -49,7 +49,7 @@ need=$(unmet torch)
 [[ -z "$need" ]] || install "torch (a download of several hundred MB)" $need
 extras=torch
 if ((testing)); then
-  cuda=$("$py" -c "import torch; print(torch.version.cuda)")
+  cuda=$("$py" scripts/requirements.py torch-cuda)
   test_extra=$("$py" scripts/requirements.py test-extra "$cuda")
   extras+=,$test_extra
   say "torch is built for CUDA $cuda: the $test_extra extra"

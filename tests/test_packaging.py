@@ -262,6 +262,11 @@ def test_setup_installs_the_test_extra_of_torchs_cuda_major(torch_cuda, major):
     assert {"torch", "triton", "nixl-cu12", "pytest", "hypothesis", "matplotlib", "mypy", "ruff"} <= names
 
 
+def test_setup_reads_torchs_cuda_without_importing_it():
+    torch = pytest.importorskip("torch")
+    assert _setup_requirements().torch_cuda() == torch.version.cuda
+
+
 #: Modules the tests import that no distribution provides: tests/support/vllm_oracle.py makes it.
 _MADE_AT_RUN_TIME = {"vllm_oracle_triton"}
 
