@@ -12,10 +12,11 @@
 # 4. summary.txt    exit status and wall time of every stage
 #
 # The package: the recoverssm_rs that $PYTHON (default python3) already imports, else the wheel in
-# wheelhouse/ (made anywhere by scripts/build_wheel.sh) installed into $RECOVERSSM_SITE
-# (default /tmp/recoverssm_site). Every stage runs even when an earlier one failed; the exit status
-# is non-zero when any did. Stage time limits (seconds): $GPU_TESTS_TIMEOUT (240), $GPU_BENCH_TIMEOUT
-# (200); extra benchmark arguments: $GPU_BENCH_ARGS.
+# wheelhouse/ (made anywhere by scripts/build_wheel.sh) installed into $RECOVERSSM_SITE (default: a
+# private folder made for this run by mktemp -d, mode 0700, removed at exit; CuPy's kernel cache
+# goes there too unless $CUPY_CACHE_DIR is set). Every stage runs even when an earlier one failed;
+# the exit status is non-zero when any did. Stage time limits (seconds): $GPU_TESTS_TIMEOUT (240),
+# $GPU_BENCH_TIMEOUT (200); extra benchmark arguments: $GPU_BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-gpu-results}
@@ -24,9 +25,13 @@ results=$(cd "$results" && pwd)
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 # A GPU run must not pass by skipping its GPU tests (tests/conftest.py turns a missing GPU, torch or
-# CuPy into an error); CuPy's kernel cache goes where it can surely write.
+# CuPy into an error).
 export RECOVERSSM_REQUIRE_GPU=1
-export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/recoverssm_cupy_cache}
+# This run's own folder (no fixed /tmp path another user could have made first): the installed
+# wheel, which goes first on PYTHONPATH, and CuPy's kernel cache, where it can surely write.
+work=$(mktemp -d "${TMPDIR:-/tmp}/recoverssm_gpu_check.XXXXXXXX") || { echo "gpu_check: mktemp -d failed" >&2; exit 2; }
+trap 'rm -rf "$work"' EXIT
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$work/cupy_cache}
 summary="$results/summary.txt"
 : >"$summary"
 failed=0
@@ -44,7 +49,7 @@ stage() {  # stage NAME TIMEOUT COMMAND...
 
 # The package.
 if ! "$py" -c "import recoverssm_rs._core" >/dev/null 2>&1; then
-  site=${RECOVERSSM_SITE:-/tmp/recoverssm_site}
+  site=${RECOVERSSM_SITE:-$work/site}
   wheel=$(ls -t wheelhouse/recoverssm_rs-*.whl 2>/dev/null | head -n 1)
   if [[ -z "$wheel" ]]; then
     echo "gpu_check: recoverssm_rs is not importable and wheelhouse/ holds no wheel (bash scripts/build_wheel.sh)" | tee -a "$summary" >&2

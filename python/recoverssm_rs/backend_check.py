@@ -12,6 +12,8 @@ install. It never imports torch or CuPy unless asked to check them.
 - :func:`cuda_match_problem` compares torch's CUDA version with the installed CuPy wheels (pure:
   the facts are arguments); :func:`gpu_stack_problem` gathers those facts from this environment and
   :func:`require_gpu_stack` raises on a problem. Call them before the first GPU launch.
+- :func:`nvrtc_requirement` names the NVRTC wheel of a CUDA major (the kernel compile checks take
+  the one of the installed CuPy's major, :func:`cupy_cuda_majors`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from .errors import BackendUnavailableError
 __all__ = [
     "EXTRAS",
     "cuda_match_problem",
+    "cupy_cuda_majors",
     "cupy_distributions",
     "cupy_extra",
     "gpu_stack_problem",
     "missing_module_message",
+    "nvrtc_install_hint",
+    "nvrtc_requirement",
     "require",
     "require_gpu_stack",
     "require_torch",
@@ -109,6 +114,27 @@ def cupy_distributions() -> list[str]:
         if name == "cupy" or _CUPY_WHEEL.match(name):
             names.add(name)
     return sorted(names)
+
+
+def cupy_cuda_majors() -> list[int]:
+    """CUDA majors of the installed CuPy wheels (``cupy-cuda13x`` -> 13), ascending; a CuPy built
+    from source (``cupy``) names none."""
+    return sorted({int(m.group(1)) for d in cupy_distributions() if (m := _CUPY_WHEEL.match(d))})
+
+
+def nvrtc_requirement(cuda_major: int) -> str:
+    """The pip requirement of the NVRTC wheel for CUDA ``cuda_major`` (12: its own ``-cu12``
+    package; 13 and later: ``nvidia-cuda-nvrtc`` of that major, which torch built with it brings)."""
+    if cuda_major <= 12:
+        return f"nvidia-cuda-nvrtc-cu{cuda_major}"
+    return f"nvidia-cuda-nvrtc>={cuda_major},<{cuda_major + 1}"
+
+
+def nvrtc_install_hint() -> str:
+    """What to install when no NVRTC library is found: the wheel of the installed CuPy's CUDA major
+    (both majors' when no CuPy wheel is installed)."""
+    majors = cupy_cuda_majors() or [13, 12]
+    return " or ".join(f"pip install '{nvrtc_requirement(m)}' (CUDA {m})" for m in majors)
 
 
 def cuda_match_problem(torch_cuda: str | None, cupy_dists: Iterable[str]) -> str | None:

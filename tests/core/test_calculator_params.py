@@ -6,8 +6,9 @@ Three layers of checks:
 - every calculator's keyword names are pinned against a table of vLLM 0.33's parameter names
   (``VLLM_PARAMS`` below), translated by the documented rules (docs/design.md section 4);
 - shapes for real model configs, worked out by hand from vLLM's formulas;
-- where the vLLM 0.33.0 wheel can be had (downloaded once with ``pip download --no-deps`` into a
-  cache outside the repository, or named by ``RECOVERSSM_VLLM_WHEEL``), the table is compared with
+- where the vLLM 0.33.0 wheel can be had (downloaded once by tests/support/vllm_oracle.py into the
+  cache outside the repository that the conformance oracle shares, or named by
+  ``RECOVERSSM_VLLM_WHEEL``), the table is compared with
   the real signatures and the shapes with vLLM's own calculator over a few hundred configs. Only
   the single file ``mamba_utils.py`` is loaded, by path, with stubs for the vLLM modules it
   imports (none of which the shape calculator uses); vLLM's package ``__init__`` is never
@@ -20,18 +21,15 @@ import enum
 import importlib.util
 import inspect
 import logging
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import types
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from recoverssm_rs import LayoutError, layouts
+from support import vllm_oracle
 
 # --- the pinned names ------------------------------------------------------------------------
 
@@ -141,51 +139,18 @@ def test_shapes_by_hand(family, kwargs, expected):
 
 # --- against vLLM's own calculator -------------------------------------------------------------
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = vllm_oracle.VERSION
 MEMBER = "vllm/model_executor/layers/mamba/mamba_utils.py"
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("RECOVERSSM_VLLM_CACHE")
-    if root:
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "recoverssm_rs" / f"vllm-{VLLM_VERSION}"
-
-
-def _extract(wheel: Path, dest: Path) -> None:
-    with zipfile.ZipFile(wheel) as z:
-        data = z.read(MEMBER)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
-
-
 def _mamba_utils_source() -> Path:
-    """The path of vLLM 0.33.0's mamba_utils.py, fetched once; skips the test when unavailable."""
-    dest = _cache_dir() / "mamba_utils.py"
-    if dest.is_file():
-        return dest
-    wheel_env = os.environ.get("RECOVERSSM_VLLM_WHEEL")
-    if wheel_env:
-        _extract(Path(wheel_env), dest)
-        return dest
-    if os.environ.get("RECOVERSSM_NO_DOWNLOAD", "0") not in ("", "0"):
-        pytest.skip("RECOVERSSM_NO_DOWNLOAD is set and vLLM's mamba_utils.py is not cached")
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps",
-               "--only-binary", ":all:", "--quiet", "--timeout", "30", "--retries", "1", "-d", tmp]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"cannot download vllm=={VLLM_VERSION}: {exc}")
-        wheels = sorted(Path(tmp).glob("vllm-*.whl"))
-        if r.returncode != 0 or not wheels:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no wheel"]
-            pytest.skip(f"cannot download vllm=={VLLM_VERSION}: {tail[0]}")
-        _extract(wheels[0], dest)
-    return dest
+    """The path of vLLM 0.33.0's mamba_utils.py, extracted from the wheel that
+    tests/support/vllm_oracle.py downloads once into the cache it shares with the conformance
+    oracle; skips the test when the wheel cannot be had."""
+    try:
+        return vllm_oracle.extracted(MEMBER)
+    except vllm_oracle.OracleUnavailable as exc:
+        pytest.skip(f"cannot get vllm=={VLLM_VERSION}: {exc}")
 
 
 class _Layout:

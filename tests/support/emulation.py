@@ -1,6 +1,7 @@
 """Host emulation of the package's CUDA kernels: the kernel sources compiled as host C++ through
 ``tests/support/host_shim.h`` into a shared library (cached by source hash) and run over the whole grid on
-numpy buffers, counting misaligned and out-of-range data accesses and barriers.
+numpy buffers, counting misaligned and out-of-range data accesses and barriers. The builds are
+kept in a per-user cache folder checked to be private (see :func:`_cache_dir`).
 
 Every emulated launch is a :class:`~recoverssm_rs._core.KernelLaunch` built by the core -- by the
 same launch builders the CUDA path uses (``FusedCopy``, ``CommitLaunch``, ``copy_tiles_launch``), over
@@ -10,10 +11,13 @@ buffer by the kernel's own C++ parameter types: the emulation checks the core's 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -61,6 +65,7 @@ HOST_CXX_FLAGS = (
     "-Wall", "-Wextra", "-shared", "-fPIC",
 )
 
+_log = logging.getLogger("recoverssm_rs.tests.emulation")
 _host_lock = threading.Lock()
 _host_libs: dict[str, ctypes.CDLL] = {}
 _host_warnings: dict[str, str] = {}
@@ -81,11 +86,45 @@ class EmulationError(AssertionError):
     """The host emulation saw a misaligned or out-of-range access, or a barrier."""
 
 
+_cache_lock = threading.Lock()
+_cache: Path | None = None
+
+
+def private_dir(path: Path) -> bool:
+    """Whether ``path`` is a real folder (no link) that this user owns and only this user can
+    write, read or enter (mode 0700): the libraries built there are loaded into this process."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 == 0
+
+
 def _cache_dir() -> Path:
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    d = Path(tempfile.gettempdir()) / f"recoverssm_rs-kernelcheck-{uid}"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """Where host builds are kept across runs: ``$RECOVERSSM_HOST_CACHE``, default
+    ``$XDG_CACHE_HOME/recoverssm_rs/host-kernels`` (``XDG_CACHE_HOME``: ``~/.cache``), created mode
+    0700 and used only while :func:`private_dir` holds; else (another owner, other users' access,
+    a link) a private temporary folder of this process's own (``mkdtemp``, removed at exit), which
+    is logged."""
+    global _cache
+    with _cache_lock:
+        if _cache is not None:
+            return _cache
+        given = os.environ.get("RECOVERSSM_HOST_CACHE")
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        d = Path(given) if given else Path(base) / "recoverssm_rs" / "host-kernels"
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            _log.warning("host emulation: cannot create %s (%s); using a private temporary folder", d, exc)
+        if not private_dir(d):
+            if d.is_dir():
+                _log.warning("host emulation: %s is not a private folder of this user (mode 0700, "
+                             "owned by uid %d); using a private temporary folder", d, os.getuid())
+            d = Path(tempfile.mkdtemp(prefix="recoverssm_rs-host-kernels-"))
+            atexit.register(shutil.rmtree, d, ignore_errors=True)
+        _cache = d
+        return d
 
 
 def host_library(name: str) -> ctypes.CDLL:

@@ -1,7 +1,10 @@
 """A test-only oracle: vLLM 0.33.0's own align-mode step code, run on CPU.
 
 The released wheel is downloaded once (``pip download vllm==0.33.0 --no-deps``) into a cache
-(``$RECOVERSSM_VLLM_CACHE``, default ``~/.cache/recoverssm_rs/vllm-0.33.0``); the two modules the
+(``$RECOVERSSM_VLLM_CACHE``, default ``$XDG_CACHE_HOME/recoverssm_rs/vllm-0.33.0``, where
+``XDG_CACHE_HOME`` defaults to ``~/.cache``) that every test reading vLLM's code shares through
+:func:`wheel` and :func:`extracted` (``$RECOVERSSM_VLLM_WHEEL`` names a wheel to use instead;
+``RECOVERSSM_NO_DOWNLOAD=1`` forbids the download); the two modules the
 step needs (``vllm/v1/worker/mamba_utils.py`` and ``vllm/model_executor/layers/mamba/mamba_utils.py``)
 are extracted there and loaded by path, with small stand-ins for the imports they do not exercise
 (config classes, logging, type-only imports). Their Triton kernels (the fused pre-copy and
@@ -19,6 +22,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import types
 import zipfile
 from pathlib import Path
@@ -36,36 +40,63 @@ class OracleUnavailable(RuntimeError):
 
 
 def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "recoverssm_rs" / f"vllm-{VERSION}"
-    return Path(os.environ.get("RECOVERSSM_VLLM_CACHE", default))
+    """The folder the wheel is downloaded into and its files extracted to (see the module docstring)."""
+    given = os.environ.get("RECOVERSSM_VLLM_CACHE")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "recoverssm_rs" / f"vllm-{VERSION}"
 
 
 def wheel() -> Path:
-    """The cached wheel, downloaded on first use."""
+    """vLLM's wheel: ``$RECOVERSSM_VLLM_WHEEL``, else the cached one, downloaded on first use.
+
+    Raises :class:`OracleUnavailable` when it cannot be had (no network, or
+    ``RECOVERSSM_NO_DOWNLOAD=1`` and nothing cached).
+    """
+    given = os.environ.get("RECOVERSSM_VLLM_WHEEL")
+    if given:
+        if not Path(given).is_file():
+            raise OracleUnavailable(f"RECOVERSSM_VLLM_WHEEL={given}: no such file")
+        return Path(given)
     d = cache_dir()
     found = sorted(d.glob(f"vllm-{VERSION}-*.whl"))
     if found:
         return found[0]
+    if os.environ.get("RECOVERSSM_NO_DOWNLOAD", "0") not in ("", "0"):
+        raise OracleUnavailable(f"RECOVERSSM_NO_DOWNLOAD is set and {d} holds no vllm-{VERSION} wheel")
     d.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps", "-d", str(d), "--quiet"]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise OracleUnavailable(f"could not run {' '.join(cmd)}: {exc}") from None
-    found = sorted(d.glob(f"vllm-{VERSION}-*.whl"))
-    if r.returncode != 0 or not found:
-        raise OracleUnavailable(f"`{' '.join(cmd)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
-    return found[0]
+    # Into a folder of its own first, then moved into place: an interrupted download leaves no
+    # partial wheel in the cache.
+    with tempfile.TemporaryDirectory(dir=d, prefix=".download-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps", "--only-binary", ":all:",
+               "--timeout", "60", "--retries", "2", "-d", tmp, "--quiet"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise OracleUnavailable(f"could not run {' '.join(cmd)}: {exc}") from None
+        got = sorted(Path(tmp).glob(f"vllm-{VERSION}-*.whl"))
+        if r.returncode != 0 or not got:
+            raise OracleUnavailable(f"`{' '.join(cmd)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
+        os.replace(got[0], d / got[0].name)
+    return d / got[0].name
+
+
+def extracted(member: str) -> Path:
+    """The path of ``member`` (a path inside the wheel) extracted into the cache, on first use."""
+    dest = cache_dir() / "extracted" / member
+    if not dest.is_file():
+        with zipfile.ZipFile(wheel()) as z:
+            data = z.read(member)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+    return dest
 
 
 def _extract() -> dict[str, Path]:
-    out = cache_dir() / "extracted"
-    paths = {name: out / rel for name, rel in FILES.items()}
-    if not all(p.exists() for p in paths.values()):
-        with zipfile.ZipFile(wheel()) as z:
-            for rel in FILES.values():
-                z.extract(rel, out)
-    return paths
+    return {name: extracted(rel) for name, rel in FILES.items()}
 
 
 # ------------------------------------------------------------------------------------------------

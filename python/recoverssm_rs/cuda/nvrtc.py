@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import backend_check
 from ..errors import BackendUnavailableError
 from .module import KERNEL_DIR, MODULE_OPTIONS, kernel_source, module_source
 
@@ -49,9 +50,11 @@ class NvrtcUnavailableError(BackendUnavailableError):
 def find_nvrtc() -> Path | None:
     """Path of the NVRTC library the compile checks use.
 
-    In order: the file named by ``RECOVERSSM_NVRTC``; ``libnvrtc.so.12`` of the
-    ``nvidia-cuda-nvrtc-cu12`` wheel; ``libnvrtc.so.13`` of the CUDA 13 ``nvidia-cuda-nvrtc`` wheel;
-    else the system's ``libnvrtc`` (a CUDA toolkit on the loader path).
+    In order: the file named by ``RECOVERSSM_NVRTC``; the NVRTC wheel of the installed CuPy's CUDA
+    major (the NVRTC CuPy compiles with: ``libnvrtc.so.13`` of ``nvidia-cuda-nvrtc`` 13, which
+    torch from PyPI brings, for ``cupy-cuda13x``; ``libnvrtc.so.12`` of ``nvidia-cuda-nvrtc-cu12``
+    for ``cupy-cuda12x``); then the other major's wheel, newest first; else the system's
+    ``libnvrtc`` (a CUDA toolkit on the loader path).
     """
     override = os.environ.get("RECOVERSSM_NVRTC")
     if override:
@@ -59,6 +62,23 @@ def find_nvrtc() -> Path | None:
         if not path.is_file():
             raise NvrtcUnavailableError(f"RECOVERSSM_NVRTC={override}: no such file")
         return path
+    for major in _majors():
+        for c in _wheel_candidates(major):
+            if c.is_file():
+                return c
+    found = ctypes.util.find_library("nvrtc")
+    return Path(found) if found else None
+
+
+def _majors() -> tuple[int, ...]:
+    """CUDA majors to take NVRTC from: the installed CuPy wheels' first, then 13, then 12."""
+    return tuple(dict.fromkeys([*backend_check.cupy_cuda_majors(), 13, 12]))
+
+
+def _wheel_candidates(major: int) -> list[Path]:
+    """Where the NVRTC wheel of CUDA ``major`` puts its library, on sys.path."""
+    if major >= 13:  # one folder per major: nvidia/cu13/lib
+        return [Path(e) / "nvidia" / f"cu{major}" / "lib" / f"libnvrtc.so.{major}" for e in sys.path]
     candidates: list[Path] = []
     try:
         spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
@@ -66,16 +86,9 @@ def find_nvrtc() -> Path | None:
         spec = None
     if spec is not None:
         for loc in spec.submodule_search_locations or ():
-            candidates.append(Path(loc) / "lib" / "libnvrtc.so.12")
-    for entry in sys.path:
-        candidates.append(Path(entry) / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12")
-    for entry in sys.path:
-        candidates.append(Path(entry) / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13")
-    for c in candidates:
-        if c.is_file():
-            return c
-    found = ctypes.util.find_library("nvrtc")
-    return Path(found) if found else None
+            candidates.append(Path(loc) / "lib" / f"libnvrtc.so.{major}")
+    candidates += [Path(e) / "nvidia" / "cuda_nvrtc" / "lib" / f"libnvrtc.so.{major}" for e in sys.path]
+    return candidates
 
 
 _nvrtc_lock = threading.Lock()
@@ -88,7 +101,7 @@ def _nvrtc() -> ctypes.CDLL:
         if _nvrtc_lib is None:
             path = find_nvrtc()
             if path is None:
-                raise NvrtcUnavailableError("libnvrtc not found: pip install nvidia-cuda-nvrtc-cu12")
+                raise NvrtcUnavailableError(f"libnvrtc not found: {backend_check.nvrtc_install_hint()}")
             try:
                 lib = ctypes.CDLL(str(path))
             except OSError as exc:
