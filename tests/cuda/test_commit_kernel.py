@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import torch
 from recoverssm_rs import BindingError, PlanError, cuda, layouts
+from recoverssm_rs.backend_check import nvrtc_install_hint  # noqa: E402
 from recoverssm_rs.cuda import nvrtc
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, CONSTANTS
 from recoverssm_rs.recoverssm import recurrence
@@ -72,7 +73,7 @@ def test_commit_records_match_the_kernel():
 @pytest.fixture(scope="module")
 def commit_reports():
     if nvrtc.find_nvrtc() is None:
-        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)")
+        pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
     return [nvrtc.nvrtc_compile("recover_commit.cu", arch, target="cubin") for arch in nvrtc.ARCHS]
 
 

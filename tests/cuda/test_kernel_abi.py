@@ -20,6 +20,7 @@ import subprocess
 import numpy as np
 import pytest
 from recoverssm_rs import _core
+from recoverssm_rs.backend_check import nvrtc_install_hint  # noqa: E402
 from recoverssm_rs.cuda import nvrtc
 from recoverssm_rs.cuda.module import KERNEL_DIR, kernel_source
 from recoverssm_rs.plan_format import ABI, CONSTANTS, record_columns, record_dtype
@@ -118,8 +119,8 @@ def test_host_build_rejects_a_definition_that_differs_from_the_prototype(tmp_pat
 def test_nvrtc_rejects_a_definition_that_differs_from_the_prototype():
     if nvrtc.find_nvrtc() is None:
         if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
-            pytest.fail("NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set (pip install nvidia-cuda-nvrtc-cu12)")
-        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)")
+            pytest.fail(f"NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set ({nvrtc_install_hint()})")
+        pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
     rep = nvrtc.nvrtc_compile("copy_tiles.cu", 90, target="ptx", source=_wrong_first_tile(kernel_source("copy_tiles.cu")))
     assert not rep.ok and 'more than one instance of overloaded function "rs_copy_tiles" has "C" linkage' in rep.log
 

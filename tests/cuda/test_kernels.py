@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from recoverssm_rs import BackendUnavailableError, PlanError, cuda
+from recoverssm_rs.backend_check import nvrtc_install_hint  # noqa: E402
 from recoverssm_rs.cuda import nvrtc
 from support import emulation, generators, references
 from support.fakes import FakeDeviceArray, FakeStream, install_fake_cupy
@@ -67,8 +68,8 @@ def nvrtc_reports():
     if nvrtc.find_nvrtc() is None:
         # CI (scripts/test.sh) sets RECOVERSSM_REQUIRE_NVRTC: there the compile check must run.
         if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
-            pytest.fail("NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set (pip install nvidia-cuda-nvrtc-cu12)")
-        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc-cu12)")
+            pytest.fail(f"NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set ({nvrtc_install_hint()})")
+        pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
     return nvrtc.compile_all()
 
 

@@ -40,8 +40,8 @@ def add_parser(sub: Any) -> None:
                     "NVRTC found on this machine (no GPU or driver needed) and report each kernel's "
                     "registers, stack, spills and barriers per architecture.\n\n"
                     "Exit status 0 when every kernel compiles without spills or local memory, 1 "
-                    "otherwise or when no NVRTC library is found (install nvidia-cuda-nvrtc-cu12, or "
-                    "set RECOVERSSM_NVRTC to a libnvrtc path), 2 for a bad argument.")
+                    "otherwise or when no NVRTC library is found (install the NVRTC wheel of your CUDA major, "
+                    "or set RECOVERSSM_NVRTC to a libnvrtc path), 2 for a bad argument.")
     p.add_argument("--arch", type=_arch, action="append", dest="archs", metavar="ARCH",
                    help=f"architecture to compile for, e.g. 90 or sm_90, one this NVRTC supports "
                         f"(repeatable; default: {', '.join('sm_' + str(a) for a in nvrtc.ARCHS)})")
@@ -87,7 +87,9 @@ def _cmd(args: argparse.Namespace) -> int:
     archs = tuple(dict.fromkeys(args.archs or nvrtc.ARCHS))
     path = nvrtc.find_nvrtc()
     if path is None:
-        raise BackendUnavailableError("check-kernels: no NVRTC library found (install nvidia-cuda-nvrtc-cu12, "
+        from ..backend_check import nvrtc_install_hint
+
+        raise BackendUnavailableError(f"check-kernels: no NVRTC library found ({nvrtc_install_hint()}, "
                                       "or set RECOVERSSM_NVRTC to a libnvrtc path)")
     supported = _supported_archs()
     if supported is not None:
