@@ -112,11 +112,21 @@ def main(argv: list[str] | None = None) -> int:
             d2d.append(start.elapsed_time(end) * 1e3)
         d2d_gbps = 2 * half / statistics.median(d2d) / 1e3
         gbps = nbytes / us / 1e3
-        res = dict(requests=B, us=us, bytes=nbytes, gbps=gbps, d2d_gbps=d2d_gbps, roofline=gbps / d2d_gbps,
-                   vllm_published_us=VLLM_PUBLISHED_US.get(B), gpu=gpu)
+        res = dict(
+            requests=B,
+            us=us,
+            bytes=nbytes,
+            gbps=gbps,
+            d2d_gbps=d2d_gbps,
+            roofline=gbps / d2d_gbps,
+            vllm_published_us=VLLM_PUBLISHED_US.get(B),
+            gpu=gpu,
+        )
         results.append(res)
-        print(f"{B:>5} {us:>10.1f} {nbytes / 1e6:>10.1f} {gbps:>8.0f} {d2d_gbps:>9.0f} {100 * res['roofline']:>8.1f}%  "
-              f"{VLLM_PUBLISHED_US.get(B, '')}")
+        print(
+            f"{B:>5} {us:>10.1f} {nbytes / 1e6:>10.1f} {gbps:>8.0f} {d2d_gbps:>9.0f} {100 * res['roofline']:>8.1f}%  "
+            f"{VLLM_PUBLISHED_US.get(B, '')}"
+        )
         del cache, src, dst
         torch.cuda.empty_cache()
     if args.json:

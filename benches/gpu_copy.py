@@ -122,8 +122,9 @@ class Clock:
         secs = e0.elapsed_time(e1) / 1e3
         return cycles / secs if secs > 0 else 2e9
 
-    def gpu(self, fn: Callable[[int], None], nsets: int, *, warmup: int = 2, min_reps: int = 5,
-            max_reps: int = 100) -> Timing:
+    def gpu(
+        self, fn: Callable[[int], None], nsets: int, *, warmup: int = 2, min_reps: int = 5, max_reps: int = 100
+    ) -> Timing:
         """GPU time of ``fn(set)`` per repetition, rotating sets; host overhead hidden (see module doc)."""
         torch = self.torch
         host = []
@@ -228,14 +229,25 @@ def plan_memory(R: int, L: int, geo: Geometry, arena: int, l2: int) -> tuple[int
     per_layer = need(1, 1)
     layers = arena // per_layer
     if layers >= 1:
-        notes.append(f"{layers} of {L} layers fit in {arena / GiB:.1f} GiB "
-                     f"(R x layers x 2 blocks x {geo.block_bytes / (1 << 20):.2f} MiB); "
-                     "bandwidths and % of d2d compare, absolute step times are for the layers measured")
+        notes.append(
+            f"{layers} of {L} layers fit in {arena / GiB:.1f} GiB "
+            f"(R x layers x 2 blocks x {geo.block_bytes / (1 << 20):.2f} MiB); "
+            "bandwidths and % of d2d compare, absolute step times are for the layers measured"
+        )
     return int(layers), 1, notes
 
 
-def build_case(torch: Any, arena_t: Any, R: int, layers: int, sets: int, geo: Geometry, layouts_: dict[str, Any],
-               accepted: int, seed: int) -> Case:
+def build_case(
+    torch: Any,
+    arena_t: Any,
+    R: int,
+    layers: int,
+    sets: int,
+    geo: Geometry,
+    layouts_: dict[str, Any],
+    accepted: int,
+    seed: int,
+) -> Case:
     from recoverssm_rs.planner import Planner
 
     dev = arena_t.device
@@ -244,10 +256,10 @@ def build_case(torch: Any, arena_t: Any, R: int, layers: int, sets: int, geo: Ge
     off = 0
     for _ in range(layers):
         n = nb * geo.conv_bytes
-        conv = arena_t[off:off + n].view(torch.bfloat16).view(nb, geo.dim, geo.width)
+        conv = arena_t[off : off + n].view(torch.bfloat16).view(nb, geo.dim, geo.width)
         off = _align(off + n)
         n = nb * geo.temporal_bytes
-        temp = arena_t[off:off + n].view(torch.float32).view(nb, *geo.temporal_shape)
+        temp = arena_t[off : off + n].view(torch.float32).view(nb, *geo.temporal_shape)
         off = _align(off + n)
         pools.append((conv, temp))
     assert off <= arena_t.numel()
@@ -263,9 +275,9 @@ def build_case(torch: Any, arena_t: Any, R: int, layers: int, sets: int, geo: Ge
     cols = geo.max_accepted + 1
     bt_host, bt_dev, src_idx, dst_idx = [], [], [], []
     for k in range(sets):
-        ids = perm[2 * k * R: 2 * (k + 1) * R].reshape(R, 2)
+        ids = perm[2 * k * R : 2 * (k + 1) * R].reshape(R, 2)
         bt = np.empty((R, cols), np.int32)
-        bt[:, :geo.max_accepted] = ids[:, :1]  # every spec column names the source block
+        bt[:, : geo.max_accepted] = ids[:, :1]  # every spec column names the source block
         bt[:, geo.max_accepted] = ids[:, 1]
         bt_host.append(bt)
         bt_dev.append(torch.from_numpy(bt).to(dev))
@@ -279,8 +291,9 @@ def build_case(torch: Any, arena_t: Any, R: int, layers: int, sets: int, geo: Ge
     return Case(R, layers, sets, nb, pools, planners, bt_host, bt_dev, src_idx, dst_idx, (src, dst, acc), vec_dev)
 
 
-def verify(torch: Any, case: Case, run: Callable[[], None], *, temporal: bool, conv: bool, shift: int,
-           check_requests: int = 8) -> bool:
+def verify(
+    torch: Any, case: Case, run: Callable[[], None], *, temporal: bool, conv: bool, shift: int, check_requests: int = 8
+) -> bool:
     """Fill set 0's sources of a few requests with random bytes, poison their destinations, run
     once, and check that exactly the expected bytes arrived (and nothing else in those blocks)."""
     k = min(case.requests, check_requests)
@@ -299,8 +312,8 @@ def verify(torch: Any, case: Case, run: Callable[[], None], *, temporal: bool, c
         c16 = c.view(torch.int16)
         w = c16.shape[2]
         if conv:
-            ok &= torch.equal(c16[d_idx][:, :, :w - shift], c16[s_idx][:, :, shift:])
-            ok &= not bool(c16[d_idx][:, :, w - shift:].any())
+            ok &= torch.equal(c16[d_idx][:, :, : w - shift], c16[s_idx][:, :, shift:])
+            ok &= not bool(c16[d_idx][:, :, w - shift :].any())
         else:
             ok &= not bool(c16[d_idx].any())
     return bool(ok)
@@ -317,10 +330,12 @@ def _git() -> str | None:
         return built
     try:
         root = Path(__file__).resolve().parents[1]
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                               timeout=5, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except Exception:
         return None
@@ -335,11 +350,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=0.25, help="GPU seconds per measurement (about)")
     ap.add_argument("--max-gib", type=float, default=None, help="cap on the benchmark's device arena (GiB)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--chunks", default="16,32",
-                    help="extra CTAs-per-state counts to time the fused temporal copy with (launch_align uses "
-                         "cuda.state_chunks: 64 for these 2 MiB states)")
-    ap.add_argument("--profile-host", action="store_true",
-                    help="print a cProfile summary of launch_align's host time at each request count")
+    ap.add_argument(
+        "--chunks",
+        default="16,32",
+        help="extra CTAs-per-state counts to time the fused temporal copy with (launch_align uses "
+        "cuda.state_chunks: 64 for these 2 MiB states)",
+    )
+    ap.add_argument(
+        "--profile-host",
+        action="store_true",
+        help="print a cProfile summary of launch_align's host time at each request count",
+    )
     ap.add_argument("--json", action="store_true", help="print a JSON document on stdout (the table goes to stderr)")
     args = ap.parse_args(argv)
     try:
@@ -362,14 +383,24 @@ def main(argv: list[str] | None = None) -> int:
         line = f"no CUDA GPU: nothing measured ({why})"
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
         if args.json:
-            print(json.dumps({"benchmark": "gpu_copy", "measured": False, "reason": line, "date": date,
-                              "command": command, "host": platform.node()}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "benchmark": "gpu_copy",
+                        "measured": False,
+                        "reason": line,
+                        "date": date,
+                        "command": command,
+                        "host": platform.node(),
+                    },
+                    indent=2,
+                )
+            )
         return 0
     return run(torch, args, requests, command, date)
 
 
-def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str, date: str,
-        device: Any = None) -> int:
+def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str, date: str, device: Any = None) -> int:
     import cupy
     import recoverssm_rs
     from recoverssm_rs import layouts
@@ -401,9 +432,11 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
     }
     say(f"recoverssm_rs GPU copy benchmark -- {date}")
     say(f"command: {command}")
-    say(f"GPU: {name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, "
+    say(
+        f"GPU: {name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, "
         f"{props.total_memory / GiB:.1f} GiB, L2 {l2 / 1e6:.0f} MB"
-        + (f", {clock_hz / 1e9:.2f} GHz)" if clock_hz else ")"))
+        + (f", {clock_hz / 1e9:.2f} GHz)" if clock_hz else ")")
+    )
     say("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
 
     # Layouts: the preset's persistent states, and temporal-only / conv-only layouts of the same shapes.
@@ -414,19 +447,23 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
     dim, width = conv_spec.shape
     lay = {
         "combined": combined,
-        "temporal": layouts.linear_attention(num_heads=temp_spec.shape[0], head_dim=temp_spec.shape[1],
-                                             num_spec=nspec, ssm_dtype="float32"),
-        "conv": layouts.short_conv(intermediate_size=dim, conv_kernel=width - nspec + 1, num_spec=nspec,
-                                   conv_layout="DS", dtype="bfloat16"),
+        "temporal": layouts.linear_attention(
+            num_heads=temp_spec.shape[0], head_dim=temp_spec.shape[1], num_spec=nspec, ssm_dtype="float32"
+        ),
+        "conv": layouts.short_conv(
+            intermediate_size=dim, conv_kernel=width - nspec + 1, num_spec=nspec, conv_layout="DS", dtype="bfloat16"
+        ),
     }
     assert lay["temporal"].persistent[0].shape == temp_spec.shape
     assert lay["conv"].persistent[0].shape == conv_spec.shape
     geo = Geometry(dim, width, conv_spec.nbytes, tuple(temp_spec.shape), temp_spec.nbytes, 1 + nspec)
     accepted = max(1, min(geo.max_accepted, args.accepted))
     shift = accepted - 1
-    say(f"states per layer: conv {conv_spec.shape} bf16 DS ({geo.conv_bytes} B), recurrent "
+    say(
+        f"states per layer: conv {conv_spec.shape} bf16 DS ({geo.conv_bytes} B), recurrent "
         f"{temp_spec.shape} fp32 ({geo.temporal_bytes} B); num_spec {nspec}, accepted {accepted} "
-        f"(conv shift {shift}); layers {args.layers}")
+        f"(conv shift {shift}); layers {args.layers}"
+    )
 
     # One device arena for everything (pools are views; the d2d buffers reuse the same memory).
     free, total = torch.cuda.mem_get_info(dev)
@@ -436,7 +473,9 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
         arena_bytes = min(arena_bytes, int(args.max_gib * GiB))
     arena_bytes = arena_bytes // 4096 * 4096
     arena_t = torch.empty(arena_bytes, dtype=torch.uint8, device=dev)
-    say(f"arena: {arena_bytes / GiB:.1f} GiB of {free / GiB:.1f} GiB free ({reserve / GiB:.1f} GiB left for temporaries)")
+    say(
+        f"arena: {arena_bytes / GiB:.1f} GiB of {free / GiB:.1f} GiB free ({reserve / GiB:.1f} GiB left for temporaries)"
+    )
 
     clock = Clock(torch, args.budget)
     info["sleep_clock_hz"] = clock.clock_hz
@@ -474,27 +513,48 @@ def run(torch: Any, args: argparse.Namespace, requests: list[int], command: str,
     elapsed = time.perf_counter() - t_start
     say(f"total wall time {elapsed:.1f} s")
     if args.json:
-        print(json.dumps({
-            "benchmark": "gpu_copy",
-            "measured": True,
-            "date": date,
-            "command": command,
-            "host": platform.node(),
-            "gpu": info,
-            "versions": versions,
-            "config": {"requests": requests, "layers": args.layers, "accepted": accepted, "num_spec": nspec,
-                       "budget_s": args.budget, "arena_bytes": arena_bytes, "seed": args.seed,
-                       "states": {"conv": [dim, width, "bfloat16", "DS"], "temporal": [*temp_spec.shape, "float32"]}},
-            "empty_kernel_us": empty.gpu_us,
-            "results": results,
-            "targets": summary,
-            "wall_s": elapsed,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "benchmark": "gpu_copy",
+                    "measured": True,
+                    "date": date,
+                    "command": command,
+                    "host": platform.node(),
+                    "gpu": info,
+                    "versions": versions,
+                    "config": {
+                        "requests": requests,
+                        "layers": args.layers,
+                        "accepted": accepted,
+                        "num_spec": nspec,
+                        "budget_s": args.budget,
+                        "arena_bytes": arena_bytes,
+                        "seed": args.seed,
+                        "states": {"conv": [dim, width, "bfloat16", "DS"], "temporal": [*temp_spec.shape, "float32"]},
+                    },
+                    "empty_kernel_us": empty.gpu_us,
+                    "results": results,
+                    "targets": summary,
+                    "wall_s": elapsed,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 
-def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, shift: int, l2: int,
-            extra_chunks: list[int], profile_host: bool) -> dict[str, Any]:
+def measure(
+    torch: Any,
+    clock: Clock,
+    case: Case,
+    arena_t: Any,
+    geo: Geometry,
+    shift: int,
+    l2: int,
+    extra_chunks: list[int],
+    profile_host: bool,
+) -> dict[str, Any]:
     R, sets = case.requests, case.sets
     src_h, dst_h, acc_h = case.vec_host
     src_d, dst_d, acc_d = case.vec_dev
@@ -508,28 +568,60 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
     for key, nbytes in payload.items():
         size = min(nbytes, arena_bytes // 2 // 4096 * 4096)
         nsets = max(1, min(64, max(2, math.ceil(4 * l2 / (2 * size))), arena_bytes // (2 * _align(size))))
-        bufs = [(arena_t[2 * i * _align(size): 2 * i * _align(size) + size],
-                 arena_t[(2 * i + 1) * _align(size): (2 * i + 1) * _align(size) + size]) for i in range(nsets)]
+        bufs = [
+            (
+                arena_t[2 * i * _align(size) : 2 * i * _align(size) + size],
+                arena_t[(2 * i + 1) * _align(size) : (2 * i + 1) * _align(size) + size],
+            )
+            for i in range(nsets)
+        ]
         tm = clock.gpu(lambda k: bufs[k][1].copy_(bufs[k][0]), nsets)
         gbps = 2 * size / (tm.gpu_us * 1e-6) / 1e9
         d2d_gbps[key] = gbps
-        m = dict(kind="baseline", layout=key, bytes=size, gpu_us=tm.gpu_us, gpu_us_min=tm.gpu_us_min, reps=tm.reps,
-                 gbps=gbps, pct_d2d=100.0, host_us=None, verified=None, rotation_sets=nsets)
+        m = dict(
+            kind="baseline",
+            layout=key,
+            bytes=size,
+            gpu_us=tm.gpu_us,
+            gpu_us_min=tm.gpu_us_min,
+            reps=tm.reps,
+            gbps=gbps,
+            pct_d2d=100.0,
+            host_us=None,
+            verified=None,
+            rotation_sets=nsets,
+        )
         if size < nbytes:
             m["note"] = f"measured on {size} of {nbytes} bytes (memory)"
         methods[f"d2d[{key}]"] = m
 
-    def add(name: str, layout: str, fn: Callable[[int], None], *, host_fn: Callable[[int], None] | None = None,
-            verified: bool | None = None, launches: int = 1) -> None:
+    def add(
+        name: str,
+        layout: str,
+        fn: Callable[[int], None],
+        *,
+        host_fn: Callable[[int], None] | None = None,
+        verified: bool | None = None,
+        launches: int = 1,
+    ) -> None:
         # Every repetition is queued behind one sleep kernel: keep the queued launches under the
         # driver's pending-launch queue (about 1k) as far as 5 repetitions allow, or the host blocks
         # and its launch time leaks into the GPU time of launch-bound methods.
         tm = clock.gpu(fn, sets, max_reps=max(5, min(100, 900 // max(1, launches))))
         gbps = 2 * payload[layout] / (tm.gpu_us * 1e-6) / 1e9
         host_us = clock.host(host_fn or fn, sets, tm.gpu_us)
-        methods[name] = dict(kind="ours" if not name.startswith("index") else "baseline", layout=layout,
-                             bytes=payload[layout], gpu_us=tm.gpu_us, gpu_us_min=tm.gpu_us_min, reps=tm.reps,
-                             gbps=gbps, pct_d2d=100.0 * gbps / d2d_gbps[layout], host_us=host_us, verified=verified)
+        methods[name] = dict(
+            kind="ours" if not name.startswith("index") else "baseline",
+            layout=layout,
+            bytes=payload[layout],
+            gpu_us=tm.gpu_us,
+            gpu_us_min=tm.gpu_us_min,
+            reps=tm.reps,
+            gbps=gbps,
+            pct_d2d=100.0 * gbps / d2d_gbps[layout],
+            host_us=host_us,
+            verified=verified,
+        )
 
     # vLLM-like index copy (combined layout).
     w = geo.width
@@ -538,7 +630,7 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
         s, d = case.src_idx[k], case.dst_idx[k]
         for conv, temp in case.pools:
             temp[d] = temp[s]
-            conv[d, :, :w - shift] = conv[s, :, shift:]
+            conv[d, :, : w - shift] = conv[s, :, shift:]
 
     ok = verify(torch, case, lambda: index_step(0), temporal=True, conv=True, shift=shift)
     # Per layer: a gather + scatter for the temporal state and for the conv window (a few kernels each).
@@ -562,10 +654,21 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
     tp.prepare_device()
     dp = tp.device_path
     for c in extra_chunks:
+
         def fused_c(k: int, c: int = c) -> None:
-            cuda.launch_state_copy(dp.meta, dp.fused.num_meta, case.bt_dev[k], src_d, dst_d, acc_d, dp.err,
-                                  max_accepted=geo.max_accepted, num_blocks=case.num_blocks, has_temporal=True,
-                                  chunks=c)
+            cuda.launch_state_copy(
+                dp.meta,
+                dp.fused.num_meta,
+                case.bt_dev[k],
+                src_d,
+                dst_d,
+                acc_d,
+                dp.err,
+                max_accepted=geo.max_accepted,
+                num_blocks=case.num_blocks,
+                has_temporal=True,
+                chunks=c,
+            )
 
         ok = verify(torch, case, lambda: fused_c(0), temporal=True, conv=False, shift=shift)
         add(f"fused[temporal,c={c}]", "temporal", fused_c, verified=ok)
@@ -623,10 +726,12 @@ def measure(torch: Any, clock: Clock, case: Case, arena_t: Any, geo: Geometry, s
 
 def report(res: dict[str, Any]) -> None:
     say("")
-    say(f"R={res['requests']}  layers={res['layers']}  block sets={res['rotation_sets']}  "
+    say(
+        f"R={res['requests']}  layers={res['layers']}  block sets={res['rotation_sets']}  "
         f"payload: combined {res['payload_bytes']['combined'] / 1e6:.1f} MB, temporal "
         f"{res['payload_bytes']['temporal'] / 1e6:.1f} MB, conv {res['payload_bytes']['conv'] / 1e6:.2f} MB; "
-        f"plan_align {res['plan_align_host_us']:.0f} us")
+        f"plan_align {res['plan_align_host_us']:.0f} us"
+    )
     for n in res["notes"]:
         say(f"  note: {n}")
     if res.get("host_profile"):
@@ -638,8 +743,10 @@ def report(res: dict[str, Any]) -> None:
     for name, m in res["methods"].items():
         host = "" if m["host_us"] is None else f"{m['host_us']:.1f}"
         chk = "" if m["verified"] is None else ("ok" if m["verified"] else "WRONG")
-        say(f"  {name:<18} {m['bytes'] / 1e6:>10.2f} {m['gpu_us']:>10.1f} {m['gbps']:>8.0f} {m['pct_d2d']:>6.1f}% "
-            f"{host:>9}  {chk}")
+        say(
+            f"  {name:<18} {m['bytes'] / 1e6:>10.2f} {m['gpu_us']:>10.1f} {m['gbps']:>8.0f} {m['pct_d2d']:>6.1f}% "
+            f"{host:>9}  {chk}"
+        )
 
 
 def targets(results: list[dict[str, Any]], empty_us: float) -> list[str]:
@@ -651,12 +758,19 @@ def targets(results: list[dict[str, Any]], empty_us: float) -> list[str]:
         t = m["fused[temporal]"]
         goal = TARGET_TEMPORAL_1 if R == 1 else TARGET_TEMPORAL_16 if R >= 16 else None
         if goal is not None:
-            verdict = ("not evaluated (wrong results)" if t["verified"] is False
-                       else "met" if t["pct_d2d"] >= goal else "MISSED")
+            verdict = (
+                "not evaluated (wrong results)"
+                if t["verified"] is False
+                else "met"
+                if t["pct_d2d"] >= goal
+                else "MISSED"
+            )
             out.append(f"R={R}: fused temporal {t['pct_d2d']:.1f}% of d2d (target >= {goal:.0f}%): {verdict}")
         c = m["fused[conv]"]
-        out.append(f"R={R}: conv-only step {c['gpu_us']:.1f} us GPU vs empty-kernel launch {empty_us:.1f} us "
-                   f"({c['gpu_us'] / max(empty_us, 1e-9):.1f}x); host {c['host_us']:.1f} us per launch_align")
+        out.append(
+            f"R={R}: conv-only step {c['gpu_us']:.1f} us GPU vs empty-kernel launch {empty_us:.1f} us "
+            f"({c['gpu_us'] / max(empty_us, 1e-9):.1f}x); host {c['host_us']:.1f} us per launch_align"
+        )
         bad = [k for k, v in m.items() if v.get("verified") is False]
         if bad:
             out.append(f"R={R}: WRONG RESULTS from {', '.join(bad)} -- their timings are meaningless")

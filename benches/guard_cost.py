@@ -19,12 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--number", type=int, default=20000)
     args = ap.parse_args(argv)
-    layout = layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4,
-                         num_spec=3, conv_layout="DS")
+    layout = layouts.gdn(
+        num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4, num_spec=3, conv_layout="DS"
+    )
     pools = [torch.zeros((48, 64, *s.shape), dtype=getattr(torch, s.dtype)) for s in layout.persistent]
     views = rs.Planner(layout, [[p[layer] for p in pools] for layer in range(48)])
-    separate = rs.Planner(layout, [[torch.zeros((64, *s.shape), dtype=getattr(torch, s.dtype))
-                                        for s in layout.persistent] for _ in range(48)])
+    separate = rs.Planner(
+        layout,
+        [[torch.zeros((64, *s.shape), dtype=getattr(torch, s.dtype)) for s in layout.persistent] for _ in range(48)],
+    )
     print(f"{'binding':<40}{'check us':>10}{'mark us':>10}")
     for name, planner in (("one pool per state kind (views)", views), ("one tensor per layer and state", separate)):
         n = args.number

@@ -86,12 +86,14 @@ def install_seam() -> None:
     """CuPy whose driver launch does nothing; the device path's torch calls on the host."""
     fake = SimpleNamespace(
         RawModule=lambda code, options: SimpleNamespace(
-            compile=lambda: None,
-            get_function=lambda name: SimpleNamespace(kernel=SimpleNamespace(ptr=0xF00))),
+            compile=lambda: None, get_function=lambda name: SimpleNamespace(kernel=SimpleNamespace(ptr=0xF00))
+        ),
         cuda=SimpleNamespace(
             Device=lambda i: contextlib.nullcontext(),
             runtime=SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: 0),
-            driver=SimpleNamespace(launchKernel=lambda *a: None)))
+            driver=SimpleNamespace(launchKernel=lambda *a: None),
+        ),
+    )
     sys.modules["cupy"] = fake  # type: ignore[assignment]
     device_path.cuda_ops = FakeOps()
 
@@ -108,8 +110,9 @@ def median_us(fn: Callable[[], None], repeat: int) -> float:
 
 
 def copy_case(R: int, layers: int = 48) -> tuple[Planner, list[Any], Any]:
-    layout = layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4,
-                         num_spec=3, conv_layout="DS")
+    layout = layouts.gdn(
+        num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4, num_spec=3, conv_layout="DS"
+    )
     cols, nb = 8, 2 * R * 8 + 2
     # one tensor per state kind, each layer a view (as engines bind their pools)
     pools = [torch.zeros((layers, nb, *s.shape), dtype=getattr(torch, s.dtype)) for s in layout.persistent]
@@ -147,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     for R in requests:
         planner, (bt, src, dst, acc, run), _pools = copy_case(R)
         planner.prepare_device()
-        results["launch_align"][R] = median_us(lambda: planner.launch_align(bt, src, dst, acc, stream=stream),
-                                               args.repeat)
+        results["launch_align"][R] = median_us(
+            lambda: planner.launch_align(bt, src, dst, acc, stream=stream), args.repeat
+        )
         results["launch_align_decision"][R] = median_us(
-            lambda: planner.launch_align_decision(bt, src, run, acc, 16, stream=stream), args.repeat)
+            lambda: planner.launch_align_decision(bt, src, run, acc, 16, stream=stream), args.repeat
+        )
         kernel = commit_case(R)
         rows = torch.zeros(R * COMMIT_ROW_DTYPE.itemsize, dtype=torch.uint8)
         counts = torch.zeros(R, dtype=torch.int32)

@@ -46,8 +46,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
-GDN = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, conv_kernel_size=4,
-           dtype="bfloat16", ssm_dtype="bfloat16")
+GDN = dict(
+    num_k_heads=16,
+    num_v_heads=32,
+    head_k_dim=128,
+    head_v_dim=128,
+    conv_kernel_size=4,
+    dtype="bfloat16",
+    ssm_dtype="bfloat16",
+)
 PAD = 256
 # name: (source tp, source layout, source num_spec, destination tp, destination rank, layout, num_spec)
 SCENARIOS = {
@@ -85,7 +92,7 @@ def _pool(tp: int, rank: int, conv_layout: str, num_spec: int, layers: int, bloc
         keep.append(buf)
         views, off = [], 0
         for s in specs:
-            views.append(buf[:, off:off + s.nbytes].view(torch.bfloat16).view(blocks, *s.shape))
+            views.append(buf[:, off : off + s.nbytes].view(torch.bfloat16).view(blocks, *s.shape))
             off += s.nbytes
         states.append(views)
     p = StatePool(lay, states, tp_rank=rank, block_size=64)
@@ -99,13 +106,19 @@ def _source(conn: Any, layers: int, blocks: int, raw_bytes: int, prog: bool) -> 
     nixl = import_nixl()
     eps: dict[str, list[Any]] = {}
     for name, (ptp, lp, sp, *_rest) in SCENARIOS.items():
-        eps[name] = [NixlEndpoint(f"src-{name}-{p}", _pool(ptp, p, lp, sp, layers, blocks, True), progress_thread=prog)
-                     for p in range(ptp)]
+        eps[name] = [
+            NixlEndpoint(f"src-{name}-{p}", _pool(ptp, p, lp, sp, layers, blocks, True), progress_thread=prog)
+            for p in range(ptp)
+        ]
     raw = np.random.default_rng(0).integers(0, 256, size=raw_bytes, dtype=np.uint8)
     agent = nixl.nixl_agent("src-raw", nixl.nixl_agent_config(enable_prog_thread=prog, backends=["UCX"]))
     agent.register_memory(np.array([(raw.ctypes.data, raw.nbytes, 0)], dtype=np.uint64), "DRAM")
-    conn.send(({k: [e.info().to_bytes() for e in v] for k, v in eps.items()},
-               (agent.get_agent_metadata(), int(raw.ctypes.data), raw.nbytes)))
+    conn.send(
+        (
+            {k: [e.info().to_bytes() for e in v] for k, v in eps.items()},
+            (agent.get_agent_metadata(), int(raw.ctypes.data), raw.nbytes),
+        )
+    )
     # Without progress threads the source's agents progress here (connection set-up and the
     # pullers' notifications; CMA reads themselves need nothing from the source), every 1 ms.
     while not prog and not conn.poll(0.001):
@@ -118,8 +131,12 @@ def _source(conn: Any, layers: int, blocks: int, raw_bytes: int, prog: bool) -> 
 
 def _contiguous(agent: Any, remote: str, local_addr: int, remote_addr: int, nbytes: int) -> float:
     t0 = time.perf_counter()
-    h = agent.initialize_xfer("READ", agent.get_xfer_descs(np.array([(local_addr, nbytes, 0)], dtype=np.uint64), "DRAM"),
-                              agent.get_xfer_descs(np.array([(remote_addr, nbytes, 0)], dtype=np.uint64), "DRAM"), remote)
+    h = agent.initialize_xfer(
+        "READ",
+        agent.get_xfer_descs(np.array([(local_addr, nbytes, 0)], dtype=np.uint64), "DRAM"),
+        agent.get_xfer_descs(np.array([(remote_addr, nbytes, 0)], dtype=np.uint64), "DRAM"),
+        remote,
+    )
     st = agent.transfer(h)
     while st == "PROC":
         st = agent.check_xfer_state(h)
@@ -136,8 +153,11 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--progress-thread", action="store_true",
-                    help="run NIXL's background progress thread in every agent (NIXL's default; each busy-polls)")
+    ap.add_argument(
+        "--progress-thread",
+        action="store_true",
+        help="run NIXL's background progress thread in every agent (NIXL's default; each busy-polls)",
+    )
     args = ap.parse_args()
 
     from recoverssm_rs.transfer.nixl import NixlEndpoint, import_nixl
@@ -145,8 +165,13 @@ def main() -> int:
     nixl = import_nixl()
     n_max = max(args.requests)
     blocks = n_max + 2
-    per_req_max = max(sum(_layout(t, lp, sp).persistent_bytes_per_block for _ in [0]) for t, lp, sp in
-                      [(s[3], s[5], s[6]) for s in SCENARIOS.values()]) * args.layers
+    per_req_max = (
+        max(
+            sum(_layout(t, lp, sp).persistent_bytes_per_block for _ in [0])
+            for t, lp, sp in [(s[3], s[5], s[6]) for s in SCENARIOS.values()]
+        )
+        * args.layers
+    )
     raw_bytes = per_req_max * n_max
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
@@ -154,7 +179,9 @@ def main() -> int:
     src.start()
     infos, (raw_md, raw_addr, _) = here.recv()
     local_raw = np.zeros(raw_bytes, dtype=np.uint8)
-    agent = nixl.nixl_agent("dst-raw", nixl.nixl_agent_config(enable_prog_thread=args.progress_thread, backends=["UCX"]))
+    agent = nixl.nixl_agent(
+        "dst-raw", nixl.nixl_agent_config(enable_prog_thread=args.progress_thread, backends=["UCX"])
+    )
     agent.register_memory(np.array([(local_raw.ctypes.data, local_raw.nbytes, 0)], dtype=np.uint64), "DRAM")
     remote_raw = agent.add_remote_agent(raw_md)
     remote_raw = remote_raw.decode() if isinstance(remote_raw, bytes) else remote_raw
@@ -162,13 +189,20 @@ def main() -> int:
     rows = []
     try:
         for name, (ptp, lp, _sp, dtp, drank, ld, sd) in SCENARIOS.items():
-            ep = NixlEndpoint(f"dst-{name}", _pool(dtp, drank, ld, sd, args.layers, blocks, False),
-                              progress_thread=args.progress_thread)
+            ep = NixlEndpoint(
+                f"dst-{name}",
+                _pool(dtp, drank, ld, sd, args.layers, blocks, False),
+                progress_thread=args.progress_thread,
+            )
             for info in infos[name]:
                 ep.connect(info)
             for n in args.requests:
-                reqs = list(zip(rng.permutation(np.arange(1, blocks))[:n].tolist(),
-                                rng.permutation(np.arange(1, blocks))[:n].tolist()))
+                reqs = list(
+                    zip(
+                        rng.permutation(np.arange(1, blocks))[:n].tolist(),
+                        rng.permutation(np.arange(1, blocks))[:n].tolist(),
+                    )
+                )
                 t_pull, t_batch, t_raw = [], [], []
                 # Warm-up (connections, first touch of the destination pages), not timed.
                 ep.pull(reqs)
@@ -187,24 +221,38 @@ def main() -> int:
                 nbytes = res.nbytes
                 m_pull, m_batch, m_raw = (statistics.median(x) for x in (t_pull, t_batch, t_raw))
                 src_ranks = max(1, ptp // dtp)
-                rows.append(dict(scenario=name, requests=n, layers=args.layers, bytes=nbytes,
-                                 pull_gbps=nbytes / m_pull / 1e9, batch_gbps=nbytes / m_batch / 1e9,
-                                 contiguous_gbps=nbytes / m_raw / 1e9, pull_vs_contiguous=m_raw / m_pull,
-                                 batch_vs_contiguous=m_raw / m_batch, desc_per_request=res.descriptors / n,
-                                 vllm_desc_per_request=(4 * args.layers * src_ranks) if lp == ld == "DS" else None))
+                rows.append(
+                    dict(
+                        scenario=name,
+                        requests=n,
+                        layers=args.layers,
+                        bytes=nbytes,
+                        pull_gbps=nbytes / m_pull / 1e9,
+                        batch_gbps=nbytes / m_batch / 1e9,
+                        contiguous_gbps=nbytes / m_raw / 1e9,
+                        pull_vs_contiguous=m_raw / m_pull,
+                        batch_vs_contiguous=m_raw / m_batch,
+                        desc_per_request=res.descriptors / n,
+                        vllm_desc_per_request=(4 * args.layers * src_ranks) if lp == ld == "DS" else None,
+                    )
+                )
     finally:
         here.send("done")
         src.join(60)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'scenario':18} {'reqs':>5} {'MiB':>8} {'pull GB/s':>10} {'batch GB/s':>10} {'contig GB/s':>11} "
-          f"{'pull/contig':>11} {'batch/contig':>12} {'desc/req':>8} {'vllm desc/req':>13}")
+    print(
+        f"{'scenario':18} {'reqs':>5} {'MiB':>8} {'pull GB/s':>10} {'batch GB/s':>10} {'contig GB/s':>11} "
+        f"{'pull/contig':>11} {'batch/contig':>12} {'desc/req':>8} {'vllm desc/req':>13}"
+    )
     for r in rows:
         v = r["vllm_desc_per_request"]
-        print(f"{r['scenario']:18} {r['requests']:>5} {r['bytes'] / 2**20:>8.1f} {r['pull_gbps']:>10.2f} "
-              f"{r['batch_gbps']:>10.2f} {r['contiguous_gbps']:>11.2f} {r['pull_vs_contiguous']:>11.2f} "
-              f"{r['batch_vs_contiguous']:>12.2f} {r['desc_per_request']:>8.1f} {('-' if v is None else v):>13}")
+        print(
+            f"{r['scenario']:18} {r['requests']:>5} {r['bytes'] / 2**20:>8.1f} {r['pull_gbps']:>10.2f} "
+            f"{r['batch_gbps']:>10.2f} {r['contiguous_gbps']:>11.2f} {r['pull_vs_contiguous']:>11.2f} "
+            f"{r['batch_vs_contiguous']:>12.2f} {r['desc_per_request']:>8.1f} {('-' if v is None else v):>13}"
+        )
     return 0
 
 

@@ -57,25 +57,42 @@ class _Table:
 def build(ns: types.SimpleNamespace, num_reqs: int, num_groups: int, layers: int):
     per = layers // num_groups
     nb = num_reqs * COLS + 1
-    spec = vllm_oracle.MambaSpec(shapes=((3 + NSB, 8), (2, 4, 4)), dtypes=(torch.float32, torch.float32),
-                                 block_size=BS, mamba_type="GDN_ATTN", num_speculative_blocks=NSB)
+    spec = vllm_oracle.MambaSpec(
+        shapes=((3 + NSB, 8), (2, 4, 4)),
+        dtypes=(torch.float32, torch.float32),
+        block_size=BS,
+        mamba_type="GDN_ATTN",
+        num_speculative_blocks=NSB,
+    )
     names = [[f"g{g}.l{i}" for i in range(per)] for g in range(num_groups)]
-    fc = {n: types.SimpleNamespace(kv_cache=[torch.zeros(nb, 3 + NSB, 8), torch.zeros(nb, 2, 4, 4)])
-          for g in names for n in g}
-    kvc = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=g) for g in names])
+    fc = {
+        n: types.SimpleNamespace(kv_cache=[torch.zeros(nb, 3 + NSB, 8), torch.zeros(nb, 2, 4, 4)])
+        for g in names
+        for n in g
+    }
+    kvc = types.SimpleNamespace(
+        kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=g) for g in names]
+    )
     ids = [f"req-{i}" for i in range(num_reqs)]
     tables = []
     for _ in range(num_groups):
         t = torch.arange(1, num_reqs * COLS + 1, dtype=torch.int32).reshape(num_reqs, COLS)
         tables.append(_Table(t))
     acc = torch.ones(num_reqs, dtype=torch.int32)
-    ib = types.SimpleNamespace(req_ids=ids, block_table=tables, num_accepted_tokens_cpu=acc.numpy(),
-                               num_accepted_tokens_cpu_tensor=acc)
-    requests = {r: types.SimpleNamespace(num_computed_tokens=C, block_ids=tuple(t.t[i].tolist() for t in tables))
-                for i, r in enumerate(ids)}
-    so = types.SimpleNamespace(num_scheduled_tokens={r: N for r in ids},
-                               scheduled_spec_decode_tokens={r: [0] * D for r in ids}, finished_req_ids=set(),
-                               preempted_req_ids=set(), scheduled_cached_reqs=types.SimpleNamespace(resumed_req_ids=set()))
+    ib = types.SimpleNamespace(
+        req_ids=ids, block_table=tables, num_accepted_tokens_cpu=acc.numpy(), num_accepted_tokens_cpu_tensor=acc
+    )
+    requests = {
+        r: types.SimpleNamespace(num_computed_tokens=C, block_ids=tuple(t.t[i].tolist() for t in tables))
+        for i, r in enumerate(ids)
+    }
+    so = types.SimpleNamespace(
+        num_scheduled_tokens={r: N for r in ids},
+        scheduled_spec_decode_tokens={r: [0] * D for r in ids},
+        finished_req_ids=set(),
+        preempted_req_ids=set(),
+        scheduled_cached_reqs=types.SimpleNamespace(resumed_req_ids=set()),
+    )
     return kvc, fc, ib, requests, so, ids
 
 
@@ -99,8 +116,9 @@ def time_vllm(ns, kvc, fc, ib, requests, so, ids, reps):
 
 
 def time_adapter(kvc, fc, ib, requests, so, ids, reps):
-    step = VllmMambaStep.from_runner(kvc, fc, {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")},
-                                     max_num_reqs=len(ids), conv_layout="SD")
+    step = VllmMambaStep.from_runner(
+        kvc, fc, {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}, max_num_reqs=len(ids), conv_layout="SD"
+    )
     planned = []
     VllmMambaStep._execute = staticmethod(lambda plan: planned.append(len(plan)))  # type: ignore[method-assign]
     times = []
@@ -121,14 +139,20 @@ def time_device(kvc, fc, ib, requests, so, ids, reps):
     launches = []
     cuda_ops.cuda_ops = FakeOps()
     cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
+
     def bound(t: torch.Tensor) -> FakeCuda:
         f = FakeCuda(t)
         f.data_ptr = t.data_ptr  # type: ignore[method-assign]  # a C call, as for a real tensor (the guard's)
         return f
 
     fake = {k: types.SimpleNamespace(kv_cache=[bound(t) for t in v.kv_cache]) for k, v in fc.items()}
-    step = VllmMambaStep.from_runner(kvc, fake, {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")},
-                                     max_num_reqs=len(ids), conv_layout="SD")
+    step = VllmMambaStep.from_runner(
+        kvc,
+        fake,
+        {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")},
+        max_num_reqs=len(ids),
+        conv_layout="SD",
+    )
     dev = step.device_step
     assert dev is not None
     n = len(ids)
@@ -165,12 +189,18 @@ def main() -> None:
     args = ap.parse_args()
     ns = vllm_oracle.load()
     vllm_oracle.set_conv_layout(ns, "SD")
-    print(f"align-mode step host time, {args.layers} recurrent layers (GDN: conv + temporal), "
-          f"block_size={BS}, num_speculative_blocks={NSB}, every request moving; median of {args.reps}")
-    print("host path: vLLM's preprocess + staging against the adapter's preprocess (decision + plan); device path "
-          "(us): preprocess from the runner's objects, pre_copy / post_process in array form, launches per half-step")
-    print(f"{'requests':>8} {'groups':>6} {'copies':>8} {'vLLM ms':>10} {'adapter ms':>11} {'ratio':>8} "
-          f"{'dev pre us':>11} {'ratio':>8} {'dev array pre':>14} {'dev array post':>15} {'launch/half':>12}")
+    print(
+        f"align-mode step host time, {args.layers} recurrent layers (GDN: conv + temporal), "
+        f"block_size={BS}, num_speculative_blocks={NSB}, every request moving; median of {args.reps}"
+    )
+    print(
+        "host path: vLLM's preprocess + staging against the adapter's preprocess (decision + plan); device path "
+        "(us): preprocess from the runner's objects, pre_copy / post_process in array form, launches per half-step"
+    )
+    print(
+        f"{'requests':>8} {'groups':>6} {'copies':>8} {'vLLM ms':>10} {'adapter ms':>11} {'ratio':>8} "
+        f"{'dev pre us':>11} {'ratio':>8} {'dev array pre':>14} {'dev array post':>15} {'launch/half':>12}"
+    )
     for g in args.groups:
         for r in args.requests:
             kvc, fc, ib, requests, so, ids = build(ns, r, g, args.layers)
@@ -178,8 +208,11 @@ def main() -> None:
             ta, na = time_adapter(kvc, fc, ib, requests, so, ids, args.reps)
             assert nv == na, f"vLLM collected {nv} copies, the adapter planned {na}"
             dp, da, dq, nl = time_device(kvc, fc, ib, requests, so, ids, args.reps)
-            print(f"{r:>8} {g:>6} {na:>8} {tv * 1e3:>10.3f} {ta * 1e3:>11.3f} {tv / ta:>7.1f}x "
-                  f"{dp * 1e6:>11.1f} {tv / dp:>7.1f}x {da * 1e6:>14.1f} {dq * 1e6:>15.1f} {nl:>12}", flush=True)
+            print(
+                f"{r:>8} {g:>6} {na:>8} {tv * 1e3:>10.3f} {ta * 1e3:>11.3f} {tv / ta:>7.1f}x "
+                f"{dp * 1e6:>11.1f} {tv / dp:>7.1f}x {da * 1e6:>14.1f} {dq * 1e6:>15.1f} {nl:>12}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -112,8 +112,9 @@ def find_zig() -> str | None:
     return shutil.which("zig")
 
 
-def build_args(config_settings: Mapping[str, Any] | None,
-               host: tuple[int, int] | None = None, zig: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
+def build_args(
+    config_settings: Mapping[str, Any] | None, host: tuple[int, int] | None = None, zig: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
     """The settings to hand maturin's hook, and the zig it must use (None: no zig needed).
 
     ``host`` and ``zig`` default to :func:`host_glibc` and :func:`find_zig` (arguments for tests).
@@ -142,7 +143,8 @@ def build_args(config_settings: Mapping[str, Any] | None,
                 f"compatibility in pyproject.toml) but this machine has glibc {host[0]}.{host[1]}: linking "
                 f"for the older glibc needs zig, and none was found (pip install '{ziglang_requirement()}', "
                 f"or set {ZIG_PATH_ENV}); --config-settings build-args='--compatibility linux' builds a "
-                f"wheel for this machine only")
+                f"wheel for this machine only"
+            )
         added.append("--zig")
     else:
         zig = None
@@ -182,16 +184,18 @@ def _zig_env(zig: str | None) -> Iterator[None]:
             os.environ[ZIG_PATH_ENV] = old
 
 
-def build_wheel(wheel_directory: str, config_settings: Mapping[str, Any] | None = None,
-                metadata_directory: str | None = None) -> str:
+def build_wheel(
+    wheel_directory: str, config_settings: Mapping[str, Any] | None = None, metadata_directory: str | None = None
+) -> str:
     """maturin's ``build_wheel`` with the configured compatibility and zig (see the module docstring)."""
     settings, zig = build_args(config_settings)
     with _zig_env(zig):
         return maturin.build_wheel(wheel_directory, settings, metadata_directory)
 
 
-def build_editable(wheel_directory: str, config_settings: Mapping[str, Any] | None = None,
-                   metadata_directory: str | None = None) -> str:
+def build_editable(
+    wheel_directory: str, config_settings: Mapping[str, Any] | None = None, metadata_directory: str | None = None
+) -> str:
     """maturin's ``build_editable`` (``pip install -e .``, scripts/setup.sh), tagged and linked as
     :func:`build_wheel`: the extension a checkout tests is the one a wheel ships."""
     settings, zig = build_args(config_settings)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of recoverssm_rs on a fresh machine: sets up .venv (scripts/setup.sh --test),
 # then clippy, rustfmt, ruff and stubtest, the Rust tests, a build of the Rust benchmarks (dev
-# profile), a type check of the package (mypy), and the
+# profile), a strict type check of the package (mypy, [tool.mypy] of pyproject.toml), and the
 # Python tests (which include the kernel checks that need no GPU; tests marked `gpu` skip without
 # one). Each stage prints its command and its seconds; a table of all stages closes the run (also
 # after a failure, which stops the run).
@@ -42,11 +42,12 @@ stage() {
 
 stage setup bash scripts/setup.sh --test
 # Checks that keep the code in shape: clippy (with the bindings; its Checking lines show progress
-# through the minutes a fresh machine takes), rustfmt, ruff, and the _core stub against the
-# compiled extension.
+# through the minutes a fresh machine takes), rustfmt, ruff (lint and format), and the _core stub
+# against the compiled extension.
 stage clippy cargo clippy --all-targets --features python -- -D warnings
 stage rustfmt cargo fmt --check
 stage ruff .venv/bin/ruff check python tests benches build_backend scripts
+stage ruff-format .venv/bin/ruff format --check python tests benches build_backend scripts
 stage stubtest .venv/bin/python -m mypy.stubtest recoverssm_rs._core
 # Build the tests first with cargo's Compiling lines (minutes on a fresh machine), then run them quietly.
 stage cargo-build cargo test --no-run
@@ -54,7 +55,7 @@ stage cargo-test cargo test --quiet
 # The benchmarks compile and link. In the dev profile: it reuses the dependencies the tests built
 # (seconds), where `cargo bench --no-run` rebuilds them all optimised with LTO (minutes) to check the same.
 stage cargo-bench cargo build --benches
-stage mypy .venv/bin/python -m mypy python/recoverssm_rs --ignore-missing-imports
+stage mypy .venv/bin/python -m mypy
 # The kernel compile checks must run here, not skip: RECOVERSSM_REQUIRE_NVRTC=1 fails if NVRTC is missing.
 stage pytest env RECOVERSSM_REQUIRE_NVRTC=1 .venv/bin/python -m pytest -q tests "${pytest_args[@]}"
 table

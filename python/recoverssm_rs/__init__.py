@@ -43,6 +43,7 @@ def __dir__() -> list[str]:
     submodules = [k for k, v in globals().items() if type(v) is type(errors) and not k.startswith("_")]
     return sorted(set(__all__) | set(submodules))
 
+
 __all__ = [
     "__version__",
     "Layout",

@@ -112,11 +112,10 @@ class Layout:
     def __len__(self) -> int: ...
 
 def _validate_copy_funcs(
-    groups: Sequence[
-        tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]
-    ],
+    groups: Sequence[tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]],
     copy_funcs: Sequence[tuple[str, Sequence[str]]],
 ) -> dict[str, int]: ...
+
 # The family calculators take keyword arguments only (recoverssm_rs.layouts has their typed signatures).
 def mamba1_layout(**kwargs: Any) -> Layout: ...
 def mamba2_layout(**kwargs: Any) -> Layout: ...

@@ -75,8 +75,10 @@ def missing_module_message(exc: ModuleNotFoundError, what: str = "this command")
     """
     top = (exc.name or "").split(".", 1)[0]
     if top == "cupy":
-        return (f"{what} needs CuPy, which is not installed: {_install_line('gpu-cu13')} for a torch "
-                f"built with CUDA 13, {_install_line('gpu-cu12')} for CUDA 12")
+        return (
+            f"{what} needs CuPy, which is not installed: {_install_line('gpu-cu13')} for a torch "
+            f"built with CUDA 13, {_install_line('gpu-cu12')} for CUDA 12"
+        )
     if top == "torch":
         return _needs_torch(what)
     extra = EXTRAS.get(top)
@@ -86,8 +88,10 @@ def missing_module_message(exc: ModuleNotFoundError, what: str = "this command")
 
 
 def _needs_torch(what: str) -> str:
-    return (f"{what} needs torch, which is not installed: {_install_line('torch')} (CPU) or "
-            f"{_install_line('gpu-cu13')} (CUDA 13; gpu-cu12 for CUDA 12)")
+    return (
+        f"{what} needs torch, which is not installed: {_install_line('torch')} (CPU) or "
+        f"{_install_line('gpu-cu13')} (CUDA 13; gpu-cu12 for CUDA 12)"
+    )
 
 
 def require(module: str, what: str = "this command") -> None:
@@ -96,8 +100,7 @@ def require(module: str, what: str = "this command") -> None:
     if module == "torch":
         require_torch(what)
     elif importlib.util.find_spec(module) is None:
-        raise BackendUnavailableError(
-            f"{what} needs {module}, which is not installed: {_install_line(EXTRAS[module])}")
+        raise BackendUnavailableError(f"{what} needs {module}, which is not installed: {_install_line(EXTRAS[module])}")
 
 
 def require_torch(what: str = "this command") -> None:
@@ -146,23 +149,26 @@ def cuda_match_problem(torch_cuda: str | None, cupy_dists: Iterable[str]) -> str
     """
     dists = sorted(set(cupy_dists))
     if torch_cuda is None:
-        return (f"torch is a CPU-only build (torch.version.cuda is None): install a CUDA build of "
-                f"torch, e.g. {_install_line('gpu-cu13')}")
+        return (
+            f"torch is a CPU-only build (torch.version.cuda is None): install a CUDA build of "
+            f"torch, e.g. {_install_line('gpu-cu13')}"
+        )
     major = _cuda_major(torch_cuda)
     want = f"cupy-cuda{major}x"
     fix = f"{_install_line(cupy_extra(major))}"
     if not dists:
         return f"CuPy is not installed; torch is built for CUDA {torch_cuda}: {fix}"
     if len(dists) > 1:
-        return (f"several CuPy packages are installed ({', '.join(dists)}) and they shadow each other: "
-                f"keep only {want}, the one for torch's CUDA {torch_cuda} (pip uninstall the others)")
+        return (
+            f"several CuPy packages are installed ({', '.join(dists)}) and they shadow each other: "
+            f"keep only {want}, the one for torch's CUDA {torch_cuda} (pip uninstall the others)"
+        )
     (dist,) = dists
     m = _CUPY_WHEEL.match(dist)
     if m is None:  # a CuPy built from source against the local toolkit
         return None
     if int(m.group(1)) != major:
-        return (f"{dist} is built for CUDA {m.group(1)} but torch for CUDA {torch_cuda}: "
-                f"pip uninstall {dist} and {fix}")
+        return f"{dist} is built for CUDA {m.group(1)} but torch for CUDA {torch_cuda}: pip uninstall {dist} and {fix}"
     return None
 
 
@@ -173,8 +179,10 @@ def gpu_stack_problem() -> str | None:
     (whether one is present is the GPU layer's own check).
     """
     if importlib.util.find_spec("torch") is None:
-        return (f"the CUDA path needs torch and CuPy; torch is not installed: "
-                f"{_install_line('gpu-cu13')} (CUDA 13) or {_install_line('gpu-cu12')} (CUDA 12)")
+        return (
+            f"the CUDA path needs torch and CuPy; torch is not installed: "
+            f"{_install_line('gpu-cu13')} (CUDA 13) or {_install_line('gpu-cu12')} (CUDA 12)"
+        )
     import torch
 
     return cuda_match_problem(torch.version.cuda, cupy_distributions())

@@ -48,9 +48,7 @@ def _group_tuple(group: Any) -> tuple[Any, ...]:
     backend = _field(group, "mamba_type", "backend")
     shapes = _field(group, "shapes")
     if backend is None or shapes is None:
-        raise TypeError(
-            f"each group needs a backend ('mamba_type' or 'backend') and 'shapes'; got {group!r}"
-        )
+        raise TypeError(f"each group needs a backend ('mamba_type' or 'backend') and 'shapes'; got {group!r}")
     dtypes = _field(group, "dtypes")
     mode = _field(group, "mamba_cache_mode", "cache_mode")
     block_size = _field(group, "block_size")
@@ -89,8 +87,5 @@ def validate_copy_funcs(
             mode. The message names the backend and the state.
     """
     group_list = list(groups.keys()) if isinstance(groups, Mapping) else list(groups)
-    funcs = [
-        (_backend_name(backend), [_copy_func_name(f) for f in seq])
-        for backend, seq in copy_funcs.items()
-    ]
+    funcs = [(_backend_name(backend), [_copy_func_name(f) for f in seq]) for backend, seq in copy_funcs.items()]
     return dict(_validate_copy_funcs([_group_tuple(g) for g in group_list], funcs))

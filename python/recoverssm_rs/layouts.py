@@ -60,43 +60,96 @@ Dtype = Any
 # checks every value (the message names the parameter) and applies the shape formulas.
 
 
-def mamba1(*, intermediate_size: int, state_size: int, conv_kernel: int, tp_size: int = 1, num_spec: int = 0,
-           conv_layout: str = "SD", dtype: Dtype = None, ssm_dtype: Dtype = None) -> Layout:
+def mamba1(
+    *,
+    intermediate_size: int,
+    state_size: int,
+    conv_kernel: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: str = "SD",
+    dtype: Dtype = None,
+    ssm_dtype: Dtype = None,
+) -> Layout:
     """Mamba1: conv window + temporal state."""
     return _core.mamba1_layout(**locals())
 
 
-def mamba2(*, intermediate_size: int, n_groups: int, num_heads: int, head_dim: int, state_size: int, conv_kernel: int,
-           tp_size: int = 1, num_spec: int = 0, conv_layout: str = "SD", dtype: Dtype = None, ssm_dtype: Dtype = None,
-           logical_window: int | None = None, mamba_backend: str = "triton") -> Layout:
+def mamba2(
+    *,
+    intermediate_size: int,
+    n_groups: int,
+    num_heads: int,
+    head_dim: int,
+    state_size: int,
+    conv_kernel: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: str = "SD",
+    dtype: Dtype = None,
+    ssm_dtype: Dtype = None,
+    logical_window: int | None = None,
+    mamba_backend: str = "triton",
+) -> Layout:
     """Mamba2: conv window + temporal state (+ the three ReplaySSM rings as workspace)."""
     return _core.mamba2_layout(**locals())
 
 
-def short_conv(*, intermediate_size: int, conv_kernel: int, tp_size: int = 1, num_spec: int = 0,
-               conv_layout: str = "SD", dtype: Dtype = None) -> Layout:
+def short_conv(
+    *,
+    intermediate_size: int,
+    conv_kernel: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: str = "SD",
+    dtype: Dtype = None,
+) -> Layout:
     """Short conv: one conv window."""
     return _core.short_conv_layout(**locals())
 
 
-def linear_attention(*, num_heads: int, head_dim: int, tp_size: int = 1, num_spec: int = 0,
-                     ssm_dtype: Dtype = None) -> Layout:
+def linear_attention(
+    *, num_heads: int, head_dim: int, tp_size: int = 1, num_spec: int = 0, ssm_dtype: Dtype = None
+) -> Layout:
     """Linear attention: one temporal state."""
     return _core.linear_attention_layout(conv_layout="SD", **locals())
 
 
-def gdn(*, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int, conv_kernel_size: int,
-        tp_size: int = 1, num_spec: int = 0, conv_layout: str = "SD", dtype: Dtype = None, ssm_dtype: Dtype = None,
-        recover_ssm: bool = False) -> Layout:
+def gdn(
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    conv_kernel_size: int,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: str = "SD",
+    dtype: Dtype = None,
+    ssm_dtype: Dtype = None,
+    recover_ssm: bool = False,
+) -> Layout:
     """Gated DeltaNet: conv window + temporal state (+ RecoverSSM verify records)."""
     return _core.gdn_layout(**locals())
 
 
-def kda(*, num_heads: int, head_dim: int, num_k_heads: int | None = None, head_k_dim: int | None = None,
-        conv_kernel_size: int = 4, tp_size: int = 1, num_spec: int = 0, conv_layout: str = "SD", dtype: Dtype = None,
-        ssm_dtype: Dtype = None, recover_ssm: bool = False) -> Layout:
+def kda(
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_k_heads: int | None = None,
+    head_k_dim: int | None = None,
+    conv_kernel_size: int = 4,
+    tp_size: int = 1,
+    num_spec: int = 0,
+    conv_layout: str = "SD",
+    dtype: Dtype = None,
+    ssm_dtype: Dtype = None,
+    recover_ssm: bool = False,
+) -> Layout:
     """Kimi Delta Attention: conv window + recurrent state (+ RecoverSSM verify records)."""
     return _core.kda_layout(**locals())
+
 
 #: Calculator by family name.
 FAMILIES: Mapping[str, Callable[..., Layout]] = MappingProxyType(
@@ -144,9 +197,7 @@ PRESETS: Mapping[str, Preset] = _presets(
         name="qwen3-next-80b-a3b",
         model="Qwen/Qwen3-Next-80B-A3B-Instruct",
         family="gdn",
-        params=dict(
-            num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, conv_kernel_size=4
-        ),
+        params=dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128, conv_kernel_size=4),
         num_layers=36,
         defaults=dict(dtype="bfloat16", ssm_dtype="bfloat16", conv_layout="SD"),
         note="48 layers, full attention every 4th: 36 Gated DeltaNet layers",

@@ -142,8 +142,10 @@ class CopyPlan:
         core.mark_written()
 
     def __repr__(self) -> str:
-        return (f"CopyPlan(copies={len(self)}, segments={self.num_segments}, requests={self.num_requests}, "
-                f"waves={self.num_waves}, bytes={self.nbytes})")
+        return (
+            f"CopyPlan(copies={len(self)}, segments={self.num_segments}, requests={self.num_requests}, "
+            f"waves={self.num_waves}, bytes={self.nbytes})"
+        )
 
 
 class _DevicePath:
@@ -210,8 +212,9 @@ class Planner:
         self._bind([(layout, states)], block_size)
 
     @classmethod
-    def from_groups(cls, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *,
-                    block_size: int | None = None) -> Planner:
+    def from_groups(
+        cls, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *, block_size: int | None = None
+    ) -> Planner:
         """A planner over several recurrent groups: per group ``(layout, states)``, ``states[layer]``
         that layer's tensors, of which the first ``len(layout.persistent)`` are bound (the rest,
         workspace or tensors no copy function covers, are left alone). One decision per request
@@ -223,13 +226,16 @@ class Planner:
                 devices, layouts with different ``num_spec``, or groups sharing memory.
         """
         self = cls.__new__(cls)
-        self._bind([(layout, [list(layer)[: len(layout.persistent)] for layer in states]) for layout, states in groups],
-                   block_size)
+        self._bind(
+            [(layout, [list(layer)[: len(layout.persistent)] for layer in states]) for layout, states in groups],
+            block_size,
+        )
         return self
 
     def _bind(self, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], block_size: int | None) -> None:
-        self.core = _core.Planner([(layout, [list(layer) for layer in states]) for layout, states in groups],
-                                  block_size=block_size)
+        self.core = _core.Planner(
+            [(layout, [list(layer) for layer in states]) for layout, states in groups], block_size=block_size
+        )
         self._device_path: _DevicePath | None = None
         log.debug("bound %s", self.core)
 
@@ -288,8 +294,9 @@ class Planner:
 
     # ---- host plans -----------------------------------------------------------------------
 
-    def plan(self, block_tables: Any, src_col: Any, dst_col: Any, num_accepted: Any,
-             semantics: Semantics = "post_process") -> CopyPlan:
+    def plan(
+        self, block_tables: Any, src_col: Any, dst_col: Any, num_accepted: Any, semantics: Semantics = "post_process"
+    ) -> CopyPlan:
         """Plan ``dst_col <- src_col`` moves carrying ``num_accepted`` in every group: conv windows
         shifted left by ``num_accepted - 1``, temporal states from column ``src_col +
         num_accepted - 1``; a negative column moves nothing. ``semantics`` decides equal columns
@@ -302,8 +309,16 @@ class Planner:
         Raises:
             PlanError: as :meth:`plan_align` (prefixed with the group when there are several).
         """
-        return CopyPlan(self.core.plan(tables=list(block_tables), src_col=src_col, dst_col=dst_col,
-                                       num_accepted=num_accepted, semantics=semantics), self)
+        return CopyPlan(
+            self.core.plan(
+                tables=list(block_tables),
+                src_col=src_col,
+                dst_col=dst_col,
+                num_accepted=num_accepted,
+                semantics=semantics,
+            ),
+            self,
+        )
 
     def plan_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any) -> CopyPlan:
         """Plan an align-mode step (speculative decoding with prefix caching) of a one-group planner.
@@ -325,8 +340,9 @@ class Planner:
                 a source, two copies writing the same block, or a cycle of copies that cannot be
                 ordered without staging.
         """
-        return CopyPlan(self.core.plan(block_table=block_table, src_col=src_col, dst_col=dst_col,
-                                       num_accepted=num_accepted), self)
+        return CopyPlan(
+            self.core.plan(block_table=block_table, src_col=src_col, dst_col=dst_col, num_accepted=num_accepted), self
+        )
 
     def plan_copy(self, src_blocks: Any, dst_blocks: Any) -> CopyPlan:
         """Plan whole-block copies ``dst_blocks[i] <- src_blocks[i]`` of every persistent state of
@@ -362,9 +378,18 @@ class Planner:
         dp = self._device("prepare_device")
         module.function_ptr("rs_state_copy", dp.index)
 
-    def launch(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any,
-               semantics: Semantics = "post_process", *, stream: Any = None, err: Any = None,
-               num_accepted_out: Any = None) -> None:
+    def launch(
+        self,
+        block_table: Any,
+        src_col: Any,
+        dst_col: Any,
+        num_accepted: Any,
+        semantics: Semantics = "post_process",
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
+    ) -> None:
         """One fused kernel launch moves ``dst_col <- src_col`` in every group at once (CUDA
         states; no host synchronisation), with the semantics of :meth:`plan`.
 
@@ -387,12 +412,29 @@ class Planner:
         """
         if semantics not in ("pre_copy", "post_process"):
             raise PlanError(f"semantics must be 'pre_copy' or 'post_process', got {semantics!r}")
-        self._launch("launch", stream, block_table=block_table, src_col=src_col, second=dst_col,
-                     num_accepted=num_accepted, err=err, pre_copy=semantics == "pre_copy",
-                     num_accepted_out=num_accepted_out)
+        self._launch(
+            "launch",
+            stream,
+            block_table=block_table,
+            src_col=src_col,
+            second=dst_col,
+            num_accepted=num_accepted,
+            err=err,
+            pre_copy=semantics == "pre_copy",
+            num_accepted_out=num_accepted_out,
+        )
 
-    def launch_align(self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any, *, stream: Any = None,
-                     err: Any = None, num_accepted_out: Any = None) -> None:
+    def launch_align(
+        self,
+        block_table: Any,
+        src_col: Any,
+        dst_col: Any,
+        num_accepted: Any,
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
+    ) -> None:
         """Launch an align-mode step on the device: one fused kernel launch, no host synchronisation.
 
         The semantics are those of :meth:`plan_align`, executed by the fused kernel for every
@@ -438,12 +480,29 @@ class Planner:
                 tensor on the states' device, has the wrong dtype or shape (the message names it).
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        self._launch("launch_align", stream, block_table=block_table, src_col=src_col, second=dst_col,
-                     num_accepted=num_accepted, err=err, num_accepted_out=num_accepted_out)
+        self._launch(
+            "launch_align",
+            stream,
+            block_table=block_table,
+            src_col=src_col,
+            second=dst_col,
+            num_accepted=num_accepted,
+            err=err,
+            num_accepted_out=num_accepted_out,
+        )
 
-    def launch_align_decision(self, block_table: Any, src_col: Any, running: Any, num_accepted: Any,
-                              block_size: int, *, stream: Any = None, err: Any = None,
-                              num_accepted_out: Any = None) -> None:
+    def launch_align_decision(
+        self,
+        block_table: Any,
+        src_col: Any,
+        running: Any,
+        num_accepted: Any,
+        block_size: int,
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
+    ) -> None:
         """Launch an align-mode step whose copy decision is taken on the device (vLLM's GPU path).
 
         Per request ``r`` with ``a = num_accepted[r]``: ``new = running[r] + a - 1``,
@@ -462,11 +521,29 @@ class Planner:
         Raises:
             PlanError: as :meth:`launch_align`, or ``block_size`` not an integer in ``1..2**31``.
         """
-        self._launch("launch_align_decision", stream, block_table=block_table, src_col=src_col, second=running,
-                     num_accepted=num_accepted, err=err, block_size=block_size, num_accepted_out=num_accepted_out)
+        self._launch(
+            "launch_align_decision",
+            stream,
+            block_table=block_table,
+            src_col=src_col,
+            second=running,
+            num_accepted=num_accepted,
+            err=err,
+            block_size=block_size,
+            num_accepted_out=num_accepted_out,
+        )
 
-    def launch_post_process(self, block_table: Any, state_col: Any, running: Any, num_accepted: Any, *,
-                            stream: Any = None, err: Any = None, num_accepted_out: Any = None) -> None:
+    def launch_post_process(
+        self,
+        block_table: Any,
+        state_col: Any,
+        running: Any,
+        num_accepted: Any,
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
+    ) -> None:
         """vLLM's post-process decided and applied on the device for every group, in one launch
         (:meth:`launch_align_decision` with this planner's ``block_size``): ``state_col`` is this
         step's running column, ``running = computed + scheduled - drafts``, ``num_accepted`` the
@@ -474,9 +551,17 @@ class Planner:
         the next step (1 after an in-place shift)."""
         if self.block_size is None:
             raise PlanError("launch_post_process needs the planner's block_size (Planner(..., block_size=...))")
-        self._launch("launch_post_process", stream, block_table=block_table, src_col=state_col, second=running,
-                     num_accepted=num_accepted, err=err, block_size=self.block_size,
-                     num_accepted_out=num_accepted_out)
+        self._launch(
+            "launch_post_process",
+            stream,
+            block_table=block_table,
+            src_col=state_col,
+            second=running,
+            num_accepted=num_accepted,
+            err=err,
+            block_size=self.block_size,
+            num_accepted_out=num_accepted_out,
+        )
 
     def _launch(self, what: str, stream: Any, **step: Any) -> None:
         """Checks and packs one step in the core (one call) and launches it on ``stream``; int64 or
@@ -519,5 +604,7 @@ class Planner:
         if len(layers) == 1:
             return f"Planner({self.layout.backend!r}, layers={layers[0]}, blocks={self.num_blocks}, device={self.device!r})"
         backends = [l.backend for l in self.layouts]
-        return (f"Planner(groups={len(layers)}, backends={backends}, layers={layers}, blocks={self.num_blocks}, "
-                f"device={self.device!r})")
+        return (
+            f"Planner(groups={len(layers)}, backends={backends}, layers={layers}, blocks={self.num_blocks}, "
+            f"device={self.device!r})"
+        )

@@ -23,8 +23,10 @@ TEMP = (2, 3)
 
 
 def layout(workspace: bool = False) -> Layout:
-    states = [StateSpec("conv", CONV, "float32", "persistent", "conv", "SD"),
-              StateSpec("temporal", TEMP, "float32", "persistent", "temporal")]
+    states = [
+        StateSpec("conv", CONV, "float32", "persistent", "conv", "SD"),
+        StateSpec("temporal", TEMP, "float32", "persistent", "temporal"),
+    ]
     if workspace:
         states.append(StateSpec("records", (5,), "float32", "workspace"))
     return Layout("GDN_ATTN", states, num_spec=2)
@@ -54,8 +56,9 @@ def bind_error(states, *parts, lay=None):
 
 
 def step(planner, bt, sc, dc, na):
-    plan = planner.plan_align(np.array(bt, np.int32), np.array(sc, np.int32), np.array(dc, np.int32),
-                              np.array(na, np.int32))
+    plan = planner.plan_align(
+        np.array(bt, np.int32), np.array(sc, np.int32), np.array(dc, np.int32), np.array(na, np.int32)
+    )
     plan.execute()
     return plan
 
@@ -104,8 +107,12 @@ def test_non_dense_inner_dimensions():
     states = good()
     states[1][1] = torch.zeros(NB, 3, 2).transpose(1, 2)  # shape [NB, 2, 3], not C-ordered
     assert tuple(states[1][1].shape[1:]) == TEMP
-    bind_error(states, "layer 1, state 1 ('temporal')", "inner dimensions must be dense",
-               "stride of dim 2 is 8 bytes, expected 4")
+    bind_error(
+        states,
+        "layer 1, state 1 ('temporal')",
+        "inner dimensions must be dense",
+        "stride of dim 2 is 8 bytes, expected 4",
+    )
     states = good()
     states[0][0] = torch.zeros(NB, 4, 6)[:, :, ::2]  # every other channel
     bind_error(states, "layer 0, state 0 ('conv')", "inner dimensions must be dense")
@@ -115,8 +122,11 @@ def test_block_stride_smaller_than_the_state():
     buf = torch.zeros(NB * 6 + 16)
     states = good()
     states[1][1] = buf.as_strided((NB, *TEMP), (4, 3, 1))  # blocks 16 bytes apart, 24 bytes each
-    bind_error(states, "layer 1, state 1 ('temporal')",
-               "the block stride (16 bytes) is smaller than one block's state (24 bytes)")
+    bind_error(
+        states,
+        "layer 1, state 1 ('temporal')",
+        "the block stride (16 bytes) is smaller than one block's state (24 bytes)",
+    )
     states = good()
     states[0][1] = torch.zeros(1, *TEMP).expand(NB, *TEMP)  # every block the same memory
     bind_error(states, "layer 0, state 1 ('temporal')", "the block stride is 0 bytes")
@@ -126,16 +136,19 @@ def test_block_stride_smaller_than_the_state():
 
 
 def test_fewer_than_two_blocks():
-    bind_error([[conv(1), temp(1)]], "layer 0, state 0 ('conv')", "has 1 blocks",
-               "needs the null block 0 and at least one more")
+    bind_error(
+        [[conv(1), temp(1)]],
+        "layer 0, state 0 ('conv')",
+        "has 1 blocks",
+        "needs the null block 0 and at least one more",
+    )
     bind_error([[conv(0), temp(0)]], "layer 0, state 0 ('conv')", "has 0 blocks")
 
 
 def test_different_numbers_of_blocks():
     states = good()
     states[1][1] = temp(12)
-    bind_error(states, "layer 1, state 1 ('temporal')", "has 12 blocks but layer 0, state 0 has 10",
-               "one block table")
+    bind_error(states, "layer 1, state 1 ('temporal')", "has 12 blocks but layer 0, state 0 has 10", "one block table")
 
 
 def test_unsupported_device():
@@ -153,15 +166,22 @@ def test_tensors_on_different_devices():
     def on(device, t):
         if device == "cpu":
             return t
-        return FakeDeviceArray(t.data_ptr(), tuple(t.shape), tuple(s * t.element_size() for s in t.stride()),
-                               dtype="float32", device_id=int(device[-1]))
+        return FakeDeviceArray(
+            t.data_ptr(),
+            tuple(t.shape),
+            tuple(s * t.element_size() for s in t.stride()),
+            dtype="float32",
+            device_id=int(device[-1]),
+        )
 
     for first, second in (("cpu", "cuda:0"), ("cuda:0", "cuda:1")):
         states = [[on(first, t) for t in host[0]], [on(second, t) for t in host[1]]]
         with pytest.raises(BindingError) as e:
             _core.Planner([(lay, states)])
         msg = str(e.value)
-        assert "layer 1, state 0 ('conv')" in msg and f"on '{second}' but earlier state tensors are on '{first}'" in msg, msg
+        assert (
+            "layer 1, state 0 ('conv')" in msg and f"on '{second}' but earlier state tensors are on '{first}'" in msg
+        ), msg
     if torch.cuda.is_available():  # pragma: no cover - only with a GPU
         states = good()
         states[1][0] = states[1][0].cuda()
@@ -190,12 +210,17 @@ def test_wrong_number_of_tensors_per_layer():
     with pytest.raises(BindingError) as e:
         Planner(lay, [per + ws, per[:1]])
     msg = str(e.value)
-    assert "layer 1: got 1 state tensors; expected the 2 persistent states (conv, recurrent) or all 4 states" in msg, msg
+    assert "layer 1: got 1 state tensors; expected the 2 persistent states (conv, recurrent) or all 4 states" in msg, (
+        msg
+    )
     with pytest.raises(BindingError, match="layer 0: got 3 state tensors"):
         Planner(lay, [per + ws[:1]])
     bind_error([], "no layers given")
-    with pytest.raises(BindingError, match=r"layer 0, state 1 \('temporal'\): state tensors must be torch tensors or numpy "
-                                            "arrays, got list"):
+    with pytest.raises(
+        BindingError,
+        match=r"layer 0, state 1 \('temporal'\): state tensors must be torch tensors or numpy "
+        "arrays, got list",
+    ):
         Planner(layout(), [[conv(), [0.0] * 6]])
 
 
@@ -210,8 +235,10 @@ def test_two_layers_aliasing_one_tensor():
     bind_error([[c0, temp()], [c1, temp()]], "layer 0, state 0 ('conv') and layer 1, state 0 ('conv') share memory")
     # states of one layer overlapping each other
     buf = torch.zeros(NB, 12)
-    bind_error([[buf.view(NB, *CONV), buf[:, 6:].unflatten(1, TEMP)]],
-               "layer 0, state 0 ('conv') and layer 0, state 1 ('temporal') share memory")
+    bind_error(
+        [[buf.view(NB, *CONV), buf[:, 6:].unflatten(1, TEMP)]],
+        "layer 0, state 0 ('conv') and layer 0, state 1 ('temporal') share memory",
+    )
 
 
 def page_views(offsets, page_floats):
@@ -220,7 +247,7 @@ def page_views(offsets, page_floats):
     buf = torch.arange(NB * page_floats, dtype=torch.float32).view(NB, page_floats)
     out = []
     for oc, ot in offsets:
-        out.append([buf[:, oc:oc + 12].unflatten(1, CONV), buf[:, ot:ot + 6].unflatten(1, TEMP)])
+        out.append([buf[:, oc : oc + 12].unflatten(1, CONV), buf[:, ot : ot + 6].unflatten(1, TEMP)])
     return buf, out
 
 
@@ -279,8 +306,10 @@ def test_recoverssm_layout_with_workspace_tensors():
 
 def test_numpy_arrays_bind_and_execute():
     rng = np.random.default_rng(1)
-    states = [[rng.standard_normal((NB, *CONV)).astype(np.float32),
-               rng.standard_normal((NB, *TEMP)).astype(np.float32)] for _ in range(2)]
+    states = [
+        [rng.standard_normal((NB, *CONV)).astype(np.float32), rng.standard_normal((NB, *TEMP)).astype(np.float32)]
+        for _ in range(2)
+    ]
     before = [[a.copy() for a in layer] for layer in states]
     p = Planner(layout(), states)
     step(p, [[2, 4, 6]], [0], [2], [2])  # conv 2 -> 6 shifted by 1, temporal 4 -> 6
@@ -300,8 +329,13 @@ def test_numpy_arrays_bind_and_execute():
 
 def test_planner_keeps_the_tensors_alive():
     def make():
-        states = [[torch.arange(NB * 12, dtype=torch.float32).view(NB, *CONV) + 1000 * l,
-                   torch.arange(NB * 6, dtype=torch.float32).view(NB, *TEMP) - 1000 * l] for l in range(2)]
+        states = [
+            [
+                torch.arange(NB * 12, dtype=torch.float32).view(NB, *CONV) + 1000 * l,
+                torch.arange(NB * 6, dtype=torch.float32).view(NB, *TEMP) - 1000 * l,
+            ]
+            for l in range(2)
+        ]
         return states, [weakref.ref(t) for layer in states for t in layer]
 
     states, refs = make()
@@ -310,8 +344,9 @@ def test_planner_keeps_the_tensors_alive():
     del states
     gc.collect()
     assert all(r() is not None for r in refs)
-    plan = p.plan_align(np.array([[1, 8]], np.int32), np.array([0], np.int32), np.array([1], np.int32),
-                        np.array([1], np.int32))
+    plan = p.plan_align(
+        np.array([[1, 8]], np.int32), np.array([0], np.int32), np.array([1], np.int32), np.array([1], np.int32)
+    )
     del p  # the plan holds its planner
     gc.collect()
     plan.execute()

@@ -35,25 +35,34 @@ from support import vllm_oracle
 
 #: vLLM 0.33's shape calculator per family: method name and its parameters (``cls`` dropped).
 VLLM_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "mamba1": ("mamba1_state_shape",
-               ("tp_world_size", "intermediate_size", "state_size", "conv_kernel")),
-    "mamba2": ("mamba2_state_shape",
-               ("tp_world_size", "intermediate_size", "n_groups", "num_heads", "head_dim",
-                "state_size", "conv_kernel", "num_spec")),
-    "short_conv": ("short_conv_state_shape",
-                   ("tp_world_size", "intermediate_size", "conv_kernel", "num_spec")),
+    "mamba1": ("mamba1_state_shape", ("tp_world_size", "intermediate_size", "state_size", "conv_kernel")),
+    "mamba2": (
+        "mamba2_state_shape",
+        (
+            "tp_world_size",
+            "intermediate_size",
+            "n_groups",
+            "num_heads",
+            "head_dim",
+            "state_size",
+            "conv_kernel",
+            "num_spec",
+        ),
+    ),
+    "short_conv": ("short_conv_state_shape", ("tp_world_size", "intermediate_size", "conv_kernel", "num_spec")),
     "linear_attention": ("linear_attention_state_shape", ("num_heads", "tp_size", "head_dim")),
-    "gdn": ("gated_delta_net_state_shape",
-            ("tp_world_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim",
-             "conv_kernel_size", "num_spec")),
-    "kda": ("kda_state_shape",
-            ("tp_world_size", "num_heads", "head_dim", "num_k_heads", "head_k_dim",
-             "conv_kernel_size", "num_spec")),
+    "gdn": (
+        "gated_delta_net_state_shape",
+        ("tp_world_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel_size", "num_spec"),
+    ),
+    "kda": (
+        "kda_state_shape",
+        ("tp_world_size", "num_heads", "head_dim", "num_k_heads", "head_k_dim", "conv_kernel_size", "num_spec"),
+    ),
 }
 #: ``append_replayssm_ring``'s parameters; ``logical_window`` keeps its name, ``backend`` is
 #: ``mamba_backend`` here and ``num_speculative_tokens`` is the shared ``num_spec``.
-VLLM_RING_PARAMS = ("base_shapes", "n_groups", "tp_world_size", "logical_window", "backend",
-                    "num_speculative_tokens")
+VLLM_RING_PARAMS = ("base_shapes", "n_groups", "tp_world_size", "logical_window", "backend", "num_speculative_tokens")
 
 #: vLLM's names for the shared settings -> the package's.
 SHARED_RENAMES = {"tp_world_size": "tp_size", "tp_size": "tp_size", "num_spec": "num_spec"}
@@ -102,33 +111,78 @@ def test_kda_defaults_follow_vllm():
 
 HAND_CASES = [
     # LFM2-1.2B short conv (conv_dim 2048, L_cache 3), tp 2, 2 drafts: width 3 - 1 + 2 = 4.
-    ("short_conv", dict(intermediate_size=2048, conv_kernel=3, tp_size=2, num_spec=2),
-     [(4, 1024)]),
-    ("short_conv", dict(intermediate_size=2048, conv_kernel=3, tp_size=2, num_spec=2,
-                        conv_layout="DS"), [(1024, 4)]),
+    ("short_conv", dict(intermediate_size=2048, conv_kernel=3, tp_size=2, num_spec=2), [(4, 1024)]),
+    ("short_conv", dict(intermediate_size=2048, conv_kernel=3, tp_size=2, num_spec=2, conv_layout="DS"), [(1024, 4)]),
     # mamba-2.8b (intermediate 5120, state 16, conv 4), tp 2: conv (3, 2560), temporal (2560, 16).
-    ("mamba1", dict(intermediate_size=5120, state_size=16, conv_kernel=4, tp_size=2),
-     [(3, 2560), (2560, 16)]),
+    ("mamba1", dict(intermediate_size=5120, state_size=16, conv_kernel=4, tp_size=2), [(3, 2560), (2560, 16)]),
     # Nemotron-H-8B Mamba2, tp 4, 1 draft: g' = 8, dim = (8192 + 2*8*128) / 4 = 2560.
-    ("mamba2", dict(intermediate_size=8192, n_groups=8, num_heads=128, head_dim=64, state_size=128,
-                    conv_kernel=4, tp_size=4, num_spec=1), [(4, 2560), (32, 64, 128)]),
+    (
+        "mamba2",
+        dict(
+            intermediate_size=8192,
+            n_groups=8,
+            num_heads=128,
+            head_dim=64,
+            state_size=128,
+            conv_kernel=4,
+            tp_size=4,
+            num_spec=1,
+        ),
+        [(4, 2560), (32, 64, 128)],
+    ),
     # One group over tp 2 is replicated: g' = 2, dim = (4096 + 2*2*128) / 2 = 2304; ring of 8.
-    ("mamba2", dict(intermediate_size=4096, n_groups=1, num_heads=64, head_dim=64, state_size=128,
-                    conv_kernel=4, tp_size=2, logical_window=8),
-     [(3, 2304), (32, 64, 128), (32, 8, 64), (32, 8), (1, 8, 128)]),
+    (
+        "mamba2",
+        dict(
+            intermediate_size=4096,
+            n_groups=1,
+            num_heads=64,
+            head_dim=64,
+            state_size=128,
+            conv_kernel=4,
+            tp_size=2,
+            logical_window=8,
+        ),
+        [(3, 2304), (32, 64, 128), (32, 8, 64), (32, 8), (1, 8, 128)],
+    ),
     # MiniMax-Text-01 lightning attention (64 heads of 96), tp 8.
     ("linear_attention", dict(num_heads=64, head_dim=96, tp_size=8), [(8, 96, 96)]),
     # Qwen3-Next GDN, tp 4, 2 drafts, DS: dim = (2*16*128 + 32*128) / 4 = 2048, width 5.
-    ("gdn", dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
-                 conv_kernel_size=4, tp_size=4, num_spec=2, conv_layout="DS"),
-     [(2048, 5), (8, 128, 128)]),
+    (
+        "gdn",
+        dict(
+            num_k_heads=16,
+            num_v_heads=32,
+            head_k_dim=128,
+            head_v_dim=128,
+            conv_kernel_size=4,
+            tp_size=4,
+            num_spec=2,
+            conv_layout="DS",
+        ),
+        [(2048, 5), (8, 128, 128)],
+    ),
     # ... with the RecoverSSM records: [H, Q, V] and [H, Q, K + 1], Q = 3.
-    ("gdn", dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
-                 conv_kernel_size=4, tp_size=4, num_spec=2, recover_ssm=True),
-     [(5, 2048), (8, 128, 128), (8, 3, 128), (8, 3, 129)]),
+    (
+        "gdn",
+        dict(
+            num_k_heads=16,
+            num_v_heads=32,
+            head_k_dim=128,
+            head_v_dim=128,
+            conv_kernel_size=4,
+            tp_size=4,
+            num_spec=2,
+            recover_ssm=True,
+        ),
+        [(5, 2048), (8, 128, 128), (8, 3, 128), (8, 3, 129)],
+    ),
     # Kimi-Linear KDA, tp 4, 1 draft: dim = (32*128 + 2*32*128) / 4 = 3072; records [H, Q, 2K].
-    ("kda", dict(num_heads=32, head_dim=128, tp_size=4, num_spec=1, recover_ssm=True),
-     [(4, 3072), (8, 128, 128), (8, 2, 128), (8, 2, 256)]),
+    (
+        "kda",
+        dict(num_heads=32, head_dim=128, tp_size=4, num_spec=1, recover_ssm=True),
+        [(4, 3072), (8, 128, 128), (8, 2, 128), (8, 2, 256)],
+    ),
 ]
 
 
@@ -200,16 +254,17 @@ def vllm_mamba_utils():
         "vllm.config.mamba": module("vllm.config.mamba", MambaBackendEnum=_MambaBackendEnum),
         "vllm.config.model": module("vllm.config.model", ModelDType=str),
         "vllm.distributed": module("vllm.distributed", divide=_vllm_divide),
-        "vllm.logger": module(
-            "vllm.logger", init_logger=lambda name: _Logger(logging.getLogger(name), {})),
+        "vllm.logger": module("vllm.logger", init_logger=lambda name: _Logger(logging.getLogger(name), {})),
         "vllm.utils": module("vllm.utils"),
-        "vllm.utils.torch_utils": module("vllm.utils.torch_utils", STR_DTYPE_TO_TORCH_DTYPE={},
-                                         get_kv_cache_torch_dtype=lambda *a: torch.float32),
+        "vllm.utils.torch_utils": module(
+            "vllm.utils.torch_utils", STR_DTYPE_TO_TORCH_DTYPE={}, get_kv_cache_torch_dtype=lambda *a: torch.float32
+        ),
         "vllm.v1": module("vllm.v1"),
         "vllm.v1.attention": module("vllm.v1.attention"),
         "vllm.v1.attention.backends": module("vllm.v1.attention.backends"),
         "vllm.v1.attention.backends.registry": module(
-            "vllm.v1.attention.backends.registry", MambaAttentionBackendEnum=enum.Enum),
+            "vllm.v1.attention.backends.registry", MambaAttentionBackendEnum=enum.Enum
+        ),
     }
     saved = {name: sys.modules.get(name) for name in stubs}
     sys.modules.update(stubs)  # type: ignore[arg-type]
@@ -244,26 +299,32 @@ def _configs(family: str, rng: random.Random) -> list[dict[str, Any]]:
         if family != "mamba1":
             c["num_spec"] = pick([0, 1, 3, 7])
         if family == "mamba1":
-            c.update(intermediate_size=pick([64, 96, 4096, 5120]), state_size=pick([8, 16]),
-                     conv_kernel=pick([2, 4]))
+            c.update(intermediate_size=pick([64, 96, 4096, 5120]), state_size=pick([8, 16]), conv_kernel=pick([2, 4]))
         elif family == "mamba2":
-            c.update(intermediate_size=pick([1024, 4096, 8192]), n_groups=pick([1, 2, 3, 6, 8]),
-                     num_heads=pick([24, 64, 128]), head_dim=pick([32, 64]),
-                     state_size=pick([64, 128]), conv_kernel=pick([2, 4]))
+            c.update(
+                intermediate_size=pick([1024, 4096, 8192]),
+                n_groups=pick([1, 2, 3, 6, 8]),
+                num_heads=pick([24, 64, 128]),
+                head_dim=pick([32, 64]),
+                state_size=pick([64, 128]),
+                conv_kernel=pick([2, 4]),
+            )
             if rng.random() < 0.5:
-                c.update(logical_window=pick([4, 16]),
-                         mamba_backend=pick(["triton", "flashinfer", "cpu"]))
+                c.update(logical_window=pick([4, 16]), mamba_backend=pick(["triton", "flashinfer", "cpu"]))
         elif family == "short_conv":
             c.update(intermediate_size=pick([96, 1024, 2048]), conv_kernel=pick([2, 3, 4]))
         elif family == "linear_attention":
             c.update(num_heads=pick([6, 8, 64]), head_dim=pick([64, 96]))
         elif family == "gdn":
-            c.update(num_k_heads=pick([2, 3, 16]), num_v_heads=pick([4, 6, 32]),
-                     head_k_dim=pick([64, 128]), head_v_dim=pick([64, 128]),
-                     conv_kernel_size=pick([2, 4]))
+            c.update(
+                num_k_heads=pick([2, 3, 16]),
+                num_v_heads=pick([4, 6, 32]),
+                head_k_dim=pick([64, 128]),
+                head_v_dim=pick([64, 128]),
+                conv_kernel_size=pick([2, 4]),
+            )
         elif family == "kda":
-            c.update(num_heads=pick([6, 8, 32]), head_dim=pick([64, 128]),
-                     conv_kernel_size=pick([2, 4]))
+            c.update(num_heads=pick([6, 8, 32]), head_dim=pick([64, 128]), conv_kernel_size=pick([2, 4]))
             if rng.random() < 0.5:
                 c.update(num_k_heads=pick([3, 8, 32]), head_k_dim=pick([64, 128]))
         out.append(c)
@@ -289,11 +350,16 @@ def _vllm_shapes(mod: Any, family: str, c: dict[str, Any]) -> list[tuple[int, ..
     kwargs = {vllm: c[mine] for mine, vllm in ours.items() if mine in c}
     shapes = list(getattr(calc, method)(**kwargs))
     if family == "mamba2" and "logical_window" in c:
-        shapes = list(calc.append_replayssm_ring(
-            base_shapes=tuple(shapes), n_groups=c["n_groups"], tp_world_size=c["tp_size"],
-            logical_window=c["logical_window"],
-            backend=_MambaBackendEnum(c.get("mamba_backend", "triton")),
-            num_speculative_tokens=c.get("num_spec", 0)))
+        shapes = list(
+            calc.append_replayssm_ring(
+                base_shapes=tuple(shapes),
+                n_groups=c["n_groups"],
+                tp_world_size=c["tp_size"],
+                logical_window=c["logical_window"],
+                backend=_MambaBackendEnum(c.get("mamba_backend", "triton")),
+                num_speculative_tokens=c.get("num_spec", 0),
+            )
+        )
     return [tuple(s) for s in shapes]
 
 

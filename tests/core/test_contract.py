@@ -35,8 +35,7 @@ def get_temporal_copy_spec(*args):
 
 
 def spec_of(layout, backend=Backend.GDN_ATTN, **kw):
-    return MambaSpec(tuple(s.shape for s in layout.states), tuple(s.dtype for s in layout.states),
-                     backend, **kw)
+    return MambaSpec(tuple(s.shape for s in layout.states), tuple(s.dtype for s in layout.states), backend, **kw)
 
 
 K3 = layouts.preset("kimi-k3-like-recoverssm")
@@ -68,8 +67,10 @@ def test_equal_length_cases_for_presets(name, backend):
         (layouts.mamba1(intermediate_size=1024, state_size=16, conv_kernel=4), Backend.MAMBA1),
         (layouts.short_conv(intermediate_size=1024, conv_kernel=3, num_spec=2), Backend.SHORT_CONV),
         (layouts.linear_attention(num_heads=8, head_dim=64), Backend.LINEAR),
-        (layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64,
-                     conv_kernel_size=4, num_spec=2), Backend.GDN_ATTN),
+        (
+            layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64, conv_kernel_size=4, num_spec=2),
+            Backend.GDN_ATTN,
+        ),
     ],
 )
 def test_equal_length_cases_for_every_family(layout, backend):
@@ -99,8 +100,7 @@ def test_more_copy_funcs_than_states():
 def test_non_prefix_layout_is_caught_by_the_copy_kind():
     # Workspace first: the conv copy function would land on a 3-D verify-record tensor.
     shapes = tuple(s.shape for s in K3.states)
-    reordered = MambaSpec(shapes[2:] + shapes[:2], ("float32", "bfloat16", "bfloat16", "float32"),
-                          Backend.GDN_ATTN)
+    reordered = MambaSpec(shapes[2:] + shapes[:2], ("float32", "bfloat16", "bfloat16", "float32"), Backend.GDN_ATTN)
     with pytest.raises(LayoutError) as e:
         validate_copy_funcs([reordered], {"GDN_ATTN": [get_conv_copy_spec, get_temporal_copy_spec]})
     msg = str(e.value)
@@ -117,9 +117,11 @@ def test_unknown_copy_function():
 
 @pytest.mark.parametrize(
     "field_, value, phrase",
-    [("block_size", 32, "block size"),
-     ("num_speculative_blocks", 1, "number of speculative blocks"),
-     ("mamba_cache_mode", "all", "cache mode")],
+    [
+        ("block_size", 32, "block size"),
+        ("num_speculative_blocks", 1, "number of speculative blocks"),
+        ("mamba_cache_mode", "all", "cache mode"),
+    ],
 )
 def test_groups_must_agree(field_, value, phrase):
     m2 = layouts.preset("nemotron-h-8b", num_spec=3)

@@ -54,18 +54,30 @@ def test_workspace_before_persistent_is_rejected_naming_the_state():
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda s: s.__setitem__(0, StateSpec("conv", (12288, 10, 2), "bf16", "persistent", "conv")),
-         "state 0 ('conv'): a conv copy needs a 2-D"),
-        (lambda s: s.__setitem__(1, StateSpec("conv", (32, 128, 128), "fp32", "persistent", "temporal")),
-         "state 1 ('conv'): the name is used"),
-        (lambda s: s.__setitem__(1, StateSpec("", (32, 128, 128), "fp32", "persistent", "temporal")),
-         "state 1 has an empty name"),
-        (lambda s: s.__setitem__(2, StateSpec("w", (3,), "fp32", "workspace", "temporal")),
-         "state 2 ('w'): a workspace state"),
-        (lambda s: s.__setitem__(1, StateSpec("r", (32, 128), "fp32", "persistent")),
-         "state 1 ('r'): a persistent state needs a copy kind"),
-        (lambda s: s.__setitem__(1, StateSpec("r", (2**40, 2**40), "fp32", "persistent", "temporal")),
-         "overflows 64 bits"),
+        (
+            lambda s: s.__setitem__(0, StateSpec("conv", (12288, 10, 2), "bf16", "persistent", "conv")),
+            "state 0 ('conv'): a conv copy needs a 2-D",
+        ),
+        (
+            lambda s: s.__setitem__(1, StateSpec("conv", (32, 128, 128), "fp32", "persistent", "temporal")),
+            "state 1 ('conv'): the name is used",
+        ),
+        (
+            lambda s: s.__setitem__(1, StateSpec("", (32, 128, 128), "fp32", "persistent", "temporal")),
+            "state 1 has an empty name",
+        ),
+        (
+            lambda s: s.__setitem__(2, StateSpec("w", (3,), "fp32", "workspace", "temporal")),
+            "state 2 ('w'): a workspace state",
+        ),
+        (
+            lambda s: s.__setitem__(1, StateSpec("r", (32, 128), "fp32", "persistent")),
+            "state 1 ('r'): a persistent state needs a copy kind",
+        ),
+        (
+            lambda s: s.__setitem__(1, StateSpec("r", (2**40, 2**40), "fp32", "persistent", "temporal")),
+            "overflows 64 bits",
+        ),
     ],
 )
 def test_layout_rules(mutate, expected):
@@ -118,8 +130,7 @@ def test_to_dict_round_trip():
     d = layout.to_dict()
     rebuilt = Layout(
         d["backend"],
-        [StateSpec(s["name"], s["shape"], s["dtype"], s["role"], s["copy"], s["conv_layout"])
-         for s in d["states"]],
+        [StateSpec(s["name"], s["shape"], s["dtype"], s["role"], s["copy"], s["conv_layout"]) for s in d["states"]],
         num_spec=d["num_spec"],
     )
     assert rebuilt == layout

@@ -35,8 +35,16 @@ def test_kimi_k3_like_recoverssm_layout():
 
 
 def test_gdn_recoverssm_records():
-    l = layouts.gdn(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
-                    conv_kernel_size=4, num_spec=3, recover_ssm=True, tp_size=2)
+    l = layouts.gdn(
+        num_k_heads=16,
+        num_v_heads=32,
+        head_k_dim=128,
+        head_v_dim=128,
+        conv_kernel_size=4,
+        num_spec=3,
+        recover_ssm=True,
+        tp_size=2,
+    )
     assert shapes(l)[2:] == [(16, 4, 128), (16, 4, 129)]
 
 
@@ -52,21 +60,22 @@ def test_nemotron_h_mamba2_formulas_and_replay_rings():
     r = layouts.preset("nemotron-h-8b", logical_window=16, ssm_dtype="float16")
     assert [s.dtype for s in r.states[2:]] == ["bfloat16", "float32", "bfloat16"]
     # FlashInfer keeps the live window and the verify window together: W + 1 + num_spec.
-    f = layouts.preset("nemotron-h-8b", tp_size=2, num_spec=3, logical_window=16,
-                       mamba_backend="flashinfer")
+    f = layouts.preset("nemotron-h-8b", tp_size=2, num_spec=3, logical_window=16, mamba_backend="flashinfer")
     assert shapes(f)[2:] == [(64, 20, 64), (64, 20), (4, 20, 128)]
 
 
 def test_mamba2_group_replication():
     # g = 1 < tp = 4: g' = 1 + (4 - 1) = 4
-    l = layouts.mamba2(intermediate_size=4096, n_groups=1, num_heads=64, head_dim=64,
-                       state_size=128, conv_kernel=4, tp_size=4)
+    l = layouts.mamba2(
+        intermediate_size=4096, n_groups=1, num_heads=64, head_dim=64, state_size=128, conv_kernel=4, tp_size=4
+    )
     assert l.states[0].shape == (3, (4096 + 2 * 4 * 128) // 4)
 
 
 def test_other_families():
-    assert shapes(layouts.mamba1(intermediate_size=4096, state_size=16, conv_kernel=4,
-                                 tp_size=2, conv_layout="DS")) == [(2048, 3), (2048, 16)]
+    assert shapes(
+        layouts.mamba1(intermediate_size=4096, state_size=16, conv_kernel=4, tp_size=2, conv_layout="DS")
+    ) == [(2048, 3), (2048, 16)]
     assert shapes(layouts.short_conv(intermediate_size=2048, conv_kernel=3, num_spec=1)) == [(3, 2048)]
     assert shapes(layouts.linear_attention(num_heads=64, head_dim=96, tp_size=8)) == [(8, 96, 96)]
 
@@ -76,20 +85,29 @@ def test_other_families():
     [
         (lambda: layouts.preset("qwen3-next-80b-a3b", tp_size=3), "not divisible by tp_size = 3"),
         (lambda: layouts.linear_attention(num_heads=6, head_dim=64, tp_size=4), "num_heads = 6"),
-        (lambda: layouts.mamba2(intermediate_size=4096, n_groups=6, num_heads=64, head_dim=64,
-                                state_size=128, conv_kernel=4, tp_size=4), "n_groups = 6"),
-        (lambda: layouts.mamba1(intermediate_size=64, state_size=16, conv_kernel=4, num_spec=1),
-         "Mamba1"),
-        (lambda: layouts.short_conv(intermediate_size=64, conv_kernel=1),
-         "short_conv: conv_kernel must be >= 2"),
-        (lambda: layouts.short_conv(intermediate_size=63, conv_kernel=4, tp_size=2),
-         "intermediate_size = 63"),
-        (lambda: layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64,
-                             conv_kernel_size=1), "gdn: conv_kernel_size must be >= 2"),
-        (lambda: layouts.preset("nemotron-h-8b", logical_window=16, mamba_backend="cuda"),
-         "unknown mamba_backend 'cuda'"),
-        (lambda: layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64,
-                             conv_kernel_size=4, conv_layout="XS"), "unknown conv layout"),
+        (
+            lambda: layouts.mamba2(
+                intermediate_size=4096, n_groups=6, num_heads=64, head_dim=64, state_size=128, conv_kernel=4, tp_size=4
+            ),
+            "n_groups = 6",
+        ),
+        (lambda: layouts.mamba1(intermediate_size=64, state_size=16, conv_kernel=4, num_spec=1), "Mamba1"),
+        (lambda: layouts.short_conv(intermediate_size=64, conv_kernel=1), "short_conv: conv_kernel must be >= 2"),
+        (lambda: layouts.short_conv(intermediate_size=63, conv_kernel=4, tp_size=2), "intermediate_size = 63"),
+        (
+            lambda: layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64, conv_kernel_size=1),
+            "gdn: conv_kernel_size must be >= 2",
+        ),
+        (
+            lambda: layouts.preset("nemotron-h-8b", logical_window=16, mamba_backend="cuda"),
+            "unknown mamba_backend 'cuda'",
+        ),
+        (
+            lambda: layouts.gdn(
+                num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64, conv_kernel_size=4, conv_layout="XS"
+            ),
+            "unknown conv layout",
+        ),
         (lambda: layouts.kda(num_heads=4, head_dim=64, conv_kernel_size=4, tp_size=0), "tp_size"),
     ],
 )

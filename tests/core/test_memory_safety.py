@@ -35,18 +35,22 @@ def outcome(fn):
 
 def run(body: str, env: dict[str, str] | None = None, timeout: float = 120) -> list[str]:
     code = PRELUDE + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()
 
 
-@pytest.mark.parametrize("mutation", [
-    "t.set_()",
-    "t.resize_(64, 4, 16, 16)",
-    "t.data = torch.zeros(16, 4, 16, 16)",
-    "t.untyped_storage().resize_(0)",
-])
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        "t.set_()",
+        "t.resize_(64, 4, 16, 16)",
+        "t.data = torch.zeros(16, 4, 16, 16)",
+        "t.untyped_storage().resize_(0)",
+    ],
+)
 def test_a_moved_or_freed_bound_tensor_is_refused(mutation):
     out = run(f"""
         t = torch.randn(16, 4, 16, 16)
@@ -98,7 +102,8 @@ def test_state_cache_buffers_are_guarded():
 def test_a_forked_child_executes_plans():
     # A wave of 2 MiB or more runs on the executor's thread pool; a child of fork() has none of
     # its threads and must not wait for them.
-    out = run("""
+    out = run(
+        """
         big = rs.Layout("X", [rs.StateSpec("t", (64, 64, 64), "float32", copy="temporal")])
         t = torch.randn(8, 64, 64, 64)  # 1 MiB per block: three blocks make a 3 MiB wave
         plan = rs.Planner(big, [[t]]).plan_copy(np.array([1, 2, 3]), np.array([4, 5, 6]))
@@ -122,7 +127,9 @@ def test_a_forked_child_executes_plans():
         print("mp", q.get(timeout=60))
         p.join(60)
         print("exit", p.exitcode)
-    """, timeout=180)
+    """,
+        timeout=180,
+    )
     assert out == ["child 0", "mp True", "exit 0"]
 
 
@@ -166,8 +173,9 @@ def test_state_cache_inputs_give_the_packages_errors():
         with pytest.raises(rs.PlanError, match="layer .* is out of range: there are 2"):
             call()
     with pytest.raises(rs.PlanError, match="block_size must be >= 1 \\(tokens per block\\), got -1"):
-        cache.commit(np.array([1]), np.array([3]), seq_lens=np.array([3]), block_table=np.array([[4, 5]]),
-                     block_size=-1)
+        cache.commit(
+            np.array([1]), np.array([3]), seq_lens=np.array([3]), block_table=np.array([[4, 5]]), block_size=-1
+        )
     conv = cache.conv_state(0)
     dim = conv.shape[2] if cache.conv_layout == "SD" else conv.shape[1]
     before = {k: v.clone() for k, v in cache.buffers().items()}
@@ -180,7 +188,8 @@ def test_state_cache_inputs_give_the_packages_errors():
 def test_soak_bind_free_rebind_with_unmapped_frees():
     # Freed memory is returned to the OS at once (mmap for anything over 4 KiB), so a stray write
     # into a freed pool faults instead of passing silently.
-    out = run("""
+    out = run(
+        """
         rng = np.random.default_rng(0)
         refused = 0
         for i in range(150):
@@ -201,7 +210,9 @@ def test_soak_bind_free_rebind_with_unmapped_frees():
             del planner, plan, pools
             gc.collect()
         print("refused", refused)
-    """, env={"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096"})
+    """,
+        env={"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096"},
+    )
     refused = int(out[0].split()[1])
     assert 0 < refused < 150
 

@@ -35,15 +35,25 @@ pytestmark = pytest.mark.gpu
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 H, K, KC, NSPEC = 2, 16, 4, 3
 Q = NSPEC + 1
-CONFIGS = [("gdn", "SD", "float32", "float32"), ("gdn", "DS", "bfloat16", "bfloat16"),
-           ("kda", "DS", "bfloat16", "float32"), ("kda", "SD", "float16", "float32"),
-           ("kda", "SD", "float32", "float32")]
+CONFIGS = [
+    ("gdn", "SD", "float32", "float32"),
+    ("gdn", "DS", "bfloat16", "bfloat16"),
+    ("kda", "DS", "bfloat16", "float32"),
+    ("kda", "SD", "float16", "float32"),
+    ("kda", "SD", "float32", "float32"),
+]
 IDS = ["-".join(c) for c in CONFIGS]
 
 
 def make_layout(kind, conv_layout, dtype, ssm_dtype, heads=H, dim=K, num_spec=NSPEC):
-    common = dict(conv_kernel_size=KC, num_spec=num_spec, conv_layout=conv_layout, dtype=dtype,
-                  ssm_dtype=ssm_dtype, recover_ssm=True)
+    common = dict(
+        conv_kernel_size=KC,
+        num_spec=num_spec,
+        conv_layout=conv_layout,
+        dtype=dtype,
+        ssm_dtype=ssm_dtype,
+        recover_ssm=True,
+    )
     if kind == "gdn":
         return layouts.gdn(num_k_heads=heads, num_v_heads=heads, head_k_dim=dim, head_v_dim=dim, **common)
     return layouts.kda(num_heads=heads, head_dim=dim, **common)
@@ -70,15 +80,30 @@ def verify_window(cache: StateCache, blocks, seed: int) -> None:
     b = len(blocks)
     d = cache.device
     for layer in range(cache.num_layers):
-        cache.conv_verify(layer, blocks, torch.randn(b, Q, dim, generator=g).to(d, cache.conv_state(0).dtype),
-                          torch.randn(dim, cache.conv_kernel_size, generator=g).to(d))
+        cache.conv_verify(
+            layer,
+            blocks,
+            torch.randn(b, Q, dim, generator=g).to(d, cache.conv_state(0).dtype),
+            torch.randn(dim, cache.conv_kernel_size, generator=g).to(d),
+        )
         gshape = (b, Q, h, k) if cache.kind == "kda" else (b, Q, h)
-        prep = recurrence.prepare(cache.kind, torch.randn(b, Q, h, k, generator=g), torch.randn(b, Q, h, k, generator=g),
-                                  torch.randn(gshape, generator=g), torch.randn(b, Q, h, generator=g),
-                                  torch.rand(h, generator=g).log(),
-                                  torch.rand((h, k) if cache.kind == "kda" else (h,), generator=g) - 2.0)
-        cache.verify(layer, blocks, *(x.to(d) for x in (prep.q_hat, prep.k_hat)),
-                     torch.randn(b, Q, h, v, generator=g).to(d), prep.gate.to(d), prep.beta.to(d))
+        prep = recurrence.prepare(
+            cache.kind,
+            torch.randn(b, Q, h, k, generator=g),
+            torch.randn(b, Q, h, k, generator=g),
+            torch.randn(gshape, generator=g),
+            torch.randn(b, Q, h, generator=g),
+            torch.rand(h, generator=g).log(),
+            torch.rand((h, k) if cache.kind == "kda" else (h,), generator=g) - 2.0,
+        )
+        cache.verify(
+            layer,
+            blocks,
+            *(x.to(d) for x in (prep.q_hat, prep.k_hat)),
+            torch.randn(b, Q, h, v, generator=g).to(d),
+            prep.gate.to(d),
+            prep.beta.to(d),
+        )
 
 
 def sync_from(cpu: StateCache, dev: StateCache) -> None:
@@ -101,8 +126,11 @@ def assert_same(cpu: StateCache, dev: StateCache, before: dict) -> None:
 
 
 BLOCKS = np.array([3, 7, -1, 12, 5, 9])
-ALIGN = dict(seq_lens=np.array([6, 15, 0, 16, 7, 5]), block_size=8,
-             block_table=np.array([13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 1, 2, 4, 6, 8, 10, 11]).reshape(6, 3))
+ALIGN = dict(
+    seq_lens=np.array([6, 15, 0, 16, 7, 5]),
+    block_size=8,
+    block_table=np.array([13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 1, 2, 4, 6, 8, 10, 11]).reshape(6, 3),
+)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
@@ -147,12 +175,20 @@ def test_random_problems_on_the_device(seed):
     meta = p.tensors(arena).meta()
     err = torch.zeros(3, dtype=torch.int32, device="cuda")
     acc = None if p.num_accepted is None else torch.from_numpy(p.num_accepted).to(torch.int32).cuda()
-    cuda.launch_recover_commit(torch.from_numpy(meta.view(np.uint8).copy()).cuda(), meta,
-                              torch.from_numpy(p.rows.view(np.uint8).copy()).cuda(), len(p.rows),
-                              num_blocks=p.num_blocks, max_requests=p.max_requests, num_accepted=acc, err=err)
+    cuda.launch_recover_commit(
+        torch.from_numpy(meta.view(np.uint8).copy()).cuda(),
+        meta,
+        torch.from_numpy(p.rows.view(np.uint8).copy()).cuda(),
+        len(p.rows),
+        num_blocks=p.num_blocks,
+        max_requests=p.max_requests,
+        num_accepted=acc,
+        err=err,
+    )
     torch.cuda.synchronize()
-    want = references.reference_recover_commit(p.tensors(ref), p.rows, p.num_accepted, num_blocks=p.num_blocks,
-                                       max_requests=p.max_requests)
+    want = references.reference_recover_commit(
+        p.tensors(ref), p.rows, p.num_accepted, num_blocks=p.num_blocks, max_requests=p.max_requests
+    )
     assert err.cpu().tolist() == want.tolist()
     got = arena.cpu()
     exact = torch.ones(p.arena_size, dtype=torch.bool)
@@ -243,8 +279,16 @@ def test_kimi_k3_sized_commit_bandwidth():
     """32 heads x 128 x 128 fp32 states, bf16 records, Q = 8, 8 layers x 64 requests, all accepted;
     prints the effective bandwidth (bytes of states read + written, records and conv windows read and
     written, over the kernel time). Correctness of one layer is checked against the torch path."""
-    layout = layouts.kda(num_heads=32, head_dim=128, conv_kernel_size=4, num_spec=7, conv_layout="DS",
-                         dtype="bfloat16", ssm_dtype="float32", recover_ssm=True)
+    layout = layouts.kda(
+        num_heads=32,
+        head_dim=128,
+        conv_kernel_size=4,
+        num_spec=7,
+        conv_layout="DS",
+        dtype="bfloat16",
+        ssm_dtype="float32",
+        recover_ssm=True,
+    )
     L, R = 8, 64
     dev = StateCache(layout, num_layers=L, num_blocks=R + 2, max_requests=R, device="cuda")
     b = dev.buffers()
@@ -257,12 +301,12 @@ def test_kimi_k3_sized_commit_bandwidth():
     b["conv_window"].normal_(0, 1, generator=g)
     blocks = np.arange(1, R + 1)
     n = np.full(R, 8)
-    s0 = b["recurrent"][0, 1:R + 1].clone()
+    s0 = b["recurrent"][0, 1 : R + 1].clone()
     dev.commit(np.zeros(R, np.int64), blocks)  # warm-up (count 0: nothing changes)
     dev.commit(n, blocks)
     torch.cuda.synchronize()
     want = recurrence.commit(s0, b["corrections"][0, :R], b["keygate"][0, :R], 8)
-    torch.testing.assert_close(b["recurrent"][0, 1:R + 1], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b["recurrent"][0, 1 : R + 1], want, atol=1e-5, rtol=1e-5)
     assert dev.commit_error().ok
     # Time the launch alone (rows already on the device; it commits the same records again).
     rows_dev = dev._device_commit.rows_dev
@@ -279,6 +323,8 @@ def test_kimi_k3_sized_commit_bandwidth():
     records = 32 * 8 * (128 * 4 + 256 * 2)
     conv = b["conv"][0, 0].nbytes
     total = L * R * (2 * state + records + 2 * conv)
-    print(f"\nrs_recover_commit: {L} layers x {R} requests x 32 heads (128 x 128 fp32), Q=8: "
-          f"{ms * 1e3:.1f} us, {total / ms / 1e6:.0f} GB/s effective ({total / 2**20:.0f} MiB moved)")
+    print(
+        f"\nrs_recover_commit: {L} layers x {R} requests x 32 heads (128 x 128 fp32), Q=8: "
+        f"{ms * 1e3:.1f} us, {total / ms / 1e6:.0f} GB/s effective ({total / 2**20:.0f} MiB moved)"
+    )
     assert dev.commit_error().ok

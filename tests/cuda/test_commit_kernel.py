@@ -35,7 +35,9 @@ from support.fakes import FakeDeviceArray, FakeStream, install_fake_cupy
 
 DATA = Path(__file__).parents[1] / "data" / "kda_recoverssm.npz"
 ORDERS = (0, 1, 12345)
-needs_cxx = pytest.mark.skipif(shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
+needs_cxx = pytest.mark.skipif(
+    shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation"
+)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
@@ -56,7 +58,12 @@ def test_commit_records_match_the_kernel():
     meta, row = cuda.COMMIT_META_DTYPE, COMMIT_ROW_DTYPE
     assert (meta.itemsize, row.itemsize) == (128, 32)
     assert [meta.fields[f][1] for f in ("heads", "kg_width", "conv_layout", "conv_hist", "conv_elem")] == [
-        80, 96, 112, 124, 126]
+        80,
+        96,
+        112,
+        124,
+        126,
+    ]
     assert [row.fields[f][1] for f in row.names] == [0, 4, 8, 16, 24, 28]
     text = (cuda.KERNEL_DIR / "rs_abi.cuh").read_text()
     assert "static_assert(sizeof(CommitMeta) == 128" in text and "static_assert(sizeof(CommitRow) == 32" in text
@@ -105,8 +112,17 @@ def run_problem(p: generators.CommitProblem, seed: int, *, order: int = 0, threa
     emu, ref = before.clone(), before.clone()
     te, tr = p.tensors(emu), p.tensors(ref)
     kw = dict(num_blocks=p.num_blocks, max_requests=p.max_requests)
-    err = emulation.emulate_recover_commit(te.meta(), p.rows, num_accepted=p.num_accepted, threads=threads, grid=grid,
-                                    grid_yz=grid_yz, order=order, ranges=[emu.numpy()], **kw)
+    err = emulation.emulate_recover_commit(
+        te.meta(),
+        p.rows,
+        num_accepted=p.num_accepted,
+        threads=threads,
+        grid=grid,
+        grid_yz=grid_yz,
+        order=order,
+        ranges=[emu.numpy()],
+        **kw,
+    )
     want = references.reference_recover_commit(tr, p.rows, p.num_accepted, **kw)
     assert err.tolist() == want.tolist()
     # Recurrent states: to the tolerance of their dtype; every other byte of the arena: exact.
@@ -116,8 +132,9 @@ def run_problem(p: generators.CommitProblem, seed: int, *, order: int = 0, threa
         tol = TOL[xe.dtype]
         if not torch.allclose(xe.float(), xr.float(), atol=tol, rtol=tol):
             d = (xe.float() - xr.float()).abs()
-            raise AssertionError(f"layer {layer}: max |diff| {float(d.max())} at "
-                                 f"{np.unravel_index(int(d.argmax()), tuple(d.shape))}")
+            raise AssertionError(
+                f"layer {layer}: max |diff| {float(d.max())} at {np.unravel_index(int(d.argmax()), tuple(d.shape))}"
+            )
         lo, hi = _byte_span(xe)
         exact[lo - base : hi - base] = False
     diff = (emu != ref) & exact
@@ -126,8 +143,9 @@ def run_problem(p: generators.CommitProblem, seed: int, *, order: int = 0, threa
     written = set()
     acc = None if p.num_accepted is None else p.num_accepted.astype(np.int64)
     for r in p.rows:
-        if r["state_block"] <= 0 or references._commit_row_code(r, p.num_blocks, p.max_requests,
-                                                        None if acc is None else acc.size):
+        if r["state_block"] <= 0 or references._commit_row_code(
+            r, p.num_blocks, p.max_requests, None if acc is None else acc.size
+        ):
             continue
         c = int(r["count"]) if acc is None else min(max(int(acc[r["request"]]), 0), int(r["count"]))
         if c > 0:
@@ -180,9 +198,13 @@ def test_realistic_head_vectorised(kind):
     accesses = []
     for shift in (0, 4):
         specs, off = [], 0
-        for name, shape, dt in (("recurrent", (nb, H, V, K), "float32"), ("corrections", (MR, H, Q, V), "float32"),
-                                ("keygate", (MR, H, Q, kgw), "bfloat16"), ("conv", (nb, 16, 3 + Q - 1), "bfloat16"),
-                                ("conv_window", (MR, 16, 3 + Q - 1), "bfloat16")):
+        for name, shape, dt in (
+            ("recurrent", (nb, H, V, K), "float32"),
+            ("corrections", (MR, H, Q, V), "float32"),
+            ("keygate", (MR, H, Q, kgw), "bfloat16"),
+            ("conv", (nb, 16, 3 + Q - 1), "bfloat16"),
+            ("conv_window", (MR, 16, 3 + Q - 1), "bfloat16"),
+        ):
             o = off + (shift if name == "recurrent" else 0)
             specs.append((name, 0, o, shape, dt, int(np.prod(shape[1:]))))
             off += (int(np.prod(shape)) * (4 if dt == "float32" else 2) + 16 + 255) // 256 * 256
@@ -190,8 +212,9 @@ def test_realistic_head_vectorised(kind):
         before, _, _ = run_problem(p, 3)
         t = p.tensors(before)
         stats = emulation.EmulationStats()
-        emulation.emulate_recover_commit(t.meta(), rows, num_blocks=nb, max_requests=MR, stats=stats,
-                                  ranges=[before.numpy()])
+        emulation.emulate_recover_commit(
+            t.meta(), rows, num_blocks=nb, max_requests=MR, stats=stats, ranges=[before.numpy()]
+        )
         assert stats.misaligned == 0 and stats.out_of_range == 0
         accesses.append(stats.accesses)
     state_words = 2 * 2 * (H * V * K // 4) + H * V * K // 4  # 2 rows loaded + stored, 1 boundary store
@@ -201,7 +224,9 @@ def test_realistic_head_vectorised(kind):
 @needs_cxx
 def test_count_zero_and_padding_rows_write_nothing():
     rng = np.random.default_rng(11)
-    p = generators.random_commit_problem(rng, kind="kda", dtypes=("float32", "bfloat16"), conv="SD", device_counts=False)
+    p = generators.random_commit_problem(
+        rng, kind="kda", dtypes=("float32", "bfloat16"), conv="SD", device_counts=False
+    )
     p.rows["count"] = 0
     p.rows["state_block"][::2] = -1
     before, emu, _ = run_problem(p, 1)
@@ -211,8 +236,9 @@ def test_count_zero_and_padding_rows_write_nothing():
 @needs_cxx
 def test_rejected_rows_are_reported_and_write_nothing():
     rng = np.random.default_rng(12)
-    p = generators.random_commit_problem(rng, kind="gdn", dtypes=("float32", "float32"), conv="DS", device_counts=False,
-                                 max_rows=3)
+    p = generators.random_commit_problem(
+        rng, kind="gdn", dtypes=("float32", "float32"), conv="DS", device_counts=False, max_rows=3
+    )
     nb, mr = p.num_blocks, p.max_requests
     assert mr >= 2
     rows = np.zeros(5, dtype=COMMIT_ROW_DTYPE)
@@ -231,8 +257,9 @@ def test_rejected_rows_are_reported_and_write_nothing():
     # Device counts: a request beyond the count vector is rejected too.
     row = np.zeros(1, dtype=COMMIT_ROW_DTYPE)
     row[0] = (mr - 1, 1, 1, -1, 0, 0)
-    err = emulation.emulate_recover_commit(t.meta(), row, num_blocks=nb, max_requests=mr,
-                                    num_accepted=np.ones(mr - 1, np.int32), ranges=[emu.numpy()])
+    err = emulation.emulate_recover_commit(
+        t.meta(), row, num_blocks=nb, max_requests=mr, num_accepted=np.ones(mr - 1, np.int32), ranges=[emu.numpy()]
+    )
     assert err.tolist() == [references.ERR_ARGS, 1, 1]
     assert torch.equal(before, emu)
 
@@ -240,8 +267,14 @@ def test_rejected_rows_are_reported_and_write_nothing():
 @needs_cxx
 def test_a_grid_too_small_for_a_layer_is_a_meta_error():
     for seed in range(20):
-        p = generators.random_commit_problem(np.random.default_rng(seed), kind="kda", dtypes=("float32", "float32"),
-                                     conv="SD", device_counts=False, max_rows=1)
+        p = generators.random_commit_problem(
+            np.random.default_rng(seed),
+            kind="kda",
+            dtypes=("float32", "float32"),
+            conv="SD",
+            device_counts=False,
+            max_rows=1,
+        )
         if p.specs[0][3][1] >= 2:  # two heads or more: the recurrent part needs >= 2 CTAs
             break
     p.rows[0] = (0, 1, 1, -1, 0, 0)
@@ -252,8 +285,9 @@ def test_a_grid_too_small_for_a_layer_is_a_meta_error():
     g = cuda.commit_grid(meta)
     assert g[0] >= 2
     for grid in ((g[0], 0), (g[0] - 1, g[1])):
-        err = emulation.emulate_recover_commit(meta, p.rows, num_blocks=p.num_blocks, max_requests=p.max_requests,
-                                        grid=grid, ranges=[arena.numpy()])
+        err = emulation.emulate_recover_commit(
+            meta, p.rows, num_blocks=p.num_blocks, max_requests=p.max_requests, grid=grid, ranges=[arena.numpy()]
+        )
         assert err.tolist() == [references.ERR_META, 1, 1]
         assert torch.equal(arena, before)
 
@@ -273,8 +307,9 @@ def test_16_bit_conversions_match_torch():
     t = references.CommitTensors([rec], [corr], [kg], None, None, "gdn", "DS", 1)
     rows = np.zeros(1, dtype=COMMIT_ROW_DTYPE)
     rows[0] = (0, 1, 1, -1, 0, 0)
-    emulation.emulate_recover_commit(t.meta(), rows, num_blocks=2, max_requests=1,
-                              ranges=[_byte_span(x) for x in t.all()])
+    emulation.emulate_recover_commit(
+        t.meta(), rows, num_blocks=2, max_requests=1, ranges=[_byte_span(x) for x in t.all()]
+    )
     want = pats.float()
     finite = ~torch.isnan(want)
     assert torch.equal(rec[1, :, 0][finite], want[finite])
@@ -286,9 +321,15 @@ def test_16_bit_conversions_match_torch():
         f16 = f16[torch.isfinite(f16)]
         nxt = (f16.view(torch.int32) + (1 << 13 if dt == torch.float16 else 1 << 16)).view(torch.float32)
         ties = (f16.double() + nxt.double()) / 2  # halfway (where the f16 neighbour is exact)
-        vals = torch.cat([ties.float(), torch.randn(4000, generator=g) * 10.0 ** torch.randint(-9, 6, (4000,), generator=g),
-                          torch.tensor([65504.0, 65519.0, 65520.0, 1e6, -1e6, 2.0**-25, 2.0**-24, 3 * 2.0**-26,
-                                        5.96e-8, -0.0, 0.0])])
+        vals = torch.cat(
+            [
+                ties.float(),
+                torch.randn(4000, generator=g) * 10.0 ** torch.randint(-9, 6, (4000,), generator=g),
+                torch.tensor(
+                    [65504.0, 65519.0, 65520.0, 1e6, -1e6, 2.0**-25, 2.0**-24, 3 * 2.0**-26, 5.96e-8, -0.0, 0.0]
+                ),
+            ]
+        )
         vals = vals[torch.isfinite(vals)]
         V = vals.numel()
         rec = torch.zeros(2, 1, V, 1, dtype=dt)
@@ -296,8 +337,9 @@ def test_16_bit_conversions_match_torch():
         kg = torch.zeros(1, 1, 1, 2, dtype=dt)
         kg[..., 0] = 1.0
         t = references.CommitTensors([rec], [corr], [kg], None, None, "gdn", "DS", 1)
-        emulation.emulate_recover_commit(t.meta(), rows, num_blocks=2, max_requests=1,
-                                  ranges=[_byte_span(x) for x in t.all()])
+        emulation.emulate_recover_commit(
+            t.meta(), rows, num_blocks=2, max_requests=1, ranges=[_byte_span(x) for x in t.all()]
+        )
         got = rec[1, 0, :, 0]
         want = vals.to(dt)
         bad = got.view(torch.int16) != want.view(torch.int16)
@@ -314,8 +356,9 @@ Q = NSPEC + 1
 
 
 def make_cache(kind, conv_layout, dtype, ssm_dtype="float32", *, num_layers=2, num_blocks=24, max_requests=6):
-    common = dict(conv_kernel_size=KC, num_spec=NSPEC, conv_layout=conv_layout, dtype=dtype, ssm_dtype=ssm_dtype,
-                  recover_ssm=True)
+    common = dict(
+        conv_kernel_size=KC, num_spec=NSPEC, conv_layout=conv_layout, dtype=dtype, ssm_dtype=ssm_dtype, recover_ssm=True
+    )
     if kind == "gdn":
         layout = layouts.gdn(num_k_heads=H, num_v_heads=H, head_k_dim=K, head_v_dim=K, **common)
     else:
@@ -335,22 +378,36 @@ def verify_window(cache: StateCache, blocks, seed: int) -> None:
     b = len(blocks)
     for layer in range(cache.num_layers):
         dim = int(geo["conv_dim"])
-        cache.conv_verify(layer, blocks, torch.randn(b, Q, dim, generator=g).to(cache.conv_state(0).dtype),
-                          torch.randn(dim, cache.conv_kernel_size, generator=g))
+        cache.conv_verify(
+            layer,
+            blocks,
+            torch.randn(b, Q, dim, generator=g).to(cache.conv_state(0).dtype),
+            torch.randn(dim, cache.conv_kernel_size, generator=g),
+        )
         gshape = (b, Q, h, k) if cache.kind == "kda" else (b, Q, h)
-        prep = recurrence.prepare(cache.kind, torch.randn(b, Q, h, k, generator=g), torch.randn(b, Q, h, k, generator=g),
-                                  torch.randn(gshape, generator=g), torch.randn(b, Q, h, generator=g),
-                                  torch.rand(h, generator=g).log(),
-                                  torch.rand((h, k) if cache.kind == "kda" else (h,), generator=g) - 2.0)
-        cache.verify(layer, blocks, prep.q_hat, prep.k_hat, torch.randn(b, Q, h, v, generator=g), prep.gate,
-                     prep.beta)
+        prep = recurrence.prepare(
+            cache.kind,
+            torch.randn(b, Q, h, k, generator=g),
+            torch.randn(b, Q, h, k, generator=g),
+            torch.randn(gshape, generator=g),
+            torch.randn(b, Q, h, generator=g),
+            torch.rand(h, generator=g).log(),
+            torch.rand((h, k) if cache.kind == "kda" else (h,), generator=g) - 2.0,
+        )
+        cache.verify(layer, blocks, prep.q_hat, prep.k_hat, torch.randn(b, Q, h, v, generator=g), prep.gate, prep.beta)
 
 
 def emulate_on_cache(cache: StateCache, rows, num_accepted=None, order=0):
     ranges = [_byte_span(x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])) for x in cache.buffers().values()]
-    return emulation.emulate_recover_commit(cache.commit_meta(), rows, num_blocks=cache.num_blocks,
-                                     max_requests=cache.max_requests, num_accepted=num_accepted, order=order,
-                                     ranges=ranges)
+    return emulation.emulate_recover_commit(
+        cache.commit_meta(),
+        rows,
+        num_blocks=cache.num_blocks,
+        max_requests=cache.max_requests,
+        num_accepted=num_accepted,
+        order=order,
+        ranges=ranges,
+    )
 
 
 def assert_caches_match(cache: StateCache, want: dict[str, torch.Tensor], before: dict[str, torch.Tensor]):
@@ -364,8 +421,12 @@ def assert_caches_match(cache: StateCache, want: dict[str, torch.Tensor], before
             assert torch.equal(buf, want[name]), name
 
 
-CACHE_CONFIGS = [("gdn", "SD", "float32", "float32"), ("gdn", "DS", "bfloat16", "bfloat16"),
-                 ("kda", "DS", "bfloat16", "float32"), ("kda", "SD", "float16", "float32")]
+CACHE_CONFIGS = [
+    ("gdn", "SD", "float32", "float32"),
+    ("gdn", "DS", "bfloat16", "bfloat16"),
+    ("kda", "DS", "bfloat16", "float32"),
+    ("kda", "SD", "float16", "float32"),
+]
 
 
 @needs_cxx
@@ -380,8 +441,7 @@ def test_emulated_kernel_equals_state_cache_commit(cfg, align):
         # Block size 8: r1 (15 + 1) crosses 16 after 1 token (column 1), r4 (7 + 3) and r5 (5 + 4)
         # cross 8 after 1 and 3 tokens (column 0); r0 would cross after 2 but commits nothing.
         free = [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 1, 2, 4, 6, 8, 10, 11]
-        kw = dict(seq_lens=np.array([6, 15, 0, 16, 7, 5]), block_size=8,
-                  block_table=np.array(free).reshape(6, 3))
+        kw = dict(seq_lens=np.array([6, 15, 0, 16, 7, 5]), block_size=8, block_table=np.array(free).reshape(6, 3))
     verify_window(cache, blocks, seed=1)
     before = {k: v.clone() for k, v in cache.buffers().items()}
     rows = cache.commit(n, blocks, **kw)  # the torch path (CPU)
@@ -432,8 +492,9 @@ def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
 
     cfg = ("kda", "SD", "bfloat16", "float32")
     cache, ref = make_cache(*cfg), make_cache(*cfg)
-    cache._device_commit = HostKernel(cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks,
-                                      max_requests=cache.max_requests)
+    cache._device_commit = HostKernel(
+        cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests
+    )
     cache._device_commit.ready = True
     monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
     launches = []
@@ -503,9 +564,17 @@ def test_commit_meta_of_a_cache():
     m = cache.commit_meta()
     assert len(m) == cache.num_layers
     assert (m["heads"].tolist(), m["head_v"][0], m["head_k"][0], m["window"][0], m["kg_width"][0]) == (
-        [H, H], K, K, Q, 2 * K)
+        [H, H],
+        K,
+        K,
+        Q,
+        2 * K,
+    )
     assert (m["kind"][0], m["state_dtype"][0], m["kg_dtype"][0]) == (
-        CONSTANTS["RS_RC_KDA"], CONSTANTS["RS_DT_F32"], CONSTANTS["RS_DT_BF16"])
+        CONSTANTS["RS_RC_KDA"],
+        CONSTANTS["RS_DT_F32"],
+        CONSTANTS["RS_DT_BF16"],
+    )
     assert (m["conv_layout"][0], m["conv_hist"][0], m["conv_elem"][0]) == (cuda.KIND_CONV_DS, KC - 1, 2)
     assert m["rec_base"][1] - m["rec_base"][0] == cache.recurrent_state(0).nbytes
     assert m["rec_block_stride"][0] == cache.recurrent_state(0)[0].nbytes
@@ -520,8 +589,16 @@ def test_commit_meta_of_a_cache():
     with pytest.raises(BindingError, match="dense"):
         cuda.build_commit_meta([rec.float().transpose(2, 3)], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda")
     with pytest.raises(BindingError, match="width"):
-        cuda.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], [torch.zeros(3, 5, 6)],
-                              [torch.zeros(2, 5, 6)], kind="kda", conv_layout="DS", conv_kernel_size=4)
+        cuda.build_commit_meta(
+            [rec.float()],
+            [corr],
+            [torch.zeros(2, 2, 3, 8)],
+            [torch.zeros(3, 5, 6)],
+            [torch.zeros(2, 5, 6)],
+            kind="kda",
+            conv_layout="DS",
+            conv_kernel_size=4,
+        )
     # The core also refuses read-only destinations and misaligned addresses, naming the layer.
     frozen = np.zeros((3, 2, 4, 4), np.float32)
     frozen.flags.writeable = False
@@ -530,7 +607,9 @@ def test_commit_meta_of_a_cache():
     odd = np.zeros(3 * 2 * 4 * 4 * 4 + 2, np.uint8)[2:].view(np.float32).reshape(3, 2, 4, 4)
     with pytest.raises(BindingError, match="layer 0: recurrent: address .* multiples of the 4-byte element"):
         cuda.build_commit_meta([odd], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda")
-    with pytest.raises(BindingError, match="layer 0: conv: expected a CUDA tensor, a CuPy array or a host array, got a NoneType"):
+    with pytest.raises(
+        BindingError, match="layer 0: conv: expected a CUDA tensor, a CuPy array or a host array, got a NoneType"
+    ):
         cuda.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], [None], [None], kind="kda")
     with pytest.raises(BindingError, match="conv_kernel_size = 1180591620717411303424 is outside"):
         cuda.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda", conv_kernel_size=2**70)
@@ -552,8 +631,15 @@ def test_kda_vector_through_the_emulated_kernel(n):
     rec[2] = f["S0"]
     corr = torch.zeros(1, Hh, Qv, V)
     kg = torch.zeros(1, Hh, Qv, 2 * Kk)
-    recurrence.verify(rec[2:3], *(x.unsqueeze(0) for x in (prep.q_hat, prep.k_hat)), f["v"].unsqueeze(0),
-                      prep.gate.unsqueeze(0), prep.beta.unsqueeze(0), corr, kg)
+    recurrence.verify(
+        rec[2:3],
+        *(x.unsqueeze(0) for x in (prep.q_hat, prep.k_hat)),
+        f["v"].unsqueeze(0),
+        prep.gate.unsqueeze(0),
+        prep.beta.unsqueeze(0),
+        corr,
+        kg,
+    )
     win = f["conv_window"].unsqueeze(0).contiguous()  # [1, dim, W] DS
     conv = torch.full((3, *win.shape[1:]), 7.0)
     conv[2] = -1.0
@@ -561,8 +647,9 @@ def test_kda_vector_through_the_emulated_kernel(n):
     t = references.CommitTensors([rec], [corr], [kg], [conv], [win], "kda", "DS", kconv)
     rows = np.zeros(1, dtype=COMMIT_ROW_DTYPE)
     rows[0] = (0, n, 2, -1, 0, 0)
-    err = emulation.emulate_recover_commit(t.meta(), rows, num_blocks=3, max_requests=1,
-                                    ranges=[_byte_span(x) for x in t.all()])
+    err = emulation.emulate_recover_commit(
+        t.meta(), rows, num_blocks=3, max_requests=1, ranges=[_byte_span(x) for x in t.all()]
+    )
     assert err.tolist() == [0, 0, 0]
     torch.testing.assert_close(rec[2], f["S_committed"], atol=1e-5, rtol=1e-5)
     if n == 0:
@@ -590,8 +677,9 @@ def test_launch_layer_with_a_fake_cupy(monkeypatch):
     rows = FakeDeviceArray(0x2000, (100000 * 32,), dtype="uint8")
     big = _fake_table(6, 64, 128, 70000)  # 6 heads of 64 value rows: 6 recurrent CTAs per (layer, row)
     small = _fake_table(6, 64, 128, 3)
-    cuda.launch_recover_commit(0x1000, big, rows, 100000, num_blocks=1 << 40, max_requests=9,
-                              num_accepted=acc, err=err, stream=FakeStream())
+    cuda.launch_recover_commit(
+        0x1000, big, rows, 100000, num_blocks=1 << 40, max_requests=9, num_accepted=acc, err=err, stream=FakeStream()
+    )
     cuda.launch_recover_commit(0x1000, small, rows, 5, num_blocks=10, max_requests=9, stream=FakeStream())
     cuda.launch_recover_commit(0x1000, small, rows, 0, num_blocks=10, max_requests=9, stream=FakeStream())
     (n1, g1, b1, a1, _), (n2, g2, _, a2, _) = calls
@@ -600,8 +688,16 @@ def test_launch_layer_with_a_fake_cupy(monkeypatch):
     assert a1 == [0x1000, 70000, 0x2000, 100000, 0x7000, 9, 1 << 40, 9, 6, 0x8000]
     assert g2 == (6, 5, 3) and a2[4:6] == [0, 0] and a2[-1] == 0
     with pytest.raises(PlanError, match="num_accepted: expected int32, got int64"):
-        cuda.launch_recover_commit(0x1000, small, rows, 5, num_blocks=10, max_requests=9,
-                                  num_accepted=FakeDeviceArray(0x7000, (9,), dtype="int64"), stream=FakeStream())
+        cuda.launch_recover_commit(
+            0x1000,
+            small,
+            rows,
+            5,
+            num_blocks=10,
+            max_requests=9,
+            num_accepted=FakeDeviceArray(0x7000, (9,), dtype="int64"),
+            stream=FakeStream(),
+        )
     with pytest.raises(PlanError, match="at least 100001 commit rows"):
         cuda.launch_recover_commit(0x1000, small, rows, 100001, num_blocks=10, max_requests=9, stream=FakeStream())
     assert len(calls) == 2

@@ -32,11 +32,16 @@ HAVE_CXX = shutil.which("g++") is not None or shutil.which("c++") is not None
 needs_cxx = pytest.mark.skipif(not HAVE_CXX, reason="host emulation needs a C++ compiler")
 
 
-
-
 def gdn_layout(conv_layout: str = "SD", nspec: int = 3):
-    return layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4,
-                       num_spec=nspec, conv_layout=conv_layout)
+    return layouts.gdn(
+        num_k_heads=2,
+        num_v_heads=4,
+        head_k_dim=16,
+        head_v_dim=16,
+        conv_kernel_size=4,
+        num_spec=nspec,
+        conv_layout=conv_layout,
+    )
 
 
 def host_states(layout, nb: int, layers: int, seed: int) -> list[list[torch.Tensor]]:
@@ -99,13 +104,24 @@ def _good(R=2, cols=3):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda a: a.__setitem__(1, torch.zeros(2, dtype=torch.int32)),
-         r"src_col: expected a CUDA tensor on cuda:0, got a tensor on cpu; .*plan_align\(\.\.\.\) and CopyPlan"),
+        (
+            lambda a: a.__setitem__(1, torch.zeros(2, dtype=torch.int32)),
+            r"src_col: expected a CUDA tensor on cuda:0, got a tensor on cpu; .*plan_align\(\.\.\.\) and CopyPlan",
+        ),
         (lambda a: a.__setitem__(0, torch.ones(2, 3, dtype=torch.int32)), "block_table: expected a CUDA tensor"),
-        (lambda a: a.__setitem__(2, np.zeros(2, np.int32)), "dst_col: expected a CUDA tensor on cuda:0, got a tensor on cpu"),
+        (
+            lambda a: a.__setitem__(2, np.zeros(2, np.int32)),
+            "dst_col: expected a CUDA tensor on cuda:0, got a tensor on cpu",
+        ),
         (lambda a: a.__setitem__(3, [1, 1]), "num_accepted: expected a CUDA tensor.*got a list"),
-        (lambda a: a.__setitem__(2, fc([2, 2], index=1)), "dst_col is on cuda:1 but the planner's states are on cuda:0"),
-        (lambda a: a.__setitem__(3, fc([1.0, 1.0], torch.float32)), "num_accepted: expected int32 or int64, got torch.float32"),
+        (
+            lambda a: a.__setitem__(2, fc([2, 2], index=1)),
+            "dst_col is on cuda:1 but the planner's states are on cuda:0",
+        ),
+        (
+            lambda a: a.__setitem__(3, fc([1.0, 1.0], torch.float32)),
+            "num_accepted: expected int32 or int64, got torch.float32",
+        ),
         (lambda a: a.__setitem__(1, fc([[0, 0]])), r"src_col: expected a 1-D \[requests\] tensor, got shape \[1, 2\]"),
         (lambda a: a.__setitem__(2, fc([2, 2, 2])), "dst_col has 3 elements but src_col has 2"),
         (lambda a: a.__setitem__(3, fc([1])), "num_accepted has 1 elements but src_col has 2"),
@@ -142,10 +158,17 @@ def test_err_argument_checks(fake_ops, recorder, err, message):
     assert not recorder.calls
 
 
-@pytest.mark.parametrize("block_size, message", [(0, r"block_size must be in \[1, 2\*\*31\)"),
-                                                 (-4, "block_size must be in"), (2**31, "block_size must be in"),
-                                                 (True, "must be a host integer"), (2.0, "must be a host integer"),
-                                                 (torch.tensor(4), "must be a host integer")])
+@pytest.mark.parametrize(
+    "block_size, message",
+    [
+        (0, r"block_size must be in \[1, 2\*\*31\)"),
+        (-4, "block_size must be in"),
+        (2**31, "block_size must be in"),
+        (True, "must be a host integer"),
+        (2.0, "must be a host integer"),
+        (torch.tensor(4), "must be a host integer"),
+    ],
+)
 def test_launch_align_decision_checks_block_size(fake_ops, recorder, block_size, message):
     layout = gdn_layout()
     planner = cuda_planner(layout, host_states(layout, 8, 1, 0))
@@ -212,7 +235,11 @@ def test_int32_inputs_pass_through_and_strided_tables_are_fixed(fake_ops, record
     view = FakeCuda(wide.t[:, :3])  # row stride 8: passed as is (the kernel takes the row stride)
     planner.launch_align(view, src, dst, acc)
     call = recorder.calls[-1]
-    assert (call["src_col"], call["dst_or_running"], call["num_accepted"]) == (src.data_ptr(), dst.data_ptr(), acc.data_ptr())
+    assert (call["src_col"], call["dst_or_running"], call["num_accepted"]) == (
+        src.data_ptr(),
+        dst.data_ptr(),
+        acc.data_ptr(),
+    )
     assert call["block_table"] == view.t.data_ptr() and call["bt_row_stride"] == 8 and call["bt_cols"] == 3
     transposed = FakeCuda(torch.arange(1, 7, dtype=torch.int32).reshape(3, 2).T)  # column stride 2
     planner.launch_align(transposed, src, dst, acc)

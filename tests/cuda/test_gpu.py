@@ -54,8 +54,9 @@ def test_copy_tiles_matches_reference(seed):
     host = rng.integers(0, 256, size=1 << 21, dtype=np.uint8)
     dev = torch.from_numpy(host.copy()).cuda()
     base = dev.data_ptr()
-    rel = generators.random_segment_plan(rng, arena_size=host.size, max_segments=16, max_bytes=512 * 1024,
-                                 descending=seed % 4 == 3)
+    rel = generators.random_segment_plan(
+        rng, arena_size=host.size, max_segments=16, max_bytes=512 * 1024, descending=seed % 4 == 3
+    )
     segs = generators.absolute_segments(rel, base)
     tiles, starts = references.make_tiles(segs, tile_bytes=int(rng.choice([64, 4096, 65536])), rng=rng)
     run_waves(to_dev(segs), to_dev(tiles), starts, max_ctas=None if seed % 2 else 7)
@@ -99,13 +100,32 @@ def test_state_copy_matches_reference(seed):
     base = dev.data_ptr()
     metas = p.metas(base)
     err = torch.zeros(3, dtype=torch.int32, device="cuda")
-    cuda.launch_state_copy(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col), i32_dev(p.dst_col),
-                          i32_dev(p.num_accepted), err, max_accepted=p.max_accepted, num_blocks=p.num_blocks,
-                          has_temporal=p.has_temporal, chunks=int(rng.choice([1, 4, 16])))
+    cuda.launch_state_copy(
+        to_dev(metas),
+        len(metas),
+        bt_dev(p.block_table),
+        i32_dev(p.src_col),
+        i32_dev(p.dst_col),
+        i32_dev(p.num_accepted),
+        err,
+        max_accepted=p.max_accepted,
+        num_blocks=p.num_blocks,
+        has_temporal=p.has_temporal,
+        chunks=int(rng.choice([1, 4, 16])),
+    )
     torch.cuda.synchronize()
     ref = host.copy()
-    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
-                                   max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=base)
+    want = references.reference_state_copy(
+        ref,
+        metas,
+        p.block_table,
+        p.src_col,
+        p.dst_col,
+        p.num_accepted,
+        max_accepted=p.max_accepted,
+        num_blocks=p.num_blocks,
+        base=base,
+    )
     assert err.cpu().numpy().tolist() == want.tolist()
     assert np.array_equal(dev.cpu().numpy(), ref)
 
@@ -119,14 +139,33 @@ def test_state_copy_align_matches_reference(seed):
     bs = int(rng.choice([1, 2, 4, 16]))
     running = rng.integers(0, (cols + 1) * bs + 1, size=R).astype(np.int32)
     err = torch.zeros(3, dtype=torch.int32, device="cuda")
-    cuda.launch_state_copy(to_dev(metas), len(metas), bt_dev(p.block_table), i32_dev(p.src_col),
-                          i32_dev(running), i32_dev(p.num_accepted), err, block_size=bs,
-                          max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
+    cuda.launch_state_copy(
+        to_dev(metas),
+        len(metas),
+        bt_dev(p.block_table),
+        i32_dev(p.src_col),
+        i32_dev(running),
+        i32_dev(p.num_accepted),
+        err,
+        block_size=bs,
+        max_accepted=p.max_accepted,
+        num_blocks=p.num_blocks,
+        has_temporal=p.has_temporal,
+    )
     torch.cuda.synchronize()
     ref = host.copy()
-    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
-                                         block_size=bs, max_accepted=p.max_accepted, num_blocks=p.num_blocks,
-                                         base=base)
+    want = references.reference_state_copy(
+        ref,
+        metas,
+        p.block_table,
+        p.src_col,
+        running,
+        p.num_accepted,
+        block_size=bs,
+        max_accepted=p.max_accepted,
+        num_blocks=p.num_blocks,
+        base=base,
+    )
     assert err.cpu().numpy().tolist() == want.tolist()
     assert np.array_equal(dev.cpu().numpy(), ref)
 
@@ -145,15 +184,37 @@ def test_state_copy_gdn_sized_states():
     metas = np.zeros(2 * layers, dtype=cuda.STATE_META_DTYPE)
     for i, size in enumerate(sizes):
         kind = cuda.KIND_CONV_SD if i % 2 == 0 else cuda.KIND_TEMPORAL
-        metas[i] = (base + int(offsets[i]), size, size, kind, 2 if kind else 4, width if kind else 0,
-                    dim if kind else 0, i // 2, i % 2, nb, 0, 0)
+        metas[i] = (
+            base + int(offsets[i]),
+            size,
+            size,
+            kind,
+            2 if kind else 4,
+            width if kind else 0,
+            dim if kind else 0,
+            i // 2,
+            i % 2,
+            nb,
+            0,
+            0,
+        )
     bt = (1 + np.arange(R * cols, dtype=np.int32)).reshape(R, cols)
     src = np.array([0, 1, 0, 2, 1, 0], np.int32)
     dst = np.array([1, 2, 0, 3, 1, 2], np.int32)
     acc = np.array([1, 2, 3, 2, 2, 3], np.int32)  # requests 2 and 4 shift in place
     err = torch.zeros(3, dtype=torch.int32, device="cuda")
-    cuda.launch_state_copy(to_dev(metas), len(metas), bt_dev(bt), i32_dev(src), i32_dev(dst), i32_dev(acc), err,
-                          max_accepted=4, num_blocks=nb, has_temporal=True)
+    cuda.launch_state_copy(
+        to_dev(metas),
+        len(metas),
+        bt_dev(bt),
+        i32_dev(src),
+        i32_dev(dst),
+        i32_dev(acc),
+        err,
+        max_accepted=4,
+        num_blocks=nb,
+        has_temporal=True,
+    )
     torch.cuda.synchronize()
     ref = host.copy()
     references.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=4, num_blocks=nb, base=base)
@@ -171,14 +232,16 @@ def test_state_copy_vllm_vectors():
         sd = str(d[p + "orientation"]) == "SD"
         before, after, spec = [], [], []
         for layer in (0, 1):
-            cb = (np.ascontiguousarray(d[p + f"layer{layer}_conv_before"], np.float32).view(np.uint32) >> 16)
-            ca = (np.ascontiguousarray(d[p + f"layer{layer}_conv_after"], np.float32).view(np.uint32) >> 16)
+            cb = np.ascontiguousarray(d[p + f"layer{layer}_conv_before"], np.float32).view(np.uint32) >> 16
+            ca = np.ascontiguousarray(d[p + f"layer{layer}_conv_after"], np.float32).view(np.uint32) >> 16
             tb = np.ascontiguousarray(d[p + f"layer{layer}_temporal_before"], np.float32)
             ta = np.ascontiguousarray(d[p + f"layer{layer}_temporal_after"], np.float32)
             cb, ca = cb.astype(np.uint16), ca.astype(np.uint16)
             width, dim = (cb.shape[1], cb.shape[2]) if sd else (cb.shape[2], cb.shape[1])
-            spec += [(cuda.KIND_CONV_SD if sd else cuda.KIND_CONV_DS, 2, width, dim, cb[0].nbytes),
-                     (cuda.KIND_TEMPORAL, 4, 0, 0, tb[0].nbytes)]
+            spec += [
+                (cuda.KIND_CONV_SD if sd else cuda.KIND_CONV_DS, 2, width, dim, cb[0].nbytes),
+                (cuda.KIND_TEMPORAL, 4, 0, 0, tb[0].nbytes),
+            ]
             before += [cb, tb]
             after += [ca, ta]
         nb = before[0].shape[0]
@@ -191,9 +254,18 @@ def test_state_copy_vllm_vectors():
         for i, (kind, elem, width, dim, nbytes) in enumerate(spec):
             metas[i] = (dev.data_ptr() + int(offs[i]), nbytes, nbytes, kind, elem, width, dim, i // 2, i % 2, nb, 0, 0)
         err = torch.zeros(3, dtype=torch.int32, device="cuda")
-        cuda.launch_state_copy(to_dev(metas), 4, bt_dev(d[p + "block_table"]), i32_dev(d[p + "src_col"]),
-                              i32_dev(d[p + "dst_col"]), i32_dev(d[p + "num_accepted"]), err,
-                              max_accepted=int(spec[0][2]), num_blocks=nb, has_temporal=True)
+        cuda.launch_state_copy(
+            to_dev(metas),
+            4,
+            bt_dev(d[p + "block_table"]),
+            i32_dev(d[p + "src_col"]),
+            i32_dev(d[p + "dst_col"]),
+            i32_dev(d[p + "num_accepted"]),
+            err,
+            max_accepted=int(spec[0][2]),
+            num_blocks=nb,
+            has_temporal=True,
+        )
         got = dev.cpu().numpy()
         assert err.cpu().tolist() == [0, 0, 0]
         for t, o, want in zip(before, offs, after):
@@ -204,14 +276,30 @@ def _graph_problem():
     rng, p, host, dev = state_case(8123, invalid=0.0, max_requests=8, max_state_bytes=64 * 1024)
     base = dev.data_ptr()
     metas = p.metas(base)
-    tensors = dict(metas=to_dev(metas), bt=bt_dev(p.block_table), src=i32_dev(p.src_col), dst=i32_dev(p.dst_col),
-                   acc=i32_dev(p.num_accepted), err=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    tensors = dict(
+        metas=to_dev(metas),
+        bt=bt_dev(p.block_table),
+        src=i32_dev(p.src_col),
+        dst=i32_dev(p.dst_col),
+        acc=i32_dev(p.num_accepted),
+        err=torch.zeros(3, dtype=torch.int32, device="cuda"),
+    )
     return rng, p, host, dev, metas, tensors
 
 
 def _launch(p, t, metas):
-    cuda.launch_state_copy(t["metas"], len(metas), t["bt"], t["src"], t["dst"], t["acc"], t["err"],
-                          max_accepted=p.max_accepted, num_blocks=p.num_blocks, has_temporal=p.has_temporal)
+    cuda.launch_state_copy(
+        t["metas"],
+        len(metas),
+        t["bt"],
+        t["src"],
+        t["dst"],
+        t["acc"],
+        t["err"],
+        max_accepted=p.max_accepted,
+        num_blocks=p.num_blocks,
+        has_temporal=p.has_temporal,
+    )
 
 
 def test_state_copy_captures_in_a_cuda_graph_and_replays():
@@ -235,8 +323,17 @@ def test_state_copy_captures_in_a_cuda_graph_and_replays():
         graph.replay()
         torch.cuda.synchronize()
         ref = arena.copy()
-        want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, acc,
-                                       max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
+        want = references.reference_state_copy(
+            ref,
+            metas,
+            p.block_table,
+            p.src_col,
+            p.dst_col,
+            acc,
+            max_accepted=p.max_accepted,
+            num_blocks=p.num_blocks,
+            base=dev.data_ptr(),
+        )
         assert t["err"].cpu().tolist() == want.tolist()
         assert np.array_equal(dev.cpu().numpy(), ref), f"replay {step}"
 
@@ -273,8 +370,17 @@ def test_launches_follow_the_callers_stream():
         out = dev.clone()
     side.synchronize()
     ref = src_host.copy()
-    references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
-                            max_accepted=p.max_accepted, num_blocks=p.num_blocks, base=dev.data_ptr())
+    references.reference_state_copy(
+        ref,
+        metas,
+        p.block_table,
+        p.src_col,
+        p.dst_col,
+        p.num_accepted,
+        max_accepted=p.max_accepted,
+        num_blocks=p.num_blocks,
+        base=dev.data_ptr(),
+    )
     assert np.array_equal(out.cpu().numpy(), ref)
 
 
@@ -288,8 +394,15 @@ def test_execute_plan_of_the_rust_planner(conv_layout):
     rng = np.random.default_rng(31)
     nspec, R, cols = 3, 5, 6
     nb = R * cols + 2
-    layout = layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64, conv_kernel_size=4,
-                         num_spec=nspec, conv_layout=conv_layout)
+    layout = layouts.gdn(
+        num_k_heads=4,
+        num_v_heads=8,
+        head_k_dim=64,
+        head_v_dim=64,
+        conv_kernel_size=4,
+        num_spec=nspec,
+        conv_layout=conv_layout,
+    )
     dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
     sizes = [s.nbytes * nb for _ in range(3) for s in layout.persistent]
     offs = np.cumsum([0] + [(n + 255) // 256 * 256 for n in sizes])
@@ -313,8 +426,9 @@ def test_execute_plan_of_the_rust_planner(conv_layout):
     plan.execute(stream=side)
     side.synchronize()
     ref = host.copy()
-    references.reference_state_copy(ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb,
-                            base=arena.data_ptr())
+    references.reference_state_copy(
+        ref, planner.state_meta, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, base=arena.data_ptr()
+    )
     assert np.array_equal(arena.cpu().numpy(), ref)
 
 
@@ -337,8 +451,15 @@ def _planner_mod():
 
 def _gdn(conv_layout, nspec=3):
     layouts, _ = _planner_mod()
-    return layouts.gdn(num_k_heads=4, num_v_heads=8, head_k_dim=64, head_v_dim=64, conv_kernel_size=4,
-                       num_spec=nspec, conv_layout=conv_layout)
+    return layouts.gdn(
+        num_k_heads=4,
+        num_v_heads=8,
+        head_k_dim=64,
+        head_v_dim=64,
+        conv_kernel_size=4,
+        num_spec=nspec,
+        conv_layout=conv_layout,
+    )
 
 
 class _Pair:
@@ -363,7 +484,9 @@ class _Pair:
             layer = []
             for s in self.layout.persistent:
                 n = s.nbytes * self.nb
-                layer.append(arena[int(self.offs[k]): int(self.offs[k]) + n].view(_TORCH_DT[s.dtype]).view(self.nb, *s.shape))
+                layer.append(
+                    arena[int(self.offs[k]) : int(self.offs[k]) + n].view(_TORCH_DT[s.dtype]).view(self.nb, *s.shape)
+                )
                 k += 1
             states.append(layer)
         return states
@@ -393,8 +516,9 @@ def test_launch_align_equals_the_host_plan(conv_layout, dtype, seed):
     pair = _Pair(_gdn(conv_layout, nspec), R * cols + 3, 3, seed)
     bt, src, dst, acc = generators.owned_step(rng, R, cols, nspec + 1, pair.nb)
     pair.cpu.plan_align(bt, src, dst, acc).execute()
-    pair.dev.launch_align(bt_dev(bt) if dtype == torch.int32 else _dev(bt, dtype), _dev(src, dtype),
-                          _dev(dst, dtype), _dev(acc, dtype))
+    pair.dev.launch_align(
+        bt_dev(bt) if dtype == torch.int32 else _dev(bt, dtype), _dev(src, dtype), _dev(dst, dtype), _dev(acc, dtype)
+    )
     assert pair.dev.last_error().ok
     pair.assert_equal()
 

@@ -23,10 +23,24 @@ NSPEC = 3
 
 def group_layouts():
     return [
-        layouts.gdn(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16, conv_kernel_size=4, num_spec=NSPEC,
-                    conv_layout="SD"),
-        layouts.gdn(num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=16, conv_kernel_size=4, num_spec=NSPEC,
-                    conv_layout="DS"),
+        layouts.gdn(
+            num_k_heads=2,
+            num_v_heads=4,
+            head_k_dim=16,
+            head_v_dim=16,
+            conv_kernel_size=4,
+            num_spec=NSPEC,
+            conv_layout="SD",
+        ),
+        layouts.gdn(
+            num_k_heads=1,
+            num_v_heads=2,
+            head_k_dim=8,
+            head_v_dim=16,
+            conv_kernel_size=4,
+            num_spec=NSPEC,
+            conv_layout="DS",
+        ),
         layouts.short_conv(intermediate_size=64, conv_kernel=4, num_spec=NSPEC, conv_layout="DS"),
     ]
 
@@ -39,8 +53,9 @@ def step(rng: np.random.Generator, R: int, cols: int, nb: int, groups: int):
     """One decision (src, dst, accepted) shared by the groups; group 0's table from the owned-step
     generator (aliased columns included), the others' of distinct blocks."""
     bt0, src, dst, acc = generators.owned_step(rng, R, cols, NSPEC + 1, nb)
-    tables = [bt0] + [rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols)
-                      for _ in range(groups - 1)]
+    tables = [bt0] + [
+        rng.permutation(np.arange(1, nb, dtype=np.int32))[: R * cols].reshape(R, cols) for _ in range(groups - 1)
+    ]
     return tables, src, dst, acc
 
 
@@ -57,8 +72,9 @@ def test_one_launch_for_every_group_equals_the_host_plan(fake_ops, emulator, sem
     tables, src, dst, acc = step(rng, R, cols, nb, len(lays))
     host = Planner.from_groups(list(zip(lays, want)), block_size=16)
     host.plan(tables, src, dst, acc, semantics).execute()
-    dev = Planner.from_groups([(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)],
-                            block_size=16)
+    dev = Planner.from_groups(
+        [(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)], block_size=16
+    )
     assert dev.device == "cuda:0"
     stacked = FakeCuda(torch.from_numpy(np.stack(tables)))
     dtype = torch.int64 if seed % 2 else torch.int32
@@ -78,8 +94,9 @@ def test_group_tables_and_host_states_are_checked(fake_ops, recorder):
     lays = group_layouts()
     rng = np.random.default_rng(1)
     states = [random_states(lay, 20, 1, rng) for lay in lays]
-    dev = Planner.from_groups([(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)],
-                            block_size=16)
+    dev = Planner.from_groups(
+        [(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)], block_size=16
+    )
     i = fake([0])
     with pytest.raises(PlanError, match=r"block_table: expected a 3-D \[groups = 3, requests, cols\] tensor"):
         dev.launch(fake([[1, 2]]), i, i, i, "post_process")

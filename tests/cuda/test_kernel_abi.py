@@ -33,12 +33,15 @@ HEADER = "rs_abi.cuh"
 
 def test_numpy_dtypes_are_built_from_the_core():
     assert {"Segment", "Tile", "MoveRow", "StateMeta", "CommitRow", "CommitMeta", "Read", "StagedCopy"} <= set(
-        ABI["records"])
+        ABI["records"]
+    )
     for name, spec in ABI["records"].items():
         dt = record_dtype(name)
         assert dt.itemsize == spec["size"]
         assert [(f, dt.fields[f][1]) for f, *_ in spec["fields"]] == [(f, off) for f, off, *_ in spec["fields"]]
-        assert [dt.fields[f][0].str for f, *_ in spec["fields"]] == [np.dtype(fmt).str for _, _, fmt, _ in spec["fields"]]
+        assert [dt.fields[f][0].str for f, *_ in spec["fields"]] == [
+            np.dtype(fmt).str for _, _, fmt, _ in spec["fields"]
+        ]
     assert record_dtype("StateMeta").itemsize == 64 and record_dtype("CommitMeta").itemsize == 128
 
 
@@ -69,8 +72,10 @@ def test_transfer_rows_read_the_core_packed_plan_by_field_name():
     assert (r["dst_offset"][to_staging] + r["len"][to_staging] <= plan.staging_bytes).all()
     assert (r["dst_tensor"][~to_staging] < len(dst.views)).all()
     assert set(c["request"].tolist()) == {0, 1} and (c["dst_tensor"] < len(dst.views)).all()
-    assert (c["src_offset"] + (c["rows"] - 1) * c["src_row_stride"] + (c["cols"] - 1) * c["src_col_stride"]
-            + c["elem"] <= plan.staging_bytes).all()
+    assert (
+        c["src_offset"] + (c["rows"] - 1) * c["src_row_stride"] + (c["cols"] - 1) * c["src_col_stride"] + c["elem"]
+        <= plan.staging_bytes
+    ).all()
 
 
 def test_sources_take_records_constants_and_prototypes_from_the_generated_header():
@@ -106,8 +111,16 @@ def test_host_build_rejects_a_definition_that_differs_from_the_prototype(tmp_pat
     def build(text: str) -> subprocess.CompletedProcess:
         src = tmp_path / "copy_tiles.cu"
         src.write_text(text)
-        cmd = [emulation.HOST_CXX, *emulation.HOST_CXX_FLAGS, "-fsyntax-only", "-include", str(emulation.SHIM),
-               "-I", str(KERNEL_DIR), str(src)]
+        cmd = [
+            emulation.HOST_CXX,
+            *emulation.HOST_CXX_FLAGS,
+            "-fsyntax-only",
+            "-include",
+            str(emulation.SHIM),
+            "-I",
+            str(KERNEL_DIR),
+            str(src),
+        ]
         return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
     text = (KERNEL_DIR / "copy_tiles.cu").read_text()
@@ -121,7 +134,9 @@ def test_nvrtc_rejects_a_definition_that_differs_from_the_prototype():
         if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
             pytest.fail(f"NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set ({nvrtc_install_hint()})")
         pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
-    rep = nvrtc.nvrtc_compile("copy_tiles.cu", 90, target="ptx", source=_wrong_first_tile(kernel_source("copy_tiles.cu")))
+    rep = nvrtc.nvrtc_compile(
+        "copy_tiles.cu", 90, target="ptx", source=_wrong_first_tile(kernel_source("copy_tiles.cu"))
+    )
     assert not rep.ok and 'more than one instance of overloaded function "rs_copy_tiles" has "C" linkage' in rep.log
 
 

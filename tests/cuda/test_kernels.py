@@ -28,7 +28,9 @@ from support.fakes import FakeDeviceArray, FakeStream, install_fake_cupy
 DATA = Path(__file__).parents[1] / "data"
 ORDERS = (0, 1, 12345)
 # The host emulation builds the kernels with a C++17 compiler (g++ by default, RECOVERSSM_CXX).
-needs_cxx = pytest.mark.skipif(shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
+needs_cxx = pytest.mark.skipif(
+    shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation"
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -102,8 +104,11 @@ def test_nvrtc_compiles_every_kernel_for_sm80_and_sm90(nvrtc_reports):
 
 def test_no_spills_no_local_memory_no_barriers(nvrtc_reports):
     resources = [k for r in nvrtc_reports for k in r.kernels]
-    expected = {("copy_tiles.cu", "rs_copy_tiles"), ("state_copy.cu", "rs_state_copy"),
-                ("recover_commit.cu", "rs_recover_commit")}
+    expected = {
+        ("copy_tiles.cu", "rs_copy_tiles"),
+        ("state_copy.cu", "rs_state_copy"),
+        ("recover_commit.cu", "rs_recover_commit"),
+    }
     for arch in nvrtc.ARCHS:
         got = {(k.file, k.kernel) for k in resources if k.arch == arch and k.file != "<module>"}
         assert got == expected
@@ -127,7 +132,14 @@ def test_ptxas_log_parser():
     )
     k1, k2 = nvrtc.parse_ptxas_log(log, "f.cu", 90)
     assert (k1.kernel, k1.registers, k1.stack_frame, k1.spill_stores, k1.spill_loads, k1.barriers, k1.cmem) == (
-        "k1", 40, 8, 4, 12, 1, 380)
+        "k1",
+        40,
+        8,
+        4,
+        12,
+        1,
+        380,
+    )
     assert not k1.clean and k2.clean and k2.registers == 16
 
 
@@ -209,8 +221,9 @@ def test_copy_tiles_vectorises_when_congruent():
 
 @needs_cxx
 @pytest.mark.parametrize("src_off,dst_off", [(4, 0), (6, 2), (16, 32), (3, 9), (8, 40)])
-@pytest.mark.parametrize("pitch,n,rows", [(20, 16, 300), (20, 12, 7), (32, 16, 64), (10, 4, 33), (200, 127, 5),
-                                          (48, 48, 257)])
+@pytest.mark.parametrize(
+    "pitch,n,rows", [(20, 16, 300), (20, 12, 7), (32, 16, 64), (10, 4, 33), (200, 127, 5), (48, 48, 257)]
+)
 def test_copy_tiles_short_disjoint_rows_spread_flat(src_off, dst_off, pitch, n, rows):
     # A DS conv window copied to another block: rows of n < 128 bytes at a pitch, source and
     # destination disjoint. The rows' words are spread flat over the CTA; every word stays aligned.
@@ -267,8 +280,15 @@ def test_copy_tiles_in_block_ds_shift(rows, width, shift, elem):
     rng = np.random.default_rng(rows)
     pitch = width * elem
     arena = rng.integers(0, 256, size=rows * pitch + 32, dtype=np.uint8)
-    rel = one_segment(2 * elem + shift * elem, 2 * elem, (width - shift) * elem, rows=rows,
-                      pitch=pitch if rows > 1 else 0, mode=2, elem=elem)
+    rel = one_segment(
+        2 * elem + shift * elem,
+        2 * elem,
+        (width - shift) * elem,
+        rows=rows,
+        pitch=pitch if rows > 1 else 0,
+        mode=2,
+        elem=elem,
+    )
     for order in ORDERS:
         run_plan(rel, arena, tile_bytes=int(rng.choice([1, 64, 4096])), rng=None, order=order)
 
@@ -311,10 +331,22 @@ def check_state_problem(p, rng, *, order, chunks, threads=256, grid_yz=None):
     emu, ref = arena.copy(), arena.copy()
     metas = p.metas(emu.ctypes.data)
     kw = dict(max_accepted=p.max_accepted, num_blocks=p.num_blocks)
-    err = emulation.emulate_state_copy(metas, p.block_table, p.src_col, p.dst_col, p.num_accepted, chunks=chunks,
-                                threads=threads, grid_yz=grid_yz, order=order, ranges=[emu], **kw)
-    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted,
-                                   base=emu.ctypes.data, **kw)
+    err = emulation.emulate_state_copy(
+        metas,
+        p.block_table,
+        p.src_col,
+        p.dst_col,
+        p.num_accepted,
+        chunks=chunks,
+        threads=threads,
+        grid_yz=grid_yz,
+        order=order,
+        ranges=[emu],
+        **kw,
+    )
+    want = references.reference_state_copy(
+        ref, metas, p.block_table, p.src_col, p.dst_col, p.num_accepted, base=emu.ctypes.data, **kw
+    )
     assert err.tolist() == want.tolist()
     if not np.array_equal(emu, ref):
         bad = np.flatnonzero(emu != ref)
@@ -397,10 +429,21 @@ def test_state_copy_align_entry(seed):
     emu, ref, expl = arena.copy(), arena.copy(), arena.copy()
     metas = p.metas(emu.ctypes.data)
     kw = dict(max_accepted=p.max_accepted, num_blocks=p.num_blocks)
-    err = emulation.emulate_state_copy(metas, p.block_table, p.src_col, running, p.num_accepted, block_size=bs,
-                                      chunks=int(rng.choice([1, 5])), order=ORDERS[seed % 3], ranges=[emu], **kw)
-    want = references.reference_state_copy(ref, metas, p.block_table, p.src_col, running, p.num_accepted,
-                                         block_size=bs, base=emu.ctypes.data, **kw)
+    err = emulation.emulate_state_copy(
+        metas,
+        p.block_table,
+        p.src_col,
+        running,
+        p.num_accepted,
+        block_size=bs,
+        chunks=int(rng.choice([1, 5])),
+        order=ORDERS[seed % 3],
+        ranges=[emu],
+        **kw,
+    )
+    want = references.reference_state_copy(
+        ref, metas, p.block_table, p.src_col, running, p.num_accepted, block_size=bs, base=emu.ctypes.data, **kw
+    )
     assert err.tolist() == want.tolist()
     assert np.array_equal(emu, ref)
     # Same bytes as the explicit entry fed with the host-side decision (for requests the device
@@ -480,8 +523,18 @@ def test_state_copy_reproduces_vllm_vectors(case):
         metas[i] = (base + offsets[i], nbytes, nbytes, kind, elem, width, dim, layer, state, nb, 0, 0)
     bt = d[p + "block_table"]
     width0 = int(metas[0]["width"])
-    err = emulation.emulate_state_copy(metas, bt, d[p + "src_col"], d[p + "dst_col"], d[p + "num_accepted"],
-                                max_accepted=width0, num_blocks=nb, chunks=3, order=case % 3, ranges=[arena])
+    err = emulation.emulate_state_copy(
+        metas,
+        bt,
+        d[p + "src_col"],
+        d[p + "dst_col"],
+        d[p + "num_accepted"],
+        max_accepted=width0,
+        num_blocks=nb,
+        chunks=3,
+        order=case % 3,
+        ranges=[arena],
+    )
     assert err.tolist() == [0, 0, 0]
     for t, o, want in zip(tensors_before, offsets, tensors_after):
         got = arena[o : o + t.nbytes].view(t.dtype).reshape(t.shape)
@@ -530,8 +583,9 @@ def test_gpu_launchers_reject_host_tensors_before_touching_cuda():
     with pytest.raises(PlanError, match="reads CUDA memory; got cpu"):
         cuda.launch_state_copy(0, 1, bt, v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True)
     with pytest.raises(PlanError, match="src_col: expected a CUDA tensor on cuda:0, got a tensor on cpu"):
-        cuda.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), v, v, v, err, max_accepted=2, num_blocks=4,
-                              has_temporal=True)
+        cuda.launch_state_copy(
+            0, 1, FakeDeviceArray(0x3000, (2, 3)), v, v, v, err, max_accepted=2, num_blocks=4, has_temporal=True
+        )
     # Device arrays (described, never read): the core checks dtype, layout and alignment.
     dv = FakeDeviceArray(0x4000, (2,))
     derr = FakeDeviceArray(0x5000, (3,))
@@ -544,11 +598,22 @@ def test_gpu_launchers_reject_host_tensors_before_touching_cuda():
         with pytest.raises(PlanError, match=message):
             cuda.launch_state_copy(0, 1, table, dv, dv, dv, derr, max_accepted=2, num_blocks=4, has_temporal=True)
     with pytest.raises(PlanError, match="num_accepted: must be contiguous"):
-        cuda.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), dv, dv, FakeDeviceArray(0x4000, (2,), (8,)),
-                              derr, max_accepted=2, num_blocks=4, has_temporal=True)
+        cuda.launch_state_copy(
+            0,
+            1,
+            FakeDeviceArray(0x3000, (2, 3)),
+            dv,
+            dv,
+            FakeDeviceArray(0x4000, (2,), (8,)),
+            derr,
+            max_accepted=2,
+            num_blocks=4,
+            has_temporal=True,
+        )
     with pytest.raises(PlanError, match="max_accepted must be >= 1"):
-        cuda.launch_state_copy(0, 1, FakeDeviceArray(0x3000, (2, 3)), dv, dv, dv, derr, max_accepted=0,
-                              num_blocks=4, has_temporal=True)
+        cuda.launch_state_copy(
+            0, 1, FakeDeviceArray(0x3000, (2, 3)), dv, dv, dv, derr, max_accepted=0, num_blocks=4, has_temporal=True
+        )
 
 
 def test_decode_error_word():
@@ -575,26 +640,94 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     bt = FakeDeviceArray(0x3000, (70000, 4), strides=(4 * 9, 4))
     vec = FakeDeviceArray(0x4000, (70000,))
     err = FakeDeviceArray(0x5000, (3,))
-    cuda.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, max_accepted=4, num_blocks=1 << 40,
-                          has_temporal=True, stream=stream)
-    cuda.launch_state_copy(0x6000, 96, bt, vec, vec, vec, err, block_size=16, max_accepted=4,
-                          num_blocks=100, has_temporal=False, chunks=2, stream=stream,
-                          num_accepted_out=FakeDeviceArray(0x1000000, (70000,)))
+    cuda.launch_state_copy(
+        0x6000, 96, bt, vec, vec, vec, err, max_accepted=4, num_blocks=1 << 40, has_temporal=True, stream=stream
+    )
+    cuda.launch_state_copy(
+        0x6000,
+        96,
+        bt,
+        vec,
+        vec,
+        vec,
+        err,
+        block_size=16,
+        max_accepted=4,
+        num_blocks=100,
+        has_temporal=False,
+        chunks=2,
+        stream=stream,
+        num_accepted_out=FakeDeviceArray(0x1000000, (70000,)),
+    )
     (n1, g1, _, a1, _), (n2, g2, _, a2, _) = calls
     assert n1 == "rs_state_copy" and g1 == (cuda.MAX_STATE_CHUNKS, 65535, 96)  # requests folded into gridDim.y
     # metas, num_meta, block_table, bt_row_stride, bt_cols, bt_group_stride, src_col, dst_or_running,
     # num_accepted, num_accepted_out, block_size, num_requests, max_accepted, num_blocks, flags, err
-    assert a1 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 0, 0, 70000, 4, 1 << 40, cuda.FLAG_HAS_TEMPORAL,
-                  0x5000]
+    assert a1 == [
+        0x6000,
+        96,
+        0x3000,
+        9,
+        4,
+        0,
+        0x4000,
+        0x4000,
+        0x4000,
+        0,
+        0,
+        70000,
+        4,
+        1 << 40,
+        cuda.FLAG_HAS_TEMPORAL,
+        0x5000,
+    ]
     assert n2 == "rs_state_copy" and g2 == (2, 65535, 96)
-    assert a2 == [0x6000, 96, 0x3000, 9, 4, 0, 0x4000, 0x4000, 0x4000, 0x1000000, 16, 70000, 4, 100, cuda.FLAG_DECIDE,
-                  0x5000]
+    assert a2 == [
+        0x6000,
+        96,
+        0x3000,
+        9,
+        4,
+        0,
+        0x4000,
+        0x4000,
+        0x4000,
+        0x1000000,
+        16,
+        70000,
+        4,
+        100,
+        cuda.FLAG_DECIDE,
+        0x5000,
+    ]
     with pytest.raises(PlanError, match="dst_col has 5 elements but src_col has 70000"):
-        cuda.launch_state_copy(0x6000, 1, bt, vec, FakeDeviceArray(0x4000, (5,)), vec, err, max_accepted=4,
-                              num_blocks=8, has_temporal=True, stream=stream)
+        cuda.launch_state_copy(
+            0x6000,
+            1,
+            bt,
+            vec,
+            FakeDeviceArray(0x4000, (5,)),
+            vec,
+            err,
+            max_accepted=4,
+            num_blocks=8,
+            has_temporal=True,
+            stream=stream,
+        )
     with pytest.raises(PlanError, match="block_table has 3 rows for 70000 requests"):
-        cuda.launch_state_copy(0x6000, 1, FakeDeviceArray(0x3000, (3, 4)), vec, vec, vec, err, max_accepted=4,
-                              num_blocks=8, has_temporal=True, stream=stream)
+        cuda.launch_state_copy(
+            0x6000,
+            1,
+            FakeDeviceArray(0x3000, (3, 4)),
+            vec,
+            vec,
+            vec,
+            err,
+            max_accepted=4,
+            num_blocks=8,
+            has_temporal=True,
+            stream=stream,
+        )
     assert len(calls) == 2  # the refused launches queued nothing
 
 
@@ -632,8 +765,15 @@ def test_rust_planner_plans_run_on_the_emulated_kernel(seed):
         pytest.skip(f"planner unavailable: {exc}")
     rng = np.random.default_rng(9000 + seed)
     nspec = int(rng.integers(0, 4))
-    layout = layouts.gdn(num_k_heads=2, num_v_heads=2, head_k_dim=int(rng.choice([8, 16])), head_v_dim=16,
-                         conv_kernel_size=4, num_spec=nspec, conv_layout=str(rng.choice(["SD", "DS"])))
+    layout = layouts.gdn(
+        num_k_heads=2,
+        num_v_heads=2,
+        head_k_dim=int(rng.choice([8, 16])),
+        head_v_dim=16,
+        conv_kernel_size=4,
+        num_spec=nspec,
+        conv_layout=str(rng.choice(["SD", "DS"])),
+    )
     R, cols = int(rng.integers(1, 7)), nspec + 1 + int(rng.integers(0, 3))
     nb = R * cols + 2
     arena, states = _planner_states(layout, 2, nb, torch, seed)
@@ -649,17 +789,21 @@ def test_rust_planner_plans_run_on_the_emulated_kernel(seed):
     base = arena.data_ptr()
     before = arena.numpy().copy()
     ref = before.copy()
-    err = references.reference_state_copy(ref, metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, base=base)
+    err = references.reference_state_copy(
+        ref, metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, base=base
+    )
     assert err.tolist() == [0, 0, 0]
     table = plan.tiles(int(rng.choice([16, 256, 65536])))
-    emulation.emulate_copy_tiles(plan.segments, table.tiles, table.wave_starts, order=ORDERS[seed % 3],
-                          ranges=[arena.numpy()])
+    emulation.emulate_copy_tiles(
+        plan.segments, table.tiles, table.wave_starts, order=ORDERS[seed % 3], ranges=[arena.numpy()]
+    )
     got = arena.numpy()
     assert np.array_equal(got, ref), f"{np.count_nonzero(got != ref)} bytes differ"
     # The fused kernel on the planner's bind-time metadata gives the same bytes.
     got[:] = before
-    err = emulation.emulate_state_copy(metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, chunks=3,
-                                order=ORDERS[seed % 3], ranges=[got])
+    err = emulation.emulate_state_copy(
+        metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, chunks=3, order=ORDERS[seed % 3], ranges=[got]
+    )
     assert err.tolist() == [0, 0, 0] and np.array_equal(got, ref)
 
 

@@ -45,7 +45,9 @@ def fake_pip(monkeypatch, tmp_path):
 def test_every_reader_of_vllms_code_shares_one_download(fake_pip, tmp_path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("calculator_params", ROOT / "tests" / "core" / "test_calculator_params.py")
+    spec = importlib.util.spec_from_file_location(
+        "calculator_params", ROOT / "tests" / "core" / "test_calculator_params.py"
+    )
     assert spec is not None and spec.loader is not None
     test_calculator_params = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(test_calculator_params)
@@ -152,18 +154,33 @@ def test_gpu_check_installs_into_a_private_folder_of_its_own(tmp_path):
     stub.write_text(
         "#!/bin/sh\n"
         f'd=$(dirname "${{PYTHONPATH%%:*}}"); echo "$PYTHONPATH|$CUPY_CACHE_DIR|$(stat -c %a "$d" 2>/dev/null)" >>{log}\n'
-        'case "$*" in *"import recoverssm_rs._core"*) exit 1;; *"pip install"*) exit 0;; *) exit 3;; esac\n')
+        'case "$*" in *"import recoverssm_rs._core"*) exit 1;; *"pip install"*) exit 0;; *) exit 3;; esac\n'
+    )
     stub.chmod(0o755)
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = {**os.environ, "PYTHON": str(stub), "TMPDIR": str(temp), "GPU_TESTS_TIMEOUT": "10",
-           "GPU_BENCH_TIMEOUT": "10", "COMMIT_BENCH_TIMEOUT": "10", "LAUNCH_HOST_TIMEOUT": "10"}
+    env = {
+        **os.environ,
+        "PYTHON": str(stub),
+        "TMPDIR": str(temp),
+        "GPU_TESTS_TIMEOUT": "10",
+        "GPU_BENCH_TIMEOUT": "10",
+        "COMMIT_BENCH_TIMEOUT": "10",
+        "LAUNCH_HOST_TIMEOUT": "10",
+    }
     env.pop("RECOVERSSM_SITE", None)
     env.pop("CUPY_CACHE_DIR", None)
     sites = []
     for _ in range(2):
-        r = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "results")], cwd=repo, env=env,
-                           capture_output=True, text=True, timeout=120, check=False)
+        r = subprocess.run(
+            ["bash", "scripts/gpu_check.sh", str(tmp_path / "results")],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert r.returncode == 1, r.stderr  # every stage "failed" (the stand-in runs nothing)
         last = log.read_text().splitlines()[-1]
         pythonpath, cupy_cache, mode = last.split("|")

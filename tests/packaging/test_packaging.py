@@ -93,7 +93,7 @@ def _glibc_versions_needed(path: Path) -> set[tuple[int, int]]:
     """The GLIBC_x.y symbol versions an ELF64 little-endian shared library needs (.gnu.version_r)."""
     data = path.read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, f"{path} is not a 64-bit LE ELF file"
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     found: set[tuple[int, int]] = set()
@@ -107,7 +107,7 @@ def _glibc_versions_needed(path: Path) -> set[tuple[int, int]]:
             at = entry + aux
             for _ in range(aux_count):
                 _, _, _, name, aux_next = struct.unpack_from("<IHHII", data, at)
-                text = data[strtab + name:data.index(b"\0", strtab + name)].decode()
+                text = data[strtab + name : data.index(b"\0", strtab + name)].decode()
                 m = re.fullmatch(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?", text)
                 if m:
                     found.add((int(m.group(1)), int(m.group(2))))
@@ -131,12 +131,16 @@ def test_the_installed_extension_is_the_manylinux_2_28_build():
     extension every test uses is the one a wheel ships: tagged manylinux_2_28 and needing no glibc
     symbol newer than 2.28 (this machine's glibc is newer: it is the zig link that makes it so)."""
     dist = importlib.metadata.distribution("recoverssm_rs")
-    tags = [line.split(":", 1)[1].strip() for line in (dist.read_text("WHEEL") or "").splitlines()
-            if line.startswith("Tag:")]
+    tags = [
+        line.split(":", 1)[1].strip()
+        for line in (dist.read_text("WHEEL") or "").splitlines()
+        if line.startswith("Tag:")
+    ]
     floor = "".join(str(x) for x in _abi3_floor())
     assert tags == [f"cp{floor}-abi3-manylinux_2_28_x86_64"], (
         f"the installed recoverssm_rs is tagged {tags}, not manylinux_2_28: install it with "
-        "`bash scripts/setup.sh` (maturin develop tags linux_x86_64 and links for this machine's glibc)")
+        "`bash scripts/setup.sh` (maturin develop tags linux_x86_64 and links for this machine's glibc)"
+    )
     needed = _glibc_versions_needed(Path(recoverssm_rs._core.__file__))
     assert needed and max(needed) <= TARGET_GLIBC, sorted(needed)
     # The built metadata carries every extra of pyproject.toml.
@@ -148,21 +152,31 @@ def test_every_build_path_gets_the_configured_tag_and_zig(monkeypatch):
     newer, zig = (2, 36), "/opt/zig/zig"
     # pip wheel . / pip install . / pip install -e .: maturin's hook would pass --compatibility off.
     assert backend.build_args(None, host=newer, zig=zig) == (
-        {"build-args": ["--compatibility", "manylinux_2_28", "--zig"]}, zig)
+        {"build-args": ["--compatibility", "manylinux_2_28", "--zig"]},
+        zig,
+    )
     monkeypatch.setenv("MATURIN_PEP517_ARGS", "--features python")
     assert backend.build_args({}, host=newer, zig=zig) == (
-        {"build-args": ["--features", "python", "--compatibility", "manylinux_2_28", "--zig"]}, zig)
+        {"build-args": ["--features", "python", "--compatibility", "manylinux_2_28", "--zig"]},
+        zig,
+    )
     monkeypatch.delenv("MATURIN_PEP517_ARGS")
     # On glibc 2.28 or older the plain link already fits: no zig.
     assert backend.build_args(None, host=(2, 28), zig=zig) == (
-        {"build-args": ["--compatibility", "manylinux_2_28"]}, None)
+        {"build-args": ["--compatibility", "manylinux_2_28"]},
+        None,
+    )
     # A caller's own choice wins: a local linux_x86_64 wheel needs no zig; a caller's --zig stays one.
     mine = {"build-args": "--compatibility linux"}
     assert backend.build_args(mine, host=newer, zig=zig) == (mine, None)
     assert backend.build_args({"build-args": "--compatibility=manylinux_2_17"}, host=newer, zig=zig) == (
-        {"build-args": ["--compatibility=manylinux_2_17", "--zig"]}, zig)
+        {"build-args": ["--compatibility=manylinux_2_17", "--zig"]},
+        zig,
+    )
     assert backend.build_args({"build-args": ["--zig"]}, host=newer, zig=zig) == (
-        {"build-args": ["--zig", "--compatibility", "manylinux_2_28"]}, None)
+        {"build-args": ["--zig", "--compatibility", "manylinux_2_28"]},
+        None,
+    )
     assert backend.build_sdist is __import__("maturin").build_sdist
 
 
@@ -208,8 +222,7 @@ def test_the_hooks_hand_maturin_the_args_and_the_zig(monkeypatch, hook):
 
     monkeypatch.setattr(backend.maturin, hook, fake)
     assert getattr(backend, hook)("out") == "x.whl"
-    assert seen == {"settings": {"build-args": ["--compatibility", "manylinux_2_28", "--zig"]},
-                    "zig": "/opt/zig/zig"}
+    assert seen == {"settings": {"build-args": ["--compatibility", "manylinux_2_28", "--zig"]}, "zig": "/opt/zig/zig"}
     assert backend.ZIG_PATH_ENV not in os.environ  # restored
 
 
@@ -279,8 +292,12 @@ def _imported_modules(paths) -> set[str]:
                 found |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip"
-                  and node.args and isinstance(node.args[0], ast.Constant)):
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "importorskip"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 found.add(str(node.args[0].value).split(".")[0])
     return found
 
@@ -293,8 +310,9 @@ def test_the_test_extras_provide_every_module_the_tests_import():
     modules -= {"recoverssm_rs"} | _MADE_AT_RUN_TIME
     provided = {reqs.normalize(r.name) for r in reqs.requirements("build", "project", "test", "test-cu12")}
     by_module = importlib.metadata.packages_distributions()
-    missing = {m: by_module.get(m) for m in sorted(modules)
-               if not {reqs.normalize(d) for d in by_module.get(m, [])} & provided}
+    missing = {
+        m: by_module.get(m) for m in sorted(modules) if not {reqs.normalize(d) for d in by_module.get(m, [])} & provided
+    }
     assert not missing, f"imported by the tests but in no test extra (module: installed from): {missing}"
     assert {"cupy", "torch", "triton", "hypothesis", "matplotlib"} <= modules
 
@@ -312,9 +330,16 @@ def test_setup_removes_only_this_environments_cupy_of_another_major(monkeypatch,
             return self._where
 
     monkeypatch.setattr(reqs.sys, "prefix", str(inside))
-    monkeypatch.setattr(reqs.md, "distributions", lambda: [
-        Dist("cupy-cuda12x", inside / "lib"), Dist("cupy_cuda13x", inside / "lib"),
-        Dist("cupy-cuda11x", outside / "lib"), Dist("numpy", inside / "lib")])
+    monkeypatch.setattr(
+        reqs.md,
+        "distributions",
+        lambda: [
+            Dist("cupy-cuda12x", inside / "lib"),
+            Dist("cupy_cuda13x", inside / "lib"),
+            Dist("cupy-cuda11x", outside / "lib"),
+            Dist("numpy", inside / "lib"),
+        ],
+    )
     assert reqs.foreign_cupy("test") == ["cupy-cuda12x"]
     assert reqs.foreign_cupy("test-cu12") == ["cupy-cuda13x"]
 
@@ -375,11 +400,12 @@ def test_missing_module_message_only_for_optional_dependencies():
 
 
 def test_entry_point_answers_a_missing_torch_with_one_line():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from recoverssm_rs.__main__ import main\n"
-            "sys.exit(main(['demo', '--steps', '2']))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       check=False)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from recoverssm_rs.__main__ import main\n"
+        "sys.exit(main(['demo', '--steps', '2']))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
@@ -389,15 +415,16 @@ def test_entry_point_answers_a_missing_torch_with_one_line():
 
 
 def test_entry_point_leaves_other_missing_modules_to_surface():
-    code = ("import sys\n"
-            "import recoverssm_rs.tools.cli as cli\n"
-            "def boom(argv=None, prog=None):\n"
-            "    import recoverssm_rs_no_such_module\n"
-            "cli.main = boom\n"
-            "from recoverssm_rs.__main__ import main\n"
-            "main(['presets'])")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       check=False)
+    code = (
+        "import sys\n"
+        "import recoverssm_rs.tools.cli as cli\n"
+        "def boom(argv=None, prog=None):\n"
+        "    import recoverssm_rs_no_such_module\n"
+        "cli.main = boom\n"
+        "from recoverssm_rs.__main__ import main\n"
+        "main(['presets'])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 1 and "ModuleNotFoundError" in r.stderr and "Traceback" in r.stderr
 
 

@@ -43,8 +43,9 @@ def test_vector(i):
         for l in layers
     ]
     planner = Planner(layout, states)
-    plan = planner.plan_align(field(i, "block_table"), field(i, "src_col"), field(i, "dst_col"),
-                              field(i, "num_accepted"))
+    plan = planner.plan_align(
+        field(i, "block_table"), field(i, "src_col"), field(i, "dst_col"), field(i, "num_accepted")
+    )
     assert len(plan) > 0
     plan.execute()
     for l in layers:
@@ -60,6 +61,7 @@ def test_vector(i):
 
 def test_vectors_cover_both_orientations_and_in_block_shifts():
     orientations = {str(field(i, "orientation")) for i in CASES}
-    in_block = [i for i in CASES
-                if np.any((field(i, "src_col") == field(i, "dst_col")) & (field(i, "num_accepted") > 1))]
+    in_block = [
+        i for i in CASES if np.any((field(i, "src_col") == field(i, "dst_col")) & (field(i, "num_accepted") > 1))
+    ]
     assert orientations == {"SD", "DS"} and in_block

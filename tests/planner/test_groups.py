@@ -37,7 +37,7 @@ def _reference(states, bt, src, dst, acc, semantics):
         for li, layer in enumerate(states):
             conv = layer[0]
             w = conv.shape[1]  # SD: (width, dim)
-            out[li][0][bt[r, d], : w - (a - 1)] = conv[bt[r, s], a - 1:]
+            out[li][0][bt[r, d], : w - (a - 1)] = conv[bt[r, s], a - 1 :]
             if len(layer) > 1 and isinstance(layer[1], np.ndarray) and layer[1].ndim == 4:
                 out[li][1][bt[r, d]] = layer[1][bt[r, s + a - 1]]
     return out
@@ -45,8 +45,9 @@ def _reference(states, bt, src, dst, acc, semantics):
 
 def test_decisions_are_vllms_formulas():
     bt = np.arange(1, 5 * 8 + 1, dtype=np.int64).reshape(5, 8)
-    d = align_pre_copy([bt], [0, 8, 10, 12, 12], [5, 4, 3, 2, 1], [1, 1, 3, 2, 2], [-1, -1, 2, 3, 4],
-                       block_size=4, num_spec_blocks=2)
+    d = align_pre_copy(
+        [bt], [0, 8, 10, 12, 12], [5, 4, 3, 2, 1], [1, 1, 3, 2, 2], [-1, -1, 2, 3, 4], block_size=4, num_spec_blocks=2
+    )
     assert d.curr.tolist() == [1, 2, 3, 3, 3]
     assert d.src_col.tolist() == [-1, 1, 2, -1, 4]
     assert d.num_accepted.tolist() == [1, 1, 1, 2, 1]

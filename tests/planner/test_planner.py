@@ -78,7 +78,7 @@ def page_view(buf, off, spec):
     byte slice, then ``as_strided``)."""
     nb, page = buf.shape
     isz = spec.itemsize
-    v = buf[:, off:off + spec.nbytes].view(TORCH_DTYPES[spec.dtype])
+    v = buf[:, off : off + spec.nbytes].view(TORCH_DTYPES[spec.dtype])
     return v.as_strided([nb, *spec.shape], [page // isz, *dense_strides(spec.shape)], v.storage_offset())
 
 
@@ -87,8 +87,7 @@ def paged_states(layout, num_layers, num_blocks, seed, gaps=()):
     another; the states are strided views into it."""
     offs, page = page_offsets(layout, num_layers, gaps)
     buf = random_bytes((num_blocks, page), seed)
-    states = [[page_view(buf, offs[l][j], s) for j, s in enumerate(layout.persistent)]
-              for l in range(num_layers)]
+    states = [[page_view(buf, offs[l][j], s) for j, s in enumerate(layout.persistent)] for l in range(num_layers)]
     return buf, offs, states
 
 
@@ -147,7 +146,7 @@ def reference_align(layout, snap, bt, sc, dc, na):
                         new[dst, : w - k] = old[src, k:]
                     else:
                         w, isz = spec.shape[1], spec.itemsize
-                        new[dst, :, : (w - k) * isz] = old[src, :, k * isz:]
+                        new[dst, :, : (w - k) * isz] = old[src, :, k * isz :]
                 else:
                     # state[bt[dst_col]] = state[bt[src_col + a - 1]]
                     src = int(bt[i, s + k])
@@ -301,7 +300,7 @@ def check_plan_against_model(plan, layout, num_layers, expect):
     ws = plan.waves
     assert len(ws) == plan.num_waves + 1 and ws[0] == 0 and ws[-1] == len(segs)
     for w in range(plan.num_waves):
-        assert (segs["wave"][ws[w]:ws[w + 1]] == w).all()
+        assert (segs["wave"][ws[w] : ws[w + 1]] == w).all()
     # Compact rows: one per request that moves something, merging its conv and temporal move.
     want = {}
     for (r, s, d, k), w in zip(conv, conv_waves):
@@ -337,12 +336,10 @@ def layouts(draw):
         width = draw(st.integers(num_spec + 1, num_spec + 4))
         dim = draw(st.integers(1, 5))
         shape = (width, dim) if orient == "SD" else (dim, width)
-        states.append(StateSpec("conv", shape, draw(st.sampled_from(list(TORCH_DTYPES))),
-                                "persistent", "conv", orient))
+        states.append(StateSpec("conv", shape, draw(st.sampled_from(list(TORCH_DTYPES))), "persistent", "conv", orient))
     if kinds in ("both", "temporal"):
         shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
-        states.append(StateSpec("temporal", shape, draw(st.sampled_from(list(TORCH_DTYPES))),
-                                "persistent", "temporal"))
+        states.append(StateSpec("temporal", shape, draw(st.sampled_from(list(TORCH_DTYPES))), "persistent", "temporal"))
     for w in range(draw(st.integers(0, 2))):
         shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)))
         states.append(StateSpec(f"ws{w}", shape, draw(st.sampled_from(list(TORCH_DTYPES))), "workspace"))
@@ -368,6 +365,7 @@ def align_steps(draw, num_blocks, num_spec):
             if c < 59:
                 return draw(st.integers(1, top))
             return draw(st.sampled_from([0, num_blocks, -2]))
+
         ids = [one_id() for _ in range(n_ids)]
     bt = np.array(ids, dtype=np.int64).reshape(R, cols)
     sc, dc, na = [], [], []
@@ -406,9 +404,15 @@ def bind(layout, num_layers, num_blocks, paged, gaps, seed, workspace_requests=3
         buf, offs, states = paged_states(layout, num_layers, num_blocks, seed, gaps)
     else:
         buf, offs, states = None, None, separate_states(layout, num_layers, num_blocks, seed)
-    ws = [[random_bytes((workspace_requests, s.nbytes), seed + 7 * l + j).view(TORCH_DTYPES[s.dtype])
-           .view(workspace_requests, *s.shape) for j, s in enumerate(layout.workspace)]
-          for l in range(num_layers)]
+    ws = [
+        [
+            random_bytes((workspace_requests, s.nbytes), seed + 7 * l + j)
+            .view(TORCH_DTYPES[s.dtype])
+            .view(workspace_requests, *s.shape)
+            for j, s in enumerate(layout.workspace)
+        ]
+        for l in range(num_layers)
+    ]
     planner = Planner(layout, [states[l] + ws[l] for l in range(num_layers)])
     return planner, buf, offs, states, ws
 
@@ -426,8 +430,9 @@ def check_executed(layout, buf, offs, states, before, expected, buf_before):
     assert_bytes_equal(states, expected)
 
 
-PROPS = settings(max_examples=500, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPS = settings(
+    max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @PROPS
@@ -438,8 +443,9 @@ def test_align_matches_reference(data):
     num_blocks = data.draw(mostly(st.integers(5, 24), st.integers(2, 4)), "num_blocks")
     paged = data.draw(st.booleans(), "paged")
     gaps = data.draw(st.lists(st.integers(0, 2), max_size=8), "gaps") if paged else ()
-    planner, buf, offs, states, ws = bind(layout, num_layers, num_blocks, paged, gaps,
-                                          data.draw(st.integers(0, 2**20), "seed"))
+    planner, buf, offs, states, ws = bind(
+        layout, num_layers, num_blocks, paged, gaps, data.draw(st.integers(0, 2**20), "seed")
+    )
     bt, sc, dc, na = data.draw(align_steps(num_blocks, layout.num_spec), "step")
     before, ws_before = snapshot(states), snapshot(ws)
     buf_before = None if buf is None else buf.clone()
@@ -457,8 +463,7 @@ def test_align_matches_reference(data):
     event(f"waves: {min(plan.num_waves, 3)}")
     event(f"in-block conv shifts: {any(m[1] == m[2] for m in expect[1])}")
     plan.execute()
-    check_executed(layout, buf, offs, states, before, reference_align(layout, before, bt, sc, dc, na),
-                   buf_before)
+    check_executed(layout, buf, offs, states, before, reference_align(layout, before, bt, sc, dc, na), buf_before)
     assert_unchanged(ws, ws_before)  # workspace tensors are never copied
 
 
@@ -469,14 +474,17 @@ def test_plan_copy_matches_reference(data):
     num_layers = data.draw(st.integers(1, 3), "num_layers")
     num_blocks = data.draw(mostly(st.integers(5, 16), st.integers(2, 4)), "num_blocks")
     paged = data.draw(st.booleans(), "paged")
-    planner, buf, offs, states, _ = bind(layout, num_layers, num_blocks, paged, (),
-                                         data.draw(st.integers(0, 2**20), "seed"))
+    planner, buf, offs, states, _ = bind(
+        layout, num_layers, num_blocks, paged, (), data.draw(st.integers(0, 2**20), "seed")
+    )
     n = data.draw(st.integers(0, 8), "n")
-    ids = mostly(mostly(st.integers(1, num_blocks - 1), st.integers(1, min(3, num_blocks - 1))),
-                 st.sampled_from([-1, 0, num_blocks]))
+    ids = mostly(
+        mostly(st.integers(1, num_blocks - 1), st.integers(1, min(3, num_blocks - 1))),
+        st.sampled_from([-1, 0, num_blocks]),
+    )
     if data.draw(st.booleans(), "distinct") and 2 * n <= num_blocks - 1:
         perm = data.draw(st.permutations(range(1, num_blocks)), "perm")
-        src, dst = perm[:n], perm[n:2 * n]
+        src, dst = perm[:n], perm[n : 2 * n]
     else:
         src, dst = data.draw(st.lists(ids, min_size=n, max_size=n)), data.draw(st.lists(ids, min_size=n, max_size=n))
     dtype = data.draw(st.sampled_from([np.int32, np.int64]), "dtype")
@@ -509,8 +517,10 @@ NB = 10
 
 def small_layout(orient="SD", workspace=False):
     conv_shape = (WIDTH, DIM) if orient == "SD" else (DIM, WIDTH)
-    states = [StateSpec("conv", conv_shape, "float32", "persistent", "conv", orient),
-              StateSpec("temporal", (2, 3), "float32", "persistent", "temporal")]
+    states = [
+        StateSpec("conv", conv_shape, "float32", "persistent", "conv", orient),
+        StateSpec("temporal", (2, 3), "float32", "persistent", "temporal"),
+    ]
     if workspace:
         states.append(StateSpec("records", (4,), "float32", "workspace"))
     return Layout("GDN_ATTN", states, num_spec=NUM_SPEC)
@@ -561,41 +571,84 @@ def accepted(layout, planner, states, bt, sc, dc, na):
 def test_block_id_outside_the_pool():
     _, p, states = small_planner()
     bt = np.array([[1, 2], [3, 4], [5, NB]], np.int32)
-    m = rejected(p, states, bt, i32(0, 0, 0), i32(1, 1, 1), i32(1, 1, 1),
-                 match=["request 2", "destination block id 10 (column 1)", "outside 0..10"])
+    m = rejected(
+        p,
+        states,
+        bt,
+        i32(0, 0, 0),
+        i32(1, 1, 1),
+        i32(1, 1, 1),
+        match=["request 2", "destination block id 10 (column 1)", "outside 0..10"],
+    )
     assert m.startswith("GDN_ATTN: ") and "all 2 layers" in m
     bt = np.array([[1, 2], [NB + 3, 4]], np.int64)
-    rejected(p, states, bt, i32(0, 0), i32(1, 1), i32(1, 1),
-             match=["request 1", "state 'conv'", "source block id 13 (column 0)", "outside 0..10"])
+    rejected(
+        p,
+        states,
+        bt,
+        i32(0, 0),
+        i32(1, 1),
+        i32(1, 1),
+        match=["request 1", "state 'conv'", "source block id 13 (column 0)", "outside 0..10"],
+    )
     bt = np.array([[1, 2], [-5, 4]], np.int64)
     rejected(p, states, bt, i32(0, 0), i32(1, 1), i32(1, 1), match=["request 1", "source block id -5"])
     # The temporal source (the accepted token's column) is checked too.
     bt = np.array([[1, 2, 99]], np.int64)
-    rejected(p, states, bt, i32(0), i32(1), i32(3),
-             match=["request 0", "state 'temporal'", "source block id 99 (column 2)"])
+    rejected(
+        p, states, bt, i32(0), i32(1), i32(3), match=["request 0", "state 'temporal'", "source block id 99 (column 2)"]
+    )
 
 
 def test_null_block_as_destination():
     _, p, states = small_planner()
-    rejected(p, states, np.array([[1, 2], [3, 0]], np.int32), i32(0, 0), i32(1, 1), i32(1, 1),
-             match=["request 1", "destination (column 1) is the null block 0", "never written"])
+    rejected(
+        p,
+        states,
+        np.array([[1, 2], [3, 0]], np.int32),
+        i32(0, 0),
+        i32(1, 1),
+        i32(1, 1),
+        match=["request 1", "destination (column 1) is the null block 0", "never written"],
+    )
 
 
 def test_null_block_as_source():
     _, p, states = small_planner()
-    rejected(p, states, np.array([[1, 2], [0, 4]], np.int32), i32(0, 0), i32(1, 1), i32(1, 1),
-             match=["request 1", "state 'conv'", "source (column 0) is the null block 0"])
+    rejected(
+        p,
+        states,
+        np.array([[1, 2], [0, 4]], np.int32),
+        i32(0, 0),
+        i32(1, 1),
+        i32(1, 1),
+        match=["request 1", "state 'conv'", "source (column 0) is the null block 0"],
+    )
     # conv source valid, but the accepted token's temporal source is the null block
-    rejected(p, states, np.array([[1, 0, 2]], np.int32), i32(0), i32(2), i32(2),
-             match=["request 0", "state 'temporal'", "source (column 1) is the null block 0"])
+    rejected(
+        p,
+        states,
+        np.array([[1, 0, 2]], np.int32),
+        i32(0),
+        i32(2),
+        i32(2),
+        match=["request 0", "state 'temporal'", "source (column 1) is the null block 0"],
+    )
 
 
 @pytest.mark.parametrize("a", [0, NUM_SPEC + 2, -1])
 def test_num_accepted_outside_range(a):
     _, p, states = small_planner()
     bt = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
-    rejected(p, states, bt, i32(0, 0), i32(3, 3), i32(1, a),
-             match=["request 1", f"num_accepted = {a} is outside 1..={NUM_SPEC + 1}", "num_spec = 2"])
+    rejected(
+        p,
+        states,
+        bt,
+        i32(0, 0),
+        i32(3, 3),
+        i32(1, a),
+        match=["request 1", f"num_accepted = {a} is outside 1..={NUM_SPEC + 1}", "num_spec = 2"],
+    )
 
 
 @pytest.mark.parametrize("which", ["src_col", "dst_col"])
@@ -604,30 +657,56 @@ def test_column_outside_the_row(which):
     bt = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
     sc, dc = i32(0, 0), i32(1, 1)
     (sc if which == "src_col" else dc)[1] = 3
-    rejected(p, states, bt, sc, dc, i32(1, 1),
-             match=["request 1", f"{which} = 3 is outside the block-table row (3 columns)"])
+    rejected(
+        p, states, bt, sc, dc, i32(1, 1), match=["request 1", f"{which} = 3 is outside the block-table row (3 columns)"]
+    )
 
 
 def test_accepted_column_outside_the_row():
     _, p, states = small_planner()
     bt = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
-    rejected(p, states, bt, i32(0, 1), i32(2, 0), i32(1, 3),
-             match=["request 1", "state 'temporal'", "src_col + num_accepted - 1 = 1 + 3 - 1 = 3",
-                    "outside the block-table row (3 columns)"])
+    rejected(
+        p,
+        states,
+        bt,
+        i32(0, 1),
+        i32(2, 0),
+        i32(1, 3),
+        match=[
+            "request 1",
+            "state 'temporal'",
+            "src_col + num_accepted - 1 = 1 + 3 - 1 = 3",
+            "outside the block-table row (3 columns)",
+        ],
+    )
 
 
 def test_two_requests_writing_the_same_block():
     _, p, states = small_planner()
     bt = np.array([[1, 7], [2, 3], [4, 7]], np.int32)
-    rejected(p, states, bt, i32(0, 0, 0), i32(1, 1, 1), i32(1, 1, 1),
-             match=["requests 0 and 2 both write block 7 of state 'conv'"])
+    rejected(
+        p,
+        states,
+        bt,
+        i32(0, 0, 0),
+        i32(1, 1, 1),
+        i32(1, 1, 1),
+        match=["requests 0 and 2 both write block 7 of state 'conv'"],
+    )
 
 
 def test_swap_cycle_is_rejected():
     _, p, states = small_planner()
     bt = np.array([[3, 4], [4, 3]], np.int32)  # 3 -> 4 and 4 -> 3
-    rejected(p, states, bt, i32(0, 0), i32(1, 1), i32(1, 1),
-             match=["cycle", "request 0 (3 -> 4)", "request 1 (4 -> 3)", "state 'conv'"])
+    rejected(
+        p,
+        states,
+        bt,
+        i32(0, 0),
+        i32(1, 1),
+        i32(1, 1),
+        match=["cycle", "request 0 (3 -> 4)", "request 1 (4 -> 3)", "state 'conv'"],
+    )
 
 
 def test_chain_is_ordered_into_waves_reading_old_values():
@@ -642,10 +721,13 @@ def test_chain_is_ordered_into_waves_reading_old_values():
     assert (segs["wave"] == np.repeat([0, 1], 4)).all()
     # Wave 0 reads B before wave 1 overwrites it.
     for w, (src, dst) in enumerate([(B, C), (A, B)]):
-        for seg, t in zip(segs[ws[w]:ws[w + 1]], [t for layer in states for t in layer]):
+        for seg, t in zip(segs[ws[w] : ws[w + 1]], [t for layer in states for t in layer]):
             stride = t.stride(0) * t.element_size()
             assert (int(seg["src"]), int(seg["dst"])) == (t.data_ptr() + src * stride, t.data_ptr() + dst * stride)
-    assert [(int(r["request"]), int(r["conv_wave"]), int(r["temporal_wave"])) for r in plan.rows] == [(0, 1, 1), (1, 0, 0)]
+    assert [(int(r["request"]), int(r["conv_wave"]), int(r["temporal_wave"])) for r in plan.rows] == [
+        (0, 1, 1),
+        (1, 0, 0),
+    ]
     # C holds the old B, B the old A.
     for l in range(2):
         for j in range(2):
@@ -677,11 +759,15 @@ def test_in_block_conv_shift(orient):
         old, new = before[l][0][blk], states[l][0][blk]
         base = 10000 * l + 1000 * blk
         if orient == "SD":  # [width, dim]: rows 0..width-k get rows k.., the last k rows are kept
-            want = torch.tensor([[base + (c + k if c < WIDTH - k else c) * DIM + d for d in range(DIM)]
-                                 for c in range(WIDTH)], dtype=torch.float32)
+            want = torch.tensor(
+                [[base + (c + k if c < WIDTH - k else c) * DIM + d for d in range(DIM)] for c in range(WIDTH)],
+                dtype=torch.float32,
+            )
         else:  # [dim, width]: every channel's window shifted left by k, last k columns kept
-            want = torch.tensor([[base + d * WIDTH + (c + k if c < WIDTH - k else c) for c in range(WIDTH)]
-                                 for d in range(DIM)], dtype=torch.float32)
+            want = torch.tensor(
+                [[base + d * WIDTH + (c + k if c < WIDTH - k else c) for c in range(WIDTH)] for d in range(DIM)],
+                dtype=torch.float32,
+            )
         assert torch.equal(new, want), (orient, old, new)
         # temporal: the accepted token's state (column 0 + 3 - 1 = 2, block 7) lands in block 5
         assert torch.equal(states[l][1][blk], before[l][1][7])
@@ -738,27 +824,45 @@ def test_bad_input_shapes_are_rejected():
     _, p, states = small_planner()
     rejected(p, states, i32(1, 2), i32(0), i32(1), i32(1), match=["block_table must be 2-D", "[2]"])
     rejected(p, states, np.ones((1, 2, 2), np.int32), i32(0), i32(1), i32(1), match=["2-D"])
-    rejected(p, states, np.array([[1, 2], [3, 4]], np.int32), i32(0, 0), i32(1), i32(1, 1),
-             match=["one entry per request", "got 2, 1 and 2"])
-    rejected(p, states, np.array([[1, 2], [3, 4]], np.int32), i32(0), i32(1), i32(1),
-             match=["block_table must be [requests = 1"])
+    rejected(
+        p,
+        states,
+        np.array([[1, 2], [3, 4]], np.int32),
+        i32(0, 0),
+        i32(1),
+        i32(1, 1),
+        match=["one entry per request", "got 2, 1 and 2"],
+    )
+    rejected(
+        p,
+        states,
+        np.array([[1, 2], [3, 4]], np.int32),
+        i32(0),
+        i32(1),
+        i32(1),
+        match=["block_table must be [requests = 1"],
+    )
     rejected(p, states, np.zeros((1, 0), np.int32), i32(0), i32(1), i32(1), match=["cols >= 1"])
     with pytest.raises(PlanError, match="same length; got 2 and 1"):
         p.plan_copy(i32(1, 2), i32(3))
     bt = np.array([[1, 2]], np.int32)
-    rejected(p, states, bt, np.array([[0]], np.int32), i32(1), i32(1),
-             match=["src_col must be 1-D", "[1, 1]"])
-    rejected(p, states, bt, i32(0), i32(1), torch.tensor([1], dtype=torch.bfloat16),
-             match=["num_accepted must be an int32 or int64 array", "bfloat16"])
+    rejected(p, states, bt, np.array([[0]], np.int32), i32(1), i32(1), match=["src_col must be 1-D", "[1, 1]"])
+    rejected(
+        p,
+        states,
+        bt,
+        i32(0),
+        i32(1),
+        torch.tensor([1], dtype=torch.bfloat16),
+        match=["num_accepted must be an int32 or int64 array", "bfloat16"],
+    )
 
 
 def test_byte_swapped_inputs_are_rejected():
     _, p, states = small_planner()
     bt = np.array([[1, 2]], np.int32)
-    rejected(p, states, bt, i32(0), np.array([1], ">i8"), i32(1),
-             match=["dst_col must be in native byte order"])
-    rejected(p, states, bt.astype(">i4"), i32(0), i32(1), i32(1),
-             match=["block_table must be in native byte order"])
+    rejected(p, states, bt, i32(0), np.array([1], ">i8"), i32(1), match=["dst_col must be in native byte order"])
+    rejected(p, states, bt.astype(">i4"), i32(0), i32(1), i32(1), match=["block_table must be in native byte order"])
 
 
 def test_host_ints_accept_lists_tensors_and_strided_arrays():
@@ -799,8 +903,10 @@ def test_host_executor_refuses_cuda_states():
     backing = [torch.zeros(NB, *s.shape) for s in layout.persistent]
     from support.fakes import FakeDeviceArray
 
-    on_cuda = [FakeDeviceArray(t.data_ptr(), tuple(t.shape), tuple(x * 4 for x in t.stride()), dtype="float32")
-               for t in backing]
+    on_cuda = [
+        FakeDeviceArray(t.data_ptr(), tuple(t.shape), tuple(x * 4 for x in t.stride()), dtype="float32")
+        for t in backing
+    ]
     core = _core.Planner([(layout, [on_cuda])])
     assert core.device == "cuda:0"
     plan = core.plan(block_table=np.array([[1, 2]], np.int32), src_col=i32(0), dst_col=i32(1), num_accepted=i32(1))
@@ -890,7 +996,7 @@ def check_tiles(plan, tile_bytes):
     assert tiles.dtype == TILE_DTYPE and tt.tile_bytes == tile_bytes
     assert len(tt.wave_starts) == plan.num_waves + 1 and tt.wave_starts[-1] == len(tiles)
     for w in range(plan.num_waves):
-        t = tiles[tt.wave_starts[w]:tt.wave_starts[w + 1]]
+        t = tiles[tt.wave_starts[w] : tt.wave_starts[w + 1]]
         assert ((t["segment"] >= ws[w]) & (t["segment"] < ws[w + 1])).all()
     for i, s in enumerate(segs):
         byte_units = s["rows"] == 1 or s["mode"] == 1
@@ -904,7 +1010,7 @@ def check_tiles(plan, tile_bytes):
         for k, t in enumerate(mine):
             b, c = int(t["begin"]), int(t["count"])
             assert c > 0 and b + c <= n
-            cover[b:b + c] += 1
+            cover[b : b + c] += 1
             if byte_units and k > 0:
                 assert (int(s["dst"]) + b) % 16 == 0, (s, t)
             if byte_units and not whole_row:  # about tile_bytes of work per tile
@@ -921,8 +1027,8 @@ def test_tiles_cover_every_byte_once(orient, tile_bytes):
     # with waves, and at an odd (non-16-aligned) destination: page views at 4-byte offsets
     layout = small_layout(orient)
     buf = torch.zeros(NB, 1 + (WIDTH * DIM + 6) + 3, dtype=torch.float32)
-    conv = buf[:, 1:1 + WIDTH * DIM].unflatten(1, layout.persistent[0].shape)
-    temp = buf[:, 1 + WIDTH * DIM:1 + WIDTH * DIM + 6].unflatten(1, (2, 3))
+    conv = buf[:, 1 : 1 + WIDTH * DIM].unflatten(1, layout.persistent[0].shape)
+    temp = buf[:, 1 + WIDTH * DIM : 1 + WIDTH * DIM + 6].unflatten(1, (2, 3))
     p = Planner(layout, [[conv, temp]])
     plan = p.plan_align(np.array([[1, 2, 3], [2, 4, 5]], np.int32), i32(0, 0), i32(1, 1), i32(3, 2))
     assert plan.num_waves == 2
@@ -955,8 +1061,9 @@ def test_single_overlapping_row_is_one_tile(tile_bytes):
 def test_reprs():
     layout, p, states, plan = mixed_plan()
     assert repr(p) == "Planner('GDN_ATTN', layers=2, blocks=10, device='cpu')"
-    assert repr(plan) == (f"CopyPlan(copies=12, segments={plan.num_segments}, requests=3, waves=1, "
-                          f"bytes={plan.nbytes})")
+    assert repr(plan) == (
+        f"CopyPlan(copies=12, segments={plan.num_segments}, requests=3, waves=1, bytes={plan.nbytes})"
+    )
     assert p.num_layers == 2 and p.num_blocks == NB and p.device == "cpu"
     assert p.layout == layout and p.states[0][0][0] is states[0][0]
     meta = p.state_meta
@@ -974,8 +1081,9 @@ def test_planning_from_several_threads_gives_the_serial_plans():
     steps = []
     for _ in range(64):
         ids = (rng.permutation(199)[:40] + 1).astype(np.int32).reshape(8, 5)
-        steps.append((ids, np.zeros(8, np.int32), np.full(8, 4, np.int32),
-                      rng.integers(1, NUM_SPEC + 2, 8).astype(np.int32)))
+        steps.append(
+            (ids, np.zeros(8, np.int32), np.full(8, 4, np.int32), rng.integers(1, NUM_SPEC + 2, 8).astype(np.int32))
+        )
     want = [p.plan_align(*s).segments.copy() for s in steps]
     with ThreadPoolExecutor(4) as ex:
         got = list(ex.map(lambda s: p.plan_align(*s).segments.copy(), steps * 4))
@@ -993,7 +1101,7 @@ def test_steady_state_reuses_pooled_segment_buffers():
     rng = np.random.default_rng(0)
     addrs = []
     for _ in range(1000):
-        ids = rng.permutation(np.arange(1, 64))[:5 * 6].reshape(6, 5).astype(np.int32)
+        ids = rng.permutation(np.arange(1, 64))[: 5 * 6].reshape(6, 5).astype(np.int32)
         na = rng.integers(1, NUM_SPEC + 2, 6).astype(np.int32)
         plan = p.plan_align(ids, np.zeros(6, np.int32), np.full(6, 4, np.int32), na)
         assert 0 < plan.num_segments <= 3 * 2 * 6 and len(plan) == 3 * 2 * 6

@@ -108,19 +108,17 @@ def _verify(
     return out, corr, kg
 
 
-def _closed_form(
-    state: torch.Tensor, corr: torch.Tensor, kg: torch.Tensor, n: int, kind: str
-) -> torch.Tensor:
+def _closed_form(state: torch.Tensor, corr: torch.Tensor, kg: torch.Tensor, n: int, kind: str) -> torch.Tensor:
     """``S_n = S_0 (.) A_{1..n} + sum_t (u_t k_t^T) (.) A_{t+1..n}`` in float64, literally."""
     K = state.shape[-1]
     S0 = state.double()
     u = corr.double()
     k = kg[..., :K].double()
-    gate = kg[..., K:].double() if kind == "kda" else kg[..., K:K + 1].double().expand_as(k)
+    gate = kg[..., K:].double() if kind == "kda" else kg[..., K : K + 1].double().expand_as(k)
     log_a = gate  # [B, H, Q, K]
 
     def A(lo: int, hi: int) -> torch.Tensor:  # prod of decays of tokens lo..hi (1-based)
-        return torch.exp(log_a[:, :, lo - 1:hi].sum(2))  # [B, H, K]
+        return torch.exp(log_a[:, :, lo - 1 : hi].sum(2))  # [B, H, K]
 
     S = S0 * A(1, n)[:, :, None, :]
     for t in range(1, n + 1):
@@ -200,8 +198,8 @@ def test_verify_commit_matches_sequential(case: tuple, data: st.DataObject) -> N
     torch.testing.assert_close(got, want, **TOL_F32)
     # Independent check of the math: the closed form, in float64, from the same records.
     for b in range(B):
-        closed = _closed_form(state[b:b + 1], corr[b:b + 1], kg[b:b + 1], n[b], kind)
-        torch.testing.assert_close(got[b:b + 1].double(), closed, **TOL_F32)
+        closed = _closed_form(state[b : b + 1], corr[b : b + 1], kg[b : b + 1], n[b], kind)
+        torch.testing.assert_close(got[b : b + 1].double(), closed, **TOL_F32)
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -257,9 +255,7 @@ def test_gdn_equals_kda_with_uniform_gate() -> None:
     out_k, corr_k, kg_k = _verify(state, kda_prep, v, "kda")
     torch.testing.assert_close(out_g, out_k, **TOL_F32)
     for n in range(Q + 1):
-        torch.testing.assert_close(
-            commit(state, corr_g, kg_g, n), commit(state, corr_k, kg_k, n), **TOL_F32
-        )
+        torch.testing.assert_close(commit(state, corr_g, kg_g, n), commit(state, corr_k, kg_k, n), **TOL_F32)
 
 
 @HYP
@@ -270,9 +266,7 @@ def test_bf16_keygate_records(case: tuple) -> None:
     out, corr, kg = _verify(state, prep, v, kind, keygate_dtype=torch.bfloat16)
     assert corr.dtype == torch.float32 and kg.dtype == torch.bfloat16
     exact_out, exact_states = sequential_decode(state, prep.q_hat, prep.k_hat, v, prep.gate, prep.beta)
-    rounded = prep._replace(
-        k_hat=prep.k_hat.bfloat16().float(), gate=prep.gate.bfloat16().float()
-    )
+    rounded = prep._replace(k_hat=prep.k_hat.bfloat16().float(), gate=prep.gate.bfloat16().float())
     r_out, r_states = sequential_decode(state, rounded.q_hat, rounded.k_hat, v, rounded.gate, rounded.beta)
     torch.testing.assert_close(out, r_out, **TOL_F32)
     torch.testing.assert_close(out, exact_out, **TOL_BF16)
@@ -321,9 +315,7 @@ def test_boundary_state_matches_sequential(case: tuple, data: st.DataObject) -> 
             torch.testing.assert_close(boundary[b], ref_states[b, pos], **TOL_F32)
     # state_at reads any intermediate state without committing.
     pos_t = torch.tensor([max(x, 0) for x in m])
-    torch.testing.assert_close(
-        state_at(state, corr, kg, pos_t), ref_states[torch.arange(B), pos_t], **TOL_F32
-    )
+    torch.testing.assert_close(state_at(state, corr, kg, pos_t), ref_states[torch.arange(B), pos_t], **TOL_F32)
 
 
 def test_boundary_arguments_come_together() -> None:
@@ -386,9 +378,7 @@ def test_prepare_formulas() -> None:
     q, k = torch.randn(B, Q, H, K, generator=g), torch.randn(B, Q, H, K, generator=g)
     q_hat, k_hat = normalize_qk(q, k)
     torch.testing.assert_close(k_hat, k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6))
-    torch.testing.assert_close(
-        q_hat, q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) * K**-0.5
-    )
+    torch.testing.assert_close(q_hat, q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6) * K**-0.5)
     A_log, raw_gs = torch.randn(H, generator=g), torch.randn(B, Q, H, generator=g)
     dt_h = torch.randn(H, generator=g)
     want = -torch.exp(A_log) * torch.log1p(torch.exp(raw_gs + dt_h))
@@ -446,14 +436,18 @@ def _good() -> dict[str, torch.Tensor]:
     state, prep, v = _window("kda", 2, 3, 2, 4, 5, seed=0)
     corr, kg = _records(state, "kda", 3)
     return dict(
-        state=state, q_hat=prep.q_hat, k_hat=prep.k_hat, v=v, gate=prep.gate, beta=prep.beta,
-        corrections_out=corr, keygate_out=kg,
+        state=state,
+        q_hat=prep.q_hat,
+        k_hat=prep.k_hat,
+        v=v,
+        gate=prep.gate,
+        beta=prep.beta,
+        corrections_out=corr,
+        keygate_out=kg,
     )
 
 
-@pytest.mark.parametrize(
-    "name", ["state", "q_hat", "k_hat", "v", "gate", "beta", "corrections_out", "keygate_out"]
-)
+@pytest.mark.parametrize("name", ["state", "q_hat", "k_hat", "v", "gate", "beta", "corrections_out", "keygate_out"])
 def test_verify_bad_shape_names_argument(name: str) -> None:
     args = _good()
     bad = args[name]

@@ -36,7 +36,6 @@ CONFIGS = [
 IDS = [f"{k}-{c}-{d}" for k, c, d in CONFIGS]
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Tiny tensors: one torch thread (extra threads only spin on a loaded 2-core machine)."""
@@ -50,22 +49,33 @@ def _one_thread():
 # helpers
 
 
-def make_layout(kind: str, conv_layout: str = "DS", dtype: str = "float32", *, heads: int = H,
-                dim: int = K, num_spec: int = NSPEC):
-    common = dict(conv_kernel_size=KC, num_spec=num_spec, conv_layout=conv_layout, dtype=dtype,
-                  ssm_dtype="float32", recover_ssm=True)
+def make_layout(
+    kind: str, conv_layout: str = "DS", dtype: str = "float32", *, heads: int = H, dim: int = K, num_spec: int = NSPEC
+):
+    common = dict(
+        conv_kernel_size=KC,
+        num_spec=num_spec,
+        conv_layout=conv_layout,
+        dtype=dtype,
+        ssm_dtype="float32",
+        recover_ssm=True,
+    )
     if kind == "gdn":
-        return layouts.gdn(num_k_heads=heads, num_v_heads=heads, head_k_dim=dim, head_v_dim=dim,
-                           **common)
+        return layouts.gdn(num_k_heads=heads, num_v_heads=heads, head_k_dim=dim, head_v_dim=dim, **common)
     return layouts.kda(num_heads=heads, head_dim=dim, **common)
 
 
-def make_cache(cfg, *, num_layers: int = 3, num_blocks: int = 24, max_requests: int = 6,
-               seed: int = 0, **kw) -> StateCache:
+def make_cache(
+    cfg, *, num_layers: int = 3, num_blocks: int = 24, max_requests: int = 6, seed: int = 0, **kw
+) -> StateCache:
     """A cache whose every block (null block included) holds random states."""
     kind, conv_layout, dtype = cfg
-    cache = StateCache(make_layout(kind, conv_layout, dtype, **kw), num_layers=num_layers,
-                       num_blocks=num_blocks, max_requests=max_requests)
+    cache = StateCache(
+        make_layout(kind, conv_layout, dtype, **kw),
+        num_layers=num_layers,
+        num_blocks=num_blocks,
+        max_requests=max_requests,
+    )
     g = torch.Generator().manual_seed(seed)
     bufs = cache.buffers()
     bufs["recurrent"].copy_(torch.randn(bufs["recurrent"].shape, generator=g) * 0.5)
@@ -99,8 +109,7 @@ def reference_states(cache: StateCache, layer: int, state0: torch.Tensor, inputs
     s = state0.float()
     for t in range(q_hat.shape[1]):
         sl = slice(t, t + 1)
-        _, st = recurrence.sequential_decode(s, q_hat[:, sl], k_r[:, sl], v[:, sl], g_r[:, sl],
-                                             beta[:, sl])
+        _, st = recurrence.sequential_decode(s, q_hat[:, sl], k_r[:, sl], v[:, sl], g_r[:, sl], beta[:, sl])
         s = st[:, 1]
         states.append(s)
     return torch.stack(states, dim=1)
@@ -155,8 +164,9 @@ def test_verify_commit_matches_sequential_decoding(cfg):
             got = cache.recurrent_state(layer)[torch.as_tensor(blocks)]
             torch.testing.assert_close(got, want, **TOL_F32)
             zero = n == 0
-            assert torch.equal(got[torch.as_tensor(zero)], state0[torch.as_tensor(zero)]), \
+            assert torch.equal(got[torch.as_tensor(zero)], state0[torch.as_tensor(zero)]), (
                 "a commit of 0 tokens must leave the state unchanged bit for bit"
+            )
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
@@ -175,8 +185,7 @@ def test_conv_verify_and_commit_match_a_plain_conv(cfg):
             seq = torch.cat([hist, x.transpose(1, 2)], dim=2)  # [B, dim, K-1+Q]
             y_ref = (seq.float().unfold(2, KC, 1) * w[None, :, None, :]).sum(-1).transpose(1, 2)
             torch.testing.assert_close(y, y_ref, **TOL_F32)
-            want_heads.append(torch.stack([seq[b, :, int(c): int(c) + KC - 1]
-                                           for b, c in enumerate(n)]))
+            want_heads.append(torch.stack([seq[b, :, int(c) : int(c) + KC - 1] for b, c in enumerate(n)]))
             cache.verify(layer, blocks, *window(cache, len(blocks), g))
         cache.commit(n, blocks)
         for layer, want in enumerate(want_heads):
@@ -223,8 +232,9 @@ def test_align_mode_writes_boundary_states(cfg):
         cache.verify(layer, blocks, *inputs)
         expect[layer] = (reference_states(cache, layer, state0, inputs), seq)
     rows = cache.commit(n, blocks, seq_lens=seq_lens, block_table=table, block_size=bs)
-    got_bnd = {int(r["request"]): (int(r["boundary_block"]), int(r["boundary_len"]))
-               for r in rows if r["boundary_block"] >= 0}
+    got_bnd = {
+        int(r["request"]): (int(r["boundary_block"]), int(r["boundary_len"])) for r in rows if r["boundary_block"] >= 0
+    }
     assert got_bnd == {r: (int(table[r, c]), m) for r, (c, m) in want_bnd.items()}
     written = {int(table[r, c]) for r, (c, _m) in want_bnd.items()}
     for layer, (ref, seq) in expect.items():
@@ -234,7 +244,7 @@ def test_align_mode_writes_boundary_states(cfg):
         for r, (c, m) in want_bnd.items():
             bb = int(table[r, c])
             torch.testing.assert_close(cache.recurrent_state(layer)[bb], ref[r, m], **TOL_F32)
-            assert torch.equal(conv_head(cache, layer, [bb])[0], seq[r, :, m: m + KC - 1])
+            assert torch.equal(conv_head(cache, layer, [bb])[0], seq[r, :, m : m + KC - 1])
         # every other block-table block (non-crossing requests included) is untouched
         for b in table.flatten().tolist():
             if b not in written:
@@ -291,19 +301,27 @@ def test_conv_verify_padding_rows_leave_every_state_untouched():
 
 REJECTED = {
     # name: (state_blocks, num_accepted, query_lens, seq_lens, block_table, message)
-    "same state block": ([3, 5, 3], [2, 2, 2], [Q, Q, Q], None, None,
-                         "requests 0 and 2 both write block 3"),
-    "query_len above the window": ([3, 5], [2, 2], [Q, Q + 1], None, None,
-                                   f"request 1: query_len = {Q + 1}"),
+    "same state block": ([3, 5, 3], [2, 2, 2], [Q, Q, Q], None, None, "requests 0 and 2 both write block 3"),
+    "query_len above the window": ([3, 5], [2, 2], [Q, Q + 1], None, None, f"request 1: query_len = {Q + 1}"),
     "negative query_len": ([3, 5], [2, 2], [-1, Q], None, None, "request 0: query_len = -1"),
     "block outside the pool": ([3, 99], [1, 1], [Q, Q], None, None, "request 1: state block 99"),
-    "boundary block is the running block": ([3, 5], [2, 2], [Q, Q], [0, 7], [[9, 10], [5, 11]],
-                                            "request 1: the boundary block (column 0) is the "
-                                            "request's running state block 5"),
-    "boundary block shared": ([3, 5], [2, 2], [Q, Q], [7, 7], [[9, 10], [9, 11]],
-                              "both write block 9"),
-    "boundary block is the null block": ([3, 5], [2, 2], [Q, Q], [7, 0], [[0, 10], [9, 11]],
-                                         "request 0: the boundary block (column 0) is 0"),
+    "boundary block is the running block": (
+        [3, 5],
+        [2, 2],
+        [Q, Q],
+        [0, 7],
+        [[9, 10], [5, 11]],
+        "request 1: the boundary block (column 0) is the request's running state block 5",
+    ),
+    "boundary block shared": ([3, 5], [2, 2], [Q, Q], [7, 7], [[9, 10], [9, 11]], "both write block 9"),
+    "boundary block is the null block": (
+        [3, 5],
+        [2, 2],
+        [Q, Q],
+        [7, 0],
+        [[0, 10], [9, 11]],
+        "request 0: the boundary block (column 0) is 0",
+    ),
 }
 
 
@@ -336,14 +354,12 @@ def test_align_mode_needs_all_three_inputs():
 
 
 def test_steady_state_1000_steps_reallocates_nothing():
-    cache = make_cache(("gdn", "SD", "float32"), num_layers=1, num_blocks=16, max_requests=2,
-                       heads=1, dim=4)
+    cache = make_cache(("gdn", "SD", "float32"), num_layers=1, num_blocks=16, max_requests=2, heads=1, dim=4)
     g = torch.Generator().manual_seed(8)
     bufs = cache.buffers()
     ptrs = {k: v.data_ptr() for k, v in bufs.items()}
     nbufs = len(bufs)
-    views = [t.data_ptr() for t in (*cache.workspace(0), cache.conv_state(0),
-                                    cache.recurrent_state(0))]
+    views = [t.data_ptr() for t in (*cache.workspace(0), cache.conv_state(0), cache.recurrent_state(0))]
     blocks = np.array([1, 2])
     table = np.array([[3, 4, 5], [6, 7, 8]])
     x, w = conv_inputs(cache, 2, g)
@@ -359,8 +375,9 @@ def test_steady_state_1000_steps_reallocates_nothing():
         cache.conv_verify(0, blocks, x, w)
         cache.verify(0, blocks, *inputs)
         seq = np.array([(3 * step) % 8, (5 * step) % 8])
-        rows = cache.commit(np.array([1 + step % Q, 1 + (step // 2) % Q]), blocks,
-                            seq_lens=seq, block_table=table, block_size=4)
+        rows = cache.commit(
+            np.array([1 + step % Q, 1 + (step // 2) % Q]), blocks, seq_lens=seq, block_table=table, block_size=4
+        )
         plan = cache.planner.plan_copy(np.array([1, 2]), np.array([9 + step % 3, 12]))
         seg_ptrs.add(plan.segments.ctypes.data)
         plan.execute()
@@ -371,8 +388,7 @@ def test_steady_state_1000_steps_reallocates_nothing():
             gc.collect()
             grown.append(tracemalloc.get_traced_memory()[0] - base)
     tracemalloc.stop()
-    assert [t.data_ptr() for t in (*cache.workspace(0), cache.conv_state(0),
-                                   cache.recurrent_state(0))] == views
+    assert [t.data_ptr() for t in (*cache.workspace(0), cache.conv_state(0), cache.recurrent_state(0))] == views
     # Copy plans' segment tables come from a few recycled buffers, not a growing set of
     # allocations. (Commit plans' 32-byte rows are fresh small allocations each step, so their
     # addresses churn; that they are released is what the tracemalloc bound below checks: each
@@ -422,12 +438,15 @@ def test_memory_report_of_the_kimi_k3_like_preset():
     assert ws["corrections"].nbytes + ws["keygate"].nbytes + ws["conv_window"].nbytes == rep.workspace_bytes
 
 
-@pytest.mark.parametrize("layout", [
-    layouts.kda(num_heads=2, head_dim=8, conv_kernel_size=4, num_spec=3),
-    layouts.gdn(num_k_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8, conv_kernel_size=4,
-                num_spec=3),
-    layouts.mamba1(intermediate_size=8, state_size=4, conv_kernel=4),
-], ids=["kda-plain", "gdn-plain", "mamba1"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        layouts.kda(num_heads=2, head_dim=8, conv_kernel_size=4, num_spec=3),
+        layouts.gdn(num_k_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8, conv_kernel_size=4, num_spec=3),
+        layouts.mamba1(intermediate_size=8, state_size=4, conv_kernel=4),
+    ],
+    ids=["kda-plain", "gdn-plain", "mamba1"],
+)
 def test_non_recover_ssm_layout_is_rejected(layout):
     with pytest.raises(LayoutError, match="not a RecoverSSM layout"):
         StateCache(layout, num_layers=1, num_blocks=4, max_requests=2)

@@ -125,19 +125,34 @@ class Recorder:
         v = dict(kl.values())
         table = None
         if kl.kernel == "rs_state_copy":  # the rows this step reads, as the kernel sees them now
-            rows = [ints_at(v["block_table"] + 4 * r * v["bt_row_stride"], v["bt_cols"]).tolist()
-                    for r in range(v["num_requests"])]
+            rows = [
+                ints_at(v["block_table"] + 4 * r * v["bt_row_stride"], v["bt_cols"]).tolist()
+                for r in range(v["num_requests"])
+            ]
             table = rows
-        self.calls.append(dict(v, kernel=kl.kernel, launch=kl, index=index, stream=stream, chunks=kl.grid[0],
-                               table=table, has_temporal=bool(v["flags"] & cuda.FLAG_HAS_TEMPORAL),
-                               decide=bool(v["flags"] & cuda.FLAG_DECIDE), err_at_launch=word_at(v["err"])))
+        self.calls.append(
+            dict(
+                v,
+                kernel=kl.kernel,
+                launch=kl,
+                index=index,
+                stream=stream,
+                chunks=kl.grid[0],
+                table=table,
+                has_temporal=bool(v["flags"] & cuda.FLAG_HAS_TEMPORAL),
+                decide=bool(v["flags"] & cuda.FLAG_DECIDE),
+                err_at_launch=word_at(v["err"]),
+            )
+        )
         if self.emulate:
             from support import emulation
 
             emulation.run(kl, grid=(3, kl.grid[1], kl.grid[2])).check(kl.kernel)
 
 
-def install(monkeypatch: Any, *, ops: bool = True, emulate: bool | None = None) -> tuple[FakeOps | None, Recorder | None]:
+def install(
+    monkeypatch: Any, *, ops: bool = True, emulate: bool | None = None
+) -> tuple[FakeOps | None, Recorder | None]:
     """Install the fake CUDA ops and/or a launch recorder (``emulate=None``: no recorder)."""
     fake = None
     if ops:
@@ -161,9 +176,9 @@ def random_states(layout: Any, nb: int, layers: int, rng: np.random.Generator) -
         layer = []
         for s in layout.persistent:
             t = torch.empty((nb, *s.shape), dtype=_DTYPES[s.dtype])
-            t.view(torch.uint8).copy_(torch.from_numpy(rng.integers(0, 256, size=t.nbytes, dtype=np.uint8))
-                                      .view(t.view(torch.uint8).shape))
+            t.view(torch.uint8).copy_(
+                torch.from_numpy(rng.integers(0, 256, size=t.nbytes, dtype=np.uint8)).view(t.view(torch.uint8).shape)
+            )
             layer.append(t)
         out.append(layer)
     return out
-

@@ -61,8 +61,17 @@ _FILES = {k["name"]: k["file"] for k in ABI["kernels"]}
 
 HOST_CXX = os.environ.get("RECOVERSSM_CXX", "g++")
 HOST_CXX_FLAGS = (
-    "-x", "c++", "-std=c++17", "-O1", "-fno-strict-aliasing", "-fvisibility=hidden", "-fno-gnu-unique",
-    "-Wall", "-Wextra", "-shared", "-fPIC",
+    "-x",
+    "c++",
+    "-std=c++17",
+    "-O1",
+    "-fno-strict-aliasing",
+    "-fvisibility=hidden",
+    "-fno-gnu-unique",
+    "-Wall",
+    "-Wextra",
+    "-shared",
+    "-fPIC",
 )
 
 _log = logging.getLogger("recoverssm_rs.tests.emulation")
@@ -119,8 +128,12 @@ def _cache_dir() -> Path:
             _log.warning("host emulation: cannot create %s (%s); using a private temporary folder", d, exc)
         if not private_dir(d):
             if d.is_dir():
-                _log.warning("host emulation: %s is not a private folder of this user (mode 0700, "
-                             "owned by uid %d); using a private temporary folder", d, os.getuid())
+                _log.warning(
+                    "host emulation: %s is not a private folder of this user (mode 0700, "
+                    "owned by uid %d); using a private temporary folder",
+                    d,
+                    os.getuid(),
+                )
             d = Path(tempfile.mkdtemp(prefix="recoverssm_rs-host-kernels-"))
             atexit.register(shutil.rmtree, d, ignore_errors=True)
         _cache = d
@@ -152,8 +165,17 @@ def host_library(name: str) -> ctypes.CDLL:
         log = _cache_dir() / f"{Path(name).stem}-{key}.log"
         if not so.exists():
             tmp = so.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            cmd = [cxx, *HOST_CXX_FLAGS, "-include", str(SHIM), "-I", str(KERNEL_DIR),
-                   "-o", str(tmp), str(KERNEL_DIR / name)]
+            cmd = [
+                cxx,
+                *HOST_CXX_FLAGS,
+                "-include",
+                str(SHIM),
+                "-I",
+                str(KERNEL_DIR),
+                "-o",
+                str(tmp),
+                str(KERNEL_DIR / name),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise RuntimeError(f"host build of {name} failed:\n{' '.join(cmd)}\n{proc.stderr}")
@@ -226,8 +248,15 @@ def device_desc(x: np.ndarray) -> Any:
     return FakeDeviceArray(int(x.ctypes.data), tuple(x.shape), tuple(x.strides), dtype=x.dtype.name)
 
 
-def run(kl: Any, *, grid: Sequence[int] | None = None, block: Sequence[int] | None = None, order: int = 0,
-        ranges: Iterable[Any] | None = None, stats: EmulationStats | None = None) -> EmulationStats:
+def run(
+    kl: Any,
+    *,
+    grid: Sequence[int] | None = None,
+    block: Sequence[int] | None = None,
+    order: int = 0,
+    ranges: Iterable[Any] | None = None,
+    stats: EmulationStats | None = None,
+) -> EmulationStats:
     """Run one core-built launch on the host (its grid and block unless overridden).
 
     ``order``: thread execution order (0 natural, 1 reversed, other: a seeded shuffle of the grid).
@@ -239,11 +268,13 @@ def run(kl: Any, *, grid: Sequence[int] | None = None, block: Sequence[int] | No
     b = (ctypes.c_uint * 3)(*[int(x) for x in (block or kl.block)])
     counters = (ctypes.c_longlong * 4)()
     rng, nrng = _ranges_arg(ranges)
-    rc = getattr(lib, f"rs_host_{kl.kernel}")(g, b, ctypes.c_ulonglong(order), rng, nrng, counters, kl.args_ptr,
-                                               kl.args_size)
+    rc = getattr(lib, f"rs_host_{kl.kernel}")(
+        g, b, ctypes.c_ulonglong(order), rng, nrng, counters, kl.args_ptr, kl.args_size
+    )
     if rc == -2:
-        raise EmulationError(f"{kl.kernel}: the core packed {kl.args_size} argument bytes, the kernel's parameters "
-                             "take another size")
+        raise EmulationError(
+            f"{kl.kernel}: the core packed {kl.args_size} argument bytes, the kernel's parameters take another size"
+        )
     if stats is None:
         stats = EmulationStats()
     stats.add(list(counters))
@@ -275,8 +306,9 @@ def emulate_copy_tiles(
     stats = EmulationStats()
     for w in range(len(wave_starts) - 1):
         first, n = int(wave_starts[w]), int(wave_starts[w + 1]) - int(wave_starts[w])
-        kl = _core.copy_tiles_launch(segments=int(seg.ctypes.data), tiles=int(til.ctypes.data), first_tile=first,
-                                     num_tiles=n, max_ctas=grid)
+        kl = _core.copy_tiles_launch(
+            segments=int(seg.ctypes.data), tiles=int(til.ctypes.data), first_tile=first, num_tiles=n, max_ctas=grid
+        )
         if kl is not None:
             run(kl, block=(threads, 1, 1), order=order, ranges=ranges, stats=stats)
     if check:
@@ -320,11 +352,23 @@ def emulate_state_copy(
         has_temporal = bool(np.any(m["kind"] == CONSTANTS["RS_KIND_TEMPORAL"]))
     if err is None:
         err = np.zeros(3, dtype=np.int32)
-    fused = _core.FusedCopy(device="cuda:0", metas=int(m.ctypes.data), num_meta=len(m), max_accepted=max_accepted,
-                            num_blocks=num_blocks, has_temporal=bool(has_temporal), chunks=chunks,
-                            err=int(err.ctypes.data))
-    kl = fused.launch(block_table=device_desc(bt), src_col=device_desc(s), second=device_desc(x),
-                      num_accepted=device_desc(a), block_size=block_size)
+    fused = _core.FusedCopy(
+        device="cuda:0",
+        metas=int(m.ctypes.data),
+        num_meta=len(m),
+        max_accepted=max_accepted,
+        num_blocks=num_blocks,
+        has_temporal=bool(has_temporal),
+        chunks=chunks,
+        err=int(err.ctypes.data),
+    )
+    kl = fused.launch(
+        block_table=device_desc(bt),
+        src_col=device_desc(s),
+        second=device_desc(x),
+        num_accepted=device_desc(a),
+        block_size=block_size,
+    )
     stats = EmulationStats()
     if kl is not None:
         grid = None if grid_yz is None else (kl.grid[0], grid_yz[0], grid_yz[1])
@@ -369,17 +413,35 @@ def emulate_recover_commit(
         stats = EmulationStats()
     if n and layers:
         if grid is None:
-            ck = _core.CommitLaunch(m.view(np.uint8), device="cuda:0", metas=int(m.ctypes.data), num_blocks=num_blocks,
-                                    max_requests=max_requests, err=int(err.ctypes.data), threads=threads)
-            kl = ck.launch(rows=device_desc(rw.view(np.uint8)),
-                           num_accepted=None if counts is None else device_desc(counts))
+            ck = _core.CommitLaunch(
+                m.view(np.uint8),
+                device="cuda:0",
+                metas=int(m.ctypes.data),
+                num_blocks=num_blocks,
+                max_requests=max_requests,
+                err=int(err.ctypes.data),
+                threads=threads,
+            )
+            kl = ck.launch(
+                rows=device_desc(rw.view(np.uint8)), num_accepted=None if counts is None else device_desc(counts)
+            )
         else:
             rec_ctas, conv_ctas = int(grid[0]), int(grid[1])
-            values = [int(m.ctypes.data), layers, int(rw.ctypes.data), n,
-                      0 if counts is None else int(counts.ctypes.data), 0 if counts is None else counts.size,
-                      num_blocks, max_requests, rec_ctas, int(err.ctypes.data)]
-            kl = _core.pack_launch("rs_recover_commit", (rec_ctas + conv_ctas, min(n, 65535), min(layers, 65535)),
-                                   (threads, 1, 1), values)
+            values = [
+                int(m.ctypes.data),
+                layers,
+                int(rw.ctypes.data),
+                n,
+                0 if counts is None else int(counts.ctypes.data),
+                0 if counts is None else counts.size,
+                num_blocks,
+                max_requests,
+                rec_ctas,
+                int(err.ctypes.data),
+            ]
+            kl = _core.pack_launch(
+                "rs_recover_commit", (rec_ctas + conv_ctas, min(n, 65535), min(layers, 65535)), (threads, 1, 1), values
+            )
         if kl is not None:
             g = None if grid_yz is None else (kl.grid[0], grid_yz[0], grid_yz[1])
             run(kl, grid=g, order=order, ranges=rng, stats=stats)

@@ -21,16 +21,27 @@ class FakeDeviceArray:
     """A CUDA array as the launch layer sees a CuPy array: ``__cuda_array_interface__`` (version 3:
     data, shape, byte strides, typestr), ``shape``, ``dtype`` and ``device.id``. It owns no memory."""
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None = None,
-                 dtype: str = "int32", device_id: int = 0) -> None:
+    def __init__(
+        self,
+        ptr: int,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...] | None = None,
+        dtype: str = "int32",
+        device_id: int = 0,
+    ) -> None:
         dt = np.dtype(dtype)
         self.shape, self.dtype = tuple(shape), dt
         if strides is None:
-            strides = tuple(dt.itemsize * int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+            strides = tuple(dt.itemsize * int(np.prod(shape[i + 1 :])) for i in range(len(shape)))
         self.strides = tuple(strides)
         self.device = SimpleNamespace(id=device_id)
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape, "strides": self.strides,
-                                         "typestr": dt.str, "version": 3}
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False),
+            "shape": self.shape,
+            "strides": self.strides,
+            "typestr": dt.str,
+            "version": 3,
+        }
 
 
 class FakeStream:
@@ -48,7 +59,7 @@ def unpack_args(kernel: str, buf: bytes) -> list[int]:
     for _, ctype in spec["params"]:
         size = 8 if ctype.endswith("*") else _SIZES[ctype]
         off = (off + size - 1) // size * size
-        out.append(int.from_bytes(buf[off:off + size], "little", signed=ctype.startswith("int")))
+        out.append(int.from_bytes(buf[off : off + size], "little", signed=ctype.startswith("int")))
         off += size
     assert off == len(buf), f"{kernel}: {len(buf)} argument bytes, the declaration takes {off}"
     return out
@@ -88,8 +99,9 @@ def install_fake_cupy(monkeypatch: Any) -> SimpleNamespace:
         def __exit__(self, *exc: Any) -> bool:
             return False
 
-    def launch_kernel(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, stream: int,
-                      params: int, extra: int) -> None:
+    def launch_kernel(
+        fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int, stream: int, params: int, extra: int
+    ) -> None:
         assert shmem == 0 and params == 0
         marks = (ctypes.c_size_t * 5).from_address(extra)
         assert (marks[0], marks[2], marks[4]) == (1, 2, 0), "extra: BUFFER_POINTER, ., BUFFER_SIZE, ., END"

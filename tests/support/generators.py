@@ -304,9 +304,16 @@ class CommitProblem:
             strides = [stride0] + [int(np.prod(shape[i + 1 :])) for i in range(1, len(shape))]
             out[name].append(flat.as_strided(shape, strides))
         has_conv = bool(out["conv"])
-        return CommitTensors(out["recurrent"], out["corrections"], out["keygate"],
-                             out["conv"] if has_conv else None, out["conv_window"] if has_conv else None,
-                             self.kind, self.conv_layout, self.conv_kernel_size)
+        return CommitTensors(
+            out["recurrent"],
+            out["corrections"],
+            out["keygate"],
+            out["conv"] if has_conv else None,
+            out["conv_window"] if has_conv else None,
+            self.kind,
+            self.conv_layout,
+            self.conv_kernel_size,
+        )
 
     def fill(self, arena: Any, seed: int) -> None:
         """Random bytes everywhere, then sensible values in the tensors: states ~ N(0, 0.25),
@@ -433,4 +440,3 @@ def owned_step(rng: np.random.Generator, R: int, cols: int, max_acc: int, nb: in
         src[0], dst[0], acc[0] = 0, 0, max_acc
         src[1], dst[1], acc[1] = 0, cols - 1, max(1, max_acc - 1)
     return bt, src, dst, acc
-

@@ -97,7 +97,9 @@ def make_tiles(
     starts.append(len(tiles))
     if len(seg) == 0:
         starts = [0, 0]
-    return np.array(tiles, dtype=np.uint32).reshape(-1, 4).view(TILE_DTYPE).reshape(-1), np.array(starts, dtype=np.int64)
+    return np.array(tiles, dtype=np.uint32).reshape(-1, 4).view(TILE_DTYPE).reshape(-1), np.array(
+        starts, dtype=np.int64
+    )
 
 
 # ================================================================================================
@@ -134,12 +136,14 @@ def reference_execute_segments(buf: np.ndarray, segments: Any, base: int | None 
     for si in np.argsort(seg["wave"], kind="stable"):
         s = seg[si]
         rows = int(s["rows"])
-        _copy_rows(buf, int(s["src"]) - b, int(s["dst"]) - b, int(s["row_bytes"]), rows,
-                   int(s["pitch"]) if rows > 1 else 0)
+        _copy_rows(
+            buf, int(s["src"]) - b, int(s["dst"]) - b, int(s["row_bytes"]), rows, int(s["pitch"]) if rows > 1 else 0
+        )
 
 
-def _decide(bt_row: np.ndarray, cols: int, s: int, d: int, a: int, max_accepted: int, num_blocks: int,
-            temporal: bool) -> tuple[int, tuple[int, int, int, int] | None]:
+def _decide(
+    bt_row: np.ndarray, cols: int, s: int, d: int, a: int, max_accepted: int, num_blocks: int, temporal: bool
+) -> tuple[int, tuple[int, int, int, int] | None]:
     # The host planner's order (rust/plan/step.rs), as rs_decide in state_copy.cu.
     if s < 0 or d < 0:
         return 0, None
@@ -161,8 +165,9 @@ def _decide(bt_row: np.ndarray, cols: int, s: int, d: int, a: int, max_accepted:
     return 0, (src_blk, dst_blk, s, a)
 
 
-def _apply_state(buf: np.ndarray, b: int, m: np.void, bt_row: np.ndarray, cols: int, num_blocks: int,
-                 q: tuple[int, int, int, int]) -> int:
+def _apply_state(
+    buf: np.ndarray, b: int, m: np.void, bt_row: np.ndarray, cols: int, num_blocks: int, q: tuple[int, int, int, int]
+) -> int:
     src_blk, dst_blk, s, a = q
     meta_blocks = int(m["num_blocks"])
     if dst_blk >= meta_blocks:
@@ -260,8 +265,19 @@ def reference_state_copy(
     return err
 
 
-def _finish(buf: np.ndarray, b: int, m: np.ndarray, bt_row: np.ndarray, cols: int, num_blocks: int, code: int,
-            q: tuple[int, int, int, int] | None, err: np.ndarray, r: int, n: int) -> None:
+def _finish(
+    buf: np.ndarray,
+    b: int,
+    m: np.ndarray,
+    bt_row: np.ndarray,
+    cols: int,
+    num_blocks: int,
+    code: int,
+    q: tuple[int, int, int, int] | None,
+    err: np.ndarray,
+    r: int,
+    n: int,
+) -> None:
     if code:
         _report(err, code, r, n)
         return
@@ -302,8 +318,16 @@ class CommitTensors:
 
     def meta(self) -> np.ndarray:
         """The kernel's :data:`~recoverssm_rs.cuda.COMMIT_META_DTYPE` table for these tensors."""
-        return build_commit_meta(self.recurrent, self.corrections, self.keygate, self.conv, self.conv_window,
-                                 kind=self.kind, conv_layout=self.conv_layout, conv_kernel_size=self.conv_kernel_size)
+        return build_commit_meta(
+            self.recurrent,
+            self.corrections,
+            self.keygate,
+            self.conv,
+            self.conv_window,
+            kind=self.kind,
+            conv_layout=self.conv_layout,
+            conv_kernel_size=self.conv_kernel_size,
+        )
 
     def all(self) -> list[Any]:
         out = self.recurrent + self.corrections + self.keygate
@@ -341,7 +365,6 @@ def reference_recover_commit(
     ``1 <= boundary_len <= count``.
     """
     import torch
-
 
     rw = records_of(rows, COMMIT_ROW_DTYPE, "rows")
     counts_in = None if num_accepted is None else np.asarray(num_accepted, dtype=np.int64).reshape(-1)
@@ -381,8 +404,9 @@ def reference_recover_commit(
         s0 = rec[sb]
         bout = torch.empty_like(s0) if has_b.any() else None
         bcounts = torch.as_tensor(np.where(has_b, blen, -1), device=dev)
-        new = recurrence.commit(s0, corr[req], kg[req], n_t, boundary_counts=bcounts if bout is not None else None,
-                                boundary_out=bout)
+        new = recurrence.commit(
+            s0, corr[req], kg[req], n_t, boundary_counts=bcounts if bout is not None else None, boundary_out=bout
+        )
         bmask = torch.as_tensor(has_b, device=dev)
         bb = torch.as_tensor(rm["boundary_block"][has_b].astype(np.int64), device=dev)
         if bout is not None:

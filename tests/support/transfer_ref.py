@@ -28,25 +28,67 @@ class Family:
 FAMILIES = {
     f.name: f
     for f in [
-        Family("mamba1", "mamba1", dict(intermediate_size=16, state_size=3, conv_kernel=4),
-               [("x", 16, 1)], 16, (3,), spec=False),
-        Family("mamba2", "mamba2", dict(intermediate_size=16, n_groups=2, num_heads=8, head_dim=2, state_size=3,
-                                        conv_kernel=4),
-               [("x", 16, 1), ("B", 2, 3), ("C", 2, 3)], 8, (2, 3)),
-        Family("mamba2_g1", "mamba2", dict(intermediate_size=16, n_groups=1, num_heads=8, head_dim=2, state_size=3,
-                                           conv_kernel=4, logical_window=4),
-               [("x", 16, 1), ("B", 1, 3), ("C", 1, 3)], 8, (2, 3)),
+        Family(
+            "mamba1",
+            "mamba1",
+            dict(intermediate_size=16, state_size=3, conv_kernel=4),
+            [("x", 16, 1)],
+            16,
+            (3,),
+            spec=False,
+        ),
+        Family(
+            "mamba2",
+            "mamba2",
+            dict(intermediate_size=16, n_groups=2, num_heads=8, head_dim=2, state_size=3, conv_kernel=4),
+            [("x", 16, 1), ("B", 2, 3), ("C", 2, 3)],
+            8,
+            (2, 3),
+        ),
+        Family(
+            "mamba2_g1",
+            "mamba2",
+            dict(
+                intermediate_size=16, n_groups=1, num_heads=8, head_dim=2, state_size=3, conv_kernel=4, logical_window=4
+            ),
+            [("x", 16, 1), ("B", 1, 3), ("C", 1, 3)],
+            8,
+            (2, 3),
+        ),
         Family("short_conv", "short_conv", dict(intermediate_size=16, conv_kernel=3), [("x", 16, 1)]),
         Family("linear_attention", "linear_attention", dict(num_heads=8, head_dim=3), [], 8, (3, 3), conv=False),
-        Family("gdn", "gdn", dict(num_k_heads=8, num_v_heads=16, head_k_dim=2, head_v_dim=3, conv_kernel_size=4),
-               [("q", 8, 2), ("k", 8, 2), ("v", 16, 3)], 16, (3, 2)),
-        Family("kda", "kda", dict(num_heads=8, head_dim=2, conv_kernel_size=4),
-               [("q", 8, 2), ("k", 8, 2), ("v", 8, 2)], 8, (2, 2)),
-        Family("gdn_recoverssm", "gdn", dict(num_k_heads=8, num_v_heads=8, head_k_dim=2, head_v_dim=2,
-                                             conv_kernel_size=4, recover_ssm=True),
-               [("q", 8, 2), ("k", 8, 2), ("v", 8, 2)], 8, (2, 2)),
-        Family("kda_recoverssm", "kda", dict(num_heads=8, head_dim=3, conv_kernel_size=4, recover_ssm=True),
-               [("q", 8, 3), ("k", 8, 3), ("v", 8, 3)], 8, (3, 3)),
+        Family(
+            "gdn",
+            "gdn",
+            dict(num_k_heads=8, num_v_heads=16, head_k_dim=2, head_v_dim=3, conv_kernel_size=4),
+            [("q", 8, 2), ("k", 8, 2), ("v", 16, 3)],
+            16,
+            (3, 2),
+        ),
+        Family(
+            "kda",
+            "kda",
+            dict(num_heads=8, head_dim=2, conv_kernel_size=4),
+            [("q", 8, 2), ("k", 8, 2), ("v", 8, 2)],
+            8,
+            (2, 2),
+        ),
+        Family(
+            "gdn_recoverssm",
+            "gdn",
+            dict(num_k_heads=8, num_v_heads=8, head_k_dim=2, head_v_dim=2, conv_kernel_size=4, recover_ssm=True),
+            [("q", 8, 2), ("k", 8, 2), ("v", 8, 2)],
+            8,
+            (2, 2),
+        ),
+        Family(
+            "kda_recoverssm",
+            "kda",
+            dict(num_heads=8, head_dim=3, conv_kernel_size=4, recover_ssm=True),
+            [("q", 8, 3), ("k", 8, 3), ("v", 8, 3)],
+            8,
+            (3, 3),
+        ),
     ]
 }
 
@@ -56,6 +98,8 @@ CONV_DTYPE = "float16"
 def kernel_of(fam: Family) -> int:
     """The family's conv kernel size (vLLM names it conv_kernel or conv_kernel_size), 0 without conv."""
     return int(fam.params.get("conv_kernel_size", fam.params.get("conv_kernel", 0)))
+
+
 SSM_DTYPE = "float32"
 
 
@@ -99,6 +143,7 @@ def conv_channels(fam: Family) -> int:
 @dataclass
 class Truth:
     """Per (request, layer): the full conv window ``(width, channels)`` and temporal state."""
+
     conv: dict[tuple[int, int], np.ndarray]
     temporal: dict[tuple[int, int], np.ndarray]
 
@@ -130,21 +175,24 @@ def page_views(lay: Any, buf: np.ndarray) -> list[np.ndarray]:
     for s in lay.persistent:
         dt = np.dtype(s.dtype)
         inner = np.array(s.shape, dtype=np.int64)
-        strides = [page] + [int(np.prod(inner[i + 1:])) * dt.itemsize for i in range(len(inner))]
+        strides = [page] + [int(np.prod(inner[i + 1 :])) * dt.itemsize for i in range(len(inner))]
         views.append(np.ndarray(shape=(buf.size // page, *s.shape), dtype=dt, buffer=buf, offset=off, strides=strides))
         off += _align(s.nbytes)
     return views
 
 
-def paged_states(lay: Any, num_layers: int, num_blocks: int, rng: np.random.Generator) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+def paged_states(
+    lay: Any, num_layers: int, num_blocks: int, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
     """One uint8 page buffer per layer (random bytes), and per layer the persistent state tensors
     as strided views into it."""
     bufs = [rng.integers(0, 256, size=num_blocks * page_bytes(lay), dtype=np.uint8) for _ in range(num_layers)]
     return bufs, [page_views(lay, b) for b in bufs]
 
 
-def write_rank(fam: Family, lay: Any, states: list[list[np.ndarray]], truth: Truth, tp: int, rank: int,
-               blocks: list[int]) -> None:
+def write_rank(
+    fam: Family, lay: Any, states: list[list[np.ndarray]], truth: Truth, tp: int, rank: int, blocks: list[int]
+) -> None:
     """Writes rank ``rank``'s shard of the truth into ``blocks`` (request i -> blocks[i])."""
     ch = rank_channels(fam, tp, rank) if fam.conv else None
     for (r, layer), g in truth.conv.items():
@@ -156,8 +204,17 @@ def write_rank(fam: Family, lay: Any, states: list[list[np.ndarray]], truth: Tru
         states[layer][hi][blocks[r]] = g[rank_heads(fam, tp, rank)]
 
 
-def expected_destination(fam: Family, dlay: Any, before: list[np.ndarray], truth: Truth, src_width: int, tp: int,
-                         rank: int, blocks: list[int], kernel: int) -> list[np.ndarray]:
+def expected_destination(
+    fam: Family,
+    dlay: Any,
+    before: list[np.ndarray],
+    truth: Truth,
+    src_width: int,
+    tp: int,
+    rank: int,
+    blocks: list[int],
+    kernel: int,
+) -> list[np.ndarray]:
     """The destination's page buffers after the transfer: the shard written where the transfer
     writes (the whole window when widths match, else the first ``kernel - 1`` columns), every
     other byte as before."""
@@ -184,8 +241,9 @@ def pool(lay: Any, states: list[list[np.ndarray]], rank: int) -> StatePool:
     return StatePool(lay, states, tp_rank=rank, block_size=16)
 
 
-def serve_sources(conn: Any, fam_name: str, tp: int, num_spec: int, conv_layout: str, seed: int,
-                  blocks: list[int], num_layers: int) -> None:
+def serve_sources(
+    conn: Any, fam_name: str, tp: int, num_spec: int, conv_layout: str, seed: int, blocks: list[int], num_layers: int
+) -> None:
     """Child process: the source instance. Builds ``tp`` ranks holding the truth (from ``seed``)
     in ``blocks``, registers each with NIXL, sends the handshake infos, serves until told to stop."""
     from recoverssm_rs.transfer.nixl import NixlEndpoint

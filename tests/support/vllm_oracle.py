@@ -69,8 +69,23 @@ def wheel() -> Path:
     # Into a folder of its own first, then moved into place: an interrupted download leaves no
     # partial wheel in the cache.
     with tempfile.TemporaryDirectory(dir=d, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps", "--only-binary", ":all:",
-               "--timeout", "60", "--retries", "2", "-d", tmp, "--quiet"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"vllm=={VERSION}",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--timeout",
+            "60",
+            "--retries",
+            "2",
+            "-d",
+            tmp,
+            "--quiet",
+        ]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -175,7 +190,9 @@ def _stubs(envs: types.ModuleType) -> dict[str, types.ModuleType]:
         "vllm.distributed": _module("vllm.distributed", divide=lambda a, b: a // b),
         "vllm.logger": _module("vllm.logger", init_logger=lambda name: _Logger()),
         "vllm.utils": _module("vllm.utils"),
-        "vllm.utils.torch_utils": _module("vllm.utils.torch_utils", STR_DTYPE_TO_TORCH_DTYPE={"float32": torch.float32}),
+        "vllm.utils.torch_utils": _module(
+            "vllm.utils.torch_utils", STR_DTYPE_TO_TORCH_DTYPE={"float32": torch.float32}
+        ),
         "vllm.utils.math_utils": _module("vllm.utils.math_utils", cdiv=cdiv),
         "vllm.utils.gpu_sync_debug": _module("vllm.utils.gpu_sync_debug", gpu_sync_allowed=contextlib.nullcontext),
         "vllm.triton_utils": _module("vllm.triton_utils", tl=tl, triton=triton),

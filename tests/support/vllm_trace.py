@@ -45,8 +45,17 @@ class Req:
 class Sim:
     """Shared engine state of one trace (block pool, requests, block tables)."""
 
-    def __init__(self, groups: list[GroupCfg], block_size: int, nsb: int, conv_layout: str, seed: int,
-                 num_blocks: int = 600, max_reqs: int = 8, max_cols: int = 24) -> None:
+    def __init__(
+        self,
+        groups: list[GroupCfg],
+        block_size: int,
+        nsb: int,
+        conv_layout: str,
+        seed: int,
+        num_blocks: int = 600,
+        max_reqs: int = 8,
+        max_cols: int = 24,
+    ) -> None:
         self.rng = np.random.default_rng(seed)
         self.groups, self.bs, self.nsb, self.layout = groups, block_size, nsb, conv_layout
         self.nb, self.max_reqs, self.cols = num_blocks, max_reqs, max_cols
@@ -85,7 +94,7 @@ class Sim:
                 if shared_pages:
                     ts, off = [], 0
                     for s in self.shapes(g):
-                        inner = [int(np.prod(s[k + 1:])) for k in range(len(s))]
+                        inner = [int(np.prod(s[k + 1 :])) for k in range(len(s))]
                         ts.append(pages[li].as_strided((self.nb, *s), (pages[li].stride(0), *inner), off))
                         off += int(np.prod(s))
                 else:
@@ -158,7 +167,9 @@ class Sim:
         lo = max(0, min(prev, curr) - 1)
         for gi in range(len(self.groups)):
             for col in range(lo, curr + self.nsb + 1):
-                if col not in r.cols[gi] and not (r.computed > 0 and r.running < 0 and col < (r.computed - 1) // self.bs):
+                if col not in r.cols[gi] and not (
+                    r.computed > 0 and r.running < 0 and col < (r.computed - 1) // self.bs
+                ):
                     r.cols[gi][col] = self.alloc()
         assert curr + self.nsb < self.cols, "trace too long for the block-table width"
 
@@ -200,21 +211,32 @@ class Side:
         self.layer_names = [[f"g{gi}.l{li}" for li in range(g.layers)] for gi, g in enumerate(sim.groups)]
         self.forward_context = {
             name: types.SimpleNamespace(kv_cache=states[gi][li])
-            for gi, names in enumerate(self.layer_names) for li, name in enumerate(names)
+            for gi, names in enumerate(self.layer_names)
+            for li, name in enumerate(names)
         }
         self.specs = [
-            vllm_oracle.MambaSpec(shapes=tuple(sim.shapes(g)), dtypes=tuple([g.dtype] * len(KINDS[g.mamba_type])),
-                                  block_size=sim.bs, mamba_type=g.mamba_type, num_speculative_blocks=sim.nsb)
+            vllm_oracle.MambaSpec(
+                shapes=tuple(sim.shapes(g)),
+                dtypes=tuple([g.dtype] * len(KINDS[g.mamba_type])),
+                block_size=sim.bs,
+                mamba_type=g.mamba_type,
+                num_speculative_blocks=sim.nsb,
+            )
             for g in sim.groups
         ]
-        self.kv_cache_config = types.SimpleNamespace(kv_cache_groups=[
-            types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)
-            for spec, names in zip(self.specs, self.layer_names)
-        ])
+        self.kv_cache_config = types.SimpleNamespace(
+            kv_cache_groups=[
+                types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)
+                for spec, names in zip(self.specs, self.layer_names)
+            ]
+        )
         self.acc_tensor = torch.ones(sim.max_reqs, dtype=torch.int32)
         self.input_batch = types.SimpleNamespace(
-            req_ids=[], block_table=[BlockTable(sim.max_reqs, sim.cols) for _ in sim.groups],
-            num_accepted_tokens_cpu=self.acc_tensor.numpy(), num_accepted_tokens_cpu_tensor=self.acc_tensor)
+            req_ids=[],
+            block_table=[BlockTable(sim.max_reqs, sim.cols) for _ in sim.groups],
+            num_accepted_tokens_cpu=self.acc_tensor.numpy(),
+            num_accepted_tokens_cpu_tensor=self.acc_tensor,
+        )
         self.requests: dict[str, Any] = {}
         self.ns = ns
 
@@ -237,18 +259,24 @@ class Side:
         self.requests = {
             r.rid: types.SimpleNamespace(
                 num_computed_tokens=r.computed,
-                block_ids=tuple([int(x) for x in ib.block_table[gi].t[i].tolist()] for gi in range(len(self.sim.groups))))
+                block_ids=tuple(
+                    [int(x) for x in ib.block_table[gi].t[i].tolist()] for gi in range(len(self.sim.groups))
+                ),
+            )
             for i, r in enumerate(batch)
         }
 
 
-def scheduler_output(batch: list[Req], sched: dict[str, tuple[int, int]], finished: set[str], preempted: set[str],
-                     resumed: set[str]) -> types.SimpleNamespace:
+def scheduler_output(
+    batch: list[Req], sched: dict[str, tuple[int, int]], finished: set[str], preempted: set[str], resumed: set[str]
+) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         num_scheduled_tokens={r.rid: sched[r.rid][0] for r in batch},
         scheduled_spec_decode_tokens={r.rid: [0] * sched[r.rid][1] for r in batch if sched[r.rid][1]},
-        finished_req_ids=finished, preempted_req_ids=preempted,
-        scheduled_cached_reqs=types.SimpleNamespace(resumed_req_ids=resumed))
+        finished_req_ids=finished,
+        preempted_req_ids=preempted,
+        scheduled_cached_reqs=types.SimpleNamespace(resumed_req_ids=resumed),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -265,27 +293,49 @@ class VllmSide:
         self.funcs = side.copy_funcs(ns)
         self.mamba_state_idx: dict[str, int] = {}
         self.bufs = ns.wmu.MambaBuffers.create(
-            sim.max_reqs, side.kv_cache_config, self.funcs,
-            lambda n, dtype: vllm_oracle.CpuGpuBuffer(n, dtype=dtype), torch.device("cpu"), sim.nsb > 0)
+            sim.max_reqs,
+            side.kv_cache_config,
+            self.funcs,
+            lambda n, dtype: vllm_oracle.CpuGpuBuffer(n, dtype=dtype),
+            torch.device("cpu"),
+            sim.nsb > 0,
+        )
         self.cache_config = types.SimpleNamespace(enable_prefix_caching=True)
 
     def pre(self, so: Any) -> None:
         s, ib = self.side, self.side.input_batch
-        self.ns.wmu.preprocess_mamba(so, s.kv_cache_config, self.cache_config, self.mamba_state_idx, ib, s.requests,
-                                     s.forward_context, self.funcs, self.bufs.preprocess, self.bufs.postprocess_align)
+        self.ns.wmu.preprocess_mamba(
+            so,
+            s.kv_cache_config,
+            self.cache_config,
+            self.mamba_state_idx,
+            ib,
+            s.requests,
+            s.forward_context,
+            self.funcs,
+            self.bufs.preprocess,
+            self.bufs.postprocess_align,
+        )
         ctx = self.bufs.postprocess_align
         if ctx is not None:
-            self.ns.wmu.stage_postprocess_inputs_to_gpu(ctx, so, ib.req_ids, len(ib.req_ids), s.requests,
-                                                        self.mamba_state_idx)
+            self.ns.wmu.stage_postprocess_inputs_to_gpu(
+                ctx, so, ib.req_ids, len(ib.req_ids), s.requests, self.mamba_state_idx
+            )
 
     def post(self, accepted: np.ndarray) -> np.ndarray:
         s, ib = self.side, self.side.input_batch
         n = len(ib.req_ids)
         if self.bufs.postprocess_align is not None and n:
             self.ns.wmu.postprocess_mamba_align_gpu(
-                bufs=self.bufs, num_reqs=n, num_accepted_tokens_gpu=torch.tensor(accepted, dtype=torch.int32),
-                num_accepted_tokens_cpu_tensor=ib.num_accepted_tokens_cpu_tensor, input_batch=ib,
-                kv_cache_config=s.kv_cache_config, forward_context=s.forward_context, mamba_state_copy_funcs=self.funcs)
+                bufs=self.bufs,
+                num_reqs=n,
+                num_accepted_tokens_gpu=torch.tensor(accepted, dtype=torch.int32),
+                num_accepted_tokens_cpu_tensor=ib.num_accepted_tokens_cpu_tensor,
+                input_batch=ib,
+                kv_cache_config=s.kv_cache_config,
+                forward_context=s.forward_context,
+                mamba_state_copy_funcs=self.funcs,
+            )
             return ib.num_accepted_tokens_cpu[:n].astype(np.int64).copy()
         return accepted.copy()
 
@@ -299,8 +349,13 @@ class HostAdapterSide:
         from recoverssm_rs.vllm import VllmMambaStep
 
         self.side = side
-        self.step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None),
-                                              max_num_reqs=side.sim.max_reqs, conv_layout=conv_layout)
+        self.step = VllmMambaStep.from_runner(
+            side.kv_cache_config,
+            side.forward_context,
+            side.copy_funcs(None),
+            max_num_reqs=side.sim.max_reqs,
+            conv_layout=conv_layout,
+        )
 
     def pre(self, so: Any) -> None:
         self.step.preprocess(so, self.side.input_batch, self.side.requests)
@@ -325,8 +380,11 @@ def _equal(a: list[list[list[torch.Tensor]]], b: list[list[list[torch.Tensor]]])
         for li, (la, lb) in enumerate(zip(ga, gb)):
             for si, (ta, tb) in enumerate(zip(la, lb)):
                 tb = tb.cpu()
-                same = (torch.equal(ta.view(torch.uint8), tb.view(torch.uint8)) if ta.is_contiguous()
-                        else torch.equal(ta, tb) and torch.equal(ta._base.view(torch.uint8), tb._base.view(torch.uint8)))
+                same = (
+                    torch.equal(ta.view(torch.uint8), tb.view(torch.uint8))
+                    if ta.is_contiguous()
+                    else torch.equal(ta, tb) and torch.equal(ta._base.view(torch.uint8), tb._base.view(torch.uint8))
+                )
                 if not same:
                     diff = (ta != tb).reshape(ta.shape[0], -1).any(1).nonzero().flatten().tolist()
                     return f"group {gi}, layer {li}, state {si}: blocks {diff[:10]} differ"
@@ -345,9 +403,19 @@ class TraceStats:
     busy_steps: int = 0  # steps with at least one request
 
 
-def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block_size: int, nsb: int,
-              conv_layout: str, seed: int, steps: int = 24, shared_pages: bool = False,
-              device: DeviceMode | None = None, device_tables: bool = False) -> TraceStats:
+def run_trace(
+    ns: types.SimpleNamespace | None,
+    groups: list[GroupCfg],
+    *,
+    block_size: int,
+    nsb: int,
+    conv_layout: str,
+    seed: int,
+    steps: int = 24,
+    shared_pages: bool = False,
+    device: DeviceMode | None = None,
+    device_tables: bool = False,
+) -> TraceStats:
     """Run one random trace through vLLM (``ns``: the oracle; ``None``: the adapter's host path
     instead) and the adapter; AssertionError at the first difference.
 
@@ -370,8 +438,14 @@ def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block
     context = side_o.forward_context
     if device is not None:
         context = {k: types.SimpleNamespace(kv_cache=[device.bind(t) for t in v.kv_cache]) for k, v in context.items()}
-    ours = VllmMambaStep.from_runner(side_o.kv_cache_config, context, side_o.copy_funcs(None),
-                                     max_num_reqs=sim.max_reqs, conv_layout=conv_layout, device_tables=device_tables)
+    ours = VllmMambaStep.from_runner(
+        side_o.kv_cache_config,
+        context,
+        side_o.copy_funcs(None),
+        max_num_reqs=sim.max_reqs,
+        conv_layout=conv_layout,
+        device_tables=device_tables,
+    )
     if device is not None and device_tables:
         for bt in side_o.input_batch.block_table:
             bt.device = device
@@ -379,6 +453,7 @@ def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block
 
     def host(x: Any) -> list[int]:
         return [int(v) for v in (x.cpu() if hasattr(x, "cpu") else x)]
+
     stats = TraceStats()
     running: list[Req] = []
     skipped_last: set[str] = set()
@@ -431,8 +506,11 @@ def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block
         assert err is None, f"step {step}, after the pre-copy: {err}"
         curr = [(r.computed + sched[r.rid][0] - 1) // sim.bs for r in batch]
         stats.backwards += sum(1 for r, c in zip(batch, curr) if r.running > c)
-        stats.pre_copies += sum(1 for r, c in zip(batch, curr)
-                                if (r.running if r.running >= 0 else (r.computed - 1) // sim.bs) not in (-1, c))
+        stats.pre_copies += sum(
+            1
+            for r, c in zip(batch, curr)
+            if (r.running if r.running >= 0 else (r.computed - 1) // sim.bs) not in (-1, c)
+        )
         # the forward pass writes the window columns (same bytes on both sides)
         for i, r in enumerate(batch):
             for gi in range(len(groups)):
@@ -450,13 +528,16 @@ def run_trace(ns: types.SimpleNamespace | None, groups: list[GroupCfg], *, block
             out_o = ours.postprocess(acc) if n else acc.copy()
         else:
             out_o = np.array(host(ours.postprocess(device.vector(acc.astype(np.int32)))), dtype=np.int64)
-        assert out_v.tolist() == out_o.tolist(), f"step {step}: num_accepted after the post-process: vLLM {out_v.tolist()}, adapter {out_o.tolist()}"
+        assert out_v.tolist() == out_o.tolist(), (
+            f"step {step}: num_accepted after the post-process: vLLM {out_v.tolist()}, adapter {out_o.tolist()}"
+        )
         err = _equal(states_v, states_o)
         assert err is None, f"step {step}, after the post-process: {err}"
         for i, r in enumerate(batch):
             n_s, d = sched[r.rid]
-            stats.post_copies += int(((r.computed + n_s - d + acc[i] - 1) // sim.bs) * sim.bs >= r.computed + n_s - d
-                                     and d > 0)
+            stats.post_copies += int(
+                ((r.computed + n_s - d + acc[i] - 1) // sim.bs) * sim.bs >= r.computed + n_s - d and d > 0
+            )
             r.computed = r.computed + n_s - d + int(acc[i]) - 1
             r.accepted = int(out_v[i] if device is None else out_o[i])  # the device's counts feed the next step
             r.running = curr[i]

@@ -18,13 +18,18 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough for a test (a few seconds on 2 cores), still every method and case kind.
-TINY = ["--quick", "--requests", "1,3", "--layers", "2", "--sizes", "4K,64K", "--batches", "4",
-        "--budget", "0.002"]
+TINY = ["--quick", "--requests", "1,3", "--layers", "2", "--sizes", "4K,64K", "--batches", "4", "--budget", "0.002"]
 
 
 def bench(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "recoverssm_rs", "bench", *args],
-                          capture_output=True, text=True, timeout=300, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "recoverssm_rs", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -146,15 +151,20 @@ def test_ratio_and_round_ranges():
 
 def test_plot_without_matplotlib_fails_before_measuring(tmp_path):
     png = tmp_path / "x.png"
-    code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from recoverssm_rs.__main__ import main\n"
-            f"sys.exit(main(['bench', *{TINY!r}, '--plot', {str(png)!r}]))")
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from recoverssm_rs.__main__ import main\n"
+        f"sys.exit(main(['bench', *{TINY!r}, '--plot', {str(png)!r}]))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 1
     assert r.stdout == ""  # nothing measured
     assert [line.split(": error: ", 1)[-1] for line in r.stderr.strip().splitlines()] == [
-        ("BackendUnavailableError: `bench --plot` needs matplotlib, which is not installed: "
-         "pip install 'recoverssm_rs[plot]'")]
+        (
+            "BackendUnavailableError: `bench --plot` needs matplotlib, which is not installed: "
+            "pip install 'recoverssm_rs[plot]'"
+        )
+    ]
     assert not png.exists()
 
 
@@ -170,19 +180,30 @@ def test_gpu_bridge_finds_the_checkout_script(tmp_path):
 
 def _fake_script(tmp_path: Path, doc: dict) -> Path:
     script = tmp_path / "fake_gpu_copy.py"
-    script.write_text("import json, sys\n"
-                      "def main(argv):\n"
-                      "    assert argv[0] == '--json'\n"
-                      "    print('table line', file=sys.stderr)\n"
-                      f"    print(json.dumps({doc!r} | {{'argv': argv}}))\n"
-                      "    return 0\n")
+    script.write_text(
+        "import json, sys\n"
+        "def main(argv):\n"
+        "    assert argv[0] == '--json'\n"
+        "    print('table line', file=sys.stderr)\n"
+        f"    print(json.dumps({doc!r} | {{'argv': argv}}))\n"
+        "    return 0\n"
+    )
     return script
 
 
 def test_gpu_bridge_returns_the_document_and_passes_arguments(tmp_path):
-    doc = {"measured": True, "gpu": {"name": "FakeGPU"}, "targets": ["R=1: met"],
-           "results": [{"requests": 1, "layers": 8, "methods": {
-               "fused[temporal]": {"gbps": 3400.0, "pct_d2d": 85.5, "host_us": 120.0}}}]}
+    doc = {
+        "measured": True,
+        "gpu": {"name": "FakeGPU"},
+        "targets": ["R=1: met"],
+        "results": [
+            {
+                "requests": 1,
+                "layers": 8,
+                "methods": {"fused[temporal]": {"gbps": 3400.0, "pct_d2d": 85.5, "host_us": 120.0}},
+            }
+        ],
+    }
     got = gpu_copy.run(["--requests", "1"], _fake_script(tmp_path, doc))
     assert got["argv"] == ["--json", "--requests", "1"]
     table = gpu_copy.format_table(got)
@@ -191,13 +212,15 @@ def test_gpu_bridge_returns_the_document_and_passes_arguments(tmp_path):
 
 def test_gpu_bridge_refuses_arguments_the_script_refuses_before_it_measures(tmp_path):
     script = tmp_path / "fake_gpu_copy.py"
-    script.write_text("import argparse\n"
-                      "def main(argv):\n"
-                      "    ap = argparse.ArgumentParser()\n"
-                      "    ap.add_argument('--json', action='store_true')\n"
-                      "    ap.add_argument('--layers', type=int)\n"
-                      "    ap.parse_args(argv)\n"
-                      "    raise AssertionError('measured')\n")
+    script.write_text(
+        "import argparse\n"
+        "def main(argv):\n"
+        "    ap = argparse.ArgumentParser()\n"
+        "    ap.add_argument('--json', action='store_true')\n"
+        "    ap.add_argument('--layers', type=int)\n"
+        "    ap.parse_args(argv)\n"
+        "    raise AssertionError('measured')\n"
+    )
     with pytest.raises(gpu_copy.GpuArgsError, match=r"fake_gpu_copy.py: argument --layers: invalid int value: 'x'"):
         gpu_copy.run(["--layers", "x"], script)
     with pytest.raises(gpu_copy.GpuArgsError, match="unrecognized arguments: --nope"):
@@ -238,13 +261,42 @@ def test_progress_redraws_on_a_terminal_and_logs_cases_elsewhere():
 
 
 def test_old_bench_scripts_still_run():
-    r = subprocess.run([sys.executable, str(ROOT / "benches" / "plan_step.py"), "--requests", "2", "--sweep",
-                        "--layers", "1", "--budget", "0.002", "--json"],
-                       capture_output=True, text=True, timeout=300, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benches" / "plan_step.py"),
+            "--requests",
+            "2",
+            "--sweep",
+            "--layers",
+            "1",
+            "--budget",
+            "0.002",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert [x["requests"] for x in json.loads(r.stdout)["results"]] == [2]
-    r = subprocess.run([sys.executable, str(ROOT / "benches" / "host_copy.py"), "--sizes", "4K", "--batches", "2",
-                        "--budget", "0.002"], capture_output=True, text=True, timeout=300, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benches" / "host_copy.py"),
+            "--sizes",
+            "4K",
+            "--batches",
+            "2",
+            "--budget",
+            "0.002",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert "exec/copy_" in r.stdout
 
@@ -254,12 +306,22 @@ def test_methods_are_timed_interleaved_each_with_its_own_repetitions():
 
     calls: list[str] = []
     done: list[str] = []
-    fns = {"a": (lambda: calls.append("a"), Budget(1e9, min_reps=4, max_reps=4, warmup=1)),
-           "b": (lambda: calls.append("b"), Budget(1e9, min_reps=1, max_reps=1, warmup=1))}
+    fns = {
+        "a": (lambda: calls.append("a"), Budget(1e9, min_reps=4, max_reps=4, warmup=1)),
+        "b": (lambda: calls.append("b"), Budget(1e9, min_reps=1, max_reps=1, warmup=1)),
+    }
     out = measure_interleaved(fns, done.append, rounds=2)
-    assert calls == ["a", "a", "b", "b",   # warm-up: (warmup + 1) calls each, in turn
-                     "a", "a",             # round 1: half of a's calls (b's one call is due in round 2)
-                     "a", "a", "b"]        # round 2: the rest of each
+    assert calls == [
+        "a",
+        "a",
+        "b",
+        "b",  # warm-up: (warmup + 1) calls each, in turn
+        "a",
+        "a",  # round 1: half of a's calls (b's one call is due in round 2)
+        "a",
+        "a",
+        "b",
+    ]  # round 2: the rest of each
     assert done == ["a", "b"]
     assert (out["a"]["reps"], out["b"]["reps"]) == (4, 1)
     # each round's median, None where a method had no calls in that round

@@ -21,8 +21,14 @@ def _host_doc(batches=(8, 32)):
     results = []
     for k, (name, size) in enumerate([("4K", 4096), ("64K", 65536), ("2M", 2 << 20)]):
         for n in batches:
-            results.append({"size": name, "state_bytes": size, "batch": n, "methods": {
-                m: {"GBps": 10.0 * (j + 1) + k + n / 100} for j, m in enumerate(HOST_METHODS)}})
+            results.append(
+                {
+                    "size": name,
+                    "state_bytes": size,
+                    "batch": n,
+                    "methods": {m: {"GBps": 10.0 * (j + 1) + k + n / 100} for j, m in enumerate(HOST_METHODS)},
+                }
+            )
     return {"dtype": "float32", "baselines": ["copy_", "index"], "results": results}
 
 
@@ -79,10 +85,11 @@ def test_the_spread_is_a_band_around_each_line():
 
 def test_both_panels_and_the_png(tmp_path):
     path = tmp_path / "bench.png"
-    fig = save_plot({"plan_step": _plan_doc(layers=3), "host_copy": _host_doc(batches=(16,))}, path,
-                    title="a title")
+    fig = save_plot({"plan_step": _plan_doc(layers=3), "host_copy": _host_doc(batches=(16,))}, path, title="a title")
     assert [ax.get_xlabel() for ax in fig.axes] == [
-        "requests per step (3 layers x 2 states each)", "state size (bytes per block; float32)"]
+        "requests per step (3 layers x 2 states each)",
+        "state size (bytes per block; float32)",
+    ]
     assert fig.get_suptitle() == "a title"
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

@@ -6,8 +6,7 @@ import sys
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "recoverssm_rs", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "recoverssm_rs", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_layout_preset_json_lists_roles():
@@ -25,8 +24,21 @@ def test_layout_table():
 
 
 def test_a_layout_error_names_the_one_flag_to_blame_or_the_layout():
-    gdn = ["layout", "--family", "gdn", "--param", "num_k_heads=16", "--param", "num_v_heads=32",
-           "--param", "head_k_dim=128", "--param", "head_v_dim=128", "--param", "conv_kernel_size=4"]
+    gdn = [
+        "layout",
+        "--family",
+        "gdn",
+        "--param",
+        "num_k_heads=16",
+        "--param",
+        "num_v_heads=32",
+        "--param",
+        "head_k_dim=128",
+        "--param",
+        "head_v_dim=128",
+        "--param",
+        "conv_kernel_size=4",
+    ]
     # the layout builds when --tp-size alone goes back to its default: that flag's error, exit 2
     r = run(*gdn, "--tp-size", "3")
     assert r.returncode == 2 and r.stdout == ""
@@ -37,8 +49,9 @@ def test_a_layout_error_names_the_one_flag_to_blame_or_the_layout():
     # two flags each make it build when reverted: no single one to blame, the layout's error (exit 1)
     r = run("layout", "--preset", "qwen3-next-80b-a3b", "--tp-size", "2", "--param", "num_k_heads=1")
     assert r.returncode == 1, r.stderr
-    assert r.stderr.startswith("python -m recoverssm_rs: error: LayoutError: gdn: num_k_heads = 1 is not "
-                               "divisible by tp_size = 2")
+    assert r.stderr.startswith(
+        "python -m recoverssm_rs: error: LayoutError: gdn: num_k_heads = 1 is not divisible by tp_size = 2"
+    )
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
@@ -68,8 +81,11 @@ def test_the_output_check_leaves_files_as_they_were(tmp_path):
     old.write_bytes(b"keep")
     assert check(str(old)) == str(old) and old.read_bytes() == b"keep"
     (tmp_path / "ro").mkdir()
-    for bad, why in [(str(tmp_path), "suffix"), (str(tmp_path / "x.txt"), ".png"),
-                     (str(tmp_path / "d.png"), "is a folder")]:
+    for bad, why in [
+        (str(tmp_path), "suffix"),
+        (str(tmp_path / "x.txt"), ".png"),
+        (str(tmp_path / "d.png"), "is a folder"),
+    ]:
         if why == "is a folder":
             (tmp_path / "d.png").mkdir()
         with pytest.raises(argparse.ArgumentTypeError, match=why if why != "suffix" else ".png"):
@@ -80,8 +96,7 @@ def test_the_output_check_leaves_files_as_they_were(tmp_path):
 
 
 def test_parameterised_layout():
-    r = run("layout", "--family", "linear_attention", "--param", "num_heads=8",
-            "--param", "head_dim=64", "--json")
+    r = run("layout", "--family", "linear_attention", "--param", "num_heads=8", "--param", "head_dim=64", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["states"][0]["shape"] == [8, 64, 64]
 
@@ -103,7 +118,7 @@ def test_the_readme_command_lines_parse(tmp_path, monkeypatch):
     from recoverssm_rs import cli
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text[text.index("## Command line"):text.index("## Performance")]
+    section = text[text.index("## Command line") : text.index("## Performance")]
     block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).replace("\\\n", " ")
     lines = [line.split("#")[0] for line in block.splitlines() if line.startswith("recoverssm ")]
     assert len(lines) >= 8

@@ -20,8 +20,16 @@ import pytest
 from recoverssm_rs import layouts
 from recoverssm_rs.tools import cli
 
-GDN = ["--param", "num_v_heads=32", "--param", "head_k_dim=128", "--param", "head_v_dim=128",
-       "--param", "conv_kernel_size=4"]
+GDN = [
+    "--param",
+    "num_v_heads=32",
+    "--param",
+    "head_k_dim=128",
+    "--param",
+    "head_v_dim=128",
+    "--param",
+    "conv_kernel_size=4",
+]
 PROG = "python -m recoverssm_rs"
 TMP = "{tmp}"  # a temporary folder, filled in by the tests
 
@@ -64,20 +72,35 @@ BAD = [
     Bad(["layout", "--preset", "no-such-model"], "--preset", ["'no-such-model'", "qwen3-next-80b-a3b"]),
     Bad(["layout", "--family", "nope"], "--family", ["'nope'", "gdn"]),
     Bad(["layout", "--list-params", "nope"], "--list-params", ["'nope'", "kda"]),
-    Bad(["layout", "--preset", "kimi-k3-like-recoverssm", "--family", "gdn"], "--family",
-        ["not allowed with argument --preset"]),
+    Bad(
+        ["layout", "--preset", "kimi-k3-like-recoverssm", "--family", "gdn"],
+        "--family",
+        ["not allowed with argument --preset"],
+    ),
     Bad(["layout", "--family", "gdn", "--param", "oops", *GDN], "--param", ["'oops'", "NAME=VALUE"]),
     Bad(["layout", "--family", "gdn", "--param", "num_heads=4", *GDN], "--param", ["'num_heads'", "num_k_heads"]),
     Bad(["layout", "--family", "gdn", *GDN], "--param", ["needs num_k_heads"]),
     Bad(["layout", *Q, "--param", "tp_size=2"], "--param", ["set tp_size with --tp-size"]),
-    Bad(["layout", "--family", "gdn", "--param", "num_k_heads=-16", *GDN], "--param num_k_heads",
-        ["-16", "must be >= 0"]),
-    Bad(["layout", "--family", "gdn", "--param", "num_k_heads=abc", *GDN], "--param num_k_heads",
-        ["'abc'", "expected an integer"]),
-    Bad(["layout", "--family", "gdn", "--param", "num_k_heads=true", *GDN], "--param num_k_heads",
-        ["'true'", "expected an integer"]),
-    Bad(["layout", "--family", "gdn", "--param", "num_k_heads=16", *GDN, "--param", "recover_ssm=maybe"],
-        "--param recover_ssm", ["'maybe'", "expected true or false"]),
+    Bad(
+        ["layout", "--family", "gdn", "--param", "num_k_heads=-16", *GDN],
+        "--param num_k_heads",
+        ["-16", "must be >= 0"],
+    ),
+    Bad(
+        ["layout", "--family", "gdn", "--param", "num_k_heads=abc", *GDN],
+        "--param num_k_heads",
+        ["'abc'", "expected an integer"],
+    ),
+    Bad(
+        ["layout", "--family", "gdn", "--param", "num_k_heads=true", *GDN],
+        "--param num_k_heads",
+        ["'true'", "expected an integer"],
+    ),
+    Bad(
+        ["layout", "--family", "gdn", "--param", "num_k_heads=16", *GDN, "--param", "recover_ssm=maybe"],
+        "--param recover_ssm",
+        ["'maybe'", "expected true or false"],
+    ),
     Bad(["layout", *Q, "--param", "num_k_heads=abc"], "--param num_k_heads", ["'abc'", "integer"]),
     Bad(["layout", *Q, "--tp-size", "abc"], "--tp-size", ["'abc'"]),
     Bad(["layout", *Q, "--tp-size", "-2"], "--tp-size", ["-2", "must be >= 0"]),
@@ -86,8 +109,11 @@ BAD = [
     Bad(["layout", *Q, "--tp-size", "1000000"], "--tp-size", ["1000000", "not divisible"]),
     # the family's parameters were all given, yet only --tp-size going back to its default makes the
     # layout build: the error is --tp-size's, as with a preset
-    Bad(["layout", "--family", "gdn", "--param", "num_k_heads=16", *GDN, "--tp-size", "3"], "--tp-size",
-        ["3", "not divisible by tp_size = 3"]),
+    Bad(
+        ["layout", "--family", "gdn", "--param", "num_k_heads=16", *GDN, "--tp-size", "3"],
+        "--tp-size",
+        ["3", "not divisible by tp_size = 3"],
+    ),
     Bad(["layout", *Q, "--num-spec", "-1"], "--num-spec", ["-1", "must be >= 0"]),
     Bad(["layout", *Q, "--num-spec", "999999999999"], "--num-spec", ["999999999999", "too large"]),
     Bad(["layout", *Q, "--conv-layout", "XY"], "--conv-layout", ["'XY'", "'SD'", "'DS'"]),
@@ -98,9 +124,28 @@ BAD = [
     Bad(["layout", *Q, "--json", TMP], "--json", ["is a folder"]),
     Bad(["layout", *Q, "--json", f"{TMP}/no/x.json"], "--json", ["does not exist"]),
     # no parameter alone is to blame: the layout as a whole, exit status 1
-    Bad(["layout", "--family", "gdn", "--param", "num_k_heads=1000000000", "--param", "num_v_heads=1000000000",
-         "--param", "head_k_dim=1000000", "--param", "head_v_dim=100000", "--param", "conv_kernel_size=4",
-         "--num-spec", "2"], None, ["LayoutError: ", "overflows 64 bits"], code=1),
+    Bad(
+        [
+            "layout",
+            "--family",
+            "gdn",
+            "--param",
+            "num_k_heads=1000000000",
+            "--param",
+            "num_v_heads=1000000000",
+            "--param",
+            "head_k_dim=1000000",
+            "--param",
+            "head_v_dim=100000",
+            "--param",
+            "conv_kernel_size=4",
+            "--num-spec",
+            "2",
+        ],
+        None,
+        ["LayoutError: ", "overflows 64 bits"],
+        code=1,
+    ),
     Bad(["layout"], None, ["--preset NAME or --family NAME"]),
     # ---- presets ---------------------------------------------------------------------------
     Bad(["presets", "--json", TMP], "--json", ["is a folder"]),
@@ -117,17 +162,20 @@ BAD = [
     Bad(["demo", "--seed", "-1"], "--seed", ["-1", "0.."]),
     Bad(["demo", "--device", "nonsense"], "--device", ["'nonsense'", "must be cpu, cuda or cuda:N"]),
     Bad(["demo", "--device", "tpu"], "--device", ["'tpu'", "must be cpu, cuda or cuda:N"]),
-    Bad(["demo", "--preset", "nemotron-h-8b"], "--preset",
-        ["'nemotron-h-8b'", "not a RecoverSSM preset", "kimi-k3-like-recoverssm"]),
+    Bad(
+        ["demo", "--preset", "nemotron-h-8b"],
+        "--preset",
+        ["'nemotron-h-8b'", "not a RecoverSSM preset", "kimi-k3-like-recoverssm"],
+    ),
     Bad(["demo", "--json", TMP], "--json", ["is a folder"]),
     Bad(["demo", "--quiet=yes"], "--quiet", ["'yes'"]),
     Bad(["demo", "--layout-only=yes"], "--layout-only", ["'yes'"]),
     Bad(["demo", "--layout-only", "--preset", "nope"], "--preset", ["'nope'", "qwen3-next-80b-a3b"]),
-    Bad(["demo", "--layers", "100000000"], "--layers", ["100000000", "more than the", "memory available"],
-        hostile=True),
+    Bad(
+        ["demo", "--layers", "100000000"], "--layers", ["100000000", "more than the", "memory available"], hostile=True
+    ),
     Bad(["demo", "--requests", "100000000"], "--requests", ["100000000", "memory available"], hostile=True),
-    Bad(["demo", "--requests", "1000000000000"], "--requests", ["num_blocks must be in 2 ..= 2**31 - 1"],
-        hostile=True),
+    Bad(["demo", "--requests", "1000000000000"], "--requests", ["num_blocks must be in 2 ..= 2**31 - 1"], hostile=True),
     Bad(["demo", "--block-size", str(10**18)], "--block-size", [str(10**18), "1..1024"], hostile=True),
     Bad(["demo", "--num-spec", "999999999999"], "--num-spec", ["999999999999", "too large"], hostile=True),
     # ---- check-kernels ---------------------------------------------------------------------
@@ -148,11 +196,12 @@ BAD = [
     Bad(["bench", "--threads", "999999"], "--threads", ["999999", f"1..{os.cpu_count()}"]),
     Bad(["bench", "--gpu=1"], "--gpu", ["'1'"]),
     Bad(["bench", "--gpu-args=--requests 1"], "--gpu-args", ["only with --gpu"]),
-    Bad(["bench", "--gpu", "--gpu-args='x"], "--gpu-args", ["\"'x\"", "quotation"]),
+    Bad(["bench", "--gpu", "--gpu-args='x"], "--gpu-args", ['"\'x"', "quotation"]),
     Bad(["bench", "--quiet=1"], "--quiet", ["'1'"]),
     Bad(["bench", "--layers", "100000000"], "--layers", ["100000000", "cannot be mapped here"], hostile=True),
-    Bad(["bench", "--requests", "1000000000000"], "--requests", ["1000000000000", "cannot be mapped here"],
-        hostile=True),
+    Bad(
+        ["bench", "--requests", "1000000000000"], "--requests", ["1000000000000", "cannot be mapped here"], hostile=True
+    ),
     Bad(["bench", "--batches", "100000000"], "--batches", ["100000000", "memory available"], hostile=True),
     Bad(["bench", "--json", TMP], "--json", ["is a folder"], hostile=True),
     Bad(["bench", "--json", "/proc/x.json"], "--json", ["'/proc/x.json'", "cannot be created"], hostile=True),
@@ -177,13 +226,19 @@ BAD = [
     Bad(["pd-demo", "--decode-spec", "-2"], "--decode-spec", ["-2", ">= 0"], hostile=True),
     Bad(["pd-demo", "--generate", "-5"], "--generate", ["-5", ">= 0"], hostile=True),
     Bad(["pd-demo", "--requests", "100000000"], "--requests", ["100000000", "memory available"], hostile=True),
-    Bad(["pd-demo", "--decode-spec", "999999999"], "--decode-spec", ["999999999", "memory available"],
-        hostile=True),
+    Bad(["pd-demo", "--decode-spec", "999999999"], "--decode-spec", ["999999999", "memory available"], hostile=True),
 ]
 if not _has_cuda():
     BAD.append(Bad(["demo", "--device", "cuda"], "--device", ["'cuda'", "CUDA is not available"]))
-    BAD.append(Bad(["bench", "--gpu"], None, ["BackendUnavailableError: bench --gpu: torch sees no CUDA device"],
-                   code=1, needs="torch"))
+    BAD.append(
+        Bad(
+            ["bench", "--gpu"],
+            None,
+            ["BackendUnavailableError: bench --gpu: torch sees no CUDA device"],
+            code=1,
+            needs="torch",
+        )
+    )
 
 QUICK = [c for c in BAD if not c.hostile]
 HOSTILE = [c for c in BAD if c.hostile]
@@ -233,9 +288,15 @@ def test_a_bad_value_gets_one_line_naming_the_flag(case, capsys, tmp_path):
 def hostile_runs(tmp_path_factory):
     """Every hostile command line started at once, each in its own process."""
     tmp = str(tmp_path_factory.mktemp("hostile"))
-    procs = {c.id: subprocess.Popen([sys.executable, "-m", "recoverssm_rs", *_fill(c.args, tmp)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for c in HOSTILE}
+    procs = {
+        c.id: subprocess.Popen(
+            [sys.executable, "-m", "recoverssm_rs", *_fill(c.args, tmp)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in HOSTILE
+    }
     yield procs
     for p in procs.values():
         if p.poll() is None:
@@ -258,10 +319,14 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_flag_of_every_command_has_a_bad_value_case():
     covered = {(c.args[0] if not c.args[0].startswith("-") else "", c.flag.split()[0]) for c in BAD if c.flag}
-    missing = [(name, action.option_strings[-1])
-               for name, parser in _parsers().items() for action in parser._actions
-               if action.option_strings and action.option_strings[-1] != "--help"
-               and (name, action.option_strings[-1]) not in covered]
+    missing = [
+        (name, action.option_strings[-1])
+        for name, parser in _parsers().items()
+        for action in parser._actions
+        if action.option_strings
+        and action.option_strings[-1] != "--help"
+        and (name, action.option_strings[-1]) not in covered
+    ]
     assert not missing
 
 
@@ -273,11 +338,13 @@ def test_errors_name_the_program_as_invoked(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err.startswith("recoverssm bench: error: argument --layers: ")
     code = "import sys; from recoverssm_rs.__main__ import main; sys.exit(main())"
-    r = subprocess.run([sys.executable, "-c", code, "pd-demo", "--requests", "0"], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code, "pd-demo", "--requests", "0"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        "recoverssm pd-demo: error: argument --requests: invalid value 0: must be >= 1 (see --help)"]
+        "recoverssm pd-demo: error: argument --requests: invalid value 0: must be >= 1 (see --help)"
+    ]
 
 
 def test_a_core_error_while_running_is_one_line_exit_1(monkeypatch, capsys):
@@ -294,8 +361,7 @@ def test_a_core_error_while_running_is_one_line_exit_1(monkeypatch, capsys):
         cli.main(["presets"])
     assert e.value.code == 1
     err = capsys.readouterr().err
-    assert err == ("recoverssm: error: PlanError: request 3: state block 99 is outside 0..8 "
-                   "second line\n")
+    assert err == ("recoverssm: error: PlanError: request 3: state block 99 is outside 0..8 second line\n")
 
 
 def test_list_params_comes_from_the_calculator(capsys):
@@ -311,8 +377,12 @@ def test_list_params_comes_from_the_calculator(capsys):
         doc = json.loads(capsys.readouterr().out)
         assert [p["name"] for p in doc["parameters"]] == names
         if family == "gdn":
-            assert doc["parameters"][0] == {"name": "num_k_heads", "required": True, "default": None,
-                                            "flag": "--param num_k_heads"}
+            assert doc["parameters"][0] == {
+                "name": "num_k_heads",
+                "required": True,
+                "default": None,
+                "flag": "--param num_k_heads",
+            }
             assert "num_k_heads          required" in out
             assert "tp_size              default 1; flag --tp-size" in out
             assert "recover_ssm          default False" in out
@@ -327,8 +397,13 @@ def test_every_flag_has_help_and_help_shows_defaults():
         assert "``" not in text and ":func:" not in text and ":meth:" not in text, name
         assert "(default: None)" not in text and "(default: False)" not in text, name
     demo_help = _parsers()["demo"].format_help()
-    for default in ("(default: 384)", "(default: cpu)", "(default: 8)", "(default: 3)",
-                    "(default: kimi-k3-like-recoverssm)"):
+    for default in (
+        "(default: 384)",
+        "(default: cpu)",
+        "(default: 8)",
+        "(default: 3)",
+        "(default: kimi-k3-like-recoverssm)",
+    ):
         assert default in demo_help
 
 
@@ -353,9 +428,15 @@ def test_every_command_spells_the_shared_options_alike():
 
 
 def test_help_runs_for_every_command():
-    procs = {name: subprocess.Popen([sys.executable, "-m", "recoverssm_rs", *([name] if name else []), "--help"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in _parsers()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "recoverssm_rs", *([name] if name else []), "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in _parsers()
+    }
     for name, p in procs.items():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0 and out.startswith("usage: ") and err == "", name
@@ -364,11 +445,13 @@ def test_help_runs_for_every_command():
 def test_pd_demo_run_checks_its_config_before_any_process():
     from recoverssm_rs.tools.pd_demo import Config, PdOptionError, run
 
-    for cfg, option, text in [(Config(requests=-1), "requests", "must be >= 1"),
-                              (Config(prefill_tp=3), "prefill_tp", "not divisible by tp_size = 3"),
-                              (Config(decode_spec=-1), "decode_spec", "must be >= 0"),
-                              (Config(decode_layout="XY"), "decode_layout", "unknown conv layout 'XY'"),
-                              (Config(layers=True), "layers", "expected an integer")]:
+    for cfg, option, text in [
+        (Config(requests=-1), "requests", "must be >= 1"),
+        (Config(prefill_tp=3), "prefill_tp", "not divisible by tp_size = 3"),
+        (Config(decode_spec=-1), "decode_spec", "must be >= 0"),
+        (Config(decode_layout="XY"), "decode_layout", "unknown conv layout 'XY'"),
+        (Config(layers=True), "layers", "expected an integer"),
+    ]:
         with pytest.raises(PdOptionError, match=text) as e:
             run(cfg)
         assert e.value.option == option

@@ -106,8 +106,16 @@ def test_other_shapes_and_seeds():
 def test_same_seed_same_run():
     a = demo.run(steps=6, requests=4, seed=11)
     b = demo.run(steps=6, requests=4, seed=11)
-    keys = ["tokens_accepted", "prefill_tokens", "cache_hits", "forks", "boundary_states",
-            "plan_copy_copies", "accepted_histogram", "checks"]
+    keys = [
+        "tokens_accepted",
+        "prefill_tokens",
+        "cache_hits",
+        "forks",
+        "boundary_states",
+        "plan_copy_copies",
+        "accepted_histogram",
+        "checks",
+    ]
     assert [a[k] for k in keys] == [b[k] for k in keys]
 
 
@@ -162,8 +170,7 @@ def test_a_commit_of_one_token_too_few_is_caught(monkeypatch):
 
 def test_a_commit_without_boundary_states_is_caught(monkeypatch):
     commit = StateCache.commit
-    monkeypatch.setattr(StateCache, "commit",
-                        lambda self, n, sb, ql=None, **kw: commit(self, n, sb, ql))
+    monkeypatch.setattr(StateCache, "commit", lambda self, n, sb, ql=None, **kw: commit(self, n, sb, ql))
     s = demo.run(**SMALL)
     assert s["mismatches"] > 0
     assert any("commit plan boundaries" in m for m in s["first_mismatches"])
@@ -180,8 +187,12 @@ def test_cli_exits_1_on_a_mismatch(monkeypatch, capsys):
 
 
 def test_cli_json_subprocess():
-    r = subprocess.run([sys.executable, "-m", "recoverssm_rs", "demo", "--json", "--steps", "8"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "recoverssm_rs", "demo", "--json", "--steps", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)  # stdout holds only the JSON summary
     assert doc["steps"] == 8 and doc["mismatches"] == 0
@@ -195,9 +206,11 @@ def test_cli_json_subprocess():
 def test_the_demo_package_imports_neither_the_cli_nor_torch():
     # the command line imports the demo's parser; the demo never imports the command line (no
     # cycle), and parsing needs no torch
-    code = ("import sys, recoverssm_rs.tools.demo, recoverssm_rs.tools.demo.cli; "
-            "print('recoverssm_rs.tools.cli' in sys.modules, 'torch' in sys.modules); "
-            "import recoverssm_rs.tools.cli; print('torch' in sys.modules)")
+    code = (
+        "import sys, recoverssm_rs.tools.demo, recoverssm_rs.tools.demo.cli; "
+        "print('recoverssm_rs.tools.cli' in sys.modules, 'torch' in sys.modules); "
+        "import recoverssm_rs.tools.cli; print('torch' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "False", "False"]

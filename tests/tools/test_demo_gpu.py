@@ -22,4 +22,3 @@ def test_demo_on_cuda_matches_the_ground_truth():
     # Every path ran on the device: prefix-cache copies (tiled kernel) and commits (commit kernel).
     assert s["plan_copy_copies"] > 0 and s["copy_blocks_calls"] > 0 and s["commits"] > 0
     assert s["boundary_states"] > 0 and s["cache_hits"] > 0
-

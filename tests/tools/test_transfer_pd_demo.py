@@ -19,10 +19,29 @@ if not rnixl.nixl_available():
 @pytest.mark.parametrize(
     "cfg",
     [
-        pd_demo.Config(requests=4, layers=2, prefill_tp=2, decode_tp=1, prefill_layout="SD", decode_layout="DS",
-                       prefill_spec=0, decode_spec=3, generate=6),
-        pd_demo.Config(requests=3, layers=2, prefill_tp=1, decode_tp=4, prefill_layout="DS", decode_layout="SD",
-                       prefill_spec=2, decode_spec=1, generate=5, seed=5),
+        pd_demo.Config(
+            requests=4,
+            layers=2,
+            prefill_tp=2,
+            decode_tp=1,
+            prefill_layout="SD",
+            decode_layout="DS",
+            prefill_spec=0,
+            decode_spec=3,
+            generate=6,
+        ),
+        pd_demo.Config(
+            requests=3,
+            layers=2,
+            prefill_tp=1,
+            decode_tp=4,
+            prefill_layout="DS",
+            decode_layout="SD",
+            prefill_spec=2,
+            decode_spec=1,
+            generate=5,
+            seed=5,
+        ),
     ],
     ids=["tp2-SD-to-tp1-DS", "tp1-DS-to-tp4-SD"],
 )

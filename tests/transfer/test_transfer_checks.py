@@ -120,7 +120,9 @@ def test_host_offload_round_trip_is_byte_exact_and_leaves_workspace(name):
             # alignment gaps between states are not state bytes: they keep the clobbered values
             off_ = 0
             for s in lay.persistent:
-                want[dst, off_ + s.nbytes:(off_ + s.nbytes + 7) // 8 * 8] = clobbered[layer].reshape(8, page)[dst, off_ + s.nbytes:(off_ + s.nbytes + 7) // 8 * 8]
+                want[dst, off_ + s.nbytes : (off_ + s.nbytes + 7) // 8 * 8] = clobbered[layer].reshape(8, page)[
+                    dst, off_ + s.nbytes : (off_ + s.nbytes + 7) // 8 * 8
+                ]
                 off_ = (off_ + s.nbytes + 7) // 8 * 8
         assert (got == want).all(), f"layer {layer}: restore is not byte-exact"
         for w, ws in zip(work[layer], wsaved[layer]):

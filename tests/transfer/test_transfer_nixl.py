@@ -27,8 +27,10 @@ REQUIRE = os.environ.get("RECOVERSSM_REQUIRE_NIXL", "0") not in ("", "0")
 if not rnixl.nixl_available():
     if REQUIRE:
         raise RuntimeError(f"RECOVERSSM_REQUIRE_NIXL=1 but NIXL is not importable; {rnixl.INSTALL_HINT}")
-    pytest.skip(f"NIXL is not importable ({rnixl.INSTALL_HINT}); set RECOVERSSM_REQUIRE_NIXL=1 to fail instead",
-                allow_module_level=True)
+    pytest.skip(
+        f"NIXL is not importable ({rnixl.INSTALL_HINT}); set RECOVERSSM_REQUIRE_NIXL=1 to fail instead",
+        allow_module_level=True,
+    )
 
 SRC_BLOCKS = [3, 1, 4, 2]
 DST_BLOCKS = [2, 5, 1, 6]

@@ -61,7 +61,8 @@ def test_every_tp_pair_rebuilds_the_destination_shard(name, lp, ld, sp, sd):
                 bad = np.flatnonzero(bufs[layer] != want[layer])
                 assert bad.size == 0, (
                     f"{name} P_TP={ptp} -> D_TP={dtp} rank {d}, layer {layer}: {bad.size} bytes differ "
-                    f"(first at {bad[:4]}); plan {plan}")
+                    f"(first at {bad[:4]}); plan {plan}"
+                )
             # Exactly the destination rank's shard crosses the wire (plus whole source rows for a
             # staged DS window).
             if not plan.staging_bytes:
@@ -105,7 +106,7 @@ def _staged_reference(rows, staging, views, requests=None):
         for i in range(n_rows):
             for j in range(n_cols):
                 s, d = so + i * srs + j * scs, do + i * drs + j * dcs
-                views[dt][d:d + elem] = staging[s:s + elem]
+                views[dt][d : d + elem] = staging[s : s + elem]
 
 
 @pytest.mark.parametrize("elem", [1, 2, 4, 3])

@@ -64,8 +64,9 @@ def test_pre_copy_and_post_process_on_the_device_equal_the_host(fake_ops, emulat
     states = [random_states(lay, nb, 2, rng) for lay in lays]
     want = clone(states)
     host = Planner.from_groups(list(zip(lays, want)), block_size=bs)
-    dev = Planner.from_groups([(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)],
-                            block_size=bs)
+    dev = Planner.from_groups(
+        [(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)], block_size=bs
+    )
     table = FakeCuda(torch.from_numpy(np.stack(tables).astype(np.int32)))
 
     # Pre-copy: the host decides the columns; the device applies the counts and resets them.
@@ -109,14 +110,25 @@ def test_the_counts_over_many_rows(fake_ops, emulator):
         dev = Planner.from_groups([(lays[0], [[FakeCuda(t) for t in layer] for layer in states[0]])], block_size=bs)
         d = align_pre_copy(tables, c, n, a, run, block_size=bs, num_spec_blocks=NSPEC)
         out = fake(np.zeros(r))
-        dev.launch(FakeCuda(torch.from_numpy(tables[0].astype(np.int32))), fake(d.src_col), fake(d.curr), fake(a),
-                   "pre_copy", num_accepted_out=out)
+        dev.launch(
+            FakeCuda(torch.from_numpy(tables[0].astype(np.int32))),
+            fake(d.src_col),
+            fake(d.curr),
+            fake(a),
+            "pre_copy",
+            num_accepted_out=out,
+        )
         assert out.t.tolist() == d.num_accepted.tolist()
         nd = np.minimum(rng.integers(0, NSPEC + 1, r), n - 1)
         acc = 1 + rng.integers(0, nd + 1)
         p = align_post_process(tables, d.curr, c, n, nd, acc, block_size=bs, num_spec_blocks=NSPEC)
-        dev.launch_post_process(FakeCuda(torch.from_numpy(tables[0].astype(np.int32))), fake(d.curr),
-                                fake(c + n - nd), fake(acc), num_accepted_out=out)
+        dev.launch_post_process(
+            FakeCuda(torch.from_numpy(tables[0].astype(np.int32))),
+            fake(d.curr),
+            fake(c + n - nd),
+            fake(acc),
+            num_accepted_out=out,
+        )
         assert out.t.tolist() == p.num_accepted.tolist()
         assert ((acc > 1) & (p.num_accepted == 1)).any() and (p.num_accepted > 1).any()  # resets and keeps
         assert ((a > 1) & (d.num_accepted == 1)).any()
@@ -151,8 +163,9 @@ def test_the_step_error_word_covers_both_halves(fake_ops, emulator):
     tables, _, _, _, _ = batch(rng, 2, 4, len(lays), nb)
     states = [random_states(lay, nb, 1, rng) for lay in lays]
     before = clone(states)
-    dev = Planner.from_groups([(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)],
-                            block_size=4)
+    dev = Planner.from_groups(
+        [(lay, [[FakeCuda(t) for t in layer] for layer in g]) for lay, g in zip(lays, states)], block_size=4
+    )
     step = DeviceStep(dev, 4)
     c, n, run = np.array([4, 4]), np.array([4, 4]), np.array([0, 1])  # request 0 moves 0 -> 1; request 1 stays
     curr, counts = step.pre_copy(tables, c, n, run, fake([0, 2]))  # a count of 0 for the moving request

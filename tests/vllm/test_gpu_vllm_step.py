@@ -21,8 +21,9 @@ from test_vllm_oracle import TRACES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-CUDA = vllm_trace.DeviceMode(place=lambda t: t.cuda(), bind=lambda t: t,
-                             vector=lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda())
+CUDA = vllm_trace.DeviceMode(
+    place=lambda t: t.cuda(), bind=lambda t: t, vector=lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()
+)
 
 # The oracle's traces without shared pages (a `.cuda()` copy of a view would not share its buffer).
 GPU_TRACES = ["gdn-SD-spec2", "gdn-DS-spec2", "3groups-DS-spec2", "2groups-SD-bs2-spec3"]
@@ -31,8 +32,9 @@ GPU_TRACES = ["gdn-SD-spec2", "gdn-DS-spec2", "3groups-DS-spec2", "2groups-SD-bs
 @pytest.mark.parametrize("name", GPU_TRACES)
 def test_device_path_equals_the_host_path(name):
     groups, bs, nsb, layout, seed = TRACES[name]
-    stats = vllm_trace.run_trace(None, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=30,
-                                 device=CUDA)
+    stats = vllm_trace.run_trace(
+        None, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=30, device=CUDA
+    )
     assert stats.steps == 30 and stats.pre_copies > 0 and stats.post_copies > 0
 
 
@@ -53,11 +55,13 @@ def test_a_step_never_synchronises():
                 return real(self, *a, **k)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
+
         return run
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(DeviceStep, "pre_copy", strict(DeviceStep.pre_copy))
         mp.setattr(DeviceStep, "post_process", strict(DeviceStep.post_process))
-        vllm_trace.run_trace(None, [G("GDN_ATTN", 1)], block_size=4, nsb=2, conv_layout="SD", seed=5, steps=8,
-                             device=CUDA)
+        vllm_trace.run_trace(
+            None, [G("GDN_ATTN", 1)], block_size=4, nsb=2, conv_layout="SD", seed=5, steps=8, device=CUDA
+        )
     assert calls["n"] >= 8

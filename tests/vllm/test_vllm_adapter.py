@@ -29,8 +29,7 @@ def test_importing_the_adapter_does_not_import_vllm():
 
 def test_from_runner_binds_each_groups_persistent_prefix():
     sim, side = _side([GroupCfg("GDN_ATTN", 2), GroupCfg("SHORT_CONV", 3)])
-    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None),
-                                     max_num_reqs=8)
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=8)
     assert [len(g) for g in step.planner.states] == [2, 3]
     assert [len(layer) for layer in step.planner.states[0]] == [2, 2]  # the extra ring tensor is left alone
     assert [lo.backend for lo in step.planner.layouts] == ["GDN_ATTN", "SHORT_CONV"]
@@ -42,8 +41,12 @@ def test_from_runner_binds_each_groups_persistent_prefix():
 def test_from_runner_runs_the_contract_check():
     sim, side = _side([GroupCfg("GDN_ATTN", 1)])
     with pytest.raises(LayoutError, match="GDN_ATTN"):
-        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context,
-                                  {"GDN_ATTN": ("get_temporal_copy_spec", "get_conv_copy_spec")}, max_num_reqs=4)
+        VllmMambaStep.from_runner(
+            side.kv_cache_config,
+            side.forward_context,
+            {"GDN_ATTN": ("get_temporal_copy_spec", "get_conv_copy_spec")},
+            max_num_reqs=4,
+        )
     with pytest.raises(LayoutError, match="missing state copy funcs"):
         VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, {"MAMBA2": ("conv",)}, max_num_reqs=4)
 
@@ -58,8 +61,9 @@ def test_only_align_mode_is_accepted():
         VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
     with pytest.raises(LayoutError, match="conv_layout must be 'SD' or 'DS'"):
         group.kv_cache_spec = dataclasses.replace(group.kv_cache_spec, mamba_cache_mode="align")
-        VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4,
-                                  conv_layout="XY")
+        VllmMambaStep.from_runner(
+            side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4, conv_layout="XY"
+        )
 
 
 def _one_step(sim, side, step, reqs, sched, ensure=True, **so):
@@ -124,7 +128,9 @@ def test_the_device_path_checks_on_the_host_before_queueing(fake_ops, recorder):
     from support.device_fakes import FakeCuda
 
     sim, side = _side([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1)])
-    ctx = {k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in side.forward_context.items()}
+    ctx = {
+        k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in side.forward_context.items()
+    }
     step = VllmMambaStep.from_runner(side.kv_cache_config, ctx, side.copy_funcs(None), max_num_reqs=4)
     dev = step.device_step
     assert dev is not None and "cuda:0" in repr(dev) and "path='device cuda:0'" in repr(step)
@@ -146,7 +152,9 @@ def test_the_device_path_checks_on_the_host_before_queueing(fake_ops, recorder):
         dev.pre_copy([np.array([[1, 1 << 32, 5, 6], [3, 4, 7, 8]])] * 2, [0, 0], one, [-1, -1], one)
     wide = FakeCuda(torch.ones((2, 9), dtype=torch.int32))
     with pytest.raises(PlanError, match=r"group 1's device block table is \[.., 9\] int32, group 0's \[.., 8\]"):
-        dev.pre_copy(tables, one, one, [-1, -1], one, device_tables=[FakeCuda(torch.ones((2, 8), dtype=torch.int32)), wide])
+        dev.pre_copy(
+            tables, one, one, [-1, -1], one, device_tables=[FakeCuda(torch.ones((2, 8), dtype=torch.int32)), wide]
+        )
     with pytest.raises(PlanError, match="1 device block tables for 2 recurrent groups"):
         dev.pre_copy(tables, one, one, [-1, -1], one, device_tables=[wide])
     with pytest.raises(PlanError, match="5 requests in the step, more than max_num_reqs = 4"):
@@ -175,7 +183,16 @@ def test_device_path_equals_host_path_without_the_oracle(fake_ops, emulator):
     if shutil.which("g++") is None:
         pytest.skip("host emulation needs a C++ compiler")
     mode = vllm_trace.DeviceMode(place=lambda t: t, bind=FakeCuda, vector=lambda a: FakeCuda(torch.from_numpy(a)))
-    stats = vllm_trace.run_trace(None, [GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=5)], block_size=2,
-                                 nsb=3, conv_layout="SD", seed=8, steps=25, device=mode, device_tables=True)
+    stats = vllm_trace.run_trace(
+        None,
+        [GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=5)],
+        block_size=2,
+        nsb=3,
+        conv_layout="SD",
+        seed=8,
+        steps=25,
+        device=mode,
+        device_tables=True,
+    )
     assert stats.pre_copies > 0 and stats.post_copies > 0 and stats.preempted > 0
     assert len(emulator.calls) == 2 * stats.busy_steps

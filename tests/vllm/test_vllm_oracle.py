@@ -36,14 +36,25 @@ TRACES = {
     # name: (groups, block_size, num_speculative_blocks, conv layout, seed[, shared pages])
     "gdn-SD-spec2": ([G("GDN_ATTN", 2)], 4, 2, "SD", 11),
     "gdn-DS-spec2": ([G("GDN_ATTN", 2)], 4, 2, "DS", 12),
-    "3groups-DS-spec2": ([G("GDN_ATTN", 1), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 1, temporal_shape=(3, 4))],
-                         4, 2, "DS", 13),
+    "3groups-DS-spec2": (
+        [G("GDN_ATTN", 1), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 1, temporal_shape=(3, 4))],
+        4,
+        2,
+        "DS",
+        13,
+    ),
     "2groups-SD-bs2-spec3": ([G("GDN_ATTN", 1), G("SHORT_CONV", 2, conv_dim=3)], 2, 3, "SD", 14),
     "gdn-SD-nospec-scalar": ([G("GDN_ATTN", 2), G("SHORT_CONV", 1)], 4, 0, "SD", 15),
     "gdn-DS-nospec-scalar": ([G("GDN_ATTN", 1)], 3, 0, "DS", 16),
     # vLLM's hybrid allocator: layer i of every group views one buffer of padded pages
-    "3groups-DS-shared-pages": ([G("GDN_ATTN", 2), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 2, temporal_shape=(3, 4))],
-                                4, 2, "DS", 21, True),
+    "3groups-DS-shared-pages": (
+        [G("GDN_ATTN", 2), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 2, temporal_shape=(3, 4))],
+        4,
+        2,
+        "DS",
+        21,
+        True,
+    ),
     "2groups-SD-shared-pages": ([G("GDN_ATTN", 1), G("LINEAR", 1, temporal_shape=(3, 4))], 4, 1, "SD", 22, True),
 }
 
@@ -51,8 +62,9 @@ TRACES = {
 @pytest.mark.parametrize("name", list(TRACES))
 def test_trace_equals_vllm(oracle, name):
     groups, bs, nsb, layout, seed, *shared = TRACES[name]
-    stats = vllm_trace.run_trace(oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS,
-                                 shared_pages=bool(shared))
+    stats = vllm_trace.run_trace(
+        oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS, shared_pages=bool(shared)
+    )
     assert stats.steps == STEPS and stats.pre_copies > 0
     if nsb:
         assert stats.post_copies > 0
@@ -61,9 +73,15 @@ def test_trace_equals_vllm(oracle, name):
 # The adapter's device path (FakeCuda states: the fused launches run through the host emulation of
 # the real kernel), against the same vLLM traces.
 # (name, the kernel reads the batch's device block tables instead of staged host tables)
-DEVICE_TRACES = [("gdn-SD-spec2", False), ("gdn-DS-spec2", True), ("3groups-DS-spec2", False),
-                 ("3groups-DS-spec2", True), ("2groups-SD-bs2-spec3", False), ("gdn-DS-nospec-scalar", False),
-                 ("3groups-DS-shared-pages", False)]
+DEVICE_TRACES = [
+    ("gdn-SD-spec2", False),
+    ("gdn-DS-spec2", True),
+    ("3groups-DS-spec2", False),
+    ("3groups-DS-spec2", True),
+    ("2groups-SD-bs2-spec3", False),
+    ("gdn-DS-nospec-scalar", False),
+    ("3groups-DS-shared-pages", False),
+]
 
 
 @pytest.mark.parametrize("name,device_tables", DEVICE_TRACES)
@@ -73,8 +91,18 @@ def test_device_trace_equals_vllm(oracle, fake_ops, emulator, name, device_table
 
     groups, bs, nsb, layout, seed, *shared = TRACES[name]
     mode = vllm_trace.DeviceMode(place=lambda t: t, bind=FakeCuda, vector=lambda a: FakeCuda(torch.from_numpy(a)))
-    stats = vllm_trace.run_trace(oracle, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=STEPS,
-                                 shared_pages=bool(shared), device=mode, device_tables=device_tables)
+    stats = vllm_trace.run_trace(
+        oracle,
+        groups,
+        block_size=bs,
+        nsb=nsb,
+        conv_layout=layout,
+        seed=seed,
+        steps=STEPS,
+        shared_pages=bool(shared),
+        device=mode,
+        device_tables=device_tables,
+    )
     assert stats.steps == STEPS and stats.pre_copies > 0
     # One fused launch per half-step for every group, and nothing waited for the device: the
     # state table went up once, each half-step staged its inputs in one asynchronous copy.
@@ -99,8 +127,15 @@ def test_shared_pages_share_memory_across_groups():
 
 def test_traces_cover_the_features(oracle):
     """One longer trace hits prefix hits, preemption, skipped requests and backward moves."""
-    stats = vllm_trace.run_trace(oracle, [G("GDN_ATTN", 1), G("SHORT_CONV", 1)], block_size=2, nsb=3,
-                                 conv_layout="SD", seed=4, steps=max(STEPS, 40))
+    stats = vllm_trace.run_trace(
+        oracle,
+        [G("GDN_ATTN", 1), G("SHORT_CONV", 1)],
+        block_size=2,
+        nsb=3,
+        conv_layout="SD",
+        seed=4,
+        steps=max(STEPS, 40),
+    )
     assert stats.prefix_hits > 0 and stats.preempted > 0 and stats.skipped > 0 and stats.backwards > 0, stats
 
 
@@ -150,11 +185,13 @@ def test_pre_copy_decisions_equal_vllms_over_random_rows(oracle, monkeypatch):
         bt = np.arange(1, r * 64 + 1, dtype=np.int64).reshape(r, 64) % 7 + 1  # every column live
         side.input_batch.req_ids = ids
         side.input_batch.num_accepted_tokens_cpu[:r] = a
-        side.requests = {i: types_ns(num_computed_tokens=int(x), block_ids=(bt[k].tolist(),))
-                         for k, (i, x) in enumerate(zip(ids, c))}
+        side.requests = {
+            i: types_ns(num_computed_tokens=int(x), block_ids=(bt[k].tolist(),)) for k, (i, x) in enumerate(zip(ids, c))
+        }
         vllm.mamba_state_idx = {i: int(s) for i, s in zip(ids, stored) if s >= 0}
         so = vllm_trace.scheduler_output(
-            [types_ns(rid=i) for i in ids], {i: (int(x), 0) for i, x in zip(ids, n)}, set(), set(), set())
+            [types_ns(rid=i) for i in ids], {i: (int(x), 0) for i, x in zip(ids, n)}, set(), set(), set()
+        )
         vllm.pre(so)
         d = align_pre_copy([bt], c, n, a, stored, block_size=bs, num_spec_blocks=nsb)
         assert [vllm.mamba_state_idx[i] for i in ids] == d.curr.tolist()

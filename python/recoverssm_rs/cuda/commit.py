@@ -52,9 +52,16 @@ def build_commit_meta(
     Raises:
         BindingError: a shape, dtype, stride, alignment or device that the kernel cannot take.
     """
-    raw = _core.commit_meta_table(recurrent=recurrent, corrections=corrections, keygate=keygate, conv=conv,
-                                  conv_window=conv_window, kind=kind, conv_layout=conv_layout,
-                                  conv_kernel_size=conv_kernel_size)
+    raw = _core.commit_meta_table(
+        recurrent=recurrent,
+        corrections=corrections,
+        keygate=keygate,
+        conv=conv,
+        conv_window=conv_window,
+        kind=kind,
+        conv_layout=conv_layout,
+        conv_kernel_size=conv_kernel_size,
+    )
     return records(raw, dtype=COMMIT_META_DTYPE).copy()
 
 
@@ -96,8 +103,14 @@ def launch_recover_commit(
             :class:`~recoverssm_rs.cuda.ErrorWord` (its request numbers are row indices).
         stream: a CuPy stream or a ``torch.cuda.Stream``; ``None``: the current torch stream.
     """
-    ck = _core.CommitLaunch(_table_bytes(meta), device=rows_dev, metas=module.address(meta_dev), num_blocks=num_blocks,
-                            max_requests=max_requests, err=0 if err is None else module.address(err))
+    ck = _core.CommitLaunch(
+        _table_bytes(meta),
+        device=rows_dev,
+        metas=module.address(meta_dev),
+        num_blocks=num_blocks,
+        max_requests=max_requests,
+        err=0 if err is None else module.address(err),
+    )
     kl = ck.launch(rows=rows_dev, num_rows=num_rows, num_accepted=num_accepted)
     if kl is not None:
         index = ck.device_index
@@ -117,12 +130,16 @@ class CommitKernel:
 
         self.meta = meta
         self.meta_dev = torch.from_numpy(meta.view(np.uint8).copy()).to(device)
-        self.rows_dev = torch.zeros(max(1, max_requests) * COMMIT_ROW_DTYPE.itemsize, dtype=torch.uint8,
-                                    device=device)
+        self.rows_dev = torch.zeros(max(1, max_requests) * COMMIT_ROW_DTYPE.itemsize, dtype=torch.uint8, device=device)
         self.err = torch.zeros(3, dtype=torch.int32, device=device)
-        self.launcher = _core.CommitLaunch(_table_bytes(meta), device=self.device_name(),
-                                           metas=int(self.meta_dev.data_ptr()), num_blocks=num_blocks,
-                                           max_requests=max_requests, err=int(self.err.data_ptr()))
+        self.launcher = _core.CommitLaunch(
+            _table_bytes(meta),
+            device=self.device_name(),
+            metas=int(self.meta_dev.data_ptr()),
+            num_blocks=num_blocks,
+            max_requests=max_requests,
+            err=int(self.err.data_ptr()),
+        )
         self.num_rows = 0
         self.ready: bool | None = None
 

@@ -28,14 +28,27 @@ MAX_STATE_CHUNKS = CONSTANTS["MAX_STATE_CHUNKS"]
 state_chunks = _core.state_chunks
 
 
-def launch_copy_tiles(segments_dev: Any, tiles_dev: Any, first_tile: int, num_tiles: int, stream: Any = None, *,
-                      max_ctas: int | None = None, device_index: int = 0) -> None:
+def launch_copy_tiles(
+    segments_dev: Any,
+    tiles_dev: Any,
+    first_tile: int,
+    num_tiles: int,
+    stream: Any = None,
+    *,
+    max_ctas: int | None = None,
+    device_index: int = 0,
+) -> None:
     """Launch ``rs_copy_tiles`` for one wave: tiles ``[first_tile, first_tile + num_tiles)`` of the
     device arrays of ``SEGMENT_DTYPE`` / ``TILE_DTYPE`` records (tensors, CuPy arrays or addresses).
     Launch waves in order on one stream; ``num_tiles == 0`` launches nothing. ``max_ctas`` caps the
     grid (the kernel walks the tiles grid-stride)."""
-    kl = _core.copy_tiles_launch(segments=module.address(segments_dev), tiles=module.address(tiles_dev), first_tile=first_tile,
-                                 num_tiles=num_tiles, max_ctas=max_ctas)
+    kl = _core.copy_tiles_launch(
+        segments=module.address(segments_dev),
+        tiles=module.address(tiles_dev),
+        first_tile=first_tile,
+        num_tiles=num_tiles,
+        max_ctas=max_ctas,
+    )
     if kl is not None:
         module.launch(kl, device_index, stream)
 
@@ -78,10 +91,25 @@ def launch_state_copy(
     Raises:
         PlanError: an argument the kernel cannot take (the core's message names it).
     """
-    fused = _core.FusedCopy(device=block_table, metas=module.address(meta_dev), num_meta=num_meta, max_accepted=max_accepted,
-                            num_blocks=num_blocks, has_temporal=bool(has_temporal), chunks=chunks, err=module.address(err))
-    kl = fused.launch(block_table=block_table, src_col=src_col, second=dst_or_running, num_accepted=num_accepted,
-                      err=err, block_size=block_size, num_accepted_out=num_accepted_out)
+    fused = _core.FusedCopy(
+        device=block_table,
+        metas=module.address(meta_dev),
+        num_meta=num_meta,
+        max_accepted=max_accepted,
+        num_blocks=num_blocks,
+        has_temporal=bool(has_temporal),
+        chunks=chunks,
+        err=module.address(err),
+    )
+    kl = fused.launch(
+        block_table=block_table,
+        src_col=src_col,
+        second=dst_or_running,
+        num_accepted=num_accepted,
+        err=err,
+        block_size=block_size,
+        num_accepted_out=num_accepted_out,
+    )
     if kl is not None:
         module.launch(kl, fused.device_index, stream)
 
@@ -119,7 +147,8 @@ def execute_plan(plan: CopyPlan, stream: Any = None, *, tile_bytes: int = 64 * 1
         handle = module.stream_handle(None, index)  # the current stream (``stream`` when given)
         base = dev.data_ptr()
         for w in range(len(starts) - 1):
-            kl = _core.copy_tiles_launch(segments=base, tiles=base + nseg, first_tile=starts[w],
-                                         num_tiles=starts[w + 1] - starts[w])
+            kl = _core.copy_tiles_launch(
+                segments=base, tiles=base + nseg, first_tile=starts[w], num_tiles=starts[w + 1] - starts[w]
+            )
             if kl is not None:
                 module.launch(kl, index, handle)

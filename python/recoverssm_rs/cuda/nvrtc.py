@@ -108,8 +108,12 @@ def _nvrtc() -> ctypes.CDLL:
                 raise NvrtcUnavailableError(f"cannot load {path}: {exc}") from exc
             vp = ctypes.c_void_p
             lib.nvrtcCreateProgram.argtypes = [
-                ctypes.POINTER(vp), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int,
-                ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+                ctypes.POINTER(vp),
+                ctypes.c_char_p,
+                ctypes.c_char_p,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_char_p),
+                ctypes.POINTER(ctypes.c_char_p),
             ]
             lib.nvrtcCompileProgram.argtypes = [vp, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
             lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(vp)]
@@ -144,7 +148,7 @@ def cupy_nvrtc_options(arch: int, *, cubin: bool = True, extra: Sequence[str] = 
     """
     opts: tuple[str, ...] = tuple(MODULE_OPTIONS)
     try:
-        from cupy._core.core import assemble_cupy_compiler_options  # type: ignore[import-not-found]
+        from cupy._core.core import assemble_cupy_compiler_options
 
         opts = tuple(assemble_cupy_compiler_options(opts))
     except Exception:  # CuPy missing, or its CUDA path detection failed
@@ -290,7 +294,9 @@ def compile_all(archs: Sequence[int] = ARCHS, *, ptx: bool = True, module: bool 
 
 def resource_table(reports: Iterable[CompileReport]) -> str:
     """A plain-text table of the CUBIN resource reports."""
-    lines = [f"{'file':<16} {'kernel':<22} {'arch':>5} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} {'bar':>4}"]
+    lines = [
+        f"{'file':<16} {'kernel':<22} {'arch':>5} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9} {'bar':>4}"
+    ]
     for rep in reports:
         for k in rep.kernels:
             lines.append(

@@ -57,9 +57,7 @@ class CudaOps:
             return stream
         ptr = getattr(stream, "ptr", None)
         if ptr is None:
-            raise PlanError(
-                f"stream must be a torch.cuda.Stream, a CuPy stream or None, got {type(stream).__name__}"
-            )
+            raise PlanError(f"stream must be a torch.cuda.Stream, a CuPy stream or None, got {type(stream).__name__}")
         torch = self.torch()
         return torch.cuda.ExternalStream(int(ptr), device=torch.device("cuda", index))
 

@@ -44,5 +44,7 @@ class MemoryReport:
         }
 
     def __repr__(self) -> str:
-        return (f"MemoryReport(pool={self.pool_bytes} B, workspace={self.workspace_bytes} B, "
-                f"scratch_ratio={self.scratch_ratio:.1f}, window={self.window})")
+        return (
+            f"MemoryReport(pool={self.pool_bytes} B, workspace={self.workspace_bytes} B, "
+            f"scratch_ratio={self.scratch_ratio:.1f}, window={self.window})"
+        )

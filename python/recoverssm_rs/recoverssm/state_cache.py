@@ -52,7 +52,8 @@ def _torch_dtype(name: str) -> torch.dtype:
     try:
         return _DTYPES[name]
     except KeyError:
-        return getattr(torch, name)
+        dtype: torch.dtype = getattr(torch, name)
+        return dtype
 
 
 class StateCache:
@@ -98,17 +99,20 @@ class StateCache:
         kg_spec = states[geo["keygate"]]
         dev = self.device
         # One allocation per state kind; per-layer tensors are views of it.
-        self._conv = torch.zeros((num_layers, num_blocks, *conv_spec.shape),
-                                 dtype=_torch_dtype(conv_spec.dtype), device=dev)
-        self._recurrent = torch.zeros((num_layers, num_blocks, *rec_spec.shape),
-                                      dtype=_torch_dtype(rec_spec.dtype), device=dev)
-        self._corrections = torch.zeros((num_layers, max_requests, *corr_spec.shape),
-                                        dtype=torch.float32, device=dev)
-        self._keygate = torch.zeros((num_layers, max_requests, *kg_spec.shape),
-                                    dtype=_torch_dtype(kg_spec.dtype), device=dev)
+        self._conv = torch.zeros(
+            (num_layers, num_blocks, *conv_spec.shape), dtype=_torch_dtype(conv_spec.dtype), device=dev
+        )
+        self._recurrent = torch.zeros(
+            (num_layers, num_blocks, *rec_spec.shape), dtype=_torch_dtype(rec_spec.dtype), device=dev
+        )
+        self._corrections = torch.zeros((num_layers, max_requests, *corr_spec.shape), dtype=torch.float32, device=dev)
+        self._keygate = torch.zeros(
+            (num_layers, max_requests, *kg_spec.shape), dtype=_torch_dtype(kg_spec.dtype), device=dev
+        )
         # The verified conv window of each request row: commit compacts it into the block.
-        self._conv_window = torch.zeros((num_layers, max_requests, *conv_spec.shape),
-                                        dtype=self._conv.dtype, device=dev)
+        self._conv_window = torch.zeros(
+            (num_layers, max_requests, *conv_spec.shape), dtype=self._conv.dtype, device=dev
+        )
         pers = [[self._conv[l], self._recurrent[l]] for l in range(num_layers)]
         if geo["conv_state"] != 0:
             pers = [[r, c] for c, r in pers]
@@ -139,9 +143,13 @@ class StateCache:
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every tensor the cache allocated (for inspection: they never change identity)."""
-        return {"conv": self._conv, "recurrent": self._recurrent,
-                "corrections": self._corrections, "keygate": self._keygate,
-                "conv_window": self._conv_window}
+        return {
+            "conv": self._conv,
+            "recurrent": self._recurrent,
+            "corrections": self._corrections,
+            "keygate": self._keygate,
+            "conv_window": self._conv_window,
+        }
 
     # ---- verify --------------------------------------------------------------------------
     def _rows(self, state_blocks: Any) -> torch.Tensor:
@@ -150,8 +158,7 @@ class StateCache:
         idx = torch.as_tensor(np.asarray(state_blocks), dtype=torch.long)
         return idx.clamp(min=0).to(self.device)
 
-    def conv_verify(self, layer: int, state_blocks: Any, x: torch.Tensor,
-                    weight: torch.Tensor) -> torch.Tensor:
+    def conv_verify(self, layer: int, state_blocks: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Causal depthwise conv over the window, from each request's conv window.
 
         ``x`` ``[B, Q, dim]`` are the window's conv inputs, ``weight`` ``[dim, conv_kernel_size]``
@@ -164,14 +171,23 @@ class StateCache:
         layer = self._layer(layer)
         blocks = self._rows(state_blocks)
         self._bound.check()
-        y, window = recurrence.conv_verify(self._conv[layer][blocks], x, weight, self.conv_kernel_size,
-                                           self.conv_layout, window=self.window)
+        y, window = recurrence.conv_verify(
+            self._conv[layer][blocks], x, weight, self.conv_kernel_size, self.conv_layout, window=self.window
+        )
         self._conv_window[layer][: blocks.numel()] = window
         return y
 
-    def verify(self, layer: int, state_blocks: Any, q_hat: torch.Tensor, k_hat: torch.Tensor,
-               v: torch.Tensor, gate: torch.Tensor, beta: torch.Tensor,
-               query_lens: Any = None) -> torch.Tensor:
+    def verify(
+        self,
+        layer: int,
+        state_blocks: Any,
+        q_hat: torch.Tensor,
+        k_hat: torch.Tensor,
+        v: torch.Tensor,
+        gate: torch.Tensor,
+        beta: torch.Tensor,
+        query_lens: Any = None,
+    ) -> torch.Tensor:
         """Run the window from each request's persistent state without writing it; write the
         records into workspace rows ``0..B-1`` of ``layer``. Shapes as
         :func:`recoverssm_rs.recoverssm.recurrence.verify` (``[B, Q, H, *]``); returns ``[B, Q, H, V]``."""
@@ -181,24 +197,43 @@ class StateCache:
         b = blocks.numel()
         state = self._recurrent[layer][blocks]
         corr, kg = self.workspace(layer)
-        return recurrence.verify(state, q_hat, k_hat, v, gate, beta, corr[:b], kg[:b],
-                                 query_lens=query_lens)
+        return recurrence.verify(state, q_hat, k_hat, v, gate, beta, corr[:b], kg[:b], query_lens=query_lens)
 
     # ---- commit --------------------------------------------------------------------------
-    def plan_commit(self, num_accepted: Any, state_blocks: Any, query_lens: Any = None, *,
-                    seq_lens: Any = None, block_table: Any = None,
-                    block_size: int | None = None) -> np.ndarray:
+    def plan_commit(
+        self,
+        num_accepted: Any,
+        state_blocks: Any,
+        query_lens: Any = None,
+        *,
+        seq_lens: Any = None,
+        block_table: Any = None,
+        block_size: int | None = None,
+    ) -> np.ndarray:
         """The commit plan (``COMMIT_ROW_DTYPE`` records), checked by the core. See :meth:`commit`."""
         if query_lens is None:
             query_lens = np.full(len(state_blocks), self.window, dtype=np.int64)
-        raw = self.commit_planner.plan(state_blocks=state_blocks, num_accepted=num_accepted, query_lens=query_lens,
-                                       seq_lens=seq_lens, block_table=block_table, block_size=block_size,
-                                       max_requests=self.max_requests)
+        raw = self.commit_planner.plan(
+            state_blocks=state_blocks,
+            num_accepted=num_accepted,
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+            block_table=block_table,
+            block_size=block_size,
+            max_requests=self.max_requests,
+        )
         return records(raw, dtype=COMMIT_ROW_DTYPE)
 
-    def commit(self, num_accepted: Any, state_blocks: Any, query_lens: Any = None, *,
-               seq_lens: Any = None, block_table: Any = None,
-               block_size: int | None = None) -> np.ndarray:
+    def commit(
+        self,
+        num_accepted: Any,
+        state_blocks: Any,
+        query_lens: Any = None,
+        *,
+        seq_lens: Any = None,
+        block_table: Any = None,
+        block_size: int | None = None,
+    ) -> np.ndarray:
         """Fold each request's accepted records into its state, for every layer.
 
         Args:
@@ -234,19 +269,33 @@ class StateCache:
             # Counts stay on the device: plan each request for its whole window (the cap) and let
             # the kernel clamp num_accepted[request] to it.
             caps = np.full(len(state_blocks), self.window, dtype=np.int64) if query_lens is None else query_lens
-            rows = self.plan_commit(caps, state_blocks, caps, seq_lens=seq_lens, block_table=block_table,
-                                    block_size=block_size)
+            rows = self.plan_commit(
+                caps, state_blocks, caps, seq_lens=seq_lens, block_table=block_table, block_size=block_size
+            )
         else:
-            rows = self.plan_commit(num_accepted, state_blocks, query_lens, seq_lens=seq_lens,
-                                    block_table=block_table, block_size=block_size)
+            rows = self.plan_commit(
+                num_accepted,
+                state_blocks,
+                query_lens,
+                seq_lens=seq_lens,
+                block_table=block_table,
+                block_size=block_size,
+            )
         if len(rows) == 0:
             return rows
         if kernel:
             self._commit_on_device(rows, num_accepted if device_counts else None)
         else:
-            recurrence.commit_rows(rows, recurrent=self._recurrent, conv=self._conv, corrections=self._corrections,
-                                   keygate=self._keygate, conv_window=self._conv_window,
-                                   conv_kernel_size=self.conv_kernel_size, conv_layout=self.conv_layout)
+            recurrence.commit_rows(
+                rows,
+                recurrent=self._recurrent,
+                conv=self._conv,
+                corrections=self._corrections,
+                keygate=self._keygate,
+                conv_window=self._conv_window,
+                conv_kernel_size=self.conv_kernel_size,
+                conv_layout=self.conv_layout,
+            )
         self._bound.mark_written()
         return rows
 
@@ -261,10 +310,15 @@ class StateCache:
         """
         L = self.num_layers
         return build_commit_meta(
-            [self._recurrent[l] for l in range(L)], [self._corrections[l] for l in range(L)],
-            [self._keygate[l] for l in range(L)], [self._conv[l] for l in range(L)],
-            [self._conv_window[l] for l in range(L)], kind=self.kind, conv_layout=self.conv_layout,
-            conv_kernel_size=self.conv_kernel_size)
+            [self._recurrent[l] for l in range(L)],
+            [self._corrections[l] for l in range(L)],
+            [self._keygate[l] for l in range(L)],
+            [self._conv[l] for l in range(L)],
+            [self._conv_window[l] for l in range(L)],
+            kind=self.kind,
+            conv_layout=self.conv_layout,
+            conv_kernel_size=self.conv_kernel_size,
+        )
 
     def _bind_commit_kernel(self) -> CommitKernel | None:
         """Build the kernel's table once (the only host -> device copy that waits) and the
@@ -272,8 +326,7 @@ class StateCache:
         try:
             meta = self.commit_meta()
         except BindingError as exc:
-            log.warning("StateCache: commit kernel unavailable for this layout (%s); the torch "
-                        "reference commits", exc)
+            log.warning("StateCache: commit kernel unavailable for this layout (%s); the torch reference commits", exc)
             return None
         return CommitKernel(meta, device=self.device, num_blocks=self.num_blocks, max_requests=self.max_requests)
 
@@ -308,8 +361,14 @@ class StateCache:
                 counts = counts.to(dtype=torch.int32, memory_format=torch.contiguous_format)
         d.commit_rows(rows, counts)
 
-    def launch_commit(self, rows: torch.Tensor, num_rows: int | None = None, *,
-                      num_accepted: torch.Tensor | None = None, stream: Any = None) -> None:
+    def launch_commit(
+        self,
+        rows: torch.Tensor,
+        num_rows: int | None = None,
+        *,
+        num_accepted: torch.Tensor | None = None,
+        stream: Any = None,
+    ) -> None:
         """Launch the commit kernel on rows already in device memory (CUDA caches only).
 
         Nothing is planned, staged, allocated or synchronised: with fixed ``rows`` / ``num_accepted``
@@ -322,8 +381,7 @@ class StateCache:
         """
         d = self._device_commit
         if d is None:
-            raise BackendUnavailableError("launch_commit needs a CUDA StateCache whose layout the "
-                                          "commit kernel takes")
+            raise BackendUnavailableError("launch_commit needs a CUDA StateCache whose layout the commit kernel takes")
         if num_accepted is not None:
             _core.check_commit_counts(str(self._recurrent.device), num_accepted, 1)
         self._bound.check()
@@ -366,9 +424,13 @@ class StateCache:
         ws_req = records + conv_window
         g = self.geometry
         rec_dtype = self.layout.states[g["recurrent_state"]].dtype
-        full = recurrence.full_state_scratch_bytes(
-            int(g["heads"]), int(g["head_k_dim"]), int(g["head_v_dim"]), self.window,
-            _torch_dtype(rec_dtype)) * l * self.max_requests
+        full = (
+            recurrence.full_state_scratch_bytes(
+                int(g["heads"]), int(g["head_k_dim"]), int(g["head_v_dim"]), self.window, _torch_dtype(rec_dtype)
+            )
+            * l
+            * self.max_requests
+        )
         return MemoryReport(
             persistent_bytes_per_block=per_block,
             pool_bytes=per_block * self.num_blocks,
@@ -380,6 +442,8 @@ class StateCache:
         )
 
     def __repr__(self) -> str:
-        return (f"StateCache({self.layout.backend!r}, kind={self.kind!r}, layers={self.num_layers}, "
-                f"blocks={self.num_blocks}, max_requests={self.max_requests}, "
-                f"window={self.window}, device={str(self.device)!r})")
+        return (
+            f"StateCache({self.layout.backend!r}, kind={self.kind!r}, layers={self.num_layers}, "
+            f"blocks={self.num_blocks}, max_requests={self.max_requests}, "
+            f"window={self.window}, device={str(self.device)!r})"
+        )

@@ -22,8 +22,7 @@ def _arch(text: str) -> int:
     try:
         value = int(text.removeprefix("sm_"), 10)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r}: expected an architecture like 80 or sm_90") from None
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an architecture like 80 or sm_90") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an architecture like 80 or sm_90")
     return value
@@ -34,17 +33,25 @@ def add_parser(sub: Any) -> None:
     from ..cuda import nvrtc
 
     p = sub.add_parser(
-        "check-kernels", formatter_class=HelpFormatter,
+        "check-kernels",
+        formatter_class=HelpFormatter,
         help="compile the CUDA kernels with this machine's NVRTC and report their resources",
         description="Compile the package's CUDA kernels (the module the launch layer loads) with the "
-                    "NVRTC found on this machine (no GPU or driver needed) and report each kernel's "
-                    "registers, stack, spills and barriers per architecture.\n\n"
-                    "Exit status 0 when every kernel compiles without spills or local memory, 1 "
-                    "otherwise or when no NVRTC library is found (install the NVRTC wheel of your CUDA major, "
-                    "or set RECOVERSSM_NVRTC to a libnvrtc path), 2 for a bad argument.")
-    p.add_argument("--arch", type=_arch, action="append", dest="archs", metavar="ARCH",
-                   help=f"architecture to compile for, e.g. 90 or sm_90, one this NVRTC supports "
-                        f"(repeatable; default: {', '.join('sm_' + str(a) for a in nvrtc.ARCHS)})")
+        "NVRTC found on this machine (no GPU or driver needed) and report each kernel's "
+        "registers, stack, spills and barriers per architecture.\n\n"
+        "Exit status 0 when every kernel compiles without spills or local memory, 1 "
+        "otherwise or when no NVRTC library is found (install the NVRTC wheel of your CUDA major, "
+        "or set RECOVERSSM_NVRTC to a libnvrtc path), 2 for a bad argument.",
+    )
+    p.add_argument(
+        "--arch",
+        type=_arch,
+        action="append",
+        dest="archs",
+        metavar="ARCH",
+        help=f"architecture to compile for, e.g. 90 or sm_90, one this NVRTC supports "
+        f"(repeatable; default: {', '.join('sm_' + str(a) for a in nvrtc.ARCHS)})",
+    )
     add_json_option(p, "the report")
     p.set_defaults(func=_cmd, parser=p)
 
@@ -69,11 +76,23 @@ def _supported_archs() -> list[int] | None:
 def _table(rows: list[Any]) -> str:
     """One line per kernel and architecture, the columns as wide as their widest cell."""
     head = ("kernel", "arch", "regs", "stack", "spill st", "spill ld", "bar")
-    cells = [head] + [(k.kernel, f"sm_{k.arch}", str(k.registers), str(k.stack_frame), str(k.spill_stores),
-                       str(k.spill_loads), str(k.barriers)) for k in rows]
+    cells = [head] + [
+        (
+            k.kernel,
+            f"sm_{k.arch}",
+            str(k.registers),
+            str(k.stack_frame),
+            str(k.spill_stores),
+            str(k.spill_loads),
+            str(k.barriers),
+        )
+        for k in rows
+    ]
     widths = [max(len(r[c]) for r in cells) for c in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(r, widths)))
-             for r in cells]
+    lines = [
+        "  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(r, widths)))
+        for r in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -89,15 +108,19 @@ def _cmd(args: argparse.Namespace) -> int:
     if path is None:
         from ..backend_check import nvrtc_install_hint
 
-        raise BackendUnavailableError(f"check-kernels: no NVRTC library found ({nvrtc_install_hint()}, "
-                                      "or set RECOVERSSM_NVRTC to a libnvrtc path)")
+        raise BackendUnavailableError(
+            f"check-kernels: no NVRTC library found ({nvrtc_install_hint()}, "
+            "or set RECOVERSSM_NVRTC to a libnvrtc path)"
+        )
     supported = _supported_archs()
     if supported is not None:
         bad = [a for a in archs if a not in supported]
         if bad:
             major, minor = nvrtc.nvrtc_version()
-            parser.error(f"argument --arch: invalid value sm_{bad[0]}: NVRTC {major}.{minor} compiles for "
-                         f"{', '.join('sm_' + str(a) for a in supported)}")
+            parser.error(
+                f"argument --arch: invalid value sm_{bad[0]}: NVRTC {major}.{minor} compiles for "
+                f"{', '.join('sm_' + str(a) for a in supported)}"
+            )
     reports = [nvrtc.nvrtc_compile("<module>", arch, target="cubin", source=module_source()) for arch in archs]
     failed = [r for r in reports if not r.ok]
     kernels = sorted((k for r in reports for k in r.kernels), key=lambda k: (k.kernel, k.arch))
@@ -108,10 +131,21 @@ def _cmd(args: argparse.Namespace) -> int:
         print(_table(kernels))
         for r in failed:
             print(f"FAILED sm_{r.arch}:\n{r.log}")
-        print("ok: every kernel compiles without spills or local memory" if not failed and not unclean
-              else f"{len(failed)} failed compiles, {len(unclean)} kernels with spills or local memory")
+        print(
+            "ok: every kernel compiles without spills or local memory"
+            if not failed and not unclean
+            else f"{len(failed)} failed compiles, {len(unclean)} kernels with spills or local memory"
+        )
     if args.json:
-        write_json({"nvrtc": str(path), "version": [major, minor], "archs": list(archs),
-                    "failed": [{"arch": r.arch, "log": r.log} for r in failed],
-                    "kernels": [k.__dict__ for k in kernels]}, args.json, parser.prog)
+        write_json(
+            {
+                "nvrtc": str(path),
+                "version": [major, minor],
+                "archs": list(archs),
+                "failed": [{"arch": r.arch, "log": r.log} for r in failed],
+                "kernels": [k.__dict__ for k in kernels],
+            },
+            args.json,
+            parser.prog,
+        )
     return 0 if not failed and not unclean else 1

@@ -42,8 +42,13 @@ __all__ = ["main", "build_parser", "format_layout", "family_params", "SUBCOMMAND
 
 PROG = "recoverssm"
 
-_FAMILY_FLAGS = {"tp_size": "--tp-size", "num_spec": "--num-spec", "conv_layout": "--conv-layout",
-                 "dtype": "--dtype", "ssm_dtype": "--ssm-dtype"}
+_FAMILY_FLAGS = {
+    "tp_size": "--tp-size",
+    "num_spec": "--num-spec",
+    "conv_layout": "--conv-layout",
+    "dtype": "--dtype",
+    "ssm_dtype": "--ssm-dtype",
+}
 """Calculator parameters that have their own flag (the others go through --param)."""
 
 _UNSET = "(default: the preset's value, or the calculator's: see --list-params)"
@@ -57,8 +62,10 @@ def family_params(family: str) -> list[inspect.Parameter]:
 def _format_params(family: str) -> str:
     calc = layouts.FAMILIES[family]
     doc = (calc.__doc__ or "").strip().splitlines()
-    lines = [f"{family}: {doc[0] if doc else calc.__name__}",
-             "parameters (--param NAME=VALUE; those with a flag also as the flag):"]
+    lines = [
+        f"{family}: {doc[0] if doc else calc.__name__}",
+        "parameters (--param NAME=VALUE; those with a flag also as the flag):",
+    ]
     for prm in family_params(family):
         if prm.default is inspect.Parameter.empty:
             note = "required"
@@ -113,8 +120,10 @@ def _culprit(build: Callable[..., Layout], given: dict[str, Any], revertible: se
     return blamed[0] if len(blamed) == 1 else None
 
 
-def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
-                      ) -> tuple[Layout, int | None, str | None]:
+def _layout_from_args(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+) -> tuple[Layout, int | None, str | None]:
     family = layouts.PRESETS[args.preset].family if args.preset else args.family
     if family is None:
         parser.error("pass --preset NAME or --family NAME (or --list-params FAMILY)")
@@ -126,8 +135,9 @@ def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
         if not sep or not key:
             parser.error(f"argument --param: invalid value {item!r}: expected NAME=VALUE")
         if key not in names:
-            parser.error(f"argument --param: unknown parameter {key!r} of family {family}; "
-                         f"it takes: {', '.join(names)}")
+            parser.error(
+                f"argument --param: unknown parameter {key!r} of family {family}; it takes: {', '.join(names)}"
+            )
         if key in _FAMILY_FLAGS:
             parser.error(f"argument --param: set {key} with {_FAMILY_FLAGS[key]}")
         given[key] = _parse_value(value, names[key].default)
@@ -141,11 +151,9 @@ def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
         num_layers, model = p.num_layers, p.model
         revertible = set(given)  # back to the preset's value
     else:
-        missing = [n for n, prm in names.items()
-                   if prm.default is inspect.Parameter.empty and n not in given]
+        missing = [n for n, prm in names.items() if prm.default is inspect.Parameter.empty and n not in given]
         if missing:
-            parser.error(f"argument --param: family {family} needs {', '.join(missing)} "
-                         f"(see --list-params {family})")
+            parser.error(f"argument --param: family {family} needs {', '.join(missing)} (see --list-params {family})")
         build, num_layers, model = layouts.FAMILIES[family], None, None
         revertible = {n for n in given if names[n].default is not inspect.Parameter.empty}
     try:
@@ -156,8 +164,7 @@ def _layout_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser,
             raise  # a rule of the layout as a whole: main() reports it (exit status 1)
         if name is None:
             parser.error(f"{family}: {e}")
-        parser.error(f"argument {_flag_of(name)}: invalid value {given[name]!r}: "
-                     f"{core_reason(e, given[name])}")
+        parser.error(f"argument {_flag_of(name)}: invalid value {given[name]!r}: {core_reason(e, given[name])}")
     raise AssertionError("unreachable")
 
 
@@ -167,10 +174,22 @@ def _cmd_layout(args: argparse.Namespace) -> int:
         if args.json != "-":
             print(_format_params(family))
         if args.json:
-            write_json({"family": family, "parameters": [
-                {"name": prm.name, "required": prm.default is inspect.Parameter.empty,
-                 "default": None if prm.default is inspect.Parameter.empty else prm.default,
-                 "flag": _flag_of(prm.name)} for prm in family_params(family)]}, args.json, args.parser.prog)
+            write_json(
+                {
+                    "family": family,
+                    "parameters": [
+                        {
+                            "name": prm.name,
+                            "required": prm.default is inspect.Parameter.empty,
+                            "default": None if prm.default is inspect.Parameter.empty else prm.default,
+                            "flag": _flag_of(prm.name),
+                        }
+                        for prm in family_params(family)
+                    ],
+                },
+                args.json,
+                args.parser.prog,
+            )
         return 0
     layout, num_layers, model = _layout_from_args(args, args.parser)
     if args.json != "-":
@@ -192,46 +211,78 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         for name, p in layouts.PRESETS.items():
             print(f"{name:26s} {p.family:6s} {p.model}  ({p.note})")
     if args.json:
-        write_json({n: {"model": p.model, "family": p.family, "num_layers": p.num_layers,
-                        "params": dict(p.params), "defaults": dict(p.defaults), "note": p.note}
-                    for n, p in layouts.PRESETS.items()}, args.json, args.parser.prog)
+        write_json(
+            {
+                n: {
+                    "model": p.model,
+                    "family": p.family,
+                    "num_layers": p.num_layers,
+                    "params": dict(p.params),
+                    "defaults": dict(p.defaults),
+                    "note": p.note,
+                }
+                for n, p in layouts.PRESETS.items()
+            },
+            args.json,
+            args.parser.prog,
+        )
     return 0
 
 
 def _add_layout_parser(sub: Any) -> None:
     families = sorted(layouts.FAMILIES)
-    p = sub.add_parser("layout", formatter_class=HelpFormatter,
-                       help="print a layout as a table or JSON",
-                       description="Print a preset's layout, or a calculator family's layout "
-                                   "for the given parameters,\nfor one tensor-parallel rank.")
+    p = sub.add_parser(
+        "layout",
+        formatter_class=HelpFormatter,
+        help="print a layout as a table or JSON",
+        description="Print a preset's layout, or a calculator family's layout "
+        "for the given parameters,\nfor one tensor-parallel rank.",
+    )
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--preset", choices=list(layouts.PRESETS), metavar="NAME",
-                       help=f"a model preset: {', '.join(layouts.PRESETS)}")
-    which.add_argument("--family", choices=families, metavar="NAME",
-                       help=f"a calculator family: {', '.join(families)} (parameters: "
-                            f"--list-params NAME)")
-    which.add_argument("--list-params", choices=families, metavar="FAMILY", dest="list_params",
-                       help="list the family's parameters (names as in vLLM's state-shape "
-                            "calculators) and exit")
-    p.add_argument("--param", action="append", metavar="NAME=VALUE",
-                   help="a calculator parameter under vLLM's name, e.g. num_k_heads=16 (repeatable; "
-                        "overrides a preset's value; --list-params FAMILY lists them)")
-    p.add_argument("--tp-size", type=int, dest="tp_size",
-                   help=f"tensor-parallel size {_UNSET}")
-    p.add_argument("--num-spec", type=int, dest="num_spec",
-                   help=f"draft tokens per speculative step {_UNSET}")
-    p.add_argument("--conv-layout", choices=["SD", "DS"], dest="conv_layout",
-                   help=f"conv window layout: SD = (width, dim), DS = (dim, width) {_UNSET}")
+    which.add_argument(
+        "--preset", choices=list(layouts.PRESETS), metavar="NAME", help=f"a model preset: {', '.join(layouts.PRESETS)}"
+    )
+    which.add_argument(
+        "--family",
+        choices=families,
+        metavar="NAME",
+        help=f"a calculator family: {', '.join(families)} (parameters: --list-params NAME)",
+    )
+    which.add_argument(
+        "--list-params",
+        choices=families,
+        metavar="FAMILY",
+        dest="list_params",
+        help="list the family's parameters (names as in vLLM's state-shape calculators) and exit",
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a calculator parameter under vLLM's name, e.g. num_k_heads=16 (repeatable; "
+        "overrides a preset's value; --list-params FAMILY lists them)",
+    )
+    p.add_argument("--tp-size", type=int, dest="tp_size", help=f"tensor-parallel size {_UNSET}")
+    p.add_argument("--num-spec", type=int, dest="num_spec", help=f"draft tokens per speculative step {_UNSET}")
+    p.add_argument(
+        "--conv-layout",
+        choices=["SD", "DS"],
+        dest="conv_layout",
+        help=f"conv window layout: SD = (width, dim), DS = (dim, width) {_UNSET}",
+    )
     p.add_argument("--dtype", help=f"state dtype, e.g. bfloat16 {_UNSET}")
-    p.add_argument("--ssm-dtype", dest="ssm_dtype",
-                   help=f"temporal / recurrent state dtype {_UNSET}")
+    p.add_argument("--ssm-dtype", dest="ssm_dtype", help=f"temporal / recurrent state dtype {_UNSET}")
     add_json_option(p, "the layout")
     p.set_defaults(func=_cmd_layout, parser=p)
 
 
 def _add_presets_parser(sub: Any) -> None:
-    p = sub.add_parser("presets", formatter_class=HelpFormatter, help="list the model presets",
-                       description="List the model presets: family, model and layer counts.")
+    p = sub.add_parser(
+        "presets",
+        formatter_class=HelpFormatter,
+        help="list the model presets",
+        description="List the model presets: family, model and layer counts.",
+    )
     add_json_option(p, "the presets")
     p.set_defaults(func=_cmd_presets, parser=p)
 
@@ -249,9 +300,11 @@ SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command line's parser (one-line errors, defaults in the help)."""
-    parser = Parser(prog=prog, formatter_class=HelpFormatter,
-                    description="Recurrent-state layouts, copy plans and RecoverSSM for hybrid "
-                                "SSM serving.")
+    parser = Parser(
+        prog=prog,
+        formatter_class=HelpFormatter,
+        description="Recurrent-state layouts, copy plans and RecoverSSM for hybrid SSM serving.",
+    )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_parser in SUBCOMMANDS:

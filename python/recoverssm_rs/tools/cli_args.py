@@ -26,9 +26,21 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["Parser", "HelpFormatter", "int_at_least", "one_line", "fail", "output_path",
-           "add_json_option", "add_quiet_option", "write_json", "available_memory",
-           "memory_problem", "max_threads", "core_reason"]
+__all__ = [
+    "Parser",
+    "HelpFormatter",
+    "int_at_least",
+    "one_line",
+    "fail",
+    "output_path",
+    "add_json_option",
+    "add_quiet_option",
+    "write_json",
+    "available_memory",
+    "memory_problem",
+    "max_threads",
+    "core_reason",
+]
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -38,14 +50,21 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
-        return "\n\n".join(textwrap.fill(" ".join(p.split()), width, initial_indent=indent,
-                                         subsequent_indent=indent) for p in paragraphs)
+        return "\n\n".join(
+            textwrap.fill(" ".join(p.split()), width, initial_indent=indent, subsequent_indent=indent)
+            for p in paragraphs
+        )
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if ("%(default)" in text or not action.option_strings or action.nargs in (0, "?")
-                or default is None or default is argparse.SUPPRESS):
+        if (
+            "%(default)" in text
+            or not action.option_strings
+            or action.nargs in (0, "?")
+            or default is None
+            or default is argparse.SUPPRESS
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -71,8 +90,7 @@ def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
         try:
             value = int(text, 10)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"invalid value {text!r}: expected an integer {allowed}") from None
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer {allowed}") from None
         if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"invalid value {value}: must be {allowed}")
         return value
@@ -99,7 +117,8 @@ def core_reason(e: BaseException, value: Any) -> str:
         m = re.search(r"is not an instance of '(\w+)'", text)
         if m:
             return {"bool": "expected true or false", "str": "expected a name"}.get(
-                m.group(1), f"expected a {m.group(1)}")
+                m.group(1), f"expected a {m.group(1)}"
+            )
         if "integer" in text:
             return "expected an integer"
     return text
@@ -151,8 +170,8 @@ def output_path(suffixes: Iterable[str] = (), *, stdout: bool = False) -> Callab
         if endings and not text.lower().endswith(endings):
             listed = ", ".join(endings[:-1]) + " or " + endings[-1] if len(endings) > 1 else endings[0]
             raise argparse.ArgumentTypeError(
-                f"invalid value {text!r}: the file name must end in {listed} (the format follows "
-                "the suffix)")
+                f"invalid value {text!r}: the file name must end in {listed} (the format follows the suffix)"
+            )
         problem = _writable_problem(Path(text))
         if problem is not None:
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: {problem}")
@@ -164,10 +183,16 @@ def output_path(suffixes: Iterable[str] = (), *, stdout: bool = False) -> Callab
 
 def add_json_option(p: argparse.ArgumentParser, what: str = "the results") -> None:
     """``--json [FILE]``: the shared spelling (see the module docstring)."""
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                   type=output_path(stdout=True),
-                   help=f"write {what} as JSON to FILE (the text still goes to stdout); '-', or no "
-                        f"FILE, writes the JSON to stdout in place of the text")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        type=output_path(stdout=True),
+        help=f"write {what} as JSON to FILE (the text still goes to stdout); '-', or no "
+        f"FILE, writes the JSON to stdout in place of the text",
+    )
 
 
 def add_quiet_option(p: argparse.ArgumentParser) -> None:

@@ -38,8 +38,10 @@ def format_layout(layout: Layout, num_layers: int | None = None) -> str:
             )
         )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = [f"{layout.backend}: num_spec={layout.num_spec}, copyable prefix = "
-             f"{layout.copyable_prefix_len} of {len(layout)} states"]
+    lines = [
+        f"{layout.backend}: num_spec={layout.num_spec}, copyable prefix = "
+        f"{layout.copyable_prefix_len} of {len(layout)} states"
+    ]
     for j, r in enumerate(rows):
         lines.append("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip())
         if j == 0:

@@ -33,8 +33,18 @@ from typing import Any
 
 from .pd_processes import child_main, start_children, stop_children, wait_result
 
-__all__ = ["Config", "PdOptionError", "TOLERANCE", "add_parser", "format_summary", "main", "passed",
-           "run", "run_bytes", "validate"]
+__all__ = [
+    "Config",
+    "PdOptionError",
+    "TOLERANCE",
+    "add_parser",
+    "format_summary",
+    "main",
+    "passed",
+    "run",
+    "run_bytes",
+    "validate",
+]
 
 HEADS = 8
 HEAD_DIM = 8
@@ -63,8 +73,14 @@ class Config:
 def _layout(kind: str, tp: int, num_spec: int, conv_layout: str) -> Any:
     from .. import layouts
 
-    common: dict[str, Any] = dict(conv_kernel_size=KERNEL, tp_size=tp, num_spec=num_spec, conv_layout=conv_layout,
-                  dtype="float32", ssm_dtype="float32")
+    common: dict[str, Any] = dict(
+        conv_kernel_size=KERNEL,
+        tp_size=tp,
+        num_spec=num_spec,
+        conv_layout=conv_layout,
+        dtype="float32",
+        ssm_dtype="float32",
+    )
     if kind == "gdn":
         return layouts.gdn(num_k_heads=HEADS, num_v_heads=HEADS, head_k_dim=HEAD_DIM, head_v_dim=HEAD_DIM, **common)
     return layouts.kda(num_heads=HEADS, head_dim=HEAD_DIM, recover_ssm=True, **common)
@@ -97,7 +113,7 @@ def _at_least(cfg: Config, option: str, low: int, high: int | None = None) -> No
 
 
 def _kinds(layers: int) -> tuple[str, ...]:
-    return KINDS[:min(layers, len(KINDS))]
+    return KINDS[: min(layers, len(KINDS))]
 
 
 def _side_layouts(cfg: Config, side: str) -> dict[str, Any]:
@@ -109,8 +125,11 @@ def _side_layouts(cfg: Config, side: str) -> dict[str, Any]:
     tp, spec, conv = (getattr(cfg, f"{side}_{k}") for k in ("tp", "spec", "layout"))
     out = {}
     for kind in _kinds(cfg.layers):
-        for option, args in ((f"{side}_tp", (tp, 0, "SD")), (f"{side}_spec", (tp, spec, "SD")),
-                             (f"{side}_layout", (tp, spec, conv))):
+        for option, args in (
+            (f"{side}_tp", (tp, 0, "SD")),
+            (f"{side}_spec", (tp, spec, "SD")),
+            (f"{side}_layout", (tp, spec, conv)),
+        ):
             try:
                 out[kind] = _layout(kind, *args)
             except (RecoverSSMError, OverflowError, TypeError) as e:
@@ -160,8 +179,10 @@ def validate(cfg: Config) -> None:
     problem = memory_problem(run_bytes(cfg), "the run")
     if problem:
         defaults = Config()
-        option = max(("requests", "layers", "generate", "prefill_spec", "decode_spec"),
-                     key=lambda o: getattr(cfg, o) / max(1, getattr(defaults, o)))
+        option = max(
+            ("requests", "layers", "generate", "prefill_spec", "decode_spec"),
+            key=lambda o: getattr(cfg, o) / max(1, getattr(defaults, o)),
+        )
         raise PdOptionError(option, getattr(cfg, option), problem)
 
 
@@ -192,15 +213,17 @@ class _Model:
         for i in range(cfg.layers):
             kind = KINDS[i % 2]
             gshape = (VOCAB, HEADS, HEAD_DIM) if kind == "kda" else (VOCAB, HEADS)
-            self.layers.append(dict(
-                kind=kind,
-                emb=torch.randn(VOCAB, c, generator=g),
-                conv=torch.randn(c, KERNEL, generator=g) / KERNEL,
-                raw_g=torch.randn(*gshape, generator=g),
-                raw_beta=torch.randn(VOCAB, HEADS, generator=g),
-                A_log=torch.rand(HEADS, generator=g) - 1.0,
-                dt_bias=torch.randn(*gshape[1:], generator=g) * 0.1,
-            ))
+            self.layers.append(
+                dict(
+                    kind=kind,
+                    emb=torch.randn(VOCAB, c, generator=g),
+                    conv=torch.randn(c, KERNEL, generator=g) / KERNEL,
+                    raw_g=torch.randn(*gshape, generator=g),
+                    raw_beta=torch.randn(VOCAB, HEADS, generator=g),
+                    A_log=torch.rand(HEADS, generator=g) - 1.0,
+                    dt_bias=torch.randn(*gshape[1:], generator=g) * 0.1,
+                )
+            )
 
     def rank_parts(self, tp: int, rank: int) -> tuple[Any, slice]:
         """Channels (q, k, v of the rank's heads) and heads of ``rank`` of ``tp``."""
@@ -209,8 +232,9 @@ class _Model:
         per = HEADS // tp
         heads = slice(rank * per, (rank + 1) * per)
         span = HEADS * HEAD_DIM
-        ch = torch.cat([torch.arange(s * span + heads.start * HEAD_DIM, s * span + heads.stop * HEAD_DIM)
-                        for s in range(3)])
+        ch = torch.cat(
+            [torch.arange(s * span + heads.start * HEAD_DIM, s * span + heads.stop * HEAD_DIM) for s in range(3)]
+        )
         return ch, heads
 
     def step(self, layer: int, tp: int, rank: int, window: Any, state: Any, tokens: list[int]) -> tuple[Any, Any]:
@@ -228,11 +252,15 @@ class _Model:
         taps = hist.unfold(0, KERNEL, 1)  # [Q, C_r, K]
         y = torch.nn.functional.silu((taps * w["conv"][ch]).sum(-1))
         hr = heads.stop - heads.start
-        q, k, v = (y[:, i * hr * HEAD_DIM:(i + 1) * hr * HEAD_DIM].reshape(len(tokens), hr, HEAD_DIM) for i in range(3))
-        p = recurrence.prepare(w["kind"], q, k, w["raw_g"][t][:, heads], w["raw_beta"][t][:, heads],
-                               w["A_log"][heads], w["dt_bias"][heads])
-        _, states = recurrence.sequential_decode(state[None], p.q_hat[None], p.k_hat[None], v[None],
-                                                 p.gate[None], p.beta[None])
+        q, k, v = (
+            y[:, i * hr * HEAD_DIM : (i + 1) * hr * HEAD_DIM].reshape(len(tokens), hr, HEAD_DIM) for i in range(3)
+        )
+        p = recurrence.prepare(
+            w["kind"], q, k, w["raw_g"][t][:, heads], w["raw_beta"][t][:, heads], w["A_log"][heads], w["dt_bias"][heads]
+        )
+        _, states = recurrence.sequential_decode(
+            state[None], p.q_hat[None], p.k_hat[None], v[None], p.gate[None], p.beta[None]
+        )
         return hist, states[0]
 
 
@@ -249,8 +277,9 @@ def _sequences(cfg: Config) -> tuple[list[list[int]], list[list[int]]]:
 class _Rank:
     """One rank of an instance: a pool per layer kind, and the model shard."""
 
-    def __init__(self, cfg: Config, model: _Model, tp: int, rank: int, conv_layout: str, num_spec: int,
-                 num_blocks: int) -> None:
+    def __init__(
+        self, cfg: Config, model: _Model, tp: int, rank: int, conv_layout: str, num_spec: int, num_blocks: int
+    ) -> None:
         import torch
 
         from ..transfer.pool import StatePool
@@ -262,8 +291,7 @@ class _Rank:
             if not idx:
                 continue
             lay = _layout(kind, tp, num_spec, conv_layout)
-            states = [[torch.zeros((num_blocks, *s.shape), dtype=torch.float32) for s in lay.persistent]
-                      for _ in idx]
+            states = [[torch.zeros((num_blocks, *s.shape), dtype=torch.float32) for s in lay.persistent] for _ in idx]
             self.pools[kind] = StatePool(lay, states, tp_rank=rank, block_size=16)
 
     def _tensors(self, layer: int) -> tuple[Any, Any]:
@@ -275,7 +303,7 @@ class _Rank:
     def window(self, layer: int, block: int) -> Any:
         conv, _ = self._tensors(layer)
         w = conv[block] if self.conv_layout == "SD" else conv[block].T
-        return w[:KERNEL - 1]
+        return w[: KERNEL - 1]
 
     def load(self, layer: int, block: int) -> tuple[Any, Any]:
         return self.window(layer, block).clone(), self._tensors(layer)[1][block].clone()
@@ -283,9 +311,9 @@ class _Rank:
     def store(self, layer: int, block: int, window: Any, state: Any) -> None:
         conv, temporal = self._tensors(layer)
         if self.conv_layout == "SD":
-            conv[block, :KERNEL - 1] = window
+            conv[block, : KERNEL - 1] = window
         else:
-            conv[block, :, :KERNEL - 1] = window.T
+            conv[block, :, : KERNEL - 1] = window.T
         temporal[block] = state
 
     def run(self, layer: int, block: int, tokens: list[int], accept: int | None = None) -> None:
@@ -293,7 +321,7 @@ class _Rank:
         window, state = self.load(layer, block)
         hist, states = self.model.step(layer, self.tp, self.rank, window, state, tokens)
         a = len(tokens) if accept is None else accept
-        self.store(layer, block, hist[a:a + KERNEL - 1], states[a])
+        self.store(layer, block, hist[a : a + KERNEL - 1], states[a])
 
 
 def _prefill(cfg: Config, conn: Any) -> dict[str, Any] | None:
@@ -302,8 +330,10 @@ def _prefill(cfg: Config, conn: Any) -> dict[str, Any] | None:
 
     model = _Model(cfg)
     prompts, _ = _sequences(cfg)
-    ranks = [_Rank(cfg, model, cfg.prefill_tp, r, cfg.prefill_layout, cfg.prefill_spec, cfg.requests + 2)
-             for r in range(cfg.prefill_tp)]
+    ranks = [
+        _Rank(cfg, model, cfg.prefill_tp, r, cfg.prefill_layout, cfg.prefill_spec, cfg.requests + 2)
+        for r in range(cfg.prefill_tp)
+    ]
     for rk in ranks:
         for i, prompt in enumerate(prompts):
             for layer in range(cfg.layers):
@@ -323,7 +353,7 @@ def _reference(model: _Model, layer: int, tokens: list[int]) -> tuple[Any, Any]:
 
     c = 3 * HEADS * HEAD_DIM
     hist, states = model.step(layer, 1, 0, torch.zeros(KERNEL - 1, c), torch.zeros(HEADS, HEAD_DIM, HEAD_DIM), tokens)
-    return hist[-(KERNEL - 1):], states[-1]
+    return hist[-(KERNEL - 1) :], states[-1]
 
 
 def _compare(model: _Model, rk: _Rank, layer: int, block: int, tokens: list[int]) -> tuple[bool, float]:
@@ -370,7 +400,9 @@ def _decode(cfg: Config, conn: Any) -> dict[str, Any]:
                 ok, err = _compare(model, rk, layer, dst_blocks[i], prompt[:-1])
                 max_err = max(max_err, err)
                 if not ok or err > TOLERANCE:
-                    mismatches.append(f"after transfer: rank {rk.rank} request {i} layer {layer} conv_ok={ok} err={err:.2e}")
+                    mismatches.append(
+                        f"after transfer: rank {rk.rank} request {i} layer {layer} conv_ok={ok} err={err:.2e}"
+                    )
     rng = np.random.default_rng(cfg.seed + 2)
     q = cfg.decode_spec + 1
     windows = 0
@@ -398,12 +430,23 @@ def _decode(cfg: Config, conn: Any) -> dict[str, Any]:
                 ok, err = _compare(model, rk, layer, dst_blocks[i], seq)
                 max_err = max(max_err, err)
                 if not ok or err > TOLERANCE:
-                    mismatches.append(f"after decode: rank {rk.rank} request {i} layer {layer} conv_ok={ok} err={err:.2e}")
-    return dict(requests=cfg.requests, layers=cfg.layers, prefill=f"TP{cfg.prefill_tp} {cfg.prefill_layout} num_spec={cfg.prefill_spec}",
-                decode=f"TP{cfg.decode_tp} {cfg.decode_layout} num_spec={cfg.decode_spec}", bytes=moved,
-                descriptors=descriptors, transfer_seconds=seconds, windows=windows,
-                max_state_err=max_err, failed=failed, mismatches=mismatches[:20],
-                num_mismatches=len(mismatches))
+                    mismatches.append(
+                        f"after decode: rank {rk.rank} request {i} layer {layer} conv_ok={ok} err={err:.2e}"
+                    )
+    return dict(
+        requests=cfg.requests,
+        layers=cfg.layers,
+        prefill=f"TP{cfg.prefill_tp} {cfg.prefill_layout} num_spec={cfg.prefill_spec}",
+        decode=f"TP{cfg.decode_tp} {cfg.decode_layout} num_spec={cfg.decode_spec}",
+        bytes=moved,
+        descriptors=descriptors,
+        transfer_seconds=seconds,
+        windows=windows,
+        max_state_err=max_err,
+        failed=failed,
+        mismatches=mismatches[:20],
+        num_mismatches=len(mismatches),
+    )
 
 
 def run(cfg: Config, *, progress: Callable[[str], None] | None = None, verbose: bool = False) -> dict[str, Any]:
@@ -414,10 +457,8 @@ def run(cfg: Config, *, progress: Callable[[str], None] | None = None, verbose: 
     ctx = mp.get_context("spawn")
     p_conn, d_conn = ctx.Pipe()
     (pre_here, pre_there), (dec_here, dec_there) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
-    pre = ctx.Process(target=child_main, args=("prefill", _prefill, (cfg, p_conn), pre_there, verbose),
-                      name="prefill")
-    dec = ctx.Process(target=child_main, args=("decode", _decode, (cfg, d_conn), dec_there, verbose),
-                      name="decode")
+    pre = ctx.Process(target=child_main, args=("prefill", _prefill, (cfg, p_conn), pre_there, verbose), name="prefill")
+    dec = ctx.Process(target=child_main, args=("decode", _decode, (cfg, d_conn), dec_there, verbose), name="decode")
     t0 = time.perf_counter()
     start_children([pre, dec])
     grace = 0.0  # Ctrl-C: end them now
@@ -425,8 +466,10 @@ def run(cfg: Config, *, progress: Callable[[str], None] | None = None, verbose: 
         for c in (p_conn, d_conn, pre_there, dec_there):  # the children hold these ends now
             c.close()
         if progress is not None:
-            progress(f"pd-demo: prefill (TP{cfg.prefill_tp}, pid {pre.pid}) and decode (TP{cfg.decode_tp}, "
-                     f"pid {dec.pid}) processes started")
+            progress(
+                f"pd-demo: prefill (TP{cfg.prefill_tp}, pid {pre.pid}) and decode (TP{cfg.decode_tp}, "
+                f"pid {dec.pid}) processes started"
+            )
         summary = wait_result({"decode": (dec_here, dec), "prefill": (pre_here, pre)}, "decode")
         grace = 2.0 if "error" in summary else 30.0  # done: let them exit
     finally:  # however it ends, no child outlives the call

@@ -21,10 +21,18 @@ from .pd_demo import Config, PdOptionError, format_summary, passed, run, validat
 
 __all__ = ["add_parser", "main"]
 
-_FLAGS = {"requests": "--requests", "layers": "--layers", "prefill_tp": "--prefill-tp",
-          "decode_tp": "--decode-tp", "prefill_layout": "--prefill-layout",
-          "decode_layout": "--decode-layout", "prefill_spec": "--prefill-spec",
-          "decode_spec": "--decode-spec", "generate": "--generate", "seed": "--seed"}
+_FLAGS = {
+    "requests": "--requests",
+    "layers": "--layers",
+    "prefill_tp": "--prefill-tp",
+    "decode_tp": "--decode-tp",
+    "prefill_layout": "--prefill-layout",
+    "decode_layout": "--decode-layout",
+    "prefill_spec": "--prefill-spec",
+    "decode_spec": "--decode-spec",
+    "generate": "--generate",
+    "seed": "--seed",
+}
 """Config field -> the flag that sets it."""
 
 _DESCRIPTION = (
@@ -41,34 +49,75 @@ def _configure(p: argparse.ArgumentParser) -> None:
     d = Config()
     p.add_argument("--requests", type=int_at_least(1), default=d.requests, help="requests prefilled and decoded")
     p.add_argument("--layers", type=int_at_least(1), default=d.layers, help="layers (alternating GDN, KDA)")
-    p.add_argument("--prefill-tp", type=int_at_least(1), default=d.prefill_tp, dest="prefill_tp", metavar="N",
-                   help="tensor-parallel ranks of the prefill instance (must divide the toy model's 8 heads)")
-    p.add_argument("--decode-tp", type=int_at_least(1), default=d.decode_tp, dest="decode_tp", metavar="N",
-                   help="tensor-parallel ranks of the decode instance (must divide the toy model's 8 heads)")
-    p.add_argument("--prefill-layout", default=d.prefill_layout, dest="prefill_layout", choices=["SD", "DS"],
-                   help="conv window layout on the prefill side")
-    p.add_argument("--decode-layout", default=d.decode_layout, dest="decode_layout", choices=["SD", "DS"],
-                   help="conv window layout on the decode side")
-    p.add_argument("--prefill-spec", type=int_at_least(0), default=d.prefill_spec, dest="prefill_spec",
-                   metavar="N", help="draft tokens per window the prefill side's conv windows hold (num_spec)")
-    p.add_argument("--decode-spec", type=int_at_least(0), default=d.decode_spec, dest="decode_spec",
-                   metavar="N", help="draft tokens per speculative window on the decode side (num_spec)")
+    p.add_argument(
+        "--prefill-tp",
+        type=int_at_least(1),
+        default=d.prefill_tp,
+        dest="prefill_tp",
+        metavar="N",
+        help="tensor-parallel ranks of the prefill instance (must divide the toy model's 8 heads)",
+    )
+    p.add_argument(
+        "--decode-tp",
+        type=int_at_least(1),
+        default=d.decode_tp,
+        dest="decode_tp",
+        metavar="N",
+        help="tensor-parallel ranks of the decode instance (must divide the toy model's 8 heads)",
+    )
+    p.add_argument(
+        "--prefill-layout",
+        default=d.prefill_layout,
+        dest="prefill_layout",
+        choices=["SD", "DS"],
+        help="conv window layout on the prefill side",
+    )
+    p.add_argument(
+        "--decode-layout",
+        default=d.decode_layout,
+        dest="decode_layout",
+        choices=["SD", "DS"],
+        help="conv window layout on the decode side",
+    )
+    p.add_argument(
+        "--prefill-spec",
+        type=int_at_least(0),
+        default=d.prefill_spec,
+        dest="prefill_spec",
+        metavar="N",
+        help="draft tokens per window the prefill side's conv windows hold (num_spec)",
+    )
+    p.add_argument(
+        "--decode-spec",
+        type=int_at_least(0),
+        default=d.decode_spec,
+        dest="decode_spec",
+        metavar="N",
+        help="draft tokens per speculative window on the decode side (num_spec)",
+    )
     p.add_argument("--generate", type=int_at_least(0), default=d.generate, help="tokens generated per request")
-    p.add_argument("--seed", type=int_at_least(0, 2**64 - 3), default=d.seed,
-                   help="seed of the weights, prompts and acceptance")
+    p.add_argument(
+        "--seed", type=int_at_least(0, 2**64 - 3), default=d.seed, help="seed of the weights, prompts and acceptance"
+    )
     add_json_option(p, "the summary")
     add_quiet_option(p)
-    p.add_argument("--verbose", action="store_true",
-                   help="also NIXL's INFO logging and the package's log lines (on stderr), and a "
-                        "failing child's traceback")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also NIXL's INFO logging and the package's log lines (on stderr), and a failing child's traceback",
+    )
     p.set_defaults(func=_cmd, parser=p)
 
 
 def add_parser(sub: Any) -> None:
     """Register the ``pd-demo`` subcommand on ``sub`` (an argparse subparsers object)."""
-    p = sub.add_parser("pd-demo", formatter_class=HelpFormatter, description=_DESCRIPTION,
-                       help="prefill and decode in two processes, states moved over NIXL with "
-                            "re-sharding, checked against one-instance decoding")
+    p = sub.add_parser(
+        "pd-demo",
+        formatter_class=HelpFormatter,
+        description=_DESCRIPTION,
+        help="prefill and decode in two processes, states moved over NIXL with "
+        "re-sharding, checked against one-instance decoding",
+    )
     _configure(p)
 
 

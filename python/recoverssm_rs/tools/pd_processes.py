@@ -42,8 +42,9 @@ def quiet_logs(verbose: bool) -> None:
         nixl_log.setLevel(logging.WARNING)
 
 
-def child_main(role: str, body: Callable[..., dict[str, Any] | None], args: tuple[Any, ...], out: Any,
-               verbose: bool) -> None:
+def child_main(
+    role: str, body: Callable[..., dict[str, Any] | None], args: tuple[Any, ...], out: Any, verbose: bool
+) -> None:
     """A child process's target: ``body(*args)``; its result (a dict, or None for nothing), or its
     error as one line, goes to the parent over ``out`` (a traceback only when ``verbose``)."""
     try:

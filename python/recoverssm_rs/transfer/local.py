@@ -14,8 +14,7 @@ from ..errors import BindingError
 from ..plan_format import CONSTANTS, record_columns
 from .pool import StatePool
 
-__all__ = ["READ_FIELDS", "STAGED_FIELDS", "STAGING", "read_rows", "staged_rows", "run_staged",
-           "LocalTransfer"]
+__all__ = ["READ_FIELDS", "STAGED_FIELDS", "STAGING", "read_rows", "staged_rows", "run_staged", "LocalTransfer"]
 
 #: Columns of :func:`read_rows`: the fields of the core's ``Read`` record, in order.
 READ_FIELDS, _READ_TYPE = record_columns("Read")
@@ -85,12 +84,14 @@ def _run_staged_numpy(rows: np.ndarray, staging: np.ndarray, views: list[np.ndar
             rows_inner = True
         else:
             rows_inner = n_rows >= n_cols
-        shape, s_str, d_str = ((n_cols, n_rows), (scs, srs), (dcs, drs)) if rows_inner else \
-            ((n_rows, n_cols), (srs, scs), (drs, dcs))
+        shape, s_str, d_str = (
+            ((n_cols, n_rows), (scs, srs), (dcs, drs)) if rows_inner else ((n_rows, n_cols), (srs, scs), (drs, dcs))
+        )
         dtype = _ELEM.get(elem)
         aligned = dtype is not None and not any(
             (int(b.ctypes.data) | int(np.bitwise_or.reduce(o)) | x | y) % elem
-            for b, o, (x, y) in ((staging, so, s_str), (dst_buf, do, d_str)))
+            for b, o, (x, y) in ((staging, so, s_str), (dst_buf, do, d_str))
+        )
         if aligned:
             item: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         else:
@@ -100,8 +101,9 @@ def _run_staged_numpy(rows: np.ndarray, staging: np.ndarray, views: list[np.ndar
         dst[d_idx] = src[s_idx]
 
 
-def _batched(buf: np.ndarray, offsets: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
-             dtype: Any) -> tuple[np.ndarray, Any]:
+def _batched(
+    buf: np.ndarray, offsets: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
+) -> tuple[np.ndarray, Any]:
     """A view of ``buf`` holding one ``shape`` / ``strides`` matrix per offset on its first axis,
     and the index selecting them: a slice when the offsets are evenly spaced, else an index array
     (offsets as multiples of their greatest common divisor). numpy checks that every matrix lies
@@ -149,8 +151,10 @@ class LocalTransfer:
     def plan(self, requests: list[tuple[int, int]]) -> TransferPlan:
         """The plan moving ``requests`` (source block, destination block)."""
         src = self.source_fingerprint
-        geoms = [self.sources[r].geometry if r in self.sources else next(iter(self.sources.values())).geometry
-                 for r in range(src.tp_size)]
+        geoms = [
+            self.sources[r].geometry if r in self.sources else next(iter(self.sources.values())).geometry
+            for r in range(src.tp_size)
+        ]
         return plan_transfer(src, geoms, self.destination.fingerprint, self.destination.geometry, requests)
 
     def run(self, requests: list[tuple[int, int]]) -> TransferPlan:
@@ -170,8 +174,8 @@ class LocalTransfer:
         if plan.staging_bytes:
             staging = _empty_like_view(dviews[0], plan.staging_bytes)
         for _, rank, st, so, dt, do, n in reads.tolist():
-            src = self.sources[rank].views[st][so:so + n]
-            dst = staging[do:do + n] if dt == STAGING else dviews[dt][do:do + n]
+            src = self.sources[rank].views[st][so : so + n]
+            dst = staging[do : do + n] if dt == STAGING else dviews[dt][do : do + n]
             _copy(dst, src)
         if plan.num_staged:
             run_staged(staged_rows(plan), staging, dviews)

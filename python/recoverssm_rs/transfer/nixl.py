@@ -74,8 +74,13 @@ class PeerInfo:
 
     def to_bytes(self) -> bytes:
         """JSON form, for a pipe, a queue or a side channel."""
-        d = dict(name=self.name, metadata=base64.b64encode(self.metadata).decode(), fingerprint=self.fingerprint,
-                 geometry=list(self.geometry), addresses=self.addresses)
+        d = dict(
+            name=self.name,
+            metadata=base64.b64encode(self.metadata).decode(),
+            fingerprint=self.fingerprint,
+            geometry=list(self.geometry),
+            addresses=self.addresses,
+        )
         return json.dumps(d).encode()
 
     @classmethod
@@ -83,8 +88,13 @@ class PeerInfo:
         """Reads :meth:`to_bytes`'s form."""
         d = json.loads(data)
         g = d["geometry"]
-        return cls(d["name"], base64.b64decode(d["metadata"]), d["fingerprint"], (int(g[0]), int(g[1]), list(g[2])),
-                   [int(a) for a in d["addresses"]])
+        return cls(
+            d["name"],
+            base64.b64decode(d["metadata"]),
+            d["fingerprint"],
+            (int(g[0]), int(g[1]), list(g[2])),
+            [int(a) for a in d["addresses"]],
+        )
 
     def __repr__(self) -> str:
         return f"PeerInfo({self.name!r}, tensors={len(self.addresses)})"
@@ -107,8 +117,10 @@ class TransferResult:
         return not self.failed
 
     def __repr__(self) -> str:
-        return (f"TransferResult(done={len(self.done)}, failed={len(self.failed)}, bytes={self.nbytes}, "
-                f"descriptors={self.descriptors}, seconds={self.seconds:.4f})")
+        return (
+            f"TransferResult(done={len(self.done)}, failed={len(self.failed)}, bytes={self.nbytes}, "
+            f"descriptors={self.descriptors}, seconds={self.seconds:.4f})"
+        )
 
 
 def _disjoint_spans(addrs: list[int], spans: list[int]) -> list[tuple[int, int]]:
@@ -141,20 +153,23 @@ class NixlEndpoint:
             takes most of a core from the processes doing the copies.
     """
 
-    def __init__(self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",),
-                 progress_thread: bool = True) -> None:
+    def __init__(
+        self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",), progress_thread: bool = True
+    ) -> None:
         nixl = import_nixl()
         self.name = name
         self.pool = pool
-        self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=progress_thread,
-                                                                  backends=list(backends)))
+        self.agent = nixl.nixl_agent(
+            name, nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=list(backends))
+        )
         cuda = pool.device.startswith("cuda")
         self.mem_type = "VRAM" if cuda else "DRAM"
         self.device_id = int(pool.device.split(":")[1]) if cuda and ":" in pool.device else 0
         self.addresses = pool.addresses()
         regions = _disjoint_spans(self.addresses, pool.spans())
         self._reg = self.agent.register_memory(
-            np.array([(a, n, self.device_id) for a, n in regions], dtype=np.uint64), self.mem_type)
+            np.array([(a, n, self.device_id) for a, n in regions], dtype=np.uint64), self.mem_type
+        )
         self.peers: dict[int, tuple[str, PeerInfo]] = {}
         self.source: LayoutFingerprint | None = None
         self._staging: Any = None
@@ -164,8 +179,13 @@ class NixlEndpoint:
 
     def info(self) -> PeerInfo:
         """This rank's handshake message."""
-        return PeerInfo(self.name, self.agent.get_agent_metadata(), self.pool.fingerprint.encode(),
-                        self.pool.geometry, self.addresses)
+        return PeerInfo(
+            self.name,
+            self.agent.get_agent_metadata(),
+            self.pool.fingerprint.encode(),
+            self.pool.geometry,
+            self.addresses,
+        )
 
     def connect(self, peer: PeerInfo | bytes) -> int:
         """Adds a source rank: checks its fingerprint against this pool (LayoutError, naming every
@@ -174,8 +194,10 @@ class NixlEndpoint:
         fp = LayoutFingerprint.decode(info.fingerprint)
         fp.check_compatible(self.pool.fingerprint)
         if self.source is not None and fp.with_rank(0) != self.source.with_rank(0):
-            raise BindingError(f"{info.name}: its fingerprint {fp!r} is not that of the source instance already "
-                               f"connected ({self.source!r}); one endpoint pulls from one instance")
+            raise BindingError(
+                f"{info.name}: its fingerprint {fp!r} is not that of the source instance already "
+                f"connected ({self.source!r}); one endpoint pulls from one instance"
+            )
         remote = self.agent.add_remote_agent(info.metadata)
         self.peers[fp.tp_rank] = (remote.decode() if isinstance(remote, bytes) else str(remote), info)
         self.source = fp
@@ -203,10 +225,13 @@ class NixlEndpoint:
                 addr = int(self._staging.ctypes.data)
             self._staging_size = nbytes
             self._staging_reg = self.agent.register_memory(
-                np.array([(addr, nbytes, self.device_id)], dtype=np.uint64), self.mem_type)
+                np.array([(addr, nbytes, self.device_id)], dtype=np.uint64), self.mem_type
+            )
         return int(self._staging.data_ptr() if self.mem_type == "VRAM" else self._staging.ctypes.data)
 
-    def descriptors(self, plan: TransferPlan, *, per_request: bool = True) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    def descriptors(
+        self, plan: TransferPlan, *, per_request: bool = True
+    ) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
         """The plan's reads as NIXL descriptors: per (request, source rank) -- or per source rank
         for the whole batch when ``per_request`` is False (request reported as -1) -- the local
         and remote Nx3 arrays ``(address, bytes, device)``, merged where they continue each other."""
@@ -238,11 +263,14 @@ class NixlEndpoint:
         local, remote = np.stack([dst, ln, dev], axis=1), np.stack([src, ln, peer_dev], axis=1)
         keys, first = np.unique(key, return_index=True)
         bounds = first.tolist() + [len(key)]
-        return [((k >> 20) if per_request else -1, k & ((1 << 20) - 1), local[a:b], remote[a:b])
-                for k, a, b in zip(keys.tolist(), bounds[:-1], bounds[1:])]
+        return [
+            ((k >> 20) if per_request else -1, k & ((1 << 20) - 1), local[a:b], remote[a:b])
+            for k, a, b in zip(keys.tolist(), bounds[:-1], bounds[1:])
+        ]
 
-    def pull(self, requests: list[tuple[int, int]], *, timeout: float = 60.0,
-             per_request: bool = True) -> TransferResult:
+    def pull(
+        self, requests: list[tuple[int, int]], *, timeout: float = 60.0, per_request: bool = True
+    ) -> TransferResult:
         """Pulls ``requests``' states from the connected source ranks; blocks until every transfer
         is done, failed, or ``timeout`` seconds passed (the rest are cancelled).
 
@@ -260,8 +288,11 @@ class NixlEndpoint:
                 continue
             try:
                 h = self.agent.initialize_xfer(
-                    "READ", self.agent.get_xfer_descs(local, self.mem_type),
-                    self.agent.get_xfer_descs(remote, self.mem_type), self.peers[rank][0])
+                    "READ",
+                    self.agent.get_xfer_descs(local, self.mem_type),
+                    self.agent.get_xfer_descs(remote, self.mem_type),
+                    self.peers[rank][0],
+                )
                 state = self.agent.transfer(h)
             except Exception as exc:  # NIXL raises its own error classes
                 res.failed[req] = f"source rank {rank}: {type(exc).__name__}: {exc}"

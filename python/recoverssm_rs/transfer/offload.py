@@ -64,8 +64,7 @@ class HostOffload:
     def offload(self, blocks: list[int]) -> HostStates:
         """Copies the persistent states of ``blocks`` (one per request) to a new host buffer."""
         host = self._host_pool(len(blocks))
-        LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host).run(
-            [(b, i + 1) for i, b in enumerate(blocks)])
+        LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host).run([(b, i + 1) for i, b in enumerate(blocks)])
         return HostStates(host, len(blocks))
 
     def restore(self, states: HostStates, blocks: list[int]) -> None:
@@ -75,7 +74,8 @@ class HostOffload:
 
             raise PlanError(f"restore: {states.num_requests} offloaded requests but {len(blocks)} blocks given")
         LocalTransfer({self.pool.fingerprint.tp_rank: states.pool}, self.pool).run(
-            [(i + 1, b) for i, b in enumerate(blocks)])
+            [(i + 1, b) for i, b in enumerate(blocks)]
+        )
 
     def __repr__(self) -> str:
         return f"HostOffload({self.pool!r})"

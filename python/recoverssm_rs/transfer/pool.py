@@ -55,8 +55,9 @@ class StatePool:
         block_size: tokens per cache block (informational, part of the fingerprint).
     """
 
-    def __init__(self, layout: Layout, states: Sequence[Sequence[Any]], *, tp_rank: int = 0,
-                 block_size: int = 0) -> None:
+    def __init__(
+        self, layout: Layout, states: Sequence[Sequence[Any]], *, tp_rank: int = 0, block_size: int = 0
+    ) -> None:
         self.layout = layout
         self.fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
         n = layout.copyable_prefix_len
@@ -89,6 +90,8 @@ class StatePool:
         return [int(v.shape[0]) for v in self.views]
 
     def __repr__(self) -> str:
-        return (f"StatePool({self.fingerprint.family}, rank {self.fingerprint.tp_rank}/"
-                f"{self.fingerprint.tp_size}, layers={self.num_layers}, blocks={self.num_blocks}, "
-                f"device={self.device})")
+        return (
+            f"StatePool({self.fingerprint.family}, rank {self.fingerprint.tp_rank}/"
+            f"{self.fingerprint.tp_size}, layers={self.num_layers}, blocks={self.num_blocks}, "
+            f"device={self.device})"
+        )

@@ -9,5 +9,13 @@ from .decide import align_post_process, align_pre_copy, plan_post_process, plan_
 from .device_step import DeviceStep
 from .step import VllmMambaStep, copy_kind, mamba_groups
 
-__all__ = ["VllmMambaStep", "DeviceStep", "mamba_groups", "copy_kind", "align_pre_copy", "align_post_process",
-           "plan_pre_copy", "plan_post_process"]
+__all__ = [
+    "VllmMambaStep",
+    "DeviceStep",
+    "mamba_groups",
+    "copy_kind",
+    "align_pre_copy",
+    "align_post_process",
+    "plan_pre_copy",
+    "plan_post_process",
+]

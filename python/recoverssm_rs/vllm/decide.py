@@ -18,8 +18,14 @@ from .. import _core
 if TYPE_CHECKING:
     from ..planner import CopyPlan, Planner
 
-__all__ = ["PreCopyDecision", "PostProcessDecision", "align_pre_copy", "align_post_process", "plan_pre_copy",
-           "plan_post_process"]
+__all__ = [
+    "PreCopyDecision",
+    "PostProcessDecision",
+    "align_pre_copy",
+    "align_post_process",
+    "plan_pre_copy",
+    "plan_post_process",
+]
 
 
 class PreCopyDecision(NamedTuple):
@@ -97,9 +103,17 @@ def align_pre_copy(
             recurrent column holds no state, a window or source column outside a group's row or on
             the null block.
     """
-    raw = _core.align_pre_copy(tables=list(block_tables), num_computed=num_computed, num_scheduled=num_scheduled,
-                               num_accepted=num_accepted, mamba_state_idx=mamba_state_idx, fresh=fresh,
-                               req_ids=req_ids, block_size=block_size, num_spec_blocks=num_spec_blocks)
+    raw = _core.align_pre_copy(
+        tables=list(block_tables),
+        num_computed=num_computed,
+        num_scheduled=num_scheduled,
+        num_accepted=num_accepted,
+        mamba_state_idx=mamba_state_idx,
+        fresh=fresh,
+        req_ids=req_ids,
+        block_size=block_size,
+        num_spec_blocks=num_spec_blocks,
+    )
     return decision(raw, PreCopyDecision)
 
 
@@ -126,33 +140,71 @@ def align_post_process(
         PlanError: naming the request: ``state_col`` not this step's running column, drafts or
             accepted counts out of range, a saved state's columns outside a row or null.
     """
-    raw = _core.align_post_process(tables=list(block_tables), state_col=state_col, num_computed=num_computed,
-                                   num_scheduled=num_scheduled, num_draft=num_draft, num_accepted=num_accepted,
-                                   req_ids=req_ids, block_size=block_size, num_spec_blocks=num_spec_blocks)
+    raw = _core.align_post_process(
+        tables=list(block_tables),
+        state_col=state_col,
+        num_computed=num_computed,
+        num_scheduled=num_scheduled,
+        num_draft=num_draft,
+        num_accepted=num_accepted,
+        req_ids=req_ids,
+        block_size=block_size,
+        num_spec_blocks=num_spec_blocks,
+    )
     return decision(raw, PostProcessDecision)
 
 
-def plan_pre_copy(planner: Planner, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any,
-                  num_accepted: Any, mamba_state_idx: Any, *, fresh: Any = None,
-                  req_ids: Sequence[Any] | None = None) -> tuple[PreCopyDecision, CopyPlan]:
+def plan_pre_copy(
+    planner: Planner,
+    block_tables: Sequence[Any],
+    num_computed: Any,
+    num_scheduled: Any,
+    num_accepted: Any,
+    mamba_state_idx: Any,
+    *,
+    fresh: Any = None,
+    req_ids: Sequence[Any] | None = None,
+) -> tuple[PreCopyDecision, CopyPlan]:
     """:func:`align_pre_copy` with ``planner``'s ``block_size`` and ``num_spec``, and its copies
     over every group of ``planner`` (pre-copy semantics), in one call; run them with
     :meth:`CopyPlan.execute <recoverssm_rs.CopyPlan.execute>`."""
     from ..planner import CopyPlan
 
-    raw, plan = _core.vllm_pre_copy(planner.core, tables=list(block_tables), num_computed=num_computed,
-                                    num_scheduled=num_scheduled, num_accepted=num_accepted,
-                                    mamba_state_idx=mamba_state_idx, fresh=fresh, req_ids=req_ids)
+    raw, plan = _core.vllm_pre_copy(
+        planner.core,
+        tables=list(block_tables),
+        num_computed=num_computed,
+        num_scheduled=num_scheduled,
+        num_accepted=num_accepted,
+        mamba_state_idx=mamba_state_idx,
+        fresh=fresh,
+        req_ids=req_ids,
+    )
     return decision(raw, PreCopyDecision), CopyPlan(plan, planner)
 
 
-def plan_post_process(planner: Planner, block_tables: Sequence[Any], state_col: Any, num_computed: Any,
-                      num_scheduled: Any, num_draft: Any, num_accepted: Any, *,
-                      req_ids: Sequence[Any] | None = None) -> tuple[PostProcessDecision, CopyPlan]:
+def plan_post_process(
+    planner: Planner,
+    block_tables: Sequence[Any],
+    state_col: Any,
+    num_computed: Any,
+    num_scheduled: Any,
+    num_draft: Any,
+    num_accepted: Any,
+    *,
+    req_ids: Sequence[Any] | None = None,
+) -> tuple[PostProcessDecision, CopyPlan]:
     """:func:`align_post_process` and its copies (post-process semantics), as :func:`plan_pre_copy`."""
     from ..planner import CopyPlan
 
-    raw, plan = _core.vllm_post_process(planner.core, tables=list(block_tables), state_col=state_col,
-                                        num_computed=num_computed, num_scheduled=num_scheduled, num_draft=num_draft,
-                                        num_accepted=num_accepted, req_ids=req_ids)
+    raw, plan = _core.vllm_post_process(
+        planner.core,
+        tables=list(block_tables),
+        state_col=state_col,
+        num_computed=num_computed,
+        num_scheduled=num_scheduled,
+        num_draft=num_draft,
+        num_accepted=num_accepted,
+        req_ids=req_ids,
+    )
     return decision(raw, PostProcessDecision), CopyPlan(plan, planner)

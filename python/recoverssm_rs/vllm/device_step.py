@@ -89,8 +89,9 @@ class DeviceStep:
         if device_tables is None:
             need += len(tables) * rows * max((np.shape(t)[1] for t in tables), default=0)
         else:
-            _core.check_device_tables(device=self.planner.device, tables=list(device_tables),
-                                      groups=self.planner.num_groups, rows=rows)
+            _core.check_device_tables(
+                device=self.planner.device, tables=list(device_tables), groups=self.planner.num_groups, rows=rows
+            )
             table = ops.cuda_ops.stack_rows(list(device_tables), rows, self.index)
         if self._staging is None or self._staging.shape[0] < need:
             self._staging = ops.cuda_ops.empty_i32(max(need, 4 * self.max_num_reqs), self.index)
@@ -101,12 +102,13 @@ class DeviceStep:
         step is copied to the device and the kernel launched. Returns the core's vector and the
         half's counts."""
         out, err = self._buffers()
-        counts = out[:rows] if half is _core.vllm_device_pre_copy else out[self.max_num_reqs: self.max_num_reqs + rows]
+        counts = out[:rows] if half is _core.vllm_device_pre_copy else out[self.max_num_reqs : self.max_num_reqs + rows]
         staging, table = self._stage(step["tables"], rows, step.pop("device_tables"))
         cuda = ops.cuda_ops
         ts = cuda.torch_stream(stream, self.index)
-        vector, staged, kl = half(self.planner.core, staging=staging, device_table=table, err=err,
-                                  num_accepted_out=counts, **step)
+        vector, staged, kl = half(
+            self.planner.core, staging=staging, device_table=table, err=err, num_accepted_out=counts, **step
+        )
         with cuda.context(self.index, ts):
             if half is _core.vllm_device_pre_copy:
                 err.zero_()  # the step's word: the post-process ORs into it too
@@ -118,9 +120,19 @@ class DeviceStep:
         self.planner.core.mark_written()
         return np.frombuffer(vector, dtype=np.int64), counts
 
-    def pre_copy(self, block_tables: Sequence[Any], num_computed: Any, num_scheduled: Any, mamba_state_idx: Any,
-                 num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[Any] | None = None,
-                 stream: Any = None, device_tables: Sequence[Any] | None = None) -> tuple[np.ndarray, Any]:
+    def pre_copy(
+        self,
+        block_tables: Sequence[Any],
+        num_computed: Any,
+        num_scheduled: Any,
+        mamba_state_idx: Any,
+        num_accepted: Any,
+        *,
+        fresh: Any = None,
+        req_ids: Sequence[Any] | None = None,
+        stream: Any = None,
+        device_tables: Sequence[Any] | None = None,
+    ) -> tuple[np.ndarray, Any]:
         """vLLM's pre-copy for every group in one launch.
 
         Args:
@@ -145,14 +157,33 @@ class DeviceStep:
         Raises:
             PlanError: naming the request, before anything is queued.
         """
-        return self._launch(_core.vllm_device_pre_copy, len(num_computed), stream, tables=list(block_tables),
-                            num_computed=num_computed, num_scheduled=num_scheduled, mamba_state_idx=mamba_state_idx,
-                            num_accepted=_int32_counts(num_accepted), fresh=fresh, req_ids=req_ids,
-                            device_tables=device_tables)
+        return self._launch(
+            _core.vllm_device_pre_copy,
+            len(num_computed),
+            stream,
+            tables=list(block_tables),
+            num_computed=num_computed,
+            num_scheduled=num_scheduled,
+            mamba_state_idx=mamba_state_idx,
+            num_accepted=_int32_counts(num_accepted),
+            fresh=fresh,
+            req_ids=req_ids,
+            device_tables=device_tables,
+        )
 
-    def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
-                     num_draft: Any, num_accepted: Any, *, req_ids: Sequence[Any] | None = None,
-                     stream: Any = None, device_tables: Sequence[Any] | None = None) -> Any:
+    def post_process(
+        self,
+        block_tables: Sequence[Any],
+        state_col: Any,
+        num_computed: Any,
+        num_scheduled: Any,
+        num_draft: Any,
+        num_accepted: Any,
+        *,
+        req_ids: Sequence[Any] | None = None,
+        stream: Any = None,
+        device_tables: Sequence[Any] | None = None,
+    ) -> Any:
         """vLLM's post-process for every group in one launch, decided on the device.
 
         Args:
@@ -171,10 +202,19 @@ class DeviceStep:
         Raises:
             PlanError: naming the request, before anything is queued.
         """
-        _, counts = self._launch(_core.vllm_device_post_process, len(state_col), stream, tables=list(block_tables),
-                                 state_col=state_col, num_computed=num_computed, num_scheduled=num_scheduled,
-                                 num_draft=num_draft, num_accepted=_int32_counts(num_accepted), req_ids=req_ids,
-                                 device_tables=device_tables)
+        _, counts = self._launch(
+            _core.vllm_device_post_process,
+            len(state_col),
+            stream,
+            tables=list(block_tables),
+            state_col=state_col,
+            num_computed=num_computed,
+            num_scheduled=num_scheduled,
+            num_draft=num_draft,
+            num_accepted=_int32_counts(num_accepted),
+            req_ids=req_ids,
+            device_tables=device_tables,
+        )
         return counts
 
     def last_error(self) -> ErrorWord:

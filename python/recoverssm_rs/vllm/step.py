@@ -103,9 +103,15 @@ def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
     states = []
     for i, f in enumerate(funcs):
         kind = copy_kind(f)
-        states.append(StateSpec(
-            f"{kind}{i}", [int(d) for d in spec.shapes[i]], spec.dtypes[i], copy=kind,
-            conv_layout=layout if kind == "conv" else None))
+        states.append(
+            StateSpec(
+                f"{kind}{i}",
+                [int(d) for d in spec.shapes[i]],
+                spec.dtypes[i],
+                copy=kind,
+                conv_layout=layout if kind == "conv" else None,
+            )
+        )
     return Layout(_name(spec.mamba_type), states, num_spec=int(spec.num_speculative_blocks))
 
 
@@ -135,13 +141,22 @@ class VllmMambaStep:
     Most engines build it with :meth:`from_runner`.
     """
 
-    def __init__(self, groups: Sequence[tuple[int, Layout, Sequence[Sequence[Any]]]], *, block_size: int,
-                 num_spec_blocks: int, max_num_reqs: int, device_tables: bool = False) -> None:
+    def __init__(
+        self,
+        groups: Sequence[tuple[int, Layout, Sequence[Sequence[Any]]]],
+        *,
+        block_size: int,
+        num_spec_blocks: int,
+        max_num_reqs: int,
+        device_tables: bool = False,
+    ) -> None:
         self._group_ids = [int(g) for g, _, _ in groups]
         self.planner = Planner.from_groups([(layout, states) for _, layout, states in groups], block_size=block_size)
         if self.planner.num_spec != num_spec_blocks:
-            raise LayoutError(f"the groups' layouts have num_spec = {self.planner.num_spec}, but num_spec_blocks is "
-                              f"{num_spec_blocks}; every group shares the step's speculative blocks")
+            raise LayoutError(
+                f"the groups' layouts have num_spec = {self.planner.num_spec}, but num_spec_blocks is "
+                f"{num_spec_blocks}; every group shares the step's speculative blocks"
+            )
         self.device_step = DeviceStep(self.planner, max_num_reqs) if self.planner.device.startswith("cuda") else None
         """The device path's launches (CUDA states), else ``None``."""
         self._device_tables = bool(device_tables) and self.device_step is not None
@@ -152,9 +167,16 @@ class VllmMambaStep:
         self._step: tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], Any] | None = None
 
     @classmethod
-    def from_runner(cls, kv_cache_config: Any, forward_context: Mapping[str, Any],
-                    copy_funcs: Mapping[Any, Sequence[Any]], *, max_num_reqs: int,
-                    conv_layout: str | None = None, device_tables: bool = False) -> VllmMambaStep:
+    def from_runner(
+        cls,
+        kv_cache_config: Any,
+        forward_context: Mapping[str, Any],
+        copy_funcs: Mapping[Any, Sequence[Any]],
+        *,
+        max_num_reqs: int,
+        conv_layout: str | None = None,
+        device_tables: bool = False,
+    ) -> VllmMambaStep:
         """Build the step from vLLM's model-runner objects (read by attribute, never imported).
 
         Args:
@@ -178,8 +200,10 @@ class VllmMambaStep:
         validate_copy_funcs(specs, copy_funcs)
         for spec in specs:
             if _name(spec.mamba_cache_mode) != "align":
-                raise LayoutError(f"{_name(spec.mamba_type)}: mamba_cache_mode is {_name(spec.mamba_cache_mode)!r}; "
-                                  "the step copies states only in 'align' mode")
+                raise LayoutError(
+                    f"{_name(spec.mamba_type)}: mamba_cache_mode is {_name(spec.mamba_cache_mode)!r}; "
+                    "the step copies states only in 'align' mode"
+                )
         by_type = {_name(k): v for k, v in copy_funcs.items()}
         groups = []
         for gid, spec, layers in found:
@@ -188,13 +212,19 @@ class VllmMambaStep:
             for layer in layers:
                 kv = list(forward_context[layer].kv_cache)
                 if len(kv) < len(funcs):
-                    raise BindingError(f"group {gid}, layer {layer!r}: {len(kv)} kv_cache tensors, but "
-                                       f"{len(funcs)} copy functions")
+                    raise BindingError(
+                        f"group {gid}, layer {layer!r}: {len(kv)} kv_cache tensors, but {len(funcs)} copy functions"
+                    )
                 states.append(kv[: len(funcs)])
             groups.append((gid, _layout(spec, funcs, layout_name), states))
         first = specs[0]
-        return cls(groups, block_size=int(first.block_size), num_spec_blocks=int(first.num_speculative_blocks),
-                   max_num_reqs=max_num_reqs, device_tables=device_tables)
+        return cls(
+            groups,
+            block_size=int(first.block_size),
+            num_spec_blocks=int(first.num_speculative_blocks),
+            max_num_reqs=max_num_reqs,
+            device_tables=device_tables,
+        )
 
     # --------------------------------------------------------------------------------------------
     # Slots (the mamba_state_idx array's rows)
@@ -220,7 +250,9 @@ class VllmMambaStep:
                         found[i] = slot[r]
                         continue
                     if not self._free:
-                        raise PlanError(f"request {r!r}: more live requests than max_num_reqs = {len(self.mamba_state_idx)}")
+                        raise PlanError(
+                            f"request {r!r}: more live requests than max_num_reqs = {len(self.mamba_state_idx)}"
+                        )
                     found[i] = slot[r] = self._free.pop()
                     added.append(r)
         return np.fromiter(found, np.int64, len(req_ids))
@@ -245,27 +277,54 @@ class VllmMambaStep:
             raise PlanError("last_error is the device path's report; the host path raises PlanError on a bad step")
         return self.device_step.last_error()
 
-    def pre_copy(self, block_tables: Sequence[Any], slots: Any, num_computed: Any, num_scheduled: Any,
-                 num_accepted: Any, *, fresh: Any = None, req_ids: Sequence[str] | None = None) -> PreCopyDecision:
+    def pre_copy(
+        self,
+        block_tables: Sequence[Any],
+        slots: Any,
+        num_computed: Any,
+        num_scheduled: Any,
+        num_accepted: Any,
+        *,
+        fresh: Any = None,
+        req_ids: Sequence[str] | None = None,
+    ) -> PreCopyDecision:
         """The array form of :meth:`preprocess`: decide, copy every group's states, store the new
         running columns at ``slots``; returns the decision (its ``num_accepted`` is the reset
         count for the step). Host path only (the device path's array form is
         :meth:`DeviceStep.pre_copy <recoverssm_rs.vllm.device_step.DeviceStep.pre_copy>`)."""
         self._host_only("pre_copy")
         slots = np.asarray(slots, dtype=np.int64)
-        d, plan = plan_pre_copy(self.planner, block_tables, num_computed, num_scheduled, num_accepted,
-                                self.mamba_state_idx[slots], fresh=fresh, req_ids=req_ids)
+        d, plan = plan_pre_copy(
+            self.planner,
+            block_tables,
+            num_computed,
+            num_scheduled,
+            num_accepted,
+            self.mamba_state_idx[slots],
+            fresh=fresh,
+            req_ids=req_ids,
+        )
         self._execute(plan)
         self.mamba_state_idx[slots] = d.curr
         return d
 
-    def post_process(self, block_tables: Sequence[Any], state_col: Any, num_computed: Any, num_scheduled: Any,
-                     num_draft: Any, num_accepted: Any, *, req_ids: Sequence[str] | None = None) -> PostProcessDecision:
+    def post_process(
+        self,
+        block_tables: Sequence[Any],
+        state_col: Any,
+        num_computed: Any,
+        num_scheduled: Any,
+        num_draft: Any,
+        num_accepted: Any,
+        *,
+        req_ids: Sequence[str] | None = None,
+    ) -> PostProcessDecision:
         """The array form of :meth:`postprocess`: decide and copy; returns the decision (its
         ``num_accepted`` is the count for the next step). Host path only."""
         self._host_only("post_process")
-        d, plan = plan_post_process(self.planner, block_tables, state_col, num_computed, num_scheduled, num_draft,
-                                    num_accepted, req_ids=req_ids)
+        d, plan = plan_post_process(
+            self.planner, block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids=req_ids
+        )
         self._execute(plan)
         return d
 
@@ -276,11 +335,20 @@ class VllmMambaStep:
 
     def _host_only(self, what: str) -> None:
         if self.device_step is not None:
-            raise PlanError(f"{what} runs the host path, but the states are on {self.planner.device}: use "
-                            "preprocess / postprocess, or device_step.pre_copy / post_process")
+            raise PlanError(
+                f"{what} runs the host path, but the states are on {self.planner.device}: use "
+                "preprocess / postprocess, or device_step.pre_copy / post_process"
+            )
 
-    def preprocess(self, scheduler_output: Any, input_batch: Any, requests: Mapping[str, Any], *,
-                   num_accepted: Any = None, stream: Any = None) -> Any:
+    def preprocess(
+        self,
+        scheduler_output: Any,
+        input_batch: Any,
+        requests: Mapping[str, Any],
+        *,
+        num_accepted: Any = None,
+        stream: Any = None,
+    ) -> Any:
         """vLLM's ``preprocess_mamba`` (and ``stage_postprocess_inputs_to_gpu``'s bookkeeping): same
         inputs, same effect on the states.
 
@@ -320,8 +388,16 @@ class VllmMambaStep:
             tables = self.tables(input_batch, n)
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
             if self.device_step is not None:
-                curr, out = self.device_step.pre_copy(tables, c, ns, self.mamba_state_idx[slots], acc, req_ids=req_ids,
-                                                      stream=stream, device_tables=dev_tables)
+                curr, out = self.device_step.pre_copy(
+                    tables,
+                    c,
+                    ns,
+                    self.mamba_state_idx[slots],
+                    acc,
+                    req_ids=req_ids,
+                    stream=stream,
+                    device_tables=dev_tables,
+                )
                 self.mamba_state_idx[slots] = curr
             else:
                 d = self.pre_copy(tables, slots, c, ns, acc, req_ids=req_ids)
@@ -352,11 +428,14 @@ class VllmMambaStep:
             raise PlanError("postprocess needs the step's preprocess first")
         tables, curr, c, ns, nd, req_ids, dev_tables = self._step
         if self.device_step is not None:
-            return self.device_step.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream,
-                                                 device_tables=dev_tables)
+            return self.device_step.post_process(
+                tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream, device_tables=dev_tables
+            )
         return self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
 
     def __repr__(self) -> str:
         path = "host" if self.device_step is None else f"device {self.planner.device}"
-        return (f"VllmMambaStep(groups={self._group_ids}, block_size={self.planner.block_size}, "
-                f"num_spec_blocks={self.planner.num_spec}, path={path!r}, live={len(self._slot)})")
+        return (
+            f"VllmMambaStep(groups={self._group_ids}, block_size={self.planner.block_size}, "
+            f"num_spec_blocks={self.planner.num_spec}, path={path!r}, live={len(self._slot)})"
+        )

@@ -205,8 +205,14 @@ def commit_rows(
         rec = recurrent[layer]
         s0 = rec[sb]
         bout = torch.empty_like(s0) if any_b else None
-        new = commit(s0, corrections[layer][req], keygate[layer][req], counts,
-                     boundary_counts=bcounts if any_b else None, boundary_out=bout)
+        new = commit(
+            s0,
+            corrections[layer][req],
+            keygate[layer][req],
+            counts,
+            boundary_counts=bcounts if any_b else None,
+            boundary_out=bout,
+        )
         if bout is not None:
             rec[bb] = bout[bmask]
         rec[sb] = new

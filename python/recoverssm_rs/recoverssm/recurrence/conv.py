@@ -71,20 +71,22 @@ def compact_conv_window(
 
 def same_storage_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``a`` and ``b`` are the very same view (same storage, offset, shape and strides)."""
-    return (
-        a.data_ptr() == b.data_ptr()
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.dtype == b.dtype
-    )
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 # ----------------------------------------------------------------------------------------------
 # memory accounting
 
 
-def conv_verify(windows: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, conv_kernel_size: int,
-                conv_layout: ConvLayout, *, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_verify(
+    windows: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_kernel_size: int,
+    conv_layout: ConvLayout,
+    *,
+    window: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv over a speculative window, from each request's conv window.
 
     ``windows`` are the requests' persistent conv windows ``[B, dim, W]`` (DS) or ``[B, W, dim]``

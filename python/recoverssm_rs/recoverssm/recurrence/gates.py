@@ -13,6 +13,7 @@ from .inputs import Kind, check_device, check_shape, check_tensor, compute_dtype
 NORM_EPS: float = 1e-6
 """Epsilon inside the square root of the q/k L2 normalisation (vLLM's convention)."""
 
+
 class Prepared(NamedTuple):
     """Normalised and gated window inputs, ready for :func:`verify` / :func:`sequential_decode`."""
 
@@ -30,9 +31,7 @@ class Prepared(NamedTuple):
 # validation helpers
 
 
-def normalize_qk(
-    q: torch.Tensor, k: torch.Tensor, *, eps: float = NORM_EPS
-) -> tuple[torch.Tensor, torch.Tensor]:
+def normalize_qk(q: torch.Tensor, k: torch.Tensor, *, eps: float = NORM_EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """L2-normalise queries and keys over the last (key) dimension, in float32.
 
     ``k_hat = k / sqrt(sum(k^2) + eps)`` and ``q_hat = q / sqrt(sum(q^2) + eps) * K**-0.5``.

@@ -16,6 +16,7 @@ ConvLayout = Literal["DS", "SD"]
 Counts = torch.Tensor | Sequence[int] | int
 """Per-request token counts: an int (same for every request), a sequence or an integer tensor ``[B]``."""
 
+
 def fmt_shape(names: Sequence[str], dims: Sequence[int | None]) -> str:
     inner = ", ".join(n if d is None else f"{n}={d}" for n, d in zip(names, dims))
     return f"[{inner}]"
@@ -29,16 +30,12 @@ def check_tensor(name: str, t: object, *, floating: bool = True) -> torch.Tensor
     return t
 
 
-def check_shape(
-    name: str, t: torch.Tensor, names: Sequence[str], dims: Sequence[int | None]
-) -> None:
+def check_shape(name: str, t: torch.Tensor, names: Sequence[str], dims: Sequence[int | None]) -> None:
     """Raise PlanError unless ``t.shape`` matches ``dims`` (``None`` = any size)."""
     shape = tuple(t.shape)
     ok = len(shape) == len(dims) and all(d is None or s == d for s, d in zip(shape, dims))
     if not ok:
-        raise PlanError(
-            f"{name}: expected shape {fmt_shape(names, dims)}, got {list(shape)}"
-        )
+        raise PlanError(f"{name}: expected shape {fmt_shape(names, dims)}, got {list(shape)}")
 
 
 def check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -63,9 +60,7 @@ def raw_counts(name: str, counts: Counts, batch: int, device: torch.device) -> t
         try:
             c = torch.as_tensor([int(x) for x in counts], dtype=torch.int64)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise PlanError(
-                f"{name}: expected an int, a sequence of ints or an integer tensor ({exc})"
-            ) from None
+            raise PlanError(f"{name}: expected an int, a sequence of ints or an integer tensor ({exc})") from None
     if c.dtype == torch.bool or c.is_floating_point() or c.is_complex():
         raise PlanError(f"{name}: expected an integer tensor, got dtype {c.dtype}")
     if c.ndim == 0:
@@ -97,9 +92,7 @@ def decay_view(decay: torch.Tensor, kind: Kind) -> torch.Tensor:
     return decay.unsqueeze(-2) if kind == "kda" else decay[..., None, None]
 
 
-def check_records(
-    state: torch.Tensor, corrections: torch.Tensor, keygate: torch.Tensor
-) -> tuple[Kind, int]:
+def check_records(state: torch.Tensor, corrections: torch.Tensor, keygate: torch.Tensor) -> tuple[Kind, int]:
     """Validate ``state`` / records; return the kind (from the key+gate width) and ``Q``."""
     check_tensor("state", state)
     check_shape("state", state, ["B", "H", "V", "K"], [None] * 4)

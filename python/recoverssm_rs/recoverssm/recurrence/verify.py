@@ -77,8 +77,7 @@ def verify(
     check_shape("corrections_out", corrections_out, ["B", "H", "Q", "V"], [B, H, Q, V])
     if corrections_out.dtype not in (torch.float32, torch.float64):
         raise PlanError(
-            f"corrections_out: expected dtype torch.float32 (or torch.float64), "
-            f"got {corrections_out.dtype}"
+            f"corrections_out: expected dtype torch.float32 (or torch.float64), got {corrections_out.dtype}"
         )
     check_tensor("keygate_out", keygate_out)
     width = keygate_width(kind, K)

@@ -31,11 +31,21 @@ __all__ = ["FULL", "QUICK", "add_parser", "format_report", "run", "settings"]
 
 BENCHMARKS = ("plan", "host")
 
-FULL: dict[str, Any] = {"requests": [1, 16, 64, 256, 1024], "layers": 48,
-                        "sizes": ["4K", "64K", "256K", "2M"], "batches": [64, 256], "budget": 0.4}
+FULL: dict[str, Any] = {
+    "requests": [1, 16, 64, 256, 1024],
+    "layers": 48,
+    "sizes": ["4K", "64K", "256K", "2M"],
+    "batches": [64, 256],
+    "budget": 0.4,
+}
 """Settings of a full run (about a minute on a 2-core machine)."""
-QUICK: dict[str, Any] = {"requests": [1, 16, 64], "layers": 8, "sizes": ["4K", "64K", "256K"],
-                         "batches": [64], "budget": 0.02}
+QUICK: dict[str, Any] = {
+    "requests": [1, 16, 64],
+    "layers": 8,
+    "sizes": ["4K", "64K", "256K"],
+    "batches": [64],
+    "budget": 0.02,
+}
 """Settings of ``--quick`` (10-15 s on a loaded 2-core machine; a smoke test, not for figures)."""
 
 
@@ -43,8 +53,7 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(x, 10) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {text!r}: expected comma-separated integers >= 1") from None
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected comma-separated integers >= 1") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected integers >= 1")
     return sorted(set(values))
@@ -55,7 +64,8 @@ def _size_list(text: str) -> list[str]:
     bad = [s for s in sizes if s not in host_copy.SHAPES]
     if not sizes or bad:
         raise argparse.ArgumentTypeError(
-            f"invalid value {text!r}: expected sizes from {', '.join(host_copy.SHAPES)} (comma-separated)")
+            f"invalid value {text!r}: expected sizes from {', '.join(host_copy.SHAPES)} (comma-separated)"
+        )
     return sorted(set(sizes), key=list(host_copy.SHAPES).index)
 
 
@@ -84,44 +94,80 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on the CLI's subparsers; returns the subcommand's parser."""
-    p = subparsers.add_parser(
-        "bench", formatter_class=HelpFormatter,
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        formatter_class=HelpFormatter,
         help="measure the planner and the host executor against their baselines",
         description="Measure the copy planner (plan step: throughput against requests) and the host "
-                    "executor (host copy: bandwidth against state size) against the baselines engines "
-                    "use today (a per-copy Python loop, vectorised numpy, torch copy_ and index "
-                    "copies), on this machine's CPU; with --gpu also the GPU copy benchmark. The "
-                    "methods are timed interleaved in rounds; each ratio comes with its spread over "
-                    "the rounds. Progress goes to stderr, the tables to stdout. Needs torch.")
-    p.add_argument("--quick", action="store_true",
-                   help="a smoke test, not for figures (about 10-15 s on a loaded 2-core machine): "
-                        f"requests {','.join(map(str, QUICK['requests']))}, {QUICK['layers']} layers, "
-                        f"sizes {','.join(QUICK['sizes'])}, batch {','.join(map(str, QUICK['batches']))}")
-    p.add_argument("--only", choices=BENCHMARKS, action="append",
-                   help="run only this benchmark (repeatable; default: both)")
-    p.add_argument("--requests", type=_int_list, metavar="N,N,...",
-                   help=f"plan step: request counts (default {','.join(map(str, FULL['requests']))})")
-    p.add_argument("--layers", type=int_at_least(1), metavar="N",
-                   help=f"plan step: GDN layers (default {FULL['layers']})")
-    p.add_argument("--sizes", type=_size_list, metavar="SIZE,...",
-                   help=f"host copy: state sizes, of {', '.join(host_copy.SHAPES)} (default all)")
-    p.add_argument("--batches", type=_int_list, metavar="N,N,...",
-                   help=f"host copy: blocks per call (default {','.join(map(str, FULL['batches']))})")
-    p.add_argument("--budget", type=_seconds, metavar="SECONDS",
-                   help=f"timing per method and case (default {FULL['budget']})")
-    p.add_argument("--threads", type=int_at_least(1, max_threads()), metavar="N",
-                   help="torch intra-op threads, at most this machine's CPUs (default: torch's own choice)")
+        "executor (host copy: bandwidth against state size) against the baselines engines "
+        "use today (a per-copy Python loop, vectorised numpy, torch copy_ and index "
+        "copies), on this machine's CPU; with --gpu also the GPU copy benchmark. The "
+        "methods are timed interleaved in rounds; each ratio comes with its spread over "
+        "the rounds. Progress goes to stderr, the tables to stdout. Needs torch.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test, not for figures (about 10-15 s on a loaded 2-core machine): "
+        f"requests {','.join(map(str, QUICK['requests']))}, {QUICK['layers']} layers, "
+        f"sizes {','.join(QUICK['sizes'])}, batch {','.join(map(str, QUICK['batches']))}",
+    )
+    p.add_argument(
+        "--only", choices=BENCHMARKS, action="append", help="run only this benchmark (repeatable; default: both)"
+    )
+    p.add_argument(
+        "--requests",
+        type=_int_list,
+        metavar="N,N,...",
+        help=f"plan step: request counts (default {','.join(map(str, FULL['requests']))})",
+    )
+    p.add_argument(
+        "--layers", type=int_at_least(1), metavar="N", help=f"plan step: GDN layers (default {FULL['layers']})"
+    )
+    p.add_argument(
+        "--sizes",
+        type=_size_list,
+        metavar="SIZE,...",
+        help=f"host copy: state sizes, of {', '.join(host_copy.SHAPES)} (default all)",
+    )
+    p.add_argument(
+        "--batches",
+        type=_int_list,
+        metavar="N,N,...",
+        help=f"host copy: blocks per call (default {','.join(map(str, FULL['batches']))})",
+    )
+    p.add_argument(
+        "--budget", type=_seconds, metavar="SECONDS", help=f"timing per method and case (default {FULL['budget']})"
+    )
+    p.add_argument(
+        "--threads",
+        type=int_at_least(1, max_threads()),
+        metavar="N",
+        help="torch intra-op threads, at most this machine's CPUs (default: torch's own choice)",
+    )
     add_json_option(p, "the results")
-    p.add_argument("--plot", metavar="FILE.png", type=output_path(PLOT_SUFFIXES),
-                   help="draw throughput against requests and bandwidth against state size, with the "
-                        "baselines and the spread, into FILE (.png, .svg or .pdf; needs matplotlib: "
-                        "the 'plot' extra)")
-    p.add_argument("--gpu", action="store_true",
-                   help="also run the GPU copy benchmark (benches/gpu_copy.py of a source checkout; "
-                        "needs a CUDA device, torch and CuPy); it runs first")
-    p.add_argument("--gpu-args", default=None, metavar="ARGS", type=_arg_string,
-                   help="with --gpu: arguments for the GPU copy benchmark as one string, written "
-                        f"--gpu-args='...' (default: its own; with --quick: {' '.join(gpu_copy.QUICK_ARGS)!r})")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=output_path(PLOT_SUFFIXES),
+        help="draw throughput against requests and bandwidth against state size, with the "
+        "baselines and the spread, into FILE (.png, .svg or .pdf; needs matplotlib: "
+        "the 'plot' extra)",
+    )
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="also run the GPU copy benchmark (benches/gpu_copy.py of a source checkout; "
+        "needs a CUDA device, torch and CuPy); it runs first",
+    )
+    p.add_argument(
+        "--gpu-args",
+        default=None,
+        metavar="ARGS",
+        type=_arg_string,
+        help="with --gpu: arguments for the GPU copy benchmark as one string, written "
+        f"--gpu-args='...' (default: its own; with --quick: {' '.join(gpu_copy.QUICK_ARGS)!r})",
+    )
     add_quiet_option(p)
     p.set_defaults(func=_cmd_bench, parser=p)
     return p
@@ -141,10 +187,18 @@ def _machine(torch: Any) -> dict[str, Any]:
 
     from ... import __version__
 
-    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "recoverssm_rs": __version__, "numpy": np.__version__,
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "cuda_device": bool(torch.cuda.is_available()), "load_average": list(os.getloadavg())}
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "recoverssm_rs": __version__,
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda_device": bool(torch.cuda.is_available()),
+        "load_average": list(os.getloadavg()),
+    }
 
 
 def run(cfg: dict[str, Any], progress_enabled: bool = True) -> dict[str, Any]:
@@ -161,7 +215,8 @@ def run(cfg: dict[str, Any], progress_enabled: bool = True) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "benchmark": "recoverssm_rs bench",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "settings": cfg, "machine": _machine(torch),
+        "settings": cfg,
+        "machine": _machine(torch),
     }
     t0 = time.perf_counter()
     try:
@@ -179,9 +234,13 @@ def run(cfg: dict[str, Any], progress_enabled: bool = True) -> dict[str, Any]:
 def format_report(doc: dict[str, Any]) -> str:
     """The tables of every benchmark in ``doc``, with a header naming the machine."""
     m = doc["machine"]
-    parts = [(f"recoverssm_rs {m['recoverssm_rs']} bench, {doc['date']}: {m['cpus']} CPUs, torch {m['torch']} "
-              f"({m['torch_threads']} threads), numpy {m['numpy']}, Python {m['python']}; load average "
-              f"{m['load_average'][0]:.2f} -> {m['load_average_after'][0]:.2f}; {doc['wall_s']:.1f} s")]
+    parts = [
+        (
+            f"recoverssm_rs {m['recoverssm_rs']} bench, {doc['date']}: {m['cpus']} CPUs, torch {m['torch']} "
+            f"({m['torch_threads']} threads), numpy {m['numpy']}, Python {m['python']}; load average "
+            f"{m['load_average'][0]:.2f} -> {m['load_average_after'][0]:.2f}; {doc['wall_s']:.1f} s"
+        )
+    ]
     if "plan_step" in doc:
         parts.append(plan_step.format_table(doc["plan_step"]))
     if "host_copy" in doc:
@@ -200,16 +259,18 @@ def _check_resources(parser: argparse.ArgumentParser, cfg: dict[str, Any]) -> No
             flag, value, what = "--layers", str(layers), f"(with --requests up to {max(req)})"
         else:
             flag, value, what = "--requests", ",".join(map(str, req)), f"(with --layers {layers})"
-        problem = (plan_step.reserve_problem(req, layers)
-                   or memory_problem(plan_step.memory_bytes(req, layers), "the plan step's address arrays"))
+        problem = plan_step.reserve_problem(req, layers) or memory_problem(
+            plan_step.memory_bytes(req, layers), "the plan step's address arrays"
+        )
         if problem:
             parser.error(f"argument {flag}: invalid value {value} {what}: {problem}")
     if "host" in cfg["benchmarks"]:
-        problem = memory_problem(host_copy.memory_bytes(cfg["sizes"], cfg["batches"]),
-                                 "the host copy's largest pool")
+        problem = memory_problem(host_copy.memory_bytes(cfg["sizes"], cfg["batches"]), "the host copy's largest pool")
         if problem:
-            parser.error(f"argument --batches: invalid value {','.join(map(str, cfg['batches']))} (with "
-                         f"--sizes {','.join(cfg['sizes'])}): {problem}")
+            parser.error(
+                f"argument --batches: invalid value {','.join(map(str, cfg['batches']))} (with "
+                f"--sizes {','.join(cfg['sizes'])}): {problem}"
+            )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -236,8 +297,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     gpu_doc = None
     if args.gpu:  # first: a bad --gpu-args is refused by the script before the CPU minute
-        extra = (args.gpu_args if args.gpu_args is not None
-                 else list(gpu_copy.QUICK_ARGS) if args.quick else [])
+        extra = args.gpu_args if args.gpu_args is not None else list(gpu_copy.QUICK_ARGS) if args.quick else []
         try:
             gpu_doc = gpu_copy.run(extra)
         except gpu_copy.GpuArgsError as e:
@@ -255,8 +315,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         from .plot import save_plot
 
-        save_plot(doc, args.plot, title=f"recoverssm_rs {doc['machine']['recoverssm_rs']} on "
-                                        f"{doc['machine']['cpus']} CPUs ({doc['date'][:10]})")
+        save_plot(
+            doc,
+            args.plot,
+            title=f"recoverssm_rs {doc['machine']['recoverssm_rs']} on "
+            f"{doc['machine']['cpus']} CPUs ({doc['date'][:10]})",
+        )
         if not args.quiet:
             print(f"bench: plot written to {args.plot}", file=sys.stderr)
     return 0

@@ -57,7 +57,8 @@ def require_script() -> Path:
     if script is None:
         raise BackendUnavailableError(
             "bench --gpu runs benches/gpu_copy.py from a source checkout of recoverssm_rs; this "
-            "installation has none (run it from the repository, e.g. after scripts/setup.sh)")
+            "installation has none (run it from the repository, e.g. after scripts/setup.sh)"
+        )
     return script
 
 
@@ -93,8 +94,12 @@ def run(args: list[str], script: Path | None = None) -> dict[str, Any]:
 
 def format_table(doc: dict[str, Any]) -> str:
     """A compact table of the GPU results: per request count and method, GB/s and % of d2d."""
-    lines = [(f"GPU copy ({doc.get('gpu', {}).get('name', 'GPU')}): GB/s = (bytes read + written) / GPU "
-              "time; % of a device-to-device copy of the same bytes")]
+    lines = [
+        (
+            f"GPU copy ({doc.get('gpu', {}).get('name', 'GPU')}): GB/s = (bytes read + written) / GPU "
+            "time; % of a device-to-device copy of the same bytes"
+        )
+    ]
     head = f"{'requests':>8} {'layers':>6}  {'method':<22} {'GB/s':>8} {'% d2d':>7} {'host us':>9}"
     lines += [head, "-" * len(head)]
     for res in doc.get("results", []):
@@ -103,7 +108,8 @@ def format_table(doc: dict[str, Any]) -> str:
             continue
         for name, m in res["methods"].items():
             host = "" if m.get("host_us") is None else f"{m['host_us']:.1f}"
-            lines.append(f"{res['requests']:>8} {res['layers']:>6}  {name:<22} {m['gbps']:>8.0f} "
-                         f"{m['pct_d2d']:>6.1f}% {host:>9}")
+            lines.append(
+                f"{res['requests']:>8} {res['layers']:>6}  {name:<22} {m['gbps']:>8.0f} {m['pct_d2d']:>6.1f}% {host:>9}"
+            )
     lines += [f"target: {t}" for t in doc.get("targets", [])]
     return "\n".join(lines)

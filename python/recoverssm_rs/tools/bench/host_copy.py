@@ -70,7 +70,7 @@ def _case(torch: Any, name: str, n: int, budget: Budget, progress: Progress, see
     assert state_bytes is not None  # a persistent state has a size per block
     payload = n * state_bytes
     seq = planner.plan_copy(np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1))
-    src_view, dst_view = pool[1:n + 1], pool[n + 1:2 * n + 1]
+    src_view, dst_view = pool[1 : n + 1], pool[n + 1 : 2 * n + 1]
     src_idx, dst_idx = torch.from_numpy(src), torch.from_numpy(dst)
 
     def index_copy() -> None:
@@ -85,43 +85,69 @@ def _case(torch: Any, name: str, n: int, budget: Budget, progress: Progress, see
     }
     case = f"host copy, {name} states x {n}"
     progress.start(case, "timing the methods interleaved")
-    methods: dict[str, dict[str, Any]] = measure_interleaved({m: (fns[m], budget) for m in METHODS},
-                                  on_done=lambda m: progress.advance(case, f"{m} done"))
+    methods: dict[str, dict[str, Any]] = measure_interleaved(
+        {m: (fns[m], budget) for m in METHODS}, on_done=lambda m: progress.advance(case, f"{m} done")
+    )
     for t in methods.values():
         t["GBps"] = 2 * payload / t["median_s"] / 1e9
         t["GBps_range"] = round_range(t, lambda s: 2 * payload / s / 1e9)
     # GB/s ratios are inverse time ratios: execute / copy_ in GB/s = copy_ time / execute time
     over_copy, over_copy_range = ratio(methods["copy_"], methods["execute"])
     over_index, over_index_range = ratio(methods["index"], methods["execute"])
-    return {"size": name, "state_bytes": state_bytes, "batch": n, "payload_bytes": payload,
-            "segments": plan.num_segments, "segments_seq": seq.num_segments, "methods": methods,
-            "execute_over_copy_": over_copy, "execute_over_copy__range": over_copy_range,
-            "execute_over_index": over_index, "execute_over_index_range": over_index_range}
+    return {
+        "size": name,
+        "state_bytes": state_bytes,
+        "batch": n,
+        "payload_bytes": payload,
+        "segments": plan.num_segments,
+        "segments_seq": seq.num_segments,
+        "methods": methods,
+        "execute_over_copy_": over_copy,
+        "execute_over_copy__range": over_copy_range,
+        "execute_over_index": over_index,
+        "execute_over_index_range": over_index_range,
+    }
 
 
-def run(sizes: Sequence[str], batches: Sequence[int], budget: Budget, progress: Progress | None = None,
-        seed: int = 0) -> dict[str, Any]:
+def run(
+    sizes: Sequence[str], batches: Sequence[int], budget: Budget, progress: Progress | None = None, seed: int = 0
+) -> dict[str, Any]:
     """Time every method for every (state size, batch); returns the results as a JSON-ready dict."""
     import torch
 
     progress = progress or Progress(count_units(sizes, batches), enabled=False)
     results = [_case(torch, name, n, budget, progress, seed) for name in sizes for n in batches]
-    return {"dtype": "float32", "methods": list(METHODS), "baselines": list(BASELINES),
-            "budget_s": budget.seconds, "torch_threads": torch.get_num_threads(), "results": results}
+    return {
+        "dtype": "float32",
+        "methods": list(METHODS),
+        "baselines": list(BASELINES),
+        "budget_s": budget.seconds,
+        "torch_threads": torch.get_num_threads(),
+        "results": results,
+    }
 
 
 def format_table(doc: dict[str, Any]) -> str:
     """The host-copy results as a text table: median GB/s (read + written) per method, and the
     executor's ratio to ``copy_`` and to the index copy with their spread (min-max of the
     per-round ratios)."""
-    lines = [(f"host copy: plan_copy of N random blocks of a CPU pool; GB/s = (bytes read + written) / s, "
-              f"medians; baselines: {', '.join(doc['baselines'])}; torch threads {doc['torch_threads']}; "
-              f"ratios with their min-max over the timing rounds")]
-    head = (f"{'state':>6} {'N':>4} {'MiB':>7} {'segs':>5} " + " ".join(f"{m:>13}" for m in METHODS)
-            + f" {'exec/copy_':>19} {'exec/index':>19}")
+    lines = [
+        (
+            f"host copy: plan_copy of N random blocks of a CPU pool; GB/s = (bytes read + written) / s, "
+            f"medians; baselines: {', '.join(doc['baselines'])}; torch threads {doc['torch_threads']}; "
+            f"ratios with their min-max over the timing rounds"
+        )
+    ]
+    head = (
+        f"{'state':>6} {'N':>4} {'MiB':>7} {'segs':>5} "
+        + " ".join(f"{m:>13}" for m in METHODS)
+        + f" {'exec/copy_':>19} {'exec/index':>19}"
+    )
     lines += [head, "-" * len(head)]
     for r in doc["results"]:
-        lines.append(f"{r['size']:>6} {r['batch']:>4} {r['payload_bytes'] / 2**20:>7.1f} {r['segments']:>5} "
-                     + " ".join(f"{r['methods'][m]['GBps']:>8.1f} GB/s" for m in METHODS)
-                     + f" {format_ratio(r, 'execute_over_copy_'):>19} {format_ratio(r, 'execute_over_index'):>19}")
+        lines.append(
+            f"{r['size']:>6} {r['batch']:>4} {r['payload_bytes'] / 2**20:>7.1f} {r['segments']:>5} "
+            + " ".join(f"{r['methods'][m]['GBps']:>8.1f} GB/s" for m in METHODS)
+            + f" {format_ratio(r, 'execute_over_copy_'):>19} {format_ratio(r, 'execute_over_index'):>19}"
+        )
     return "\n".join(lines)

@@ -39,8 +39,17 @@ from ...planner import Planner
 from .progress import Progress
 from .timing import Budget, format_ratio, measure_interleaved, ratio, round_range
 
-__all__ = ["BASELINES", "LAYOUT", "METHODS", "count_units", "format_table", "make_step", "memory_bytes",
-           "reserve_problem", "run"]
+__all__ = [
+    "BASELINES",
+    "LAYOUT",
+    "METHODS",
+    "count_units",
+    "format_table",
+    "make_step",
+    "memory_bytes",
+    "reserve_problem",
+    "run",
+]
 
 MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; Python < 3.12 lacks the name
 LAYOUT = "qwen3-next-80b-a3b"
@@ -75,13 +84,14 @@ class Pool:
         self.states: list[list[Any]] = []
         for layer in range(num_layers):
             lo = layer * num_blocks * self.page
-            region = raw[lo:lo + num_blocks * self.page].view(num_blocks, self.page)
+            region = raw[lo : lo + num_blocks * self.page].view(num_blocks, self.page)
             views = []
             for off, spec in ((0, conv_spec), (conv_spec.nbytes, temp_spec)):
-                v = region[:, off:off + spec.nbytes].view(getattr(torch, spec.dtype))
+                v = region[:, off : off + spec.nbytes].view(getattr(torch, spec.dtype))
                 inner = np.cumprod((1, *reversed(spec.shape[1:])))[::-1].tolist()
-                views.append(v.as_strided((num_blocks, *spec.shape), (self.page // spec.itemsize, *inner),
-                                          v.storage_offset()))
+                views.append(
+                    v.as_strided((num_blocks, *spec.shape), (self.page // spec.itemsize, *inner), v.storage_offset())
+                )
             self.states.append(views)
 
     def __repr__(self) -> str:
@@ -90,7 +100,7 @@ class Pool:
 
 def _conv_copy_spec(state: Any, block_ids: list[int], cur: int, accepted: int) -> tuple[int, int]:
     """vLLM's conv copy spec: the window of the source block shifted by the accepted tokens."""
-    src = state[block_ids[cur], accepted - 1:]
+    src = state[block_ids[cur], accepted - 1 :]
     return src.data_ptr(), src.numel()
 
 
@@ -103,8 +113,14 @@ def _temporal_copy_spec(state: Any, block_ids: list[int], cur: int, accepted: in
 _COPY_FUNCS = (_conv_copy_spec, _temporal_copy_spec)
 
 
-def loop_baseline(states: list[list[Any]], block_table_t: Any, src_col: np.ndarray, dst_col: np.ndarray,
-                  num_accepted: np.ndarray, out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int:
+def loop_baseline(
+    states: list[list[Any]],
+    block_table_t: Any,
+    src_col: np.ndarray,
+    dst_col: np.ndarray,
+    num_accepted: np.ndarray,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> int:
     """Per-copy Python loop (vLLM 0.33 ``collect_mamba_copy_meta`` per request); returns the count."""
     src_ptrs, dst_ptrs, sizes = out
     offset = 0
@@ -141,8 +157,9 @@ class Vectorised:
     def __repr__(self) -> str:
         return f"Vectorised(layers={self.layers})"
 
-    def __call__(self, bt: np.ndarray, sc: np.ndarray, dc: np.ndarray,
-                 na: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __call__(
+        self, bt: np.ndarray, sc: np.ndarray, dc: np.ndarray, na: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         r = np.arange(bt.shape[0])
         k = na.astype(np.int64) - 1
         src = bt[r, sc].astype(np.int64)
@@ -163,8 +180,14 @@ def _triples(src: Any, dst: Any, n: Any) -> set[tuple[int, int, int]]:
     return set(zip(np.asarray(src).tolist(), np.asarray(dst).tolist(), np.asarray(n).tolist(), strict=True))
 
 
-def _methods(planner: Planner, vec: Vectorised, pool: Pool, step: tuple[np.ndarray, ...], bt_t: Any,
-             out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[str, Callable[[], object]]:
+def _methods(
+    planner: Planner,
+    vec: Vectorised,
+    pool: Pool,
+    step: tuple[np.ndarray, ...],
+    bt_t: Any,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> dict[str, Callable[[], object]]:
     """The timed calls of one step, by method name."""
     bt, sc, dc, na = step
     # The compiled planner alone (what the Python wrapper adds is the rest).
@@ -195,7 +218,9 @@ def reserve_problem(requests: Sequence[int], layers: int) -> str | None:
         from ..formatting import human_bytes
 
         why = getattr(e, "strerror", None) or "more than the address space"
-        return f"the plan step's pool ({human_bytes(size)} of address space, never touched) cannot be mapped here ({why})"
+        return (
+            f"the plan step's pool ({human_bytes(size)} of address space, never touched) cannot be mapped here ({why})"
+        )
     mapping.close()
     return None
 
@@ -212,8 +237,9 @@ def count_units(requests: Sequence[int]) -> int:
     return len(requests) * len(METHODS)
 
 
-def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress | None = None,
-        seed: int = 0) -> dict[str, Any]:
+def run(
+    requests: Sequence[int], layers: int, budget: Budget, progress: Progress | None = None, seed: int = 0
+) -> dict[str, Any]:
     """Time every method at every request count; returns the results as a JSON-ready dict.
 
     Each request count's methods are first checked to produce the same copies (``check``).
@@ -240,8 +266,11 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
         plan = planner.plan_align(bt, sc, dc, na)
         assert len(plan) == copies and plan.num_waves == 1, plan
         segs = plan.segments
-        seg_set = _triples(segs["src"].astype(np.int64), segs["dst"].astype(np.int64),
-                           segs["rows"].astype(np.int64) * segs["row_bytes"])
+        seg_set = _triples(
+            segs["src"].astype(np.int64),
+            segs["dst"].astype(np.int64),
+            segs["rows"].astype(np.int64) * segs["row_bytes"],
+        )
         vec_set = _triples(*vec(bt, sc, dc, na))
         bt_t = torch.from_numpy(bt)
         out = (np.zeros(copies, np.int64), np.zeros(copies, np.int64), np.zeros(copies, np.int64))
@@ -265,7 +294,9 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
             progress.advance(case, f"{name} done")
 
         methods: dict[str, dict[str, Any]] = measure_interleaved(
-            {name: (fns[name], loop_budget if name == "loop" else budget) for name in METHODS}, done)
+            {name: (fns[name], loop_budget if name == "loop" else budget) for name in METHODS}, done
+        )
+
         def rate(s: float, c: int = copies) -> float:
             return c / s
 
@@ -273,17 +304,35 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
             t["ns_per_copy"] = t["median_s"] * 1e9 / copies
             t["copies_per_s"] = copies / t["median_s"]
             t["copies_per_s_range"] = round_range(t, rate)
-        ratios = {key: ratio(methods[a], methods[b])
-                  for key, a, b in (("loop_over_plan", "loop", "plan"), ("numpy_over_plan", "numpy", "plan"),
-                                    ("plan_over_core", "plan", "core"))}
-        results.append({"requests": R, "copies": copies, "bytes_per_step": nbytes, "check": check,
-                        "methods": methods, **{k: v for k, (v, _) in ratios.items()},
-                        **{f"{k}_range": rng for k, (_, rng) in ratios.items()}})
+        ratios = {
+            key: ratio(methods[a], methods[b])
+            for key, a, b in (
+                ("loop_over_plan", "loop", "plan"),
+                ("numpy_over_plan", "numpy", "plan"),
+                ("plan_over_core", "plan", "core"),
+            )
+        }
+        results.append(
+            {
+                "requests": R,
+                "copies": copies,
+                "bytes_per_step": nbytes,
+                "check": check,
+                "methods": methods,
+                **{k: v for k, (v, _) in ratios.items()},
+                **{f"{k}_range": rng for k, (_, rng) in ratios.items()},
+            }
+        )
     return {
-        "layout": LAYOUT, "num_spec": NUM_SPEC, "layers": layers, "num_blocks": num_blocks,
+        "layout": LAYOUT,
+        "num_spec": NUM_SPEC,
+        "layers": layers,
+        "num_blocks": num_blocks,
         "states": {"conv": [list(conv.shape), conv.dtype], "temporal": [list(temp.shape), temp.dtype]},
         "tensors": "views into one MAP_NORESERVE mapping (never touched)",
-        "methods": list(METHODS), "baselines": list(BASELINES), "budget_s": budget.seconds,
+        "methods": list(METHODS),
+        "baselines": list(BASELINES),
+        "budget_s": budget.seconds,
         "results": results,
     }
 
@@ -291,16 +340,26 @@ def run(requests: Sequence[int], layers: int, budget: Budget, progress: Progress
 def format_table(doc: dict[str, Any]) -> str:
     """The plan-step results as a text table: median microseconds per step (M copies per second)
     per method, and the ratios to ``plan`` with their spread (min-max of the per-round ratios)."""
-    lines = [(f"plan step: {doc['layout']} GDN, {doc['layers']} layers x R requests x 2 states "
-              f"(align mode, every request crosses); median us per step (M copies/s); "
-              f"baselines: {', '.join(doc['baselines'])}; ratios with their min-max over the timing rounds")]
-    head = (f"{'requests':>8} {'copies':>8} " + " ".join(f"{m:>18}" for m in METHODS)
-            + f" {'loop/plan':>21} {'numpy/plan':>17}")
+    lines = [
+        (
+            f"plan step: {doc['layout']} GDN, {doc['layers']} layers x R requests x 2 states "
+            f"(align mode, every request crosses); median us per step (M copies/s); "
+            f"baselines: {', '.join(doc['baselines'])}; ratios with their min-max over the timing rounds"
+        )
+    ]
+    head = (
+        f"{'requests':>8} {'copies':>8} "
+        + " ".join(f"{m:>18}" for m in METHODS)
+        + f" {'loop/plan':>21} {'numpy/plan':>17}"
+    )
     lines += [head, "-" * len(head)]
     for r in doc["results"]:
         cells = " ".join(
             f"{r['methods'][m]['median_s'] * 1e6:>10.1f} ({r['methods'][m]['copies_per_s'] / 1e6:>5.1f})"
-            for m in METHODS)
-        lines.append(f"{r['requests']:>8} {r['copies']:>8} {cells} {format_ratio(r, 'loop_over_plan'):>21} "
-                     f"{format_ratio(r, 'numpy_over_plan'):>17}")
+            for m in METHODS
+        )
+        lines.append(
+            f"{r['requests']:>8} {r['copies']:>8} {cells} {format_ratio(r, 'loop_over_plan'):>21} "
+            f"{format_ratio(r, 'numpy_over_plan'):>17}"
+        )
     return "\n".join(lines)

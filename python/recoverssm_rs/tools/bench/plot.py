@@ -26,8 +26,12 @@ HOST_METHODS = ("execute", "plan+execute", "copy_", "index")
 
 
 def _style(method: str, baselines: list[str]) -> dict[str, Any]:
-    return {"linestyle": "--" if method in baselines else "-", "marker": "o", "markersize": 4,
-            "label": f"{method} (baseline)" if method in baselines else method}
+    return {
+        "linestyle": "--" if method in baselines else "-",
+        "marker": "o",
+        "markersize": 4,
+        "label": f"{method} (baseline)" if method in baselines else method,
+    }
 
 
 def _line(ax: Axes, x: list[float], methods: list[dict[str, Any]], key: str, style: dict[str, Any]) -> None:
@@ -35,8 +39,14 @@ def _line(ax: Axes, x: list[float], methods: list[dict[str, Any]], key: str, sty
     band in the line's colour."""
     (line,) = ax.plot(x, [m[key] for m in methods], **style)
     if all(f"{key}_range" in m for m in methods):
-        ax.fill_between(x, [m[f"{key}_range"][0] for m in methods], [m[f"{key}_range"][1] for m in methods],
-                        color=line.get_color(), alpha=0.18, linewidth=0)
+        ax.fill_between(
+            x,
+            [m[f"{key}_range"][0] for m in methods],
+            [m[f"{key}_range"][1] for m in methods],
+            color=line.get_color(),
+            alpha=0.18,
+            linewidth=0,
+        )
 
 
 def _plan_panel(ax: Axes, doc: dict[str, Any]) -> None:
@@ -64,8 +74,7 @@ def _host_panel(ax: Axes, doc: dict[str, Any]) -> None:
     ax.set_xticks(sizes, [r["size"] for r in results])
     ax.set_xlabel(f"state size (bytes per block; {doc['dtype']})")
     ax.set_ylabel("GB/s (bytes read + written)")
-    ax.set_title(f"host copy, {batch} random blocks per call (median; band: min-max of the rounds)",
-                 fontsize="medium")
+    ax.set_title(f"host copy, {batch} random blocks per call (median; band: min-max of the rounds)", fontsize="medium")
     ax.set_ylim(bottom=0)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small")
@@ -78,8 +87,7 @@ def make_figure(results: dict[str, Any], title: str | None = None) -> Figure:
     """
     from matplotlib.figure import Figure
 
-    panels = [(key, fn) for key, fn in (("plan_step", _plan_panel), ("host_copy", _host_panel))
-              if results.get(key)]
+    panels = [(key, fn) for key, fn in (("plan_step", _plan_panel), ("host_copy", _host_panel)) if results.get(key)]
     if not panels:
         raise ValueError("nothing to plot: the results hold neither plan_step nor host_copy")
     fig = Figure(figsize=(6.4 * len(panels), 4.8), layout="constrained")

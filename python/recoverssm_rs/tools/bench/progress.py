@@ -17,8 +17,7 @@ class Progress:
     log shows each case once without carriage-return clutter. ``enabled=False`` writes nothing.
     """
 
-    def __init__(self, total: int, stream: TextIO | None = None, *, enabled: bool = True,
-                 width: int = 28) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None, *, enabled: bool = True, width: int = 28) -> None:
         self.total = max(1, total)
         self.done = 0
         self.stream = sys.stderr if stream is None else stream

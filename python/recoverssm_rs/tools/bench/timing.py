@@ -25,9 +25,11 @@ class Budget:
     warmup: int = 2
 
 
-def measure_interleaved(fns: Mapping[str, tuple[Callable[[], object], Budget]],
-                        on_done: Callable[[str], None] | None = None,
-                        rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
+def measure_interleaved(
+    fns: Mapping[str, tuple[Callable[[], object], Budget]],
+    on_done: Callable[[str], None] | None = None,
+    rounds: int = ROUNDS,
+) -> dict[str, dict[str, float]]:
     """Time several methods of one case in ``rounds`` rounds, each method's calls split among them.
 
     On a shared machine the load changes within seconds; timed one after another, each method would
@@ -61,16 +63,20 @@ def measure_interleaved(fns: Mapping[str, tuple[Callable[[], object], Budget]],
                 t0 = time.perf_counter_ns()
                 fn()
                 times[name][i] = time.perf_counter_ns() - t0
-            per_round[name][r] = float(np.median(times[name][done[name]:until])) / 1e9
+            per_round[name][r] = float(np.median(times[name][done[name] : until])) / 1e9
             done[name] = until
             if until == reps[name] and on_done is not None:
                 on_done(name)
     out: dict[str, dict[str, Any]] = {}
     for name, ts in times.items():
         ts = ts / 1e9
-        out[name] = {"median_s": float(np.median(ts)), "p10_s": float(np.percentile(ts, 10)),
-                     "p90_s": float(np.percentile(ts, 90)), "reps": len(ts),
-                     "rounds_s": per_round[name]}
+        out[name] = {
+            "median_s": float(np.median(ts)),
+            "p10_s": float(np.percentile(ts, 10)),
+            "p90_s": float(np.percentile(ts, 90)),
+            "reps": len(ts),
+            "rounds_s": per_round[name],
+        }
     return out
 
 
@@ -86,8 +92,7 @@ def round_range(t: Mapping[str, Any], f: Callable[[float], float] = lambda s: s)
 def paired_ratios(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[float]:
     """``a / b`` round by round, for the rounds in which both methods ran (the same stretch of time,
     so the same load); the ratio of the medians alone where they share none."""
-    pairs = [x / y for x, y in zip(a.get("rounds_s", ()), b.get("rounds_s", ()), strict=False)
-             if x and y]
+    pairs = [x / y for x, y in zip(a.get("rounds_s", ()), b.get("rounds_s", ()), strict=False) if x and y]
     return pairs or [a["median_s"] / b["median_s"]]
 
 

@@ -22,5 +22,13 @@ from .oracle import TOLERANCE
 from .report import format_summary
 from .runner import run
 
-__all__ = ["run", "format_summary", "validate", "recoverssm_presets", "DemoOptionError",
-           "DEFAULTS", "PRESET", "TOLERANCE"]
+__all__ = [
+    "run",
+    "format_summary",
+    "validate",
+    "recoverssm_presets",
+    "DemoOptionError",
+    "DEFAULTS",
+    "PRESET",
+    "TOLERANCE",
+]

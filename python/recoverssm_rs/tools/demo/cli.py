@@ -19,9 +19,17 @@ from .config import DEFAULTS, MAX_BLOCK_SIZE, DemoOptionError, recoverssm_preset
 
 __all__ = ["add_parser"]
 
-_FLAGS = {"device": "--device", "steps": "--steps", "requests": "--requests",
-          "layers": "--layers", "seed": "--seed", "block_size": "--block-size",
-          "num_spec": "--num-spec", "preset": "--preset", "num_threads": "--threads"}
+_FLAGS = {
+    "device": "--device",
+    "steps": "--steps",
+    "requests": "--requests",
+    "layers": "--layers",
+    "seed": "--seed",
+    "block_size": "--block-size",
+    "num_spec": "--num-spec",
+    "preset": "--preset",
+    "num_threads": "--threads",
+}
 """run()'s keyword -> the flag that sets it."""
 
 _DESCRIPTION = """\
@@ -38,36 +46,72 @@ def add_parser(sub: Any) -> None:
     """Register the ``demo`` subcommand on ``sub`` (an argparse subparsers object)."""
     presets = recoverssm_presets()
     p = sub.add_parser(
-        "demo", formatter_class=HelpFormatter, description=_DESCRIPTION,
+        "demo",
+        formatter_class=HelpFormatter,
+        description=_DESCRIPTION,
         help="serve a toy hybrid GDN + KDA model with speculative decoding, prefix caching and "
-             "forks, checking every state against token-by-token decoding")
-    p.add_argument("--device", default=DEFAULTS["device"],
-                   help="torch device: cpu, cuda or cuda:N (cuda needs a GPU and CuPy)")
-    p.add_argument("--steps", type=int_at_least(1), default=DEFAULTS["steps"],
-                   help="serving steps")
-    p.add_argument("--requests", type=int_at_least(1), default=DEFAULTS["requests"],
-                   help="the largest batch per step (workspace rows)")
-    p.add_argument("--layers", type=int_at_least(1), default=DEFAULTS["layers"],
-                   help="layers per kind (the stack has as many GDN as KDA layers)")
-    p.add_argument("--seed", type=int_at_least(0, 2**64 - 1), default=DEFAULTS["seed"],
-                   help="seeds weights, prompts, drafts, acceptance and scheduling")
-    p.add_argument("--block-size", type=int_at_least(1, MAX_BLOCK_SIZE), default=DEFAULTS["block_size"],
-                   dest="block_size",
-                   help="prefix-cache block size in tokens (at least --num-spec + 1)")
-    p.add_argument("--num-spec", type=int_at_least(1), default=DEFAULTS["num_spec"],
-                   dest="num_spec", help="draft tokens per decoding window")
-    p.add_argument("--preset", default=DEFAULTS["preset"], metavar="NAME",
-                   help=f"the RecoverSSM preset whose layout and memory are shown (not run): "
-                        f"{', '.join(presets)}; with --layout-only any of: "
-                        f"{', '.join(layouts.PRESETS)}")
-    p.add_argument("--threads", type=int_at_least(0, max_threads()), default=DEFAULTS["num_threads"],
-                   help="torch CPU threads during the run, at most this machine's CPUs (the tensors "
-                        "are tiny; 0 keeps torch's setting)")
+        "forks, checking every state against token-by-token decoding",
+    )
+    p.add_argument(
+        "--device", default=DEFAULTS["device"], help="torch device: cpu, cuda or cuda:N (cuda needs a GPU and CuPy)"
+    )
+    p.add_argument("--steps", type=int_at_least(1), default=DEFAULTS["steps"], help="serving steps")
+    p.add_argument(
+        "--requests",
+        type=int_at_least(1),
+        default=DEFAULTS["requests"],
+        help="the largest batch per step (workspace rows)",
+    )
+    p.add_argument(
+        "--layers",
+        type=int_at_least(1),
+        default=DEFAULTS["layers"],
+        help="layers per kind (the stack has as many GDN as KDA layers)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int_at_least(0, 2**64 - 1),
+        default=DEFAULTS["seed"],
+        help="seeds weights, prompts, drafts, acceptance and scheduling",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int_at_least(1, MAX_BLOCK_SIZE),
+        default=DEFAULTS["block_size"],
+        dest="block_size",
+        help="prefix-cache block size in tokens (at least --num-spec + 1)",
+    )
+    p.add_argument(
+        "--num-spec",
+        type=int_at_least(1),
+        default=DEFAULTS["num_spec"],
+        dest="num_spec",
+        help="draft tokens per decoding window",
+    )
+    p.add_argument(
+        "--preset",
+        default=DEFAULTS["preset"],
+        metavar="NAME",
+        help=f"the RecoverSSM preset whose layout and memory are shown (not run): "
+        f"{', '.join(presets)}; with --layout-only any of: "
+        f"{', '.join(layouts.PRESETS)}",
+    )
+    p.add_argument(
+        "--threads",
+        type=int_at_least(0, max_threads()),
+        default=DEFAULTS["num_threads"],
+        help="torch CPU threads during the run, at most this machine's CPUs (the tensors "
+        "are tiny; 0 keeps torch's setting)",
+    )
     add_json_option(p, "the summary")
     add_quiet_option(p)
-    p.add_argument("--layout-only", action="store_true", dest="layout_only",
-                   help="only print the preset's layout table and check its copy-function "
-                        "registration (any preset; nothing is served)")
+    p.add_argument(
+        "--layout-only",
+        action="store_true",
+        dest="layout_only",
+        help="only print the preset's layout table and check its copy-function "
+        "registration (any preset; nothing is served)",
+    )
     p.set_defaults(func=_cmd, parser=p)
 
 
@@ -78,29 +122,46 @@ def _layout_only(args: argparse.Namespace) -> int:
 
     p = layouts.PRESETS[args.preset]
     layout = p.layout()
-    group = {"mamba_type": layout.backend, "shapes": [s.shape for s in layout.states],
-             "dtypes": [s.dtype for s in layout.states]}
+    group = {
+        "mamba_type": layout.backend,
+        "shapes": [s.shape for s in layout.states],
+        "dtypes": [s.dtype for s in layout.states],
+    }
     prefix = validate_copy_funcs([group], {layout.backend: [s.copy for s in layout.persistent]})
     if args.json != "-":
         print(format_layout(layout, p.num_layers))
         for backend, n in prefix.items():
-            print(f"copy functions: {backend} registers {n} copy functions for {len(layout)} "
-                  f"states (copyable prefix {n}) - valid")
+            print(
+                f"copy functions: {backend} registers {n} copy functions for {len(layout)} "
+                f"states (copyable prefix {n}) - valid"
+            )
     if args.json:
-        doc = {"preset": args.preset, "model": p.model, "num_layers": p.num_layers,
-               "layout": layout.to_dict(), "copyable_prefix": dict(prefix)}
+        doc = {
+            "preset": args.preset,
+            "model": p.model,
+            "num_layers": p.num_layers,
+            "layout": layout.to_dict(),
+            "copyable_prefix": dict(prefix),
+        }
         write_json(doc, args.json, args.parser.prog)
     return 0
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(device=args.device, steps=args.steps, requests=args.requests, layers=args.layers,
-                seed=args.seed, block_size=args.block_size, num_spec=args.num_spec,
-                preset=args.preset, num_threads=args.threads or None)
+    return dict(
+        device=args.device,
+        steps=args.steps,
+        requests=args.requests,
+        layers=args.layers,
+        seed=args.seed,
+        block_size=args.block_size,
+        num_spec=args.num_spec,
+        preset=args.preset,
+        num_threads=args.threads or None,
+    )
 
 
-def _refuse(parser: argparse.ArgumentParser, e: DemoOptionError,
-            options: dict[str, Any]) -> None:
+def _refuse(parser: argparse.ArgumentParser, e: DemoOptionError, options: dict[str, Any]) -> None:
     flag = _FLAGS.get(e.option, e.option)
     extra = f" (with --num-spec {options['num_spec']})" if e.option == "block_size" else ""
     parser.error(f"argument {flag}: invalid value {e.value!r}{extra}: {e.reason}")
@@ -110,8 +171,9 @@ def _cmd(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser = args.parser
     if args.layout_only:
         if args.preset not in layouts.PRESETS:
-            parser.error(f"argument --preset: invalid value {args.preset!r}: choose one of "
-                         f"{', '.join(layouts.PRESETS)}")
+            parser.error(
+                f"argument --preset: invalid value {args.preset!r}: choose one of {', '.join(layouts.PRESETS)}"
+            )
         return _layout_only(args)
     if importlib.util.find_spec("torch") is None:  # without importing it: the checks need none
         from ...backend_check import missing_module_message
@@ -139,8 +201,11 @@ def _cmd(args: argparse.Namespace) -> int:
     ok = summary["mismatches"] == 0
     if text:
         print(format_summary(summary))
-        print("OK: every state matched the token-by-token ground truth" if ok
-              else "FAILED: states differ from the token-by-token ground truth")
+        print(
+            "OK: every state matched the token-by-token ground truth"
+            if ok
+            else "FAILED: states differ from the token-by-token ground truth"
+        )
     if args.json:
         write_json(summary, args.json, parser.prog)
     return 0 if ok else 1

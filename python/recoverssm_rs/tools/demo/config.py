@@ -21,15 +21,31 @@ from ... import layouts
 from ...errors import RecoverSSMError
 from ..cli_args import core_reason, max_threads, memory_problem
 
-__all__ = ["DEFAULTS", "MAX_BLOCK_SIZE", "PRESET", "DemoOptionError", "Sizes", "recoverssm_presets",
-           "run_bytes", "sizes", "validate"]
+__all__ = [
+    "DEFAULTS",
+    "MAX_BLOCK_SIZE",
+    "PRESET",
+    "DemoOptionError",
+    "Sizes",
+    "recoverssm_presets",
+    "run_bytes",
+    "sizes",
+    "validate",
+]
 
 PRESET = "kimi-k3-like-recoverssm"
 """The RecoverSSM preset whose memory the demo reports by default."""
 
 DEFAULTS: dict[str, Any] = dict(
-    device="cpu", steps=384, requests=8, layers=2, seed=0, block_size=8, num_spec=3,
-    preset=PRESET, num_threads=1,
+    device="cpu",
+    steps=384,
+    requests=8,
+    layers=2,
+    seed=0,
+    block_size=8,
+    num_spec=3,
+    preset=PRESET,
+    num_threads=1,
 )
 """Defaults of :func:`recoverssm_rs.tools.demo.run`'s options."""
 
@@ -66,8 +82,13 @@ def sizes(*, requests: int, block_size: int, num_spec: int) -> Sizes:
     max_prompt = 3 * block_size + 6
     max_new = 6 * window + 8
     cols = (max_prompt + max_new + 2 * window) // block_size + 2
-    return Sizes(window=window, max_prompt=max_prompt, max_new=max_new, cols=cols,
-                 num_blocks=1 + requests * (cols + 1) + 4 * requests)
+    return Sizes(
+        window=window,
+        max_prompt=max_prompt,
+        max_new=max_new,
+        cols=cols,
+        num_blocks=1 + requests * (cols + 1) + 4 * requests,
+    )
 
 
 class DemoOptionError(ValueError):
@@ -125,8 +146,15 @@ def _check_block_size(num_spec: int, block_size: int) -> None:
     from .model import toy_layouts
 
     none = np.zeros(0, dtype=np.int64)
-    CommitPlanner(toy_layouts(num_spec)["gdn"], 2).plan(none, none, none, none, np.zeros((0, 1), np.int64),
-                                                        block_size, 1)
+    CommitPlanner(toy_layouts(num_spec)["gdn"], 2).plan(
+        state_blocks=none,
+        num_accepted=none,
+        query_lens=none,
+        seq_lens=none,
+        block_table=np.zeros((0, 1), np.int64),
+        block_size=block_size,
+        max_requests=1,
+    )
 
 
 def _check_device(device: str) -> None:
@@ -137,8 +165,9 @@ def _check_device(device: str) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise DemoOptionError("device", device, "CUDA is not available here (no GPU, or torch "
-                                                "was built without CUDA); use --device cpu")
+        raise DemoOptionError(
+            "device", device, "CUDA is not available here (no GPU, or torch was built without CUDA); use --device cpu"
+        )
     count = torch.cuda.device_count()
     index = torch.device(device).index
     if index is not None and index >= count:
@@ -147,15 +176,14 @@ def _check_device(device: str) -> None:
 
 def _check_cache_sizes(layers: int, requests: int, block_size: int, num_spec: int) -> None:
     """The core's limits on a state cache's sizes, for the pool the run allocates."""
-    from .. import _core
+    from ... import _core
 
     blocks = sizes(requests=requests, block_size=block_size, num_spec=num_spec).num_blocks
     try:
         _core.check_cache_sizes(layers, blocks, requests)
     except RecoverSSMError as e:
         option, value = ("layers", layers) if "num_layers" in str(e) else ("requests", requests)
-        raise DemoOptionError(option, value, f"{e} (the pool has {blocks} blocks for {requests} "
-                                             f"requests)") from e
+        raise DemoOptionError(option, value, f"{e} (the pool has {blocks} blocks for {requests} requests)") from e
 
 
 def run_bytes(*, layers: int, requests: int, block_size: int, num_spec: int) -> int:
@@ -187,14 +215,23 @@ def _check_memory(device: str, layers: int, requests: int, block_size: int, num_
     if problem is None:
         return
     # Name the option furthest above its default: the one to lower.
-    option = max(("layers", "requests"), key=lambda o: {"layers": layers, "requests": requests}[o]
-                 / DEFAULTS[o])
+    option = max(("layers", "requests"), key=lambda o: {"layers": layers, "requests": requests}[o] / DEFAULTS[o])
     value = layers if option == "layers" else requests
     raise DemoOptionError(option, value, f"{problem} on {device}")
 
 
-def validate(*, device: str, steps: int, requests: int, layers: int, seed: int,
-             block_size: int, num_spec: int, preset: str, num_threads: int | None) -> None:
+def validate(
+    *,
+    device: str,
+    steps: int,
+    requests: int,
+    layers: int,
+    seed: int,
+    block_size: int,
+    num_spec: int,
+    preset: str,
+    num_threads: int | None,
+) -> None:
     """Check every option before anything runs: ranges, the core's rules, the memory the run
     takes.
 
@@ -212,8 +249,11 @@ def validate(*, device: str, steps: int, requests: int, layers: int, seed: int,
     if preset not in recover:
         what = "not a preset" if preset not in layouts.PRESETS else "not a RecoverSSM preset"
         raise DemoOptionError(
-            "preset", preset, f"{what}; the demo reports the memory of a RecoverSSM preset: "
-                              f"{', '.join(recover)} (--layout-only shows any preset)")
+            "preset",
+            preset,
+            f"{what}; the demo reports the memory of a RecoverSSM preset: "
+            f"{', '.join(recover)} (--layout-only shows any preset)",
+        )
     from .model import toy_layouts
 
     _core("num_spec", num_spec, lambda: toy_layouts(num_spec))

@@ -146,10 +146,24 @@ class _Copy:
 
 
 COUNTERS = (
-    "requests_served", "requests_finished", "prefill_tokens", "decode_windows",
-    "tokens_accepted", "drafts_proposed", "drafts_accepted", "cache_hits", "cache_misses",
-    "hit_tokens", "forks", "copy_blocks_calls", "plan_copy_copies", "fresh_blocks_zeroed",
-    "commits", "boundary_states", "boundary_layer_states", "prefix_cache_registered",
+    "requests_served",
+    "requests_finished",
+    "prefill_tokens",
+    "decode_windows",
+    "tokens_accepted",
+    "drafts_proposed",
+    "drafts_accepted",
+    "cache_hits",
+    "cache_misses",
+    "hit_tokens",
+    "forks",
+    "copy_blocks_calls",
+    "plan_copy_copies",
+    "fresh_blocks_zeroed",
+    "commits",
+    "boundary_states",
+    "boundary_layer_states",
+    "prefix_cache_registered",
 )
 """The engine's event counters (keys of :attr:`Engine.counters`)."""
 
@@ -160,8 +174,9 @@ class Engine:
     Arguments are already validated (:func:`recoverssm_rs.tools.demo.config.validate`).
     """
 
-    def __init__(self, *, device: str, steps: int, requests: int, layers: int, seed: int,
-                 block_size: int, num_spec: int) -> None:
+    def __init__(
+        self, *, device: str, steps: int, requests: int, layers: int, seed: int, block_size: int, num_spec: int
+    ) -> None:
         import torch
 
         from ...recoverssm.state_cache import StateCache
@@ -180,13 +195,11 @@ class Engine:
         self.cols, self.num_blocks = size.cols, size.num_blocks
 
         self.caches = {
-            kind: StateCache(lay, num_layers=layers, num_blocks=self.num_blocks,
-                             max_requests=requests, device=self.dev)
+            kind: StateCache(lay, num_layers=layers, num_blocks=self.num_blocks, max_requests=requests, device=self.dev)
             for kind, lay in toy_layouts(num_spec).items()
         }
         # The hybrid stack interleaves the kinds: GDN 0, KDA 0, GDN 1, KDA 1, ...
-        self.stack = [ToyLayer(kind, i, self.caches[kind], gen, self.dev)
-                      for i in range(layers) for kind in KINDS]
+        self.stack = [ToyLayer(kind, i, self.caches[kind], gen, self.dev) for i in range(layers) for kind in KINDS]
         self.embed = torch.randn(VOCAB, HIDDEN, generator=gen).to(self.dev)
         self.oracle = Oracle(self.stack, self.dev, block_size)
 
@@ -207,11 +220,13 @@ class Engine:
 
     def describe(self) -> str:
         """One line: what this run serves."""
-        return (f"run: a toy hybrid model of {len(self.stack)} layers ({self.layers} GDN [SD conv, "
-                f"fp32 records] + {self.layers} KDA [DS conv, bf16 conv/records, fp32 state]), "
-                f"{HEADS} heads x {self.stack[0].K}, random weights; Q = {self.Q}, block_size = "
-                f"{self.block_size}, {self.num_blocks} blocks, up to {self.requests} requests, "
-                f"device {self.dev}")
+        return (
+            f"run: a toy hybrid model of {len(self.stack)} layers ({self.layers} GDN [SD conv, "
+            f"fp32 records] + {self.layers} KDA [DS conv, bf16 conv/records, fp32 state]), "
+            f"{HEADS} heads x {self.stack[0].K}, random weights; Q = {self.Q}, block_size = "
+            f"{self.block_size}, {self.num_blocks} blocks, up to {self.requests} requests, "
+            f"device {self.dev}"
+        )
 
     # ---- scheduling --------------------------------------------------------------------------
     def _new_prompt(self) -> list[int]:
@@ -236,9 +251,14 @@ class Engine:
         """A new request; a prefix-cache hit copies the cached boundary block into its block."""
         bs, pool, pcache = self.block_size, self.pool, self.pcache
         prompt = self._new_prompt()
-        req = Request(rid=self.next_rid, running=pool.alloc(), folded=[], pending=prompt,
-                      max_new=int(self.rng.integers(self.Q, self.max_new + 1)),
-                      table=[0] * self.cols)
+        req = Request(
+            rid=self.next_rid,
+            running=pool.alloc(),
+            folded=[],
+            pending=prompt,
+            max_new=int(self.rng.integers(self.Q, self.max_new + 1)),
+            table=[0] * self.cols,
+        )
         # Longest cached block-aligned prefix, leaving at least one token to prefill.
         hit, m = None, (len(prompt) - 1) // bs
         while m > 0 and (hit := pcache.lookup(tuple(prompt[: m * bs]))) is None:
@@ -249,7 +269,7 @@ class Engine:
                 if b is not None:
                     req.table[j] = b
                     pool.incref(b)
-            req.folded, req.pending = prompt[: m * bs], prompt[m * bs:]
+            req.folded, req.pending = prompt[: m * bs], prompt[m * bs :]
             st, hi = self.snapshots[hit]
             req.ref_state = [s.clone() for s in st]
             req.ref_hist = [h.clone() for h in hi]
@@ -264,10 +284,17 @@ class Engine:
 
     def fork(self, parent: Request, copies: list[_Copy]) -> None:
         """A second continuation of ``parent``: its running block copied into a new block."""
-        child = Request(rid=self.next_rid, running=self.pool.alloc(),
-                        folded=list(parent.folded), pending=list(parent.pending),
-                        max_new=parent.max_new, table=[0] * self.cols, last=parent.last,
-                        generated=parent.generated, parent=parent.rid)
+        child = Request(
+            rid=self.next_rid,
+            running=self.pool.alloc(),
+            folded=list(parent.folded),
+            pending=list(parent.pending),
+            max_new=parent.max_new,
+            table=[0] * self.cols,
+            last=parent.last,
+            generated=parent.generated,
+            parent=parent.rid,
+        )
         # Columns below the written boundaries hold prefix states: shared. A column the parent
         # allocated ahead (not written yet) is not: each request writes its own.
         for j in range(parent.seq_len // self.block_size):
@@ -328,8 +355,9 @@ class Engine:
         t_sched = time.perf_counter()
         # Ground truth of the copied blocks, before the step touches them (not timed).
         for c in copies:
-            oracle.check_block(c.req.rid, c.dst, c.req.ref_state, c.req.ref_hist,
-                               f"after the {c.why} copy from block {c.src}")
+            oracle.check_block(
+                c.req.rid, c.dst, c.req.ref_state, c.req.ref_hist, f"after the {c.why} copy from block {c.src}"
+            )
         t_verify = time.perf_counter()
         active = self.active
 
@@ -371,8 +399,10 @@ class Engine:
         greedy = (rms(h) @ self.embed.T).argmax(-1).cpu().numpy()  # [B, Q]
 
         # Commit (align mode), every layer of both caches.
-        plans = {kind: c.commit(n_acc, blocks, qlens, seq_lens=seq_lens, block_table=table,
-                                block_size=bs) for kind, c in self.caches.items()}
+        plans = {
+            kind: c.commit(n_acc, blocks, qlens, seq_lens=seq_lens, block_table=table, block_size=bs)
+            for kind, c in self.caches.items()
+        }
         t1 = time.perf_counter()
         self.step_ms.append((t1 - t0 - (t_verify - t_sched)) * 1e3)
 
@@ -412,6 +442,8 @@ class Engine:
         return self.oracle.check_cached(self.pcache.entries.items(), self.snapshots)
 
     def __repr__(self) -> str:
-        return (f"Engine(layers={len(self.stack)}, requests={self.requests}, "
-                f"block_size={self.block_size}, num_spec={self.num_spec}, step={self.step}, "
-                f"active={len(self.active)})")
+        return (
+            f"Engine(layers={len(self.stack)}, requests={self.requests}, "
+            f"block_size={self.block_size}, num_spec={self.num_spec}, step={self.step}, "
+            f"active={len(self.active)})"
+        )

@@ -19,8 +19,18 @@ from ..._core import Layout
 if TYPE_CHECKING:
     from ...recoverssm import recurrence
 
-__all__ = ["HEADS", "HEAD_DIM", "GDN_K_HEADS", "CONV_KERNEL", "HIDDEN", "VOCAB", "KINDS",
-           "toy_layouts", "ToyLayer", "rms"]
+__all__ = [
+    "HEADS",
+    "HEAD_DIM",
+    "GDN_K_HEADS",
+    "CONV_KERNEL",
+    "HIDDEN",
+    "VOCAB",
+    "KINDS",
+    "toy_layouts",
+    "ToyLayer",
+    "rms",
+]
 
 HEADS = 4
 HEAD_DIM = 32
@@ -39,12 +49,27 @@ def toy_layouts(num_spec: int) -> dict[str, Layout]:
     and a float32 recurrent state (as the Kimi-K3-like preset)."""
     return {
         "gdn": layouts.gdn(
-            num_k_heads=GDN_K_HEADS, num_v_heads=HEADS, head_k_dim=HEAD_DIM, head_v_dim=HEAD_DIM,
-            conv_kernel_size=CONV_KERNEL, num_spec=num_spec, conv_layout="SD", dtype="float32",
-            ssm_dtype="float32", recover_ssm=True),
+            num_k_heads=GDN_K_HEADS,
+            num_v_heads=HEADS,
+            head_k_dim=HEAD_DIM,
+            head_v_dim=HEAD_DIM,
+            conv_kernel_size=CONV_KERNEL,
+            num_spec=num_spec,
+            conv_layout="SD",
+            dtype="float32",
+            ssm_dtype="float32",
+            recover_ssm=True,
+        ),
         "kda": layouts.kda(
-            num_heads=HEADS, head_dim=HEAD_DIM, conv_kernel_size=CONV_KERNEL, num_spec=num_spec,
-            conv_layout="DS", dtype="bfloat16", ssm_dtype="float32", recover_ssm=True),
+            num_heads=HEADS,
+            head_dim=HEAD_DIM,
+            conv_kernel_size=CONV_KERNEL,
+            num_spec=num_spec,
+            conv_layout="DS",
+            dtype="bfloat16",
+            ssm_dtype="float32",
+            recover_ssm=True,
+        ),
     }
 
 
@@ -58,8 +83,7 @@ def rms(h: Any) -> Any:
 class ToyLayer:
     """One recurrent layer (``kind`` "gdn" or "kda") stored as layer ``index`` of ``cache``."""
 
-    def __init__(self, kind: recurrence.Kind, index: int, cache: Any, gen: Any,
-                 device: Any) -> None:
+    def __init__(self, kind: recurrence.Kind, index: int, cache: Any, gen: Any, device: Any) -> None:
         import torch
 
         self.kind: recurrence.Kind = kind
@@ -105,8 +129,8 @@ class ToyLayer:
         y = F.silu(conv_y)
         nkK = self.nk * K
         q = y[..., :nkK].reshape(B, Q, self.nk, K)
-        k = y[..., nkK:2 * nkK].reshape(B, Q, self.nk, K)
-        v = y[..., 2 * nkK:].reshape(B, Q, H, V)
+        k = y[..., nkK : 2 * nkK].reshape(B, Q, self.nk, K)
+        v = y[..., 2 * nkK :].reshape(B, Q, H, V)
         if self.nk != H:
             q = q.repeat_interleave(H // self.nk, dim=2)
             k = k.repeat_interleave(H // self.nk, dim=2)
@@ -114,11 +138,11 @@ class ToyLayer:
         raw_g = raw_g.reshape(B, Q, H, K) if self.kind == "kda" else raw_g
         raw_b = xn @ self.w_b
         p = recurrence.prepare(self.kind, q, k, raw_g, raw_b, self.A_log, self.dt_bias)
-        o = self.cache.verify(self.index, blocks, p.q_hat, p.k_hat, v, p.gate, p.beta,
-                              query_lens=torch.as_tensor(qlens))
+        o = self.cache.verify(
+            self.index, blocks, p.q_hat, p.k_hat, v, p.gate, p.beta, query_lens=torch.as_tensor(qlens)
+        )
         h = h + o.reshape(B, Q, H * V) @ self.w_out
-        rec = dict(x=x, conv_y=conv_y, q_hat=p.q_hat, k_hat=p.k_hat, v=v, gate=p.gate,
-                   beta=p.beta, out=o)
+        rec = dict(x=x, conv_y=conv_y, q_hat=p.q_hat, k_hat=p.k_hat, v=v, gate=p.gate, beta=p.beta, out=o)
         return h, rec
 
     def conv_head(self, blocks: Any) -> Any:
@@ -133,5 +157,7 @@ class ToyLayer:
         return self.cache.recurrent_state(self.index)[blocks]
 
     def __repr__(self) -> str:
-        return (f"ToyLayer({self.kind!r}, index={self.index}, heads={self.H}, "
-                f"conv_dim={self.dim}, conv_dtype={self.conv_dtype})")
+        return (
+            f"ToyLayer({self.kind!r}, index={self.index}, heads={self.H}, "
+            f"conv_dim={self.dim}, conv_dtype={self.conv_dtype})"
+        )

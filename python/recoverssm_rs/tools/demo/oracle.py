@@ -83,8 +83,7 @@ class Stats:
             self.fail(f"{what}: conv window differs (max abs diff {err:.3g})")
 
     def __repr__(self) -> str:
-        return (f"Stats(checks={self.checks}, mismatches={self.mismatches}, "
-                f"max_state_err={self.max_state_err:.3g})")
+        return f"Stats(checks={self.checks}, mismatches={self.mismatches}, max_state_err={self.max_state_err:.3g})"
 
 
 class Oracle:
@@ -103,12 +102,10 @@ class Oracle:
 
         dev = self.dev
         st = [torch.zeros(ly.H, ly.V, ly.K, device=dev) for ly in self.stack]
-        hi = [torch.zeros(ly.dim, ly.kc - 1, dtype=ly.conv_dtype, device=dev)
-              for ly in self.stack]
+        hi = [torch.zeros(ly.dim, ly.kc - 1, dtype=ly.conv_dtype, device=dev) for ly in self.stack]
         return st, hi
 
-    def check_block(self, rid: int, block: int, states: list[Any], hists: list[Any],
-                    what: str) -> None:
+    def check_block(self, rid: int, block: int, states: list[Any], hists: list[Any], what: str) -> None:
         """Every layer's recurrent state and conv history of ``block`` against the reference."""
         import torch
 
@@ -118,8 +115,7 @@ class Oracle:
             self.stats.close("state", ly.rec_state(idx)[0], states[li], f"{tag} recurrent state")
             self.stats.exact(ly.conv_head(idx)[0], hists[li], f"{tag} conv window")
 
-    def check_cached(self, entries: Iterable[tuple[tuple[int, ...], int]],
-                     snapshots: dict[int, Snapshot]) -> int:
+    def check_cached(self, entries: Iterable[tuple[tuple[int, ...], int]], snapshots: dict[int, Snapshot]) -> int:
         """Every cached prefix block (``(tokens, block)`` pairs) still holds its boundary state
         (nothing overwrote it). Returns how many were checked."""
         n = 0
@@ -128,9 +124,14 @@ class Oracle:
             n += 1
         return n
 
-    def check_step(self, active: Sequence[Request], recs: list[dict[str, Any]],
-                   n_acc: np.ndarray, blocks: np.ndarray, plans: dict[str, np.ndarray],
-                   ) -> dict[int, tuple[int, Snapshot]]:
+    def check_step(
+        self,
+        active: Sequence[Request],
+        recs: list[dict[str, Any]],
+        n_acc: np.ndarray,
+        blocks: np.ndarray,
+        plans: dict[str, np.ndarray],
+    ) -> dict[int, tuple[int, Snapshot]]:
         """Advance every request's reference by its accepted tokens, one at a time, and compare:
         conv and verify outputs at accepted positions, running blocks, boundary blocks and the
         commit plans' boundaries. Returns ``{row: (boundary block, reference snapshot)}``."""
@@ -148,8 +149,11 @@ class Oracle:
                 expect[i] = (r.table[bnd // bs - 1], bnd - r.seq_len)
         kinds = sorted(plans)
         rows = plans[kinds[0]]
-        got = {int(x["request"]): (int(x["boundary_block"]), int(x["boundary_len"]))
-               for x in rows if x["boundary_block"] >= 0}
+        got = {
+            int(x["request"]): (int(x["boundary_block"]), int(x["boundary_len"]))
+            for x in rows
+            if x["boundary_block"] >= 0
+        }
         stats.checks += 1
         if got != expect or not all(np.array_equal(rows, plans[k]) for k in kinds[1:]):
             stats.fail(f"step {self.step}: commit plan boundaries {got} != expected {expect}")
@@ -171,17 +175,15 @@ class Oracle:
                 # Conv: a plain causal conv over the history, then push the input.
                 xj = rec["x"][:, j]  # [B, dim]
                 y_ref = (torch.cat([hist.float(), xj.float()[:, :, None]], dim=2) * w).sum(-1)
-                hist = torch.where(live[:, None, None],
-                                   torch.cat([hist[:, :, 1:], xj[:, :, None]], dim=2), hist)
+                hist = torch.where(live[:, None, None], torch.cat([hist[:, :, 1:], xj[:, :, None]], dim=2), hist)
                 # Recurrence: one token of the plain recurrence.
                 t = slice(j, j + 1)
                 out, states = recurrence.sequential_decode(
-                    S, rec["q_hat"][:, t], k_r[:, t], rec["v"][:, t], g_r[:, t],
-                    rec["beta"][:, t])
+                    S, rec["q_hat"][:, t], k_r[:, t], rec["v"][:, t], g_r[:, t], rec["beta"][:, t]
+                )
                 S = torch.where(live[:, None, None, None], states[:, 1], S)
                 for i in live.nonzero().flatten().tolist():
-                    tag = (f"step {self.step} request {active[i].rid} layer {li} ({ly.kind}) "
-                           f"token {j}")
+                    tag = f"step {self.step} request {active[i].rid} layer {li} ({ly.kind}) token {j}"
                     stats.close("output", rec["conv_y"][i, j], y_ref[i], f"{tag} conv output")
                     stats.close("output", rec["out"][i, j], out[i, 0], f"{tag} verify output")
                     if i in expect and expect[i][1] == j + 1:
@@ -191,8 +193,7 @@ class Oracle:
             for i, r in enumerate(active):
                 r.ref_state[li] = S[i].clone()
                 r.ref_hist[li] = hist[i].clone()
-                tag = (f"step {self.step} request {r.rid} layer {li} ({ly.kind}) running block "
-                       f"{r.running}")
+                tag = f"step {self.step} request {r.rid} layer {li} ({ly.kind}) running block {r.running}"
                 stats.close("state", got_S[i], S[i], f"{tag} recurrent state")
                 stats.exact(got_h[i], hist[i], f"{tag} conv window")
         for i, (bb, m) in expect.items():

@@ -15,8 +15,7 @@ from .oracle import TOLERANCE
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["PRESET_REQUESTS", "preset_header", "preset_memory", "progress_line", "summarize",
-           "format_summary"]
+__all__ = ["PRESET_REQUESTS", "preset_header", "preset_memory", "progress_line", "summarize", "format_summary"]
 
 PRESET_REQUESTS = 256
 """The batch the preset's memory is reported for."""
@@ -25,8 +24,10 @@ PRESET_REQUESTS = 256
 def preset_header(preset: str) -> str:
     """The preset's layout table, labelled as the preset (its memory is reported, it is not run)."""
     p = layouts.PRESETS[preset]
-    return (f"preset {preset} ({p.model}, {p.num_layers} recurrent layers): reported for its "
-            f"memory, not run\n{format_layout(p.layout(), p.num_layers)}")
+    return (
+        f"preset {preset} ({p.model}, {p.num_layers} recurrent layers): reported for its "
+        f"memory, not run\n{format_layout(p.layout(), p.num_layers)}"
+    )
 
 
 def preset_memory(preset: str, requests: int = PRESET_REQUESTS) -> dict[str, Any]:
@@ -44,14 +45,18 @@ def preset_memory(preset: str, requests: int = PRESET_REQUESTS) -> dict[str, Any
     workspace = m.workspace_bytes_per_request * n
     full = m.full_state_scratch_bytes * n
     return {
-        "preset": preset, "num_layers": n, "window": m.window,
+        "preset": preset,
+        "num_layers": n,
+        "window": m.window,
         "per_layer_and_request": m.as_dict(),
         "record_bytes_per_request": m.record_bytes_per_request * n,
         "conv_window_bytes_per_request": workspace - m.record_bytes_per_request * n,
         "record_ratio": m.full_state_scratch_bytes / m.record_bytes_per_request,
         "workspace_bytes_per_request": workspace,
         "full_state_scratch_bytes_per_request": full,
-        "ratio": m.scratch_ratio, "requests": requests, "workspace_bytes": workspace * requests,
+        "ratio": m.scratch_ratio,
+        "requests": requests,
+        "workspace_bytes": workspace * requests,
         "full_state_scratch_bytes": full * requests,
     }
 
@@ -59,27 +64,39 @@ def preset_memory(preset: str, requests: int = PRESET_REQUESTS) -> dict[str, Any
 def progress_line(engine: Engine) -> str:
     """One line: where the run stands (counters and checks so far)."""
     c, s = engine.counters, engine.oracle.stats
-    return (f"step {engine.step + 1:4d}/{engine.steps}: {len(engine.active)} active, "
-            f"{c['requests_served']} served, {c['tokens_accepted']} tokens accepted, "
-            f"{c['cache_hits']} hits, {c['forks']} forks, {c['boundary_states']} boundary "
-            f"states, {s.checks} checks, {s.mismatches} mismatches, max state err "
-            f"{s.max_state_err:.2e}, step {np.median(engine.step_ms):.1f} ms")
+    return (
+        f"step {engine.step + 1:4d}/{engine.steps}: {len(engine.active)} active, "
+        f"{c['requests_served']} served, {c['tokens_accepted']} tokens accepted, "
+        f"{c['cache_hits']} hits, {c['forks']} forks, {c['boundary_states']} boundary "
+        f"states, {s.checks} checks, {s.mismatches} mismatches, max state err "
+        f"{s.max_state_err:.2e}, step {np.median(engine.step_ms):.1f} ms"
+    )
 
 
-def summarize(engine: Engine, *, cached: int, preset: dict[str, Any],
-              t_start: float) -> dict[str, Any]:
+def summarize(engine: Engine, *, cached: int, preset: dict[str, Any], t_start: float) -> dict[str, Any]:
     """The run's JSON-serialisable summary."""
     d, c, s = engine, engine.counters, engine.oracle.stats
     return {
         "config": {
-            "device": str(d.dev), "steps": d.steps, "requests": d.requests,
-            "layers_per_kind": d.layers, "seed": d.seed, "block_size": d.block_size,
-            "num_spec": d.num_spec, "window": d.Q, "heads": HEADS, "head_dim": HEAD_DIM,
-            "conv_kernel_size": CONV_KERNEL, "num_blocks": d.num_blocks,
-            "gdn": {"conv_layout": "SD", "conv_dtype": "float32", "record_dtype": "float32",
-                    "state_dtype": "float32"},
-            "kda": {"conv_layout": "DS", "conv_dtype": "bfloat16", "record_dtype": "bfloat16",
-                    "state_dtype": "float32"},
+            "device": str(d.dev),
+            "steps": d.steps,
+            "requests": d.requests,
+            "layers_per_kind": d.layers,
+            "seed": d.seed,
+            "block_size": d.block_size,
+            "num_spec": d.num_spec,
+            "window": d.Q,
+            "heads": HEADS,
+            "head_dim": HEAD_DIM,
+            "conv_kernel_size": CONV_KERNEL,
+            "num_blocks": d.num_blocks,
+            "gdn": {"conv_layout": "SD", "conv_dtype": "float32", "record_dtype": "float32", "state_dtype": "float32"},
+            "kda": {
+                "conv_layout": "DS",
+                "conv_dtype": "bfloat16",
+                "record_dtype": "bfloat16",
+                "state_dtype": "float32",
+            },
         },
         "steps": d.steps,
         **c,
@@ -97,8 +114,7 @@ def summarize(engine: Engine, *, cached: int, preset: dict[str, Any],
         "max_abs_state": s.max_state_abs,
         "max_output_err": s.max_output_err,
         "max_conv_err": s.max_conv_err,
-        "memory": {"run": {k: cache.memory_report().as_dict() for k, cache in d.caches.items()},
-                   "preset": preset},
+        "memory": {"run": {k: cache.memory_report().as_dict() for k, cache in d.caches.items()}, "preset": preset},
         "step_ms_median": float(np.median(d.step_ms)),
         "check_ms_median": float(np.median(d.check_ms)),
         "wall_s": time.perf_counter() - t_start,

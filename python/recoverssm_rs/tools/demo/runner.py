@@ -54,24 +54,52 @@ def run(
         DemoOptionError: (a ``ValueError``) before anything runs, naming the option that is out
             of range or that the core refused.
     """
-    validate(device=device, steps=steps, requests=requests, layers=layers, seed=seed,
-             block_size=block_size, num_spec=num_spec, preset=preset, num_threads=num_threads)
+    validate(
+        device=device,
+        steps=steps,
+        requests=requests,
+        layers=layers,
+        seed=seed,
+        block_size=block_size,
+        num_spec=num_spec,
+        preset=preset,
+        num_threads=num_threads,
+    )
     import torch
 
     saved = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        return _run(device=device, steps=steps, requests=requests, layers=layers, seed=seed,
-                    block_size=block_size, num_spec=num_spec, preset=preset, progress=progress,
-                    progress_every=progress_every)
+        return _run(
+            device=device,
+            steps=steps,
+            requests=requests,
+            layers=layers,
+            seed=seed,
+            block_size=block_size,
+            num_spec=num_spec,
+            preset=preset,
+            progress=progress,
+            progress_every=progress_every,
+        )
     finally:
         torch.set_num_threads(saved)
 
 
-def _run(*, device: str, steps: int, requests: int, layers: int, seed: int, block_size: int,
-         num_spec: int, preset: str, progress: Callable[[str], None] | None,
-         progress_every: int | None) -> dict[str, Any]:
+def _run(
+    *,
+    device: str,
+    steps: int,
+    requests: int,
+    layers: int,
+    seed: int,
+    block_size: int,
+    num_spec: int,
+    preset: str,
+    progress: Callable[[str], None] | None,
+    progress_every: int | None,
+) -> dict[str, Any]:
     from .engine import Engine
 
     t_start = time.perf_counter()
@@ -83,8 +111,15 @@ def _run(*, device: str, steps: int, requests: int, layers: int, seed: int, bloc
             progress(msg)
 
     memory = preset_memory(preset)
-    engine = Engine(device=device, steps=steps, requests=requests, layers=layers, seed=seed,
-                    block_size=block_size, num_spec=num_spec)
+    engine = Engine(
+        device=device,
+        steps=steps,
+        requests=requests,
+        layers=layers,
+        seed=seed,
+        block_size=block_size,
+        num_spec=num_spec,
+    )
     say(engine.describe())
     for step in range(steps):
         engine.run_step(step)
