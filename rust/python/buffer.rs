@@ -1,8 +1,6 @@
 //! Read-only byte buffers over the core's records (plan segments, rows, tiles, state metas, commit
 //! rows and metas) and integer vectors: numpy views them without copying.
 
-use crate::commit::{CommitMeta, CommitRow};
-use crate::plan::segment::{StateMeta, Tile};
 use crate::plan::CopyPlan;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
@@ -10,68 +8,49 @@ use pyo3::prelude::*;
 use std::os::raw::c_int;
 use std::sync::Arc;
 
-enum Owner {
-    Segments(Arc<CopyPlan>),
-    Rows(Arc<CopyPlan>),
-    Tiles(Vec<Tile>),
-    U32(Vec<u32>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    Meta(Vec<StateMeta>),
-    Commit(Vec<CommitRow>),
-    CommitMeta(Vec<CommitMeta>),
+/// Memory a buffer exports: `(address, bytes)` of plain `#[repr(C)]` values it owns (or holds
+/// alive), never mutated while the buffer lives.
+pub(crate) trait Exported: Send + Sync {
+    fn span(&self) -> (*const u8, usize);
+}
+
+impl<T: Copy + Send + Sync> Exported for Vec<T> {
+    fn span(&self) -> (*const u8, usize) {
+        (self.as_ptr() as *const u8, std::mem::size_of_val(self.as_slice()))
+    }
+}
+
+/// A plan's segment records, viewed in place.
+pub(crate) struct Segments(pub Arc<CopyPlan>);
+/// A plan's compact per-request rows, viewed in place.
+pub(crate) struct Rows(pub Arc<CopyPlan>);
+
+impl Exported for Segments {
+    fn span(&self) -> (*const u8, usize) {
+        let s = self.0.segments();
+        (s.as_ptr() as *const u8, std::mem::size_of_val(s))
+    }
+}
+
+impl Exported for Rows {
+    fn span(&self) -> (*const u8, usize) {
+        let r = self.0.rows();
+        (r.as_ptr() as *const u8, std::mem::size_of_val(r))
+    }
 }
 
 /// A read-only byte buffer over core records; numpy views it without copying.
 #[pyclass(module = "recoverssm_rs._core", frozen)]
 pub struct RawBuffer {
-    owner: Owner,
-}
-
-fn as_bytes<T>(v: &[T]) -> (*const u8, usize) {
-    (v.as_ptr() as *const u8, std::mem::size_of_val(v))
+    owner: Box<dyn Exported>,
 }
 
 impl RawBuffer {
-    pub(super) fn segments(p: Arc<CopyPlan>) -> RawBuffer {
-        RawBuffer { owner: Owner::Segments(p) }
-    }
-    pub(super) fn rows(p: Arc<CopyPlan>) -> RawBuffer {
-        RawBuffer { owner: Owner::Rows(p) }
-    }
-    pub(super) fn tiles(v: Vec<Tile>) -> RawBuffer {
-        RawBuffer { owner: Owner::Tiles(v) }
-    }
-    pub(super) fn u32s(v: Vec<u32>) -> RawBuffer {
-        RawBuffer { owner: Owner::U32(v) }
-    }
-    pub(super) fn i32s(v: Vec<i32>) -> RawBuffer {
-        RawBuffer { owner: Owner::I32(v) }
-    }
-    pub(super) fn i64s(v: Vec<i64>) -> RawBuffer {
-        RawBuffer { owner: Owner::I64(v) }
-    }
-    pub(super) fn state_meta(v: Vec<StateMeta>) -> RawBuffer {
-        RawBuffer { owner: Owner::Meta(v) }
-    }
-    pub(super) fn commit_rows(v: Vec<CommitRow>) -> RawBuffer {
-        RawBuffer { owner: Owner::Commit(v) }
-    }
-    pub(super) fn commit_meta(v: Vec<CommitMeta>) -> RawBuffer {
-        RawBuffer { owner: Owner::CommitMeta(v) }
+    pub(crate) fn new(owner: impl Exported + 'static) -> RawBuffer {
+        RawBuffer { owner: Box::new(owner) }
     }
     fn bytes(&self) -> (*const u8, usize) {
-        match &self.owner {
-            Owner::Segments(p) => as_bytes(p.segments()),
-            Owner::Rows(p) => as_bytes(p.rows()),
-            Owner::Tiles(t) => as_bytes(t),
-            Owner::U32(v) => as_bytes(v),
-            Owner::I32(v) => as_bytes(v),
-            Owner::I64(v) => as_bytes(v),
-            Owner::Meta(m) => as_bytes(m),
-            Owner::Commit(c) => as_bytes(c),
-            Owner::CommitMeta(m) => as_bytes(m),
-        }
+        self.owner.span()
     }
 }
 
@@ -102,9 +81,4 @@ impl RawBuffer {
         }
         Ok(())
     }
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<RawBuffer>()?;
-    Ok(())
 }

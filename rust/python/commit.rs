@@ -3,8 +3,8 @@
 //! themselves), and the kernel's launch builder of one state cache.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, kwargs, DeviceOf, Ints, Table, Tensor};
-use super::launch::KernelLaunch;
+use super::conversion::{arg_error, kwargs, DeviceOf, FromKwargs, Ints, Table, Tensor};
+use super::launch::{cuda_index, KernelLaunch};
 use super::layout::Layout;
 use crate::commit::{
     check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, commit_meta, plan_commit, AlignInputs, CommitConfig,
@@ -82,7 +82,7 @@ impl CommitPlanner {
         };
         let step = CommitStep { state_blocks: &a.state_blocks.0, num_accepted: &a.num_accepted.0, query_lens: &a.query_lens.0, align };
         let rows = py.detach(|| plan_commit(&step, &self.backend, self.num_blocks, self.window))?;
-        Ok(RawBuffer::commit_rows(rows))
+        Ok(RawBuffer::new(rows))
     }
 
     /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
@@ -123,7 +123,7 @@ fn descs(v: Vec<Tensor>) -> Vec<TensorDesc> {
 /// The commit kernel's table (`CommitMeta` records, 128 bytes per layer).
 #[pyfunction]
 #[pyo3(signature = (**kwargs))]
-fn commit_meta_table(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
+pub(crate) fn commit_meta_table(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
     let a = MetaArgs::from_kwargs(kwargs)?;
     let kind = GateKind::parse(&a.kind)?;
     let conv_layout = ConvLayout::parse(&a.conv_layout).map_err(|e| Error::binding(format!("conv_layout: {}", e.message)))?;
@@ -138,19 +138,19 @@ fn commit_meta_table(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> 
     };
     let tensors = CommitTensors { recurrent: &rec, corrections: &corr, keygate: &kg, conv: pair.as_ref().map(|(c, w)| (c.as_slice(), w.as_slice())) };
     let meta = commit_meta(&tensors, &CommitConfig { kind, conv_layout, conv_kernel_size: a.conv_kernel_size })?;
-    Ok(RawBuffer::commit_meta(meta))
+    Ok(RawBuffer::new(meta))
 }
 
 /// Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated.
 #[pyfunction(name = "check_cache_sizes")]
-fn check_cache_sizes_py(num_layers: &Bound<'_, PyAny>, num_blocks: &Bound<'_, PyAny>, max_requests: &Bound<'_, PyAny>) -> PyResult<()> {
+pub(crate) fn check_cache_sizes_py(num_layers: &Bound<'_, PyAny>, num_blocks: &Bound<'_, PyAny>, max_requests: &Bound<'_, PyAny>) -> PyResult<()> {
     let get = |o: &Bound<'_, PyAny>, name: &str| -> PyResult<i64> { super::conversion::Arg::arg(o, name, ErrorKind::Binding) };
     Ok(check_cache_sizes(get(num_layers, "num_layers")?, get(num_blocks, "num_blocks")?, get(max_requests, "max_requests")?)?)
 }
 
 /// `index` as an index into `len` items named `what` (a `PlanError` otherwise).
 #[pyfunction(name = "check_index")]
-fn check_index_py(what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
+pub(crate) fn check_index_py(what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
     let i: i64 = super::conversion::Arg::arg(index, what, ErrorKind::Plan)?;
     Ok(check_index(what, i, len)?)
 }
@@ -189,6 +189,9 @@ kwargs! {
 #[pyclass(module = "recoverssm_rs._core", name = "CommitLaunch", frozen)]
 pub struct PyCommitLaunch {
     inner: kernels::CommitLaunch,
+    /// The CUDA device index of the cache.
+    #[pyo3(get)]
+    device_index: u32,
 }
 
 #[pymethods]
@@ -200,7 +203,8 @@ impl PyCommitLaunch {
         let a = CommitLaunchArgs::from_kwargs(kwargs)?;
         let device = a.device.0;
         let t = commit_table(py, table)?;
-        Ok(PyCommitLaunch { inner: kernels::CommitLaunch::new(device, a.metas, &t, a.num_blocks, a.max_requests, a.err, a.threads)? })
+        let inner = kernels::CommitLaunch::new(device, a.metas, &t, a.num_blocks, a.max_requests, a.err, a.threads)?;
+        Ok(PyCommitLaunch { device_index: cuda_index(&inner.device), inner })
     }
 
     /// The launch of one commit (`None`: no rows).
@@ -211,23 +215,6 @@ impl PyCommitLaunch {
         Ok(l.map(KernelLaunch::new))
     }
 
-    /// `(rec_ctas, conv_ctas)`: CTAs per (layer, row).
-    #[getter]
-    fn ctas(&self) -> (u32, u32) {
-        (self.inner.rec_ctas, self.inner.conv_ctas)
-    }
-    #[getter]
-    fn num_layers(&self) -> u32 {
-        self.inner.num_layers
-    }
-    /// The CUDA device index of the cache.
-    #[getter]
-    fn device_index(&self) -> u32 {
-        match self.inner.device {
-            Device::Cuda(i) => i,
-            Device::Cpu => unreachable!("CommitLaunch::new refuses host states"),
-        }
-    }
     fn __repr__(&self) -> String {
         let c = &self.inner;
         format!(
@@ -241,26 +228,15 @@ impl PyCommitLaunch {
 /// `threads` threads per CTA.
 #[pyfunction]
 #[pyo3(signature = (table, threads = constants::THREADS))]
-fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32) -> PyResult<(u32, u32)> {
+pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32) -> PyResult<(u32, u32)> {
     Ok(kernels::commit_grid(&commit_table(py, table)?, threads))
 }
 
 /// Checks the accepted counts of a device commit: an integer vector on the cache's device with at
 /// least `min_len` counts.
 #[pyfunction]
-fn check_commit_counts(device: &str, num_accepted: &Bound<'_, PyAny>, min_len: u64) -> PyResult<()> {
+pub(crate) fn check_commit_counts(device: &str, num_accepted: &Bound<'_, PyAny>, min_len: u64) -> PyResult<()> {
     let device = Device::parse(device).map_err(|e| Error::plan(e.message))?;
     let a: Tensor = super::conversion::Arg::arg(num_accepted, "num_accepted", ErrorKind::Plan)?;
     Ok(args::check_commit_counts(&device, &a.0, min_len)?)
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<CommitPlanner>()?;
-    m.add_class::<PyCommitLaunch>()?;
-    m.add_function(wrap_pyfunction!(check_cache_sizes_py, m)?)?;
-    m.add_function(wrap_pyfunction!(check_index_py, m)?)?;
-    m.add_function(wrap_pyfunction!(commit_meta_table, m)?)?;
-    m.add_function(wrap_pyfunction!(commit_grid, m)?)?;
-    m.add_function(wrap_pyfunction!(check_commit_counts, m)?)?;
-    Ok(())
 }

@@ -294,22 +294,25 @@ impl RequestNames {
 
 /// Declares the keyword arguments of a call as a struct: each field converted by its [`Arg`]
 /// impl with the field's name (an optional field, `Option<T>`, may be absent; `= default` gives a
-/// default), unknown keywords refused, every error of the call's `kind`.
+/// default), unknown keywords refused, every error of the call's `kind`. The `impl` form converts
+/// into an existing struct of the core (its fields listed the same way).
 macro_rules! kwargs {
     ($(#[$meta:meta])* pub(crate) struct $name:ident ($kind:ident) { $($(#[$fm:meta])* $field:ident : $ty:ty $(= $default:expr)?),* $(,)? }) => {
         $(#[$meta])*
         pub(crate) struct $name { $($(#[$fm])* pub $field: $ty),* }
 
-        impl $name {
+        kwargs!(impl $name as $kind { $($field : $ty $(= $default)?),* });
+    };
+    (impl $name:path as $kind:ident { $($field:ident : $ty:ty $(= $default:expr)?),* $(,)? }) => {
+        impl $crate::python::conversion::FromKwargs for $name {
             const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
 
-            /// Converts the call's keyword arguments.
-            pub(crate) fn from_kwargs(kwargs: Option<&pyo3::Bound<'_, pyo3::types::PyDict>>) -> pyo3::PyResult<Self> {
+            fn from_kwargs(kwargs: Option<&pyo3::Bound<'_, pyo3::types::PyDict>>) -> pyo3::PyResult<Self> {
                 use $crate::python::conversion::Arg;
                 let kind = $crate::error::ErrorKind::$kind;
                 $crate::python::conversion::check_keywords(kwargs, Self::FIELDS, kind)?;
                 let get = |k: &str| kwargs.and_then(|d| pyo3::types::PyDictMethods::get_item(d, k).ok().flatten());
-                Ok($name {
+                Ok(Self {
                     $($field: match get(stringify!($field)) {
                         Some(v) => <$ty as Arg>::arg(&v, stringify!($field), kind)?,
                         None => kwargs!(@absent $ty, $field, kind $(, $default)?),
@@ -322,6 +325,14 @@ macro_rules! kwargs {
     (@absent $ty:ty, $field:ident, $kind:ident) => { <$ty as $crate::python::conversion::Arg>::absent(stringify!($field), $kind)? };
 }
 pub(crate) use kwargs;
+
+/// A struct converted from a call's keyword arguments (see [`kwargs!`]).
+pub(crate) trait FromKwargs: Sized {
+    /// The keywords the call takes.
+    const FIELDS: &'static [&'static str];
+    /// Converts the call's keyword arguments.
+    fn from_kwargs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self>;
+}
 
 /// Refuses keywords a call does not take.
 pub(crate) fn check_keywords(kwargs: Option<&Bound<'_, PyDict>>, fields: &[&str], kind: ErrorKind) -> PyResult<()> {

@@ -180,8 +180,3 @@ impl BoundTensors {
         format!("BoundTensors({tensors} tensors, {storages} storages)")
     }
 }
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<BoundTensors>()?;
-    Ok(())
-}

@@ -3,7 +3,7 @@
 //! the block and the packed argument buffer; the launch layer hands its `extra_ptr` to
 //! `cuLaunchKernel` and does nothing else.
 
-use super::conversion::{kwargs, DeviceOf, Tensor};
+use super::conversion::{kwargs, DeviceOf, FromKwargs, Tensor};
 use super::planner::DeviceStepArgs;
 use crate::error::Error;
 use crate::kernels::{self, abi, args, constants, records, FusedCopy, Launch};
@@ -106,6 +106,9 @@ kwargs! {
 #[pyclass(module = "recoverssm_rs._core", name = "FusedCopy", frozen)]
 pub struct PyFusedCopy {
     inner: FusedCopy,
+    /// The CUDA device index of the states.
+    #[pyo3(get)]
+    device_index: u32,
 }
 
 #[pymethods]
@@ -126,7 +129,8 @@ impl PyFusedCopy {
             err: a.err,
             groups: a.groups,
         };
-        Ok(PyFusedCopy { inner: inner.checked()? })
+        let inner = inner.checked()?;
+        Ok(PyFusedCopy { device_index: cuda_index(&inner.device), inner })
     }
 
     /// The launch of one step (keywords as `Planner.device_step`; int32 inputs).
@@ -136,33 +140,17 @@ impl PyFusedCopy {
         Ok(self.inner.launch(&a.inputs(), a.pre_copy)?.map(KernelLaunch::new))
     }
 
-    /// The CUDA device index of the states.
-    #[getter]
-    fn device_index(&self) -> u32 {
-        match self.inner.device {
-            Device::Cuda(i) => i,
-            Device::Cpu => unreachable!("FusedCopy::checked refuses host states"),
-        }
-    }
-    #[getter]
-    fn groups(&self) -> u32 {
-        self.inner.groups
-    }
-    #[getter]
-    fn chunks(&self) -> u32 {
-        self.inner.chunks
-    }
-    #[getter]
-    fn num_meta(&self) -> u32 {
-        self.inner.num_meta
-    }
-    #[getter]
-    fn has_temporal(&self) -> bool {
-        self.inner.has_temporal
-    }
     fn __repr__(&self) -> String {
         let f = &self.inner;
         format!("FusedCopy({}, states={}, max_accepted={}, blocks={}, chunks={})", f.device, f.num_meta, f.max_accepted, f.num_blocks, f.chunks)
+    }
+}
+
+/// The index of a CUDA device (0 for the host, which the launch builders refuse before this is asked).
+pub(crate) fn cuda_index(device: &Device) -> u32 {
+    match device {
+        Device::Cuda(i) => *i,
+        Device::Cpu => 0,
     }
 }
 
@@ -170,7 +158,7 @@ impl PyFusedCopy {
 /// its C type) and the given grid and block; for tools and tests that launch with arguments of
 /// their own.
 #[pyfunction]
-fn pack_launch(name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), values: Vec<i128>) -> PyResult<KernelLaunch> {
+pub(crate) fn pack_launch(name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), values: Vec<i128>) -> PyResult<KernelLaunch> {
     let k = abi::kernel(name)?;
     Ok(KernelLaunch::new(abi::pack(k, [grid.0, grid.1, grid.2], [block.0, block.1, block.2], &values)?))
 }
@@ -189,14 +177,14 @@ kwargs! {
 /// The launch of one wave of `rs_copy_tiles`, or `None` when it has no tile.
 #[pyfunction]
 #[pyo3(signature = (**kwargs))]
-fn copy_tiles_launch(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
+pub(crate) fn copy_tiles_launch(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
     let a = TilesArgs::from_kwargs(kwargs)?;
     Ok(kernels::copy_tiles_launch(a.segments, a.tiles, a.first_tile, a.num_tiles, a.max_ctas)?.map(KernelLaunch::new))
 }
 
 /// CTAs per state copy of the fused kernel for states of at most `max_state_bytes` bytes.
 #[pyfunction]
-fn state_chunks(max_state_bytes: u64) -> u32 {
+pub(crate) fn state_chunks(max_state_bytes: u64) -> u32 {
     kernels::state_chunks(max_state_bytes)
 }
 
@@ -213,7 +201,7 @@ kwargs! {
 /// Checks the engine's device block tables of a multi-group step (`args::check_group_tables`).
 #[pyfunction]
 #[pyo3(signature = (**kwargs))]
-fn check_device_tables(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+pub(crate) fn check_device_tables(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
     let a = DeviceTablesArgs::from_kwargs(kwargs)?;
     let device = a.device.0;
     let tables: Vec<_> = a.tables.into_iter().map(|t| t.0).collect();
@@ -272,7 +260,7 @@ impl ErrorWord {
 /// "records": {name: {"size", "fields": [(name, offset, numpy_type, c_type)]}},
 /// "constants": {name: value}, "error_bits": [(bit, name, meaning)]}`.
 #[pyfunction]
-fn kernel_abi(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+pub(crate) fn kernel_abi(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
     let ks = PyList::empty(py);
     for k in abi::KERNELS {
@@ -303,16 +291,4 @@ fn kernel_abi(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let pairs: Vec<(&str, &str)> = crate::commit::COMMIT_DTYPE_PAIRS.iter().map(|(s, k)| (s.name(), k.name())).collect();
     out.set_item("commit_dtype_pairs", pairs)?;
     Ok(out)
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<KernelLaunch>()?;
-    m.add_class::<PyFusedCopy>()?;
-    m.add_class::<ErrorWord>()?;
-    m.add_function(wrap_pyfunction!(copy_tiles_launch, m)?)?;
-    m.add_function(wrap_pyfunction!(state_chunks, m)?)?;
-    m.add_function(wrap_pyfunction!(check_device_tables, m)?)?;
-    m.add_function(wrap_pyfunction!(pack_launch, m)?)?;
-    m.add_function(wrap_pyfunction!(kernel_abi, m)?)?;
-    Ok(())
 }

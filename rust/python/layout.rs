@@ -1,9 +1,9 @@
 //! Bindings for the layout model, the copy-function check and the family calculators.
 
-use super::conversion::{kwargs, DtypeName};
+use super::conversion::{kwargs, Arg, DtypeName, FromKwargs};
 use crate::copy_funcs::{validate_copy_funcs as core_validate, GroupSpec};
 use crate::dtype::DType;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::families::{self, Common};
 use crate::layout::{ConvLayout, CopyKind, Layout as CoreLayout, StateSpec as CoreSpec};
 use pyo3::prelude::*;
@@ -91,6 +91,30 @@ impl StateSpec {
 #[derive(Clone, PartialEq)]
 pub struct Layout {
     pub(crate) inner: CoreLayout,
+    /// Draft tokens per step.
+    #[pyo3(get)]
+    num_spec: u32,
+    /// Number of leading states that are copied between blocks.
+    #[pyo3(get)]
+    copyable_prefix_len: usize,
+    /// Bytes of one layer's persistent states in one cache block.
+    #[pyo3(get)]
+    persistent_bytes_per_block: u64,
+    /// Bytes of one layer's workspace states for one request.
+    #[pyo3(get)]
+    workspace_bytes_per_request: u64,
+}
+
+impl From<CoreLayout> for Layout {
+    fn from(inner: CoreLayout) -> Layout {
+        Layout {
+            num_spec: inner.num_spec(),
+            copyable_prefix_len: inner.copyable_prefix_len(),
+            persistent_bytes_per_block: inner.persistent_bytes_per_block(),
+            workspace_bytes_per_request: inner.workspace_bytes_per_request(),
+            inner,
+        }
+    }
 }
 
 impl Layout {
@@ -110,7 +134,7 @@ impl Layout {
     #[pyo3(signature = (backend, states, num_spec = 0))]
     fn new(backend: &str, states: Vec<PyRef<'_, StateSpec>>, num_spec: u32) -> PyResult<Self> {
         let specs = states.iter().map(|s| s.inner.clone()).collect();
-        Ok(Self { inner: CoreLayout::new(backend, specs, num_spec)? })
+        Ok(CoreLayout::new(backend, specs, num_spec)?.into())
     }
     #[getter]
     fn backend(&self) -> &str {
@@ -127,25 +151,6 @@ impl Layout {
     #[getter]
     fn workspace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         specs_tuple(py, self.inner.workspace())
-    }
-    #[getter]
-    fn num_spec(&self) -> u32 {
-        self.inner.num_spec()
-    }
-    /// Number of leading states that are copied between blocks.
-    #[getter]
-    fn copyable_prefix_len(&self) -> usize {
-        self.inner.copyable_prefix_len()
-    }
-    /// Bytes of one layer's persistent states in one cache block.
-    #[getter]
-    fn persistent_bytes_per_block(&self) -> u64 {
-        self.inner.persistent_bytes_per_block()
-    }
-    /// Bytes of one layer's workspace states for one request.
-    #[getter]
-    fn workspace_bytes_per_request(&self) -> u64 {
-        self.inner.workspace_bytes_per_request()
     }
     fn __len__(&self) -> usize {
         self.inner.states().len()
@@ -183,10 +188,10 @@ impl Layout {
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("backend", self.backend())?;
-        d.set_item("num_spec", self.num_spec())?;
-        d.set_item("copyable_prefix_len", self.copyable_prefix_len())?;
-        d.set_item("persistent_bytes_per_block", self.persistent_bytes_per_block())?;
-        d.set_item("workspace_bytes_per_request", self.workspace_bytes_per_request())?;
+        d.set_item("num_spec", self.num_spec)?;
+        d.set_item("copyable_prefix_len", self.copyable_prefix_len)?;
+        d.set_item("persistent_bytes_per_block", self.persistent_bytes_per_block)?;
+        d.set_item("workspace_bytes_per_request", self.workspace_bytes_per_request)?;
         let states: Vec<Bound<'py, PyDict>> =
             self.inner.states().iter().map(|s| StateSpec { inner: s.clone() }.to_dict(py)).collect::<PyResult<_>>()?;
         d.set_item("states", states)?;
@@ -211,7 +216,11 @@ type GroupTuple = (String, Vec<Vec<u64>>, Option<Vec<String>>, Option<u64>, Opti
 
 /// Applies the copyable-prefix contract to an engine's groups; returns `{backend: prefix_len}`.
 #[pyfunction]
-fn _validate_copy_funcs<'py>(py: Python<'py>, groups: Vec<GroupTuple>, copy_funcs: Vec<(String, Vec<String>)>) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn _validate_copy_funcs<'py>(
+    py: Python<'py>,
+    groups: Vec<GroupTuple>,
+    copy_funcs: Vec<(String, Vec<String>)>,
+) -> PyResult<Bound<'py, PyDict>> {
     let groups: Vec<GroupSpec> = groups
         .into_iter()
         .map(|(backend, shapes, dtypes, block_size, num_speculative_blocks, cache_mode)| GroupSpec {
@@ -270,37 +279,52 @@ fn split<'py>(kwargs: Option<&Bound<'py, PyDict>>, own: &[&str]) -> PyResult<(Bo
 }
 
 /// Runs a family calculator: the shared settings from `kwargs`, the family's own parameters as
-/// `P` (a kwargs struct whose fields are `own`).
-fn calculate<P>(
+/// `P`.
+fn calculate<P: FromKwargs>(
     kwargs: Option<&Bound<'_, PyDict>>,
-    own: &[&str],
     ssm_default: DType,
-    parse: impl FnOnce(Option<&Bound<'_, PyDict>>) -> PyResult<P>,
     f: impl FnOnce(P, &Common) -> crate::Result<CoreLayout>,
 ) -> PyResult<Layout> {
-    let (shared, mine) = split(kwargs, own)?;
+    let (shared, mine) = split(kwargs, P::FIELDS)?;
     let c = common(&shared, ssm_default)?;
-    let p = parse(Some(&mine))?;
-    Ok(Layout { inner: f(p, &c)? })
+    let p = P::from_kwargs(Some(&mine))?;
+    Ok(f(p, &c)?.into())
+}
+
+/// A family calculator's Python function: keyword arguments only (the shared settings and the
+/// family's own parameters `$params`); unset SSM dtypes take `$ssm`.
+macro_rules! calculator {
+    ($(#[$doc:meta])* $name:ident, $ssm:expr, |$p:ident: $params:ty, $c:ident| $body:expr) => {
+        $(#[$doc])*
+        #[pyfunction]
+        #[pyo3(signature = (**kwargs))]
+        pub(crate) fn $name(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
+            calculate(kwargs, $ssm, |$p: $params, $c: &Common| $body)
+        }
+    };
 }
 
 kwargs! {
     /// Mamba1's own parameters.
     pub(crate) struct Mamba1Args (Layout) { intermediate_size: u64, state_size: u64, conv_kernel: u64 }
 }
-kwargs! {
-    /// Mamba2's own parameters.
-    pub(crate) struct Mamba2Args (Layout) {
-        intermediate_size: u64,
-        n_groups: u64,
-        num_heads: u64,
-        head_dim: u64,
-        state_size: u64,
-        conv_kernel: u64,
-        logical_window: Option<u64>,
-        mamba_backend: String = "triton".to_string(),
+impl Arg for families::MambaBackend {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        Ok(families::MambaBackend::parse(&String::arg(obj, name, kind)?)?)
     }
 }
+
+// Mamba2's own parameters are the core's struct.
+kwargs!(impl families::Mamba2 as Layout {
+    intermediate_size: u64,
+    n_groups: u64,
+    num_heads: u64,
+    head_dim: u64,
+    state_size: u64,
+    conv_kernel: u64,
+    logical_window: Option<u64>,
+    mamba_backend: families::MambaBackend = families::MambaBackend::Triton,
+});
 kwargs! {
     /// Short conv's own parameters.
     pub(crate) struct ShortConvArgs (Layout) { intermediate_size: u64, conv_kernel: u64 }
@@ -309,17 +333,15 @@ kwargs! {
     /// Linear attention's own parameters.
     pub(crate) struct LinearArgs (Layout) { num_heads: u64, head_dim: u64 }
 }
-kwargs! {
-    /// Gated DeltaNet's own parameters.
-    pub(crate) struct GdnArgs (Layout) {
-        num_k_heads: u64,
-        num_v_heads: u64,
-        head_k_dim: u64,
-        head_v_dim: u64,
-        conv_kernel_size: u64,
-        recover_ssm: bool = false,
-    }
-}
+// Gated DeltaNet's own parameters are the core's struct.
+kwargs!(impl families::Gdn as Layout {
+    num_k_heads: u64,
+    num_v_heads: u64,
+    head_k_dim: u64,
+    head_v_dim: u64,
+    conv_kernel_size: u64,
+    recover_ssm: bool = false,
+});
 kwargs! {
     /// Kimi Delta Attention's own parameters.
     pub(crate) struct KdaArgs (Layout) {
@@ -332,73 +354,29 @@ kwargs! {
     }
 }
 
-/// Mamba1 layout: conv window + temporal state.
-#[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn mamba1_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
-    calculate(kwargs, Mamba1Args::FIELDS, DType::BFloat16, Mamba1Args::from_kwargs, |p, c| {
-        families::mamba1(p.intermediate_size, p.state_size, p.conv_kernel, c)
-    })
-}
-
-/// Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace).
-#[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn mamba2_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
-    calculate(kwargs, Mamba2Args::FIELDS, DType::BFloat16, Mamba2Args::from_kwargs, |p, c| {
-        let mamba_backend = families::MambaBackend::parse(&p.mamba_backend)?;
-        let m = families::Mamba2 {
-            intermediate_size: p.intermediate_size,
-            n_groups: p.n_groups,
-            num_heads: p.num_heads,
-            head_dim: p.head_dim,
-            state_size: p.state_size,
-            conv_kernel: p.conv_kernel,
-            logical_window: p.logical_window,
-            mamba_backend,
-        };
-        families::mamba2(&m, c)
-    })
-}
-
-/// Short-conv layout: one conv window.
-#[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn short_conv_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
-    calculate(kwargs, ShortConvArgs::FIELDS, DType::BFloat16, ShortConvArgs::from_kwargs, |p, c| {
-        families::short_conv(p.intermediate_size, p.conv_kernel, c)
-    })
-}
-
-/// Linear-attention layout: one temporal state.
-#[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn linear_attention_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
-    calculate(kwargs, LinearArgs::FIELDS, DType::Float32, LinearArgs::from_kwargs, |p, c| families::linear_attention(p.num_heads, p.head_dim, c))
-}
-
-/// Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records).
-#[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn gdn_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
-    calculate(kwargs, GdnArgs::FIELDS, DType::BFloat16, GdnArgs::from_kwargs, |p, c| {
-        let g = families::Gdn {
-            num_k_heads: p.num_k_heads,
-            num_v_heads: p.num_v_heads,
-            head_k_dim: p.head_k_dim,
-            head_v_dim: p.head_v_dim,
-            conv_kernel_size: p.conv_kernel_size,
-            recover_ssm: p.recover_ssm,
-        };
-        families::gdn(&g, c)
-    })
-}
-
-/// Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records).
-#[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn kda_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
-    calculate(kwargs, KdaArgs::FIELDS, DType::Float32, KdaArgs::from_kwargs, |p, c| {
+calculator!(
+    /// Mamba1 layout: conv window + temporal state.
+    mamba1_layout, DType::BFloat16, |p: Mamba1Args, c| families::mamba1(p.intermediate_size, p.state_size, p.conv_kernel, c)
+);
+calculator!(
+    /// Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace).
+    mamba2_layout, DType::BFloat16, |m: families::Mamba2, c| families::mamba2(&m, c)
+);
+calculator!(
+    /// Short-conv layout: one conv window.
+    short_conv_layout, DType::BFloat16, |p: ShortConvArgs, c| families::short_conv(p.intermediate_size, p.conv_kernel, c)
+);
+calculator!(
+    /// Linear-attention layout: one temporal state.
+    linear_attention_layout, DType::Float32, |p: LinearArgs, c| families::linear_attention(p.num_heads, p.head_dim, c)
+);
+calculator!(
+    /// Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records).
+    gdn_layout, DType::BFloat16, |g: families::Gdn, c| families::gdn(&g, c)
+);
+calculator!(
+    /// Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records).
+    kda_layout, DType::Float32, |p: KdaArgs, c| {
         let k = families::Kda {
             num_heads: p.num_heads,
             head_dim: p.head_dim,
@@ -408,18 +386,5 @@ fn kda_layout(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
             recover_ssm: p.recover_ssm,
         };
         families::kda(&k, c)
-    })
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<StateSpec>()?;
-    m.add_class::<Layout>()?;
-    m.add_function(wrap_pyfunction!(_validate_copy_funcs, m)?)?;
-    m.add_function(wrap_pyfunction!(mamba1_layout, m)?)?;
-    m.add_function(wrap_pyfunction!(mamba2_layout, m)?)?;
-    m.add_function(wrap_pyfunction!(short_conv_layout, m)?)?;
-    m.add_function(wrap_pyfunction!(linear_attention_layout, m)?)?;
-    m.add_function(wrap_pyfunction!(gdn_layout, m)?)?;
-    m.add_function(wrap_pyfunction!(kda_layout, m)?)?;
-    Ok(())
-}
+    }
+);

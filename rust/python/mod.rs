@@ -7,8 +7,6 @@
 //! ([`vllm`]), the kernels' launches ([`launch`]), RecoverSSM commits ([`commit`]), layouts
 //! ([`layout`]) and transfers ([`transfer`]).
 
-use pyo3::prelude::*;
-
 mod buffer;
 mod commit;
 pub(crate) mod conversion;
@@ -22,18 +20,33 @@ mod tensor;
 mod transfer;
 mod vllm;
 
-#[pymodule]
-fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    errors::register(m)?;
-    buffer::register(m)?;
-    layout::register(m)?;
-    guard::register(m)?;
-    planner::register(m)?;
-    plan::register(m)?;
-    vllm::register(m)?;
-    launch::register(m)?;
-    commit::register(m)?;
-    transfer::register(m)?;
-    Ok(())
+#[pyo3::pymodule]
+mod _core {
+    #[pymodule_export]
+    use super::buffer::RawBuffer;
+    #[pymodule_export]
+    use super::commit::{check_cache_sizes_py, check_commit_counts, check_index_py, commit_grid, commit_meta_table, CommitPlanner, PyCommitLaunch};
+    #[pymodule_export]
+    use super::guard::BoundTensors;
+    #[pymodule_export]
+    use super::launch::{check_device_tables, copy_tiles_launch, kernel_abi, pack_launch, state_chunks, ErrorWord, KernelLaunch, PyFusedCopy};
+    #[pymodule_export]
+    use super::layout::{
+        _validate_copy_funcs, gdn_layout, kda_layout, linear_attention_layout, mamba1_layout, mamba2_layout, short_conv_layout, Layout, StateSpec,
+    };
+    #[pymodule_export]
+    use super::plan::CopyPlan;
+    #[pymodule_export]
+    use super::planner::Planner;
+
+    use pyo3::prelude::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        super::errors::register(m)?;
+        super::vllm::register(m)?;
+        super::transfer::register(m)?;
+        Ok(())
+    }
 }

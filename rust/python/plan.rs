@@ -2,7 +2,7 @@
 //! buffers (zero-copy numpy views), and the host executor (GIL released, the planner's guard
 //! checked first).
 
-use super::buffer::RawBuffer;
+use super::buffer::{RawBuffer, Rows, Segments};
 use super::planner::Planner;
 use crate::executor;
 use crate::plan::{tiles, CopyPlan as CorePlan};
@@ -14,11 +14,33 @@ use std::sync::Arc;
 pub struct CopyPlan {
     inner: Arc<CorePlan>,
     planner: Py<Planner>,
+    /// Ordered waves (group 0's first).
+    #[pyo3(get)]
+    num_waves: usize,
+    #[pyo3(get)]
+    num_segments: usize,
+    /// (group, layer, state, request) copies planned, before coalescing.
+    #[pyo3(get)]
+    num_copies: u64,
+    /// Requests (per group) that move something.
+    #[pyo3(get)]
+    num_requests: usize,
+    /// Bytes the plan moves.
+    #[pyo3(get)]
+    nbytes: u64,
 }
 
 impl CopyPlan {
     pub(crate) fn new(plan: CorePlan, planner: Py<Planner>) -> CopyPlan {
-        CopyPlan { inner: Arc::new(plan), planner }
+        CopyPlan {
+            num_waves: plan.num_waves(),
+            num_segments: plan.segments().len(),
+            num_copies: plan.num_copies(),
+            num_requests: plan.rows().len(),
+            nbytes: plan.bytes(),
+            inner: Arc::new(plan),
+            planner,
+        }
     }
 }
 
@@ -26,44 +48,22 @@ impl CopyPlan {
 impl CopyPlan {
     /// Segment records (32 bytes each), wave by wave.
     fn segments(&self) -> RawBuffer {
-        RawBuffer::segments(Arc::clone(&self.inner))
+        RawBuffer::new(Segments(Arc::clone(&self.inner)))
     }
     /// Compact per-request records (40 bytes each), by group, then request.
     fn rows(&self) -> RawBuffer {
-        RawBuffer::rows(Arc::clone(&self.inner))
+        RawBuffer::new(Rows(Arc::clone(&self.inner)))
     }
     /// Segment index where each wave starts, plus the total (`num_waves + 1` u32 values).
     fn wave_starts(&self) -> RawBuffer {
-        RawBuffer::u32s(self.inner.wave_starts().to_vec())
+        RawBuffer::new(self.inner.wave_starts().to_vec())
     }
     /// Tiles of about `tile_bytes` bytes and where each wave's tiles start.
     #[pyo3(signature = (tile_bytes = tiles::DEFAULT_TILE_BYTES))]
     fn tiles(&self, py: Python<'_>, tile_bytes: u32) -> PyResult<(RawBuffer, RawBuffer)> {
         let plan = Arc::clone(&self.inner);
         let t = py.detach(move || tiles::cut(&plan, tile_bytes))?;
-        Ok((RawBuffer::tiles(t.tiles), RawBuffer::u32s(t.wave_starts)))
-    }
-    #[getter]
-    fn num_waves(&self) -> usize {
-        self.inner.num_waves()
-    }
-    #[getter]
-    fn num_segments(&self) -> usize {
-        self.inner.segments().len()
-    }
-    /// (group, layer, state, request) copies planned, before coalescing.
-    #[getter]
-    fn num_copies(&self) -> u64 {
-        self.inner.num_copies()
-    }
-    /// Requests (per group) that move something.
-    #[getter]
-    fn num_requests(&self) -> usize {
-        self.inner.rows().len()
-    }
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.inner.bytes()
+        Ok((RawBuffer::new(t.tiles), RawBuffer::new(t.wave_starts)))
     }
     /// Per group: `(copies, segments, waves, bytes)`.
     fn group_stats(&self) -> Vec<(u64, usize, usize, u64)> {
@@ -93,9 +93,4 @@ impl CopyPlan {
             p.bytes()
         )
     }
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<CopyPlan>()?;
-    Ok(())
 }

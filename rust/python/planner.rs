@@ -3,7 +3,7 @@
 //! steps into one `CopyPlan`, and builds the fused kernel's launches for the device path.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, kwargs, Ints, Table, Tables, Tensor};
+use super::conversion::{arg_error, kwargs, FromKwargs, Ints, Table, Tables, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
@@ -24,9 +24,26 @@ use std::sync::{Arc, OnceLock};
 pub struct Planner {
     pub(crate) inner: Arc<CorePlanner>,
     guard: Guard,
-    /// `states[group][layer][state]`: the bound tensors (an immutable copy).
+    /// `states[group][layer][state]`: the bound persistent tensors (an immutable copy).
+    #[pyo3(get)]
     states: Py<PyTuple>,
+    /// Tokens per block, for vLLM's step decisions.
+    #[pyo3(get)]
     block_size: Option<i64>,
+    #[pyo3(get)]
+    num_groups: usize,
+    /// Layers of every group.
+    #[pyo3(get)]
+    num_layers: usize,
+    /// Blocks of the largest pool.
+    #[pyo3(get)]
+    num_blocks: u64,
+    /// `cpu` or `cuda:N`.
+    #[pyo3(get)]
+    device: String,
+    /// Speculative blocks after the running column, shared by every group.
+    #[pyo3(get)]
+    num_spec: u32,
     /// The device path's launch builder, once the state metas and error word are on the device.
     fused: OnceLock<FusedCopy>,
 }
@@ -168,6 +185,11 @@ impl Planner {
         }
         let inner = CorePlanner::new(bindings)?;
         Ok(Planner {
+            num_groups: inner.num_groups(),
+            num_layers: inner.bindings().map(|b| b.num_layers()).sum(),
+            num_blocks: inner.max_blocks(),
+            device: inner.device().to_string(),
+            num_spec: inner.num_spec(),
             inner: Arc::new(inner),
             guard: Guard::new(py, &guarded)?,
             states: PyTuple::new(py, states)?.unbind(),
@@ -177,43 +199,12 @@ impl Planner {
     }
 
     #[getter]
-    fn num_groups(&self) -> usize {
-        self.inner.num_groups()
-    }
-    /// Layers of every group.
-    #[getter]
-    fn num_layers(&self) -> usize {
-        self.inner.bindings().map(|b| b.num_layers()).sum()
-    }
-    /// Blocks of the largest pool.
-    #[getter]
-    fn num_blocks(&self) -> u64 {
-        self.inner.max_blocks()
-    }
-    #[getter]
-    fn device(&self) -> String {
-        self.inner.device().to_string()
-    }
-    #[getter(block_size)]
-    fn get_block_size(&self) -> Option<i64> {
-        self.block_size
-    }
-    #[getter]
-    fn num_spec(&self) -> u32 {
-        self.inner.num_spec()
-    }
-    #[getter]
     fn layouts(&self) -> Vec<Layout> {
-        self.inner.bindings().map(|b| Layout { inner: b.layout().clone() }).collect()
+        self.inner.bindings().map(|b| Layout::from(b.layout().clone())).collect()
     }
     /// Per group: `(layers, blocks)`.
     fn group_sizes(&self) -> Vec<(usize, u64)> {
         self.inner.bindings().map(|b| (b.num_layers(), b.num_blocks())).collect()
-    }
-    /// `states[group][layer][state]`: the bound persistent tensors.
-    #[getter]
-    fn states(&self, py: Python<'_>) -> Py<PyTuple> {
-        self.states.clone_ref(py)
     }
 
     /// Plans `dst_col <- src_col` moves carrying `num_accepted` in every group (`tables`: one
@@ -249,7 +240,7 @@ impl Planner {
 
     /// The fused kernel's table of every (group, layer, persistent state).
     fn state_meta(&self) -> RawBuffer {
-        RawBuffer::state_meta(self.inner.state_meta())
+        RawBuffer::new(self.inner.state_meta())
     }
 
     /// Raises `BindingError` when a bound tensor no longer owns the memory it was bound with.
@@ -303,9 +294,4 @@ impl Planner {
         let sizes: Vec<String> = self.inner.bindings().map(|b| format!("{} x {} layers", b.layout().backend(), b.num_layers())).collect();
         format!("Planner([{}], blocks={}, device={})", sizes.join(", "), self.inner.max_blocks(), self.inner.device())
     }
-}
-
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Planner>()?;
-    Ok(())
 }

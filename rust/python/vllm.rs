@@ -4,7 +4,7 @@
 //! int64 rows in one buffer that numpy views without a copy.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, kwargs, Arg, Ints, RequestNames, Tables, Tensor};
+use super::conversion::{arg_error, kwargs, Arg, FromKwargs, Ints, RequestNames, Tables, Tensor};
 use super::launch::KernelLaunch;
 use super::plan::CopyPlan;
 use super::planner::Planner;
@@ -50,7 +50,7 @@ fn fresh_mask(f: &Option<Ints>) -> Option<Vec<bool>> {
 }
 
 fn rows(rows: &[&[i64]]) -> RawBuffer {
-    RawBuffer::i64s(rows.iter().flat_map(|r| r.iter().copied()).collect())
+    RawBuffer::new(rows.iter().flat_map(|r| r.iter().copied()).collect::<Vec<i64>>())
 }
 
 kwargs! {
@@ -253,7 +253,7 @@ fn device_pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict
     let (cols, st) = device_step::stage_pre_copy(&inp, host.is_some(), &tables, &cfg, &|i| a.req_ids.name(i), source)?;
     p.check(planner.py())?;
     let l = launch(p, &a, &st, true)?;
-    Ok((RawBuffer::i64s(cols.curr), RawBuffer::i32s(st.data), l))
+    Ok((RawBuffer::new(cols.curr), RawBuffer::new(st.data), l))
 }
 
 /// The post-process for the device (decided by the kernel from the counts): returns `running`,
@@ -277,7 +277,7 @@ fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, Py
     let (running, st) = device_step::stage_post_process(&inp, host.is_some(), &tables, &cfg, &|i| a.req_ids.name(i), source)?;
     p.check(planner.py())?;
     let l = launch(p, &a, &st, false)?;
-    Ok((RawBuffer::i64s(running), RawBuffer::i32s(st.data), l))
+    Ok((RawBuffer::new(running), RawBuffer::new(st.data), l))
 }
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
