@@ -105,32 +105,12 @@ pub fn mamba1(intermediate_size: u64, state_size: u64, conv_kernel: u64, c: &Com
         .map(|l| l.with_sharding(sharding(F, c, &dims, shards)))
 }
 
-/// The Mamba selective-state-update backend (vLLM's `MambaConfig.backend`). It matters to the
-/// layout only through the ReplaySSM ring length: FlashInfer keeps the verify window in the ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum MambaBackend {
-    #[default]
-    Triton,
-    FlashInfer,
-    Cpu,
-}
-
-impl MambaBackend {
-    pub fn parse(s: &str) -> Result<MambaBackend> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "triton" => Ok(MambaBackend::Triton),
-            "flashinfer" => Ok(MambaBackend::FlashInfer),
-            "cpu" => Ok(MambaBackend::Cpu),
-            _ => Err(Error::layout(format!("mamba2: unknown mamba_backend '{s}'; expected 'triton', 'flashinfer' or 'cpu'"))),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            MambaBackend::Triton => "triton",
-            MambaBackend::FlashInfer => "flashinfer",
-            MambaBackend::Cpu => "cpu",
-        }
-    }
+named_enum! {
+    /// The Mamba selective-state-update backend (vLLM's `MambaConfig.backend`). It matters to the
+    /// layout only through the ReplaySSM ring length: FlashInfer keeps the verify window in the ring.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    pub enum MambaBackend { #[default] Triton = "triton", FlashInfer = "flashinfer", Cpu = "cpu" }
+    parse: any_case, |s| Error::layout(format!("mamba2: unknown mamba_backend '{s}'; expected 'triton', 'flashinfer' or 'cpu'"))
 }
 
 /// Mamba2 parameters (the names of vLLM's `mamba2_state_shape` and `append_replayssm_ring`).

@@ -7,52 +7,20 @@ use crate::sharding::Sharding;
 use std::collections::HashSet;
 use std::fmt;
 
-/// Whether a state survives across steps (and is copied between cache blocks) or is scratch that
-/// every step rewrites (and is never copied).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
-    Persistent,
-    Workspace,
+named_enum! {
+    /// Whether a state survives across steps (and is copied between cache blocks) or is scratch that
+    /// every step rewrites (and is never copied).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Role { Persistent = "persistent", Workspace = "workspace" }
+    parse: any_case, |s| Error::layout(format!("unknown state role '{s}'; expected 'persistent' or 'workspace'"))
 }
 
-impl Role {
-    pub fn parse(s: &str) -> Result<Role> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "persistent" => Ok(Role::Persistent),
-            "workspace" => Ok(Role::Workspace),
-            _ => Err(Error::layout(format!("unknown state role '{s}'; expected 'persistent' or 'workspace'"))),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Persistent => "persistent",
-            Role::Workspace => "workspace",
-        }
-    }
-}
-
-/// Orientation of a conv window within one block: `SD` is `(width, dim)` with `dim` contiguous,
-/// `DS` is `(dim, width)` with the window contiguous per channel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ConvLayout {
-    SD,
-    DS,
-}
-
-impl ConvLayout {
-    pub fn parse(s: &str) -> Result<ConvLayout> {
-        match s.trim().to_ascii_uppercase().as_str() {
-            "SD" => Ok(ConvLayout::SD),
-            "DS" => Ok(ConvLayout::DS),
-            _ => Err(Error::layout(format!("unknown conv layout '{s}'; expected 'SD' (width, dim) or 'DS' (dim, width)"))),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            ConvLayout::SD => "SD",
-            ConvLayout::DS => "DS",
-        }
-    }
+named_enum! {
+    /// Orientation of a conv window within one block: `SD` is `(width, dim)` with `dim` contiguous,
+    /// `DS` is `(dim, width)` with the window contiguous per channel.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum ConvLayout { SD = "SD", DS = "DS" }
+    parse: any_case, |s| Error::layout(format!("unknown conv layout '{s}'; expected 'SD' (width, dim) or 'DS' (dim, width)"))
 }
 
 /// How a persistent state is copied between cache blocks.

@@ -4,6 +4,9 @@
 //! The core is plain Rust: `cargo test` and `cargo bench` need no Python. The `python` feature adds
 //! the PyO3 bindings (a thin layer in `rust/python/`) that maturin builds into `recoverssm_rs._core`.
 
+#[macro_use]
+mod named;
+
 pub mod binding;
 pub mod commit;
 pub mod copy_funcs;

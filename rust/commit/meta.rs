@@ -418,61 +418,45 @@ mod tests {
 
     #[test]
     fn rejects_what_the_kernel_cannot_take() {
+        type Mutation = fn(&mut Case);
+        let cases: [(Mutation, &str); 13] = [
+            (|c| c.kg[0] = dense(c.kg[0].data_ptr, DType::BFloat16, &[3, 2, 4, 9]), "layer 0: keygate must be [max_requests=3, H=2, Q=4, 2K=16]"),
+            (|c| c.rec[0].strides.swap(2, 3), "dense"),
+            (
+                |c| {
+                    c.conv[0] = dense(c.conv[0].data_ptr, DType::BFloat16, &[5, 16, 5]);
+                    c.win[0] = dense(c.win[0].data_ptr, DType::BFloat16, &[3, 16, 5]);
+                },
+                "conv window width 5 != conv_kernel_size - 1 + Q - 1 = 6",
+            ),
+            (|c| c.win[1] = dense(c.win[1].data_ptr, DType::Float32, &[3, 16, 6]), "layer 1: conv_window must be [max_requests=3, 16, 6] bfloat16"),
+            (|c| c.conv[0] = dense(c.conv[0].data_ptr, DType::BFloat16, &[4, 16, 6]), "conv has 4 blocks, the recurrent pool 5"),
+            (|c| c.corr[0].dtype = "bfloat16".into(), "corrections must be float32"),
+            (|c| c.corr[1] = dense(c.corr[1].data_ptr, DType::Float32, &[3, 2, 4, 7]), "layer 1: corrections must be [max_requests, H=2, Q, V=8]"),
+            (|c| c.rec[0].data_ptr += 2, "multiples of the 4-byte element"),
+            (|c| c.rec[0].strides[0] = 8, "must not overlap"), // blocks overlap
+            (|c| c.conv[1].writable = false, "layer 1: conv: the commit writes it"),
+            (|c| c.kg[1].device = "cuda:0".into(), "all layers must share one device"),
+            (
+                |c| {
+                    c.rec[0] = dense(c.rec[0].data_ptr, DType::Float32, &[5, 2, 8, 2000]);
+                    c.kg[0] = dense(c.kg[0].data_ptr, DType::BFloat16, &[3, 2, 4, 4000]);
+                },
+                "head_k_dim 2000 exceeds",
+            ),
+            (|c| c.rec[1].requires_grad = true, "layer 1: recurrent: the tensor requires grad"),
+        ];
+        for (mutate, expected) in cases {
+            let mut c = case();
+            mutate(&mut c);
+            let m = err(&c);
+            assert!(m.contains(expected), "{expected:?} not in {m:?}");
+        }
+
         let mut c = case();
         c.rec[1] = dense(c.rec[1].data_ptr, DType::Float16, &[5, 2, 8, 8]);
         let m = err(&c);
-        assert!(m.contains("layer 1") && m.contains("dtypes") && m.contains("got float16/bfloat16"), "{m}");
-
-        let mut c = case();
-        c.kg[0] = dense(c.kg[0].data_ptr, DType::BFloat16, &[3, 2, 4, 9]);
-        let m = err(&c);
-        assert!(m.contains("layer 0: keygate") && m.contains("2K=16"), "{m}");
-
-        let mut c = case();
-        c.rec[0].strides.swap(2, 3);
-        assert!(err(&c).contains("dense"), "{}", err(&c));
-
-        let mut c = case();
-        c.conv[0] = dense(c.conv[0].data_ptr, DType::BFloat16, &[5, 16, 5]);
-        c.win[0] = dense(c.win[0].data_ptr, DType::BFloat16, &[3, 16, 5]);
-        assert!(err(&c).contains("conv window width 5 != conv_kernel_size - 1 + Q - 1 = 6"), "{}", err(&c));
-
-        let mut c = case();
-        c.win[1] = dense(c.win[1].data_ptr, DType::Float32, &[3, 16, 6]);
-        assert!(err(&c).contains("layer 1: conv_window must be [max_requests=3, 16, 6] bfloat16"), "{}", err(&c));
-
-        let mut c = case();
-        c.conv[0] = dense(c.conv[0].data_ptr, DType::BFloat16, &[4, 16, 6]);
-        assert!(err(&c).contains("conv has 4 blocks, the recurrent pool 5"), "{}", err(&c));
-
-        let mut c = case();
-        c.corr[0].dtype = "bfloat16".into();
-        assert!(err(&c).contains("corrections must be float32"), "{}", err(&c));
-
-        let mut c = case();
-        c.corr[1] = dense(c.corr[1].data_ptr, DType::Float32, &[3, 2, 4, 7]);
-        assert!(err(&c).contains("layer 1: corrections must be [max_requests, H=2, Q, V=8]"), "{}", err(&c));
-
-        let mut c = case();
-        c.rec[0].data_ptr += 2;
-        assert!(err(&c).contains("multiples of the 4-byte element"), "{}", err(&c));
-
-        let mut c = case();
-        c.rec[0].strides[0] = 8; // blocks overlap
-        assert!(err(&c).contains("must not overlap"), "{}", err(&c));
-
-        let mut c = case();
-        c.conv[1].writable = false;
-        assert!(err(&c).contains("layer 1: conv: the commit writes it"), "{}", err(&c));
-
-        let mut c = case();
-        c.kg[1].device = "cuda:0".into();
-        assert!(err(&c).contains("all layers must share one device"), "{}", err(&c));
-
-        let mut c = case();
-        c.rec[0] = dense(c.rec[0].data_ptr, DType::Float32, &[5, 2, 8, 2000]);
-        c.kg[0] = dense(c.kg[0].data_ptr, DType::BFloat16, &[3, 2, 4, 4000]);
-        assert!(err(&c).contains("head_k_dim 2000 exceeds"), "{}", err(&c));
+        assert!(m.starts_with("layer 1: the commit kernel takes (state, key+gate) dtypes") && m.ends_with("got float16/bfloat16"), "{m}");
 
         let c = case();
         let short =

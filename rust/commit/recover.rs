@@ -6,31 +6,13 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::{ConvGeometry, CopyKind, Layout, Role};
 
-/// Gate granularity of the recurrence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GateKind {
-    /// Gated DeltaNet: one scalar gate per head and token (key+gate records `K + 1` wide).
-    Gdn,
-    /// Kimi Delta Attention: one gate per key channel (key+gate records `2K` wide).
-    Kda,
-}
-
-impl GateKind {
-    /// `"gdn"` or `"kda"` (any case).
-    pub fn parse(s: &str) -> Result<GateKind> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "gdn" => Ok(GateKind::Gdn),
-            "kda" => Ok(GateKind::Kda),
-            _ => Err(Error::binding(format!("kind: expected 'gdn' or 'kda', got '{s}'"))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            GateKind::Gdn => "gdn",
-            GateKind::Kda => "kda",
-        }
-    }
+named_enum! {
+    /// Gate granularity of the recurrence: `Gdn` (Gated DeltaNet) one scalar gate per head and
+    /// token (key+gate records `K + 1` wide), `Kda` (Kimi Delta Attention) one gate per key channel
+    /// (key+gate records `2K` wide).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum GateKind { Gdn = "gdn", Kda = "kda" }
+    parse: any_case, |s| Error::binding(format!("kind: expected 'gdn' or 'kda', got '{s}'"))
 }
 
 /// Indices and sizes of a RecoverSSM layout's states.

@@ -22,31 +22,15 @@ use segment::{MoveRow, Segment, StateMeta};
 use std::sync::{Arc, Mutex};
 pub use step::{AlignStep, Move, Moves};
 
-/// How a request whose source and destination columns are equal is treated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Semantics {
-    /// vLLM's pre-copy: equal columns are a no-op whatever the accepted count (the state is
-    /// already in place; the kernels find it through `num_accepted`).
-    PreCopy,
-    /// vLLM's post-process (and [`Planner::plan_align`]): equal columns with `num_accepted > 1`
-    /// shift the conv window in place and take the temporal state from the accepted column.
-    PostProcess,
-}
-
-impl Semantics {
-    pub fn parse(s: &str) -> Result<Semantics> {
-        match s {
-            "pre_copy" => Ok(Semantics::PreCopy),
-            "post_process" => Ok(Semantics::PostProcess),
-            _ => Err(Error::plan(format!("semantics must be 'pre_copy' or 'post_process', got '{s}'"))),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Semantics::PreCopy => "pre_copy",
-            Semantics::PostProcess => "post_process",
-        }
-    }
+named_enum! {
+    /// How a request whose source and destination columns are equal is treated: `PreCopy`
+    /// (vLLM's pre-copy) moves nothing whatever the accepted count (the state is already in place;
+    /// the kernels find it through `num_accepted`); `PostProcess` (vLLM's post-process, and
+    /// [`Planner::plan_align`]) with `num_accepted > 1` shifts the conv window in place and takes
+    /// the temporal state from the accepted column.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Semantics { PreCopy = "pre_copy", PostProcess = "post_process" }
+    parse: exact, |s| Error::plan(format!("semantics must be 'pre_copy' or 'post_process', got '{s}'"))
 }
 
 /// One group's block table, row-major `[rows >= requests, cols]`.
