@@ -69,10 +69,10 @@ macro_rules! int_arg {
             fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
                 let v = int_of(obj, name, kind)?;
                 <$t>::try_from(v).map_err(|_| {
-                    if v < 0 && <$t>::MIN == 0 {
-                        arg_error(kind, format!("{name} = {v} must be non-negative"))
+                    if v < <$t>::MIN as i128 {
+                        arg_error(kind, format!("{name} = {v} must be >= {}", <$t>::MIN))
                     } else {
-                        arg_error(kind, format!("{name} = {v} is outside {}..={}", <$t>::MIN, <$t>::MAX))
+                        arg_error(kind, format!("{name} = {v} is too large (at most {})", <$t>::MAX))
                     }
                 })
             }

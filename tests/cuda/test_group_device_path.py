@@ -12,37 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from recoverssm_rs import Planner, layouts  # noqa: E402
+from recoverssm_rs import Planner  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from support import generators  # noqa: E402
 from support.device_fakes import FakeCuda, random_states  # noqa: E402
+from support.generators import NSPEC, group_layouts  # noqa: E402
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation needs a C++ compiler")
-NSPEC = 3
-
-
-def group_layouts():
-    return [
-        layouts.gdn(
-            num_k_heads=2,
-            num_v_heads=4,
-            head_k_dim=16,
-            head_v_dim=16,
-            conv_kernel_size=4,
-            num_spec=NSPEC,
-            conv_layout="SD",
-        ),
-        layouts.gdn(
-            num_k_heads=1,
-            num_v_heads=2,
-            head_k_dim=8,
-            head_v_dim=16,
-            conv_kernel_size=4,
-            num_spec=NSPEC,
-            conv_layout="DS",
-        ),
-        layouts.short_conv(intermediate_size=64, conv_kernel=4, num_spec=NSPEC, conv_layout="DS"),
-    ]
 
 
 def fake(x, dtype=torch.int32) -> FakeCuda:

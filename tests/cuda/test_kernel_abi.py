@@ -57,7 +57,7 @@ def test_transfer_rows_take_their_columns_and_staging_marker_from_the_core():
 
 def test_transfer_rows_read_the_core_packed_plan_by_field_name():
     # An SD -> DS transfer stages its conv windows: reads into the staging buffer, then local copies.
-    from transfer_ref import FAMILIES, layout, paged_states, pool
+    from support.transfer_ref import FAMILIES, layout, paged_states, pool
 
     fam, rng = FAMILIES["gdn"], np.random.default_rng(0)
     s, d = layout(fam, 1, 0, "SD"), layout(fam, 1, 0, "DS")

@@ -305,7 +305,7 @@ def _imported_modules(paths) -> set[str]:
 def test_the_test_extras_provide_every_module_the_tests_import():
     reqs = _setup_requirements()
     tests = ROOT / "tests"
-    local = {p.stem for p in tests.glob("*.py")} | {p.name for p in tests.iterdir() if p.is_dir()}
+    local = {p.stem for p in tests.rglob("*.py")} | {p.name for p in tests.rglob("*") if p.is_dir()}
     modules = _imported_modules(tests.rglob("*.py")) - set(sys.stdlib_module_names) - local
     modules -= {"recoverssm_rs"} | _MADE_AT_RUN_TIME
     provided = {reqs.normalize(r.name) for r in reqs.requirements("build", "project", "test", "test-cu12")}

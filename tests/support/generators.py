@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from recoverssm_rs import layouts
 from recoverssm_rs.cuda import COMMIT_DTYPE_PAIRS
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE
 from recoverssm_rs.recoverssm import recurrence
@@ -440,3 +441,32 @@ def owned_step(rng: np.random.Generator, R: int, cols: int, max_acc: int, nb: in
         src[0], dst[0], acc[0] = 0, 0, max_acc
         src[1], dst[1], acc[1] = 0, cols - 1, max(1, max_acc - 1)
     return bt, src, dst, acc
+
+
+#: Draft tokens of the multi-group device-path tests' layouts.
+NSPEC = 3
+
+
+def group_layouts() -> list[Any]:
+    """Three groups of different layouts sharing NSPEC: two GDN (SD, DS) and a short conv (DS)."""
+    return [
+        layouts.gdn(
+            num_k_heads=2,
+            num_v_heads=4,
+            head_k_dim=16,
+            head_v_dim=16,
+            conv_kernel_size=4,
+            num_spec=NSPEC,
+            conv_layout="SD",
+        ),
+        layouts.gdn(
+            num_k_heads=1,
+            num_v_heads=2,
+            head_k_dim=8,
+            head_v_dim=16,
+            conv_kernel_size=4,
+            num_spec=NSPEC,
+            conv_layout="DS",
+        ),
+        layouts.short_conv(intermediate_size=64, conv_kernel=4, num_spec=NSPEC, conv_layout="DS"),
+    ]

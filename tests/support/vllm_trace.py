@@ -548,3 +548,38 @@ def run_trace(
         stats.steps += 1
         stats.busy_steps += n > 0
     return stats
+
+
+#: The traces the conformance tests replay (tests/vllm/): name -> (groups, block_size,
+#: num_speculative_blocks, conv layout, seed[, shared pages]).
+TRACES = {
+    "gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 2)], 4, 2, "SD", 11),
+    "gdn-DS-spec2": ([GroupCfg("GDN_ATTN", 2)], 4, 2, "DS", 12),
+    "3groups-DS-spec2": (
+        [GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=5), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))],
+        4,
+        2,
+        "DS",
+        13,
+    ),
+    "2groups-SD-bs2-spec3": ([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 2, conv_dim=3)], 2, 3, "SD", 14),
+    "gdn-SD-nospec-scalar": ([GroupCfg("GDN_ATTN", 2), GroupCfg("SHORT_CONV", 1)], 4, 0, "SD", 15),
+    "gdn-DS-nospec-scalar": ([GroupCfg("GDN_ATTN", 1)], 3, 0, "DS", 16),
+    # vLLM's hybrid allocator: layer i of every group views one buffer of padded pages
+    "3groups-DS-shared-pages": (
+        [GroupCfg("GDN_ATTN", 2), GroupCfg("SHORT_CONV", 1, conv_dim=5), GroupCfg("LINEAR", 2, temporal_shape=(3, 4))],
+        4,
+        2,
+        "DS",
+        21,
+        True,
+    ),
+    "2groups-SD-shared-pages": (
+        [GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))],
+        4,
+        1,
+        "SD",
+        22,
+        True,
+    ),
+}

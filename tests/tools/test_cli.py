@@ -115,9 +115,9 @@ def test_the_readme_command_lines_parse(tmp_path, monkeypatch):
     import shlex
     from pathlib import Path
 
-    from recoverssm_rs import cli
+    from recoverssm_rs.tools import cli
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = text[text.index("## Command line") : text.index("## Performance")]
     block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).replace("\\\n", " ")
     lines = [line.split("#")[0] for line in block.splitlines() if line.startswith("recoverssm ")]

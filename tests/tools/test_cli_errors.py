@@ -84,22 +84,22 @@ BAD = [
     Bad(
         ["layout", "--family", "gdn", "--param", "num_k_heads=-16", *GDN],
         "--param num_k_heads",
-        ["-16", "must be >= 0"],
+        ["-16", "invalid value -16: must be >= 0"],
     ),
     Bad(
         ["layout", "--family", "gdn", "--param", "num_k_heads=abc", *GDN],
         "--param num_k_heads",
-        ["'abc'", "expected an integer"],
+        ["'abc'", "must be a host integer"],
     ),
     Bad(
         ["layout", "--family", "gdn", "--param", "num_k_heads=true", *GDN],
         "--param num_k_heads",
-        ["'true'", "expected an integer"],
+        ["'true'", "must be a host integer"],
     ),
     Bad(
         ["layout", "--family", "gdn", "--param", "num_k_heads=16", *GDN, "--param", "recover_ssm=maybe"],
         "--param recover_ssm",
-        ["'maybe'", "expected true or false"],
+        ["'maybe'", "must be a bool"],
     ),
     Bad(["layout", *Q, "--param", "num_k_heads=abc"], "--param num_k_heads", ["'abc'", "integer"]),
     Bad(["layout", *Q, "--tp-size", "abc"], "--tp-size", ["'abc'"]),

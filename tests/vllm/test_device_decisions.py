@@ -18,7 +18,7 @@ from recoverssm_rs import Planner  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.vllm.decide import align_post_process, align_pre_copy, plan_post_process, plan_pre_copy  # noqa: E402
 from support.device_fakes import FakeCuda, random_states  # noqa: E402
-from test_group_device_path import NSPEC, group_layouts  # noqa: E402
+from support.generators import NSPEC, group_layouts  # noqa: E402
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation needs a C++ compiler")
 COLS = 24

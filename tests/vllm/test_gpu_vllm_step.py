@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cupy")
 
 from support import vllm_trace  # noqa: E402
+from support.vllm_trace import TRACES  # noqa: E402
 from support.vllm_trace import GroupCfg as G  # noqa: E402
-from test_vllm_oracle import TRACES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("torch")
 
 from support import vllm_oracle, vllm_trace  # noqa: E402
+from support.vllm_trace import TRACES  # noqa: E402
 from support.vllm_trace import GroupCfg as G  # noqa: E402
 
 STEPS = int(os.environ.get("RECOVERSSM_ORACLE_STEPS", "20"))
@@ -30,33 +31,6 @@ def oracle():
         if os.environ.get("RECOVERSSM_REQUIRE_ORACLE") == "1":
             pytest.fail(f"RECOVERSSM_REQUIRE_ORACLE=1 but vLLM's oracle is unavailable: {exc}")
         pytest.skip(f"vLLM {vllm_oracle.VERSION}'s oracle is unavailable: {exc}")
-
-
-TRACES = {
-    # name: (groups, block_size, num_speculative_blocks, conv layout, seed[, shared pages])
-    "gdn-SD-spec2": ([G("GDN_ATTN", 2)], 4, 2, "SD", 11),
-    "gdn-DS-spec2": ([G("GDN_ATTN", 2)], 4, 2, "DS", 12),
-    "3groups-DS-spec2": (
-        [G("GDN_ATTN", 1), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 1, temporal_shape=(3, 4))],
-        4,
-        2,
-        "DS",
-        13,
-    ),
-    "2groups-SD-bs2-spec3": ([G("GDN_ATTN", 1), G("SHORT_CONV", 2, conv_dim=3)], 2, 3, "SD", 14),
-    "gdn-SD-nospec-scalar": ([G("GDN_ATTN", 2), G("SHORT_CONV", 1)], 4, 0, "SD", 15),
-    "gdn-DS-nospec-scalar": ([G("GDN_ATTN", 1)], 3, 0, "DS", 16),
-    # vLLM's hybrid allocator: layer i of every group views one buffer of padded pages
-    "3groups-DS-shared-pages": (
-        [G("GDN_ATTN", 2), G("SHORT_CONV", 1, conv_dim=5), G("LINEAR", 2, temporal_shape=(3, 4))],
-        4,
-        2,
-        "DS",
-        21,
-        True,
-    ),
-    "2groups-SD-shared-pages": ([G("GDN_ATTN", 1), G("LINEAR", 1, temporal_shape=(3, 4))], 4, 1, "SD", 22, True),
-}
 
 
 @pytest.mark.parametrize("name", list(TRACES))

@@ -96,12 +96,10 @@ def _flag_of(name: str) -> str:
 
 
 def _converting(e: BaseException, given: dict[str, Any]) -> str | None:
-    """The parameter whose conversion failed, from the bindings' note ``while processing 'NAME'``."""
-    for note in getattr(e, "__notes__", ()):
-        m = re.search(r"'(\w+)'", note)
-        if m and m.group(1) in given:
-            return m.group(1)
-    return None
+    """The parameter whose conversion failed: the core's conversion errors start with its name
+    (``num_spec = -1 must be >= 0``)."""
+    m = re.match(r"(\w+)\b", str(e))
+    return m.group(1) if m and m.group(1) in given else None
 
 
 def _culprit(build: Callable[..., Layout], given: dict[str, Any], revertible: set[str]) -> str | None:
@@ -164,7 +162,8 @@ def _layout_from_args(
             raise  # a rule of the layout as a whole: main() reports it (exit status 1)
         if name is None:
             parser.error(f"{family}: {e}")
-        parser.error(f"argument {_flag_of(name)}: invalid value {given[name]!r}: {core_reason(e, given[name])}")
+        reason = core_reason(e, given[name], name)
+        parser.error(f"argument {_flag_of(name)}: invalid value {given[name]!r}: {reason}")
     raise AssertionError("unreachable")
 
 

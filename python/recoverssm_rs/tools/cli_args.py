@@ -104,11 +104,13 @@ def max_threads() -> int:
     return os.cpu_count() or 1
 
 
-def core_reason(e: BaseException, value: Any) -> str:
-    """What the core's error ``e`` about ``value`` says the value must be. The bindings' conversion
-    errors (``OverflowError``, ``TypeError``) are put in a flag's words; the core's own errors
-    already say what is wrong and what is allowed."""
+def core_reason(e: BaseException, value: Any, name: str | None = None) -> str:
+    """What the core's error ``e`` about ``value`` says the value must be: the core's message
+    without the parameter's own name (and value) it starts with when it converts parameter
+    ``name``. Other errors (``OverflowError``, ``TypeError``) are put in a flag's words."""
     text = str(e)
+    if name is not None:
+        text = re.sub(rf"^{re.escape(name)}(?: = \S+)? ", "", text)
     if isinstance(e, OverflowError):
         if isinstance(value, int) and value < 0:
             return "must be >= 0"
