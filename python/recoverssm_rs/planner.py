@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ._core import ErrorWord, Layout
 from .cuda import module, ops
 from .cuda.ops import cuda_index
 from .errors import PlanError
+from .forward import Forward
 from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE, records
 
 __all__ = ["Planner", "CopyPlan", "TileTable", "Semantics", "DEFAULT_TILE_BYTES"]
@@ -41,6 +42,14 @@ log = logging.getLogger("recoverssm_rs")
 Semantics = Literal["pre_copy", "post_process"]
 
 DEFAULT_TILE_BYTES = 64 * 1024
+
+
+class LaunchOptions(TypedDict, total=False):
+    """Keyword options of the device launches (:meth:`Planner.launch_align` documents each)."""
+
+    stream: Any
+    err: Any
+    num_accepted_out: Any
 
 
 class TileTable(NamedTuple):
@@ -91,24 +100,12 @@ class CopyPlan:
         t, w = self._plan.tiles(tile_bytes)
         return TileTable(records(t, dtype=TILE_DTYPE), records(w, dtype=np.uint32), tile_bytes)
 
-    @property
-    def num_waves(self) -> int:
-        """Ordered waves: copies of a wave may run concurrently, waves run in order."""
-        return self._plan.num_waves
-
-    @property
-    def num_segments(self) -> int:
-        return self._plan.num_segments
-
-    @property
-    def num_requests(self) -> int:
-        """Requests (per group) that move something."""
-        return self._plan.num_requests
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the plan copies."""
-        return self._plan.nbytes
+    num_waves: Forward[int] = Forward(
+        "_plan", "Ordered waves: copies of a wave may run concurrently, waves run in order."
+    )
+    num_segments: Forward[int] = Forward("_plan", "Coalesced segments of the plan.")
+    num_requests: Forward[int] = Forward("_plan", "Requests (per group) that move something.")
+    nbytes: Forward[int] = Forward("_plan", "Bytes the plan copies.")
 
     @property
     def planner(self) -> Planner:
@@ -249,43 +246,16 @@ class Planner:
             raise PlanError(f"this planner has {len(layouts)} groups; use planner.layouts")
         return layouts[0]
 
-    @property
-    def layouts(self) -> list[Layout]:
-        return self.core.layouts
-
-    @property
-    def num_groups(self) -> int:
-        return self.core.num_groups
-
-    @property
-    def num_layers(self) -> int:
-        """Layers of every group."""
-        return self.core.num_layers
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks of the (largest) pool."""
-        return self.core.num_blocks
-
-    @property
-    def num_spec(self) -> int:
-        """Speculative blocks after the running column, shared by every group."""
-        return self.core.num_spec
-
-    @property
-    def block_size(self) -> int | None:
-        return self.core.block_size
-
-    @property
-    def device(self) -> str:
-        """``"cpu"`` or ``"cuda:N"``."""
-        return self.core.device
-
-    @property
-    def states(self) -> tuple[tuple[tuple[Any, ...], ...], ...]:
-        """The bound persistent tensors, ``states[group][layer][state]`` (the planner keeps its own
-        references)."""
-        return self.core.states
+    layouts: Forward[list[Layout]] = Forward("core", "The layout of every group.")
+    num_groups: Forward[int] = Forward("core", "Recurrent groups bound.")
+    num_layers: Forward[int] = Forward("core", "Layers of every group.")
+    num_blocks: Forward[int] = Forward("core", "Blocks of the (largest) pool.")
+    num_spec: Forward[int] = Forward("core", "Speculative blocks after the running column, shared by every group.")
+    block_size: Forward[int | None] = Forward("core", "Tokens per block, for vLLM's step decisions (or None).")
+    device: Forward[str] = Forward("core", '``"cpu"`` or ``"cuda:N"``.')
+    states: Forward[tuple[tuple[tuple[Any, ...], ...], ...]] = Forward(
+        "core", "The bound persistent tensors, ``states[group][layer][state]`` (the planner keeps its own references)."
+    )
 
     @property
     def state_meta(self) -> np.ndarray:
@@ -385,10 +355,7 @@ class Planner:
         dst_col: Any,
         num_accepted: Any,
         semantics: Semantics = "post_process",
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        **opts: Unpack[LaunchOptions],
     ) -> None:
         """One fused kernel launch moves ``dst_col <- src_col`` in every group at once (CUDA
         states; no host synchronisation), with the semantics of :meth:`plan`.
@@ -412,28 +379,10 @@ class Planner:
         """
         if semantics not in ("pre_copy", "post_process"):
             raise PlanError(f"semantics must be 'pre_copy' or 'post_process', got {semantics!r}")
-        self._launch(
-            "launch",
-            stream,
-            block_table=block_table,
-            src_col=src_col,
-            second=dst_col,
-            num_accepted=num_accepted,
-            err=err,
-            pre_copy=semantics == "pre_copy",
-            num_accepted_out=num_accepted_out,
-        )
+        self._launch("launch", opts, block_table, src_col, dst_col, num_accepted, pre_copy=semantics == "pre_copy")
 
     def launch_align(
-        self,
-        block_table: Any,
-        src_col: Any,
-        dst_col: Any,
-        num_accepted: Any,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any, **opts: Unpack[LaunchOptions]
     ) -> None:
         """Launch an align-mode step on the device: one fused kernel launch, no host synchronisation.
 
@@ -480,16 +429,7 @@ class Planner:
                 tensor on the states' device, has the wrong dtype or shape (the message names it).
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        self._launch(
-            "launch_align",
-            stream,
-            block_table=block_table,
-            src_col=src_col,
-            second=dst_col,
-            num_accepted=num_accepted,
-            err=err,
-            num_accepted_out=num_accepted_out,
-        )
+        self._launch("launch_align", opts, block_table, src_col, dst_col, num_accepted)
 
     def launch_align_decision(
         self,
@@ -498,10 +438,7 @@ class Planner:
         running: Any,
         num_accepted: Any,
         block_size: int,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        **opts: Unpack[LaunchOptions],
     ) -> None:
         """Launch an align-mode step whose copy decision is taken on the device (vLLM's GPU path).
 
@@ -521,28 +458,10 @@ class Planner:
         Raises:
             PlanError: as :meth:`launch_align`, or ``block_size`` not an integer in ``1..2**31``.
         """
-        self._launch(
-            "launch_align_decision",
-            stream,
-            block_table=block_table,
-            src_col=src_col,
-            second=running,
-            num_accepted=num_accepted,
-            err=err,
-            block_size=block_size,
-            num_accepted_out=num_accepted_out,
-        )
+        self._launch("launch_align_decision", opts, block_table, src_col, running, num_accepted, block_size=block_size)
 
     def launch_post_process(
-        self,
-        block_table: Any,
-        state_col: Any,
-        running: Any,
-        num_accepted: Any,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        self, block_table: Any, state_col: Any, running: Any, num_accepted: Any, **opts: Unpack[LaunchOptions]
     ) -> None:
         """vLLM's post-process decided and applied on the device for every group, in one launch
         (:meth:`launch_align_decision` with this planner's ``block_size``): ``state_col`` is this
@@ -552,20 +471,28 @@ class Planner:
         if self.block_size is None:
             raise PlanError("launch_post_process needs the planner's block_size (Planner(..., block_size=...))")
         self._launch(
-            "launch_post_process",
-            stream,
-            block_table=block_table,
-            src_col=state_col,
-            second=running,
-            num_accepted=num_accepted,
-            err=err,
-            block_size=self.block_size,
-            num_accepted_out=num_accepted_out,
+            "launch_post_process", opts, block_table, state_col, running, num_accepted, block_size=self.block_size
         )
 
-    def _launch(self, what: str, stream: Any, **step: Any) -> None:
-        """Checks and packs one step in the core (one call) and launches it on ``stream``; int64 or
-        strided inputs that passed the checks are first narrowed on the device."""
+    def _launch(
+        self,
+        what: str,
+        opts: LaunchOptions,
+        block_table: Any,
+        src_col: Any,
+        second: Any,
+        num_accepted: Any,
+        **extra: Any,
+    ) -> None:
+        """Checks and packs one step in the core (one call) and launches it on ``opts["stream"]``;
+        int64 or strided inputs that passed the checks are first narrowed on the device."""
+        unknown = opts.keys() - LaunchOptions.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"{what}() got an unexpected keyword argument {min(unknown)!r}")
+        stream = opts.get("stream")
+        step = dict(block_table=block_table, src_col=src_col, second=second, num_accepted=num_accepted, **extra)
+        step["err"] = opts.get("err")
+        step["num_accepted_out"] = opts.get("num_accepted_out")
         dp = self._device(what, step)
         kl, n, narrow = self.core.device_step(**step)
         ts = ops.cuda_ops.torch_stream(stream, dp.index)
