@@ -17,7 +17,6 @@ class Forward(Generic[T]):
             num_blocks: Forward[int] = Forward("core", "Blocks of the pool.")
     """
 
-
     def __init__(self, via: str, doc: str | None = None) -> None:
         self.via = via
         self.name = ""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -39,6 +39,15 @@ from .memory_report import MemoryReport
 __all__ = ["StateCache", "MemoryReport"]
 
 log = logging.getLogger("recoverssm_rs")
+
+
+class AlignCommit(TypedDict, total=False):
+    """Align mode of a commit (all three or none; :meth:`StateCache.commit` documents them)."""
+
+    seq_lens: Any
+    block_table: Any
+    block_size: int | None
+
 
 _DTYPES = {
     "float64": torch.float64,
@@ -201,14 +210,7 @@ class StateCache:
 
     # ---- commit --------------------------------------------------------------------------
     def plan_commit(
-        self,
-        num_accepted: Any,
-        state_blocks: Any,
-        query_lens: Any = None,
-        *,
-        seq_lens: Any = None,
-        block_table: Any = None,
-        block_size: int | None = None,
+        self, num_accepted: Any, state_blocks: Any, query_lens: Any = None, **align: Unpack[AlignCommit]
     ) -> np.ndarray:
         """The commit plan (``COMMIT_ROW_DTYPE`` records), checked by the core. See :meth:`commit`."""
         if query_lens is None:
@@ -217,22 +219,13 @@ class StateCache:
             state_blocks=state_blocks,
             num_accepted=num_accepted,
             query_lens=query_lens,
-            seq_lens=seq_lens,
-            block_table=block_table,
-            block_size=block_size,
             max_requests=self.max_requests,
+            **align,
         )
         return records(raw, dtype=COMMIT_ROW_DTYPE)
 
     def commit(
-        self,
-        num_accepted: Any,
-        state_blocks: Any,
-        query_lens: Any = None,
-        *,
-        seq_lens: Any = None,
-        block_table: Any = None,
-        block_size: int | None = None,
+        self, num_accepted: Any, state_blocks: Any, query_lens: Any = None, **align: Unpack[AlignCommit]
     ) -> np.ndarray:
         """Fold each request's accepted records into its state, for every layer.
 
@@ -269,18 +262,9 @@ class StateCache:
             # Counts stay on the device: plan each request for its whole window (the cap) and let
             # the kernel clamp num_accepted[request] to it.
             caps = np.full(len(state_blocks), self.window, dtype=np.int64) if query_lens is None else query_lens
-            rows = self.plan_commit(
-                caps, state_blocks, caps, seq_lens=seq_lens, block_table=block_table, block_size=block_size
-            )
+            rows = self.plan_commit(caps, state_blocks, caps, **align)
         else:
-            rows = self.plan_commit(
-                num_accepted,
-                state_blocks,
-                query_lens,
-                seq_lens=seq_lens,
-                block_table=block_table,
-                block_size=block_size,
-            )
+            rows = self.plan_commit(num_accepted, state_blocks, query_lens, **align)
         if len(rows) == 0:
             return rows
         if kernel:

@@ -26,14 +26,7 @@ def record_bytes(
 
     ``H * Q * V * 4`` (float32 corrections) plus ``H * Q * (2K | K + 1) * itemsize(keygate_dtype)``.
     """
-    for name, val in (
-        ("num_heads", num_heads),
-        ("head_k_dim", head_k_dim),
-        ("head_v_dim", head_v_dim),
-        ("window", window),
-    ):
-        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
-            raise PlanError(f"{name}: expected an int >= 0, got {val!r}")
+    _check_dims(num_heads=num_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, window=window)
     corr = num_heads * window * head_v_dim * 4
     kg = num_heads * window * keygate_width(kind, head_k_dim) * itemsize(keygate_dtype)
     return corr + kg
@@ -50,12 +43,12 @@ def full_state_scratch_bytes(
 
     ``Q * H * V * K * itemsize(state_dtype)`` — what :func:`record_bytes` is compared against.
     """
-    for name, val in (
-        ("num_heads", num_heads),
-        ("head_k_dim", head_k_dim),
-        ("head_v_dim", head_v_dim),
-        ("window", window),
-    ):
+    _check_dims(num_heads=num_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, window=window)
+    return window * num_heads * head_v_dim * head_k_dim * itemsize(state_dtype)
+
+
+def _check_dims(**dims: object) -> None:
+    """Each of ``dims`` an ``int >= 0`` (not a bool), else a :class:`PlanError` naming it."""
+    for name, val in dims.items():
         if isinstance(val, bool) or not isinstance(val, int) or val < 0:
             raise PlanError(f"{name}: expected an int >= 0, got {val!r}")
-    return window * num_heads * head_v_dim * head_k_dim * itemsize(state_dtype)
