@@ -50,6 +50,9 @@ class FakeCuda:
 
     dtype = property(lambda self: self.t.dtype)
     shape = property(lambda self: self.t.shape)
+    # A real tensor's layout and requires_grad, which the core reads when it describes a tensor.
+    layout = property(lambda self: self.t.layout)
+    requires_grad = property(lambda self: self.t.requires_grad)
 
     def stride(self) -> tuple[int, ...]:
         return self.t.stride()

@@ -52,6 +52,9 @@ class LaunchOptions(TypedDict, total=False):
     num_accepted_out: Any
 
 
+_LAUNCH_OPTIONS = frozenset(LaunchOptions.__annotations__)
+
+
 class TileTable(NamedTuple):
     """Tiles of a plan for the GPU batched-copy kernel, grouped by wave."""
 
@@ -486,16 +489,14 @@ class Planner:
     ) -> None:
         """Checks and packs one step in the core (one call) and launches it on ``opts["stream"]``;
         int64 or strided inputs that passed the checks are first narrowed on the device."""
-        unknown = opts.keys() - LaunchOptions.__annotations__.keys()
-        if unknown:
-            raise TypeError(f"{what}() got an unexpected keyword argument {min(unknown)!r}")
-        stream = opts.get("stream")
+        if opts.keys() - _LAUNCH_OPTIONS:
+            raise TypeError(f"{what}() got an unexpected keyword argument {min(opts.keys() - _LAUNCH_OPTIONS)!r}")
         step = dict(block_table=block_table, src_col=src_col, second=second, num_accepted=num_accepted, **extra)
         step["err"] = opts.get("err")
         step["num_accepted_out"] = opts.get("num_accepted_out")
-        dp = self._device(what, step)
+        dp = self._device_path or self._device(what, step)
         kl, n, narrow = self.core.device_step(**step)
-        ts = ops.cuda_ops.torch_stream(stream, dp.index)
+        ts = ops.cuda_ops.torch_stream(opts.get("stream"), dp.index)
         with ops.cuda_ops.context(dp.index, ts):
             if narrow:
                 torch = ops.cuda_ops.torch()

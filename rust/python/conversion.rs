@@ -309,11 +309,17 @@ macro_rules! kwargs {
 
             fn from_kwargs(kwargs: Option<&pyo3::Bound<'_, pyo3::types::PyDict>>) -> pyo3::PyResult<Self> {
                 use $crate::python::conversion::Arg;
+                use pyo3::types::PyDictMethods;
                 let kind = $crate::error::ErrorKind::$kind;
-                $crate::python::conversion::check_keywords(kwargs, Self::FIELDS, kind)?;
-                let get = |k: &str| kwargs.and_then(|d| pyo3::types::PyDictMethods::get_item(d, k).ok().flatten());
+                // Looked up by interned keys; the keywords are named one by one only when some
+                // keyword matched no field (it is refused before any value is converted).
+                $(let $field = kwargs.map(|d| d.get_item(pyo3::intern!(d.py(), stringify!($field)))).transpose()?.flatten();)*
+                let taken = 0 $(+ usize::from($field.is_some()))*;
+                if taken != kwargs.map_or(0, |d| d.len()) {
+                    $crate::python::conversion::check_keywords(kwargs, Self::FIELDS, kind)?;
+                }
                 Ok(Self {
-                    $($field: match get(stringify!($field)) {
+                    $($field: match $field {
                         Some(v) => <$ty as Arg>::arg(&v, stringify!($field), kind)?,
                         None => kwargs!(@absent $ty, $field, kind $(, $default)?),
                     }),*

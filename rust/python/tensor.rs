@@ -4,6 +4,7 @@
 use crate::tensor::TensorDesc;
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
 /// What an object turned out to be.
@@ -55,27 +56,39 @@ fn from_interface(iface: &Bound<'_, PyDict>, device: &str, writable: bool) -> Py
     Ok(t)
 }
 
+/// `torch.strided`, looked up once (torch's layouts are singletons: compared by identity).
+fn strided(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static STRIDED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    STRIDED.get_or_try_init(py, || Ok::<_, PyErr>(py.import("torch")?.getattr("strided")?.unbind())).map(|s| s.bind(py))
+}
+
 /// Describes `obj`; reads attributes only, never its memory.
 pub(crate) fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
     let py = obj.py();
     if obj.hasattr(intern!(py, "data_ptr"))? && obj.hasattr(intern!(py, "element_size"))? {
-        // A torch tensor.
+        // A torch tensor: a dense (strided) one.
         if let Ok(layout) = obj.getattr(intern!(py, "layout")) {
-            let layout = layout.str()?.to_string();
-            if layout != "torch.strided" {
+            if !layout.is(strided(py)?) {
+                let layout = layout.str()?.to_string();
                 return Ok(Described::Dense(format!("a {layout} tensor cannot be used: tensors must be dense (torch.strided)")));
             }
         }
-        let es: i64 = obj.call_method0(intern!(py, "element_size"))?.extract()?;
         let strides: Vec<i64> = obj.call_method0(intern!(py, "stride"))?.extract()?;
+        let es: i64 = obj.call_method0(intern!(py, "element_size"))?.extract()?;
+        let dtype = obj.getattr(intern!(py, "dtype"))?.str()?.to_string();
+        // Only a floating or complex tensor can require grad.
+        let requires_grad = !dtype.starts_with("torch.int")
+            && !dtype.starts_with("torch.uint")
+            && dtype != "torch.bool"
+            && obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false);
         return Ok(Described::Tensor(TensorDesc {
             data_ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract()?,
-            dtype: obj.getattr(intern!(py, "dtype"))?.str()?.to_string(),
+            dtype,
             shape: obj.getattr(intern!(py, "shape"))?.extract()?,
             strides: strides.into_iter().map(|s| s * es).collect(),
             device: obj.getattr(intern!(py, "device"))?.str()?.to_string(),
             writable: true,
-            requires_grad: obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false),
+            requires_grad,
         }));
     }
     if let Ok(iface) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
