@@ -22,12 +22,13 @@ class FakeCuda:
     def __init__(self, t: torch.Tensor, index: int = 0) -> None:
         self.t = t
         self.device = torch.device("cuda", index)
+        # What the core reads of a tensor beside its pointer, shape and strides (plain attributes,
+        # as cheap as a CUDA tensor's own getters).
+        self.layout = t.layout
+        self.requires_grad = t.requires_grad
 
     dtype = property(lambda self: self.t.dtype)
     shape = property(lambda self: self.t.shape)
-    # A real tensor's layout and requires_grad, which the core reads when it describes a tensor.
-    layout = property(lambda self: self.t.layout)
-    requires_grad = property(lambda self: self.t.requires_grad)
 
     def stride(self) -> tuple[int, ...]:
         return self.t.stride()
