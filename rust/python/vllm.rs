@@ -142,7 +142,11 @@ fn pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> 
     let a = PreArgs::from_kwargs(kwargs)?;
     let fresh = fresh_mask(&a.fresh);
     let p = planner.get();
-    let (d, plan) = vllm::pre_copy(&p.inner, &a.inputs(&fresh), &a.tables.views(), p.block_size()?, &|i| a.req_ids.name(i))?;
+    let (d, plan) = vllm::pre_copy(
+        &p.inner,
+        &a.inputs(&fresh),
+        &vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) },
+    )?;
     Ok((rows(&[&d.prev, &d.curr, &d.src_col, &d.bias, &d.num_accepted]), CopyPlan::new(plan, planner.unbind())))
 }
 
@@ -152,7 +156,11 @@ fn pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> 
 fn post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<(RawBuffer, CopyPlan)> {
     let a = PostArgs::from_kwargs(kwargs)?;
     let p = planner.get();
-    let (d, plan) = vllm::post_process(&p.inner, &a.inputs(), &a.tables.views(), p.block_size()?, &|i| a.req_ids.name(i))?;
+    let (d, plan) = vllm::post_process(
+        &p.inner,
+        &a.inputs(),
+        &vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) },
+    )?;
     Ok((rows(&[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted]), CopyPlan::new(plan, planner.unbind())))
 }
 
@@ -229,6 +237,26 @@ fn required<'a>(v: &'a Option<Ints>, name: &str) -> PyResult<&'a [i64]> {
     v.as_ref().map(|v| v.0.as_slice()).ok_or_else(|| arg_error(ErrorKind::Plan, format!("missing argument '{name}'")))
 }
 
+/// One device half-step: `stage` decides and stages it from the core's [`device_step::Stage`]
+/// (the host tables, the planner's configuration), then the bound tensors are checked and the
+/// launch is packed (`pre_copy`: pre-copy semantics).
+fn device_half<T>(
+    planner: &Bound<'_, Planner>,
+    a: &DeviceArgs,
+    pre_copy: bool,
+    stage: impl FnOnce(&device_step::Stage<'_>) -> crate::error::Result<(T, StagedStep)>,
+) -> PyResult<(T, StagedStep, Option<KernelLaunch>)> {
+    let p = planner.get();
+    let tables: Vec<GroupTable<'_>> = a.tables.views();
+    let from = if a.device_table.is_some() { TableSource::OnDevice } else { TableSource::Staged };
+    let cfg = vllm::config(&p.inner, p.block_size()?);
+    let name = |i| a.req_ids.name(i);
+    let (out, st) = stage(&device_step::Stage { host_counts: a.num_accepted.host().is_some(), tables: &tables, cfg: &cfg, name: &name, from })?;
+    p.check(planner.py())?;
+    let l = launch(p, a, &st, pre_copy)?;
+    Ok((out, st, l))
+}
+
 /// The pre-copy for the device: the host decides the columns (every check that needs no count;
 /// with host counts every check), stages the step as int32 and packs the launch that reads it from
 /// `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
@@ -237,7 +265,6 @@ fn required<'a>(v: &'a Option<Ints>, name: &str) -> PyResult<&'a [i64]> {
 #[pyo3(name = "vllm_device_pre_copy", signature = (planner, **kwargs))]
 fn device_pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
     let a = DeviceArgs::from_kwargs(kwargs)?;
-    let p = planner.get();
     let fresh = fresh_mask(&a.fresh);
     let host = a.num_accepted.host();
     let inp = PreInputs {
@@ -247,12 +274,7 @@ fn device_pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict
         mamba_state_idx: required(&a.mamba_state_idx, "mamba_state_idx")?,
         fresh: fresh.as_deref(),
     };
-    let tables: Vec<GroupTable<'_>> = a.tables.views();
-    let source = if a.device_table.is_some() { TableSource::OnDevice } else { TableSource::Staged };
-    let cfg = vllm::config(&p.inner, p.block_size()?);
-    let (cols, st) = device_step::stage_pre_copy(&inp, host.is_some(), &tables, &cfg, &|i| a.req_ids.name(i), source)?;
-    p.check(planner.py())?;
-    let l = launch(p, &a, &st, true)?;
+    let (cols, st, l) = device_half(&planner, &a, true, |at| device_step::stage_pre_copy(&inp, at))?;
     Ok((RawBuffer::new(cols.curr), RawBuffer::new(st.data), l))
 }
 
@@ -262,7 +284,6 @@ fn device_pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict
 #[pyo3(name = "vllm_device_post_process", signature = (planner, **kwargs))]
 fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
     let a = DeviceArgs::from_kwargs(kwargs)?;
-    let p = planner.get();
     let host = a.num_accepted.host();
     let inp = PostInputs {
         state_col: required(&a.state_col, "state_col")?,
@@ -271,12 +292,7 @@ fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, Py
         num_draft: required(&a.num_draft, "num_draft")?,
         num_accepted: host.unwrap_or(&[]),
     };
-    let tables: Vec<GroupTable<'_>> = a.tables.views();
-    let source = if a.device_table.is_some() { TableSource::OnDevice } else { TableSource::Staged };
-    let cfg = vllm::config(&p.inner, p.block_size()?);
-    let (running, st) = device_step::stage_post_process(&inp, host.is_some(), &tables, &cfg, &|i| a.req_ids.name(i), source)?;
-    p.check(planner.py())?;
-    let l = launch(p, &a, &st, false)?;
+    let (running, st, l) = device_half(&planner, &a, false, |at| device_step::stage_post_process(&inp, at))?;
     Ok((RawBuffer::new(running), RawBuffer::new(st.data), l))
 }
 

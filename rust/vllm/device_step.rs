@@ -33,19 +33,24 @@ pub enum Tables {
     OnDevice,
 }
 
+/// What both halves of a device step stage from: whether the accepted counts are on the host,
+/// the groups' host tables, the step's configuration, request names for errors, and where the
+/// kernel takes its tables from.
+pub struct Stage<'a> {
+    pub host_counts: bool,
+    pub tables: &'a [GroupTable<'a>],
+    pub cfg: &'a StepConfig,
+    pub name: &'a dyn Fn(usize) -> String,
+    pub from: Tables,
+}
+
 /// The host half of a device pre-copy: the columns and the staged step (table, then `src_col`,
 /// `curr`, and the accepted counts when they are given on the host). With host counts
 /// (`inp.num_accepted` not empty, or any step without requests) the whole host decision runs
 /// ([`decide::pre_copy`], every check); without them, every check that needs no count
 /// ([`decide::pre_copy_columns`]; the kernel checks the rest).
-pub fn stage_pre_copy(
-    inp: &PreInputs<'_>,
-    host_counts: bool,
-    tables: &[GroupTable<'_>],
-    cfg: &StepConfig,
-    name: &dyn Fn(usize) -> String,
-    from: Tables,
-) -> Result<(PreColumns, StagedStep)> {
+pub fn stage_pre_copy(inp: &PreInputs<'_>, at: &Stage<'_>) -> Result<(PreColumns, StagedStep)> {
+    let Stage { host_counts, tables, cfg, name, from } = *at;
     let cols = if host_counts {
         let d = decide::pre_copy(inp, tables, cfg, name)?;
         PreColumns { prev: d.prev, curr: d.curr, src_col: d.src_col }
@@ -64,14 +69,8 @@ pub fn stage_pre_copy(
 /// `state_col`, `running`, and host counts when given). With host counts the whole host decision
 /// runs ([`decide::post_process`], including `num_accepted <= 1 + num_draft` and the saved
 /// columns); without them, [`decide::post_process_running`].
-pub fn stage_post_process(
-    inp: &PostInputs<'_>,
-    host_counts: bool,
-    tables: &[GroupTable<'_>],
-    cfg: &StepConfig,
-    name: &dyn Fn(usize) -> String,
-    from: Tables,
-) -> Result<(Vec<i64>, StagedStep)> {
+pub fn stage_post_process(inp: &PostInputs<'_>, at: &Stage<'_>) -> Result<(Vec<i64>, StagedStep)> {
+    let Stage { host_counts, tables, cfg, name, from } = *at;
     let running =
         if host_counts { decide::post_process(inp, tables, cfg, name)?.running } else { decide::post_process_running(inp, tables, cfg, name)? };
     let mut vectors: Vec<(&str, &[i64])> = vec![("state_col", inp.state_col), ("running", &running)];
@@ -132,21 +131,22 @@ mod tests {
         let t = [GroupTable { ids: &bt, cols: 8 }];
         // Request 0 moves from column 0 to column 1 carrying 3 accepted tokens: source columns 0..=2.
         let inp = PreInputs { num_computed: &[4, 0], num_scheduled: &[3, 1], num_accepted: &[3, 1], mamba_state_idx: &[0, -1], fresh: None };
-        let (cols, st) = stage_pre_copy(&inp, true, &t, &cfg, &row_name, Tables::Staged).unwrap();
+        let at = |host_counts, from| Stage { host_counts, tables: &t, cfg: &cfg, name: &row_name, from };
+        let (cols, st) = stage_pre_copy(&inp, &at(true, Tables::Staged)).unwrap();
         assert_eq!((cols.src_col, cols.curr), (vec![0, -1], vec![1, 0]));
         assert_eq!(&st.data[st.table_len()..], &[0, -1, 1, 0, 3, 1]);
-        let (_, st) = stage_pre_copy(&PreInputs { num_accepted: &[], ..inp }, false, &t, &cfg, &row_name, Tables::OnDevice).unwrap();
+        let (_, st) = stage_pre_copy(&PreInputs { num_accepted: &[], ..inp }, &at(false, Tables::OnDevice)).unwrap();
         assert_eq!(st.data, vec![0, -1, 1, 0]);
         // A count out of range is the host's to refuse when the host holds it.
         let bad = PreInputs { num_accepted: &[4, 1], ..inp };
-        let e = stage_pre_copy(&bad, true, &t, &cfg, &row_name, Tables::Staged).unwrap_err();
+        let e = stage_pre_copy(&bad, &at(true, Tables::Staged)).unwrap_err();
         assert!(e.message.contains("request 0: num_accepted = 4"), "{}", e.message);
-        assert!(stage_pre_copy(&PreInputs { num_accepted: &[], ..bad }, false, &t, &cfg, &row_name, Tables::Staged).is_ok());
+        assert!(stage_pre_copy(&PreInputs { num_accepted: &[], ..bad }, &at(false, Tables::Staged)).is_ok());
         // The post-process: a count above 1 + num_draft is refused with host counts.
         let post = PostInputs { state_col: &[1], num_computed: &[4], num_scheduled: &[3], num_draft: &[1], num_accepted: &[3] };
-        let e = stage_post_process(&post, true, &t, &cfg, &row_name, Tables::Staged).unwrap_err();
+        let e = stage_post_process(&post, &at(true, Tables::Staged)).unwrap_err();
         assert!(e.message.contains("num_accepted = 3 is outside 1..=2"), "{}", e.message);
-        let (running, st) = stage_post_process(&PostInputs { num_accepted: &[], ..post }, false, &t, &cfg, &row_name, Tables::Staged).unwrap();
+        let (running, st) = stage_post_process(&PostInputs { num_accepted: &[], ..post }, &at(false, Tables::Staged)).unwrap();
         assert_eq!((running, st.table_len(), &st.data[8..]), (vec![6], 8, &[1, 6][..]));
     }
 

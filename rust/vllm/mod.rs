@@ -17,33 +17,31 @@ pub fn config(planner: &Planner, block_size: i64) -> StepConfig {
     StepConfig { block_size, num_spec_blocks: planner.num_spec() as i64 }
 }
 
+/// What a host half-step is decided against: the groups' block tables, vLLM's block size and the
+/// requests' names for errors.
+pub struct HostStep<'a> {
+    pub tables: &'a [GroupTable<'a>],
+    pub block_size: i64,
+    pub name: &'a dyn Fn(usize) -> String,
+}
+
+/// The moves `dst_col <- src_col` carrying `bias + 1` accepted tokens, planned over every group.
+fn plan_moves(planner: &Planner, at: &HostStep<'_>, src_col: &[i64], dst_col: &[i64], bias: &[i64], semantics: Semantics) -> Result<CopyPlan> {
+    let accepted: Vec<i64> = bias.iter().map(|b| b + 1).collect();
+    planner.plan(&Step { tables: at.tables, src_col, dst_col, num_accepted: &accepted, semantics })
+}
+
 /// The pre-copy decision ([`decide::pre_copy`]) and its copies, pre-copy semantics, in one plan.
-pub fn pre_copy(
-    planner: &Planner,
-    inp: &PreInputs<'_>,
-    tables: &[GroupTable<'_>],
-    block_size: i64,
-    name: &dyn Fn(usize) -> String,
-) -> Result<(PreDecision, CopyPlan)> {
-    let d = decide::pre_copy(inp, tables, &config(planner, block_size), name)?;
-    let accepted: Vec<i64> = d.bias.iter().map(|b| b + 1).collect();
-    let step = Step { tables, src_col: &d.src_col, dst_col: &d.curr, num_accepted: &accepted, semantics: Semantics::PreCopy };
-    let plan = planner.plan(&step)?;
+pub fn pre_copy(planner: &Planner, inp: &PreInputs<'_>, at: &HostStep<'_>) -> Result<(PreDecision, CopyPlan)> {
+    let d = decide::pre_copy(inp, at.tables, &config(planner, at.block_size), at.name)?;
+    let plan = plan_moves(planner, at, &d.src_col, &d.curr, &d.bias, Semantics::PreCopy)?;
     Ok((d, plan))
 }
 
 /// The post-process decision ([`decide::post_process`]) and its copies, post-process semantics,
 /// in one plan.
-pub fn post_process(
-    planner: &Planner,
-    inp: &PostInputs<'_>,
-    tables: &[GroupTable<'_>],
-    block_size: i64,
-    name: &dyn Fn(usize) -> String,
-) -> Result<(PostDecision, CopyPlan)> {
-    let d = decide::post_process(inp, tables, &config(planner, block_size), name)?;
-    let accepted: Vec<i64> = d.bias.iter().map(|b| b + 1).collect();
-    let step = Step { tables, src_col: &d.src_col, dst_col: &d.dest, num_accepted: &accepted, semantics: Semantics::PostProcess };
-    let plan = planner.plan(&step)?;
+pub fn post_process(planner: &Planner, inp: &PostInputs<'_>, at: &HostStep<'_>) -> Result<(PostDecision, CopyPlan)> {
+    let d = decide::post_process(inp, at.tables, &config(planner, at.block_size), at.name)?;
+    let plan = plan_moves(planner, at, &d.src_col, &d.dest, &d.bias, Semantics::PostProcess)?;
     Ok((d, plan))
 }
