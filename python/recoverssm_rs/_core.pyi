@@ -339,6 +339,9 @@ class VllmSlots:
     """The rows of vLLM's ``mamba_state_idx``: one slot per live request."""
 
     def __new__(cls, max_num_reqs: int) -> VllmSlots: ...
+    @staticmethod
+    def check_capacity(max_num_reqs: int) -> int:
+        """``max_num_reqs`` as a table's capacity (``PlanError`` outside ``1 ..= 2**24``)."""
     def assign(self, req_ids: Sequence[str]) -> tuple[list[int], list[str]]:
         """Each request's slot and the ids given one by this call (``PlanError``, nothing
         assigned, for an id listed twice or a full table)."""

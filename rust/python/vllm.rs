@@ -328,6 +328,12 @@ impl PySlots {
         slots::check_slots(&slots, self.inner.capacity(), &|i| names.name(i))?;
         Ok(slots)
     }
+    /// `max_num_reqs` checked as a table's capacity (`PlanError` outside `1 ..= 2**24`).
+    #[staticmethod]
+    fn check_capacity(max_num_reqs: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let n: i64 = Arg::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?;
+        Ok(slots::check_capacity(n)?)
+    }
     /// Slots in the table (`max_num_reqs`).
     #[getter]
     fn capacity(&self) -> usize {

@@ -38,15 +38,17 @@ pub fn check_slots(slots: &[i64], capacity: usize, name: &dyn Fn(usize) -> Strin
 pub struct SlotTable {
     capacity: usize,
     slot: HashMap<String, usize>,
-    /// Free slots, the next one to give out last.
+    /// Released slots, the next one to give out last.
     free: Vec<usize>,
+    /// Slots `next..capacity` were never given out.
+    next: usize,
 }
 
 impl SlotTable {
     /// An empty table of `max_num_reqs` slots (slot 0 is given out first).
     pub fn new(max_num_reqs: i64) -> Result<SlotTable> {
         let capacity = check_capacity(max_num_reqs)?;
-        Ok(SlotTable { capacity, slot: HashMap::new(), free: (0..capacity).rev().collect() })
+        Ok(SlotTable { capacity, slot: HashMap::new(), free: Vec::new(), next: 0 })
     }
 
     pub fn capacity(&self) -> usize {
@@ -70,7 +72,7 @@ impl SlotTable {
             }
             if !self.slot.contains_key(r) {
                 new += 1;
-                if new > self.free.len() {
+                if new > self.free.len() + (self.capacity - self.next) {
                     return Err(Error::plan(format!("request {r} (row {i}): more live requests than max_num_reqs = {}", self.capacity)));
                 }
             }
@@ -82,7 +84,10 @@ impl SlotTable {
                 let s = match self.slot.get(r) {
                     Some(&s) => s,
                     None => {
-                        let s = self.free.pop().expect("counted above");
+                        let s = self.free.pop().unwrap_or_else(|| {
+                            self.next += 1;
+                            self.next - 1
+                        });
                         self.slot.insert(r.clone(), s);
                         added.push(r.clone());
                         s
@@ -133,6 +138,9 @@ mod tests {
         assert_eq!(t.release(["a", "zzz"]), vec![0]);
         assert_eq!(t.assign(&ids(&["c"])).unwrap(), (vec![0], ids(&["c"])));
         assert_eq!(t.live(), 2);
+        // A large table gives out its slots lazily.
+        let mut big = SlotTable::new(MAX_SLOTS).unwrap();
+        assert_eq!(big.assign(&ids(&["x"])).unwrap().0, vec![0]);
     }
 
     #[test]

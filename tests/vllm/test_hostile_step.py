@@ -153,3 +153,12 @@ def test_sizes_given_to_the_constructors_directly():
     assert rs.Layout("X", [spec]).num_spec == 0
     with pytest.raises(BindingError, match="block_size = 18446744073709551616 is too large"):
         rs.Planner(rs.Layout("X", [spec]), [[torch.zeros(4, 4)]], block_size=2**64)
+
+
+@pytest.mark.parametrize(("value", "message"), [(0, "must be in 1 ..= 2\\*\\*24"), (4.5, "must be a host integer")])
+def test_the_device_steps_capacity_is_checked_by_the_core(value, message):
+    from recoverssm_rs._core import VllmSlots
+
+    with pytest.raises(PlanError, match=f"max_num_reqs.*{message}"):
+        VllmSlots.check_capacity(value)
+    assert VllmSlots.check_capacity(2**24) == 2**24
