@@ -17,7 +17,7 @@ use crate::vllm::device_step::{self, StagedStep, Tables as TableSource};
 use crate::vllm::slots::{self, SlotTable};
 use crate::vllm::{self, decide, PostInputs, PreInputs, StepConfig};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 
 /// Accepted counts: a host vector (checked by the host decision) or a device tensor (read only by
 /// the kernel).
@@ -281,18 +281,23 @@ fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, Py
     Ok((RawBuffer::new(running), RawBuffer::new(st.data), l))
 }
 
-/// Request ids as strings (`str(id)` for anything else), in order.
-fn request_ids(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<String>> {
+/// Request ids as Python strings (`str(id)` for anything else), in order.
+fn request_ids<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Vec<Bound<'py, PyString>>> {
     let items = obj.try_iter().map_err(|_| arg_error(ErrorKind::Plan, format!("{name} must be a sequence of request ids")))?;
     items
         .map(|r| {
             let r = r?;
-            Ok(match r.extract::<String>() {
-                Ok(s) => s,
-                Err(_) => r.str()?.to_string_lossy().into_owned(),
-            })
+            match r.cast_into::<PyString>() {
+                Ok(s) => Ok(s),
+                Err(e) => e.into_inner().str(),
+            }
         })
         .collect()
+}
+
+/// The ids' text, borrowed from the Python strings.
+fn id_texts<'a>(ids: &'a [Bound<'_, PyString>]) -> PyResult<Vec<&'a str>> {
+    ids.iter().map(|s| s.to_str()).collect()
 }
 
 /// The rows of vLLM's `mamba_state_idx`: one slot per live request (`slots.rs` in the core).
@@ -312,12 +317,13 @@ impl PySlots {
     /// Each request's slot in batch order (new requests get a free one) and the ids given a slot
     /// by this call. Nothing changes on an error (an id listed twice, the table full).
     fn assign(&mut self, req_ids: &Bound<'_, PyAny>) -> PyResult<(Vec<i64>, Vec<String>)> {
-        Ok(self.inner.assign(&request_ids(req_ids, "req_ids")?)?)
+        let ids = request_ids(req_ids, "req_ids")?;
+        Ok(self.inner.assign(&id_texts(&ids)?)?)
     }
     /// Frees the slots of `req_ids` (ids without one are skipped); returns the freed slots.
     fn release(&mut self, req_ids: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         let ids = request_ids(req_ids, "req_ids")?;
-        Ok(self.inner.release(ids.iter().map(String::as_str)))
+        Ok(self.inner.release(&id_texts(&ids)?))
     }
     /// Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
     /// requests in errors.

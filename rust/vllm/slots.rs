@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// The largest `max_num_reqs` a step takes (the kernels index slots with 32-bit integers; a table
 /// this size is 128 MiB of columns).
@@ -33,22 +34,49 @@ pub fn check_slots(slots: &[i64], capacity: usize, name: &dyn Fn(usize) -> Strin
     Ok(())
 }
 
+/// FNV-1a: request ids are short strings hashed once per step each; no need for SipHash's
+/// resistance to chosen keys (a caller choosing ids only slows its own lookups).
+#[derive(Clone, Copy, Debug)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+type FnvMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+
 /// Request ids -> slots, with the free slots.
 #[derive(Clone, Debug)]
 pub struct SlotTable {
     capacity: usize,
-    slot: HashMap<String, usize>,
+    slot: FnvMap<String, usize>,
     /// Released slots, the next one to give out last.
     free: Vec<usize>,
     /// Slots `next..capacity` were never given out.
     next: usize,
+    /// Per given-out slot, the last `assign` call that listed it (finds an id listed twice).
+    seen: Vec<u32>,
+    call: u32,
 }
 
 impl SlotTable {
     /// An empty table of `max_num_reqs` slots (slot 0 is given out first).
     pub fn new(max_num_reqs: i64) -> Result<SlotTable> {
         let capacity = check_capacity(max_num_reqs)?;
-        Ok(SlotTable { capacity, slot: HashMap::new(), free: Vec::new(), next: 0 })
+        Ok(SlotTable { capacity, slot: FnvMap::default(), free: Vec::new(), next: 0, seen: Vec::new(), call: 0 })
     }
 
     pub fn capacity(&self) -> usize {
@@ -63,47 +91,62 @@ impl SlotTable {
     /// Each request's slot, in batch order; requests seen for the first time get a free slot.
     /// Returns the slots and the ids given a slot by this call. Nothing changes on an error: an id
     /// listed twice, or more live requests than slots.
-    pub fn assign(&mut self, req_ids: &[String]) -> Result<(Vec<i64>, Vec<String>)> {
-        let mut row: HashMap<&str, usize> = HashMap::with_capacity(req_ids.len());
-        let mut new = 0usize;
+    pub fn assign<S: AsRef<str>>(&mut self, req_ids: &[S]) -> Result<(Vec<i64>, Vec<String>)> {
+        let twice = |r: &str, i: usize| {
+            let j = req_ids.iter().position(|x| x.as_ref() == r).unwrap_or(i);
+            Error::plan(format!("request {r} is listed twice in the batch (rows {j} and {i}); request ids must be unique"))
+        };
+        self.call = self.call.wrapping_add(1);
+        if self.call == 0 {
+            self.seen.iter_mut().for_each(|x| *x = 0);
+            self.call = 1;
+        }
+        let mut found: Vec<i64> = Vec::with_capacity(req_ids.len());
+        let mut new: FnvMap<&str, usize> = FnvMap::default();
         for (i, r) in req_ids.iter().enumerate() {
-            if let Some(j) = row.insert(r.as_str(), i) {
-                return Err(Error::plan(format!("request {r} is listed twice in the batch (rows {j} and {i}); request ids must be unique")));
-            }
-            if !self.slot.contains_key(r) {
-                new += 1;
-                if new > self.free.len() + (self.capacity - self.next) {
-                    return Err(Error::plan(format!("request {r} (row {i}): more live requests than max_num_reqs = {}", self.capacity)));
+            let r = r.as_ref();
+            match self.slot.get(r) {
+                Some(&s) => {
+                    if self.seen[s] == self.call {
+                        return Err(twice(r, i));
+                    }
+                    self.seen[s] = self.call;
+                    found.push(s as i64);
+                }
+                None => {
+                    if new.insert(r, i).is_some() {
+                        return Err(twice(r, i));
+                    }
+                    if new.len() > self.free.len() + (self.capacity - self.next) {
+                        return Err(Error::plan(format!("request {r} (row {i}): more live requests than max_num_reqs = {}", self.capacity)));
+                    }
+                    found.push(-1);
                 }
             }
         }
-        let mut added = Vec::new();
-        let slots = req_ids
-            .iter()
-            .map(|r| {
-                let s = match self.slot.get(r) {
-                    Some(&s) => s,
-                    None => {
-                        let s = self.free.pop().unwrap_or_else(|| {
-                            self.next += 1;
-                            self.next - 1
-                        });
-                        self.slot.insert(r.clone(), s);
-                        added.push(r.clone());
-                        s
-                    }
-                };
-                s as i64
-            })
-            .collect();
-        Ok((slots, added))
+        let mut added = Vec::with_capacity(new.len());
+        if !new.is_empty() {
+            for (r, s) in req_ids.iter().zip(found.iter_mut()) {
+                if *s < 0 {
+                    let slot = self.free.pop().unwrap_or_else(|| {
+                        self.next += 1;
+                        self.seen.push(0);
+                        self.next - 1
+                    });
+                    self.slot.insert(r.as_ref().to_string(), slot);
+                    added.push(r.as_ref().to_string());
+                    *s = slot as i64;
+                }
+            }
+        }
+        Ok((found, added))
     }
 
     /// Frees the slots of `req_ids` (ids without a slot are skipped); returns the freed slots.
-    pub fn release<'a>(&mut self, req_ids: impl IntoIterator<Item = &'a str>) -> Vec<i64> {
+    pub fn release<S: AsRef<str>>(&mut self, req_ids: &[S]) -> Vec<i64> {
         let mut freed = Vec::new();
         for r in req_ids {
-            if let Some(s) = self.slot.remove(r) {
+            if let Some(s) = self.slot.remove(r.as_ref()) {
                 self.free.push(s);
                 freed.push(s as i64);
             }
@@ -135,7 +178,7 @@ mod tests {
         assert_eq!(t.assign(&ids(&["b", "a"])).unwrap(), (vec![1, 0], vec![]));
         let full = t.assign(&ids(&["a", "c"])).unwrap_err().message;
         assert_eq!(full, "request c (row 1): more live requests than max_num_reqs = 2");
-        assert_eq!(t.release(["a", "zzz"]), vec![0]);
+        assert_eq!(t.release(&["a", "zzz"]), vec![0]);
         assert_eq!(t.assign(&ids(&["c"])).unwrap(), (vec![0], ids(&["c"])));
         assert_eq!(t.live(), 2);
         // A large table gives out its slots lazily.
@@ -149,6 +192,10 @@ mod tests {
         let e = t.assign(&ids(&["a", "b", "a"])).unwrap_err().message;
         assert_eq!(e, "request a is listed twice in the batch (rows 0 and 2); request ids must be unique");
         assert_eq!(t.live(), 0);
+        t.assign(&ids(&["a", "b"])).unwrap();
+        let e = t.assign(&ids(&["b", "c", "b"])).unwrap_err().message;
+        assert_eq!(e, "request b is listed twice in the batch (rows 0 and 2); request ids must be unique");
+        assert_eq!((t.live(), t.assign(&ids(&["b", "a"])).unwrap().0), (2, vec![1, 0]));
     }
 
     #[test]
