@@ -122,3 +122,23 @@ def test_the_state_cache_refuses_floats():
     _refused(lambda: cache.conv_state(0.0), "layer")
     for k, v in cache.buffers().items():
         assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("name", [{"a": 1}, ["qwen3-next"], None, "qwen3-next"])
+def test_an_unknown_preset_lists_the_known_ones(name):
+    with pytest.raises(rs.LayoutError, match="unknown preset .*; choose one of: qwen3-next-80b-a3b"):
+        layouts.preset(name)
+
+
+@pytest.mark.parametrize("tables", [None, object()])
+def test_plan_needs_a_list_of_tables(tables):
+    p, states = _planner()
+    _refused(
+        lambda: p.plan(tables, GOOD["src"], GOOD["dst"], GOOD["acc"]), "block_tables must be a list", states=states
+    )
+
+
+@pytest.mark.parametrize("value", [np.array([2, 2]), 2.0, -1])
+def test_the_steps_speculative_blocks_are_integers(value):
+    with pytest.raises(rs.PlanError, match="num_spec_blocks"):
+        VllmMambaStep([(0, LAYOUT, _states())], block_size=4, num_spec_blocks=value, max_num_reqs=4)

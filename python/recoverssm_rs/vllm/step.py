@@ -37,6 +37,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
+from .. import _core
 from .._core import Layout, StateSpec, VllmSlots
 from ..contract import validate_copy_funcs
 from ..errors import BindingError, LayoutError, PlanError
@@ -170,7 +171,7 @@ class VllmMambaStep:
         self._slots_table = VllmSlots(max_num_reqs)
         self._group_ids = [int(g) for g, _, _ in groups]
         self.planner = Planner.from_groups([(layout, states) for _, layout, states in groups], block_size=block_size)
-        if self.planner.num_spec != num_spec_blocks:
+        if _core.check_index("num_spec_blocks", num_spec_blocks, 2**32) != self.planner.num_spec:
             raise LayoutError(
                 f"the groups' layouts have num_spec = {self.planner.num_spec}, but num_spec_blocks is "
                 f"{num_spec_blocks}; every group shares the step's speculative blocks"
