@@ -162,3 +162,13 @@ def test_the_device_steps_capacity_is_checked_by_the_core(value, message):
     with pytest.raises(PlanError, match=f"max_num_reqs.*{message}"):
         VllmSlots.check_capacity(value)
     assert VllmSlots.check_capacity(2**24) == 2**24
+
+
+def test_a_request_id_that_cannot_be_a_key_is_named():
+    sim, side = _side()
+    step = _step(side)
+    out = _batch(sim, side, [Req("a", prompt=9, cols=[{}])], {"a": (9, 0)})
+    side.input_batch.req_ids = [["a"]]
+    with pytest.raises(PlanError, match=r"request \['a'\] \(row 0\): not in requests"):
+        step.preprocess(out, side.input_batch, side.requests)
+    assert repr(step).endswith("live=0)")

@@ -121,9 +121,16 @@ def _lookup(table: Mapping[str, Any], req_ids: Sequence[str], what: str) -> Iter
     :class:`PlanError` naming it."""
     try:
         return list(map(table.__getitem__, req_ids))
-    except KeyError:
-        row, r = next((i, r) for i, r in enumerate(req_ids) if r not in table)
+    except (KeyError, TypeError):  # TypeError: an id that cannot be a key
+        row, r = next(((i, r) for i, r in enumerate(req_ids) if not _has(table, r)), (0, None))
         raise PlanError(f"request {r} (row {row}): not in {what}") from None
+
+
+def _has(table: Mapping[str, Any], key: Any) -> bool:
+    try:
+        return key in table
+    except TypeError:
+        return False
 
 
 def _gather(values: Iterable[Any]) -> np.ndarray:
