@@ -16,6 +16,7 @@ pub mod executor;
 pub mod families;
 pub mod kernels;
 pub mod layout;
+pub mod memory;
 pub mod plan;
 pub mod sharding;
 pub mod tensor;

@@ -23,6 +23,7 @@ __all__ = [
     "RecoverSSMError",
     "StateSpec",
     "TransferPlan",
+    "VllmSlots",
     "__version__",
     "_validate_copy_funcs",
     "align_post_process",
@@ -89,7 +90,7 @@ class StateSpec:
 class Layout:
     """A validated per-layer layout: persistent states first, workspace after."""
 
-    def __new__(cls, backend: str, states: Sequence[StateSpec], num_spec: int = 0) -> Layout: ...
+    def __new__(cls, backend: str, states: Sequence[StateSpec], num_spec: int | None = None) -> Layout: ...
     @property
     def backend(self) -> str: ...
     @property
@@ -332,6 +333,26 @@ def vllm_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]
 def vllm_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
 def vllm_device_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
 def vllm_device_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
+
+@final
+class VllmSlots:
+    """The rows of vLLM's ``mamba_state_idx``: one slot per live request."""
+
+    def __new__(cls, max_num_reqs: int) -> VllmSlots: ...
+    @staticmethod
+    def check_capacity(max_num_reqs: int) -> int:
+        """``max_num_reqs`` as a table's capacity (``PlanError`` outside ``1 ..= 2**24``)."""
+    def assign(self, req_ids: Sequence[str]) -> tuple[list[int], list[str]]:
+        """Each request's slot and the ids given one by this call (``PlanError``, nothing
+        assigned, for an id listed twice or a full table)."""
+    def release(self, req_ids: Sequence[str]) -> list[int]:
+        """Frees the slots of ``req_ids``; returns the freed slots."""
+    def check(self, slots: Any, req_ids: Sequence[str] | None = None) -> list[int]:
+        """``PlanError`` naming the request unless every slot is in the table and its own."""
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def live(self) -> int: ...
 
 # Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
 @final

@@ -55,10 +55,10 @@ def _group_tuple(group: Any) -> tuple[Any, ...]:
     spec_blocks = _field(group, "num_speculative_blocks")
     return (
         _backend_name(backend),
-        [[int(d) for d in shape] for shape in shapes],
+        [list(shape) for shape in shapes],  # integers, converted (never truncated) by the core
         None if dtypes is None else [str(d) for d in dtypes],
-        None if block_size is None else int(block_size),
-        None if spec_blocks is None else int(spec_blocks),
+        block_size,
+        spec_blocks,
         None if mode is None else str(_backend_name(mode)),
     )
 

@@ -249,7 +249,7 @@ def preset(name: str, **overrides: Any) -> Layout:
         LayoutError: an unknown preset (the message lists the known ones), or overrides the
             family's calculator refuses.
     """
-    p = PRESETS.get(name)
+    p = PRESETS.get(name) if isinstance(name, str) else None
     if p is None:
         raise LayoutError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
     return p.layout(**overrides)

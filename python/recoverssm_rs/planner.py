@@ -282,9 +282,15 @@ class Planner:
         Raises:
             PlanError: as :meth:`plan_align` (prefixed with the group when there are several).
         """
+        try:
+            tables = list(block_tables)
+        except TypeError:
+            raise PlanError(
+                f"block_tables must be a list of block tables (one per group), got {type(block_tables).__name__}"
+            ) from None
         return CopyPlan(
             self.core.plan(
-                tables=list(block_tables),
+                tables=tables,
                 src_col=src_col,
                 dst_col=dst_col,
                 num_accepted=num_accepted,

@@ -1,6 +1,6 @@
 //! Bindings for the layout model, the copy-function check and the family calculators.
 
-use super::conversion::{kwargs, Arg, DtypeName, FromKwargs};
+use super::conversion::{kwargs, Arg, DtypeName, FromKwargs, Ints};
 use crate::copy_funcs::{validate_copy_funcs as core_validate, GroupSpec};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorKind};
@@ -21,7 +21,15 @@ pub struct StateSpec {
 impl StateSpec {
     #[new]
     #[pyo3(signature = (name, shape, dtype, role = "persistent", copy = None, conv_layout = None))]
-    fn new(name: &str, shape: Vec<i64>, dtype: &Bound<'_, PyAny>, role: &str, copy: Option<&str>, conv_layout: Option<&str>) -> PyResult<Self> {
+    fn new(
+        name: &str,
+        shape: &Bound<'_, PyAny>,
+        dtype: &Bound<'_, PyAny>,
+        role: &str,
+        copy: Option<&str>,
+        conv_layout: Option<&str>,
+    ) -> PyResult<Self> {
+        let shape = Ints::arg(shape, &format!("state '{name}': shape"), ErrorKind::Layout)?.0;
         let dtype = dtype_name(dtype)?;
         let inner = CoreSpec::from_parts(name, &shape, &dtype, role, copy, conv_layout)?;
         Ok(Self { inner })
@@ -131,8 +139,12 @@ fn specs_tuple<'py>(py: Python<'py>, specs: &[CoreSpec]) -> PyResult<Bound<'py, 
 #[pymethods]
 impl Layout {
     #[new]
-    #[pyo3(signature = (backend, states, num_spec = 0))]
-    fn new(backend: &str, states: Vec<PyRef<'_, StateSpec>>, num_spec: u32) -> PyResult<Self> {
+    #[pyo3(signature = (backend, states, num_spec = None))]
+    fn new(backend: &str, states: Vec<PyRef<'_, StateSpec>>, num_spec: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let num_spec: u32 = match num_spec {
+            Some(n) => Arg::arg(n, "num_spec", ErrorKind::Layout)?,
+            None => 0,
+        };
         let specs = states.iter().map(|s| s.inner.clone()).collect();
         Ok(CoreLayout::new(backend, specs, num_spec)?.into())
     }
@@ -212,26 +224,40 @@ pub(crate) fn dtype_name(obj: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 /// `(backend, shapes, dtypes, block_size, num_speculative_blocks, cache_mode)` of one group.
-type GroupTuple = (String, Vec<Vec<u64>>, Option<Vec<String>>, Option<u64>, Option<u64>, Option<String>);
+type GroupTuple<'py> = (String, Vec<Bound<'py, PyAny>>, Option<Vec<String>>, Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>, Option<String>);
 
 /// Applies the copyable-prefix contract to an engine's groups; returns `{backend: prefix_len}`.
 #[pyfunction]
 pub(crate) fn _validate_copy_funcs<'py>(
     py: Python<'py>,
-    groups: Vec<GroupTuple>,
+    groups: Vec<GroupTuple<'py>>,
     copy_funcs: Vec<(String, Vec<String>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let kind = ErrorKind::Layout;
     let groups: Vec<GroupSpec> = groups
         .into_iter()
-        .map(|(backend, shapes, dtypes, block_size, num_speculative_blocks, cache_mode)| GroupSpec {
-            backend,
-            shapes,
-            dtypes,
-            block_size,
-            num_speculative_blocks,
-            cache_mode,
+        .map(|(backend, shapes, dtypes, block_size, num_speculative_blocks, cache_mode)| {
+            let at = |what: &str| format!("{backend}: {what}");
+            let shapes = shapes
+                .iter()
+                .enumerate()
+                .map(|(i, shape)| {
+                    let dims = shape.try_iter().map_err(|_| {
+                        super::conversion::arg_error(kind, format!("{}: must be a sequence of integers", at(&format!("shapes[{i}]"))))
+                    })?;
+                    dims.map(|d| u64::arg(&d?, &at(&format!("shapes[{i}]")), kind)).collect::<PyResult<Vec<u64>>>()
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok(GroupSpec {
+                shapes,
+                dtypes,
+                block_size: block_size.map(|b| u64::arg(&b, &at("block_size"), kind)).transpose()?,
+                num_speculative_blocks: num_speculative_blocks.map(|b| u64::arg(&b, &at("num_speculative_blocks"), kind)).transpose()?,
+                cache_mode,
+                backend,
+            })
         })
-        .collect();
+        .collect::<PyResult<_>>()?;
     let out = core_validate(&groups, &copy_funcs)?;
     let d = PyDict::new(py);
     for p in out {

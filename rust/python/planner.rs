@@ -3,7 +3,7 @@
 //! steps into one `CopyPlan`, and builds the fused kernel's launches for the device path.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, kwargs, FromKwargs, Ints, Table, Tables, Tensor};
+use super::conversion::{arg_error, kwargs, Arg, FromKwargs, Ints, Table, Tables, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
@@ -13,6 +13,7 @@ use crate::binding::Binding;
 use crate::error::{Error, ErrorKind};
 use crate::kernels::args::StepCheck;
 use crate::kernels::{self, FusedCopy, StepInputs};
+use crate::memory;
 use crate::plan::{AlignStep, Planner as CorePlanner, Semantics, Step};
 use crate::tensor::TensorDesc;
 use pyo3::prelude::*;
@@ -140,11 +141,18 @@ impl Planner {
     /// `block_size`: tokens per block, for vLLM's step decisions.
     #[new]
     #[pyo3(signature = (groups, *, block_size = None))]
-    fn new(py: Python<'_>, groups: Vec<GroupArg<'_>>, block_size: Option<i64>) -> PyResult<Self> {
+    fn new(py: Python<'_>, groups: Vec<GroupArg<'_>>, block_size: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let block_size: Option<i64> = match block_size {
+            Some(b) => Arg::arg(b, "block_size", ErrorKind::Binding)?,
+            None => None,
+        };
         let n = groups.len();
         let mut bindings = Vec::with_capacity(n);
         let mut guarded = Vec::new();
         let mut states = Vec::with_capacity(n);
+        // The process's memory map, read once (at the first host tensor): tensors over pages it
+        // maps read-only are bound as read-only, which the binding refuses.
+        let mut maps: Option<Option<Vec<memory::Mapping>>> = None;
         for (g, (layout, layers)) in groups.iter().enumerate() {
             let core = layout.core();
             let at = place(n, g, core.backend());
@@ -156,7 +164,13 @@ impl Planner {
                     let name = core.states().get(si).map(|s| s.name.as_str()).unwrap_or("?");
                     let label = format!("{at}layer {li}, state {si} ('{name}')");
                     match describe(t)? {
-                        Described::Tensor(d) => row.push(d),
+                        Described::Tensor(mut d) => {
+                            if d.writable && d.device.trim() == "cpu" {
+                                let itemsize = d.state_dtype().map_or(1, |t| t.itemsize());
+                                memory::mark_read_only(maps.get_or_insert_with(memory::own_maps).as_deref(), &mut d, itemsize);
+                            }
+                            row.push(d)
+                        }
                         Described::Dense(why) => return Err(Error::binding(format!("{label}: {why}")).into()),
                         Described::Unknown => {
                             let ty = t.get_type().name()?;

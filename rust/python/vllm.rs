@@ -14,9 +14,10 @@ use crate::kernels::StepInputs;
 use crate::plan::GroupTable;
 use crate::tensor::TensorDesc;
 use crate::vllm::device_step::{self, StagedStep, Tables as TableSource};
+use crate::vllm::slots::{self, SlotTable};
 use crate::vllm::{self, decide, PostInputs, PreInputs, StepConfig};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 
 /// Accepted counts: a host vector (checked by the host decision) or a device tensor (read only by
 /// the kernel).
@@ -296,7 +297,82 @@ fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, Py
     Ok((RawBuffer::new(running), RawBuffer::new(st.data), l))
 }
 
+/// Request ids as Python strings (`str(id)` for anything else), in order.
+fn request_ids<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Vec<Bound<'py, PyString>>> {
+    let items = obj.try_iter().map_err(|_| arg_error(ErrorKind::Plan, format!("{name} must be a sequence of request ids")))?;
+    items
+        .map(|r| {
+            let r = r?;
+            match r.cast_into::<PyString>() {
+                Ok(s) => Ok(s),
+                Err(e) => e.into_inner().str(),
+            }
+        })
+        .collect()
+}
+
+/// The ids' text, borrowed from the Python strings.
+fn id_texts<'a>(ids: &'a [Bound<'_, PyString>]) -> PyResult<Vec<&'a str>> {
+    ids.iter().map(|s| s.to_str()).collect()
+}
+
+/// The rows of vLLM's `mamba_state_idx`: one slot per live request (`slots.rs` in the core).
+#[pyclass(module = "recoverssm_rs._core", name = "VllmSlots")]
+pub struct PySlots {
+    inner: SlotTable,
+}
+
+#[pymethods]
+impl PySlots {
+    /// A table of `max_num_reqs` slots (`1 ..= 2**24`).
+    #[new]
+    fn new(max_num_reqs: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let n: i64 = Arg::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?;
+        Ok(PySlots { inner: SlotTable::new(n)? })
+    }
+    /// Each request's slot in batch order (new requests get a free one) and the ids given a slot
+    /// by this call. Nothing changes on an error (an id listed twice, the table full).
+    fn assign(&mut self, req_ids: &Bound<'_, PyAny>) -> PyResult<(Vec<i64>, Vec<String>)> {
+        let ids = request_ids(req_ids, "req_ids")?;
+        Ok(self.inner.assign(&id_texts(&ids)?)?)
+    }
+    /// Frees the slots of `req_ids` (ids without one are skipped); returns the freed slots.
+    fn release(&mut self, req_ids: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        let ids = request_ids(req_ids, "req_ids")?;
+        Ok(self.inner.release(&id_texts(&ids)?))
+    }
+    /// Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
+    /// requests in errors.
+    #[pyo3(signature = (slots, req_ids = None))]
+    fn check(&self, slots: &Bound<'_, PyAny>, req_ids: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
+        let slots = Ints::arg(slots, "slots", ErrorKind::Plan)?.0;
+        let names = RequestNames(req_ids.filter(|r| !r.is_none()).map(|r| r.clone().unbind()));
+        slots::check_slots(&slots, self.inner.capacity(), &|i| names.name(i))?;
+        Ok(slots)
+    }
+    /// `max_num_reqs` checked as a table's capacity (`PlanError` outside `1 ..= 2**24`).
+    #[staticmethod]
+    fn check_capacity(max_num_reqs: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let n: i64 = Arg::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?;
+        Ok(slots::check_capacity(n)?)
+    }
+    /// Slots in the table (`max_num_reqs`).
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    /// Requests holding a slot.
+    #[getter]
+    fn live(&self) -> usize {
+        self.inner.live()
+    }
+    fn __repr__(&self) -> String {
+        format!("VllmSlots(max_num_reqs={}, live={})", self.inner.capacity(), self.inner.live())
+    }
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PySlots>()?;
     m.add_function(wrap_pyfunction!(align_pre_copy, m)?)?;
     m.add_function(wrap_pyfunction!(align_post_process, m)?)?;
     m.add_function(wrap_pyfunction!(pre_copy, m)?)?;

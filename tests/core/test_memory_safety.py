@@ -231,3 +231,27 @@ def test_multi_group_plans_are_guarded_too():
     """)
     assert out[0].startswith("ERR BindingError group 1 (X): layer 0, state 0 ('t'):"), out
     assert out[1] == "group 0 unchanged True"
+
+
+def test_tensors_over_pages_mapped_read_only_are_refused(tmp_path):
+    # torch.from_numpy over a read-only memmap warns and still points at read-only pages: the first
+    # copy into it would segfault. The process's memory map shows the pages read-only.
+    path = tmp_path / "states.bin"
+    np.zeros((8, 4, 16, 16), np.float32).tofile(path)
+    out = run(f"""
+        import warnings
+        warnings.simplefilter("ignore")
+        path = {str(path)!r}
+        ro = torch.from_numpy(np.memmap(path, dtype=np.float32, mode="r", shape=(8, 4, 16, 16)))
+        outcome(lambda: rs.Planner(L, [[ro]]))
+        outcome(lambda: rs.Planner(L, [[ro[2:]]]))
+        rw = torch.from_numpy(np.memmap(path, dtype=np.float32, mode="r+", shape=(8, 4, 16, 16)))
+        rw[1] = 1.0
+        rs.Planner(L, [[rw]]).plan_copy(np.array([1]), np.array([3])).execute()
+        print("COPIED", float(rw[3].min()), float(rw[3].max()))
+    """)
+    assert out == [
+        "ERR BindingError X: layer 0, state 0 ('t'): the tensor is read-only; state tensors must be writable",
+        "ERR BindingError X: layer 0, state 0 ('t'): the tensor is read-only; state tensors must be writable",
+        "COPIED 1.0 1.0",
+    ]

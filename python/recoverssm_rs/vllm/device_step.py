@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _core
-from .._core import ErrorWord
+from .._core import ErrorWord, VllmSlots
 from ..cuda import module, ops
 from ..cuda.ops import cuda_index
 from ..errors import PlanError
@@ -65,7 +65,7 @@ class DeviceStep:
     def __init__(self, planner: Planner, max_num_reqs: int) -> None:
         self.planner = planner
         self.index = cuda_index(planner.device, "the device step")
-        self.max_num_reqs = int(max_num_reqs)
+        self.max_num_reqs = VllmSlots.check_capacity(max_num_reqs)
         self._out: Any = None  # int32 [2 * max_num_reqs]: the pre-copy's counts, then the post-process's
         self._err: Any = None  # int32 [3]: the step's error word
         self._staging: Any = None  # int32 device buffer the staged step is copied into

@@ -37,7 +37,8 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from .._core import Layout, StateSpec
+from .. import _core
+from .._core import Layout, StateSpec, VllmSlots
 from ..contract import validate_copy_funcs
 from ..errors import BindingError, LayoutError, PlanError
 from ..planner import CopyPlan, Planner
@@ -106,13 +107,37 @@ def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
         states.append(
             StateSpec(
                 f"{kind}{i}",
-                [int(d) for d in spec.shapes[i]],
+                list(spec.shapes[i]),
                 spec.dtypes[i],
                 copy=kind,
                 conv_layout=layout if kind == "conv" else None,
             )
         )
-    return Layout(_name(spec.mamba_type), states, num_spec=int(spec.num_speculative_blocks))
+    return Layout(_name(spec.mamba_type), states, num_spec=spec.num_speculative_blocks)
+
+
+def _lookup(table: Mapping[str, Any], req_ids: Sequence[str], what: str) -> Iterable[Any]:
+    """``table[r]`` for each request (looked up in C); a request missing from ``table`` is a
+    :class:`PlanError` naming it."""
+    try:
+        return list(map(table.__getitem__, req_ids))
+    except (KeyError, TypeError):  # TypeError: an id that cannot be a key
+        row, r = next(((i, r) for i, r in enumerate(req_ids) if not _has(table, r)), (0, None))
+        raise PlanError(f"request {r} (row {row}): not in {what}") from None
+
+
+def _has(table: Mapping[str, Any], key: Any) -> bool:
+    try:
+        return key in table
+    except TypeError:
+        return False
+
+
+def _gather(values: Iterable[Any]) -> np.ndarray:
+    """Per-request values as an array of their own type: int64 for integers; a float or object array
+    otherwise, which the core refuses naming the argument (never truncated)."""
+    items = list(values)
+    return np.asarray(items) if items else np.zeros(0, np.int64)
 
 
 def _block_table(input_batch: Any, gid: int, n: int) -> Any:
@@ -150,9 +175,10 @@ class VllmMambaStep:
         max_num_reqs: int,
         device_tables: bool = False,
     ) -> None:
+        self._slots_table = VllmSlots(max_num_reqs)
         self._group_ids = [int(g) for g, _, _ in groups]
         self.planner = Planner.from_groups([(layout, states) for _, layout, states in groups], block_size=block_size)
-        if self.planner.num_spec != num_spec_blocks:
+        if _core.check_index("num_spec_blocks", num_spec_blocks, 2**32) != self.planner.num_spec:
             raise LayoutError(
                 f"the groups' layouts have num_spec = {self.planner.num_spec}, but num_spec_blocks is "
                 f"{num_spec_blocks}; every group shares the step's speculative blocks"
@@ -160,10 +186,8 @@ class VllmMambaStep:
         self.device_step = DeviceStep(self.planner, max_num_reqs) if self.planner.device.startswith("cuda") else None
         """The device path's launches (CUDA states), else ``None``."""
         self._device_tables = bool(device_tables) and self.device_step is not None
-        self.mamba_state_idx = np.full(int(max_num_reqs), -1, dtype=np.int64)
+        self.mamba_state_idx = np.full(self._slots_table.capacity, -1, dtype=np.int64)
         """vLLM's ``mamba_state_idx``: the running-state column per slot (``-1``: none)."""
-        self._slot: dict[str, int] = {}
-        self._free = list(range(int(max_num_reqs) - 1, -1, -1))
         self._step: tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], Any] | None = None
 
     @classmethod
@@ -210,6 +234,8 @@ class VllmMambaStep:
             funcs = by_type[_name(spec.mamba_type)]
             states = []
             for layer in layers:
+                if layer not in forward_context:
+                    raise BindingError(f"group {gid}, layer {layer!r}: not in the forward context")
                 kv = list(forward_context[layer].kv_cache)
                 if len(kv) < len(funcs):
                     raise BindingError(
@@ -220,8 +246,8 @@ class VllmMambaStep:
         first = specs[0]
         return cls(
             groups,
-            block_size=int(first.block_size),
-            num_spec_blocks=int(first.num_speculative_blocks),
+            block_size=first.block_size,
+            num_spec_blocks=first.num_speculative_blocks,
             max_num_reqs=max_num_reqs,
             device_tables=device_tables,
         )
@@ -232,30 +258,16 @@ class VllmMambaStep:
 
     def release(self, req_ids: Iterable[str]) -> None:
         """Forget finished / preempted / resumed requests: their running columns become ``-1``."""
-        for r in req_ids:
-            s = self._slot.pop(r, None)
-            if s is not None:
-                self.mamba_state_idx[s] = -1
-                self._free.append(s)
+        freed = self._slots_table.release(list(req_ids))
+        if freed:
+            self.mamba_state_idx[freed] = -1
 
     def _slots(self, req_ids: Sequence[str], added: list[str]) -> np.ndarray:
         """Each request's slot; new requests get a free one (their ids are appended to ``added``).
-        The lookups run in C (``map``); only new requests take a Python step."""
-        slot = self._slot
-        found = list(map(slot.get, req_ids))
-        if None in found:
-            for i, r in enumerate(req_ids):
-                if found[i] is None:
-                    if r in slot:  # a new id seen earlier in this batch
-                        found[i] = slot[r]
-                        continue
-                    if not self._free:
-                        raise PlanError(
-                            f"request {r!r}: more live requests than max_num_reqs = {len(self.mamba_state_idx)}"
-                        )
-                    found[i] = slot[r] = self._free.pop()
-                    added.append(r)
-        return np.fromiter(found, np.int64, len(req_ids))
+        Raises :class:`PlanError` (nothing assigned) for an id listed twice or a full table."""
+        slots, new = self._slots_table.assign(req_ids)
+        added.extend(new)
+        return np.asarray(slots, dtype=np.int64)
 
     # --------------------------------------------------------------------------------------------
     # The step
@@ -293,7 +305,7 @@ class VllmMambaStep:
         count for the step). Host path only (the device path's array form is
         :meth:`DeviceStep.pre_copy <recoverssm_rs.vllm.device_step.DeviceStep.pre_copy>`)."""
         self._host_only("pre_copy")
-        slots = np.asarray(slots, dtype=np.int64)
+        slots = np.asarray(self._slots_table.check(slots, req_ids), dtype=np.int64)
         d, plan = plan_pre_copy(
             self.planner,
             block_tables,
@@ -382,8 +394,8 @@ class VllmMambaStep:
             sched = scheduler_output.num_scheduled_tokens
             spec = scheduler_output.scheduled_spec_decode_tokens
             # Per-request values gathered in C (map), not a Python loop over requests.
-            c = np.fromiter(map(_COMPUTED, map(requests.__getitem__, req_ids)), np.int64, n)
-            ns = np.fromiter(map(sched.__getitem__, req_ids), np.int64, n)
+            c = _gather(map(_COMPUTED, _lookup(requests, req_ids, "requests")))
+            ns = _gather(_lookup(sched, req_ids, "scheduler_output.num_scheduled_tokens"))
             nd = np.fromiter(map(len, map(spec.get, req_ids, repeat((), n))), np.int64, n)
             tables = self.tables(input_batch, n)
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
@@ -425,17 +437,20 @@ class VllmMambaStep:
             tensor (never read by the host here).
         """
         if self._step is None:
-            raise PlanError("postprocess needs the step's preprocess first")
+            raise PlanError("postprocess needs the step's preprocess first, and runs once per step")
         tables, curr, c, ns, nd, req_ids, dev_tables = self._step
         if self.device_step is not None:
-            return self.device_step.post_process(
+            out = self.device_step.post_process(
                 tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream, device_tables=dev_tables
             )
-        return self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
+        else:
+            out = self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
+        self._step = None  # the step's copies ran: a second postprocess would run them again
+        return out
 
     def __repr__(self) -> str:
         path = "host" if self.device_step is None else f"device {self.planner.device}"
         return (
             f"VllmMambaStep(groups={self._group_ids}, block_size={self.planner.block_size}, "
-            f"num_spec_blocks={self.planner.num_spec}, path={path!r}, live={len(self._slot)})"
+            f"num_spec_blocks={self.planner.num_spec}, path={path!r}, live={self._slots_table.live})"
         )
