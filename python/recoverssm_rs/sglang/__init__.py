@@ -1,0 +1,10 @@
+"""The adapter for SGLang's mamba pool: :class:`SglangMambaPool` (SGLang's ``MambaPool``
+operations -- copy-on-write, fork, slot clearing, HiCache host copies, the speculative commit
+after verify -- over the package's planner) and :func:`install` (route a running pool through it).
+
+SGLang itself is never imported: every SGLang object is read by attribute.
+"""
+
+from .pool import SglangMambaPool, install
+
+__all__ = ["SglangMambaPool", "install"]
