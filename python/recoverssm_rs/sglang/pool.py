@@ -16,6 +16,7 @@ SGLang is never imported: the pool is read by attribute.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -78,8 +79,8 @@ class SglangMambaPool:
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        live_conv = [c for c in self.conv if c.numel() > 0]
-        has_temporal = temporal is not None and temporal.numel() > 0
+        live_conv = [c for c in self.conv if math.prod(c.shape) > 0]
+        has_temporal = temporal is not None and math.prod(temporal.shape) > 0
         groups: list[tuple[Layout, list[list[Any]]]] = []
         for i, c in enumerate(live_conv):
             specs = [
@@ -96,7 +97,8 @@ class SglangMambaPool:
             spec = StateSpec("temporal", tuple(temporal.shape[2:]), _dtype_name(temporal.dtype), copy="temporal")
             groups.append((Layout("sglang", [spec]), [[temporal[layer]] for layer in range(temporal.shape[0])]))
         self.planner = Planner.from_groups(groups)
-        self._ones: dict[int, tuple[Any, Any, Any]] = {}
+        self._slots_dev: Any = None
+        self._ones_dev: Any = None
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -162,24 +164,46 @@ class SglangMambaPool:
         self.planner.plan_copy(_host_ids(src_indices), _host_ids(dst_indices)).execute()
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
-        import torch
-
-        src = torch.as_tensor(src_indices, device=self.device).to(torch.int32)
-        dst = torch.as_tensor(dst_indices, device=self.device).to(torch.int32)
-        if src.shape != dst.shape or src.ndim != 1:
+        """One fused launch of the planner's state-copy kernel: every request reads the same
+        identity row of slot ids (a table with row and group stride 0), so its source and
+        destination columns are the slot ids themselves, and one accepted token means a whole copy.
+        """
+        src, dst = self._on_device(src_indices), self._on_device(dst_indices)
+        if tuple(src.shape) != tuple(dst.shape) or len(src.shape) != 1:
             raise PlanError(
                 f"src_indices and dst_indices must be vectors of one length; got {tuple(src.shape)} and {tuple(dst.shape)}"
             )
         n = int(src.shape[0])
         if n == 0:
             return
-        cols = self._ones.get(n)
-        if cols is None:
-            zeros = torch.zeros(n, dtype=torch.int32, device=self.device)
-            ones = torch.ones(n, dtype=torch.int32, device=self.device)
-            cols = self._ones[n] = (zeros, ones, ones)
-        table = torch.stack((src, dst), dim=1)
-        self.planner.launch(table, cols[0], cols[1], cols[2], semantics="pre_copy")
+        slots, ones = self._device_constants(n)
+        g, s = self.planner.num_groups, self.num_slots
+        table = slots.as_strided((n, s), (0, 1)) if g == 1 else slots.as_strided((g, n, s), (0, 0, 1))
+        self.planner.launch(table, src, dst, ones[:n], semantics="pre_copy")
+
+    def _on_device(self, x: Any) -> Any:
+        if getattr(getattr(x, "device", None), "type", None) == "cuda":
+            return x
+        import torch
+
+        return torch.as_tensor(_host_ids(x)).to(self.device, non_blocking=True)
+
+    def _device_constants(self, n: int) -> tuple[Any, Any]:
+        """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
+        device (uploaded once; the ones grow by doubling)."""
+        import numpy as np
+        import torch
+
+        from ..cuda import ops
+
+        index = int(self.device.split(":")[1])
+        if self._slots_dev is None:
+            ids = np.arange(self.num_slots, dtype=np.int32)
+            self._slots_dev = ops.cuda_ops.upload(ids.view(np.uint8), index).view(torch.int32)
+        if self._ones_dev is None or int(self._ones_dev.shape[0]) < n:
+            cap = max(n, 2 * (0 if self._ones_dev is None else int(self._ones_dev.shape[0])), 64)
+            self._ones_dev = ops.cuda_ops.upload(np.ones(cap, dtype=np.int32).view(np.uint8), index).view(torch.int32)
+        return self._slots_dev, self._ones_dev
 
     def fork(self, src_indices: Any, dst_indices: Any) -> None:
         """A fork (SGLang's radix donation: ``alloc`` then ``copy_from``) into freshly allocated
