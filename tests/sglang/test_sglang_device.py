@@ -12,9 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.device_fakes import FakeCuda  # noqa: E402
-
 from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+from support.device_fakes import FakeCuda  # noqa: E402
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation needs a C++ compiler")
 
