@@ -17,6 +17,7 @@ pub mod families;
 pub mod kernels;
 pub mod layout;
 pub mod plan;
+pub mod sglang;
 pub mod sharding;
 pub mod tensor;
 pub mod transfer;

@@ -1,37 +1,17 @@
 """The speculative commit after verify over an SGLang pool (see
-:meth:`SglangMambaPool.commit_after_verify`): one gather-scatter per state tensor, every index
-checked before the first byte moves."""
+:meth:`SglangMambaPool.commit_after_verify`): the core checks every index and selects the requests
+that write; then one gather-scatter per state tensor and pass."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import _core
 from ..errors import PlanError
 from .pool import _host_ids
 
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
-
-
-def _selection(name: str, dst: Any, steps: Any, rows: Any, num_slots: int, num_rows: int, draft: int) -> Any:
-    """The requests that write (step and slot not negative), after checking their indices."""
-    import numpy as np
-
-    if not (len(dst) == len(steps) == len(rows)):
-        raise PlanError(
-            f"{name}: slots, steps and rows must have one length; got {len(dst)}, {len(steps)}, {len(rows)}"
-        )
-    take = np.flatnonzero((steps >= 0) & (dst >= 0))
-    for r in take:
-        if steps[r] >= draft:
-            raise PlanError(f"{name}: request {r}: step {steps[r]} is past the draft (0..{draft - 1})")
-        if dst[r] >= num_slots:
-            raise PlanError(f"{name}: request {r}: slot {dst[r]} is outside 0..{num_slots - 1}")
-        if not 0 <= rows[r] < num_rows:
-            raise PlanError(f"{name}: request {r}: scratch row {rows[r]} is outside 0..{num_rows - 1}")
-    if len(np.unique(dst[take])) != len(take):
-        raise PlanError(f"{name}: two requests write one slot: {sorted(dst[take].tolist())}")
-    return take
 
 
 def commit_after_verify(
@@ -58,14 +38,22 @@ def commit_after_verify(
     if not scratch:
         return
     steps = _host_ids(last_correct_step_indices)
+    slots = _host_ids(state_indices)
     rows = np.arange(len(steps), dtype=np.int64) if src_indices is None else _host_ids(src_indices)
-    passes = [("commit", _host_ids(state_indices), steps)]
-    if track_indices is not None:
-        if steps_to_track is None:
-            raise PlanError("commit_after_verify: track_indices given without steps_to_track")
-        passes.append(("track", _host_ids(track_indices), _host_ids(steps_to_track)))
-    num_rows, draft = int(scratch[0][1].shape[1]), int(scratch[0][1].shape[2])
-    chosen = [(_selection(name, dst, st, rows, pool.num_slots, num_rows, draft), dst, st) for name, dst, st in passes]
+    track = None if track_indices is None else _host_ids(track_indices)
+    track_steps = None if steps_to_track is None else _host_ids(steps_to_track)
+    selected = _core.sglang_commit_selection(
+        slots=slots,
+        steps=steps,
+        track_slots=track,
+        track_steps=track_steps,
+        rows=rows,
+        num_slots=pool.num_slots,
+        num_rows=int(scratch[0][1].shape[1]),
+        draft=int(scratch[0][1].shape[2]),
+    )
+    passes = [(slots, steps)] + ([] if track is None else [(track, track_steps)])
+    chosen = [(np.asarray(take, dtype=np.int64), dst, st) for take, (dst, st) in zip(selected, passes, strict=True)]
     device = scratch[0][0].device
     for state, inter in scratch:
         for take, dst, st in chosen:

@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from .. import _core
 from .._core import Layout, StateSpec
 from ..errors import PlanError
 from ..planner import Planner
@@ -253,13 +254,14 @@ class SglangMambaPool:
         ids = self._check_slots(indices)
         pairs = [*zip(self.conv, conv_cpu, strict=True), (self.temporal, temporal_cpu)]
         for k, (dst, src) in enumerate(pairs):
-            name = "temporal" if k == len(pairs) - 1 else f"conv[{k}]"
-            want = (dst.shape[0], len(ids), *dst.shape[2:])
-            if src.dtype != dst.dtype or tuple(src.shape) != want:
-                raise PlanError(
-                    f"load_cpu_copy: {name}: the host copy is {src.dtype} {tuple(src.shape)}, the pool "
-                    f"needs {dst.dtype} {want}"
-                )
+            _core.sglang_check_host_copy(
+                state="temporal" if k == len(pairs) - 1 else f"conv[{k}]",
+                pool_dtype=str(dst.dtype),
+                pool_shape=tuple(dst.shape),
+                host_dtype=str(src.dtype),
+                host_shape=tuple(src.shape),
+                num_slots=len(ids),
+            )
         idx = torch.as_tensor(ids, device=self.device)
         for dst, src in pairs:
             dst.index_copy_(1, idx, src.to(dst.device, non_blocking=True))
