@@ -9,7 +9,10 @@ files are extracted there and loaded by path:
 * ``sglang/srt/mem_cache/memory_pool.py`` -- ``MambaPool`` (allocation of the layer-stacked conv
   list and temporal tensor, ``clear_slots``, ``copy_from``, ``get_cpu_copy`` / ``load_cpu_copy``,
   ``get_state_dim_per_tensor``);
-* ``sglang/srt/mem_cache/allocator/mamba.py`` -- ``MambaSlotAllocator`` (slot ids);
+* ``sglang/srt/mem_cache/memory_pool.py``'s ``HybridReqToTokenPool`` (request rows, their mamba
+  slots and the ping-pong track slots of the radix cache);
+* ``sglang/srt/mem_cache/allocator/mamba.py`` -- ``MambaSlotAllocator`` (slot ids) and
+  ``sglang/srt/mem_cache/allocation_sizing.py`` (how many track slots a request gets);
 * ``sglang/srt/configs/mamba_utils.py`` -- ``Mamba2CacheParams`` / ``KimiLinearCacheParams`` and
   their shape calculators;
 * ``sglang/srt/layers/attention/hybrid_linear_attn_backend.py`` -- the torch fallback of the
@@ -18,8 +21,9 @@ files are extracted there and loaded by path:
 Imports those files name but the code under test does not exercise without a GPU (kernels, model
 runner, server configuration, platform probes) are stand-ins: platform probes answer "not CUDA /
 NPU / CPU-AMX" (so the pools take their generic PyTorch paths, and chain drafts get the
-deduplicated conv-window layout SGLang uses on CUDA), environment switches are unset, and
-synchronisation is a no-op. No SGLang code is stored in this repository.
+deduplicated conv-window layout SGLang uses on CUDA), environment switches are unset,
+synchronisation is a no-op, host-to-device staging is a plain copy, and the optional side-state
+and int8 checkpoint pools are absent, as SGLang builds them without their configuration. No SGLang code is stored in this repository.
 
 :func:`load` returns the loaded modules, or raises :class:`OracleUnavailable` with the reason.
 """
@@ -35,6 +39,7 @@ import sys
 import types
 import zipfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from . import vllm_oracle
@@ -43,6 +48,7 @@ VERSION = "0.5.23"
 FILES = {
     "sglang.srt.configs.mamba_utils": "sglang/srt/configs/mamba_utils.py",
     "sglang.srt.mem_cache.allocator.mamba": "sglang/srt/mem_cache/allocator/mamba.py",
+    "sglang.srt.mem_cache.allocation_sizing": "sglang/srt/mem_cache/allocation_sizing.py",
     "sglang.srt.mem_cache.memory_pool": "sglang/srt/mem_cache/memory_pool.py",
     "sglang.srt.layers.attention.hybrid_linear_attn_backend": "sglang/srt/layers/attention/hybrid_linear_attn_backend.py",
 }
@@ -131,6 +137,25 @@ def _no(*a: Any, **k: Any) -> bool:
     return False
 
 
+def _h2d(args: Any, *, dtype: Any, device: Any) -> Any:
+    """``async_h2d`` without pinned memory (there is no device to copy to)."""
+    import torch
+
+    return torch.tensor(args, dtype=dtype).to(device)
+
+
+class _DisabledSideState:
+    """The per-layer-embedding side-state pools as SGLang builds them without a config: disabled."""
+
+    enabled = False
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
 def _divide(a: int, b: int) -> int:
     assert a % b == 0, f"{a} is not divisible by {b}"
     return a // b
@@ -156,7 +181,9 @@ _NAMED: dict[str, dict[str, Any]] = {
     "sglang.srt.platforms": {"current_platform": _Platform()},
     "sglang.srt.utils.torch_memory_saver_adapter": {"TorchMemorySaverAdapter": _MemorySaver},
     "sglang.srt.mem_cache.utils": {"maybe_init_custom_mem_pool": lambda device=None: (False, None, None)},
-    "sglang.srt.mem_cache.allocation_sizing": {"get_mamba_tracking_slots": lambda **k: 2},
+    "sglang.srt.utils.common": {"async_h2d": _h2d},
+    "sglang.srt.mem_cache.ple_state_pool": {"ShortConvPool": _DisabledSideState, "NGramPool": _DisabledSideState},
+    "sglang.srt.mem_cache.mamba_checkpoint_pool": {"maybe_init_int8_mamba_checkpoint_pool": lambda **k: None},
     "sglang.srt.layers.attention.linear.utils": {"pp_spec_stable_rows_enabled": _no},
 }
 
@@ -184,6 +211,25 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+@contextlib.contextmanager
+def stubs() -> Iterator[None]:
+    """While active, ``sglang`` imports resolve to the loaded files and the stand-ins (SGLang
+    imports some modules inside functions: wrap calls that do, such as ``HybridReqToTokenPool``'s
+    constructor); afterwards ``sys.modules`` holds no ``sglang`` module again."""
+    finder = _StubFinder()
+    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    if _LOADED is not None:
+        sys.modules.update(_LOADED.modules)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
 _LOADED: types.SimpleNamespace | None = None
 
 
@@ -199,11 +245,8 @@ def load() -> types.SimpleNamespace:
         import triton  # noqa: F401  # memory_pool.py defines Triton kernels at import
     except Exception as exc:  # noqa: BLE001
         raise OracleUnavailable(f"Triton is not importable ({exc}); pip install triton") from None
-    finder = _StubFinder()
-    saved = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
-    sys.meta_path.insert(0, finder)
     loaded = {}
-    try:
+    with stubs():
         for name in FILES:
             spec = importlib.util.spec_from_file_location(name, paths[name])
             assert spec is not None and spec.loader is not None
@@ -211,15 +254,11 @@ def load() -> types.SimpleNamespace:
             sys.modules[name] = mod
             spec.loader.exec_module(mod)
             loaded[name] = mod
-    finally:
-        sys.meta_path.remove(finder)
-        for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
     _LOADED = types.SimpleNamespace(
         configs=loaded["sglang.srt.configs.mamba_utils"],
         alloc=loaded["sglang.srt.mem_cache.allocator.mamba"],
         pool=loaded["sglang.srt.mem_cache.memory_pool"],
         backend=loaded["sglang.srt.layers.attention.hybrid_linear_attn_backend"],
+        modules=loaded,
     )
     return _LOADED
