@@ -18,9 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support import sglang_oracle  # noqa: E402
-
 from recoverssm_rs.sglang import install  # noqa: E402
+from support import sglang_oracle  # noqa: E402
 
 STEPS = int(os.environ.get("RECOVERSSM_ORACLE_STEPS", "40"))
 DRAFT, MAX_REQS, MAMBA_SLOTS = 3, 6, 24

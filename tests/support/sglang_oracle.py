@@ -38,8 +38,8 @@ import os
 import sys
 import types
 import zipfile
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from . import vllm_oracle
