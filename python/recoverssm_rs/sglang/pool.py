@@ -266,6 +266,23 @@ class SglangMambaPool:
         for dst, src in pairs:
             dst.index_copy_(1, idx, src.to(dst.device, non_blocking=True))
 
+    def state_pool(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> Any:
+        """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`) for prefill ->
+        decode transfer: ``layout`` is the rank's family layout (``layouts.kda(..., tp_size=...,
+        conv_layout="SD")`` for Kimi-Linear's pool, ``layouts.gdn(..., conv_layout="DS")`` or
+        ``layouts.mamba2`` for the others), so the fingerprint carries what re-sharding between
+        tensor-parallel sizes needs and :meth:`LayoutFingerprint.check_compatible` refuses a peer of
+        another dtype or width. Binds the first conv tensor and the temporal state of every layer
+        (SGLang's transfer entries, without the verify scratch).
+
+        Raises:
+            BindingError: the pool's tensors are not ``layout``'s (dtype, per-slot shape).
+        """
+        from ..transfer import StatePool
+
+        layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.planner.num_layers)]
+        return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
+
     def commit_after_verify(
         self,
         state_indices: Any,
