@@ -1,5 +1,5 @@
 """An SGLang pool as the source and destination of the package's prefill -> decode transfers,
-against SGLang 0.5.23's own description of its transfer entries: Kimi-Linear pools built by
+against SGLang 0.5.23's own description of its transfer entries: Kimi-Linear and GDN (Qwen3-Next) pools built by
 SGLang's constructor at TP 1 (prefill) and TP 2 (decode); after the transfer each decode rank's
 slot must hold exactly the slice SGLang's ``get_state_dim_per_tensor`` /
 ``get_state_conv_shard_groups`` / ``conv_slice_axis`` describe (each of the q, k, v conv
@@ -34,6 +34,40 @@ def oracle():
         if os.environ.get("RECOVERSSM_REQUIRE_ORACLE") == "1":
             pytest.fail(f"RECOVERSSM_REQUIRE_ORACLE=1 but SGLang's oracle is unavailable: {exc}")
         pytest.skip(f"SGLang {sglang_oracle.VERSION}'s oracle is unavailable: {exc}")
+
+
+def _gdn(ns, tp, ssm_dtype=torch.float32):
+    """Qwen3-Next's GDN as SGLang builds it: a Mamba2 pool whose conv is cat([q, k, v])."""
+    C = ns.configs
+    key_dim, value_dim = 2 * HEAD_DIM, HEADS * HEAD_DIM  # 2 key heads, HEADS value heads
+    shape = C.Mamba2StateShape.create(
+        tp_world_size=tp,
+        intermediate_size=value_dim,
+        n_groups=2,
+        num_heads=HEADS,
+        head_dim=HEAD_DIM,
+        state_size=HEAD_DIM,
+        conv_kernel=K,
+        conv_shard_groups=[key_dim, key_dim, value_dim],
+    )
+    params = C.Mamba2CacheParams(
+        shape=shape, layers=[0, 1], dtype=C.Mamba2StateDType(conv=torch.bfloat16, temporal=ssm_dtype)
+    )
+    return ns.pool.MambaPool(size=6, spec_state_size=2, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+
+
+def _gdn_layout(tp, ssm_dtype="float32"):
+    return layouts.gdn(
+        num_k_heads=2,
+        head_k_dim=HEAD_DIM,
+        num_v_heads=HEADS,
+        head_v_dim=HEAD_DIM,
+        conv_kernel_size=K,
+        tp_size=tp,
+        conv_layout="DS",
+        dtype="bfloat16",
+        ssm_dtype=ssm_dtype,
+    )
 
 
 def _kimi(ns, tp, ssm_dtype=torch.float32):
@@ -79,24 +113,29 @@ def _sglang_slice(pool, tp, rank):
     return out
 
 
-def test_prefill_tp1_to_decode_tp2_equals_sglang_slicing(oracle):
-    prefill = _kimi(oracle, 1)
+FAMILIES = {"kimi": (_kimi, _layout), "gdn": (_gdn, _gdn_layout)}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_prefill_tp1_to_decode_tp2_equals_sglang_slicing(oracle, family):
+    make, layout = FAMILIES[family]
+    prefill = make(oracle, 1)
     g = torch.Generator().manual_seed(0)
     for t in [*prefill.mamba_cache.conv, prefill.mamba_cache.temporal]:
         t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
-    src = SglangMambaPool.from_pool(prefill).state_pool(_layout(1), tp_rank=0)
+    src = SglangMambaPool.from_pool(prefill).state_pool(layout(1), tp_rank=0)
     slices = _sglang_slice(prefill, 2, 0), _sglang_slice(prefill, 2, 1)
     layers = len(prefill.mamba_layer_ids)
     for rank in (0, 1):
-        decode = _kimi(oracle, 2)
-        dst = SglangMambaPool.from_pool(decode).state_pool(_layout(2), tp_rank=rank)
+        decode = make(oracle, 2)
+        dst = SglangMambaPool.from_pool(decode).state_pool(layout(2), tp_rank=rank)
         LocalTransfer([src], dst).run([(3, 5), (1, 2)])
         for s_slot, d_slot in [(3, 5), (1, 2)]:
             for layer in range(layers):
                 conv_idx, temporal_idx = slices[rank][layer], slices[rank][layers + layer]
-                # Kimi's conv slot is (K-1, channels): SGLang slices its second per-slot axis
-                assert prefill.conv_slice_axis == 1
-                want_conv = prefill.mamba_cache.conv[0][layer, s_slot][:, conv_idx]
+                # SGLang slices the per-slot axis conv_slice_axis: Kimi's (K-1, channels) on 1,
+                # the Mamba2 / GDN (channels, K-1) on 0
+                want_conv = prefill.mamba_cache.conv[0][layer, s_slot].index_select(prefill.conv_slice_axis, conv_idx)
                 want_temporal = prefill.mamba_cache.temporal[layer, s_slot][temporal_idx]
                 assert torch.equal(decode.mamba_cache.conv[0][layer, d_slot], want_conv), (rank, layer)
                 assert torch.equal(decode.mamba_cache.temporal[layer, d_slot], want_temporal), (rank, layer)
