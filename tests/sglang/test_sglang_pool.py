@@ -169,3 +169,12 @@ def test_install_leaves_pools_with_side_states_alone(caplog):
     install(pool)
     assert "copy_from" not in vars(pool)
     assert "slot siblings" in caplog.text
+
+
+def test_the_adapter_never_imports_sglang():
+    import subprocess
+    import sys
+
+    code = "import sys, recoverssm_rs.sglang; print(any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
