@@ -212,3 +212,21 @@ def test_trace_equals_sglang(oracle, name, seed):
     assert {"cow", "fork", "hicache", "write"} <= done
     if draft:
         assert "commit" in done
+
+
+def test_overlapping_copies_equal_sglang_and_cycles_are_refused(oracle):
+    """A chain of copies whose destinations are later sources reads every source before it is
+    overwritten, as SGLang's gather-then-scatter does; a cycle (SGLang swaps through its gathered
+    temporary) is refused, writing nothing."""
+    from recoverssm_rs.errors import PlanError
+
+    theirs, mine = _pool(oracle, "mamba2-bf16-chain-dedup"), _pool(oracle, "mamba2-bf16-chain-dedup")
+    _randomize(random.Random(5), _buffers(theirs), _buffers(mine))
+    install(mine)
+    src, dst = torch.tensor([1, 2, 3, 7]), torch.tensor([2, 3, 4, 1])
+    theirs.copy_from(src, dst)
+    mine.copy_from(src, dst)
+    _same(theirs, mine, "chain")
+    with pytest.raises(PlanError, match="cycle"):
+        mine.copy_from(torch.tensor([1, 2]), torch.tensor([2, 1]))
+    _same(theirs, mine, "refused cycle")
