@@ -1,6 +1,7 @@
 """The speculative commit after verify over an SGLang pool (see
 :meth:`SglangMambaPool.commit_after_verify`): the core checks every index and selects the requests
-that write; then one gather-scatter per state tensor and pass."""
+that write; then, on the host, one strided copy per (state tensor, pass, request) (no temporary),
+on a device one gather-scatter per state tensor and pass (two kernels each, not per request)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ def commit_after_verify(
     passes = [(slots, steps)] + ([] if track is None else [(track, track_steps)])
     chosen = [(np.asarray(take, dtype=np.int64), dst, st) for take, (dst, st) in zip(selected, passes, strict=True)]
     device = scratch[0][0].device
+    if device.type == "cpu":
+        # One strided copy per (tensor, pass, request): no gathered temporary.
+        for state, inter in scratch:
+            for take, dst, st in chosen:
+                for r in take.tolist():
+                    state[:, int(dst[r])].copy_(inter[:, int(rows[r]), int(st[r])])
+        return
     for state, inter in scratch:
         for take, dst, st in chosen:
             if len(take) == 0:
