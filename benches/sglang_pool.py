@@ -127,6 +127,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--repeat", type=int, default=20)
     a = ap.parse_args()
+    if a.slots < 2 * max(a.batch):
+        ap.error("--slots must be at least twice the largest --batch (commit and track slots)")
     ns = sglang_oracle.load()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {a.layers} layers, {a.slots} slots")
     head = f"{'pool':10} {'operation':20} {'batch':>5} {'sglang us':>11} {'package us':>11} {'ratio':>7} {'sglang MiB':>11} {'package MiB':>12}"
