@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from recoverssm_rs import layouts  # noqa: E402
 from recoverssm_rs.errors import RecoverSSMError  # noqa: E402
-from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+from recoverssm_rs.sglang import SglangMambaPool, layout_for  # noqa: E402
 from recoverssm_rs.transfer import LocalTransfer  # noqa: E402
 from support import sglang_oracle  # noqa: E402
 
@@ -53,7 +53,9 @@ def _gdn(ns, tp, ssm_dtype=torch.float32):
     params = C.Mamba2CacheParams(
         shape=shape, layers=[0, 1], dtype=C.Mamba2StateDType(conv=torch.bfloat16, temporal=ssm_dtype)
     )
-    return ns.pool.MambaPool(size=6, spec_state_size=2, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+    pool = ns.pool.MambaPool(size=6, spec_state_size=2, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+    pool.cache_params_for_test = params  # the parameters SGLang built it from (a model runner has them)
+    return pool
 
 
 def _gdn_layout(tp, ssm_dtype="float32"):
@@ -76,7 +78,9 @@ def _kimi(ns, tp, ssm_dtype=torch.float32):
     params = C.KimiLinearCacheParams(
         shape=shape, layers=[0, 1], dtype=C.Mamba2StateDType(conv=torch.bfloat16, temporal=ssm_dtype)
     )
-    return ns.pool.MambaPool(size=6, spec_state_size=2, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+    pool = ns.pool.MambaPool(size=6, spec_state_size=2, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+    pool.cache_params_for_test = params  # the parameters SGLang built it from (a model runner has them)
+    return pool
 
 
 def _layout(tp, ssm_dtype="float32"):
@@ -157,3 +161,35 @@ def test_a_layout_that_is_not_the_pool_is_refused(oracle):
     ops = SglangMambaPool.from_pool(_kimi(oracle, 1))
     with pytest.raises(RecoverSSMError):
         ops.state_pool(_layout(2), tp_rank=0)
+
+
+def _mamba2(ns, tp, ssm_dtype=torch.float32):
+    C = ns.configs
+    shape = C.Mamba2StateShape.create(
+        tp_world_size=tp,
+        intermediate_size=HEADS * HEAD_DIM,
+        n_groups=2,
+        num_heads=HEADS,
+        head_dim=HEAD_DIM,
+        state_size=HEAD_DIM,
+        conv_kernel=K,
+    )
+    params = C.Mamba2CacheParams(
+        shape=shape, layers=[0, 1], dtype=C.Mamba2StateDType(conv=torch.bfloat16, temporal=ssm_dtype)
+    )
+    pool = ns.pool.MambaPool(size=6, spec_state_size=2, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+    pool.cache_params_for_test = params  # the parameters SGLang built it from (a model runner has them)
+    return pool
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("make", [_kimi, _gdn, _mamba2], ids=["kimi", "gdn", "mamba2"])
+def test_layout_for_reads_sglang_cache_params(oracle, make, tp):
+    pool = make(oracle, tp)
+    lay = layout_for(pool.cache_params_for_test, tp_size=tp)
+    assert [s.shape for s in lay.persistent] == [
+        tuple(pool.mamba_cache.conv[0].shape[2:]),
+        tuple(pool.mamba_cache.temporal.shape[2:]),
+    ]
+    sp = SglangMambaPool.from_pool(pool).state_pool(lay, tp_rank=tp - 1)  # the core binds the tensors
+    assert sp.fingerprint.tp_size == tp and sp.num_blocks == 7
