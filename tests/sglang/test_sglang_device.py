@@ -72,3 +72,17 @@ def test_device_copy_skips_the_dummy_slot_and_flags_it(fake_ops, emulator, strid
     assert not ops.planner.last_error().ok
     for got, exp in zip((*conv, temporal), want, strict=True):
         assert torch.equal(got, exp), "the dummy slot 0 is never written"
+
+
+def test_install_on_a_cuda_pool_routes_the_copies_but_keeps_sglangs_clear(fake_ops):
+    import types
+
+    from recoverssm_rs.sglang import install
+
+    conv, temporal = _pool(np.random.default_rng(1), 2, 6, [(8, 3)], torch.bfloat16)
+    cache = types.SimpleNamespace(conv=[FakeCuda(conv[0])], temporal=FakeCuda(temporal))
+    pool = types.SimpleNamespace(mamba_cache=cache)
+    ops = install(pool)
+    assert ops.device == "cuda:0"
+    assert pool.copy_from == ops.copy_from and pool.load_cpu_copy == ops.load_cpu_copy
+    assert "clear_slots" not in vars(pool), "SGLang's clear stays: it needs no host synchronisation"

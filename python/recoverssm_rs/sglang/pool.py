@@ -317,8 +317,9 @@ class SglangMambaPool:
 
 
 def install(pool: Any) -> SglangMambaPool:
-    """Route a running SGLang ``MambaPool``'s ``copy_from``, ``clear_slots``, ``get_cpu_copy`` and
-    ``load_cpu_copy`` through a :class:`SglangMambaPool` over its tensors (instance attributes,
+    """Route a running SGLang ``MambaPool``'s ``copy_from``, ``clear_slots`` (host pools only: on
+    CUDA SGLang's clear needs no host synchronisation, the adapter's checks would), ``get_cpu_copy``
+    and ``load_cpu_copy`` through a :class:`SglangMambaPool` over its tensors (instance attributes,
     so other pools are untouched; ``del pool.copy_from`` etc. restores SGLang's). Returns the
     adapter. Pools with slot siblings (per-layer-embedding side states) or ReplaySSM rings keep
     SGLang's methods, which also move those."""
@@ -327,7 +328,10 @@ def install(pool: Any) -> SglangMambaPool:
         log.warning("sglang: pool has slot siblings or ReplaySSM rings; left on SGLang's own methods")
         return ops
     pool.copy_from = ops.copy_from
-    pool.clear_slots = ops.clear_slots
+    if ops.device == "cpu":
+        # On CUDA, SGLang's own clear runs without reading the slot ids on the host; the adapter's
+        # would wait for them (its checks are host-side).
+        pool.clear_slots = ops.clear_slots
     pool.get_cpu_copy = ops.get_cpu_copy
     pool.load_cpu_copy = ops.load_cpu_copy
     log.info("sglang: %r installed", ops)
