@@ -29,12 +29,6 @@ __all__ = ["SglangMambaPool", "install"]
 
 log = logging.getLogger("recoverssm_rs")
 
-_TORCH_DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
-
-
-def _dtype_name(dtype: Any) -> Any:
-    return _TORCH_DTYPE_NAMES.get(str(dtype), dtype)
-
 
 def _host_ids(x: Any) -> Any:
     """``x`` (a tensor of any device, a numpy array or a list) as a host int64 array."""
@@ -84,18 +78,14 @@ class SglangMambaPool:
         has_temporal = temporal is not None and math.prod(temporal.shape) > 0
         groups: list[tuple[Layout, list[list[Any]]]] = []
         for i, c in enumerate(live_conv):
-            specs = [
-                StateSpec(f"conv{i}", tuple(c.shape[2:]), _dtype_name(c.dtype), copy="conv", conv_layout=conv_layout)
-            ]
+            specs = [StateSpec(f"conv{i}", tuple(c.shape[2:]), c.dtype, copy="conv", conv_layout=conv_layout)]
             tensors = [c]
             if i == 0 and has_temporal:
-                specs.append(
-                    StateSpec("temporal", tuple(temporal.shape[2:]), _dtype_name(temporal.dtype), copy="temporal")
-                )
+                specs.append(StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal"))
                 tensors.append(temporal)
             groups.append((Layout("sglang", specs), [[t[layer] for t in tensors] for layer in range(c.shape[0])]))
         if not live_conv and has_temporal:
-            spec = StateSpec("temporal", tuple(temporal.shape[2:]), _dtype_name(temporal.dtype), copy="temporal")
+            spec = StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal")
             groups.append((Layout("sglang", [spec]), [[temporal[layer]] for layer in range(temporal.shape[0])]))
         self.planner = Planner.from_groups(groups)
         self._slots_dev: Any = None
@@ -116,6 +106,7 @@ class SglangMambaPool:
 
     @property
     def device(self) -> str:
+        """The states' device (``"cpu"`` or ``"cuda:N"``)."""
         return self.planner.device
 
     @property
