@@ -86,3 +86,17 @@ def test_install_on_a_cuda_pool_routes_the_copies_but_keeps_sglangs_clear(fake_o
     assert ops.device == "cuda:0"
     assert pool.copy_from == ops.copy_from and pool.load_cpu_copy == ops.load_cpu_copy
     assert "clear_slots" not in vars(pool), "SGLang's clear stays: it needs no host synchronisation"
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "match"),
+    [([1, 2], [3], "dst_col has 1 elements but src_col has 2"), ([[1, 2]], [[3, 4]], "src_col: expected a 1-D")],
+)
+def test_device_copy_shapes_are_checked_by_the_core(fake_ops, recorder, strided_fakes, src, dst, match):
+    from recoverssm_rs.errors import PlanError
+
+    conv, temporal = _pool(np.random.default_rng(2), 2, 6, [(8, 3)], torch.bfloat16)
+    ops = SglangMambaPool([FakeCuda(conv[0])], FakeCuda(temporal))
+    with pytest.raises(PlanError, match=match):
+        ops.copy_from(FakeCuda(torch.tensor(src)), FakeCuda(torch.tensor(dst)))
+    assert not recorder.calls
