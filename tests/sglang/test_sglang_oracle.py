@@ -42,6 +42,7 @@ POOLS = {
     "mamba2-bf16-chain-dedup": ("mamba2", 3, 4, torch.bfloat16, torch.float32, 4, None),
     "mamba2-fp32-tree-dense": ("mamba2", 2, 2, torch.float32, torch.float32, 3, 4),
     "mamba2-bf16-nospec": ("mamba2", 2, 8, torch.bfloat16, torch.bfloat16, None, None),
+    "two-convs-bf16-chain-dedup": ("two-convs", 2, 2, torch.bfloat16, torch.float32, 3, None),
     "kimi-bf16-chain": ("kimi", 2, 2, torch.bfloat16, torch.float32, 3, None),
     "kimi-fp32-1layer": ("kimi", 1, 4, torch.float32, torch.float32, 2, None),
 }
@@ -54,6 +55,19 @@ def _params(ns, family, layers, heads, conv_dtype, ssm_dtype):
     if family == "kimi":
         shape = C.KimiLinearStateShape.create(tp_world_size=1, num_heads=heads, head_dim=4, conv_kernel_size=4)
         return C.KimiLinearCacheParams(shape=shape, layers=list(range(layers)), dtype=dtype)
+    if family == "two-convs":  # a pool whose conv list holds two tensors (one group each here)
+        shape = C.Mamba2StateShape(
+            conv=[(heads * 4 + 8, 3), (8, 3)],
+            temporal=(heads, 4, 4),
+            intermediate_size=heads * 4,
+            conv_dim=heads * 4 + 8,
+            ssm_state_size=4,
+            num_heads=heads,
+            head_dim=4,
+            state_size=4,
+            conv_kernel=4,
+        )
+        return C.Mamba2CacheParams(shape=shape, layers=list(range(layers)), dtype=dtype)
     shape = C.Mamba2StateShape.create(
         tp_world_size=1,
         intermediate_size=heads * 4,
