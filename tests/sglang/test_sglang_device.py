@@ -45,7 +45,7 @@ def test_copy_from_is_one_launch_equal_to_sglang(fake_ops, emulator, strided_fak
     conv, temporal = _pool(rng, layers, slots, convs, dtype)
     want = [t.clone() for t in (*conv, temporal)]
     ops = SglangMambaPool([FakeCuda(c) for c in conv], FakeCuda(temporal))
-    assert ops.device == "cuda:0"
+    assert ops.device == "cuda:0" and ops.num_layers == layers and ops.planner.num_groups == len(convs)
     for step in range(3):
         n = int(rng.integers(1, 5))
         picked = rng.permutation(np.arange(1, slots))[: 2 * n]

@@ -40,7 +40,7 @@ def _unchanged(p, before):
 
 def test_layout_is_one_view_per_layer():
     p = _pool()
-    assert p.num_slots == SLOTS and p.planner.num_layers == LAYERS and p.device == "cpu"
+    assert p.num_slots == SLOTS and p.num_layers == p.planner.num_layers == LAYERS and p.device == "cpu"
     (lay,) = p.layouts
     assert [(s.name, s.shape, s.dtype, s.copy) for s in lay.persistent] == [
         ("conv0", (6, 3), "bfloat16", "conv"),

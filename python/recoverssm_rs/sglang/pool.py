@@ -115,6 +115,12 @@ class SglangMambaPool:
         return self.planner.layouts
 
     @property
+    def num_layers(self) -> int:
+        """SGLang's mamba layers (the leading axis of every state tensor)."""
+        first = self.conv[0] if self.conv else self.temporal
+        return int(first.shape[0])
+
+    @property
     def num_slots(self) -> int:
         """Slots including the dummy slot 0 (SGLang's ``size + 1``)."""
         return self.planner.num_blocks
@@ -266,7 +272,7 @@ class SglangMambaPool:
         """
         from ..transfer import StatePool
 
-        layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.planner.num_layers)]
+        layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
         return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
 
     def commit_after_verify(
@@ -296,7 +302,7 @@ class SglangMambaPool:
 
     def __repr__(self) -> str:
         return (
-            f"SglangMambaPool(slots={self.num_slots}, layers={self.planner.num_layers}, "
+            f"SglangMambaPool(slots={self.num_slots}, layers={self.num_layers}, "
             f"groups={self.planner.num_groups}, device={self.device!r}, "
             f"speculative={self.intermediate_ssm is not None or bool(self.intermediate_conv_window)})"
         )
