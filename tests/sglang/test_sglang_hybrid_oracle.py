@@ -127,8 +127,8 @@ def test_scheduler_trace_equals_sglang(oracle, family):
             mine.mamba_pool.clear_slots(slot)
             if cached and rng.random() < 0.7:  # prefix hit: copy-on-write from the cached state
                 src = torch.tensor([cached.pop(rng.randrange(len(cached)))])
-                theirs.mamba_pool.copy_from(src, slot)
-                mine.mamba_pool.copy_from(src, slot)
+                theirs.copy_mamba_state(src, slot)  # SGLang's path to MambaPool.copy_from
+                mine.copy_mamba_state(src, slot)
                 theirs.mamba_allocator.free(src)
                 mine.mamba_allocator.free(src)
                 done.add("cow")
