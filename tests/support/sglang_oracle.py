@@ -3,14 +3,13 @@
 The released wheel is downloaded once (``pip download sglang==0.5.23 --no-deps``) into
 ``$XDG_CACHE_HOME/recoverssm_rs/sglang-0.5.23`` (``$RECOVERSSM_SGLANG_CACHE`` overrides the folder,
 ``$RECOVERSSM_SGLANG_WHEEL`` names a wheel to use instead; ``RECOVERSSM_NO_DOWNLOAD=1`` forbids the
-download) through the vLLM oracle's download helper (:func:`vllm_oracle.fetch_wheel`). Four of its
+download) through the vLLM oracle's :func:`vllm_oracle.fetch_wheel`. Five of its
 files are extracted there and loaded by path:
 
 * ``sglang/srt/mem_cache/memory_pool.py`` -- ``MambaPool`` (allocation of the layer-stacked conv
   list and temporal tensor, ``clear_slots``, ``copy_from``, ``get_cpu_copy`` / ``load_cpu_copy``,
-  ``get_state_dim_per_tensor``);
-* ``sglang/srt/mem_cache/memory_pool.py``'s ``HybridReqToTokenPool`` (request rows, their mamba
-  slots and the ping-pong track slots of the radix cache);
+  ``get_state_dim_per_tensor``) and ``HybridReqToTokenPool`` (request rows, their mamba slots and
+  the ping-pong track slots of the radix cache);
 * ``sglang/srt/mem_cache/allocator/mamba.py`` -- ``MambaSlotAllocator`` (slot ids) and
   ``sglang/srt/mem_cache/allocation_sizing.py`` (how many track slots a request gets);
 * ``sglang/srt/configs/mamba_utils.py`` -- ``Mamba2CacheParams`` / ``KimiLinearCacheParams`` and
