@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod layout;
 pub mod memory;
 pub mod plan;
+pub mod sglang;
 pub mod sharding;
 pub mod tensor;
 pub mod transfer;

@@ -43,6 +43,8 @@ __all__ = [
     "mamba2_layout",
     "pack_launch",
     "plan_transfer",
+    "sglang_check_host_copy",
+    "sglang_commit_selection",
     "short_conv_layout",
     "state_chunks",
     "vllm_device_post_process",
@@ -412,3 +414,11 @@ def plan_transfer(
     destination_pool: tuple[int, int, Sequence[int]],
     requests: Sequence[tuple[int, int]],
 ) -> TransferPlan: ...
+
+# SGLang's mamba pool (recoverssm_rs.sglang wraps them). Keyword arguments: see rust/python/sglang.rs.
+def sglang_commit_selection(**kwargs: Any) -> list[list[int]]:
+    """Per pass (commit, then track), the requests that write (``PlanError`` naming the request
+    whose step, slot or scratch row is out of range, or a slot written twice)."""
+
+def sglang_check_host_copy(**kwargs: Any) -> None:
+    """``PlanError`` unless a host copy has the pool tensor's dtype and shape."""

@@ -5,7 +5,7 @@
 //!
 //! One class per core concept: `Planner` / `CopyPlan` ([`planner`], [`plan`]), the vLLM step
 //! ([`vllm`]), the kernels' launches ([`launch`]), RecoverSSM commits ([`commit`]), layouts
-//! ([`layout`]) and transfers ([`transfer`]).
+//! ([`layout`]), transfers ([`transfer`]) and SGLang's mamba pool ([`sglang`]).
 
 mod buffer;
 mod commit;
@@ -16,6 +16,7 @@ mod launch;
 mod layout;
 mod plan;
 mod planner;
+mod sglang;
 mod tensor;
 mod transfer;
 mod vllm;
@@ -38,6 +39,8 @@ mod _core {
     use super::plan::CopyPlan;
     #[pymodule_export]
     use super::planner::Planner;
+    #[pymodule_export]
+    use super::sglang::{sglang_check_host_copy, sglang_commit_selection};
 
     use pyo3::prelude::*;
 

@@ -39,42 +39,42 @@ class OracleUnavailable(RuntimeError):
     """vLLM's wheel or Triton's interpreter is not available here."""
 
 
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/recoverssm_rs`` (``XDG_CACHE_HOME`` defaults to ``~/.cache``): every oracle's
+    wheel is cached in a folder of its own under it."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "recoverssm_rs"
+
+
 def cache_dir() -> Path:
     """The folder the wheel is downloaded into and its files extracted to (see the module docstring)."""
     given = os.environ.get("RECOVERSSM_VLLM_CACHE")
     if given:
         return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "recoverssm_rs" / f"vllm-{VERSION}"
+    return cache_root() / f"vllm-{VERSION}"
 
 
-def wheel() -> Path:
-    """vLLM's wheel: ``$RECOVERSSM_VLLM_WHEEL``, else the cached one, downloaded on first use.
+def fetch_wheel(dist: str, version: str, folder: Path, unavailable: type[Exception] = RuntimeError) -> Path:
+    """``dist==version``'s wheel (no dependencies) in ``folder``, downloaded with pip on first use.
 
-    Raises :class:`OracleUnavailable` when it cannot be had (no network, or
-    ``RECOVERSSM_NO_DOWNLOAD=1`` and nothing cached).
+    Raises ``unavailable`` when it cannot be had (no network, or ``RECOVERSSM_NO_DOWNLOAD=1`` and
+    nothing cached).
     """
-    given = os.environ.get("RECOVERSSM_VLLM_WHEEL")
-    if given:
-        if not Path(given).is_file():
-            raise OracleUnavailable(f"RECOVERSSM_VLLM_WHEEL={given}: no such file")
-        return Path(given)
-    d = cache_dir()
-    found = sorted(d.glob(f"vllm-{VERSION}-*.whl"))
+    found = sorted(folder.glob(f"{dist}-{version}-*.whl"))
     if found:
         return found[0]
     if os.environ.get("RECOVERSSM_NO_DOWNLOAD", "0") not in ("", "0"):
-        raise OracleUnavailable(f"RECOVERSSM_NO_DOWNLOAD is set and {d} holds no vllm-{VERSION} wheel")
-    d.mkdir(parents=True, exist_ok=True)
+        raise unavailable(f"RECOVERSSM_NO_DOWNLOAD is set and {folder} holds no {dist}-{version} wheel")
+    folder.mkdir(parents=True, exist_ok=True)
     # Into a folder of its own first, then moved into place: an interrupted download leaves no
     # partial wheel in the cache.
-    with tempfile.TemporaryDirectory(dir=d, prefix=".download-") as tmp:
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
         cmd = [
             sys.executable,
             "-m",
             "pip",
             "download",
-            f"vllm=={VERSION}",
+            f"{dist}=={version}",
             "--no-deps",
             "--only-binary",
             ":all:",
@@ -89,12 +89,26 @@ def wheel() -> Path:
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise OracleUnavailable(f"could not run {' '.join(cmd)}: {exc}") from None
-        got = sorted(Path(tmp).glob(f"vllm-{VERSION}-*.whl"))
+            raise unavailable(f"could not run {' '.join(cmd)}: {exc}") from None
+        got = sorted(Path(tmp).glob(f"{dist}-{version}-*.whl"))
         if r.returncode != 0 or not got:
-            raise OracleUnavailable(f"`{' '.join(cmd)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
-        os.replace(got[0], d / got[0].name)
-    return d / got[0].name
+            raise unavailable(f"`{' '.join(cmd)}` failed: {(r.stderr or r.stdout).strip()[-500:]}")
+        os.replace(got[0], folder / got[0].name)
+    return folder / got[0].name
+
+
+def wheel() -> Path:
+    """vLLM's wheel: ``$RECOVERSSM_VLLM_WHEEL``, else the cached one, downloaded on first use.
+
+    Raises :class:`OracleUnavailable` when it cannot be had (no network, or
+    ``RECOVERSSM_NO_DOWNLOAD=1`` and nothing cached).
+    """
+    given = os.environ.get("RECOVERSSM_VLLM_WHEEL")
+    if given:
+        if not Path(given).is_file():
+            raise OracleUnavailable(f"RECOVERSSM_VLLM_WHEEL={given}: no such file")
+        return Path(given)
+    return fetch_wheel("vllm", VERSION, cache_dir(), OracleUnavailable)
 
 
 def extracted(member: str) -> Path:

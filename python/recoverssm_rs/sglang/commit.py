@@ -1,0 +1,72 @@
+"""The speculative commit after verify over an SGLang pool (see
+:meth:`SglangMambaPool.commit_after_verify`): the core checks every index and selects the requests
+that write; then, on the host, one strided copy per (state tensor, pass, request) (no temporary),
+on a device one gather-scatter per state tensor and pass (two kernels each, not per request)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import _core
+from ..errors import PlanError
+from .pool import _host_ids
+
+if TYPE_CHECKING:
+    from .pool import SglangMambaPool
+
+
+def commit_after_verify(
+    pool: SglangMambaPool,
+    state_indices: Any,
+    last_correct_step_indices: Any,
+    track_indices: Any,
+    steps_to_track: Any,
+    src_indices: Any,
+) -> None:
+    import numpy as np
+    import torch
+
+    scratch = []
+    if pool.temporal is not None and pool.temporal.numel() > 0:
+        if pool.intermediate_ssm is None:
+            raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
+        scratch.append((pool.temporal, pool.intermediate_ssm))
+    windows = pool.intermediate_conv_window
+    live = [i for i, c in enumerate(pool.conv) if c.numel() > 0]
+    if live and (windows is None or len(windows) != len(pool.conv)):
+        raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
+    scratch += [(pool.conv[i], windows[i]) for i in live]  # type: ignore[index]
+    if not scratch:
+        return
+    steps = _host_ids(last_correct_step_indices)
+    slots = _host_ids(state_indices)
+    rows = np.arange(len(steps), dtype=np.int64) if src_indices is None else _host_ids(src_indices)
+    track = None if track_indices is None else _host_ids(track_indices)
+    track_steps = None if steps_to_track is None else _host_ids(steps_to_track)
+    selected = _core.sglang_commit_selection(
+        slots=slots,
+        steps=steps,
+        track_slots=track,
+        track_steps=track_steps,
+        rows=rows,
+        num_slots=pool.num_slots,
+        num_rows=int(scratch[0][1].shape[1]),
+        draft=int(scratch[0][1].shape[2]),
+    )
+    passes = [(slots, steps)] + ([] if track is None else [(track, track_steps)])
+    chosen = [(np.asarray(take, dtype=np.int64), dst, st) for take, (dst, st) in zip(selected, passes, strict=True)]
+    device = scratch[0][0].device
+    if device.type == "cpu":
+        # One strided copy per (tensor, pass, request): no gathered temporary.
+        for state, inter in scratch:
+            for take, dst, st in chosen:
+                for r in take.tolist():
+                    state[:, int(dst[r])].copy_(inter[:, int(rows[r]), int(st[r])])
+        return
+    for state, inter in scratch:
+        for take, dst, st in chosen:
+            if len(take) == 0:
+                continue
+            r = torch.as_tensor(rows[take], device=device)
+            s = torch.as_tensor(st[take], device=device)
+            state.index_copy_(1, torch.as_tensor(dst[take], device=device), inter[:, r, s])

@@ -1,0 +1,330 @@
+"""The package's operations over an SGLang mamba pool: :class:`SglangMambaPool`.
+
+SGLang's ``MambaPool`` keeps its states layer-stacked: ``mamba_cache.conv`` is a list of
+``[layers, slots + 1, ...]`` tensors and ``mamba_cache.temporal`` is ``[layers, slots + 1, H, K, V]``
+(slot 0 is a dummy that padded batches read and write); a speculative pool adds the verify
+scratch ``intermediate_ssm`` ``[layers, rows, draft, H, K, V]`` and ``intermediate_conv_window``
+(one ``[layers, rows, draft, ...]`` tensor per conv tensor, possibly an overlapping
+``as_strided`` view). Each layer's slice of these tensors is one view of the package's layout
+contract: the first conv tensor and the temporal state form one :class:`~recoverssm_rs.Layout`,
+every further conv tensor a layout of its own, and one :class:`~recoverssm_rs.Planner` binds them
+all, with SGLang's slot ids as block ids (so slot 0 is the null block, never written).
+
+SGLang is never imported: the pool is read by attribute.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from .. import _core
+from .._core import Layout, StateSpec
+from ..planner import Planner
+
+__all__ = ["SglangMambaPool", "install"]
+
+log = logging.getLogger("recoverssm_rs")
+
+
+def _host_ids(x: Any) -> Any:
+    """``x`` (a tensor of any device, a numpy array or a list) as a host int64 array."""
+    import numpy as np
+
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").numpy()
+    return np.ascontiguousarray(np.asarray(x), dtype=np.int64)
+
+
+class SglangMambaPool:
+    """Drop-in operations with the signatures and effects of SGLang's ``MambaPool`` methods, run
+    through the package's planner: ``copy_from`` (copy-on-write on a prefix hit; a fork is an
+    allocation plus ``copy_from``), ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy``
+    (HiCache) and :meth:`commit_after_verify` (the speculative commit after verify).
+
+    Args:
+        conv: SGLang's ``mamba_cache.conv``: one or more ``[layers, slots + 1, *conv_shape]``
+            tensors.
+        temporal: ``mamba_cache.temporal``, ``[layers, slots + 1, *temporal_shape]`` (may be empty,
+            as for short-conv layers).
+        intermediate_ssm, intermediate_conv_window: the verify scratch of a speculative pool
+            (``None`` otherwise).
+        conv_layout: ``"DS"`` for SGLang's usual ``(dim, K-1)`` conv slots, ``"SD"`` for
+            ``(K-1, dim)`` (Kimi-Linear).
+
+    Raises:
+        LayoutError / BindingError: the tensors do not form the layout (the core's message names
+            the state and layer).
+    """
+
+    def __init__(
+        self,
+        conv: Sequence[Any],
+        temporal: Any,
+        *,
+        intermediate_ssm: Any = None,
+        intermediate_conv_window: Sequence[Any] | None = None,
+        conv_layout: Literal["SD", "DS"] = "DS",
+    ) -> None:
+        self.conv = list(conv)
+        self.temporal = temporal
+        self.intermediate_ssm = intermediate_ssm
+        self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
+        self.conv_layout = conv_layout
+        live_conv = [c for c in self.conv if math.prod(c.shape) > 0]
+        has_temporal = temporal is not None and math.prod(temporal.shape) > 0
+        groups: list[tuple[Layout, list[list[Any]]]] = []
+        for i, c in enumerate(live_conv):
+            specs = [StateSpec(f"conv{i}", tuple(c.shape[2:]), c.dtype, copy="conv", conv_layout=conv_layout)]
+            tensors = [c]
+            if i == 0 and has_temporal:
+                specs.append(StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal"))
+                tensors.append(temporal)
+            groups.append((Layout("sglang", specs), [[t[layer] for t in tensors] for layer in range(c.shape[0])]))
+        if not live_conv and has_temporal:
+            spec = StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal")
+            groups.append((Layout("sglang", [spec]), [[temporal[layer]] for layer in range(temporal.shape[0])]))
+        self.planner = Planner.from_groups(groups)
+        self._slots_dev: Any = None
+        self._ones_dev: Any = None
+
+    @classmethod
+    def from_pool(cls, pool: Any) -> SglangMambaPool:
+        """The operations over an SGLang ``MambaPool``'s tensors (read by attribute): its
+        ``mamba_cache`` and, for Kimi-Linear's ``(K-1, dim)`` conv slots, ``conv_slice_axis == 1``."""
+        cache = pool.mamba_cache
+        return cls(
+            cache.conv,
+            cache.temporal,
+            intermediate_ssm=getattr(cache, "intermediate_ssm", None),
+            intermediate_conv_window=getattr(cache, "intermediate_conv_window", None),
+            conv_layout="SD" if getattr(pool, "conv_slice_axis", 0) == 1 else "DS",
+        )
+
+    @property
+    def device(self) -> str:
+        """The states' device (``"cpu"`` or ``"cuda:N"``)."""
+        return self.planner.device
+
+    @property
+    def layouts(self) -> list[Layout]:
+        """The layouts of the bound groups (one per conv tensor; the temporal state rides with the
+        first)."""
+        return self.planner.layouts
+
+    @property
+    def num_layers(self) -> int:
+        """SGLang's mamba layers (the leading axis of every state tensor)."""
+        first = self.conv[0] if self.conv else self.temporal
+        return int(first.shape[0])
+
+    @property
+    def num_slots(self) -> int:
+        """Slots including the dummy slot 0 (SGLang's ``size + 1``)."""
+        return self.planner.num_blocks
+
+    def _tensors(self) -> list[Any]:
+        out = [c for c in self.conv if c.numel() > 0]
+        if self.temporal is not None and self.temporal.numel() > 0:
+            out.append(self.temporal)
+        return out
+
+    def _check_slots(self, indices: Any) -> Any:
+        """``indices`` as host ids, checked by the core as slots that may be written and read (in
+        range, not the dummy slot 0)."""
+        ids = _host_ids(indices)
+        self.planner.plan_copy(ids, ids)
+        return ids
+
+    # ---- SGLang's MambaPool operations ----------------------------------------------------------
+
+    def copy_from(self, src_indices: Any, dst_indices: Any) -> None:
+        """``dst`` slots get the conv and temporal states of the ``src`` slots (SGLang's
+        ``MambaPool.copy_from``): one plan over every layer and state, run by the host executor
+        for CPU states; one fused launch on the current stream for CUDA states.
+
+        Host states: every slot is checked and the copies ordered before a byte moves (a chain
+        ``a -> b, b -> c`` reads ``b`` before overwriting it, as SGLang's gather-then-scatter does);
+        copies that form a cycle or write one slot twice are refused. CUDA states: as SGLang's
+        fused path, the source and destination slots must be disjoint; the kernel checks each
+        slot id (see :meth:`Planner.last_error`).
+
+        Raises:
+            PlanError: a slot outside the pool, the dummy slot 0, lengths that differ, a cycle, or
+                two copies to one slot; nothing is written.
+        """
+        if self.device != "cpu":
+            self._launch_copy(src_indices, dst_indices)
+            return
+        self.planner.plan_copy(_host_ids(src_indices), _host_ids(dst_indices)).execute()
+
+    def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
+        """One fused launch of the planner's state-copy kernel: every request reads the same
+        identity row of slot ids (a table with row and group stride 0), so its source and
+        destination columns are the slot ids themselves, and one accepted token means a whole copy.
+        """
+        src, dst = self._on_device(src_indices), self._on_device(dst_indices)
+        n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
+        if tuple(src.shape) == tuple(dst.shape) == (0,):
+            return
+        slots, ones = self._device_constants(n)
+        g, s = self.planner.num_groups, self.num_slots
+        table = slots.as_strided((n, s), (0, 1)) if g == 1 else slots.as_strided((g, n, s), (0, 0, 1))
+        self.planner.launch(table, src, dst, ones[:n], semantics="pre_copy")
+
+    def _on_device(self, x: Any) -> Any:
+        if getattr(getattr(x, "device", None), "type", None) == "cuda":
+            return x
+        import torch
+
+        return torch.as_tensor(_host_ids(x)).to(self.device, non_blocking=True)
+
+    def _device_constants(self, n: int) -> tuple[Any, Any]:
+        """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
+        device (uploaded once; the ones grow by doubling)."""
+        import numpy as np
+        import torch
+
+        from ..cuda import ops
+
+        index = int(self.device.split(":")[1])
+        if self._slots_dev is None:
+            ids = np.arange(self.num_slots, dtype=np.int32)
+            self._slots_dev = ops.cuda_ops.upload(ids.view(np.uint8), index).view(torch.int32)
+        if self._ones_dev is None or int(self._ones_dev.shape[0]) < n:
+            cap = max(n, 2 * (0 if self._ones_dev is None else int(self._ones_dev.shape[0])), 64)
+            self._ones_dev = ops.cuda_ops.upload(np.ones(cap, dtype=np.int32).view(np.uint8), index).view(torch.int32)
+        return self._slots_dev, self._ones_dev
+
+    def fork(self, src_indices: Any, dst_indices: Any) -> None:
+        """A fork (SGLang's radix donation: ``alloc`` then ``copy_from``) into freshly allocated
+        ``dst`` slots: :meth:`copy_from`."""
+        self.copy_from(src_indices, dst_indices)
+
+    def clear_slots(self, indices: Any) -> None:
+        """Zero every state of the given slots (SGLang's ``MambaPool.clear_slots``).
+
+        Raises:
+            PlanError: a slot outside the pool or the dummy slot 0; nothing is written.
+        """
+        import torch
+
+        ids = self._check_slots(indices)
+        idx = torch.as_tensor(ids, device=self.device)
+        for t in self._tensors():
+            t.index_fill_(1, idx, 0)
+
+    def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
+        """``(conv_cpu, temporal_cpu)``: the given slots' states on the host, layer-stacked as
+        SGLang's ``MambaPool.get_cpu_copy`` returns them (``conv_cpu[i]`` is
+        ``conv[i][:, indices]``).
+
+        Raises:
+            PlanError: a slot outside the pool or the dummy slot 0.
+        """
+        import torch
+
+        ids = self._check_slots(indices)
+        idx = torch.as_tensor(ids, device=self.device)
+        conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
+        temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
+        return conv_cpu, temporal_cpu
+
+    def load_cpu_copy(self, mamba_cache_cpu: Sequence[Any], indices: Any) -> None:
+        """Write a :meth:`get_cpu_copy` result (or SGLang's) back into the given slots (SGLang's
+        ``MambaPool.load_cpu_copy``; a historical third element is ignored, as there).
+
+        Raises:
+            PlanError: a slot outside the pool or the dummy slot 0, or host tensors whose dtype or
+                shape differ from the pool's (SGLang would cast); nothing is written.
+        """
+        import torch
+
+        conv_cpu, temporal_cpu = mamba_cache_cpu[0], mamba_cache_cpu[1]
+        ids = self._check_slots(indices)
+        pairs = [*zip(self.conv, conv_cpu, strict=True), (self.temporal, temporal_cpu)]
+        for k, (dst, src) in enumerate(pairs):
+            _core.sglang_check_host_copy(
+                state="temporal" if k == len(pairs) - 1 else f"conv[{k}]",
+                pool_dtype=str(dst.dtype),
+                pool_shape=tuple(dst.shape),
+                host_dtype=str(src.dtype),
+                host_shape=tuple(src.shape),
+                num_slots=len(ids),
+            )
+        idx = torch.as_tensor(ids, device=self.device)
+        for dst, src in pairs:
+            dst.index_copy_(1, idx, src.to(dst.device, non_blocking=True))
+
+    def state_pool(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> Any:
+        """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`) for prefill ->
+        decode transfer: ``layout`` is the rank's family layout (``layouts.kda(..., tp_size=...,
+        conv_layout="SD")`` for Kimi-Linear's pool, ``layouts.gdn(..., conv_layout="DS")`` or
+        ``layouts.mamba2`` for the others), so the fingerprint carries what re-sharding between
+        tensor-parallel sizes needs and :meth:`LayoutFingerprint.check_compatible` refuses a peer of
+        another dtype or width. Binds the first conv tensor and the temporal state of every layer
+        (SGLang's transfer entries, without the verify scratch).
+
+        Raises:
+            BindingError: the pool's tensors are not ``layout``'s (dtype, per-slot shape).
+        """
+        from ..transfer import StatePool
+
+        layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
+        return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
+
+    def commit_after_verify(
+        self,
+        state_indices: Any,
+        last_correct_step_indices: Any,
+        track_indices: Any = None,
+        steps_to_track: Any = None,
+        src_indices: Any = None,
+    ) -> None:
+        """The speculative commit after verify (SGLang's ``scatter_mamba_states_after_mtp_verify``):
+        request ``r`` whose accepted step ``s = last_correct_step_indices[r]`` is ``>= 0`` gets, in
+        slot ``state_indices[r]``, the temporal state and every conv window its verify recorded at
+        step ``s`` in scratch row ``src_indices[r]`` (default ``r``); with ``track_indices``, slot
+        ``track_indices[r]`` also gets the states of step ``steps_to_track[r]`` (radix tracking).
+        Rows with a negative step or slot are skipped (padding), as in SGLang. Works for dense and
+        deduplicated (overlapping ``as_strided``) conv-window scratch alike.
+
+        Raises:
+            PlanError: a pool without verify scratch, vectors of different lengths, a step past the
+                draft, a slot or row past the pool, or two requests writing one slot; nothing is
+                written.
+        """
+        from .commit import commit_after_verify
+
+        commit_after_verify(self, state_indices, last_correct_step_indices, track_indices, steps_to_track, src_indices)
+
+    def __repr__(self) -> str:
+        return (
+            f"SglangMambaPool(slots={self.num_slots}, layers={self.num_layers}, "
+            f"groups={self.planner.num_groups}, device={self.device!r}, "
+            f"speculative={self.intermediate_ssm is not None or bool(self.intermediate_conv_window)})"
+        )
+
+
+def install(pool: Any) -> SglangMambaPool:
+    """Route a running SGLang ``MambaPool``'s ``copy_from``, ``clear_slots`` (host pools only: on
+    CUDA SGLang's clear needs no host synchronisation, the adapter's checks would), ``get_cpu_copy``
+    and ``load_cpu_copy`` through a :class:`SglangMambaPool` over its tensors (instance attributes,
+    so other pools are untouched; ``del pool.copy_from`` etc. restores SGLang's). Returns the
+    adapter. Pools with slot siblings (per-layer-embedding side states) or ReplaySSM rings keep
+    SGLang's methods, which also move those."""
+    ops = SglangMambaPool.from_pool(pool)
+    if getattr(pool, "_slot_siblings", ()) or getattr(pool, "replayssm_write_pos", None) is not None:
+        log.warning("sglang: pool has slot siblings or ReplaySSM rings; left on SGLang's own methods")
+        return ops
+    pool.copy_from = ops.copy_from
+    if ops.device == "cpu":
+        # On CUDA, SGLang's own clear runs without reading the slot ids on the host; the adapter's
+        # would wait for them (its checks are host-side).
+        pool.clear_slots = ops.clear_slots
+    pool.get_cpu_copy = ops.get_cpu_copy
+    pool.load_cpu_copy = ops.load_cpu_copy
+    log.info("sglang: %r installed", ops)
+    return ops

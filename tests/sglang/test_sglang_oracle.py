@@ -1,0 +1,246 @@
+"""Conformance against SGLang 0.5.23 itself: random traces of its mamba-pool operations (slot
+allocation and freeing by SGLang's own ``MambaSlotAllocator``, clearing at allocation,
+copy-on-write on prefix hits, forks, HiCache host round trips, the speculative commit after
+verify with and without track slots and source rows) run on two identical SGLang ``MambaPool``s:
+one through SGLang's own methods (the speculative commit through its torch fallback,
+``_scatter_speculative_state_with_mask``, composed as ``scatter_mamba_states_after_mtp_verify``
+composes its kernels), the other through :mod:`recoverssm_rs.sglang`. Every byte of every state
+tensor, and every host copy, must be equal after every operation.
+
+Skipped when the wheel cannot be fetched, unless RECOVERSSM_REQUIRE_ORACLE=1 (CI), which turns the
+skip into a failure. RECOVERSSM_ORACLE_STEPS sets the operations per trace.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from recoverssm_rs.sglang import install  # noqa: E402
+from support import sglang_oracle  # noqa: E402
+
+STEPS = int(os.environ.get("RECOVERSSM_ORACLE_STEPS", "40"))
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    try:
+        return sglang_oracle.load()
+    except sglang_oracle.OracleUnavailable as exc:
+        if os.environ.get("RECOVERSSM_REQUIRE_ORACLE") == "1":
+            pytest.fail(f"RECOVERSSM_REQUIRE_ORACLE=1 but SGLang's oracle is unavailable: {exc}")
+        pytest.skip(f"SGLang {sglang_oracle.VERSION}'s oracle is unavailable: {exc}")
+
+
+# name: (family, layers, heads, conv dtype, ssm dtype, draft tokens or None, eagle topk)
+POOLS = {
+    "mamba2-bf16-chain-dedup": ("mamba2", 3, 4, torch.bfloat16, torch.float32, 4, None),
+    "mamba2-fp32-tree-dense": ("mamba2", 2, 2, torch.float32, torch.float32, 3, 4),
+    "mamba2-bf16-nospec": ("mamba2", 2, 8, torch.bfloat16, torch.bfloat16, None, None),
+    "two-convs-bf16-chain-dedup": ("two-convs", 2, 2, torch.bfloat16, torch.float32, 3, None),
+    "kimi-bf16-chain": ("kimi", 2, 2, torch.bfloat16, torch.float32, 3, None),
+    "kimi-fp32-1layer": ("kimi", 1, 4, torch.float32, torch.float32, 2, None),
+}
+SIZE, SPEC_ROWS = 12, 6
+
+
+def _params(ns, family, layers, heads, conv_dtype, ssm_dtype):
+    C = ns.configs
+    dtype = C.Mamba2StateDType(conv=conv_dtype, temporal=ssm_dtype)
+    if family == "kimi":
+        shape = C.KimiLinearStateShape.create(tp_world_size=1, num_heads=heads, head_dim=4, conv_kernel_size=4)
+        return C.KimiLinearCacheParams(shape=shape, layers=list(range(layers)), dtype=dtype)
+    if family == "two-convs":  # a pool whose conv list holds two tensors (one group each here)
+        shape = C.Mamba2StateShape(
+            conv=[(heads * 4 + 8, 3), (8, 3)],
+            temporal=(heads, 4, 4),
+            intermediate_size=heads * 4,
+            conv_dim=heads * 4 + 8,
+            ssm_state_size=4,
+            num_heads=heads,
+            head_dim=4,
+            state_size=4,
+            conv_kernel=4,
+        )
+        return C.Mamba2CacheParams(shape=shape, layers=list(range(layers)), dtype=dtype)
+    shape = C.Mamba2StateShape.create(
+        tp_world_size=1,
+        intermediate_size=heads * 4,
+        n_groups=1,
+        num_heads=heads,
+        head_dim=4,
+        state_size=4,
+        conv_kernel=4,
+    )
+    return C.Mamba2CacheParams(shape=shape, layers=list(range(layers)), dtype=dtype)
+
+
+def _pool(ns, name):
+    family, layers, heads, cdt, sdt, draft, topk = POOLS[name]
+    return ns.pool.MambaPool(
+        size=SIZE,
+        spec_state_size=SPEC_ROWS,
+        cache_params=_params(ns, family, layers, heads, cdt, sdt),
+        mamba_layer_ids=list(range(layers)),
+        device="cpu",
+        speculative_num_draft_tokens=draft,
+        speculative_eagle_topk=topk,
+    )
+
+
+def _buffers(pool):
+    """Every real buffer of the pool (the deduplicated conv-window view's storage, not the view)."""
+    c = pool.mamba_cache
+    out = [*c.conv, c.temporal]
+    if getattr(c, "intermediate_ssm", None) is not None:
+        out += [c.intermediate_ssm, *pool._intermediate_conv_window_phys]
+    return out
+
+
+def _bytes(t):
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def _same(a, b, what):
+    for i, (x, y) in enumerate(zip(_buffers(a), _buffers(b), strict=True)):
+        assert torch.equal(_bytes(x), _bytes(y)), f"{what}: buffer {i} differs from SGLang's"
+
+
+def _randomize(rng, tensors_a, tensors_b, slots=None):
+    """The same random contents in both pools' tensors (all slots, or the given ones of axis 1)."""
+    for x, y in zip(tensors_a, tensors_b, strict=True):
+        g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+        shape = list(x.shape)
+        if slots is not None:
+            shape[1] = len(slots)
+        v = (torch.randn(shape, generator=g) * 4).to(x.dtype)
+        if slots is None:
+            x.copy_(v)
+            y.copy_(v)
+        else:
+            x[:, slots] = v
+            y[:, slots] = v
+
+
+def _sglang_commit(ns, pool, state_idx, steps, track, track_steps, src_rows):
+    scatter = ns.backend.HybridLinearAttnBackend._scatter_speculative_state_with_mask
+    c = pool.mamba_cache
+    pairs = [(c.temporal, c.intermediate_ssm)] + list(zip(c.conv, c.intermediate_conv_window))
+    for dst, src in pairs:
+        scatter(dst, src, state_idx, steps, src_rows)
+        if track is not None:
+            scatter(dst, src, track, track_steps, src_rows)
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+@pytest.mark.parametrize("seed", range(int(os.environ.get("RECOVERSSM_SGLANG_SEEDS", "2"))))
+def test_trace_equals_sglang(oracle, name, seed):
+    rng = random.Random(zlib.crc32(f"{name}-{seed}".encode()))
+    theirs, mine = _pool(oracle, name), _pool(oracle, name)
+    _randomize(rng, _buffers(theirs), _buffers(mine))
+    ops = install(mine)
+    assert mine.copy_from == ops.copy_from
+    draft = POOLS[name][5]
+    alloc = oracle.alloc.MambaSlotAllocator(size=SIZE, device="cpu")
+    live: list[int] = []
+    done = set()
+    for step in range(STEPS):
+        kinds = ["alloc", "free", "cow", "fork", "hicache", "write"] + (["commit"] * 2 if draft else [])
+        kind = kinds[step] if step < len(kinds) else rng.choice(kinds)  # every kind at least once
+        what = f"step {step} ({kind})"
+        while alloc.available_size() < 3:  # keep room for allocations: free the oldest slot
+            alloc.free(torch.tensor([live.pop(0)]))
+        if len(live) < 3:
+            kind = "alloc"
+        if kind == "alloc":
+            k = rng.randint(1, 3)
+            got = alloc.alloc(k)
+            if got is None:
+                continue
+            theirs.clear_slots(got)
+            mine.clear_slots(got)
+            live += got.tolist()
+            _same(theirs, mine, what)
+            _randomize(
+                rng,
+                [*theirs.mamba_cache.conv, theirs.mamba_cache.temporal],
+                [*mine.mamba_cache.conv, mine.mamba_cache.temporal],
+                got.tolist(),
+            )
+        elif kind == "free":
+            victims = rng.sample(live, rng.randint(1, len(live) - 2))
+            alloc.free(torch.tensor(victims))
+            live = [s for s in live if s not in victims]
+        elif kind == "write":
+            slots = rng.sample(live, rng.randint(1, len(live)))
+            _randomize(
+                rng,
+                [*theirs.mamba_cache.conv, theirs.mamba_cache.temporal],
+                [*mine.mamba_cache.conv, mine.mamba_cache.temporal],
+                slots,
+            )
+        elif kind in ("cow", "fork"):
+            n = 1 if kind == "fork" else rng.randint(1, min(3, len(live)))
+            dst = alloc.alloc(n)
+            if dst is None:
+                continue
+            src = torch.tensor(rng.sample(live, n))
+            theirs.copy_from(src, dst)
+            mine.copy_from(src, dst)
+            live += dst.tolist()
+        elif kind == "hicache":
+            slots = torch.tensor(rng.sample(live, rng.randint(1, len(live))))
+            a, b = theirs.get_cpu_copy(slots), mine.get_cpu_copy(slots)
+            for x, y in zip([*a[0], a[1]], [*b[0], b[1]], strict=True):
+                assert x.device.type == "cpu" and torch.equal(_bytes(x), _bytes(y)), what
+            back = torch.tensor(rng.sample(live, len(slots)))
+            theirs.load_cpu_copy(a, back)
+            mine.load_cpu_copy(b, back)
+        elif kind == "commit":
+            n = rng.randint(1, min(SPEC_ROWS, len(live)))
+            _randomize(
+                rng,
+                [theirs.mamba_cache.intermediate_ssm, *theirs._intermediate_conv_window_phys],
+                [mine.mamba_cache.intermediate_ssm, *mine._intermediate_conv_window_phys],
+            )
+            state_idx = torch.tensor(rng.sample(live, n), dtype=torch.int32)
+            # accepted counts 1..draft (step = count - 1), padding rows at -1
+            steps = torch.tensor([rng.choice([-1, *range(draft)]) for _ in range(n)], dtype=torch.int32)
+            track = track_steps = src_rows = None
+            if rng.random() < 0.5:
+                spare = [s for s in live if s not in state_idx.tolist()]
+                if len(spare) >= n:
+                    track = torch.tensor(rng.sample(spare, n), dtype=torch.int64)
+                    track_steps = torch.tensor([rng.choice([-1, *range(draft)]) for _ in range(n)])
+            if rng.random() < 0.5:
+                src_rows = torch.tensor(rng.sample(range(SPEC_ROWS + 1), n))
+            _sglang_commit(oracle, theirs, state_idx, steps, track, track_steps, src_rows)
+            ops.commit_after_verify(state_idx, steps, track, track_steps, src_rows)
+        done.add(kind)
+        _same(theirs, mine, what)
+    assert {"cow", "fork", "hicache", "write"} <= done
+    if draft:
+        assert "commit" in done
+
+
+def test_overlapping_copies_equal_sglang_and_cycles_are_refused(oracle):
+    """A chain of copies whose destinations are later sources reads every source before it is
+    overwritten, as SGLang's gather-then-scatter does; a cycle (SGLang swaps through its gathered
+    temporary) is refused, writing nothing."""
+    from recoverssm_rs.errors import PlanError
+
+    theirs, mine = _pool(oracle, "mamba2-bf16-chain-dedup"), _pool(oracle, "mamba2-bf16-chain-dedup")
+    _randomize(random.Random(5), _buffers(theirs), _buffers(mine))
+    install(mine)
+    src, dst = torch.tensor([1, 2, 3, 7]), torch.tensor([2, 3, 4, 1])
+    theirs.copy_from(src, dst)
+    mine.copy_from(src, dst)
+    _same(theirs, mine, "chain")
+    with pytest.raises(PlanError, match="cycle"):
+        mine.copy_from(torch.tensor([1, 2]), torch.tensor([2, 1]))
+    _same(theirs, mine, "refused cycle")
