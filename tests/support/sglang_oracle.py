@@ -240,10 +240,12 @@ def load() -> types.SimpleNamespace:
     if _LOADED is not None:
         return _LOADED
     paths = {name: extracted(rel) for name, rel in FILES.items()}
+    # memory_pool.py defines Triton kernels at import; Triton is imported the way the vLLM oracle
+    # needs it (interpreted), whichever oracle comes first.
     try:
-        import triton  # noqa: F401  # memory_pool.py defines Triton kernels at import
-    except Exception as exc:  # noqa: BLE001
-        raise OracleUnavailable(f"Triton is not importable ({exc}); pip install triton") from None
+        vllm_oracle.import_interpreted_triton()
+    except vllm_oracle.OracleUnavailable as exc:
+        raise OracleUnavailable(str(exc)) from None
     loaded = {}
     with stubs():
         for name in FILES:

@@ -237,6 +237,27 @@ def _stubs(envs: types.ModuleType) -> dict[str, types.ModuleType]:
 _LOADED: types.SimpleNamespace | None = None
 
 
+def import_interpreted_triton() -> None:
+    """Imports Triton in interpreter mode (``TRITON_INTERPRET=1``, read when Triton is first
+    imported): every oracle that loads Triton kernels calls this first, so that whichever oracle a
+    test process loads first, the kernels run interpreted on CPU tensors.
+
+    Raises:
+        OracleUnavailable: Triton is not importable, or was imported earlier without the
+            interpreter.
+    """
+    import sys as _sys
+
+    if "triton" in _sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise OracleUnavailable("Triton was imported before TRITON_INTERPRET=1 was set")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        raise OracleUnavailable(f"Triton is not importable ({exc}); pip install triton") from None
+
+
 def load() -> types.SimpleNamespace:
     """``namespace(wmu=..., lmu=..., envs=...)``: vLLM's modules, loaded once per process.
 
@@ -245,12 +266,7 @@ def load() -> types.SimpleNamespace:
     global _LOADED
     if _LOADED is not None:
         return _LOADED
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        raise OracleUnavailable(f"Triton is not importable ({exc}); pip install triton") from None
+    import_interpreted_triton()
     paths = _extract()
     import triton as _triton
     import triton.language as _tl

@@ -26,6 +26,9 @@ def _start(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # A terminal's shell starts a command with Ctrl-C at its default; a test run started in the
+        # background (`cmd &`) would pass on SIGINT ignored, and Python keeps it ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
