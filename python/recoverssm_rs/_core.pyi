@@ -17,6 +17,7 @@ __all__ = [
     "Layout",
     "LayoutError",
     "LayoutFingerprint",
+    "PeerInfo",
     "PlanError",
     "Planner",
     "RawBuffer",
@@ -29,6 +30,7 @@ __all__ = [
     "align_pre_copy",
     "check_cache_sizes",
     "check_commit_counts",
+    "check_sources",
     "check_device_tables",
     "check_index",
     "commit_grid",
@@ -389,5 +391,32 @@ def plan_transfer(
     source_pools: Sequence[tuple[int, int, Sequence[int]]],
     destination: LayoutFingerprint,
     destination_pool: tuple[int, int, Sequence[int]],
-    requests: Sequence[tuple[int, int]],
+    requests: Sequence[tuple[int, int]] | Any,
 ) -> TransferPlan: ...
+def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint: ...
+
+@final
+class PeerInfo:
+    """One rank's handshake message: agent name and metadata, fingerprint, pool geometry, addresses."""
+
+    def __new__(
+        cls,
+        name: str,
+        metadata: bytes,
+        fingerprint: LayoutFingerprint,
+        geometry: tuple[int, int, Sequence[int]],
+        addresses: Sequence[int],
+    ) -> PeerInfo: ...
+    @staticmethod
+    def from_bytes(data: bytes) -> PeerInfo: ...
+    def to_bytes(self) -> bytes: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def metadata(self) -> bytes: ...
+    @property
+    def fingerprint(self) -> LayoutFingerprint: ...
+    @property
+    def geometry(self) -> tuple[int, int, list[int]]: ...
+    @property
+    def addresses(self) -> list[int]: ...

@@ -14,7 +14,7 @@ with different tensor-parallel sizes and conv layouts, and host offload.
 
 from __future__ import annotations
 
-from .._core import LayoutFingerprint, TransferPlan, plan_transfer
+from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_sources, plan_transfer
 from .local import LocalTransfer, read_rows, run_staged, staged_rows
 from .offload import HostOffload, HostStates
 from .pool import StatePool, byte_view
@@ -24,9 +24,11 @@ __all__ = [
     "HostStates",
     "LayoutFingerprint",
     "LocalTransfer",
+    "PeerInfo",
     "StatePool",
     "TransferPlan",
     "byte_view",
+    "check_sources",
     "plan_transfer",
     "read_rows",
     "run_staged",
