@@ -242,7 +242,7 @@ class NixlEndpoint:
         fp = info.fingerprint
         fp.check_compatible(self.pool.fingerprint)
         others = [(r, p.fingerprint) for r, (_, p) in sorted(self.peers.items()) if r != fp.tp_rank]
-        check_sources([(fp.tp_rank, fp), *others])
+        check_sources([*others, (fp.tp_rank, fp)])
         try:
             remote = self.agent.add_remote_agent(info.metadata)
         except Exception as exc:  # NIXL raises its own error classes
