@@ -30,6 +30,7 @@ __all__ = [
     "align_pre_copy",
     "check_cache_sizes",
     "check_commit_counts",
+    "check_saved_states",
     "check_sources",
     "check_device_tables",
     "check_index",
@@ -44,6 +45,8 @@ __all__ = [
     "mamba2_layout",
     "pack_launch",
     "plan_transfer",
+    "saved_states_checksums",
+    "saved_states_header",
     "short_conv_layout",
     "state_chunks",
     "vllm_device_post_process",
@@ -393,6 +396,19 @@ def plan_transfer(
     destination_pool: tuple[int, int, Sequence[int]],
     requests: Sequence[tuple[int, int]] | Any,
 ) -> TransferPlan: ...
+def saved_states_header(
+    fingerprint: LayoutFingerprint,
+    num_layers: int,
+    num_requests: int,
+    source_blocks: Sequence[int],
+    checksums: Sequence[int],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, list[int], int, int]]]: ...
+def saved_states_checksums(
+    fingerprint: LayoutFingerprint, num_layers: int, num_requests: int, data: Any
+) -> list[int]: ...
+def check_saved_states(
+    metadata: dict[str, str], tensors: Sequence[tuple[str, str, Sequence[int], int, int]], data: Any
+) -> tuple[LayoutFingerprint, int, int, list[int]]: ...
 def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint: ...
 
 @final

@@ -5,7 +5,8 @@
 use super::conversion::{Arg, Table};
 use super::layout::Layout;
 use crate::error::{Error, ErrorKind};
-use crate::transfer::{self, Fingerprint, PoolGeometry, StateKind};
+use crate::transfer::{self, saved, Fingerprint, PoolGeometry, StateKind};
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -211,7 +212,7 @@ fn block_pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
 /// any of its ranks) to the destination rank `destination`. `source_pools`: one geometry
 /// `(num_layers, num_blocks, block_strides)` shared by every source rank, or one per rank.
 #[pyfunction]
-fn plan_transfer(
+pub(crate) fn plan_transfer(
     py: Python<'_>,
     source: PyRef<'_, LayoutFingerprint>,
     source_pools: Vec<GeometryTuple>,
@@ -231,7 +232,7 @@ fn plan_transfer(
 /// fingerprint holds that rank (BindingError for swapped shards) and all are ranks of one
 /// instance (BindingError for an SD pool with a DS pool, or two TP sizes). Returns the first.
 #[pyfunction]
-fn check_sources(sources: Vec<(u64, PyRef<'_, LayoutFingerprint>)>) -> PyResult<LayoutFingerprint> {
+pub(crate) fn check_sources(sources: Vec<(u64, PyRef<'_, LayoutFingerprint>)>) -> PyResult<LayoutFingerprint> {
     let v: Vec<(u64, &Fingerprint)> = sources.iter().map(|(r, f)| (*r, &f.inner)).collect();
     Ok(transfer::check_sources(&v)?.into())
 }
@@ -302,11 +303,67 @@ impl PeerInfo {
     }
 }
 
-pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<LayoutFingerprint>()?;
-    m.add_class::<TransferPlan>()?;
-    m.add_class::<PeerInfo>()?;
-    m.add_function(wrap_pyfunction!(plan_transfer, m)?)?;
-    m.add_function(wrap_pyfunction!(check_sources, m)?)?;
-    Ok(())
+/// `(name, safetensors dtype, shape, begin, end)` of one tensor of a saved-states file.
+type SavedTensorTuple = (String, String, Vec<u64>, u64, u64);
+
+fn saved_header(fp: &LayoutFingerprint, num_layers: u64, num_requests: u64, source_blocks: Vec<u64>, checksums: Vec<u64>) -> saved::SavedHeader {
+    saved::SavedHeader { fingerprint: fp.inner.clone(), num_layers, num_requests, source_blocks, checksums }
+}
+
+/// A C-contiguous byte buffer's bytes, borrowed for `f` (run with the GIL released).
+fn with_bytes<T: Send>(py: Python<'_>, data: &PyBuffer<u8>, f: impl FnOnce(&[u8]) -> T + Send) -> PyResult<T> {
+    if !data.is_c_contiguous() {
+        return Err(Error::binding("data: the buffer must be C-contiguous bytes").into());
+    }
+    let (ptr, len) = (data.buf_ptr() as usize, data.len_bytes());
+    // SAFETY: `data` holds the exporter's buffer (its memory stays valid and exported) until it
+    // is dropped after this call; it is C-contiguous, so its `len_bytes()` bytes from `buf_ptr()`
+    // are the whole buffer; the slice is only read.
+    Ok(py.detach(move || f(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })))
+}
+
+/// The header of a saved-states file: its metadata (string pairs) and its tensors
+/// `(name, safetensors dtype, shape, begin, end)`, for `num_requests` requests saved from
+/// `source_blocks` of a pool of `fingerprint` with `num_layers` layers.
+#[pyfunction]
+pub(crate) fn saved_states_header(
+    fingerprint: PyRef<'_, LayoutFingerprint>,
+    num_layers: u64,
+    num_requests: u64,
+    source_blocks: Vec<u64>,
+    checksums: Vec<u64>,
+) -> PyResult<(saved::Metadata, Vec<SavedTensorTuple>)> {
+    let h = saved_header(&fingerprint, num_layers, num_requests, source_blocks, checksums);
+    let tensors = saved::header_tensors(&h)?.into_iter().map(|t| (t.name, t.dtype, t.shape, t.begin, t.end)).collect();
+    Ok((saved::header_metadata(&h), tensors))
+}
+
+/// Per request, the checksum of its bytes in the data section `data` of a saved-states file.
+#[pyfunction]
+pub(crate) fn saved_states_checksums(
+    py: Python<'_>,
+    fingerprint: PyRef<'_, LayoutFingerprint>,
+    num_layers: u64,
+    num_requests: u64,
+    data: PyBuffer<u8>,
+) -> PyResult<Vec<u64>> {
+    let h = saved_header(&fingerprint, num_layers, num_requests, vec![], vec![]);
+    Ok(with_bytes(py, &data, |d| saved::request_checksums(&h, d))??)
+}
+
+/// Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
+/// and every request's bytes in `data` (the data section) against its checksum. Returns
+/// `(fingerprint, num_layers, num_requests, source_blocks)`; LayoutError names the defect.
+#[pyfunction]
+pub(crate) fn check_saved_states(
+    py: Python<'_>,
+    metadata: std::collections::HashMap<String, String>,
+    tensors: Vec<SavedTensorTuple>,
+    data: PyBuffer<u8>,
+) -> PyResult<(LayoutFingerprint, u64, u64, Vec<u64>)> {
+    let tensors: Vec<saved::SavedTensor> =
+        tensors.into_iter().map(|(name, dtype, shape, begin, end)| saved::SavedTensor { name, dtype, shape, begin, end }).collect();
+    let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64)?;
+    with_bytes(py, &data, |d| saved::verify(&h, d))??;
+    Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks))
 }

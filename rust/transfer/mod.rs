@@ -6,6 +6,8 @@
 //! - [`handshake`]: one rank's handshake message (agent, fingerprint, geometry, addresses),
 //!   decoded and checked before anything is registered or read;
 //! - [`compat`]: which source / destination pairs can exchange states;
+//! - [`saved`]: the file format of states saved to disk (safetensors framing, fingerprint, block
+//!   map, per-request checksums) and its checks;
 //! - [`plan`]: the reads that rebuild, in the destination's blocks, exactly the destination rank's
 //!   shard of every persistent state.
 
@@ -13,6 +15,7 @@ pub mod compat;
 pub mod fingerprint;
 pub mod handshake;
 pub mod plan;
+pub mod saved;
 
 pub use compat::{check_compatible, check_sources};
 pub use fingerprint::{Fingerprint, FingerprintState, Segment, StateKind, MAX_BYTES};

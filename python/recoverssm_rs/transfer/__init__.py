@@ -15,6 +15,7 @@ with different tensor-parallel sizes and conv layouts, and host offload.
 from __future__ import annotations
 
 from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_sources, plan_transfer
+from .disk import load_states, save_states
 from .local import LocalTransfer, read_rows, run_staged, staged_rows
 from .offload import HostOffload, HostStates
 from .pool import StatePool, byte_view
@@ -29,8 +30,10 @@ __all__ = [
     "TransferPlan",
     "byte_view",
     "check_sources",
+    "load_states",
     "plan_transfer",
     "read_rows",
     "run_staged",
+    "save_states",
     "staged_rows",
 ]

@@ -30,6 +30,8 @@ class HostStates:
 
     pool: StatePool
     num_requests: int
+    source_blocks: list[int] | None = None
+    """The blocks the requests were offloaded from (their block map on disk)."""
 
     @property
     def fingerprint(self) -> LayoutFingerprint:
@@ -82,7 +84,7 @@ class HostOffload:
         self.pool.check()
         host = self._host_pool(len(blocks))
         LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host).run([(b, i + 1) for i, b in enumerate(blocks)])
-        return HostStates(host, len(blocks))
+        return HostStates(host, len(blocks), source_blocks=[int(b) for b in blocks])
 
     def restore(self, states: HostStates | Sequence[HostStates], blocks: Sequence[int]) -> None:
         """Copies saved states into ``blocks`` of the pool (request ``i`` into ``blocks[i]``).
