@@ -15,12 +15,14 @@ with different tensor-parallel sizes and conv layouts, and host offload.
 from __future__ import annotations
 
 from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_sources, plan_transfer
+from .cache import HostCache
 from .disk import load_states, save_states
 from .local import LocalTransfer, read_rows, run_staged, staged_rows
 from .offload import HostOffload, HostStates
 from .pool import StatePool, byte_view
 
 __all__ = [
+    "HostCache",
     "HostOffload",
     "HostStates",
     "LayoutFingerprint",
