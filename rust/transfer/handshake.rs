@@ -38,12 +38,12 @@ impl PeerInfo {
         Ok(p)
     }
 
-    /// Checks the name (non-empty, no whitespace), the fingerprint, the geometry against the
+    /// Checks the name (not blank, no control characters), the fingerprint, the geometry against the
     /// fingerprint, and that each (layer, state) tensor has one non-null address whose span
     /// (`(num_blocks - 1) * stride + state bytes`) does not overflow.
     pub fn check(&self) -> Result<()> {
-        if self.name.is_empty() || self.name.chars().any(char::is_whitespace) {
-            return Err(bad(format!("agent name {:?} must be non-empty and free of whitespace", self.name)));
+        if self.name.trim().is_empty() || self.name.chars().any(char::is_control) {
+            return Err(bad(format!("agent name {:?} must be non-empty and free of control characters (line breaks)", self.name)));
         }
         self.fingerprint.check()?;
         check_pool("peer", &self.fingerprint, &self.geometry).map_err(|e| bad(e.message))?;
@@ -154,7 +154,7 @@ mod tests {
         let fp = Fingerprint::new(&families::gdn(&p, &c).unwrap(), 1, 16).unwrap();
         let strides: Vec<u64> = (0..2).flat_map(|_| fp.states.iter().map(|s| s.nbytes().unwrap() + 8)).collect();
         let g = PoolGeometry { num_layers: 2, num_blocks: 5, block_strides: strides };
-        PeerInfo::new("src-1".into(), vec![0, 1, 254, 255], fp, g, vec![4096, 8192, 12288, 16384]).unwrap()
+        PeerInfo::new("src tp1->tp1 DS-1".into(), vec![0, 1, 254, 255], fp, g, vec![4096, 8192, 12288, 16384]).unwrap()
     }
 
     #[test]
@@ -169,13 +169,14 @@ mod tests {
         let e = |t: &[u8]| PeerInfo::decode(t).unwrap_err().message;
         assert!(e(&[0xff, 0xfe, 0x00]).contains("not UTF-8"));
         assert!(e(&text.as_bytes()[..text.len() / 2]).contains("truncated"));
-        assert!(e(text.replace("name src-1\n", "").as_bytes()).contains("no 'name' entry"));
+        assert!(e(text.replace("name src tp1->tp1 DS-1\n", "").as_bytes()).contains("no 'name' entry"));
+        assert!(e(text.replace("name src tp1->tp1 DS-1", "name  ").as_bytes()).contains("must be non-empty"));
         assert!(e(text.replace("metadata 0001feff", "metadata 0001fefg").as_bytes()).contains("not hex"));
         assert!(e(text.replace("addresses 4096,", "addresses -4096,").as_bytes()).contains("'-4096' is not a non-negative integer"));
         assert!(e(text.replace("addresses 4096,8192,", "addresses ").as_bytes()).contains("2 addresses for 4"));
         assert!(e(text.replace("addresses 4096", "addresses 18446744073709551000").as_bytes()).contains("not a valid range"));
         assert!(e(text.replace("geometry 2 5", "geometry 2 4611686018427387904").as_bytes()).contains("overflow"));
-        assert!(e(text.replace("name src-1", "name src-1\nname x").as_bytes()).contains("'name' is repeated"));
+        assert!(e(text.replace("name src tp1->tp1 DS-1", "name a\nname x").as_bytes()).contains("'name' is repeated"));
         assert!(e(text.replace("tp 2 1", "tp 2 2").as_bytes()).contains("out of range"));
     }
 }
