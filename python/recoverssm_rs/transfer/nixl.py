@@ -320,7 +320,12 @@ class NixlEndpoint:
         ]
 
     def pull(
-        self, requests: list[tuple[int, int]], *, timeout: float = 60.0, per_request: bool = True
+        self,
+        requests: list[tuple[int, int]],
+        *,
+        timeout: float = 60.0,
+        per_request: bool = True,
+        restore_failed: bool = True,
     ) -> TransferResult:
         """Pulls ``requests``' states from the connected source ranks; blocks until every transfer
         is done, failed, or ``timeout`` seconds passed (the rest are cancelled).
@@ -331,7 +336,9 @@ class NixlEndpoint:
 
         A peer failure never raises: the requests it fails are in :attr:`TransferResult.failed`
         with a reason, their destination blocks in :attr:`TransferResult.invalid_blocks`, holding
-        the bytes they held before the pull. Raises only the package's errors, before anything
+        the bytes they held before the pull (``restore_failed``, default: their spans are saved
+        before posting, which costs a local copy of the batch's bytes; an engine that frees every
+        invalid block may pass False, and the failed blocks may then hold part of the new state). Raises only the package's errors, before anything
         moves: a bad batch (PlanError), a source rank not connected or a bound tensor freed or
         re-pointed (BindingError)."""
         t0 = time.perf_counter()
@@ -339,7 +346,7 @@ class NixlEndpoint:
         plan = self.plan(requests)
         res = TransferResult(nbytes=plan.nbytes)
         groups = self.descriptors(plan, per_request=per_request)
-        saved = self._save_targets(read_rows(plan))
+        saved = self._save_targets(read_rows(plan)) if restore_failed else {}
         pending: dict[int, list[Any]] = {}
         for req, rank, local, remote in groups:
             res.descriptors += len(local)
@@ -397,6 +404,11 @@ class NixlEndpoint:
                 for req in active:
                     res.failed[req] = f"cancelled after {timeout} s"
                 break
+        # A failed request's other transfers may still be landing: wait (up to the deadline) until
+        # none is in progress before its blocks get their old bytes back.
+        draining = {id(h): h for r in res.failed for h in pending.get(r, ())}
+        while draining and time.perf_counter() <= deadline:
+            draining = {k: h for k, h in draining.items() if self._poll(h) == "PROC"}
         released: set[int] = set()
         for hs in pending.values():
             for h in hs:
