@@ -158,7 +158,13 @@ def main() -> int:
         action="store_true",
         help="run NIXL's background progress thread in every agent (NIXL's default; each busy-polls)",
     )
+    ap.add_argument(
+        "--no-restore-failed",
+        action="store_true",
+        help="pull with restore_failed=False (no copy of the destination spans before posting)",
+    )
     args = ap.parse_args()
+    keep = not args.no_restore_failed
 
     from recoverssm_rs.transfer.nixl import NixlEndpoint, import_nixl
 
@@ -205,15 +211,15 @@ def main() -> int:
                 )
                 t_pull, t_batch, t_raw = [], [], []
                 # Warm-up (connections, first touch of the destination pages), not timed.
-                ep.pull(reqs)
-                ep.pull(reqs, per_request=False)
+                ep.pull(reqs, restore_failed=keep)
+                ep.pull(reqs, per_request=False, restore_failed=keep)
                 _contiguous(agent, remote_raw, local_raw.ctypes.data, raw_addr, raw_bytes)
                 res = None
                 for _ in range(args.reps):
-                    res = ep.pull(reqs)
+                    res = ep.pull(reqs, restore_failed=keep)
                     assert res.ok, res.failed
                     t_pull.append(res.seconds)
-                    rb = ep.pull(reqs, per_request=False)
+                    rb = ep.pull(reqs, per_request=False, restore_failed=keep)
                     assert rb.ok, rb.failed
                     t_batch.append(rb.seconds)
                     t_raw.append(_contiguous(agent, remote_raw, local_raw.ctypes.data, raw_addr, res.nbytes))

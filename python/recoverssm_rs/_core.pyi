@@ -17,6 +17,7 @@ __all__ = [
     "Layout",
     "LayoutError",
     "LayoutFingerprint",
+    "PeerInfo",
     "PlanError",
     "Planner",
     "RawBuffer",
@@ -30,6 +31,8 @@ __all__ = [
     "align_pre_copy",
     "check_cache_sizes",
     "check_commit_counts",
+    "check_saved_states",
+    "check_sources",
     "check_device_tables",
     "check_index",
     "commit_grid",
@@ -45,6 +48,8 @@ __all__ = [
     "plan_transfer",
     "sglang_check_host_copy",
     "sglang_commit_selection",
+    "saved_states_checksums",
+    "saved_states_header",
     "short_conv_layout",
     "state_chunks",
     "vllm_device_post_process",
@@ -412,7 +417,7 @@ def plan_transfer(
     source_pools: Sequence[tuple[int, int, Sequence[int]]],
     destination: LayoutFingerprint,
     destination_pool: tuple[int, int, Sequence[int]],
-    requests: Sequence[tuple[int, int]],
+    requests: Sequence[tuple[int, int]] | Any,
 ) -> TransferPlan: ...
 
 # SGLang's mamba pool (recoverssm_rs.sglang wraps them). Keyword arguments: see rust/python/sglang.rs.
@@ -422,3 +427,44 @@ def sglang_commit_selection(**kwargs: Any) -> list[list[int]]:
 
 def sglang_check_host_copy(**kwargs: Any) -> None:
     """``PlanError`` unless a host copy has the pool tensor's dtype and shape."""
+
+def saved_states_header(
+    fingerprint: LayoutFingerprint,
+    num_layers: int,
+    num_requests: int,
+    source_blocks: Sequence[int],
+    checksums: Sequence[int],
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, list[int], int, int]]]: ...
+def saved_states_checksums(
+    fingerprint: LayoutFingerprint, num_layers: int, num_requests: int, data: Any
+) -> list[int]: ...
+def check_saved_states(
+    metadata: dict[str, str], tensors: Sequence[tuple[str, str, Sequence[int], int, int]], data: Any
+) -> tuple[LayoutFingerprint, int, int, list[int]]: ...
+def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint: ...
+
+@final
+class PeerInfo:
+    """One rank's handshake message: agent name and metadata, fingerprint, pool geometry, addresses."""
+
+    def __new__(
+        cls,
+        name: str,
+        metadata: bytes,
+        fingerprint: LayoutFingerprint,
+        geometry: tuple[int, int, Sequence[int]],
+        addresses: Sequence[int],
+    ) -> PeerInfo: ...
+    @staticmethod
+    def from_bytes(data: bytes) -> PeerInfo: ...
+    def to_bytes(self) -> bytes: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def metadata(self) -> bytes: ...
+    @property
+    def fingerprint(self) -> LayoutFingerprint: ...
+    @property
+    def geometry(self) -> tuple[int, int, list[int]]: ...
+    @property
+    def addresses(self) -> list[int]: ...

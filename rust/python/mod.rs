@@ -41,6 +41,10 @@ mod _core {
     use super::planner::Planner;
     #[pymodule_export]
     use super::sglang::{sglang_check_host_copy, sglang_commit_selection};
+    #[pymodule_export]
+    use super::transfer::{
+        check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, LayoutFingerprint, PeerInfo, TransferPlan,
+    };
 
     use pyo3::prelude::*;
 
@@ -49,7 +53,6 @@ mod _core {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         super::errors::register(m)?;
         super::vllm::register(m)?;
-        super::transfer::register(m)?;
         Ok(())
     }
 }

@@ -79,6 +79,45 @@ pub fn check_compatible(src: &Fingerprint, dst: &Fingerprint) -> Result<()> {
     }
 }
 
+/// Checks the source ranks an executor was given, as `(rank it is used as, its fingerprint)`:
+/// each pool's fingerprint names the rank it is used as (swapped shards are refused), and all
+/// are ranks of one instance (the same fingerprint but for the rank: an SD pool with a DS pool,
+/// or two TP sizes, are refused). Returns the instance's fingerprint (of the first rank given).
+pub fn check_sources(sources: &[(u64, &Fingerprint)]) -> Result<Fingerprint> {
+    let Some(&(_, first)) = sources.first() else {
+        return Err(Error::binding("no source rank given; pass the source instance's pools by rank"));
+    };
+    let instance = |f: &Fingerprint| Fingerprint { tp_rank: 0, ..f.clone() };
+    let base = instance(first);
+    let mut seen = Vec::with_capacity(sources.len());
+    for &(rank, fp) in sources {
+        fp.check()?;
+        if fp.tp_rank != rank {
+            return Err(Error::binding(format!(
+                "source rank {rank}: the pool given for it holds rank {} of {} (shards swapped?); give each pool as its own rank",
+                fp.tp_rank, fp.tp_size
+            )));
+        }
+        if seen.contains(&rank) {
+            return Err(Error::binding(format!("source rank {rank} is given twice")));
+        }
+        seen.push(rank);
+        if instance(fp) != base {
+            let show = |f: &Fingerprint| {
+                format!("{} tp_size {} conv layout {} num_spec {}", f.family, f.tp_size, f.conv_layout().map_or("-", |l| l.name()), f.num_spec)
+            };
+            return Err(Error::binding(format!(
+                "source rank {rank} ({}) is not a rank of the same instance as source rank {} ({}): every source pool must have the \
+                 same layout but for its rank",
+                show(fp),
+                first.tp_rank,
+                show(first)
+            )));
+        }
+    }
+    Ok(first.clone())
+}
+
 fn kind_name(k: &StateKind) -> &'static str {
     match k {
         StateKind::Conv { .. } => "conv window",
@@ -105,6 +144,20 @@ mod tests {
         let b = kda(4, 7, ConvLayout::DS, DType::Float32, 4);
         check_compatible(&a, &b).unwrap();
         check_compatible(&b, &a).unwrap();
+    }
+
+    #[test]
+    fn source_ranks_must_be_one_instance_each_in_its_place() {
+        let a = kda(2, 0, ConvLayout::SD, DType::Float32, 4);
+        let b = Fingerprint { tp_rank: 1, ..a.clone() };
+        assert_eq!(check_sources(&[(0, &a), (1, &b)]).unwrap(), a);
+        let m = check_sources(&[(0, &b), (1, &a)]).unwrap_err().message;
+        assert!(m.contains("source rank 0: the pool given for it holds rank 1 of 2"), "{m}");
+        let ds = Fingerprint { tp_rank: 1, ..kda(2, 0, ConvLayout::DS, DType::Float32, 4) };
+        let m = check_sources(&[(0, &a), (1, &ds)]).unwrap_err().message;
+        assert!(m.contains("source rank 1 (kda tp_size 2 conv layout DS num_spec 0) is not a rank of the same instance"), "{m}");
+        assert!(check_sources(&[(0, &a), (0, &a)]).unwrap_err().message.contains("given twice"));
+        assert!(check_sources(&[]).is_err());
     }
 
     #[test]

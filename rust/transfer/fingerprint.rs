@@ -9,6 +9,21 @@ use std::fmt::Write;
 
 const MAGIC: &str = "recoverssm-transfer-fingerprint 1";
 
+/// The largest byte size or offset a pool, a state or a plan may have: sizes from a peer's
+/// fingerprint are computed with checked arithmetic and must fit numpy's and torch's signed
+/// 64-bit indices.
+pub const MAX_BYTES: u64 = i64::MAX as u64;
+
+/// `a * b`, or `None` past [`MAX_BYTES`].
+pub fn mul_bytes(a: u64, b: u64) -> Option<u64> {
+    a.checked_mul(b).filter(|&x| x <= MAX_BYTES)
+}
+
+/// `a + b`, or `None` past [`MAX_BYTES`].
+pub fn add_bytes(a: u64, b: u64) -> Option<u64> {
+    a.checked_add(b).filter(|&x| x <= MAX_BYTES)
+}
+
 /// One sub-projection of the conv channels (see [`crate::sharding::ConvSegment`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {
@@ -35,13 +50,16 @@ pub struct FingerprintState {
 }
 
 impl FingerprintState {
-    /// Bytes of this state in one block.
-    pub fn nbytes(&self) -> u64 {
+    /// Bytes of this state in one block; a layout error when the size does not fit
+    /// [`MAX_BYTES`] (a fingerprint that passed [`Fingerprint::check`] never has one).
+    pub fn nbytes(&self) -> Result<u64> {
         let numel = match &self.kind {
-            StateKind::Conv { width, dim, .. } => width * dim,
-            StateKind::Heads { shape, .. } => shape.iter().product(),
+            StateKind::Conv { width, dim, .. } => mul_bytes(*width, *dim),
+            StateKind::Heads { shape, .. } => shape.iter().try_fold(1u64, |a, &d| mul_bytes(a, d)),
         };
-        numel * self.dtype.itemsize()
+        numel
+            .and_then(|n| mul_bytes(n, self.dtype.itemsize()))
+            .ok_or_else(|| Error::layout(format!("state '{}': its size in bytes overflows (more than {MAX_BYTES} bytes per block)", self.name)))
     }
 }
 
@@ -120,17 +138,23 @@ impl Fingerprint {
             let at = |m: String| Error::layout(format!("{f}: state '{}': {m}", s.name));
             match &s.kind {
                 StateKind::Conv { width, dim, kernel_size, segments, .. } => {
-                    if *kernel_size < 2 || width + 1 < *kernel_size {
+                    if *kernel_size < 2 {
+                        return Err(at(format!("conv_kernel_size must be >= 2, got {kernel_size}")));
+                    }
+                    let want = (kernel_size - 1).checked_add(u64::from(self.num_spec));
+                    if want != Some(*width) {
                         return Err(at(format!(
-                            "conv window width {width} cannot hold conv_kernel_size - 1 = {} columns",
-                            kernel_size.saturating_sub(1)
+                            "conv window width {width} is not conv_kernel_size - 1 + num_spec = {} - 1 + {}",
+                            kernel_size, self.num_spec
                         )));
                     }
                     let mut local = 0u64;
                     for g in segments {
                         let (_, n) =
                             owned_units(g.units, self.tp_size, self.tp_rank).map_err(|e| at(format!("segment '{}': {}", g.name, e.message)))?;
-                        local += n * g.unit_dim;
+                        local = mul_bytes(n, g.unit_dim)
+                            .and_then(|c| add_bytes(local, c))
+                            .ok_or_else(|| at(format!("segment '{}': the channel count overflows ({} units x {})", g.name, g.units, g.unit_dim)))?;
                     }
                     if local != *dim {
                         return Err(at(format!(
@@ -149,6 +173,7 @@ impl Fingerprint {
                     }
                 }
             }
+            s.nbytes().map_err(|e| Error::layout(format!("{f}: {}", e.message)))?;
         }
         Ok(())
     }
@@ -286,6 +311,44 @@ mod tests {
         assert!(Fingerprint::decode("hello").unwrap_err().message.contains("not a transfer fingerprint"));
         let m = Fingerprint::decode(&text.replace("block_size 16", "block_size x")).unwrap_err().message;
         assert!(m.contains("'x' is not a non-negative integer"), "{m}");
+    }
+
+    /// The conv line of `text` with its width and kernel size replaced.
+    fn with_conv(text: &str, width: &str, kernel: &str) -> String {
+        text.lines()
+            .map(|l| {
+                let mut t: Vec<&str> = l.split(' ').collect();
+                if t[0] == "conv" {
+                    (t[4], t[6]) = (width, kernel);
+                }
+                t.join(" ")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn peer_sizes_are_checked_without_wrapping() {
+        let text = Fingerprint::new(&gdn(2, 1, ConvLayout::SD), 0, 16).unwrap().encode();
+        assert!(text.contains("conv conv bfloat16 SD 4 "), "{text}");
+        Fingerprint::decode(&with_conv(&text, "4", "4")).unwrap();
+        for w in ["2305843009213693952", "4611686018427387905", "3", "5"] {
+            let m = Fingerprint::decode(&with_conv(&text, w, "4")).unwrap_err().message;
+            assert!(m.contains(&format!("conv window width {w} is not conv_kernel_size - 1 + num_spec = 4 - 1 + 1")), "{m}");
+        }
+        // Consistent but too large: the byte size overflows instead of wrapping.
+        for (w, k) in [("2305843009213693952", "2305843009213693952"), ("4611686018427387905", "4611686018427387905")] {
+            let m = Fingerprint::decode(&with_conv(&text, w, k)).unwrap_err().message;
+            assert!(m.contains("state 'conv': its size in bytes overflows"), "{m}");
+        }
+        let m = Fingerprint::decode(&with_conv(&text, "18446744073709551615", "18446744073709551615")).unwrap_err().message;
+        assert!(m.contains("overflows"), "{m}");
+        let m = Fingerprint::decode(&with_conv(&text, "0", "18446744073709551615")).unwrap_err().message;
+        assert!(m.contains("is not conv_kernel_size - 1 + num_spec"), "{m}");
+        let m = Fingerprint::decode(&text.replace("heads temporal float32 8 4x32x16", "heads temporal float32 8 4x4294967296x4294967296"))
+            .unwrap_err()
+            .message;
+        assert!(m.contains("state 'temporal': its size in bytes overflows"), "{m}");
     }
 
     #[test]

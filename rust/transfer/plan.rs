@@ -11,7 +11,7 @@
 //! Workspace states are never part of a plan.
 
 use super::compat::check_compatible;
-use super::fingerprint::{Fingerprint, Segment, StateKind};
+use super::fingerprint::{add_bytes, mul_bytes, Fingerprint, Segment, StateKind, MAX_BYTES};
 use crate::error::{Error, Result};
 use crate::layout::ConvLayout;
 use crate::sharding::{owned_units, unit_owners};
@@ -82,7 +82,7 @@ pub struct TransferPlan {
 impl TransferPlan {
     /// Bytes read over the transport.
     pub fn bytes(&self) -> u64 {
-        self.reads.iter().map(|r| r.len).sum()
+        self.reads.iter().fold(0u64, |a, r| a.saturating_add(r.len))
     }
 }
 
@@ -255,7 +255,9 @@ fn recipe(src: &Fingerprint, dst: &Fingerprint, i: usize) -> Result<StateRecipe>
     }
 }
 
-fn check_pool(side: &str, fp: &Fingerprint, g: &PoolGeometry) -> Result<()> {
+/// Checks one side's pool geometry against its fingerprint: one block stride per (layer, state),
+/// each at least the state's bytes, and the tensor's span within [`MAX_BYTES`].
+pub(crate) fn check_pool(side: &str, fp: &Fingerprint, g: &PoolGeometry) -> Result<()> {
     let ns = fp.states.len() as u64;
     if g.num_layers == 0 {
         return Err(Error::binding(format!("{side} pool: no layers")));
@@ -263,7 +265,7 @@ fn check_pool(side: &str, fp: &Fingerprint, g: &PoolGeometry) -> Result<()> {
     if g.num_blocks < 2 {
         return Err(Error::binding(format!("{side} pool: {} blocks; a pool needs the null block 0 and at least one more", g.num_blocks)));
     }
-    if g.block_strides.len() as u64 != g.num_layers * ns {
+    if g.num_layers.checked_mul(ns) != Some(g.block_strides.len() as u64) {
         return Err(Error::binding(format!(
             "{side} pool: {} block strides for {} layers x {ns} persistent states; give one per (layer, state), layer-major",
             g.block_strides.len(),
@@ -272,12 +274,16 @@ fn check_pool(side: &str, fp: &Fingerprint, g: &PoolGeometry) -> Result<()> {
     }
     for (t, &stride) in g.block_strides.iter().enumerate() {
         let st = &fp.states[t % ns as usize];
-        if stride < st.nbytes() {
+        let nbytes = st.nbytes()?;
+        let at = || format!("{side} pool: layer {}, state '{}'", t as u64 / ns, st.name);
+        if stride < nbytes {
+            return Err(Error::binding(format!("{}: block stride {stride} bytes is smaller than the state's {nbytes} bytes", at())));
+        }
+        if mul_bytes(g.num_blocks - 1, stride).and_then(|x| add_bytes(x, nbytes)).is_none() {
             return Err(Error::binding(format!(
-                "{side} pool: layer {}, state '{}': block stride {stride} bytes is smaller than the state's {} bytes",
-                t as u64 / ns,
-                st.name,
-                st.nbytes()
+                "{}: {} blocks of stride {stride} bytes overflow (a tensor spans at most {MAX_BYTES} bytes)",
+                at(),
+                g.num_blocks
             )));
         }
     }
@@ -372,7 +378,8 @@ pub fn plan_transfer(
                         cols: st.cols,
                         elem: st.elem,
                     });
-                    staging += rc.staging.div_ceil(STAGING_ALIGN) * STAGING_ALIGN;
+                    staging = add_bytes(staging, rc.staging.div_ceil(STAGING_ALIGN) * STAGING_ALIGN)
+                        .ok_or_else(|| Error::plan(format!("the staging area of {} requests overflows {MAX_BYTES} bytes", requests.len())))?;
                 }
             }
         }
@@ -393,7 +400,7 @@ mod tests {
     }
 
     fn pool(fp: &Fingerprint, layers: u64, blocks: u64) -> PoolGeometry {
-        let strides = (0..layers).flat_map(|_| fp.states.iter().map(|s| s.nbytes())).collect();
+        let strides = (0..layers).flat_map(|_| fp.states.iter().map(|s| s.nbytes().unwrap())).collect();
         PoolGeometry { num_layers: layers, num_blocks: blocks, block_strides: strides }
     }
 
@@ -404,7 +411,7 @@ mod tests {
         assert_eq!(p.reads.len(), 2 * 3 * 2);
         assert!(p.staged.is_empty());
         assert_eq!(p.source_ranks, vec![1]);
-        let conv = s.states[0].nbytes();
+        let conv = s.states[0].nbytes().unwrap();
         assert_eq!(p.reads[0], Read { request: 0, src_rank: 1, src_tensor: 0, src_offset: 2 * conv, dst_tensor: 0, dst_offset: 5 * conv, len: conv });
     }
 
@@ -416,7 +423,7 @@ mod tests {
         assert_eq!(p.source_ranks, vec![0, 1]);
         // q, k, v from each of two ranks, plus the heads of each.
         assert_eq!(p.reads.len(), 6 + 2);
-        assert_eq!(p.bytes(), d.states.iter().map(|s| s.nbytes()).sum::<u64>());
+        assert_eq!(p.bytes(), d.states.iter().map(|s| s.nbytes().unwrap()).sum::<u64>());
     }
 
     #[test]
@@ -458,7 +465,7 @@ mod tests {
         let (s, d) = (gdn(1, 0, 3, ConvLayout::SD), gdn(1, 0, 1, ConvLayout::SD));
         let p = plan_transfer(&s, &[pool(&s, 1, 4)], &d, &pool(&d, 1, 4), &[(1, 1)]).unwrap();
         assert!(p.staged.is_empty());
-        assert_eq!(p.bytes(), 3 * 48 * 2 + d.states[1].nbytes());
+        assert_eq!(p.bytes(), 3 * 48 * 2 + d.states[1].nbytes().unwrap());
         // The first three SD rows are contiguous on both sides: one read.
         assert_eq!(p.reads.len(), 2);
     }
@@ -475,5 +482,8 @@ mod tests {
         bad.block_strides[1] = 4;
         let m = plan_transfer(&s, std::slice::from_ref(&g), &s, &bad, &[(1, 1)]).unwrap_err().message;
         assert!(m.contains("state 'temporal': block stride 4 bytes"), "{m}");
+        let huge = PoolGeometry { num_blocks: 1 << 62, ..h.clone() };
+        let m = plan_transfer(&s, std::slice::from_ref(&g), &s, &huge, &[(1, 1)]).unwrap_err().message;
+        assert!(m.contains("overflow"), "{m}");
     }
 }

@@ -73,8 +73,9 @@ def test_fingerprint_round_trips_and_rejects_hand_built_layouts():
 )
 def test_bad_batches_are_rejected_with_nothing_written(requests, needle):
     rng = np.random.default_rng(1)
-    t, dbufs = _pair(layout(GDN, 2, 0, "SD"), layout(GDN, 1, 2, "DS"), rng)
-    t.sources[1] = t.sources[0]
+    slay = layout(GDN, 2, 0, "SD")
+    t, dbufs = _pair(slay, layout(GDN, 1, 2, "DS"), rng)
+    t = LocalTransfer({0: t.sources[0], 1: pool(slay, paged_states(slay, 2, 6, rng)[1], 1)}, t.destination)
     before = [b.copy() for b in dbufs]
     with pytest.raises(PlanError) as e:
         t.run(requests)

@@ -14,21 +14,28 @@ with different tensor-parallel sizes and conv layouts, and host offload.
 
 from __future__ import annotations
 
-from .._core import LayoutFingerprint, TransferPlan, plan_transfer
+from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_sources, plan_transfer
+from .cache import HostCache
+from .disk import load_states, save_states
 from .local import LocalTransfer, read_rows, run_staged, staged_rows
 from .offload import HostOffload, HostStates
 from .pool import StatePool, byte_view
 
 __all__ = [
+    "HostCache",
     "HostOffload",
     "HostStates",
     "LayoutFingerprint",
     "LocalTransfer",
+    "PeerInfo",
     "StatePool",
     "TransferPlan",
     "byte_view",
+    "check_sources",
+    "load_states",
     "plan_transfer",
     "read_rows",
     "run_staged",
+    "save_states",
     "staged_rows",
 ]

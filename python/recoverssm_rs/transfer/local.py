@@ -4,12 +4,12 @@ offload, and engines that bring their own transport)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .._core import LayoutFingerprint, TransferPlan, plan_transfer
+from .._core import LayoutFingerprint, TransferPlan, check_sources, plan_transfer
 from ..errors import BindingError
 from ..plan_format import CONSTANTS, record_columns
 from .pool import StatePool
@@ -43,7 +43,7 @@ def _strided(view: Any, offset: int, shape: tuple[int, ...], strides: tuple[int,
 _ELEM = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def run_staged(rows: np.ndarray, staging: Any, views: list[Any], requests: Any = None) -> None:
+def run_staged(rows: np.ndarray, staging: Any, views: Sequence[Any], requests: Any = None) -> None:
     """Finishes staged states: copies each staged row's matrix from ``staging`` (a flat uint8
     buffer) into the destination tensor's byte view. ``requests`` limits it to those requests.
 
@@ -69,7 +69,7 @@ def run_staged(rows: np.ndarray, staging: Any, views: list[Any], requests: Any =
 _GROUP = [2, 3, 4, 6, 7, 8, 9, 10]
 
 
-def _run_staged_numpy(rows: np.ndarray, staging: np.ndarray, views: list[np.ndarray]) -> None:
+def _run_staged_numpy(rows: np.ndarray, staging: np.ndarray, views: Sequence[np.ndarray]) -> None:
     keys, inverse = np.unique(rows[:, _GROUP], axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     for g, key in enumerate(keys.tolist()):
@@ -137,51 +137,66 @@ class LocalTransfer:
     """Moves persistent states between pools held in this process: from ``sources`` (the
     source instance's ranks, by rank) to ``destination``, with the core's plans.
 
-    Every check (compatibility, geometries, block ids, duplicate destinations) runs in the core
-    before the first byte moves; a rejected batch writes nothing.
+    Every check runs before the first byte moves, and a rejected batch writes nothing: each source
+    pool must hold the rank it is given as and all must be ranks of one instance (the core's
+    ``check_sources``: swapped shards, an SD pool with a DS pool or mixed TP sizes are refused
+    here, as :class:`~recoverssm_rs.transfer.nixl.NixlEndpoint` refuses them at ``connect``);
+    compatibility, geometries, block ids and duplicate destinations are checked by the core's
+    planner; every pool's bound tensors are checked (:meth:`StatePool.check`) before each run.
     """
 
     def __init__(self, sources: Mapping[int, StatePool] | list[StatePool], destination: StatePool) -> None:
-        self.sources = dict(sources) if isinstance(sources, Mapping) else {p.fingerprint.tp_rank: p for p in sources}
-        if not self.sources:
-            raise BindingError("LocalTransfer: no source pool given; pass the source instance's pools by rank")
+        given = dict(sources) if isinstance(sources, Mapping) else {p.fingerprint.tp_rank: p for p in sources}
+        self.source_fingerprint: LayoutFingerprint = check_sources([(r, p.fingerprint) for r, p in given.items()])
+        self._sources = given
         self.destination = destination
-        self.source_fingerprint: LayoutFingerprint = next(iter(self.sources.values())).fingerprint
+
+    @property
+    def sources(self) -> Mapping[int, StatePool]:
+        """The source pools by rank (read-only: checked once, at construction)."""
+        return dict(self._sources)
 
     def plan(self, requests: list[tuple[int, int]]) -> TransferPlan:
         """The plan moving ``requests`` (source block, destination block)."""
         src = self.source_fingerprint
-        geoms = [
-            self.sources[r].geometry if r in self.sources else next(iter(self.sources.values())).geometry
-            for r in range(src.tp_size)
-        ]
+        first = next(iter(self._sources.values())).geometry
+        geoms = [self._sources[r].geometry if r in self._sources else first for r in range(src.tp_size)]
         return plan_transfer(src, geoms, self.destination.fingerprint, self.destination.geometry, requests)
 
     def run(self, requests: list[tuple[int, int]]) -> TransferPlan:
         """Plans and moves ``requests``; returns the plan that ran."""
         plan = self.plan(requests)
-        missing = [r for r in plan.source_ranks if r not in self.sources]
-        if missing:
-            raise BindingError(f"LocalTransfer: the plan reads source ranks {missing}, which were not given")
         self.execute(plan)
         return plan
 
     def execute(self, plan: TransferPlan) -> None:
-        """Runs ``plan``'s reads, then its staged copies."""
+        """Runs ``plan``'s reads, then its staged copies, after checking that every source rank
+        the plan reads was given and that the pools' bound tensors still own their memory."""
+        missing = [r for r in plan.source_ranks if r not in self._sources]
+        if missing:
+            have = sorted(self._sources)
+            raise BindingError(
+                f"LocalTransfer: the plan reads source ranks {missing} of tp_size "
+                f"{self.source_fingerprint.tp_size}, which were not given (given: {have})"
+            )
+        for r in plan.source_ranks:
+            self._sources[r].check()
+        self.destination.check()
         reads = read_rows(plan)
         dviews = self.destination.views
         staging: Any = None
         if plan.staging_bytes:
             staging = _empty_like_view(dviews[0], plan.staging_bytes)
         for _, rank, st, so, dt, do, n in reads.tolist():
-            src = self.sources[rank].views[st][so : so + n]
+            src = self._sources[rank].views[st][so : so + n]
             dst = staging[do : do + n] if dt == STAGING else dviews[dt][do : do + n]
             _copy(dst, src)
         if plan.num_staged:
             run_staged(staged_rows(plan), staging, dviews)
+        self.destination.mark_written()
 
     def __repr__(self) -> str:
-        return f"LocalTransfer(sources={sorted(self.sources)}, destination={self.destination!r})"
+        return f"LocalTransfer(sources={sorted(self._sources)}, destination={self.destination!r})"
 
 
 def _empty_like_view(view: Any, nbytes: int) -> Any:

@@ -5,27 +5,38 @@ reads become NIXL READ descriptors, one transfer per (request, source rank), wit
 errors reported per request. Each source rank then learns which of its blocks were read from one
 notice per polling sweep (:meth:`NixlEndpoint.notifications`).
 
-A request whose reads fail or are cancelled is never reported done: its destination blocks are
-listed in :attr:`TransferResult.invalid_blocks` (reads land in place, so they may hold part of the
-new state) and its staged states are not finished. NIXL is imported lazily: this module imports
-without it, and :func:`import_nixl` raises :class:`~recoverssm_rs.errors.BackendUnavailableError`
-with the install hint.
+Every pull ends in a :class:`TransferResult`: a peer that fails (an error posting or polling a
+read, a source process that died) fails only the requests reading from it, within the pull's
+``timeout``. A failed or cancelled request is never reported done: its destination blocks are
+listed in :attr:`TransferResult.invalid_blocks` and hold the bytes they held before the pull
+(their direct reads' targets are saved before posting and written back), and its staged states
+are not finished. Handshake messages are checked by the core (:class:`PeerInfo`); the pool's bound
+tensors are checked before every pull.
+
+An endpoint's UCX transport uses only the network interfaces it is given (``interfaces``:
+loopback by default, so nothing listens on an external address unless asked).
+
+NIXL is imported lazily: this module imports without it, and :func:`import_nixl` raises
+:class:`~recoverssm_rs.errors.BackendUnavailableError` with the install hint.
 """
 
 from __future__ import annotations
 
-import base64
+import fcntl
 import importlib
-import json
 import logging
+import os
+import socket
+import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._core import LayoutFingerprint, TransferPlan, plan_transfer
-from ..errors import BackendUnavailableError, BindingError
+from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_sources, plan_transfer
+from ..errors import BackendUnavailableError, BindingError, LayoutError
 from .local import STAGING, read_rows, run_staged, staged_rows
 from .pool import StatePool
 
@@ -62,45 +73,6 @@ def nixl_available() -> bool:
 
 
 @dataclass
-class PeerInfo:
-    """What one rank tells a peer at handshake: its NIXL agent name and metadata, its layout
-    fingerprint, its pool geometry and the address of block 0 of each (layer, state) tensor."""
-
-    name: str
-    metadata: bytes
-    fingerprint: str
-    geometry: tuple[int, int, list[int]]
-    addresses: list[int]
-
-    def to_bytes(self) -> bytes:
-        """JSON form, for a pipe, a queue or a side channel."""
-        d = dict(
-            name=self.name,
-            metadata=base64.b64encode(self.metadata).decode(),
-            fingerprint=self.fingerprint,
-            geometry=list(self.geometry),
-            addresses=self.addresses,
-        )
-        return json.dumps(d).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> PeerInfo:
-        """Reads :meth:`to_bytes`'s form."""
-        d = json.loads(data)
-        g = d["geometry"]
-        return cls(
-            d["name"],
-            base64.b64decode(d["metadata"]),
-            d["fingerprint"],
-            (int(g[0]), int(g[1]), list(g[2])),
-            [int(a) for a in d["addresses"]],
-        )
-
-    def __repr__(self) -> str:
-        return f"PeerInfo({self.name!r}, tensors={len(self.addresses)})"
-
-
-@dataclass
 class TransferResult:
     """Outcome of one :meth:`NixlEndpoint.pull`, per request (index into the batch)."""
 
@@ -123,6 +95,45 @@ class TransferResult:
         )
 
 
+#: ``interfaces`` value that leaves UCX's own choice (every interface, or ``UCX_NET_DEVICES``).
+ALL_INTERFACES = "all"
+
+
+def _interface_of(address: str) -> str:
+    """The name of the network interface holding IPv4 ``address`` (BindingError if none does)."""
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    raise BindingError(f"interfaces: no network interface has the address {address}")
+
+
+def net_devices(interfaces: str | Sequence[str]) -> str | None:
+    """The ``UCX_NET_DEVICES`` value for ``interfaces``: interface names (``"lo"``, ``"eth0"``,
+    ``"mlx5_0:1"``) or IPv4 addresses (mapped to their interface), comma-separated or as a list;
+    None for :data:`ALL_INTERFACES` (UCX's default: every interface)."""
+    items = [x.strip() for x in interfaces.split(",")] if isinstance(interfaces, str) else [str(x) for x in interfaces]
+    items = [x for x in items if x]
+    if not items:
+        raise BindingError("interfaces: give at least one interface name or address (or 'all')")
+    if items == [ALL_INTERFACES]:
+        return None
+    out = []
+    for x in items:
+        try:
+            socket.inet_aton(x)
+        except OSError:
+            out.append(x)
+            continue
+        out.append(_interface_of(x))
+    return ",".join(out)
+
+
 def _disjoint_spans(addrs: list[int], spans: list[int]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for a, n in sorted(zip(addrs, spans)):
@@ -143,6 +154,12 @@ class NixlEndpoint:
         name: the agent's name (unique among the peers).
         pool: this rank's pool.
         backends: NIXL backends to create (UCX moves CPU and CUDA memory).
+        interfaces: the network interfaces the UCX backend may listen and connect on (its
+            ``UCX_NET_DEVICES`` while it is created): interface names or IPv4 addresses, a
+            comma-separated string or a list. Default ``"lo"`` (loopback: peers on this machine
+            only; shared memory and CMA need no interface); a real deployment names its
+            interface (``"eth0"``, ``"mlx5_0:1"``, ``"10.0.0.5"``), or passes ``"all"`` for
+            UCX's default of every interface.
         progress_thread: whether the agent runs NIXL's background progress thread (NIXL's
             default). A pulling destination progresses its own reads while :meth:`pull` polls.
             A source rank without the thread must progress its agent itself, by calling
@@ -154,14 +171,22 @@ class NixlEndpoint:
     """
 
     def __init__(
-        self, name: str, pool: StatePool, *, backends: tuple[str, ...] = ("UCX",), progress_thread: bool = True
+        self,
+        name: str,
+        pool: StatePool,
+        *,
+        backends: tuple[str, ...] = ("UCX",),
+        progress_thread: bool = True,
+        interfaces: str | Sequence[str] = "lo",
     ) -> None:
         nixl = import_nixl()
         self.name = name
         self.pool = pool
-        self.agent = nixl.nixl_agent(
-            name, nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=list(backends))
-        )
+        self.interfaces = net_devices(interfaces)
+        pool.check()
+        self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=[]))
+        for backend in backends:
+            self._create_backend(backend)
         cuda = pool.device.startswith("cuda")
         self.mem_type = "VRAM" if cuda else "DRAM"
         self.device_id = int(pool.device.split(":")[1]) if cuda and ":" in pool.device else 0
@@ -177,31 +202,57 @@ class NixlEndpoint:
         self._staging_reg: Any = None
         log.info("nixl endpoint %s: registered %d regions (%s)", name, len(regions), self.mem_type)
 
+    def _create_backend(self, backend: str) -> None:
+        """Creates ``backend`` with ``UCX_NET_DEVICES`` set to :attr:`interfaces` meanwhile (UCX
+        reads its configuration from the environment when a backend's context is created)."""
+        key, old = "UCX_NET_DEVICES", os.environ.get("UCX_NET_DEVICES")
+        if self.interfaces is not None:
+            os.environ[key] = self.interfaces
+        try:
+            self.agent.create_backend(backend, {})
+        except Exception as exc:  # NIXL raises its own error classes
+            raise BackendUnavailableError(
+                f"{self.name}: NIXL backend {backend} could not be created on interfaces "
+                f"{self.interfaces or 'all'}: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
     def info(self) -> PeerInfo:
         """This rank's handshake message."""
         return PeerInfo(
-            self.name,
-            self.agent.get_agent_metadata(),
-            self.pool.fingerprint.encode(),
-            self.pool.geometry,
-            self.addresses,
+            self.name, self.agent.get_agent_metadata(), self.pool.fingerprint, self.pool.geometry, self.addresses
         )
 
     def connect(self, peer: PeerInfo | bytes) -> int:
-        """Adds a source rank: checks its fingerprint against this pool (LayoutError, naming every
-        incompatible state, before anything moves) and loads its agent metadata. Returns its rank."""
-        info = PeerInfo.from_bytes(peer) if isinstance(peer, bytes) else peer
-        fp = LayoutFingerprint.decode(info.fingerprint)
+        """Adds a source rank; returns its rank. The message is checked by the core (LayoutError
+        for a malformed, truncated or overflowing one), its fingerprint against this pool
+        (LayoutError naming every incompatible state) and against the source ranks already
+        connected (BindingError for another instance, another conv layout or TP size); a NIXL
+        failure loading the peer's metadata is a BindingError. Nothing moves before it returns."""
+        if isinstance(peer, (bytes, bytearray, memoryview)):
+            info = PeerInfo.from_bytes(bytes(peer))
+        elif isinstance(peer, PeerInfo):
+            info = peer
+        else:
+            raise LayoutError(f"connect: a peer's handshake is bytes or a PeerInfo, got {type(peer).__name__}")
+        fp = info.fingerprint
         fp.check_compatible(self.pool.fingerprint)
-        if self.source is not None and fp.with_rank(0) != self.source.with_rank(0):
+        others = [(r, p.fingerprint) for r, (_, p) in sorted(self.peers.items()) if r != fp.tp_rank]
+        check_sources([*others, (fp.tp_rank, fp)])
+        try:
+            remote = self.agent.add_remote_agent(info.metadata)
+        except Exception as exc:  # NIXL raises its own error classes
             raise BindingError(
-                f"{info.name}: its fingerprint {fp!r} is not that of the source instance already "
-                f"connected ({self.source!r}); one endpoint pulls from one instance"
-            )
-        remote = self.agent.add_remote_agent(info.metadata)
+                f"{self.name}: the metadata of peer {info.name!r} (source rank {fp.tp_rank}) was refused by "
+                f"NIXL: {type(exc).__name__}: {exc}"
+            ) from exc
         self.peers[fp.tp_rank] = (remote.decode() if isinstance(remote, bytes) else str(remote), info)
         self.source = fp
-        return fp.tp_rank
+        return int(fp.tp_rank)
 
     def plan(self, requests: list[tuple[int, int]]) -> TransferPlan:
         """The plan pulling ``requests`` (source block, destination block) into this pool."""
@@ -269,18 +320,33 @@ class NixlEndpoint:
         ]
 
     def pull(
-        self, requests: list[tuple[int, int]], *, timeout: float = 60.0, per_request: bool = True
+        self,
+        requests: list[tuple[int, int]],
+        *,
+        timeout: float = 60.0,
+        per_request: bool = True,
+        restore_failed: bool = True,
     ) -> TransferResult:
         """Pulls ``requests``' states from the connected source ranks; blocks until every transfer
         is done, failed, or ``timeout`` seconds passed (the rest are cancelled).
 
         ``per_request`` (default) posts one transfer per (request, source rank), so completion and
         errors are per request; False posts one transfer per source rank for the whole batch
-        (fewer, larger transfers; an error fails every request of the batch)."""
+        (fewer, larger transfers; an error fails every request of the batch).
+
+        A peer failure never raises: the requests it fails are in :attr:`TransferResult.failed`
+        with a reason, their destination blocks in :attr:`TransferResult.invalid_blocks`, holding
+        the bytes they held before the pull (``restore_failed``, default: their spans are saved
+        before posting, which costs a local copy of the batch's bytes; an engine that frees every
+        invalid block may pass False, and the failed blocks may then hold part of the new state). Raises only the package's errors, before anything
+        moves: a bad batch (PlanError), a source rank not connected or a bound tensor freed or
+        re-pointed (BindingError)."""
         t0 = time.perf_counter()
+        self.pool.check()
         plan = self.plan(requests)
         res = TransferResult(nbytes=plan.nbytes)
         groups = self.descriptors(plan, per_request=per_request)
+        saved = self._save_targets(read_rows(plan)) if restore_failed else {}
         pending: dict[int, list[Any]] = {}
         for req, rank, local, remote in groups:
             res.descriptors += len(local)
@@ -318,10 +384,12 @@ class NixlEndpoint:
                 states = []
                 for h in active[req]:
                     if id(h) not in seen:
-                        seen[id(h)] = self.agent.check_xfer_state(h)
+                        seen[id(h)] = self._poll(h)
                     states.append(seen[id(h)])
-                if "ERR" in states:
-                    res.failed[req] = "NIXL reported an error during the read"
+                errs = [x for x in states if x not in ("DONE", "PROC")]
+                if errs:
+                    why = errs[0] if errs[0] != "ERR" else "NIXL reported an error during the read"
+                    res.failed[req] = why
                     del active[req]
                 elif all(s == "DONE" for s in states):
                     del active[req]
@@ -336,6 +404,11 @@ class NixlEndpoint:
                 for req in active:
                     res.failed[req] = f"cancelled after {timeout} s"
                 break
+        # A failed request's other transfers may still be landing: wait (up to the deadline) until
+        # none is in progress before its blocks get their old bytes back.
+        draining = {id(h): h for r in res.failed for h in pending.get(r, ())}
+        while draining and time.perf_counter() <= deadline:
+            draining = {k: h for k, h in draining.items() if self._poll(h) == "PROC"}
         released: set[int] = set()
         for hs in pending.values():
             for h in hs:
@@ -346,10 +419,40 @@ class NixlEndpoint:
                     self.agent.release_xfer_handle(h)
                 except Exception as exc:  # a handle still in flight: NIXL aborts it
                     log.warning("nixl endpoint %s: releasing a transfer: %s", self.name, exc)
+        for req in res.failed:  # their blocks get back the bytes they held before the pull
+            for dst, before in saved.get(req, ()):
+                _copy_back(dst, before)
+        self.pool.mark_written()
         res.done.sort()
         res.invalid_blocks = sorted(requests[r][1] for r in res.failed)
         res.seconds = time.perf_counter() - t0
         return res
+
+    def _poll(self, handle: Any) -> str:
+        """A transfer's state: ``DONE``, ``PROC``, ``ERR``, or a reason when NIXL raised (a peer
+        that disconnected raises from ``check_xfer_state``)."""
+        try:
+            return str(self.agent.check_xfer_state(handle))
+        except Exception as exc:  # NIXL raises its own error classes
+            return f"the read failed: {type(exc).__name__}: {exc}"
+
+    def _save_targets(self, rows: np.ndarray) -> dict[int, list[tuple[Any, Any]]]:
+        """Per request, ``(destination view, copy of its bytes)`` for the span of each destination
+        tensor its in-place reads write (staged reads land in the staging buffer)."""
+        direct = rows[rows[:, 4] != STAGING]
+        out: dict[int, list[tuple[Any, Any]]] = {}
+        if direct.size == 0:
+            return out
+        key = direct[:, 0] * np.uint64(1 << 32) + direct[:, 4]
+        order = np.argsort(key, kind="stable")
+        key, lo, hi = key[order], direct[order, 5], direct[order, 5] + direct[order, 6]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        lo, hi = np.minimum.reduceat(lo, starts), np.maximum.reduceat(hi, starts)
+        views = self.pool.views
+        for k, a, b in zip(key[starts].tolist(), lo.tolist(), hi.tolist()):
+            dst = views[k & 0xFFFFFFFF][a:b]
+            out.setdefault(k >> 32, []).append((dst, dst.copy() if isinstance(dst, np.ndarray) else dst.clone()))
+        return out
 
     def _notify(self, finished: list[int], reads_from: np.ndarray, requests: list[tuple[int, int]]) -> None:
         """Tells each source rank which of its blocks were read, in one message per rank for the
@@ -374,4 +477,14 @@ class NixlEndpoint:
         return out
 
     def __repr__(self) -> str:
-        return f"NixlEndpoint({self.name!r}, {self.pool!r}, peers={sorted(self.peers)})"
+        return (
+            f"NixlEndpoint({self.name!r}, {self.pool!r}, peers={sorted(self.peers)}, "
+            f"interfaces={self.interfaces or ALL_INTERFACES!r})"
+        )
+
+
+def _copy_back(dst: Any, before: Any) -> None:
+    if isinstance(dst, np.ndarray):
+        dst[...] = before
+    else:
+        dst.copy_(before)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core import Layout, LayoutFingerprint, Planner
+from .._core import BoundTensors, Layout, LayoutFingerprint, Planner
 
 __all__ = ["StatePool", "byte_view"]
 
@@ -48,6 +48,12 @@ class StatePool:
     strided views into shared pages). The tensors are checked against ``layout`` by the core
     (dtype, per-block shape, dense blocks, one device, no aliasing) on construction.
 
+    The pool keeps its tensors in an immutable tuple and guards them as the planners guard theirs
+    (:class:`~recoverssm_rs._core.BoundTensors`): every executor calls :meth:`check` before it
+    reads or writes, so a tensor freed (``untyped_storage().resize_(0)``), resized or re-pointed
+    since construction is a :class:`~recoverssm_rs.errors.BindingError` naming it, and nothing
+    moves.
+
     Args:
         layout: the rank's layout, from a family calculator (it knows the TP split).
         states: per layer, the persistent state tensors (workspace tensors may follow; ignored).
@@ -61,13 +67,37 @@ class StatePool:
         self.layout = layout
         self.fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
         n = layout.copyable_prefix_len
-        self.tensors: list[Any] = [t for layer in states for t in list(layer)[:n]]
+        self._tensors: tuple[Any, ...] = tuple(t for layer in states for t in list(layer)[:n])
         # The core's binding checks every tensor against the layout (and raises BindingError).
         self._binding = Planner([(layout, [list(layer)[:n] for layer in states])])
         self.num_layers = len(states)
         self.num_blocks = int(self._binding.num_blocks)
         self.device = str(self._binding.device)
-        self.views = [byte_view(t) for t in self.tensors]
+        names = [s.name for s in layout.persistent]
+        self._guard = BoundTensors(
+            [(t, f"pool rank {tp_rank}: layer {i // n}, state '{names[i % n]}'") for i, t in enumerate(self._tensors)]
+        )
+        self._views: tuple[Any, ...] = tuple(byte_view(t) for t in self._tensors)
+
+    @property
+    def tensors(self) -> tuple[Any, ...]:
+        """The persistent state tensors, layer-major (immutable: the pool is bound to them)."""
+        return self._tensors
+
+    @property
+    def views(self) -> tuple[Any, ...]:
+        """Flat uint8 views of :attr:`tensors` (see :func:`byte_view`); call :meth:`check` first."""
+        return self._views
+
+    def check(self) -> None:
+        """Raises :class:`~recoverssm_rs.errors.BindingError`, naming the tensor, when a bound tensor
+        or its storage no longer has the memory the pool was built with (freed, resized or
+        re-pointed): nothing may then be read or written through the pool."""
+        self._guard.check()
+
+    def mark_written(self) -> None:
+        """Bumps autograd's version counters of the bound torch tensors (after a write)."""
+        self._guard.mark_written()
 
     @property
     def geometry(self) -> Geometry:
@@ -83,7 +113,7 @@ class StatePool:
 
     def addresses(self) -> list[int]:
         """Address of block 0 of every (layer, state) tensor, layer-major."""
-        return [int(t.data_ptr()) if _is_torch(t) else int(np.asarray(t).ctypes.data) for t in self.tensors]
+        return [int(t.data_ptr()) if _is_torch(t) else int(np.asarray(t).ctypes.data) for t in self._tensors]
 
     def spans(self) -> list[int]:
         """Bytes each (layer, state) tensor spans (its byte view's length)."""

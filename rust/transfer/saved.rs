@@ -1,0 +1,284 @@
+//! Saved states on disk: the rules of the file format (safetensors framing: an 8-byte
+//! little-endian header length, a JSON header, then the tensors' bytes back to back) and the
+//! per-request checksum. The package writes and frames the file; the core decides whether a
+//! file's header describes exactly the states of its fingerprint, and whether each request's
+//! bytes are the ones that were written.
+//!
+//! Tensors: one per (layer, persistent state), layer-major, named `layer<L>.<state>`, shape
+//! `[num_requests, *state shape]`, in the safetensors dtype of the state. Metadata (strings):
+//! `format` ([`FORMAT`]), `fingerprint` (the source pool's text form, its rank included),
+//! `num_layers`, `num_requests`, `source_blocks` (the blocks the requests were offloaded from,
+//! comma-separated) and `checksums` (per request, hex, of its bytes in every tensor in order).
+
+use super::fingerprint::{add_bytes, mul_bytes, Fingerprint, StateKind};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::layout::ConvLayout;
+
+/// The `format` metadata value of a saved-states file.
+pub const FORMAT: &str = "recoverssm-saved-states 1";
+
+/// The safetensors dtype name of `d` (`F32`, `BF16`, ...).
+pub fn safetensors_dtype(d: DType) -> &'static str {
+    match d {
+        DType::Float64 => "F64",
+        DType::Float32 => "F32",
+        DType::Float16 => "F16",
+        DType::BFloat16 => "BF16",
+        DType::Float8E4M3Fn => "F8_E4M3",
+        DType::Float8E5M2 => "F8_E5M2",
+        DType::Int32 => "I32",
+        DType::Int8 => "I8",
+        DType::UInt8 => "U8",
+    }
+}
+
+/// A 64-bit checksum of `data` (four multiply-xor lanes over little-endian words, then the tail):
+/// any change of a byte, and any change of length, changes it with overwhelming probability. It
+/// guards against corruption and truncation, not a forger.
+pub fn checksum(data: &[u8]) -> u64 {
+    const P: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut lanes = [P, P ^ 1, P ^ 2, P ^ 3];
+    let chunks = data.chunks_exact(32);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&c[i * 8..i * 8 + 8]);
+            *lane = (*lane ^ u64::from_le_bytes(w)).wrapping_mul(P).rotate_left(31);
+        }
+    }
+    let mut h = (data.len() as u64).wrapping_mul(P);
+    for l in lanes {
+        h = (h ^ l).wrapping_mul(P).rotate_left(29);
+    }
+    for &b in rest {
+        h = (h ^ u64::from(b)).wrapping_mul(P);
+    }
+    h ^ (h >> 32)
+}
+
+/// One tensor entry of a file's header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedTensor {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub begin: u64,
+    pub end: u64,
+}
+
+/// A file's header, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedHeader {
+    pub fingerprint: Fingerprint,
+    pub num_layers: u64,
+    pub num_requests: u64,
+    pub source_blocks: Vec<u64>,
+    pub checksums: Vec<u64>,
+}
+
+fn bad(m: impl std::fmt::Display) -> Error {
+    Error::layout(format!("saved states file: {m}"))
+}
+
+/// The local shape of a persistent state, from its fingerprint.
+fn state_shape(kind: &StateKind) -> Vec<u64> {
+    match kind {
+        StateKind::Conv { layout: ConvLayout::SD, width, dim, .. } => vec![*width, *dim],
+        StateKind::Conv { layout: ConvLayout::DS, width, dim, .. } => vec![*dim, *width],
+        StateKind::Heads { shape, .. } => shape.clone(),
+    }
+}
+
+/// A header's metadata: `(key, value)` pairs.
+pub type Metadata = Vec<(&'static str, String)>;
+
+/// The metadata entries of a header.
+pub fn header_metadata(h: &SavedHeader) -> Metadata {
+    let join = |v: &[u64], hex: bool| v.iter().map(|x| if hex { format!("{x:016x}") } else { x.to_string() }).collect::<Vec<_>>().join(",");
+    vec![
+        ("format", FORMAT.to_string()),
+        ("fingerprint", h.fingerprint.encode()),
+        ("num_layers", h.num_layers.to_string()),
+        ("num_requests", h.num_requests.to_string()),
+        ("source_blocks", join(&h.source_blocks, false)),
+        ("checksums", join(&h.checksums, true)),
+    ]
+}
+
+/// The tensor entries a file of `h` holds, with their byte ranges in the data section.
+pub fn header_tensors(h: &SavedHeader) -> Result<Vec<SavedTensor>> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for layer in 0..h.num_layers {
+        for s in &h.fingerprint.states {
+            let n = mul_bytes(s.nbytes()?, h.num_requests).ok_or_else(|| bad("the file's size overflows"))?;
+            let end = add_bytes(at, n).ok_or_else(|| bad("the file's size overflows"))?;
+            let mut shape = vec![h.num_requests];
+            shape.extend(state_shape(&s.kind));
+            out.push(SavedTensor { name: format!("layer{layer}.{}", s.name), dtype: safetensors_dtype(s.dtype).into(), shape, begin: at, end });
+            at = end;
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes and checks a file's header: its metadata (`get(key)`) and tensor entries against the
+/// fingerprint it names, and the data section's length `data_len`. Every defect -- a missing or
+/// malformed entry, another format, a tensor missing, extra, misnamed, of another dtype or shape,
+/// a byte range that is not the next one, a data section of another length (truncated or
+/// extended) -- is a layout error.
+pub fn decode_header(get: &dyn Fn(&str) -> Option<String>, tensors: &[SavedTensor], data_len: u64) -> Result<SavedHeader> {
+    let entry = |k: &str| get(k).ok_or_else(|| bad(format!("no '{k}' metadata entry")));
+    let format = entry("format")?;
+    if format != FORMAT {
+        return Err(bad(format!("format '{format}' is not '{FORMAT}'")));
+    }
+    let num = |k: &str, t: &str| t.parse::<u64>().map_err(|_| bad(format!("{k}: '{t}' is not a non-negative integer")));
+    let list = |k: &str, t: &str, hex: bool| -> Result<Vec<u64>> {
+        t.split(',')
+            .filter(|x| !x.is_empty())
+            .map(|x| if hex { u64::from_str_radix(x, 16).map_err(|_| bad(format!("{k}: '{x}' is not hex"))) } else { num(k, x) })
+            .collect()
+    };
+    let fingerprint = Fingerprint::decode(&entry("fingerprint")?).map_err(|e| bad(e.message))?;
+    let h = SavedHeader {
+        num_layers: num("num_layers", &entry("num_layers")?)?,
+        num_requests: num("num_requests", &entry("num_requests")?)?,
+        source_blocks: list("source_blocks", &entry("source_blocks")?, false)?,
+        checksums: list("checksums", &entry("checksums")?, true)?,
+        fingerprint,
+    };
+    if h.num_layers == 0 || h.num_requests == 0 {
+        return Err(bad(format!("{} layers and {} requests: a file holds at least one of each", h.num_layers, h.num_requests)));
+    }
+    for (k, n) in [("source_blocks", h.source_blocks.len()), ("checksums", h.checksums.len())] {
+        if n as u64 != h.num_requests {
+            return Err(bad(format!("{k} has {n} entries for {} requests", h.num_requests)));
+        }
+    }
+    let ns = h.fingerprint.states.len() as u64;
+    if h.num_layers.checked_mul(ns) != Some(tensors.len() as u64) {
+        return Err(bad(format!("{} tensors for {} layers x {ns} persistent states", tensors.len(), h.num_layers)));
+    }
+    let want = header_tensors(&h)?;
+    for (got, w) in tensors.iter().zip(&want) {
+        if got != w {
+            return Err(bad(format!(
+                "tensor {:?} ({} {:?}, bytes {}..{}) is not {:?} ({} {:?}, bytes {}..{})",
+                got.name, got.dtype, got.shape, got.begin, got.end, w.name, w.dtype, w.shape, w.begin, w.end
+            )));
+        }
+    }
+    let total = want.last().map_or(0, |t| t.end);
+    if total != data_len {
+        return Err(bad(format!("the data section has {data_len} bytes but the header describes {total} (truncated or extended)")));
+    }
+    Ok(h)
+}
+
+/// Per request, the checksum of its bytes in every tensor of a data section laid out as
+/// [`header_tensors`] says (the header's own `checksums` are ignored). `data` must be exactly
+/// the data section.
+pub fn request_checksums(h: &SavedHeader, data: &[u8]) -> Result<Vec<u64>> {
+    const P: u64 = 0xC2B2_AE3D_27D4_EB4F;
+    let tensors = header_tensors(h)?;
+    let total = tensors.last().map_or(0, |t| t.end);
+    if total != data.len() as u64 {
+        return Err(bad(format!("the data section has {} bytes but the header describes {total}", data.len())));
+    }
+    let n = h.num_requests;
+    let mut out = vec![0u64; n as usize];
+    for t in &tensors {
+        let per = (t.end - t.begin) / n;
+        for (i, acc) in out.iter_mut().enumerate() {
+            let a = (t.begin + i as u64 * per) as usize;
+            *acc = (*acc ^ checksum(&data[a..a + per as usize])).wrapping_mul(P).rotate_left(27);
+        }
+    }
+    Ok(out)
+}
+
+/// Checks every request's bytes against the header's checksums; the error names the first
+/// request that differs and the block it was saved from.
+pub fn verify(h: &SavedHeader, data: &[u8]) -> Result<()> {
+    for (i, (got, want)) in request_checksums(h, data)?.iter().zip(&h.checksums).enumerate() {
+        if got != want {
+            return Err(bad(format!(
+                "request {i} (saved from block {}): checksum {got:016x} differs from the recorded {want:016x}; the file was changed or damaged",
+                h.source_blocks[i]
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::families::{self, Common};
+
+    fn header() -> SavedHeader {
+        let p = families::Gdn { num_k_heads: 4, num_v_heads: 8, head_k_dim: 4, head_v_dim: 2, conv_kernel_size: 4, recover_ssm: false };
+        let c = Common { tp_size: 2, num_spec: 1, conv_layout: ConvLayout::DS, dtype: DType::BFloat16, ssm_dtype: DType::Float32 };
+        let fingerprint = Fingerprint::new(&families::gdn(&p, &c).unwrap(), 1, 16).unwrap();
+        SavedHeader { fingerprint, num_layers: 2, num_requests: 3, source_blocks: vec![4, 1, 7], checksums: vec![1, 2, u64::MAX] }
+    }
+
+    type Edit<'a> = &'a dyn Fn(&mut Metadata, &mut Vec<SavedTensor>);
+
+    fn decode(h: &SavedHeader, edit: Edit<'_>) -> Result<SavedHeader> {
+        let (mut meta, mut tensors) = (header_metadata(h), header_tensors(h).unwrap());
+        edit(&mut meta, &mut tensors);
+        let len = tensors.last().map_or(0, |t| t.end);
+        decode_header(&|k| meta.iter().find(|(m, _)| *m == k).map(|(_, v)| v.clone()), &tensors, len)
+    }
+
+    #[test]
+    fn header_round_trip_and_defects() {
+        let h = header();
+        assert_eq!(decode(&h, &|_, _| {}).unwrap(), h);
+        let t = header_tensors(&h).unwrap();
+        assert_eq!((t[0].name.as_str(), t[0].dtype.as_str(), t[0].shape.clone()), ("layer0.conv", "BF16", vec![3, 24, 4]));
+        let e = |f: Edit<'_>| decode(&h, f).unwrap_err().message;
+        assert!(e(&|m, _| m.retain(|(k, _)| *k != "checksums")).contains("no 'checksums' metadata entry"));
+        assert!(e(&|m, _| m[0].1 = "other 2".into()).contains("format 'other 2'"));
+        assert!(e(&|m, _| m[5].1 = "1,2".into()).contains("checksums has 2 entries for 3 requests"));
+        assert!(e(&|_, t| t[1].dtype = "F16".into()).contains("tensor \"layer0.temporal\" (F16"));
+        assert!(e(&|_, t| t.swap(0, 1)).contains("is not \"layer0.conv\""));
+        assert!(e(&|_, t| {
+            t.pop();
+        })
+        .contains("3 tensors for 2 layers x 2"));
+        let m = decode_header(&|k| header_metadata(&h).into_iter().find(|(m, _)| *m == k).map(|(_, v)| v), &t, 10).unwrap_err().message;
+        assert!(m.contains("truncated or extended"), "{m}");
+    }
+
+    #[test]
+    fn verify_names_the_damaged_request() {
+        let mut h = header();
+        let len = header_tensors(&h).unwrap().last().unwrap().end as usize;
+        let mut data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        h.checksums = request_checksums(&h, &data).unwrap();
+        verify(&h, &data).unwrap();
+        let t = &header_tensors(&h).unwrap()[3];
+        data[(t.begin + (t.end - t.begin) / 3 * 2) as usize] ^= 0x10;
+        let m = verify(&h, &data).unwrap_err().message;
+        assert!(m.contains("request 2 (saved from block 7): checksum"), "{m}");
+        assert!(verify(&h, &data[1..]).unwrap_err().message.contains("data section has"));
+    }
+
+    #[test]
+    fn checksum_sees_every_byte_and_the_length() {
+        let a: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let base = checksum(&a);
+        for i in [0, 31, 32, 500, 999] {
+            let mut b = a.clone();
+            b[i] ^= 1;
+            assert_ne!(checksum(&b), base, "byte {i}");
+        }
+        assert_ne!(checksum(&a[..999]), base);
+        assert_ne!(checksum(&[0u8; 64]), checksum(&[0u8; 65]));
+    }
+}
