@@ -1,0 +1,72 @@
+"""``ModelStateV2`` against vLLM 0.33.0's own GPU-resident runner step (``MambaHybridModelState``,
+its Triton kernels run by Triton's interpreter on CPU tensors) on random multi-step traces: every
+state byte, every per-slot running column and accepted count after every half-step; the package's
+side runs its launches through the host emulation of the fused kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support import vllm_oracle, vllm_trace
+
+GroupCfg = vllm_trace.GroupCfg
+
+#: name -> (groups, block_size, num_speculative_blocks, conv layout, seed)
+TRACES = {
+    "gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 31),
+    "2groups-DS-spec2": ([GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))], 4, 2, "DS", 32),
+    "2groups-SD-nospec": ([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=3)], 3, 0, "SD", 33),
+}
+
+
+@pytest.fixture(scope="module")
+def mh():
+    from support import vllm_v2_oracle
+
+    try:
+        return vllm_v2_oracle.load()
+    except vllm_oracle.OracleUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def launch_args(monkeypatch):
+    """The adapter's buffers are CPU tensors here; the launch sees them as CUDA tensors."""
+    from recoverssm_rs.vllm import model_state
+    from support.device_fakes import FakeCuda
+
+    monkeypatch.setattr(model_state, "_launch_arg", FakeCuda)
+
+
+@pytest.mark.parametrize("name", list(TRACES))
+def test_v2_trace_equals_vllm(mh, fake_ops, emulator, launch_args, name):
+    from support import vllm_v2_oracle
+
+    groups, bs, nsb, layout, seed = TRACES[name]
+    launches: list[int] = []
+    stats = vllm_v2_oracle.run_trace(
+        mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, launches=launches, emulator=emulator
+    )
+    # the trace exercised what it is for
+    assert stats.pre_moves > 0 and stats.prefix_hits > 0 and stats.pp_rows > 0
+    if nsb:
+        assert stats.post_saves > 0
+    # one launch of the package's kernel per half-step, every group at once
+    assert launches and set(launches) == {1}
+    assert {c["kernel"] for c in emulator.calls} == {"rs_state_copy"}
+
+
+def test_add_request_seeds_column_and_count(fake_ops):
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    ms = ModelStateV2.__new__(ModelStateV2)
+    ms.max_num_reqs, ms.block_size = 4, 4
+    ms._acc = torch.full((5,), 3, dtype=torch.int32)
+    ms._state = torch.full((5,), 7, dtype=torch.int32)
+    ms.add_request(1, 0)
+    ms.add_request(2, 8)
+    assert ms.state_idx.tolist() == [7, -1, 1, 7] and ms.num_accepted.tolist() == [3, 1, 1, 3]
+    from recoverssm_rs.errors import PlanError
+
+    with pytest.raises(PlanError, match="slot 4"):
+        ms.add_request(4, 0)
