@@ -67,3 +67,4 @@ def test_the_guides_examples_run(capsys):
     assert "num_accepted = 9 is outside" in out  # the PlanError the guide prints
     assert "GDN_ATTN" in out
     assert "request c (row 2): prefix-cache hit of 8 computed tokens" in out  # the vLLM section
+    assert "[-1, 1] [1, 1]" in out  # the GPU-resident runner's slots
