@@ -54,6 +54,36 @@ def test_v2_trace_equals_vllm(mh, fake_ops, emulator, launch_args, name):
     # one launch of the package's kernel per half-step, every group at once
     assert launches and set(launches) == {1}
     assert {c["kernel"] for c in emulator.calls} == {"rs_state_copy"}
+    # capturable: every launch of a half reads the same static buffers with the same parameters
+    for decide in (False, True):
+        params = {_params(c) for c in emulator.calls if c["decide"] == decide}
+        assert len(params) == 1, f"decide={decide}: the launch parameters change between steps"
+
+
+def _params(call):
+    return tuple(sorted((k, v) for k, v in call.items() if isinstance(v, (int, bool)) and k != "index"))
+
+
+def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulator, launch_args, monkeypatch):
+    """A CUDA graph's view of the step: each half's launch recorded at the first step and replayed
+    unchanged at every later one (the slot buffers rewritten in place before it) keeps every state
+    byte and count equal to vLLM's."""
+    from recoverssm_rs import cuda
+    from recoverssm_rs.cuda import module as cuda_module
+    from support import vllm_v2_oracle
+
+    captured: dict[bool, object] = {}
+    replayed = []
+
+    def replay(kl, index, stream):
+        first = captured.setdefault(bool(dict(kl.values())["flags"] & cuda.FLAG_DECIDE), kl)
+        replayed.append(first is not kl)
+        emulator.launch(first, index, stream)
+
+    monkeypatch.setattr(cuda_module, "launch", replay)
+    groups, bs, nsb, layout, seed = TRACES["2groups-DS-spec2"]
+    vllm_v2_oracle.run_trace(mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed + 100, steps=10)
+    assert sum(replayed) >= 5
 
 
 def test_add_request_seeds_column_and_count(fake_ops):
