@@ -100,3 +100,78 @@ def test_add_request_seeds_column_and_count(fake_ops):
 
     with pytest.raises(PlanError, match="slot 4"):
         ms.add_request(4, 0)
+
+
+def _small(fake: bool):
+    """A one-group ModelStateV2 (GDN: conv + temporal, block_size 4, 2 drafts) over 16 blocks."""
+    from types import SimpleNamespace as NS
+
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+    from support.device_fakes import FakeCuda
+
+    spec = NS(
+        mamba_type="GDN_ATTN",
+        shapes=[(5, 3), (2, 2)],
+        dtypes=[torch.float32] * 2,
+        block_size=4,
+        num_speculative_blocks=2,
+        mamba_cache_mode="align",
+    )
+    cfg = NS(kv_cache_groups=[NS(kv_cache_spec=spec, layer_names=["l0"])])
+    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
+    bind = FakeCuda if fake else (lambda t: t)
+    ctx = {"l0": NS(kv_cache=[bind(t) for t in states])}
+    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
+    return ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=4, device="cpu"), states
+
+
+def test_minus_one_rows_are_skipped_by_both_halves(fake_ops, emulator, launch_args):
+    ms, states = _small(fake=True)
+    table = torch.zeros(4, 6, dtype=torch.int32)
+    table[1, :4] = torch.tensor([1, 2, 3, 4])
+    table[2, :4] = torch.tensor([5, 6, 7, 8])
+    ms.add_request(1, 4)  # slot 1: 4 tokens cached, state in column 0 (block 1)
+    ms.add_request(2, 4)
+    before = [t.clone() for t in states]
+    nct = torch.tensor([0, 4, 4, 0], dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    ms.preprocess_state(torch.tensor([1, -1], dtype=torch.int32), nct, qsl, [table])
+    # slot 1 moved column 0 -> 1 (block 1 -> 2); slot 2 (not in the batch) and the rest untouched
+    assert ms.state_idx.tolist() == [-1, 1, 0, -1]
+    assert torch.equal(states[1][2], before[1][1]) and torch.equal(states[1][6], before[1][6])
+    nct[1] = 5
+    ms.postprocess_state(
+        torch.tensor([-1, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), nct, [table]
+    )
+    assert ms.num_accepted.tolist() == [1, 1, 1, 1]
+    assert ms.last_error().ok
+    assert len(emulator.calls) == 2
+
+
+def test_bad_inputs_are_refused_before_anything_runs(fake_ops, recorder, launch_args):
+    from recoverssm_rs.errors import PlanError
+
+    ms, _ = _small(fake=True)
+    table = torch.zeros(4, 6, dtype=torch.int32)
+    nct = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(PlanError, match="5 batch rows, more than max_num_reqs = 4"):
+        ms.preprocess_state(torch.zeros(5, dtype=torch.int32), nct, torch.zeros(6, dtype=torch.int32), [table])
+    with pytest.raises(PlanError, match="fewer than max_num_reqs = 4"):
+        ms.preprocess_state(torch.zeros(1, dtype=torch.int32), nct, torch.zeros(2, dtype=torch.int32), [table[:2]])
+    with pytest.raises(PlanError, match="num_computed_tokens = -1"):
+        ms.add_request(0, -1)
+    assert recorder.calls == []
+    assert repr(ms) == "ModelStateV2(groups=[0], block_size=4, max_num_reqs=4, device=cpu)"
+
+
+def test_host_states_are_refused_by_the_step():
+    from recoverssm_rs.errors import PlanError
+
+    ms, _ = _small(fake=False)
+    with pytest.raises(PlanError):
+        ms.preprocess_state(
+            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(4, dtype=torch.int32),
+            torch.zeros(2, dtype=torch.int32),
+            [torch.zeros(4, 6, dtype=torch.int32)],
+        )
