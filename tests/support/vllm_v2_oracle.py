@@ -129,6 +129,7 @@ class V2Stats:
     pp_rows: int = 0
     preempted: int = 0
     int_counts: int = 0
+    lagged: int = 0
 
 
 def run_trace(
@@ -148,7 +149,10 @@ def run_trace(
     The scheduler is :class:`support.vllm_trace.Sim` (prefix hits, chunked prefill, drafts,
     preemption and resume, finished requests); requests live in request-state slots, the batch is
     a random permutation of the scheduled slots, and under simulated pipeline parallelism some
-    rows of the post-process's ``idx_mapping`` are ``-1`` (that request's step is dropped).
+    rows of the post-process's ``idx_mapping`` are ``-1`` (that request's step is dropped). Under
+    asynchronous scheduling the runner sizes a prefill chunk from the host's optimistic mirror of
+    the computed tokens, while the model state reads only the device's per-slot counts: some chunks
+    therefore end off a block boundary.
     ``launches``: the package launches of each half-step are appended (from ``emulator``).
     AssertionError at the first difference."""
     from recoverssm_rs.vllm.model_state import ModelStateV2
@@ -220,6 +224,11 @@ def run_trace(
         batch = [r for r in running if not (len(running) > 1 and rng.random() < 0.1)]
         batch = [batch[i] for i in rng.permutation(len(batch))]
         sched = {r.rid: sim.schedule(r) for r in batch}
+        for r in batch:  # async scheduling: a chunk sized from the host's optimistic mirror ends off a boundary
+            n_s, d = sched[r.rid]
+            if d == 0 and r.computed + n_s < r.prompt and n_s > 1 and rng.random() < 0.4:
+                sched[r.rid] = (n_s - int(rng.integers(1, min(n_s, sim.bs))), 0)
+                stats.lagged += 1
         for r in batch:
             sim.ensure_cols(r, sched[r.rid][0])
         fill_tables()

@@ -11,11 +11,11 @@ from support import vllm_oracle, vllm_trace
 
 GroupCfg = vllm_trace.GroupCfg
 
-#: name -> (groups, block_size, num_speculative_blocks, conv layout, seed)
+#: name -> (groups, block_size, num_speculative_blocks, conv layout, seed, steps)
 TRACES = {
-    "gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 31),
-    "2groups-DS-spec2": ([GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))], 4, 2, "DS", 32),
-    "2groups-SD-nospec": ([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=3)], 3, 0, "SD", 33),
+    "gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 51, 12),
+    "2groups-DS-spec2": ([GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))], 4, 2, "DS", 52, 12),
+    "2groups-SD-nospec": ([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=3)], 3, 0, "SD", 33, 16),
 }
 
 
@@ -42,13 +42,21 @@ def launch_args(monkeypatch):
 def test_v2_trace_equals_vllm(mh, fake_ops, emulator, launch_args, name):
     from support import vllm_v2_oracle
 
-    groups, bs, nsb, layout, seed = TRACES[name]
+    groups, bs, nsb, layout, seed, steps = TRACES[name]
     launches: list[int] = []
     stats = vllm_v2_oracle.run_trace(
-        mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, launches=launches, emulator=emulator
+        mh,
+        groups,
+        block_size=bs,
+        nsb=nsb,
+        conv_layout=layout,
+        seed=seed,
+        steps=steps,
+        launches=launches,
+        emulator=emulator,
     )
     # the trace exercised what it is for
-    assert stats.pre_moves > 0 and stats.prefix_hits > 0 and stats.pp_rows > 0
+    assert stats.pre_moves > 0 and stats.prefix_hits > 0 and stats.pp_rows > 0 and stats.lagged > 0
     if nsb:
         assert stats.post_saves > 0
     # one launch of the package's kernel per half-step, every group at once
@@ -81,7 +89,7 @@ def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulato
         emulator.launch(first, index, stream)
 
     monkeypatch.setattr(cuda_module, "launch", replay)
-    groups, bs, nsb, layout, seed = TRACES["2groups-DS-spec2"]
+    groups, bs, nsb, layout, seed, _ = TRACES["2groups-DS-spec2"]
     vllm_v2_oracle.run_trace(mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed + 100, steps=10)
     assert sum(replayed) >= 5
 
