@@ -9,18 +9,22 @@ column per slot (vLLM's ``mamba_state_idx``) and the accepted count per slot (vL
 A batch reorder therefore needs no remapping: the slot carries the column and the count. A step
 reads only the runner's device tensors (``idx_mapping``, the per-slot ``num_computed_tokens``,
 ``query_start_loc``, the sampled counts, the per-slot block tables): nothing is read back to the
-host, nothing is allocated by the adapter after the first step (the buffers are sized once), and no
+host, no buffer of the adapter's is allocated after the first step (they are sized once; the torch
+operations' temporaries come from torch's caching allocator), and no
 Python runs per request, so both halves can run under asynchronous scheduling and inside a CUDA
 graph capture (with fixed tensors between replays).
 
-Per half-step the adapter updates its slot buffers with a few vectorised torch operations (vLLM's
-state advance, its count scatter) and then launches the package's fused copy kernel **once** over
-every state of every layer of every group, across all ``max_num_reqs`` slots (slots outside the
-batch are padding): the pre-copy with ``"pre_copy"`` semantics
+Per half-step the adapter updates its slot buffers with vectorised torch operations (vLLM's
+state advance, its count scatter; about 25 small device operations in the pre-copy and 16 in the
+post-process, counted as aten operations without views) and then launches the package's fused
+copy kernel **once** over every state of every layer of every group, across all ``max_num_reqs``
+slots (slots outside the batch are padding): the pre-copy with ``"pre_copy"`` semantics
 (:meth:`~recoverssm_rs.Planner.launch`), the post-process decided on the device
 (:meth:`~recoverssm_rs.Planner.launch_post_process`), which also writes the counts for the next
 step. The kernel checks every (request, group) it copies and reports into the step's error word
-(:meth:`ModelStateV2.last_error`). A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered
+(:meth:`ModelStateV2.last_error`). On a GPU the torch operations are kernels of their own: until
+the kernel takes ``idx_mapping`` and the slot bookkeeping itself, a half-step launches more
+kernels than vLLM's two to four. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered
 out under pipeline parallelism) is skipped by both halves.
 
 vLLM itself is never imported: every vLLM object is read by attribute.
