@@ -154,19 +154,24 @@ class ModelStateV2:
         return torch.where(idx_mapping >= 0, idx_mapping, self.max_num_reqs).long()
 
     def _tables(self, block_tables: Sequence[Any]) -> Any:
-        """The groups' per-slot tables in the adapter's ``[groups, max_num_reqs, cols]`` buffer."""
+        """The groups' per-slot tables as the kernel reads them: one group's int32 table itself (a
+        view of its first ``max_num_reqs`` rows), else the adapter's ``[groups, max_num_reqs, cols]``
+        buffer, rewritten from the groups' tables (a device copy of every table per half-step)."""
         import torch
 
         tabs = [block_tables[g] for g in self.group_ids]
+        for g, t in zip(self.group_ids, tabs):
+            if int(t.shape[0]) < self.max_num_reqs:
+                raise PlanError(
+                    f"group {g}: the block table has {int(t.shape[0])} rows, fewer than "
+                    f"max_num_reqs = {self.max_num_reqs} (one row per request-state slot)"
+                )
+        if len(tabs) == 1 and tabs[0].dtype == torch.int32:
+            return tabs[0][: self.max_num_reqs]
         cols = max(int(t.shape[1]) for t in tabs)
         if self._table is None or self._table.shape[2] != cols:
             self._table = torch.zeros((len(tabs), self.max_num_reqs, cols), dtype=torch.int32, device=self.device)
         for g, t in enumerate(tabs):
-            if int(t.shape[0]) < self.max_num_reqs:
-                raise PlanError(
-                    f"group {self.group_ids[g]}: the block table has {int(t.shape[0])} rows, fewer than "
-                    f"max_num_reqs = {self.max_num_reqs} (one row per request-state slot)"
-                )
             self._table[g, :, : t.shape[1]].copy_(t[: self.max_num_reqs])
         return self._table
 
