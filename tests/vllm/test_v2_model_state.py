@@ -15,7 +15,7 @@ GroupCfg = vllm_trace.GroupCfg
 TRACES = {
     "gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 51, 12),
     "2groups-DS-spec2": ([GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))], 4, 2, "DS", 52, 12),
-    "2groups-SD-nospec": ([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=3)], 3, 0, "SD", 33, 16),
+    "2groups-SD-nospec": ([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=3)], 3, 0, "SD", 73, 12),
 }
 
 
@@ -57,6 +57,7 @@ def test_v2_trace_equals_vllm(mh, fake_ops, emulator, launch_args, name):
     )
     # the trace exercised what it is for
     assert stats.pre_moves > 0 and stats.prefix_hits > 0 and stats.pp_rows > 0 and stats.lagged > 0
+    assert stats.preempted > 0
     if nsb:
         assert stats.post_saves > 0
     # one launch of the package's kernel per half-step, every group at once
@@ -90,8 +91,8 @@ def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulato
 
     monkeypatch.setattr(cuda_module, "launch", replay)
     groups, bs, nsb, layout, seed, _ = TRACES["2groups-DS-spec2"]
-    vllm_v2_oracle.run_trace(mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed + 100, steps=10)
-    assert sum(replayed) >= 5
+    vllm_v2_oracle.run_trace(mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed + 100, steps=8)
+    assert sum(replayed) >= 3
 
 
 def test_add_request_seeds_column_and_count(fake_ops):
