@@ -22,7 +22,8 @@ slots (slots outside the batch are padding): the pre-copy with ``"pre_copy"`` se
 (:meth:`~recoverssm_rs.Planner.launch`), the post-process decided on the device
 (:meth:`~recoverssm_rs.Planner.launch_post_process`), which also writes the counts for the next
 step. The kernel checks every (request, group) it copies and reports into the step's error word
-(:meth:`ModelStateV2.last_error`). On a GPU the torch operations are kernels of their own: until
+(:meth:`ModelStateV2.last_error`). Everything runs on the current torch stream, in order with the
+runner's own work. On a GPU the torch operations are kernels of their own: until
 the kernel takes ``idx_mapping`` and the slot bookkeeping itself, a half-step launches more
 kernels than vLLM's two to four. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered
 out under pipeline parallelism) is skipped by both halves.
@@ -181,8 +182,6 @@ class ModelStateV2:
         num_computed_tokens: Any,
         query_start_loc: Any,
         block_tables: Sequence[Any],
-        *,
-        stream: Any = None,
     ) -> None:
         """vLLM's ``preprocess_state``: advance each scheduled slot's running column and move its
         state there across a block boundary, before the forward pass.
@@ -193,7 +192,6 @@ class ModelStateV2:
             query_start_loc: ``[>= R + 1]`` the batch rows' token offsets.
             block_tables: per vLLM KV-cache group id, the per-slot ``[max_num_reqs, cols]`` int32
                 table (attention groups' entries are not read).
-            stream: a torch or CuPy stream; ``None``: the current torch stream.
 
         Per row with slot ``s``: the pre-copy moves ``state_idx[s] -> ceil((num_computed[s] +
         query_len) / block_size) - 1`` with offset ``num_accepted[s] - 1`` when the column changes
@@ -202,10 +200,10 @@ class ModelStateV2:
         import torch
 
         n = int(idx_mapping.shape[0])
+        slot = self._slots(idx_mapping)
         self._err.zero_()  # the step's word: the post-process ORs into it too
         if n == 0:
             return
-        slot = self._slots(idx_mapping)
         m = self.max_num_reqs
         old = self._state[slot]
         acc = self._acc[slot]
@@ -225,7 +223,6 @@ class ModelStateV2:
             _launch_arg(self._state[:m]),
             _launch_arg(self._bias_acc[:m]),
             semantics="pre_copy",
-            stream=stream,
             err=_launch_arg(self._err),
         )
 
@@ -235,8 +232,6 @@ class ModelStateV2:
         num_sampled: Any,
         num_computed_tokens: Any,
         block_tables: Sequence[Any],
-        *,
-        stream: Any = None,
     ) -> None:
         """vLLM's ``postprocess_state`` in align mode: scatter this step's accepted counts to their
         slots and save the running state at the last block boundary the accepted tokens crossed.
@@ -247,15 +242,15 @@ class ModelStateV2:
             num_sampled: ``[R]`` tokens sampled per row (0 for a chunked-prefill row: counted as
                 1), or one integer for every row.
             num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step.
-            block_tables, stream: as :meth:`preprocess_state`.
+            block_tables: as :meth:`preprocess_state`.
         """
         import torch
 
         n = int(idx_mapping.shape[0])
+        slot = self._slots(idx_mapping)
         if n == 0:
             return
         m = self.max_num_reqs
-        slot = self._slots(idx_mapping)
         if isinstance(num_sampled, int):
             self._acc.index_fill_(0, slot, max(num_sampled, 1))
         else:
@@ -269,7 +264,6 @@ class ModelStateV2:
             _launch_arg(self._src[:m]),
             _launch_arg(self._run[:m]),
             _launch_arg(self._acc_in[:m]),
-            stream=stream,
             err=_launch_arg(self._err),
             num_accepted_out=_launch_arg(self._acc[:m]),
         )
