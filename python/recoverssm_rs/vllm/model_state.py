@@ -37,6 +37,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import _core
 from ..errors import PlanError
 from ..planner import Planner
 
@@ -137,12 +138,8 @@ class ModelStateV2:
         """A new or resumed request in ``slot``: its count becomes 1 and its running column
         ``(num_computed_tokens - 1) // block_size`` (``-1`` for a fresh request; a prefix-cache hit
         or a resumed request names the column holding its state, moved by the next pre-copy)."""
-        s = int(slot)
-        if not 0 <= s < self.max_num_reqs:
-            raise PlanError(f"slot {s} outside 0..{self.max_num_reqs}")
-        nct = int(num_computed_tokens)
-        if nct < 0:
-            raise PlanError(f"slot {s}: num_computed_tokens = {nct} is negative")
+        s = _core.check_index("slot", slot, self.max_num_reqs)
+        nct = _core.check_index(f"slot {s}: num_computed_tokens", num_computed_tokens, 1 << 31)
         self._acc[s] = 1
         self._state[s] = (nct - 1) // self.block_size
 
@@ -161,12 +158,12 @@ class ModelStateV2:
         import torch
 
         tabs = [block_tables[g] for g in self.group_ids]
-        for g, t in zip(self.group_ids, tabs):
-            if int(t.shape[0]) < self.max_num_reqs:
-                raise PlanError(
-                    f"group {g}: the block table has {int(t.shape[0])} rows, fewer than "
-                    f"max_num_reqs = {self.max_num_reqs} (one row per request-state slot)"
-                )
+        _core.check_device_tables(
+            device=self.planner.device,
+            tables=[_launch_arg(t) for t in tabs],
+            groups=self.planner.num_groups,
+            rows=self.max_num_reqs,
+        )
         if len(tabs) == 1 and tabs[0].dtype == torch.int32:
             return tabs[0][: self.max_num_reqs]
         cols = max(int(t.shape[1]) for t in tabs)
