@@ -151,7 +151,7 @@ class ModelStateV2:
             raise PlanError(f"{n} batch rows, more than max_num_reqs = {self.max_num_reqs}")
         return torch.where(idx_mapping >= 0, idx_mapping, self.max_num_reqs).long()
 
-    def _tables(self, block_tables: Sequence[Any]) -> Any:
+    def _tables(self, block_tables: Sequence[Any] | Mapping[int, Any]) -> Any:
         """The groups' per-slot tables as the kernel reads them: one group's int32 table itself (a
         view of its first ``max_num_reqs`` rows), else the adapter's ``[groups, max_num_reqs, cols]``
         buffer, rewritten from the groups' tables (a device copy of every table per half-step)."""
@@ -178,7 +178,7 @@ class ModelStateV2:
         idx_mapping: Any,
         num_computed_tokens: Any,
         query_start_loc: Any,
-        block_tables: Sequence[Any],
+        block_tables: Sequence[Any] | Mapping[int, Any],
     ) -> None:
         """vLLM's ``preprocess_state``: advance each scheduled slot's running column and move its
         state there across a block boundary, before the forward pass.
@@ -187,8 +187,9 @@ class ModelStateV2:
             idx_mapping: ``[R]`` int tensor, batch row -> request-state slot (``-1``: skipped).
             num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens before this step.
             query_start_loc: ``[>= R + 1]`` the batch rows' token offsets.
-            block_tables: per vLLM KV-cache group id, the per-slot ``[max_num_reqs, cols]`` int32
-                table (attention groups' entries are not read).
+            block_tables: indexed by vLLM KV-cache group id (a sequence or a mapping), the per-slot
+                ``[>= max_num_reqs, cols]`` int32 table of each mamba group (other entries are not
+                read); the groups' tables share one width.
 
         Per row with slot ``s``: the pre-copy moves ``state_idx[s] -> ceil((num_computed[s] +
         query_len) / block_size) - 1`` with offset ``num_accepted[s] - 1`` when the column changes
@@ -228,7 +229,7 @@ class ModelStateV2:
         idx_mapping: Any,
         num_sampled: Any,
         num_computed_tokens: Any,
-        block_tables: Sequence[Any],
+        block_tables: Sequence[Any] | Mapping[int, Any],
     ) -> None:
         """vLLM's ``postprocess_state`` in align mode: scatter this step's accepted counts to their
         slots and save the running state at the last block boundary the accepted tokens crossed.
