@@ -1,5 +1,6 @@
 """The adapter for vLLM's model runner: its align-mode recurrent-state step (:class:`VllmMambaStep`,
-:mod:`.step`), the step's device path (:class:`DeviceStep`, :mod:`.device_step`) and the step's
+:mod:`.step`), the step's device path (:class:`DeviceStep`, :mod:`.device_step`), the GPU-resident runner's
+model state (:class:`ModelStateV2`, :mod:`.model_state`) and the step's
 decisions (:mod:`.decide`).
 
 vLLM itself is never imported: every vLLM object is read by attribute.
@@ -7,11 +8,13 @@ vLLM itself is never imported: every vLLM object is read by attribute.
 
 from .decide import align_post_process, align_pre_copy, plan_post_process, plan_pre_copy
 from .device_step import DeviceStep
+from .model_state import ModelStateV2
 from .step import VllmMambaStep, copy_kind, mamba_groups
 
 __all__ = [
     "VllmMambaStep",
     "DeviceStep",
+    "ModelStateV2",
     "mamba_groups",
     "copy_kind",
     "align_pre_copy",

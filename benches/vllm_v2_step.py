@@ -1,0 +1,97 @@
+"""Host time per half-step of ``recoverssm_rs.vllm.ModelStateV2`` (vLLM's GPU-resident runner).
+
+Measured without a GPU through the device path's seam: the states are host tensors that claim to
+be on ``cuda:0``, the slot bookkeeping runs as torch CPU operations on the adapter's buffers (on a
+GPU each is a small kernel launch instead) and the driver launch of the fused kernel is not made.
+What is timed per half: the bookkeeping, the core's checks and the launch build. Every scheduled
+request moves its state in the pre-copy and saves one in the post-process (the worst case); one
+group of ``--layers`` GDN layers. vLLM's side is not timed here: its step is Triton launches only,
+whose host time needs a GPU.
+
+    .venv/bin/python benches/vllm_v2_step.py [--requests 1 64 256 1024] [--layers 48] [--reps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
+from recoverssm_rs.cuda import ops as cuda_ops  # noqa: E402
+from recoverssm_rs.vllm import model_state  # noqa: E402
+from recoverssm_rs.vllm.model_state import ModelStateV2  # noqa: E402
+from support.device_fakes import FakeCuda, FakeOps  # noqa: E402
+
+BS, NSB, COLS = 4, 2, 4
+
+
+def build(num_reqs: int, layers: int) -> tuple[ModelStateV2, list[torch.Tensor]]:
+    nb = num_reqs * COLS + 1
+    spec = types.SimpleNamespace(
+        shapes=((3 + NSB, 8), (2, 4, 4)),
+        dtypes=(torch.float32, torch.float32),
+        block_size=BS,
+        mamba_type="GDN_ATTN",
+        num_speculative_blocks=NSB,
+        mamba_cache_mode="align",
+    )
+    names = [f"l{i}" for i in range(layers)]
+    fc = {
+        n: types.SimpleNamespace(kv_cache=[FakeCuda(torch.zeros(nb, 3 + NSB, 8)), FakeCuda(torch.zeros(nb, 2, 4, 4))])
+        for n in names
+    }
+    kvc = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)])
+    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
+    ms = ModelStateV2.from_runner(kvc, fc, funcs, max_num_reqs=num_reqs, conv_layout="SD", device="cpu")
+    return ms, [torch.arange(1, num_reqs * COLS + 1, dtype=torch.int32).reshape(num_reqs, COLS)]
+
+
+def run(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
+    ms, tables = build(num_reqs, layers)
+    idx = torch.randperm(num_reqs).to(torch.int32)
+    qsl = torch.arange(0, 3 * (num_reqs + 1), 3, dtype=torch.int32)  # 1 token + 2 drafts each
+    before = torch.full((num_reqs,), 3, dtype=torch.int32)  # column 0 -> column 1 in the pre-copy
+    after = torch.full((num_reqs,), 6, dtype=torch.int32)  # 3 + 3 - 2 drafts + 3 accepted - 1: a save at 4
+    sampled = torch.full((num_reqs,), 3, dtype=torch.int32)
+    pre, post = [], []
+    for _ in range(reps):
+        for s in range(num_reqs):  # not timed: the runner's add_request for every slot
+            ms.add_request(s, 3)
+        t0 = time.perf_counter()
+        ms.preprocess_state(idx, before, qsl, tables)
+        t1 = time.perf_counter()
+        ms.postprocess_state(idx, sampled, after, tables)
+        t2 = time.perf_counter()
+        pre.append(t1 - t0)
+        post.append(t2 - t1)
+    return statistics.median(pre), statistics.median(post)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, nargs="+", default=[1, 64, 256, 1024])
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--reps", type=int, default=200)
+    a = ap.parse_args()
+    cuda_ops.cuda_ops = FakeOps()
+    launches = []
+    cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
+    model_state._launch_arg = FakeCuda  # type: ignore[assignment]
+    torch.set_num_threads(1)
+    print(f"{'requests':>8} {'pre-copy us':>12} {'post-process us':>16} {'launches/half':>14}")
+    for r in a.requests:
+        launches.clear()
+        pre, post = run(r, a.layers, a.reps)
+        print(f"{r:>8} {pre * 1e6:>12.1f} {post * 1e6:>16.1f} {len(launches) / (2 * a.reps):>14.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""A test-only oracle for vLLM 0.33.0's GPU-resident runner: its ``MambaHybridModelState``
+(``vllm/v1/worker/gpu/model_states/mamba_hybrid.py``) loaded by path from the cached wheel (see
+:mod:`support.vllm_oracle`) with stand-ins for the runner classes it builds on, its Triton kernels
+(``preprocess_mamba_align_fused_kernel``, ``precopy_mamba_align_fused_kernel``, the count scatter /
+fill and ``postprocess_mamba_fused_kernel``) run by Triton's interpreter over CPU tensors.
+
+:func:`run_trace` replays a random multi-step trace through vLLM's model state and through
+:class:`recoverssm_rs.vllm.ModelStateV2` (its launches through the host emulation of the package's
+kernel), side by side, comparing every state byte, every per-slot count and running column after
+every half-step. No vLLM code is stored in this repository.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import vllm_oracle, vllm_trace
+
+MEMBER = "vllm/v1/worker/gpu/model_states/mamba_hybrid.py"
+NAME = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
+
+
+class _ModelStateBase:
+    """Stand-in for vLLM's ``DefaultModelState``: what ``MambaHybridModelState`` reads of it."""
+
+    def __init__(self, vllm_config: Any, model: Any, encoder_cache: Any, device: Any) -> None:
+        self.vllm_config, self.model, self.device = vllm_config, model, device
+        self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
+
+    def add_request(self, req_index: int, new_req_data: Any) -> None:
+        pass
+
+
+class _Buffer(vllm_oracle.CpuGpuBuffer):
+    def __init__(self, *size: int, dtype: Any, device: Any = None) -> None:
+        super().__init__(*size, dtype=dtype)
+
+
+_LOADED: types.ModuleType | None = None
+
+
+def load() -> types.ModuleType:
+    """vLLM's ``mamba_hybrid`` module (``MambaHybridModelState`` and its count kernels), loaded
+    once per process on top of :func:`support.vllm_oracle.load`."""
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    ns = vllm_oracle.load()
+    path = vllm_oracle.extracted(MEMBER)
+    import triton
+    import triton.language as tl
+
+    sys.modules["vllm_oracle_triton"] = types.SimpleNamespace(tl=tl, triton=triton)  # type: ignore[assignment]
+    stubs = vllm_oracle._stubs(ns.envs)
+    stubs["vllm.v1.worker.mamba_utils"] = ns.wmu
+    stubs["vllm.model_executor.layers.mamba.mamba_utils"] = ns.lmu
+    stubs["vllm.v1.worker.gpu.model_states.default"] = vllm_oracle._module(
+        "vllm.v1.worker.gpu.model_states.default", DefaultModelState=_ModelStateBase
+    )
+    for name in [
+        "vllm.config.compilation",
+        "vllm.v1.attention.backends.gdn_attn",
+        "vllm.v1.attention.backends.mamba2_attn",
+        "vllm.v1.attention.backends.short_conv_attn",
+        "vllm.v1.worker.gpu",
+        "vllm.v1.worker.gpu.attn_utils",
+        "vllm.v1.worker.gpu.block_table",
+        "vllm.v1.worker.gpu.input_batch",
+        "vllm.v1.worker.gpu.mm",
+        "vllm.v1.worker.gpu.mm.encoder_cache",
+        "vllm.v1.worker.gpu.model_states",
+        "vllm.v1.worker.gpu.model_states.interface",
+        "vllm.v1.worker.gpu.model_states.recoverssm",
+        "vllm.v1.worker.utils",
+    ]:
+        stubs.setdefault(name, vllm_oracle._module(name))
+    saved = {k: sys.modules.get(k) for k in [*stubs, NAME]}
+    try:
+        sys.modules.update(stubs)
+        spec = importlib.util.spec_from_file_location(NAME, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[NAME] = mod
+        spec.loader.exec_module(mod)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        sys.modules.pop("vllm_oracle_triton", None)
+    mod.CpuGpuBuffer = _Buffer  # type: ignore[attr-defined]
+    _LOADED = mod
+    return mod
+
+
+def vllm_model_state(mh: types.ModuleType, side: vllm_trace.Side, tables: list[torch.Tensor], max_num_reqs: int) -> Any:
+    """vLLM's ``MambaHybridModelState`` over ``side``'s states (align mode, RecoverSSM off)."""
+    funcs = side.copy_funcs(side.ns)
+    cfg = types.SimpleNamespace(
+        scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_reqs),
+        cache_config=types.SimpleNamespace(
+            mamba_cache_mode="align", mamba_block_size=side.sim.bs, use_kda_recoverssm=False
+        ),
+        compilation_config=types.SimpleNamespace(static_forward_context=side.forward_context),
+    )
+    model = types.SimpleNamespace(get_mamba_state_copy_funcs=lambda types_: funcs)
+    ms = mh.MambaHybridModelState(cfg, model, None, torch.device("cpu"))
+    bts = types.SimpleNamespace(
+        block_tables=[types.SimpleNamespace(gpu=t) for t in tables], input_block_tables=list(tables)
+    )
+    ms.initialize_kv_cache(side.kv_cache_config, bts)
+    return ms
+
+
+@dataclasses.dataclass
+class V2Stats:
+    steps: int = 0
+    pre_moves: int = 0
+    post_saves: int = 0
+    prefix_hits: int = 0
+    pp_rows: int = 0
+    preempted: int = 0
+    int_counts: int = 0
+    lagged: int = 0
+
+
+def run_trace(
+    mh: types.ModuleType,
+    groups: list[vllm_trace.GroupCfg],
+    *,
+    block_size: int,
+    nsb: int,
+    conv_layout: str,
+    seed: int,
+    steps: int = 16,
+    launches: list[int] | None = None,
+    emulator: Any = None,
+) -> V2Stats:
+    """One random trace through vLLM's ``MambaHybridModelState`` and ``ModelStateV2``.
+
+    The scheduler is :class:`support.vllm_trace.Sim` (prefix hits, chunked prefill, drafts,
+    preemption and resume, finished requests); requests live in request-state slots, the batch is
+    a random permutation of the scheduled slots, and under simulated pipeline parallelism some
+    rows of the post-process's ``idx_mapping`` are ``-1`` (that request's step is dropped). Under
+    asynchronous scheduling the runner sizes a prefill chunk from the host's optimistic mirror of
+    the computed tokens, while the model state reads only the device's per-slot counts: some chunks
+    therefore end off a block boundary.
+    ``launches``: the package launches of each half-step are appended (from ``emulator``).
+    AssertionError at the first difference."""
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    from .device_fakes import FakeCuda
+
+    ns = vllm_oracle.load()
+    vllm_oracle.set_conv_layout(ns, conv_layout)
+    sim = vllm_trace.Sim(groups, block_size, nsb, conv_layout, seed)
+    rng = sim.rng
+    m = sim.max_reqs
+    states_v = sim.make_states()
+    states_o = vllm_trace.Sim.clone_states(states_v)
+    side_v, side_o = vllm_trace.Side(sim, states_v, ns), vllm_trace.Side(sim, states_o, None)
+    tables = [torch.zeros(m, sim.cols, dtype=torch.int32) for _ in groups]
+    vms = vllm_model_state(mh, side_v, tables, m)
+    context = {
+        k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in side_o.forward_context.items()
+    }
+    ours = ModelStateV2.from_runner(
+        side_o.kv_cache_config, context, side_o.copy_funcs(None), max_num_reqs=m, conv_layout=conv_layout, device="cpu"
+    )
+    nct = torch.zeros(m, dtype=torch.int32)  # the runner's per-slot computed tokens (device-resident in vLLM)
+    slot_of: dict[str, int] = {}
+    free = list(range(m - 1, -1, -1))
+    running: list[vllm_trace.Req] = []
+    finished_next: list[vllm_trace.Req] = []
+    stats = V2Stats()
+
+    def check(step: int, half: str) -> None:
+        err = vllm_trace._equal(states_v, states_o)
+        assert err is None, f"step {step}, after the {half}: {err}"
+        for r in running:
+            s = slot_of[r.rid]
+            pair = [(int(vms._mamba_state_idx_gpu[s]), int(vms.num_accepted_tokens_gpu[s]))]
+            pair.append((int(ours.state_idx[s]), int(ours.num_accepted[s])))
+            assert pair[0] == pair[1], (
+                f"step {step}, after the {half}: slot {s} (column, count): vLLM {pair[0]}, ours {pair[1]}"
+            )
+
+    def fill_tables() -> None:
+        for gi, t in enumerate(tables):
+            t.zero_()
+            for r in running:
+                for col, b in r.cols[gi].items():
+                    t[slot_of[r.rid], col] = b
+
+    for step in range(steps):
+        for r in finished_next:
+            free.append(slot_of.pop(r.rid))
+        finished_next = []
+        if running and rng.random() < 0.12:  # preempt one request: its slot and blocks are released
+            r = running.pop(int(rng.integers(len(running))))
+            sim.release(r, keep=False)
+            free.append(slot_of.pop(r.rid))
+            sim.waiting.append(r)
+            stats.preempted += 1
+        while free and rng.random() < 0.6:
+            r = sim.waiting.pop(0) if sim.waiting and rng.random() < 0.5 else sim.new_request()
+            sim.admit(r)
+            stats.prefix_hits += r.computed > 0
+            s = free.pop()
+            slot_of[r.rid] = s
+            running.append(r)
+            nct[s] = r.computed
+            new_req = types.SimpleNamespace(num_computed_tokens=r.computed)
+            vms.add_request(s, new_req)
+            ours.add_request(s, r.computed)
+        batch = [r for r in running if not (len(running) > 1 and rng.random() < 0.1)]
+        batch = [batch[i] for i in rng.permutation(len(batch))]
+        sched = {r.rid: sim.schedule(r) for r in batch}
+        for r in batch:  # async scheduling: a chunk sized from the host's optimistic mirror ends off a boundary
+            n_s, d = sched[r.rid]
+            if d == 0 and r.computed + n_s < r.prompt and n_s > 1 and rng.random() < 0.4:
+                sched[r.rid] = (n_s - int(rng.integers(1, min(n_s, sim.bs))), 0)
+                stats.lagged += 1
+        for r in batch:
+            sim.ensure_cols(r, sched[r.rid][0])
+        fill_tables()
+        n = len(batch)
+        idx = torch.tensor([slot_of[r.rid] for r in batch], dtype=torch.int32)
+        qsl = torch.zeros(m + 1, dtype=torch.int32)
+        qsl[1 : n + 1] = torch.tensor(np.cumsum([sched[r.rid][0] for r in batch]), dtype=torch.int32)
+        calls = len(emulator.calls) if emulator is not None else 0
+        # pre-copy
+        vms.preprocess_state(types.SimpleNamespace(num_reqs=n, idx_mapping=idx, query_start_loc=qsl), tables, None, nct)
+        ours.preprocess_state(idx, nct, qsl, tables)
+        if emulator is not None and launches is not None and n:
+            launches.append(len(emulator.calls) - calls)
+            calls = len(emulator.calls)
+        check(step, "pre-copy")
+        curr = [(r.computed + sched[r.rid][0] - 1) // sim.bs for r in batch]
+        stats.pre_moves += sum(
+            1
+            for r, c in zip(batch, curr)
+            if (r.running if r.running >= 0 else (r.computed - 1) // sim.bs) not in (-1, c)
+        )
+        # the forward pass writes the window columns (same bytes on both sides)
+        for i, r in enumerate(batch):
+            for gi in range(len(groups)):
+                for col in range(curr[i], curr[i] + nsb + 1):
+                    b = r.cols[gi][col]
+                    for lv, lo in zip(states_v[gi], states_o[gi]):
+                        for tv, to in zip(lv[:-1], lo[:-1]):
+                            v = torch.randn(tv.shape[1:], dtype=tv.dtype)
+                            tv[b].copy_(v)
+                            to[b].copy_(v)
+        # sampling: 0 for a chunk that does not finish the prompt, else 1 + accepted drafts
+        sampled = []
+        for r in batch:
+            n_s, d = sched[r.rid]
+            sampled.append(0 if r.computed + n_s < r.prompt else int(rng.integers(1, d + 2)))
+        dropped = {i for i in range(n) if n > 1 and rng.random() < 0.1}  # PP: filtered rows
+        stats.pp_rows += len(dropped)
+        post_idx = idx.clone()
+        for i in dropped:
+            post_idx[i] = -1
+        for i, r in enumerate(batch):
+            if i not in dropped:
+                n_s, d = sched[r.rid]
+                nct[slot_of[r.rid]] = r.computed + n_s - d + max(sampled[i], 1) - 1
+        counts: Any = torch.tensor(sampled, dtype=torch.int32)
+        if n and len(set(sampled)) == 1 and step % 2:
+            counts = sampled[0]
+            stats.int_counts += 1
+        vms.postprocess_state(post_idx, counts, nct)
+        ours.postprocess_state(post_idx, counts, nct, tables)
+        if emulator is not None and launches is not None and n:
+            launches.append(len(emulator.calls) - calls)
+        check(step, "post-process")
+        for i, r in enumerate(batch):
+            r.running = curr[i]  # the slot's running column advanced in the pre-copy either way
+            if i in dropped:
+                continue
+            n_s, d = sched[r.rid]
+            new = r.computed + n_s - d + max(sampled[i], 1) - 1
+            stats.post_saves += int((new // sim.bs) * sim.bs >= r.computed + n_s - d and d > 0)
+            r.computed = new
+            if r.computed >= r.prompt + 2 * sim.bs and rng.random() < 0.3:
+                running.remove(r)
+                sim.release(r, keep=True)
+                finished_next.append(r)
+        stats.steps += 1
+    return stats

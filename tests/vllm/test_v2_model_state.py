@@ -1,0 +1,186 @@
+"""``ModelStateV2`` against vLLM 0.33.0's own GPU-resident runner step (``MambaHybridModelState``,
+its Triton kernels run by Triton's interpreter on CPU tensors) on random multi-step traces: every
+state byte, every per-slot running column and accepted count after every half-step; the package's
+side runs its launches through the host emulation of the fused kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support import vllm_oracle, vllm_trace
+
+GroupCfg = vllm_trace.GroupCfg
+
+#: name -> (groups, block_size, num_speculative_blocks, conv layout, seed, steps)
+TRACES = {
+    "gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 51, 12),
+    "2groups-DS-spec2": ([GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))], 4, 2, "DS", 52, 12),
+    "2groups-SD-nospec": ([GroupCfg("GDN_ATTN", 1), GroupCfg("SHORT_CONV", 1, conv_dim=3)], 3, 0, "SD", 73, 12),
+}
+
+
+@pytest.fixture(scope="module")
+def mh():
+    from support import vllm_v2_oracle
+
+    try:
+        return vllm_v2_oracle.load()
+    except vllm_oracle.OracleUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def launch_args(monkeypatch):
+    """The adapter's buffers are CPU tensors here; the launch sees them as CUDA tensors."""
+    from recoverssm_rs.vllm import model_state
+    from support.device_fakes import FakeCuda
+
+    monkeypatch.setattr(model_state, "_launch_arg", FakeCuda)
+
+
+@pytest.mark.parametrize("name", list(TRACES))
+def test_v2_trace_equals_vllm(mh, fake_ops, emulator, launch_args, name):
+    from support import vllm_v2_oracle
+
+    groups, bs, nsb, layout, seed, steps = TRACES[name]
+    launches: list[int] = []
+    stats = vllm_v2_oracle.run_trace(
+        mh,
+        groups,
+        block_size=bs,
+        nsb=nsb,
+        conv_layout=layout,
+        seed=seed,
+        steps=steps,
+        launches=launches,
+        emulator=emulator,
+    )
+    # the trace exercised what it is for
+    assert stats.pre_moves > 0 and stats.prefix_hits > 0 and stats.pp_rows > 0 and stats.lagged > 0
+    assert stats.preempted > 0
+    if nsb:
+        assert stats.post_saves > 0
+    # one launch of the package's kernel per half-step, every group at once
+    assert launches and set(launches) == {1}
+    assert {c["kernel"] for c in emulator.calls} == {"rs_state_copy"}
+    # capturable: every launch of a half reads the same static buffers with the same parameters
+    for decide in (False, True):
+        params = {_params(c) for c in emulator.calls if c["decide"] == decide}
+        assert len(params) == 1, f"decide={decide}: the launch parameters change between steps"
+
+
+def _params(call):
+    return tuple(sorted((k, v) for k, v in call.items() if isinstance(v, (int, bool)) and k != "index"))
+
+
+def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulator, launch_args, monkeypatch):
+    """A CUDA graph's view of the step: each half's launch recorded at the first step and replayed
+    unchanged at every later one (the slot buffers rewritten in place before it) keeps every state
+    byte and count equal to vLLM's."""
+    from recoverssm_rs import cuda
+    from recoverssm_rs.cuda import module as cuda_module
+    from support import vllm_v2_oracle
+
+    captured: dict[bool, object] = {}
+    replayed = []
+
+    def replay(kl, index, stream):
+        first = captured.setdefault(bool(dict(kl.values())["flags"] & cuda.FLAG_DECIDE), kl)
+        replayed.append(first is not kl)
+        emulator.launch(first, index, stream)
+
+    monkeypatch.setattr(cuda_module, "launch", replay)
+    groups, bs, nsb, layout, seed, _ = TRACES["2groups-DS-spec2"]
+    vllm_v2_oracle.run_trace(mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed + 100, steps=8)
+    assert sum(replayed) >= 3
+
+
+def test_add_request_seeds_column_and_count(fake_ops):
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    ms = ModelStateV2.__new__(ModelStateV2)
+    ms.max_num_reqs, ms.block_size = 4, 4
+    ms._acc = torch.full((5,), 3, dtype=torch.int32)
+    ms._state = torch.full((5,), 7, dtype=torch.int32)
+    ms.add_request(1, 0)
+    ms.add_request(2, 8)
+    assert ms.state_idx.tolist() == [7, -1, 1, 7] and ms.num_accepted.tolist() == [3, 1, 1, 3]
+    from recoverssm_rs.errors import PlanError
+
+    with pytest.raises(PlanError, match="slot 4"):
+        ms.add_request(4, 0)
+
+
+def _small(fake: bool):
+    """A one-group ModelStateV2 (GDN: conv + temporal, block_size 4, 2 drafts) over 16 blocks."""
+    from types import SimpleNamespace as NS
+
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+    from support.device_fakes import FakeCuda
+
+    spec = NS(
+        mamba_type="GDN_ATTN",
+        shapes=[(5, 3), (2, 2)],
+        dtypes=[torch.float32] * 2,
+        block_size=4,
+        num_speculative_blocks=2,
+        mamba_cache_mode="align",
+    )
+    cfg = NS(kv_cache_groups=[NS(kv_cache_spec=spec, layer_names=["l0"])])
+    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
+    bind = FakeCuda if fake else (lambda t: t)
+    ctx = {"l0": NS(kv_cache=[bind(t) for t in states])}
+    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
+    return ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=4, device="cpu"), states
+
+
+def test_minus_one_rows_are_skipped_by_both_halves(fake_ops, emulator, launch_args):
+    ms, states = _small(fake=True)
+    table = torch.zeros(4, 6, dtype=torch.int32)
+    table[1, :4] = torch.tensor([1, 2, 3, 4])
+    table[2, :4] = torch.tensor([5, 6, 7, 8])
+    ms.add_request(1, 4)  # slot 1: 4 tokens cached, state in column 0 (block 1)
+    ms.add_request(2, 4)
+    before = [t.clone() for t in states]
+    nct = torch.tensor([0, 4, 4, 0], dtype=torch.int32)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    ms.preprocess_state(torch.tensor([1, -1], dtype=torch.int32), nct, qsl, [table])
+    # slot 1 moved column 0 -> 1 (block 1 -> 2); slot 2 (not in the batch) and the rest untouched
+    assert ms.state_idx.tolist() == [-1, 1, 0, -1]
+    assert torch.equal(states[1][2], before[1][1]) and torch.equal(states[1][6], before[1][6])
+    nct[1] = 5
+    ms.postprocess_state(
+        torch.tensor([-1, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), nct, [table]
+    )
+    assert ms.num_accepted.tolist() == [1, 1, 1, 1]
+    assert ms.last_error().ok
+    assert len(emulator.calls) == 2
+
+
+def test_bad_inputs_are_refused_before_anything_runs(fake_ops, recorder, launch_args):
+    from recoverssm_rs.errors import PlanError
+
+    ms, _ = _small(fake=True)
+    table = torch.zeros(4, 6, dtype=torch.int32)
+    nct = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(PlanError, match="5 batch rows, more than max_num_reqs = 4"):
+        ms.preprocess_state(torch.zeros(5, dtype=torch.int32), nct, torch.zeros(6, dtype=torch.int32), [table])
+    with pytest.raises(PlanError, match="group 0.s device block table has 2 rows for 4 requests"):
+        ms.preprocess_state(torch.zeros(1, dtype=torch.int32), nct, torch.zeros(2, dtype=torch.int32), [table[:2]])
+    with pytest.raises(PlanError, match="num_computed_tokens -1 is out of range"):
+        ms.add_request(0, -1)
+    assert recorder.calls == []
+    assert repr(ms) == "ModelStateV2(groups=[0], block_size=4, max_num_reqs=4, device=cpu)"
+
+
+def test_host_states_are_refused_by_the_step():
+    from recoverssm_rs.errors import PlanError
+
+    ms, _ = _small(fake=False)
+    with pytest.raises(PlanError):
+        ms.preprocess_state(
+            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(4, dtype=torch.int32),
+            torch.zeros(2, dtype=torch.int32),
+            [torch.zeros(4, 6, dtype=torch.int32)],
+        )
