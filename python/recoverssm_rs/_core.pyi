@@ -36,6 +36,7 @@ __all__ = [
     "check_device_tables",
     "check_index",
     "commit_grid",
+    "copy_func_kind",
     "commit_meta_table",
     "copy_tiles_launch",
     "gdn_layout",
@@ -118,6 +119,9 @@ class Layout:
     def recover_geometry(self) -> dict[str, Any]: ...
     def to_dict(self) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
+
+def copy_func_kind(name: str) -> Literal["conv", "temporal"]:
+    """The copy kind a copy function's name or kind names; ``LayoutError`` for any other name."""
 
 def _validate_copy_funcs(
     groups: Sequence[tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]],

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._core import _validate_copy_funcs
 
-__all__ = ["validate_copy_funcs"]
+__all__ = ["validate_copy_funcs", "copy_func_name"]
 
 
 def _backend_name(value: Any) -> str:
@@ -35,9 +35,56 @@ def _field(group: Any, *names: str) -> Any:
     return None
 
 
-def _copy_func_name(func: Any) -> str:
+def _probe_copy_spec(func: Any) -> str | None:
+    """``"conv"`` or ``"temporal"`` from what a copy-spec function does (vLLM's
+    ``MambaStateCopyFunc``: ``func(state, block_ids, cur_block_idx, num_accepted_tokens)`` returns
+    a spec with ``start_addr`` and ``num_elements``), called on a small probe tensor; ``None`` when
+    it does not behave like either (or torch is missing).
+
+    With one accepted token both kinds copy block ``block_ids[cur]`` whole. With two, a temporal
+    copy takes block ``block_ids[cur + 1]`` whole; a conv copy stays in block ``block_ids[cur]``
+    (its window shifted by one row in the SD layout; in the DS layout vLLM refuses the offset with
+    an ``AssertionError``, the shift being fused into its kernel)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    state = torch.zeros((3, 2, 4), dtype=torch.float32)
+    block, numel = 2 * 4 * 4, 2 * 4
+    base = state.data_ptr()
+
+    def spec(accepted: int) -> tuple[int, int] | None:
+        out = func(state, [0, 1, 2], 0, accepted)
+        addr, n = getattr(out, "start_addr", None), getattr(out, "num_elements", None)
+        return (addr, n) if isinstance(addr, int) and isinstance(n, int) else None
+
+    try:
+        if spec(1) != (base, numel):
+            return None
+    except Exception:  # noqa: BLE001  # not a copy-spec function
+        return None
+    try:
+        two = spec(2)
+    except AssertionError:
+        return "conv"
+    except Exception:  # noqa: BLE001
+        return None
+    if two == (base + block, numel):
+        return "temporal"
+    if two == (base + 4 * 4, numel - 4):
+        return "conv"
+    return None
+
+
+def copy_func_name(func: Any) -> str:
+    """The name the core's contract takes for an engine's copy function: a string as it is; a
+    function by what it does (:func:`_probe_copy_spec`: ``"conv"`` or ``"temporal"``), else by its
+    ``__name__`` (a ``functools.partial`` by its function's), which the core's table must know."""
     if isinstance(func, str):
         return func
+    kind = _probe_copy_spec(func) if callable(func) else None
+    if kind is not None:
+        return kind
     name = getattr(func, "__name__", None)
     if name is None and hasattr(func, "func"):  # functools.partial
         name = getattr(func.func, "__name__", None)
@@ -87,5 +134,5 @@ def validate_copy_funcs(
             mode. The message names the backend and the state.
     """
     group_list = list(groups.keys()) if isinstance(groups, Mapping) else list(groups)
-    funcs = [(_backend_name(backend), [_copy_func_name(f) for f in seq]) for backend, seq in copy_funcs.items()]
+    funcs = [(_backend_name(backend), [copy_func_name(f) for f in seq]) for backend, seq in copy_funcs.items()]
     return dict(_validate_copy_funcs([_group_tuple(g) for g in group_list], funcs))

@@ -223,6 +223,15 @@ pub(crate) fn dtype_name(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(obj.str()?.to_string())
 }
 
+/// The copy kind (`"conv"` or `"temporal"`) a copy function's name or kind names (the core's
+/// table of vLLM's copy-spec functions); `LayoutError` for any other name.
+#[pyfunction]
+pub(crate) fn copy_func_kind(name: &str) -> PyResult<&'static str> {
+    crate::copy_funcs::CopyFuncKind::parse(name)
+        .map(|k| k.name())
+        .ok_or_else(|| Error::layout(format!("copy function {name:?} is neither a conv nor a temporal copy")).into())
+}
+
 /// `(backend, shapes, dtypes, block_size, num_speculative_blocks, cache_mode)` of one group.
 type GroupTuple<'py> = (String, Vec<Bound<'py, PyAny>>, Option<Vec<String>>, Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>, Option<String>);
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import _core
 from .._core import Layout, StateSpec, VllmSlots
-from ..contract import validate_copy_funcs
+from ..contract import copy_func_name, validate_copy_funcs
 from ..errors import BindingError, LayoutError, PlanError
 from ..planner import CopyPlan, Planner
 from .decide import PostProcessDecision, PreCopyDecision, plan_post_process, plan_pre_copy
@@ -61,14 +61,14 @@ def _name(x: Any) -> str:
 
 
 def copy_kind(func: Any) -> Literal["conv", "temporal"]:
-    """``"conv"`` or ``"temporal"`` for a copy function (vLLM's ``get_conv_copy_spec`` /
-    ``get_temporal_copy_spec``, or the strings themselves), recognised by name."""
-    name = func if isinstance(func, str) else getattr(func, "__name__", repr(func))
-    if "conv" in name:
-        return "conv"
-    if "temporal" in name:
-        return "temporal"
-    raise LayoutError(f"copy function {name!r} is neither a conv nor a temporal copy")
+    """``"conv"`` or ``"temporal"`` for a copy function: vLLM's copy-spec functions are recognised
+    by what they do (:func:`~recoverssm_rs.contract.copy_func_name`), names and kinds by the core's
+    table (``"get_conv_copy_spec"``, ``"temporal"``, ...).
+
+    Raises:
+        LayoutError: neither a conv nor a temporal copy.
+    """
+    return _core.copy_func_kind(copy_func_name(func))
 
 
 def _layer_spec(group: Any, layer: str) -> Any:
