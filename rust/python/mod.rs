@@ -40,7 +40,7 @@ mod _core {
     #[pymodule_export]
     use super::planner::Planner;
     #[pymodule_export]
-    use super::sglang::{sglang_check_host_copy, sglang_commit_selection};
+    use super::sglang::{sglang_check_host_copy, sglang_commit_selection, sglang_slot_launch, sglang_slot_table};
 
     use pyo3::prelude::*;
 

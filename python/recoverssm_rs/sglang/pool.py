@@ -89,6 +89,9 @@ class SglangMambaPool:
         self.planner = Planner.from_groups(groups)
         self._slots_dev: Any = None
         self._ones_dev: Any = None
+        self._slot_kernels: dict[bool, Any] = {}
+        self._err: Any = None
+        self._err_requests = 0
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -126,8 +129,8 @@ class SglangMambaPool:
         return self.planner.num_blocks
 
     def _tensors(self) -> list[Any]:
-        out = [c for c in self.conv if c.numel() > 0]
-        if self.temporal is not None and self.temporal.numel() > 0:
+        out = [c for c in self.conv if math.prod(c.shape) > 0]
+        if self.temporal is not None and math.prod(self.temporal.shape) > 0:
             out.append(self.temporal)
         return out
 
@@ -206,15 +209,52 @@ class SglangMambaPool:
     def clear_slots(self, indices: Any) -> None:
         """Zero every state of the given slots (SGLang's ``MambaPool.clear_slots``).
 
+        Host states: the core checks every slot first. CUDA states: one launch of the slot kernel
+        zeroes every layer and state tensor, reading ``indices`` in device memory (no host
+        synchronisation); the kernel skips a slot outside the pool or the dummy slot 0 and reports
+        it in :meth:`last_error`.
+
         Raises:
-            PlanError: a slot outside the pool or the dummy slot 0; nothing is written.
+            PlanError: host states: a slot outside the pool or the dummy slot 0; nothing is written.
+                CUDA states: indices that are not a vector on the pool's device.
         """
+        if self.device != "cpu":
+            self._slot_launch(False, indices)
+            return
         import torch
 
         ids = self._check_slots(indices)
         idx = torch.as_tensor(ids, device=self.device)
         for t in self._tensors():
             t.index_fill_(1, idx, 0)
+
+    def _slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
+        """One launch of the slot kernel (see :mod:`recoverssm_rs.sglang.device`)."""
+        from ..cuda import ops
+        from .device import SlotKernel
+
+        if self._err is None:
+            self._err = ops.cuda_ops.zeros_i32(3, int(self.device.split(":")[1]))
+        kernel = self._slot_kernels.get(commit)
+        if kernel is None:
+            kernel = self._slot_kernels[commit] = SlotKernel(self, commit=commit, err=self._err)
+        self._err_requests = kernel.launch(self, slots, **vectors)
+
+    def last_error(self) -> Any:
+        """The error word of the last :meth:`clear_slots` or :meth:`commit_after_verify` on CUDA
+        (an :class:`~recoverssm_rs.ErrorWord`: ``.ok`` when the kernel rejected no request; the
+        fused copies of :meth:`copy_from` report in ``planner.last_error()``). **Synchronises**
+        the device: for debugging and tests.
+
+        Raises:
+            PlanError: a host pool (host operations raise instead of skipping).
+        """
+        from ..errors import PlanError
+        from .device import last_error
+
+        if self.device == "cpu" or self._err is None:
+            raise PlanError("last_error: no slot kernel has run on this pool (host pools raise instead)")
+        return last_error(self._err, int(self.device.split(":")[1]), self._err_requests)
 
     def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
         """``(conv_cpu, temporal_cpu)``: the given slots' states on the host, layer-stacked as
@@ -309,8 +349,7 @@ class SglangMambaPool:
 
 
 def install(pool: Any) -> SglangMambaPool:
-    """Route a running SGLang ``MambaPool``'s ``copy_from``, ``clear_slots`` (host pools only: on
-    CUDA SGLang's clear needs no host synchronisation, the adapter's checks would), ``get_cpu_copy``
+    """Route a running SGLang ``MambaPool``'s ``copy_from``, ``clear_slots``, ``get_cpu_copy``
     and ``load_cpu_copy`` through a :class:`SglangMambaPool` over its tensors (instance attributes,
     so other pools are untouched; ``del pool.copy_from`` etc. restores SGLang's). Returns the
     adapter. Pools with slot siblings (per-layer-embedding side states) or ReplaySSM rings keep
@@ -320,10 +359,7 @@ def install(pool: Any) -> SglangMambaPool:
         log.warning("sglang: pool has slot siblings or ReplaySSM rings; left on SGLang's own methods")
         return ops
     pool.copy_from = ops.copy_from
-    if ops.device == "cpu":
-        # On CUDA, SGLang's own clear runs without reading the slot ids on the host; the adapter's
-        # would wait for them (its checks are host-side).
-        pool.clear_slots = ops.clear_slots
+    pool.clear_slots = ops.clear_slots
     pool.get_cpu_copy = ops.get_cpu_copy
     pool.load_cpu_copy = ops.load_cpu_copy
     log.info("sglang: %r installed", ops)
