@@ -67,7 +67,7 @@ mod slot_kernel {
     #[test]
     fn one_record_per_layer_with_the_scratch_entry_as_a_strided_matrix() {
         let (conv, win) = conv_and_dedup();
-        let recs = slot_table(&[conv.clone()], &[Some(win.clone())]).unwrap();
+        let recs = slot_table(std::slice::from_ref(&conv), &[Some(win)]).unwrap();
         assert_eq!(recs.len(), 2);
         let r = recs[1];
         assert_eq!((r.dst, r.dst_slot_stride, r.bytes, r.elem_bytes), (4096 + 9 * 48, 48, 48, 2));
@@ -82,7 +82,7 @@ mod slot_kernel {
         let (conv, win) = conv_and_dedup();
         let mut f32win = win.clone();
         f32win.dtype = "float32".into();
-        let e = slot_table(&[conv.clone()], &[Some(f32win)]).unwrap_err();
+        let e = slot_table(std::slice::from_ref(&conv), &[Some(f32win)]).unwrap_err();
         assert!(e.message.contains("verify scratch of state tensor 0"), "{}", e.message);
         let strided = t(4096, "bfloat16", &[2, 9, 8, 3], &[9 * 96, 96, 12, 2]);
         let e = slot_table(&[strided], &[None]).unwrap_err();
