@@ -42,7 +42,8 @@ class SglangMambaPool:
     """Drop-in operations with the signatures and effects of SGLang's ``MambaPool`` methods, run
     through the package's planner: ``copy_from`` (copy-on-write on a prefix hit; a fork is an
     allocation plus ``copy_from``), ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy``
-    (HiCache) and :meth:`commit_after_verify` (the speculative commit after verify).
+    (HiCache) and :meth:`commit_after_verify` (the speculative commit after verify). On CUDA,
+    ``copy_from``, ``clear_slots`` and the commit are one kernel launch each.
 
     Args:
         conv: SGLang's ``mamba_cache.conv``: one or more ``[layers, slots + 1, *conv_shape]``
@@ -331,10 +332,16 @@ class SglangMambaPool:
         Rows with a negative step or slot are skipped (padding), as in SGLang. Works for dense and
         deduplicated (overlapping ``as_strided``) conv-window scratch alike.
 
+        Host states: the core checks every index first. CUDA states: one launch of the slot kernel
+        for every layer, tensor and pass, the indices read on the device only (no host
+        synchronisation); the kernel skips a rejected request and reports it in
+        :meth:`last_error`.
+
         Raises:
-            PlanError: a pool without verify scratch, vectors of different lengths, a step past the
-                draft, a slot or row past the pool, or two requests writing one slot; nothing is
-                written.
+            PlanError: a pool without verify scratch; host states: vectors of different lengths, a
+                step past the draft, a slot or row past the pool, or two requests writing one slot
+                (nothing is written); CUDA states: vectors of different lengths or not on the
+                pool's device.
         """
         from .commit import commit_after_verify
 
