@@ -251,8 +251,9 @@ def test_overlapping_copies_equal_sglang_and_cycles_are_refused(oracle):
 @pytest.mark.parametrize("name", ["mamba2-bf16-chain-dedup", "mamba2-fp32-tree-dense", "two-convs-bf16-chain-dedup"])
 def test_device_path_equals_sglang_through_the_kernel_emulation(oracle, fake_ops, emulator, strided_fakes, name):
     """The same kind of trace on the device path: the adapter over SGLang's own pool tensors
-    claiming to live on ``cuda:0``, every operation one launch run by the host emulation of the
-    kernel source, the indices handed over as device tensors (never read on the host)."""
+    claiming to live on ``cuda:0``, every operation one launch (a HiCache round trip one each way)
+    run by the host emulation of the kernel source, the indices of the other operations handed
+    over as device tensors (never read on the host)."""
     from recoverssm_rs.sglang import SglangMambaPool
     from support.device_fakes import FakeCuda
 
@@ -269,8 +270,8 @@ def test_device_path_equals_sglang_through_the_kernel_emulation(oracle, fake_ops
     draft = POOLS[name][5]
     alloc = oracle.alloc.MambaSlotAllocator(size=SIZE, device="cpu")
     live: list[int] = []
-    for step in range(16):
-        kind = ["alloc", "cow", "fork", "commit"][step % 4] if len(live) >= 3 else "alloc"
+    for step in range(20):
+        kind = ["alloc", "cow", "fork", "commit", "hicache"][step % 5] if len(live) >= 3 else "alloc"
         while alloc.available_size() < 3:
             alloc.free(torch.tensor([live.pop(0)]))
         before = len(emulator.calls)
@@ -286,6 +287,15 @@ def test_device_path_equals_sglang_through_the_kernel_emulation(oracle, fake_ops
             theirs.copy_from(src, dst)
             ops.copy_from(FakeCuda(src), FakeCuda(dst))
             live += dst.tolist()
+        elif kind == "hicache":  # one gather launch out, one scatter launch back
+            slots = torch.tensor(rng.sample(live, rng.randint(1, len(live))))
+            a, b = theirs.get_cpu_copy(slots), ops.get_cpu_copy(slots)
+            for x, y in zip([*a[0], a[1]], [*b[0], b[1]], strict=True):
+                assert torch.equal(_bytes(x), _bytes(y)), f"step {step}: host copy"
+            back = torch.tensor(rng.sample(live, len(slots)))
+            theirs.load_cpu_copy(a, back)
+            ops.load_cpu_copy(b, back)
+            before += 1
         else:
             n = rng.randint(1, min(SPEC_ROWS, len(live)))
             _randomize(

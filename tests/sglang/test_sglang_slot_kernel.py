@@ -184,3 +184,24 @@ def test_every_device_operation_is_one_launch(fake_ops, emulator, strided_fakes)
         op()
         assert len(emulator.calls) - before == 1, name
     assert [c["kernel"] for c in emulator.calls] == ["rs_state_copy"] * 2 + ["rs_slot_scatter"] * 3
+
+
+@needs_cxx
+@pytest.mark.parametrize("convs", [(8,), (6, 8)], ids=["one-conv", "two-convs"])
+def test_hicache_round_trip_is_one_launch_each_way_equal_to_the_host_path(fake_ops, emulator, convs):
+    """``get_cpu_copy``: one upload of the indices, one gather launch, one device-to-host copy;
+    ``load_cpu_copy``: one upload of the host copy and indices, one scatter launch."""
+    host, dev, states = _pools(9, torch.bfloat16, convs)
+    slots = torch.tensor([4, 1, 7])
+    want = host.get_cpu_copy(slots)
+    before = len(emulator.calls)
+    got = dev.get_cpu_copy(slots)
+    assert len(emulator.calls) == before + 1 and dev.last_error().ok
+    for a, b in zip([*want[0], want[1]], [*got[0], got[1]], strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    back = torch.tensor([2, 9, 5])
+    host.load_cpu_copy(want, back)
+    before = len(emulator.calls)
+    dev.load_cpu_copy(got, back)
+    assert len(emulator.calls) == before + 1 and dev.last_error().ok
+    _equal(host, states, "after the round trip")

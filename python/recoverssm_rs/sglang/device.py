@@ -89,3 +89,108 @@ def last_error(err: Any, index: int, requests: int) -> ErrorWord:
     """The decoded error word (synchronises the device)."""
     ops.cuda_ops.synchronize(index)
     return ErrorWord([int(x) for x in err.cpu().tolist()], requests)
+
+
+def _bundle(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """Byte arrays laid end to end at 16-byte aligned offsets: the bytes and each part's offset."""
+    offsets, at = [], 0
+    for p in parts:
+        offsets.append(at)
+        at += (p.nbytes + 15) // 16 * 16
+    out = np.zeros(max(at, 16), dtype=np.uint8)
+    for p, o in zip(parts, offsets, strict=True):
+        out[o : o + p.nbytes] = p.reshape(-1).view(np.uint8)
+    return out, offsets
+
+
+def _stacked(pool: SglangMambaPool, n: int) -> list[tuple[Any, tuple[int, ...], int]]:
+    """Per state tensor of SGLang's order (every conv tensor, then the temporal state): the tensor,
+    its host copy's shape ``[layers, n, ...]`` and that copy's bytes."""
+    out = []
+    for t in [*pool.conv, pool.temporal]:
+        shape = (int(t.shape[0]), n, *(int(x) for x in t.shape[2:]))
+        out.append((t, shape, math.prod(shape) * t.element_size()))
+    return out
+
+
+def _run_table(pool: SglangMambaPool, dst: list[Any], src: list[Any], vectors: dict[str, Any], **sizes: int) -> None:
+    """One launch of the slot kernel over a table built for this call (``dst[i] <- src[i]``)."""
+    raw, num_meta, max_bytes = _core.sglang_slot_table(states=dst, scratch=src)
+    index = int(pool.device.split(":")[1])
+    meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), index)
+    if pool._err is None:
+        pool._err = ops.cuda_ops.zeros_i32(3, index)
+    kl = _core.sglang_slot_launch(
+        device=pool.device,
+        metas=int(meta.data_ptr()),
+        num_meta=num_meta,
+        max_bytes=max_bytes,
+        err=pool._err,
+        **vectors,
+        **sizes,
+    )
+    pool.planner.core.check()
+    pool._err.zero_()
+    pool._err_requests = int(vectors["slots"].shape[0])
+    if kl is not None:
+        module.launch(kl, index, None)
+    ops.cuda_ops.synchronize(index)  # the table and staging live only for this call
+
+
+def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any]:
+    """HiCache's host copy on CUDA: one upload of the indices, one launch of the slot kernel that
+    gathers every layer of every state tensor into one device buffer, one device-to-host copy of
+    that buffer; the host tensors are views of it."""
+    torch = ops.cuda_ops.torch()
+    n = len(ids)
+    index = int(pool.device.split(":")[1])
+    stacked = _stacked(pool, n)
+    offsets, at = [], 0
+    for _, _, b in stacked:
+        offsets.append(at)
+        at += (b + 15) // 16 * 16
+    vec, voff = _bundle([np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), ids.astype(np.int64)])
+    dev_vec = ops.cuda_ops.upload(vec, index)
+    dev_buf = ops.cuda_ops.empty_i32(max(at, 16) // 4, index).view(torch.uint8)  # the gather's destination
+    views = [_view(dev_buf, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
+    live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
+    if n > 0 and live:
+        vectors = {k: _view(dev_vec, o, 8 * n, torch.int64, (n,)) for k, o in zip(("slots", "steps", "rows"), voff)}
+        _run_table(
+            pool,
+            [views[k] for k in live],
+            [stacked[k][0][:, :, None] for k in live],
+            vectors,
+            num_slots=n,
+            num_rows=pool.num_slots,
+            draft=1,
+        )
+    host = dev_buf.cpu()
+    out = [_view(host, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
+    return out[:-1], out[-1]
+
+
+def load_cpu_copy(pool: SglangMambaPool, host: list[Any], ids: np.ndarray) -> None:
+    """HiCache's load on CUDA: the host tensors laid end to end and uploaded in one copy (with the
+    indices), then one launch of the slot kernel scatters every layer of every state tensor into
+    its slots."""
+    torch = ops.cuda_ops.torch()
+    n = len(ids)
+    index = int(pool.device.split(":")[1])
+    stacked = _stacked(pool, n)
+    parts = [np.ascontiguousarray(h.contiguous().view(torch.uint8).numpy()) for h in host]
+    parts += [ids.astype(np.int64), np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
+    staged, offsets = _bundle(parts)
+    dev = ops.cuda_ops.upload(staged, index)
+    live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
+    if n == 0 or not live:
+        return
+    src = [_view(dev, offsets[k], stacked[k][2], stacked[k][0].dtype, stacked[k][1])[:, :, None] for k in live]
+    names = ("slots", "rows", "steps")
+    vectors = {k: _view(dev, o, 8 * n, torch.int64, (n,)) for k, o in zip(names, offsets[len(host) :], strict=True)}
+    _run_table(pool, [stacked[k][0] for k in live], src, vectors, num_slots=pool.num_slots, num_rows=n, draft=1)
+
+
+def _view(buf: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """``nbytes`` of a byte buffer from ``offset`` as a ``dtype`` tensor of ``shape``."""
+    return buf[offset : offset + nbytes].view(dtype).view(*shape)

@@ -268,6 +268,10 @@ class SglangMambaPool:
         import torch
 
         ids = self._check_slots(indices)
+        if self.device != "cpu":
+            from .device import get_cpu_copy
+
+            return get_cpu_copy(self, ids)
         idx = torch.as_tensor(ids, device=self.device)
         conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
         temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
@@ -295,6 +299,11 @@ class SglangMambaPool:
                 host_shape=tuple(src.shape),
                 num_slots=len(ids),
             )
+        if self.device != "cpu":
+            from .device import load_cpu_copy
+
+            load_cpu_copy(self, [src for _, src in pairs], ids)
+            return
         idx = torch.as_tensor(ids, device=self.device)
         for dst, src in pairs:
             dst.index_copy_(1, idx, src.to(dst.device, non_blocking=True))
