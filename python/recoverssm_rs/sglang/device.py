@@ -113,34 +113,42 @@ def _stacked(pool: SglangMambaPool, n: int) -> list[tuple[Any, tuple[int, ...], 
     return out
 
 
-def _run_table(pool: SglangMambaPool, dst: list[Any], src: list[Any], vectors: dict[str, Any], **sizes: int) -> None:
-    """One launch of the slot kernel over a table built for this call (``dst[i] <- src[i]``)."""
+def _run_table(
+    pool: SglangMambaPool, dst: list[Any], src: list[Any], vectors: dict[str, np.ndarray], **sizes: int
+) -> None:
+    """One launch of the slot kernel over a table built for this call (``dst[i] <- src[i]``): the
+    table and the index ``vectors`` go to the device in one upload."""
+    torch = ops.cuda_ops.torch()
     raw, num_meta, max_bytes = _core.sglang_slot_table(states=dst, scratch=src)
     index = int(pool.device.split(":")[1])
-    meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), index)
+    names = list(vectors)
+    staged, offsets = _bundle([np.frombuffer(raw, dtype=np.uint8), *(vectors[k] for k in names)])
+    dev = ops.cuda_ops.upload(staged, index)
+    n = len(vectors["slots"])
+    args = {k: _view(dev, o, 8 * n, torch.int64, (n,)) for k, o in zip(names, offsets[1:], strict=True)}
     if pool._err is None:
         pool._err = ops.cuda_ops.zeros_i32(3, index)
     kl = _core.sglang_slot_launch(
         device=pool.device,
-        metas=int(meta.data_ptr()),
+        metas=int(dev.data_ptr()),
         num_meta=num_meta,
         max_bytes=max_bytes,
         err=pool._err,
-        **vectors,
+        **args,
         **sizes,
     )
     pool.planner.core.check()
     pool._err.zero_()
-    pool._err_requests = int(vectors["slots"].shape[0])
+    pool._err_requests = n
     if kl is not None:
         module.launch(kl, index, None)
-    ops.cuda_ops.synchronize(index)  # the table and staging live only for this call
+    pool.planner.core.mark_written()
 
 
 def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any]:
-    """HiCache's host copy on CUDA: one upload of the indices, one launch of the slot kernel that
-    gathers every layer of every state tensor into one device buffer, one device-to-host copy of
-    that buffer; the host tensors are views of it."""
+    """HiCache's host copy on CUDA: one upload (the call's table and indices), one launch of the
+    slot kernel that gathers every layer of every state tensor into one device buffer, one
+    device-to-host copy of that buffer; the host tensors are views of it."""
     torch = ops.cuda_ops.torch()
     n = len(ids)
     index = int(pool.device.split(":")[1])
@@ -149,13 +157,11 @@ def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any
     for _, _, b in stacked:
         offsets.append(at)
         at += (b + 15) // 16 * 16
-    vec, voff = _bundle([np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), ids.astype(np.int64)])
-    dev_vec = ops.cuda_ops.upload(vec, index)
     dev_buf = ops.cuda_ops.empty_i32(max(at, 16) // 4, index).view(torch.uint8)  # the gather's destination
     views = [_view(dev_buf, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
     live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
     if n > 0 and live:
-        vectors = {k: _view(dev_vec, o, 8 * n, torch.int64, (n,)) for k, o in zip(("slots", "steps", "rows"), voff)}
+        vectors = {"slots": np.arange(n, dtype=np.int64), "steps": np.zeros(n, dtype=np.int64), "rows": ids}
         _run_table(
             pool,
             [views[k] for k in live],
@@ -171,23 +177,20 @@ def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any
 
 
 def load_cpu_copy(pool: SglangMambaPool, host: list[Any], ids: np.ndarray) -> None:
-    """HiCache's load on CUDA: the host tensors laid end to end and uploaded in one copy (with the
-    indices), then one launch of the slot kernel scatters every layer of every state tensor into
-    its slots."""
+    """HiCache's load on CUDA: the host tensors laid end to end in one upload, then one upload of
+    the call's table and indices and one launch of the slot kernel that scatters every layer of
+    every state tensor into its slots."""
     torch = ops.cuda_ops.torch()
     n = len(ids)
     index = int(pool.device.split(":")[1])
     stacked = _stacked(pool, n)
-    parts = [np.ascontiguousarray(h.contiguous().view(torch.uint8).numpy()) for h in host]
-    parts += [ids.astype(np.int64), np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)]
-    staged, offsets = _bundle(parts)
-    dev = ops.cuda_ops.upload(staged, index)
     live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
     if n == 0 or not live:
         return
+    staged, offsets = _bundle([np.ascontiguousarray(h.contiguous().view(torch.uint8).numpy()) for h in host])
+    dev = ops.cuda_ops.upload(staged, index)
     src = [_view(dev, offsets[k], stacked[k][2], stacked[k][0].dtype, stacked[k][1])[:, :, None] for k in live]
-    names = ("slots", "rows", "steps")
-    vectors = {k: _view(dev, o, 8 * n, torch.int64, (n,)) for k, o in zip(names, offsets[len(host) :], strict=True)}
+    vectors = {"slots": ids, "rows": np.arange(n, dtype=np.int64), "steps": np.zeros(n, dtype=np.int64)}
     _run_table(pool, [stacked[k][0] for k in live], src, vectors, num_slots=pool.num_slots, num_rows=n, draft=1)
 
 
