@@ -2,8 +2,9 @@
 emulation of the real kernel source): on CUDA-claiming pools, ``clear_slots`` and
 ``commit_after_verify`` are one launch each for every layer and state tensor, read their indices
 only on the device (the index tensors here cannot be read on the host), and leave every byte as the
-host path does -- which the oracle traces hold equal to SGLang's own code. Also: one launch per
-operation for every operation of the device path, and the kernel's refusals."""
+host path does -- which the oracle traces hold equal to SGLang's own code. Also: the HiCache
+copies as one launch each way, one launch per operation for every operation of the device path,
+and the kernel's refusals."""
 
 from __future__ import annotations
 
