@@ -28,14 +28,14 @@ def _random(shape, dtype, g):
     return (torch.randn(*shape, generator=g) * 3).to(dtype)
 
 
-def _tensors(seed, dtype, convs, dedup):
+def _tensors(seed, dtype, convs, dedup, temporal_shape=(2, 4, 4)):
     """Pool tensors and verify scratch shaped as SGLang's (``dedup``: the chain-draft conv windows
     as SGLang's overlapping ``as_strided`` view of a ``[layers, rows, draft + K-1 - 1, dim]``
     buffer)."""
     g = torch.Generator().manual_seed(seed)
     conv = [_random((LAYERS, SLOTS, dim, K1), dtype, g) for dim in convs]
-    temporal = _random((LAYERS, SLOTS, 2, 4, 4), torch.float32, g)
-    ssm = _random((LAYERS, ROWS, DRAFT, 2, 4, 4), torch.float32, g)
+    temporal = _random((LAYERS, SLOTS, *temporal_shape), torch.float32, g)
+    ssm = _random((LAYERS, ROWS, DRAFT, *temporal_shape), torch.float32, g)
     windows = []
     for dim in convs:
         if dedup:
@@ -47,9 +47,9 @@ def _tensors(seed, dtype, convs, dedup):
     return conv, temporal, ssm, windows
 
 
-def _pools(seed, dtype=torch.bfloat16, convs=(8,), dedup=False):
+def _pools(seed, dtype=torch.bfloat16, convs=(8,), dedup=False, temporal_shape=(2, 4, 4)):
     """A host pool and a CUDA-claiming pool over clones of the same tensors."""
-    conv, temporal, ssm, windows = _tensors(seed, dtype, convs, dedup)
+    conv, temporal, ssm, windows = _tensors(seed, dtype, convs, dedup, temporal_shape)
     host = SglangMambaPool(conv, temporal, intermediate_ssm=ssm, intermediate_conv_window=windows)
     dconv = [c.clone() for c in conv]
     dtemporal = temporal.clone()
@@ -206,3 +206,21 @@ def test_hicache_round_trip_is_one_launch_each_way_equal_to_the_host_path(fake_o
     dev.load_cpu_copy(got, back)
     assert len(emulator.calls) == before + 1 and dev.last_error().ok
     _equal(host, states, "after the round trip")
+
+
+@needs_cxx
+def test_states_larger_than_a_chunk_are_cut_over_several_ctas(fake_ops, emulator):
+    """A 72 KiB temporal state per slot takes three CTAs (32 KiB each) of the emulated grid; a
+    strided bf16 window of 6000 x 3 elements (36 KiB) takes two."""
+    host, dev, states = _pools(11, torch.bfloat16, (6000,), dedup=True, temporal_shape=(3, 48, 128))
+    host.commit_after_verify(torch.tensor([2, 6]), torch.tensor([3, 1]), torch.tensor([7, 8]), torch.tensor([0, 2]))
+    dev.commit_after_verify(_dev([2, 6]), _dev([3, 1]), _dev([7, 8]), _dev([0, 2]))
+    assert emulator.calls[-1]["launch"].grid[0] == 3 and dev.last_error().ok
+    _equal(host, states, "commit")
+    host.clear_slots(torch.tensor([6, 8]))
+    dev.clear_slots(_dev([6, 8]))
+    _equal(host, states, "clear")
+    got = dev.get_cpu_copy(torch.tensor([2, 7]))
+    want = host.get_cpu_copy(torch.tensor([2, 7]))
+    for a, b in zip([*want[0], want[1]], [*got[0], got[1]], strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
