@@ -70,7 +70,8 @@ class SlotKernel:
         pool.planner.core.check()
         self.err.zero_()
         if kl is not None:
-            module.launch(kl, self.index, None)
+            with ops.cuda_ops.context(self.index, None):
+                module.launch(kl, self.index, None)
         pool.planner.core.mark_written()
         return int(slots.shape[0]) if len(slots.shape) == 1 else 0
 
@@ -141,7 +142,8 @@ def _run_table(
     pool._err.zero_()
     pool._err_requests = n
     if kl is not None:
-        module.launch(kl, index, None)
+        with ops.cuda_ops.context(index, None):
+            module.launch(kl, index, None)
     pool.planner.core.mark_written()
 
 
