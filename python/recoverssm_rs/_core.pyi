@@ -51,6 +51,8 @@ __all__ = [
     "sglang_commit_selection",
     "saved_states_checksums",
     "saved_states_header",
+    "sglang_slot_launch",
+    "sglang_slot_table",
     "short_conv_layout",
     "state_chunks",
     "vllm_device_post_process",
@@ -428,6 +430,13 @@ def plan_transfer(
 def sglang_commit_selection(**kwargs: Any) -> list[list[int]]:
     """Per pass (commit, then track), the requests that write (``PlanError`` naming the request
     whose step, slot or scratch row is out of range, or a slot written twice)."""
+
+def sglang_slot_table(**kwargs: Any) -> tuple[bytes, int, int]:
+    """The slot kernel's records of a pool (``SlotCopy``) as bytes, their count and the largest
+    slot's bytes."""
+
+def sglang_slot_launch(**kwargs: Any) -> KernelLaunch | None:
+    """The launch of the slot kernel (clear without ``steps``, the commit with them), or ``None``."""
 
 def sglang_check_host_copy(**kwargs: Any) -> None:
     """``PlanError`` unless a host copy has the pool tensor's dtype and shape."""

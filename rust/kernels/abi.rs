@@ -101,11 +101,30 @@ pub const RECOVER_COMMIT: KernelSpec = KernelSpec {
     ],
 };
 
+pub const SLOT_SCATTER: KernelSpec = KernelSpec {
+    name: "rs_slot_scatter",
+    file: "slot_scatter.cu",
+    params: &[
+        ("metas", "const SlotCopy*"),
+        ("num_meta", "uint32_t"),
+        ("slots", "const int64_t*"),
+        ("steps", "const int64_t*"),
+        ("rows", "const int64_t*"),
+        ("track_slots", "const int64_t*"),
+        ("track_steps", "const int64_t*"),
+        ("num_requests", "int32_t"),
+        ("num_slots", "int64_t"),
+        ("num_rows", "int64_t"),
+        ("draft", "int64_t"),
+        ("err", "int32_t*"),
+    ],
+};
+
 /// Every kernel entry point, in module order.
-pub const KERNELS: [&KernelSpec; 3] = [&COPY_TILES, &STATE_COPY, &RECOVER_COMMIT];
+pub const KERNELS: [&KernelSpec; 4] = [&COPY_TILES, &STATE_COPY, &RECOVER_COMMIT, &SLOT_SCATTER];
 
 /// The kernel source files, in module order (one module holds them all).
-pub const KERNEL_FILES: [&str; 3] = ["copy_tiles.cu", "state_copy.cu", "recover_commit.cu"];
+pub const KERNEL_FILES: [&str; 4] = ["copy_tiles.cu", "state_copy.cu", "recover_commit.cu", "slot_scatter.cu"];
 
 /// The kernel named `name`.
 pub fn kernel(name: &str) -> Result<&'static KernelSpec> {

@@ -7,6 +7,7 @@
 
 use crate::commit::{CommitMeta, CommitRow};
 use crate::plan::segment::{MoveRow, Segment, StateMeta, Tile};
+use crate::sglang::kernel::SlotCopy;
 use crate::transfer::{Read, StagedCopy};
 
 /// A field's scalar type.
@@ -196,6 +197,21 @@ pub fn record_specs() -> Vec<RecordSpec> {
             conv_hist: u16 = "conv_kernel_size - 1",
             conv_elem: u16 = "bytes per conv element (1, 2, 4 or 8)",
         ]),
+        record!(SlotCopy, "SlotCopy", "rust/sglang/kernel.rs",
+            "One (layer, state tensor) of the slot kernel: a dense pool slot and, for the commit, the verify scratch entry of (row, step).", [
+            dst: u64 = "address of slot 0 of this layer in the pool tensor",
+            dst_slot_stride: u64 = "bytes between slots",
+            src: u64 = "address of scratch row 0, step 0 of this layer (0: no scratch)",
+            src_row_stride: u64,
+            src_step_stride: u64,
+            bytes: u64 = "bytes of one slot (dense)",
+            rows: u64 = "rows of a scratch entry",
+            cols: u64 = "elements per row of a scratch entry",
+            src_pitch: u64 = "bytes between rows of a scratch entry",
+            src_col_stride: u64 = "bytes between elements of a row of a scratch entry",
+            elem_bytes: u32 = "element size",
+            tensor: u32 = "informational",
+        ]),
         record!(Read, "Read", "rust/transfer/plan.rs",
             "One read of a transfer plan: len bytes of the source rank's tensor to a destination tensor or the staging buffer.", [
             request: u64,
@@ -257,6 +273,7 @@ mod tests {
                 ("StateMeta", 64),
                 ("CommitRow", 32),
                 ("CommitMeta", 128),
+                ("SlotCopy", 88),
                 ("Read", 56),
                 ("StagedCopy", 88)
             ]

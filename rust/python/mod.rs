@@ -33,14 +33,15 @@ mod _core {
     use super::launch::{check_device_tables, copy_tiles_launch, kernel_abi, pack_launch, state_chunks, ErrorWord, KernelLaunch, PyFusedCopy};
     #[pymodule_export]
     use super::layout::{
-        _validate_copy_funcs, copy_func_kind, gdn_layout, kda_layout, linear_attention_layout, mamba1_layout, mamba2_layout, short_conv_layout, Layout, StateSpec,
+        _validate_copy_funcs, copy_func_kind, gdn_layout, kda_layout, linear_attention_layout, mamba1_layout, mamba2_layout, short_conv_layout,
+        Layout, StateSpec,
     };
     #[pymodule_export]
     use super::plan::CopyPlan;
     #[pymodule_export]
     use super::planner::Planner;
     #[pymodule_export]
-    use super::sglang::{sglang_check_host_copy, sglang_commit_selection};
+    use super::sglang::{sglang_check_host_copy, sglang_commit_selection, sglang_slot_launch, sglang_slot_table};
     #[pymodule_export]
     use super::transfer::{
         check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, LayoutFingerprint, PeerInfo, TransferPlan,

@@ -1,11 +1,14 @@
 //! SGLang's mamba pool (`crate::sglang`): the speculative commit's checked selection and the
 //! host-copy check, for `recoverssm_rs.sglang`.
 
-use super::conversion::{kwargs, DtypeName, FromKwargs, Ints};
-use crate::error::Error;
+use super::conversion::{kwargs, Arg, DeviceOf, DtypeName, FromKwargs, Ints, Tensor};
+use super::launch::KernelLaunch;
+use crate::error::{Error, ErrorKind};
+use crate::sglang::kernel::{self, SlotCall, SlotCopy};
 use crate::sglang::{self, CommitPass, CommitSizes};
+use crate::tensor::TensorDesc;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 kwargs! {
     /// The keyword arguments of `sglang_commit_selection`.
@@ -55,4 +58,83 @@ kwargs! {
 pub(crate) fn sglang_check_host_copy(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
     let a = HostCopyArgs::from_kwargs(kwargs)?;
     Ok(sglang::check_host_copy(&a.state, &a.pool_dtype.0, &a.pool_shape.0, &a.host_dtype.0, &a.host_shape.0, a.num_slots as usize)?)
+}
+
+/// A list whose entries are tensors or `None`.
+pub(crate) struct OptTensors(Vec<Option<TensorDesc>>);
+
+impl Arg for OptTensors {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        let items = obj.try_iter()?;
+        let out: PyResult<Vec<Option<TensorDesc>>> =
+            items.enumerate().map(|(i, t)| Ok(Option::<Tensor>::arg(&t?, &format!("{name}[{i}]"), kind)?.map(|t| t.0))).collect();
+        Ok(OptTensors(out?))
+    }
+}
+
+kwargs! {
+    /// The keyword arguments of `sglang_slot_table`.
+    pub(crate) struct SlotTableArgs(Plan) {
+        states: Vec<Tensor>,
+        scratch: OptTensors,
+    }
+}
+
+/// The slot kernel's records of a pool (`SlotCopy`, one per layer of each state tensor, tensor
+/// order then layer order) as bytes, with their count and the largest slot's bytes. `scratch[i]`
+/// is `states[i]`'s verify scratch or `None`.
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+pub(crate) fn sglang_slot_table<'py>(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<(Bound<'py, PyBytes>, u32, u64)> {
+    let a = SlotTableArgs::from_kwargs(kwargs)?;
+    let states: Vec<TensorDesc> = a.states.into_iter().map(|t| t.0).collect();
+    let recs = kernel::slot_table(&states, &a.scratch.0)?;
+    let max_bytes = recs.iter().map(|r| r.bytes).max().unwrap_or(0);
+    let n = u32::try_from(recs.len()).map_err(|_| Error::plan("too many slot records"))?;
+    let mut bytes = Vec::with_capacity(recs.len() * std::mem::size_of::<SlotCopy>());
+    for r in &recs {
+        for v in [r.dst, r.dst_slot_stride, r.src, r.src_row_stride, r.src_step_stride, r.bytes, r.rows, r.cols, r.src_pitch, r.src_col_stride] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        bytes.extend_from_slice(&r.elem_bytes.to_le_bytes());
+        bytes.extend_from_slice(&r.tensor.to_le_bytes());
+    }
+    Ok((PyBytes::new(py, &bytes), n, max_bytes))
+}
+
+kwargs! {
+    /// The keyword arguments of `sglang_slot_launch`.
+    pub(crate) struct SlotLaunchArgs(Plan) {
+        device: DeviceOf,
+        metas: u64,
+        num_meta: u32,
+        max_bytes: u64,
+        num_slots: i64,
+        num_rows: i64 = 0,
+        draft: i64 = 0,
+        slots: Tensor,
+        steps: Option<Tensor>,
+        rows: Option<Tensor>,
+        track_slots: Option<Tensor>,
+        track_steps: Option<Tensor>,
+        err: Tensor,
+    }
+}
+
+/// The launch of the slot kernel (clear without `steps`, the commit with them), or `None` when
+/// there is nothing to launch; every argument checked by the core (int64 vectors of one length on
+/// the pool's device, an int32 error word of 3).
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+pub(crate) fn sglang_slot_launch(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
+    let a = SlotLaunchArgs::from_kwargs(kwargs)?;
+    let call = SlotCall {
+        slots: &a.slots.0,
+        steps: a.steps.as_ref().map(|t| &t.0),
+        rows: a.rows.as_ref().map(|t| &t.0),
+        track_slots: a.track_slots.as_ref().map(|t| &t.0),
+        track_steps: a.track_steps.as_ref().map(|t| &t.0),
+        err: &a.err.0,
+    };
+    Ok(kernel::slot_launch(&a.device.0, a.metas, a.num_meta, a.max_bytes, a.num_slots, a.num_rows, a.draft, &call)?.map(KernelLaunch::new))
 }

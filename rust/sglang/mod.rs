@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 
+pub mod kernel;
 #[cfg(test)]
 mod tests;
 

@@ -46,3 +46,64 @@ fn host_copies_keep_the_pool_dtype_and_shape() {
     assert!(e.message.contains("the host copy is bfloat16 [2, 3, 4], the pool needs float32 [2, 3, 4]"), "{}", e.message);
     assert!(check_host_copy("conv[0]", "bfloat16", &[2, 9, 4], "bfloat16", &[2, 2, 4], 3).is_err());
 }
+
+mod slot_kernel {
+    use crate::sglang::kernel::{slot_launch, slot_table, SlotCall};
+    use crate::tensor::{Device, TensorDesc};
+
+    fn t(ptr: u64, dtype: &str, shape: &[i64], strides: &[i64]) -> TensorDesc {
+        TensorDesc::new(ptr, dtype, shape.to_vec(), strides.to_vec(), "cuda:0")
+    }
+
+    /// A bf16 conv pool [2 layers, 9 slots, 8 dim, 3 cols] and SGLang's deduplicated window view of
+    /// a [2, 5 rows, 4 + 2, 8] buffer: [2, 5, 4, 8, 3] with strides (.., .., dim, 1, dim) elements.
+    fn conv_and_dedup() -> (TensorDesc, TensorDesc) {
+        let conv = t(4096, "bfloat16", &[2, 9, 8, 3], &[9 * 48, 48, 6, 2]);
+        let (s2, s1) = (16, 6 * 16);
+        let win = t(1 << 20, "bfloat16", &[2, 5, 4, 8, 3], &[5 * s1, s1, s2, 2, s2]);
+        (conv, win)
+    }
+
+    #[test]
+    fn one_record_per_layer_with_the_scratch_entry_as_a_strided_matrix() {
+        let (conv, win) = conv_and_dedup();
+        let recs = slot_table(std::slice::from_ref(&conv), &[Some(win)]).unwrap();
+        assert_eq!(recs.len(), 2);
+        let r = recs[1];
+        assert_eq!((r.dst, r.dst_slot_stride, r.bytes, r.elem_bytes), (4096 + 9 * 48, 48, 48, 2));
+        assert_eq!((r.src, r.src_row_stride, r.src_step_stride), ((1 << 20) + 5 * 96, 96, 16));
+        assert_eq!((r.rows, r.cols, r.src_pitch, r.src_col_stride), (8, 3, 2, 16));
+        let clear = slot_table(&[conv], &[None]).unwrap();
+        assert_eq!((clear[0].src, clear[0].rows, clear[0].cols), (0, 1, 24));
+    }
+
+    #[test]
+    fn scratch_of_another_dtype_or_shape_and_strided_slots_are_refused() {
+        let (conv, win) = conv_and_dedup();
+        let mut f32win = win.clone();
+        f32win.dtype = "float32".into();
+        let e = slot_table(std::slice::from_ref(&conv), &[Some(f32win)]).unwrap_err();
+        assert!(e.message.contains("verify scratch of state tensor 0"), "{}", e.message);
+        let strided = t(4096, "bfloat16", &[2, 9, 8, 3], &[9 * 96, 96, 12, 2]);
+        let e = slot_table(&[strided], &[None]).unwrap_err();
+        assert!(e.message.contains("must be dense"), "{}", e.message);
+        let host = TensorDesc::new(4096, "bfloat16", vec![2, 9, 8, 3], vec![432, 48, 6, 2], "cpu");
+        assert!(slot_table(&[host], &[None]).is_err());
+    }
+
+    #[test]
+    fn launches_check_their_vectors() {
+        let dev = Device::Cuda(0);
+        let slots = TensorDesc::dense(64, "int64", &[3], "cuda:0");
+        let steps = TensorDesc::dense(128, "int64", &[2], "cuda:0");
+        let err = TensorDesc::dense(256, "int32", &[3], "cuda:0");
+        let call = SlotCall { slots: &slots, steps: Some(&steps), rows: None, track_slots: None, track_steps: None, err: &err };
+        let e = slot_launch(&dev, 8, 4, 96, 9, 5, 4, &call).unwrap_err();
+        assert!(e.message.contains("steps has 2 elements, slots has 3"), "{}", e.message);
+        let clear = SlotCall { steps: None, ..call };
+        let l = slot_launch(&dev, 8, 4, 96, 9, 0, 0, &clear).unwrap().unwrap();
+        assert_eq!((l.grid, l.kernel.name), ([1, 3, 4], "rs_slot_scatter"));
+        let i32slots = TensorDesc::dense(64, "int32", &[3], "cuda:0");
+        assert!(slot_launch(&dev, 8, 4, 96, 9, 0, 0, &SlotCall { slots: &i32slots, ..clear }).is_err());
+    }
+}

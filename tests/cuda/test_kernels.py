@@ -108,6 +108,7 @@ def test_no_spills_no_local_memory_no_barriers(nvrtc_reports):
         ("copy_tiles.cu", "rs_copy_tiles"),
         ("state_copy.cu", "rs_state_copy"),
         ("recover_commit.cu", "rs_recover_commit"),
+        ("slot_scatter.cu", "rs_slot_scatter"),
     }
     for arch in nvrtc.ARCHS:
         got = {(k.file, k.kernel) for k in resources if k.arch == arch and k.file != "<module>"}

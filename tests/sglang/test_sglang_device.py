@@ -18,16 +18,6 @@ from support.device_fakes import FakeCuda  # noqa: E402
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation needs a C++ compiler")
 
 
-@pytest.fixture
-def strided_fakes(monkeypatch):
-    """FakeCuda tensors that can be viewed with other strides (as the adapter views its slot ids)."""
-
-    def as_strided(self, size, stride):
-        return FakeCuda(self.t.as_strided(size, stride), self.device.index)
-
-    monkeypatch.setattr(FakeCuda, "as_strided", as_strided, raising=False)
-
-
 def _pool(rng, layers, slots, convs, dtype):
     g = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
     conv = [(torch.randn(layers, slots, *shape, generator=g) * 3).to(dtype) for shape in convs]
@@ -74,7 +64,7 @@ def test_device_copy_skips_the_dummy_slot_and_flags_it(fake_ops, emulator, strid
         assert torch.equal(got, exp), "the dummy slot 0 is never written"
 
 
-def test_install_on_a_cuda_pool_routes_the_copies_but_keeps_sglangs_clear(fake_ops):
+def test_install_on_a_cuda_pool_routes_every_operation(fake_ops):
     import types
 
     from recoverssm_rs.sglang import install
@@ -85,7 +75,7 @@ def test_install_on_a_cuda_pool_routes_the_copies_but_keeps_sglangs_clear(fake_o
     ops = install(pool)
     assert ops.device == "cuda:0"
     assert pool.copy_from == ops.copy_from and pool.load_cpu_copy == ops.load_cpu_copy
-    assert "clear_slots" not in vars(pool), "SGLang's clear stays: it needs no host synchronisation"
+    assert pool.clear_slots == ops.clear_slots, "the clear is one launch without host synchronisation"
 
 
 @pytest.mark.parametrize(

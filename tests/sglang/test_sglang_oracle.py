@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import zlib
 
 import pytest
@@ -244,3 +245,75 @@ def test_overlapping_copies_equal_sglang_and_cycles_are_refused(oracle):
     with pytest.raises(PlanError, match="cycle"):
         mine.copy_from(torch.tensor([1, 2]), torch.tensor([2, 1]))
     _same(theirs, mine, "refused cycle")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation needs a C++ compiler")
+@pytest.mark.parametrize("name", ["mamba2-bf16-chain-dedup", "mamba2-fp32-tree-dense", "two-convs-bf16-chain-dedup"])
+def test_device_path_equals_sglang_through_the_kernel_emulation(oracle, fake_ops, emulator, strided_fakes, name):
+    """The same kind of trace on the device path: the adapter over SGLang's own pool tensors
+    claiming to live on ``cuda:0``, every operation one launch (a HiCache round trip one each way)
+    run by the host emulation of the kernel source, the indices of the other operations handed
+    over as device tensors (never read on the host)."""
+    from recoverssm_rs.sglang import SglangMambaPool
+    from support.device_fakes import FakeCuda
+
+    rng = random.Random(zlib.crc32(f"device-{name}".encode()))
+    theirs, mine = _pool(oracle, name), _pool(oracle, name)
+    _randomize(rng, _buffers(theirs), _buffers(mine))
+    c = mine.mamba_cache
+    ops = SglangMambaPool(
+        [FakeCuda(t) for t in c.conv],
+        FakeCuda(c.temporal),
+        intermediate_ssm=FakeCuda(c.intermediate_ssm),
+        intermediate_conv_window=[FakeCuda(w) for w in c.intermediate_conv_window],
+    )
+    draft = POOLS[name][5]
+    alloc = oracle.alloc.MambaSlotAllocator(size=SIZE, device="cpu")
+    live: list[int] = []
+    for step in range(20):
+        kind = ["alloc", "cow", "fork", "commit", "hicache"][step % 5] if len(live) >= 3 else "alloc"
+        while alloc.available_size() < 3:
+            alloc.free(torch.tensor([live.pop(0)]))
+        before = len(emulator.calls)
+        if kind == "alloc":
+            got = alloc.alloc(rng.randint(1, 3))
+            theirs.clear_slots(got)
+            ops.clear_slots(FakeCuda(got))
+            live += got.tolist()
+        elif kind in ("cow", "fork"):
+            n = 1 if kind == "fork" else rng.randint(1, min(3, len(live)))
+            dst = alloc.alloc(n)
+            src = torch.tensor(rng.sample(live, n))
+            theirs.copy_from(src, dst)
+            ops.copy_from(FakeCuda(src), FakeCuda(dst))
+            live += dst.tolist()
+        elif kind == "hicache":  # one gather launch out, one scatter launch back
+            slots = torch.tensor(rng.sample(live, rng.randint(1, len(live))))
+            a, b = theirs.get_cpu_copy(slots), ops.get_cpu_copy(slots)
+            for x, y in zip([*a[0], a[1]], [*b[0], b[1]], strict=True):
+                assert torch.equal(_bytes(x), _bytes(y)), f"step {step}: host copy"
+            back = torch.tensor(rng.sample(live, len(slots)))
+            theirs.load_cpu_copy(a, back)
+            ops.load_cpu_copy(b, back)
+            before += 1
+        else:
+            n = rng.randint(1, min(SPEC_ROWS, len(live)))
+            _randomize(
+                rng,
+                [theirs.mamba_cache.intermediate_ssm, *theirs._intermediate_conv_window_phys],
+                [mine.mamba_cache.intermediate_ssm, *mine._intermediate_conv_window_phys],
+            )
+            state_idx = torch.tensor(rng.sample(live, n), dtype=torch.int32)
+            steps = torch.tensor([rng.choice([-1, *range(draft)]) for _ in range(n)], dtype=torch.int32)
+            spare = [s for s in live if s not in state_idx.tolist()]
+            track = track_steps = None
+            if len(spare) >= n and step % 8 == 3:
+                track = torch.tensor(rng.sample(spare, n))
+                track_steps = torch.tensor([rng.choice([-1, *range(draft)]) for _ in range(n)])
+            src_rows = torch.tensor(rng.sample(range(SPEC_ROWS + 1), n))
+            _sglang_commit(oracle, theirs, state_idx, steps, track, track_steps, src_rows)
+            fake = [None if x is None else FakeCuda(x) for x in (track, track_steps)]
+            ops.commit_after_verify(FakeCuda(state_idx), FakeCuda(steps), *fake, FakeCuda(src_rows))
+            assert ops.last_error().ok
+        assert len(emulator.calls) == before + 1, f"step {step} ({kind}): one launch"
+        _same(theirs, mine, f"step {step} ({kind})")

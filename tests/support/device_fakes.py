@@ -143,8 +143,8 @@ class Recorder:
                 stream=stream,
                 chunks=kl.grid[0],
                 table=table,
-                has_temporal=bool(v["flags"] & cuda.FLAG_HAS_TEMPORAL),
-                decide=bool(v["flags"] & cuda.FLAG_DECIDE),
+                has_temporal=bool(v.get("flags", 0) & cuda.FLAG_HAS_TEMPORAL),
+                decide=bool(v.get("flags", 0) & cuda.FLAG_DECIDE),
                 err_at_launch=word_at(v["err"]),
             )
         )

@@ -317,6 +317,50 @@ static_assert(__builtin_offsetof(CommitMeta, conv_hist) == 124, "CommitMeta.conv
 static_assert(__builtin_offsetof(CommitMeta, conv_elem) == 126, "CommitMeta.conv_elem at 126");
 #endif
 
+// One (layer, state tensor) of the slot kernel: a dense pool slot and, for the commit, the verify
+// scratch entry of (row, step). Defined in rust/sglang/kernel.rs.
+struct SlotCopy {
+  uint64_t dst;              // address of slot 0 of this layer in the pool tensor
+  uint64_t dst_slot_stride;  // bytes between slots
+  uint64_t src;              // address of scratch row 0, step 0 of this layer (0: no scratch)
+  uint64_t src_row_stride;
+  uint64_t src_step_stride;
+  uint64_t bytes;            // bytes of one slot (dense)
+  uint64_t rows;             // rows of a scratch entry
+  uint64_t cols;             // elements per row of a scratch entry
+  uint64_t src_pitch;        // bytes between rows of a scratch entry
+  uint64_t src_col_stride;   // bytes between elements of a row of a scratch entry
+  uint32_t elem_bytes;       // element size
+  uint32_t tensor;           // informational
+};
+static_assert(sizeof(SlotCopy) == 88, "SlotCopy is 88 bytes");
+#define RS_OFFSET_SlotCopy_dst 0
+#define RS_OFFSET_SlotCopy_dst_slot_stride 8
+#define RS_OFFSET_SlotCopy_src 16
+#define RS_OFFSET_SlotCopy_src_row_stride 24
+#define RS_OFFSET_SlotCopy_src_step_stride 32
+#define RS_OFFSET_SlotCopy_bytes 40
+#define RS_OFFSET_SlotCopy_rows 48
+#define RS_OFFSET_SlotCopy_cols 56
+#define RS_OFFSET_SlotCopy_src_pitch 64
+#define RS_OFFSET_SlotCopy_src_col_stride 72
+#define RS_OFFSET_SlotCopy_elem_bytes 80
+#define RS_OFFSET_SlotCopy_tensor 84
+#if defined(RS_HOST_EMULATION)
+static_assert(__builtin_offsetof(SlotCopy, dst) == 0, "SlotCopy.dst at 0");
+static_assert(__builtin_offsetof(SlotCopy, dst_slot_stride) == 8, "SlotCopy.dst_slot_stride at 8");
+static_assert(__builtin_offsetof(SlotCopy, src) == 16, "SlotCopy.src at 16");
+static_assert(__builtin_offsetof(SlotCopy, src_row_stride) == 24, "SlotCopy.src_row_stride at 24");
+static_assert(__builtin_offsetof(SlotCopy, src_step_stride) == 32, "SlotCopy.src_step_stride at 32");
+static_assert(__builtin_offsetof(SlotCopy, bytes) == 40, "SlotCopy.bytes at 40");
+static_assert(__builtin_offsetof(SlotCopy, rows) == 48, "SlotCopy.rows at 48");
+static_assert(__builtin_offsetof(SlotCopy, cols) == 56, "SlotCopy.cols at 56");
+static_assert(__builtin_offsetof(SlotCopy, src_pitch) == 64, "SlotCopy.src_pitch at 64");
+static_assert(__builtin_offsetof(SlotCopy, src_col_stride) == 72, "SlotCopy.src_col_stride at 72");
+static_assert(__builtin_offsetof(SlotCopy, elem_bytes) == 80, "SlotCopy.elem_bytes at 80");
+static_assert(__builtin_offsetof(SlotCopy, tensor) == 84, "SlotCopy.tensor at 84");
+#endif
+
 // One read of a transfer plan: len bytes of the source rank's tensor to a destination tensor or the
 // staging buffer. Defined in rust/transfer/plan.rs.
 struct Read {
@@ -429,4 +473,19 @@ extern "C" __global__ void rs_recover_commit(
     int64_t num_blocks,
     uint32_t max_requests,
     uint32_t rec_ctas,
+    int32_t* err);
+
+// Defined in slot_scatter.cu.
+extern "C" __global__ void rs_slot_scatter(
+    const SlotCopy* metas,
+    uint32_t num_meta,
+    const int64_t* slots,
+    const int64_t* steps,
+    const int64_t* rows,
+    const int64_t* track_slots,
+    const int64_t* track_steps,
+    int32_t num_requests,
+    int64_t num_slots,
+    int64_t num_rows,
+    int64_t draft,
     int32_t* err);

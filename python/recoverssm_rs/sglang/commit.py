@@ -1,10 +1,12 @@
 """The speculative commit after verify over an SGLang pool (see
 :meth:`SglangMambaPool.commit_after_verify`): the core checks every index and selects the requests
-that write; then, on the host, one strided copy per (state tensor, pass, request) (no temporary),
-on a device one gather-scatter per state tensor and pass (two kernels each, not per request)."""
+that write; then, on the host, one strided copy per (state tensor, pass, request) (no temporary).
+On CUDA one launch of the slot kernel commits every tensor and both passes, checking the indices on
+the device (:mod:`recoverssm_rs.sglang.device`)."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
@@ -24,19 +26,29 @@ def commit_after_verify(
     src_indices: Any,
 ) -> None:
     import numpy as np
-    import torch
 
     scratch = []
-    if pool.temporal is not None and pool.temporal.numel() > 0:
+    if pool.temporal is not None and math.prod(pool.temporal.shape) > 0:
         if pool.intermediate_ssm is None:
             raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
         scratch.append((pool.temporal, pool.intermediate_ssm))
     windows = pool.intermediate_conv_window
-    live = [i for i, c in enumerate(pool.conv) if c.numel() > 0]
+    live = [i for i, c in enumerate(pool.conv) if math.prod(c.shape) > 0]
     if live and (windows is None or len(windows) != len(pool.conv)):
         raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
     scratch += [(pool.conv[i], windows[i]) for i in live]  # type: ignore[index]
     if not scratch:
+        return
+    if pool.device != "cpu":
+        # One launch of the slot kernel: every tensor, both passes; the indices stay on the device.
+        pool._slot_launch(
+            True,
+            state_indices,
+            steps=last_correct_step_indices,
+            rows=src_indices,
+            track_slots=track_indices,
+            track_steps=steps_to_track,
+        )
         return
     steps = _host_ids(last_correct_step_indices)
     slots = _host_ids(state_indices)
@@ -55,18 +67,8 @@ def commit_after_verify(
     )
     passes = [(slots, steps)] + ([] if track is None else [(track, track_steps)])
     chosen = [(np.asarray(take, dtype=np.int64), dst, st) for take, (dst, st) in zip(selected, passes, strict=True)]
-    device = scratch[0][0].device
-    if device.type == "cpu":
-        # One strided copy per (tensor, pass, request): no gathered temporary.
-        for state, inter in scratch:
-            for take, dst, st in chosen:
-                for r in take.tolist():
-                    state[:, int(dst[r])].copy_(inter[:, int(rows[r]), int(st[r])])
-        return
+    # One strided copy per (tensor, pass, request): no gathered temporary.
     for state, inter in scratch:
         for take, dst, st in chosen:
-            if len(take) == 0:
-                continue
-            r = torch.as_tensor(rows[take], device=device)
-            s = torch.as_tensor(st[take], device=device)
-            state.index_copy_(1, torch.as_tensor(dst[take], device=device), inter[:, r, s])
+            for r in take.tolist():
+                state[:, int(dst[r])].copy_(inter[:, int(rows[r]), int(st[r])])

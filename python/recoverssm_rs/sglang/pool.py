@@ -42,7 +42,8 @@ class SglangMambaPool:
     """Drop-in operations with the signatures and effects of SGLang's ``MambaPool`` methods, run
     through the package's planner: ``copy_from`` (copy-on-write on a prefix hit; a fork is an
     allocation plus ``copy_from``), ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy``
-    (HiCache) and :meth:`commit_after_verify` (the speculative commit after verify).
+    (HiCache) and :meth:`commit_after_verify` (the speculative commit after verify). On CUDA,
+    ``copy_from``, ``clear_slots`` and the commit are one kernel launch each.
 
     Args:
         conv: SGLang's ``mamba_cache.conv``: one or more ``[layers, slots + 1, *conv_shape]``
@@ -89,6 +90,9 @@ class SglangMambaPool:
         self.planner = Planner.from_groups(groups)
         self._slots_dev: Any = None
         self._ones_dev: Any = None
+        self._slot_kernels: dict[bool, Any] = {}
+        self._err: Any = None
+        self._err_requests = 0
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -126,8 +130,8 @@ class SglangMambaPool:
         return self.planner.num_blocks
 
     def _tensors(self) -> list[Any]:
-        out = [c for c in self.conv if c.numel() > 0]
-        if self.temporal is not None and self.temporal.numel() > 0:
+        out = [c for c in self.conv if math.prod(c.shape) > 0]
+        if self.temporal is not None and math.prod(self.temporal.shape) > 0:
             out.append(self.temporal)
         return out
 
@@ -206,15 +210,52 @@ class SglangMambaPool:
     def clear_slots(self, indices: Any) -> None:
         """Zero every state of the given slots (SGLang's ``MambaPool.clear_slots``).
 
+        Host states: the core checks every slot first. CUDA states: one launch of the slot kernel
+        zeroes every layer and state tensor, reading ``indices`` in device memory (no host
+        synchronisation); the kernel skips a slot outside the pool or the dummy slot 0 and reports
+        it in :meth:`last_error`.
+
         Raises:
-            PlanError: a slot outside the pool or the dummy slot 0; nothing is written.
+            PlanError: host states: a slot outside the pool or the dummy slot 0; nothing is written.
+                CUDA states: indices that are not a vector on the pool's device.
         """
+        if self.device != "cpu":
+            self._slot_launch(False, indices)
+            return
         import torch
 
         ids = self._check_slots(indices)
         idx = torch.as_tensor(ids, device=self.device)
         for t in self._tensors():
             t.index_fill_(1, idx, 0)
+
+    def _slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
+        """One launch of the slot kernel (see :mod:`recoverssm_rs.sglang.device`)."""
+        from ..cuda import ops
+        from .device import SlotKernel
+
+        if self._err is None:
+            self._err = ops.cuda_ops.zeros_i32(3, int(self.device.split(":")[1]))
+        kernel = self._slot_kernels.get(commit)
+        if kernel is None:
+            kernel = self._slot_kernels[commit] = SlotKernel(self, commit=commit, err=self._err)
+        self._err_requests = kernel.launch(self, slots, **vectors)
+
+    def last_error(self) -> Any:
+        """The error word of the last :meth:`clear_slots` or :meth:`commit_after_verify` on CUDA
+        (an :class:`~recoverssm_rs.ErrorWord`: ``.ok`` when the kernel rejected no request; the
+        fused copies of :meth:`copy_from` report in ``planner.last_error()``). **Synchronises**
+        the device: for debugging and tests.
+
+        Raises:
+            PlanError: a host pool (host operations raise instead of skipping).
+        """
+        from ..errors import PlanError
+        from .device import last_error
+
+        if self.device == "cpu" or self._err is None:
+            raise PlanError("last_error: no slot kernel has run on this pool (host pools raise instead)")
+        return last_error(self._err, int(self.device.split(":")[1]), self._err_requests)
 
     def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
         """``(conv_cpu, temporal_cpu)``: the given slots' states on the host, layer-stacked as
@@ -227,6 +268,10 @@ class SglangMambaPool:
         import torch
 
         ids = self._check_slots(indices)
+        if self.device != "cpu":
+            from .device import get_cpu_copy
+
+            return get_cpu_copy(self, ids)
         idx = torch.as_tensor(ids, device=self.device)
         conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
         temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
@@ -254,6 +299,11 @@ class SglangMambaPool:
                 host_shape=tuple(src.shape),
                 num_slots=len(ids),
             )
+        if self.device != "cpu":
+            from .device import load_cpu_copy
+
+            load_cpu_copy(self, [src for _, src in pairs], ids)
+            return
         idx = torch.as_tensor(ids, device=self.device)
         for dst, src in pairs:
             dst.index_copy_(1, idx, src.to(dst.device, non_blocking=True))
@@ -291,10 +341,16 @@ class SglangMambaPool:
         Rows with a negative step or slot are skipped (padding), as in SGLang. Works for dense and
         deduplicated (overlapping ``as_strided``) conv-window scratch alike.
 
+        Host states: the core checks every index first. CUDA states: one launch of the slot kernel
+        for every layer, tensor and pass, the indices read on the device only (no host
+        synchronisation); the kernel skips a rejected request and reports it in
+        :meth:`last_error`.
+
         Raises:
-            PlanError: a pool without verify scratch, vectors of different lengths, a step past the
-                draft, a slot or row past the pool, or two requests writing one slot; nothing is
-                written.
+            PlanError: a pool without verify scratch; host states: vectors of different lengths, a
+                step past the draft, a slot or row past the pool, or two requests writing one slot
+                (nothing is written); CUDA states: vectors of different lengths or not on the
+                pool's device.
         """
         from .commit import commit_after_verify
 
@@ -309,8 +365,7 @@ class SglangMambaPool:
 
 
 def install(pool: Any) -> SglangMambaPool:
-    """Route a running SGLang ``MambaPool``'s ``copy_from``, ``clear_slots`` (host pools only: on
-    CUDA SGLang's clear needs no host synchronisation, the adapter's checks would), ``get_cpu_copy``
+    """Route a running SGLang ``MambaPool``'s ``copy_from``, ``clear_slots``, ``get_cpu_copy``
     and ``load_cpu_copy`` through a :class:`SglangMambaPool` over its tensors (instance attributes,
     so other pools are untouched; ``del pool.copy_from`` etc. restores SGLang's). Returns the
     adapter. Pools with slot siblings (per-layer-embedding side states) or ReplaySSM rings keep
@@ -320,10 +375,7 @@ def install(pool: Any) -> SglangMambaPool:
         log.warning("sglang: pool has slot siblings or ReplaySSM rings; left on SGLang's own methods")
         return ops
     pool.copy_from = ops.copy_from
-    if ops.device == "cpu":
-        # On CUDA, SGLang's own clear runs without reading the slot ids on the host; the adapter's
-        # would wait for them (its checks are host-side).
-        pool.clear_slots = ops.clear_slots
+    pool.clear_slots = ops.clear_slots
     pool.get_cpu_copy = ops.get_cpu_copy
     pool.load_cpu_copy = ops.load_cpu_copy
     log.info("sglang: %r installed", ops)

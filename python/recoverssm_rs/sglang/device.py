@@ -1,0 +1,201 @@
+"""The slot kernel over an SGLang pool on CUDA (``rs_slot_scatter``): one launch clears slots or
+commits the accepted verify states (commit and track passes together) for every layer and state
+tensor, reading the engine's index vectors in device memory -- no host synchronisation, no
+temporary beyond the indices narrowed to int64. The core builds and checks the records (one per
+layer of each state tensor, uploaded once) and each launch; the kernel checks each index and
+reports a rejected request in the pool's error word (:meth:`SglangMambaPool.last_error`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _core
+from .._core import ErrorWord
+from ..cuda import module, ops
+
+if TYPE_CHECKING:
+    from .pool import SglangMambaPool
+
+__all__ = ["SlotKernel"]
+
+log = logging.getLogger("recoverssm_rs")
+
+
+class SlotKernel:
+    """The device records of one pool for one use (``commit``: with the verify scratch) and the
+    pool's error word."""
+
+    def __init__(self, pool: SglangMambaPool, *, commit: bool, err: Any) -> None:
+        states = pool._tensors()
+        scratch: list[Any] = [None] * len(states)
+        if commit:
+            live = [i for i, c in enumerate(pool.conv) if math.prod(c.shape) > 0]
+            windows = pool.intermediate_conv_window or []
+            scratch = [windows[i] for i in live]
+            if len(scratch) < len(states):
+                scratch.append(pool.intermediate_ssm)
+        raw, self.num_meta, self.max_bytes = _core.sglang_slot_table(states=states, scratch=scratch)
+        self.index = int(pool.device.split(":")[1])
+        self.device = pool.device
+        self.meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.index)
+        self.err = err
+        first = next((s for s in scratch if s is not None), None)
+        self.num_rows = 0 if first is None else int(first.shape[1])
+        self.draft = 0 if first is None else int(first.shape[2])
+        log.debug("sglang: %d slot records on %s (commit=%s)", self.num_meta, self.device, commit)
+
+    def launch(self, pool: SglangMambaPool, slots: Any, **vectors: Any) -> int:
+        """One launch on the current stream: clear ``slots`` (no other vector) or commit (with
+        ``steps`` and the optional ``rows``, ``track_slots``, ``track_steps``). Returns the number of
+        requests (for the error word)."""
+        torch = ops.cuda_ops.torch()
+        args = {k: _int64(torch, pool, v) for k, v in vectors.items() if v is not None}
+        slots = _int64(torch, pool, slots)
+        kl = _core.sglang_slot_launch(
+            device=self.device,
+            metas=int(self.meta.data_ptr()),
+            num_meta=self.num_meta,
+            max_bytes=self.max_bytes,
+            num_slots=pool.num_slots,
+            num_rows=self.num_rows,
+            draft=self.draft,
+            slots=slots,
+            err=self.err,
+            **args,
+        )
+        pool.planner.core.check()
+        self.err.zero_()
+        if kl is not None:
+            with ops.cuda_ops.context(self.index, None):
+                module.launch(kl, self.index, None)
+        pool.planner.core.mark_written()
+        return int(slots.shape[0]) if len(slots.shape) == 1 else 0
+
+
+def _int64(torch: Any, pool: SglangMambaPool, x: Any) -> Any:
+    """``x`` as a contiguous int64 vector on the pool's device (converted there, never read back)."""
+    x = pool._on_device(x)
+    if x.dtype != torch.int64:
+        x = x.to(torch.int64)
+    if len(x.shape) == 1 and x.shape[0] > 1 and x.stride()[0] != 1:
+        x = x.contiguous()
+    return x
+
+
+def last_error(err: Any, index: int, requests: int) -> ErrorWord:
+    """The decoded error word (synchronises the device)."""
+    ops.cuda_ops.synchronize(index)
+    return ErrorWord([int(x) for x in err.cpu().tolist()], requests)
+
+
+def _bundle(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """Byte arrays laid end to end at 16-byte aligned offsets: the bytes and each part's offset."""
+    offsets, at = [], 0
+    for p in parts:
+        offsets.append(at)
+        at += (p.nbytes + 15) // 16 * 16
+    out = np.zeros(max(at, 16), dtype=np.uint8)
+    for p, o in zip(parts, offsets, strict=True):
+        out[o : o + p.nbytes] = p.reshape(-1).view(np.uint8)
+    return out, offsets
+
+
+def _stacked(pool: SglangMambaPool, n: int) -> list[tuple[Any, tuple[int, ...], int]]:
+    """Per state tensor of SGLang's order (every conv tensor, then the temporal state): the tensor,
+    its host copy's shape ``[layers, n, ...]`` and that copy's bytes."""
+    out = []
+    for t in [*pool.conv, pool.temporal]:
+        shape = (int(t.shape[0]), n, *(int(x) for x in t.shape[2:]))
+        out.append((t, shape, math.prod(shape) * t.element_size()))
+    return out
+
+
+def _run_table(
+    pool: SglangMambaPool, dst: list[Any], src: list[Any], vectors: dict[str, np.ndarray], **sizes: int
+) -> None:
+    """One launch of the slot kernel over a table built for this call (``dst[i] <- src[i]``): the
+    table and the index ``vectors`` go to the device in one upload."""
+    torch = ops.cuda_ops.torch()
+    raw, num_meta, max_bytes = _core.sglang_slot_table(states=dst, scratch=src)
+    index = int(pool.device.split(":")[1])
+    names = list(vectors)
+    staged, offsets = _bundle([np.frombuffer(raw, dtype=np.uint8), *(vectors[k] for k in names)])
+    dev = ops.cuda_ops.upload(staged, index)
+    n = len(vectors["slots"])
+    args = {k: _view(dev, o, 8 * n, torch.int64, (n,)) for k, o in zip(names, offsets[1:], strict=True)}
+    if pool._err is None:
+        pool._err = ops.cuda_ops.zeros_i32(3, index)
+    kl = _core.sglang_slot_launch(
+        device=pool.device,
+        metas=int(dev.data_ptr()),
+        num_meta=num_meta,
+        max_bytes=max_bytes,
+        err=pool._err,
+        **args,
+        **sizes,
+    )
+    pool.planner.core.check()
+    pool._err.zero_()
+    pool._err_requests = n
+    if kl is not None:
+        with ops.cuda_ops.context(index, None):
+            module.launch(kl, index, None)
+    pool.planner.core.mark_written()
+
+
+def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any]:
+    """HiCache's host copy on CUDA: one upload (the call's table and indices), one launch of the
+    slot kernel that gathers every layer of every state tensor into one device buffer, one
+    device-to-host copy of that buffer; the host tensors are views of it."""
+    torch = ops.cuda_ops.torch()
+    n = len(ids)
+    index = int(pool.device.split(":")[1])
+    stacked = _stacked(pool, n)
+    offsets, at = [], 0
+    for _, _, b in stacked:
+        offsets.append(at)
+        at += (b + 15) // 16 * 16
+    dev_buf = ops.cuda_ops.empty_i32(max(at, 16) // 4, index).view(torch.uint8)  # the gather's destination
+    views = [_view(dev_buf, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
+    live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
+    if n > 0 and live:
+        vectors = {"slots": np.arange(n, dtype=np.int64), "steps": np.zeros(n, dtype=np.int64), "rows": ids}
+        _run_table(
+            pool,
+            [views[k] for k in live],
+            [stacked[k][0][:, :, None] for k in live],
+            vectors,
+            num_slots=n,
+            num_rows=pool.num_slots,
+            draft=1,
+        )
+    host = dev_buf.cpu()
+    out = [_view(host, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
+    return out[:-1], out[-1]
+
+
+def load_cpu_copy(pool: SglangMambaPool, host: list[Any], ids: np.ndarray) -> None:
+    """HiCache's load on CUDA: the host tensors laid end to end in one upload, then one upload of
+    the call's table and indices and one launch of the slot kernel that scatters every layer of
+    every state tensor into its slots."""
+    torch = ops.cuda_ops.torch()
+    n = len(ids)
+    index = int(pool.device.split(":")[1])
+    stacked = _stacked(pool, n)
+    live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
+    if n == 0 or not live:
+        return
+    staged, offsets = _bundle([np.ascontiguousarray(h.contiguous().view(torch.uint8).numpy()) for h in host])
+    dev = ops.cuda_ops.upload(staged, index)
+    src = [_view(dev, offsets[k], stacked[k][2], stacked[k][0].dtype, stacked[k][1])[:, :, None] for k in live]
+    vectors = {"slots": ids, "rows": np.arange(n, dtype=np.int64), "steps": np.zeros(n, dtype=np.int64)}
+    _run_table(pool, [stacked[k][0] for k in live], src, vectors, num_slots=pool.num_slots, num_rows=n, draft=1)
+
+
+def _view(buf: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """``nbytes`` of a byte buffer from ``offset`` as a ``dtype`` tensor of ``shape``."""
+    return buf[offset : offset + nbytes].view(dtype).view(*shape)
