@@ -14,6 +14,7 @@ from .._core import HostCacheIndex
 from .disk import load_states, save_states
 from .offload import HostOffload, HostStates
 from .pool import StatePool
+from .streams import TransferHandle
 
 __all__ = ["HostCache"]
 
@@ -132,12 +133,27 @@ class HostCache:
             return load_states(self._on_disk[i], self.offload.pool.layout)
         return None
 
-    def restore(self, key: Hashable, blocks: Sequence[int]) -> bool:
-        """Copies ``key``'s states into ``blocks``; False (nothing written) when the tier does not
-        hold ``key``."""
+    def _lookup(self, key: Hashable) -> HostStates | None:
         i = self._ids.get(key)
         where = self.index.lookup(_NO_ID if i is None else i)  # counts the hit or miss
-        states = None if i is None else self._states(i, where)
+        return None if i is None else self._states(i, where)
+
+    def prefetch(self, key: Hashable, blocks: Sequence[int]) -> TransferHandle | None:
+        """Starts restoring ``key``'s states into ``blocks`` on the pool's side stream (a spilled
+        entry is read from disk first) and returns its handle, or None (nothing enqueued) when
+        the tier does not hold ``key``. Pass the handle to :meth:`restore` (or call
+        ``handle.wait()``) before the current stream reads the blocks."""
+        states = self._lookup(key)
+        return None if states is None else self.offload.prefetch(states, blocks)
+
+    def restore(self, key: Hashable, blocks: Sequence[int], *, handle: TransferHandle | None = None) -> bool:
+        """Copies ``key``'s states into ``blocks``; False (nothing written) when the tier does not
+        hold ``key``. With ``handle`` (from :meth:`prefetch` of ``key`` into ``blocks``) the
+        current stream is only ordered after the prefetched copies."""
+        if handle is not None:
+            self.offload.restore(handle.states, blocks, handle=handle)
+            return True
+        states = self._lookup(key)
         if states is None:
             return False
         self.offload.restore(states, blocks)
