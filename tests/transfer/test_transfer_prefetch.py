@@ -134,3 +134,20 @@ def test_device_path_orders_the_side_stream_by_events():
     h.synchronize()
     assert calls[-1] == ("sync", h._event.n)
     assert all((a == b).all() for x, y in zip(_rows(states, [7, 8]), want) for a, b in zip(x, y))
+
+
+def test_checks_run_before_anything_is_enqueued():
+    states, p = _pool()
+    fake = Streams()
+    off = HostOffload(p, streams=fake)
+    h = off.offload_async([1])
+    n = len(fake.log.calls)
+    before = _rows(states, [4])
+    with pytest.raises(PlanError):
+        off.prefetch(h.states, [4, 5])  # one request saved, two blocks
+    with pytest.raises(PlanError):
+        off.prefetch(h.states, [99])  # out of range
+    with pytest.raises(PlanError):
+        off.offload_async([-1])
+    assert len(fake.log.calls) == n  # no event recorded, nothing on the side stream
+    assert all((a == b).all() for x, y in zip(_rows(states, [4]), before) for a, b in zip(x, y))
