@@ -95,6 +95,11 @@ impl LayoutFingerprint {
         inner.check()?;
         Ok(inner.into())
     }
+    /// Bytes one request's persistent states take in a pool of `num_layers` layers (what the
+    /// host tier and saved states count); LayoutError on overflow.
+    fn request_nbytes(&self, num_layers: u64) -> PyResult<u64> {
+        Ok(transfer::cache::request_bytes(&self.inner, num_layers)?)
+    }
     /// Raises LayoutError, naming every incompatible state with both values, unless states can
     /// move from this (source) rank to `destination`.
     fn check_compatible(&self, destination: PyRef<'_, Self>) -> PyResult<()> {

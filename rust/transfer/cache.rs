@@ -31,6 +31,16 @@ pub struct Eviction {
     pub spill: bool,
 }
 
+/// Bytes one request's saved states take in a pool of `num_layers` layers with fingerprint `fp`:
+/// every persistent state of every layer (workspace is never saved); a layout error on overflow.
+pub fn request_bytes(fp: &Fingerprint, num_layers: u64) -> Result<u64> {
+    let mut per_layer = 0u64;
+    for s in &fp.states {
+        per_layer = add_bytes(per_layer, s.nbytes()?).ok_or_else(|| Error::layout("one layer's persistent states overflow in bytes"))?;
+    }
+    mul_bytes(per_layer, num_layers).ok_or_else(|| Error::layout(format!("{num_layers} layers of {per_layer} bytes of states overflow in bytes")))
+}
+
 /// The bookkeeping of a host tier of one pool.
 #[derive(Clone, Debug)]
 pub struct CacheIndex {
@@ -53,12 +63,7 @@ impl CacheIndex {
         if capacity == 0 {
             return Err(Error::plan("HostCache: capacity_bytes must be > 0, got 0"));
         }
-        let mut per_layer = 0u64;
-        for s in &fp.states {
-            per_layer = add_bytes(per_layer, s.nbytes()?).ok_or_else(|| Error::layout("HostCache: one layer's states overflow in bytes"))?;
-        }
-        let bytes_per_request = mul_bytes(per_layer, num_layers)
-            .ok_or_else(|| Error::layout(format!("HostCache: {num_layers} layers of {per_layer} bytes overflow in bytes")))?;
+        let bytes_per_request = request_bytes(fp, num_layers)?;
         Ok(CacheIndex {
             capacity,
             bytes_per_request,

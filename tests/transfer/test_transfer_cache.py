@@ -62,7 +62,7 @@ def test_the_core_keeps_the_tier_rules():
         with pytest.raises(PlanError, match="capacity_bytes must be > 0"):
             HostCache(p, bad)
     idx = HostCacheIndex(p.fingerprint, 2, 3 * per, spill=True)
-    assert idx.bytes_per_request == per and idx.need(3) == 3 * per
+    assert idx.bytes_per_request == per == p.fingerprint.request_nbytes(2) and idx.need(3) == 3 * per
     assert idx.put(10, 2) == [] and idx.put(11, 1) == []
     assert idx.lookup(10) == "memory" and idx.lookup(99) is None
     assert idx.put(12, 1) == [(11, True)]  # 11 is the least recently used: spilled

@@ -44,7 +44,7 @@ class HostStates:
     @property
     def nbytes(self) -> int:
         """Bytes held (all layers and persistent states of every request)."""
-        return self.num_requests * self.pool.num_layers * sum(self.pool.fingerprint.state_nbytes)
+        return self.num_requests * self.pool.fingerprint.request_nbytes(self.pool.num_layers)
 
     def __repr__(self) -> str:
         return f"HostStates(requests={self.num_requests}, bytes={self.nbytes})"
