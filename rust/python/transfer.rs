@@ -95,6 +95,11 @@ impl LayoutFingerprint {
         inner.check()?;
         Ok(inner.into())
     }
+    /// Bytes one request's persistent states take in a pool of `num_layers` layers (what the
+    /// host tier and saved states count); LayoutError on overflow.
+    fn request_nbytes(&self, num_layers: u64) -> PyResult<u64> {
+        Ok(transfer::cache::request_bytes(&self.inner, num_layers)?)
+    }
     /// Raises LayoutError, naming every incompatible state with both values, unless states can
     /// move from this (source) rank to `destination`.
     fn check_compatible(&self, destination: PyRef<'_, Self>) -> PyResult<()> {
@@ -366,4 +371,109 @@ pub(crate) fn check_saved_states(
     let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64)?;
     with_bytes(py, &data, |d| saved::verify(&h, d))??;
     Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks))
+}
+
+/// The rules of a host offload tier (see `HostCache`): bytes per request from the fingerprint,
+/// capacity accounting, least-recently-used eviction and spill. Entries are named by integer
+/// ids; the caller holds the bytes.
+#[pyclass(module = "recoverssm_rs")]
+pub struct HostCacheIndex {
+    inner: transfer::cache::CacheIndex,
+}
+
+fn location(l: Option<transfer::cache::Location>) -> Option<&'static str> {
+    l.map(|l| l.name())
+}
+
+#[pymethods]
+impl HostCacheIndex {
+    #[new]
+    #[pyo3(signature = (fingerprint, num_layers, capacity_bytes, *, spill = false))]
+    fn new(fingerprint: PyRef<'_, LayoutFingerprint>, num_layers: u64, capacity_bytes: i128, spill: bool) -> PyResult<Self> {
+        let capacity = u64::try_from(capacity_bytes)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| Error::plan(format!("HostCache: capacity_bytes must be > 0, got {capacity_bytes}")))?;
+        Ok(HostCacheIndex { inner: transfer::cache::CacheIndex::new(&fingerprint.inner, num_layers, capacity, spill)? })
+    }
+    /// Host bytes one request's states take (every layer's persistent states).
+    #[getter]
+    fn bytes_per_request(&self) -> u64 {
+        self.inner.bytes_per_request()
+    }
+    #[getter]
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity()
+    }
+    #[getter]
+    fn used_bytes(&self) -> u64 {
+        self.inner.used()
+    }
+    #[getter]
+    fn spill(&self) -> bool {
+        self.inner.spills()
+    }
+    #[getter]
+    fn evictions(&self) -> u64 {
+        self.inner.evictions
+    }
+    #[getter]
+    fn hits(&self) -> u64 {
+        self.inner.hits
+    }
+    #[getter]
+    fn misses(&self) -> u64 {
+        self.inner.misses
+    }
+    #[getter]
+    fn in_memory(&self) -> usize {
+        self.inner.in_memory()
+    }
+    #[getter]
+    fn on_disk(&self) -> usize {
+        self.inner.on_disk()
+    }
+    /// Host bytes `num_requests` requests take; PlanError when more than the whole capacity.
+    fn need(&self, num_requests: u64) -> PyResult<u64> {
+        Ok(self.inner.need(num_requests)?)
+    }
+    /// Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
+    /// id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
+    /// PlanError (nothing changed) when the requests need more than the capacity.
+    fn put(&mut self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
+        Ok(self.inner.put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    }
+    /// `"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
+    /// in-memory entry becomes the most recently used.
+    fn lookup(&mut self, id: u64) -> Option<&'static str> {
+        location(self.inner.lookup(id))
+    }
+    /// Marks an in-memory `id` most recently used, no hit counted; False when not in memory.
+    fn touch(&mut self, id: u64) -> bool {
+        self.inner.touch(id)
+    }
+    /// Where `id` is held (`"memory"`, `"disk"`, None), without marking it used.
+    fn location(&self, id: u64) -> Option<&'static str> {
+        location(self.inner.location(id))
+    }
+    /// Forgets `id`; returns where it was held.
+    fn drop(&mut self, id: u64) -> Option<&'static str> {
+        location(self.inner.drop(id))
+    }
+    fn __len__(&self) -> usize {
+        self.inner.in_memory() + self.inner.on_disk()
+    }
+    fn __repr__(&self) -> String {
+        let c = &self.inner;
+        format!(
+            "HostCacheIndex(entries={}, on_disk={}, used={}/{} bytes, evictions={}, hits={}, misses={})",
+            c.in_memory(),
+            c.on_disk(),
+            c.used(),
+            c.capacity(),
+            c.evictions,
+            c.hits,
+            c.misses
+        )
+    }
 }

@@ -5,12 +5,14 @@
 //!   size and rank), built from a family layout and exchanged at handshake;
 //! - [`handshake`]: one rank's handshake message (agent, fingerprint, geometry, addresses),
 //!   decoded and checked before anything is registered or read;
+//! - [`cache`]: the host tier's rules (bytes per request, capacity, LRU eviction, spill);
 //! - [`compat`]: which source / destination pairs can exchange states;
 //! - [`saved`]: the file format of states saved to disk (safetensors framing, fingerprint, block
 //!   map, per-request checksums) and its checks;
 //! - [`plan`]: the reads that rebuild, in the destination's blocks, exactly the destination rank's
 //!   shard of every persistent state.
 
+pub mod cache;
 pub mod compat;
 pub mod fingerprint;
 pub mod handshake;

@@ -69,3 +69,4 @@ def test_the_guides_examples_run(capsys):
     assert "request c (row 2): prefix-cache hit of 8 computed tokens" in out  # the vLLM section
     assert "SglangMambaPool(slots=7, layers=2" in out and "PlanError - " in out  # the SGLang section
     assert "[-1, 1] [1, 1]" in out  # the GPU-resident runner's slots
+    assert "1 request moved" in out and "on_disk=1" in out and "hits=1" in out  # transfer and offload

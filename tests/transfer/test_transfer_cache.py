@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from recoverssm_rs._core import HostCacheIndex
 from recoverssm_rs.errors import PlanError
 from recoverssm_rs.transfer import HostCache, StatePool
 from support.transfer_ref import FAMILIES, layout, paged_states
@@ -52,3 +53,22 @@ def test_lru_eviction_within_capacity_and_byte_exact_restores(tmp_path, spill):
     with pytest.raises(PlanError, match="more than the capacity"):
         cache.put("big", [1, 2, 3, 4, 5])
     assert "HostCache(entries=2" in repr(cache)
+
+
+def test_the_core_keeps_the_tier_rules():
+    lay, _, p = _pool()
+    per = 2 * sum(s.nbytes for s in lay.persistent)
+    for bad in (0, -5):
+        with pytest.raises(PlanError, match="capacity_bytes must be > 0"):
+            HostCache(p, bad)
+    idx = HostCacheIndex(p.fingerprint, 2, 3 * per, spill=True)
+    assert idx.bytes_per_request == per == p.fingerprint.request_nbytes(2) and idx.need(3) == 3 * per
+    assert idx.put(10, 2) == [] and idx.put(11, 1) == []
+    assert idx.lookup(10) == "memory" and idx.lookup(99) is None
+    assert idx.put(12, 1) == [(11, True)]  # 11 is the least recently used: spilled
+    assert idx.location(11) == "disk" and idx.used_bytes == 3 * per
+    with pytest.raises(PlanError, match="more than the capacity"):
+        idx.put(13, 2**62)
+    assert (len(idx), idx.evictions, idx.hits, idx.misses) == (3, 1, 1, 1)
+    assert idx.drop(11) == "disk" and idx.drop(11) is None
+    assert "HostCacheIndex(entries=2" in repr(idx)

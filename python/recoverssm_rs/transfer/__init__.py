@@ -7,7 +7,9 @@ with different tensor-parallel sizes and conv layouts, and host offload.
   destination rank's shard of every persistent state (re-sharded conv sub-projections, head
   slices, SD <-> DS, different conv widths); workspace is never moved.
 - :class:`StatePool`: one rank's state tensors; :class:`LocalTransfer` runs plans between pools
-  in one process; :class:`HostOffload` copies requests' states to host memory and back.
+  in one process; :class:`HostOffload` copies requests' states to host memory and back
+  (asynchronously on a side stream with :meth:`HostOffload.offload_async` /
+  :meth:`HostOffload.prefetch`); :class:`HostCache` keeps them under a byte capacity.
 - :mod:`recoverssm_rs.transfer.nixl`: the same plans over NIXL between processes or machines
   (needs ``nixl-cu12``; imported lazily).
 """
@@ -20,6 +22,7 @@ from .disk import load_states, save_states
 from .local import LocalTransfer, read_rows, run_staged, staged_rows
 from .offload import HostOffload, HostStates
 from .pool import StatePool, byte_view
+from .streams import TorchStreams, TransferHandle
 
 __all__ = [
     "HostCache",
@@ -29,6 +32,8 @@ __all__ = [
     "LocalTransfer",
     "PeerInfo",
     "StatePool",
+    "TorchStreams",
+    "TransferHandle",
     "TransferPlan",
     "byte_view",
     "check_sources",

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
-from ..errors import PlanError
+from .._core import HostCacheIndex
 from .disk import load_states, save_states
 from .offload import HostOffload, HostStates
 from .pool import StatePool
+from .streams import TransferHandle
 
 __all__ = ["HostCache"]
 
@@ -38,86 +38,152 @@ class HostCache:
     """
 
     def __init__(self, pool: StatePool, capacity_bytes: int, *, disk_dir: str | os.PathLike[str] | None = None) -> None:
-        if capacity_bytes <= 0:
-            raise PlanError(f"HostCache: capacity_bytes must be > 0, got {capacity_bytes}")
         self.offload = HostOffload(pool)
-        self.capacity_bytes = int(capacity_bytes)
-        #: Host bytes one request's states take (all layers' persistent states).
-        self.bytes_per_request = pool.num_layers * sum(pool.fingerprint.state_nbytes)
+        #: The tier's rules (capacity, bytes per request, LRU order, spill), kept by the core.
+        self.index = HostCacheIndex(pool.fingerprint, pool.num_layers, capacity_bytes, spill=disk_dir is not None)
         self.disk_dir = Path(disk_dir) if disk_dir is not None else None
-        self._entries: OrderedDict[Hashable, HostStates] = OrderedDict()
-        self._on_disk: dict[Hashable, Path] = {}
-        self._spills = 0
-        self.used_bytes = 0
-        self.evictions = 0
-        self.hits = 0
-        self.misses = 0
+        self._ids: dict[Hashable, int] = {}
+        self._keys: dict[int, Hashable] = {}
+        self._next_id = 0
+        self._entries: dict[int, HostStates] = {}
+        self._on_disk: dict[int, Path] = {}
 
-    def _evict_one(self) -> None:
-        key, states = self._entries.popitem(last=False)
-        self.used_bytes -= states.nbytes
-        self.evictions += 1
-        if self.disk_dir is not None:
+    @property
+    def capacity_bytes(self) -> int:
+        """Host bytes the tier may hold."""
+        return self.index.capacity_bytes
+
+    @property
+    def bytes_per_request(self) -> int:
+        """Host bytes one request's states take (all layers' persistent states)."""
+        return self.index.bytes_per_request
+
+    @property
+    def used_bytes(self) -> int:
+        """Host bytes held now."""
+        return self.index.used_bytes
+
+    @property
+    def evictions(self) -> int:
+        """Entries pushed out of host memory so far."""
+        return self.index.evictions
+
+    @property
+    def hits(self) -> int:
+        """Restores that found their key."""
+        return self.index.hits
+
+    @property
+    def misses(self) -> int:
+        """Restores that did not."""
+        return self.index.misses
+
+    def _id(self, key: Hashable) -> int:
+        i = self._ids.get(key)
+        if i is None:
+            i = self._next_id
+            self._next_id += 1
+            self._ids[key] = i
+            self._keys[i] = key
+        return i
+
+    def _evicted(self, i: int, spill: bool) -> None:
+        states = self._entries.pop(i)
+        if spill:
+            assert self.disk_dir is not None
             self.disk_dir.mkdir(parents=True, exist_ok=True)
-            self._spills += 1
-            path = self.disk_dir / f"states-{os.getpid()}-{id(self):x}-{self._spills}.safetensors"
+            path = self.disk_dir / f"states-{os.getpid()}-{id(self):x}-{i}.safetensors"
             save_states(states, path)
-            self._on_disk[key] = path
-            log.debug("host cache: spilled %r to %s", key, path)
+            self._on_disk[i] = path
+            log.debug("host cache: spilled %r to %s", self._keys[i], path)
+        else:
+            self._forget_key(i)
+
+    def _forget_key(self, i: int) -> None:
+        self._ids.pop(self._keys.pop(i), None)
 
     def put(self, key: Hashable, blocks: Sequence[int]) -> None:
-        """Offloads ``blocks`` (one per request) under ``key``, replacing an entry of that key.
-        PlanError when they need more than the whole capacity."""
-        need = len(blocks) * self.bytes_per_request
-        if need > self.capacity_bytes:
-            raise PlanError(
-                f"HostCache: {len(blocks)} requests need {need} bytes, more than the capacity of {self.capacity_bytes}"
-            )
+        """Offloads ``blocks`` (one per request) under ``key``, replacing an entry of that key,
+        evicting least recently used entries until it fits. PlanError when they need more than
+        the whole capacity."""
+        self.index.need(len(blocks))
         self.drop(key)
-        while self.used_bytes + need > self.capacity_bytes:
-            self._evict_one()
-        states = self.offload.offload(blocks)
-        self._entries[key] = states
-        self.used_bytes += states.nbytes
+        i = self._id(key)
+        for old, spill in self.index.put(i, len(blocks)):
+            self._evicted(old, spill)
+        try:
+            self._entries[i] = self.offload.offload(blocks)
+        except BaseException:
+            self.index.drop(i)
+            self._forget_key(i)
+            raise
 
     def get(self, key: Hashable) -> HostStates | None:
         """The saved states of ``key`` (loaded from disk if spilled), marked recently used."""
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return self._entries[key]
-        path = self._on_disk.get(key)
-        if path is None:
+        i = self._ids.get(key)
+        if i is None:
             return None
-        return load_states(path, self.offload.pool.layout)
+        self.index.touch(i)
+        return self._states(i, self.index.location(i))
 
-    def restore(self, key: Hashable, blocks: Sequence[int]) -> bool:
+    def _states(self, i: int, where: str | None) -> HostStates | None:
+        if where == "memory":
+            return self._entries[i]
+        if where == "disk":
+            return load_states(self._on_disk[i], self.offload.pool.layout)
+        return None
+
+    def _lookup(self, key: Hashable) -> HostStates | None:
+        i = self._ids.get(key)
+        where = self.index.lookup(_NO_ID if i is None else i)  # counts the hit or miss
+        return None if i is None else self._states(i, where)
+
+    def prefetch(self, key: Hashable, blocks: Sequence[int]) -> TransferHandle | None:
+        """Starts restoring ``key``'s states into ``blocks`` on the pool's side stream (a spilled
+        entry is read from disk first) and returns its handle, or None (nothing enqueued) when
+        the tier does not hold ``key``. Pass the handle to :meth:`restore` (or call
+        ``handle.wait()``) before the current stream reads the blocks."""
+        states = self._lookup(key)
+        return None if states is None else self.offload.prefetch(states, blocks)
+
+    def restore(self, key: Hashable, blocks: Sequence[int], *, handle: TransferHandle | None = None) -> bool:
         """Copies ``key``'s states into ``blocks``; False (nothing written) when the tier does not
-        hold ``key``."""
-        states = self.get(key)
+        hold ``key``. With ``handle`` (from :meth:`prefetch` of ``key`` into ``blocks``) the
+        current stream is only ordered after the prefetched copies."""
+        if handle is not None:
+            self.offload.restore(handle.states, blocks, handle=handle)
+            return True
+        states = self._lookup(key)
         if states is None:
-            self.misses += 1
             return False
         self.offload.restore(states, blocks)
-        self.hits += 1
         return True
 
     def drop(self, key: Hashable) -> None:
         """Forgets ``key`` (in memory and on disk)."""
-        states = self._entries.pop(key, None)
-        if states is not None:
-            self.used_bytes -= states.nbytes
-        path = self._on_disk.pop(key, None)
+        i = self._ids.get(key)
+        if i is None:
+            return
+        self.index.drop(i)
+        self._entries.pop(i, None)
+        path = self._on_disk.pop(i, None)
         if path is not None and path.exists():
             path.unlink()
+        self._forget_key(i)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._entries or key in self._on_disk
+        return key in self._ids
 
     def __len__(self) -> int:
-        return len(self._entries) + len(self._on_disk)
+        return len(self.index)
 
     def __repr__(self) -> str:
+        x = self.index
         return (
-            f"HostCache(entries={len(self._entries)}, on_disk={len(self._on_disk)}, used={self.used_bytes}/"
-            f"{self.capacity_bytes} bytes, evictions={self.evictions}, hits={self.hits}, misses={self.misses})"
+            f"HostCache(entries={x.in_memory}, on_disk={x.on_disk}, used={x.used_bytes}/"
+            f"{x.capacity_bytes} bytes, evictions={x.evictions}, hits={x.hits}, misses={x.misses})"
         )
+
+
+#: An id no entry has (ids count up from 0), looked up to count a miss for an unknown key.
+_NO_ID = 2**64 - 1

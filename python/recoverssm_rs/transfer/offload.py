@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core import LayoutFingerprint
+from .._core import LayoutFingerprint, TransferPlan
 from ..errors import PlanError
 from .local import LocalTransfer
 from .pool import StatePool
+
+if TYPE_CHECKING:
+    from .streams import TransferHandle
 
 __all__ = ["HostOffload", "HostStates"]
 
@@ -41,7 +44,7 @@ class HostStates:
     @property
     def nbytes(self) -> int:
         """Bytes held (all layers and persistent states of every request)."""
-        return self.num_requests * self.pool.num_layers * sum(self.pool.fingerprint.state_nbytes)
+        return self.num_requests * self.pool.fingerprint.request_nbytes(self.pool.num_layers)
 
     def __repr__(self) -> str:
         return f"HostStates(requests={self.num_requests}, bytes={self.nbytes})"
@@ -52,10 +55,22 @@ class HostOffload:
 
     For a CUDA pool the host buffer is pinned and the copies are enqueued on the current CUDA
     stream (the caller's): synchronize that stream before reading an offloaded copy on the host
-    or reusing the offloaded blocks."""
+    or reusing the offloaded blocks.
 
-    def __init__(self, pool: StatePool) -> None:
+    :meth:`offload_async` and :meth:`prefetch` enqueue the same copies on a side stream of the
+    pool's device instead, ordered by events (no device-wide sync), and return a
+    :class:`~recoverssm_rs.transfer.streams.TransferHandle`; ``restore(..., handle=)`` then only
+    orders the caller's stream after the prefetched copies, so a restore can start a step early.
+    ``streams`` replaces the stream backend (default: ``torch.cuda`` for CUDA pools, none for
+    host pools, whose handles are complete at once)."""
+
+    def __init__(self, pool: StatePool, *, streams: Any = None) -> None:
+        from .streams import SideStream, TorchStreams
+
         self.pool = pool
+        if streams is None and pool.device.startswith("cuda"):
+            streams = TorchStreams(pool.device)
+        self._side = SideStream(streams)
 
     def _host_pool(self, num_requests: int) -> StatePool:
         p = self.pool
@@ -81,12 +96,43 @@ class HostOffload:
 
         The pool's bound tensors are checked first (BindingError, nothing copied, when one was
         freed or re-pointed); bad block ids are a PlanError."""
+        return self._offload(blocks, lambda f: f())
+
+    def offload_async(self, blocks: Sequence[int]) -> TransferHandle:
+        """:meth:`offload` on the side stream, after the work the current stream had enqueued;
+        the handle's ``states`` may be read on the host after ``handle.synchronize()``, and
+        ``handle.wait()`` orders the current stream after the copies (before reusing
+        ``blocks``)."""
+        from .streams import TransferHandle
+
+        event: list[Any] = []
+        states = self._offload(blocks, lambda f: event.append(self._side.run(f)))
+        return TransferHandle("offload", states, [int(b) for b in blocks], event[0], self._side.streams)
+
+    def _offload(self, blocks: Sequence[int], run: Any) -> HostStates:
         self.pool.check()
         host = self._host_pool(len(blocks))
-        LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host).run([(b, i + 1) for i, b in enumerate(blocks)])
+        transfer = LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host)
+        plan = transfer.plan([(b, i + 1) for i, b in enumerate(blocks)])
+        run(lambda: transfer.execute(plan))
         return HostStates(host, len(blocks), source_blocks=[int(b) for b in blocks])
 
-    def restore(self, states: HostStates | Sequence[HostStates], blocks: Sequence[int]) -> None:
+    def prefetch(self, states: HostStates | Sequence[HostStates], blocks: Sequence[int]) -> TransferHandle:
+        """Starts :meth:`restore` of ``states`` into ``blocks`` on the side stream (after the
+        work the current stream had enqueued, so the blocks' previous users finish first) and
+        returns at once; pass the handle to ``restore(states, blocks, handle=)`` or call
+        ``handle.wait()`` before the current stream reads the blocks. Every check runs here,
+        before anything is enqueued."""
+        from .streams import TransferHandle
+
+        saved = [states] if isinstance(states, HostStates) else list(states)
+        transfer, plan = self._restore_plan(saved, blocks)
+        event = self._side.run(lambda: transfer.execute(plan))
+        return TransferHandle("restore", saved, [int(b) for b in blocks], event, self._side.streams)
+
+    def restore(
+        self, states: HostStates | Sequence[HostStates], blocks: Sequence[int], *, handle: TransferHandle | None = None
+    ) -> None:
         """Copies saved states into ``blocks`` of the pool (request ``i`` into ``blocks[i]``).
 
         ``states``: what :meth:`offload` returned, or one such per source rank of the same
@@ -94,17 +140,29 @@ class HostOffload:
         states are keyed by the rank they were offloaded from: a restore into another rank
         re-shards through the transfer plans, and is refused -- nothing written -- when it needs a
         source rank that was not given (rank 0's heads are never written into rank 1's pool).
+
+        With ``handle`` (from :meth:`prefetch` of the same states and blocks) nothing is copied
+        again: the current stream is ordered after the prefetched copies.
         """
         saved = [states] if isinstance(states, HostStates) else list(states)
+        if handle is not None:
+            same = handle.kind == "restore" and handle.blocks == [int(b) for b in blocks]
+            if not same or [id(s) for s in handle.states] != [id(s) for s in saved]:  # type: ignore[union-attr]
+                raise PlanError(f"restore: {handle!r} was not prefetched for these states and blocks {list(blocks)}")
+            handle.wait()
+            return
+        transfer, plan = self._restore_plan(saved, blocks)
+        transfer.execute(plan)
+
+    def _restore_plan(self, saved: list[HostStates], blocks: Sequence[int]) -> tuple[LocalTransfer, TransferPlan]:
         counts = sorted({s.num_requests for s in saved})
         if len(counts) != 1 or counts[0] != len(blocks):
             raise PlanError(f"restore: offloaded requests {counts} (per source rank) but {len(blocks)} blocks given")
-        LocalTransfer({s.fingerprint.tp_rank: s.pool for s in saved}, self.pool).run(
-            [(i + 1, b) for i, b in enumerate(blocks)]
-        )
+        transfer = LocalTransfer({s.fingerprint.tp_rank: s.pool for s in saved}, self.pool)
+        return transfer, transfer.plan([(i + 1, b) for i, b in enumerate(blocks)])
 
     def __repr__(self) -> str:
-        return f"HostOffload({self.pool!r})"
+        return f"HostOffload({self.pool!r}, streams={self._side.streams!r})"
 
 
 def _host_array(shape: tuple[int, ...], dtype: str, like: Any) -> Any:
