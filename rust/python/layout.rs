@@ -185,7 +185,9 @@ impl Layout {
         self.inner.states().len()
     }
     /// The state called `name`.
-    fn state(&self, name: &str) -> PyResult<StateSpec> {
+    fn state(&self, name: &Bound<'_, PyAny>) -> PyResult<StateSpec> {
+        let name: String = Arg::arg(name, &format!("{}: state name", self.inner.backend()), ErrorKind::Layout)?;
+        let name = name.as_str();
         match self.inner.index_of(name) {
             Some(i) => Ok(StateSpec { inner: self.inner.states()[i].clone() }),
             None => {

@@ -108,6 +108,8 @@ ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
         dict(block_tables=[TABLE], src_col=V([0, 1]), dst_col=V([1, 2]), num_accepted=V([1, 2])),
     ),
     ("Planner.plan_copy", lambda t, **k: t.planner.plan_copy(**k).execute(), dict(src_blocks=[1], dst_blocks=[2])),
+    ("Layout.state", lambda t, **k: LAYOUT.state(**k), dict(name="c")),
+    ("CopyPlan.tiles", lambda t, **k: t.planner.plan_copy([1], [2]).tiles(**k), dict(tile_bytes=4096)),
     ("validate_copy_funcs", lambda t, **k: rs.validate_copy_funcs(**k), dict(groups=[], copy_funcs={})),
     ("layouts.preset", lambda t, **k: layouts.preset(**k), dict(name="qwen3-next-80b-a3b")),
     (
