@@ -24,6 +24,7 @@ from recoverssm_rs.vllm import (  # noqa: E402
     copy_kind,
     mamba_groups,
 )
+from support.vllm_trace import GroupCfg, Side, Sim  # noqa: E402
 
 HOSTILE: dict[str, Any] = {
     "None": None,
@@ -87,6 +88,16 @@ def _preprocess_args() -> dict[str, Any]:
     )
 
 
+def _runner() -> Side:
+    """vLLM's runner-held objects for one GDN group (``support.vllm_trace``)."""
+    sim = Sim([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", seed=0, num_blocks=16)
+    return Side(sim, sim.make_states(), None)
+
+
+RUNNER = _runner()
+B, Q, DIM = 1, 3, RECOVER.states[0].shape[1]
+
+
 # (entry, call(target, **kwargs), good kwargs)
 ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
     (
@@ -133,6 +144,25 @@ ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
         lambda t, **k: t.cache.commit(**k),
         dict(num_accepted=V([1]), state_blocks=V([3]), query_lens=None),
     ),
+    (
+        "StateCache.conv_verify",
+        lambda t, **k: t.cache.conv_verify(**k),
+        dict(layer=0, state_blocks=[3], x=torch.zeros(B, Q, DIM), weight=torch.zeros(DIM, 4)),
+    ),
+    (
+        "StateCache.verify",
+        lambda t, **k: t.cache.verify(**k),
+        dict(
+            layer=0,
+            state_blocks=[3],
+            q_hat=torch.zeros(B, Q, 2, 4),
+            k_hat=torch.zeros(B, Q, 2, 4),
+            v=torch.zeros(B, Q, 2, 4),
+            gate=torch.zeros(B, Q, 2, 4),
+            beta=torch.zeros(B, Q, 2),
+            query_lens=[3],
+        ),
+    ),
     ("StateCache.reset_blocks", lambda t, **k: t.cache.reset_blocks(**k), dict(blocks=[3])),
     ("StateCache.copy_blocks", lambda t, **k: t.cache.copy_blocks(**k), dict(src_blocks=[1], dst_blocks=[2])),
     ("StateCache.conv_state", lambda t, **k: t.cache.conv_state(**k), dict(layer=0)),
@@ -140,6 +170,18 @@ ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
         "VllmMambaStep",
         lambda t, **k: VllmMambaStep(**k),
         dict(groups=[(0, LAYOUT, _states())], block_size=4, num_spec_blocks=2, max_num_reqs=4, device_tables=False),
+    ),
+    (
+        "VllmMambaStep.from_runner",
+        lambda t, **k: VllmMambaStep.from_runner(**k),
+        dict(
+            kv_cache_config=RUNNER.kv_cache_config,
+            forward_context=RUNNER.forward_context,
+            copy_funcs=RUNNER.copy_funcs(None),
+            max_num_reqs=4,
+            conv_layout=None,
+            device_tables=False,
+        ),
     ),
     ("VllmMambaStep.release", lambda t, **k: t.step.release(**k), dict(req_ids=["a"])),
     (

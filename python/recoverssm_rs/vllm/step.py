@@ -215,7 +215,7 @@ class VllmMambaStep:
                 disagree on scheduling parameters, or the mode is not ``"align"``.
             BindingError: a layer's tensors do not match its spec (group, layer and state named).
         """
-        layout_name = (conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
+        layout_name = str(conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
         found = mamba_groups(kv_cache_config)
         specs = [spec for _, spec, _ in found]
         validate_copy_funcs(specs, copy_funcs)
