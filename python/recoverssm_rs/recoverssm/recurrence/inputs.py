@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -49,7 +49,7 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _count(x: object) -> int:
+def _count(x: Any) -> int:
     """One count of a list: an integer (a bool or a float is refused with a ``TypeError``)."""
     if isinstance(x, bool):
         raise TypeError("a bool is not a count")
