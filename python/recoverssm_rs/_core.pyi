@@ -1,6 +1,6 @@
 """Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, final
 
 __version__: str
@@ -31,6 +31,7 @@ __all__ = [
     "align_post_process",
     "align_pre_copy",
     "check_cache_sizes",
+    "check_vllm_step",
     "check_commit_counts",
     "check_saved_states",
     "check_sources",
@@ -54,12 +55,14 @@ __all__ = [
     "saved_states_header",
     "sglang_slot_launch",
     "sglang_slot_table",
+    "recover_geometry",
     "short_conv_layout",
     "state_chunks",
     "vllm_device_post_process",
     "vllm_device_pre_copy",
     "vllm_post_process",
     "vllm_pre_copy",
+    "vllm_step_groups",
 ]
 
 _Role = Literal["persistent", "workspace"]
@@ -175,7 +178,11 @@ class Planner:
     :class:`recoverssm_rs.planner.Planner`)."""
 
     def __new__(
-        cls, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *, block_size: int | None = None
+        cls,
+        groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]],
+        *,
+        block_size: int | None = None,
+        persistent_only: bool = False,
     ) -> Planner: ...
     @property
     def num_groups(self) -> int: ...
@@ -224,7 +231,7 @@ class CommitPlanner:
     # max_requests.
     def plan(self, **kwargs: Any) -> RawBuffer:
         """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
-    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> None: ...
+    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> int: ...
 
 # Keyword arguments: recurrent, corrections, keygate, conv, conv_window (per-layer tensors), kind,
 # conv_layout, conv_kernel_size.
@@ -334,6 +341,9 @@ class BoundTensors:
 def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
     """``BindingError`` unless a state cache's sizes are in range."""
 
+def recover_geometry(layout: Any) -> dict[str, Any]:
+    """``layout.recover_geometry()``; ``LayoutError`` when ``layout`` is not a :class:`Layout`."""
+
 def check_index(what: str, index: int, len: int) -> int:
     """``index`` as an index into ``len`` items (``PlanError`` naming ``what`` otherwise)."""
 
@@ -347,6 +357,12 @@ def vllm_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]
 def vllm_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
 def vllm_device_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
 def vllm_device_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
+def vllm_step_groups(groups: Any) -> tuple[list[int], list[tuple[Any, Any]]]:
+    """vLLM's step groups ``(group id, layout, states)`` split into the ids and the ``(layout,
+    states)`` pairs (``BindingError`` naming the group otherwise)."""
+
+def check_vllm_step(planner: Planner, num_spec_blocks: int) -> None:
+    """``block_size`` given to the planner and ``num_spec_blocks`` its groups' ``num_spec``."""
 
 @final
 class VllmSlots:
@@ -359,7 +375,7 @@ class VllmSlots:
     def assign(self, req_ids: Sequence[str]) -> tuple[list[int], list[str]]:
         """Each request's slot and the ids given one by this call (``PlanError``, nothing
         assigned, for an id listed twice or a full table)."""
-    def release(self, req_ids: Sequence[str]) -> list[int]:
+    def release(self, req_ids: Iterable[str]) -> list[int]:
         """Frees the slots of ``req_ids``; returns the freed slots."""
     def check(self, slots: Any, req_ids: Sequence[str] | None = None) -> list[int]:
         """``PlanError`` naming the request unless every slot is in the table and its own."""

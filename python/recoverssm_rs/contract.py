@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._core import _validate_copy_funcs
+from .errors import LayoutError, _reading
 
 __all__ = ["validate_copy_funcs", "copy_func_name"]
 
@@ -95,7 +96,7 @@ def _group_tuple(group: Any) -> tuple[Any, ...]:
     backend = _field(group, "mamba_type", "backend")
     shapes = _field(group, "shapes")
     if backend is None or shapes is None:
-        raise TypeError(f"each group needs a backend ('mamba_type' or 'backend') and 'shapes'; got {group!r}")
+        raise LayoutError(f"each group needs a backend ('mamba_type' or 'backend') and 'shapes'; got {group!r}")
     dtypes = _field(group, "dtypes")
     mode = _field(group, "mamba_cache_mode", "cache_mode")
     block_size = _field(group, "block_size")
@@ -133,6 +134,9 @@ def validate_copy_funcs(
             state at its index, or groups disagreeing on block size / speculative blocks / cache
             mode. The message names the backend and the state.
     """
-    group_list = list(groups.keys()) if isinstance(groups, Mapping) else list(groups)
-    funcs = [(_backend_name(backend), [copy_func_name(f) for f in seq]) for backend, seq in copy_funcs.items()]
-    return dict(_validate_copy_funcs([_group_tuple(g) for g in group_list], funcs))
+    with _reading("groups", LayoutError):
+        group_list = list(groups.keys()) if isinstance(groups, Mapping) else list(groups)
+        tuples = [_group_tuple(g) for g in group_list]
+    with _reading("copy_funcs (a mapping: backend -> copy functions)", LayoutError):
+        funcs = [(_backend_name(backend), [copy_func_name(f) for f in seq]) for backend, seq in copy_funcs.items()]
+    return dict(_validate_copy_funcs(tuples, funcs))

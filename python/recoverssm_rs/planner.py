@@ -226,16 +226,11 @@ class Planner:
                 devices, layouts with different ``num_spec``, or groups sharing memory.
         """
         self = cls.__new__(cls)
-        self._bind(
-            [(layout, [list(layer)[: len(layout.persistent)] for layer in states]) for layout, states in groups],
-            block_size,
-        )
+        self._bind(groups, block_size, persistent_only=True)
         return self
 
-    def _bind(self, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], block_size: int | None) -> None:
-        self.core = _core.Planner(
-            [(layout, [list(layer) for layer in states]) for layout, states in groups], block_size=block_size
-        )
+    def _bind(self, groups: Any, block_size: int | None, *, persistent_only: bool = False) -> None:
+        self.core = _core.Planner(groups, block_size=block_size, persistent_only=persistent_only)
         self._device_path: _DevicePath | None = None
         log.debug("bound %s", self.core)
 
@@ -282,15 +277,9 @@ class Planner:
         Raises:
             PlanError: as :meth:`plan_align` (prefixed with the group when there are several).
         """
-        try:
-            tables = list(block_tables)
-        except TypeError:
-            raise PlanError(
-                f"block_tables must be a list of block tables (one per group), got {type(block_tables).__name__}"
-            ) from None
         return CopyPlan(
             self.core.plan(
-                tables=tables,
+                tables=block_tables,
                 src_col=src_col,
                 dst_col=dst_col,
                 num_accepted=num_accepted,

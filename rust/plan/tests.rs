@@ -93,3 +93,17 @@ fn one_plan_holds_every_group_group_by_group_and_runs_whole() {
     assert_eq!(m0[NB * 6 + 12..NB * 6 + 16], b0[NB * 6 + 8..NB * 6 + 12]); // block 3 <- old block 2
     assert_eq!(m1[NB * 6 + 24..NB * 6 + 28], b1[NB * 6 + 20..NB * 6 + 24]); // block 6 <- block 5
 }
+
+#[test]
+fn a_vllm_step_needs_a_block_size_and_the_groups_num_spec() {
+    let mut m = mem();
+    let p = Planner::new(vec![binding(&mut m, "A", 2)]).unwrap();
+    let e = crate::vllm::check_step(&p, None, 2).unwrap_err();
+    assert!(e.message.contains("block_size is required"), "{}", e.message);
+    let e = crate::vllm::check_step(&p, Some(4), 3).unwrap_err();
+    assert_eq!(e.kind, crate::error::ErrorKind::Layout);
+    assert!(e.message.contains("num_spec = 2, but num_spec_blocks is 3"), "{}", e.message);
+    assert!(crate::vllm::check_step(&p, Some(4), -1).unwrap_err().message.contains(">= 0"));
+    let cfg = crate::vllm::check_step(&p, Some(4), 2).unwrap();
+    assert_eq!((cfg.block_size, cfg.num_spec_blocks), (4, 2));
+}

@@ -86,14 +86,15 @@ impl CommitPlanner {
     }
 
     /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
-    /// `max_requests` requests when given (the workspace rows).
+    /// `max_requests` requests when given (the workspace rows). Returns the number of requests.
     #[pyo3(signature = (state_blocks, max_requests = None))]
-    fn check_state_blocks(&self, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<()> {
+    fn check_state_blocks(&self, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<usize> {
         let sb: Ints = super::conversion::Arg::arg(state_blocks, "state_blocks", ErrorKind::Plan)?;
         if let Some(m) = max_requests {
             check_workspace_rows(sb.0.len(), &self.backend, m)?;
         }
-        Ok(check_state_blocks(&sb.0, &self.backend, self.num_blocks)?)
+        check_state_blocks(&sb.0, &self.backend, self.num_blocks)?;
+        Ok(sb.0.len())
     }
 
     fn __repr__(&self) -> String {

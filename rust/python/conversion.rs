@@ -10,7 +10,7 @@ use crate::tensor::TensorDesc;
 use pyo3::buffer::PyBuffer;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 /// An error of `kind` naming the argument.
 pub(crate) fn arg_error(kind: ErrorKind, message: String) -> PyErr {
@@ -41,8 +41,24 @@ impl<T: Arg> Arg for Option<T> {
 }
 
 /// The type name of `obj` for messages (`float`, `numpy.ndarray`, ...).
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
+}
+
+/// The items of the argument `name`, a list (or tuple, or any iterable but a string, bytes or a
+/// mapping) of `of`: anything else, or an iterable that fails, is an error of `kind` naming it.
+pub(crate) fn items<'py>(obj: &Bound<'py, PyAny>, name: &str, kind: ErrorKind, of: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let refused = || arg_error(kind, format!("{name} must be a list of {of}, got {}", type_name(obj)));
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyDict>() {
+        return Err(refused());
+    }
+    obj.try_iter().and_then(|it| it.collect::<PyResult<Vec<_>>>()).map_err(|_| refused())
+}
+
+/// The argument `name` as an instance of the extension class `T` (an error of `kind` naming it
+/// otherwise).
+pub(crate) fn instance<'py, T: pyo3::PyClass>(obj: &Bound<'py, PyAny>, name: &str, kind: ErrorKind, of: &str) -> PyResult<Bound<'py, T>> {
+    obj.cast::<T>().cloned().map_err(|_| arg_error(kind, format!("{name} must be a {of}, got {}", type_name(obj))))
 }
 
 /// One host integer: a Python int or a numpy integer. A bool, a float or a tensor (reading a device
@@ -203,12 +219,14 @@ impl Tables {
 }
 
 impl Arg for Tables {
+    /// An array (anything with a `dtype`) is the table of a one-group step; anything else must be a
+    /// list (or tuple, or iterable) of tables, one per group.
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
-        if let Ok(list) = obj.cast::<PyList>() {
-            let tables = list.iter().enumerate().map(|(g, t)| Table::arg(&t, &format!("group {g}: {name}"), kind)).collect::<PyResult<_>>()?;
-            return Ok(Tables(tables));
+        if obj.hasattr(intern!(obj.py(), "dtype")).unwrap_or(false) {
+            return Ok(Tables(vec![Table::arg(obj, name, kind)?]));
         }
-        Ok(Tables(vec![Table::arg(obj, name, kind)?]))
+        let tables = items(obj, name, kind, "block tables (one per group)")?;
+        Ok(Tables(tables.iter().enumerate().map(|(g, t)| Table::arg(t, &format!("group {g}: {name}"), kind)).collect::<PyResult<_>>()?))
     }
 }
 

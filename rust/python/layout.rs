@@ -1,6 +1,6 @@
 //! Bindings for the layout model, the copy-function check and the family calculators.
 
-use super::conversion::{kwargs, Arg, DtypeName, FromKwargs, Ints};
+use super::conversion::{instance, items, kwargs, Arg, DtypeName, FromKwargs, Ints};
 use crate::copy_funcs::{validate_copy_funcs as core_validate, GroupSpec};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorKind};
@@ -20,15 +20,26 @@ pub struct StateSpec {
 #[pymethods]
 impl StateSpec {
     #[new]
-    #[pyo3(signature = (name, shape, dtype, role = "persistent", copy = None, conv_layout = None))]
+    #[pyo3(
+        signature = (name, shape, dtype, role = None, copy = None, conv_layout = None),
+        text_signature = "(name, shape, dtype, role='persistent', copy=None, conv_layout=None)"
+    )]
     fn new(
-        name: &str,
+        name: &Bound<'_, PyAny>,
         shape: &Bound<'_, PyAny>,
         dtype: &Bound<'_, PyAny>,
-        role: &str,
-        copy: Option<&str>,
-        conv_layout: Option<&str>,
+        role: Option<&Bound<'_, PyAny>>,
+        copy: Option<&Bound<'_, PyAny>>,
+        conv_layout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let name: String = Arg::arg(name, "state name", ErrorKind::Layout)?;
+        let name = name.as_str();
+        let text = |v: Option<&Bound<'_, PyAny>>, what: &str| -> PyResult<Option<String>> {
+            v.map_or(Ok(None), |v| Arg::arg(v, &format!("state '{name}': {what}"), ErrorKind::Layout))
+        };
+        let role = text(role, "role")?.unwrap_or_else(|| "persistent".into());
+        let (copy, conv_layout) = (text(copy, "copy")?, text(conv_layout, "conv_layout")?);
+        let (role, copy, conv_layout) = (role.as_str(), copy.as_deref(), conv_layout.as_deref());
         let shape = Ints::arg(shape, &format!("state '{name}': shape"), ErrorKind::Layout)?.0;
         let dtype = dtype_name(dtype)?;
         let inner = CoreSpec::from_parts(name, &shape, &dtype, role, copy, conv_layout)?;
@@ -140,13 +151,19 @@ fn specs_tuple<'py>(py: Python<'py>, specs: &[CoreSpec]) -> PyResult<Bound<'py, 
 impl Layout {
     #[new]
     #[pyo3(signature = (backend, states, num_spec = None))]
-    fn new(backend: &str, states: Vec<PyRef<'_, StateSpec>>, num_spec: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(backend: &Bound<'_, PyAny>, states: &Bound<'_, PyAny>, num_spec: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let backend: String = Arg::arg(backend, "backend", ErrorKind::Layout)?;
+        let states = items(states, &format!("{backend}: states"), ErrorKind::Layout, "StateSpec")?
+            .iter()
+            .enumerate()
+            .map(|(i, s)| instance::<StateSpec>(s, &format!("{backend}: states[{i}]"), ErrorKind::Layout, "StateSpec"))
+            .collect::<PyResult<Vec<_>>>()?;
         let num_spec: u32 = match num_spec {
             Some(n) => Arg::arg(n, "num_spec", ErrorKind::Layout)?,
             None => 0,
         };
-        let specs = states.iter().map(|s| s.inner.clone()).collect();
-        Ok(CoreLayout::new(backend, specs, num_spec)?.into())
+        let specs = states.iter().map(|s| s.get().inner.clone()).collect();
+        Ok(CoreLayout::new(&backend, specs, num_spec)?.into())
     }
     #[getter]
     fn backend(&self) -> &str {
@@ -168,7 +185,9 @@ impl Layout {
         self.inner.states().len()
     }
     /// The state called `name`.
-    fn state(&self, name: &str) -> PyResult<StateSpec> {
+    fn state(&self, name: &Bound<'_, PyAny>) -> PyResult<StateSpec> {
+        let name: String = Arg::arg(name, &format!("{}: state name", self.inner.backend()), ErrorKind::Layout)?;
+        let name = name.as_str();
         match self.inner.index_of(name) {
             Some(i) => Ok(StateSpec { inner: self.inner.states()[i].clone() }),
             None => {
@@ -236,6 +255,13 @@ pub(crate) fn copy_func_kind(name: &str) -> PyResult<&'static str> {
 type GroupTuple<'py> = (String, Vec<Bound<'py, PyAny>>, Option<Vec<String>>, Option<Bound<'py, PyAny>>, Option<Bound<'py, PyAny>>, Option<String>);
 
 /// Applies the copyable-prefix contract to an engine's groups; returns `{backend: prefix_len}`.
+/// `layout.recover_geometry()` of any object: a `LayoutError` naming `layout` when it is not a
+/// `Layout`.
+#[pyfunction]
+pub(crate) fn recover_geometry<'py>(layout: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    instance::<Layout>(layout, "layout", ErrorKind::Layout, "Layout")?.get().recover_geometry(layout.py())
+}
+
 #[pyfunction]
 pub(crate) fn _validate_copy_funcs<'py>(
     py: Python<'py>,

@@ -33,7 +33,8 @@ mod _core {
     use super::launch::{check_device_tables, copy_tiles_launch, kernel_abi, pack_launch, state_chunks, ErrorWord, KernelLaunch, PyFusedCopy};
     #[pymodule_export]
     use super::layout::{
-        _validate_copy_funcs, copy_func_kind, gdn_layout, kda_layout, linear_attention_layout, mamba1_layout, mamba2_layout, short_conv_layout,
+        _validate_copy_funcs, copy_func_kind, gdn_layout, kda_layout, linear_attention_layout, mamba1_layout, mamba2_layout, recover_geometry,
+        short_conv_layout,
         Layout, StateSpec,
     };
     #[pymodule_export]

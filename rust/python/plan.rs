@@ -60,7 +60,7 @@ impl CopyPlan {
     }
     /// Tiles of about `tile_bytes` bytes and where each wave's tiles start.
     #[pyo3(signature = (tile_bytes = tiles::DEFAULT_TILE_BYTES))]
-    fn tiles(&self, py: Python<'_>, tile_bytes: u32) -> PyResult<(RawBuffer, RawBuffer)> {
+    fn tiles(&self, py: Python<'_>, #[pyo3(from_py_with = tile_bytes_arg)] tile_bytes: u32) -> PyResult<(RawBuffer, RawBuffer)> {
         let plan = Arc::clone(&self.inner);
         let t = py.detach(move || tiles::cut(&plan, tile_bytes))?;
         Ok((RawBuffer::new(t.tiles), RawBuffer::new(t.wave_starts)))
@@ -93,4 +93,9 @@ impl CopyPlan {
             p.bytes()
         )
     }
+}
+
+/// `tile_bytes` of [`CopyPlan::tiles`]: a host integer that fits in `u32` (a `PlanError` naming it).
+fn tile_bytes_arg(obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+    super::conversion::Arg::arg(obj, "tile_bytes", crate::error::ErrorKind::Plan)
 }

@@ -3,7 +3,7 @@
 //! steps into one `CopyPlan`, and builds the fused kernel's launches for the device path.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, kwargs, Arg, FromKwargs, Ints, Table, Tables, Tensor};
+use super::conversion::{arg_error, instance, items, kwargs, Arg, FromKwargs, Ints, Table, Tables, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
@@ -30,7 +30,7 @@ pub struct Planner {
     states: Py<PyTuple>,
     /// Tokens per block, for vLLM's step decisions.
     #[pyo3(get)]
-    block_size: Option<i64>,
+    pub(crate) block_size: Option<i64>,
     #[pyo3(get)]
     num_groups: usize,
     /// Layers of every group.
@@ -50,7 +50,33 @@ pub struct Planner {
 }
 
 /// One group as the constructor takes it: its layout and, per layer, its tensors.
-type GroupArg<'py> = (PyRef<'py, Layout>, Vec<Vec<Bound<'py, PyAny>>>);
+type GroupArg<'py> = (Bound<'py, Layout>, Vec<Vec<Bound<'py, PyAny>>>);
+
+/// The constructor's `groups`: per group a `(layout, states)` pair, `states[layer]` a list of
+/// tensors (with `persistent_only`, each layer's leading persistent tensors; the rest are left
+/// alone). Anything else is a `BindingError` naming the group and layer.
+fn group_args<'py>(groups: &Bound<'py, PyAny>, persistent_only: bool) -> PyResult<Vec<GroupArg<'py>>> {
+    let kind = ErrorKind::Binding;
+    let groups = items(groups, "groups", kind, "(layout, states) pairs")?;
+    let n = groups.len();
+    let mut out = Vec::with_capacity(n);
+    for (g, pair) in groups.iter().enumerate() {
+        let at = if n == 1 { String::new() } else { format!("group {g}: ") };
+        let parts = items(pair, &format!("{at}group"), kind, "two items, (layout, states)")?;
+        let [layout, states] = &parts[..] else {
+            return Err(arg_error(kind, format!("{at}a group is a (layout, states) pair, got {} items", parts.len())));
+        };
+        let layout = instance::<Layout>(layout, &format!("{at}layout"), kind, "Layout")?;
+        let keep = if persistent_only { layout.get().core().persistent().len() } else { usize::MAX };
+        let layers = items(states, &format!("{at}states"), kind, "layers (each a list of tensors)")?
+            .iter()
+            .enumerate()
+            .map(|(li, l)| Ok(items(l, &format!("{at}states[{li}]"), kind, "tensors")?.into_iter().take(keep).collect()))
+            .collect::<PyResult<Vec<_>>>()?;
+        out.push((layout, layers));
+    }
+    Ok(out)
+}
 
 /// `group G (backend): ` before a tensor's place when there are several groups, `backend: ` else.
 fn place(groups: usize, g: usize, backend: &str) -> String {
@@ -140,8 +166,9 @@ impl Planner {
     /// order (the persistent states, optionally followed by the workspace, which is ignored);
     /// `block_size`: tokens per block, for vLLM's step decisions.
     #[new]
-    #[pyo3(signature = (groups, *, block_size = None))]
-    fn new(py: Python<'_>, groups: Vec<GroupArg<'_>>, block_size: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (groups, *, block_size = None, persistent_only = false))]
+    fn new(py: Python<'_>, groups: &Bound<'_, PyAny>, block_size: Option<&Bound<'_, PyAny>>, persistent_only: bool) -> PyResult<Self> {
+        let groups = group_args(groups, persistent_only)?;
         let block_size: Option<i64> = match block_size {
             Some(b) => Arg::arg(b, "block_size", ErrorKind::Binding)?,
             None => None,
@@ -154,7 +181,7 @@ impl Planner {
         // maps read-only are bound as read-only, which the binding refuses.
         let mut maps: Option<Option<Vec<memory::Mapping>>> = None;
         for (g, (layout, layers)) in groups.iter().enumerate() {
-            let core = layout.core();
+            let core = layout.get().core();
             let at = place(n, g, core.backend());
             let persistent = core.copyable_prefix_len();
             let mut descs = Vec::with_capacity(layers.len());

@@ -4,7 +4,7 @@
 //! int64 rows in one buffer that numpy views without a copy.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, kwargs, Arg, FromKwargs, Ints, RequestNames, Tables, Tensor};
+use super::conversion::{arg_error, items, kwargs, Arg, FromKwargs, Ints, RequestNames, Tables, Tensor};
 use super::launch::KernelLaunch;
 use super::plan::CopyPlan;
 use super::planner::Planner;
@@ -297,16 +297,45 @@ fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, Py
     Ok((RawBuffer::new(running), RawBuffer::new(st.data), l))
 }
 
+/// One planner group: its layout and states, as the caller gave them.
+type GroupPair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// The step's groups `(vLLM group id, layout, states)` split into the ids and the planner's
+/// `(layout, states)` pairs (the planner checks those); anything else is a `BindingError` naming
+/// the group.
+#[pyfunction]
+fn vllm_step_groups<'py>(groups: &Bound<'py, PyAny>) -> PyResult<(Vec<i64>, Vec<GroupPair<'py>>)> {
+    let kind = ErrorKind::Binding;
+    let mut ids = Vec::new();
+    let mut pairs = Vec::new();
+    for (g, group) in items(groups, "groups", kind, "(group id, layout, states) triples")?.iter().enumerate() {
+        let parts = items(group, &format!("groups[{g}]"), kind, "three items, (group id, layout, states)")?;
+        let [id, layout, states] = &parts[..] else {
+            return Err(arg_error(kind, format!("groups[{g}] must be a (group id, layout, states) triple, got {} items", parts.len())));
+        };
+        ids.push(Arg::arg(id, &format!("groups[{g}]: group id"), kind)?);
+        pairs.push((layout.clone(), states.clone()));
+    }
+    Ok((ids, pairs))
+}
+
+/// Checks a step's scheduling parameters against its planner (`vllm::check_step`): `block_size`
+/// given to the planner, `num_spec_blocks` its groups' `num_spec`.
+#[pyfunction]
+fn check_vllm_step(planner: Bound<'_, Planner>, num_spec_blocks: &Bound<'_, PyAny>) -> PyResult<()> {
+    let n: i64 = Arg::arg(num_spec_blocks, "num_spec_blocks", ErrorKind::Plan)?;
+    let p = planner.get();
+    vllm::check_step(&p.inner, p.block_size, n)?;
+    Ok(())
+}
+
 /// Request ids as Python strings (`str(id)` for anything else), in order.
 fn request_ids<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Vec<Bound<'py, PyString>>> {
-    let items = obj.try_iter().map_err(|_| arg_error(ErrorKind::Plan, format!("{name} must be a sequence of request ids")))?;
-    items
-        .map(|r| {
-            let r = r?;
-            match r.cast_into::<PyString>() {
-                Ok(s) => Ok(s),
-                Err(e) => e.into_inner().str(),
-            }
+    items(obj, name, ErrorKind::Plan, "request ids")?
+        .into_iter()
+        .map(|r| match r.cast_into::<PyString>() {
+            Ok(s) => Ok(s),
+            Err(e) => e.into_inner().str(),
         })
         .collect()
 }
@@ -373,6 +402,8 @@ impl PySlots {
 
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySlots>()?;
+    m.add_function(wrap_pyfunction!(vllm_step_groups, m)?)?;
+    m.add_function(wrap_pyfunction!(check_vllm_step, m)?)?;
     m.add_function(wrap_pyfunction!(align_pre_copy, m)?)?;
     m.add_function(wrap_pyfunction!(align_post_process, m)?)?;
     m.add_function(wrap_pyfunction!(pre_copy, m)?)?;

@@ -10,8 +10,27 @@ pub mod slots;
 
 pub use decide::{row_name, PostDecision, PostInputs, PreColumns, PreDecision, PreInputs, StepConfig, NULL_BLOCK};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::plan::{CopyPlan, GroupTable, Planner, Semantics, Step};
+
+/// Checks a step's scheduling parameters against its planner's groups: vLLM's block size is
+/// required (`>= 1`, the planner checked its range), and `num_spec_blocks` must be the groups'
+/// shared `num_spec`.
+pub fn check_step(planner: &Planner, block_size: Option<i64>, num_spec_blocks: i64) -> Result<StepConfig> {
+    let Some(block_size) = block_size else {
+        return Err(Error::plan("block_size is required: vLLM's step decisions need the groups' tokens per block"));
+    };
+    if num_spec_blocks < 0 {
+        return Err(Error::plan(format!("num_spec_blocks = {num_spec_blocks} must be >= 0")));
+    }
+    if num_spec_blocks != planner.num_spec() as i64 {
+        return Err(Error::layout(format!(
+            "the groups' layouts have num_spec = {}, but num_spec_blocks is {num_spec_blocks}; every group shares the step's speculative blocks",
+            planner.num_spec()
+        )));
+    }
+    Ok(StepConfig { block_size, num_spec_blocks })
+}
 
 /// The step configuration of `planner`'s groups: their shared `num_spec` and vLLM's block size.
 pub fn config(planner: &Planner, block_size: i64) -> StepConfig {

@@ -137,5 +137,5 @@ def test_groups_must_agree(field_, value, phrase):
 def test_plain_dicts_are_accepted():
     group = {"backend": "GDN_ATTN", "shapes": [s.shape for s in K3.states]}
     assert validate_copy_funcs([group], {"GDN_ATTN": ["conv", "temporal"]}) == {"GDN_ATTN": 2}
-    with pytest.raises(TypeError, match="needs a backend"):
+    with pytest.raises(LayoutError, match="needs a backend"):
         validate_copy_funcs([{"shapes": []}], {})

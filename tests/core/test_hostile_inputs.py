@@ -133,9 +133,7 @@ def test_an_unknown_preset_lists_the_known_ones(name):
 @pytest.mark.parametrize("tables", [None, object()])
 def test_plan_needs_a_list_of_tables(tables):
     p, states = _planner()
-    _refused(
-        lambda: p.plan(tables, GOOD["src"], GOOD["dst"], GOOD["acc"]), "block_tables must be a list", states=states
-    )
+    _refused(lambda: p.plan(tables, GOOD["src"], GOOD["dst"], GOOD["acc"]), "tables", states=states)
 
 
 @pytest.mark.parametrize("value", [np.array([2, 2]), 2.0, -1])

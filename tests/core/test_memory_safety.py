@@ -255,3 +255,38 @@ def test_tensors_over_pages_mapped_read_only_are_refused(tmp_path):
         "ERR BindingError X: layer 0, state 0 ('t'): the tensor is read-only; state tensors must be writable",
         "COPIED 1.0 1.0",
     ]
+
+
+def test_reset_blocks_of_a_freed_pool_is_refused():
+    out = run("""
+        from recoverssm_rs import layouts
+        lay = layouts.kda(num_heads=2, head_dim=8, num_spec=3, conv_kernel_size=4, recover_ssm=True)
+        cache = rs.StateCache(lay, num_layers=2, num_blocks=16, max_requests=4)
+        cache.buffers()["conv"].fill_(1.0)
+        cache.buffers()["recurrent"].untyped_storage().resize_(0)
+        outcome(lambda: cache.reset_blocks([3, 5]))
+        print("conv untouched", bool((cache.buffers()["conv"] == 1.0).all()))
+    """)
+    assert out[0].startswith("ERR BindingError StateCache recurrent buffer: its storage was resized or freed"), out
+    assert out[1] == "conv untouched True"
+
+
+def test_a_state_pool_over_read_only_pages_is_refused(tmp_path):
+    # The transfer pool binds its tensors through the planner: pages the process maps read-only
+    # are refused before a transfer could write into them.
+    path = tmp_path / "pool.bin"
+    np.zeros((8, 4, 16, 16), np.float32).tofile(path)
+    out = run(f"""
+        import warnings
+        warnings.simplefilter("ignore")
+        from recoverssm_rs import layouts
+        from recoverssm_rs.transfer.pool import StatePool
+        L = layouts.linear_attention(num_heads=4, head_dim=16)
+        ro = torch.from_numpy(np.memmap({str(path)!r}, dtype=np.float32, mode="r", shape=(8, 4, 16, 16)))
+        outcome(lambda: StatePool(L, [[ro]]))
+        rw = torch.from_numpy(np.memmap({str(path)!r}, dtype=np.float32, mode="r+", shape=(8, 4, 16, 16)))
+        print("pool blocks", StatePool(L, [[rw]]).num_blocks)
+    """)
+    assert out[0].startswith("ERR BindingError"), out
+    assert "read-only" in out[0], out
+    assert out[1] == "pool blocks 8", out

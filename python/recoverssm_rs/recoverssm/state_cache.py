@@ -90,7 +90,7 @@ class StateCache:
         device: str | torch.device = "cpu",
     ) -> None:
         _core.check_cache_sizes(num_layers, num_blocks, max_requests)
-        geo = layout.recover_geometry()
+        geo = _core.recover_geometry(layout)
         self.layout = layout
         self.geometry: dict[str, Any] = geo
         self.kind: str = geo["kind"]
@@ -100,7 +100,10 @@ class StateCache:
         self.num_layers = int(num_layers)
         self.num_blocks = int(num_blocks)
         self.max_requests = int(max_requests)
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise BindingError(f"device: {e}") from None
         states = layout.states
         conv_spec = states[geo["conv_state"]]
         rec_spec = states[geo["recurrent_state"]]
@@ -214,7 +217,8 @@ class StateCache:
     ) -> np.ndarray:
         """The commit plan (``COMMIT_ROW_DTYPE`` records), checked by the core. See :meth:`commit`."""
         if query_lens is None:
-            query_lens = np.full(len(state_blocks), self.window, dtype=np.int64)
+            n = self.commit_planner.check_state_blocks(state_blocks, self.max_requests)
+            query_lens = np.full(n, self.window, dtype=np.int64)
         raw = self.commit_planner.plan(
             state_blocks=state_blocks,
             num_accepted=num_accepted,
@@ -261,7 +265,11 @@ class StateCache:
         if device_counts:
             # Counts stay on the device: plan each request for its whole window (the cap) and let
             # the kernel clamp num_accepted[request] to it.
-            caps = np.full(len(state_blocks), self.window, dtype=np.int64) if query_lens is None else query_lens
+            if query_lens is None:
+                n = self.commit_planner.check_state_blocks(state_blocks, self.max_requests)
+                caps = np.full(n, self.window, dtype=np.int64)
+            else:
+                caps = query_lens
             rows = self.plan_commit(caps, state_blocks, caps, **align)
         else:
             rows = self.plan_commit(num_accepted, state_blocks, query_lens, **align)

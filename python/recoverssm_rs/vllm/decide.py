@@ -104,7 +104,7 @@ def align_pre_copy(
             the null block.
     """
     raw = _core.align_pre_copy(
-        tables=list(block_tables),
+        tables=block_tables,
         num_computed=num_computed,
         num_scheduled=num_scheduled,
         num_accepted=num_accepted,
@@ -141,7 +141,7 @@ def align_post_process(
             accepted counts out of range, a saved state's columns outside a row or null.
     """
     raw = _core.align_post_process(
-        tables=list(block_tables),
+        tables=block_tables,
         state_col=state_col,
         num_computed=num_computed,
         num_scheduled=num_scheduled,
@@ -172,7 +172,7 @@ def plan_pre_copy(
 
     raw, plan = _core.vllm_pre_copy(
         planner.core,
-        tables=list(block_tables),
+        tables=block_tables,
         num_computed=num_computed,
         num_scheduled=num_scheduled,
         num_accepted=num_accepted,
@@ -199,7 +199,7 @@ def plan_post_process(
 
     raw, plan = _core.vllm_post_process(
         planner.core,
-        tables=list(block_tables),
+        tables=block_tables,
         state_col=state_col,
         num_computed=num_computed,
         num_scheduled=num_scheduled,

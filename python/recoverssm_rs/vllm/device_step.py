@@ -31,7 +31,7 @@ from .. import _core
 from .._core import ErrorWord, VllmSlots
 from ..cuda import module, ops
 from ..cuda.ops import cuda_index
-from ..errors import PlanError
+from ..errors import PlanError, _reading
 
 if TYPE_CHECKING:
     from ..planner import Planner
@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 __all__ = ["DeviceStep"]
 
 log = logging.getLogger("recoverssm_rs")
+
+
+def _rows(x: Any, name: str) -> int:
+    """The requests of a step's ``[R]`` vector (a ``PlanError`` naming it when it has no length;
+    the core checks its values)."""
+    with _reading(name, PlanError):
+        return len(x)
 
 
 def _int32_counts(x: Any) -> Any:
@@ -159,9 +166,9 @@ class DeviceStep:
         """
         return self._launch(
             _core.vllm_device_pre_copy,
-            len(num_computed),
+            _rows(num_computed, "num_computed"),
             stream,
-            tables=list(block_tables),
+            tables=block_tables,
             num_computed=num_computed,
             num_scheduled=num_scheduled,
             mamba_state_idx=mamba_state_idx,
@@ -204,9 +211,9 @@ class DeviceStep:
         """
         _, counts = self._launch(
             _core.vllm_device_post_process,
-            len(state_col),
+            _rows(state_col, "state_col"),
             stream,
-            tables=list(block_tables),
+            tables=block_tables,
             state_col=state_col,
             num_computed=num_computed,
             num_scheduled=num_scheduled,

@@ -40,7 +40,7 @@ import numpy as np
 from .. import _core
 from .._core import Layout, StateSpec, VllmSlots
 from ..contract import copy_func_name, validate_copy_funcs
-from ..errors import BindingError, LayoutError, PlanError
+from ..errors import BindingError, LayoutError, PlanError, _reading
 from ..planner import CopyPlan, Planner
 from .decide import PostProcessDecision, PreCopyDecision, plan_post_process, plan_pre_copy
 from .device_step import DeviceStep
@@ -82,16 +82,17 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     layers use several specs gives one entry per spec. A spec is recognised by its ``mamba_type``
     and ``shapes``; attention groups are skipped."""
     out: list[tuple[int, Any, list[str]]] = []
-    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
-        for layer in group.layer_names:
-            spec = _layer_spec(group, layer)
-            if hasattr(spec, "mamba_type") and hasattr(spec, "shapes"):
-                # Specs are compared by value (vLLM's are frozen dataclasses); plain objects by identity.
-                entry = next((e for e in out if e[0] == gid and (e[1] is spec or e[1] == spec)), None)
-                if entry is None:
-                    out.append((gid, spec, [layer]))
-                else:
-                    entry[2].append(layer)
+    with _reading("kv_cache_config (vLLM's KVCacheConfig)", LayoutError):
+        for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+            for layer in group.layer_names:
+                spec = _layer_spec(group, layer)
+                if hasattr(spec, "mamba_type") and hasattr(spec, "shapes"):
+                    # Specs are compared by value (vLLM's are frozen dataclasses); plain objects by identity.
+                    entry = next((e for e in out if e[0] == gid and (e[1] is spec or e[1] == spec)), None)
+                    if entry is None:
+                        out.append((gid, spec, [layer]))
+                    else:
+                        entry[2].append(layer)
     if not out:
         raise LayoutError("the KV-cache config has no mamba group (no spec with mamba_type and shapes)")
     return out
@@ -176,13 +177,9 @@ class VllmMambaStep:
         device_tables: bool = False,
     ) -> None:
         self._slots_table = VllmSlots(max_num_reqs)
-        self._group_ids = [int(g) for g, _, _ in groups]
-        self.planner = Planner.from_groups([(layout, states) for _, layout, states in groups], block_size=block_size)
-        if _core.check_index("num_spec_blocks", num_spec_blocks, 2**32) != self.planner.num_spec:
-            raise LayoutError(
-                f"the groups' layouts have num_spec = {self.planner.num_spec}, but num_spec_blocks is "
-                f"{num_spec_blocks}; every group shares the step's speculative blocks"
-            )
+        self._group_ids, pairs = _core.vllm_step_groups(groups)
+        self.planner = Planner.from_groups(pairs, block_size=block_size)
+        _core.check_vllm_step(self.planner.core, num_spec_blocks)
         self.device_step = DeviceStep(self.planner, max_num_reqs) if self.planner.device.startswith("cuda") else None
         """The device path's launches (CUDA states), else ``None``."""
         self._device_tables = bool(device_tables) and self.device_step is not None
@@ -218,7 +215,7 @@ class VllmMambaStep:
                 disagree on scheduling parameters, or the mode is not ``"align"``.
             BindingError: a layer's tensors do not match its spec (group, layer and state named).
         """
-        layout_name = (conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
+        layout_name = str(conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
         found = mamba_groups(kv_cache_config)
         specs = [spec for _, spec, _ in found]
         validate_copy_funcs(specs, copy_funcs)
@@ -234,9 +231,10 @@ class VllmMambaStep:
             funcs = by_type[_name(spec.mamba_type)]
             states = []
             for layer in layers:
-                if layer not in forward_context:
-                    raise BindingError(f"group {gid}, layer {layer!r}: not in the forward context")
-                kv = list(forward_context[layer].kv_cache)
+                with _reading(f"group {gid}, layer {layer!r}: forward_context", BindingError):
+                    if layer not in forward_context:
+                        raise BindingError(f"group {gid}, layer {layer!r}: not in the forward context")
+                    kv = list(forward_context[layer].kv_cache)
                 if len(kv) < len(funcs):
                     raise BindingError(
                         f"group {gid}, layer {layer!r}: {len(kv)} kv_cache tensors, but {len(funcs)} copy functions"
@@ -258,7 +256,7 @@ class VllmMambaStep:
 
     def release(self, req_ids: Iterable[str]) -> None:
         """Forget finished / preempted / resumed requests: their running columns become ``-1``."""
-        freed = self._slots_table.release(list(req_ids))
+        freed = self._slots_table.release(req_ids)
         if freed:
             self.mamba_state_idx[freed] = -1
 
@@ -380,25 +378,36 @@ class VllmMambaStep:
             PlanError: naming the request (see :func:`recoverssm_rs.vllm.decide.align_pre_copy`).
         """
         self._step = None  # a rejected step leaves nothing for postprocess
-        cached = scheduler_output.scheduled_cached_reqs
-        self.release(scheduler_output.finished_req_ids)
-        self.release(getattr(scheduler_output, "preempted_req_ids", None) or ())
-        self.release(getattr(cached, "resumed_req_ids", None) or ())
-        req_ids = list(input_batch.req_ids)
-        n = len(req_ids)
-        added: list[str] = []
-        host_acc = input_batch.num_accepted_tokens_cpu
-        acc = host_acc[:n] if num_accepted is None else num_accepted
-        try:
-            slots = self._slots(req_ids, added)
+        # vLLM's objects are read first: one of the wrong kind is a PlanError naming it, before
+        # anything changes.
+        with _reading("scheduler_output", PlanError):
+            cached = scheduler_output.scheduled_cached_reqs
+            released = [
+                scheduler_output.finished_req_ids,
+                getattr(scheduler_output, "preempted_req_ids", None) or (),
+                getattr(cached, "resumed_req_ids", None) or (),
+            ]
             sched = scheduler_output.num_scheduled_tokens
             spec = scheduler_output.scheduled_spec_decode_tokens
-            # Per-request values gathered in C (map), not a Python loop over requests.
-            c = _gather(map(_COMPUTED, _lookup(requests, req_ids, "requests")))
-            ns = _gather(_lookup(sched, req_ids, "scheduler_output.num_scheduled_tokens"))
-            nd = np.fromiter(map(len, map(spec.get, req_ids, repeat((), n))), np.int64, n)
+        with _reading("input_batch.req_ids", PlanError):
+            req_ids = list(input_batch.req_ids)
+            n = len(req_ids)
+        with _reading("input_batch", PlanError):
+            host_acc = input_batch.num_accepted_tokens_cpu
+            acc = host_acc[:n] if num_accepted is None else num_accepted
             tables = self.tables(input_batch, n)
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
+        with _reading("requests", PlanError):
+            # Per-request values gathered in C (map), not a Python loop over requests.
+            c = _gather(map(_COMPUTED, _lookup(requests, req_ids, "requests")))
+        with _reading("scheduler_output", PlanError):
+            ns = _gather(_lookup(sched, req_ids, "scheduler_output.num_scheduled_tokens"))
+            nd = np.fromiter(map(len, map(spec.get, req_ids, repeat((), n))), np.int64, n)
+        for ids in released:
+            self.release(ids)
+        added: list[str] = []
+        try:
+            slots = self._slots(req_ids, added)
             if self.device_step is not None:
                 curr, out = self.device_step.pre_copy(
                     tables,

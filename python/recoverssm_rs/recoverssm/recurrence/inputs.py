@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -48,18 +49,26 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+def _count(x: Any) -> int:
+    """One count of a list: an integer (a bool or a float is refused with a ``TypeError``)."""
+    if isinstance(x, bool):
+        raise TypeError("a bool is not a count")
+    return operator.index(x)
+
+
 def raw_counts(name: str, counts: Counts, batch: int, device: torch.device) -> torch.Tensor:
     """Per-request counts as an int64 tensor ``[B]`` on ``device`` (not clamped)."""
     if isinstance(counts, bool):
         raise PlanError(f"{name}: expected an int, a sequence of ints or an integer tensor, got bool")
-    if isinstance(counts, int):
-        return torch.full((batch,), counts, dtype=torch.int64, device=device)
     if isinstance(counts, torch.Tensor):
         c = counts
     else:
         try:
-            c = torch.as_tensor([int(x) for x in counts], dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError) as exc:
+            # operator.index: integers only (a float is refused, never truncated).
+            if isinstance(counts, int):
+                return torch.full((batch,), counts, dtype=torch.int64, device=device)
+            c = torch.as_tensor([_count(x) for x in counts], dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise PlanError(f"{name}: expected an int, a sequence of ints or an integer tensor ({exc})") from None
     if c.dtype == torch.bool or c.is_floating_point() or c.is_complex():
         raise PlanError(f"{name}: expected an integer tensor, got dtype {c.dtype}")

@@ -1,0 +1,298 @@
+"""The wrong kind of object at every public entry point: ``None``, a string, a dict, an
+``object()``, a float, a ragged nested list, a 0-d array or a huge int in place of each argument
+raises the package's own error (or is accepted where it is a valid value), never Python's
+``TypeError`` / ``AttributeError`` / ``ValueError`` / ``KeyError``, and a refused step writes
+nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import recoverssm_rs as rs  # noqa: E402
+from recoverssm_rs import layouts  # noqa: E402
+from recoverssm_rs.vllm import (  # noqa: E402
+    VllmMambaStep,
+    align_post_process,
+    align_pre_copy,
+    copy_kind,
+    mamba_groups,
+)
+from support.vllm_trace import GroupCfg, Side, Sim  # noqa: E402
+
+HOSTILE: dict[str, Any] = {
+    "None": None,
+    "str": "abc",
+    "dict": {"a": 1},
+    "object": object(),
+    "float": 1.5,
+    "nested": [[1, [2]], [3]],
+    "0-d array": np.array(3),
+    "huge int": 2**70,
+}
+LAYOUT = rs.Layout(
+    "X",
+    [
+        rs.StateSpec("c", (3, 4), "float32", copy="conv", conv_layout="SD"),
+        rs.StateSpec("t", (4,), "float32", copy="temporal"),
+    ],
+    num_spec=2,
+)
+RECOVER = layouts.kda(num_heads=2, head_dim=4, conv_kernel_size=4, recover_ssm=True, num_spec=2)
+TABLE = np.arange(1, 11, dtype=np.int64).reshape(2, 5)
+V = np.array
+
+
+def _states() -> list[list[Any]]:
+    return [[torch.arange(16 * 12, dtype=torch.float32).reshape(16, 3, 4), torch.ones(16, 4)]]
+
+
+class _Target:
+    """A fresh object per hostile call (a refused call must leave its states unchanged)."""
+
+    def __init__(self) -> None:
+        self.states = _states()
+        self.planner = rs.Planner(LAYOUT, self.states, block_size=4)
+        self.step = VllmMambaStep([(0, LAYOUT, _states())], block_size=4, num_spec_blocks=2, max_num_reqs=4)
+        self.cache = rs.StateCache(RECOVER, num_layers=1, num_blocks=8, max_requests=2)
+
+    def tensors(self) -> list[Any]:
+        step = [t for layer in self.step.planner.states[0] for t in layer]
+        return [t for layer in self.states for t in layer] + step + list(self.cache.buffers().values())
+
+
+def _kv_config() -> Any:
+    spec = SimpleNamespace(mamba_type="X", shapes=[(3, 4), (4,)], dtypes=["float32", "float32"])
+    return SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l0"], kv_cache_spec=spec)])
+
+
+def _preprocess_args() -> dict[str, Any]:
+    """One request ``a`` of a step's vLLM objects (read by attribute)."""
+    return dict(
+        scheduler_output=SimpleNamespace(
+            scheduled_cached_reqs=SimpleNamespace(),
+            finished_req_ids=set(),
+            num_scheduled_tokens={"a": 4},
+            scheduled_spec_decode_tokens={},
+        ),
+        input_batch=SimpleNamespace(
+            req_ids=["a"], num_accepted_tokens_cpu=np.ones(4, np.int64), block_table=[SimpleNamespace(np=TABLE)]
+        ),
+        requests={"a": SimpleNamespace(num_computed_tokens=0)},
+    )
+
+
+def _runner() -> Side:
+    """vLLM's runner-held objects for one GDN group (``support.vllm_trace``)."""
+    sim = Sim([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", seed=0, num_blocks=16)
+    return Side(sim, sim.make_states(), None)
+
+
+RUNNER = _runner()
+B, Q, DIM = 1, 3, RECOVER.states[0].shape[1]
+
+
+# (entry, call(target, **kwargs), good kwargs)
+ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
+    (
+        "StateSpec",
+        lambda t, **k: rs.StateSpec(**k),
+        dict(name="c", shape=(3, 4), dtype="float32", role="persistent", copy="conv", conv_layout="SD"),
+    ),
+    ("Layout", lambda t, **k: rs.Layout(**k), dict(backend="X", states=list(LAYOUT.states), num_spec=2)),
+    ("Planner", lambda t, **k: rs.Planner(**k), dict(layout=LAYOUT, states=_states(), block_size=4)),
+    ("Planner.from_groups", lambda t, **k: rs.Planner.from_groups(**k), dict(groups=[(LAYOUT, _states())])),
+    (
+        "Planner.plan_align",
+        lambda t, **k: t.planner.plan_align(**k).execute(),
+        dict(block_table=TABLE, src_col=V([0, 1]), dst_col=V([1, 2]), num_accepted=V([1, 2])),
+    ),
+    (
+        "Planner.plan",
+        lambda t, **k: t.planner.plan(**k).execute(),
+        dict(block_tables=[TABLE], src_col=V([0, 1]), dst_col=V([1, 2]), num_accepted=V([1, 2])),
+    ),
+    ("Planner.plan_copy", lambda t, **k: t.planner.plan_copy(**k).execute(), dict(src_blocks=[1], dst_blocks=[2])),
+    ("Layout.state", lambda t, **k: LAYOUT.state(**k), dict(name="c")),
+    ("CopyPlan.tiles", lambda t, **k: t.planner.plan_copy([1], [2]).tiles(**k), dict(tile_bytes=4096)),
+    ("validate_copy_funcs", lambda t, **k: rs.validate_copy_funcs(**k), dict(groups=[], copy_funcs={})),
+    ("layouts.preset", lambda t, **k: layouts.preset(**k), dict(name="qwen3-next-80b-a3b")),
+    (
+        "layouts.mamba2",
+        lambda t, **k: layouts.mamba2(**k),
+        dict(intermediate_size=64, n_groups=1, num_heads=4, head_dim=16, state_size=8, conv_kernel=4, num_spec=1),
+    ),
+    (
+        "layouts.gdn",
+        lambda t, **k: layouts.gdn(**k),
+        dict(num_k_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8, conv_kernel_size=4, tp_size=1),
+    ),
+    ("layouts.kda", lambda t, **k: layouts.kda(**k), dict(num_heads=2, head_dim=4, recover_ssm=True)),
+    (
+        "StateCache",
+        lambda t, **k: rs.StateCache(**k),
+        dict(layout=RECOVER, num_layers=1, num_blocks=8, max_requests=2, device="cpu"),
+    ),
+    (
+        "StateCache.commit",
+        lambda t, **k: t.cache.commit(**k),
+        dict(num_accepted=V([1]), state_blocks=V([3]), query_lens=None),
+    ),
+    (
+        "StateCache.conv_verify",
+        lambda t, **k: t.cache.conv_verify(**k),
+        dict(layer=0, state_blocks=[3], x=torch.zeros(B, Q, DIM), weight=torch.zeros(DIM, 4)),
+    ),
+    (
+        "StateCache.verify",
+        lambda t, **k: t.cache.verify(**k),
+        dict(
+            layer=0,
+            state_blocks=[3],
+            q_hat=torch.zeros(B, Q, 2, 4),
+            k_hat=torch.zeros(B, Q, 2, 4),
+            v=torch.zeros(B, Q, 2, 4),
+            gate=torch.zeros(B, Q, 2, 4),
+            beta=torch.zeros(B, Q, 2),
+            query_lens=[3],
+        ),
+    ),
+    ("StateCache.reset_blocks", lambda t, **k: t.cache.reset_blocks(**k), dict(blocks=[3])),
+    ("StateCache.copy_blocks", lambda t, **k: t.cache.copy_blocks(**k), dict(src_blocks=[1], dst_blocks=[2])),
+    ("StateCache.conv_state", lambda t, **k: t.cache.conv_state(**k), dict(layer=0)),
+    (
+        "VllmMambaStep",
+        lambda t, **k: VllmMambaStep(**k),
+        dict(groups=[(0, LAYOUT, _states())], block_size=4, num_spec_blocks=2, max_num_reqs=4, device_tables=False),
+    ),
+    (
+        "VllmMambaStep.from_runner",
+        lambda t, **k: VllmMambaStep.from_runner(**k),
+        dict(
+            kv_cache_config=RUNNER.kv_cache_config,
+            forward_context=RUNNER.forward_context,
+            copy_funcs=RUNNER.copy_funcs(None),
+            max_num_reqs=4,
+            conv_layout=None,
+            device_tables=False,
+        ),
+    ),
+    ("VllmMambaStep.release", lambda t, **k: t.step.release(**k), dict(req_ids=["a"])),
+    (
+        "VllmMambaStep.pre_copy",
+        lambda t, **k: t.step.pre_copy(**k),
+        dict(
+            block_tables=[TABLE],
+            slots=[0, 1],
+            num_computed=V([0, 0]),
+            num_scheduled=V([4, 4]),
+            num_accepted=V([1, 1]),
+            fresh=None,
+            req_ids=None,
+        ),
+    ),
+    (
+        "VllmMambaStep.post_process",
+        lambda t, **k: t.step.post_process(**k),
+        dict(
+            block_tables=[TABLE],
+            state_col=V([0, 0]),
+            num_computed=V([0, 0]),
+            num_scheduled=V([4, 4]),
+            num_draft=V([0, 0]),
+            num_accepted=V([1, 1]),
+            req_ids=None,
+        ),
+    ),
+    ("VllmMambaStep.preprocess", lambda t, **k: t.step.preprocess(**k), _preprocess_args()),
+    (
+        "VllmMambaStep.postprocess",
+        lambda t, **k: (t.step.preprocess(**_preprocess_args()), t.step.postprocess(**k)),
+        dict(num_accepted=V([1])),
+    ),
+    ("mamba_groups", lambda t, **k: mamba_groups(**k), dict(kv_cache_config=_kv_config())),
+    ("copy_kind", lambda t, **k: copy_kind(**k), dict(func="conv")),
+    (
+        "align_pre_copy",
+        lambda t, **k: align_pre_copy(**k),
+        dict(
+            block_tables=[TABLE],
+            num_computed=V([0, 0]),
+            num_scheduled=V([4, 4]),
+            num_accepted=V([1, 1]),
+            mamba_state_idx=V([-1, -1]),
+            block_size=4,
+            num_spec_blocks=2,
+        ),
+    ),
+    (
+        "align_post_process",
+        lambda t, **k: align_post_process(**k),
+        dict(
+            block_tables=[TABLE],
+            state_col=V([0, 0]),
+            num_computed=V([0, 0]),
+            num_scheduled=V([4, 4]),
+            num_draft=V([0, 0]),
+            num_accepted=V([1, 1]),
+            block_size=4,
+            num_spec_blocks=2,
+        ),
+    ),
+]
+CASES = [(name, call, good, arg) for name, call, good in ENTRIES for arg in good]
+
+
+def test_the_good_calls_pass():
+    for _name, call, good in ENTRIES:
+        call(_Target(), **good)
+
+
+@pytest.mark.parametrize(("name", "call", "good", "arg"), CASES, ids=[f"{c[0]}-{c[3]}" for c in CASES])
+def test_every_argument_refuses_the_wrong_kind(name, call, good, arg):
+    foreign = []
+    for label, value in HOSTILE.items():
+        target = _Target()
+        before = [t.clone() for t in target.tensors()]
+        try:
+            call(target, **{**good, arg: value})
+        except rs.RecoverSSMError:
+            changed = [i for i, (a, b) in enumerate(zip(before, target.tensors())) if not torch.equal(a, b)]
+            assert not changed, f"{name}({arg}={label}) was refused but wrote tensors {changed}"
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            foreign.append(f"{arg}={label}: {type(e).__name__}: {e}")
+    assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)
+
+
+def test_wrong_kinds_are_named():
+    with pytest.raises(rs.BindingError, match="layout must be a Layout, got str"):
+        rs.Planner("X", _states())
+    with pytest.raises(rs.BindingError, match=r"states\[0\] must be a list of tensors, got float"):
+        rs.Planner(LAYOUT, [1.5])
+    with pytest.raises(rs.LayoutError, match=r"X: states\[1\] must be a StateSpec, got dict"):
+        rs.Layout("X", [LAYOUT.states[0], {}])
+    with pytest.raises(rs.PlanError, match="input_batch.req_ids: TypeError"):
+        VllmMambaStep([(0, LAYOUT, _states())], block_size=4, num_spec_blocks=2, max_num_reqs=4).preprocess(
+            SimpleNamespace(
+                scheduled_cached_reqs=None,
+                finished_req_ids=(),
+                num_scheduled_tokens={},
+                scheduled_spec_decode_tokens={},
+            ),
+            SimpleNamespace(req_ids=None),
+            {},
+        )
+    cache = rs.StateCache(RECOVER, num_layers=1, num_blocks=8, max_requests=2)
+    with pytest.raises(rs.PlanError, match="state_blocks"):
+        cache.commit(V([1]), None)
+
+
+def test_the_step_needs_a_block_size():
+    with pytest.raises(rs.PlanError, match="block_size is required"):
+        VllmMambaStep([(0, LAYOUT, _states())], block_size=None, num_spec_blocks=2, max_num_reqs=4)  # type: ignore[arg-type]
