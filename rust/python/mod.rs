@@ -34,8 +34,7 @@ mod _core {
     #[pymodule_export]
     use super::layout::{
         _validate_copy_funcs, copy_func_kind, gdn_layout, kda_layout, linear_attention_layout, mamba1_layout, mamba2_layout, recover_geometry,
-        short_conv_layout,
-        Layout, StateSpec,
+        short_conv_layout, Layout, StateSpec,
     };
     #[pymodule_export]
     use super::plan::CopyPlan;

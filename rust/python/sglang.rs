@@ -136,5 +136,14 @@ pub(crate) fn sglang_slot_launch(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult
         track_steps: a.track_steps.as_ref().map(|t| &t.0),
         err: &a.err.0,
     };
-    Ok(kernel::slot_launch(&a.device.0, a.metas, a.num_meta, a.max_bytes, a.num_slots, a.num_rows, a.draft, &call)?.map(KernelLaunch::new))
+    let pool = kernel::SlotPool {
+        device: &a.device.0,
+        metas: a.metas,
+        num_meta: a.num_meta,
+        max_bytes: a.max_bytes,
+        num_slots: a.num_slots,
+        num_rows: a.num_rows,
+        draft: a.draft,
+    };
+    Ok(kernel::slot_launch(&pool, &call)?.map(KernelLaunch::new))
 }

@@ -172,21 +172,24 @@ pub struct SlotCall<'a> {
     pub err: &'a TensorDesc,
 }
 
-/// The launch of `rs_slot_scatter` over `num_meta` records at device address `metas` whose largest
-/// slot is `max_bytes` bytes, for a pool of `num_slots` slots (the dummy slot 0 included) and a
-/// scratch of `num_rows` rows of `draft` steps. Every vector is int64, one length (`err`: int32,
-/// 3 elements); `None` when nothing is to launch.
-#[allow(clippy::too_many_arguments)]
-pub fn slot_launch(
-    device: &Device,
-    metas: u64,
-    num_meta: u32,
-    max_bytes: u64,
-    num_slots: i64,
-    num_rows: i64,
-    draft: i64,
-    c: &SlotCall<'_>,
-) -> Result<Option<Launch>> {
+/// What a launch of `rs_slot_scatter` runs over: `num_meta` records at device address `metas` on
+/// `device`, whose largest slot is `max_bytes` bytes, for a pool of `num_slots` slots (the dummy
+/// slot 0 included) and a scratch of `num_rows` rows of `draft` steps.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotPool<'a> {
+    pub device: &'a Device,
+    pub metas: u64,
+    pub num_meta: u32,
+    pub max_bytes: u64,
+    pub num_slots: i64,
+    pub num_rows: i64,
+    pub draft: i64,
+}
+
+/// The launch of `rs_slot_scatter` for call `c` over `pool`. Every vector is int64, one length
+/// (`err`: int32, 3 elements); `None` when nothing is to launch.
+pub fn slot_launch(pool: &SlotPool<'_>, c: &SlotCall<'_>) -> Result<Option<Launch>> {
+    let SlotPool { device, metas, num_meta, max_bytes, num_slots, num_rows, draft } = *pool;
     let vector = |t: &TensorDesc, what: &str| -> Result<DeviceVector> {
         let v = int_vector(t, what, 0, &[IntType::I64], crate::error::ErrorKind::Plan)?;
         if Device::parse(&t.device).ok().as_ref() != Some(device) {

@@ -48,7 +48,7 @@ fn host_copies_keep_the_pool_dtype_and_shape() {
 }
 
 mod slot_kernel {
-    use crate::sglang::kernel::{slot_launch, slot_table, SlotCall};
+    use crate::sglang::kernel::{slot_launch, slot_table, SlotCall, SlotPool};
     use crate::tensor::{Device, TensorDesc};
 
     fn t(ptr: u64, dtype: &str, shape: &[i64], strides: &[i64]) -> TensorDesc {
@@ -98,12 +98,13 @@ mod slot_kernel {
         let steps = TensorDesc::dense(128, "int64", &[2], "cuda:0");
         let err = TensorDesc::dense(256, "int32", &[3], "cuda:0");
         let call = SlotCall { slots: &slots, steps: Some(&steps), rows: None, track_slots: None, track_steps: None, err: &err };
-        let e = slot_launch(&dev, 8, 4, 96, 9, 5, 4, &call).unwrap_err();
+        let pool = |num_rows, draft| SlotPool { device: &dev, metas: 8, num_meta: 4, max_bytes: 96, num_slots: 9, num_rows, draft };
+        let e = slot_launch(&pool(5, 4), &call).unwrap_err();
         assert!(e.message.contains("steps has 2 elements, slots has 3"), "{}", e.message);
         let clear = SlotCall { steps: None, ..call };
-        let l = slot_launch(&dev, 8, 4, 96, 9, 0, 0, &clear).unwrap().unwrap();
+        let l = slot_launch(&pool(0, 0), &clear).unwrap().unwrap();
         assert_eq!((l.grid, l.kernel.name), ([1, 3, 4], "rs_slot_scatter"));
         let i32slots = TensorDesc::dense(64, "int32", &[3], "cuda:0");
-        assert!(slot_launch(&dev, 8, 4, 96, 9, 0, 0, &SlotCall { slots: &i32slots, ..clear }).is_err());
+        assert!(slot_launch(&pool(0, 0), &SlotCall { slots: &i32slots, ..clear }).is_err());
     }
 }

@@ -178,3 +178,15 @@ def test_the_adapter_never_imports_sglang():
     code = "import sys, recoverssm_rs.sglang; print(any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_pool_with_several_conv_tensors_is_not_a_transfer_pool():
+    from recoverssm_rs import LayoutError, layouts
+
+    conv = [torch.zeros(2, 5, 4, 3), torch.zeros(2, 5, 6, 3)]
+    temporal = torch.zeros(2, 5, 2, 4, 4)
+    pool = SglangMambaPool(conv, temporal)
+    with pytest.raises(LayoutError, match="state_pool binds one conv tensor per layer; this pool has 2"):
+        pool.state_pool(
+            layouts.mamba2(intermediate_size=8, n_groups=1, num_heads=2, head_dim=4, state_size=4, conv_kernel=4)
+        )

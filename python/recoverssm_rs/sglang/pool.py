@@ -319,9 +319,17 @@ class SglangMambaPool:
 
         Raises:
             BindingError: the pool's tensors are not ``layout``'s (dtype, per-slot shape).
+            LayoutError: the pool has more than one conv tensor (their transfer is not supported:
+                binding only the first would leave the others stale on the destination).
         """
+        from ..errors import LayoutError
         from ..transfer import StatePool
 
+        conv = [c for c in self.conv if math.prod(c.shape) > 0]
+        if len(conv) > 1:
+            raise LayoutError(
+                f"state_pool binds one conv tensor per layer; this pool has {len(conv)}: its transfer is not supported"
+            )
         layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
         return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
 
