@@ -321,9 +321,12 @@ fn with_bytes<T: Send>(py: Python<'_>, data: &PyBuffer<u8>, f: impl FnOnce(&[u8]
         return Err(Error::binding("data: the buffer must be C-contiguous bytes").into());
     }
     let (ptr, len) = (data.buf_ptr() as usize, data.len_bytes());
+    if len == 0 || ptr == 0 {
+        return Ok(f(&[]));
+    }
     // SAFETY: `data` holds the exporter's buffer (its memory stays valid and exported) until it
-    // is dropped after this call; it is C-contiguous, so its `len_bytes()` bytes from `buf_ptr()`
-    // are the whole buffer; the slice is only read.
+    // is dropped after this call; it is C-contiguous, so its `len_bytes()` bytes from the
+    // non-null `buf_ptr()` are the whole buffer; the slice is only read.
     Ok(py.detach(move || f(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })))
 }
 
