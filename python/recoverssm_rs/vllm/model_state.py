@@ -73,9 +73,7 @@ class ModelStateV2:
             raise PlanError(f"{len(group_ids)} group ids for a planner of {planner.num_groups} groups")
         self.planner = planner
         self.group_ids = [int(g) for g in group_ids]
-        self.max_num_reqs = m = int(max_num_reqs)
-        if m < 1:
-            raise PlanError(f"max_num_reqs must be >= 1, got {m}")
+        self.max_num_reqs = m = _core.VllmSlots.check_capacity(max_num_reqs)
         self.block_size = int(planner.block_size)
         self.device = torch.device(device if device is not None else planner.device)
         dev = self.device
