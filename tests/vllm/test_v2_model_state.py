@@ -184,3 +184,46 @@ def test_host_states_are_refused_by_the_step():
             torch.zeros(2, dtype=torch.int32),
             [torch.zeros(4, 6, dtype=torch.int32)],
         )
+
+
+#: name -> (groups, block_size, num_speculative_blocks, conv layout, seed, steps), RecoverSSM on
+RECOVER_TRACES = {
+    "recoverssm-gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 61, 12),
+    "recoverssm-2groups-DS-spec1": (
+        [GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))],
+        3,
+        1,
+        "DS",
+        62,
+        12,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(RECOVER_TRACES))
+def test_v2_trace_with_recoverssm_equals_vllm(mh, fake_ops, emulator, launch_args, name):
+    """vLLM's post-process with RecoverSSM on: its ``commit_step`` (the commit, then its column and
+    count kernel, interpreted) between the count scatter and the aligned save. The commit's state
+    fold is the package's host reference on both sides (vLLM's fold is the model's own KDA kernel);
+    the adapter's commit arguments, the columns, counts and the post-copy after it are checked
+    against vLLM's."""
+    from support import vllm_v2_oracle
+
+    groups, bs, nsb, layout, seed, steps = RECOVER_TRACES[name]
+    launches: list[int] = []
+    stats = vllm_v2_oracle.run_trace(
+        mh,
+        groups,
+        block_size=bs,
+        nsb=nsb,
+        conv_layout=layout,
+        seed=seed,
+        steps=steps,
+        launches=launches,
+        emulator=emulator,
+        recoverssm=True,
+    )
+    assert stats.commits > 0 and stats.int_counts > 0 and stats.pp_rows > 0
+    # the copy kernel once per half-step (the commit runs the torch reference on these CPU caches;
+    # on CUDA it is one rs_recover_commit launch more in the post-process)
+    assert launches and set(launches) == {1}
