@@ -26,7 +26,10 @@ step. The kernel checks every (request, group) it copies and reports into the st
 runner's own work. On a GPU the torch operations are kernels of their own: until
 the kernel takes ``idx_mapping`` and the slot bookkeeping itself, a half-step launches more
 kernels than vLLM's two to four. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered
-out under pipeline parallelism) is skipped by both halves.
+out under pipeline parallelism) is skipped by both halves. With RecoverSSM
+(:class:`RecoverSSMCommit`), the post-process commits the spec-decode rows into the package's
+:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` between the count scatter and the copy
+launch (one ``rs_recover_commit`` launch more on CUDA), as vLLM's ``commit_step`` does.
 
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
