@@ -227,3 +227,70 @@ def test_v2_trace_with_recoverssm_equals_vllm(mh, fake_ops, emulator, launch_arg
     # the copy kernel once per half-step (the commit runs the torch reference on these CPU caches;
     # on CUDA it is one rs_recover_commit launch more in the post-process)
     assert launches and set(launches) == {1}
+
+
+def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emulator, launch_args, monkeypatch):
+    """The adapter's cache commits through its CUDA path (device counts, ``rs_recover_commit``
+    emulated on the host) while vLLM's side folds with the torch reference: the recurrent states
+    agree within 1e-5, everything else byte for byte; a post-process with a commit is two launches
+    (the commit, then the copy)."""
+    import ctypes
+
+    import numpy as np
+    from recoverssm_rs.cuda import commit as cuda_commit
+    from recoverssm_rs.cuda import module as cuda_module
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from support import emulation, vllm_v2_oracle
+    from support.device_fakes import FakeCuda
+
+    class HostKernel(cuda_commit.CommitKernel):
+        def device_name(self) -> str:
+            return "cuda:0"
+
+        def device_arg(self, x):
+            return FakeCuda(x)
+
+        def staging(self, nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    def bind(cache):
+        cache._device_commit = HostKernel(
+            cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests
+        )
+        cache._device_commit.ready = True
+
+    kernels: list[str] = []
+    copy_launch = cuda_module.launch
+
+    def launch(kl, index, stream=None):
+        kernels.append(kl.kernel)
+        if kl.kernel != "rs_recover_commit":
+            return copy_launch(kl, index, stream)
+        v = dict(kl.values())
+        assert v["num_accepted"] and np.frombuffer(ctypes.string_at(v["num_accepted"], 4), dtype=np.int32).size
+        emulation.run(kl).check(kl.kernel)
+
+    monkeypatch.setattr(cuda_module, "launch", launch)
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+    groups, bs, nsb, layout, seed, steps = RECOVER_TRACES["recoverssm-gdn-SD-spec2"]
+    launches: list[int] = []
+    stats = vllm_v2_oracle.run_trace(
+        mh,
+        groups,
+        block_size=bs,
+        nsb=nsb,
+        conv_layout=layout,
+        seed=seed,
+        steps=steps,
+        launches=launches,
+        emulator=emulator,
+        recoverssm=True,
+        commit_kernel=bind,
+    )
+    assert stats.commits > 0
+    assert kernels.count("rs_recover_commit") == stats.commits
+    # the emulator records the copy launches only: one per half-step; each commit sits between the
+    # pre-copy and the post-process's copy: that post-process is two launches
+    assert launches and set(launches) == {1}
+    at = [i for i, k in enumerate(kernels) if k == "rs_recover_commit"]
+    assert all(kernels[i - 1] == kernels[i + 1] == "rs_state_copy" for i in at)
