@@ -294,3 +294,38 @@ def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emul
     assert launches and set(launches) == {1}
     at = [i for i, k in enumerate(kernels) if k == "rs_recover_commit"]
     assert all(kernels[i - 1] == kernels[i + 1] == "rs_state_copy" for i in at)
+
+
+def test_a_refused_recoverssm_commit_writes_nothing(fake_ops, recorder, launch_args):
+    """A commit the core refuses (one count per spec-decode row, one block each) raises the
+    package's PlanError before any slot buffer, state or cache byte changes."""
+    import numpy as np
+    from recoverssm_rs import layouts
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.vllm.model_state import RecoverSSMCommit
+
+    ms, states = _small(fake=True)
+    layout = layouts.kda(num_heads=2, head_dim=4, conv_kernel_size=3, num_spec=2, recover_ssm=True)
+    cache = StateCache(layout, num_layers=1, num_blocks=12, max_requests=4)
+    ms.add_request(1, 4)
+    before = [t.clone() for t in (*states, ms._state, ms._acc, *cache.buffers().values())]
+    commit = RecoverSSMCommit(
+        cache,
+        request_indices=torch.tensor([0]),
+        state_blocks=np.array([1, 2]),  # two blocks for one row
+        num_computed_tokens=torch.tensor([4], dtype=torch.int32),
+        block_table=torch.arange(3, 9, dtype=torch.int32).reshape(2, 3),
+    )
+    with pytest.raises(PlanError, match="one entry per request"):
+        ms.postprocess_state(
+            torch.tensor([1], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32),
+            torch.tensor([0, 6, 0, 0], dtype=torch.int32),
+            [torch.zeros(4, 6, dtype=torch.int32)],
+            recoverssm=commit,
+        )
+    after = [*states, ms._state, ms._acc, *cache.buffers().values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert recorder.calls == []
+    assert "RecoverSSMCommit(" in repr(commit)

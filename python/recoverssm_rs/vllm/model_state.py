@@ -61,6 +61,13 @@ class RecoverSSMCommit:
     ``RecoverSSMPostprocessMetadata``): the spec-decode rows' accepted records folded into their
     running states by the package's :class:`~recoverssm_rs.recoverssm.StateCache` commit.
 
+    The commit plan is built and checked by the core on the host: ``request_indices``,
+    ``state_blocks``, ``num_computed_tokens``, ``block_table`` and ``query_lens`` are read there
+    (host tensors or arrays; device ones cost a synchronisation), the sampled counts stay on the
+    device. The plan is staged per step, so a post-process with a commit is not CUDA-graph
+    capturable (:meth:`StateCache.launch_commit
+    <recoverssm_rs.recoverssm.state_cache.StateCache.launch_commit>` is the capturable form).
+
     Attributes:
         cache: the RecoverSSM layers' state cache (its kernel on CUDA, the torch reference on CPU).
         request_indices: ``[S]`` the batch rows of the spec-decode requests (vLLM's
@@ -287,13 +294,19 @@ class ModelStateV2:
         n = int(idx_mapping.shape[0])
         slot = self._slots(idx_mapping)
         m = self.max_num_reqs
+        recover = recoverssm is not None and not isinstance(num_sampled, int)
+        # The commit reads num_sampled, not the scattered counts: run first, a refused plan
+        # leaves every buffer as it was.
+        after = self._commit_recoverssm(recoverssm, slot, num_sampled) if recover else None
         if n:
             if isinstance(num_sampled, int):
                 self._acc.index_fill_(0, slot, max(num_sampled, 1))
             else:
                 self._acc[slot] = num_sampled[:n].clamp(min=1).to(torch.int32)
-        if recoverssm is not None and not isinstance(num_sampled, int):
-            self._commit_recoverssm(recoverssm, slot, num_sampled)
+        if after is not None:  # vLLM's commit_step bookkeeping, after the scatter
+            s, col = after
+            self._state[s] = col
+            self._acc[s] = 1
         if n == 0:
             return
         self._acc_in.copy_(self._acc)  # the kernel reads a snapshot and writes the counts back
@@ -309,15 +322,17 @@ class ModelStateV2:
             num_accepted_out=_launch_arg(self._acc[:m]),
         )
 
-    def _commit_recoverssm(self, rs: RecoverSSMCommit, slot: Any, num_sampled: Any) -> None:
-        """The RecoverSSM commit of the spec-decode rows, then their columns and counts."""
+    def _commit_recoverssm(self, rs: RecoverSSMCommit, slot: Any, num_sampled: Any) -> tuple[Any, Any] | None:
+        """The RecoverSSM commit of the spec-decode rows; returns their slots and new columns."""
         import torch
 
         rows = torch.as_tensor(rs.request_indices).long()
         if int(rows.shape[0]) == 0:
-            return
-        sampled = num_sampled[rows]
-        computed = rs.num_computed_tokens[rows]
+            return None
+        all_computed = torch.as_tensor(rs.num_computed_tokens)
+        computed = all_computed[rows.to(all_computed.device)]  # where given: the planner reads it
+        rows_dev = rows.to(num_sampled.device, non_blocking=True)
+        sampled = num_sampled[rows_dev]  # the counts stay on the device
         rs.cache.commit(
             sampled,
             rs.state_blocks,
@@ -327,10 +342,9 @@ class ModelStateV2:
             block_size=self.block_size,
         )
         last = int(rs.block_table.shape[1]) - 1
-        col = torch.div((computed + sampled - 1).clamp(min=0), self.block_size, rounding_mode="floor")
-        s = slot[rows]  # a -1 row writes the sink
-        self._state[s] = col.clamp(max=last).to(torch.int32)
-        self._acc[s] = 1
+        total = computed.to(sampled.device, non_blocking=True) + sampled - 1
+        col = torch.div(total.clamp(min=0), self.block_size, rounding_mode="floor")
+        return slot[rows_dev], col.clamp(max=last).to(torch.int32)  # a -1 row: the sink
 
     def last_error(self) -> Any:
         """The step's error word (both halves since the last :meth:`preprocess_state`).
