@@ -294,10 +294,11 @@ class ModelStateV2:
         n = int(idx_mapping.shape[0])
         slot = self._slots(idx_mapping)
         m = self.max_num_reqs
-        recover = recoverssm is not None and not isinstance(num_sampled, int)
         # The commit reads num_sampled, not the scattered counts: run first, a refused plan
         # leaves every buffer as it was.
-        after = self._commit_recoverssm(recoverssm, slot, num_sampled) if recover else None
+        after = None
+        if recoverssm is not None and not isinstance(num_sampled, int):
+            after = self._commit_recoverssm(recoverssm, slot, num_sampled)
         if n:
             if isinstance(num_sampled, int):
                 self._acc.index_fill_(0, slot, max(num_sampled, 1))
