@@ -25,6 +25,12 @@ from . import vllm_oracle, vllm_trace
 
 MEMBER = "vllm/v1/worker/gpu/model_states/mamba_hybrid.py"
 NAME = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
+#: vLLM's RecoverSSM pieces of the runner: the metadata contract and ``RecoverSSMState`` (its
+#: ``commit_step`` and ``_postprocess_recoverssm_align_kernel``), loaded for real.
+RECOVER = [
+    ("vllm/v1/attention/backends/recoverssm_metadata.py", "vllm.v1.attention.backends.recoverssm_metadata"),
+    ("vllm/v1/worker/gpu/model_states/recoverssm.py", "vllm.v1.worker.gpu.model_states.recoverssm"),
+]
 
 
 class _ModelStateBase:
@@ -77,13 +83,18 @@ def load() -> types.ModuleType:
         "vllm.v1.worker.gpu.mm.encoder_cache",
         "vllm.v1.worker.gpu.model_states",
         "vllm.v1.worker.gpu.model_states.interface",
-        "vllm.v1.worker.gpu.model_states.recoverssm",
-        "vllm.v1.worker.utils",
     ]:
         stubs.setdefault(name, vllm_oracle._module(name))
-    saved = {k: sys.modules.get(k) for k in [*stubs, NAME]}
+    stubs.setdefault("vllm.v1.worker.utils", vllm_oracle._module("vllm.v1.worker.utils", AttentionGroup=object))
+    saved = {k: sys.modules.get(k) for k in [*stubs, NAME, *(n for _, n in RECOVER)]}
+    recover: dict[str, types.ModuleType] = {}
     try:
         sys.modules.update(stubs)
+        for member, name in RECOVER:
+            rspec = importlib.util.spec_from_file_location(name, vllm_oracle.extracted(member))
+            assert rspec is not None and rspec.loader is not None
+            recover[name] = sys.modules[name] = importlib.util.module_from_spec(rspec)
+            rspec.loader.exec_module(recover[name])
         spec = importlib.util.spec_from_file_location(NAME, path)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
@@ -97,17 +108,20 @@ def load() -> types.ModuleType:
                 sys.modules[k] = v
         sys.modules.pop("vllm_oracle_triton", None)
     mod.CpuGpuBuffer = _Buffer  # type: ignore[attr-defined]
+    mod.recoverssm_metadata = recover[RECOVER[0][1]]  # type: ignore[attr-defined]
     _LOADED = mod
     return mod
 
 
-def vllm_model_state(mh: types.ModuleType, side: vllm_trace.Side, tables: list[torch.Tensor], max_num_reqs: int) -> Any:
-    """vLLM's ``MambaHybridModelState`` over ``side``'s states (align mode, RecoverSSM off)."""
+def vllm_model_state(
+    mh: types.ModuleType, side: vllm_trace.Side, tables: list[torch.Tensor], max_num_reqs: int, recoverssm: bool = False
+) -> Any:
+    """vLLM's ``MambaHybridModelState`` over ``side``'s states (align mode, RecoverSSM as asked)."""
     funcs = side.copy_funcs(side.ns)
     cfg = types.SimpleNamespace(
         scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_reqs),
         cache_config=types.SimpleNamespace(
-            mamba_cache_mode="align", mamba_block_size=side.sim.bs, use_kda_recoverssm=False
+            mamba_cache_mode="align", mamba_block_size=side.sim.bs, use_kda_recoverssm=recoverssm
         ),
         compilation_config=types.SimpleNamespace(static_forward_context=side.forward_context),
     )
@@ -130,6 +144,91 @@ class V2Stats:
     preempted: int = 0
     int_counts: int = 0
     lagged: int = 0
+    commits: int = 0
+
+
+class _Recover:
+    """The RecoverSSM layers of a trace: one :class:`~recoverssm_rs.recoverssm.StateCache` per
+    side (KDA, one layer, equal random contents), slot ``s`` owning running block ``1 + s * per``
+    and the ``cols`` blocks after it as its block table."""
+
+    def __init__(self, mh: types.ModuleType, m: int, cols: int, nsb: int, seed: int) -> None:
+        from recoverssm_rs import layouts
+        from recoverssm_rs.recoverssm.state_cache import StateCache
+
+        layout = layouts.kda(
+            num_heads=2,
+            head_dim=4,
+            conv_kernel_size=3,
+            num_spec=nsb,
+            dtype="float32",
+            ssm_dtype="float32",
+            recover_ssm=True,
+        )
+        self.mh, self.per, self.cols = mh, cols + 1, cols
+        self.caches = [StateCache(layout, num_layers=1, num_blocks=1 + m * self.per, max_requests=m) for _ in range(2)]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.tol = 0.0
+        self.randomize(["conv", "recurrent"])
+
+    def randomize(self, names: list[str]) -> None:
+        """Equal random contents of the named buffers on both sides (the workspace: a verify's records)."""
+        for k in names:
+            t = self.caches[0].buffers()[k]
+            t.copy_(torch.randn(t.shape, generator=self.gen) * 0.5)
+            self.caches[1].buffers()[k].copy_(t)
+
+    def step(
+        self, cache: Any, slots: list[int], rows: list[int], computed: list[int], qlens: list[int]
+    ) -> dict[str, Any]:
+        """The commit arguments of the spec-decode ``rows`` (batch rows; ``computed`` per batch row)."""
+        sl = torch.tensor([slots[i] for i in rows], dtype=torch.int64)
+        base = 1 + sl * self.per
+        return dict(
+            cache=cache,
+            request_indices=torch.tensor(rows, dtype=torch.int64),
+            state_blocks=base.numpy(),
+            num_computed_tokens=torch.tensor(computed, dtype=torch.int32),
+            block_table=(base[:, None] + 1 + torch.arange(self.cols)[None, :]).to(torch.int32),
+            query_lens=torch.tensor([qlens[i] for i in rows], dtype=torch.int64).numpy(),
+        )
+
+    def vllm_metadata(self, args: dict[str, Any], block_size: int) -> Any:
+        """A stand-in for the model's ``RecoverSSMMetadata``: its fold is the package's host commit
+        (vLLM's own fold is the model's KDA kernel over its own record format); the column and
+        count bookkeeping after it is vLLM's ``commit_step``."""
+        rm = self.mh.recoverssm_metadata
+
+        class Meta(rm.RecoverSSMMetadata):  # type: ignore[name-defined,misc]
+            def commit_recoverssm_state(self, num_accepted: torch.Tensor) -> Any:
+                rows = args["request_indices"]
+                args["cache"].commit(
+                    num_accepted[rows],
+                    args["state_blocks"],
+                    args["query_lens"],
+                    seq_lens=args["num_computed_tokens"][rows],
+                    block_table=args["block_table"],
+                    block_size=block_size,
+                )
+                return rm.RecoverSSMPostprocessMetadata(
+                    num_spec_decodes=int(rows.shape[0]),
+                    request_indices=rows,
+                    block_table=args["block_table"],
+                    num_computed_tokens=args["num_computed_tokens"],
+                    block_size=block_size,
+                )
+
+        return Meta()
+
+    def equal(self) -> str | None:
+        for k, t in self.caches[0].buffers().items():
+            o = self.caches[1].buffers()[k]
+            if k == "recurrent" and self.tol:
+                if not torch.allclose(t, o, atol=self.tol, rtol=self.tol):
+                    return f"RecoverSSM cache {k} differs beyond {self.tol}"
+            elif not torch.equal(t, o):
+                return f"RecoverSSM cache {k} differs"
+        return None
 
 
 def run_trace(
@@ -143,6 +242,8 @@ def run_trace(
     steps: int = 16,
     launches: list[int] | None = None,
     emulator: Any = None,
+    recoverssm: bool = False,
+    commit_kernel: Any = None,
 ) -> V2Stats:
     """One random trace through vLLM's ``MambaHybridModelState`` and ``ModelStateV2``.
 
@@ -154,6 +255,11 @@ def run_trace(
     the computed tokens, while the model state reads only the device's per-slot counts: some chunks
     therefore end off a block boundary.
     ``launches``: the package launches of each half-step are appended (from ``emulator``).
+    ``recoverssm``: vLLM's ``RecoverSSMState.commit_step`` runs in its post-process (the spec-decode
+    rows' commit into a RecoverSSM state cache, then its column / count kernel) and the adapter gets
+    the same commit (:class:`~recoverssm_rs.vllm.model_state.RecoverSSMCommit`); both caches are
+    compared too. ``commit_kernel(cache)``: called on the adapter's cache (e.g. to run its commits
+    through an emulated kernel); its recurrent states are then compared within ``1e-5``.
     AssertionError at the first difference."""
     from recoverssm_rs.vllm.model_state import ModelStateV2
 
@@ -168,7 +274,11 @@ def run_trace(
     states_o = vllm_trace.Sim.clone_states(states_v)
     side_v, side_o = vllm_trace.Side(sim, states_v, ns), vllm_trace.Side(sim, states_o, None)
     tables = [torch.zeros(m, sim.cols, dtype=torch.int32) for _ in groups]
-    vms = vllm_model_state(mh, side_v, tables, m)
+    vms = vllm_model_state(mh, side_v, tables, m, recoverssm)
+    rec = _Recover(mh, m, sim.cols, nsb, seed) if recoverssm else None
+    if rec is not None and commit_kernel is not None:
+        commit_kernel(rec.caches[1])
+        rec.tol = 1e-5
     context = {
         k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in side_o.forward_context.items()
     }
@@ -183,7 +293,7 @@ def run_trace(
     stats = V2Stats()
 
     def check(step: int, half: str) -> None:
-        err = vllm_trace._equal(states_v, states_o)
+        err = vllm_trace._equal(states_v, states_o) or (rec.equal() if rec is not None else None)
         assert err is None, f"step {step}, after the {half}: {err}"
         for r in running:
             s = slot_of[r.rid]
@@ -278,8 +388,23 @@ def run_trace(
         if n and len(set(sampled)) == 1 and step % 2:
             counts = sampled[0]
             stats.int_counts += 1
+        commit = None
+        if rec is not None:
+            from recoverssm_rs.vllm.model_state import RecoverSSMCommit
+
+            rows = [i for i, r in enumerate(batch) if sched[r.rid][1] > 0]
+            slots = [slot_of[r.rid] for r in batch]
+            computed = [r.computed for r in batch]
+            qlens = [sched[r.rid][0] for r in batch]
+            rec.randomize(["corrections", "keygate", "conv_window"])
+            if rows:
+                vms.recoverssm._step = (
+                    rec.vllm_metadata(rec.step(rec.caches[0], slots, rows, computed, qlens), sim.bs),
+                )
+                commit = RecoverSSMCommit(**rec.step(rec.caches[1], slots, rows, computed, qlens))
+                stats.commits += not isinstance(counts, int)
         vms.postprocess_state(post_idx, counts, nct)
-        ours.postprocess_state(post_idx, counts, nct, tables)
+        ours.postprocess_state(post_idx, counts, nct, tables, recoverssm=commit)
         if emulator is not None and launches is not None and n:
             launches.append(len(emulator.calls) - calls)
         check(step, "post-process")

@@ -184,3 +184,148 @@ def test_host_states_are_refused_by_the_step():
             torch.zeros(2, dtype=torch.int32),
             [torch.zeros(4, 6, dtype=torch.int32)],
         )
+
+
+#: name -> (groups, block_size, num_speculative_blocks, conv layout, seed, steps), RecoverSSM on
+RECOVER_TRACES = {
+    "recoverssm-gdn-SD-spec2": ([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 61, 12),
+    "recoverssm-2groups-DS-spec1": (
+        [GroupCfg("GDN_ATTN", 1), GroupCfg("LINEAR", 1, temporal_shape=(3, 4))],
+        3,
+        1,
+        "DS",
+        62,
+        12,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(RECOVER_TRACES))
+def test_v2_trace_with_recoverssm_equals_vllm(mh, fake_ops, emulator, launch_args, name):
+    """vLLM's post-process with RecoverSSM on: its ``commit_step`` (the commit, then its column and
+    count kernel, interpreted) between the count scatter and the aligned save. The commit's state
+    fold is the package's host reference on both sides (vLLM's fold is the model's own KDA kernel);
+    the adapter's commit arguments, the columns, counts and the post-copy after it are checked
+    against vLLM's."""
+    from support import vllm_v2_oracle
+
+    groups, bs, nsb, layout, seed, steps = RECOVER_TRACES[name]
+    launches: list[int] = []
+    stats = vllm_v2_oracle.run_trace(
+        mh,
+        groups,
+        block_size=bs,
+        nsb=nsb,
+        conv_layout=layout,
+        seed=seed,
+        steps=steps,
+        launches=launches,
+        emulator=emulator,
+        recoverssm=True,
+    )
+    assert stats.commits > 0 and stats.int_counts > 0 and stats.pp_rows > 0
+    # the copy kernel once per half-step (the commit runs the torch reference on these CPU caches;
+    # on CUDA it is one rs_recover_commit launch more in the post-process)
+    assert launches and set(launches) == {1}
+
+
+def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emulator, launch_args, monkeypatch):
+    """The adapter's cache commits through its CUDA path (device counts, ``rs_recover_commit``
+    emulated on the host) while vLLM's side folds with the torch reference: the recurrent states
+    agree within 1e-5, everything else byte for byte; a post-process with a commit is two launches
+    (the commit, then the copy)."""
+    import ctypes
+
+    import numpy as np
+    from recoverssm_rs.cuda import commit as cuda_commit
+    from recoverssm_rs.cuda import module as cuda_module
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from support import emulation, vllm_v2_oracle
+    from support.device_fakes import FakeCuda
+
+    class HostKernel(cuda_commit.CommitKernel):
+        def device_name(self) -> str:
+            return "cuda:0"
+
+        def device_arg(self, x):
+            return FakeCuda(x)
+
+        def staging(self, nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    def bind(cache):
+        cache._device_commit = HostKernel(
+            cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests
+        )
+        cache._device_commit.ready = True
+
+    kernels: list[str] = []
+    copy_launch = cuda_module.launch
+
+    def launch(kl, index, stream=None):
+        kernels.append(kl.kernel)
+        if kl.kernel != "rs_recover_commit":
+            return copy_launch(kl, index, stream)
+        v = dict(kl.values())
+        assert v["num_accepted"] and np.frombuffer(ctypes.string_at(v["num_accepted"], 4), dtype=np.int32).size
+        emulation.run(kl).check(kl.kernel)
+
+    monkeypatch.setattr(cuda_module, "launch", launch)
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+    groups, bs, nsb, layout, seed, steps = RECOVER_TRACES["recoverssm-gdn-SD-spec2"]
+    launches: list[int] = []
+    stats = vllm_v2_oracle.run_trace(
+        mh,
+        groups,
+        block_size=bs,
+        nsb=nsb,
+        conv_layout=layout,
+        seed=seed,
+        steps=steps,
+        launches=launches,
+        emulator=emulator,
+        recoverssm=True,
+        commit_kernel=bind,
+    )
+    assert stats.commits > 0
+    assert kernels.count("rs_recover_commit") == stats.commits
+    # the emulator records the copy launches only: one per half-step; each commit sits between the
+    # pre-copy and the post-process's copy: that post-process is two launches
+    assert launches and set(launches) == {1}
+    at = [i for i, k in enumerate(kernels) if k == "rs_recover_commit"]
+    assert all(kernels[i - 1] == kernels[i + 1] == "rs_state_copy" for i in at)
+
+
+def test_a_refused_recoverssm_commit_writes_nothing(fake_ops, recorder, launch_args):
+    """A commit the core refuses (one count per spec-decode row, one block each) raises the
+    package's PlanError before any slot buffer, state or cache byte changes."""
+    import numpy as np
+    from recoverssm_rs import layouts
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.vllm.model_state import RecoverSSMCommit
+
+    ms, states = _small(fake=True)
+    layout = layouts.kda(num_heads=2, head_dim=4, conv_kernel_size=3, num_spec=2, recover_ssm=True)
+    cache = StateCache(layout, num_layers=1, num_blocks=12, max_requests=4)
+    ms.add_request(1, 4)
+    before = [t.clone() for t in (*states, ms._state, ms._acc, *cache.buffers().values())]
+    commit = RecoverSSMCommit(
+        cache,
+        request_indices=torch.tensor([0]),
+        state_blocks=np.array([1, 2]),  # two blocks for one row
+        num_computed_tokens=torch.tensor([4], dtype=torch.int32),
+        block_table=torch.arange(3, 9, dtype=torch.int32).reshape(2, 3),
+    )
+    with pytest.raises(PlanError, match="one entry per request"):
+        ms.postprocess_state(
+            torch.tensor([1], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32),
+            torch.tensor([0, 6, 0, 0], dtype=torch.int32),
+            [torch.zeros(4, 6, dtype=torch.int32)],
+            recoverssm=commit,
+        )
+    after = [*states, ms._state, ms._acc, *cache.buffers().values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert recorder.calls == []
+    assert "RecoverSSMCommit(" in repr(commit)

@@ -26,13 +26,17 @@ step. The kernel checks every (request, group) it copies and reports into the st
 runner's own work. On a GPU the torch operations are kernels of their own: until
 the kernel takes ``idx_mapping`` and the slot bookkeeping itself, a half-step launches more
 kernels than vLLM's two to four. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered
-out under pipeline parallelism) is skipped by both halves.
+out under pipeline parallelism) is skipped by both halves. With RecoverSSM
+(:class:`RecoverSSMCommit`), the post-process commits the spec-decode rows into the package's
+:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` between the count scatter and the copy
+launch (one ``rs_recover_commit`` launch more on CUDA), as vLLM's ``commit_step`` does.
 
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,7 +45,7 @@ from .. import _core
 from ..errors import PlanError
 from ..planner import Planner
 
-__all__ = ["ModelStateV2"]
+__all__ = ["ModelStateV2", "RecoverSSMCommit"]
 
 log = logging.getLogger("recoverssm_rs")
 
@@ -49,6 +53,38 @@ log = logging.getLogger("recoverssm_rs")
 def _launch_arg(t: Any) -> Any:
     """A buffer as the launch receives it (the identity; the tests' seam for host-backed fakes)."""
     return t
+
+
+@dataclasses.dataclass
+class RecoverSSMCommit:
+    """A post-process's RecoverSSM commit (vLLM's ``RecoverSSMState.commit_step`` with its
+    ``RecoverSSMPostprocessMetadata``): the spec-decode rows' accepted records folded into their
+    running states by the package's :class:`~recoverssm_rs.recoverssm.StateCache` commit.
+
+    The commit plan is built and checked by the core on the host: ``request_indices``,
+    ``state_blocks``, ``num_computed_tokens``, ``block_table`` and ``query_lens`` are read there
+    (host tensors or arrays; device ones cost a synchronisation), the sampled counts stay on the
+    device. The plan is staged per step, so a post-process with a commit is not CUDA-graph
+    capturable (:meth:`StateCache.launch_commit
+    <recoverssm_rs.recoverssm.state_cache.StateCache.launch_commit>` is the capturable form).
+
+    Attributes:
+        cache: the RecoverSSM layers' state cache (its kernel on CUDA, the torch reference on CPU).
+        request_indices: ``[S]`` the batch rows of the spec-decode requests (vLLM's
+            ``request_indices``).
+        state_blocks: ``[S]`` each one's running block in ``cache`` (as given to verify).
+        num_computed_tokens: ``[R]`` per batch row, the tokens in its state before this step's
+            window (vLLM's ``postprocess_meta.num_computed_tokens``).
+        block_table: ``[S, cols]`` each one's blocks in ``cache`` (the aligned boundary's target).
+        query_lens: ``[S]`` tokens verified per request (default: the cache's whole window).
+    """
+
+    cache: Any
+    request_indices: Any
+    state_blocks: Any
+    num_computed_tokens: Any
+    block_table: Any
+    query_lens: Any = None
 
 
 class ModelStateV2:
@@ -228,9 +264,12 @@ class ModelStateV2:
         num_sampled: Any,
         num_computed_tokens: Any,
         block_tables: Sequence[Any] | Mapping[int, Any],
+        *,
+        recoverssm: RecoverSSMCommit | None = None,
     ) -> None:
         """vLLM's ``postprocess_state`` in align mode: scatter this step's accepted counts to their
-        slots and save the running state at the last block boundary the accepted tokens crossed.
+        slots, run the RecoverSSM commit (when given) and save the running state at the last block
+        boundary the accepted tokens crossed.
 
         Args:
             idx_mapping: ``[R]`` batch row -> slot (``-1`` rows, e.g. filtered under pipeline
@@ -239,18 +278,36 @@ class ModelStateV2:
                 1), or one integer for every row.
             num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step.
             block_tables: as :meth:`preprocess_state`.
+            recoverssm: the step's RecoverSSM commit (vLLM's ``commit_step``). After the count
+                scatter, ``recoverssm.cache`` commits each spec-decode row's ``num_sampled``
+                tokens (align mode: the boundary state goes to its ``block_table``); then, as
+                vLLM does, that row's running column becomes ``min(max(num_computed + num_sampled
+                - 1, 0) // block_size, cols - 1)`` and its count 1 (the state is already the
+                accepted one), before the aligned post-copy. Skipped when ``num_sampled`` is one
+                integer for every row (vLLM's ``commit_step`` commits nothing then). On CUDA the
+                commit is one ``rs_recover_commit`` launch: a post-process with it is two launches.
         """
         import torch
 
         n = int(idx_mapping.shape[0])
         slot = self._slots(idx_mapping)
+        m = self.max_num_reqs
+        # The commit reads num_sampled, not the scattered counts: run first, a refused plan
+        # leaves every buffer as it was.
+        after = None
+        if recoverssm is not None and not isinstance(num_sampled, int):
+            after = self._commit_recoverssm(recoverssm, slot, num_sampled)
+        if n:
+            if isinstance(num_sampled, int):
+                self._acc.index_fill_(0, slot, max(num_sampled, 1))
+            else:
+                self._acc[slot] = num_sampled[:n].clamp(min=1).to(torch.int32)
+        if after is not None:  # vLLM's commit_step bookkeeping, after the scatter
+            s, col = after
+            self._state[s] = col
+            self._acc[s] = 1
         if n == 0:
             return
-        m = self.max_num_reqs
-        if isinstance(num_sampled, int):
-            self._acc.index_fill_(0, slot, max(num_sampled, 1))
-        else:
-            self._acc[slot] = num_sampled[:n].clamp(min=1).to(torch.int32)
         self._acc_in.copy_(self._acc)  # the kernel reads a snapshot and writes the counts back
         self._src.fill_(-1)
         self._src[slot] = self._state[slot]
@@ -263,6 +320,30 @@ class ModelStateV2:
             err=_launch_arg(self._err),
             num_accepted_out=_launch_arg(self._acc[:m]),
         )
+
+    def _commit_recoverssm(self, rs: RecoverSSMCommit, slot: Any, num_sampled: Any) -> tuple[Any, Any] | None:
+        """The RecoverSSM commit of the spec-decode rows; returns their slots and new columns."""
+        import torch
+
+        rows = torch.as_tensor(rs.request_indices).long()
+        if int(rows.shape[0]) == 0:
+            return None
+        all_computed = torch.as_tensor(rs.num_computed_tokens)
+        computed = all_computed[rows.to(all_computed.device)]  # where given: the planner reads it
+        rows_dev = rows.to(num_sampled.device, non_blocking=True)
+        sampled = num_sampled[rows_dev]  # the counts stay on the device
+        rs.cache.commit(
+            sampled,
+            rs.state_blocks,
+            rs.query_lens,
+            seq_lens=computed,
+            block_table=rs.block_table,
+            block_size=self.block_size,
+        )
+        last = int(rs.block_table.shape[1]) - 1
+        total = computed.to(sampled.device, non_blocking=True) + sampled - 1
+        col = torch.div(total.clamp(min=0), self.block_size, rounding_mode="floor")
+        return slot[rows_dev], col.clamp(max=last).to(torch.int32)  # a -1 row: the sink
 
     def last_error(self) -> Any:
         """The step's error word (both halves since the last :meth:`preprocess_state`).
