@@ -329,3 +329,38 @@ def test_a_refused_recoverssm_commit_writes_nothing(fake_ops, recorder, launch_a
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert recorder.calls == []
     assert "RecoverSSMCommit(" in repr(commit)
+
+
+def test_a_recoverssm_row_outside_the_batch_is_refused_before_anything_changes(fake_ops, recorder, launch_args):
+    """A spec-decode row index outside the batch is the package's PlanError naming it, not torch's
+    IndexError, and nothing changes."""
+    import numpy as np
+    from recoverssm_rs import layouts
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.vllm import RecoverSSMCommit
+
+    ms, states = _small(fake=True)
+    layout = layouts.kda(num_heads=2, head_dim=4, conv_kernel_size=3, num_spec=2, recover_ssm=True)
+    cache = StateCache(layout, num_layers=1, num_blocks=12, max_requests=4)
+    ms.add_request(1, 4)
+    before = [t.clone() for t in (*states, ms._state, ms._acc, *cache.buffers().values())]
+    for bad in (5, -1):
+        commit = RecoverSSMCommit(
+            cache,
+            request_indices=torch.tensor([bad]),
+            state_blocks=np.array([1]),
+            num_computed_tokens=torch.tensor([4], dtype=torch.int32),
+            block_table=torch.arange(3, 6, dtype=torch.int32).reshape(1, 3),
+        )
+        with pytest.raises(PlanError, match="request_indices"):
+            ms.postprocess_state(
+                torch.tensor([1], dtype=torch.int32),
+                torch.tensor([3], dtype=torch.int32),
+                torch.tensor([0, 6, 0, 0], dtype=torch.int32),
+                [torch.zeros(4, 6, dtype=torch.int32)],
+                recoverssm=commit,
+            )
+    after = [*states, ms._state, ms._acc, *cache.buffers().values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert recorder.calls == []

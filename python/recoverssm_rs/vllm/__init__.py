@@ -8,13 +8,14 @@ vLLM itself is never imported: every vLLM object is read by attribute.
 
 from .decide import align_post_process, align_pre_copy, plan_post_process, plan_pre_copy
 from .device_step import DeviceStep
-from .model_state import ModelStateV2
+from .model_state import ModelStateV2, RecoverSSMCommit
 from .step import VllmMambaStep, copy_kind, mamba_groups
 
 __all__ = [
     "VllmMambaStep",
     "DeviceStep",
     "ModelStateV2",
+    "RecoverSSMCommit",
     "mamba_groups",
     "copy_kind",
     "align_pre_copy",

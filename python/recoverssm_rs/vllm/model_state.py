@@ -329,6 +329,9 @@ class ModelStateV2:
         if int(rows.shape[0]) == 0:
             return None
         all_computed = torch.as_tensor(rs.num_computed_tokens)
+        n = int(all_computed.shape[0])
+        for end in (int(rows.min()), int(rows.max())):  # the core's range rule, at both ends
+            _core.check_index("request_indices", end, n)
         computed = all_computed[rows.to(all_computed.device)]  # where given: the planner reads it
         rows_dev = rows.to(num_sampled.device, non_blocking=True)
         sampled = num_sampled[rows_dev]  # the counts stay on the device
