@@ -113,3 +113,27 @@ def test_prev_rows_checks(fake_ops, recorder):
     # No post-process yet: every row is new and reads 1.
     step.pre_copy(*args, prev_rows=fake([3]))
     assert step._out.t[8:9].tolist() == [1] and len(recorder.calls) == 1
+
+
+def test_the_host_path_refuses_prev_rows():
+    """The remap runs on the device only: host states refuse ``prev_rows`` before anything moves
+    (no slot taken, no state written)."""
+    from recoverssm_rs.vllm import VllmMambaStep
+    from support.vllm_trace import GroupCfg, Req, Side, Sim, scheduler_output
+
+    sim = Sim([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", seed=0, num_blocks=64)
+    side = Side(sim, sim.make_states(), None)
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
+    r = Req("a", prompt=9, cols=[{}])
+    sim.ensure_cols(r, 9)
+    side.load_batch([r])
+    before = [t.clone() for g in side.states for layer in g for t in layer]
+    with pytest.raises(PlanError, match="the planner's states are on the host"):
+        step.preprocess(
+            scheduler_output([r], {"a": (9, 0)}, set(), set(), set()),
+            side.input_batch,
+            side.requests,
+            prev_rows=fake([-1]),
+        )
+    after = [t for g in side.states for layer in g for t in layer]
+    assert repr(step).endswith("live=0)") and all(torch.equal(a, b) for a, b in zip(before, after))
