@@ -58,6 +58,7 @@ __all__ = [
     "recover_geometry",
     "short_conv_layout",
     "state_chunks",
+    "vllm_check_prev_rows",
     "vllm_device_post_process",
     "vllm_device_pre_copy",
     "vllm_post_process",
@@ -357,6 +358,12 @@ def vllm_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]
 def vllm_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
 def vllm_device_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
 def vllm_device_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
+
+# Keyword arguments: device, prev_rows, rows, num_accepted_given.
+def vllm_check_prev_rows(**kwargs: Any) -> None:
+    """``PlanError`` unless ``prev_rows`` is an int32 / int64 ``[>= rows]`` CUDA vector on
+    ``device``, given without ``num_accepted``."""
+
 def vllm_step_groups(groups: Any) -> tuple[list[int], list[tuple[Any, Any]]]:
     """vLLM's step groups ``(group id, layout, states)`` split into the ids and the ``(layout,
     states)`` pairs (``BindingError`` naming the group otherwise)."""

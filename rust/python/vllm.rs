@@ -4,7 +4,7 @@
 //! int64 rows in one buffer that numpy views without a copy.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, items, kwargs, Arg, FromKwargs, Ints, RequestNames, Tables, Tensor};
+use super::conversion::{arg_error, items, kwargs, Arg, DeviceOf, FromKwargs, Ints, RequestNames, Tables, Tensor};
 use super::launch::KernelLaunch;
 use super::plan::CopyPlan;
 use super::planner::Planner;
@@ -297,6 +297,24 @@ fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, Py
     Ok((RawBuffer::new(running), RawBuffer::new(st.data), l))
 }
 
+kwargs! {
+    /// A device remap of last step's counts to this step's rows.
+    pub(crate) struct PrevRowsArgs (Plan) {
+        device: DeviceOf,
+        prev_rows: Tensor,
+        rows: u64,
+        num_accepted_given: bool,
+    }
+}
+
+/// Checks `prev_rows` of a device pre-copy (`device_step::check_prev_rows`).
+#[pyfunction]
+#[pyo3(name = "vllm_check_prev_rows", signature = (**kwargs))]
+fn check_prev_rows(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let a = PrevRowsArgs::from_kwargs(kwargs)?;
+    Ok(device_step::check_prev_rows(&a.device.0, &a.prev_rows.0, a.rows, a.num_accepted_given)?)
+}
+
 /// One planner group: its layout and states, as the caller gave them.
 type GroupPair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 
@@ -410,5 +428,6 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(post_process, m)?)?;
     m.add_function(wrap_pyfunction!(device_pre_copy, m)?)?;
     m.add_function(wrap_pyfunction!(device_post_process, m)?)?;
+    m.add_function(wrap_pyfunction!(check_prev_rows, m)?)?;
     Ok(())
 }

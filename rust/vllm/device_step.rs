@@ -6,6 +6,7 @@
 use super::decide::{self, PostInputs, PreColumns, PreInputs, StepConfig};
 use crate::error::{Error, Result};
 use crate::plan::GroupTable;
+use crate::tensor::{Device, TensorDesc};
 
 /// The layout of a staged step: `table_len = groups * rows * cols` table entries, then one
 /// `rows`-long vector per staged vector.
@@ -119,6 +120,30 @@ pub fn stage(
     Ok(StagedStep { data, groups, rows, cols })
 }
 
+/// Checks a device remap of last step's counts to this step's rows: `prev_rows`, each row's row
+/// in the previous step (`-1` for a row new to the batch), must be an int32 or int64 `[>= rows]`
+/// CUDA vector on the states' `device`, given instead of `num_accepted` (the remap produces the
+/// counts). Its values are the device's to read: an index outside the previous step's rows reads
+/// as a new row. Errors are [`crate::error::ErrorKind::Plan`] naming `prev_rows`.
+pub fn check_prev_rows(device: &Device, prev_rows: &TensorDesc, rows: u64, num_accepted_given: bool) -> Result<()> {
+    if num_accepted_given {
+        return Err(Error::plan("pass num_accepted or prev_rows (last step's counts remapped on the device), not both"));
+    }
+    let Device::Cuda(index) = device else {
+        return Err(Error::plan("prev_rows: the planner's states are on the host; the remap runs on the device only"));
+    };
+    if Device::parse(&prev_rows.device).ok() != Some(Device::Cuda(*index)) {
+        return Err(Error::plan(format!("prev_rows is on {}, the planner's states on cuda:{index}", prev_rows.device)));
+    }
+    if !matches!(prev_rows.dtype_name(), "int32" | "int64") {
+        return Err(Error::plan(format!("prev_rows: expected an int32 or int64 tensor, got {}", prev_rows.dtype.trim())));
+    }
+    match prev_rows.shape[..] {
+        [n] if n >= 0 && n as u64 >= rows => Ok(()),
+        _ => Err(Error::plan(format!("prev_rows must be [R] with one previous row per request ({rows} at least); got shape {:?}", prev_rows.shape))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::decide::row_name;
@@ -174,5 +199,20 @@ mod tests {
         assert!(e.message.contains("fewer than 2 rows"), "{}", e.message);
         let e = stage(&t, 2, &[("running", &[1])], false, &row_name).unwrap_err();
         assert_eq!(e.message, "running has 1 entries for 2 requests");
+    }
+
+    #[test]
+    fn prev_rows_are_a_cuda_index_vector() {
+        let dev = Device::Cuda(0);
+        let t = |dtype: &str, shape: &[i64], device: &str| TensorDesc::dense(0x1000, dtype, shape, device);
+        assert!(check_prev_rows(&dev, &t("int64", &[4], "cuda:0"), 3, false).is_ok());
+        assert!(check_prev_rows(&dev, &t("int32", &[3], "cuda:0"), 3, false).is_ok());
+        let e = |d: &Device, a: &TensorDesc, rows, given| check_prev_rows(d, a, rows, given).unwrap_err().message;
+        assert!(e(&dev, &t("int32", &[3], "cuda:0"), 3, true).contains("not both"));
+        assert!(e(&Device::Cpu, &t("int32", &[3], "cpu"), 3, false).contains("on the host"));
+        assert_eq!(e(&dev, &t("int32", &[3], "cuda:1"), 3, false), "prev_rows is on cuda:1, the planner's states on cuda:0");
+        assert!(e(&dev, &t("float32", &[3], "cuda:0"), 3, false).starts_with("prev_rows: expected an int32 or int64 tensor"));
+        assert!(e(&dev, &t("int32", &[2], "cuda:0"), 3, false).contains("3 at least"));
+        assert!(e(&dev, &t("int32", &[3, 1], "cuda:0"), 3, false).contains("[3, 1]"));
     }
 }

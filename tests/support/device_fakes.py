@@ -58,6 +58,38 @@ class FakeCuda:
         self.t.zero_()
         return self
 
+    # The tensor methods of the device remap of counts (run on the host tensor, results wrapped).
+    def _on(self, name: str, *args: Any) -> FakeCuda:
+        out = getattr(self.t, name)(*(x.t if isinstance(x, FakeCuda) else x for x in args))
+        return self if out is self.t else FakeCuda(out, self.device.index)
+
+    def fill_(self, v: Any) -> FakeCuda:
+        return self._on("fill_", v)
+
+    def copy_(self, src: Any) -> FakeCuda:
+        return self._on("copy_", src)
+
+    def clamp(self, lo: Any, hi: Any) -> FakeCuda:
+        return self._on("clamp", lo, hi)
+
+    def index_select(self, dim: int, index: Any) -> FakeCuda:
+        return self._on("index_select", dim, index)
+
+    def masked_fill_(self, mask: Any, v: Any) -> FakeCuda:
+        return self._on("masked_fill_", mask, v)
+
+    def __ge__(self, v: Any) -> FakeCuda:  # type: ignore[override]
+        return self._on("__ge__", v)
+
+    def __lt__(self, v: Any) -> FakeCuda:  # type: ignore[override]
+        return self._on("__lt__", v)
+
+    def __and__(self, v: Any) -> FakeCuda:
+        return self._on("__and__", v)
+
+    def __invert__(self) -> FakeCuda:
+        return self._on("__invert__")
+
     def cpu(self) -> torch.Tensor:
         return self.t
 

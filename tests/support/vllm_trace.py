@@ -421,7 +421,8 @@ def run_trace(
 
     ``device``: run the adapter's device path instead of its host path (see :class:`DeviceMode`);
     the accepted counts are then passed as device vectors (every other step; staged from the
-    host copy otherwise), the counts the device returned feed the next step, and with
+    host copy otherwise; every third step as ``prev_rows``, the step remapping its last counts to
+    the reordered batch on the device), the counts the device returned feed the next step, and with
     ``device_tables`` the kernel reads the batch's device block tables."""
     from recoverssm_rs.vllm import VllmMambaStep
 
@@ -457,6 +458,7 @@ def run_trace(
     stats = TraceStats()
     running: list[Req] = []
     skipped_last: set[str] = set()
+    prev_order: dict[str, int] = {}  # the last batch's rows
     finished_next: set[str] = set()
     for step in range(steps):
         finished, preempted, resumed = finished_next, set(), set()
@@ -499,7 +501,12 @@ def run_trace(
         else:  # the previous counts as a device vector (every other step: staged from the host copy)
             prev = side_o.input_batch.num_accepted_tokens_cpu[:n]
             acc_in = device.vector(prev.astype(np.int32)) if step % 2 else None
-            a_o = host(ours.preprocess(so, side_o.input_batch, side_o.requests, num_accepted=acc_in))
+            if step % 3 == 2:  # rows new to the batch (-1) read 1, as vLLM's add_request resets them
+                rows = device.vector(np.array([prev_order.get(r.rid, -1) for r in batch], dtype=np.int64))
+                a_o = host(ours.preprocess(so, side_o.input_batch, side_o.requests, prev_rows=rows))
+            else:
+                a_o = host(ours.preprocess(so, side_o.input_batch, side_o.requests, num_accepted=acc_in))
+        prev_order = {r.rid: i for i, r in enumerate(batch)}
         a_v = side_v.input_batch.num_accepted_tokens_cpu[:n].tolist()
         assert a_v == a_o, f"step {step}: num_accepted after the pre-copy: vLLM {a_v}, adapter {a_o}"
         err = _equal(states_v, states_o)

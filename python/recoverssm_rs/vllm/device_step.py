@@ -12,6 +12,13 @@ validates each request (the step's error word) and writes the counts for what fo
 of this object (vLLM's resets: 1 where the running state moved). Nothing here synchronises with the
 device.
 
+Every device buffer is static: the counts, the error word and the staging buffer are allocated by
+the first step, the staging buffer sized for ``max_num_reqs`` requests of the tables' width (it
+grows only for wider tables); each half-step's staged bytes are copied into it. A pre-copy given
+``prev_rows`` (each row's row in the previous step) instead of ``num_accepted`` remaps the previous
+post-process's counts to this step's rows on the device, new rows reading 1 (vLLM's
+``add_request``), into a buffer of this object.
+
 The block tables are staged from the host tables the step was checked against, or, for wide
 tables, taken from the engine's own device tables (``device_tables``), stacked on the device.
 
@@ -48,6 +55,17 @@ def _rows(x: Any, name: str) -> int:
         return len(x)
 
 
+def _remap(prev: Any, prev_rows: Any, dest: Any) -> None:
+    """``dest[i] = prev[prev_rows[i]]``, 1 where ``prev_rows[i]`` is outside ``prev`` (a new row),
+    queued on the current stream: no host read of a device value."""
+    n = prev.shape[0]
+    if n == 0:
+        dest.fill_(1)
+        return
+    kept = (prev_rows >= 0) & (prev_rows < n)
+    dest.copy_(prev.index_select(0, prev_rows.clamp(0, n - 1)).masked_fill_(~kept, 1))
+
+
 def _int32_counts(x: Any) -> Any:
     """Device counts as int32, narrowed on the device (the core checks every other dtype)."""
     dtype = str(getattr(x, "dtype", ""))
@@ -73,38 +91,40 @@ class DeviceStep:
         self.planner = planner
         self.index = cuda_index(planner.device, "the device step")
         self.max_num_reqs = VllmSlots.check_capacity(max_num_reqs)
-        self._out: Any = None  # int32 [2 * max_num_reqs]: the pre-copy's counts, then the post-process's
+        # int32 [3 * max_num_reqs]: the pre-copy's counts, the post-process's, the remapped counts
+        self._out: Any = None
         self._err: Any = None  # int32 [3]: the step's error word
         self._staging: Any = None  # int32 device buffer the staged step is copied into
         self._err_rows = 0
+        self._post_rows = 0  # the requests of the last post-process (the rows prev_rows index)
 
     def _buffers(self) -> tuple[Any, Any]:
         if self._out is None:
             self.planner._device("the device step")  # the state table and the planner's word; compiled at launch
             cuda = ops.cuda_ops
-            self._out = cuda.zeros_i32(2 * self.max_num_reqs, self.index)
+            self._out = cuda.zeros_i32(3 * self.max_num_reqs, self.index)
             self._err = cuda.zeros_i32(3, self.index)
         return self._out, self._err
 
     def _stage(self, tables: Sequence[Any], rows: int, device_tables: Sequence[Any] | None) -> tuple[Any, Any]:
-        """The staging buffer, grown to hold ``rows`` requests' step (allocated only when it
-        grows), and the engine's device tables stacked on the device when given."""
+        """The staging buffer, allocated for ``max_num_reqs`` requests of the tables' width (again
+        only for wider tables), and the engine's device tables stacked on the device when given."""
         if rows > self.max_num_reqs:
             raise PlanError(f"{rows} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
         table = None
-        need = 3 * rows
+        per_row = 3  # the vectors of a half-step
         if device_tables is None:
-            need += len(tables) * rows * max((np.shape(t)[1] for t in tables), default=0)
+            per_row += len(tables) * max((np.shape(t)[1] for t in tables), default=0)
         else:
             _core.check_device_tables(
                 device=self.planner.device, tables=list(device_tables), groups=self.planner.num_groups, rows=rows
             )
             table = ops.cuda_ops.stack_rows(list(device_tables), rows, self.index)
-        if self._staging is None or self._staging.shape[0] < need:
-            self._staging = ops.cuda_ops.empty_i32(max(need, 4 * self.max_num_reqs), self.index)
+        if self._staging is None or self._staging.shape[0] < per_row * rows:
+            self._staging = ops.cuda_ops.empty_i32(per_row * self.max_num_reqs, self.index)
         return self._staging, table
 
-    def _launch(self, half: Any, rows: int, stream: Any, **step: Any) -> tuple[Any, Any]:
+    def _launch(self, half: Any, rows: int, stream: Any, prev_rows: Any = None, **step: Any) -> tuple[Any, Any]:
         """One half: the core decides, stages and packs (one call); then, on ``stream``, the staged
         step is copied to the device and the kernel launched. Returns the core's vector and the
         half's counts."""
@@ -113,6 +133,14 @@ class DeviceStep:
         staging, table = self._stage(step["tables"], rows, step.pop("device_tables"))
         cuda = ops.cuda_ops
         ts = cuda.torch_stream(stream, self.index)
+        if prev_rows is not None:
+            _core.vllm_check_prev_rows(
+                device=self.planner.device,
+                prev_rows=prev_rows,
+                rows=rows,
+                num_accepted_given=step["num_accepted"] is not None,
+            )
+            step["num_accepted"] = out[2 * self.max_num_reqs : 2 * self.max_num_reqs + rows]
         vector, staged, kl = half(
             self.planner.core, staging=staging, device_table=table, err=err, num_accepted_out=counts, **step
         )
@@ -120,11 +148,16 @@ class DeviceStep:
             if half is _core.vllm_device_pre_copy:
                 err.zero_()  # the step's word: the post-process ORs into it too
                 self._err_rows = 0
+                if prev_rows is not None:  # after every host check: nothing is queued on an error
+                    prev = out[self.max_num_reqs : self.max_num_reqs + self._post_rows]
+                    _remap(prev, prev_rows[:rows], step["num_accepted"])
             if kl is not None:
                 cuda.stage_i32(staged, staging)
                 module.launch(kl, self.index, ts)
                 self._err_rows = max(self._err_rows, rows)
         self.planner.core.mark_written()
+        if half is _core.vllm_device_post_process:
+            self._post_rows = rows
         return np.frombuffer(vector, dtype=np.int64), counts
 
     def pre_copy(
@@ -133,8 +166,9 @@ class DeviceStep:
         num_computed: Any,
         num_scheduled: Any,
         mamba_state_idx: Any,
-        num_accepted: Any,
+        num_accepted: Any = None,
         *,
+        prev_rows: Any = None,
         fresh: Any = None,
         req_ids: Sequence[Any] | None = None,
         stream: Any = None,
@@ -148,7 +182,13 @@ class DeviceStep:
                 :func:`~recoverssm_rs.vllm.decide.align_pre_copy`).
             num_accepted: ``[R]`` counts of the previous step: a CUDA tensor (read only by the
                 kernel, which checks them) or a host array (staged with the step, after every host
-                check of :func:`~recoverssm_rs.vllm.decide.align_pre_copy`).
+                check of :func:`~recoverssm_rs.vllm.decide.align_pre_copy`). ``None`` with
+                ``prev_rows``.
+            prev_rows: instead of ``num_accepted``, a CUDA int32 / int64 ``[>= R]`` vector: each
+                row's row in the previous step (``-1``, or any index outside the previous step's
+                rows, for a row new to the batch, which reads 1): the counts of this object's last
+                :meth:`post_process` are remapped to this step's rows on the device (into a buffer
+                of this object), so the runner need not follow its batch reorders.
             fresh, req_ids: as :func:`~recoverssm_rs.vllm.decide.align_pre_copy`.
             stream: a torch or CuPy stream; ``None``: the current torch stream.
             device_tables: the same tables already on the device (one CUDA ``[>= R, cols]`` per
@@ -173,6 +213,7 @@ class DeviceStep:
             num_scheduled=num_scheduled,
             mamba_state_idx=mamba_state_idx,
             num_accepted=_int32_counts(num_accepted),
+            prev_rows=prev_rows,
             fresh=fresh,
             req_ids=req_ids,
             device_tables=device_tables,

@@ -357,6 +357,7 @@ class VllmMambaStep:
         requests: Mapping[str, Any],
         *,
         num_accepted: Any = None,
+        prev_rows: Any = None,
         stream: Any = None,
     ) -> Any:
         """vLLM's ``preprocess_mamba`` (and ``stage_postprocess_inputs_to_gpu``'s bookkeeping): same
@@ -367,6 +368,10 @@ class VllmMambaStep:
             num_accepted: the previous step's ``[num_reqs]`` counts per batch row; default
                 ``input_batch.num_accepted_tokens_cpu``. On the device path a CUDA tensor (e.g. the
                 last :meth:`postprocess` result, reordered as the batch) stays on the device.
+            prev_rows: device path, instead of ``num_accepted``: each batch row's row in the
+                previous step (a CUDA int32 / int64 vector, ``-1`` for a row new to the batch):
+                the last :meth:`postprocess` counts are remapped to this step's rows on the device
+                (:meth:`~recoverssm_rs.vllm.device_step.DeviceStep.pre_copy`).
             stream: the device path's stream (``None``: the current torch stream).
 
         Returns:
@@ -394,7 +399,7 @@ class VllmMambaStep:
             n = len(req_ids)
         with _reading("input_batch", PlanError):
             host_acc = input_batch.num_accepted_tokens_cpu
-            acc = host_acc[:n] if num_accepted is None else num_accepted
+            acc = host_acc[:n] if num_accepted is None and prev_rows is None else num_accepted
             tables = self.tables(input_batch, n)
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
         with _reading("requests", PlanError):
@@ -415,12 +420,17 @@ class VllmMambaStep:
                     ns,
                     self.mamba_state_idx[slots],
                     acc,
+                    prev_rows=prev_rows,
                     req_ids=req_ids,
                     stream=stream,
                     device_tables=dev_tables,
                 )
                 self.mamba_state_idx[slots] = curr
             else:
+                if prev_rows is not None:  # the core refuses a remap of host states
+                    _core.vllm_check_prev_rows(
+                        device=self.planner.device, prev_rows=prev_rows, rows=n, num_accepted_given=False
+                    )
                 d = self.pre_copy(tables, slots, c, ns, acc, req_ids=req_ids)
                 curr, out = d.curr, d.num_accepted
         except Exception:
