@@ -71,3 +71,42 @@ pub fn plan_device_commit(
     let launch = kernel.launch(rows, Some(plan.len() as u64), counts, None)?;
     Ok((plan, launch))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commit::CommitMeta;
+    use crate::kernels::constants::THREADS;
+
+    #[test]
+    fn one_pass_plans_checks_and_packs() {
+        let table = [CommitMeta { heads: 2, head_v: 16, head_k: 16, ..Default::default() }];
+        let k = CommitLaunch::new(Device::Cuda(0), 100, &table, 16, 4, 900, THREADS).unwrap();
+        let rows = TensorDesc::dense(200, "torch.uint8", &[4 * 32], "cuda:0");
+        let blocks = [3, -1, 5];
+        let host = DeviceCommit { state_blocks: &blocks, counts: DeviceCounts::Host(&[1, 0, 9]), query_lens: None, align: None, max_requests: 4 };
+        let (plan, launch) = plan_device_commit(&host, "GDN_ATTN", 16, 4, &k, &rows).unwrap();
+        assert_eq!(plan.iter().map(|r| (r.request, r.count, r.state_block)).collect::<Vec<_>>(), vec![(0, 1, 3), (2, 4, 5)]);
+        let l = launch.unwrap();
+        assert_eq!(l.values()[2..6].iter().map(|x| x.1).collect::<Vec<_>>(), vec![200, 2, 0, 0]);
+        // Device counts: planned for the whole window, checked against the cache's device.
+        let cpu = Device::parse("cpu").unwrap();
+        let acc = TensorDesc::dense(300, "torch.int64", &[3], "cpu");
+        let acc32 = TensorDesc::dense(400, "torch.int32", &[3], "cuda:0");
+        let dev = DeviceCommit { counts: DeviceCounts::Device { checked: &acc, launched: &acc32, device: &cpu }, ..host };
+        let (plan, launch) = plan_device_commit(&dev, "GDN_ATTN", 16, 4, &k, &rows).unwrap();
+        assert_eq!(plan.iter().map(|r| r.count).collect::<Vec<_>>(), vec![4, 4]);
+        assert_eq!(launch.unwrap().values()[4..6].iter().map(|x| x.1).collect::<Vec<_>>(), vec![400, 3]);
+        let short = TensorDesc::dense(300, "torch.int64", &[2], "cpu");
+        let dev = DeviceCommit { counts: DeviceCounts::Device { checked: &short, launched: &acc32, device: &cpu }, ..dev };
+        let e = plan_device_commit(&dev, "GDN_ATTN", 16, 4, &k, &rows).unwrap_err();
+        assert!(e.message.contains("one count per request (3 at least)"), "{}", e.message);
+        // A refused plan: the planner's error, nothing packed.
+        let twice = DeviceCommit { state_blocks: &[3, 3], counts: DeviceCounts::Host(&[1, 1]), query_lens: None, align: None, max_requests: 4 };
+        let e = plan_device_commit(&twice, "GDN_ATTN", 16, 4, &k, &rows).unwrap_err();
+        assert!(e.message.contains("both use state block 3"), "{}", e.message);
+        let many =
+            DeviceCommit { state_blocks: &[1, 2, 3, 4, 5], counts: DeviceCounts::Host(&[1; 5]), query_lens: None, align: None, max_requests: 4 };
+        assert!(plan_device_commit(&many, "GDN_ATTN", 16, 4, &k, &rows).is_err());
+    }
+}
