@@ -253,7 +253,13 @@ impl PyCommitLaunch {
         let counts = match (&a.num_accepted, &a.device_counts) {
             (Some(h), None) => DeviceCounts::Host(&h.0),
             (None, Some(d)) => DeviceCounts::Device { checked: &d.0, launched: &a.launch_counts.as_ref().unwrap_or(d).0, device: &a.device.0 },
-            _ => return Err(Error::plan("give num_accepted (host counts) or device_counts, one of them").into()),
+            (None, None) => {
+                // The host counts' own error (as `CommitPlanner.plan` gives it for `None`).
+                let none = planner.py().None().into_bound(planner.py());
+                let _: Ints = super::conversion::Arg::arg(&none, "num_accepted", ErrorKind::Plan)?;
+                return Err(Error::plan("num_accepted: expected the counts").into());
+            }
+            (Some(_), Some(_)) => return Err(Error::plan("give num_accepted (host counts) or device_counts, not both").into()),
         };
         let align = match (&a.seq_lens, &a.block_table, a.block_size) {
             (None, None, None) => None,

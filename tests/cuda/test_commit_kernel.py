@@ -648,6 +648,7 @@ def test_a_device_commit_is_one_core_call_and_one_launch(monkeypatch):
     bad[4] = 3
     for args, match in [
         ((acc, bad), "requests 0 and 4 both use state block 3"),
+        ((None, blocks), "num_accepted must be an int32 or int64 array"),
         ((torch.zeros(2, dtype=torch.int32), blocks), "one count per request"),
         ((torch.zeros(6), blocks), "num_accepted: expected an integer tensor, got torch.float32"),
         ((torch.zeros(6, dtype=torch.int32, device="meta"), blocks), "num_accepted is on meta, the cache on cpu"),
