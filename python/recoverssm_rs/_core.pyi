@@ -287,6 +287,12 @@ class CommitLaunch:
     def __new__(cls, table: Any, **kwargs: Any) -> CommitLaunch: ...
     # Keyword arguments: rows, num_rows, num_accepted, err.
     def launch(self, **kwargs: Any) -> KernelLaunch | None: ...
+    # Keyword arguments: state_blocks, num_accepted | device_counts (+ launch_counts), query_lens,
+    # seq_lens, block_table, block_size, max_requests, rows, device.
+    def commit(
+        self, planner: CommitPlanner, bound: BoundTensors | None = None, **kwargs: Any
+    ) -> tuple[RawBuffer, KernelLaunch | None]:
+        """A whole device commit in one call: plan, checks and launch (rows to stage, launch)."""
     @property
     def device_index(self) -> int: ...
 

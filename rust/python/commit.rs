@@ -7,8 +7,8 @@ use super::conversion::{arg_error, kwargs, DeviceOf, FromKwargs, Ints, Table, Te
 use super::launch::{cuda_index, KernelLaunch};
 use super::layout::Layout;
 use crate::commit::{
-    check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, commit_meta, plan_commit, AlignInputs, CommitConfig,
-    CommitMeta, CommitStep, CommitTensors, GateKind,
+    check_block_size, check_cache_sizes, check_index, check_state_blocks, check_workspace_rows, commit_meta, plan_commit, plan_device_commit,
+    AlignInputs, CommitConfig, CommitMeta, CommitStep, CommitTensors, DeviceCommit, DeviceCounts, GateKind,
 };
 use crate::error::{Error, ErrorKind};
 use crate::kernels::{self, args, constants};
@@ -186,6 +186,25 @@ kwargs! {
     }
 }
 
+kwargs! {
+    /// One device commit: the step (as `CommitPlanner.plan` takes it; `num_accepted` host counts,
+    /// or `device_counts` that the host never reads with `launch_counts`, their dense int32 copy
+    /// when they are not one already), the row buffer `rows` and the cache's `device`.
+    pub(crate) struct DeviceCommitArgs (Plan) {
+        state_blocks: Ints,
+        num_accepted: Option<Ints>,
+        device_counts: Option<Tensor>,
+        launch_counts: Option<Tensor>,
+        query_lens: Option<Ints>,
+        seq_lens: Option<Ints>,
+        block_table: Option<Table>,
+        block_size: Option<i64>,
+        max_requests: u64,
+        rows: Tensor,
+        device: DeviceOf,
+    }
+}
+
 /// The commit kernel of one state cache (constants and grid checked once).
 #[pyclass(module = "recoverssm_rs._core", name = "CommitLaunch", frozen)]
 pub struct PyCommitLaunch {
@@ -214,6 +233,55 @@ impl PyCommitLaunch {
         let a = CommitStepArgs::from_kwargs(kwargs)?;
         let l = self.inner.launch(&a.rows.0, a.num_rows, a.num_accepted.as_ref().map(|t| &t.0), a.err.as_ref().map(|t| &t.0))?;
         Ok(l.map(KernelLaunch::new))
+    }
+
+    /// A whole device commit in one call: the bound tensors' check, the plan, the device counts'
+    /// check and the launch over `rows`. Returns the plan's rows (to stage into `rows` before the
+    /// launch) and the launch (`None`: nothing to commit). `bound`: the cache's `BoundTensors`,
+    /// checked first and marked written once a launch is packed. Nothing is written when it raises.
+    #[pyo3(signature = (planner, bound = None, **kwargs))]
+    fn commit(
+        &self,
+        planner: PyRef<'_, CommitPlanner>,
+        bound: Option<&Bound<'_, PyAny>>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<(RawBuffer, Option<KernelLaunch>)> {
+        if let Some(b) = bound {
+            b.call_method0("check")?;
+        }
+        let a = DeviceCommitArgs::from_kwargs(kwargs)?;
+        let counts = match (&a.num_accepted, &a.device_counts) {
+            (Some(h), None) => DeviceCounts::Host(&h.0),
+            (None, Some(d)) => DeviceCounts::Device { checked: &d.0, launched: &a.launch_counts.as_ref().unwrap_or(d).0, device: &a.device.0 },
+            (None, None) => {
+                // The host counts' own error (as `CommitPlanner.plan` gives it for `None`).
+                let none = planner.py().None().into_bound(planner.py());
+                let _: Ints = super::conversion::Arg::arg(&none, "num_accepted", ErrorKind::Plan)?;
+                return Err(Error::plan("num_accepted: expected the counts").into());
+            }
+            (Some(_), Some(_)) => return Err(Error::plan("give num_accepted (host counts) or device_counts, not both").into()),
+        };
+        let align = match (&a.seq_lens, &a.block_table, a.block_size) {
+            (None, None, None) => None,
+            (Some(s), Some(b), Some(bs)) => {
+                Some(AlignInputs { seq_lens: &s.0, block_table: &b.ids, cols: b.cols, block_size: check_block_size(bs)? })
+            }
+            _ => return Err(Error::plan("align mode needs seq_lens, block_table and block_size together; pass all three or none").into()),
+        };
+        let step = DeviceCommit {
+            state_blocks: &a.state_blocks.0,
+            counts,
+            query_lens: a.query_lens.as_ref().map(|q| q.0.as_slice()),
+            align,
+            max_requests: a.max_requests,
+        };
+        let (rows, launch) = plan_device_commit(&step, &planner.backend, planner.num_blocks, planner.window, &self.inner, &a.rows.0)?;
+        if !rows.is_empty() {
+            if let Some(b) = bound {
+                b.call_method0("mark_written")?;
+            }
+        }
+        Ok((RawBuffer::new(rows), launch.map(KernelLaunch::new)))
     }
 
     fn __repr__(&self) -> String {

@@ -559,6 +559,113 @@ def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
     assert len(launches) == n_launches
 
 
+class _Counted:
+    """Forwards to a core object, counting each call into it; core objects given as arguments are
+    passed on unwrapped (what the core then calls on them is not a crossing)."""
+
+    def __init__(self, inner, calls: list[str], name: str):
+        self._inner, self._calls, self._name = inner, calls, name
+
+    def __getattr__(self, attr):
+        value = getattr(self._inner, attr)
+        if not callable(value) or isinstance(value, type):
+            return value
+
+        def call(*args, **kwargs):
+            self._calls.append(f"{self._name}.{attr}")
+            args = tuple(a._inner if isinstance(a, _Counted) else a for a in args)
+            return value(*args, **kwargs)
+
+        return call
+
+
+@needs_cxx
+def test_a_device_commit_is_one_core_call_and_one_launch(monkeypatch):
+    """StateCache.commit on the CUDA path (the kernel emulated over CPU buffers) crosses into the
+    core once and launches once, host or device counts, align mode or not; a refused plan crosses
+    once, launches nothing and writes nothing."""
+    from recoverssm_rs.cuda import commit as cuda_commit
+    from recoverssm_rs.cuda import module as cuda_module
+    from recoverssm_rs.recoverssm import state_cache as state_cache_module
+    from support.device_fakes import FakeCuda
+
+    class HostKernel(cuda_commit.CommitKernel):
+        def device_name(self) -> str:
+            return "cuda:0"
+
+        def device_arg(self, x):
+            return FakeCuda(x)
+
+        def staging(self, nbytes):
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    cfg = ("gdn", "DS", "float32", "float32")
+    cache, ref = make_cache(*cfg), make_cache(*cfg)
+    kernel = HostKernel(cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests)
+    kernel.ready = True
+    cache._device_commit = kernel
+    calls: list[str] = []
+    launches: list[int] = []
+    kernel.launcher = _Counted(kernel.launcher, calls, "CommitLaunch")
+    cache.commit_planner = _Counted(cache.commit_planner, calls, "CommitPlanner")
+    cache._bound = _Counted(cache._bound, calls, "BoundTensors")
+    for mod in (state_cache_module, cuda_commit):
+        monkeypatch.setattr(mod, "_core", _Counted(mod._core, calls, "_core"))
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+
+    def fake_launch(kl, index, stream=None):
+        launches.append(dict(kl.values())["num_rows"])
+        emulation.run(kl).check(kl.kernel)
+
+    monkeypatch.setattr(cuda_module, "launch", fake_launch)
+    blocks = np.array([3, 7, -1, 12, 5, 9])
+    free = [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 1, 2, 4, 6, 8, 10, 11]
+    align = dict(seq_lens=np.array([6, 15, 0, 16, 7, 5]), block_size=8, block_table=np.array(free).reshape(6, 3))
+    acc = np.array([0, 1, 2, Q, 3, Q])
+    for step, (counts, kw) in enumerate(
+        [(acc, {}), (acc, align), (torch.as_tensor(acc), align), (torch.as_tensor(acc, dtype=torch.int32), {})]
+    ):
+        verify_window(ref, blocks, seed=step)
+        for k, v in cache.buffers().items():
+            v.copy_(ref.buffers()[k])
+        before = {k: v.clone() for k, v in ref.buffers().items()}
+        want_rows = ref.commit(acc, blocks, **kw)
+        calls.clear()
+        launches.clear()
+        rows = cache.commit(counts, blocks, **kw)
+        assert calls == ["CommitLaunch.commit"], step
+        assert launches == [5], step
+        if isinstance(counts, np.ndarray):
+            assert rows.tobytes() == want_rows.tobytes()
+        else:
+            assert rows["count"].tolist() == [Q] * 5  # planned for the whole window
+        assert_caches_match(cache, {k: v.clone() for k, v in ref.buffers().items()}, before)
+        assert cache.commit_error().ok
+    # Refused: the same errors as a host plan, one crossing, no launch, nothing written.
+    before = {k: v.clone() for k, v in cache.buffers().items()}
+    launches.clear()
+    bad = blocks.copy()
+    bad[4] = 3
+    for args, match in [
+        ((acc, bad), "requests 0 and 4 both use state block 3"),
+        ((None, blocks), "num_accepted must be an int32 or int64 array"),
+        ((torch.zeros(2, dtype=torch.int32), blocks), "one count per request"),
+        ((torch.zeros(6), blocks), "num_accepted: expected an integer tensor, got torch.float32"),
+        ((torch.zeros(6, dtype=torch.int32, device="meta"), blocks), "num_accepted is on meta, the cache on cpu"),
+    ]:
+        calls.clear()
+        with pytest.raises(PlanError, match=match):
+            cache.commit(*args)
+        assert calls == ["CommitLaunch.commit"]
+    assert launches == []
+    for k, v in cache.buffers().items():
+        assert torch.equal(v, before[k]), k
+    # No rows: one crossing, no launch.
+    calls.clear()
+    assert len(cache.commit(np.zeros(6, dtype=np.int64), np.full(6, -1))) == 0
+    assert calls == ["CommitLaunch.commit"] and launches == []
+
+
 def test_commit_meta_of_a_cache():
     cache = make_cache("kda", "DS", "bfloat16")
     m = cache.commit_meta()

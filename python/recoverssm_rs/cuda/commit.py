@@ -162,14 +162,58 @@ class CommitKernel:
     def device_index(self) -> int:
         return int(self.launcher.device_index)
 
-    def commit_rows(self, rows: np.ndarray, num_accepted: Any) -> None:
-        """Stage a host commit plan into the row buffer and launch, all on the current stream."""
-        num_rows = len(rows)
-        nbytes = num_rows * COMMIT_ROW_DTYPE.itemsize
+    def commit(
+        self,
+        planner: _core.CommitPlanner,
+        bound: _core.BoundTensors,
+        num_accepted: Any,
+        state_blocks: Any,
+        query_lens: Any,
+        *,
+        device: str,
+        device_counts: bool,
+        max_requests: int,
+        align: dict[str, Any],
+    ) -> np.ndarray:
+        """A whole commit with one call into the core and one launch on the current stream: the
+        core checks ``bound`` (the cache's tensors), plans (``planner``; with ``device_counts`` each
+        request for its whole window, ``num_accepted`` then staying on the device, checked against
+        the cache's ``device``) and packs the launch over the row buffer; the plan's rows are
+        staged into it through pinned memory and the kernel is launched. Returns the plan; nothing
+        is written when the core raises."""
+        import torch
+
+        if device_counts:
+            counts = num_accepted
+            if counts.dtype != torch.int32 or not counts.is_contiguous():
+                # the core checks the caller's counts; the kernel reads their int32 copy
+                counts = counts.to(dtype=torch.int32, memory_format=torch.contiguous_format)
+            kw = {"device_counts": num_accepted, "launch_counts": self.device_arg(counts)}
+        else:
+            kw = {"num_accepted": num_accepted}
+        raw, kl = self.launcher.commit(
+            planner,
+            bound,
+            state_blocks=state_blocks,
+            query_lens=query_lens,
+            max_requests=max_requests,
+            rows=self.device_arg(self.rows_dev),
+            device=device,
+            **kw,
+            **align,
+        )
+        rows = records(raw, dtype=COMMIT_ROW_DTYPE)
+        if len(rows) == 0:
+            return rows
+        nbytes = len(rows) * COMMIT_ROW_DTYPE.itemsize
         host = self.staging(nbytes)
-        host.numpy()[:] = np.ascontiguousarray(rows).view(np.uint8).reshape(-1)
+        host.numpy()[:] = rows.view(np.uint8)
         self.rows_dev[:nbytes].copy_(host, non_blocking=True)
-        self.launch(self.rows_dev, num_rows, num_accepted, None)
+        self.err.zero_()
+        self.num_rows = 0 if kl is None else len(rows)
+        if kl is not None:
+            module.launch(kl, self.device_index, None)
+        return rows
 
     def launch(self, rows: Any, num_rows: int | None, num_accepted: Any, stream: Any) -> None:
         """Check and pack the launch (the core), then zero the error word and launch over device

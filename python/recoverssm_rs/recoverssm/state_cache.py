@@ -259,35 +259,35 @@ class StateCache:
             PlanError: before anything changes (a bad count, block, boundary or a block written
                 twice), naming the request.
         """
+        if self._commit_kernel_ready():
+            d = self._device_commit
+            assert d is not None
+            # One call into the core (bound tensors, plan, counts, launch), one launch.
+            return d.commit(
+                self.commit_planner,
+                self._bound,
+                num_accepted,
+                state_blocks,
+                query_lens,
+                device=str(self._recurrent.device),
+                device_counts=self._is_device_tensor(num_accepted),
+                max_requests=self.max_requests,
+                align=dict(align),
+            )
         self._bound.check()
-        kernel = self._commit_kernel_ready()
-        device_counts = kernel and self._is_device_tensor(num_accepted)
-        if device_counts:
-            # Counts stay on the device: plan each request for its whole window (the cap) and let
-            # the kernel clamp num_accepted[request] to it.
-            if query_lens is None:
-                n = self.commit_planner.check_state_blocks(state_blocks, self.max_requests)
-                caps = np.full(n, self.window, dtype=np.int64)
-            else:
-                caps = query_lens
-            rows = self.plan_commit(caps, state_blocks, caps, **align)
-        else:
-            rows = self.plan_commit(num_accepted, state_blocks, query_lens, **align)
+        rows = self.plan_commit(num_accepted, state_blocks, query_lens, **align)
         if len(rows) == 0:
             return rows
-        if kernel:
-            self._commit_on_device(rows, num_accepted if device_counts else None)
-        else:
-            recurrence.commit_rows(
-                rows,
-                recurrent=self._recurrent,
-                conv=self._conv,
-                corrections=self._corrections,
-                keygate=self._keygate,
-                conv_window=self._conv_window,
-                conv_kernel_size=self.conv_kernel_size,
-                conv_layout=self.conv_layout,
-            )
+        recurrence.commit_rows(
+            rows,
+            recurrent=self._recurrent,
+            conv=self._conv,
+            corrections=self._corrections,
+            keygate=self._keygate,
+            conv_window=self._conv_window,
+            conv_kernel_size=self.conv_kernel_size,
+            conv_layout=self.conv_layout,
+        )
         self._bound.mark_written()
         return rows
 
@@ -340,18 +340,6 @@ class StateCache:
                 log.warning("StateCache: %s; the torch reference commits", exc)
                 d.ready = False
         return bool(d.ready)
-
-    def _commit_on_device(self, rows: np.ndarray, num_accepted: torch.Tensor | None) -> None:
-        d = self._device_commit
-        assert d is not None
-        counts = None
-        if num_accepted is not None:
-            # rows come from plan_commit, which bounded the batch by max_requests.
-            _core.check_commit_counts(str(self._recurrent.device), num_accepted, int(rows["request"].max()) + 1)
-            counts = num_accepted
-            if counts.dtype != torch.int32 or not counts.is_contiguous():
-                counts = counts.to(dtype=torch.int32, memory_format=torch.contiguous_format)
-        d.commit_rows(rows, counts)
 
     def launch_commit(
         self,
