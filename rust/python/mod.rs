@@ -44,8 +44,8 @@ mod _core {
     use super::sglang::{sglang_check_host_copy, sglang_commit_selection, sglang_slot_launch, sglang_slot_table};
     #[pymodule_export]
     use super::transfer::{
-        check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, HostCacheIndex, LayoutFingerprint, PeerInfo,
-        TransferPlan,
+        check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, CacheCounters, HostCacheIndex,
+        LayoutFingerprint, PeerInfo, TransferPlan,
     };
 
     use pyo3::prelude::*;

@@ -379,6 +379,22 @@ pub(crate) fn check_saved_states(
 /// The rules of a host offload tier (see `HostCache`): bytes per request from the fingerprint,
 /// capacity accounting, least-recently-used eviction and spill. Entries are named by integer
 /// ids; the caller holds the bytes.
+/// A host cache at one moment: the host bytes one request's states take (every layer's persistent
+/// states), the capacity, whether evicted entries spill to disk, the bytes held, entries pushed out
+/// of host memory, restores that found or missed their key, entries in memory and on disk.
+#[pyclass(module = "recoverssm_rs", frozen, get_all)]
+pub struct CacheCounters {
+    bytes_per_request: u64,
+    capacity_bytes: u64,
+    spill: bool,
+    used_bytes: u64,
+    evictions: u64,
+    hits: u64,
+    misses: u64,
+    in_memory: usize,
+    on_disk: usize,
+}
+
 #[pyclass(module = "recoverssm_rs")]
 pub struct HostCacheIndex {
     inner: transfer::cache::CacheIndex,
@@ -399,42 +415,20 @@ impl HostCacheIndex {
             .ok_or_else(|| Error::plan(format!("HostCache: capacity_bytes must be > 0, got {capacity_bytes}")))?;
         Ok(HostCacheIndex { inner: transfer::cache::CacheIndex::new(&fingerprint.inner, num_layers, capacity, spill)? })
     }
-    /// Host bytes one request's states take (every layer's persistent states).
-    #[getter]
-    fn bytes_per_request(&self) -> u64 {
-        self.inner.bytes_per_request()
-    }
-    #[getter]
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity()
-    }
-    #[getter]
-    fn used_bytes(&self) -> u64 {
-        self.inner.used()
-    }
-    #[getter]
-    fn spill(&self) -> bool {
-        self.inner.spills()
-    }
-    #[getter]
-    fn evictions(&self) -> u64 {
-        self.inner.evictions
-    }
-    #[getter]
-    fn hits(&self) -> u64 {
-        self.inner.hits
-    }
-    #[getter]
-    fn misses(&self) -> u64 {
-        self.inner.misses
-    }
-    #[getter]
-    fn in_memory(&self) -> usize {
-        self.inner.in_memory()
-    }
-    #[getter]
-    fn on_disk(&self) -> usize {
-        self.inner.on_disk()
+    /// The cache's sizes and counters now.
+    fn counters(&self) -> CacheCounters {
+        let c = &self.inner;
+        CacheCounters {
+            bytes_per_request: c.bytes_per_request(),
+            capacity_bytes: c.capacity(),
+            spill: c.spills(),
+            used_bytes: c.used(),
+            evictions: c.evictions,
+            hits: c.hits,
+            misses: c.misses,
+            in_memory: c.in_memory(),
+            on_disk: c.on_disk(),
+        }
     }
     /// Host bytes `num_requests` requests take; PlanError when more than the whole capacity.
     fn need(&self, num_requests: u64) -> PyResult<u64> {

@@ -62,13 +62,14 @@ def test_the_core_keeps_the_tier_rules():
         with pytest.raises(PlanError, match="capacity_bytes must be > 0"):
             HostCache(p, bad)
     idx = HostCacheIndex(p.fingerprint, 2, 3 * per, spill=True)
-    assert idx.bytes_per_request == per == p.fingerprint.request_nbytes(2) and idx.need(3) == 3 * per
+    assert idx.counters().bytes_per_request == per == p.fingerprint.request_nbytes(2) and idx.need(3) == 3 * per
     assert idx.put(10, 2) == [] and idx.put(11, 1) == []
     assert idx.lookup(10) == "memory" and idx.lookup(99) is None
     assert idx.put(12, 1) == [(11, True)]  # 11 is the least recently used: spilled
-    assert idx.location(11) == "disk" and idx.used_bytes == 3 * per
+    assert idx.location(11) == "disk" and idx.counters().used_bytes == 3 * per
     with pytest.raises(PlanError, match="more than the capacity"):
         idx.put(13, 2**62)
-    assert (len(idx), idx.evictions, idx.hits, idx.misses) == (3, 1, 1, 1)
+    c = idx.counters()
+    assert (len(idx), c.evictions, c.hits, c.misses, c.in_memory, c.on_disk) == (3, 1, 1, 1, 2, 1)
     assert idx.drop(11) == "disk" and idx.drop(11) is None
     assert "HostCacheIndex(entries=2" in repr(idx)

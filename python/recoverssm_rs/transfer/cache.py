@@ -51,32 +51,32 @@ class HostCache:
     @property
     def capacity_bytes(self) -> int:
         """Host bytes the tier may hold."""
-        return self.index.capacity_bytes
+        return self.index.counters().capacity_bytes
 
     @property
     def bytes_per_request(self) -> int:
         """Host bytes one request's states take (all layers' persistent states)."""
-        return self.index.bytes_per_request
+        return self.index.counters().bytes_per_request
 
     @property
     def used_bytes(self) -> int:
         """Host bytes held now."""
-        return self.index.used_bytes
+        return self.index.counters().used_bytes
 
     @property
     def evictions(self) -> int:
         """Entries pushed out of host memory so far."""
-        return self.index.evictions
+        return self.index.counters().evictions
 
     @property
     def hits(self) -> int:
         """Restores that found their key."""
-        return self.index.hits
+        return self.index.counters().hits
 
     @property
     def misses(self) -> int:
         """Restores that did not."""
-        return self.index.misses
+        return self.index.counters().misses
 
     def _id(self, key: Hashable) -> int:
         i = self._ids.get(key)
@@ -178,7 +178,7 @@ class HostCache:
         return len(self.index)
 
     def __repr__(self) -> str:
-        x = self.index
+        x = self.index.counters()
         return (
             f"HostCache(entries={x.in_memory}, on_disk={x.on_disk}, used={x.used_bytes}/"
             f"{x.capacity_bytes} bytes, evictions={x.evictions}, hits={x.hits}, misses={x.misses})"
