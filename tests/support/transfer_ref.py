@@ -95,6 +95,24 @@ FAMILIES = {
 CONV_DTYPE = "float16"
 
 
+def nixl_or_skip() -> None:
+    """Called at a NIXL test module's import: skips the module when NIXL is not importable, and fails
+    instead under ``RECOVERSSM_REQUIRE_NIXL=1`` (as CI sets it)."""
+    import os
+
+    import pytest
+    from recoverssm_rs.transfer import nixl
+
+    if nixl.nixl_available():
+        return
+    if os.environ.get("RECOVERSSM_REQUIRE_NIXL", "0") not in ("", "0"):
+        raise RuntimeError(f"RECOVERSSM_REQUIRE_NIXL=1 but NIXL is not importable; {nixl.INSTALL_HINT}")
+    pytest.skip(
+        f"NIXL is not importable ({nixl.INSTALL_HINT}); set RECOVERSSM_REQUIRE_NIXL=1 to fail instead",
+        allow_module_level=True,
+    )
+
+
 def kernel_of(fam: Family) -> int:
     """The family's conv kernel size (vLLM names it conv_kernel or conv_kernel_size), 0 without conv."""
     return int(fam.params.get("conv_kernel_size", fam.params.get("conv_kernel", 0)))

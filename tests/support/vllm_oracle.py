@@ -25,6 +25,7 @@ import sys
 import tempfile
 import types
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,23 +98,20 @@ def fetch_wheel(dist: str, version: str, folder: Path, unavailable: type[Excepti
     return folder / got[0].name
 
 
-def wheel() -> Path:
-    """vLLM's wheel: ``$RECOVERSSM_VLLM_WHEEL``, else the cached one, downloaded on first use.
-
-    Raises :class:`OracleUnavailable` when it cannot be had (no network, or
-    ``RECOVERSSM_NO_DOWNLOAD=1`` and nothing cached).
-    """
-    given = os.environ.get("RECOVERSSM_VLLM_WHEEL")
+def given_or_fetched(env: str, dist: str, version: str, folder: Path, unavailable: type[Exception]) -> Path:
+    """The wheel named by ``$env`` (which must exist), else :func:`fetch_wheel`'s."""
+    given = os.environ.get(env)
     if given:
         if not Path(given).is_file():
-            raise OracleUnavailable(f"RECOVERSSM_VLLM_WHEEL={given}: no such file")
+            raise unavailable(f"{env}={given}: no such file")
         return Path(given)
-    return fetch_wheel("vllm", VERSION, cache_dir(), OracleUnavailable)
+    return fetch_wheel(dist, version, folder, unavailable)
 
 
-def extracted(member: str) -> Path:
-    """The path of ``member`` (a path inside the wheel) extracted into the cache, on first use."""
-    dest = cache_dir() / "extracted" / member
+def extract_member(wheel: Callable[[], Path], folder: Path, member: str) -> Path:
+    """The path of ``member`` (a path inside the wheel ``wheel()`` gives) extracted under
+    ``folder/extracted``, on first use (written under a temporary name, then renamed)."""
+    dest = folder / "extracted" / member
     if not dest.is_file():
         with zipfile.ZipFile(wheel()) as z:
             data = z.read(member)
@@ -122,6 +120,20 @@ def extracted(member: str) -> Path:
         tmp.write_bytes(data)
         os.replace(tmp, dest)
     return dest
+
+
+def wheel() -> Path:
+    """vLLM's wheel: ``$RECOVERSSM_VLLM_WHEEL``, else the cached one, downloaded on first use.
+
+    Raises :class:`OracleUnavailable` when it cannot be had (no network, or
+    ``RECOVERSSM_NO_DOWNLOAD=1`` and nothing cached).
+    """
+    return given_or_fetched("RECOVERSSM_VLLM_WHEEL", "vllm", VERSION, cache_dir(), OracleUnavailable)
+
+
+def extracted(member: str) -> Path:
+    """The path of ``member`` (a path inside the wheel) extracted into the cache, on first use."""
+    return extract_member(wheel, cache_dir(), member)
 
 
 def _extract() -> dict[str, Path]:

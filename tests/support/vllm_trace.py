@@ -375,6 +375,37 @@ class DeviceMode:
     vector: Any
 
 
+def pre_moves(batch: list[Req], curr: list[int], block_size: int) -> int:
+    """Requests whose state the pre-copy moves: a running column (the stored one, or the column of
+    the computed tokens for a new request) that is set and is not this step's ``curr``."""
+    return sum(
+        1
+        for r, c in zip(batch, curr)
+        if (r.running if r.running >= 0 else (r.computed - 1) // block_size) not in (-1, c)
+    )
+
+
+def forward_writes(
+    batch: list[Req],
+    curr: list[int],
+    nsb: int,
+    states_v: list[list[list[torch.Tensor]]],
+    states_o: list[list[list[torch.Tensor]]],
+) -> None:
+    """The forward pass: random bytes into every persistent state of each request's window columns
+    ``curr .. curr + nsb`` of every group, the same on both sides (the last tensor of a layer, the
+    ring, is left alone)."""
+    for i, r in enumerate(batch):
+        for gi in range(len(states_v)):
+            for col in range(curr[i], curr[i] + nsb + 1):
+                b = r.cols[gi][col]
+                for lv, lo in zip(states_v[gi], states_o[gi]):
+                    for tv, to in zip(lv[:-1], lo[:-1]):
+                        v = torch.randn(tv.shape[1:], dtype=tv.dtype)
+                        tv[b].copy_(v)
+                        to[b].copy_(v)
+
+
 def _equal(a: list[list[list[torch.Tensor]]], b: list[list[list[torch.Tensor]]]) -> str | None:
     for gi, (ga, gb) in enumerate(zip(a, b)):
         for li, (la, lb) in enumerate(zip(ga, gb)):
@@ -513,21 +544,8 @@ def run_trace(
         assert err is None, f"step {step}, after the pre-copy: {err}"
         curr = [(r.computed + sched[r.rid][0] - 1) // sim.bs for r in batch]
         stats.backwards += sum(1 for r, c in zip(batch, curr) if r.running > c)
-        stats.pre_copies += sum(
-            1
-            for r, c in zip(batch, curr)
-            if (r.running if r.running >= 0 else (r.computed - 1) // sim.bs) not in (-1, c)
-        )
-        # the forward pass writes the window columns (same bytes on both sides)
-        for i, r in enumerate(batch):
-            for gi in range(len(groups)):
-                for col in range(curr[i], curr[i] + nsb + 1):
-                    b = r.cols[gi][col]
-                    for lv, lo in zip(states_v[gi], states_o[gi]):
-                        for tv, to in zip(lv[:-1], lo[:-1]):
-                            v = torch.randn(tv.shape[1:], dtype=tv.dtype)
-                            tv[b].copy_(v)
-                            to[b].copy_(v)
+        stats.pre_copies += pre_moves(batch, curr, sim.bs)
+        forward_writes(batch, curr, nsb, states_v, states_o)
         # sampling and post-process
         acc = np.array([int(rng.integers(1, sched[r.rid][1] + 2)) for r in batch], dtype=np.int64)
         out_v = vllm.post(acc)

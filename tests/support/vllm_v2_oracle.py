@@ -355,21 +355,8 @@ def run_trace(
             calls = len(emulator.calls)
         check(step, "pre-copy")
         curr = [(r.computed + sched[r.rid][0] - 1) // sim.bs for r in batch]
-        stats.pre_moves += sum(
-            1
-            for r, c in zip(batch, curr)
-            if (r.running if r.running >= 0 else (r.computed - 1) // sim.bs) not in (-1, c)
-        )
-        # the forward pass writes the window columns (same bytes on both sides)
-        for i, r in enumerate(batch):
-            for gi in range(len(groups)):
-                for col in range(curr[i], curr[i] + nsb + 1):
-                    b = r.cols[gi][col]
-                    for lv, lo in zip(states_v[gi], states_o[gi]):
-                        for tv, to in zip(lv[:-1], lo[:-1]):
-                            v = torch.randn(tv.shape[1:], dtype=tv.dtype)
-                            tv[b].copy_(v)
-                            to[b].copy_(v)
+        stats.pre_moves += vllm_trace.pre_moves(batch, curr, sim.bs)
+        vllm_trace.forward_writes(batch, curr, nsb, states_v, states_o)
         # sampling: 0 for a chunk that does not finish the prompt, else 1 + accepted drafts
         sampled = []
         for r in batch:

@@ -4,16 +4,12 @@ num_spec, states moved over NIXL, every decode-side state checked against one-in
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from recoverssm_rs.tools import pd_demo
-from recoverssm_rs.transfer import nixl as rnixl
+from support.transfer_ref import nixl_or_skip
 
-if not rnixl.nixl_available():
-    if os.environ.get("RECOVERSSM_REQUIRE_NIXL", "0") not in ("", "0"):
-        raise RuntimeError(f"RECOVERSSM_REQUIRE_NIXL=1 but NIXL is not importable; {rnixl.INSTALL_HINT}")
-    pytest.skip(f"NIXL is not importable ({rnixl.INSTALL_HINT})", allow_module_level=True)
+nixl_or_skip()
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ reference. Skipped when NIXL is not importable, unless RECOVERSSM_REQUIRE_NIXL=1
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 
 import numpy as np
@@ -18,19 +17,13 @@ from support.transfer_ref import (
     kernel_of,
     layout,
     make_truth,
+    nixl_or_skip,
     paged_states,
     pool,
     serve_sources,
 )
 
-REQUIRE = os.environ.get("RECOVERSSM_REQUIRE_NIXL", "0") not in ("", "0")
-if not rnixl.nixl_available():
-    if REQUIRE:
-        raise RuntimeError(f"RECOVERSSM_REQUIRE_NIXL=1 but NIXL is not importable; {rnixl.INSTALL_HINT}")
-    pytest.skip(
-        f"NIXL is not importable ({rnixl.INSTALL_HINT}); set RECOVERSSM_REQUIRE_NIXL=1 to fail instead",
-        allow_module_level=True,
-    )
+nixl_or_skip()
 
 SRC_BLOCKS = [3, 1, 4, 2]
 DST_BLOCKS = [2, 5, 1, 6]

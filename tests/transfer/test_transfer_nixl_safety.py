@@ -21,20 +21,14 @@ from support.transfer_ref import (
     kernel_of,
     layout,
     make_truth,
+    nixl_or_skip,
     page_bytes,
     paged_states,
     pool,
     serve_sources,
 )
 
-REQUIRE = os.environ.get("RECOVERSSM_REQUIRE_NIXL", "0") not in ("", "0")
-if not rnixl.nixl_available():
-    if REQUIRE:
-        raise RuntimeError(f"RECOVERSSM_REQUIRE_NIXL=1 but NIXL is not importable; {rnixl.INSTALL_HINT}")
-    pytest.skip(
-        f"NIXL is not importable ({rnixl.INSTALL_HINT}); set RECOVERSSM_REQUIRE_NIXL=1 to fail instead",
-        allow_module_level=True,
-    )
+nixl_or_skip()
 
 GDN = FAMILIES["gdn"]
 

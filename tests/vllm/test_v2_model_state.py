@@ -296,44 +296,17 @@ def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emul
     assert all(kernels[i - 1] == kernels[i + 1] == "rs_state_copy" for i in at)
 
 
-def test_a_refused_recoverssm_commit_writes_nothing(fake_ops, recorder, launch_args):
-    """A commit the core refuses (one count per spec-decode row, one block each) raises the
-    package's PlanError before any slot buffer, state or cache byte changes."""
-    import numpy as np
-    from recoverssm_rs import layouts
-    from recoverssm_rs.errors import PlanError
-    from recoverssm_rs.recoverssm.state_cache import StateCache
-    from recoverssm_rs.vllm.model_state import RecoverSSMCommit
-
-    ms, states = _small(fake=True)
-    layout = layouts.kda(num_heads=2, head_dim=4, conv_kernel_size=3, num_spec=2, recover_ssm=True)
-    cache = StateCache(layout, num_layers=1, num_blocks=12, max_requests=4)
-    ms.add_request(1, 4)
-    before = [t.clone() for t in (*states, ms._state, ms._acc, *cache.buffers().values())]
-    commit = RecoverSSMCommit(
-        cache,
-        request_indices=torch.tensor([0]),
-        state_blocks=np.array([1, 2]),  # two blocks for one row
-        num_computed_tokens=torch.tensor([4], dtype=torch.int32),
-        block_table=torch.arange(3, 9, dtype=torch.int32).reshape(2, 3),
-    )
-    with pytest.raises(PlanError, match="one entry per request"):
-        ms.postprocess_state(
-            torch.tensor([1], dtype=torch.int32),
-            torch.tensor([3], dtype=torch.int32),
-            torch.tensor([0, 6, 0, 0], dtype=torch.int32),
-            [torch.zeros(4, 6, dtype=torch.int32)],
-            recoverssm=commit,
-        )
-    after = [*states, ms._state, ms._acc, *cache.buffers().values()]
-    assert all(torch.equal(a, b) for a, b in zip(before, after))
-    assert recorder.calls == []
-    assert "RecoverSSMCommit(" in repr(commit)
-
-
-def test_a_recoverssm_row_outside_the_batch_is_refused_before_anything_changes(fake_ops, recorder, launch_args):
-    """A spec-decode row index outside the batch is the package's PlanError naming it, not torch's
-    IndexError, and nothing changes."""
+@pytest.mark.parametrize(
+    "rows, blocks, match",
+    [
+        ([0], [1, 2], "one entry per request"),  # two blocks for one row: the core refuses the plan
+        ([5], [1], "request_indices"),  # a row outside the batch: the core's range rule, not torch's
+        ([-1], [1], "request_indices"),
+    ],
+)
+def test_a_refused_recoverssm_commit_writes_nothing(fake_ops, recorder, launch_args, rows, blocks, match):
+    """A commit the core refuses raises the package's PlanError before any slot buffer, state or
+    cache byte changes."""
     import numpy as np
     from recoverssm_rs import layouts
     from recoverssm_rs.errors import PlanError
@@ -345,22 +318,22 @@ def test_a_recoverssm_row_outside_the_batch_is_refused_before_anything_changes(f
     cache = StateCache(layout, num_layers=1, num_blocks=12, max_requests=4)
     ms.add_request(1, 4)
     before = [t.clone() for t in (*states, ms._state, ms._acc, *cache.buffers().values())]
-    for bad in (5, -1):
-        commit = RecoverSSMCommit(
-            cache,
-            request_indices=torch.tensor([bad]),
-            state_blocks=np.array([1]),
-            num_computed_tokens=torch.tensor([4], dtype=torch.int32),
-            block_table=torch.arange(3, 6, dtype=torch.int32).reshape(1, 3),
+    commit = RecoverSSMCommit(
+        cache,
+        request_indices=torch.tensor(rows),
+        state_blocks=np.array(blocks),
+        num_computed_tokens=torch.tensor([4], dtype=torch.int32),
+        block_table=torch.arange(3, 3 + 3 * len(blocks), dtype=torch.int32).reshape(len(blocks), 3),
+    )
+    with pytest.raises(PlanError, match=match):
+        ms.postprocess_state(
+            torch.tensor([1], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32),
+            torch.tensor([0, 6, 0, 0], dtype=torch.int32),
+            [torch.zeros(4, 6, dtype=torch.int32)],
+            recoverssm=commit,
         )
-        with pytest.raises(PlanError, match="request_indices"):
-            ms.postprocess_state(
-                torch.tensor([1], dtype=torch.int32),
-                torch.tensor([3], dtype=torch.int32),
-                torch.tensor([0, 6, 0, 0], dtype=torch.int32),
-                [torch.zeros(4, 6, dtype=torch.int32)],
-                recoverssm=commit,
-            )
     after = [*states, ms._state, ms._acc, *cache.buffers().values()]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert recorder.calls == []
+    assert "RecoverSSMCommit(" in repr(commit)

@@ -142,13 +142,12 @@ class ModelStateV2:
         :meth:`VllmMambaStep.from_runner <recoverssm_rs.vllm.VllmMambaStep.from_runner>` (the
         copy-function contract, shared scheduling parameters, align mode, every layer's tensors
         against its spec)."""
-        from .step import VllmMambaStep, mamba_groups
+        from .step import VllmMambaStep
 
         step = VllmMambaStep.from_runner(
             kv_cache_config, forward_context, copy_funcs, max_num_reqs=max_num_reqs, conv_layout=conv_layout
         )
-        gids = [gid for gid, _, _ in mamba_groups(kv_cache_config)]
-        return cls(step.planner, gids, max_num_reqs, device=device)
+        return cls(step.planner, step._group_ids, max_num_reqs, device=device)
 
     # --------------------------------------------------------------------------------------------
     # What the model's kernels read
