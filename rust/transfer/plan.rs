@@ -400,12 +400,7 @@ mod tests {
     use super::*;
     use crate::dtype::DType;
     use crate::families::{self, Common};
-
-    fn gdn(tp: u64, rank: u64, ns: u32, l: ConvLayout) -> Fingerprint {
-        let p = families::Gdn { num_k_heads: 4, num_v_heads: 8, head_k_dim: 4, head_v_dim: 2, conv_kernel_size: 4, recover_ssm: false };
-        let c = Common { tp_size: tp, num_spec: ns, conv_layout: l, dtype: DType::BFloat16, ssm_dtype: DType::Float32 };
-        Fingerprint::new(&families::gdn(&p, &c).unwrap(), rank, 16).unwrap()
-    }
+    use crate::transfer::test_gdn as gdn;
 
     fn pool(fp: &Fingerprint, layers: u64, blocks: u64) -> PoolGeometry {
         let strides = (0..layers).flat_map(|_| fp.states.iter().map(|s| s.nbytes().unwrap())).collect();

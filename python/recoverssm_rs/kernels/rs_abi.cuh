@@ -30,19 +30,21 @@ typedef long long int64_t;
 // Constants (rust/kernels/constants.rs)
 // ------------------------------------------------------------------------------------------------
 
-// threads per CTA of every launch (the kernels work with any blockDim.x in [1, RS_THREADS])
+// Threads per CTA of every launch (the kernels work with any blockDim.x in [1, RS_THREADS]).
 #define RS_THREADS 256
-// Segment.mode: no byte of the segment's source is written in the same wave
+// rs_state_copy: bytes of one state copy per CTA.
+#define RS_STATE_CHUNK_BYTES 32768
+// Segment.mode: no byte of the segment's source is written in the same wave.
 #define RS_MODE_DISJOINT 0
-// Segment.mode: rows overlap (src = dst + shift*pitch): per-lane row walk
+// Segment.mode: rows overlap (src = dst + shift*pitch): per-lane row walk.
 #define RS_MODE_ROWS_ASCENDING 1
-// Segment.mode: overlap inside each row (src = dst + shift*elem): per-row memmove
+// Segment.mode: overlap inside each row (src = dst + shift*elem): per-row memmove.
 #define RS_MODE_WITHIN_ROW 2
-// StateMeta.kind: the whole state is copied
+// StateMeta.kind: the whole state is copied.
 #define RS_KIND_TEMPORAL 0
-// StateMeta.kind: conv window [width, dim], dim contiguous
+// StateMeta.kind: conv window [width, dim], dim contiguous.
 #define RS_KIND_CONV_SD 1
-// StateMeta.kind: conv window [dim, width], width contiguous
+// StateMeta.kind: conv window [dim, width], width contiguous.
 #define RS_KIND_CONV_DS 2
 // num_accepted outside [1, max_accepted]
 #define RS_ERR_ACCEPTED 1
@@ -55,29 +57,28 @@ typedef long long int64_t;
 // a bad scalar or per-request input (block_size < 1, running < 0, workspace row)
 #define RS_ERR_ARGS 16
 // rs_state_copy flags: some StateMeta is temporal (validate the temporal source column / block for
-// the whole request)
+// the whole request).
 #define RS_FLAG_HAS_TEMPORAL 1
 // rs_state_copy flags: the align decision is taken on the device (the second vector is `running`;
-// block_size is used)
+// block_size is used).
 #define RS_FLAG_DECIDE 2
 // rs_state_copy flags: vLLM's pre-copy semantics (src_col == dst_col is a no-op whatever the
-// accepted count)
+// accepted count).
 #define RS_FLAG_PRE_COPY 4
-// rs_state_copy: bytes of one state copy per CTA
-#define RS_STATE_CHUNK_BYTES 32768
-// CommitMeta.state_dtype / kg_dtype: float32
+// CommitMeta.state_dtype / kg_dtype: float32.
 #define RS_DT_F32 0
-// CommitMeta.state_dtype / kg_dtype: bfloat16
+// CommitMeta.state_dtype / kg_dtype: bfloat16.
 #define RS_DT_BF16 1
-// CommitMeta.state_dtype / kg_dtype: float16
+// CommitMeta.state_dtype / kg_dtype: float16.
 #define RS_DT_F16 2
-// CommitMeta.kind: scalar gate per (head, token); key+gate record [K + 1], gate at [K]
+// CommitMeta.kind: scalar gate per (head, token); key+gate record [K + 1], gate at [K].
 #define RS_RC_GDN 0
-// CommitMeta.kind: gate per key channel; record [2K], gate in [K, 2K)
+// CommitMeta.kind: gate per key channel; record [2K], gate in [K, 2K).
 #define RS_RC_KDA 1
-// rs_recover_commit: value rows of the state each thread keeps in registers (x 4 key channels)
+// rs_recover_commit: value rows of the state each thread keeps in registers (x 4 key channels): a
+// CTA of 256 threads covers 64 rows of a 128-channel head.
 #define RS_RC_ROWS 8
-// CommitMeta.conv_layout of a layer without a conv state (else RS_KIND_CONV_SD / _DS)
+// CommitMeta.conv_layout of a layer without a conv state (else RS_KIND_CONV_SD / _DS).
 #define RS_RC_NO_CONV 0
 
 // ------------------------------------------------------------------------------------------------
