@@ -26,34 +26,54 @@ pub const COMMIT_DTYPE_PAIRS: [(DType, DType); 5] = [
     (DType::Float16, DType::Float16),
 ];
 
-/// One layer of the commit kernel's table: 128 bytes, little-endian, field for field
-/// `struct CommitMeta` of the generated `rs_abi.cuh` (and `cuda.COMMIT_META_DTYPE` in Python).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CommitMeta {
-    pub rec_base: u64,
-    pub rec_block_stride: u64,
-    pub corr_base: u64,
-    pub corr_row_stride: u64,
-    pub kg_base: u64,
-    pub kg_row_stride: u64,
-    pub conv_base: u64,
-    pub conv_block_stride: u64,
-    pub win_base: u64,
-    pub win_row_stride: u64,
-    pub heads: u32,
-    pub head_v: u32,
-    pub head_k: u32,
-    pub window: u32,
-    pub kg_width: u32,
-    pub kind: u32,
-    pub state_dtype: u32,
-    pub kg_dtype: u32,
-    pub conv_layout: u32,
-    pub conv_width: u32,
-    pub conv_dim: u32,
-    pub conv_hist: u16,
-    pub conv_elem: u16,
+crate::kernels::records::record! {
+    /// One layer of the commit kernel's table (128 bytes): byte addresses and byte strides; every
+    /// tensor is dense inside a block / workspace row (`cuda.COMMIT_META_DTYPE` in Python).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CommitMeta {
+        /// Recurrent pool, block 0: `[num_blocks, H, V, K]`.
+        pub rec_base: u64,
+        /// Bytes between blocks.
+        pub rec_block_stride: u64,
+        /// Corrections, row 0: `[max_requests, H, Q, V]` float32.
+        pub corr_base: u64,
+        pub corr_row_stride: u64,
+        /// Key+gate records, row 0: `[max_requests, H, Q, kg_width]`.
+        pub kg_base: u64,
+        pub kg_row_stride: u64,
+        /// Conv pool, block 0: `[num_blocks, W, D]` (SD) or `[num_blocks, D, W]` (DS).
+        pub conv_base: u64,
+        pub conv_block_stride: u64,
+        /// Verified conv windows, row 0: `[max_requests, same as a block]`.
+        pub win_base: u64,
+        pub win_row_stride: u64,
+        /// H.
+        pub heads: u32,
+        /// V.
+        pub head_v: u32,
+        /// K.
+        pub head_k: u32,
+        /// Q (tokens per verified window).
+        pub window: u32,
+        /// K + 1 (GDN) or 2K (KDA).
+        pub kg_width: u32,
+        /// `RS_RC_GDN` / `RS_RC_KDA`.
+        pub kind: u32,
+        /// `RS_DT_*`.
+        pub state_dtype: u32,
+        /// `RS_DT_*`.
+        pub kg_dtype: u32,
+        /// `RS_RC_NO_CONV`, `RS_KIND_CONV_SD`, `RS_KIND_CONV_DS`.
+        pub conv_layout: u32,
+        /// W = conv_kernel_size - 1 + Q - 1.
+        pub conv_width: u32,
+        /// D.
+        pub conv_dim: u32,
+        /// conv_kernel_size - 1.
+        pub conv_hist: u16,
+        /// Bytes per conv element (1, 2, 4 or 8).
+        pub conv_elem: u16,
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<CommitMeta>() == 128);

@@ -263,25 +263,9 @@ mod tests {
         // metas(8) num_meta(4) pad(4) block_table(8) bt_row_stride(8) bt_cols(4) pad(4) bt_group_stride(8)
         // src(8) dst(8) acc(8) acc_out(8) block_size(4) num_requests(4) max_accepted(4) pad(4) num_blocks(8)
         // flags(4) pad(4) err(8)
-        let args = [
-            Arg::Ptr(1),
-            Arg::U32(2),
-            Arg::Ptr(3),
-            Arg::I64(-4),
-            Arg::I32(5),
-            Arg::I64(55),
-            Arg::Ptr(6),
-            Arg::Ptr(7),
-            Arg::Ptr(8),
-            Arg::Ptr(88),
-            Arg::I32(9),
-            Arg::I32(10),
-            Arg::I32(11),
-            Arg::I64(12),
-            Arg::U32(13),
-            Arg::Ptr(14),
-        ];
-        let l = Launch::new(&STATE_COPY, [1, 1, 1], [256, 1, 1], &args).unwrap();
+        // One value per parameter, each packed as its parameter's type (pack -> Launch::new).
+        let values = [1, 2, 3, -4, 5, 55, 6, 7, 8, 88, 9, 10, 11, 12, 13, 14];
+        let l = pack(&STATE_COPY, [1, 1, 1], [256, 1, 1], &values).unwrap();
         assert_eq!(l.args().len(), 120);
         assert_eq!(l.args().as_ptr() as usize % 8, 0);
         assert_eq!(&l.args()[16..24], &3u64.to_le_bytes());
@@ -292,7 +276,7 @@ mod tests {
         assert_eq!(&l.args()[96..104], &12i64.to_le_bytes());
         assert_eq!(&l.args()[112..120], &14u64.to_le_bytes());
         let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
-        assert_eq!(v, vec![1, 2, 3, -4, 5, 55, 6, 7, 8, 88, 9, 10, 11, 12, 13, 14]);
+        assert_eq!(v, values);
     }
 
     #[test]

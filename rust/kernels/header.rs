@@ -30,33 +30,38 @@ pub fn render() -> String {
         let _ = writeln!(out, "#define {} {}", d.name, c_literal(d.value));
     }
     section(&mut out, "Records (rust/kernels/records.rs): little-endian, natural alignment, no padding");
-    comment(
-        &mut out,
-        "RS_OFFSETOF(Record, field): a field's byte offset, from the core (NVRTC has no offsetof), for \
-         code that loads a record field by field.",
-    );
-    out.push_str("#define RS_OFFSETOF(record, field) RS_OFFSET_##record##_##field\n\n");
-    let records: Vec<String> = record_specs().iter().map(record).collect();
+    let specs = record_specs();
+    let records: Vec<String> = specs.iter().map(record).collect();
     out.push_str(&records.join("\n"));
+    section(
+        &mut out,
+        "Field offsets, from the core: RS_OFFSETOF(Record, field) for code that loads a record field by \
+         field (NVRTC has no offsetof); the host build checks each against the compiler's.",
+    );
+    out.push_str("#define RS_OFFSETOF(record, field) RS_OFFSET_##record##_##field\n");
+    for (r, f) in specs.iter().flat_map(|r| r.fields.iter().map(move |f| (r, f))) {
+        let _ = writeln!(out, "#define RS_OFFSET_{}_{} {}", r.name, f.name, f.offset);
+    }
+    out.push_str("#if defined(RS_HOST_EMULATION)\n");
+    for (r, f) in specs.iter().flat_map(|r| r.fields.iter().map(move |f| (r, f))) {
+        let _ = writeln!(out, "static_assert(__builtin_offsetof({0}, {1}) == {2}, \"{0}.{1} at {2}\");", r.name, f.name, f.offset);
+    }
+    out.push_str("#endif\n");
     section(
         &mut out,
         "Entry points (rust/kernels/abi.rs): each kernel's parameters in the order the core packs them. The \
          definitions in the .cu files must match (a conflicting extern \"C\" declaration is an error).",
     );
-    let protos: Vec<String> = KERNELS
-        .iter()
-        .map(|k| {
-            let params: Vec<String> = k.params.iter().map(|(name, ty)| format!("{ty} {name}")).collect();
-            let head = format!("extern \"C\" __global__ void {}(", k.name);
-            let one_line = format!("{head}{});", params.join(", "));
-            if one_line.len() <= WIDTH {
-                format!("// Defined in {}.\n{one_line}\n", k.file)
-            } else {
-                format!("// Defined in {}.\n{head}\n    {});\n", k.file, params.join(",\n    "))
-            }
-        })
-        .collect();
+    let protos: Vec<String> = KERNELS.iter().map(|k| prototype(k.name, k.file, k.params)).collect();
     out.push_str(&protos.join("\n"));
+    out
+}
+
+/// An entry point's prototype, its parameters filled into lines of at most [`WIDTH`] columns.
+fn prototype(name: &str, file: &str, params: &[(&str, &str)]) -> String {
+    let mut out = format!("// Defined in {file}.\n");
+    let items = params.iter().enumerate().map(|(i, (p, ty))| format!("{ty} {p}{}", if i + 1 == params.len() { ");" } else { "," }));
+    fill(&mut out, &format!("extern \"C\" __global__ void {name}("), "   ", items);
     out
 }
 
@@ -107,43 +112,43 @@ fn section(out: &mut String, title: &str) {
     let _ = writeln!(out, "{RULE}\n");
 }
 
+/// A record as a C struct: consecutive fields of one type in one declaration (the same layout as
+/// one declaration each), the field docs in the comment above, and the size checked.
 fn record(r: &RecordSpec) -> String {
     let mut out = String::new();
-    let out = &mut out;
-    comment(out, &format!("{} Defined in {}.", r.doc, r.source));
+    comment(&mut out, &format!("{} Defined in {}.", r.doc, r.source));
+    for f in r.fields.iter().filter(|f| !f.doc.is_empty()) {
+        fill(&mut out, &format!("//   {}:", f.name), "//     ", f.doc.split_whitespace());
+    }
     let _ = writeln!(out, "struct {} {{", r.name);
-    let decls: Vec<String> = r.fields.iter().map(|f| format!("  {} {};", f.ty.c_name(), f.name)).collect();
-    let pad = decls.iter().map(String::len).max().unwrap_or(0);
-    for (decl, f) in decls.iter().zip(&r.fields) {
-        if f.doc.is_empty() {
-            let _ = writeln!(out, "{decl}");
-        } else {
-            let _ = writeln!(out, "{decl:<pad$}  // {}", f.doc);
-        }
+    for run in r.fields.chunk_by(|a, b| a.ty == b.ty) {
+        let names = run.iter().enumerate().map(|(i, f)| format!("{}{}", f.name, if i + 1 == run.len() { ";" } else { "," }));
+        fill(&mut out, &format!("  {}", run[0].ty.c_name()), "     ", names);
     }
     out.push_str("};\n");
     let _ = writeln!(out, "static_assert(sizeof({0}) == {1}, \"{0} is {1} bytes\");", r.name, r.size);
-    for f in &r.fields {
-        let _ = writeln!(out, "#define RS_OFFSET_{}_{} {}", r.name, f.name, f.offset);
-    }
-    out.push_str("#if defined(RS_HOST_EMULATION)\n");
-    for f in &r.fields {
-        let _ = writeln!(out, "static_assert(__builtin_offsetof({0}, {1}) == {2}, \"{0}.{1} at {2}\");", r.name, f.name, f.offset);
-    }
-    out.push_str("#endif\n");
-    std::mem::take(out)
+    out
 }
 
 /// `text` as `//` comment lines of at most [`WIDTH`] columns.
 fn comment(out: &mut String, text: &str) {
-    let mut line = String::from("//");
-    for word in text.split_whitespace() {
-        if line.len() + 1 + word.len() > WIDTH && line.len() > 2 {
+    fill(out, "//", "//", text.split_whitespace());
+}
+
+/// `items` separated by spaces (none after an opening parenthesis) in lines of at most [`WIDTH`]
+/// columns, the first line starting with `first`, the others with `rest`.
+fn fill<S: AsRef<str>>(out: &mut String, first: &str, rest: &str, items: impl IntoIterator<Item = S>) {
+    let mut line = String::from(first);
+    for item in items {
+        let item = item.as_ref();
+        if line.len() + 1 + item.len() > WIDTH && line.len() > rest.len() {
             let _ = writeln!(out, "{line}");
-            line = String::from("//");
+            line = String::from(rest);
         }
-        line.push(' ');
-        line.push_str(word);
+        if !line.ends_with('(') {
+            line.push(' ');
+        }
+        line.push_str(item);
     }
     let _ = writeln!(out, "{line}");
 }
@@ -203,11 +208,11 @@ mod tests {
     fn a_stale_header_names_the_line_and_the_way_to_regenerate() {
         let want = render();
         assert_eq!(stale(&want, &want), None);
-        let edited = want.replace("  uint32_t row_bytes;", "  uint64_t row_bytes;");
+        let edited = want.replace("  uint32_t row_bytes, rows, pitch;", "  uint64_t row_bytes, rows, pitch;");
         let why = stale(&edited, &want).expect("an edit is stale");
-        let line = want.lines().position(|l| l.starts_with("  uint32_t row_bytes;")).unwrap() + 1;
+        let line = want.lines().position(|l| l.starts_with("  uint32_t row_bytes,")).unwrap() + 1;
         assert!(why.contains(&format!("first at line {line}")), "{why}");
-        assert!(why.contains("checked in:   uint64_t row_bytes;") && why.contains(REGENERATE), "{why}");
+        assert!(why.contains("checked in:   uint64_t row_bytes, rows, pitch;") && why.contains(REGENERATE), "{why}");
         let cut = &want[..want.trim_end().rfind('\n').unwrap() + 1];
         assert!(stale(cut, &want).unwrap().contains("checked in: <end of file>"));
     }
@@ -216,11 +221,17 @@ mod tests {
     fn every_record_constant_and_entry_point_is_rendered() {
         let text = render();
         for r in record_specs() {
-            let body: Vec<String> = r.fields.iter().map(|f| format!("  {} {};", f.ty.c_name(), f.name)).collect();
+            // The struct's declarations, read back one field each: the table's names and types in order.
             let start = text.find(&format!("struct {} {{\n", r.name)).expect(r.name);
             let end = start + text[start..].find("};").unwrap();
-            let got: Vec<&str> = text[start..end].lines().skip(1).map(|l| l.split("  //").next().unwrap().trim_end()).collect();
-            assert_eq!(got, body, "{}", r.name);
+            let body = text[start..end].split_once('\n').unwrap().1.split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut got = Vec::new();
+            for decl in body.split(';').filter(|d| !d.trim().is_empty()) {
+                let (ty, names) = decl.trim().split_once(' ').unwrap();
+                got.extend(names.split(", ").map(|n| (ty.to_string(), n.to_string())));
+            }
+            let want: Vec<(String, String)> = r.fields.iter().map(|f| (f.ty.c_name().to_string(), f.name.to_string())).collect();
+            assert_eq!(got, want, "{}", r.name);
             assert!(text.contains(&format!("static_assert(sizeof({}) == {}, ", r.name, r.size)));
             for f in &r.fields {
                 assert!(text.contains(&format!("__builtin_offsetof({}, {}) == {},", r.name, f.name, f.offset)));

@@ -15,22 +15,29 @@ pub enum Mode {
     WithinRow = 2,
 }
 
-/// One 2-D strided copy inside one state tensor: for `r in 0..rows`, copy `row_bytes` bytes from
-/// `src + r * pitch` to `dst + r * pitch`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Segment {
-    pub src: u64,
-    pub dst: u64,
-    pub row_bytes: u32,
-    pub rows: u32,
-    pub pitch: u32,
-    pub wave: u16,
-    pub mode: u8,
-    pub elem_bytes: u8,
+crate::kernels::records::record! {
+    /// One 2-D strided copy inside one state tensor: for `r in 0..rows`, copy `row_bytes` bytes from
+    /// `src + r * pitch` to `dst + r * pitch`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Segment {
+        /// Byte address of the first source byte.
+        pub src: u64,
+        /// Byte address of the first destination byte.
+        pub dst: u64,
+        /// Bytes per row (>= 1).
+        pub row_bytes: u32,
+        /// Number of rows (>= 1).
+        pub rows: u32,
+        /// Bytes between consecutive rows (source and destination); irrelevant when `rows == 1`.
+        pub pitch: u32,
+        /// Ordering wave.
+        pub wave: u16,
+        /// `RS_MODE_*`, the values of `Mode`.
+        pub mode: u8,
+        /// Element size of the state (1, 2, 4 or 8).
+        pub elem_bytes: u8,
+    }
 }
-
-const _: () = assert!(std::mem::size_of::<Segment>() == 32);
 
 impl Segment {
     /// Bytes from the first to one past the last byte the segment touches on one side.
@@ -52,56 +59,70 @@ impl Segment {
     }
 }
 
-/// A unit of GPU work cut from one segment: bytes `[begin, begin + count)` of every row when the
-/// segment has one row or is `RowsAscending`, rows `[begin, begin + count)` otherwise.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Tile {
-    pub segment: u32,
-    pub begin: u32,
-    pub count: u32,
-    pub reserved: u32,
+crate::kernels::records::record! {
+    /// A unit of work for one CTA, cut from one segment: bytes `[begin, begin + count)` of every row
+    /// when the segment has one row or is `RowsAscending`, rows `[begin, begin + count)` otherwise.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Tile {
+        /// Index into the segment array.
+        pub segment: u32,
+        /// First unit.
+        pub begin: u32,
+        /// Number of units.
+        pub count: u32,
+        /// 0.
+        pub reserved: u32,
+    }
 }
 
-const _: () = assert!(std::mem::size_of::<Tile>() == 16);
-
-/// One request's copy in compact form, the same for every layer: the device expands it with the
-/// per-state metadata table. Block ids are -1 where that kind of state is not copied.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MoveRow {
-    pub request: u32,
-    /// Conv columns dropped (accepted tokens - 1).
-    pub shift: u32,
-    pub conv_src: i64,
-    pub temporal_src: i64,
-    pub dst: i64,
-    pub conv_wave: u16,
-    pub temporal_wave: u16,
-    /// The recurrent group whose block ids these are.
-    pub group: u32,
+crate::kernels::records::record! {
+    /// One request's copy in compact form, the same for every layer: the device expands it with the
+    /// per-state metadata table. Block ids are -1 where that kind of state is not copied (no kernel
+    /// reads it today).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct MoveRow {
+        pub request: u32,
+        /// Conv columns dropped (accepted tokens - 1).
+        pub shift: u32,
+        /// Conv source block, or -1.
+        pub conv_src: i64,
+        /// Temporal source block, or -1.
+        pub temporal_src: i64,
+        /// Destination block, or -1.
+        pub dst: i64,
+        pub conv_wave: u16,
+        pub temporal_wave: u16,
+        /// The recurrent group whose block ids these are.
+        pub group: u32,
+    }
 }
 
-const _: () = assert!(std::mem::size_of::<MoveRow>() == 40);
-
-/// Per (layer, persistent state) metadata for the fused device kernel, built at bind time.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct StateMeta {
-    pub base: u64,
-    pub block_stride: u64,
-    pub state_bytes: u64,
-    /// 0 temporal, 1 conv SD `[width, dim]`, 2 conv DS `[dim, width]`.
-    pub kind: u32,
-    pub elem_bytes: u32,
-    pub width: u32,
-    pub dim: u32,
-    pub layer: u32,
-    pub state: u32,
-    pub num_blocks: u64,
-    /// The recurrent group whose block table the state follows (0 for a single-group planner).
-    pub group: u32,
-    pub reserved: u32,
+crate::kernels::records::record! {
+    /// One (layer, persistent state) of the fused state-copy kernel, built at bind time.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct StateMeta {
+        /// Address of block 0 of this state tensor.
+        pub base: u64,
+        /// Bytes between consecutive blocks.
+        pub block_stride: u64,
+        /// Bytes of one block's state (dense).
+        pub state_bytes: u64,
+        /// `RS_KIND_*`: 0 temporal, 1 conv SD `[width, dim]`, 2 conv DS `[dim, width]`.
+        pub kind: u32,
+        /// Element size.
+        pub elem_bytes: u32,
+        /// Conv window columns (conv kinds).
+        pub width: u32,
+        /// Conv channels (conv kinds).
+        pub dim: u32,
+        /// Informational.
+        pub layer: u32,
+        /// Informational.
+        pub state: u32,
+        /// Blocks in the tensor.
+        pub num_blocks: u64,
+        /// The recurrent group whose block table the state follows (0 for a single-group planner).
+        pub group: u32,
+        pub reserved: u32,
+    }
 }
-
-const _: () = assert!(std::mem::size_of::<StateMeta>() == 64);

@@ -144,14 +144,10 @@ fn unhex(t: &str) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
-    use crate::families::{self, Common};
     use crate::layout::ConvLayout;
 
     fn peer() -> PeerInfo {
-        let p = families::Gdn { num_k_heads: 4, num_v_heads: 8, head_k_dim: 4, head_v_dim: 2, conv_kernel_size: 4, recover_ssm: false };
-        let c = Common { tp_size: 2, num_spec: 1, conv_layout: ConvLayout::SD, dtype: DType::BFloat16, ssm_dtype: DType::Float32 };
-        let fp = Fingerprint::new(&families::gdn(&p, &c).unwrap(), 1, 16).unwrap();
+        let fp = crate::transfer::test_gdn(2, 1, 1, ConvLayout::SD);
         let strides: Vec<u64> = (0..2).flat_map(|_| fp.states.iter().map(|s| s.nbytes().unwrap() + 8)).collect();
         let g = PoolGeometry { num_layers: 2, num_blocks: 5, block_strides: strides };
         PeerInfo::new("src tp1->tp1 DS-1".into(), vec![0, 1, 254, 255], fp, g, vec![4096, 8192, 12288, 16384]).unwrap()

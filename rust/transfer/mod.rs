@@ -23,3 +23,14 @@ pub use compat::{check_compatible, check_sources};
 pub use fingerprint::{Fingerprint, FingerprintState, Segment, StateKind, MAX_BYTES};
 pub use handshake::PeerInfo;
 pub use plan::{plan_transfer, PoolGeometry, Read, StagedCopy, TransferPlan, STAGING};
+
+/// A small GDN rank's fingerprint for the transfer tests: `tp_size` ranks, `num_spec` draft tokens,
+/// the conv window in `conv_layout`, rank `tp_rank`, 16 tokens a block.
+#[cfg(test)]
+pub(crate) fn test_gdn(tp_size: u64, tp_rank: u64, num_spec: u32, conv_layout: crate::layout::ConvLayout) -> Fingerprint {
+    use crate::dtype::DType;
+    use crate::families::{self, Common};
+    let p = families::Gdn { num_k_heads: 4, num_v_heads: 8, head_k_dim: 4, head_v_dim: 2, conv_kernel_size: 4, recover_ssm: false };
+    let c = Common { tp_size, num_spec, conv_layout, dtype: DType::BFloat16, ssm_dtype: DType::Float32 };
+    Fingerprint::new(&families::gdn(&p, &c).unwrap(), tp_rank, 16).unwrap()
+}

@@ -32,39 +32,47 @@ pub struct PoolGeometry {
     pub block_strides: Vec<u64>,
 }
 
-/// One read: `len` bytes from `src_offset` of the source rank's tensor `src_tensor` (offsets
-/// from the tensor's block 0) to `dst_offset` of the destination tensor `dst_tensor`, or of the
-/// staging buffer when `dst_tensor == STAGING`. A row of the core's record table
-/// (`kernels::records`): the Python package views the packed rows by its fields.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Read {
-    pub request: u64,
-    pub src_rank: u64,
-    pub src_tensor: u64,
-    pub src_offset: u64,
-    pub dst_tensor: u64,
-    pub dst_offset: u64,
-    pub len: u64,
+crate::kernels::records::record! {
+    /// One read of a transfer plan: `len` bytes from `src_offset` of the source rank's tensor
+    /// `src_tensor` (offsets from the tensor's block 0) to `dst_offset` of the destination tensor
+    /// `dst_tensor`, or of the staging buffer when `dst_tensor == STAGING`. The Python package views
+    /// the packed rows by these fields.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Read {
+        pub request: u64,
+        pub src_rank: u64,
+        pub src_tensor: u64,
+        /// Bytes from the source tensor's block 0.
+        pub src_offset: u64,
+        /// Destination tensor, or `STAGING` (the staging buffer).
+        pub dst_tensor: u64,
+        /// Bytes from the destination tensor's block 0 (or the staging buffer's start).
+        pub dst_offset: u64,
+        /// Bytes.
+        pub len: u64,
+    }
 }
 
-/// A local copy that finishes a staged state: a `rows x cols` matrix of `elem`-byte items from
-/// the staging buffer to a destination tensor, both sides given by byte offset and strides. A row
-/// of the core's record table (`kernels::records`), like [`Read`].
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StagedCopy {
-    pub request: u64,
-    pub src_offset: u64,
-    pub src_row_stride: u64,
-    pub src_col_stride: u64,
-    pub dst_tensor: u64,
-    pub dst_offset: u64,
-    pub dst_row_stride: u64,
-    pub dst_col_stride: u64,
-    pub rows: u64,
-    pub cols: u64,
-    pub elem: u64,
+crate::kernels::records::record! {
+    /// A local copy that finishes a staged state: a `rows x cols` matrix of `elem`-byte items from
+    /// the staging buffer to a destination tensor, both sides given by byte offset and strides.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct StagedCopy {
+        pub request: u64,
+        /// Bytes from the staging buffer's start.
+        pub src_offset: u64,
+        pub src_row_stride: u64,
+        pub src_col_stride: u64,
+        pub dst_tensor: u64,
+        /// Bytes from the destination tensor's block 0.
+        pub dst_offset: u64,
+        pub dst_row_stride: u64,
+        pub dst_col_stride: u64,
+        pub rows: u64,
+        pub cols: u64,
+        /// Bytes per item.
+        pub elem: u64,
+    }
 }
 
 /// The reads (and local copies) of one transfer.
@@ -392,12 +400,7 @@ mod tests {
     use super::*;
     use crate::dtype::DType;
     use crate::families::{self, Common};
-
-    fn gdn(tp: u64, rank: u64, ns: u32, l: ConvLayout) -> Fingerprint {
-        let p = families::Gdn { num_k_heads: 4, num_v_heads: 8, head_k_dim: 4, head_v_dim: 2, conv_kernel_size: 4, recover_ssm: false };
-        let c = Common { tp_size: tp, num_spec: ns, conv_layout: l, dtype: DType::BFloat16, ssm_dtype: DType::Float32 };
-        Fingerprint::new(&families::gdn(&p, &c).unwrap(), rank, 16).unwrap()
-    }
+    use crate::transfer::test_gdn as gdn;
 
     fn pool(fp: &Fingerprint, layers: u64, blocks: u64) -> PoolGeometry {
         let strides = (0..layers).flat_map(|_| fp.states.iter().map(|s| s.nbytes().unwrap())).collect();

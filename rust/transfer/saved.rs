@@ -217,12 +217,9 @@ pub fn verify(h: &SavedHeader, data: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::{self, Common};
 
     fn header() -> SavedHeader {
-        let p = families::Gdn { num_k_heads: 4, num_v_heads: 8, head_k_dim: 4, head_v_dim: 2, conv_kernel_size: 4, recover_ssm: false };
-        let c = Common { tp_size: 2, num_spec: 1, conv_layout: ConvLayout::DS, dtype: DType::BFloat16, ssm_dtype: DType::Float32 };
-        let fingerprint = Fingerprint::new(&families::gdn(&p, &c).unwrap(), 1, 16).unwrap();
+        let fingerprint = crate::transfer::test_gdn(2, 1, 1, ConvLayout::DS);
         SavedHeader { fingerprint, num_layers: 2, num_requests: 3, source_blocks: vec![4, 1, 7], checksums: vec![1, 2, u64::MAX] }
     }
 

@@ -9,51 +9,26 @@
 #include "rs_abi.cuh"
 #include "common.cuh"
 
-#if defined(RS_HOST_EMULATION)
-#define RS_RC_UNROLL
-#else
-#define RS_RC_UNROLL _Pragma("unroll")
-#endif
-
 // ------------------------------------------------------------------------------------------------
 // Scalars: bit casts, exp / fma, 16-bit float conversions (bit exact, identical on host and device)
 // ------------------------------------------------------------------------------------------------
 
-RS_DEVICE float rs_rc_u2f(uint32_t u) {
+// The operations the device and the host emulation spell differently, in one place: the unroll
+// hint, float <-> bits, the accurate exp (expf, not __expf: the commit must match torch.exp to
+// ~1 ulp; the host's is glibc's expf, correctly rounded for float) and fma.
 #if defined(RS_HOST_EMULATION)
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
+#define RS_RC_UNROLL
+RS_DEVICE float rs_rc_u2f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+RS_DEVICE uint32_t rs_rc_f2u(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
+RS_DEVICE float rs_rc_exp(float x) { return __builtin_expf(x); }
+RS_DEVICE float rs_rc_fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 #else
-  return __uint_as_float(u);
+#define RS_RC_UNROLL _Pragma("unroll")
+RS_DEVICE float rs_rc_u2f(uint32_t u) { return __uint_as_float(u); }
+RS_DEVICE uint32_t rs_rc_f2u(float f) { return __float_as_uint(f); }
+RS_DEVICE float rs_rc_exp(float x) { return expf(x); }
+RS_DEVICE float rs_rc_fma(float a, float b, float c) { return fmaf(a, b, c); }
 #endif
-}
-
-RS_DEVICE uint32_t rs_rc_f2u(float f) {
-#if defined(RS_HOST_EMULATION)
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  return u;
-#else
-  return __float_as_uint(f);
-#endif
-}
-
-RS_DEVICE float rs_rc_exp(float x) {
-#if defined(RS_HOST_EMULATION)
-  return __builtin_expf(x);  // libm expf (correctly rounded in glibc for float)
-#else
-  return expf(x);  // the accurate one (not __expf): the commit must match torch.exp to ~1 ulp
-#endif
-}
-
-RS_DEVICE float rs_rc_fma(float a, float b, float c) {
-#if defined(RS_HOST_EMULATION)
-  return __builtin_fmaf(a, b, c);
-#else
-  return fmaf(a, b, c);
-#endif
-}
 
 // 16-bit pattern -> float (bf16: the high half of a float; f16: IEEE binary16). On the device the
 // f16 conversions are the hardware's (cvt: exact / round-to-nearest-even, IEEE-defined results); the

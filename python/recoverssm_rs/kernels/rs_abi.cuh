@@ -30,19 +30,21 @@ typedef long long int64_t;
 // Constants (rust/kernels/constants.rs)
 // ------------------------------------------------------------------------------------------------
 
-// threads per CTA of every launch (the kernels work with any blockDim.x in [1, RS_THREADS])
+// Threads per CTA of every launch (the kernels work with any blockDim.x in [1, RS_THREADS]).
 #define RS_THREADS 256
-// Segment.mode: no byte of the segment's source is written in the same wave
+// rs_state_copy: bytes of one state copy per CTA.
+#define RS_STATE_CHUNK_BYTES 32768
+// Segment.mode: no byte of the segment's source is written in the same wave.
 #define RS_MODE_DISJOINT 0
-// Segment.mode: rows overlap (src = dst + shift*pitch): per-lane row walk
+// Segment.mode: rows overlap (src = dst + shift*pitch): per-lane row walk.
 #define RS_MODE_ROWS_ASCENDING 1
-// Segment.mode: overlap inside each row (src = dst + shift*elem): per-row memmove
+// Segment.mode: overlap inside each row (src = dst + shift*elem): per-row memmove.
 #define RS_MODE_WITHIN_ROW 2
-// StateMeta.kind: the whole state is copied
+// StateMeta.kind: the whole state is copied.
 #define RS_KIND_TEMPORAL 0
-// StateMeta.kind: conv window [width, dim], dim contiguous
+// StateMeta.kind: conv window [width, dim], dim contiguous.
 #define RS_KIND_CONV_SD 1
-// StateMeta.kind: conv window [dim, width], width contiguous
+// StateMeta.kind: conv window [dim, width], width contiguous.
 #define RS_KIND_CONV_DS 2
 // num_accepted outside [1, max_accepted]
 #define RS_ERR_ACCEPTED 1
@@ -55,52 +57,201 @@ typedef long long int64_t;
 // a bad scalar or per-request input (block_size < 1, running < 0, workspace row)
 #define RS_ERR_ARGS 16
 // rs_state_copy flags: some StateMeta is temporal (validate the temporal source column / block for
-// the whole request)
+// the whole request).
 #define RS_FLAG_HAS_TEMPORAL 1
 // rs_state_copy flags: the align decision is taken on the device (the second vector is `running`;
-// block_size is used)
+// block_size is used).
 #define RS_FLAG_DECIDE 2
 // rs_state_copy flags: vLLM's pre-copy semantics (src_col == dst_col is a no-op whatever the
-// accepted count)
+// accepted count).
 #define RS_FLAG_PRE_COPY 4
-// rs_state_copy: bytes of one state copy per CTA
-#define RS_STATE_CHUNK_BYTES 32768
-// CommitMeta.state_dtype / kg_dtype: float32
+// CommitMeta.state_dtype / kg_dtype: float32.
 #define RS_DT_F32 0
-// CommitMeta.state_dtype / kg_dtype: bfloat16
+// CommitMeta.state_dtype / kg_dtype: bfloat16.
 #define RS_DT_BF16 1
-// CommitMeta.state_dtype / kg_dtype: float16
+// CommitMeta.state_dtype / kg_dtype: float16.
 #define RS_DT_F16 2
-// CommitMeta.kind: scalar gate per (head, token); key+gate record [K + 1], gate at [K]
+// CommitMeta.kind: scalar gate per (head, token); key+gate record [K + 1], gate at [K].
 #define RS_RC_GDN 0
-// CommitMeta.kind: gate per key channel; record [2K], gate in [K, 2K)
+// CommitMeta.kind: gate per key channel; record [2K], gate in [K, 2K).
 #define RS_RC_KDA 1
-// rs_recover_commit: value rows of the state each thread keeps in registers (x 4 key channels)
+// rs_recover_commit: value rows of the state each thread keeps in registers (x 4 key channels): a
+// CTA of 256 threads covers 64 rows of a 128-channel head.
 #define RS_RC_ROWS 8
-// CommitMeta.conv_layout of a layer without a conv state (else RS_KIND_CONV_SD / _DS)
+// CommitMeta.conv_layout of a layer without a conv state (else RS_KIND_CONV_SD / _DS).
 #define RS_RC_NO_CONV 0
 
 // ------------------------------------------------------------------------------------------------
 // Records (rust/kernels/records.rs): little-endian, natural alignment, no padding
 // ------------------------------------------------------------------------------------------------
 
-// RS_OFFSETOF(Record, field): a field's byte offset, from the core (NVRTC has no offsetof), for
-// code that loads a record field by field.
-#define RS_OFFSETOF(record, field) RS_OFFSET_##record##_##field
-
-// One 2-D strided copy within one state tensor: for r in [0, rows), row_bytes bytes from src +
-// r*pitch to dst + r*pitch. Defined in rust/plan/segment.rs.
+// One 2-D strided copy inside one state tensor: for `r in 0..rows`, copy `row_bytes` bytes from
+// `src + r * pitch` to `dst + r * pitch`. Defined in rust/plan/segment.rs.
+//   src: Byte address of the first source byte.
+//   dst: Byte address of the first destination byte.
+//   row_bytes: Bytes per row (>= 1).
+//   rows: Number of rows (>= 1).
+//   pitch: Bytes between consecutive rows (source and destination); irrelevant when `rows == 1`.
+//   wave: Ordering wave.
+//   mode: `RS_MODE_*`, the values of `Mode`.
+//   elem_bytes: Element size of the state (1, 2, 4 or 8).
 struct Segment {
-  uint64_t src;        // byte address of the first source byte
-  uint64_t dst;        // byte address of the first destination byte
-  uint32_t row_bytes;  // bytes per row (>= 1)
-  uint32_t rows;       // number of rows (>= 1)
-  uint32_t pitch;      // bytes between consecutive rows (src and dst); irrelevant when rows == 1
-  uint16_t wave;       // ordering wave
-  uint8_t mode;        // RS_MODE_*
-  uint8_t elem_bytes;  // element size of the state (1, 2, 4 or 8)
+  uint64_t src, dst;
+  uint32_t row_bytes, rows, pitch;
+  uint16_t wave;
+  uint8_t mode, elem_bytes;
 };
 static_assert(sizeof(Segment) == 32, "Segment is 32 bytes");
+
+// A unit of work for one CTA, cut from one segment: bytes `[begin, begin + count)` of every row
+// when the segment has one row or is `RowsAscending`, rows `[begin, begin + count)` otherwise.
+// Defined in rust/plan/segment.rs.
+//   segment: Index into the segment array.
+//   begin: First unit.
+//   count: Number of units.
+//   reserved: 0.
+struct Tile {
+  uint32_t segment, begin, count, reserved;
+};
+static_assert(sizeof(Tile) == 16, "Tile is 16 bytes");
+
+// One request's copy in compact form, the same for every layer: the device expands it with the
+// per-state metadata table. Block ids are -1 where that kind of state is not copied (no kernel
+// reads it today). Defined in rust/plan/segment.rs.
+//   shift: Conv columns dropped (accepted tokens - 1).
+//   conv_src: Conv source block, or -1.
+//   temporal_src: Temporal source block, or -1.
+//   dst: Destination block, or -1.
+//   group: The recurrent group whose block ids these are.
+struct MoveRow {
+  uint32_t request, shift;
+  int64_t conv_src, temporal_src, dst;
+  uint16_t conv_wave, temporal_wave;
+  uint32_t group;
+};
+static_assert(sizeof(MoveRow) == 40, "MoveRow is 40 bytes");
+
+// One (layer, persistent state) of the fused state-copy kernel, built at bind time. Defined in
+// rust/plan/segment.rs.
+//   base: Address of block 0 of this state tensor.
+//   block_stride: Bytes between consecutive blocks.
+//   state_bytes: Bytes of one block's state (dense).
+//   kind: `RS_KIND_*`: 0 temporal, 1 conv SD `[width, dim]`, 2 conv DS `[dim, width]`.
+//   elem_bytes: Element size.
+//   width: Conv window columns (conv kinds).
+//   dim: Conv channels (conv kinds).
+//   layer: Informational.
+//   state: Informational.
+//   num_blocks: Blocks in the tensor.
+//   group: The recurrent group whose block table the state follows (0 for a single-group planner).
+struct StateMeta {
+  uint64_t base, block_stride, state_bytes;
+  uint32_t kind, elem_bytes, width, dim, layer, state;
+  uint64_t num_blocks;
+  uint32_t group, reserved;
+};
+static_assert(sizeof(StateMeta) == 64, "StateMeta is 64 bytes");
+
+// One request's commit, shared by every layer. Defined in rust/commit/plan.rs.
+//   request: Index of the request in the step's batch (its workspace row).
+//   count: Tokens folded into the state: `clamp(num_accepted, 0, query_len)` (with a `num_accepted`
+//      vector on the device: the cap).
+//   state_block: Block holding the request's running state (read and written in place); <= 0:
+//      padding row.
+//   boundary_block: Prefix-cache block that receives the state at the crossed block boundary, or
+//      -1.
+//   boundary_len: Tokens of the window up to the boundary (1..=count), 0 without a boundary.
+struct CommitRow {
+  uint32_t request, count;
+  int64_t state_block, boundary_block;
+  uint32_t boundary_len, reserved;
+};
+static_assert(sizeof(CommitRow) == 32, "CommitRow is 32 bytes");
+
+// One layer of the commit kernel's table (128 bytes): byte addresses and byte strides; every tensor
+// is dense inside a block / workspace row (`cuda.COMMIT_META_DTYPE` in Python). Defined in
+// rust/commit/meta.rs.
+//   rec_base: Recurrent pool, block 0: `[num_blocks, H, V, K]`.
+//   rec_block_stride: Bytes between blocks.
+//   corr_base: Corrections, row 0: `[max_requests, H, Q, V]` float32.
+//   kg_base: Key+gate records, row 0: `[max_requests, H, Q, kg_width]`.
+//   conv_base: Conv pool, block 0: `[num_blocks, W, D]` (SD) or `[num_blocks, D, W]` (DS).
+//   win_base: Verified conv windows, row 0: `[max_requests, same as a block]`.
+//   heads: H.
+//   head_v: V.
+//   head_k: K.
+//   window: Q (tokens per verified window).
+//   kg_width: K + 1 (GDN) or 2K (KDA).
+//   kind: `RS_RC_GDN` / `RS_RC_KDA`.
+//   state_dtype: `RS_DT_*`.
+//   kg_dtype: `RS_DT_*`.
+//   conv_layout: `RS_RC_NO_CONV`, `RS_KIND_CONV_SD`, `RS_KIND_CONV_DS`.
+//   conv_width: W = conv_kernel_size - 1 + Q - 1.
+//   conv_dim: D.
+//   conv_hist: conv_kernel_size - 1.
+//   conv_elem: Bytes per conv element (1, 2, 4 or 8).
+struct CommitMeta {
+  uint64_t rec_base, rec_block_stride, corr_base, corr_row_stride, kg_base, kg_row_stride,
+      conv_base, conv_block_stride, win_base, win_row_stride;
+  uint32_t heads, head_v, head_k, window, kg_width, kind, state_dtype, kg_dtype, conv_layout,
+      conv_width, conv_dim;
+  uint16_t conv_hist, conv_elem;
+};
+static_assert(sizeof(CommitMeta) == 128, "CommitMeta is 128 bytes");
+
+// One (layer, state tensor) of `rs_slot_scatter`. The pool's slot is dense (`bytes` contiguous
+// bytes at `dst + slot * dst_slot_stride`); the verify scratch's entry of (row, step) is a `rows x
+// cols` matrix of `elem_bytes` elements at `src + row * src_row_stride + step * src_step_stride`,
+// `src_pitch` bytes between rows and `src_col_stride` between columns (the deduplicated conv-window
+// view is strided), read in row-major order. Defined in rust/sglang/kernel.rs.
+//   dst: Address of slot 0 of this layer in the pool tensor.
+//   dst_slot_stride: Bytes between slots.
+//   src: Address of scratch row 0, step 0 of this layer (0: no scratch).
+//   bytes: Bytes of one slot (dense).
+//   rows: Rows of a scratch entry.
+//   cols: Elements per row of a scratch entry.
+//   src_pitch: Bytes between rows of a scratch entry.
+//   src_col_stride: Bytes between elements of a row of a scratch entry.
+//   elem_bytes: Element size.
+//   tensor: Informational.
+struct SlotCopy {
+  uint64_t dst, dst_slot_stride, src, src_row_stride, src_step_stride, bytes, rows, cols, src_pitch,
+      src_col_stride;
+  uint32_t elem_bytes, tensor;
+};
+static_assert(sizeof(SlotCopy) == 88, "SlotCopy is 88 bytes");
+
+// One read of a transfer plan: `len` bytes from `src_offset` of the source rank's tensor
+// `src_tensor` (offsets from the tensor's block 0) to `dst_offset` of the destination tensor
+// `dst_tensor`, or of the staging buffer when `dst_tensor == STAGING`. The Python package views the
+// packed rows by these fields. Defined in rust/transfer/plan.rs.
+//   src_offset: Bytes from the source tensor's block 0.
+//   dst_tensor: Destination tensor, or `STAGING` (the staging buffer).
+//   dst_offset: Bytes from the destination tensor's block 0 (or the staging buffer's start).
+//   len: Bytes.
+struct Read {
+  uint64_t request, src_rank, src_tensor, src_offset, dst_tensor, dst_offset, len;
+};
+static_assert(sizeof(Read) == 56, "Read is 56 bytes");
+
+// A local copy that finishes a staged state: a `rows x cols` matrix of `elem`-byte items from the
+// staging buffer to a destination tensor, both sides given by byte offset and strides. Defined in
+// rust/transfer/plan.rs.
+//   src_offset: Bytes from the staging buffer's start.
+//   dst_offset: Bytes from the destination tensor's block 0.
+//   elem: Bytes per item.
+struct StagedCopy {
+  uint64_t request, src_offset, src_row_stride, src_col_stride, dst_tensor, dst_offset,
+      dst_row_stride, dst_col_stride, rows, cols, elem;
+};
+static_assert(sizeof(StagedCopy) == 88, "StagedCopy is 88 bytes");
+
+// ------------------------------------------------------------------------------------------------
+// Field offsets, from the core: RS_OFFSETOF(Record, field) for code that loads a record field by
+// field (NVRTC has no offsetof); the host build checks each against the compiler's.
+// ------------------------------------------------------------------------------------------------
+
+#define RS_OFFSETOF(record, field) RS_OFFSET_##record##_##field
 #define RS_OFFSET_Segment_src 0
 #define RS_OFFSET_Segment_dst 8
 #define RS_OFFSET_Segment_row_bytes 16
@@ -109,50 +260,10 @@ static_assert(sizeof(Segment) == 32, "Segment is 32 bytes");
 #define RS_OFFSET_Segment_wave 28
 #define RS_OFFSET_Segment_mode 30
 #define RS_OFFSET_Segment_elem_bytes 31
-#if defined(RS_HOST_EMULATION)
-static_assert(__builtin_offsetof(Segment, src) == 0, "Segment.src at 0");
-static_assert(__builtin_offsetof(Segment, dst) == 8, "Segment.dst at 8");
-static_assert(__builtin_offsetof(Segment, row_bytes) == 16, "Segment.row_bytes at 16");
-static_assert(__builtin_offsetof(Segment, rows) == 20, "Segment.rows at 20");
-static_assert(__builtin_offsetof(Segment, pitch) == 24, "Segment.pitch at 24");
-static_assert(__builtin_offsetof(Segment, wave) == 28, "Segment.wave at 28");
-static_assert(__builtin_offsetof(Segment, mode) == 30, "Segment.mode at 30");
-static_assert(__builtin_offsetof(Segment, elem_bytes) == 31, "Segment.elem_bytes at 31");
-#endif
-
-// A unit of work for one CTA: bytes of every row when rows == 1 or mode == RS_MODE_ROWS_ASCENDING,
-// rows otherwise. Defined in rust/plan/segment.rs.
-struct Tile {
-  uint32_t segment;   // index into the segment array
-  uint32_t begin;     // first unit
-  uint32_t count;     // number of units
-  uint32_t reserved;  // 0
-};
-static_assert(sizeof(Tile) == 16, "Tile is 16 bytes");
 #define RS_OFFSET_Tile_segment 0
 #define RS_OFFSET_Tile_begin 4
 #define RS_OFFSET_Tile_count 8
 #define RS_OFFSET_Tile_reserved 12
-#if defined(RS_HOST_EMULATION)
-static_assert(__builtin_offsetof(Tile, segment) == 0, "Tile.segment at 0");
-static_assert(__builtin_offsetof(Tile, begin) == 4, "Tile.begin at 4");
-static_assert(__builtin_offsetof(Tile, count) == 8, "Tile.count at 8");
-static_assert(__builtin_offsetof(Tile, reserved) == 12, "Tile.reserved at 12");
-#endif
-
-// One request's copy in compact form, shared by all layers (no kernel reads it today). Defined in
-// rust/plan/segment.rs.
-struct MoveRow {
-  uint32_t request;
-  uint32_t shift;          // conv columns dropped (accepted tokens - 1)
-  int64_t conv_src;        // conv source block, or -1
-  int64_t temporal_src;    // temporal source block, or -1
-  int64_t dst;             // destination block, or -1
-  uint16_t conv_wave;
-  uint16_t temporal_wave;
-  uint32_t group;          // the recurrent group whose block ids these are
-};
-static_assert(sizeof(MoveRow) == 40, "MoveRow is 40 bytes");
 #define RS_OFFSET_MoveRow_request 0
 #define RS_OFFSET_MoveRow_shift 4
 #define RS_OFFSET_MoveRow_conv_src 8
@@ -161,33 +272,6 @@ static_assert(sizeof(MoveRow) == 40, "MoveRow is 40 bytes");
 #define RS_OFFSET_MoveRow_conv_wave 32
 #define RS_OFFSET_MoveRow_temporal_wave 34
 #define RS_OFFSET_MoveRow_group 36
-#if defined(RS_HOST_EMULATION)
-static_assert(__builtin_offsetof(MoveRow, request) == 0, "MoveRow.request at 0");
-static_assert(__builtin_offsetof(MoveRow, shift) == 4, "MoveRow.shift at 4");
-static_assert(__builtin_offsetof(MoveRow, conv_src) == 8, "MoveRow.conv_src at 8");
-static_assert(__builtin_offsetof(MoveRow, temporal_src) == 16, "MoveRow.temporal_src at 16");
-static_assert(__builtin_offsetof(MoveRow, dst) == 24, "MoveRow.dst at 24");
-static_assert(__builtin_offsetof(MoveRow, conv_wave) == 32, "MoveRow.conv_wave at 32");
-static_assert(__builtin_offsetof(MoveRow, temporal_wave) == 34, "MoveRow.temporal_wave at 34");
-static_assert(__builtin_offsetof(MoveRow, group) == 36, "MoveRow.group at 36");
-#endif
-
-// One (layer, persistent state) of the fused state-copy kernel. Defined in rust/plan/segment.rs.
-struct StateMeta {
-  uint64_t base;          // address of block 0 of this state tensor
-  uint64_t block_stride;  // bytes between consecutive blocks
-  uint64_t state_bytes;   // bytes of one block's state (dense)
-  uint32_t kind;          // RS_KIND_*
-  uint32_t elem_bytes;    // element size
-  uint32_t width;         // conv window columns (conv kinds)
-  uint32_t dim;           // conv channels (conv kinds)
-  uint32_t layer;         // informational
-  uint32_t state;         // informational
-  uint64_t num_blocks;    // blocks in the tensor
-  uint32_t group;         // the recurrent group whose block table this state follows
-  uint32_t reserved;
-};
-static_assert(sizeof(StateMeta) == 64, "StateMeta is 64 bytes");
 #define RS_OFFSET_StateMeta_base 0
 #define RS_OFFSET_StateMeta_block_stride 8
 #define RS_OFFSET_StateMeta_state_bytes 16
@@ -200,74 +284,12 @@ static_assert(sizeof(StateMeta) == 64, "StateMeta is 64 bytes");
 #define RS_OFFSET_StateMeta_num_blocks 48
 #define RS_OFFSET_StateMeta_group 56
 #define RS_OFFSET_StateMeta_reserved 60
-#if defined(RS_HOST_EMULATION)
-static_assert(__builtin_offsetof(StateMeta, base) == 0, "StateMeta.base at 0");
-static_assert(__builtin_offsetof(StateMeta, block_stride) == 8, "StateMeta.block_stride at 8");
-static_assert(__builtin_offsetof(StateMeta, state_bytes) == 16, "StateMeta.state_bytes at 16");
-static_assert(__builtin_offsetof(StateMeta, kind) == 24, "StateMeta.kind at 24");
-static_assert(__builtin_offsetof(StateMeta, elem_bytes) == 28, "StateMeta.elem_bytes at 28");
-static_assert(__builtin_offsetof(StateMeta, width) == 32, "StateMeta.width at 32");
-static_assert(__builtin_offsetof(StateMeta, dim) == 36, "StateMeta.dim at 36");
-static_assert(__builtin_offsetof(StateMeta, layer) == 40, "StateMeta.layer at 40");
-static_assert(__builtin_offsetof(StateMeta, state) == 44, "StateMeta.state at 44");
-static_assert(__builtin_offsetof(StateMeta, num_blocks) == 48, "StateMeta.num_blocks at 48");
-static_assert(__builtin_offsetof(StateMeta, group) == 56, "StateMeta.group at 56");
-static_assert(__builtin_offsetof(StateMeta, reserved) == 60, "StateMeta.reserved at 60");
-#endif
-
-// One request's commit, shared by every layer. Defined in rust/commit/plan.rs.
-struct CommitRow {
-  uint32_t request;        // workspace row of the request
-  uint32_t count;          // tokens to fold in (with a num_accepted vector: the cap)
-  int64_t state_block;     // running-state block (read and written in place); <= 0: padding row
-  int64_t boundary_block;  // prefix-cache block of the crossed boundary, or -1
-  uint32_t boundary_len;   // tokens up to the boundary (1 ..= count), 0 without one
-  uint32_t reserved;
-};
-static_assert(sizeof(CommitRow) == 32, "CommitRow is 32 bytes");
 #define RS_OFFSET_CommitRow_request 0
 #define RS_OFFSET_CommitRow_count 4
 #define RS_OFFSET_CommitRow_state_block 8
 #define RS_OFFSET_CommitRow_boundary_block 16
 #define RS_OFFSET_CommitRow_boundary_len 24
 #define RS_OFFSET_CommitRow_reserved 28
-#if defined(RS_HOST_EMULATION)
-static_assert(__builtin_offsetof(CommitRow, request) == 0, "CommitRow.request at 0");
-static_assert(__builtin_offsetof(CommitRow, count) == 4, "CommitRow.count at 4");
-static_assert(__builtin_offsetof(CommitRow, state_block) == 8, "CommitRow.state_block at 8");
-static_assert(__builtin_offsetof(CommitRow, boundary_block) == 16, "CommitRow.boundary_block at 16");
-static_assert(__builtin_offsetof(CommitRow, boundary_len) == 24, "CommitRow.boundary_len at 24");
-static_assert(__builtin_offsetof(CommitRow, reserved) == 28, "CommitRow.reserved at 28");
-#endif
-
-// One layer of the commit kernel's table: byte addresses and byte strides; every tensor is dense
-// inside a block / workspace row. Defined in rust/commit/meta.rs.
-struct CommitMeta {
-  uint64_t rec_base;           // recurrent pool, block 0: [num_blocks, H, V, K]
-  uint64_t rec_block_stride;   // bytes between blocks
-  uint64_t corr_base;          // corrections, row 0: [max_requests, H, Q, V] float32
-  uint64_t corr_row_stride;
-  uint64_t kg_base;            // key+gate records, row 0: [max_requests, H, Q, kg_width]
-  uint64_t kg_row_stride;
-  uint64_t conv_base;          // conv pool, block 0: [num_blocks, W, D] (SD) or [num_blocks, D, W] (DS)
-  uint64_t conv_block_stride;
-  uint64_t win_base;           // verified conv windows, row 0: [max_requests, same as a block]
-  uint64_t win_row_stride;
-  uint32_t heads;              // H
-  uint32_t head_v;             // V
-  uint32_t head_k;             // K
-  uint32_t window;             // Q (tokens per verified window)
-  uint32_t kg_width;           // K + 1 (GDN) or 2K (KDA)
-  uint32_t kind;               // RS_RC_GDN / RS_RC_KDA
-  uint32_t state_dtype;        // RS_DT_*
-  uint32_t kg_dtype;           // RS_DT_*
-  uint32_t conv_layout;        // RS_RC_NO_CONV, RS_KIND_CONV_SD, RS_KIND_CONV_DS
-  uint32_t conv_width;         // W = conv_kernel_size - 1 + Q - 1
-  uint32_t conv_dim;           // D
-  uint16_t conv_hist;          // conv_kernel_size - 1
-  uint16_t conv_elem;          // bytes per conv element (1, 2, 4 or 8)
-};
-static_assert(sizeof(CommitMeta) == 128, "CommitMeta is 128 bytes");
 #define RS_OFFSET_CommitMeta_rec_base 0
 #define RS_OFFSET_CommitMeta_rec_block_stride 8
 #define RS_OFFSET_CommitMeta_corr_base 16
@@ -291,7 +313,75 @@ static_assert(sizeof(CommitMeta) == 128, "CommitMeta is 128 bytes");
 #define RS_OFFSET_CommitMeta_conv_dim 120
 #define RS_OFFSET_CommitMeta_conv_hist 124
 #define RS_OFFSET_CommitMeta_conv_elem 126
+#define RS_OFFSET_SlotCopy_dst 0
+#define RS_OFFSET_SlotCopy_dst_slot_stride 8
+#define RS_OFFSET_SlotCopy_src 16
+#define RS_OFFSET_SlotCopy_src_row_stride 24
+#define RS_OFFSET_SlotCopy_src_step_stride 32
+#define RS_OFFSET_SlotCopy_bytes 40
+#define RS_OFFSET_SlotCopy_rows 48
+#define RS_OFFSET_SlotCopy_cols 56
+#define RS_OFFSET_SlotCopy_src_pitch 64
+#define RS_OFFSET_SlotCopy_src_col_stride 72
+#define RS_OFFSET_SlotCopy_elem_bytes 80
+#define RS_OFFSET_SlotCopy_tensor 84
+#define RS_OFFSET_Read_request 0
+#define RS_OFFSET_Read_src_rank 8
+#define RS_OFFSET_Read_src_tensor 16
+#define RS_OFFSET_Read_src_offset 24
+#define RS_OFFSET_Read_dst_tensor 32
+#define RS_OFFSET_Read_dst_offset 40
+#define RS_OFFSET_Read_len 48
+#define RS_OFFSET_StagedCopy_request 0
+#define RS_OFFSET_StagedCopy_src_offset 8
+#define RS_OFFSET_StagedCopy_src_row_stride 16
+#define RS_OFFSET_StagedCopy_src_col_stride 24
+#define RS_OFFSET_StagedCopy_dst_tensor 32
+#define RS_OFFSET_StagedCopy_dst_offset 40
+#define RS_OFFSET_StagedCopy_dst_row_stride 48
+#define RS_OFFSET_StagedCopy_dst_col_stride 56
+#define RS_OFFSET_StagedCopy_rows 64
+#define RS_OFFSET_StagedCopy_cols 72
+#define RS_OFFSET_StagedCopy_elem 80
 #if defined(RS_HOST_EMULATION)
+static_assert(__builtin_offsetof(Segment, src) == 0, "Segment.src at 0");
+static_assert(__builtin_offsetof(Segment, dst) == 8, "Segment.dst at 8");
+static_assert(__builtin_offsetof(Segment, row_bytes) == 16, "Segment.row_bytes at 16");
+static_assert(__builtin_offsetof(Segment, rows) == 20, "Segment.rows at 20");
+static_assert(__builtin_offsetof(Segment, pitch) == 24, "Segment.pitch at 24");
+static_assert(__builtin_offsetof(Segment, wave) == 28, "Segment.wave at 28");
+static_assert(__builtin_offsetof(Segment, mode) == 30, "Segment.mode at 30");
+static_assert(__builtin_offsetof(Segment, elem_bytes) == 31, "Segment.elem_bytes at 31");
+static_assert(__builtin_offsetof(Tile, segment) == 0, "Tile.segment at 0");
+static_assert(__builtin_offsetof(Tile, begin) == 4, "Tile.begin at 4");
+static_assert(__builtin_offsetof(Tile, count) == 8, "Tile.count at 8");
+static_assert(__builtin_offsetof(Tile, reserved) == 12, "Tile.reserved at 12");
+static_assert(__builtin_offsetof(MoveRow, request) == 0, "MoveRow.request at 0");
+static_assert(__builtin_offsetof(MoveRow, shift) == 4, "MoveRow.shift at 4");
+static_assert(__builtin_offsetof(MoveRow, conv_src) == 8, "MoveRow.conv_src at 8");
+static_assert(__builtin_offsetof(MoveRow, temporal_src) == 16, "MoveRow.temporal_src at 16");
+static_assert(__builtin_offsetof(MoveRow, dst) == 24, "MoveRow.dst at 24");
+static_assert(__builtin_offsetof(MoveRow, conv_wave) == 32, "MoveRow.conv_wave at 32");
+static_assert(__builtin_offsetof(MoveRow, temporal_wave) == 34, "MoveRow.temporal_wave at 34");
+static_assert(__builtin_offsetof(MoveRow, group) == 36, "MoveRow.group at 36");
+static_assert(__builtin_offsetof(StateMeta, base) == 0, "StateMeta.base at 0");
+static_assert(__builtin_offsetof(StateMeta, block_stride) == 8, "StateMeta.block_stride at 8");
+static_assert(__builtin_offsetof(StateMeta, state_bytes) == 16, "StateMeta.state_bytes at 16");
+static_assert(__builtin_offsetof(StateMeta, kind) == 24, "StateMeta.kind at 24");
+static_assert(__builtin_offsetof(StateMeta, elem_bytes) == 28, "StateMeta.elem_bytes at 28");
+static_assert(__builtin_offsetof(StateMeta, width) == 32, "StateMeta.width at 32");
+static_assert(__builtin_offsetof(StateMeta, dim) == 36, "StateMeta.dim at 36");
+static_assert(__builtin_offsetof(StateMeta, layer) == 40, "StateMeta.layer at 40");
+static_assert(__builtin_offsetof(StateMeta, state) == 44, "StateMeta.state at 44");
+static_assert(__builtin_offsetof(StateMeta, num_blocks) == 48, "StateMeta.num_blocks at 48");
+static_assert(__builtin_offsetof(StateMeta, group) == 56, "StateMeta.group at 56");
+static_assert(__builtin_offsetof(StateMeta, reserved) == 60, "StateMeta.reserved at 60");
+static_assert(__builtin_offsetof(CommitRow, request) == 0, "CommitRow.request at 0");
+static_assert(__builtin_offsetof(CommitRow, count) == 4, "CommitRow.count at 4");
+static_assert(__builtin_offsetof(CommitRow, state_block) == 8, "CommitRow.state_block at 8");
+static_assert(__builtin_offsetof(CommitRow, boundary_block) == 16, "CommitRow.boundary_block at 16");
+static_assert(__builtin_offsetof(CommitRow, boundary_len) == 24, "CommitRow.boundary_len at 24");
+static_assert(__builtin_offsetof(CommitRow, reserved) == 28, "CommitRow.reserved at 28");
 static_assert(__builtin_offsetof(CommitMeta, rec_base) == 0, "CommitMeta.rec_base at 0");
 static_assert(__builtin_offsetof(CommitMeta, rec_block_stride) == 8, "CommitMeta.rec_block_stride at 8");
 static_assert(__builtin_offsetof(CommitMeta, corr_base) == 16, "CommitMeta.corr_base at 16");
@@ -315,38 +405,6 @@ static_assert(__builtin_offsetof(CommitMeta, conv_width) == 116, "CommitMeta.con
 static_assert(__builtin_offsetof(CommitMeta, conv_dim) == 120, "CommitMeta.conv_dim at 120");
 static_assert(__builtin_offsetof(CommitMeta, conv_hist) == 124, "CommitMeta.conv_hist at 124");
 static_assert(__builtin_offsetof(CommitMeta, conv_elem) == 126, "CommitMeta.conv_elem at 126");
-#endif
-
-// One (layer, state tensor) of the slot kernel: a dense pool slot and, for the commit, the verify
-// scratch entry of (row, step). Defined in rust/sglang/kernel.rs.
-struct SlotCopy {
-  uint64_t dst;              // address of slot 0 of this layer in the pool tensor
-  uint64_t dst_slot_stride;  // bytes between slots
-  uint64_t src;              // address of scratch row 0, step 0 of this layer (0: no scratch)
-  uint64_t src_row_stride;
-  uint64_t src_step_stride;
-  uint64_t bytes;            // bytes of one slot (dense)
-  uint64_t rows;             // rows of a scratch entry
-  uint64_t cols;             // elements per row of a scratch entry
-  uint64_t src_pitch;        // bytes between rows of a scratch entry
-  uint64_t src_col_stride;   // bytes between elements of a row of a scratch entry
-  uint32_t elem_bytes;       // element size
-  uint32_t tensor;           // informational
-};
-static_assert(sizeof(SlotCopy) == 88, "SlotCopy is 88 bytes");
-#define RS_OFFSET_SlotCopy_dst 0
-#define RS_OFFSET_SlotCopy_dst_slot_stride 8
-#define RS_OFFSET_SlotCopy_src 16
-#define RS_OFFSET_SlotCopy_src_row_stride 24
-#define RS_OFFSET_SlotCopy_src_step_stride 32
-#define RS_OFFSET_SlotCopy_bytes 40
-#define RS_OFFSET_SlotCopy_rows 48
-#define RS_OFFSET_SlotCopy_cols 56
-#define RS_OFFSET_SlotCopy_src_pitch 64
-#define RS_OFFSET_SlotCopy_src_col_stride 72
-#define RS_OFFSET_SlotCopy_elem_bytes 80
-#define RS_OFFSET_SlotCopy_tensor 84
-#if defined(RS_HOST_EMULATION)
 static_assert(__builtin_offsetof(SlotCopy, dst) == 0, "SlotCopy.dst at 0");
 static_assert(__builtin_offsetof(SlotCopy, dst_slot_stride) == 8, "SlotCopy.dst_slot_stride at 8");
 static_assert(__builtin_offsetof(SlotCopy, src) == 16, "SlotCopy.src at 16");
@@ -359,28 +417,6 @@ static_assert(__builtin_offsetof(SlotCopy, src_pitch) == 64, "SlotCopy.src_pitch
 static_assert(__builtin_offsetof(SlotCopy, src_col_stride) == 72, "SlotCopy.src_col_stride at 72");
 static_assert(__builtin_offsetof(SlotCopy, elem_bytes) == 80, "SlotCopy.elem_bytes at 80");
 static_assert(__builtin_offsetof(SlotCopy, tensor) == 84, "SlotCopy.tensor at 84");
-#endif
-
-// One read of a transfer plan: len bytes of the source rank's tensor to a destination tensor or the
-// staging buffer. Defined in rust/transfer/plan.rs.
-struct Read {
-  uint64_t request;
-  uint64_t src_rank;
-  uint64_t src_tensor;
-  uint64_t src_offset;  // bytes from the source tensor's block 0
-  uint64_t dst_tensor;  // destination tensor, or STAGING (the staging buffer)
-  uint64_t dst_offset;  // bytes from the destination tensor's block 0 (or the staging buffer's start)
-  uint64_t len;         // bytes
-};
-static_assert(sizeof(Read) == 56, "Read is 56 bytes");
-#define RS_OFFSET_Read_request 0
-#define RS_OFFSET_Read_src_rank 8
-#define RS_OFFSET_Read_src_tensor 16
-#define RS_OFFSET_Read_src_offset 24
-#define RS_OFFSET_Read_dst_tensor 32
-#define RS_OFFSET_Read_dst_offset 40
-#define RS_OFFSET_Read_len 48
-#if defined(RS_HOST_EMULATION)
 static_assert(__builtin_offsetof(Read, request) == 0, "Read.request at 0");
 static_assert(__builtin_offsetof(Read, src_rank) == 8, "Read.src_rank at 8");
 static_assert(__builtin_offsetof(Read, src_tensor) == 16, "Read.src_tensor at 16");
@@ -388,36 +424,6 @@ static_assert(__builtin_offsetof(Read, src_offset) == 24, "Read.src_offset at 24
 static_assert(__builtin_offsetof(Read, dst_tensor) == 32, "Read.dst_tensor at 32");
 static_assert(__builtin_offsetof(Read, dst_offset) == 40, "Read.dst_offset at 40");
 static_assert(__builtin_offsetof(Read, len) == 48, "Read.len at 48");
-#endif
-
-// A local copy that finishes a staged state: a rows x cols matrix of elem-byte items from the
-// staging buffer to a destination tensor. Defined in rust/transfer/plan.rs.
-struct StagedCopy {
-  uint64_t request;
-  uint64_t src_offset;      // bytes from the staging buffer's start
-  uint64_t src_row_stride;
-  uint64_t src_col_stride;
-  uint64_t dst_tensor;
-  uint64_t dst_offset;      // bytes from the destination tensor's block 0
-  uint64_t dst_row_stride;
-  uint64_t dst_col_stride;
-  uint64_t rows;
-  uint64_t cols;
-  uint64_t elem;            // bytes per item
-};
-static_assert(sizeof(StagedCopy) == 88, "StagedCopy is 88 bytes");
-#define RS_OFFSET_StagedCopy_request 0
-#define RS_OFFSET_StagedCopy_src_offset 8
-#define RS_OFFSET_StagedCopy_src_row_stride 16
-#define RS_OFFSET_StagedCopy_src_col_stride 24
-#define RS_OFFSET_StagedCopy_dst_tensor 32
-#define RS_OFFSET_StagedCopy_dst_offset 40
-#define RS_OFFSET_StagedCopy_dst_row_stride 48
-#define RS_OFFSET_StagedCopy_dst_col_stride 56
-#define RS_OFFSET_StagedCopy_rows 64
-#define RS_OFFSET_StagedCopy_cols 72
-#define RS_OFFSET_StagedCopy_elem 80
-#if defined(RS_HOST_EMULATION)
 static_assert(__builtin_offsetof(StagedCopy, request) == 0, "StagedCopy.request at 0");
 static_assert(__builtin_offsetof(StagedCopy, src_offset) == 8, "StagedCopy.src_offset at 8");
 static_assert(__builtin_offsetof(StagedCopy, src_row_stride) == 16, "StagedCopy.src_row_stride at 16");
@@ -437,55 +443,23 @@ static_assert(__builtin_offsetof(StagedCopy, elem) == 80, "StagedCopy.elem at 80
 // ------------------------------------------------------------------------------------------------
 
 // Defined in copy_tiles.cu.
-extern "C" __global__ void rs_copy_tiles(
-    const Segment* segments,
-    const Tile* tiles,
-    uint32_t first_tile,
-    uint32_t num_tiles);
+extern "C" __global__ void rs_copy_tiles(const Segment* segments, const Tile* tiles,
+    uint32_t first_tile, uint32_t num_tiles);
 
 // Defined in state_copy.cu.
-extern "C" __global__ void rs_state_copy(
-    const StateMeta* metas,
-    uint32_t num_meta,
-    const int32_t* block_table,
-    int64_t bt_row_stride,
-    int32_t bt_cols,
-    int64_t bt_group_stride,
-    const int32_t* src_col,
-    const int32_t* dst_or_running,
-    const int32_t* num_accepted,
-    int32_t* num_accepted_out,
-    int32_t block_size,
-    int32_t num_requests,
-    int32_t max_accepted,
-    int64_t num_blocks,
-    uint32_t flags,
-    int32_t* err);
+extern "C" __global__ void rs_state_copy(const StateMeta* metas, uint32_t num_meta,
+    const int32_t* block_table, int64_t bt_row_stride, int32_t bt_cols, int64_t bt_group_stride,
+    const int32_t* src_col, const int32_t* dst_or_running, const int32_t* num_accepted,
+    int32_t* num_accepted_out, int32_t block_size, int32_t num_requests, int32_t max_accepted,
+    int64_t num_blocks, uint32_t flags, int32_t* err);
 
 // Defined in recover_commit.cu.
-extern "C" __global__ void rs_recover_commit(
-    const CommitMeta* metas,
-    uint32_t num_layers,
-    const CommitRow* rows,
-    uint32_t num_rows,
-    const int32_t* num_accepted,
-    uint32_t num_counts,
-    int64_t num_blocks,
-    uint32_t max_requests,
-    uint32_t rec_ctas,
-    int32_t* err);
+extern "C" __global__ void rs_recover_commit(const CommitMeta* metas, uint32_t num_layers,
+    const CommitRow* rows, uint32_t num_rows, const int32_t* num_accepted, uint32_t num_counts,
+    int64_t num_blocks, uint32_t max_requests, uint32_t rec_ctas, int32_t* err);
 
 // Defined in slot_scatter.cu.
-extern "C" __global__ void rs_slot_scatter(
-    const SlotCopy* metas,
-    uint32_t num_meta,
-    const int64_t* slots,
-    const int64_t* steps,
-    const int64_t* rows,
-    const int64_t* track_slots,
-    const int64_t* track_steps,
-    int32_t num_requests,
-    int64_t num_slots,
-    int64_t num_rows,
-    int64_t draft,
-    int32_t* err);
+extern "C" __global__ void rs_slot_scatter(const SlotCopy* metas, uint32_t num_meta,
+    const int64_t* slots, const int64_t* steps, const int64_t* rows, const int64_t* track_slots,
+    const int64_t* track_steps, int32_t num_requests, int64_t num_slots, int64_t num_rows,
+    int64_t draft, int32_t* err);
