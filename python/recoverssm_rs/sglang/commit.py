@@ -51,7 +51,8 @@ def commit_after_verify(
         )
         return
     steps, slots = _host_ids(last_correct_step_indices), _host_ids(state_indices)
-    # The optional index vectors as host arrays too, by the core's names; rows default to r.
+    # The optional index vectors as host arrays too, under the core's names (``rows`` defaults to
+    # each request's own scratch row).
     optional = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
     ids = {name: None if x is None else _host_ids(x) for name, x in optional.items()}
     rows = ids["rows"]

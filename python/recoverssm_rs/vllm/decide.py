@@ -3,7 +3,8 @@
 ``postprocess_mamba_fused_kernel``), vectorised over requests and taken once for every recurrent
 group; each returns int64 arrays, one entry per request. :func:`plan_pre_copy` and
 :func:`plan_post_process` take the same decisions and plan their copies over every group of a
-:class:`~recoverssm_rs.Planner`, in one call into the core.
+:class:`~recoverssm_rs.Planner`, in one call into the core. Inside the package a half-step's
+per-request vectors travel as one :class:`PreCopyInputs` / :class:`PostProcessInputs`.
 """
 
 from __future__ import annotations
