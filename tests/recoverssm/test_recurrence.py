@@ -18,6 +18,7 @@ Tolerances used below and why:
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -459,6 +460,37 @@ def test_verify_bad_shape_names_argument(name: str) -> None:
         verify(**args)  # type: ignore[arg-type]
     assert str(list(args[name].shape)) in str(exc.value)
     assert isinstance(exc.value, ValueError)
+
+
+@pytest.mark.parametrize("name", ["state", "q_hat", "k_hat", "v", "gate", "beta"])
+@pytest.mark.parametrize("how", ["size", "rank"])
+def test_sequential_decode_checks_the_window_as_verify(name: str, how: str) -> None:
+    """Both take a window the same way: a bad input is the same PlanError from either."""
+    args = _good()
+    bad = args[name]
+    if how == "rank":
+        args[name] = bad[0]
+    else:
+        args[name] = torch.zeros(*bad.shape[:-1], bad.shape[-1] + 1, dtype=bad.dtype)
+    window = {k: args[k] for k in ("state", "q_hat", "k_hat", "v", "gate", "beta")}
+    with pytest.raises(PlanError, match=r"^\w+: expected shape") as want:
+        verify(**args)  # type: ignore[arg-type]
+    with pytest.raises(PlanError) as got:
+        sequential_decode(**window)
+    assert str(got.value) == str(want.value)
+
+
+def test_prepare_per_kind_is_prepare() -> None:
+    """``prepare_kda`` / ``prepare_gdn``: ``prepare``'s signature without ``kind``, and its results."""
+    params = list(inspect.signature(prepare).parameters.values())
+    q = torch.randn(3, 2, 4)
+    args = (q, q + 1, torch.randn(3, 2, 4), torch.randn(3, 2), torch.rand(2), torch.rand(2, 4))
+    for kind, fn in (("kda", prepare_kda), ("gdn", prepare_gdn)):
+        assert list(inspect.signature(fn).parameters.values()) == params[1:]
+        assert fn.__name__ == f"prepare_{kind}" and fn.__doc__
+        gate_args = args if kind == "kda" else (q, q + 1, args[3], args[3], args[4], args[4])
+        for a, b in zip(fn(*gate_args, eps=1e-3), prepare(kind, *gate_args, eps=1e-3), strict=True):
+            assert torch.equal(a, b)
 
 
 def test_verify_bad_dtypes() -> None:

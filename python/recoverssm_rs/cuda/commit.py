@@ -52,17 +52,8 @@ def build_commit_meta(
     Raises:
         BindingError: a shape, dtype, stride, alignment or device that the kernel cannot take.
     """
-    raw = _core.commit_meta_table(
-        recurrent=recurrent,
-        corrections=corrections,
-        keygate=keygate,
-        conv=conv,
-        conv_window=conv_window,
-        kind=kind,
-        conv_layout=conv_layout,
-        conv_kernel_size=conv_kernel_size,
-    )
-    return records(raw, dtype=COMMIT_META_DTYPE).copy()
+    # Every argument, by name, to the core's table builder (the same keywords).
+    return records(_core.commit_meta_table(**locals()), dtype=COMMIT_META_DTYPE).copy()
 
 
 def _table_bytes(meta: Any) -> np.ndarray:

@@ -50,21 +50,19 @@ def commit_after_verify(
             track_steps=steps_to_track,
         )
         return
-    steps = _host_ids(last_correct_step_indices)
-    slots = _host_ids(state_indices)
-    rows = np.arange(len(steps), dtype=np.int64) if src_indices is None else _host_ids(src_indices)
-    track = None if track_indices is None else _host_ids(track_indices)
-    track_steps = None if steps_to_track is None else _host_ids(steps_to_track)
+    steps, slots = _host_ids(last_correct_step_indices), _host_ids(state_indices)
+    # The optional index vectors as host arrays too, under the core's names (``rows`` defaults to
+    # each request's own scratch row).
+    optional = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
+    ids = {name: None if x is None else _host_ids(x) for name, x in optional.items()}
+    rows = ids["rows"]
+    if rows is None:
+        rows = ids["rows"] = np.arange(len(steps), dtype=np.int64)
+    _, depth, draft = scratch[0][1].shape[:3]
     selected = _core.sglang_commit_selection(
-        slots=slots,
-        steps=steps,
-        track_slots=track,
-        track_steps=track_steps,
-        rows=rows,
-        num_slots=pool.num_slots,
-        num_rows=int(scratch[0][1].shape[1]),
-        draft=int(scratch[0][1].shape[2]),
+        slots=slots, steps=steps, **ids, num_slots=pool.num_slots, num_rows=int(depth), draft=int(draft)
     )
+    track, track_steps = ids["track_slots"], ids["track_steps"]
     passes = [(slots, steps)] + ([] if track is None else [(track, track_steps)])
     chosen = [(np.asarray(take, dtype=np.int64), dst, st) for take, (dst, st) in zip(selected, passes, strict=True)]
     # One strided copy per (tensor, pass, request): no gathered temporary.

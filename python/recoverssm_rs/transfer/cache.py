@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Hashable, Sequence
 from pathlib import Path
+from typing import overload
 
 from .._core import HostCacheIndex
 from .disk import load_states, save_states
@@ -19,6 +20,22 @@ from .streams import TransferHandle
 __all__ = ["HostCache"]
 
 log = logging.getLogger("recoverssm_rs")
+
+
+class _Counter:
+    """A read-only attribute of :class:`HostCache`: one field of the core index's
+    :class:`~recoverssm_rs._core.CacheCounters` snapshot."""
+
+    def __init__(self, field: str, doc: str) -> None:
+        self.field = field
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, cache: None, owner: type[HostCache]) -> _Counter: ...
+    @overload
+    def __get__(self, cache: HostCache, owner: type[HostCache]) -> int: ...
+    def __get__(self, cache: HostCache | None, owner: type[HostCache]) -> _Counter | int:
+        return self if cache is None else int(getattr(cache.index.counters(), self.field))
 
 
 class HostCache:
@@ -48,35 +65,14 @@ class HostCache:
         self._entries: dict[int, HostStates] = {}
         self._on_disk: dict[int, Path] = {}
 
-    @property
-    def capacity_bytes(self) -> int:
-        """Host bytes the tier may hold."""
-        return self.index.counters().capacity_bytes
-
-    @property
-    def bytes_per_request(self) -> int:
-        """Host bytes one request's states take (all layers' persistent states)."""
-        return self.index.counters().bytes_per_request
-
-    @property
-    def used_bytes(self) -> int:
-        """Host bytes held now."""
-        return self.index.counters().used_bytes
-
-    @property
-    def evictions(self) -> int:
-        """Entries pushed out of host memory so far."""
-        return self.index.counters().evictions
-
-    @property
-    def hits(self) -> int:
-        """Restores that found their key."""
-        return self.index.counters().hits
-
-    @property
-    def misses(self) -> int:
-        """Restores that did not."""
-        return self.index.counters().misses
+    capacity_bytes = _Counter("capacity_bytes", "Host bytes the tier may hold.")
+    bytes_per_request = _Counter(
+        "bytes_per_request", "Host bytes one request's states take (all layers' persistent states)."
+    )
+    used_bytes = _Counter("used_bytes", "Host bytes held now.")
+    evictions = _Counter("evictions", "Entries pushed out of host memory so far.")
+    hits = _Counter("hits", "Restores that found their key.")
+    misses = _Counter("misses", "Restores that did not.")
 
     def _id(self, key: Hashable) -> int:
         i = self._ids.get(key)

@@ -3,13 +3,14 @@
 ``postprocess_mamba_fused_kernel``), vectorised over requests and taken once for every recurrent
 group; each returns int64 arrays, one entry per request. :func:`plan_pre_copy` and
 :func:`plan_post_process` take the same decisions and plan their copies over every group of a
-:class:`~recoverssm_rs.Planner`, in one call into the core.
+:class:`~recoverssm_rs.Planner`, in one call into the core. Inside the package a half-step's
+per-request vectors travel as one :class:`PreCopyInputs` / :class:`PostProcessInputs`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = [
     "PreCopyDecision",
     "PostProcessDecision",
+    "PreCopyInputs",
+    "PostProcessInputs",
     "align_pre_copy",
     "align_post_process",
     "plan_pre_copy",
@@ -61,6 +64,31 @@ class PostProcessDecision(NamedTuple):
     """``num_accepted`` for the next step (1 where the state was shifted in place)."""
 
 
+class PreCopyInputs(NamedTuple):
+    """A pre-copy's per-request inputs (see :func:`align_pre_copy`), under the core's keywords."""
+
+    tables: Sequence[Any]
+    num_computed: Any
+    num_scheduled: Any
+    num_accepted: Any
+    mamba_state_idx: Any
+    fresh: Any = None
+    req_ids: Sequence[Any] | None = None
+
+
+class PostProcessInputs(NamedTuple):
+    """A post-process's per-request inputs (see :func:`align_post_process`), under the core's
+    keywords."""
+
+    tables: Sequence[Any]
+    state_col: Any
+    num_computed: Any
+    num_scheduled: Any
+    num_draft: Any
+    num_accepted: Any
+    req_ids: Sequence[Any] | None = None
+
+
 D = TypeVar("D", PreCopyDecision, PostProcessDecision)
 
 
@@ -68,6 +96,22 @@ def decision(raw: Any, cls: type[D]) -> D:
     """The decision ``cls`` from the core's int64 rows (zero-copy views)."""
     rows = np.frombuffer(raw, dtype=np.int64).reshape(len(cls._fields), -1)
     return cls(*rows)
+
+
+@overload
+def planned(planner: Planner, step: PreCopyInputs) -> tuple[PreCopyDecision, CopyPlan]: ...
+@overload
+def planned(planner: Planner, step: PostProcessInputs) -> tuple[PostProcessDecision, CopyPlan]: ...
+def planned(planner: Planner, step: PreCopyInputs | PostProcessInputs) -> tuple[Any, CopyPlan]:
+    """The decision for ``step`` and its copies over every group of ``planner`` (pre-copy or
+    post-process semantics, by the kind of ``step``), in one call into the core."""
+    from ..planner import CopyPlan
+
+    if isinstance(step, PreCopyInputs):
+        raw, plan = _core.vllm_pre_copy(planner.core, **step._asdict())
+        return decision(raw, PreCopyDecision), CopyPlan(plan, planner)
+    raw, plan = _core.vllm_post_process(planner.core, **step._asdict())
+    return decision(raw, PostProcessDecision), CopyPlan(plan, planner)
 
 
 def align_pre_copy(
@@ -103,17 +147,8 @@ def align_pre_copy(
             recurrent column holds no state, a window or source column outside a group's row or on
             the null block.
     """
-    raw = _core.align_pre_copy(
-        tables=block_tables,
-        num_computed=num_computed,
-        num_scheduled=num_scheduled,
-        num_accepted=num_accepted,
-        mamba_state_idx=mamba_state_idx,
-        fresh=fresh,
-        req_ids=req_ids,
-        block_size=block_size,
-        num_spec_blocks=num_spec_blocks,
-    )
+    step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids)
+    raw = _core.align_pre_copy(**step._asdict(), block_size=block_size, num_spec_blocks=num_spec_blocks)
     return decision(raw, PreCopyDecision)
 
 
@@ -140,17 +175,8 @@ def align_post_process(
         PlanError: naming the request: ``state_col`` not this step's running column, drafts or
             accepted counts out of range, a saved state's columns outside a row or null.
     """
-    raw = _core.align_post_process(
-        tables=block_tables,
-        state_col=state_col,
-        num_computed=num_computed,
-        num_scheduled=num_scheduled,
-        num_draft=num_draft,
-        num_accepted=num_accepted,
-        req_ids=req_ids,
-        block_size=block_size,
-        num_spec_blocks=num_spec_blocks,
-    )
+    step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
+    raw = _core.align_post_process(**step._asdict(), block_size=block_size, num_spec_blocks=num_spec_blocks)
     return decision(raw, PostProcessDecision)
 
 
@@ -168,19 +194,8 @@ def plan_pre_copy(
     """:func:`align_pre_copy` with ``planner``'s ``block_size`` and ``num_spec``, and its copies
     over every group of ``planner`` (pre-copy semantics), in one call; run them with
     :meth:`CopyPlan.execute <recoverssm_rs.CopyPlan.execute>`."""
-    from ..planner import CopyPlan
-
-    raw, plan = _core.vllm_pre_copy(
-        planner.core,
-        tables=block_tables,
-        num_computed=num_computed,
-        num_scheduled=num_scheduled,
-        num_accepted=num_accepted,
-        mamba_state_idx=mamba_state_idx,
-        fresh=fresh,
-        req_ids=req_ids,
-    )
-    return decision(raw, PreCopyDecision), CopyPlan(plan, planner)
+    step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids)
+    return planned(planner, step)
 
 
 def plan_post_process(
@@ -195,16 +210,5 @@ def plan_post_process(
     req_ids: Sequence[Any] | None = None,
 ) -> tuple[PostProcessDecision, CopyPlan]:
     """:func:`align_post_process` and its copies (post-process semantics), as :func:`plan_pre_copy`."""
-    from ..planner import CopyPlan
-
-    raw, plan = _core.vllm_post_process(
-        planner.core,
-        tables=block_tables,
-        state_col=state_col,
-        num_computed=num_computed,
-        num_scheduled=num_scheduled,
-        num_draft=num_draft,
-        num_accepted=num_accepted,
-        req_ids=req_ids,
-    )
-    return decision(raw, PostProcessDecision), CopyPlan(plan, planner)
+    step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
+    return planned(planner, step)

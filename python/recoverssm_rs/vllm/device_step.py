@@ -39,6 +39,8 @@ from .._core import ErrorWord, VllmSlots
 from ..cuda import module, ops
 from ..cuda.ops import cuda_index
 from ..errors import PlanError, _reading
+from ..plan_format import records
+from .decide import PostProcessInputs, PreCopyInputs
 
 if TYPE_CHECKING:
     from ..planner import Planner
@@ -124,13 +126,27 @@ class DeviceStep:
             self._staging = ops.cuda_ops.empty_i32(per_row * self.max_num_reqs, self.index)
         return self._staging, table
 
-    def _launch(self, half: Any, rows: int, stream: Any, prev_rows: Any = None, **step: Any) -> tuple[Any, Any]:
-        """One half: the core decides, stages and packs (one call); then, on ``stream``, the staged
-        step is copied to the device and the kernel launched. Returns the core's vector and the
-        half's counts."""
+    def launch(
+        self,
+        step: PreCopyInputs | PostProcessInputs,
+        *,
+        stream: Any = None,
+        device_tables: Sequence[Any] | None = None,
+        prev_rows: Any = None,
+    ) -> tuple[np.ndarray, Any]:
+        """One half of the step, given as its inputs (:meth:`pre_copy` for a
+        :class:`~recoverssm_rs.vllm.decide.PreCopyInputs`, :meth:`post_process` for a
+        :class:`~recoverssm_rs.vllm.decide.PostProcessInputs`; the arguments as theirs): the core
+        decides, stages and packs (one call); then, on ``stream``, the staged step is copied to the
+        device and the kernel launched. Returns the core's vector (``curr`` of a pre-copy) and the
+        half's ``[R]`` int32 CUDA counts."""
+        pre = isinstance(step, PreCopyInputs)
+        first = "num_computed" if pre else "state_col"  # the vector that gives the requests
+        rows = _rows(getattr(step, first), first)
+        kwargs = step._asdict() | {"num_accepted": _int32_counts(step.num_accepted)}
         out, err = self._buffers()
-        counts = out[:rows] if half is _core.vllm_device_pre_copy else out[self.max_num_reqs : self.max_num_reqs + rows]
-        staging, table = self._stage(step["tables"], rows, step.pop("device_tables"))
+        counts = out[:rows] if pre else out[self.max_num_reqs : self.max_num_reqs + rows]
+        staging, table = self._stage(step.tables, rows, device_tables)
         cuda = ops.cuda_ops
         ts = cuda.torch_stream(stream, self.index)
         if prev_rows is not None:
@@ -138,27 +154,28 @@ class DeviceStep:
                 device=self.planner.device,
                 prev_rows=prev_rows,
                 rows=rows,
-                num_accepted_given=step["num_accepted"] is not None,
+                num_accepted_given=step.num_accepted is not None,
             )
-            step["num_accepted"] = out[2 * self.max_num_reqs : 2 * self.max_num_reqs + rows]
+            kwargs["num_accepted"] = out[2 * self.max_num_reqs : 2 * self.max_num_reqs + rows]
+        half = _core.vllm_device_pre_copy if pre else _core.vllm_device_post_process
         vector, staged, kl = half(
-            self.planner.core, staging=staging, device_table=table, err=err, num_accepted_out=counts, **step
+            self.planner.core, staging=staging, device_table=table, err=err, num_accepted_out=counts, **kwargs
         )
         with cuda.context(self.index, ts):
-            if half is _core.vllm_device_pre_copy:
+            if pre:
                 err.zero_()  # the step's word: the post-process ORs into it too
                 self._err_rows = 0
                 if prev_rows is not None:  # after every host check: nothing is queued on an error
                     prev = out[self.max_num_reqs : self.max_num_reqs + self._post_rows]
-                    _remap(prev, prev_rows[:rows], step["num_accepted"])
+                    _remap(prev, prev_rows[:rows], kwargs["num_accepted"])
             if kl is not None:
                 cuda.stage_i32(staged, staging)
                 module.launch(kl, self.index, ts)
                 self._err_rows = max(self._err_rows, rows)
         self.planner.core.mark_written()
-        if half is _core.vllm_device_post_process:
+        if not pre:
             self._post_rows = rows
-        return np.frombuffer(vector, dtype=np.int64), counts
+        return records(vector, np.int64), counts
 
     def pre_copy(
         self,
@@ -204,20 +221,8 @@ class DeviceStep:
         Raises:
             PlanError: naming the request, before anything is queued.
         """
-        return self._launch(
-            _core.vllm_device_pre_copy,
-            _rows(num_computed, "num_computed"),
-            stream,
-            tables=block_tables,
-            num_computed=num_computed,
-            num_scheduled=num_scheduled,
-            mamba_state_idx=mamba_state_idx,
-            num_accepted=_int32_counts(num_accepted),
-            prev_rows=prev_rows,
-            fresh=fresh,
-            req_ids=req_ids,
-            device_tables=device_tables,
-        )
+        step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids)
+        return self.launch(step, stream=stream, device_tables=device_tables, prev_rows=prev_rows)
 
     def post_process(
         self,
@@ -250,20 +255,8 @@ class DeviceStep:
         Raises:
             PlanError: naming the request, before anything is queued.
         """
-        _, counts = self._launch(
-            _core.vllm_device_post_process,
-            _rows(state_col, "state_col"),
-            stream,
-            tables=block_tables,
-            state_col=state_col,
-            num_computed=num_computed,
-            num_scheduled=num_scheduled,
-            num_draft=num_draft,
-            num_accepted=_int32_counts(num_accepted),
-            req_ids=req_ids,
-            device_tables=device_tables,
-        )
-        return counts
+        step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
+        return self.launch(step, stream=stream, device_tables=device_tables)[1]
 
     def last_error(self) -> ErrorWord:
         """The error word of the current step (both halves since the last :meth:`pre_copy`):

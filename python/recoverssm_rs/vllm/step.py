@@ -33,7 +33,7 @@ import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 
@@ -41,8 +41,8 @@ from .. import _core
 from .._core import Layout, StateSpec, VllmSlots
 from ..contract import copy_func_name, validate_copy_funcs
 from ..errors import BindingError, LayoutError, PlanError, _reading
-from ..planner import CopyPlan, Planner
-from .decide import PostProcessDecision, PreCopyDecision, plan_post_process, plan_pre_copy
+from ..planner import Planner
+from .decide import PostProcessDecision, PostProcessInputs, PreCopyDecision, PreCopyInputs, planned
 from .device_step import DeviceStep
 
 __all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
@@ -185,7 +185,8 @@ class VllmMambaStep:
         self._device_tables = bool(device_tables) and self.device_step is not None
         self.mamba_state_idx = np.full(self._slots_table.capacity, -1, dtype=np.int64)
         """vLLM's ``mamba_state_idx``: the running-state column per slot (``-1``: none)."""
-        self._step: tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], Any] | None = None
+        # The step preprocess prepared (the counts still to come) and its device tables.
+        self._step: tuple[PostProcessInputs, Any] | None = None
 
     @classmethod
     def from_runner(
@@ -304,17 +305,8 @@ class VllmMambaStep:
         :meth:`DeviceStep.pre_copy <recoverssm_rs.vllm.device_step.DeviceStep.pre_copy>`)."""
         self._host_only("pre_copy")
         slots = np.asarray(self._slots_table.check(slots, req_ids), dtype=np.int64)
-        d, plan = plan_pre_copy(
-            self.planner,
-            block_tables,
-            num_computed,
-            num_scheduled,
-            num_accepted,
-            self.mamba_state_idx[slots],
-            fresh=fresh,
-            req_ids=req_ids,
-        )
-        self._execute(plan)
+        idx = self.mamba_state_idx[slots]
+        d = self._execute(PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, idx, fresh, req_ids))
         self.mamba_state_idx[slots] = d.curr
         return d
 
@@ -332,16 +324,19 @@ class VllmMambaStep:
         """The array form of :meth:`postprocess`: decide and copy; returns the decision (its
         ``num_accepted`` is the count for the next step). Host path only."""
         self._host_only("post_process")
-        d, plan = plan_post_process(
-            self.planner, block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids=req_ids
-        )
-        self._execute(plan)
-        return d
+        step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
+        return self._execute(step)
 
-    @staticmethod
-    def _execute(plan: CopyPlan) -> None:
-        """Runs a host step's plan (the host executor, GIL released; the guard checked first)."""
+    @overload
+    def _execute(self, step: PreCopyInputs) -> PreCopyDecision: ...
+    @overload
+    def _execute(self, step: PostProcessInputs) -> PostProcessDecision: ...
+    def _execute(self, step: PreCopyInputs | PostProcessInputs) -> PreCopyDecision | PostProcessDecision:
+        """Decides a host step and runs its plan (the host executor, GIL released; the guard
+        checked first)."""
+        d, plan = planned(self.planner, step)
         plan.execute()
+        return d
 
     def _host_only(self, what: str) -> None:
         if self.device_step is not None:
@@ -438,7 +433,7 @@ class VllmMambaStep:
             raise
         if self.device_step is None:
             host_acc[:n] = out
-        self._step = (tables, curr, c, ns, nd, req_ids, dev_tables)
+        self._step = (PostProcessInputs(tables, curr, c, ns, nd, None, req_ids), dev_tables)
         return out
 
     def postprocess(self, num_accepted: Any, *, stream: Any = None) -> Any:
@@ -457,13 +452,12 @@ class VllmMambaStep:
         """
         if self._step is None:
             raise PlanError("postprocess needs the step's preprocess first, and runs once per step")
-        tables, curr, c, ns, nd, req_ids, dev_tables = self._step
+        step, dev_tables = self._step
         if self.device_step is not None:
-            out = self.device_step.post_process(
-                tables, curr, c, ns, nd, num_accepted, req_ids=req_ids, stream=stream, device_tables=dev_tables
-            )
+            step = step._replace(num_accepted=num_accepted)
+            out = self.device_step.launch(step, stream=stream, device_tables=dev_tables)[1]
         else:
-            out = self.post_process(tables, curr, c, ns, nd, num_accepted, req_ids=req_ids).num_accepted
+            out = self.post_process(*step[:-2], num_accepted, req_ids=step.req_ids).num_accepted
         self._step = None  # the step's copies ran: a second postprocess would run them again
         return out
 

@@ -13,11 +13,9 @@ from .conv import compact_conv_window
 from .inputs import (
     ConvLayout,
     Counts,
-    check_device,
     check_out,
     check_records,
-    check_shape,
-    check_tensor,
+    check_window,
     compute_dtype,
     decay_view,
     raw_counts,
@@ -132,24 +130,8 @@ def sequential_decode(
     ``states[:, t]`` is the state after ``t`` tokens (``states[:, 0]`` is ``state``). ``state`` is
     not modified.
     """
-    check_tensor("state", state)
-    check_shape("state", state, ["B", "H", "V", "K"], [None] * 4)
-    B, H, V, K = state.shape
-    check_tensor("q_hat", q_hat)
-    Q = q_hat.shape[1] if q_hat.ndim == 4 else None
-    check_shape("q_hat", q_hat, ["B", "Q", "H", "K"], [B, Q, H, K])
-    check_shape("k_hat", check_tensor("k_hat", k_hat), ["B", "Q", "H", "K"], [B, Q, H, K])
-    check_shape("v", check_tensor("v", v), ["B", "Q", "H", "V"], [B, Q, H, V])
-    check_shape("beta", check_tensor("beta", beta), ["B", "Q", "H"], [B, Q, H])
-    check_tensor("gate", gate)
-    per_channel = gate.ndim == 4
-    if per_channel:
-        check_shape("gate", gate, ["B", "Q", "H", "K"], [B, Q, H, K])
-    else:
-        check_shape("gate", gate, ["B", "Q", "H"], [B, Q, H])
-    for name, x in (("q_hat", q_hat), ("k_hat", k_hat), ("v", v), ("gate", gate), ("beta", beta)):
-        check_device(name, x, state.device)
-    assert Q is not None
+    kind, _, _, _, _, Q = check_window(state, (q_hat, k_hat, v, gate, beta))
+    per_channel = kind == "kda"
 
     cdt = compute_dtype(state, q_hat, k_hat, v, gate, beta)
     S = state.to(cdt)

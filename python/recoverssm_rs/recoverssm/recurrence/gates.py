@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import inspect
+from collections.abc import Callable
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from ...errors import PlanError
 from .inputs import Kind, check_device, check_shape, check_tensor, compute_dtype
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 NORM_EPS: float = 1e-6
 """Epsilon inside the square root of the q/k L2 normalisation (vLLM's convention)."""
@@ -139,32 +144,22 @@ def prepare(
     return Prepared(q_hat, k_hat, gate, beta)
 
 
-def prepare_kda(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    raw_g: torch.Tensor,
-    raw_beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    *,
-    eps: float = NORM_EPS,
-) -> Prepared:
-    """:func:`prepare` for KDA: per-key-channel gate ``[..., H, K]``."""
-    return prepare("kda", q, k, raw_g, raw_beta, A_log, dt_bias, eps=eps)
+def _of_kind(fn: Callable[Concatenate[Kind, P], R], kind: Kind, doc: str) -> Callable[P, R]:
+    """``fn`` with its leading ``kind`` argument fixed: the rest of its signature is kept, for type
+    checkers and for :func:`inspect.signature`."""
+
+    def bound(*args: P.args, **kwargs: P.kwargs) -> R:
+        return fn(kind, *args, **kwargs)
+
+    sig = inspect.signature(fn)
+    bound.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])  # type: ignore[attr-defined]
+    bound.__name__ = bound.__qualname__ = f"{fn.__name__}_{kind}"
+    bound.__doc__ = doc
+    return bound
 
 
-def prepare_gdn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    raw_g: torch.Tensor,
-    raw_beta: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    *,
-    eps: float = NORM_EPS,
-) -> Prepared:
-    """:func:`prepare` for GDN: scalar gate per head ``[..., H]``."""
-    return prepare("gdn", q, k, raw_g, raw_beta, A_log, dt_bias, eps=eps)
+prepare_kda = _of_kind(prepare, "kda", ":func:`prepare` for KDA: per-key-channel gate ``[..., H, K]``.")
+prepare_gdn = _of_kind(prepare, "gdn", ":func:`prepare` for GDN: scalar gate per head ``[..., H]``.")
 
 
 def keygate_width(kind: Kind, head_k_dim: int) -> int:

@@ -39,6 +39,54 @@ def check_shape(name: str, t: torch.Tensor, names: Sequence[str], dims: Sequence
         raise PlanError(f"{name}: expected shape {fmt_shape(names, dims)}, got {list(shape)}")
 
 
+def check_state(name: str, state: object) -> tuple[int, int, int, int]:
+    """``(B, H, V, K)`` of a floating ``[B, H, V, K]`` state tensor (else :class:`PlanError`)."""
+    t = check_tensor(name, state)
+    check_shape(name, t, ["B", "H", "V", "K"], [None] * 4)
+    B, H, V, K = t.shape
+    return B, H, V, K
+
+
+def check_sized(name: str, t: object, names: Sequence[str], dims: Sequence[int | None]) -> int:
+    """The one size ``dims`` leaves open (``None``) of a floating tensor whose other sizes must be
+    ``dims`` (else :class:`PlanError`, naming the open size only when the rank is wrong)."""
+    x = check_tensor(name, t)
+    if x.ndim != len(dims):
+        check_shape(name, x, names, dims)
+    axis = list(dims).index(None)
+    size = int(x.shape[axis])
+    check_shape(name, x, names, [size if i == axis else d for i, d in enumerate(dims)])
+    return size
+
+
+def check_window(state: torch.Tensor, window: Sequence[torch.Tensor]) -> tuple[Kind, int, int, int, int, int]:
+    """Validate a window's inputs ``(q_hat, k_hat, v, gate, beta)`` against ``state`` ``[B, H, V,
+    K]`` (shapes and devices, as :func:`~recoverssm_rs.recoverssm.recurrence.verify` documents);
+    returns ``(kind, B, H, V, K, Q)``, the kind taken from the rank of ``gate``."""
+    q_hat, k_hat, v, gate, beta = window
+    B, H, V, K = check_state("state", state)
+    Q = check_sized("q_hat", q_hat, ["B", "Q", "H", "K"], [B, None, H, K])
+    check_shape("k_hat", check_tensor("k_hat", k_hat), ["B", "Q", "H", "K"], [B, Q, H, K])
+    check_shape("v", check_tensor("v", v), ["B", "Q", "H", "V"], [B, Q, H, V])
+    check_shape("beta", check_tensor("beta", beta), ["B", "Q", "H"], [B, Q, H])
+    check_tensor("gate", gate)
+    kind: Kind
+    if gate.ndim == 4:
+        kind = "kda"
+        check_shape("gate", gate, ["B", "Q", "H", "K"], [B, Q, H, K])
+    elif gate.ndim == 3:
+        kind = "gdn"
+        check_shape("gate", gate, ["B", "Q", "H"], [B, Q, H])
+    else:
+        raise PlanError(
+            f"gate: expected shape {fmt_shape(['B', 'Q', 'H', 'K'], [B, Q, H, K])} (KDA) or "
+            f"{fmt_shape(['B', 'Q', 'H'], [B, Q, H])} (GDN), got {list(gate.shape)}"
+        )
+    for name, x in zip(("q_hat", "k_hat", "v", "gate", "beta"), window, strict=True):
+        check_device(name, x, state.device)
+    return kind, B, H, V, K, Q
+
+
 def check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
     if t.device != device:
         raise PlanError(f"{name}: expected a tensor on {device}, got one on {t.device}")
@@ -103,18 +151,9 @@ def decay_view(decay: torch.Tensor, kind: Kind) -> torch.Tensor:
 
 def check_records(state: torch.Tensor, corrections: torch.Tensor, keygate: torch.Tensor) -> tuple[Kind, int]:
     """Validate ``state`` / records; return the kind (from the key+gate width) and ``Q``."""
-    check_tensor("state", state)
-    check_shape("state", state, ["B", "H", "V", "K"], [None] * 4)
-    B, H, V, K = state.shape
-    check_tensor("corrections", corrections)
-    if corrections.ndim != 4:
-        check_shape("corrections", corrections, ["B", "H", "Q", "V"], [B, H, None, V])
-    Q = corrections.shape[2]
-    check_shape("corrections", corrections, ["B", "H", "Q", "V"], [B, H, Q, V])
-    check_tensor("keygate", keygate)
-    if keygate.ndim != 4:
-        check_shape("keygate", keygate, ["B", "H", "Q", "2K|K+1"], [B, H, Q, None])
-    check_shape("keygate", keygate, ["B", "H", "Q", "2K|K+1"], [B, H, Q, keygate.shape[-1]])
+    B, H, V, K = check_state("state", state)
+    Q = check_sized("corrections", corrections, ["B", "H", "Q", "V"], [B, H, None, V])
+    check_sized("keygate", keygate, ["B", "H", "Q", "2K|K+1"], [B, H, Q, None])
     kind = infer_kind_from_width(keygate.shape[-1], K)
     if kind is None:
         raise PlanError(

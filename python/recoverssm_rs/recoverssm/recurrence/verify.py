@@ -9,13 +9,12 @@ from ...errors import PlanError
 from .gates import keygate_width
 from .inputs import (
     Counts,
-    Kind,
     check_device,
     check_shape,
     check_tensor,
+    check_window,
     compute_dtype,
     decay_view,
-    fmt_shape,
     window_counts,
 )
 
@@ -49,30 +48,7 @@ def verify(
 
     Returns the outputs ``[B, Q, H, V]`` in float32 (float64 when ``state`` is float64).
     """
-    check_tensor("state", state)
-    check_shape("state", state, ["B", "H", "V", "K"], [None] * 4)
-    B, H, V, K = state.shape
-    check_tensor("q_hat", q_hat)
-    if q_hat.ndim != 4:
-        check_shape("q_hat", q_hat, ["B", "Q", "H", "K"], [B, None, H, K])
-    Q = q_hat.shape[1]
-    check_shape("q_hat", q_hat, ["B", "Q", "H", "K"], [B, Q, H, K])
-    check_shape("k_hat", check_tensor("k_hat", k_hat), ["B", "Q", "H", "K"], [B, Q, H, K])
-    check_shape("v", check_tensor("v", v), ["B", "Q", "H", "V"], [B, Q, H, V])
-    check_shape("beta", check_tensor("beta", beta), ["B", "Q", "H"], [B, Q, H])
-    check_tensor("gate", gate)
-    kind: Kind
-    if gate.ndim == 4:
-        kind = "kda"
-        check_shape("gate", gate, ["B", "Q", "H", "K"], [B, Q, H, K])
-    elif gate.ndim == 3:
-        kind = "gdn"
-        check_shape("gate", gate, ["B", "Q", "H"], [B, Q, H])
-    else:
-        raise PlanError(
-            f"gate: expected shape {fmt_shape(['B', 'Q', 'H', 'K'], [B, Q, H, K])} (KDA) or "
-            f"{fmt_shape(['B', 'Q', 'H'], [B, Q, H])} (GDN), got {list(gate.shape)}"
-        )
+    kind, B, H, V, K, Q = check_window(state, (q_hat, k_hat, v, gate, beta))
     check_tensor("corrections_out", corrections_out)
     check_shape("corrections_out", corrections_out, ["B", "H", "Q", "V"], [B, H, Q, V])
     if corrections_out.dtype not in (torch.float32, torch.float64):
@@ -87,15 +63,7 @@ def verify(
         ["B", "H", "Q", "2K" if kind == "kda" else "K+1"],
         [B, H, Q, width],
     )
-    for name, x in (
-        ("q_hat", q_hat),
-        ("k_hat", k_hat),
-        ("v", v),
-        ("gate", gate),
-        ("beta", beta),
-        ("corrections_out", corrections_out),
-        ("keygate_out", keygate_out),
-    ):
+    for name, x in (("corrections_out", corrections_out), ("keygate_out", keygate_out)):
         check_device(name, x, state.device)
 
     cdt = compute_dtype(state)
