@@ -527,8 +527,8 @@ class Planner:
         **extra: Any,
     ) -> None:
         """One step launched with ``opts`` (a launch method's ``**opts: Unpack[LaunchOptions]``);
-        ``extra``: the core's keyword options of the step (``block_size``, ``pre_copy``). As
-        :meth:`_step`."""
+        ``extra``: the core's keyword options of the step (``block_size``, ``pre_copy``; a new one
+        is a field of the core's ``StepOptions``). As :meth:`_step`."""
         if opts.keys() - _LAUNCH_OPTIONS:
             raise TypeError(f"{what}() got an unexpected keyword argument {min(opts.keys() - _LAUNCH_OPTIONS)!r}")
         self._step(
