@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple, TypedDict, Unpack
+from typing import Any, Literal, NamedTuple, TypedDict
 
 import numpy as np
 
@@ -320,14 +320,17 @@ class Planner:
 
     # ---- device path ------------------------------------------------------------------------
 
-    def _device(self, what: str, first_step: dict[str, Any] | None = None) -> _DevicePath:
+    def _device(
+        self, what: str, first_step: tuple[Any, ...] | None = None, options: dict[str, Any] | None = None
+    ) -> _DevicePath:
         """The device path, made (table uploaded, error word allocated) on first use -- after the
-        core has checked ``first_step``'s inputs, so a bad first step touches nothing."""
+        core has checked ``first_step``'s inputs (the tensors in ``device_step`` order, with its
+        keyword ``options``), so a bad first step touches nothing."""
         index = cuda_index(self.device, what)
         dp = self._device_path
         if dp is None:
             if first_step is not None:
-                self.core.check_device_step(**first_step)
+                self.core.check_device_step(*first_step, **(options or {}))
             dp = self._device_path = _DevicePath(self.core, index)
         return dp
 
@@ -353,7 +356,10 @@ class Planner:
         dst_col: Any,
         num_accepted: Any,
         semantics: Semantics = "post_process",
-        **opts: Unpack[LaunchOptions],
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
     ) -> None:
         """One fused kernel launch moves ``dst_col <- src_col`` in every group at once (CUDA
         states; no host synchronisation), with the semantics of :meth:`plan`.
@@ -377,10 +383,19 @@ class Planner:
         """
         if semantics not in ("pre_copy", "post_process"):
             raise PlanError(f"semantics must be 'pre_copy' or 'post_process', got {semantics!r}")
-        self._launch("launch", opts, block_table, src_col, dst_col, num_accepted, pre_copy=semantics == "pre_copy")
+        extra = {"pre_copy": True} if semantics == "pre_copy" else None
+        self._step("launch", block_table, src_col, dst_col, num_accepted, stream, err, num_accepted_out, extra)
 
     def launch_align(
-        self, block_table: Any, src_col: Any, dst_col: Any, num_accepted: Any, **opts: Unpack[LaunchOptions]
+        self,
+        block_table: Any,
+        src_col: Any,
+        dst_col: Any,
+        num_accepted: Any,
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
     ) -> None:
         """Launch an align-mode step on the device: one fused kernel launch, no host synchronisation.
 
@@ -427,7 +442,7 @@ class Planner:
                 tensor on the states' device, has the wrong dtype or shape (the message names it).
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        self._launch("launch_align", opts, block_table, src_col, dst_col, num_accepted)
+        self._step("launch_align", block_table, src_col, dst_col, num_accepted, stream, err, num_accepted_out, None)
 
     def launch_align_decision(
         self,
@@ -436,7 +451,10 @@ class Planner:
         running: Any,
         num_accepted: Any,
         block_size: int,
-        **opts: Unpack[LaunchOptions],
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
     ) -> None:
         """Launch an align-mode step whose copy decision is taken on the device (vLLM's GPU path).
 
@@ -456,10 +474,28 @@ class Planner:
         Raises:
             PlanError: as :meth:`launch_align`, or ``block_size`` not an integer in ``1..2**31``.
         """
-        self._launch("launch_align_decision", opts, block_table, src_col, running, num_accepted, block_size=block_size)
+        self._step(
+            "launch_align_decision",
+            block_table,
+            src_col,
+            running,
+            num_accepted,
+            stream,
+            err,
+            num_accepted_out,
+            {"block_size": block_size},
+        )
 
     def launch_post_process(
-        self, block_table: Any, state_col: Any, running: Any, num_accepted: Any, **opts: Unpack[LaunchOptions]
+        self,
+        block_table: Any,
+        state_col: Any,
+        running: Any,
+        num_accepted: Any,
+        *,
+        stream: Any = None,
+        err: Any = None,
+        num_accepted_out: Any = None,
     ) -> None:
         """vLLM's post-process decided and applied on the device for every group, in one launch
         (:meth:`launch_align_decision` with this planner's ``block_size``): ``state_col`` is this
@@ -468,8 +504,16 @@ class Planner:
         the next step (1 after an in-place shift)."""
         if self.block_size is None:
             raise PlanError("launch_post_process needs the planner's block_size (Planner(..., block_size=...))")
-        self._launch(
-            "launch_post_process", opts, block_table, state_col, running, num_accepted, block_size=self.block_size
+        self._step(
+            "launch_post_process",
+            block_table,
+            state_col,
+            running,
+            num_accepted,
+            stream,
+            err,
+            num_accepted_out,
+            {"block_size": self.block_size},
         )
 
     def _launch(
@@ -482,31 +526,65 @@ class Planner:
         num_accepted: Any,
         **extra: Any,
     ) -> None:
-        """Checks and packs one step in the core (one call) and launches it on ``opts["stream"]``;
-        int64 or strided inputs that passed the checks are first narrowed on the device."""
+        """One step launched with ``opts`` (a launch method's ``**opts: Unpack[LaunchOptions]``);
+        ``extra``: the core's keyword options of the step (``block_size``, ``pre_copy``; a new one
+        is a field of the core's ``StepOptions``). As :meth:`_step`."""
         if opts.keys() - _LAUNCH_OPTIONS:
             raise TypeError(f"{what}() got an unexpected keyword argument {min(opts.keys() - _LAUNCH_OPTIONS)!r}")
-        step = dict(block_table=block_table, src_col=src_col, second=second, num_accepted=num_accepted, **extra)
-        step["err"] = opts.get("err")
-        step["num_accepted_out"] = opts.get("num_accepted_out")
-        dp = self._device_path or self._device(what, step)
-        kl, n, narrow = self.core.device_step(**step)
-        ts = ops.cuda_ops.torch_stream(opts.get("stream"), dp.index)
-        with ops.cuda_ops.context(dp.index, ts):
+        self._step(
+            what,
+            block_table,
+            src_col,
+            second,
+            num_accepted,
+            opts.get("stream"),
+            opts.get("err"),
+            opts.get("num_accepted_out"),
+            extra,
+        )
+
+    def _step(
+        self,
+        what: str,
+        block_table: Any,
+        src_col: Any,
+        second: Any,
+        num_accepted: Any,
+        stream: Any,
+        err: Any,
+        num_accepted_out: Any,
+        extra: dict[str, Any] | None,
+    ) -> None:
+        """Checks and packs one step in the core (one call: the tensors positionally, ``extra`` the
+        core's keyword options) and launches it on ``stream``; int64 or strided inputs that passed
+        the checks are first narrowed on the device."""
+        core = self.core
+        dp = self._device_path
+        if dp is None:
+            dp = self._device(what, (block_table, src_col, second, num_accepted, err, num_accepted_out), extra)
+        if extra:
+            kl, n, narrow = core.device_step(block_table, src_col, second, num_accepted, err, num_accepted_out, **extra)
+        else:
+            kl, n, narrow = core.device_step(block_table, src_col, second, num_accepted, err, num_accepted_out)
+        cuda = ops.cuda_ops
+        ts = cuda.torch_stream(stream, dp.index)
+        with cuda.context(dp.index, ts):
             if narrow:
-                torch = ops.cuda_ops.torch()
-                bt = step["block_table"]
-                if bt.dim() == 2 and bt.shape[0] > n and bt.dtype != torch.int32:
-                    step["block_table"] = bt[:n]  # only the rows this step reads of a wide table
-                for k in ("block_table", "src_col", "second", "num_accepted"):
-                    step[k] = _as_int32(torch, step[k])
-                kl, n, _ = self.core.device_step(**step)
-            if step.get("err") is None:
+                torch = cuda.torch()
+                if block_table.dim() == 2 and block_table.shape[0] > n and block_table.dtype != torch.int32:
+                    block_table = block_table[:n]  # only the rows this step reads of a wide table
+                block_table, src_col, second, num_accepted = (
+                    _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted)
+                )
+                kl, n, _ = core.device_step(
+                    block_table, src_col, second, num_accepted, err, num_accepted_out, **(extra or {})
+                )
+            if err is None:
                 dp.err.zero_()
                 dp.err_requests = n
             if kl is not None:
                 module.launch(kl, dp.index, ts)
-        self.core.mark_written()
+        core.mark_written()
 
     def last_error(self) -> ErrorWord:
         """The planner's error word after its last launch without ``err``: which error kinds the

@@ -13,6 +13,7 @@ use crate::error::Error;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
 
 struct Entry {
     obj: Py<PyAny>,
@@ -29,8 +30,9 @@ struct Entry {
 /// Bound tensors and storages with the addresses (and storage sizes) they were bound at.
 pub(crate) struct Guard {
     entries: Vec<Entry>,
-    /// The torch tensors (bases of views) whose version counters a write bumps.
-    roots: Vec<Py<PyAny>>,
+    /// The torch tensors (bases of views) whose version counters a write bumps (a tuple, made
+    /// once: each write passes it as is).
+    roots: Option<Py<PyTuple>>,
 }
 
 /// The data address an array interface (`__array_interface__` or `__cuda_array_interface__`) gives.
@@ -103,6 +105,7 @@ impl Guard {
         }
         // Storages first: a freed storage is reported as such, not as the tensor it left empty.
         storages.extend(entries);
+        let roots = if roots.is_empty() { None } else { Some(PyTuple::new(py, roots)?.unbind()) };
         Ok(Guard { entries: storages, roots })
     }
 
@@ -132,14 +135,13 @@ impl Guard {
 
     /// Bumps autograd's version counters of the bound torch tensors (after a write).
     pub(crate) fn mark_written(&self, py: Python<'_>) -> PyResult<()> {
-        if self.roots.is_empty() {
+        let Some(roots) = &self.roots else {
             return Ok(());
-        }
+        };
         static INCREMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let f = INCREMENT
             .get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(py.import("torch.autograd.graph")?.getattr("increment_version")?.unbind()) })?;
-        let roots: Vec<&Py<PyAny>> = self.roots.iter().collect();
-        f.bind(py).call1((roots,))?;
+        f.bind(py).call1((roots.bind(py),))?;
         Ok(())
     }
 

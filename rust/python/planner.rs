@@ -146,7 +146,54 @@ kwargs! {
     }
 }
 
+kwargs! {
+    /// A device step's options beside its tensors (`Planner.device_step`'s keywords).
+    pub(crate) struct StepOptions (Plan) {
+        block_size: Option<i64>,
+        pre_copy: bool = false,
+    }
+}
+
+/// The arguments `Planner.device_step` takes positionally, in order (the first four required).
+const STEP_POSITIONAL: [&str; 6] = ["block_table", "src_col", "second", "num_accepted", "err", "num_accepted_out"];
+
 impl DeviceStepArgs {
+    /// A step given as `(*args, **kwargs)`: every argument by keyword (no `args`), or the tensors
+    /// positionally in [`STEP_POSITIONAL`] order (the launch path: no dictionary to build) and the
+    /// options ([`StepOptions`]) by keyword.
+    fn from_call(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let kind = ErrorKind::Plan;
+        let n = args.len();
+        if n == 0 {
+            return Self::from_kwargs(kwargs);
+        }
+        if !(4..=STEP_POSITIONAL.len()).contains(&n) {
+            return Err(arg_error(
+                kind,
+                format!("give the step's tensors ({}) positionally or all by keyword, got {n} positional", STEP_POSITIONAL.join(", ")),
+            ));
+        }
+        let opts = StepOptions::from_kwargs(kwargs)?;
+        let arg = |i: usize| args.get_item(i);
+        let optional = |i: usize| -> PyResult<Option<Tensor>> {
+            if i < n {
+                Option::<Tensor>::arg(&arg(i)?, STEP_POSITIONAL[i], kind)
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(DeviceStepArgs {
+            block_table: Tensor::arg(&arg(0)?, STEP_POSITIONAL[0], kind)?,
+            src_col: Tensor::arg(&arg(1)?, STEP_POSITIONAL[1], kind)?,
+            second: Tensor::arg(&arg(2)?, STEP_POSITIONAL[2], kind)?,
+            num_accepted: Tensor::arg(&arg(3)?, STEP_POSITIONAL[3], kind)?,
+            err: optional(4)?,
+            block_size: opts.block_size,
+            pre_copy: opts.pre_copy,
+            num_accepted_out: optional(5)?,
+        })
+    }
+
     pub(crate) fn inputs(&self) -> StepInputs<'_> {
         StepInputs {
             block_table: &self.block_table.0,
@@ -308,10 +355,10 @@ impl Planner {
     }
 
     /// Checks a device step whose inputs may be int32 or int64 (before anything is bound or
-    /// narrowed); returns the number of requests.
-    #[pyo3(signature = (**kwargs))]
-    fn check_device_step(&self, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<u64> {
-        let a = DeviceStepArgs::from_kwargs(kwargs)?;
+    /// narrowed); returns the number of requests. Arguments as [`device_step`].
+    #[pyo3(signature = (*args, **kwargs))]
+    fn check_device_step(&self, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<u64> {
+        let a = DeviceStepArgs::from_call(args, kwargs)?;
         Ok(kernels::check_step(self.inner.device(), &a.inputs(), self.inner.num_groups() as u32, StepCheck::BeforeNarrowing)?.requests)
     }
 
@@ -319,9 +366,18 @@ impl Planner {
     /// the launch is ready (`None`: nothing to launch); with `narrow` true every input passed the
     /// checks but some must first be narrowed to int32 or made contiguous on the device (then call
     /// again with the converted tensors). The guard is checked first.
-    #[pyo3(signature = (**kwargs))]
-    fn device_step(&self, py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
-        let a = DeviceStepArgs::from_kwargs(kwargs)?;
+    ///
+    /// Arguments: `block_table`, `src_col`, `second` (`dst_col`, or `running` with a
+    /// `block_size`), `num_accepted`, optionally `err` and `num_accepted_out` -- positionally in
+    /// this order, with the options `block_size` and `pre_copy` by keyword; or all by keyword.
+    #[pyo3(signature = (*args, **kwargs))]
+    fn device_step(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
+        let a = DeviceStepArgs::from_call(args, kwargs)?;
         self.guard.check(py)?;
         let fused = self.fused()?;
         let inputs = a.inputs();

@@ -5,7 +5,7 @@ use crate::tensor::TensorDesc;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 /// What an object turned out to be.
 pub(crate) enum Described {
@@ -62,34 +62,104 @@ fn strided(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     STRIDED.get_or_try_init(py, || Ok::<_, PyErr>(py.import("torch")?.getattr("strided")?.unbind())).map(|s| s.bind(py))
 }
 
+/// torch's tensor, dtype and device types, once a torch tensor has been described (torch is never
+/// imported for a numpy array).
+struct TorchTypes {
+    tensor: Py<PyAny>,
+    dtype: Py<PyAny>,
+    device: Py<PyAny>,
+}
+
+static TORCH: PyOnceLock<TorchTypes> = PyOnceLock::new();
+
+/// Remembers torch's types once torch is imported.
+fn note_torch(py: Python<'_>) {
+    if TORCH.get(py).is_some() {
+        return;
+    }
+    let found = || -> PyResult<TorchTypes> {
+        let torch = py.import("sys")?.getattr("modules")?.get_item("torch")?;
+        Ok(TorchTypes {
+            tensor: torch.getattr("Tensor")?.unbind(),
+            dtype: torch.getattr("dtype")?.unbind(),
+            device: torch.getattr("device")?.unbind(),
+        })
+    };
+    if let Ok(t) = found() {
+        let _ = TORCH.set(py, t);
+    }
+}
+
+/// The spellings of the dtypes and devices launches describe again and again (`str(dtype)`,
+/// `str(device)`), keyed by the object (a dtype is a singleton; devices compare equal): a handful of
+/// entries per process.
+static SPELLED: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+
+/// `str(obj)`; remembered when `obj` is a torch dtype or device.
+fn spelled(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    let py = obj.py();
+    let ty = obj.get_type();
+    let torch_kind = TORCH.get(py).is_some_and(|t| ty.is(t.dtype.bind(py)) || ty.is(t.device.bind(py)));
+    if !torch_kind {
+        return Ok(obj.str()?.to_string());
+    }
+    let cache = SPELLED.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
+    if let Some(s) = cache.get_item(obj)? {
+        return s.extract();
+    }
+    let s = obj.str()?;
+    cache.set_item(obj, &s)?;
+    Ok(s.to_string())
+}
+
+/// The integers of a tuple (`torch.Size`, `stride()`), read as a tuple; any other sequence through
+/// the generic conversion.
+fn ints(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    match obj.cast::<PyTuple>() {
+        Ok(t) => t.iter().map(|x| x.extract()).collect(),
+        Err(_) => obj.extract(),
+    }
+}
+
+/// Describes a torch tensor (an object with `data_ptr` and `element_size`).
+fn describe_torch(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
+    let py = obj.py();
+    // A dense (strided) tensor only.
+    if let Ok(layout) = obj.getattr(intern!(py, "layout")) {
+        if !layout.is(strided(py)?) {
+            let layout = layout.str()?.to_string();
+            return Ok(Described::Dense(format!("a {layout} tensor cannot be used: tensors must be dense (torch.strided)")));
+        }
+    }
+    let strides = ints(&obj.call_method0(intern!(py, "stride"))?)?;
+    let es: i64 = obj.call_method0(intern!(py, "element_size"))?.extract()?;
+    let dtype = spelled(&obj.getattr(intern!(py, "dtype"))?)?;
+    // Only a floating or complex tensor can require grad.
+    let requires_grad = !dtype.starts_with("torch.int")
+        && !dtype.starts_with("torch.uint")
+        && dtype != "torch.bool"
+        && obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false);
+    Ok(Described::Tensor(TensorDesc {
+        data_ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract()?,
+        dtype,
+        shape: ints(&obj.getattr(intern!(py, "shape"))?)?,
+        strides: strides.into_iter().map(|s| s * es).collect(),
+        device: spelled(&obj.getattr(intern!(py, "device"))?)?,
+        writable: true,
+        requires_grad,
+    }))
+}
+
 /// Describes `obj`; reads attributes only, never its memory.
 pub(crate) fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
     let py = obj.py();
+    // An object of exactly torch's tensor type is a tensor without asking for its attributes.
+    if TORCH.get(py).is_some_and(|t| obj.get_type().is(t.tensor.bind(py))) {
+        return describe_torch(obj);
+    }
     if obj.hasattr(intern!(py, "data_ptr"))? && obj.hasattr(intern!(py, "element_size"))? {
-        // A torch tensor: a dense (strided) one.
-        if let Ok(layout) = obj.getattr(intern!(py, "layout")) {
-            if !layout.is(strided(py)?) {
-                let layout = layout.str()?.to_string();
-                return Ok(Described::Dense(format!("a {layout} tensor cannot be used: tensors must be dense (torch.strided)")));
-            }
-        }
-        let strides: Vec<i64> = obj.call_method0(intern!(py, "stride"))?.extract()?;
-        let es: i64 = obj.call_method0(intern!(py, "element_size"))?.extract()?;
-        let dtype = obj.getattr(intern!(py, "dtype"))?.str()?.to_string();
-        // Only a floating or complex tensor can require grad.
-        let requires_grad = !dtype.starts_with("torch.int")
-            && !dtype.starts_with("torch.uint")
-            && dtype != "torch.bool"
-            && obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false);
-        return Ok(Described::Tensor(TensorDesc {
-            data_ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract()?,
-            dtype,
-            shape: obj.getattr(intern!(py, "shape"))?.extract()?,
-            strides: strides.into_iter().map(|s| s * es).collect(),
-            device: obj.getattr(intern!(py, "device"))?.str()?.to_string(),
-            writable: true,
-            requires_grad,
-        }));
+        note_torch(py);
+        return describe_torch(obj);
     }
     if let Ok(iface) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
         let device = match obj.getattr(intern!(py, "device")).and_then(|d| d.getattr(intern!(py, "id"))) {
