@@ -66,28 +66,45 @@ class PostProcessDecision(NamedTuple):
 
 
 class PreCopyInputs(NamedTuple):
-    """A pre-copy's per-request inputs (see :func:`align_pre_copy`), under the core's keywords."""
+    """A pre-copy's per-request inputs (``[R]`` vectors, one entry per request), under the core's
+    keywords: what :func:`align_pre_copy`, :func:`plan` and
+    :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>` take."""
 
     tables: Sequence[Any]
+    """One ``[>= R, cols]`` integer block table per group (null block 0)."""
     num_computed: Any
+    """Tokens computed before this step."""
     num_scheduled: Any
+    """Tokens scheduled this step, drafts included."""
     num_accepted: Any
+    """Tokens accepted by the previous step (bonus included)."""
     mamba_state_idx: Any
+    """The stored running column (vLLM's ``mamba_state_idx``), ``-1`` where none is stored."""
     fresh: Any = None
+    """Optional mask of rows new or resumed this step."""
     req_ids: Sequence[Any] | None = None
+    """Optional request names for error messages."""
 
 
 class PostProcessInputs(NamedTuple):
-    """A post-process's per-request inputs (see :func:`align_post_process`), under the core's
-    keywords."""
+    """A post-process's per-request inputs (``[R]`` vectors), under the core's keywords: what
+    :func:`align_post_process`, :func:`plan` and
+    :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>` take."""
 
     tables: Sequence[Any]
+    """One ``[>= R, cols]`` integer block table per group (null block 0)."""
     state_col: Any
+    """This step's running column (the pre-copy's ``curr``)."""
     num_computed: Any
+    """Tokens computed before this step."""
     num_scheduled: Any
+    """Tokens scheduled this step, drafts included."""
     num_draft: Any
+    """Draft tokens scheduled this step."""
     num_accepted: Any
+    """Tokens accepted this step (bonus included)."""
     req_ids: Sequence[Any] | None = None
+    """Optional request names for error messages."""
 
 
 D = TypeVar("D", PreCopyDecision, PostProcessDecision)
