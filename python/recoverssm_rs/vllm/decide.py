@@ -28,7 +28,6 @@ __all__ = [
     "align_pre_copy",
     "align_post_process",
     "plan",
-    "fields",
 ]
 
 
