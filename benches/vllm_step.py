@@ -11,7 +11,7 @@ skipped likewise. Every request moves its state every step (the worst case).
 Device path (the adapter bound to CUDA states; measured without a GPU through the device path's
 seam: the states are host tensors that claim to be on ``cuda:0``, the staging copy is a host copy
 and the driver launch is not made): host time of the pre-copy half, from the runner's objects
-(``preprocess``) and in array form (``DeviceStep.pre_copy``: the core's column decision, the int32
+(``preprocess``) and in array form (``DeviceStep.launch`` of a ``PreCopyInputs``: the core's column decision, the int32
 staging, the launch build; no per-request Python), and of the post-process half in array form.
 
     .venv/bin/python benches/vllm_step.py [--requests 1 64 256 1024] [--groups 1 3] [--layers 48]
@@ -35,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.cuda import ops as cuda_ops  # noqa: E402
+from recoverssm_rs.planner import CopyPlan  # noqa: E402
 from recoverssm_rs.vllm import VllmMambaStep  # noqa: E402
+from recoverssm_rs.vllm.decide import PostProcessInputs, PreCopyInputs  # noqa: E402
 from support import vllm_oracle  # noqa: E402
 from support.device_fakes import FakeCuda, FakeOps  # noqa: E402
 
@@ -120,7 +122,7 @@ def time_adapter(kvc, fc, ib, requests, so, ids, reps):
         kvc, fc, {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}, max_num_reqs=len(ids), conv_layout="SD"
     )
     planned = []
-    VllmMambaStep._execute = staticmethod(lambda plan: planned.append(len(plan)))  # type: ignore[method-assign]
+    CopyPlan.execute = lambda plan: planned.append(len(plan))  # type: ignore[method-assign,assignment,misc]  # not run: counted
     times = []
     for _ in range(reps):
         step.release(ids)
@@ -169,9 +171,9 @@ def time_device(kvc, fc, ib, requests, so, ids, reps):
         t0 = time.perf_counter()
         step.preprocess(so, ib, requests, num_accepted=acc)
         t1 = time.perf_counter()
-        curr, _ = dev.pre_copy(tables, c, ns_, run, acc)
+        curr, _ = dev.launch(PreCopyInputs(tables, c, ns_, acc, run))
         t2 = time.perf_counter()
-        dev.post_process(tables, curr, c, ns_, nd, acc_post)
+        dev.launch(PostProcessInputs(tables, curr, c, ns_, nd, acc_post))
         t3 = time.perf_counter()
         pre.append(t1 - t0)
         arr.append(t2 - t1)
@@ -195,7 +197,7 @@ def main() -> None:
     )
     print(
         "host path: vLLM's preprocess + staging against the adapter's preprocess (decision + plan); device path "
-        "(us): preprocess from the runner's objects, pre_copy / post_process in array form, launches per half-step"
+        "(us): preprocess from the runner's objects, DeviceStep.launch of each half-step's inputs, launches per half-step"
     )
     print(
         f"{'requests':>8} {'groups':>6} {'copies':>8} {'vLLM ms':>10} {'adapter ms':>11} {'ratio':>8} "

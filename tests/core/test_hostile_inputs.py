@@ -10,7 +10,13 @@ torch = pytest.importorskip("torch")
 
 import recoverssm_rs as rs  # noqa: E402
 from recoverssm_rs import layouts  # noqa: E402
-from recoverssm_rs.vllm import VllmMambaStep, align_post_process, align_pre_copy  # noqa: E402
+from recoverssm_rs.vllm import (  # noqa: E402
+    PostProcessInputs,
+    PreCopyInputs,
+    VllmMambaStep,
+    align_post_process,
+    align_pre_copy,
+)
 
 LAYOUT = rs.Layout(
     "X",
@@ -83,7 +89,7 @@ DECIDE = {
 @pytest.mark.parametrize("arg", list(DECIDE))
 def test_vllm_decisions_refuse_floats(arg):
     kw = {**DECIDE, arg: DECIDE[arg] + 0.5}
-    _refused(lambda: align_pre_copy([TABLE], **kw, block_size=4, num_spec_blocks=2), arg)
+    _refused(lambda: align_pre_copy(PreCopyInputs([TABLE], **kw), block_size=4, num_spec_blocks=2), arg)
     post = {
         "state_col": np.array([2, 1]),
         "num_computed": DECIDE["num_computed"],
@@ -93,8 +99,8 @@ def test_vllm_decisions_refuse_floats(arg):
     }
     name = arg if arg in post else "state_col"
     post[name] = post[name] + 0.5
-    _refused(lambda: align_post_process([TABLE], **post, block_size=4, num_spec_blocks=2), name)
-    _refused(lambda: align_pre_copy([TABLE], **DECIDE, block_size=4.0, num_spec_blocks=2), "block_size")
+    _refused(lambda: align_post_process(PostProcessInputs([TABLE], **post), block_size=4, num_spec_blocks=2), name)
+    _refused(lambda: align_pre_copy(PreCopyInputs([TABLE], **DECIDE), block_size=4.0, num_spec_blocks=2), "block_size")
 
 
 def test_the_vllm_step_refuses_floats_on_the_host_path():

@@ -18,11 +18,14 @@ torch = pytest.importorskip("torch")
 import recoverssm_rs as rs  # noqa: E402
 from recoverssm_rs import layouts  # noqa: E402
 from recoverssm_rs.vllm import (  # noqa: E402
+    PostProcessInputs,
+    PreCopyInputs,
     VllmMambaStep,
     align_post_process,
     align_pre_copy,
     copy_kind,
     mamba_groups,
+    plan,
 )
 from support.vllm_trace import GroupCfg, Side, Sim  # noqa: E402
 
@@ -220,9 +223,11 @@ ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
     ("copy_kind", lambda t, **k: copy_kind(**k), dict(func="conv")),
     (
         "align_pre_copy",
-        lambda t, **k: align_pre_copy(**k),
+        lambda t, block_size, num_spec_blocks, **k: align_pre_copy(
+            PreCopyInputs(**k), block_size=block_size, num_spec_blocks=num_spec_blocks
+        ),
         dict(
-            block_tables=[TABLE],
+            tables=[TABLE],
             num_computed=V([0, 0]),
             num_scheduled=V([4, 4]),
             num_accepted=V([1, 1]),
@@ -233,9 +238,11 @@ ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
     ),
     (
         "align_post_process",
-        lambda t, **k: align_post_process(**k),
+        lambda t, block_size, num_spec_blocks, **k: align_post_process(
+            PostProcessInputs(**k), block_size=block_size, num_spec_blocks=num_spec_blocks
+        ),
         dict(
-            block_tables=[TABLE],
+            tables=[TABLE],
             state_col=V([0, 0]),
             num_computed=V([0, 0]),
             num_scheduled=V([4, 4]),
@@ -268,6 +275,18 @@ def test_every_argument_refuses_the_wrong_kind(name, call, good, arg):
         except Exception as e:  # noqa: BLE001 - the point of the test
             foreign.append(f"{arg}={label}: {type(e).__name__}: {e}")
     assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)
+
+
+@pytest.mark.parametrize("label", list(HOSTILE))
+def test_a_step_that_is_not_a_half_steps_inputs_is_refused(label):
+    planner = rs.Planner(LAYOUT, _states(), block_size=4)
+    for call in (
+        lambda s: align_pre_copy(s, block_size=4, num_spec_blocks=2),
+        lambda s: align_post_process(s, block_size=4, num_spec_blocks=2),
+        lambda s: plan(planner, s),
+    ):
+        with pytest.raises(rs.PlanError, match="^step: "):
+            call(HOSTILE[label])
 
 
 def test_wrong_kinds_are_named():

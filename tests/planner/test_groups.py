@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from recoverssm_rs import Layout, PlanError, Planner, StateSpec
 from recoverssm_rs.errors import BindingError
-from recoverssm_rs.vllm.decide import align_post_process, align_pre_copy, plan_pre_copy
+from recoverssm_rs.vllm.decide import PostProcessInputs, PreCopyInputs, align_post_process, align_pre_copy, plan
 
 NB = 40
 
@@ -45,13 +45,14 @@ def _reference(states, bt, src, dst, acc, semantics):
 
 def test_decisions_are_vllms_formulas():
     bt = np.arange(1, 5 * 8 + 1, dtype=np.int64).reshape(5, 8)
-    d = align_pre_copy(
-        [bt], [0, 8, 10, 12, 12], [5, 4, 3, 2, 1], [1, 1, 3, 2, 2], [-1, -1, 2, 3, 4], block_size=4, num_spec_blocks=2
-    )
+    step = PreCopyInputs([bt], [0, 8, 10, 12, 12], [5, 4, 3, 2, 1], [1, 1, 3, 2, 2], [-1, -1, 2, 3, 4])
+    d = align_pre_copy(step, block_size=4, num_spec_blocks=2)
     assert d.curr.tolist() == [1, 2, 3, 3, 3]
     assert d.src_col.tolist() == [-1, 1, 2, -1, 4]
     assert d.num_accepted.tolist() == [1, 1, 1, 2, 1]
-    p = align_post_process([bt], [1, 2], [5, 6], [3, 3], [2, 2], [3, 2], block_size=4, num_spec_blocks=2)
+    p = align_post_process(
+        PostProcessInputs([bt], [1, 2], [5, 6], [3, 3], [2, 2], [3, 2]), block_size=4, num_spec_blocks=2
+    )
     assert p.dest.tolist() == [1, 1] and p.bias.tolist() == [2, 1]
     assert p.src_col.tolist() == [1, 2] and p.num_accepted.tolist() == [1, 2]
 
@@ -60,9 +61,9 @@ def test_errors_name_the_request():
     bt = np.arange(1, 9, dtype=np.int64).reshape(1, 8)
     bt[0, 1] = 0
     with pytest.raises(PlanError, match=r"request req-7 \(row 0\): prefix-cache hit of 8 computed tokens"):
-        align_pre_copy([bt], [8], [4], [1], [-1], block_size=4, num_spec_blocks=2, req_ids=["req-7"])
+        align_pre_copy(PreCopyInputs([bt], [8], [4], [1], [-1], req_ids=["req-7"]), block_size=4, num_spec_blocks=2)
     with pytest.raises(PlanError, match="stale"):
-        align_pre_copy([bt], [0], [4], [1], [5], block_size=4, num_spec_blocks=2, fresh=[1])
+        align_pre_copy(PreCopyInputs([bt], [0], [4], [1], [5], fresh=[1]), block_size=4, num_spec_blocks=2)
 
 
 @pytest.mark.parametrize("semantics", ["pre_copy", "post_process"])
@@ -100,9 +101,9 @@ def test_pre_copy_call_runs_the_decision_and_its_copies():
     before = [[t.copy() for t in layer] for layer in ga]
     mp = Planner.from_groups([(la, ga)], block_size=4)
     bt = np.arange(1, 2 * 8 + 1, dtype=np.int64).reshape(2, 8)
-    d, plan = plan_pre_copy(mp, [bt], [10, 4], [3, 1], [3, 1], [2, 1])
+    d, copies = plan(mp, PreCopyInputs([bt], [10, 4], [3, 1], [3, 1], [2, 1]))
     assert d.src_col.tolist() == [2, -1] and d.curr.tolist() == [3, 1]
-    plan.execute()
+    copies.execute()
     ref = _reference(before, bt, d.src_col, d.curr, d.bias + 1, "pre_copy")
     for lg, lr in zip(ga, ref):
         for t, r in zip(lg, lr):

@@ -16,7 +16,13 @@ torch = pytest.importorskip("torch")
 
 from recoverssm_rs import Planner  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
-from recoverssm_rs.vllm.decide import align_post_process, align_pre_copy, plan_post_process, plan_pre_copy  # noqa: E402
+from recoverssm_rs.vllm.decide import (  # noqa: E402
+    PostProcessInputs,
+    PreCopyInputs,
+    align_post_process,
+    align_pre_copy,
+    plan,
+)
 from support.device_fakes import FakeCuda, random_states  # noqa: E402
 from support.generators import NSPEC, group_layouts  # noqa: E402
 
@@ -70,8 +76,8 @@ def test_pre_copy_and_post_process_on_the_device_equal_the_host(fake_ops, emulat
     table = FakeCuda(torch.from_numpy(np.stack(tables).astype(np.int32)))
 
     # Pre-copy: the host decides the columns; the device applies the counts and resets them.
-    d, plan = plan_pre_copy(host, tables, c, n, a, run)
-    plan.execute()
+    d, copies = plan(host, PreCopyInputs(tables, c, n, a, run))
+    copies.execute()
     assert (d.src_col >= 0).any(), "the batch moves some state"
     out = fake(np.full(r, -7))
     dev.launch(table, fake(d.src_col), fake(d.curr), fake(a, torch.int64), "pre_copy", num_accepted_out=out)
@@ -82,8 +88,8 @@ def test_pre_copy_and_post_process_on_the_device_equal_the_host(fake_ops, emulat
     # Post-process: the device decides from running, the state column and the accepted counts.
     nd = np.minimum(rng.integers(0, NSPEC + 1, r), n - 1)
     acc = 1 + rng.integers(0, nd + 1)
-    p, plan = plan_post_process(host, tables, d.curr, c, n, nd, acc)
-    plan.execute()
+    p, copies = plan(host, PostProcessInputs(tables, d.curr, c, n, nd, acc))
+    copies.execute()
     out = fake(np.full(r, -7))
     dev.launch_post_process(table, fake(d.curr), fake(c + n - nd), fake(acc), num_accepted_out=out)
     assert dev.last_error().ok
@@ -108,7 +114,7 @@ def test_the_counts_over_many_rows(fake_ops, emulator):
         run = np.where(c == 0, -1, np.clip(run, -1, (c + n - 1) // bs + 1))
         states = [random_states(lay, nb, 1, rng) for lay in lays]
         dev = Planner.from_groups([(lays[0], [[FakeCuda(t) for t in layer] for layer in states[0]])], block_size=bs)
-        d = align_pre_copy(tables, c, n, a, run, block_size=bs, num_spec_blocks=NSPEC)
+        d = align_pre_copy(PreCopyInputs(tables, c, n, a, run), block_size=bs, num_spec_blocks=NSPEC)
         out = fake(np.zeros(r))
         dev.launch(
             FakeCuda(torch.from_numpy(tables[0].astype(np.int32))),
@@ -121,7 +127,7 @@ def test_the_counts_over_many_rows(fake_ops, emulator):
         assert out.t.tolist() == d.num_accepted.tolist()
         nd = np.minimum(rng.integers(0, NSPEC + 1, r), n - 1)
         acc = 1 + rng.integers(0, nd + 1)
-        p = align_post_process(tables, d.curr, c, n, nd, acc, block_size=bs, num_spec_blocks=NSPEC)
+        p = align_post_process(PostProcessInputs(tables, d.curr, c, n, nd, acc), block_size=bs, num_spec_blocks=NSPEC)
         dev.launch_post_process(
             FakeCuda(torch.from_numpy(tables[0].astype(np.int32))),
             fake(d.curr),
@@ -168,11 +174,11 @@ def test_the_step_error_word_covers_both_halves(fake_ops, emulator):
     )
     step = DeviceStep(dev, 4)
     c, n, run = np.array([4, 4]), np.array([4, 4]), np.array([0, 1])  # request 0 moves 0 -> 1; request 1 stays
-    curr, counts = step.pre_copy(tables, c, n, run, fake([0, 2]))  # a count of 0 for the moving request
+    curr, counts = step.launch(PreCopyInputs(tables, c, n, fake([0, 2]), run))  # a count of 0 for the moving request
     word = step.last_error()
     assert not word.ok and "accepted" in str(word) and counts.t.tolist() == [0, 2]
     assert_same(states, before)  # the rejected move wrote nothing; request 1 does not move
-    step.post_process(tables, curr, c, n, np.zeros(2, np.int64), fake([1, 1]))
+    step.launch(PostProcessInputs(tables, curr, c, n, np.zeros(2, np.int64), fake([1, 1])))
     assert not step.last_error().ok, "the post-process must not erase the pre-copy's report"
-    step.pre_copy(tables, c, n, run, fake([1, 1]))
+    step.launch(PreCopyInputs(tables, c, n, fake([1, 1]), run))
     assert step.last_error().ok

@@ -1,5 +1,5 @@
 """The V1 device step's static buffers and its device-side remap of last step's counts: over a
-random trace of batch reorders (rows kept, moved, new), ``DeviceStep.pre_copy(prev_rows=...)``
+random trace of batch reorders (rows kept, moved, new), ``DeviceStep.launch(PreCopyInputs(...), prev_rows=...)``
 equals the same step given the counts remapped on the host (every state byte, every count, the
 error word), and no step after the first allocates a device buffer or uploads anything."""
 
@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from recoverssm_rs import Planner  # noqa: E402
 from recoverssm_rs.errors import PlanError  # noqa: E402
+from recoverssm_rs.vllm.decide import PostProcessInputs, PreCopyInputs  # noqa: E402
 from recoverssm_rs.vllm.device_step import DeviceStep  # noqa: E402
 from support.device_fakes import FakeCuda, random_states  # noqa: E402
 from support.generators import NSPEC, group_layouts  # noqa: E402
@@ -74,16 +75,17 @@ def test_remap_on_the_device_equals_the_host_remap_over_reorders(fake_ops, emula
             (c > 0) & (rng.random(r) < 0.8), np.clip((c + n - 1) // bs + rng.integers(-2, 2, r), 0, None), -1
         )
         index = torch.int64 if step % 2 else torch.int32
-        curr, got = remapped.pre_copy(tables, c, n, run, prev_rows=fake(prev_rows, index))
-        curr_h, want = given.pre_copy(tables, c, n, run, fake(host_remap(prev, prev_rows)))
+        curr, got = remapped.launch(PreCopyInputs(tables, c, n, None, run), prev_rows=fake(prev_rows, index))
+        curr_h, want = given.launch(PreCopyInputs(tables, c, n, fake(host_remap(prev, prev_rows)), run))
         # The counts the kernel read are last step's, remapped to this step's rows.
         assert remapped._out.t[2 * MAX_REQS : 2 * MAX_REQS + r].tolist() == host_remap(prev, prev_rows)
         assert curr.tolist() == curr_h.tolist() and got.t.tolist() == want.t.tolist()
         assert remapped.last_error() == given.last_error() and same_states(states, twin), f"step {step}"
         nd = np.minimum(rng.integers(0, NSPEC + 1, r), n - 1)
         acc = fake(1 + rng.integers(0, nd + 1))
-        out = remapped.post_process(tables, curr, c, n, nd, acc)
-        assert out.t.tolist() == given.post_process(tables, curr, c, n, nd, acc).t.tolist()
+        post = PostProcessInputs(tables, curr, c, n, nd, acc)
+        _, out = remapped.launch(post)
+        assert out.t.tolist() == given.launch(post)[1].t.tolist()
         assert remapped.last_error() == given.last_error() and same_states(states, twin), f"step {step}"
         ok += remapped.last_error().ok
         prev = out.t.tolist()
@@ -100,18 +102,18 @@ def test_prev_rows_checks(fake_ops, recorder):
     nb = COLS + 2
     step = DeviceStep(planner(lays, [random_states(lays[0], nb, 1, rng)], 4), 4)
     table = [np.arange(1, COLS + 1, dtype=np.int64)[None, :]]
-    args = (table, np.array([4]), np.array([1]), np.array([0]))
-    for kw, msg in [
-        (dict(num_accepted=fake([1]), prev_rows=fake([0])), "not both"),
-        (dict(prev_rows=fake([0.0], torch.float32)), "prev_rows: expected an int32 or int64 tensor"),
-        (dict(prev_rows=fake(np.zeros(0, np.int64))), "1 at least"),
-        (dict(prev_rows=FakeCuda(torch.zeros(1, dtype=torch.int32), 1)), "prev_rows is on cuda:1"),
+    args = PreCopyInputs(table, np.array([4]), np.array([1]), None, np.array([0]))
+    for given, prev_rows, msg in [
+        (fake([1]), fake([0]), "not both"),
+        (None, fake([0.0], torch.float32), "prev_rows: expected an int32 or int64 tensor"),
+        (None, fake(np.zeros(0, np.int64)), "1 at least"),
+        (None, FakeCuda(torch.zeros(1, dtype=torch.int32), 1), "prev_rows is on cuda:1"),
     ]:
         with pytest.raises(PlanError, match=msg):
-            step.pre_copy(*args, **kw)
+            step.launch(args._replace(num_accepted=given), prev_rows=prev_rows)
     assert not recorder.calls, "nothing is launched on a refused step"
     # No post-process yet: every row is new and reads 1.
-    step.pre_copy(*args, prev_rows=fake([3]))
+    step.launch(args, prev_rows=fake([3]))
     assert step._out.t[8:9].tolist() == [1] and len(recorder.calls) == 1
 
 

@@ -59,8 +59,7 @@ def test_a_step_never_synchronises():
         return run
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(DeviceStep, "pre_copy", strict(DeviceStep.pre_copy))
-        mp.setattr(DeviceStep, "post_process", strict(DeviceStep.post_process))
+        mp.setattr(DeviceStep, "launch", strict(DeviceStep.launch))
         vllm_trace.run_trace(
             None, [G("GDN_ATTN", 1)], block_size=4, nsb=2, conv_layout="SD", seed=5, steps=8, device=CUDA
         )

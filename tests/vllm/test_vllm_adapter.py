@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from recoverssm_rs import LayoutError, PlanError  # noqa: E402
-from recoverssm_rs.vllm import VllmMambaStep, copy_kind, mamba_groups  # noqa: E402
+from recoverssm_rs.vllm import PostProcessInputs, PreCopyInputs, VllmMambaStep, copy_kind, mamba_groups  # noqa: E402
 from support.vllm_trace import GroupCfg, Req, Side, Sim, scheduler_output  # noqa: E402
 
 
@@ -139,35 +139,36 @@ def test_the_device_path_checks_on_the_host_before_queueing(fake_ops, recorder):
     with pytest.raises(PlanError, match="runs the host path, but the states are on cuda:0"):
         step.pre_copy(tables, [0, 1], one, one, one)
     with pytest.raises(PlanError, match="group 1: tables is on cuda:0; host plans read host inputs"):
-        dev.pre_copy([tables[0], FakeCuda(torch.from_numpy(tables[1]))], one, one, [-1, -1], one)
+        dev.launch(PreCopyInputs([tables[0], FakeCuda(torch.from_numpy(tables[1]))], one, one, one, [-1, -1]))
     with pytest.raises(PlanError, match="request 1: num_scheduled = 0"):
-        dev.pre_copy(tables, one, np.array([1, 0]), [-1, -1], one)
+        dev.launch(PreCopyInputs(tables, one, np.array([1, 0]), one, [-1, -1]))
     with pytest.raises(PlanError, match="stale column"):
-        dev.pre_copy(tables, [0, 0], one, [-1, 3], one, fresh=[0, 1])
+        dev.launch(PreCopyInputs(tables, [0, 0], one, one, [-1, 3], fresh=[0, 1]))
     with pytest.raises(PlanError, match="request 1: num_accepted = 4294967296 is outside 1..=3"):
-        dev.pre_copy(tables, one, one, [-1, -1], np.array([1, 1 << 32]))  # host counts: every host check
+        dev.launch(PreCopyInputs(tables, one, one, np.array([1, 1 << 32]), [-1, -1]))  # host counts: every host check
     with pytest.raises(PlanError, match=r"request 0: num_accepted = 2 is outside 1..=1 \(1 \+ num_draft = 0\)"):
-        dev.post_process(tables, [0, 0], one, one, [0, 0], np.array([2, 1]))
+        dev.launch(PostProcessInputs(tables, [0, 0], one, one, [0, 0], np.array([2, 1])))
     with pytest.raises(PlanError, match=r"request 0: group 0's block table, column 1: block id = 4294967296"):
-        dev.pre_copy([np.array([[1, 1 << 32, 5, 6], [3, 4, 7, 8]])] * 2, [0, 0], one, [-1, -1], one)
+        dev.launch(PreCopyInputs([np.array([[1, 1 << 32, 5, 6], [3, 4, 7, 8]])] * 2, [0, 0], one, one, [-1, -1]))
     wide = FakeCuda(torch.ones((2, 9), dtype=torch.int32))
     with pytest.raises(PlanError, match=r"group 1's device block table is \[.., 9\] int32, group 0's \[.., 8\]"):
-        dev.pre_copy(
-            tables, one, one, [-1, -1], one, device_tables=[FakeCuda(torch.ones((2, 8), dtype=torch.int32)), wide]
+        dev.launch(
+            PreCopyInputs(tables, one, one, one, [-1, -1]),
+            device_tables=[FakeCuda(torch.ones((2, 8), dtype=torch.int32)), wide],
         )
     with pytest.raises(PlanError, match="1 device block tables for 2 recurrent groups"):
-        dev.pre_copy(tables, one, one, [-1, -1], one, device_tables=[wide])
+        dev.launch(PreCopyInputs(tables, one, one, one, [-1, -1]), device_tables=[wide])
     with pytest.raises(PlanError, match="5 requests in the step, more than max_num_reqs = 4"):
-        dev.pre_copy([np.ones((5, 8), np.int64)] * 2, np.ones(5), np.ones(5), -np.ones(5), np.ones(5))
+        dev.launch(PreCopyInputs([np.ones((5, 8), np.int64)] * 2, np.ones(5), np.ones(5), np.ones(5), -np.ones(5)))
     assert not recorder.calls and fake_ops.staged == 0
     # A valid step: one launch, the counts as a device vector of the step's rows.
-    curr, counts = dev.pre_copy(tables, one, one, [-1, -1], FakeCuda(torch.ones(2, dtype=torch.int32)))
+    curr, counts = dev.launch(PreCopyInputs(tables, one, one, FakeCuda(torch.ones(2, dtype=torch.int32)), [-1, -1]))
     assert curr.tolist() == [0, 0] and isinstance(counts, FakeCuda) and tuple(counts.shape) == (2,)
     assert len(recorder.calls) == 1 and fake_ops.staged == 1
     assert recorder.calls[0]["table"] == [t.tolist() for t in tables[0]]  # the staged host table
     # With the engine's device tables, only the vectors are staged and the kernel reads the stack.
     dt = [FakeCuda(torch.from_numpy(t.astype(np.int32) + 100)) for t in tables]
-    dev.pre_copy(tables, one, one, [-1, -1], one, device_tables=dt)
+    dev.launch(PreCopyInputs(tables, one, one, one, [-1, -1]), device_tables=dt)
     assert recorder.calls[1]["table"] == [(t + 100).tolist() for t in tables[0]]
     assert dev.last_error().ok
 

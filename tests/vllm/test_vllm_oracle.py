@@ -116,12 +116,12 @@ def test_traces_cover_the_features(oracle):
 def test_the_oracle_catches_a_wrong_adapter(oracle, monkeypatch):
     """With the post-process copies dropped, the first trace step that saves a state differs."""
     from recoverssm_rs import vllm as adapter
-    from recoverssm_rs.vllm.decide import plan_post_process
+    from recoverssm_rs.vllm.decide import PostProcessInputs, plan
 
     real = adapter.VllmMambaStep.post_process
 
     def no_copies(self, *a, **k):
-        d, _plan = plan_post_process(self.planner, *a, **k)
+        d, _copies = plan(self.planner, PostProcessInputs(*a, **k))
         return d
 
     monkeypatch.setattr(adapter.VllmMambaStep, "post_process", no_copies)
@@ -135,7 +135,7 @@ def test_pre_copy_decisions_equal_vllms_over_random_rows(oracle, monkeypatch):
     align_pre_copy agree on every row of random batches: new rows, prefix hits, stored columns
     before, at and after the new running column, any accepted count."""
     import numpy as np
-    from recoverssm_rs.vllm.decide import align_pre_copy
+    from recoverssm_rs.vllm.decide import PreCopyInputs, align_pre_copy
 
     rng = np.random.default_rng(5)
     for bs, nsb in [(4, 2), (1, 0), (16, 3), (3, 1)]:
@@ -167,7 +167,7 @@ def test_pre_copy_decisions_equal_vllms_over_random_rows(oracle, monkeypatch):
             [types_ns(rid=i) for i in ids], {i: (int(x), 0) for i, x in zip(ids, n)}, set(), set(), set()
         )
         vllm.pre(so)
-        d = align_pre_copy([bt], c, n, a, stored, block_size=bs, num_spec_blocks=nsb)
+        d = align_pre_copy(PreCopyInputs([bt], c, n, a, stored), block_size=bs, num_spec_blocks=nsb)
         assert [vllm.mamba_state_idx[i] for i in ids] == d.curr.tolist()
         assert side.input_batch.num_accepted_tokens_cpu[:r].tolist() == d.num_accepted.tolist()
         if ctx is not None:

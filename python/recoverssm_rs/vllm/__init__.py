@@ -6,7 +6,7 @@ decisions (:mod:`.decide`).
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
 
-from .decide import align_post_process, align_pre_copy, plan_post_process, plan_pre_copy
+from .decide import PostProcessInputs, PreCopyInputs, align_post_process, align_pre_copy, plan
 from .device_step import DeviceStep
 from .model_state import ModelStateV2, RecoverSSMCommit
 from .step import VllmMambaStep, copy_kind, mamba_groups
@@ -20,6 +20,7 @@ __all__ = [
     "copy_kind",
     "align_pre_copy",
     "align_post_process",
-    "plan_pre_copy",
-    "plan_post_process",
+    "plan",
+    "PreCopyInputs",
+    "PostProcessInputs",
 ]

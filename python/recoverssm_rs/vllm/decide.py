@@ -1,10 +1,10 @@
 """vLLM's align-mode step decisions, computed by the compiled core with its consistency checks:
 :func:`align_pre_copy` (vLLM's ``preprocess_mamba``) and :func:`align_post_process` (its
 ``postprocess_mamba_fused_kernel``), vectorised over requests and taken once for every recurrent
-group; each returns int64 arrays, one entry per request. :func:`plan_pre_copy` and
-:func:`plan_post_process` take the same decisions and plan their copies over every group of a
-:class:`~recoverssm_rs.Planner`, in one call into the core. Inside the package a half-step's
-per-request vectors travel as one :class:`PreCopyInputs` / :class:`PostProcessInputs`.
+group; each returns int64 arrays, one entry per request. :func:`plan` takes either decision and
+plans its copies over every group of a :class:`~recoverssm_rs.Planner`, in one call into the core.
+A half-step's per-request vectors are one :class:`PreCopyInputs` / :class:`PostProcessInputs`,
+which every one of them takes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 import numpy as np
 
 from .. import _core
+from ..errors import PlanError, _reading
 
 if TYPE_CHECKING:
     from ..planner import CopyPlan, Planner
@@ -26,8 +27,7 @@ __all__ = [
     "PostProcessInputs",
     "align_pre_copy",
     "align_post_process",
-    "plan_pre_copy",
-    "plan_post_process",
+    "plan",
 ]
 
 
@@ -65,28 +65,45 @@ class PostProcessDecision(NamedTuple):
 
 
 class PreCopyInputs(NamedTuple):
-    """A pre-copy's per-request inputs (see :func:`align_pre_copy`), under the core's keywords."""
+    """A pre-copy's per-request inputs (``[R]`` vectors, one entry per request), under the core's
+    keywords: what :func:`align_pre_copy`, :func:`plan` and
+    :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>` take."""
 
     tables: Sequence[Any]
+    """One ``[>= R, cols]`` integer block table per group (null block 0)."""
     num_computed: Any
+    """Tokens computed before this step."""
     num_scheduled: Any
+    """Tokens scheduled this step, drafts included."""
     num_accepted: Any
+    """Tokens accepted by the previous step (bonus included)."""
     mamba_state_idx: Any
+    """The stored running column (vLLM's ``mamba_state_idx``), ``-1`` where none is stored."""
     fresh: Any = None
+    """Optional mask of rows new or resumed this step."""
     req_ids: Sequence[Any] | None = None
+    """Optional request names for error messages."""
 
 
 class PostProcessInputs(NamedTuple):
-    """A post-process's per-request inputs (see :func:`align_post_process`), under the core's
-    keywords."""
+    """A post-process's per-request inputs (``[R]`` vectors), under the core's keywords: what
+    :func:`align_post_process`, :func:`plan` and
+    :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>` take."""
 
     tables: Sequence[Any]
+    """One ``[>= R, cols]`` integer block table per group (null block 0)."""
     state_col: Any
+    """This step's running column (the pre-copy's ``curr``)."""
     num_computed: Any
+    """Tokens computed before this step."""
     num_scheduled: Any
+    """Tokens scheduled this step, drafts included."""
     num_draft: Any
+    """Draft tokens scheduled this step."""
     num_accepted: Any
+    """Tokens accepted this step (bonus included)."""
     req_ids: Sequence[Any] | None = None
+    """Optional request names for error messages."""
 
 
 D = TypeVar("D", PreCopyDecision, PostProcessDecision)
@@ -98,34 +115,32 @@ def decision(raw: Any, cls: type[D]) -> D:
     return cls(*rows)
 
 
+def fields(step: PreCopyInputs | PostProcessInputs) -> dict[str, Any]:
+    """``step``'s vectors under the core's keywords; anything but a half-step's inputs is a
+    :class:`~recoverssm_rs.PlanError` naming ``step``."""
+    with _reading("step", PlanError):
+        return step._asdict()
+
+
 @overload
-def planned(planner: Planner, step: PreCopyInputs) -> tuple[PreCopyDecision, CopyPlan]: ...
+def plan(planner: Planner, step: PreCopyInputs) -> tuple[PreCopyDecision, CopyPlan]: ...
 @overload
-def planned(planner: Planner, step: PostProcessInputs) -> tuple[PostProcessDecision, CopyPlan]: ...
-def planned(planner: Planner, step: PreCopyInputs | PostProcessInputs) -> tuple[Any, CopyPlan]:
-    """The decision for ``step`` and its copies over every group of ``planner`` (pre-copy or
-    post-process semantics, by the kind of ``step``), in one call into the core."""
+def plan(planner: Planner, step: PostProcessInputs) -> tuple[PostProcessDecision, CopyPlan]: ...
+def plan(planner: Planner, step: PreCopyInputs | PostProcessInputs) -> tuple[Any, CopyPlan]:
+    """The decision for ``step`` (:func:`align_pre_copy` or :func:`align_post_process`, by the kind
+    of ``step``, with ``planner``'s ``block_size`` and ``num_spec``) and its copies over every group
+    of ``planner`` (pre-copy or post-process semantics), in one call into the core; run them with
+    :meth:`CopyPlan.execute <recoverssm_rs.CopyPlan.execute>`."""
     from ..planner import CopyPlan
 
     if isinstance(step, PreCopyInputs):
-        raw, plan = _core.vllm_pre_copy(planner.core, **step._asdict())
-        return decision(raw, PreCopyDecision), CopyPlan(plan, planner)
-    raw, plan = _core.vllm_post_process(planner.core, **step._asdict())
-    return decision(raw, PostProcessDecision), CopyPlan(plan, planner)
+        raw, copies = _core.vllm_pre_copy(planner.core, **fields(step))
+        return decision(raw, PreCopyDecision), CopyPlan(copies, planner)
+    raw, copies = _core.vllm_post_process(planner.core, **fields(step))
+    return decision(raw, PostProcessDecision), CopyPlan(copies, planner)
 
 
-def align_pre_copy(
-    block_tables: Sequence[Any],
-    num_computed: Any,
-    num_scheduled: Any,
-    num_accepted: Any,
-    mamba_state_idx: Any,
-    *,
-    block_size: int,
-    num_spec_blocks: int,
-    fresh: Any = None,
-    req_ids: Sequence[Any] | None = None,
-) -> PreCopyDecision:
+def align_pre_copy(step: PreCopyInputs, *, block_size: int, num_spec_blocks: int) -> PreCopyDecision:
     """vLLM's align-mode pre-copy decision, without copies.
 
     Per request: ``prev`` = ``mamba_state_idx`` (the stored running column), or
@@ -135,11 +150,11 @@ def align_pre_copy(
     ``num_accepted`` resets to 1.
 
     Args:
-        block_tables: one ``[>= R, cols]`` block table per group (null block 0).
-        num_computed, num_scheduled (drafts included), num_accepted, mamba_state_idx: ``[R]``
-            integer host arrays.
-        fresh: optional ``[R]`` mask of rows new or resumed this step.
-        req_ids: optional names for error messages.
+        step: the half-step's vectors: ``tables``, one ``[>= R, cols]`` block table per group (null
+            block 0); ``num_computed``, ``num_scheduled`` (drafts included), ``num_accepted``,
+            ``mamba_state_idx``: ``[R]`` integer host arrays; ``fresh``: optional ``[R]`` mask of
+            rows new or resumed this step; ``req_ids``: optional names for error messages.
+        block_size, num_spec_blocks: vLLM's mamba spec.
 
     Raises:
         PlanError: naming the request: an input that is not an integer array, inconsistent lengths
@@ -147,23 +162,11 @@ def align_pre_copy(
             recurrent column holds no state, a window or source column outside a group's row or on
             the null block.
     """
-    step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids)
-    raw = _core.align_pre_copy(**step._asdict(), block_size=block_size, num_spec_blocks=num_spec_blocks)
+    raw = _core.align_pre_copy(**fields(step), block_size=block_size, num_spec_blocks=num_spec_blocks)
     return decision(raw, PreCopyDecision)
 
 
-def align_post_process(
-    block_tables: Sequence[Any],
-    state_col: Any,
-    num_computed: Any,
-    num_scheduled: Any,
-    num_draft: Any,
-    num_accepted: Any,
-    *,
-    block_size: int,
-    num_spec_blocks: int,
-    req_ids: Sequence[Any] | None = None,
-) -> PostProcessDecision:
+def align_post_process(step: PostProcessInputs, *, block_size: int, num_spec_blocks: int) -> PostProcessDecision:
     """vLLM's align-mode post-process decision, without copies.
 
     Per request: ``running = computed + scheduled - drafts``, ``new = running + accepted - 1``,
@@ -175,40 +178,5 @@ def align_post_process(
         PlanError: naming the request: ``state_col`` not this step's running column, drafts or
             accepted counts out of range, a saved state's columns outside a row or null.
     """
-    step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
-    raw = _core.align_post_process(**step._asdict(), block_size=block_size, num_spec_blocks=num_spec_blocks)
+    raw = _core.align_post_process(**fields(step), block_size=block_size, num_spec_blocks=num_spec_blocks)
     return decision(raw, PostProcessDecision)
-
-
-def plan_pre_copy(
-    planner: Planner,
-    block_tables: Sequence[Any],
-    num_computed: Any,
-    num_scheduled: Any,
-    num_accepted: Any,
-    mamba_state_idx: Any,
-    *,
-    fresh: Any = None,
-    req_ids: Sequence[Any] | None = None,
-) -> tuple[PreCopyDecision, CopyPlan]:
-    """:func:`align_pre_copy` with ``planner``'s ``block_size`` and ``num_spec``, and its copies
-    over every group of ``planner`` (pre-copy semantics), in one call; run them with
-    :meth:`CopyPlan.execute <recoverssm_rs.CopyPlan.execute>`."""
-    step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids)
-    return planned(planner, step)
-
-
-def plan_post_process(
-    planner: Planner,
-    block_tables: Sequence[Any],
-    state_col: Any,
-    num_computed: Any,
-    num_scheduled: Any,
-    num_draft: Any,
-    num_accepted: Any,
-    *,
-    req_ids: Sequence[Any] | None = None,
-) -> tuple[PostProcessDecision, CopyPlan]:
-    """:func:`align_post_process` and its copies (post-process semantics), as :func:`plan_pre_copy`."""
-    step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
-    return planned(planner, step)

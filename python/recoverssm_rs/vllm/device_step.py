@@ -40,7 +40,7 @@ from ..cuda import module, ops
 from ..cuda.ops import cuda_index
 from ..errors import PlanError, _reading
 from ..plan_format import records
-from .decide import PostProcessInputs, PreCopyInputs
+from .decide import PostProcessInputs, PreCopyInputs, fields
 
 if TYPE_CHECKING:
     from ..planner import Planner
@@ -134,19 +134,52 @@ class DeviceStep:
         device_tables: Sequence[Any] | None = None,
         prev_rows: Any = None,
     ) -> tuple[np.ndarray, Any]:
-        """One half of the step, given as its inputs (:meth:`pre_copy` for a
-        :class:`~recoverssm_rs.vllm.decide.PreCopyInputs`, :meth:`post_process` for a
-        :class:`~recoverssm_rs.vllm.decide.PostProcessInputs`; the arguments as theirs): the core
-        decides, stages and packs (one call); then, on ``stream``, the staged step is copied to the
-        device and the kernel launched. Returns the core's vector (``curr`` of a pre-copy) and the
-        half's ``[R]`` int32 CUDA counts."""
+        """One half of vLLM's step for every group in one launch: the pre-copy for a
+        :class:`~recoverssm_rs.vllm.decide.PreCopyInputs`, the post-process (decided on the device)
+        for a :class:`~recoverssm_rs.vllm.decide.PostProcessInputs`. The core decides what needs no
+        count, stages and packs (one call); then, on ``stream``, the staged step is copied to the
+        device and the kernel launched.
+
+        Args:
+            step: the half-step's vectors. ``tables``: one host ``[>= R, cols]`` table per group
+                (the host checks run on them); the other vectors host ``[R]`` (as
+                :func:`~recoverssm_rs.vllm.decide.align_pre_copy` /
+                :func:`~recoverssm_rs.vllm.decide.align_post_process`; a post-process's
+                ``state_col`` is the ``curr`` of its pre-copy), except ``num_accepted``: a CUDA
+                tensor (read only by the kernel, which checks ``1 <= a <= 1 + num_spec_blocks``)
+                or a host array (staged with the step, after every host check of the ``align_*``
+                function); a pre-copy's is the previous step's counts, ``None`` with
+                ``prev_rows``; a post-process's the tokens accepted this step (bonus included).
+            stream: a torch or CuPy stream; ``None``: the current torch stream.
+            device_tables: the same tables already on the device (one CUDA ``[>= R, cols]`` per
+                group, e.g. vLLM's ``block_table[g].get_device_tensor(R)``): stacked on the device
+                instead of staging the host tables (for wide tables). They must hold what the host
+                tables hold; the kernel still checks every block id and column it reads.
+            prev_rows: a pre-copy's alternative to ``num_accepted``: a CUDA int32 / int64
+                ``[>= R]`` vector, each row's row in the previous step (``-1``, or any index
+                outside the previous step's rows, for a row new to the batch, which reads 1): the
+                counts of this object's last post-process are remapped to this step's rows on the
+                device (into a buffer of this object), so the runner need not follow its batch
+                reorders.
+
+        Returns:
+            ``(vector, counts)``: the core's vector (a pre-copy's ``curr``, the new running columns
+            as host int64: vLLM's ``mamba_state_idx``, store them per request) and the ``[R]``
+            int32 CUDA counts (a pre-copy's after the reset, for the forward pass; a
+            post-process's for the next step, 1 where the running state was shifted in place).
+
+        Raises:
+            PlanError: naming the request, before anything is queued.
+        """
         pre = isinstance(step, PreCopyInputs)
         first = "num_computed" if pre else "state_col"  # the vector that gives the requests
-        rows = _rows(getattr(step, first), first)
-        kwargs = step._asdict() | {"num_accepted": _int32_counts(step.num_accepted)}
+        kwargs = fields(step)
+        rows = _rows(kwargs[first], first)
+        given = kwargs["num_accepted"] is not None
+        kwargs["num_accepted"] = _int32_counts(kwargs["num_accepted"])
         out, err = self._buffers()
         counts = out[:rows] if pre else out[self.max_num_reqs : self.max_num_reqs + rows]
-        staging, table = self._stage(step.tables, rows, device_tables)
+        staging, table = self._stage(kwargs["tables"], rows, device_tables)
         cuda = ops.cuda_ops
         ts = cuda.torch_stream(stream, self.index)
         if prev_rows is not None:
@@ -154,7 +187,7 @@ class DeviceStep:
                 device=self.planner.device,
                 prev_rows=prev_rows,
                 rows=rows,
-                num_accepted_given=step.num_accepted is not None,
+                num_accepted_given=given,
             )
             kwargs["num_accepted"] = out[2 * self.max_num_reqs : 2 * self.max_num_reqs + rows]
         half = _core.vllm_device_pre_copy if pre else _core.vllm_device_post_process
@@ -177,89 +210,8 @@ class DeviceStep:
             self._post_rows = rows
         return records(vector, np.int64), counts
 
-    def pre_copy(
-        self,
-        block_tables: Sequence[Any],
-        num_computed: Any,
-        num_scheduled: Any,
-        mamba_state_idx: Any,
-        num_accepted: Any = None,
-        *,
-        prev_rows: Any = None,
-        fresh: Any = None,
-        req_ids: Sequence[Any] | None = None,
-        stream: Any = None,
-        device_tables: Sequence[Any] | None = None,
-    ) -> tuple[np.ndarray, Any]:
-        """vLLM's pre-copy for every group in one launch.
-
-        Args:
-            block_tables: one host ``[>= R, cols]`` table per group (the host checks run on them).
-            num_computed, num_scheduled, mamba_state_idx: host ``[R]`` vectors (as
-                :func:`~recoverssm_rs.vllm.decide.align_pre_copy`).
-            num_accepted: ``[R]`` counts of the previous step: a CUDA tensor (read only by the
-                kernel, which checks them) or a host array (staged with the step, after every host
-                check of :func:`~recoverssm_rs.vllm.decide.align_pre_copy`). ``None`` with
-                ``prev_rows``.
-            prev_rows: instead of ``num_accepted``, a CUDA int32 / int64 ``[>= R]`` vector: each
-                row's row in the previous step (``-1``, or any index outside the previous step's
-                rows, for a row new to the batch, which reads 1): the counts of this object's last
-                :meth:`post_process` are remapped to this step's rows on the device (into a buffer
-                of this object), so the runner need not follow its batch reorders.
-            fresh, req_ids: as :func:`~recoverssm_rs.vllm.decide.align_pre_copy`.
-            stream: a torch or CuPy stream; ``None``: the current torch stream.
-            device_tables: the same tables already on the device (one CUDA ``[>= R, cols]`` per
-                group, e.g. vLLM's ``block_table[g].get_device_tensor(R)``): stacked on the device
-                instead of staging the host tables (for wide tables). They must hold what the host
-                tables hold; the kernel still checks every block id and column it reads.
-
-        Returns:
-            ``(curr, counts)``: the new running columns (host int64; vLLM's ``mamba_state_idx``,
-            store them per request) and the ``[R]`` int32 CUDA counts after the reset, for the
-            forward pass.
-
-        Raises:
-            PlanError: naming the request, before anything is queued.
-        """
-        step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids)
-        return self.launch(step, stream=stream, device_tables=device_tables, prev_rows=prev_rows)
-
-    def post_process(
-        self,
-        block_tables: Sequence[Any],
-        state_col: Any,
-        num_computed: Any,
-        num_scheduled: Any,
-        num_draft: Any,
-        num_accepted: Any,
-        *,
-        req_ids: Sequence[Any] | None = None,
-        stream: Any = None,
-        device_tables: Sequence[Any] | None = None,
-    ) -> Any:
-        """vLLM's post-process for every group in one launch, decided on the device.
-
-        Args:
-            block_tables: the step's host tables.
-            state_col: the ``curr`` :meth:`pre_copy` returned; num_computed, num_scheduled,
-                num_draft: host ``[R]`` vectors of the same step.
-            num_accepted: ``[R]`` tokens accepted this step (bonus included): a CUDA tensor (the
-                sampler's; the kernel checks ``1 <= a <= 1 + num_spec_blocks``) or a host array
-                (every check of :func:`~recoverssm_rs.vllm.decide.align_post_process` runs).
-            req_ids, stream, device_tables: as :meth:`pre_copy`.
-
-        Returns:
-            The ``[R]`` int32 CUDA counts for the next step (1 where the running state was shifted
-            in place).
-
-        Raises:
-            PlanError: naming the request, before anything is queued.
-        """
-        step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
-        return self.launch(step, stream=stream, device_tables=device_tables)[1]
-
     def last_error(self) -> ErrorWord:
-        """The error word of the current step (both halves since the last :meth:`pre_copy`):
+        """The error word of the current step (both halves since the last pre-copy :meth:`launch`):
         which error kinds the kernel saw and the first / last rejected request. A step with an
         error must not be continued: a rejected request was skipped (nothing of it written) while
         its counts followed the decision. **Synchronises** the device (for checks, not the loop)."""

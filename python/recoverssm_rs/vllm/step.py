@@ -42,7 +42,7 @@ from .._core import Layout, StateSpec, VllmSlots
 from ..contract import copy_func_name, validate_copy_funcs
 from ..errors import BindingError, LayoutError, PlanError, _reading
 from ..planner import Planner
-from .decide import PostProcessDecision, PostProcessInputs, PreCopyDecision, PreCopyInputs, planned
+from .decide import PostProcessDecision, PostProcessInputs, PreCopyDecision, PreCopyInputs, plan
 from .device_step import DeviceStep
 
 __all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
@@ -302,7 +302,7 @@ class VllmMambaStep:
         """The array form of :meth:`preprocess`: decide, copy every group's states, store the new
         running columns at ``slots``; returns the decision (its ``num_accepted`` is the reset
         count for the step). Host path only (the device path's array form is
-        :meth:`DeviceStep.pre_copy <recoverssm_rs.vllm.device_step.DeviceStep.pre_copy>`)."""
+        :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>`)."""
         self._host_only("pre_copy")
         slots = np.asarray(self._slots_table.check(slots, req_ids), dtype=np.int64)
         idx = self.mamba_state_idx[slots]
@@ -334,15 +334,15 @@ class VllmMambaStep:
     def _execute(self, step: PreCopyInputs | PostProcessInputs) -> PreCopyDecision | PostProcessDecision:
         """Decides a host step and runs its plan (the host executor, GIL released; the guard
         checked first)."""
-        d, plan = planned(self.planner, step)
-        plan.execute()
+        d, copies = plan(self.planner, step)
+        copies.execute()
         return d
 
     def _host_only(self, what: str) -> None:
         if self.device_step is not None:
             raise PlanError(
                 f"{what} runs the host path, but the states are on {self.planner.device}: use "
-                "preprocess / postprocess, or device_step.pre_copy / post_process"
+                "preprocess / postprocess, or device_step.launch"
             )
 
     def preprocess(
@@ -366,7 +366,7 @@ class VllmMambaStep:
             prev_rows: device path, instead of ``num_accepted``: each batch row's row in the
                 previous step (a CUDA int32 / int64 vector, ``-1`` for a row new to the batch):
                 the last :meth:`postprocess` counts are remapped to this step's rows on the device
-                (:meth:`~recoverssm_rs.vllm.device_step.DeviceStep.pre_copy`).
+                (:meth:`~recoverssm_rs.vllm.device_step.DeviceStep.launch`).
             stream: the device path's stream (``None``: the current torch stream).
 
         Returns:
@@ -409,17 +409,8 @@ class VllmMambaStep:
         try:
             slots = self._slots(req_ids, added)
             if self.device_step is not None:
-                curr, out = self.device_step.pre_copy(
-                    tables,
-                    c,
-                    ns,
-                    self.mamba_state_idx[slots],
-                    acc,
-                    prev_rows=prev_rows,
-                    req_ids=req_ids,
-                    stream=stream,
-                    device_tables=dev_tables,
-                )
+                step = PreCopyInputs(tables, c, ns, acc, self.mamba_state_idx[slots], req_ids=req_ids)
+                curr, out = self.device_step.launch(step, stream=stream, device_tables=dev_tables, prev_rows=prev_rows)
                 self.mamba_state_idx[slots] = curr
             else:
                 if prev_rows is not None:  # the core refuses a remap of host states
