@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 
@@ -356,10 +356,7 @@ class Planner:
         dst_col: Any,
         num_accepted: Any,
         semantics: Semantics = "post_process",
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        **opts: Unpack[LaunchOptions],
     ) -> None:
         """One fused kernel launch moves ``dst_col <- src_col`` in every group at once (CUDA
         states; no host synchronisation), with the semantics of :meth:`plan`.
@@ -383,8 +380,10 @@ class Planner:
         """
         if semantics not in ("pre_copy", "post_process"):
             raise PlanError(f"semantics must be 'pre_copy' or 'post_process', got {semantics!r}")
-        extra = {"pre_copy": True} if semantics == "pre_copy" else None
-        self._step("launch", block_table, src_col, dst_col, num_accepted, stream, err, num_accepted_out, extra)
+        if semantics == "pre_copy":
+            self._launch("launch", opts, block_table, src_col, dst_col, num_accepted, pre_copy=True)
+        else:
+            self._launch("launch", opts, block_table, src_col, dst_col, num_accepted)
 
     def launch_align(
         self,
@@ -392,10 +391,7 @@ class Planner:
         src_col: Any,
         dst_col: Any,
         num_accepted: Any,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        **opts: Unpack[LaunchOptions],
     ) -> None:
         """Launch an align-mode step on the device: one fused kernel launch, no host synchronisation.
 
@@ -442,7 +438,7 @@ class Planner:
                 tensor on the states' device, has the wrong dtype or shape (the message names it).
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        self._step("launch_align", block_table, src_col, dst_col, num_accepted, stream, err, num_accepted_out, None)
+        self._launch("launch_align", opts, block_table, src_col, dst_col, num_accepted)
 
     def launch_align_decision(
         self,
@@ -451,10 +447,7 @@ class Planner:
         running: Any,
         num_accepted: Any,
         block_size: int,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        **opts: Unpack[LaunchOptions],
     ) -> None:
         """Launch an align-mode step whose copy decision is taken on the device (vLLM's GPU path).
 
@@ -474,17 +467,7 @@ class Planner:
         Raises:
             PlanError: as :meth:`launch_align`, or ``block_size`` not an integer in ``1..2**31``.
         """
-        self._step(
-            "launch_align_decision",
-            block_table,
-            src_col,
-            running,
-            num_accepted,
-            stream,
-            err,
-            num_accepted_out,
-            {"block_size": block_size},
-        )
+        self._launch("launch_align_decision", opts, block_table, src_col, running, num_accepted, block_size=block_size)
 
     def launch_post_process(
         self,
@@ -492,10 +475,7 @@ class Planner:
         state_col: Any,
         running: Any,
         num_accepted: Any,
-        *,
-        stream: Any = None,
-        err: Any = None,
-        num_accepted_out: Any = None,
+        **opts: Unpack[LaunchOptions],
     ) -> None:
         """vLLM's post-process decided and applied on the device for every group, in one launch
         (:meth:`launch_align_decision` with this planner's ``block_size``): ``state_col`` is this
@@ -504,16 +484,8 @@ class Planner:
         the next step (1 after an in-place shift)."""
         if self.block_size is None:
             raise PlanError("launch_post_process needs the planner's block_size (Planner(..., block_size=...))")
-        self._step(
-            "launch_post_process",
-            block_table,
-            state_col,
-            running,
-            num_accepted,
-            stream,
-            err,
-            num_accepted_out,
-            {"block_size": self.block_size},
+        self._launch(
+            "launch_post_process", opts, block_table, state_col, running, num_accepted, block_size=self.block_size
         )
 
     def _launch(
@@ -526,21 +498,18 @@ class Planner:
         num_accepted: Any,
         **extra: Any,
     ) -> None:
-        """One step launched with ``opts`` (a launch method's ``**opts: Unpack[LaunchOptions]``);
-        ``extra``: the core's keyword options of the step (``block_size``, ``pre_copy``; a new one
-        is a field of the core's ``StepOptions``). As :meth:`_step`."""
-        if opts.keys() - _LAUNCH_OPTIONS:
+        """One step launched with ``opts`` (a launch method's ``**opts: Unpack[LaunchOptions]``, an
+        unknown key a ``TypeError`` as for any keyword); ``extra``: the core's keyword options of
+        the step (``block_size``, ``pre_copy``; a new one is a field of the core's
+        ``StepOptions``). As :meth:`_step`."""
+        if not opts:
+            self._step(what, block_table, src_col, second, num_accepted, None, None, None, extra)
+            return
+        if not opts.keys() <= _LAUNCH_OPTIONS:
             raise TypeError(f"{what}() got an unexpected keyword argument {min(opts.keys() - _LAUNCH_OPTIONS)!r}")
+        get = opts.get
         self._step(
-            what,
-            block_table,
-            src_col,
-            second,
-            num_accepted,
-            opts.get("stream"),
-            opts.get("err"),
-            opts.get("num_accepted_out"),
-            extra,
+            what, block_table, src_col, second, num_accepted, get("stream"), get("err"), get("num_accepted_out"), extra
         )
 
     def _step(
