@@ -131,7 +131,8 @@ class CommitKernel:
             max_requests=max_requests,
             err=int(self.err.data_ptr()),
         )
-        self.num_rows = 0
+        self.device_index = int(self.launcher.device_index)
+        self._rows_of_last: Any = 0  # rows of the last launch, or that launch (read when decoding)
         self.ready: bool | None = None
 
     def device_name(self) -> str:
@@ -148,10 +149,6 @@ class CommitKernel:
         import torch
 
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    @property
-    def device_index(self) -> int:
-        return int(self.launcher.device_index)
 
     def commit(
         self,
@@ -201,7 +198,7 @@ class CommitKernel:
         host.numpy()[:] = rows.view(np.uint8)
         self.rows_dev[:nbytes].copy_(host, non_blocking=True)
         self.err.zero_()
-        self.num_rows = 0 if kl is None else len(rows)
+        self._rows_of_last = 0 if kl is None else len(rows)
         if kl is not None:
             module.launch(kl, self.device_index, None)
         return rows
@@ -219,10 +216,12 @@ class CommitKernel:
                 self.err.zero_()
         else:
             self.err.zero_()
-        self.num_rows = 0 if kl is None else int(dict(kl.values())["num_rows"])
+        self._rows_of_last = 0 if kl is None else kl  # its row count is read by error()
         if kl is not None:
             module.launch(kl, self.device_index, stream)
 
     def error(self) -> ErrorWord:
         """The decoded error word of the last launch (a synchronising read)."""
-        return ErrorWord([int(x) for x in self.err.cpu().tolist()], self.num_rows)
+        last = self._rows_of_last
+        rows = last if isinstance(last, int) else int(dict(last.values())["num_rows"])
+        return ErrorWord([int(x) for x in self.err.cpu().tolist()], rows)
