@@ -9,6 +9,7 @@ use crate::commit::{CommitMeta, CommitRow};
 use crate::plan::segment::{MoveRow, Segment, StateMeta, Tile};
 use crate::sglang::kernel::SlotCopy;
 use crate::transfer::{Read, StagedCopy};
+use crate::vllm::slot_step::TableRef;
 
 /// A field's scalar type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,6 +213,10 @@ pub fn record_specs() -> Vec<RecordSpec> {
             elem_bytes: u32 = "element size",
             tensor: u32 = "informational",
         ]),
+        record!(TableRef, "TableRef", "rust/vllm/slot_step.rs", "One recurrent group's per-slot block table, as rs_state_copy_slots reads it.", [
+            addr: u64 = "device address of row 0 (int32 block ids)",
+            row_stride: i64 = "elements between rows",
+        ]),
         record!(Read, "Read", "rust/transfer/plan.rs",
             "One read of a transfer plan: len bytes of the source rank's tensor to a destination tensor or the staging buffer.", [
             request: u64,
@@ -274,6 +279,7 @@ mod tests {
                 ("CommitRow", 32),
                 ("CommitMeta", 128),
                 ("SlotCopy", 88),
+                ("TableRef", 16),
                 ("Read", 56),
                 ("StagedCopy", 88)
             ]

@@ -361,6 +361,20 @@ static_assert(__builtin_offsetof(SlotCopy, elem_bytes) == 80, "SlotCopy.elem_byt
 static_assert(__builtin_offsetof(SlotCopy, tensor) == 84, "SlotCopy.tensor at 84");
 #endif
 
+// One recurrent group's per-slot block table, as rs_state_copy_slots reads it. Defined in
+// rust/vllm/slot_step.rs.
+struct TableRef {
+  uint64_t addr;       // device address of row 0 (int32 block ids)
+  int64_t row_stride;  // elements between rows
+};
+static_assert(sizeof(TableRef) == 16, "TableRef is 16 bytes");
+#define RS_OFFSET_TableRef_addr 0
+#define RS_OFFSET_TableRef_row_stride 8
+#if defined(RS_HOST_EMULATION)
+static_assert(__builtin_offsetof(TableRef, addr) == 0, "TableRef.addr at 0");
+static_assert(__builtin_offsetof(TableRef, row_stride) == 8, "TableRef.row_stride at 8");
+#endif
+
 // One read of a transfer plan: len bytes of the source rank's tensor to a destination tensor or the
 // staging buffer. Defined in rust/transfer/plan.rs.
 struct Read {
@@ -488,4 +502,28 @@ extern "C" __global__ void rs_slot_scatter(
     int64_t num_slots,
     int64_t num_rows,
     int64_t draft,
+    int32_t* err);
+
+// Defined in state_copy.cu.
+extern "C" __global__ void rs_state_copy_slots(
+    const StateMeta* metas,
+    uint32_t num_meta,
+    const TableRef* tables,
+    uint32_t num_tables,
+    int32_t bt_cols,
+    const int32_t* idx_mapping,
+    int32_t num_rows,
+    const int32_t* num_computed,
+    const int32_t* query_start_loc,
+    const int32_t* num_sampled,
+    int32_t sampled_fill,
+    int32_t* state_idx,
+    int32_t* num_accepted,
+    int32_t* scratch,
+    int32_t* ctl,
+    int32_t num_slots,
+    int32_t block_size,
+    int32_t max_accepted,
+    int64_t num_blocks,
+    uint32_t flags,
     int32_t* err);

@@ -44,6 +44,21 @@ RS_DEVICE uint32_t rs_decide(const int32_t* bt_row, int64_t cols, int64_t s, int
   return 0;
 }
 
+// The decision form (RS_FLAG_DECIDE): s = src_col (< 0: padding), x = running. new = running + a - 1;
+// aligned = new / block_size * block_size; copy iff aligned >= running and aligned >= block_size; then
+// the explicit form with dst_col = aligned / block_size - 1 and a_eff = aligned - running + 1.
+RS_DEVICE uint32_t rs_decide_aligned(const int32_t* bt_row, int64_t cols, int64_t s, int64_t x, int64_t a,
+                                     int64_t block_size, int64_t max_accepted, int64_t num_blocks, uint32_t flags,
+                                     RsRequest* q) {
+  q->a = 0;
+  if (s < 0) return 0;
+  if (a < 1 || a > max_accepted) return RS_ERR_ACCEPTED;
+  if (block_size < 1 || x < 0) return RS_ERR_ARGS;
+  const int64_t aligned = (x + a - 1) / block_size * block_size;
+  if (!(aligned >= x && aligned >= block_size)) return 0;
+  return rs_decide(bt_row, cols, s, aligned / block_size - 1, aligned - x + 1, max_accepted, num_blocks, flags, q);
+}
+
 // The accepted count request r carries after the step (num_accepted_out): 1 where its running state
 // was moved or shifted (the state now sits at the start of its window), else its count unchanged.
 // Request-level (the same for every group; bt_row is group 0's row): explicit form, a valid row
@@ -245,20 +260,8 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
       q.a = 0;
       if (!align) {
         code = rs_decide(bt_row, cols, s, x, a, max_accepted, num_blocks, flags, &q);
-      } else if (s >= 0) {
-        // new = running + a - 1; aligned = new / block_size * block_size; copy iff aligned >= running
-        // and aligned >= block_size; then dst_col = aligned / block_size - 1, a_eff = aligned - running + 1.
-        if (a < 1 || a > max_accepted) {
-          code = RS_ERR_ACCEPTED;
-        } else if (block_size < 1 || x < 0) {
-          code = RS_ERR_ARGS;
-        } else {
-          const int64_t bs = block_size;
-          const int64_t aligned = (x + a - 1) / bs * bs;
-          if (aligned >= x && aligned >= bs) {
-            code = rs_decide(bt_row, cols, s, aligned / bs - 1, aligned - x + 1, max_accepted, num_blocks, flags, &q);
-          }
-        }
+      } else {
+        code = rs_decide_aligned(bt_row, cols, s, x, a, block_size, max_accepted, num_blocks, flags, &q);
       }
       if (code != 0) {
         if (reporter) rs_report_error(err, code, r, num_requests);
@@ -277,6 +280,203 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
   }
 }
 
+// ------------------------------------------------------------------------------------------------
+// rs_state_copy_slots: one half-step of vLLM's GPU-resident runner, bookkeeping included
+// ------------------------------------------------------------------------------------------------
+// The per-slot buffers (docs/design.md section 3.9), all int32 and owned by the adapter:
+// state_idx[S] (the running column, vLLM's mamba_state_idx), num_accepted[S] (the count the model
+// reads), scratch[3 * S] (old column, old count, stamp: what a moved slot held before this
+// pre-copy), ctl[1] (the stamp: the number of post-processes so far), err[9] (the pre-copy's two
+// words, used by stamp parity, then the post-process's word). S = num_slots.
+
+// Reads a slot value another CTA of this launch may write (no stale L1 line).
+RS_DEVICE int64_t rs_slot_ld(const int32_t* p) { return *(const volatile int32_t*)p; }
+
+// The pre-copy's new running column of a row: ceil((num_computed + query_len) / block_size) - 1, or
+// -2 when the row is skipped (no slot, a slot out of range or a negative token count: the
+// bookkeeping thread reports those).
+RS_DEVICE int64_t rs_pre_new_col(const int32_t* idx_mapping, const int32_t* num_computed,
+                                 const int32_t* query_start_loc, int64_t r, int64_t num_slots, int64_t block_size,
+                                 int64_t* slot) {
+  const int64_t s = idx_mapping[r];
+  *slot = s;
+  if (s < 0 || s >= num_slots || block_size < 1) return -2;
+  const int64_t total = (int64_t)num_computed[s] + query_start_loc[r + 1] - query_start_loc[r];
+  if (total < 0) return -2;
+  return (total + block_size - 1) / block_size - 1;
+}
+
+// What one row of a half-step does, as every CTA of the row reads it.
+struct RsSlotRow {
+  int32_t slot;
+  int32_t src;  // pre: the old column where the state moves (else -1); post: the running column
+  int32_t x;    // pre: the new column; post: running = num_computed - a + 1
+  int32_t a;    // the accepted count the copy carries
+};
+
+// The word this half reports into (the stamp is read again rather than kept live in a register).
+RS_DEVICE int32_t* rs_slot_word(int32_t* err, const int32_t* ctl, bool post) {
+  return post ? err + 6 : err + 3 * (ctl[0] & 1);
+}
+
+// Row r of this launch, from the slot values as they were before it. The pre-copy's bookkeeping
+// thread writes a moved slot's scratch (old column, old count, stamp), fences, writes the new
+// column, fences, then the count; a reader reads the count, fences, then the column: a column that
+// is not yet the new one comes with the old count (message passing), and a column that is the new
+// one is either unchanged or comes with this launch's scratch (stamp equal).
+RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t* num_computed,
+                           const int32_t* query_start_loc, const int32_t* num_sampled, int32_t sampled_fill,
+                           const int32_t* state_idx, const int32_t* num_accepted, const int32_t* scratch,
+                           const int32_t* ctl, int64_t r, int64_t num_slots, int64_t block_size, RsSlotRow* row) {
+  if (post) {
+    const int64_t s = idx_mapping[r];
+    if (s < 0 || s >= num_slots) return false;
+    const int32_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
+    row->slot = (int32_t)s;
+    row->a = n > 1 ? n : 1;
+    row->x = num_computed[s] - row->a + 1;
+    row->src = state_idx[s];  // not written by a post-process
+    return true;
+  }
+  int64_t s;
+  const int64_t next = rs_pre_new_col(idx_mapping, num_computed, query_start_loc, r, num_slots, block_size, &s);
+  if (next == -2) return false;
+  int64_t a = rs_slot_ld(num_accepted + s);
+  __threadfence();
+  int64_t old = rs_slot_ld(state_idx + s);
+  if (old == next) {
+    __threadfence();
+    if (rs_slot_ld(scratch + 2 * num_slots + s) == ctl[0]) {
+      old = rs_slot_ld(scratch + s);
+      a = rs_slot_ld(scratch + num_slots + s);
+    }
+  }
+  row->slot = (int32_t)s;
+  row->src = old >= 0 && old != next ? (int32_t)old : -1;
+  row->x = (int32_t)next;
+  row->a = a > 1 ? (int32_t)a : 1;
+  return true;
+}
+
+// rs_state_copy_slots
+// -------------------
+// One launch per half-step of vLLM's GPU-resident runner over its device tensors: idx_mapping[R]
+// (batch row -> slot; -1: skipped), num_computed[S] per slot, and query_start_loc[R + 1] (pre-copy)
+// or num_sampled[R] (post-process; null: sampled_fill for every row). tables[g] is group g's
+// per-slot block table (TableRef: address, row stride; bt_cols columns, at least S rows).
+//
+// Pre-copy (flags without RS_FLAG_DECIDE; RS_FLAG_PRE_COPY semantics): per row with slot s, new =
+// ceil((num_computed[s] + query_len) / block_size) - 1; where the old column state_idx[s] is >= 0 and
+// differs, every state moves from it to new with offset max(num_accepted[s], 1) - 1 (rs_decide);
+// then state_idx[s] = new, and num_accepted[s] = 1 where the state moved.
+// Post-process (RS_FLAG_DECIDE): per row, a = max(num_sampled[r], 1), running = num_computed[s] - a
+// + 1, the decision form from state_idx[s] (rs_decide_aligned); num_accepted[s] = rs_next_accepted
+// (1 after a shift in place, else a).
+//
+// The slot writes are made by one bookkeeping thread per row (thread 0 of CTA (0, y, 0)); the copy
+// CTAs read the slots' values from before the launch (rs_slot_row). A post-process never writes
+// state_idx and never reads num_accepted, so it needs no scratch. Thread 0 of CTA (0, 0, 0) zeroes
+// the word the other half reports into: the pre-copy the post-process's word, the post-process the
+// next pre-copy's (and advances the stamp). A row whose slot is >= S, or whose token count is
+// negative, is reported (RS_ERR_ARGS) and skipped; copy errors as rs_state_copy. Rows of one
+// launch must name distinct slots. A pre-copy row whose old or new column is outside the table is
+// reported (RS_ERR_COLUMN) and its slot left as it was. Grid and launch shape as rs_state_copy (any
+// R, including 0: the stamp and words still advance); the launch reads only its parameters and the
+// buffers above, so it is CUDA-graph capturable with fixed tensors.
+extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
+    const StateMeta* __restrict__ metas, uint32_t num_meta, const TableRef* __restrict__ tables, uint32_t num_tables,
+    int32_t bt_cols, const int32_t* __restrict__ idx_mapping, int32_t num_rows, const int32_t* __restrict__ num_computed,
+    const int32_t* __restrict__ query_start_loc, const int32_t* __restrict__ num_sampled, int32_t sampled_fill,
+    int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots, int32_t block_size,
+    int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
+  const bool post = (flags & RS_FLAG_DECIDE) != 0;
+  const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
+  const uint64_t chunk = blockIdx.x, nchunks = gridDim.x;
+  const int64_t S = num_slots;
+  // The stamp ctl[0] is written only by a post-process (thread 0 of CTA (0, 0, 0)), which reads it
+  // nowhere else.
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0) {
+    if (post) {
+      const int32_t next = ctl[0] + 1;
+      int32_t* w = err + 3 * (next & 1);
+      w[0] = w[1] = w[2] = 0;
+      ctl[0] = next;
+    } else {
+      err[6] = err[7] = err[8] = 0;
+    }
+  }
+  // Bookkeeping: one thread per row, after the row's old values are safe in scratch.
+  if (blockIdx.x == 0 && blockIdx.z == 0 && tid == 0) {
+    for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {
+      const int64_t s = idx_mapping[r];
+      if (s < 0) continue;
+      if (s >= S || (!post && (int64_t)num_computed[s] + query_start_loc[r + 1] - query_start_loc[r] < 0)) {
+        rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_ARGS, r, S);
+        continue;
+      }
+      if (post) {
+        const int64_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
+        const int64_t a = n > 1 ? n : 1;
+        const int64_t col = state_idx[s];
+        if (col >= bt_cols) continue;  // reported by the copy CTAs; nothing written
+        const TableRef t = tables[0];
+        const int32_t* bt_row = (const int32_t*)t.addr + s * t.row_stride;
+        num_accepted[s] =
+            rs_next_accepted(bt_row, bt_cols, col, (int64_t)num_computed[s] - a + 1, a, max_accepted, block_size, flags);
+        continue;
+      }
+      int64_t slot;
+      const int64_t next = rs_pre_new_col(idx_mapping, num_computed, query_start_loc, r, S, block_size, &slot);
+      const int32_t old = state_idx[s], a = num_accepted[s];
+      if (next == -2 || old == next) continue;
+      if (next >= bt_cols || old >= bt_cols) {  // the copy CTAs skip it too; nothing written
+        rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_COLUMN, r, S);
+        continue;
+      }
+      scratch[s] = old;
+      scratch[S + s] = a;
+      scratch[2 * S + s] = ctl[0];
+      __threadfence();
+      ((volatile int32_t*)state_idx)[s] = (int32_t)next;
+      __threadfence();
+      if (old >= 0) ((volatile int32_t*)num_accepted)[s] = 1;
+    }
+  }
+  for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {
+    for (uint32_t mi = blockIdx.z; mi < num_meta; mi += gridDim.z) {
+      // Read again for every state (a few cached loads) rather than kept live across the copy.
+      RsSlotRow row;
+      if (!rs_slot_row(post, idx_mapping, num_computed, query_start_loc, num_sampled, sampled_fill, state_idx,
+                       num_accepted, scratch, ctl, r, S, block_size, &row))
+        break;
+      const StateMeta m = metas[mi];
+      const bool reporter = chunk == 0;
+      if (m.group >= num_tables) {
+        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_META, r, S);
+        continue;
+      }
+      const TableRef t = tables[m.group];
+      const int32_t* bt_row = (const int32_t*)t.addr + (int64_t)row.slot * t.row_stride;
+      RsRequest q;
+      const uint32_t code =
+          post ? rs_decide_aligned(bt_row, bt_cols, row.src, row.x, row.a, block_size, max_accepted, num_blocks, flags, &q)
+               : rs_decide(bt_row, bt_cols, row.src, row.x, row.a, max_accepted, num_blocks, flags | RS_FLAG_PRE_COPY,
+                           &q);
+      if (code != 0) {
+        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), code, r, S);
+        continue;
+      }
+      if (q.a == 0) continue;
+      const uint64_t want = rs_ceil_div(m.state_bytes, RS_STATE_CHUNK_BYTES);
+      const uint64_t mchunks = rs_min_u64(nchunks, want > 0 ? want : 1);
+      if (chunk >= mchunks) continue;
+      const uint32_t c = rs_copy_state(m, bt_row, bt_cols, num_blocks, q, chunk, mchunks, tid, nthreads);
+      if (c != 0 && reporter) rs_report_error(rs_slot_word(err, ctl, post), c, r, S);
+    }
+  }
+}
+
 #if defined(RS_HOST_EMULATION)
 RS_HOST_ENTRY(rs_state_copy)
+RS_HOST_ENTRY(rs_state_copy_slots)
 #endif
