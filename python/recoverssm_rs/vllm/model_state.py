@@ -202,7 +202,8 @@ class ModelStateV2:
         return self._step
 
     def _run(self, half: tuple[Any, Any]) -> None:
-        """Uploads the table records when a table moved (the first step), then launches."""
+        """Uploads the table records when a table moved (the first step), then launches on the
+        current torch stream."""
         from ..cuda import module
 
         launch, tables = half
@@ -210,8 +211,7 @@ class ModelStateV2:
             import torch
 
             self._tables.copy_(torch.frombuffer(bytearray(tables), dtype=torch.int64))
-        module.launch(launch, self._index, None)
-        self.planner.core.mark_written()
+        module.launch(launch, self._index, None)  # the core checked the guard and marked the states written
 
     def preprocess_state(
         self,
