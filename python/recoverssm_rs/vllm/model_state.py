@@ -9,27 +9,24 @@ column per slot (vLLM's ``mamba_state_idx``) and the accepted count per slot (vL
 A batch reorder therefore needs no remapping: the slot carries the column and the count. A step
 reads only the runner's device tensors (``idx_mapping``, the per-slot ``num_computed_tokens``,
 ``query_start_loc``, the sampled counts, the per-slot block tables): nothing is read back to the
-host, no buffer of the adapter's is allocated after the first step (they are sized once; the torch
-operations' temporaries come from torch's caching allocator), and no
+host, no buffer of the adapter's is allocated after the first step (they are sized once), and no
 Python runs per request, so both halves can run under asynchronous scheduling and inside a CUDA
-graph capture (with fixed tensors between replays).
+graph capture (with fixed input tensors between replays).
 
-Per half-step the adapter updates its slot buffers with vectorised torch operations (vLLM's
-state advance, its count scatter; about 25 small device operations in the pre-copy and 16 in the
-post-process, counted as aten operations without views) and then launches the package's fused
-copy kernel **once** over every state of every layer of every group, across all ``max_num_reqs``
-slots (slots outside the batch are padding): the pre-copy with ``"pre_copy"`` semantics
-(:meth:`~recoverssm_rs.Planner.launch`), the post-process decided on the device
-(:meth:`~recoverssm_rs.Planner.launch_post_process`), which also writes the counts for the next
-step. The kernel checks every (request, group) it copies and reports into the step's error word
-(:meth:`ModelStateV2.last_error`). Everything runs on the current torch stream, in order with the
-runner's own work. On a GPU the torch operations are kernels of their own: until
-the kernel takes ``idx_mapping`` and the slot bookkeeping itself, a half-step launches more
-kernels than vLLM's two to four. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered
-out under pipeline parallelism) is skipped by both halves. With RecoverSSM
-(:class:`RecoverSSMCommit`), the post-process commits the spec-decode rows into the package's
-:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` between the count scatter and the copy
-launch (one ``rs_recover_commit`` launch more on CUDA), as vLLM's ``commit_step`` does.
+Each half-step is exactly **one** launch of the package's kernel (``rs_state_copy_slots``) over
+every state of every layer of every group, and no torch operation of the adapter's: the kernel
+reads ``idx_mapping`` and the runner's counts itself and takes vLLM's bookkeeping (the pre-copy's
+state advance and count reset, the post-process's count scatter) along with the copies (the
+pre-copy with ``"pre_copy"`` semantics, the post-process decided on the device). The core checks
+every input on the host (``_core.VllmSlotStep``); the kernel checks every (request, group) it
+copies and reports into the step's error word (:meth:`ModelStateV2.last_error`), a bad slot or
+column skipped with nothing written for it. Everything runs on the current torch stream, in order
+with the runner's own work. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered out
+under pipeline parallelism) is skipped by both halves. With RecoverSSM (:class:`RecoverSSMCommit`),
+the post-process commits the spec-decode rows into the package's
+:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` before the copy launch (one
+``rs_recover_commit`` launch more on CUDA, and a few torch operations for the committed rows'
+columns and counts), as vLLM's ``commit_step`` does.
 
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
