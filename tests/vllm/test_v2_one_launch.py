@@ -149,3 +149,14 @@ def test_a_second_pre_copy_without_a_post_process_moves_nothing_again(fake_ops, 
     ms.preprocess_state(idx, nct, qsl, [table])
     assert torch.equal(states[1][2], moved[1][2]) and ms.state_idx[0] == 1
     assert ms.last_error().ok
+
+
+def test_prepare_device_loads_the_kernel_before_any_step(fake_ops, recorder, launch_args, monkeypatch):
+    from recoverssm_rs.cuda import module
+
+    loaded = []
+    monkeypatch.setattr(module, "function_ptr", lambda name, index: loaded.append((name, index)) or 1)
+    ms, _, _ = _small()
+    ms.prepare_device()
+    assert loaded == [("rs_state_copy_slots", 0)] and recorder.calls == []
+    assert fake_ops.uploads == 1  # the planner's state table, once

@@ -397,7 +397,7 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
   // nowhere else.
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0) {
     if (post) {
-      const int32_t next = ctl[0] + 1;
+      const int32_t next = (int32_t)((uint32_t)ctl[0] + 1u);  // wraps after 2**32 steps, parity kept
       int32_t* w = err + 3 * (next & 1);
       w[0] = w[1] = w[2] = 0;
       ctl[0] = next;

@@ -198,6 +198,22 @@ class ModelStateV2:
             )
         return self._step
 
+    def prepare_device(self) -> None:
+        """Make the device path ready without running a step: the planner's state table uploaded,
+        the kernel compiled and loaded on the states' device. Call it before capturing the
+        half-steps in a CUDA graph (the first half-step does it otherwise, synchronising once);
+        the first half-step still uploads the groups' table records, so capture from the second
+        step on, or with tables at the same addresses as a step run before.
+
+        Raises:
+            PlanError: the planner is bound to host tensors.
+            BackendUnavailableError: CuPy or a CUDA device is missing.
+        """
+        from ..cuda import module
+
+        self._core_step()
+        module.function_ptr("rs_state_copy_slots", self._index)
+
     def _run(self, half: tuple[Any, Any]) -> None:
         """Uploads the table records when a table moved (the first step), then launches on the
         current torch stream."""
