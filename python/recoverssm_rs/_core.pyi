@@ -426,9 +426,16 @@ class VllmSlotStep:
     ) -> tuple[KernelLaunch, bytes | None]:
         """The pre-copy's launch, and the groups' table records when they moved."""
     def post(
-        self, idx_mapping: Any, num_sampled: Any, num_computed_tokens: Any, block_tables: Any
+        self,
+        idx_mapping: Any,
+        num_sampled: Any,
+        num_computed_tokens: Any,
+        block_tables: Any,
+        commit_computed: Any = None,
+        commit_cols: int = 0,
     ) -> tuple[KernelLaunch, bytes | None]:
-        """The post-process's launch (``num_sampled``: a tensor or one int), and the table records
+        """The post-process's launch (``num_sampled``: a tensor or one int; with a RecoverSSM
+        commit, its rows' computed tokens per batch row and its table width), and the table records
         when they moved."""
     @property
     def group_ids(self) -> list[int]: ...

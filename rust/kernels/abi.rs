@@ -99,6 +99,8 @@ pub const STATE_COPY_SLOTS: KernelSpec = KernelSpec {
         ("query_start_loc", "const int32_t*"),
         ("num_sampled", "const int32_t*"),
         ("sampled_fill", "int32_t"),
+        ("commit_computed", "const int32_t*"),
+        ("commit_cols", "int32_t"),
         ("state_idx", "int32_t*"),
         ("num_accepted", "int32_t*"),
         ("scratch", "int32_t*"),

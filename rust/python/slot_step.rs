@@ -8,7 +8,7 @@ use super::launch::KernelLaunch;
 use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::TensorDesc;
-use crate::vllm::slot_step::{check_group_ids, Sampled, SlotBuffers, SlotStep, TableRef};
+use crate::vllm::slot_step::{check_group_ids, Commit, Sampled, SlotBuffers, SlotStep, TableRef};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt};
 use std::sync::Mutex;
@@ -130,7 +130,10 @@ impl VllmSlotStep {
     }
 
     /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
-    /// for every row); `(launch, table records or None)`.
+    /// for every row); with a RecoverSSM commit, `commit_computed` (int32 per batch row, `-1`
+    /// where nothing is committed) and `commit_cols`; `(launch, table records or None)`.
+    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit_computed = None, commit_cols = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn post<'py>(
         &self,
         py: Python<'py>,
@@ -138,6 +141,8 @@ impl VllmSlotStep {
         num_sampled: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
         block_tables: &Bound<'_, PyAny>,
+        commit_computed: Option<&Bound<'_, PyAny>>,
+        commit_cols: i64,
     ) -> PyResult<HalfStep<'py>> {
         let kind = ErrorKind::Plan;
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
@@ -145,7 +150,11 @@ impl VllmSlotStep {
         let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
         let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };
         let fill = if all { i64::arg(num_sampled, "num_sampled", kind)? } else { 0 };
-        self.half(py, block_tables, |s, cols| s.post(cols, &idx, &nct, each.as_ref().map_or(Sampled::All(fill), Sampled::Each)))
+        let commit = commit_computed.map(|c| Tensor::arg(c, "commit_computed", kind)).transpose()?.map(|t| t.0);
+        self.half(py, block_tables, |s, cols| {
+            let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
+            s.post(cols, &idx, &nct, sampled, commit.as_ref().map(|c| Commit { computed: c, cols: commit_cols }))
+        })
     }
 
     fn __repr__(&self) -> String {

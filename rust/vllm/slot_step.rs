@@ -48,11 +48,29 @@ pub struct SlotBuffers<'a> {
     pub tables: &'a TensorDesc,
 }
 
+/// A post-process's RecoverSSM commit rows: per batch row the tokens before this step's window
+/// (int32 `[>= R]`, `-1`: no commit), and the width of the commit's block table.
+#[derive(Clone, Copy, Debug)]
+pub struct Commit<'a> {
+    pub computed: &'a TensorDesc,
+    pub cols: i64,
+}
+
 /// A post-process's sampled counts: one per batch row, or one for every row.
 #[derive(Clone, Copy, Debug)]
 pub enum Sampled<'a> {
     Each(&'a TensorDesc),
     All(i64),
+}
+
+/// One half's own launch values: `query_start_loc`, the sampled counts (pointer, or one count), the
+/// commit rows (pointer, table width), and which half.
+#[derive(Clone, Copy, Debug)]
+struct Half {
+    qsl: u64,
+    sampled: (u64, i32),
+    commit: (u64, i32),
+    post: bool,
 }
 
 /// The checked launch constants of one adapter.
@@ -170,11 +188,11 @@ impl SlotStep {
         Ok((p, n))
     }
 
-    fn launch(&self, cols: i32, rows: (u64, u64), computed: &TensorDesc, qsl: u64, sampled: (u64, i32), post: bool) -> Result<Launch> {
+    fn launch(&self, cols: i32, rows: (u64, u64), computed: &TensorDesc, h: Half) -> Result<Launch> {
         let nct = vector(computed, "num_computed_tokens", &self.fused.device, IntType::I32, self.slots)?;
         let f = &self.fused;
         let mut flags = if f.has_temporal { FLAG_HAS_TEMPORAL } else { 0 };
-        flags |= if post { FLAG_DECIDE } else { FLAG_PRE_COPY };
+        flags |= if h.post { FLAG_DECIDE } else { FLAG_PRE_COPY };
         let args = [
             Arg::Ptr(f.metas),
             Arg::U32(f.num_meta),
@@ -184,9 +202,11 @@ impl SlotStep {
             Arg::Ptr(rows.0),
             Arg::I32(rows.1 as i32),
             Arg::Ptr(nct),
-            Arg::Ptr(qsl),
-            Arg::Ptr(sampled.0),
-            Arg::I32(sampled.1),
+            Arg::Ptr(h.qsl),
+            Arg::Ptr(h.sampled.0),
+            Arg::I32(h.sampled.1),
+            Arg::Ptr(h.commit.0),
+            Arg::I32(h.commit.1),
             Arg::Ptr(self.state_idx),
             Arg::Ptr(self.num_accepted),
             Arg::Ptr(self.scratch),
@@ -206,12 +226,14 @@ impl SlotStep {
     pub fn pre(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, query_start_loc: &TensorDesc) -> Result<Launch> {
         let rows = self.rows(idx)?;
         let qsl = vector(query_start_loc, "query_start_loc", &self.fused.device, IntType::I32, rows.1 + 1)?;
-        self.launch(cols, rows, num_computed, qsl, (0, 0), false)
+        self.launch(cols, rows, num_computed, Half { qsl, sampled: (0, 0), commit: (0, 0), post: false })
     }
 
     /// The post-process's launch: `num_computed` per slot after this step, the sampled counts per
     /// batch row (int32 `[>= R]`) or one count for every row.
-    pub fn post(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, sampled: Sampled<'_>) -> Result<Launch> {
+    /// With a RecoverSSM `commit` (counts per row only), the committed rows' columns and counts are
+    /// set as vLLM's `commit_step` does before the aligned save.
+    pub fn post(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, sampled: Sampled<'_>, commit: Option<Commit<'_>>) -> Result<Launch> {
         let rows = self.rows(idx)?;
         let sampled = match sampled {
             Sampled::Each(t) => (vector(t, "num_sampled", &self.fused.device, IntType::I32, rows.1)?, 0),
@@ -220,7 +242,16 @@ impl SlotStep {
                 (0, n)
             }
         };
-        self.launch(cols, rows, num_computed, 0, sampled, true)
+        let commit = match commit {
+            None => (0, 0),
+            Some(_) if sampled.0 == 0 => return Err(Error::plan("a RecoverSSM commit needs the sampled counts per row, not one integer")),
+            Some(c) => {
+                let width = i32::try_from(c.cols).ok().filter(|&w| w >= 1);
+                let width = width.ok_or_else(|| Error::plan(format!("the commit's block table has {} columns (1 ..= 2**31 - 1)", c.cols)))?;
+                (vector(c.computed, "commit num_computed_tokens", &self.fused.device, IntType::I32, rows.1)?, width)
+            }
+        };
+        self.launch(cols, rows, num_computed, Half { qsl: 0, sampled, commit, post: true })
     }
 }
 
@@ -264,12 +295,19 @@ mod tests {
         assert_eq!((l.kernel.name, l.grid), ("rs_state_copy_slots", [2, 3, 3]));
         let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
         let pre = (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128;
-        assert_eq!(v, vec![1000, 3, 15_000, 2, 5, 20_000, 3, 21_000, 22_000, 0, 0, 10_000, 11_000, 12_000, 13_000, 8, 4, 3, 64, pre, 14_000]);
+        assert_eq!(v, vec![1000, 3, 15_000, 2, 5, 20_000, 3, 21_000, 22_000, 0, 0, 0, 0, 10_000, 11_000, 12_000, 13_000, 8, 4, 3, 64, pre, 14_000]);
         let ns = t(23_000, "int32", &[3]);
-        let v = st.post(5, &idx, &nct, Sampled::Each(&ns)).unwrap().values();
-        assert_eq!((v[8], v[9], v[19].1), (("query_start_loc", 0), ("num_sampled", 23_000), (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
-        let v = st.post(5, &idx, &nct, Sampled::All(2)).unwrap().values();
+        let v = st.post(5, &idx, &nct, Sampled::Each(&ns), None).unwrap().values();
+        assert_eq!((v[8], v[9], v[21].1), (("query_start_loc", 0), ("num_sampled", 23_000), (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
+        let v = st.post(5, &idx, &nct, Sampled::All(2), None).unwrap().values();
         assert_eq!((v[9], v[10]), (("num_sampled", 0), ("sampled_fill", 2)));
+        let cc = t(24_000, "int32", &[3]);
+        let v = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { computed: &cc, cols: 7 })).unwrap().values();
+        assert_eq!((v[11], v[12]), (("commit_computed", 24_000), ("commit_cols", 7)));
+        let e = st.post(5, &idx, &nct, Sampled::All(2), Some(Commit { computed: &cc, cols: 7 })).unwrap_err();
+        assert!(e.message.contains("needs the sampled counts per row"), "{}", e.message);
+        let e = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { computed: &t(1, "int32", &[2]), cols: 7 })).unwrap_err();
+        assert!(e.message.contains("commit num_computed_tokens: expected a 1-D vector of at least 3"), "{}", e.message);
         // An empty batch still launches (the stamp and the words advance).
         assert_eq!(st.pre(5, &t(20_000, "int32", &[0]), &nct, &t(22_000, "int32", &[1])).unwrap().grid, [2, 1, 3]);
     }
@@ -286,8 +324,8 @@ mod tests {
         let mut far = idx.clone();
         far.device = "cuda:1".into();
         assert_eq!(msg(st.pre(5, &far, &nct, &qsl)), "idx_mapping is on cuda:1, the states on cuda:0");
-        assert!(msg(st.post(5, &idx, &nct, Sampled::Each(&t(1, "int32", &[2])))).contains("num_sampled: expected a 1-D vector of at least 3"));
-        assert!(msg(st.post(5, &idx, &nct, Sampled::All(1 << 40))).contains("does not fit int32"));
+        assert!(msg(st.post(5, &idx, &nct, Sampled::Each(&t(1, "int32", &[2])), None)).contains("num_sampled: expected a 1-D vector of at least 3"));
+        assert!(msg(st.post(5, &idx, &nct, Sampled::All(1 << 40), None)).contains("does not fit int32"));
     }
 
     #[test]

@@ -160,3 +160,30 @@ def test_prepare_device_loads_the_kernel_before_any_step(fake_ops, recorder, lau
     ms.prepare_device()
     assert loaded == [("rs_state_copy_slots", 0)] and recorder.calls == []
     assert fake_ops.uploads == 1  # the planner's state table, once
+
+
+def test_a_recoverssm_post_process_is_the_commit_and_one_launch(fake_ops, recorder, launch_args):
+    """The commit's column and count update is part of the copy launch: the adapter writes none
+    of its slot buffers itself, it stages the committed rows' computed tokens (``-1`` elsewhere)
+    and the launch names them and the commit table's width."""
+    from recoverssm_rs.vllm import RecoverSSMCommit
+
+    ms, _, table = _small()
+    commits = []
+    cache = NS(commit=lambda sampled, blocks, qlens, **kw: commits.append((sampled.tolist(), kw["seq_lens"].tolist())))
+    before = (ms.state_idx.clone(), ms.num_accepted.clone())
+    commit = RecoverSSMCommit(
+        cache,
+        request_indices=torch.tensor([1]),
+        state_blocks=[3],
+        num_computed_tokens=torch.tensor([2, 9, 4], dtype=torch.int32),
+        block_table=torch.zeros(1, 5, dtype=torch.int32),
+    )
+    idx = torch.tensor([0, 2, -1], dtype=torch.int32)
+    sampled = torch.tensor([1, 3, 2], dtype=torch.int32)
+    ms.postprocess_state(idx, sampled, torch.zeros(4, dtype=torch.int32), [table], recoverssm=commit)
+    assert commits == [([3], [9])]
+    assert torch.equal(ms.state_idx, before[0]) and torch.equal(ms.num_accepted, before[1])
+    assert ms._commit.tolist()[:3] == [-1, 9, -1]
+    (call,) = recorder.calls
+    assert call["commit_computed"] == ms._commit.data_ptr() and call["commit_cols"] == 5

@@ -517,6 +517,8 @@ extern "C" __global__ void rs_state_copy_slots(
     const int32_t* query_start_loc,
     const int32_t* num_sampled,
     int32_t sampled_fill,
+    const int32_t* commit_computed,
+    int32_t commit_cols,
     int32_t* state_idx,
     int32_t* num_accepted,
     int32_t* scratch,

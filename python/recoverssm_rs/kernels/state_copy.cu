@@ -306,6 +306,19 @@ RS_DEVICE int64_t rs_pre_new_col(const int32_t* idx_mapping, const int32_t* num_
   return (total + block_size - 1) / block_size - 1;
 }
 
+// A RecoverSSM-committed row's running column after the commit (vLLM's commit_step): min(max(computed
+// + sampled - 1, 0) / block_size, commit_cols - 1) with computed = commit_computed[r] (the tokens
+// before this step's window); -1 for a row without a commit (commit_computed null or < 0).
+RS_DEVICE int64_t rs_commit_col(const int32_t* commit_computed, int32_t commit_cols, int64_t sampled, int64_t r,
+                                int64_t block_size) {
+  if (commit_computed == nullptr || block_size < 1) return -1;
+  const int64_t c = commit_computed[r];
+  if (c < 0) return -1;
+  const int64_t t = c + sampled - 1;
+  const int64_t col = (t > 0 ? t : 0) / block_size;
+  return col < commit_cols - 1 ? col : (int64_t)commit_cols - 1;
+}
+
 // What one row of a half-step does, as every CTA of the row reads it.
 struct RsSlotRow {
   int32_t slot;
@@ -326,16 +339,19 @@ RS_DEVICE int32_t* rs_slot_word(int32_t* err, const int32_t* ctl, bool post) {
 // one is either unchanged or comes with this launch's scratch (stamp equal).
 RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t* num_computed,
                            const int32_t* query_start_loc, const int32_t* num_sampled, int32_t sampled_fill,
-                           const int32_t* state_idx, const int32_t* num_accepted, const int32_t* scratch,
-                           const int32_t* ctl, int64_t r, int64_t num_slots, int64_t block_size, RsSlotRow* row) {
+                           const int32_t* commit_computed, int32_t commit_cols, const int32_t* state_idx,
+                           const int32_t* num_accepted, const int32_t* scratch, const int32_t* ctl, int64_t r,
+                           int64_t num_slots, int64_t block_size, RsSlotRow* row) {
   if (post) {
     const int64_t s = idx_mapping[r];
     if (s < 0 || s >= num_slots) return false;
     const int32_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
     row->slot = (int32_t)s;
-    row->a = n > 1 ? n : 1;
+    const int64_t col = rs_commit_col(commit_computed, commit_cols, n, r, block_size);
+    row->a = col >= 0 ? 1 : (n > 1 ? n : 1);
     row->x = num_computed[s] - row->a + 1;
-    row->src = state_idx[s];  // not written by a post-process
+    // Not written by a post-process, except a committed row's, which every CTA computes itself.
+    row->src = col >= 0 ? (int32_t)col : state_idx[s];
     return true;
   }
   int64_t s;
@@ -371,7 +387,9 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
 // then state_idx[s] = new, and num_accepted[s] = 1 where the state moved.
 // Post-process (RS_FLAG_DECIDE): per row, a = max(num_sampled[r], 1), running = num_computed[s] - a
 // + 1, the decision form from state_idx[s] (rs_decide_aligned); num_accepted[s] = rs_next_accepted
-// (1 after a shift in place, else a).
+// (1 after a shift in place, else a). With commit_computed (RecoverSSM, vLLM's commit_step), a row
+// with commit_computed[r] >= 0 first gets state_idx[s] = rs_commit_col(...) and a = 1: the
+// committed state is the running state, the aligned save follows from it.
 //
 // The slot writes are made by one bookkeeping thread per row (thread 0 of CTA (0, y, 0)); the copy
 // CTAs read the slots' values from before the launch (rs_slot_row). A post-process never writes
@@ -387,7 +405,7 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
     const StateMeta* __restrict__ metas, uint32_t num_meta, const TableRef* __restrict__ tables, uint32_t num_tables,
     int32_t bt_cols, const int32_t* __restrict__ idx_mapping, int32_t num_rows, const int32_t* __restrict__ num_computed,
     const int32_t* __restrict__ query_start_loc, const int32_t* __restrict__ num_sampled, int32_t sampled_fill,
-    int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots, int32_t block_size,
+    const int32_t* __restrict__ commit_computed, int32_t commit_cols, int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots, int32_t block_size,
     int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
   const bool post = (flags & RS_FLAG_DECIDE) != 0;
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
@@ -416,9 +434,11 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
       }
       if (post) {
         const int64_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
-        const int64_t a = n > 1 ? n : 1;
-        const int64_t col = state_idx[s];
+        const int64_t cc = rs_commit_col(commit_computed, commit_cols, n, r, block_size);
+        const int64_t a = cc >= 0 ? 1 : (n > 1 ? n : 1);
+        const int64_t col = cc >= 0 ? cc : state_idx[s];
         if (col >= bt_cols) continue;  // reported by the copy CTAs; nothing written
+        if (cc >= 0) state_idx[s] = (int32_t)cc;  // the committed state is the running one
         const TableRef t = tables[0];
         const int32_t* bt_row = (const int32_t*)t.addr + s * t.row_stride;
         num_accepted[s] =
@@ -446,8 +466,8 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
     for (uint32_t mi = blockIdx.z; mi < num_meta; mi += gridDim.z) {
       // Read again for every state (a few cached loads) rather than kept live across the copy.
       RsSlotRow row;
-      if (!rs_slot_row(post, idx_mapping, num_computed, query_start_loc, num_sampled, sampled_fill, state_idx,
-                       num_accepted, scratch, ctl, r, S, block_size, &row))
+      if (!rs_slot_row(post, idx_mapping, num_computed, query_start_loc, num_sampled, sampled_fill, commit_computed,
+                       commit_cols, state_idx, num_accepted, scratch, ctl, r, S, block_size, &row))
         break;
       const StateMeta m = metas[mi];
       const bool reporter = chunk == 0;

@@ -116,9 +116,9 @@ class ModelStateV2:
         def vec(fill: int, n: int, dtype: Any = torch.int32) -> Any:
             return torch.full((n,), fill, dtype=dtype, device=dev)
 
-        # One entry past the slots: the sink a RecoverSSM commit's -1 rows write to.
-        self._state = vec(-1, m + 1)
-        self._acc = vec(1, m + 1)
+        self._state = vec(-1, m)
+        self._acc = vec(1, m)
+        self._commit = vec(-1, m)  # per batch row: a RecoverSSM commit's computed tokens, -1: none
         self._scratch = vec(-1, 3 * m)  # a moved slot's old column, old count and stamp
         self._ctl = vec(0, 1)  # the stamp: post-processes so far
         self._err = vec(0, 9)  # the pre-copy's two words (by stamp parity), the post-process's
@@ -189,8 +189,8 @@ class ModelStateV2:
                 self.planner.core,
                 group_ids=self.group_ids,
                 num_slots=m,
-                state_idx=_launch_arg(self._state[:m]),
-                num_accepted=_launch_arg(self._acc[:m]),
+                state_idx=_launch_arg(self._state),
+                num_accepted=_launch_arg(self._acc),
                 scratch=_launch_arg(self._scratch),
                 ctl=_launch_arg(self._ctl),
                 err=_launch_arg(self._err),
@@ -291,41 +291,39 @@ class ModelStateV2:
                 its count 1 (the state is already the accepted one), before the aligned post-copy.
                 Skipped when ``num_sampled`` is one integer for every row (vLLM's ``commit_step``
                 commits nothing then). On CUDA the commit is one ``rs_recover_commit`` launch; its
-                column and count bookkeeping are a few torch operations before the copy launch.
+                column and count update are part of the copy launch (the rows' computed tokens
+                are staged for it: one host-to-device copy).
         """
         step = self._core_step()
         tables = _tables(block_tables)
-        # The commit reads num_sampled: run first, a refused plan leaves every buffer as it was.
+        commit: dict[str, Any] = {}
+        # The commit reads num_sampled: it runs first, a refused plan leaves every buffer as it was.
         if recoverssm is not None and not isinstance(num_sampled, int):
-            after = self._commit_recoverssm(recoverssm, idx_mapping, num_sampled)
-            if after is not None:  # vLLM's commit_step bookkeeping: the column, and a count of 1
-                s, rows, col = after
-                self._state[s] = col
-                num_sampled = num_sampled.clone()
-                num_sampled[rows] = 1
+            commit = self._commit_recoverssm(recoverssm, idx_mapping, num_sampled)
         sampled = num_sampled if isinstance(num_sampled, int) else _launch_arg(num_sampled)
-        half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables)
+        half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, **commit)
         self._run(half)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
-    def _commit_recoverssm(
-        self, rs: RecoverSSMCommit, idx_mapping: Any, num_sampled: Any
-    ) -> tuple[Any, Any, Any] | None:
-        """The RecoverSSM commit of the spec-decode rows; returns their slots (``-1`` rows: the
-        sink), their batch rows and their new columns."""
+    def _commit_recoverssm(self, rs: RecoverSSMCommit, idx_mapping: Any, num_sampled: Any) -> dict[str, Any]:
+        """The RecoverSSM commit of the spec-decode rows; returns the post-process launch's commit
+        arguments (per batch row the tokens before this step's window, staged into the adapter's
+        buffer; the launch sets the committed rows' columns and counts as vLLM's ``commit_step``)."""
+        import numpy as np
         import torch
+
+        from ..cuda import ops
 
         rows = torch.as_tensor(rs.request_indices).long()
         if int(rows.shape[0]) == 0:
-            return None
+            return {}
         all_computed = torch.as_tensor(rs.num_computed_tokens)
-        n = int(all_computed.shape[0])
+        n = min(int(all_computed.shape[0]), int(idx_mapping.shape[0]))  # batch rows
         for end in (int(rows.min()), int(rows.max())):  # the core's range rule, at both ends
             _core.check_index("request_indices", end, n)
         computed = all_computed[rows.to(all_computed.device)]  # where given: the planner reads it
-        rows_dev = rows.to(num_sampled.device, non_blocking=True)
-        sampled = num_sampled[rows_dev]  # the counts stay on the device
+        sampled = num_sampled[rows.to(num_sampled.device, non_blocking=True)]  # the counts stay on the device
         rs.cache.commit(
             sampled,
             rs.state_blocks,
@@ -334,12 +332,10 @@ class ModelStateV2:
             block_table=rs.block_table,
             block_size=self.block_size,
         )
-        last = int(rs.block_table.shape[1]) - 1
-        total = computed.to(sampled.device, non_blocking=True) + sampled - 1
-        col = torch.div(total.clamp(min=0), self.block_size, rounding_mode="floor")
-        slot = idx_mapping[rows_dev].long()
-        slot = torch.where(slot >= 0, slot, self.max_num_reqs)
-        return slot, rows_dev, col.clamp(max=last).to(torch.int32)
+        per_row = np.full(n, -1, dtype=np.int32)
+        per_row[rows.cpu().numpy()] = computed.cpu().numpy()
+        ops.cuda_ops.stage_i32(per_row.tobytes(), _launch_arg(self._commit))
+        return {"commit_computed": _launch_arg(self._commit), "commit_cols": int(rs.block_table.shape[1])}
 
     def last_error(self) -> Any:
         """The step's error word (both halves since the last :meth:`preprocess_state`; rows are
