@@ -25,8 +25,8 @@ with the runner's own work. A batch row whose ``idx_mapping`` entry is ``-1`` (a
 under pipeline parallelism) is skipped by both halves. With RecoverSSM (:class:`RecoverSSMCommit`),
 the post-process commits the spec-decode rows into the package's
 :class:`~recoverssm_rs.recoverssm.state_cache.StateCache` before the copy launch (one
-``rs_recover_commit`` launch more on CUDA, and a few torch operations for the committed rows'
-columns and counts), as vLLM's ``commit_step`` does.
+``rs_recover_commit`` launch more on CUDA), and the copy launch sets the committed rows' columns
+and counts as vLLM's ``commit_step`` does.
 
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
