@@ -86,7 +86,7 @@ pub const STATE_COPY: KernelSpec = KernelSpec {
 
 pub const STATE_COPY_SLOTS: KernelSpec = KernelSpec {
     name: "rs_state_copy_slots",
-    file: "state_copy.cu",
+    file: "state_copy_slots.cu",
     params: &[
         ("metas", "const StateMeta*"),
         ("num_meta", "uint32_t"),
@@ -154,7 +154,7 @@ pub const SLOT_SCATTER: KernelSpec = KernelSpec {
 pub const KERNELS: [&KernelSpec; 5] = [&COPY_TILES, &STATE_COPY, &RECOVER_COMMIT, &SLOT_SCATTER, &STATE_COPY_SLOTS];
 
 /// The kernel source files, in module order (one module holds them all).
-pub const KERNEL_FILES: [&str; 4] = ["copy_tiles.cu", "state_copy.cu", "recover_commit.cu", "slot_scatter.cu"];
+pub const KERNEL_FILES: [&str; 5] = ["copy_tiles.cu", "state_copy.cu", "recover_commit.cu", "slot_scatter.cu", "state_copy_slots.cu"];
 
 /// The kernel named `name`.
 pub fn kernel(name: &str) -> Result<&'static KernelSpec> {

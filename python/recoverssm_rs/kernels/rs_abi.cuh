@@ -504,7 +504,7 @@ extern "C" __global__ void rs_slot_scatter(
     int64_t draft,
     int32_t* err);
 
-// Defined in state_copy.cu.
+// Defined in state_copy_slots.cu.
 extern "C" __global__ void rs_state_copy_slots(
     const StateMeta* metas,
     uint32_t num_meta,
