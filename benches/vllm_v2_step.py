@@ -1,9 +1,9 @@
 """Host time per half-step of ``recoverssm_rs.vllm.ModelStateV2`` (vLLM's GPU-resident runner).
 
 Measured without a GPU through the device path's seam: the states are host tensors that claim to
-be on ``cuda:0``, the slot bookkeeping runs as torch CPU operations on the adapter's buffers (on a
-GPU each is a small kernel launch instead) and the driver launch of the fused kernel is not made.
-What is timed per half: the bookkeeping, the core's checks and the launch build. Every scheduled
+be on ``cuda:0`` and the driver launch of the fused kernel is not made (the slot bookkeeping is
+inside that launch). What is timed per half: the adapter's Python, the core's checks (the
+planner's guard over every bound state tensor included) and the launch build. Every scheduled
 request moves its state in the pre-copy and saves one in the post-process (the worst case); one
 group of ``--layers`` GDN layers. vLLM's side is not timed here: its step is Triton launches only,
 whose host time needs a GPU.
@@ -63,8 +63,9 @@ def run(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
     sampled = torch.full((num_reqs,), 3, dtype=torch.int32)
     pre, post = [], []
     for _ in range(reps):
-        for s in range(num_reqs):  # not timed: the runner's add_request for every slot
-            ms.add_request(s, 3)
+        # not timed: what add_request(s, 3) does for every slot (column 0, count 1), in one go
+        ms.state_idx.fill_(0)
+        ms.num_accepted.fill_(1)
         t0 = time.perf_counter()
         ms.preprocess_state(idx, before, qsl, tables)
         t1 = time.perf_counter()

@@ -27,6 +27,7 @@ __all__ = [
     "StateSpec",
     "TransferPlan",
     "VllmSlots",
+    "VllmSlotStep",
     "__version__",
     "_validate_copy_funcs",
     "align_post_process",
@@ -397,6 +398,47 @@ class VllmSlots:
     def capacity(self) -> int: ...
     @property
     def live(self) -> int: ...
+
+@final
+class VllmSlotStep:
+    """The half-steps of vLLM's GPU-resident runner as launches of ``rs_state_copy_slots``
+    (``recoverssm_rs.vllm.ModelStateV2`` owns one)."""
+
+    def __new__(
+        cls,
+        planner: Planner,
+        *,
+        group_ids: Any,
+        num_slots: int,
+        state_idx: Any,
+        num_accepted: Any,
+        scratch: Any,
+        ctl: Any,
+        err: Any,
+        tables: Any,
+    ) -> VllmSlotStep: ...
+    @staticmethod
+    def check_group_ids(ids: Any, groups: int) -> list[int]:
+        """The KV-cache group id of each planner group (``PlanError``: a count, a negative or a
+        repeated id)."""
+    def pre(
+        self, idx_mapping: Any, num_computed_tokens: Any, query_start_loc: Any, block_tables: Any
+    ) -> tuple[KernelLaunch, bytes | None]:
+        """The pre-copy's launch, and the groups' table records when they moved."""
+    def post(
+        self,
+        idx_mapping: Any,
+        num_sampled: Any,
+        num_computed_tokens: Any,
+        block_tables: Any,
+        commit_computed: Any = None,
+        commit_cols: int = 0,
+    ) -> tuple[KernelLaunch, bytes | None]:
+        """The post-process's launch (``num_sampled``: a tensor or one int; with a RecoverSSM
+        commit, its rows' computed tokens per batch row and its table width), and the table records
+        when they moved."""
+    @property
+    def group_ids(self) -> list[int]: ...
 
 # Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
 @final

@@ -84,6 +84,36 @@ pub const STATE_COPY: KernelSpec = KernelSpec {
     ],
 };
 
+pub const STATE_COPY_SLOTS: KernelSpec = KernelSpec {
+    name: "rs_state_copy_slots",
+    file: "state_copy_slots.cu",
+    params: &[
+        ("metas", "const StateMeta*"),
+        ("num_meta", "uint32_t"),
+        ("tables", "const TableRef*"),
+        ("num_tables", "uint32_t"),
+        ("bt_cols", "int32_t"),
+        ("idx_mapping", "const int32_t*"),
+        ("num_rows", "int32_t"),
+        ("num_computed", "const int32_t*"),
+        ("query_start_loc", "const int32_t*"),
+        ("num_sampled", "const int32_t*"),
+        ("sampled_fill", "int32_t"),
+        ("commit_computed", "const int32_t*"),
+        ("commit_cols", "int32_t"),
+        ("state_idx", "int32_t*"),
+        ("num_accepted", "int32_t*"),
+        ("scratch", "int32_t*"),
+        ("ctl", "int32_t*"),
+        ("num_slots", "int32_t"),
+        ("block_size", "int32_t"),
+        ("max_accepted", "int32_t"),
+        ("num_blocks", "int64_t"),
+        ("flags", "uint32_t"),
+        ("err", "int32_t*"),
+    ],
+};
+
 pub const RECOVER_COMMIT: KernelSpec = KernelSpec {
     name: "rs_recover_commit",
     file: "recover_commit.cu",
@@ -121,10 +151,10 @@ pub const SLOT_SCATTER: KernelSpec = KernelSpec {
 };
 
 /// Every kernel entry point, in module order.
-pub const KERNELS: [&KernelSpec; 4] = [&COPY_TILES, &STATE_COPY, &RECOVER_COMMIT, &SLOT_SCATTER];
+pub const KERNELS: [&KernelSpec; 5] = [&COPY_TILES, &STATE_COPY, &RECOVER_COMMIT, &SLOT_SCATTER, &STATE_COPY_SLOTS];
 
 /// The kernel source files, in module order (one module holds them all).
-pub const KERNEL_FILES: [&str; 4] = ["copy_tiles.cu", "state_copy.cu", "recover_commit.cu", "slot_scatter.cu"];
+pub const KERNEL_FILES: [&str; 5] = ["copy_tiles.cu", "state_copy.cu", "recover_commit.cu", "slot_scatter.cu", "state_copy_slots.cu"];
 
 /// The kernel named `name`.
 pub fn kernel(name: &str) -> Result<&'static KernelSpec> {

@@ -9,6 +9,7 @@ use crate::commit::{CommitMeta, CommitRow};
 use crate::plan::segment::{MoveRow, Segment, StateMeta, Tile};
 use crate::sglang::kernel::SlotCopy;
 use crate::transfer::{Read, StagedCopy};
+use crate::vllm::slot_step::TableRef;
 
 /// A field's scalar type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +156,7 @@ pub fn record_specs() -> Vec<RecordSpec> {
         CommitRow::spec(),
         CommitMeta::spec(),
         SlotCopy::spec(),
+        TableRef::spec(),
         Read::spec(),
         StagedCopy::spec(),
     ]
@@ -195,6 +197,7 @@ mod tests {
                 ("CommitRow", 32),
                 ("CommitMeta", 128),
                 ("SlotCopy", 88),
+                ("TableRef", 16),
                 ("Read", 56),
                 ("StagedCopy", 88)
             ]

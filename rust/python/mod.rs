@@ -17,6 +17,7 @@ mod layout;
 mod plan;
 mod planner;
 mod sglang;
+mod slot_step;
 mod tensor;
 mod transfer;
 mod vllm;
@@ -42,6 +43,8 @@ mod _core {
     use super::planner::Planner;
     #[pymodule_export]
     use super::sglang::{sglang_check_host_copy, sglang_commit_selection, sglang_slot_launch, sglang_slot_table};
+    #[pymodule_export]
+    use super::slot_step::VllmSlotStep;
     #[pymodule_export]
     use super::transfer::{
         check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, CacheCounters, HostCacheIndex,

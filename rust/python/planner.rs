@@ -101,7 +101,7 @@ impl Planner {
         self.block_size.ok_or_else(|| Error::plan("this planner was made without a block_size; vLLM's step decisions need one").into())
     }
 
-    fn fused(&self) -> PyResult<&FusedCopy> {
+    pub(crate) fn fused(&self) -> PyResult<&FusedCopy> {
         self.fused.get().ok_or_else(|| Error::plan("the device path is not prepared: call bind_device(metas, err) first").into())
     }
 

@@ -6,6 +6,7 @@
 
 pub mod decide;
 pub mod device_step;
+pub mod slot_step;
 pub mod slots;
 
 pub use decide::{row_name, PostDecision, PostInputs, PreColumns, PreDecision, PreInputs, StepConfig, NULL_BLOCK};

@@ -107,6 +107,7 @@ def test_no_spills_no_local_memory_no_barriers(nvrtc_reports):
     expected = {
         ("copy_tiles.cu", "rs_copy_tiles"),
         ("state_copy.cu", "rs_state_copy"),
+        ("state_copy_slots.cu", "rs_state_copy_slots"),
         ("recover_commit.cu", "rs_recover_commit"),
         ("slot_scatter.cu", "rs_slot_scatter"),
     }

@@ -132,7 +132,9 @@ inline int run_grid(const unsigned* grid, const unsigned* block, unsigned long l
 
 #define RS_CHECK_ACCESS(addr, bytes, align) rs_host::check_access((std::uint64_t)(addr), (bytes), (align))
 
-// ---- atomics (the emulation is single-threaded per grid) -------------------------------------------
+// ---- memory fences and atomics (the emulation is single-threaded per grid) ----------------------------
+inline void __threadfence() {}
+
 inline int atomicCAS(int* p, int compare, int val) {
   int old = *p;
   if (old == compare) *p = val;

@@ -144,7 +144,7 @@ def reference_execute_segments(buf: np.ndarray, segments: Any, base: int | None 
 def _decide(
     bt_row: np.ndarray, cols: int, s: int, d: int, a: int, max_accepted: int, num_blocks: int, temporal: bool
 ) -> tuple[int, tuple[int, int, int, int] | None]:
-    # The host planner's order (rust/plan/step.rs), as rs_decide in state_copy.cu.
+    # The host planner's order (rust/plan/step.rs), as rs_decide in state_copy.cuh.
     if s < 0 or d < 0:
         return 0, None
     if s >= cols or d >= cols:

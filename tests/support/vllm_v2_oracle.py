@@ -244,6 +244,7 @@ def run_trace(
     emulator: Any = None,
     recoverssm: bool = False,
     commit_kernel: Any = None,
+    static: bool = False,
 ) -> V2Stats:
     """One random trace through vLLM's ``MambaHybridModelState`` and ``ModelStateV2``.
 
@@ -260,7 +261,9 @@ def run_trace(
     the same commit (:class:`~recoverssm_rs.vllm.model_state.RecoverSSMCommit`); both caches are
     compared too. ``commit_kernel(cache)``: called on the adapter's cache (e.g. to run its commits
     through an emulated kernel); its recurrent states are then compared within ``1e-5``.
-    AssertionError at the first difference."""
+    ``static``: the adapter reads the runner's inputs from tensors fixed for the whole trace
+    (``max_num_reqs`` rows, the batch padded with ``-1`` rows; counts always a tensor), as under a
+    CUDA graph. AssertionError at the first difference."""
     from recoverssm_rs.vllm.model_state import ModelStateV2
 
     from .device_fakes import FakeCuda
@@ -286,6 +289,9 @@ def run_trace(
         side_o.kv_cache_config, context, side_o.copy_funcs(None), max_num_reqs=m, conv_layout=conv_layout, device="cpu"
     )
     nct = torch.zeros(m, dtype=torch.int32)  # the runner's per-slot computed tokens (device-resident in vLLM)
+    fixed = {
+        k: torch.zeros(n, dtype=torch.int32) for k, n in (("idx", m), ("post_idx", m), ("qsl", m + 1), ("sampled", m))
+    }
     slot_of: dict[str, int] = {}
     free = list(range(m - 1, -1, -1))
     running: list[vllm_trace.Req] = []
@@ -349,7 +355,12 @@ def run_trace(
         calls = len(emulator.calls) if emulator is not None else 0
         # pre-copy
         vms.preprocess_state(types.SimpleNamespace(num_reqs=n, idx_mapping=idx, query_start_loc=qsl), tables, None, nct)
-        ours.preprocess_state(idx, nct, qsl, tables)
+        if static:
+            fixed["idx"].fill_(-1)[:n] = idx
+            fixed["qsl"].copy_(qsl)
+            ours.preprocess_state(fixed["idx"], nct, fixed["qsl"], tables)
+        else:
+            ours.preprocess_state(idx, nct, qsl, tables)
         if emulator is not None and launches is not None and n:
             launches.append(len(emulator.calls) - calls)
             calls = len(emulator.calls)
@@ -391,7 +402,12 @@ def run_trace(
                 commit = RecoverSSMCommit(**rec.step(rec.caches[1], slots, rows, computed, qlens))
                 stats.commits += not isinstance(counts, int)
         vms.postprocess_state(post_idx, counts, nct)
-        ours.postprocess_state(post_idx, counts, nct, tables, recoverssm=commit)
+        if static:
+            fixed["post_idx"].fill_(-1)[:n] = post_idx
+            fixed["sampled"].zero_()[:n] = torch.tensor(sampled, dtype=torch.int32)
+            ours.postprocess_state(fixed["post_idx"], fixed["sampled"], nct, tables, recoverssm=commit)
+        else:
+            ours.postprocess_state(post_idx, counts, nct, tables, recoverssm=commit)
         if emulator is not None and launches is not None and n:
             launches.append(len(emulator.calls) - calls)
         check(step, "post-process")

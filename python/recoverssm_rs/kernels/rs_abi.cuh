@@ -221,6 +221,16 @@ struct SlotCopy {
 };
 static_assert(sizeof(SlotCopy) == 88, "SlotCopy is 88 bytes");
 
+// One recurrent group's per-slot block table, as rs_state_copy_slots reads it. Defined in
+// rust/vllm/slot_step.rs.
+//   addr: Device address of row 0 (int32 block ids).
+//   row_stride: Elements between rows.
+struct TableRef {
+  uint64_t addr;
+  int64_t row_stride;
+};
+static_assert(sizeof(TableRef) == 16, "TableRef is 16 bytes");
+
 // One read of a transfer plan: `len` bytes from `src_offset` of the source rank's tensor
 // `src_tensor` (offsets from the tensor's block 0) to `dst_offset` of the destination tensor
 // `dst_tensor`, or of the staging buffer when `dst_tensor == STAGING`. The Python package views the
@@ -325,6 +335,8 @@ static_assert(sizeof(StagedCopy) == 88, "StagedCopy is 88 bytes");
 #define RS_OFFSET_SlotCopy_src_col_stride 72
 #define RS_OFFSET_SlotCopy_elem_bytes 80
 #define RS_OFFSET_SlotCopy_tensor 84
+#define RS_OFFSET_TableRef_addr 0
+#define RS_OFFSET_TableRef_row_stride 8
 #define RS_OFFSET_Read_request 0
 #define RS_OFFSET_Read_src_rank 8
 #define RS_OFFSET_Read_src_tensor 16
@@ -417,6 +429,8 @@ static_assert(__builtin_offsetof(SlotCopy, src_pitch) == 64, "SlotCopy.src_pitch
 static_assert(__builtin_offsetof(SlotCopy, src_col_stride) == 72, "SlotCopy.src_col_stride at 72");
 static_assert(__builtin_offsetof(SlotCopy, elem_bytes) == 80, "SlotCopy.elem_bytes at 80");
 static_assert(__builtin_offsetof(SlotCopy, tensor) == 84, "SlotCopy.tensor at 84");
+static_assert(__builtin_offsetof(TableRef, addr) == 0, "TableRef.addr at 0");
+static_assert(__builtin_offsetof(TableRef, row_stride) == 8, "TableRef.row_stride at 8");
 static_assert(__builtin_offsetof(Read, request) == 0, "Read.request at 0");
 static_assert(__builtin_offsetof(Read, src_rank) == 8, "Read.src_rank at 8");
 static_assert(__builtin_offsetof(Read, src_tensor) == 16, "Read.src_tensor at 16");
@@ -463,3 +477,12 @@ extern "C" __global__ void rs_slot_scatter(const SlotCopy* metas, uint32_t num_m
     const int64_t* slots, const int64_t* steps, const int64_t* rows, const int64_t* track_slots,
     const int64_t* track_steps, int32_t num_requests, int64_t num_slots, int64_t num_rows,
     int64_t draft, int32_t* err);
+
+// Defined in state_copy_slots.cu.
+extern "C" __global__ void rs_state_copy_slots(const StateMeta* metas, uint32_t num_meta,
+    const TableRef* tables, uint32_t num_tables, int32_t bt_cols, const int32_t* idx_mapping,
+    int32_t num_rows, const int32_t* num_computed, const int32_t* query_start_loc,
+    const int32_t* num_sampled, int32_t sampled_fill, const int32_t* commit_computed,
+    int32_t commit_cols, int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl,
+    int32_t num_slots, int32_t block_size, int32_t max_accepted, int64_t num_blocks, uint32_t flags,
+    int32_t* err);

@@ -9,27 +9,24 @@ column per slot (vLLM's ``mamba_state_idx``) and the accepted count per slot (vL
 A batch reorder therefore needs no remapping: the slot carries the column and the count. A step
 reads only the runner's device tensors (``idx_mapping``, the per-slot ``num_computed_tokens``,
 ``query_start_loc``, the sampled counts, the per-slot block tables): nothing is read back to the
-host, no buffer of the adapter's is allocated after the first step (they are sized once; the torch
-operations' temporaries come from torch's caching allocator), and no
+host, no buffer of the adapter's is allocated after the first step (they are sized once), and no
 Python runs per request, so both halves can run under asynchronous scheduling and inside a CUDA
-graph capture (with fixed tensors between replays).
+graph capture (with fixed input tensors between replays).
 
-Per half-step the adapter updates its slot buffers with vectorised torch operations (vLLM's
-state advance, its count scatter; about 25 small device operations in the pre-copy and 16 in the
-post-process, counted as aten operations without views) and then launches the package's fused
-copy kernel **once** over every state of every layer of every group, across all ``max_num_reqs``
-slots (slots outside the batch are padding): the pre-copy with ``"pre_copy"`` semantics
-(:meth:`~recoverssm_rs.Planner.launch`), the post-process decided on the device
-(:meth:`~recoverssm_rs.Planner.launch_post_process`), which also writes the counts for the next
-step. The kernel checks every (request, group) it copies and reports into the step's error word
-(:meth:`ModelStateV2.last_error`). Everything runs on the current torch stream, in order with the
-runner's own work. On a GPU the torch operations are kernels of their own: until
-the kernel takes ``idx_mapping`` and the slot bookkeeping itself, a half-step launches more
-kernels than vLLM's two to four. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered
-out under pipeline parallelism) is skipped by both halves. With RecoverSSM
-(:class:`RecoverSSMCommit`), the post-process commits the spec-decode rows into the package's
-:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` between the count scatter and the copy
-launch (one ``rs_recover_commit`` launch more on CUDA), as vLLM's ``commit_step`` does.
+Each half-step is exactly **one** launch of the package's kernel (``rs_state_copy_slots``) over
+every state of every layer of every group, and no torch operation of the adapter's: the kernel
+reads ``idx_mapping`` and the runner's counts itself and takes vLLM's bookkeeping (the pre-copy's
+state advance and count reset, the post-process's count scatter) along with the copies (the
+pre-copy with ``"pre_copy"`` semantics, the post-process decided on the device). The core checks
+every input on the host (``_core.VllmSlotStep``); the kernel checks every (request, group) it
+copies and reports into the step's error word (:meth:`ModelStateV2.last_error`), a bad slot or
+column skipped with nothing written for it. Everything runs on the current torch stream, in order
+with the runner's own work. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered out
+under pipeline parallelism) is skipped by both halves. With RecoverSSM (:class:`RecoverSSMCommit`),
+the post-process commits the spec-decode rows into the package's
+:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` before the copy launch (one
+``rs_recover_commit`` launch more on CUDA), and the copy launch sets the committed rows' columns
+and counts as vLLM's ``commit_step`` does.
 
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
@@ -42,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _core
+from .._core import ErrorWord
 from ..errors import PlanError
 from ..planner import Planner
 
@@ -50,9 +48,12 @@ __all__ = ["ModelStateV2", "RecoverSSMCommit"]
 log = logging.getLogger("recoverssm_rs")
 
 
-def _launch_arg(t: Any) -> Any:
+def _identity(t: Any) -> Any:
     """A buffer as the launch receives it (the identity; the tests' seam for host-backed fakes)."""
     return t
+
+
+_launch_arg = _identity
 
 
 @dataclasses.dataclass
@@ -93,7 +94,7 @@ class ModelStateV2:
     Args:
         planner: the planner of every mamba group (CUDA states, with vLLM's ``block_size``).
         group_ids: the vLLM KV-cache group id of each planner group, in planner order (the index
-            into the runner's per-group block tables).
+            into the runner's per-group block tables; checked by the core).
         max_num_reqs: the runner's request-state slots.
         device: where the slot buffers live (default: the planner's device).
 
@@ -105,27 +106,27 @@ class ModelStateV2:
 
         if planner.block_size is None:
             raise PlanError("ModelStateV2 needs the planner's block_size (Planner(..., block_size=...))")
-        if len(group_ids) != planner.num_groups:
-            raise PlanError(f"{len(group_ids)} group ids for a planner of {planner.num_groups} groups")
         self.planner = planner
-        self.group_ids = [int(g) for g in group_ids]
+        self.group_ids = _core.VllmSlotStep.check_group_ids(group_ids, planner.num_groups)
         self.max_num_reqs = m = _core.VllmSlots.check_capacity(max_num_reqs)
         self.block_size = int(planner.block_size)
         self.device = torch.device(device if device is not None else planner.device)
         dev = self.device
 
-        def vec(fill: int, n: int = m + 1) -> Any:
-            return torch.full((n,), fill, dtype=torch.int32, device=dev)
+        def vec(fill: int, n: int, dtype: Any = torch.int32) -> Any:
+            return torch.full((n,), fill, dtype=dtype, device=dev)
 
-        # One entry past the slots: the sink that rows with idx_mapping == -1 write to.
-        self._state = vec(-1)
-        self._acc = vec(1)
-        self._src = vec(-1)
-        self._bias_acc = vec(1)
-        self._run = vec(0)
-        self._acc_in = vec(1)
-        self._err = vec(0, 3)
-        self._table: Any = None  # int32 [groups, max_num_reqs, cols], sized on first use
+        self._state = vec(-1, m)
+        self._acc = vec(1, m)
+        self._commit = vec(-1, m)  # per batch row: a RecoverSSM commit's computed tokens, -1: none
+        self._scratch = vec(-1, 3 * m)  # a moved slot's old column, old count and stamp
+        self._ctl = vec(0, 1)  # the stamp: post-processes so far
+        self._err = vec(0, 9)  # the pre-copy's two words (by stamp parity), the post-process's
+        self._tables = vec(0, 2 * planner.num_groups, torch.int64)  # TableRef records
+        self._step: Any = None  # the core's VllmSlotStep, made at the first half-step
+        self._index = 0
+        self._last = "post"  # the half that ran last
+        self._stamp = 0  # the host's mirror of the device stamp
 
     @classmethod
     def from_runner(
@@ -176,35 +177,54 @@ class ModelStateV2:
         self._acc[s] = 1
         self._state[s] = (nct - 1) // self.block_size
 
-    def _slots(self, idx_mapping: Any) -> Any:
-        import torch
+    def _core_step(self) -> Any:
+        """The core's half-step builder, made once (the planner's device path prepared first)."""
+        if self._step is None:
+            from ..cuda.ops import cuda_index
 
-        n = int(idx_mapping.shape[0])
-        if n > self.max_num_reqs:
-            raise PlanError(f"{n} batch rows, more than max_num_reqs = {self.max_num_reqs}")
-        return torch.where(idx_mapping >= 0, idx_mapping, self.max_num_reqs).long()
+            self._index = cuda_index(self.planner.device, "ModelStateV2")
+            self.planner._device("ModelStateV2")
+            m = self.max_num_reqs
+            self._step = _core.VllmSlotStep(
+                self.planner.core,
+                group_ids=self.group_ids,
+                num_slots=m,
+                state_idx=_launch_arg(self._state),
+                num_accepted=_launch_arg(self._acc),
+                scratch=_launch_arg(self._scratch),
+                ctl=_launch_arg(self._ctl),
+                err=_launch_arg(self._err),
+                tables=_launch_arg(self._tables),
+            )
+        return self._step
 
-    def _tables(self, block_tables: Sequence[Any] | Mapping[int, Any]) -> Any:
-        """The groups' per-slot tables as the kernel reads them: one group's int32 table itself (a
-        view of its first ``max_num_reqs`` rows), else the adapter's ``[groups, max_num_reqs, cols]``
-        buffer, rewritten from the groups' tables (a device copy of every table per half-step)."""
-        import torch
+    def prepare_device(self) -> None:
+        """Make the device path ready without running a step: the planner's state table uploaded,
+        the kernel compiled and loaded on the states' device. Call it before capturing the
+        half-steps in a CUDA graph (the first half-step does it otherwise, synchronising once);
+        the first half-step still uploads the groups' table records, so capture from the second
+        step on, or with tables at the same addresses as a step run before.
 
-        tabs = [block_tables[g] for g in self.group_ids]
-        _core.check_device_tables(
-            device=self.planner.device,
-            tables=[_launch_arg(t) for t in tabs],
-            groups=self.planner.num_groups,
-            rows=self.max_num_reqs,
-        )
-        if len(tabs) == 1 and tabs[0].dtype == torch.int32:
-            return tabs[0][: self.max_num_reqs]
-        cols = max(int(t.shape[1]) for t in tabs)
-        if self._table is None or self._table.shape[2] != cols:
-            self._table = torch.zeros((len(tabs), self.max_num_reqs, cols), dtype=torch.int32, device=self.device)
-        for g, t in enumerate(tabs):
-            self._table[g, :, : t.shape[1]].copy_(t[: self.max_num_reqs])
-        return self._table
+        Raises:
+            PlanError: the planner is bound to host tensors.
+            BackendUnavailableError: CuPy or a CUDA device is missing.
+        """
+        from ..cuda import module
+
+        self._core_step()
+        module.function_ptr("rs_state_copy_slots", self._index)
+
+    def _run(self, half: tuple[Any, Any]) -> None:
+        """Uploads the table records when a table moved (the first step), then launches on the
+        current torch stream."""
+        from ..cuda import module
+
+        launch, tables = half
+        if tables is not None:
+            import torch
+
+            self._tables.copy_(torch.frombuffer(bytearray(tables), dtype=torch.int64))
+        module.launch(launch, self._index, None)  # the core checked the guard and marked the states written
 
     def preprocess_state(
         self,
@@ -214,48 +234,35 @@ class ModelStateV2:
         block_tables: Sequence[Any] | Mapping[int, Any],
     ) -> None:
         """vLLM's ``preprocess_state``: advance each scheduled slot's running column and move its
-        state there across a block boundary, before the forward pass.
+        state there across a block boundary, before the forward pass: one launch, the column and
+        count updates included.
 
         Args:
-            idx_mapping: ``[R]`` int tensor, batch row -> request-state slot (``-1``: skipped).
-            num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens before this step.
-            query_start_loc: ``[>= R + 1]`` the batch rows' token offsets.
+            idx_mapping: ``[R]`` int32 tensor, batch row -> request-state slot (``-1``: skipped).
+            num_computed_tokens: ``[max_num_reqs]`` int32 per-slot computed tokens before this step.
+            query_start_loc: ``[>= R + 1]`` int32, the batch rows' token offsets.
             block_tables: indexed by vLLM KV-cache group id (a sequence or a mapping), the per-slot
                 ``[>= max_num_reqs, cols]`` int32 table of each mamba group (other entries are not
                 read); the groups' tables share one width.
 
         Per row with slot ``s``: the pre-copy moves ``state_idx[s] -> ceil((num_computed[s] +
         query_len) / block_size) - 1`` with offset ``num_accepted[s] - 1`` when the column changes
-        and was ``>= 0``, and then the count resets to 1.
+        and was ``>= 0``, and then the count resets to 1. The rows must name distinct slots.
         """
-        import torch
-
-        n = int(idx_mapping.shape[0])
-        slot = self._slots(idx_mapping)
-        self._err.zero_()  # the step's word: the post-process ORs into it too
-        if n == 0:
-            return
-        m = self.max_num_reqs
-        old = self._state[slot]
-        acc = self._acc[slot]
-        qlen = query_start_loc[1 : n + 1] - query_start_loc[:n]
-        nct = num_computed_tokens[slot.clamp(max=m - 1)]
-        new = torch.div(nct + qlen + (self.block_size - 1), self.block_size, rounding_mode="floor") - 1
-        new = new.to(torch.int32)
-        moves = (old >= 0) & (old != new)
-        self._src.fill_(-1)
-        self._src[slot] = torch.where(moves, old, -1).to(torch.int32)
-        self._bias_acc[slot] = acc.clamp(min=1)
-        self._acc[slot] = torch.where(moves, 1, acc).to(torch.int32)
-        self._state[slot] = new
-        self.planner.launch(
-            _launch_arg(self._tables(block_tables)),
-            _launch_arg(self._src[:m]),
-            _launch_arg(self._state[:m]),
-            _launch_arg(self._bias_acc[:m]),
-            semantics="pre_copy",
-            err=_launch_arg(self._err),
+        step = self._core_step()
+        if self._last == "pre":  # a pre-copy without a post-process since the last: a new stamp
+            self._ctl.add_(1)
+            self._stamp += 1
+            w = 3 * (self._stamp & 1)
+            self._err[w : w + 3].zero_()
+        half = step.pre(
+            _launch_arg(idx_mapping),
+            _launch_arg(num_computed_tokens),
+            _launch_arg(query_start_loc),
+            _tables(block_tables),
         )
+        self._run(half)
+        self._last = "pre"
 
     def postprocess_state(
         self,
@@ -268,72 +275,55 @@ class ModelStateV2:
     ) -> None:
         """vLLM's ``postprocess_state`` in align mode: scatter this step's accepted counts to their
         slots, run the RecoverSSM commit (when given) and save the running state at the last block
-        boundary the accepted tokens crossed.
+        boundary the accepted tokens crossed: one launch (the count scatter included).
 
         Args:
             idx_mapping: ``[R]`` batch row -> slot (``-1`` rows, e.g. filtered under pipeline
                 parallelism, are skipped).
-            num_sampled: ``[R]`` tokens sampled per row (0 for a chunked-prefill row: counted as
-                1), or one integer for every row.
+            num_sampled: ``[R]`` int32 tokens sampled per row (0 for a chunked-prefill row: counted
+                as 1), or one integer for every row.
             num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step.
             block_tables: as :meth:`preprocess_state`.
-            recoverssm: the step's RecoverSSM commit (vLLM's ``commit_step``). After the count
-                scatter, ``recoverssm.cache`` commits each spec-decode row's ``num_sampled``
-                tokens (align mode: the boundary state goes to its ``block_table``); then, as
-                vLLM does, that row's running column becomes ``min(max(num_computed + num_sampled
-                - 1, 0) // block_size, cols - 1)`` and its count 1 (the state is already the
-                accepted one), before the aligned post-copy. Skipped when ``num_sampled`` is one
-                integer for every row (vLLM's ``commit_step`` commits nothing then). On CUDA the
-                commit is one ``rs_recover_commit`` launch: a post-process with it is two launches.
+            recoverssm: the step's RecoverSSM commit (vLLM's ``commit_step``). ``recoverssm.cache``
+                commits each spec-decode row's ``num_sampled`` tokens (align mode: the boundary
+                state goes to its ``block_table``); then, as vLLM does, that row's running column
+                becomes ``min(max(num_computed + num_sampled - 1, 0) // block_size, cols - 1)`` and
+                its count 1 (the state is already the accepted one), before the aligned post-copy.
+                Skipped when ``num_sampled`` is one integer for every row (vLLM's ``commit_step``
+                commits nothing then). On CUDA the commit is one ``rs_recover_commit`` launch; its
+                column and count update are part of the copy launch (the rows' computed tokens
+                are staged for it: one host-to-device copy).
         """
-        import torch
-
-        n = int(idx_mapping.shape[0])
-        slot = self._slots(idx_mapping)
-        m = self.max_num_reqs
-        # The commit reads num_sampled, not the scattered counts: run first, a refused plan
-        # leaves every buffer as it was.
-        after = None
+        step = self._core_step()
+        tables = _tables(block_tables)
+        commit: dict[str, Any] = {}
+        # The commit reads num_sampled: it runs first, a refused plan leaves every buffer as it was.
         if recoverssm is not None and not isinstance(num_sampled, int):
-            after = self._commit_recoverssm(recoverssm, slot, num_sampled)
-        if n:
-            if isinstance(num_sampled, int):
-                self._acc.index_fill_(0, slot, max(num_sampled, 1))
-            else:
-                self._acc[slot] = num_sampled[:n].clamp(min=1).to(torch.int32)
-        if after is not None:  # vLLM's commit_step bookkeeping, after the scatter
-            s, col = after
-            self._state[s] = col
-            self._acc[s] = 1
-        if n == 0:
-            return
-        self._acc_in.copy_(self._acc)  # the kernel reads a snapshot and writes the counts back
-        self._src.fill_(-1)
-        self._src[slot] = self._state[slot]
-        self._run[slot] = (num_computed_tokens[slot.clamp(max=m - 1)] - self._acc[slot] + 1).to(torch.int32)
-        self.planner.launch_post_process(
-            _launch_arg(self._tables(block_tables)),
-            _launch_arg(self._src[:m]),
-            _launch_arg(self._run[:m]),
-            _launch_arg(self._acc_in[:m]),
-            err=_launch_arg(self._err),
-            num_accepted_out=_launch_arg(self._acc[:m]),
-        )
+            commit = self._commit_recoverssm(recoverssm, idx_mapping, num_sampled)
+        sampled = num_sampled if isinstance(num_sampled, int) else _launch_arg(num_sampled)
+        half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, **commit)
+        self._run(half)
+        self._last = "post"
+        self._stamp += 1  # the kernel advanced the device's
 
-    def _commit_recoverssm(self, rs: RecoverSSMCommit, slot: Any, num_sampled: Any) -> tuple[Any, Any] | None:
-        """The RecoverSSM commit of the spec-decode rows; returns their slots and new columns."""
+    def _commit_recoverssm(self, rs: RecoverSSMCommit, idx_mapping: Any, num_sampled: Any) -> dict[str, Any]:
+        """The RecoverSSM commit of the spec-decode rows; returns the post-process launch's commit
+        arguments (per batch row the tokens before this step's window, staged into the adapter's
+        buffer; the launch sets the committed rows' columns and counts as vLLM's ``commit_step``)."""
+        import numpy as np
         import torch
+
+        from ..cuda import ops
 
         rows = torch.as_tensor(rs.request_indices).long()
         if int(rows.shape[0]) == 0:
-            return None
+            return {}
         all_computed = torch.as_tensor(rs.num_computed_tokens)
-        n = int(all_computed.shape[0])
+        n = min(int(all_computed.shape[0]), int(idx_mapping.shape[0]))  # batch rows
         for end in (int(rows.min()), int(rows.max())):  # the core's range rule, at both ends
             _core.check_index("request_indices", end, n)
         computed = all_computed[rows.to(all_computed.device)]  # where given: the planner reads it
-        rows_dev = rows.to(num_sampled.device, non_blocking=True)
-        sampled = num_sampled[rows_dev]  # the counts stay on the device
+        sampled = num_sampled[rows.to(num_sampled.device, non_blocking=True)]  # the counts stay on the device
         rs.cache.commit(
             sampled,
             rs.state_blocks,
@@ -342,20 +332,30 @@ class ModelStateV2:
             block_table=rs.block_table,
             block_size=self.block_size,
         )
-        last = int(rs.block_table.shape[1]) - 1
-        total = computed.to(sampled.device, non_blocking=True) + sampled - 1
-        col = torch.div(total.clamp(min=0), self.block_size, rounding_mode="floor")
-        return slot[rows_dev], col.clamp(max=last).to(torch.int32)  # a -1 row: the sink
+        per_row = np.full(n, -1, dtype=np.int32)
+        per_row[rows.cpu().numpy()] = computed.cpu().numpy()
+        ops.cuda_ops.stage_i32(per_row.tobytes(), _launch_arg(self._commit))
+        return {"commit_computed": _launch_arg(self._commit), "commit_cols": int(rs.block_table.shape[1])}
 
     def last_error(self) -> Any:
-        """The step's error word (both halves since the last :meth:`preprocess_state`).
-        **Synchronises** the device (for checks, not the loop)."""
-        from .. import cuda
-
-        return cuda.decode_error_word(self._err.cpu(), self.max_num_reqs)
+        """The step's error word (both halves since the last :meth:`preprocess_state`; rows are
+        batch rows). **Synchronises** the device (for checks, not the loop)."""
+        words = [int(x) for x in self._err.cpu().tolist()]
+        pre = 3 * ((self._stamp - (self._last == "post")) & 1)
+        word = [words[pre] | words[6], max(words[pre + 1], words[7]), max(words[pre + 2], words[8])]
+        return ErrorWord(word, self.max_num_reqs)
 
     def __repr__(self) -> str:
         return (
             f"ModelStateV2(groups={self.group_ids}, block_size={self.block_size}, "
             f"max_num_reqs={self.max_num_reqs}, device={self.device})"
         )
+
+
+def _tables(block_tables: Any) -> Any:
+    """The caller's per-group tables as the core reads them (each through :func:`_launch_arg`)."""
+    if _launch_arg is _identity:
+        return block_tables
+    if isinstance(block_tables, Mapping):
+        return {g: _launch_arg(t) for g, t in block_tables.items()}
+    return [_launch_arg(t) for t in block_tables]

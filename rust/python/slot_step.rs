@@ -1,0 +1,163 @@
+//! `VllmSlotStep`: the half-steps of vLLM's GPU-resident runner (`crate::vllm::slot_step`), one
+//! launch each. The constructor checks the adapter's buffers and group ids once; each half-step
+//! converts the runner's tensors, checks them in the core and returns the launch (and, when a
+//! group's table moved, the table records to upload first).
+
+use super::conversion::{arg_error, items, kwargs, Arg, FromKwargs, Ints, Tensor};
+use super::launch::KernelLaunch;
+use super::planner::Planner;
+use crate::error::{Error, ErrorKind};
+use crate::tensor::TensorDesc;
+use crate::vllm::slot_step::{check_group_ids, Commit, Sampled, SlotBuffers, SlotStep, TableRef};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt};
+use std::sync::Mutex;
+
+kwargs! {
+    /// The adapter's buffers and its planner (prepared for the device path).
+    pub(crate) struct SlotStepArgs (Plan) {
+        group_ids: Ints,
+        num_slots: i64,
+        state_idx: Tensor,
+        num_accepted: Tensor,
+        scratch: Tensor,
+        ctl: Tensor,
+        err: Tensor,
+        tables: Tensor,
+    }
+}
+
+/// The half-steps of one `ModelStateV2` as launches of `rs_state_copy_slots`.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct VllmSlotStep {
+    planner: Py<Planner>,
+    inner: SlotStep,
+    /// The KV-cache group id of each planner group.
+    #[pyo3(get)]
+    group_ids: Vec<usize>,
+    /// The table records the buffer holds now (what the last step returned).
+    uploaded: Mutex<Vec<TableRef>>,
+}
+
+/// A launch and, when the tables moved, their records to upload before it.
+type HalfStep<'py> = (KernelLaunch, Option<Bound<'py, PyBytes>>);
+
+impl VllmSlotStep {
+    /// The groups' tables, `block_tables[g]` for each group id `g` (a sequence or a mapping).
+    fn tables(&self, block_tables: &Bound<'_, PyAny>) -> PyResult<Vec<TensorDesc>> {
+        self.group_ids
+            .iter()
+            .map(|&g| {
+                let t =
+                    block_tables.get_item(g).map_err(|_| arg_error(ErrorKind::Plan, format!("block_tables has no table for KV-cache group {g}")))?;
+                Ok(Tensor::arg(&t, &format!("block_tables[{g}]"), ErrorKind::Plan)?.0)
+            })
+            .collect()
+    }
+
+    /// Checks the guard and the tables, builds the launch with `f`, and returns the table records
+    /// when they differ from the uploaded ones.
+    fn half<'py>(
+        &self,
+        py: Python<'py>,
+        block_tables: &Bound<'_, PyAny>,
+        f: impl FnOnce(&SlotStep, i32) -> crate::error::Result<crate::kernels::Launch>,
+    ) -> PyResult<HalfStep<'py>> {
+        let tables = self.tables(block_tables)?;
+        let planner = self.planner.get();
+        planner.write(py, || {
+            let (refs, cols) = self.inner.table_refs(&tables)?;
+            let launch = KernelLaunch::new(f(&self.inner, cols)?);
+            let mut up = self.uploaded.lock().map_err(|_| Error::plan("the table records' lock is poisoned"))?;
+            let changed = *up != refs;
+            if changed {
+                up.clone_from(&refs);
+            }
+            Ok((launch, changed.then(|| PyBytes::new(py, &TableRef::bytes(&refs)))))
+        })
+    }
+}
+
+#[pymethods]
+impl VllmSlotStep {
+    /// `planner`: the groups' planner, its device path prepared (`bind_device`); the buffers as
+    /// `ModelStateV2` owns them (see `crate::vllm::slot_step::SlotBuffers`).
+    #[new]
+    #[pyo3(signature = (planner, **kwargs))]
+    fn new(planner: &Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let a = SlotStepArgs::from_kwargs(kwargs)?;
+        let p = planner.get();
+        let group_ids = check_group_ids(&a.group_ids.0, p.inner.num_groups())?;
+        let fused = p.fused()?.clone();
+        let block_size = p.block_size()?;
+        let b = SlotBuffers {
+            state_idx: &a.state_idx.0,
+            num_accepted: &a.num_accepted.0,
+            scratch: &a.scratch.0,
+            ctl: &a.ctl.0,
+            err: &a.err.0,
+            tables: &a.tables.0,
+        };
+        let inner = SlotStep::new(fused, block_size, a.num_slots, &b)?;
+        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, uploaded: Mutex::new(Vec::new()) })
+    }
+
+    /// Checks a list of KV-cache group ids for a planner of `groups` groups; returns them.
+    #[staticmethod]
+    fn check_group_ids(ids: &Bound<'_, PyAny>, groups: usize) -> PyResult<Vec<usize>> {
+        let ids = items(ids, "group_ids", ErrorKind::Plan, "integers")?
+            .iter()
+            .enumerate()
+            .map(|(i, x)| i64::arg(x, &format!("group_ids[{i}]"), ErrorKind::Plan))
+            .collect::<PyResult<Vec<i64>>>()?;
+        Ok(check_group_ids(&ids, groups)?)
+    }
+
+    /// The pre-copy: `(launch, table records or None)`.
+    fn pre<'py>(
+        &self,
+        py: Python<'py>,
+        idx_mapping: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+        query_start_loc: &Bound<'_, PyAny>,
+        block_tables: &Bound<'_, PyAny>,
+    ) -> PyResult<HalfStep<'py>> {
+        let kind = ErrorKind::Plan;
+        let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
+        let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
+        let qsl = Tensor::arg(query_start_loc, "query_start_loc", kind)?.0;
+        self.half(py, block_tables, |s, cols| s.pre(cols, &idx, &nct, &qsl))
+    }
+
+    /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
+    /// for every row); with a RecoverSSM commit, `commit_computed` (int32 per batch row, `-1`
+    /// where nothing is committed) and `commit_cols`; `(launch, table records or None)`.
+    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit_computed = None, commit_cols = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn post<'py>(
+        &self,
+        py: Python<'py>,
+        idx_mapping: &Bound<'_, PyAny>,
+        num_sampled: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+        block_tables: &Bound<'_, PyAny>,
+        commit_computed: Option<&Bound<'_, PyAny>>,
+        commit_cols: i64,
+    ) -> PyResult<HalfStep<'py>> {
+        let kind = ErrorKind::Plan;
+        let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
+        let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
+        let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
+        let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };
+        let fill = if all { i64::arg(num_sampled, "num_sampled", kind)? } else { 0 };
+        let commit = commit_computed.map(|c| Tensor::arg(c, "commit_computed", kind)).transpose()?.map(|t| t.0);
+        self.half(py, block_tables, |s, cols| {
+            let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
+            s.post(cols, &idx, &nct, sampled, commit.as_ref().map(|c| Commit { computed: c, cols: commit_cols }))
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("VllmSlotStep(groups={:?}, slots={})", self.group_ids, self.inner.slots())
+    }
+}

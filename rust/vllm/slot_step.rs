@@ -1,0 +1,368 @@
+//! vLLM's GPU-resident runner (`MambaHybridModelState`, docs/design.md section 3.9) as one launch
+//! per half-step: `rs_state_copy_slots` reads the runner's device tensors (`idx_mapping`, the
+//! per-slot `num_computed_tokens`, `query_start_loc` or the sampled counts) and the adapter's
+//! per-slot buffers, takes vLLM's state advance or count scatter itself and moves the states of
+//! every group. [`SlotStep`] checks the adapter's buffers once and each half-step's inputs, and
+//! packs the launch; the group tables travel as [`TableRef`] records in a device buffer of the
+//! adapter's, rewritten only when a table moves.
+
+use super::slots::check_capacity;
+use crate::error::{Error, Result};
+use crate::kernels::abi::{Arg, Launch, STATE_COPY_SLOTS};
+use crate::kernels::args::{block_table, check_group_tables, IntType};
+use crate::kernels::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, THREADS};
+use crate::kernels::{state_copy_grid, FusedCopy};
+use crate::tensor::{Device, TensorDesc};
+
+crate::kernels::records::record! {
+    /// One recurrent group's per-slot block table, as rs_state_copy_slots reads it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct TableRef {
+        /// Device address of row 0 (int32 block ids).
+        pub addr: u64,
+        /// Elements between rows.
+        pub row_stride: i64,
+    }
+}
+
+impl TableRef {
+    /// The record's bytes (little-endian, as the kernel reads it).
+    pub fn bytes(refs: &[TableRef]) -> Vec<u8> {
+        refs.iter().flat_map(|t| [t.addr.to_le_bytes(), t.row_stride.to_le_bytes()].concat()).collect()
+    }
+}
+
+/// The error word of the adapter: the pre-copy's two words (by stamp parity), then the
+/// post-process's.
+pub const ERR_WORDS: u64 = 9;
+
+/// The adapter's device buffers (int32 except `tables`, int64 `[2 * groups]`).
+#[derive(Clone, Copy, Debug)]
+pub struct SlotBuffers<'a> {
+    pub state_idx: &'a TensorDesc,
+    pub num_accepted: &'a TensorDesc,
+    /// `[3 * slots]`: old column, old count, stamp of the slots a pre-copy moved.
+    pub scratch: &'a TensorDesc,
+    /// `[1]`: the stamp (post-processes so far).
+    pub ctl: &'a TensorDesc,
+    pub err: &'a TensorDesc,
+    pub tables: &'a TensorDesc,
+}
+
+/// A post-process's RecoverSSM commit rows: per batch row the tokens before this step's window
+/// (int32 `[>= R]`, `-1`: no commit), and the width of the commit's block table.
+#[derive(Clone, Copy, Debug)]
+pub struct Commit<'a> {
+    pub computed: &'a TensorDesc,
+    pub cols: i64,
+}
+
+/// A post-process's sampled counts: one per batch row, or one for every row.
+#[derive(Clone, Copy, Debug)]
+pub enum Sampled<'a> {
+    Each(&'a TensorDesc),
+    All(i64),
+}
+
+/// One half's own launch values: `query_start_loc`, the sampled counts (pointer, or one count), the
+/// commit rows (pointer, table width), and which half.
+#[derive(Clone, Copy, Debug)]
+struct Half {
+    qsl: u64,
+    sampled: (u64, i32),
+    commit: (u64, i32),
+    post: bool,
+}
+
+/// The checked launch constants of one adapter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotStep {
+    fused: FusedCopy,
+    slots: u64,
+    block_size: i32,
+    state_idx: u64,
+    num_accepted: u64,
+    scratch: u64,
+    ctl: u64,
+    err: u64,
+    tables: u64,
+}
+
+/// A contiguous vector of `dtype` on `device` with at least `min_len` elements.
+fn vector(a: &TensorDesc, what: &str, device: &Device, dtype: IntType, min_len: u64) -> Result<u64> {
+    if !Device::parse(&a.device).is_ok_and(|d| d == *device) {
+        return Err(Error::plan(format!("{what} is on {}, the states on {device}", a.device)));
+    }
+    let v = crate::kernels::args::int_vector(a, what, min_len, &[dtype], crate::error::ErrorKind::Plan)?;
+    Ok(if v.len == 0 { 0 } else { v.ptr })
+}
+
+/// Checks the engine's KV-cache group id of each planner group: one per group, each `>= 0`, no
+/// id twice.
+pub fn check_group_ids(ids: &[i64], groups: usize) -> Result<Vec<usize>> {
+    if ids.len() != groups {
+        return Err(Error::plan(format!("{} group ids for a planner of {groups} groups", ids.len())));
+    }
+    let mut out: Vec<usize> = Vec::with_capacity(ids.len());
+    for (i, &g) in ids.iter().enumerate() {
+        let g = usize::try_from(g).map_err(|_| Error::plan(format!("group_ids[{i}] = {g} is not a KV-cache group id (>= 0)")))?;
+        if let Some(j) = out.iter().position(|&x| x == g) {
+            return Err(Error::plan(format!("group_ids[{j}] and group_ids[{i}] are both KV-cache group {g}")));
+        }
+        out.push(g);
+    }
+    Ok(out)
+}
+
+impl SlotStep {
+    /// Checks the adapter's buffers against `fused`'s device and groups: `state_idx` and
+    /// `num_accepted` of `num_slots` elements, `scratch` of `3 * num_slots`, `ctl` of 1, `err` of
+    /// [`ERR_WORDS`] (int32, contiguous), `tables` int64 of `2 * groups`; a block size in
+    /// `1 ..= 2**31 - 1`.
+    pub fn new(fused: FusedCopy, block_size: i64, num_slots: i64, b: &SlotBuffers<'_>) -> Result<SlotStep> {
+        let slots = check_capacity(num_slots)? as u64;
+        let block_size = i32::try_from(block_size)
+            .ok()
+            .filter(|&b| b >= 1)
+            .ok_or_else(|| Error::plan(format!("block_size must be in 1 ..= 2**31 - 1, got {block_size}")))?;
+        let d = &fused.device;
+        let i32v = |a: &TensorDesc, what: &str, n: u64| -> Result<u64> {
+            let p = vector(a, what, d, IntType::I32, n)?;
+            if a.shape != [n as i64] {
+                return Err(Error::plan(format!("{what}: expected {n} elements, got shape {:?}", a.shape)));
+            }
+            Ok(p)
+        };
+        let step = SlotStep {
+            slots,
+            block_size,
+            state_idx: i32v(b.state_idx, "state_idx", slots)?,
+            num_accepted: i32v(b.num_accepted, "num_accepted", slots)?,
+            scratch: i32v(b.scratch, "scratch", 3 * slots)?,
+            ctl: i32v(b.ctl, "ctl", 1)?,
+            err: i32v(b.err, "err", ERR_WORDS)?,
+            tables: vector(b.tables, "tables", d, IntType::I64, 2 * fused.groups as u64)?,
+            fused,
+        };
+        let extents = [(step.state_idx, slots), (step.num_accepted, slots), (step.scratch, 3 * slots), (step.ctl, 1), (step.err, ERR_WORDS)];
+        for (i, &(a, n)) in extents.iter().enumerate() {
+            for &(c, m) in &extents[i + 1..] {
+                if a < c + 4 * m && c < a + 4 * n {
+                    return Err(Error::plan("the adapter's slot buffers overlap; each needs memory of its own"));
+                }
+            }
+        }
+        Ok(step)
+    }
+
+    /// Slots of the buffers (`max_num_reqs`).
+    pub fn slots(&self) -> u64 {
+        self.slots
+    }
+
+    /// The groups' per-slot tables as the kernel reads them, and their width: one int32 `[>=
+    /// slots, cols]` table per group on the states' device (column axis contiguous, one width for
+    /// every group).
+    pub fn table_refs(&self, tables: &[TensorDesc]) -> Result<(Vec<TableRef>, i32)> {
+        check_group_tables(&self.fused.device, tables, self.fused.groups, self.slots)?;
+        let mut cols = 0;
+        let refs = tables
+            .iter()
+            .enumerate()
+            .map(|(g, t)| {
+                let d = block_table(t, &[IntType::I32], crate::error::ErrorKind::Plan)
+                    .map_err(|e| Error::plan(format!("group {g}'s device block table: {}", e.message)))?;
+                cols = d.cols as i32; // < 2**31, one width for every group (checked above)
+                Ok(TableRef { addr: d.ptr, row_stride: d.row_stride })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((refs, cols))
+    }
+
+    /// The batch rows of `idx_mapping` (int32 `[R]`, `R <= slots`).
+    fn rows(&self, idx: &TensorDesc) -> Result<(u64, u64)> {
+        let p = vector(idx, "idx_mapping", &self.fused.device, IntType::I32, 0)?;
+        let n = idx.shape[0] as u64;
+        if n > self.slots {
+            return Err(Error::plan(format!("{n} batch rows, more than max_num_reqs = {}", self.slots)));
+        }
+        Ok((p, n))
+    }
+
+    fn launch(&self, cols: i32, rows: (u64, u64), computed: &TensorDesc, h: Half) -> Result<Launch> {
+        let nct = vector(computed, "num_computed_tokens", &self.fused.device, IntType::I32, self.slots)?;
+        let f = &self.fused;
+        let mut flags = if f.has_temporal { FLAG_HAS_TEMPORAL } else { 0 };
+        flags |= if h.post { FLAG_DECIDE } else { FLAG_PRE_COPY };
+        let args = [
+            Arg::Ptr(f.metas),
+            Arg::U32(f.num_meta),
+            Arg::Ptr(self.tables),
+            Arg::U32(f.groups),
+            Arg::I32(cols),
+            Arg::Ptr(rows.0),
+            Arg::I32(rows.1 as i32),
+            Arg::Ptr(nct),
+            Arg::Ptr(h.qsl),
+            Arg::Ptr(h.sampled.0),
+            Arg::I32(h.sampled.1),
+            Arg::Ptr(h.commit.0),
+            Arg::I32(h.commit.1),
+            Arg::Ptr(self.state_idx),
+            Arg::Ptr(self.num_accepted),
+            Arg::Ptr(self.scratch),
+            Arg::Ptr(self.ctl),
+            Arg::I32(self.slots as i32),
+            Arg::I32(self.block_size),
+            Arg::I32(f.max_accepted),
+            Arg::I64(f.num_blocks),
+            Arg::U32(flags),
+            Arg::Ptr(self.err),
+        ];
+        Launch::new(&STATE_COPY_SLOTS, state_copy_grid(rows.1, f.num_meta as u64, f.chunks), [THREADS, 1, 1], &args)
+    }
+
+    /// The pre-copy's launch over tables `cols` wide: `idx_mapping` int32 `[R]`, `num_computed`
+    /// int32 `[>= slots]` (per slot, before this step), `query_start_loc` int32 `[>= R + 1]`.
+    pub fn pre(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, query_start_loc: &TensorDesc) -> Result<Launch> {
+        let rows = self.rows(idx)?;
+        let qsl = vector(query_start_loc, "query_start_loc", &self.fused.device, IntType::I32, rows.1 + 1)?;
+        self.launch(cols, rows, num_computed, Half { qsl, sampled: (0, 0), commit: (0, 0), post: false })
+    }
+
+    /// The post-process's launch: `num_computed` per slot after this step, the sampled counts per
+    /// batch row (int32 `[>= R]`) or one count for every row.
+    /// With a RecoverSSM `commit` (counts per row only), the committed rows' columns and counts are
+    /// set as vLLM's `commit_step` does before the aligned save.
+    pub fn post(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, sampled: Sampled<'_>, commit: Option<Commit<'_>>) -> Result<Launch> {
+        let rows = self.rows(idx)?;
+        let sampled = match sampled {
+            Sampled::Each(t) => (vector(t, "num_sampled", &self.fused.device, IntType::I32, rows.1)?, 0),
+            Sampled::All(n) => {
+                let n = i32::try_from(n).map_err(|_| Error::plan(format!("num_sampled = {n} does not fit int32")))?;
+                (0, n)
+            }
+        };
+        let commit = match commit {
+            None => (0, 0),
+            Some(_) if sampled.0 == 0 => return Err(Error::plan("a RecoverSSM commit needs the sampled counts per row, not one integer")),
+            Some(c) => {
+                let width = i32::try_from(c.cols).ok().filter(|&w| w >= 1);
+                let width = width.ok_or_else(|| Error::plan(format!("the commit's block table has {} columns (1 ..= 2**31 - 1)", c.cols)))?;
+                (vector(c.computed, "commit num_computed_tokens", &self.fused.device, IntType::I32, rows.1)?, width)
+            }
+        };
+        self.launch(cols, rows, num_computed, Half { qsl: 0, sampled, commit, post: true })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ptr: u64, dtype: &str, shape: &[i64]) -> TensorDesc {
+        TensorDesc::dense(ptr, dtype, shape, "cuda:0")
+    }
+
+    const FUSED: FusedCopy = FusedCopy {
+        device: Device::Cuda(0),
+        metas: 1000,
+        num_meta: 3,
+        max_accepted: 3,
+        num_blocks: 64,
+        has_temporal: true,
+        chunks: 2,
+        err: 0,
+        groups: 2,
+    };
+
+    fn step() -> SlotStep {
+        let (s, a, sc, c, e, tb) = (
+            t(10_000, "int32", &[8]),
+            t(11_000, "int32", &[8]),
+            t(12_000, "int32", &[24]),
+            t(13_000, "int32", &[1]),
+            t(14_000, "int32", &[9]),
+            t(15_000, "int64", &[4]),
+        );
+        SlotStep::new(FUSED, 4, 8, &SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb }).unwrap()
+    }
+
+    #[test]
+    fn launches_pack_the_slot_form() {
+        let st = step();
+        let (idx, nct, qsl) = (t(20_000, "int32", &[3]), t(21_000, "int32", &[8]), t(22_000, "int32", &[9]));
+        let l = st.pre(5, &idx, &nct, &qsl).unwrap();
+        assert_eq!((l.kernel.name, l.grid), ("rs_state_copy_slots", [2, 3, 3]));
+        let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
+        let pre = (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128;
+        assert_eq!(v, vec![1000, 3, 15_000, 2, 5, 20_000, 3, 21_000, 22_000, 0, 0, 0, 0, 10_000, 11_000, 12_000, 13_000, 8, 4, 3, 64, pre, 14_000]);
+        let ns = t(23_000, "int32", &[3]);
+        let v = st.post(5, &idx, &nct, Sampled::Each(&ns), None).unwrap().values();
+        assert_eq!((v[8], v[9], v[21].1), (("query_start_loc", 0), ("num_sampled", 23_000), (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
+        let v = st.post(5, &idx, &nct, Sampled::All(2), None).unwrap().values();
+        assert_eq!((v[9], v[10]), (("num_sampled", 0), ("sampled_fill", 2)));
+        let cc = t(24_000, "int32", &[3]);
+        let v = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { computed: &cc, cols: 7 })).unwrap().values();
+        assert_eq!((v[11], v[12]), (("commit_computed", 24_000), ("commit_cols", 7)));
+        let e = st.post(5, &idx, &nct, Sampled::All(2), Some(Commit { computed: &cc, cols: 7 })).unwrap_err();
+        assert!(e.message.contains("needs the sampled counts per row"), "{}", e.message);
+        let e = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { computed: &t(1, "int32", &[2]), cols: 7 })).unwrap_err();
+        assert!(e.message.contains("commit num_computed_tokens: expected a 1-D vector of at least 3"), "{}", e.message);
+        // An empty batch still launches (the stamp and the words advance).
+        assert_eq!(st.pre(5, &t(20_000, "int32", &[0]), &nct, &t(22_000, "int32", &[1])).unwrap().grid, [2, 1, 3]);
+    }
+
+    #[test]
+    fn inputs_are_checked() {
+        let st = step();
+        let (idx, nct, qsl) = (t(20_000, "int32", &[3]), t(21_000, "int32", &[8]), t(22_000, "int32", &[9]));
+        let msg = |r: Result<Launch>| r.unwrap_err().message;
+        assert_eq!(msg(st.pre(5, &t(20_000, "int32", &[9]), &nct, &qsl)), "9 batch rows, more than max_num_reqs = 8");
+        assert!(msg(st.pre(5, &t(20_000, "int64", &[3]), &nct, &qsl)).contains("idx_mapping: expected int32, got int64"));
+        assert!(msg(st.pre(5, &idx, &t(21_000, "int32", &[7]), &qsl)).contains("num_computed_tokens: expected a 1-D vector of at least 8"));
+        assert!(msg(st.pre(5, &idx, &nct, &t(22_000, "int32", &[3]))).contains("query_start_loc: expected a 1-D vector of at least 4"));
+        let mut far = idx.clone();
+        far.device = "cuda:1".into();
+        assert_eq!(msg(st.pre(5, &far, &nct, &qsl)), "idx_mapping is on cuda:1, the states on cuda:0");
+        assert!(msg(st.post(5, &idx, &nct, Sampled::Each(&t(1, "int32", &[2])), None)).contains("num_sampled: expected a 1-D vector of at least 3"));
+        assert!(msg(st.post(5, &idx, &nct, Sampled::All(1 << 40), None)).contains("does not fit int32"));
+    }
+
+    #[test]
+    fn tables_and_group_ids_are_checked() {
+        let st = step();
+        let mut a = t(30_000, "int32", &[8, 5]);
+        let b = t(40_000, "int32", &[10, 5]);
+        let refs = st.table_refs(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(refs, (vec![TableRef { addr: 30_000, row_stride: 5 }, TableRef { addr: 40_000, row_stride: 5 }], 5));
+        assert_eq!(TableRef::bytes(&refs.0).len(), 32);
+        assert!(st.table_refs(&[a.clone()]).unwrap_err().message.contains("1 device block tables for 2"));
+        assert!(st.table_refs(&[t(1, "int32", &[7, 5]), b.clone()]).unwrap_err().message.contains("has 7 rows for 8 requests"));
+        a.dtype = "int64".into();
+        assert!(st.table_refs(&[a.clone(), t(1, "int64", &[8, 5])]).unwrap_err().message.contains("expected int32"));
+        assert_eq!(check_group_ids(&[3, 0], 2), Ok(vec![3, 0]));
+        assert_eq!(check_group_ids(&[1], 2).unwrap_err().message, "1 group ids for a planner of 2 groups");
+        assert!(check_group_ids(&[1, -1], 2).unwrap_err().message.contains("group_ids[1] = -1"));
+        assert!(check_group_ids(&[1, 1], 2).unwrap_err().message.contains("both KV-cache group 1"));
+    }
+
+    #[test]
+    fn buffers_are_checked_once() {
+        let (s, a, sc, c, e, tb) = (
+            t(10_000, "int32", &[8]),
+            t(11_000, "int32", &[8]),
+            t(12_000, "int32", &[24]),
+            t(13_000, "int32", &[1]),
+            t(14_000, "int32", &[9]),
+            t(15_000, "int64", &[4]),
+        );
+        let b = SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb };
+        assert!(SlotStep::new(FUSED, 0, 8, &b).unwrap_err().message.contains("block_size"));
+        assert!(SlotStep::new(FUSED, 4, 0, &b).unwrap_err().message.contains("max_num_reqs"));
+        let short = t(14_000, "int32", &[3]);
+        assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { err: &short, ..b }).unwrap_err().message.contains("err"));
+        let over = t(10_016, "int32", &[8]);
+        assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { num_accepted: &over, ..b }).unwrap_err().message.contains("overlap"));
+    }
+}

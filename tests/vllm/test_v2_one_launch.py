@@ -1,0 +1,189 @@
+"""``ModelStateV2``'s half-steps are one launch each and nothing else: no torch operation on a
+device tensor by the adapter, the bookkeeping (vLLM's state advance, the count scatter) inside the
+launch; bad values found on the device are skipped and reported in the step's error word."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+
+def _count_ops():
+    """A dispatch mode recording every aten operation run while active (views included). Its
+    module imports Triton: in interpreter mode, as the oracle tests need it."""
+    from support import vllm_oracle
+
+    try:
+        vllm_oracle.import_interpreted_triton()
+    except vllm_oracle.OracleUnavailable:
+        pass  # torch's dispatch mode works without Triton
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return CountOps()
+
+
+@pytest.fixture
+def launch_args(monkeypatch):
+    from recoverssm_rs.vllm import model_state
+    from support.device_fakes import FakeCuda
+
+    monkeypatch.setattr(model_state, "_launch_arg", FakeCuda)
+
+
+def _small(max_num_reqs: int = 4):
+    """A one-group ModelStateV2 (GDN: conv + temporal, block_size 4, 2 drafts) over 16 blocks."""
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+    from support.device_fakes import FakeCuda
+
+    spec = NS(
+        mamba_type="GDN_ATTN",
+        shapes=[(5, 3), (2, 2)],
+        dtypes=[torch.float32] * 2,
+        block_size=4,
+        num_speculative_blocks=2,
+        mamba_cache_mode="align",
+    )
+    cfg = NS(kv_cache_groups=[NS(kv_cache_spec=spec, layer_names=["l0"])])
+    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
+    ctx = {"l0": NS(kv_cache=[FakeCuda(t) for t in states])}
+    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
+    ms = ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=max_num_reqs, device="cpu")
+    table = torch.zeros(max_num_reqs, 6, dtype=torch.int32)
+    for s in range(max_num_reqs):
+        table[s, :3] = torch.arange(1 + 3 * s, 4 + 3 * s)
+    return ms, states, table
+
+
+def test_each_half_step_is_one_launch_and_no_torch_operation(fake_ops, emulator, launch_args):
+    ms, states, table = _small()
+    ms.add_request(0, 4)  # a prefix hit: its state in column 0, moved by the first pre-copy
+    ms.add_request(2, 0)
+    nct = torch.tensor([4, 0, 0, 0], dtype=torch.int32)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    qsl = torch.tensor([0, 3, 5], dtype=torch.int32)
+    sampled = torch.tensor([1, 3], dtype=torch.int32)
+    per_half = []
+    for step in range(4):
+        for half in ("pre", "post"):
+            calls = len(emulator.calls)
+            with _count_ops() as c:
+                if half == "pre":
+                    ms.preprocess_state(idx, nct, qsl, [table])
+                else:
+                    ms.postprocess_state(idx, sampled if step % 2 == 0 else 1, nct, [table])
+            per_half.append((step, half, len(emulator.calls) - calls, c.ops))
+        nct[2] += 3  # the runner advances its own counts between the halves' steps
+        nct[0] += 1
+        qsl[1:] = torch.tensor([1, 2], dtype=torch.int32)
+    # the first pre-copy sets up the device path and uploads the table records once; then nothing
+    assert per_half[0][2] == 1 and "aten.copy_.default" in per_half[0][3], per_half[0]
+    for step, half, launches, ops in per_half[1:]:
+        assert launches == 1 and ops == [], (step, half, launches, ops)
+    assert ms.last_error().ok
+    # the prefix hit moved column 0 -> 1 in the first pre-copy; slot 2 advanced to column 2
+    assert ms.state_idx.tolist() == [1, -1, 2, -1]
+
+
+def test_bad_device_values_are_skipped_and_reported(fake_ops, emulator, launch_args):
+    ms, states, table = _small()
+    ms.add_request(1, 4)
+    snap = [t.clone() for t in states]
+    nct = torch.tensor([0, 4, 0, 0], dtype=torch.int32)
+    # row 0: slot 7 is outside the 4 slots; row 1: 40 tokens put the new column (9) outside the row
+    ms.preprocess_state(
+        torch.tensor([7, 1], dtype=torch.int32), nct, torch.tensor([0, 1, 37], dtype=torch.int32), [table]
+    )
+    err = ms.last_error()
+    assert set(err.names) == {"args", "column"} and (err.first_request, err.last_request) == (0, 1)
+    assert all(torch.equal(a, b) for a, b in zip(states, snap))  # nothing copied
+    # the post-process reports into the same step's word; the next pre-copy starts a new word
+    ms.postprocess_state(torch.tensor([-1, 9], dtype=torch.int32), 1, nct, [table])
+    assert set(ms.last_error().names) == {"args", "column"} and ms.last_error().last_request == 1
+    ms.preprocess_state(torch.tensor([1], dtype=torch.int32), nct, torch.tensor([0, 1], dtype=torch.int32), [table])
+    assert ms.last_error().ok
+
+
+def test_inputs_and_group_ids_are_checked_by_the_core(fake_ops, recorder, launch_args):
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    ms, _, table = _small()
+    nct = torch.zeros(4, dtype=torch.int32)
+    qsl = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(PlanError, match="idx_mapping: expected int32, got torch.int64"):
+        ms.preprocess_state(torch.zeros(2, dtype=torch.int64), nct, qsl, [table])
+    with pytest.raises(PlanError, match="query_start_loc: expected a 1-D vector of at least 3"):
+        ms.preprocess_state(torch.zeros(2, dtype=torch.int32), nct, qsl[:2], [table])
+    with pytest.raises(PlanError, match="num_sampled: expected a 1-D vector of at least 2"):
+        ms.postprocess_state(torch.zeros(2, dtype=torch.int32), torch.ones(1, dtype=torch.int32), nct, [table])
+    with pytest.raises(PlanError, match="block_tables has no table for KV-cache group 0"):
+        ms.preprocess_state(torch.zeros(2, dtype=torch.int32), nct, qsl, {3: table})
+    assert recorder.calls == []
+    with pytest.raises(PlanError, match=r"group_ids\[0\] = -1"):
+        ModelStateV2(ms.planner, [-1], 4)
+    with pytest.raises(PlanError, match="2 group ids for a planner of 1 groups"):
+        ModelStateV2(ms.planner, [0, 1], 4)
+    assert ModelStateV2(ms.planner, {5: None}.keys(), 4, device="cpu").group_ids == [5]
+
+
+def test_a_second_pre_copy_without_a_post_process_moves_nothing_again(fake_ops, emulator, launch_args):
+    ms, states, table = _small()
+    ms.add_request(0, 4)  # state in column 0 (block 1)
+    nct = torch.tensor([4, 0, 0, 0], dtype=torch.int32)
+    idx, qsl = torch.tensor([0], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32)
+    ms.preprocess_state(idx, nct, qsl, [table])
+    assert ms.state_idx[0] == 1 and ms.num_accepted[0] == 1
+    moved = [t.clone() for t in states]
+    states[1][1].fill_(7.0)  # the old column changes: a repeated move would copy it again
+    ms.preprocess_state(idx, nct, qsl, [table])
+    assert torch.equal(states[1][2], moved[1][2]) and ms.state_idx[0] == 1
+    assert ms.last_error().ok
+
+
+def test_prepare_device_loads_the_kernel_before_any_step(fake_ops, recorder, launch_args, monkeypatch):
+    from recoverssm_rs.cuda import module
+
+    loaded = []
+    monkeypatch.setattr(module, "function_ptr", lambda name, index: loaded.append((name, index)) or 1)
+    ms, _, _ = _small()
+    ms.prepare_device()
+    assert loaded == [("rs_state_copy_slots", 0)] and recorder.calls == []
+    assert fake_ops.uploads == 1  # the planner's state table, once
+
+
+def test_a_recoverssm_post_process_is_the_commit_and_one_launch(fake_ops, recorder, launch_args):
+    """The commit's column and count update is part of the copy launch: the adapter writes none
+    of its slot buffers itself, it stages the committed rows' computed tokens (``-1`` elsewhere)
+    and the launch names them and the commit table's width."""
+    from recoverssm_rs.vllm import RecoverSSMCommit
+
+    ms, _, table = _small()
+    commits = []
+    cache = NS(commit=lambda sampled, blocks, qlens, **kw: commits.append((sampled.tolist(), kw["seq_lens"].tolist())))
+    before = (ms.state_idx.clone(), ms.num_accepted.clone())
+    commit = RecoverSSMCommit(
+        cache,
+        request_indices=torch.tensor([1]),
+        state_blocks=[3],
+        num_computed_tokens=torch.tensor([2, 9, 4], dtype=torch.int32),
+        block_table=torch.zeros(1, 5, dtype=torch.int32),
+    )
+    idx = torch.tensor([0, 2, -1], dtype=torch.int32)
+    sampled = torch.tensor([1, 3, 2], dtype=torch.int32)
+    ms.postprocess_state(idx, sampled, torch.zeros(4, dtype=torch.int32), [table], recoverssm=commit)
+    assert commits == [([3], [9])]
+    assert torch.equal(ms.state_idx, before[0]) and torch.equal(ms.num_accepted, before[1])
+    assert ms._commit.tolist()[:3] == [-1, 9, -1]
+    (call,) = recorder.calls
+    assert call["commit_computed"] == ms._commit.data_ptr() and call["commit_cols"] == 5
