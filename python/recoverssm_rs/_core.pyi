@@ -421,22 +421,21 @@ class VllmSlotStep:
     def check_group_ids(ids: Any, groups: int) -> list[int]:
         """The KV-cache group id of each planner group (``PlanError``: a count, a negative or a
         repeated id)."""
-    def pre(
-        self, idx_mapping: Any, num_computed_tokens: Any, query_start_loc: Any, block_tables: Any
-    ) -> tuple[KernelLaunch, bytes | None]:
-        """The pre-copy's launch, and the groups' table records when they moved."""
+    # Keyword arguments: idx_mapping, num_computed_tokens, query_start_loc.
+    def pre(self, block_tables: Any, **kwargs: Any) -> tuple[KernelLaunch, bytes | None]:
+        """The pre-copy's launch over the groups' ``block_tables``, and the groups' table records
+        when they moved."""
     def post(
         self,
         idx_mapping: Any,
         num_sampled: Any,
         num_computed_tokens: Any,
         block_tables: Any,
-        commit_computed: Any = None,
-        commit_cols: int = 0,
+        commit: tuple[Any, int] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
         """The post-process's launch (``num_sampled``: a tensor or one int; with a RecoverSSM
-        commit, its rows' computed tokens per batch row and its table width), and the table records
-        when they moved."""
+        commit, ``(computed, cols)``: its rows' computed tokens per batch row and its table width),
+        and the table records when they moved."""
     @property
     def group_ids(self) -> list[int]: ...
 

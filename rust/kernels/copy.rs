@@ -179,15 +179,16 @@ impl FusedCopy {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn arg(ptr: u64, dtype: &str, shape: &[i64]) -> TensorDesc {
+    /// A dense tensor on `cuda:0` at `ptr` (the fused copy's tests and those of its users).
+    pub(crate) fn arg(ptr: u64, dtype: &str, shape: &[i64]) -> TensorDesc {
         TensorDesc::dense(ptr, dtype, shape, "cuda:0")
     }
 
     /// Three state metas at 1000, 4 accepted at most, 77 blocks, 16 chunks, error word at 5000.
-    const BASE: FusedCopy = FusedCopy {
+    pub(crate) const BASE: FusedCopy = FusedCopy {
         device: Device::Cuda(0),
         metas: 1000,
         num_meta: 3,

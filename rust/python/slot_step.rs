@@ -27,6 +27,15 @@ kwargs! {
     }
 }
 
+kwargs! {
+    /// The runner's device tensors of a pre-copy.
+    pub(crate) struct PreArgs (Plan) {
+        idx_mapping: Tensor,
+        num_computed_tokens: Tensor,
+        query_start_loc: Tensor,
+    }
+}
+
 /// The half-steps of one `ModelStateV2` as launches of `rs_state_copy_slots`.
 #[pyclass(module = "recoverssm_rs._core", frozen)]
 pub struct VllmSlotStep {
@@ -113,27 +122,19 @@ impl VllmSlotStep {
         Ok(check_group_ids(&ids, groups)?)
     }
 
-    /// The pre-copy: `(launch, table records or None)`.
-    fn pre<'py>(
-        &self,
-        py: Python<'py>,
-        idx_mapping: &Bound<'_, PyAny>,
-        num_computed_tokens: &Bound<'_, PyAny>,
-        query_start_loc: &Bound<'_, PyAny>,
-        block_tables: &Bound<'_, PyAny>,
-    ) -> PyResult<HalfStep<'py>> {
-        let kind = ErrorKind::Plan;
-        let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
-        let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
-        let qsl = Tensor::arg(query_start_loc, "query_start_loc", kind)?.0;
-        self.half(py, block_tables, |s, cols| s.pre(cols, &idx, &nct, &qsl))
+    /// The pre-copy over the groups' `block_tables` (keywords `idx_mapping`,
+    /// `num_computed_tokens`, `query_start_loc`): `(launch, table records or None)`.
+    #[pyo3(signature = (block_tables, **kwargs))]
+    fn pre<'py>(&self, py: Python<'py>, block_tables: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<HalfStep<'py>> {
+        let a = PreArgs::from_kwargs(kwargs)?;
+        self.half(py, block_tables, |s, cols| s.pre(cols, &a.idx_mapping.0, &a.num_computed_tokens.0, &a.query_start_loc.0))
     }
 
     /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
-    /// for every row); with a RecoverSSM commit, `commit_computed` (int32 per batch row, `-1`
-    /// where nothing is committed) and `commit_cols`; `(launch, table records or None)`.
-    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit_computed = None, commit_cols = 0))]
-    #[allow(clippy::too_many_arguments)]
+    /// for every row); with a RecoverSSM commit, `commit = (computed, cols)`: its rows' computed
+    /// tokens (int32 per batch row, `-1` where nothing is committed) and its table width;
+    /// `(launch, table records or None)`.
+    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit = None))]
     fn post<'py>(
         &self,
         py: Python<'py>,
@@ -141,8 +142,7 @@ impl VllmSlotStep {
         num_sampled: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
         block_tables: &Bound<'_, PyAny>,
-        commit_computed: Option<&Bound<'_, PyAny>>,
-        commit_cols: i64,
+        commit: Option<(Bound<'_, PyAny>, i64)>,
     ) -> PyResult<HalfStep<'py>> {
         let kind = ErrorKind::Plan;
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
@@ -150,10 +150,10 @@ impl VllmSlotStep {
         let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
         let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };
         let fill = if all { i64::arg(num_sampled, "num_sampled", kind)? } else { 0 };
-        let commit = commit_computed.map(|c| Tensor::arg(c, "commit_computed", kind)).transpose()?.map(|t| t.0);
+        let commit = commit.map(|(c, cols)| Ok::<_, PyErr>((Tensor::arg(&c, "commit_computed", kind)?.0, cols))).transpose()?;
         self.half(py, block_tables, |s, cols| {
             let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
-            s.post(cols, &idx, &nct, sampled, commit.as_ref().map(|c| Commit { computed: c, cols: commit_cols }))
+            s.post(cols, &idx, &nct, sampled, commit.as_ref().map(|(c, cols)| Commit { computed: c, cols: *cols }))
         })
     }
 

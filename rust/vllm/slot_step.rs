@@ -260,31 +260,25 @@ impl SlotStep {
 mod tests {
     use super::*;
 
-    fn t(ptr: u64, dtype: &str, shape: &[i64]) -> TensorDesc {
-        TensorDesc::dense(ptr, dtype, shape, "cuda:0")
-    }
+    use crate::kernels::copy::tests::{arg as t, BASE};
 
-    const FUSED: FusedCopy = FusedCopy {
-        device: Device::Cuda(0),
-        metas: 1000,
-        num_meta: 3,
-        max_accepted: 3,
-        num_blocks: 64,
-        has_temporal: true,
-        chunks: 2,
-        err: 0,
-        groups: 2,
-    };
+    const FUSED: FusedCopy = FusedCopy { max_accepted: 3, num_blocks: 64, chunks: 2, err: 0, groups: 2, ..BASE };
 
-    fn step() -> SlotStep {
-        let (s, a, sc, c, e, tb) = (
+    /// The adapter's buffers for 8 slots and 2 groups: state_idx, num_accepted, scratch, ctl, err,
+    /// tables.
+    fn buffers() -> [TensorDesc; 6] {
+        [
             t(10_000, "int32", &[8]),
             t(11_000, "int32", &[8]),
             t(12_000, "int32", &[24]),
             t(13_000, "int32", &[1]),
             t(14_000, "int32", &[9]),
             t(15_000, "int64", &[4]),
-        );
+        ]
+    }
+
+    fn step() -> SlotStep {
+        let [s, a, sc, c, e, tb] = buffers();
         SlotStep::new(FUSED, 4, 8, &SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb }).unwrap()
     }
 
@@ -349,14 +343,7 @@ mod tests {
 
     #[test]
     fn buffers_are_checked_once() {
-        let (s, a, sc, c, e, tb) = (
-            t(10_000, "int32", &[8]),
-            t(11_000, "int32", &[8]),
-            t(12_000, "int32", &[24]),
-            t(13_000, "int32", &[1]),
-            t(14_000, "int32", &[9]),
-            t(15_000, "int64", &[4]),
-        );
+        let [s, a, sc, c, e, tb] = buffers();
         let b = SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb };
         assert!(SlotStep::new(FUSED, 0, 8, &b).unwrap_err().message.contains("block_size"));
         assert!(SlotStep::new(FUSED, 4, 0, &b).unwrap_err().message.contains("max_num_reqs"));

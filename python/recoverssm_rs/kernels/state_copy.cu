@@ -101,14 +101,7 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
         if (reporter) rs_report_error(err, code, r, num_requests);
         continue;
       }
-      if (q.a == 0) continue;
-      // A state takes only as many of the gridDim.x CTAs as its size calls for (one per
-      // RS_STATE_CHUNK_BYTES): small conv windows next to 2 MiB recurrent states are not cut into
-      // slivers. CTA 0 always takes part, so per-state errors are still reported.
-      const uint64_t want = rs_ceil_div(m.state_bytes, RS_STATE_CHUNK_BYTES);
-      const uint64_t mchunks = rs_min_u64(nchunks, want > 0 ? want : 1);
-      if (chunk >= mchunks) continue;
-      const uint32_t c = rs_copy_state(m, bt_row, cols, num_blocks, q, chunk, mchunks, tid, nthreads);
+      const uint32_t c = rs_copy_state_chunk(m, bt_row, cols, num_blocks, q, chunk, nchunks, tid, nthreads);
       if (c != 0 && reporter) rs_report_error(err, c, r, num_requests);
     }
   }

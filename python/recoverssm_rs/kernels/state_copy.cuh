@@ -171,3 +171,17 @@ RS_DEVICE uint32_t rs_copy_state(const StateMeta& m, const int32_t* bt_row, int6
   for (uint64_t r = r0; r < r_end; r += rstep) rs_move(dst + r * pitch, src + r * pitch, n, lane, nlanes);
   return 0;
 }
+
+// CTA `chunk`'s part of request q's copy of state m (nothing when q.a == 0: the request is skipped).
+// A state takes only as many of the `nchunks` CTAs as its size calls for (one per
+// RS_STATE_CHUNK_BYTES): small conv windows next to 2 MiB recurrent states are not cut into slivers.
+// CTA 0 always takes part, so per-state errors are still reported. Returns rs_copy_state's bits.
+RS_DEVICE uint32_t rs_copy_state_chunk(const StateMeta& m, const int32_t* bt_row, int64_t cols, int64_t num_blocks,
+                                       const RsRequest& q, uint64_t chunk, uint64_t nchunks, uint32_t tid,
+                                       uint32_t nthreads) {
+  if (q.a == 0) return 0;
+  const uint64_t want = rs_ceil_div(m.state_bytes, RS_STATE_CHUNK_BYTES);
+  const uint64_t mchunks = rs_min_u64(nchunks, want > 0 ? want : 1);
+  if (chunk >= mchunks) return 0;
+  return rs_copy_state(m, bt_row, cols, num_blocks, q, chunk, mchunks, tid, nthreads);
+}

@@ -208,11 +208,7 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
         if (reporter) rs_report_error(rs_slot_word(err, ctl, post), code, r, S);
         continue;
       }
-      if (q.a == 0) continue;
-      const uint64_t want = rs_ceil_div(m.state_bytes, RS_STATE_CHUNK_BYTES);
-      const uint64_t mchunks = rs_min_u64(nchunks, want > 0 ? want : 1);
-      if (chunk >= mchunks) continue;
-      const uint32_t c = rs_copy_state(m, bt_row, bt_cols, num_blocks, q, chunk, mchunks, tid, nthreads);
+      const uint32_t c = rs_copy_state_chunk(m, bt_row, bt_cols, num_blocks, q, chunk, nchunks, tid, nthreads);
       if (c != 0 && reporter) rs_report_error(rs_slot_word(err, ctl, post), c, r, S);
     }
   }

@@ -256,10 +256,10 @@ class ModelStateV2:
             w = 3 * (self._stamp & 1)
             self._err[w : w + 3].zero_()
         half = step.pre(
-            _launch_arg(idx_mapping),
-            _launch_arg(num_computed_tokens),
-            _launch_arg(query_start_loc),
             _tables(block_tables),
+            idx_mapping=_launch_arg(idx_mapping),
+            num_computed_tokens=_launch_arg(num_computed_tokens),
+            query_start_loc=_launch_arg(query_start_loc),
         )
         self._run(half)
         self._last = "pre"
@@ -296,17 +296,17 @@ class ModelStateV2:
         """
         step = self._core_step()
         tables = _tables(block_tables)
-        commit: dict[str, Any] = {}
+        commit = None
         # The commit reads num_sampled: it runs first, a refused plan leaves every buffer as it was.
         if recoverssm is not None and not isinstance(num_sampled, int):
             commit = self._commit_recoverssm(recoverssm, idx_mapping, num_sampled)
         sampled = num_sampled if isinstance(num_sampled, int) else _launch_arg(num_sampled)
-        half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, **commit)
+        half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, commit)
         self._run(half)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
-    def _commit_recoverssm(self, rs: RecoverSSMCommit, idx_mapping: Any, num_sampled: Any) -> dict[str, Any]:
+    def _commit_recoverssm(self, rs: RecoverSSMCommit, idx_mapping: Any, num_sampled: Any) -> tuple[Any, int] | None:
         """The RecoverSSM commit of the spec-decode rows; returns the post-process launch's commit
         arguments (per batch row the tokens before this step's window, staged into the adapter's
         buffer; the launch sets the committed rows' columns and counts as vLLM's ``commit_step``)."""
@@ -317,7 +317,7 @@ class ModelStateV2:
 
         rows = torch.as_tensor(rs.request_indices).long()
         if int(rows.shape[0]) == 0:
-            return {}
+            return None
         all_computed = torch.as_tensor(rs.num_computed_tokens)
         n = min(int(all_computed.shape[0]), int(idx_mapping.shape[0]))  # batch rows
         for end in (int(rows.min()), int(rows.max())):  # the core's range rule, at both ends
@@ -335,7 +335,7 @@ class ModelStateV2:
         per_row = np.full(n, -1, dtype=np.int32)
         per_row[rows.cpu().numpy()] = computed.cpu().numpy()
         ops.cuda_ops.stage_i32(per_row.tobytes(), _launch_arg(self._commit))
-        return {"commit_computed": _launch_arg(self._commit), "commit_cols": int(rs.block_table.shape[1])}
+        return _launch_arg(self._commit), int(rs.block_table.shape[1])
 
     def last_error(self) -> Any:
         """The step's error word (both halves since the last :meth:`preprocess_state`; rows are
