@@ -7,41 +7,16 @@ is an error instead: a GPU run that silently skipped its GPU tests would look gr
 import os
 
 import pytest
-
-
-def _cuda_device() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-def _gpu_stack_problem() -> str | None:
-    """Why the GPU tests cannot run here, or None."""
-    try:
-        import torch
-    except ImportError as exc:
-        return f"torch is not importable ({exc})"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "CuPy sees no CUDA device"
-    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
-        return f"CuPy is not usable ({type(exc).__name__}: {exc})"
-    return None
+from support.gpu import cuda_device, gpu_stack_problem
 
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("RECOVERSSM_REQUIRE_GPU", "0") not in ("", "0"):
-        problem = _gpu_stack_problem()
+        problem = gpu_stack_problem()
         if problem is not None:
             raise pytest.UsageError(f"RECOVERSSM_REQUIRE_GPU is set but {problem}")
         return
-    if _cuda_device():
+    if cuda_device():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none)")
     for item in items:

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import _gpu_stack_problem
+from support.gpu import gpu_stack_problem
 
 TESTS = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(_gpu_stack_problem() is None, reason="a usable GPU is present")
+@pytest.mark.skipif(gpu_stack_problem() is None, reason="a usable GPU is present")
 def test_required_gpu_that_is_missing_fails_the_run():
     env = dict(os.environ, RECOVERSSM_REQUIRE_GPU="1")
     r = subprocess.run(
@@ -31,7 +31,7 @@ def test_required_gpu_that_is_missing_fails_the_run():
 
 def test_without_the_requirement_gpu_tests_skip_cleanly():
     env = {k: v for k, v in os.environ.items() if k != "RECOVERSSM_REQUIRE_GPU"}
-    if _gpu_stack_problem() is None:
+    if gpu_stack_problem() is None:
         pytest.skip("a usable GPU is present: the GPU tests would run, not skip")
     r = subprocess.run(
         [
