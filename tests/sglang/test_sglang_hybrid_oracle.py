@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from recoverssm_rs.sglang import install  # noqa: E402
-from support import sglang_oracle  # noqa: E402
+from support import sglang_oracle, vllm_oracle  # noqa: E402
 
 STEPS = int(os.environ.get("RECOVERSSM_ORACLE_STEPS", "40"))
 DRAFT, MAX_REQS, MAMBA_SLOTS = 3, 6, 24
@@ -27,12 +27,7 @@ DRAFT, MAX_REQS, MAMBA_SLOTS = 3, 6, 24
 
 @pytest.fixture(scope="module")
 def oracle():
-    try:
-        return sglang_oracle.load()
-    except sglang_oracle.OracleUnavailable as exc:
-        if os.environ.get("RECOVERSSM_REQUIRE_ORACLE") == "1":
-            pytest.fail(f"RECOVERSSM_REQUIRE_ORACLE=1 but SGLang's oracle is unavailable: {exc}")
-        pytest.skip(f"SGLang {sglang_oracle.VERSION}'s oracle is unavailable: {exc}")
+    return vllm_oracle.load_or_skip(sglang_oracle.load, f"SGLang {sglang_oracle.VERSION}")
 
 
 class _Kv:

@@ -11,8 +11,6 @@ Skipped when the wheel cannot be fetched, unless RECOVERSSM_REQUIRE_ORACLE=1 (CI
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,19 +19,14 @@ from recoverssm_rs import layouts  # noqa: E402
 from recoverssm_rs.errors import RecoverSSMError  # noqa: E402
 from recoverssm_rs.sglang import SglangMambaPool, layout_for  # noqa: E402
 from recoverssm_rs.transfer import LocalTransfer  # noqa: E402
-from support import sglang_oracle  # noqa: E402
+from support import sglang_oracle, vllm_oracle  # noqa: E402
 
 HEADS, HEAD_DIM, K = 4, 8, 4
 
 
 @pytest.fixture(scope="module")
 def oracle():
-    try:
-        return sglang_oracle.load()
-    except sglang_oracle.OracleUnavailable as exc:
-        if os.environ.get("RECOVERSSM_REQUIRE_ORACLE") == "1":
-            pytest.fail(f"RECOVERSSM_REQUIRE_ORACLE=1 but SGLang's oracle is unavailable: {exc}")
-        pytest.skip(f"SGLang {sglang_oracle.VERSION}'s oracle is unavailable: {exc}")
+    return vllm_oracle.load_or_skip(sglang_oracle.load, f"SGLang {sglang_oracle.VERSION}")
 
 
 def _gdn(ns, tp, ssm_dtype=torch.float32):

@@ -52,7 +52,7 @@ FILES = {
 }
 
 
-class OracleUnavailable(RuntimeError):
+class OracleUnavailable(vllm_oracle.OracleUnavailable):
     """SGLang's wheel is not available here."""
 
 

@@ -5,7 +5,6 @@ wheel) in both conv layouts, the same functions renamed or wrapped, and function
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from pathlib import Path
 
@@ -21,12 +20,7 @@ from support import vllm_oracle  # noqa: E402
 
 @pytest.fixture(scope="module")
 def oracle():
-    try:
-        return vllm_oracle.load()
-    except vllm_oracle.OracleUnavailable as exc:
-        if os.environ.get("RECOVERSSM_REQUIRE_ORACLE") == "1":
-            pytest.fail(f"RECOVERSSM_REQUIRE_ORACLE=1 but vLLM's oracle is unavailable: {exc}")
-        pytest.skip(f"vLLM {vllm_oracle.VERSION}'s oracle is unavailable: {exc}")
+    return vllm_oracle.load_or_skip(vllm_oracle.load, f"vLLM {vllm_oracle.VERSION}")
 
 
 def _renamed(f, name):

@@ -23,10 +23,7 @@ TRACES = {
 def mh():
     from support import vllm_v2_oracle
 
-    try:
-        return vllm_v2_oracle.load()
-    except vllm_oracle.OracleUnavailable as exc:
-        pytest.skip(str(exc))
+    return vllm_oracle.load_or_skip(vllm_v2_oracle.load, f"vLLM {vllm_oracle.VERSION} (V2 runner)")
 
 
 @pytest.fixture

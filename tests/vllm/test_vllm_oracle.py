@@ -25,12 +25,7 @@ STEPS = int(os.environ.get("RECOVERSSM_ORACLE_STEPS", "20"))
 
 @pytest.fixture(scope="module")
 def oracle():
-    try:
-        return vllm_oracle.load()
-    except vllm_oracle.OracleUnavailable as exc:
-        if os.environ.get("RECOVERSSM_REQUIRE_ORACLE") == "1":
-            pytest.fail(f"RECOVERSSM_REQUIRE_ORACLE=1 but vLLM's oracle is unavailable: {exc}")
-        pytest.skip(f"vLLM {vllm_oracle.VERSION}'s oracle is unavailable: {exc}")
+    return vllm_oracle.load_or_skip(vllm_oracle.load, f"vLLM {vllm_oracle.VERSION}")
 
 
 @pytest.mark.parametrize("name", list(TRACES))
