@@ -608,3 +608,27 @@ TRACES = {
         True,
     ),
 }
+
+
+def small_model_state(max_num_reqs: int = 4, *, fake: bool = True) -> tuple[Any, list[torch.Tensor]]:
+    """A one-group ``ModelStateV2`` (GDN: conv + temporal, block_size 4, 2 drafts) over 16 blocks of
+    host states, built by ``from_runner`` from stand-ins of vLLM's runner objects; ``fake``: the
+    states claim to be CUDA tensors (``FakeCuda``). Returns the adapter and its states."""
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    from .device_fakes import FakeCuda
+
+    spec = types.SimpleNamespace(
+        mamba_type="GDN_ATTN",
+        shapes=[(5, 3), (2, 2)],
+        dtypes=[torch.float32] * 2,
+        block_size=4,
+        num_speculative_blocks=2,
+        mamba_cache_mode="align",
+    )
+    cfg = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=["l0"])])
+    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
+    bind = FakeCuda if fake else (lambda t: t)
+    ctx = {"l0": types.SimpleNamespace(kv_cache=[bind(t) for t in states])}
+    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
+    return ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=max_num_reqs, device="cpu"), states

@@ -35,27 +35,25 @@ def launch_args(monkeypatch):
     monkeypatch.setattr(model_state, "_launch_arg", FakeCuda)
 
 
-@pytest.mark.parametrize("name", list(TRACES))
-def test_v2_trace_equals_vllm(mh, fake_ops, emulator, launch_args, name):
+def _trace(mh, cfg, **kw):
+    """``vllm_v2_oracle.run_trace`` over a ``TRACES`` / ``RECOVER_TRACES`` entry ``cfg`` (groups,
+    block size, speculative blocks, conv layout, seed, steps); ``kw`` adds keywords or replaces
+    the entry's (``seed``, ``steps``)."""
     from support import vllm_v2_oracle
 
-    groups, bs, nsb, layout, seed, steps = TRACES[name]
+    groups, bs, nsb, layout, seed, steps = cfg
+    args = {"block_size": bs, "nsb": nsb, "conv_layout": layout, "seed": seed, "steps": steps, **kw}
+    return vllm_v2_oracle.run_trace(mh, groups, **args)
+
+
+@pytest.mark.parametrize("name", list(TRACES))
+def test_v2_trace_equals_vllm(mh, fake_ops, emulator, launch_args, name):
     launches: list[int] = []
-    stats = vllm_v2_oracle.run_trace(
-        mh,
-        groups,
-        block_size=bs,
-        nsb=nsb,
-        conv_layout=layout,
-        seed=seed,
-        steps=steps,
-        launches=launches,
-        emulator=emulator,
-    )
+    stats = _trace(mh, TRACES[name], launches=launches, emulator=emulator)
     # the trace exercised what it is for
     assert stats.pre_moves > 0 and stats.prefix_hits > 0 and stats.pp_rows > 0 and stats.lagged > 0
     assert stats.preempted > 0
-    if nsb:
+    if TRACES[name][2]:  # with speculative blocks
         assert stats.post_saves > 0
     # one launch of the package's kernel per half-step, every group at once
     assert launches and set(launches) == {1}
@@ -87,7 +85,6 @@ def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulato
     and count equal to vLLM's (the bookkeeping lives in the launch: nothing else runs)."""
     from recoverssm_rs import cuda
     from recoverssm_rs.cuda import module as cuda_module
-    from support import vllm_v2_oracle
 
     captured: dict[bool, object] = {}
     replayed = []
@@ -98,10 +95,8 @@ def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulato
         emulator.launch(first, index, stream)
 
     monkeypatch.setattr(cuda_module, "launch", replay)
-    groups, bs, nsb, layout, seed, _ = TRACES["2groups-DS-spec2"]
-    vllm_v2_oracle.run_trace(
-        mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed + 100, steps=8, static=True
-    )
+    cfg = TRACES["2groups-DS-spec2"]
+    _trace(mh, cfg, seed=cfg[4] + 100, steps=8, static=True)
     assert sum(replayed) >= 6
 
 
@@ -110,14 +105,12 @@ def test_v2_trace_in_any_thread_order_equals_vllm(mh, fake_ops, emulator, launch
     """The emulated threads in reverse and in a shuffled order: the copy CTAs read each slot's
     values before or after its bookkeeping thread rewrites them (scratch and stamp), the bytes and
     counts stay vLLM's."""
-    from support import emulation, vllm_v2_oracle
+    from support import emulation
 
     run = emulation.run
     monkeypatch.setattr(emulation, "run", lambda kl, **kw: run(kl, **{**kw, "order": order}))
-    groups, bs, nsb, layout, seed, _ = TRACES["gdn-SD-spec2"]
-    stats = vllm_v2_oracle.run_trace(
-        mh, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed + order, steps=10, emulator=emulator
-    )
+    cfg = TRACES["gdn-SD-spec2"]
+    stats = _trace(mh, cfg, seed=cfg[4] + order, steps=10, emulator=emulator)
     assert stats.pre_moves > 0
 
 
@@ -138,26 +131,8 @@ def test_add_request_seeds_column_and_count(fake_ops):
 
 
 def _small(fake: bool):
-    """A one-group ModelStateV2 (GDN: conv + temporal, block_size 4, 2 drafts) over 16 blocks."""
-    from types import SimpleNamespace as NS
-
-    from recoverssm_rs.vllm.model_state import ModelStateV2
-    from support.device_fakes import FakeCuda
-
-    spec = NS(
-        mamba_type="GDN_ATTN",
-        shapes=[(5, 3), (2, 2)],
-        dtypes=[torch.float32] * 2,
-        block_size=4,
-        num_speculative_blocks=2,
-        mamba_cache_mode="align",
-    )
-    cfg = NS(kv_cache_groups=[NS(kv_cache_spec=spec, layer_names=["l0"])])
-    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
-    bind = FakeCuda if fake else (lambda t: t)
-    ctx = {"l0": NS(kv_cache=[bind(t) for t in states])}
-    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
-    return ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=4, device="cpu"), states
+    """The one-group adapter of ``vllm_trace.small_model_state`` and its states."""
+    return vllm_trace.small_model_state(fake=fake)
 
 
 def test_minus_one_rows_are_skipped_by_both_halves(fake_ops, emulator, launch_args):
@@ -233,22 +208,8 @@ def test_v2_trace_with_recoverssm_equals_vllm(mh, fake_ops, emulator, launch_arg
     fold is the package's host reference on both sides (vLLM's fold is the model's own KDA kernel);
     the adapter's commit arguments, the columns, counts and the post-copy after it are checked
     against vLLM's."""
-    from support import vllm_v2_oracle
-
-    groups, bs, nsb, layout, seed, steps = RECOVER_TRACES[name]
     launches: list[int] = []
-    stats = vllm_v2_oracle.run_trace(
-        mh,
-        groups,
-        block_size=bs,
-        nsb=nsb,
-        conv_layout=layout,
-        seed=seed,
-        steps=steps,
-        launches=launches,
-        emulator=emulator,
-        recoverssm=True,
-    )
+    stats = _trace(mh, RECOVER_TRACES[name], launches=launches, emulator=emulator, recoverssm=True)
     assert stats.commits > 0 and stats.int_counts > 0 and stats.pp_rows > 0
     # the copy kernel once per half-step (the commit runs the torch reference on these CPU caches;
     # on CUDA it is one rs_recover_commit launch more in the post-process)
@@ -266,7 +227,7 @@ def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emul
     from recoverssm_rs.cuda import commit as cuda_commit
     from recoverssm_rs.cuda import module as cuda_module
     from recoverssm_rs.recoverssm.state_cache import StateCache
-    from support import emulation, vllm_v2_oracle
+    from support import emulation
     from support.device_fakes import FakeCuda
 
     class HostKernel(cuda_commit.CommitKernel):
@@ -298,16 +259,10 @@ def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emul
 
     monkeypatch.setattr(cuda_module, "launch", launch)
     monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
-    groups, bs, nsb, layout, seed, steps = RECOVER_TRACES["recoverssm-gdn-SD-spec2"]
     launches: list[int] = []
-    stats = vllm_v2_oracle.run_trace(
+    stats = _trace(
         mh,
-        groups,
-        block_size=bs,
-        nsb=nsb,
-        conv_layout=layout,
-        seed=seed,
-        steps=steps,
+        RECOVER_TRACES["recoverssm-gdn-SD-spec2"],
         launches=launches,
         emulator=emulator,
         recoverssm=True,

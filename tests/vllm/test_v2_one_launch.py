@@ -42,23 +42,11 @@ def launch_args(monkeypatch):
 
 
 def _small(max_num_reqs: int = 4):
-    """A one-group ModelStateV2 (GDN: conv + temporal, block_size 4, 2 drafts) over 16 blocks."""
-    from recoverssm_rs.vllm.model_state import ModelStateV2
-    from support.device_fakes import FakeCuda
+    """``vllm_trace.small_model_state`` (CUDA stand-in states) and a per-slot table: slot ``s``
+    holds blocks ``1 + 3s .. 3 + 3s`` in columns 0-2."""
+    from support import vllm_trace
 
-    spec = NS(
-        mamba_type="GDN_ATTN",
-        shapes=[(5, 3), (2, 2)],
-        dtypes=[torch.float32] * 2,
-        block_size=4,
-        num_speculative_blocks=2,
-        mamba_cache_mode="align",
-    )
-    cfg = NS(kv_cache_groups=[NS(kv_cache_spec=spec, layer_names=["l0"])])
-    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
-    ctx = {"l0": NS(kv_cache=[FakeCuda(t) for t in states])}
-    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
-    ms = ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=max_num_reqs, device="cpu")
+    ms, states = vllm_trace.small_model_state(max_num_reqs)
     table = torch.zeros(max_num_reqs, 6, dtype=torch.int32)
     for s in range(max_num_reqs):
         table[s, :3] = torch.arange(1 + 3 * s, 4 + 3 * s)
