@@ -235,12 +235,7 @@ def load() -> types.SimpleNamespace:
     loaded = {}
     with stubs():
         for name in FILES:
-            spec = importlib.util.spec_from_file_location(name, paths[name])
-            assert spec is not None and spec.loader is not None
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            loaded[name] = mod
+            loaded[name] = vllm_oracle.exec_by_path(name, paths[name])
     _LOADED = types.SimpleNamespace(
         configs=loaded["sglang.srt.configs.mamba_utils"],
         alloc=loaded["sglang.srt.mem_cache.allocator.mamba"],

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import types
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -218,7 +218,8 @@ class CpuGpuBuffer:
 
 def _stubs(envs: types.ModuleType) -> dict[str, types.ModuleType]:
     import torch
-    from vllm_oracle_triton import tl, triton  # type: ignore[import-not-found]
+    import triton
+    import triton.language as tl
 
     def cdiv(a: int, b: int) -> int:
         return -(a // -b)
@@ -287,6 +288,34 @@ def import_interpreted_triton() -> None:
         raise OracleUnavailable(f"Triton is not importable ({exc}); pip install triton") from None
 
 
+def exec_by_path(name: str, path: Path | str) -> types.ModuleType:
+    """The file at ``path`` executed as module ``name`` (registered in ``sys.modules`` first, as an
+    import does): how every oracle loads a file of a wheel without importing its package."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@contextlib.contextmanager
+def stubbed(stubs: dict[str, types.ModuleType], keep: Iterable[str] = ()) -> Iterator[None]:
+    """While active, ``sys.modules`` holds ``stubs``; afterwards every one of those names and of
+    ``keep`` (the modules loaded meanwhile) is as it was before: the oracle's modules do not leak
+    into other imports."""
+    saved = {k: sys.modules.get(k) for k in [*stubs, *keep]}
+    try:
+        sys.modules.update(stubs)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
 def load() -> types.SimpleNamespace:
     """``namespace(wmu=..., lmu=..., envs=...)``: vLLM's modules, loaded once per process.
 
@@ -297,30 +326,10 @@ def load() -> types.SimpleNamespace:
         return _LOADED
     import_interpreted_triton()
     paths = _extract()
-    import triton as _triton
-    import triton.language as _tl
-
-    sys.modules["vllm_oracle_triton"] = types.SimpleNamespace(tl=_tl, triton=_triton)  # type: ignore[assignment]
     envs = _module("vllm.envs", VLLM_SSM_CONV_STATE_LAYOUT="SD")
-    stubs = _stubs(envs)
-    saved = {k: sys.modules.get(k) for k in [*stubs, *FILES]}
-    try:
-        sys.modules.update(stubs)
-        loaded = {}
-        for name in ["vllm.model_executor.layers.mamba.mamba_utils", "vllm.v1.worker.mamba_utils"]:
-            spec = importlib.util.spec_from_file_location(name, paths[name])
-            assert spec is not None and spec.loader is not None
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            loaded[name] = mod
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-        sys.modules.pop("vllm_oracle_triton", None)
+    names = ["vllm.model_executor.layers.mamba.mamba_utils", "vllm.v1.worker.mamba_utils"]
+    with stubbed(_stubs(envs), keep=FILES):
+        loaded = {name: exec_by_path(name, paths[name]) for name in names}
     _LOADED = types.SimpleNamespace(
         wmu=loaded["vllm.v1.worker.mamba_utils"], lmu=loaded["vllm.model_executor.layers.mamba.mamba_utils"], envs=envs
     )

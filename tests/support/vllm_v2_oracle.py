@@ -13,8 +13,6 @@ every half-step. No vLLM code is stored in this repository.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 import types
 from typing import Any
 
@@ -60,10 +58,6 @@ def load() -> types.ModuleType:
         return _LOADED
     ns = vllm_oracle.load()
     path = vllm_oracle.extracted(MEMBER)
-    import triton
-    import triton.language as tl
-
-    sys.modules["vllm_oracle_triton"] = types.SimpleNamespace(tl=tl, triton=triton)  # type: ignore[assignment]
     stubs = vllm_oracle._stubs(ns.envs)
     stubs["vllm.v1.worker.mamba_utils"] = ns.wmu
     stubs["vllm.model_executor.layers.mamba.mamba_utils"] = ns.lmu
@@ -86,27 +80,9 @@ def load() -> types.ModuleType:
     ]:
         stubs.setdefault(name, vllm_oracle._module(name))
     stubs.setdefault("vllm.v1.worker.utils", vllm_oracle._module("vllm.v1.worker.utils", AttentionGroup=object))
-    saved = {k: sys.modules.get(k) for k in [*stubs, NAME, *(n for _, n in RECOVER)]}
-    recover: dict[str, types.ModuleType] = {}
-    try:
-        sys.modules.update(stubs)
-        for member, name in RECOVER:
-            rspec = importlib.util.spec_from_file_location(name, vllm_oracle.extracted(member))
-            assert rspec is not None and rspec.loader is not None
-            recover[name] = sys.modules[name] = importlib.util.module_from_spec(rspec)
-            rspec.loader.exec_module(recover[name])
-        spec = importlib.util.spec_from_file_location(NAME, path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[NAME] = mod
-        spec.loader.exec_module(mod)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-        sys.modules.pop("vllm_oracle_triton", None)
+    with vllm_oracle.stubbed(stubs, keep=[NAME, *(n for _, n in RECOVER)]):
+        recover = {name: vllm_oracle.exec_by_path(name, vllm_oracle.extracted(member)) for member, name in RECOVER}
+        mod = vllm_oracle.exec_by_path(NAME, path)
     mod.CpuGpuBuffer = _Buffer  # type: ignore[attr-defined]
     mod.recoverssm_metadata = recover[RECOVER[0][1]]  # type: ignore[attr-defined]
     _LOADED = mod
