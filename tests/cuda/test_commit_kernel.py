@@ -473,29 +473,12 @@ def test_emulated_kernel_equals_state_cache_commit(cfg, align):
 def test_state_cache_kernel_dispatch_with_an_emulated_device(monkeypatch):
     """StateCache's CUDA path (binding, staging, device counts, launch_commit, error word) on CPU
     buffers: the "device" is the host emulation of the kernel."""
-    from recoverssm_rs.cuda import commit as cuda_commit
     from recoverssm_rs.cuda import module as cuda_module
-
-    class HostKernel(cuda_commit.CommitKernel):
-        """The cache's CUDA commit path over its CPU buffers, described as if on cuda:0."""
-
-        def device_name(self) -> str:
-            return "cuda:0"
-
-        def device_arg(self, x):
-            from support.device_fakes import FakeCuda
-
-            return FakeCuda(x)
-
-        def staging(self, nbytes):
-            return torch.empty(nbytes, dtype=torch.uint8)
+    from support.device_fakes import bind_host_commit
 
     cfg = ("kda", "SD", "bfloat16", "float32")
     cache, ref = make_cache(*cfg), make_cache(*cfg)
-    cache._device_commit = HostKernel(
-        cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests
-    )
-    cache._device_commit.ready = True
+    bind_host_commit(cache)
     monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
     launches = []
 
@@ -587,23 +570,11 @@ def test_a_device_commit_is_one_core_call_and_one_launch(monkeypatch):
     from recoverssm_rs.cuda import commit as cuda_commit
     from recoverssm_rs.cuda import module as cuda_module
     from recoverssm_rs.recoverssm import state_cache as state_cache_module
-    from support.device_fakes import FakeCuda
-
-    class HostKernel(cuda_commit.CommitKernel):
-        def device_name(self) -> str:
-            return "cuda:0"
-
-        def device_arg(self, x):
-            return FakeCuda(x)
-
-        def staging(self, nbytes):
-            return torch.empty(nbytes, dtype=torch.uint8)
+    from support.device_fakes import bind_host_commit
 
     cfg = ("gdn", "DS", "float32", "float32")
     cache, ref = make_cache(*cfg), make_cache(*cfg)
-    kernel = HostKernel(cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests)
-    kernel.ready = True
-    cache._device_commit = kernel
+    kernel = bind_host_commit(cache)
     calls: list[str] = []
     launches: list[int] = []
     kernel.launcher = _Counted(kernel.launcher, calls, "CommitLaunch")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 from recoverssm_rs import cuda
+from recoverssm_rs.cuda import commit as cuda_commit
 from recoverssm_rs.cuda import module as cuda_module
 from recoverssm_rs.cuda import ops as device_path
 
@@ -218,3 +219,28 @@ def random_states(layout: Any, nb: int, layers: int, rng: np.random.Generator) -
             layer.append(t)
         out.append(layer)
     return out
+
+
+class HostCommitKernel(cuda_commit.CommitKernel):
+    """A state cache's CUDA commit path over its CPU buffers, described as if on ``cuda:0`` (the
+    launch goes wherever the test sends ``module.launch``: the kernel's host emulation)."""
+
+    def device_name(self) -> str:
+        return "cuda:0"
+
+    def device_arg(self, x: Any) -> Any:
+        return FakeCuda(x)
+
+    def staging(self, nbytes: int) -> Any:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def bind_host_commit(cache: Any) -> HostCommitKernel:
+    """Binds ``cache``'s commit to a :class:`HostCommitKernel` (ready: nothing left to compile) and
+    returns it."""
+    kernel = HostCommitKernel(
+        cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests
+    )
+    kernel.ready = True
+    cache._device_commit = kernel
+    return kernel

@@ -224,27 +224,10 @@ def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emul
     import ctypes
 
     import numpy as np
-    from recoverssm_rs.cuda import commit as cuda_commit
     from recoverssm_rs.cuda import module as cuda_module
     from recoverssm_rs.recoverssm.state_cache import StateCache
     from support import emulation
-    from support.device_fakes import FakeCuda
-
-    class HostKernel(cuda_commit.CommitKernel):
-        def device_name(self) -> str:
-            return "cuda:0"
-
-        def device_arg(self, x):
-            return FakeCuda(x)
-
-        def staging(self, nbytes):
-            return torch.empty(nbytes, dtype=torch.uint8)
-
-    def bind(cache):
-        cache._device_commit = HostKernel(
-            cache.commit_meta(), device="cpu", num_blocks=cache.num_blocks, max_requests=cache.max_requests
-        )
-        cache._device_commit.ready = True
+    from support.device_fakes import bind_host_commit
 
     kernels: list[str] = []
     copy_launch = cuda_module.launch
@@ -266,7 +249,7 @@ def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emul
         launches=launches,
         emulator=emulator,
         recoverssm=True,
-        commit_kernel=bind,
+        commit_kernel=bind_host_commit,
     )
     assert stats.commits > 0
     assert kernels.count("rs_recover_commit") == stats.commits
