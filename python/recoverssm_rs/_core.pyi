@@ -416,7 +416,11 @@ class VllmSlotStep:
         ctl: Any,
         err: Any,
         tables: Any,
+        commit: Any,
     ) -> VllmSlotStep: ...
+    @staticmethod
+    def commit_stage_len(num_slots: int) -> int:
+        """The RecoverSSM commit stage buffer's int32 elements for ``num_slots`` slots."""
     @staticmethod
     def check_group_ids(ids: Any, groups: int) -> list[int]:
         """The KV-cache group id of each planner group (``PlanError``: a count, a negative or a
@@ -431,11 +435,17 @@ class VllmSlotStep:
         num_sampled: Any,
         num_computed_tokens: Any,
         block_tables: Any,
-        commit: tuple[Any, int] | None = None,
+        commit: bool = False,
     ) -> tuple[KernelLaunch, bytes | None]:
-        """The post-process's launch (``num_sampled``: a tensor or one int; with a RecoverSSM
-        commit, ``(computed, cols)``: its rows' computed tokens per batch row and its table width),
-        and the table records when they moved."""
+        """The post-process's launch (``num_sampled``: a tensor or one int; ``commit``: run the
+        staged RecoverSSM commit, consumed by this launch), and the table records when they
+        moved."""
+    # Keyword arguments: request_indices, state_blocks, num_computed_tokens, block_table,
+    # query_lens, window, num_blocks, max_requests.
+    def stage_commit(self, kernel: tuple[CommitLaunch, BoundTensors] | None = None, **kwargs: Any) -> bytes:
+        """Plans one step's RecoverSSM commit for the next post-process (``kernel``: the cache's
+        commit kernel and bound tensors: the commit then runs inside that launch); the bytes to
+        copy into the front of the stage buffer."""
     @property
     def group_ids(self) -> list[int]: ...
 

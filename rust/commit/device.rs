@@ -62,7 +62,7 @@ pub fn plan_device_commit(
     }
     let counts = match device {
         Some((checked, launched, device)) => {
-            let min_len = plan.iter().map(|r| u64::from(r.request) + 1).max().unwrap_or(1);
+            let min_len = plan.iter().map(|r| u64::from(r.count_index) + 1).max().unwrap_or(1);
             check_commit_counts(device, checked, min_len)?;
             Some(launched)
         }

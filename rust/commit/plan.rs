@@ -19,7 +19,10 @@ crate::kernels::records::record! {
         pub boundary_block: i64,
         /// Tokens of the window up to the boundary (1..=count), 0 without a boundary.
         pub boundary_len: u32,
-        pub reserved: u32,
+        /// The entry of the device counts (`num_accepted`) holding this row's count: `request` as
+        /// planned; an engine whose counts are indexed otherwise (vLLM's per-batch-row sampled
+        /// counts) sets its own.
+        pub count_index: u32,
     }
 }
 
@@ -87,7 +90,7 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
             return Err(Error::plan(format!("{backend}: request {i}: state block {sb} is outside 0..{num_blocks}")));
         }
         let count = na.clamp(0, ql) as u32;
-        let mut row = CommitRow { request: i as u32, count, state_block: sb, boundary_block: -1, boundary_len: 0, reserved: 0 };
+        let mut row = CommitRow { request: i as u32, count, state_block: sb, boundary_block: -1, boundary_len: 0, count_index: i as u32 };
         if let Some(a) = &step.align {
             let l0 = a.seq_lens[i];
             if l0 < 0 {

@@ -124,6 +124,20 @@ macro_rules! record {
         // Every byte is a field: no padding, so the C struct of the same fields has this layout.
         const _: () = assert!(std::mem::size_of::<$name>() == 0 $(+ std::mem::size_of::<$ty>())*);
 
+        impl $name {
+            /// The record's bytes as the kernels read them (each field little-endian at its offset).
+            #[allow(dead_code)]
+            pub fn to_le_bytes(&self) -> Vec<u8> {
+                let mut out = vec![0u8; std::mem::size_of::<$name>()];
+                $(
+                    let b = self.$field.to_le_bytes();
+                    let at = std::mem::offset_of!($name, $field);
+                    out[at..at + b.len()].copy_from_slice(&b);
+                )*
+                out
+            }
+        }
+
         impl $crate::kernels::records::Record for $name {
             fn spec() -> $crate::kernels::records::RecordSpec {
                 use $crate::kernels::records::{Field, RecordSpec, Scalar};

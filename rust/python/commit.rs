@@ -214,6 +214,13 @@ pub struct PyCommitLaunch {
     device_index: u32,
 }
 
+impl PyCommitLaunch {
+    /// The core's launch builder.
+    pub(crate) fn core(&self) -> &kernels::CommitLaunch {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl PyCommitLaunch {
     /// `table`: the bytes of the `CommitMeta` records at device address `metas`.

@@ -3,12 +3,15 @@
 //! converts the runner's tensors, checks them in the core and returns the launch (and, when a
 //! group's table moved, the table records to upload first).
 
-use super::conversion::{arg_error, items, kwargs, Arg, FromKwargs, Ints, Tensor};
+use super::commit::PyCommitLaunch;
+use super::conversion::{arg_error, items, kwargs, Arg, FromKwargs, Ints, Table, Tensor};
 use super::launch::KernelLaunch;
 use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::TensorDesc;
+use crate::vllm::slot_commit::{plan_stage, CacheShape, SlotCommitInputs};
 use crate::vllm::slot_step::{check_group_ids, Commit, Sampled, SlotBuffers, SlotStep, TableRef};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt};
 use std::sync::Mutex;
@@ -24,7 +27,30 @@ kwargs! {
         ctl: Tensor,
         err: Tensor,
         tables: Tensor,
+        commit: Tensor,
     }
+}
+
+kwargs! {
+    /// One step's RecoverSSM commit (host values) and its cache's shape.
+    pub(crate) struct StageArgs (Plan) {
+        request_indices: Ints,
+        state_blocks: Ints,
+        num_computed_tokens: Ints,
+        block_table: Table,
+        query_lens: Option<Ints>,
+        window: u32,
+        num_blocks: u64,
+        max_requests: u64,
+    }
+}
+
+/// The commit staged for the next post-process: its batch rows, table width, and with its kernel
+/// the cache's bound tensors (checked before the launch is built, marked written after).
+struct Staged {
+    batch_rows: u64,
+    cols: i32,
+    kernel: Option<(Py<PyCommitLaunch>, Py<PyAny>)>,
 }
 
 kwargs! {
@@ -46,6 +72,8 @@ pub struct VllmSlotStep {
     group_ids: Vec<usize>,
     /// The table records the buffer holds now (what the last step returned).
     uploaded: Mutex<Vec<TableRef>>,
+    /// The RecoverSSM commit staged for the next post-process.
+    staged: Mutex<Option<Staged>>,
 }
 
 /// A launch and, when the tables moved, their records to upload before it.
@@ -106,9 +134,18 @@ impl VllmSlotStep {
             ctl: &a.ctl.0,
             err: &a.err.0,
             tables: &a.tables.0,
+            commit: &a.commit.0,
         };
         let inner = SlotStep::new(fused, block_size, a.num_slots, &b)?;
-        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, uploaded: Mutex::new(Vec::new()) })
+        let (uploaded, staged) = (Mutex::new(Vec::new()), Mutex::new(None));
+        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, uploaded, staged })
+    }
+
+    /// The commit stage buffer's int32 elements for `num_slots` slots.
+    #[staticmethod]
+    fn commit_stage_len(num_slots: i64) -> PyResult<u64> {
+        let slots = crate::vllm::slots::check_capacity(num_slots)? as u64;
+        Ok(crate::vllm::slot_commit::stage_len(slots))
     }
 
     /// Checks a list of KV-cache group ids for a planner of `groups` groups; returns them.
@@ -130,11 +167,42 @@ impl VllmSlotStep {
         self.half(py, block_tables, |s, cols| s.pre(cols, &a.idx_mapping.0, &a.num_computed_tokens.0, &a.query_start_loc.0))
     }
 
+    /// Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
+    /// `num_computed_tokens` per batch row, `block_table`, `query_lens`, and the cache's `window`,
+    /// `num_blocks`, `max_requests`) for the next post-process; `kernel`: the cache's commit
+    /// kernel, which then runs inside that post-process's launch (`None`: the commit runs before
+    /// it, the launch sets the committed rows' columns and counts) and `bound` the cache's
+    /// `BoundTensors`. Returns the bytes to copy into the front of the stage buffer; nothing is
+    /// staged when the core refuses the commit.
+    #[pyo3(signature = (kernel = None, **kwargs))]
+    fn stage_commit<'py>(
+        &self,
+        py: Python<'py>,
+        kernel: Option<(Bound<'_, PyCommitLaunch>, Bound<'_, PyAny>)>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let a = StageArgs::from_kwargs(kwargs)?;
+        let inputs = SlotCommitInputs {
+            request_indices: &a.request_indices.0,
+            state_blocks: &a.state_blocks.0,
+            computed: &a.num_computed_tokens.0,
+            block_table: &a.block_table.ids,
+            cols: a.block_table.cols,
+            query_lens: a.query_lens.as_ref().map(|q| &q.0[..]),
+        };
+        let cache = CacheShape { window: a.window, num_blocks: a.num_blocks, max_requests: a.max_requests };
+        let block_size = self.planner.get().block_size()? as u64;
+        let st = plan_stage(&inputs, self.inner.slots(), block_size, cache)?;
+        let mut staged = self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))?;
+        let kernel = kernel.map(|(k, bound)| (k.unbind(), bound.unbind()));
+        *staged = Some(Staged { batch_rows: st.batch_rows, cols: st.cols, kernel });
+        Ok(PyBytes::new(py, &st.bytes))
+    }
+
     /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
-    /// for every row); with a RecoverSSM commit, `commit = (computed, cols)`: its rows' computed
-    /// tokens (int32 per batch row, `-1` where nothing is committed) and its table width;
-    /// `(launch, table records or None)`.
-    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit = None))]
+    /// for every row); `commit`: run the staged RecoverSSM commit (`stage_commit`; consumed by
+    /// this launch); `(launch, table records or None)`.
+    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit = false))]
     fn post<'py>(
         &self,
         py: Python<'py>,
@@ -142,7 +210,7 @@ impl VllmSlotStep {
         num_sampled: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
         block_tables: &Bound<'_, PyAny>,
-        commit: Option<(Bound<'_, PyAny>, i64)>,
+        commit: bool,
     ) -> PyResult<HalfStep<'py>> {
         let kind = ErrorKind::Plan;
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
@@ -150,11 +218,27 @@ impl VllmSlotStep {
         let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
         let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };
         let fill = if all { i64::arg(num_sampled, "num_sampled", kind)? } else { 0 };
-        let commit = commit.map(|(c, cols)| Ok::<_, PyErr>((Tensor::arg(&c, "commit_computed", kind)?.0, cols))).transpose()?;
-        self.half(py, block_tables, |s, cols| {
+        let mut staged = self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))?;
+        if commit && staged.is_none() {
+            return Err(Error::plan("no RecoverSSM commit is staged for this post-process (stage_commit first)").into());
+        }
+        let st = if commit { staged.as_ref() } else { None };
+        let fused = st.and_then(|s| s.kernel.as_ref());
+        if let Some((_, bound)) = fused {
+            bound.bind(py).call_method0(intern!(py, "check"))?; // the cache's tensors, before its write
+        }
+        let kernel = fused.map(|(k, _)| k.get().core());
+        let out = self.half(py, block_tables, |s, cols| {
             let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
-            s.post(cols, &idx, &nct, sampled, commit.as_ref().map(|(c, cols)| Commit { computed: c, cols: *cols }))
-        })
+            s.post(cols, &idx, &nct, sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
+        })?;
+        if let Some((_, bound)) = fused {
+            bound.bind(py).call_method0(intern!(py, "mark_written"))?;
+        }
+        if commit {
+            *staged = None; // launched: a second post-process does not commit it again
+        }
+        Ok(out)
     }
 
     fn __repr__(&self) -> String {

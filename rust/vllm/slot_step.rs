@@ -6,11 +6,13 @@
 //! packs the launch; the group tables travel as [`TableRef`] records in a device buffer of the
 //! adapter's, rewritten only when a table moves.
 
+use super::slot_commit::{rows_offset, stage_len};
 use super::slots::check_capacity;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{Arg, Launch, STATE_COPY_SLOTS};
 use crate::kernels::args::{block_table, check_group_tables, IntType};
 use crate::kernels::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, THREADS};
+use crate::kernels::CommitLaunch;
 use crate::kernels::{state_copy_grid, FusedCopy};
 use crate::tensor::{Device, TensorDesc};
 
@@ -28,7 +30,7 @@ crate::kernels::records::record! {
 impl TableRef {
     /// The record's bytes (little-endian, as the kernel reads it).
     pub fn bytes(refs: &[TableRef]) -> Vec<u8> {
-        refs.iter().flat_map(|t| [t.addr.to_le_bytes(), t.row_stride.to_le_bytes()].concat()).collect()
+        refs.iter().flat_map(TableRef::to_le_bytes).collect()
     }
 }
 
@@ -47,14 +49,20 @@ pub struct SlotBuffers<'a> {
     pub ctl: &'a TensorDesc,
     pub err: &'a TensorDesc,
     pub tables: &'a TensorDesc,
+    /// The RecoverSSM commit's stage buffer (int32 [`stage_len`]`(slots)`, see
+    /// [`super::slot_commit`]).
+    pub commit: &'a TensorDesc,
 }
 
-/// A post-process's RecoverSSM commit rows: per batch row the tokens before this step's window
-/// (int32 `[>= R]`, `-1`: no commit), and the width of the commit's block table.
+/// A post-process's RecoverSSM commit, staged into the stage buffer: the staged plan's batch rows
+/// and table width ([`super::slot_commit::StagedCommit`]), and the cache's commit kernel when the
+/// commit runs in this launch (`None`: it ran before; the launch sets the committed rows' columns
+/// and counts only).
 #[derive(Clone, Copy, Debug)]
 pub struct Commit<'a> {
-    pub computed: &'a TensorDesc,
-    pub cols: i64,
+    pub batch_rows: u64,
+    pub cols: i32,
+    pub kernel: Option<&'a CommitLaunch>,
 }
 
 /// A post-process's sampled counts: one per batch row, or one for every row.
@@ -65,12 +73,12 @@ pub enum Sampled<'a> {
 }
 
 /// One half's own launch values: `query_start_loc`, the sampled counts (pointer, or one count), the
-/// commit rows (pointer, table width), and which half.
+/// RecoverSSM commit, and which half.
 #[derive(Clone, Copy, Debug)]
-struct Half {
+struct Half<'a> {
     qsl: u64,
     sampled: (u64, i32),
-    commit: (u64, i32),
+    commit: Option<Commit<'a>>,
     post: bool,
 }
 
@@ -86,6 +94,7 @@ pub struct SlotStep {
     ctl: u64,
     err: u64,
     tables: u64,
+    commit: u64,
 }
 
 /// A contiguous vector of `dtype` on `device` with at least `min_len` elements.
@@ -142,9 +151,17 @@ impl SlotStep {
             ctl: i32v(b.ctl, "ctl", 1)?,
             err: i32v(b.err, "err", ERR_WORDS)?,
             tables: vector(b.tables, "tables", d, IntType::I64, 2 * fused.groups as u64)?,
+            commit: i32v(b.commit, "commit stage", stage_len(slots))?,
             fused,
         };
-        let extents = [(step.state_idx, slots), (step.num_accepted, slots), (step.scratch, 3 * slots), (step.ctl, 1), (step.err, ERR_WORDS)];
+        let extents = [
+            (step.state_idx, slots),
+            (step.num_accepted, slots),
+            (step.scratch, 3 * slots),
+            (step.ctl, 1),
+            (step.err, ERR_WORDS),
+            (step.commit, stage_len(slots)),
+        ];
         for (i, &(a, n)) in extents.iter().enumerate() {
             for &(c, m) in &extents[i + 1..] {
                 if a < c + 4 * m && c < a + 4 * n {
@@ -189,11 +206,17 @@ impl SlotStep {
         Ok((p, n))
     }
 
-    fn launch(&self, cols: i32, rows: (u64, u64), computed: &TensorDesc, h: Half) -> Result<Launch> {
+    fn launch(&self, cols: i32, rows: (u64, u64), computed: &TensorDesc, h: Half<'_>) -> Result<Launch> {
         let nct = vector(computed, "num_computed_tokens", &self.fused.device, IntType::I32, self.slots)?;
         let f = &self.fused;
         let mut flags = if f.has_temporal { FLAG_HAS_TEMPORAL } else { 0 };
         flags |= if h.post { FLAG_DECIDE } else { FLAG_PRE_COPY };
+        // The commit's values: its computed tokens and width; its count, rows and kernel when fused.
+        let (computed_at, commit_cols) = h.commit.map_or((0, 0), |c| (self.commit + 4, c.cols));
+        let kernel = h.commit.and_then(|c| c.kernel);
+        let (count_at, rows_at) = kernel.map_or((0, 0), |_| (self.commit, self.commit + rows_offset(self.slots)));
+        let (metas, layers, blocks, workspace, rec, conv) =
+            kernel.map_or((0, 0, 0, 0, 0, 0), |k| (k.metas, k.num_layers, k.num_blocks, k.max_requests, k.rec_ctas, k.conv_ctas));
         let args = [
             Arg::Ptr(f.metas),
             Arg::U32(f.num_meta),
@@ -206,8 +229,17 @@ impl SlotStep {
             Arg::Ptr(h.qsl),
             Arg::Ptr(h.sampled.0),
             Arg::I32(h.sampled.1),
-            Arg::Ptr(h.commit.0),
-            Arg::I32(h.commit.1),
+            Arg::Ptr(computed_at),
+            Arg::I32(commit_cols),
+            Arg::Ptr(count_at),
+            Arg::Ptr(rows_at),
+            Arg::U32(self.slots as u32),
+            Arg::Ptr(metas),
+            Arg::U32(layers),
+            Arg::I64(blocks),
+            Arg::U32(workspace),
+            Arg::U32(rec),
+            Arg::U32(conv),
             Arg::Ptr(self.state_idx),
             Arg::Ptr(self.num_accepted),
             Arg::Ptr(self.scratch),
@@ -219,7 +251,9 @@ impl SlotStep {
             Arg::U32(flags),
             Arg::Ptr(self.err),
         ];
-        Launch::new(&STATE_COPY_SLOTS, state_copy_grid(rows.1, f.num_meta as u64, f.chunks), [THREADS, 1, 1], &args)
+        // With a commit the grid also spans its CTAs per (layer, row), before the copy's, and its layers.
+        let x = f.chunks + rec + conv;
+        Launch::new(&STATE_COPY_SLOTS, state_copy_grid(rows.1, (f.num_meta).max(layers) as u64, x), [THREADS, 1, 1], &args)
     }
 
     /// The pre-copy's launch over tables `cols` wide: `idx_mapping` int32 `[R]`, `num_computed`
@@ -227,13 +261,15 @@ impl SlotStep {
     pub fn pre(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, query_start_loc: &TensorDesc) -> Result<Launch> {
         let rows = self.rows(idx)?;
         let qsl = vector(query_start_loc, "query_start_loc", &self.fused.device, IntType::I32, rows.1 + 1)?;
-        self.launch(cols, rows, num_computed, Half { qsl, sampled: (0, 0), commit: (0, 0), post: false })
+        self.launch(cols, rows, num_computed, Half { qsl, sampled: (0, 0), commit: None, post: false })
     }
 
     /// The post-process's launch: `num_computed` per slot after this step, the sampled counts per
     /// batch row (int32 `[>= R]`) or one count for every row.
-    /// With a RecoverSSM `commit` (counts per row only), the committed rows' columns and counts are
-    /// set as vLLM's `commit_step` does before the aligned save.
+    /// With a RecoverSSM `commit` staged (counts per row only, a batch of at least its rows), the
+    /// committed rows' columns and counts are set as vLLM's `commit_step` does before the aligned
+    /// save, and with its `kernel` (the cache's, on the states' device, [`THREADS`] per CTA) the
+    /// commit itself runs in this launch.
     pub fn post(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, sampled: Sampled<'_>, commit: Option<Commit<'_>>) -> Result<Launch> {
         let rows = self.rows(idx)?;
         let sampled = match sampled {
@@ -243,15 +279,26 @@ impl SlotStep {
                 (0, n)
             }
         };
-        let commit = match commit {
-            None => (0, 0),
-            Some(_) if sampled.0 == 0 => return Err(Error::plan("a RecoverSSM commit needs the sampled counts per row, not one integer")),
-            Some(c) => {
-                let width = i32::try_from(c.cols).ok().filter(|&w| w >= 1);
-                let width = width.ok_or_else(|| Error::plan(format!("the commit's block table has {} columns (1 ..= 2**31 - 1)", c.cols)))?;
-                (vector(c.computed, "commit num_computed_tokens", &self.fused.device, IntType::I32, rows.1)?, width)
+        if let Some(c) = commit {
+            if sampled.0 == 0 {
+                return Err(Error::plan("a RecoverSSM commit needs the sampled counts per row, not one integer"));
             }
-        };
+            if c.batch_rows > rows.1 {
+                return Err(Error::plan(format!(
+                    "the staged RecoverSSM commit names batch row {}, but this post-process has {} rows",
+                    c.batch_rows - 1,
+                    rows.1
+                )));
+            }
+            if let Some(k) = c.kernel {
+                if k.device != self.fused.device || k.threads != THREADS {
+                    return Err(Error::plan(format!(
+                        "the commit kernel runs on {} with {} threads per CTA; the post-process launches on {} with {THREADS}",
+                        k.device, k.threads, self.fused.device
+                    )));
+                }
+            }
+        }
         self.launch(cols, rows, num_computed, Half { qsl: 0, sampled, commit, post: true })
     }
 }
@@ -261,12 +308,13 @@ mod tests {
     use super::*;
 
     use crate::kernels::copy::tests::{arg as t, BASE};
+    use crate::tensor::Device;
 
     const FUSED: FusedCopy = FusedCopy { max_accepted: 3, num_blocks: 64, chunks: 2, err: 0, groups: 2, ..BASE };
 
     /// The adapter's buffers for 8 slots and 2 groups: state_idx, num_accepted, scratch, ctl, err,
-    /// tables.
-    fn buffers() -> [TensorDesc; 6] {
+    /// tables, the commit stage.
+    fn buffers() -> [TensorDesc; 7] {
         [
             t(10_000, "int32", &[8]),
             t(11_000, "int32", &[8]),
@@ -274,12 +322,14 @@ mod tests {
             t(13_000, "int32", &[1]),
             t(14_000, "int32", &[9]),
             t(15_000, "int64", &[4]),
+            t(16_000, "int32", &[80]),
         ]
     }
 
     fn step() -> SlotStep {
-        let [s, a, sc, c, e, tb] = buffers();
-        SlotStep::new(FUSED, 4, 8, &SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb }).unwrap()
+        let [s, a, sc, c, e, tb, cm] = buffers();
+        SlotStep::new(FUSED, 4, 8, &SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb, commit: &cm })
+            .unwrap()
     }
 
     #[test]
@@ -290,19 +340,35 @@ mod tests {
         assert_eq!((l.kernel.name, l.grid), ("rs_state_copy_slots", [2, 3, 3]));
         let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
         let pre = (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128;
-        assert_eq!(v, vec![1000, 3, 15_000, 2, 5, 20_000, 3, 21_000, 22_000, 0, 0, 0, 0, 10_000, 11_000, 12_000, 13_000, 8, 4, 3, 64, pre, 14_000]);
+        let none = [0; 9];
+        let head = [1000, 3, 15_000, 2, 5, 20_000, 3, 21_000, 22_000, 0, 0, 0, 0];
+        let tail = [10_000, 11_000, 12_000, 13_000, 8, 4, 3, 64, pre, 14_000];
+        assert_eq!(v, [&head[..], &[0, 0, 8], &none[3..], &tail[..]].concat());
         let ns = t(23_000, "int32", &[3]);
         let v = st.post(5, &idx, &nct, Sampled::Each(&ns), None).unwrap().values();
-        assert_eq!((v[8], v[9], v[21].1), (("query_start_loc", 0), ("num_sampled", 23_000), (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
+        assert_eq!((v[8], v[9], v[30].1), (("query_start_loc", 0), ("num_sampled", 23_000), (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
         let v = st.post(5, &idx, &nct, Sampled::All(2), None).unwrap().values();
         assert_eq!((v[9], v[10]), (("num_sampled", 0), ("sampled_fill", 2)));
-        let cc = t(24_000, "int32", &[3]);
-        let v = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { computed: &cc, cols: 7 })).unwrap().values();
-        assert_eq!((v[11], v[12]), (("commit_computed", 24_000), ("commit_cols", 7)));
-        let e = st.post(5, &idx, &nct, Sampled::All(2), Some(Commit { computed: &cc, cols: 7 })).unwrap_err();
+        // A staged commit that ran before: the computed tokens and the width, nothing of the kernel.
+        let ran = Commit { batch_rows: 3, cols: 7, kernel: None };
+        let l = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(ran)).unwrap();
+        let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
+        assert_eq!((&v[11..13], &v[13..22], l.grid), (&[16_004, 7][..], &[0, 0, 8, 0, 0, 0, 0, 0, 0][..], [2, 3, 3]));
+        // The commit in this launch: the stage's count and rows, the kernel's table and grid.
+        let table = [crate::commit::CommitMeta { heads: 2, head_v: 16, head_k: 16, ..Default::default() }; 5];
+        let k = CommitLaunch::new(Device::Cuda(0), 900, &table, 64, 4, 0, THREADS).unwrap();
+        let l = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { kernel: Some(&k), ..ran })).unwrap();
+        let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
+        let (rec, conv) = (k.rec_ctas as i128, k.conv_ctas as i128);
+        assert_eq!(&v[11..22], &[16_004, 7, 16_000, 16_000 + 64, 8, 900, 5, 64, 4, rec, conv][..]);
+        assert_eq!(l.grid, [(2 + rec + conv) as u32, 3, 5]);
+        let e = st.post(5, &idx, &nct, Sampled::All(2), Some(ran)).unwrap_err();
         assert!(e.message.contains("needs the sampled counts per row"), "{}", e.message);
-        let e = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { computed: &t(1, "int32", &[2]), cols: 7 })).unwrap_err();
-        assert!(e.message.contains("commit num_computed_tokens: expected a 1-D vector of at least 3"), "{}", e.message);
+        let e = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { batch_rows: 4, ..ran })).unwrap_err();
+        assert_eq!(e.message, "the staged RecoverSSM commit names batch row 3, but this post-process has 3 rows");
+        let far = CommitLaunch::new(Device::Cuda(1), 900, &table, 64, 4, 0, THREADS).unwrap();
+        let e = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { kernel: Some(&far), ..ran })).unwrap_err();
+        assert!(e.message.contains("the commit kernel runs on cuda:1"), "{}", e.message);
         // An empty batch still launches (the stamp and the words advance).
         assert_eq!(st.pre(5, &t(20_000, "int32", &[0]), &nct, &t(22_000, "int32", &[1])).unwrap().grid, [2, 1, 3]);
     }
@@ -343,13 +409,20 @@ mod tests {
 
     #[test]
     fn buffers_are_checked_once() {
-        let [s, a, sc, c, e, tb] = buffers();
-        let b = SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb };
+        let [s, a, sc, c, e, tb, cm] = buffers();
+        let b = SlotBuffers { state_idx: &s, num_accepted: &a, scratch: &sc, ctl: &c, err: &e, tables: &tb, commit: &cm };
         assert!(SlotStep::new(FUSED, 0, 8, &b).unwrap_err().message.contains("block_size"));
         assert!(SlotStep::new(FUSED, 4, 0, &b).unwrap_err().message.contains("max_num_reqs"));
         let short = t(14_000, "int32", &[3]);
         assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { err: &short, ..b }).unwrap_err().message.contains("err"));
         let over = t(10_016, "int32", &[8]);
         assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { num_accepted: &over, ..b }).unwrap_err().message.contains("overlap"));
+        let short = t(16_000, "int32", &[79]);
+        assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { commit: &short, ..b })
+            .unwrap_err()
+            .message
+            .contains("commit stage: expected a 1-D vector of at least 80"));
+        let inside = t(14_016, "int32", &[80]);
+        assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { commit: &inside, ..b }).unwrap_err().message.contains("overlap"));
     }
 }

@@ -147,7 +147,7 @@ def run_problem(p: generators.CommitProblem, seed: int, *, order: int = 0, threa
             r, p.num_blocks, p.max_requests, None if acc is None else acc.size
         ):
             continue
-        c = int(r["count"]) if acc is None else min(max(int(acc[r["request"]]), 0), int(r["count"]))
+        c = int(r["count"]) if acc is None else min(max(int(acc[r["count_index"]]), 0), int(r["count"]))
         if c > 0:
             written.add(int(r["state_block"]))
             if r["boundary_block"] >= 0 and 1 <= r["boundary_len"] <= c:
@@ -254,9 +254,9 @@ def test_rejected_rows_are_reported_and_write_nothing():
     err = emulation.emulate_recover_commit(t.meta(), rows, num_blocks=nb, max_requests=mr, ranges=[emu.numpy()])
     word = cuda.decode_error_word(err, len(rows))
     assert set(word.names) == {"args", "block"} and (word.first_request, word.last_request) == (0, 3)
-    # Device counts: a request beyond the count vector is rejected too.
+    # Device counts: a count index beyond the count vector is rejected too.
     row = np.zeros(1, dtype=COMMIT_ROW_DTYPE)
-    row[0] = (mr - 1, 1, 1, -1, 0, 0)
+    row[0] = (0, 1, 1, -1, 0, mr - 1)
     err = emulation.emulate_recover_commit(
         t.meta(), row, num_blocks=nb, max_requests=mr, num_accepted=np.ones(mr - 1, np.int32), ranges=[emu.numpy()]
     )

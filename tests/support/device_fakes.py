@@ -184,7 +184,8 @@ class Recorder:
         if self.emulate:
             from support import emulation
 
-            emulation.run(kl, grid=(3, kl.grid[1], kl.grid[2])).check(kl.kernel)
+            x = 3 + (v["rec_ctas"] + v["conv_ctas"] if v.get("commit_rows") else 0)  # a commit's CTAs after
+            emulation.run(kl, grid=(x, kl.grid[1], kl.grid[2])).check(kl.kernel)
 
 
 def install(

@@ -398,6 +398,7 @@ def random_commit_problem(
     rows = np.zeros(R, dtype=COMMIT_ROW_DTYPE)
     blocks = rng.permutation(np.arange(1, nb))
     reqs = rng.permutation(MR)[:R]
+    count_at = rng.permutation(MR)[:R]  # each row's entry of the device counts, not its request
     for i in range(R):
         sb = int(blocks[2 * i])
         cnt = int(rng.integers(0, Q + 1))
@@ -408,7 +409,7 @@ def random_commit_problem(
             bb, blen = int(blocks[2 * i + 1]), int(rng.integers(1, cnt + 1))
         if rng.random() < 0.12:
             sb = int(rng.choice([0, -1]))  # padding
-        rows[i] = (int(reqs[i]), cnt, sb, bb, blen, 0)
+        rows[i] = (int(reqs[i]), cnt, sb, bb, blen, int(count_at[i]))
     counts = None
     if device_counts:
         counts = rng.integers(-2, Q + 3, size=MR + int(rng.integers(0, 3))).astype(np.int32)

@@ -337,7 +337,7 @@ class CommitTensors:
 def _commit_row_code(row: np.void, num_blocks: int, max_requests: int, num_counts: int | None) -> int:
     req, sb, bb = int(row["request"]), int(row["state_block"]), int(row["boundary_block"])
     code = 0
-    if req >= max_requests or (num_counts is not None and req >= num_counts):
+    if req >= max_requests or (num_counts is not None and int(row["count_index"]) >= num_counts):
         code |= ERR_ARGS
     if sb >= num_blocks or (bb >= 0 and (bb < 1 or bb >= num_blocks or bb == sb)):
         code |= ERR_BLOCK
@@ -383,10 +383,9 @@ def reference_recover_commit(
     r = rw[ok]
     if len(r) == 0:
         return err
-    req_np = r["request"].astype(np.int64)
     cnt = r["count"].astype(np.int64)
     if counts_in is not None:
-        cnt = np.clip(counts_in[req_np], 0, cnt)
+        cnt = np.clip(counts_in[r["count_index"].astype(np.int64)], 0, cnt)
     for layer in range(len(tensors.recurrent)):
         rec, corr, kg = tensors.recurrent[layer], tensors.corrections[layer], tensors.keygate[layer]
         q = int(corr.shape[2])

@@ -277,6 +277,8 @@ def run_trace(
     def check(step: int, half: str) -> None:
         err = vllm_trace._equal(states_v, states_o) or (rec.equal() if rec is not None else None)
         assert err is None, f"step {step}, after the {half}: {err}"
+        word = ours.last_error()
+        assert word.ok, f"step {step}, after the {half}: the adapter reported {word}"
         for r in running:
             s = slot_of[r.rid]
             pair = [(int(vms._mamba_state_idx_gpu[s]), int(vms.num_accepted_tokens_gpu[s]))]
@@ -329,6 +331,18 @@ def run_trace(
         qsl = torch.zeros(m + 1, dtype=torch.int32)
         qsl[1 : n + 1] = torch.tensor(np.cumsum([sched[r.rid][0] for r in batch]), dtype=torch.int32)
         calls = len(emulator.calls) if emulator is not None else 0
+        commit = None
+        if rec is not None:  # the step's commit, known when its metadata is built
+            from recoverssm_rs.vllm.model_state import RecoverSSMCommit
+
+            rows = [i for i, r in enumerate(batch) if sched[r.rid][1] > 0]
+            slots = [slot_of[r.rid] for r in batch]
+            computed = [r.computed for r in batch]
+            qlens = [sched[r.rid][0] for r in batch]
+            if rows or static:  # under a graph every step stages one (empty or not)
+                commit = RecoverSSMCommit(**rec.step(rec.caches[1], slots, rows, computed, qlens))
+                if static or step % 2:  # staged now, or by the post-process itself
+                    ours.stage_recoverssm(commit)
         # pre-copy
         vms.preprocess_state(types.SimpleNamespace(num_reqs=n, idx_mapping=idx, query_start_loc=qsl), tables, None, nct)
         if static:
@@ -362,20 +376,12 @@ def run_trace(
         if n and len(set(sampled)) == 1 and step % 2:
             counts = sampled[0]
             stats.int_counts += 1
-        commit = None
         if rec is not None:
-            from recoverssm_rs.vllm.model_state import RecoverSSMCommit
-
-            rows = [i for i, r in enumerate(batch) if sched[r.rid][1] > 0]
-            slots = [slot_of[r.rid] for r in batch]
-            computed = [r.computed for r in batch]
-            qlens = [sched[r.rid][0] for r in batch]
-            rec.randomize(["corrections", "keygate", "conv_window"])
+            rec.randomize(["corrections", "keygate", "conv_window"])  # the verify's records
             if rows:
                 vms.recoverssm._step = (
                     rec.vllm_metadata(rec.step(rec.caches[0], slots, rows, computed, qlens), sim.bs),
                 )
-                commit = RecoverSSMCommit(**rec.step(rec.caches[1], slots, rows, computed, qlens))
                 stats.commits += not isinstance(counts, int)
         vms.postprocess_state(post_idx, counts, nct)
         if static:

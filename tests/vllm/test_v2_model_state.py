@@ -211,59 +211,93 @@ def test_v2_trace_with_recoverssm_equals_vllm(mh, fake_ops, emulator, launch_arg
     launches: list[int] = []
     stats = _trace(mh, RECOVER_TRACES[name], launches=launches, emulator=emulator, recoverssm=True)
     assert stats.commits > 0 and stats.int_counts > 0 and stats.pp_rows > 0
-    # the copy kernel once per half-step (the commit runs the torch reference on these CPU caches;
-    # on CUDA it is one rs_recover_commit launch more in the post-process)
+    # the copy kernel once per half-step (the commit runs the torch reference on these host
+    # caches, before the launch; a CUDA cache's commit runs inside it: the tests below)
     assert launches and set(launches) == {1}
 
 
-def test_v2_trace_with_the_commit_kernel_emulated_equals_vllm(mh, fake_ops, emulator, launch_args, monkeypatch):
-    """The adapter's cache commits through its CUDA path (device counts, ``rs_recover_commit``
-    emulated on the host) while vLLM's side folds with the torch reference: the recurrent states
-    agree within 1e-5, everything else byte for byte; a post-process with a commit is two launches
-    (the commit, then the copy)."""
-    import ctypes
-
-    import numpy as np
+def _fused_commits(monkeypatch):
+    """Binds each trace cache's commit to the emulated kernel and counts the post-process launches
+    that carry the commit (``commit_rows`` set); returns the kernel names launched and that count."""
     from recoverssm_rs.cuda import module as cuda_module
     from recoverssm_rs.recoverssm.state_cache import StateCache
+
+    kernels: list[str] = []
+    fused = [0]
+    launch = cuda_module.launch
+
+    def counting(kl, index, stream=None):
+        kernels.append(kl.kernel)
+        fused[0] += bool(dict(kl.values()).get("commit_rows"))
+        return launch(kl, index, stream)
+
+    monkeypatch.setattr(cuda_module, "launch", counting)
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+    return kernels, fused
+
+
+@pytest.mark.parametrize("order", [0, 5])
+def test_v2_trace_with_the_commit_kernel_in_the_launch_equals_vllm(
+    mh, fake_ops, emulator, launch_args, monkeypatch, order
+):
+    """The adapter's cache commits through its CUDA path, inside the post-process's one launch
+    (``rs_state_copy_slots`` running the commit kernel's device code, emulated on the host, in the
+    natural and a shuffled thread order) while vLLM's side folds with the torch reference: the
+    recurrent states agree within 1e-5, everything else byte for byte, no error reported."""
     from support import emulation
     from support.device_fakes import bind_host_commit
 
-    kernels: list[str] = []
-    copy_launch = cuda_module.launch
-
-    def launch(kl, index, stream=None):
-        kernels.append(kl.kernel)
-        if kl.kernel != "rs_recover_commit":
-            return copy_launch(kl, index, stream)
-        v = dict(kl.values())
-        assert v["num_accepted"] and np.frombuffer(ctypes.string_at(v["num_accepted"], 4), dtype=np.int32).size
-        emulation.run(kl).check(kl.kernel)
-
-    monkeypatch.setattr(cuda_module, "launch", launch)
-    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+    run = emulation.run
+    monkeypatch.setattr(emulation, "run", lambda kl, **kw: run(kl, **{**kw, "order": order}))
+    kernels, fused = _fused_commits(monkeypatch)
     launches: list[int] = []
+    cfg = RECOVER_TRACES["recoverssm-gdn-SD-spec2"]
     stats = _trace(
         mh,
-        RECOVER_TRACES["recoverssm-gdn-SD-spec2"],
+        cfg,
+        seed=cfg[4] + order,
         launches=launches,
         emulator=emulator,
         recoverssm=True,
         commit_kernel=bind_host_commit,
     )
-    assert stats.commits > 0
-    assert kernels.count("rs_recover_commit") == stats.commits
-    # the emulator records the copy launches only: one per half-step; each commit sits between the
-    # pre-copy and the post-process's copy: that post-process is two launches
-    assert launches and set(launches) == {1}
-    at = [i for i, k in enumerate(kernels) if k == "rs_recover_commit"]
-    assert all(kernels[i - 1] == kernels[i + 1] == "rs_state_copy_slots" for i in at)
+    assert stats.commits > 0 and fused[0] >= stats.commits
+    # one launch per half-step, the commit included: no rs_recover_commit launch of its own
+    assert launches and set(launches) == {1} and set(kernels) == {"rs_state_copy_slots"}
+
+
+def test_v2_trace_with_recoverssm_replaying_the_first_launches_equals_vllm(
+    mh, fake_ops, emulator, launch_args, monkeypatch
+):
+    """A CUDA graph's view of a RecoverSSM step: fixed input tensors, every step's commit staged
+    before its pre-copy (empty or not), each half's first launch replayed unchanged at every later
+    step: the commit reads its rows and their count from the stage buffer, so the replays commit
+    what each step staged and every byte and count stays vLLM's."""
+    from recoverssm_rs import cuda
+    from recoverssm_rs.cuda import module as cuda_module
+    from support.device_fakes import bind_host_commit
+
+    _fused_commits(monkeypatch)
+    captured: dict[bool, object] = {}
+    replayed = []
+    launch = cuda_module.launch
+
+    def replay(kl, index, stream=None):
+        first = captured.setdefault(bool(dict(kl.values())["flags"] & cuda.FLAG_DECIDE), kl)
+        replayed.append(first is not kl)
+        launch(first, index, stream)
+
+    monkeypatch.setattr(cuda_module, "launch", replay)
+    cfg = RECOVER_TRACES["recoverssm-gdn-SD-spec2"]
+    stats = _trace(mh, cfg, steps=10, static=True, recoverssm=True, commit_kernel=bind_host_commit, emulator=emulator)
+    assert stats.commits > 0 and sum(replayed) >= 8
+    assert dict(captured[True].values())["commit_rows"]  # the captured post-process commits
 
 
 @pytest.mark.parametrize(
     "rows, blocks, match",
     [
-        ([0], [1, 2], "one entry per request"),  # two blocks for one row: the core refuses the plan
+        ([0], [1, 2], "1 request_indices for 2 state_blocks"),  # two blocks for one row: the core refuses
         ([5], [1], "request_indices"),  # a row outside the batch: the core's range rule, not torch's
         ([-1], [1], "request_indices"),
     ],

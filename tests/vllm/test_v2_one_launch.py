@@ -150,28 +150,147 @@ def test_prepare_device_loads_the_kernel_before_any_step(fake_ops, recorder, lau
     assert fake_ops.uploads == 1  # the planner's state table, once
 
 
-def test_a_recoverssm_post_process_is_the_commit_and_one_launch(fake_ops, recorder, launch_args):
-    """The commit's column and count update is part of the copy launch: the adapter writes none
-    of its slot buffers itself, it stages the committed rows' computed tokens (``-1`` elsewhere)
-    and the launch names them and the commit table's width."""
+def test_a_recoverssm_commit_on_a_host_cache_runs_before_the_launch(fake_ops, recorder, launch_args):
+    """A host cache commits with the torch reference before the launch; the launch sets the
+    committed rows' columns and counts from the staged computed tokens (``-1`` elsewhere): the
+    adapter writes none of its slot buffers itself, and the launch carries no commit rows."""
     from recoverssm_rs.vllm import RecoverSSMCommit
 
     ms, _, table = _small()
     commits = []
-    cache = NS(commit=lambda sampled, blocks, qlens, **kw: commits.append((sampled.tolist(), kw["seq_lens"].tolist())))
+    cache = NS(
+        commit=lambda sampled, blocks, qlens, **kw: commits.append((sampled.tolist(), kw["seq_lens"].tolist())),
+        _commit_kernel_ready=lambda: False,
+        _device_commit=None,
+        window=3,
+        num_blocks=16,
+        max_requests=4,
+    )
     before = (ms.state_idx.clone(), ms.num_accepted.clone())
     commit = RecoverSSMCommit(
         cache,
         request_indices=torch.tensor([1]),
         state_blocks=[3],
         num_computed_tokens=torch.tensor([2, 9, 4], dtype=torch.int32),
-        block_table=torch.zeros(1, 5, dtype=torch.int32),
+        block_table=torch.tensor([[4, 5, 6, 7, 8]], dtype=torch.int32),
     )
     idx = torch.tensor([0, 2, -1], dtype=torch.int32)
     sampled = torch.tensor([1, 3, 2], dtype=torch.int32)
     ms.postprocess_state(idx, sampled, torch.zeros(4, dtype=torch.int32), [table], recoverssm=commit)
     assert commits == [([3], [9])]
     assert torch.equal(ms.state_idx, before[0]) and torch.equal(ms.num_accepted, before[1])
-    assert ms._commit.tolist()[:3] == [-1, 9, -1]
+    assert ms._stage.tolist()[:5] == [1, -1, 9, -1, -1]  # one row staged; batch row 1's tokens
     (call,) = recorder.calls
-    assert call["commit_computed"] == ms._commit.data_ptr() and call["commit_cols"] == 5
+    assert call["commit_computed"] == ms._stage.data_ptr() + 4 and call["commit_cols"] == 5
+    assert call["commit_rows"] == 0 and call["commit_count"] == 0
+
+
+def _commit_setup():
+    """The small adapter (slots 0 and 2 running) and a one-layer KDA cache whose commit runs on
+    the emulated kernel, with a reference copy of the cache; batch rows 0 -> slot 0, 1 -> slot 2."""
+    from recoverssm_rs import layouts
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from support.device_fakes import bind_host_commit
+
+    ms, states, table = _small()
+    table[2, 3] = 13  # slot 2 owns a fourth column
+    ms.add_request(0, 4)
+    ms.add_request(2, 9)
+    layout = layouts.kda(
+        num_heads=2, head_dim=4, conv_kernel_size=3, num_spec=2, recover_ssm=True, dtype="float32", ssm_dtype="float32"
+    )
+    caches = [StateCache(layout, num_layers=1, num_blocks=12, max_requests=4) for _ in range(2)]
+    gen = torch.Generator().manual_seed(3)
+    for k, t in caches[0].buffers().items():
+        t.copy_(torch.randn(t.shape, generator=gen))
+        caches[1].buffers()[k].copy_(t)
+    bind_host_commit(caches[0])
+    return ms, states, table, caches
+
+
+def _commit(cache):
+    from recoverssm_rs.vllm import RecoverSSMCommit
+
+    return RecoverSSMCommit(
+        cache,
+        request_indices=torch.tensor([1]),
+        state_blocks=[3],
+        num_computed_tokens=torch.tensor([2, 9], dtype=torch.int32),
+        block_table=torch.tensor([[4, 5, 6, 7, 8]], dtype=torch.int32),
+    )
+
+
+def test_a_recoverssm_post_process_with_the_commit_kernel_is_one_launch(fake_ops, emulator, launch_args, monkeypatch):
+    """Staged when the step's metadata is built, a CUDA cache's commit runs inside the
+    post-process's one launch: no torch operation, no rs_recover_commit launch; the cache equals
+    the reference commit, the committed slot's column and count are vLLM's ``commit_step``."""
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+    ms, _, table, caches = _commit_setup()
+    idx, sampled = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([1, 3], dtype=torch.int32)
+    commit = _commit(caches[0])
+    ms.stage_recoverssm(commit)  # when the step's metadata is built
+    ms.preprocess_state(
+        idx, torch.tensor([4, 0, 9, 0], dtype=torch.int32), torch.tensor([0, 1, 4], dtype=torch.int32), [table]
+    )
+    nct = torch.tensor([5, 0, 12, 0], dtype=torch.int32)  # slot 2: 9 + 3 sampled
+    calls = len(emulator.calls)
+    with _count_ops() as c:
+        ms.postprocess_state(idx, sampled, nct, [table], recoverssm=commit)
+    assert len(emulator.calls) - calls == 1 and c.ops == []
+    assert emulator.calls[-1]["kernel"] == "rs_state_copy_slots" and emulator.calls[-1]["commit_rows"]
+    assert ms.last_error().ok
+    # the reference: 3 tokens from 9 cross the boundary at 12 (column 2 of the commit's table)
+    caches[1].commit([3], [3], seq_lens=[9], block_table=[[4, 5, 6, 7, 8]], block_size=4)
+    for k, t in caches[0].buffers().items():
+        assert torch.allclose(t, caches[1].buffers()[k], atol=1e-5, rtol=1e-5), k
+    assert not torch.equal(caches[0].buffers()["recurrent"], _commit_setup()[3][1].buffers()["recurrent"])
+    assert (int(ms.state_idx[2]), int(ms.num_accepted[2])) == (11 // 4, 1)
+
+
+def test_a_committed_row_whose_counts_disagree_is_reported_not_copied(fake_ops, emulator, launch_args, monkeypatch):
+    """The commit's boundary write is a committed row's aligned save; a post-step count that is
+    not the commit's tokens plus the sampled ones (16, not 12) would ask for a second save racing
+    the commit in the same launch: the row is reported (``args``) and its states are not copied."""
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+    ms, states, table, caches = _commit_setup()
+    snap = [t.clone() for t in states]
+    commit = _commit(caches[0])
+    ms.stage_recoverssm(commit)
+    nct = torch.tensor([5, 0, 16, 0], dtype=torch.int32)
+    ms.postprocess_state(
+        torch.tensor([0, 2], dtype=torch.int32),
+        torch.tensor([1, 3], dtype=torch.int32),
+        nct,
+        [table],
+        recoverssm=commit,
+    )
+    err = ms.last_error()
+    assert err.names == ["args"] and (err.first_request, err.last_request) == (1, 1)
+    assert all(torch.equal(a, b) for a, b in zip(states, snap))  # block 13 (column 3) untouched
+
+
+def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args):
+    """``post(commit=True)`` needs a staged commit, a batch that has its rows, and runs it once."""
+    from recoverssm_rs.errors import PlanError
+    from support.device_fakes import FakeCuda
+
+    ms, _, table, caches = _commit_setup()
+    step = ms._core_step()
+    nct, tables = FakeCuda(torch.zeros(4, dtype=torch.int32)), [FakeCuda(table)]
+    rows = {n: FakeCuda(torch.zeros(n, dtype=torch.int32)) for n in (1, 2)}
+    ones = {n: FakeCuda(torch.ones(n, dtype=torch.int32)) for n in (1, 2)}
+    with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
+        step.post(rows[2], ones[2], nct, tables, True)
+    ms.stage_recoverssm(_commit(caches[0]))
+    with pytest.raises(PlanError, match="names batch row 1, but this post-process has 1 rows"):
+        step.post(rows[1], ones[1], nct, tables, True)
+    with pytest.raises(PlanError, match="needs the sampled counts per row"):
+        step.post(rows[2], 1, nct, tables, True)
+    step.post(rows[2], ones[2], nct, tables, True)
+    with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
+        step.post(rows[2], ones[2], nct, tables, True)
+    assert recorder.calls == []  # the core builds launches; nothing ran

@@ -161,10 +161,13 @@ static_assert(sizeof(StateMeta) == 64, "StateMeta is 64 bytes");
 //   boundary_block: Prefix-cache block that receives the state at the crossed block boundary, or
 //      -1.
 //   boundary_len: Tokens of the window up to the boundary (1..=count), 0 without a boundary.
+//   count_index: The entry of the device counts (`num_accepted`) holding this row's count:
+//      `request` as planned; an engine whose counts are indexed otherwise (vLLM's per-batch-row
+//      sampled counts) sets its own.
 struct CommitRow {
   uint32_t request, count;
   int64_t state_block, boundary_block;
-  uint32_t boundary_len, reserved;
+  uint32_t boundary_len, count_index;
 };
 static_assert(sizeof(CommitRow) == 32, "CommitRow is 32 bytes");
 
@@ -299,7 +302,7 @@ static_assert(sizeof(StagedCopy) == 88, "StagedCopy is 88 bytes");
 #define RS_OFFSET_CommitRow_state_block 8
 #define RS_OFFSET_CommitRow_boundary_block 16
 #define RS_OFFSET_CommitRow_boundary_len 24
-#define RS_OFFSET_CommitRow_reserved 28
+#define RS_OFFSET_CommitRow_count_index 28
 #define RS_OFFSET_CommitMeta_rec_base 0
 #define RS_OFFSET_CommitMeta_rec_block_stride 8
 #define RS_OFFSET_CommitMeta_corr_base 16
@@ -393,7 +396,7 @@ static_assert(__builtin_offsetof(CommitRow, count) == 4, "CommitRow.count at 4")
 static_assert(__builtin_offsetof(CommitRow, state_block) == 8, "CommitRow.state_block at 8");
 static_assert(__builtin_offsetof(CommitRow, boundary_block) == 16, "CommitRow.boundary_block at 16");
 static_assert(__builtin_offsetof(CommitRow, boundary_len) == 24, "CommitRow.boundary_len at 24");
-static_assert(__builtin_offsetof(CommitRow, reserved) == 28, "CommitRow.reserved at 28");
+static_assert(__builtin_offsetof(CommitRow, count_index) == 28, "CommitRow.count_index at 28");
 static_assert(__builtin_offsetof(CommitMeta, rec_base) == 0, "CommitMeta.rec_base at 0");
 static_assert(__builtin_offsetof(CommitMeta, rec_block_stride) == 8, "CommitMeta.rec_block_stride at 8");
 static_assert(__builtin_offsetof(CommitMeta, corr_base) == 16, "CommitMeta.corr_base at 16");
@@ -483,6 +486,8 @@ extern "C" __global__ void rs_state_copy_slots(const StateMeta* metas, uint32_t 
     const TableRef* tables, uint32_t num_tables, int32_t bt_cols, const int32_t* idx_mapping,
     int32_t num_rows, const int32_t* num_computed, const int32_t* query_start_loc,
     const int32_t* num_sampled, int32_t sampled_fill, const int32_t* commit_computed,
-    int32_t commit_cols, int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl,
-    int32_t num_slots, int32_t block_size, int32_t max_accepted, int64_t num_blocks, uint32_t flags,
-    int32_t* err);
+    int32_t commit_cols, const int32_t* commit_count, const CommitRow* commit_rows,
+    uint32_t commit_cap, const CommitMeta* commit_metas, uint32_t commit_layers,
+    int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas, uint32_t conv_ctas,
+    int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots,
+    int32_t block_size, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err);

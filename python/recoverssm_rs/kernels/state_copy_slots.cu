@@ -4,6 +4,7 @@
 #include "rs_abi.cuh"
 #include "common.cuh"
 #include "state_copy.cuh"
+#include "recover_commit.cuh"
 
 // The per-slot buffers (docs/design.md section 3.9), all int32 and owned by the adapter:
 // state_idx[S] (the running column, vLLM's mamba_state_idx), num_accepted[S] (the count the model
@@ -41,9 +42,33 @@ RS_DEVICE int64_t rs_commit_col(const int32_t* commit_computed, int32_t commit_c
   return col < commit_cols - 1 ? col : (int64_t)commit_cols - 1;
 }
 
+// The RecoverSSM commit part of the launch, in its own call frame: inlined, its tiles and the
+// copy's code would share one register allocation (which then spills).
+__device__ __noinline__ void rs_slots_commit(const int32_t* commit_count, const CommitRow* commit_rows,
+                                             uint32_t commit_cap, const CommitMeta* commit_metas,
+                                             uint32_t commit_layers, const int32_t* num_sampled, int32_t num_rows,
+                                             int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas,
+                                             uint32_t conv_ctas, int32_t* err, int32_t num_slots) {
+  const uint32_t bx = blockIdx.x;
+  const int64_t staged = commit_count[0];
+  const uint32_t n = staged <= 0 ? 0u : (staged < (int64_t)commit_cap ? (uint32_t)staged : commit_cap);
+  for (uint32_t layer = blockIdx.z; layer < commit_layers; layer += gridDim.z) {
+    const uint64_t ma = (uint64_t)commit_metas + (uint64_t)layer * sizeof(CommitMeta);
+    for (uint32_t c = blockIdx.y; c < n; c += gridDim.y) {
+      uint32_t ci;
+      const uint32_t code =
+          rs_rc_commit_row(ma, (uint64_t)commit_rows + (uint64_t)c * sizeof(CommitRow), num_sampled,
+                           (uint32_t)num_rows, commit_blocks, commit_workspace, rec_ctas, conv_ctas, bx, threadIdx.x,
+                           blockDim.x, &ci);
+      if (code != 0 && bx == 0) rs_report_error(err + 6, code, ci < (uint32_t)num_rows ? ci : c, num_slots);
+    }
+  }
+}
+
 // What one row of a half-step does, as every CTA of the row reads it.
 struct RsSlotRow {
   int32_t slot;
+  bool committed;  // post: the row's RecoverSSM commit set its column
   int32_t src;  // pre: the old column where the state moves (else -1); post: the running column
   int32_t x;    // pre: the new column; post: running = num_computed - a + 1
   int32_t a;    // the accepted count the copy carries
@@ -70,6 +95,7 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
     const int32_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
     row->slot = (int32_t)s;
     const int64_t col = rs_commit_col(commit_computed, commit_cols, n, r, block_size);
+    row->committed = col >= 0;
     row->a = col >= 0 ? 1 : (n > 1 ? n : 1);
     row->x = num_computed[s] - row->a + 1;
     // Not written by a post-process, except a committed row's, which every CTA computes itself.
@@ -90,6 +116,7 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
     }
   }
   row->slot = (int32_t)s;
+  row->committed = false;
   row->src = old >= 0 && old != next ? (int32_t)old : -1;
   row->x = (int32_t)next;
   row->a = a > 1 ? (int32_t)a : 1;
@@ -111,31 +138,57 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
 // + 1, the decision form from state_idx[s] (rs_decide_aligned); num_accepted[s] = rs_next_accepted
 // (1 after a shift in place, else a). With commit_computed (RecoverSSM, vLLM's commit_step), a row
 // with commit_computed[r] >= 0 first gets state_idx[s] = rs_commit_col(...) and a = 1: the
-// committed state is the running state, the aligned save follows from it.
+// committed state is the running state, and the commit's own boundary write is its aligned save
+// (with num_computed[s] == commit_computed[r] + num_sampled[r] the save's source and destination
+// columns coincide); a committed row whose save would still copy (counts that disagree) is
+// reported (RS_ERR_ARGS) and not copied.
+// RecoverSSM commit in the same launch (commit_rows non-null, post-process, num_sampled given):
+// the first rec_ctas + conv_ctas CTAs along x (the copy uses the others) commit the first
+// commit_count[0] (at most commit_cap) CommitRow records over every layer of commit_metas
+// (rs_rc_commit_row: the recurrent tiles, then the conv windows), each row's count
+// clamp(num_sampled[row.count_index], 0, row.count); the rows' errors go to the post-process's
+// word under batch row count_index. The commit writes only the cache's blocks (running and
+// boundary blocks planned by the host, each written by one row) and the copies of committed rows
+// are skipped, so no CTA reads what another writes.
 //
-// The slot writes are made by one bookkeeping thread per row (thread 0 of CTA (0, y, 0)); the copy
-// CTAs read the slots' values from before the launch (rs_slot_row). A post-process never writes
-// state_idx and never reads num_accepted, so it needs no scratch. Thread 0 of CTA (0, 0, 0) zeroes
-// the word the other half reports into: the pre-copy the post-process's word, the post-process the
+// The slot writes are made by one bookkeeping thread per row (thread 0 of the copy's CTA (0, y, 0):
+// copy CTAs count x after the commit's); the copy CTAs read the slots' values from before the
+// launch (rs_slot_row). A post-process never writes state_idx and never reads num_accepted, so it
+// needs no scratch. Thread 0 of the copy's CTA (0, 0, 0) zeroes the word the other half reports
+// into: the pre-copy the post-process's word, the post-process the
 // next pre-copy's (and advances the stamp). A row whose slot is >= S, or whose token count is
 // negative, is reported (RS_ERR_ARGS) and skipped; copy errors as rs_state_copy. Rows of one
 // launch must name distinct slots. A pre-copy row whose old or new column is outside the table is
 // reported (RS_ERR_COLUMN) and its slot left as it was. Grid and launch shape as rs_state_copy (any
-// R, including 0: the stamp and words still advance); the launch reads only its parameters and the
-// buffers above, so it is CUDA-graph capturable with fixed tensors.
+// R, including 0: the stamp and words still advance), with a commit gridDim.x = rec_ctas + conv_ctas +
+// the copy's CTAs (and a z extent over its layers: every loop is grid-stride); the launch reads only its
+// parameters and the buffers above (the commit's row count too), so it is CUDA-graph capturable
+// with fixed tensors.
 extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
     const StateMeta* __restrict__ metas, uint32_t num_meta, const TableRef* __restrict__ tables, uint32_t num_tables,
     int32_t bt_cols, const int32_t* __restrict__ idx_mapping, int32_t num_rows, const int32_t* __restrict__ num_computed,
     const int32_t* __restrict__ query_start_loc, const int32_t* __restrict__ num_sampled, int32_t sampled_fill,
-    const int32_t* __restrict__ commit_computed, int32_t commit_cols, int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots, int32_t block_size,
+    const int32_t* __restrict__ commit_computed, int32_t commit_cols, const int32_t* __restrict__ commit_count,
+    const CommitRow* __restrict__ commit_rows, uint32_t commit_cap, const CommitMeta* __restrict__ commit_metas,
+    uint32_t commit_layers, int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas, uint32_t conv_ctas,
+    int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots, int32_t block_size,
     int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
   const bool post = (flags & RS_FLAG_DECIDE) != 0;
+  const bool commit = post && commit_rows != nullptr && commit_count != nullptr && num_sampled != nullptr;
+  const uint32_t commit_ctas = commit ? rec_ctas + conv_ctas : 0u;
+  // The RecoverSSM commit runs on the first commit_ctas CTAs along x (their own branch: the copy's
+  // values are not live across it), on the cache's blocks only (see above).
+  if (blockIdx.x < commit_ctas) {
+    rs_slots_commit(commit_count, commit_rows, commit_cap, commit_metas, commit_layers, num_sampled, num_rows,
+                    commit_blocks, commit_workspace, rec_ctas, conv_ctas, err, num_slots);
+    return;
+  }
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
-  const uint64_t chunk = blockIdx.x, nchunks = gridDim.x;
+  const uint64_t chunk = blockIdx.x - commit_ctas, nchunks = gridDim.x - commit_ctas;
   const int64_t S = num_slots;
-  // The stamp ctl[0] is written only by a post-process (thread 0 of CTA (0, 0, 0)), which reads it
+  // The stamp ctl[0] is written only by a post-process (thread 0 of the copy's CTA (0, 0, 0)), which reads it
   // nowhere else.
-  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0) {
+  if (chunk == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0) {
     if (post) {
       const int32_t next = (int32_t)((uint32_t)ctl[0] + 1u);  // wraps after 2**32 steps, parity kept
       int32_t* w = err + 3 * (next & 1);
@@ -146,7 +199,7 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
     }
   }
   // Bookkeeping: one thread per row, after the row's old values are safe in scratch.
-  if (blockIdx.x == 0 && blockIdx.z == 0 && tid == 0) {
+  if (chunk == 0 && blockIdx.z == 0 && tid == 0) {
     for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {
       const int64_t s = idx_mapping[r];
       if (s < 0) continue;
@@ -204,8 +257,8 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
           post ? rs_decide_aligned(bt_row, bt_cols, row.src, row.x, row.a, block_size, max_accepted, num_blocks, flags, &q)
                : rs_decide(bt_row, bt_cols, row.src, row.x, row.a, max_accepted, num_blocks, flags | RS_FLAG_PRE_COPY,
                            &q);
-      if (code != 0) {
-        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), code, r, S);
+      if (code != 0 || (row.committed && q.a != 0)) {  // a committed row's save is the commit's
+        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), code != 0 ? code : RS_ERR_ARGS, r, S);
         continue;
       }
       const uint32_t c = rs_copy_state_chunk(m, bt_row, bt_cols, num_blocks, q, chunk, nchunks, tid, nthreads);

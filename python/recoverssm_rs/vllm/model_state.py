@@ -23,10 +23,12 @@ copies and reports into the step's error word (:meth:`ModelStateV2.last_error`),
 column skipped with nothing written for it. Everything runs on the current torch stream, in order
 with the runner's own work. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered out
 under pipeline parallelism) is skipped by both halves. With RecoverSSM (:class:`RecoverSSMCommit`),
-the post-process commits the spec-decode rows into the package's
-:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` before the copy launch (one
-``rs_recover_commit`` launch more on CUDA), and the copy launch sets the committed rows' columns
-and counts as vLLM's ``commit_step`` does.
+the post-process also commits the spec-decode rows into the package's
+:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` -- in the same launch on CUDA: the
+commit is planned on the host when the step's metadata is built
+(:meth:`ModelStateV2.stage_recoverssm`, its rows staged into a fixed buffer of the adapter's) and
+the kernel reads each row's sampled count on the device -- and sets the committed rows' columns and
+counts as vLLM's ``commit_step`` does.
 
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
@@ -62,12 +64,12 @@ class RecoverSSMCommit:
     ``RecoverSSMPostprocessMetadata``): the spec-decode rows' accepted records folded into their
     running states by the package's :class:`~recoverssm_rs.recoverssm.StateCache` commit.
 
-    The commit plan is built and checked by the core on the host: ``request_indices``,
-    ``state_blocks``, ``num_computed_tokens``, ``block_table`` and ``query_lens`` are read there
-    (host tensors or arrays; device ones cost a synchronisation), the sampled counts stay on the
-    device. The plan is staged per step, so a post-process with a commit is not CUDA-graph
-    capturable (:meth:`StateCache.launch_commit
-    <recoverssm_rs.recoverssm.state_cache.StateCache.launch_commit>` is the capturable form).
+    The commit plan is built and checked by the core on the host (:meth:`ModelStateV2.stage_recoverssm`,
+    when the step's metadata is built): ``request_indices``, ``state_blocks``,
+    ``num_computed_tokens``, ``block_table`` and ``query_lens`` are read there (host tensors or
+    arrays; device ones cost a synchronisation); the sampled counts stay on the device, read by
+    the post-process's kernel. Staged before a CUDA graph's replay, the post-process with its
+    commit replays as captured.
 
     Attributes:
         cache: the RecoverSSM layers' state cache (its kernel on CUDA, the torch reference on CPU).
@@ -118,11 +120,12 @@ class ModelStateV2:
 
         self._state = vec(-1, m)
         self._acc = vec(1, m)
-        self._commit = vec(-1, m)  # per batch row: a RecoverSSM commit's computed tokens, -1: none
         self._scratch = vec(-1, 3 * m)  # a moved slot's old column, old count and stamp
         self._ctl = vec(0, 1)  # the stamp: post-processes so far
         self._err = vec(0, 9)  # the pre-copy's two words (by stamp parity), the post-process's
         self._tables = vec(0, 2 * planner.num_groups, torch.int64)  # TableRef records
+        self._stage = vec(-1, _core.VllmSlotStep.commit_stage_len(m))  # a staged RecoverSSM commit
+        self._staged: tuple[RecoverSSMCommit, bool] | None = None  # (commit, in the launch)
         self._step: Any = None  # the core's VllmSlotStep, made at the first half-step
         self._index = 0
         self._last = "post"  # the half that ran last
@@ -195,6 +198,7 @@ class ModelStateV2:
                 ctl=_launch_arg(self._ctl),
                 err=_launch_arg(self._err),
                 tables=_launch_arg(self._tables),
+                commit=_launch_arg(self._stage),
             )
         return self._step
 
@@ -288,54 +292,63 @@ class ModelStateV2:
                 commits each spec-decode row's ``num_sampled`` tokens (align mode: the boundary
                 state goes to its ``block_table``); then, as vLLM does, that row's running column
                 becomes ``min(max(num_computed + num_sampled - 1, 0) // block_size, cols - 1)`` and
-                its count 1 (the state is already the accepted one), before the aligned post-copy.
+                its count 1 (the state is already the accepted one; the commit's boundary write is
+                its aligned save, and a committed row whose counts disagree --
+                ``num_computed_tokens`` after the step not the commit's tokens plus
+                ``num_sampled`` -- is reported, not copied). Staged by :meth:`stage_recoverssm`
+                (done here when it was not). With the cache's commit kernel (a CUDA cache) the
+                commit runs inside this launch; on a host cache the torch reference commits first.
                 Skipped when ``num_sampled`` is one integer for every row (vLLM's ``commit_step``
-                commits nothing then). On CUDA the commit is one ``rs_recover_commit`` launch; its
-                column and count update are part of the copy launch (the rows' computed tokens
-                are staged for it: one host-to-device copy).
+                commits nothing then).
         """
         step = self._core_step()
         tables = _tables(block_tables)
-        commit = None
-        # The commit reads num_sampled: it runs first, a refused plan leaves every buffer as it was.
-        if recoverssm is not None and not isinstance(num_sampled, int):
-            commit = self._commit_recoverssm(recoverssm, idx_mapping, num_sampled)
+        commit = recoverssm is not None and not isinstance(num_sampled, int)
+        if commit:
+            assert recoverssm is not None
+            if self._staged is None or self._staged[0] is not recoverssm:
+                self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
+            assert self._staged is not None
+            if not self._staged[1]:  # a host cache: the reference commit, before the launch
+                _reference_commit(recoverssm, num_sampled, self.block_size)
         sampled = num_sampled if isinstance(num_sampled, int) else _launch_arg(num_sampled)
         half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, commit)
+        self._staged = None
         self._run(half)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
-    def _commit_recoverssm(self, rs: RecoverSSMCommit, idx_mapping: Any, num_sampled: Any) -> tuple[Any, int] | None:
-        """The RecoverSSM commit of the spec-decode rows; returns the post-process launch's commit
-        arguments (per batch row the tokens before this step's window, staged into the adapter's
-        buffer; the launch sets the committed rows' columns and counts as vLLM's ``commit_step``)."""
-        import numpy as np
-        import torch
+    def stage_recoverssm(self, recoverssm: RecoverSSMCommit) -> None:
+        """Plan the step's RecoverSSM commit and stage it for the next :meth:`postprocess_state`:
+        call it when the step's metadata is built (before the forward pass, or before replaying a
+        captured post-process). The core checks every input and plans each spec-decode row for its
+        whole window (the kernel clamps the sampled count to it on the device); the rows and the
+        per-row computed tokens go to the adapter's stage buffer in one host-to-device copy.
 
+        Raises:
+            PlanError: a bad request index, block, count or boundary, or a block written twice,
+                naming the request; nothing is staged.
+        """
         from ..cuda import ops
 
-        rows = torch.as_tensor(rs.request_indices).long()
-        if int(rows.shape[0]) == 0:
-            return None
-        all_computed = torch.as_tensor(rs.num_computed_tokens)
-        n = min(int(all_computed.shape[0]), int(idx_mapping.shape[0]))  # batch rows
-        for end in (int(rows.min()), int(rows.max())):  # the core's range rule, at both ends
-            _core.check_index("request_indices", end, n)
-        computed = all_computed[rows.to(all_computed.device)]  # where given: the planner reads it
-        sampled = num_sampled[rows.to(num_sampled.device, non_blocking=True)]  # the counts stay on the device
-        rs.cache.commit(
-            sampled,
-            rs.state_blocks,
-            rs.query_lens,
-            seq_lens=computed,
+        rs = recoverssm
+        cache = rs.cache
+        fused = cache._commit_kernel_ready()
+        d = cache._device_commit
+        kernel = (d.launcher, cache._bound) if fused and d is not None else None
+        raw = self._core_step().stage_commit(
+            kernel,
+            request_indices=rs.request_indices,
+            state_blocks=rs.state_blocks,
+            num_computed_tokens=rs.num_computed_tokens,
             block_table=rs.block_table,
-            block_size=self.block_size,
+            query_lens=rs.query_lens,
+            window=cache.window,
+            num_blocks=cache.num_blocks,
+            max_requests=cache.max_requests,
         )
-        per_row = np.full(n, -1, dtype=np.int32)
-        per_row[rows.cpu().numpy()] = computed.cpu().numpy()
-        ops.cuda_ops.stage_i32(per_row.tobytes(), _launch_arg(self._commit))
-        return _launch_arg(self._commit), int(rs.block_table.shape[1])
+        ops.cuda_ops.stage_i32(raw, _launch_arg(self._stage))
+        self._staged = (rs, kernel is not None)
 
     def last_error(self) -> Any:
         """The step's error word (both halves since the last :meth:`preprocess_state`; rows are
@@ -350,6 +363,24 @@ class ModelStateV2:
             f"ModelStateV2(groups={self.group_ids}, block_size={self.block_size}, "
             f"max_num_reqs={self.max_num_reqs}, device={self.device})"
         )
+
+
+def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, block_size: int) -> None:
+    """The torch reference commit of a host cache (the kernel's work on CUDA caches)."""
+    import torch
+
+    rows = torch.as_tensor(rs.request_indices).long()
+    if int(rows.shape[0]) == 0:
+        return
+    computed = torch.as_tensor(rs.num_computed_tokens)[rows]
+    rs.cache.commit(
+        num_sampled[rows.to(num_sampled.device)],
+        rs.state_blocks,
+        rs.query_lens,
+        seq_lens=computed,
+        block_table=rs.block_table,
+        block_size=block_size,
+    )
 
 
 def _tables(block_tables: Any) -> Any:
