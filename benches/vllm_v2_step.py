@@ -8,7 +8,13 @@ request moves its state in the pre-copy and saves one in the post-process (the w
 group of ``--layers`` GDN layers. vLLM's side is not timed here: its step is Triton launches only,
 whose host time needs a GPU.
 
+With ``--recoverssm``, every row is a spec-decode row whose RecoverSSM commit (a KDA cache of
+``--layers`` layers, its commit kernel bound the same way) runs inside the post-process's launch:
+timed are the staging (``stage_recoverssm``: the core's plan and the host-to-device copy, made when
+the step's metadata is built) and the post-process with the commit.
+
     .venv/bin/python benches/vllm_v2_step.py [--requests 1 64 256 1024] [--layers 48] [--reps 200]
+                                             [--recoverssm]
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.cuda import ops as cuda_ops  # noqa: E402
 from recoverssm_rs.vllm import model_state  # noqa: E402
 from recoverssm_rs.vllm.model_state import ModelStateV2  # noqa: E402
-from support.device_fakes import FakeCuda, FakeOps  # noqa: E402
+from support.device_fakes import FakeCuda, FakeOps, bind_host_commit  # noqa: E402
 
 BS, NSB, COLS = 4, 2, 4
 
@@ -76,17 +82,60 @@ def run(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
     return statistics.median(pre), statistics.median(post)
 
 
+def run_recoverssm(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
+    """Medians of the staging and of the post-process with the commit in its launch."""
+    from recoverssm_rs import layouts
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.vllm import RecoverSSMCommit
+
+    ms, tables = build(num_reqs, layers)
+    layout = layouts.kda(num_heads=2, head_dim=4, conv_kernel_size=3, num_spec=NSB, recover_ssm=True)
+    cache = StateCache(layout, num_layers=layers, num_blocks=1 + num_reqs * (COLS + 1), max_requests=num_reqs)
+    bind_host_commit(cache)
+    StateCache._is_device_tensor = staticmethod(lambda x: isinstance(x, torch.Tensor))  # type: ignore[method-assign]
+    rows = torch.arange(num_reqs)
+    first = 1 + rows * (COLS + 1)
+    commit = RecoverSSMCommit(
+        cache,
+        request_indices=rows,
+        state_blocks=first.numpy(),
+        num_computed_tokens=torch.full((num_reqs,), 3, dtype=torch.int32),
+        block_table=(first[:, None] + 1 + torch.arange(COLS)[None, :]).to(torch.int32),
+    )
+    idx = torch.randperm(num_reqs).to(torch.int32)
+    after = torch.full((num_reqs,), 6, dtype=torch.int32)
+    sampled = torch.full((num_reqs,), 3, dtype=torch.int32)
+    stage, post = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ms.stage_recoverssm(commit)
+        t1 = time.perf_counter()
+        ms.postprocess_state(idx, sampled, after, tables, recoverssm=commit)
+        t2 = time.perf_counter()
+        stage.append(t1 - t0)
+        post.append(t2 - t1)
+    return statistics.median(stage), statistics.median(post)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, nargs="+", default=[1, 64, 256, 1024])
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--recoverssm", action="store_true", help="time the post-process with a RecoverSSM commit")
     a = ap.parse_args()
     cuda_ops.cuda_ops = FakeOps()
     launches = []
     cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
     model_state._launch_arg = FakeCuda  # type: ignore[assignment]
     torch.set_num_threads(1)
+    if a.recoverssm:
+        print(f"{'requests':>8} {'stage us':>12} {'post+commit us':>16} {'launches/post':>14}")
+        for r in a.requests:
+            launches.clear()
+            stage, post = run_recoverssm(r, a.layers, a.reps)
+            print(f"{r:>8} {stage * 1e6:>12.1f} {post * 1e6:>16.1f} {len(launches) / a.reps:>14.1f}")
+        return
     print(f"{'requests':>8} {'pre-copy us':>12} {'post-process us':>16} {'launches/half':>14}")
     for r in a.requests:
         launches.clear()

@@ -66,7 +66,7 @@ impl CommitLaunch {
 
     /// The launch of one commit over the first `num_rows` rows of `rows` (a device buffer of
     /// `CommitRow` records; default: all it holds). With `num_accepted` (an int32 device vector
-    /// indexed by `row.request`) the count becomes `clamp(num_accepted[request], 0, row.count)` on
+    /// indexed by `row.count_index`) the count becomes `clamp(num_accepted[count_index], 0, row.count)` on
     /// the device. `None` when there is nothing to launch.
     pub fn launch(
         &self,

@@ -88,8 +88,9 @@ def launch_recover_commit(
         rows_dev: device array of ``COMMIT_ROW_DTYPE`` records (the core's commit plan; padding
             rows have ``state_block <= 0``); the first ``num_rows`` are committed (default: all).
         num_blocks: blocks of the pools; max_requests: workspace rows.
-        num_accepted: optional int32 device vector indexed by ``row.request``: the count becomes
-            ``clamp(num_accepted[request], 0, row.count)`` on the device.
+        num_accepted: optional int32 device vector indexed by ``row.count_index`` (the row's
+            request as the core plans it): the count becomes ``clamp(num_accepted[count_index], 0,
+            row.count)`` on the device.
         err: optional int32 device vector of 3 elements (zeroed by the caller): see
             :class:`~recoverssm_rs.cuda.ErrorWord` (its request numbers are row indices).
         stream: a CuPy stream or a ``torch.cuda.Stream``; ``None``: the current torch stream.
