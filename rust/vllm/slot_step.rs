@@ -154,6 +154,9 @@ impl SlotStep {
             commit: i32v(b.commit, "commit stage", stage_len(slots))?,
             fused,
         };
+        if step.commit % 8 != 0 {
+            return Err(Error::plan(format!("commit stage: the buffer at {:#x} is not 8-byte aligned (its CommitRow records are)", step.commit)));
+        }
         let extents = [
             (step.state_idx, slots),
             (step.num_accepted, slots),
@@ -252,7 +255,10 @@ impl SlotStep {
             Arg::Ptr(self.err),
         ];
         // With a commit the grid also spans its CTAs per (layer, row), before the copy's, and its layers.
-        let x = f.chunks + rec + conv;
+        let x = u64::from(f.chunks) + u64::from(rec) + u64::from(conv);
+        let x = u32::try_from(x).ok().filter(|&x| x <= i32::MAX as u32).ok_or_else(|| {
+            Error::plan(format!("{} copy CTAs and {} commit CTAs exceed the grid's 2**31 - 1", f.chunks, u64::from(rec) + u64::from(conv)))
+        })?;
         Launch::new(&STATE_COPY_SLOTS, state_copy_grid(rows.1, (f.num_meta).max(layers) as u64, x), [THREADS, 1, 1], &args)
     }
 
@@ -422,6 +428,8 @@ mod tests {
             .unwrap_err()
             .message
             .contains("commit stage: expected a 1-D vector of at least 80"));
+        let odd = t(16_004, "int32", &[80]);
+        assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { commit: &odd, ..b }).unwrap_err().message.contains("not 8-byte aligned"));
         let inside = t(14_016, "int32", &[80]);
         assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { commit: &inside, ..b }).unwrap_err().message.contains("overlap"));
     }

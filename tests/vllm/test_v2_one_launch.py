@@ -154,6 +154,7 @@ def test_a_recoverssm_commit_on_a_host_cache_runs_before_the_launch(fake_ops, re
     """A host cache commits with the torch reference before the launch; the launch sets the
     committed rows' columns and counts from the staged computed tokens (``-1`` elsewhere): the
     adapter writes none of its slot buffers itself, and the launch carries no commit rows."""
+    from recoverssm_rs.errors import PlanError
     from recoverssm_rs.vllm import RecoverSSMCommit
 
     ms, _, table = _small()
@@ -176,6 +177,10 @@ def test_a_recoverssm_commit_on_a_host_cache_runs_before_the_launch(fake_ops, re
     )
     idx = torch.tensor([0, 2, -1], dtype=torch.int32)
     sampled = torch.tensor([1, 3, 2], dtype=torch.int32)
+    # a post-process the core refuses after the commit was staged: nothing commits, nothing runs
+    with pytest.raises(PlanError, match="num_sampled: expected a 1-D vector of at least 3"):
+        ms.postprocess_state(idx, sampled[:2], torch.zeros(4, dtype=torch.int32), [table], recoverssm=commit)
+    assert commits == [] and recorder.calls == []
     ms.postprocess_state(idx, sampled, torch.zeros(4, dtype=torch.int32), [table], recoverssm=commit)
     assert commits == [([3], [9])]
     assert torch.equal(ms.state_idx, before[0]) and torch.equal(ms.num_accepted, before[1])

@@ -304,16 +304,17 @@ class ModelStateV2:
         step = self._core_step()
         tables = _tables(block_tables)
         commit = recoverssm is not None and not isinstance(num_sampled, int)
-        if commit:
+        if commit and (self._staged is None or self._staged[0] is not recoverssm):
             assert recoverssm is not None
-            if self._staged is None or self._staged[0] is not recoverssm:
-                self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
-            assert self._staged is not None
-            if not self._staged[1]:  # a host cache: the reference commit, before the launch
-                _reference_commit(recoverssm, num_sampled, self.block_size)
+            self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
+        reference = commit and self._staged is not None and not self._staged[1]
         sampled = num_sampled if isinstance(num_sampled, int) else _launch_arg(num_sampled)
+        # Every check first (the core's), then the writes.
         half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, commit)
         self._staged = None
+        if reference:  # a host cache: the torch reference commits before the launch
+            assert recoverssm is not None
+            _reference_commit(recoverssm, num_sampled, self.block_size)
         self._run(half)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
