@@ -42,12 +42,22 @@ fn interface_address(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
         Ok(i) => i,
         Err(_) => obj.getattr(intern!(py, "__array_interface__"))?,
     };
-    iface.get_item("data")?.get_item(0)?.extract()
+    addr(&iface.get_item("data")?.get_item(0)?)
+}
+
+/// An address or a byte count returned by `data_ptr()` / `nbytes()`: read as a C `long` first
+/// (CPython converts a two-digit int to a `long` directly, but to an `unsigned long long` through
+/// its generic byte-array path, the larger part of the conversion's cost), as a `u64` beyond that.
+pub(crate) fn addr(x: &Bound<'_, PyAny>) -> PyResult<u64> {
+    match x.extract::<i64>() {
+        Ok(v) if v >= 0 => Ok(v as u64),
+        _ => x.extract(),
+    }
 }
 
 fn address(py: Python<'_>, e: &Entry) -> PyResult<u64> {
     match &e.data_ptr {
-        Some(f) => f.bind(py).call0()?.extract(),
+        Some(f) => addr(&f.bind(py).call0()?),
         None => interface_address(e.obj.bind(py)),
     }
 }
@@ -114,7 +124,7 @@ impl Guard {
         for e in &self.entries {
             let ptr = address(py, e)?;
             let nbytes = match &e.nbytes_fn {
-                Some(f) => Some(f.bind(py).call0()?.extract::<u64>()?),
+                Some(f) => Some(addr(&f.bind(py).call0()?)?),
                 None => None,
             };
             if ptr != e.ptr || nbytes != e.nbytes {
