@@ -9,6 +9,7 @@
 //! caller's references). It cannot stop another Python thread from resizing a storage while a host
 //! copy runs with the GIL released: that is a data race in the caller's program.
 
+use super::conversion::address_int as addr;
 use crate::error::Error;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -43,16 +44,6 @@ fn interface_address(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
         Err(_) => obj.getattr(intern!(py, "__array_interface__"))?,
     };
     addr(&iface.get_item("data")?.get_item(0)?)
-}
-
-/// An address or a byte count returned by `data_ptr()` / `nbytes()`: read as a C `long` first
-/// (CPython converts a two-digit int to a `long` directly, but to an `unsigned long long` through
-/// its generic byte-array path, the larger part of the conversion's cost), as a `u64` beyond that.
-pub(crate) fn addr(x: &Bound<'_, PyAny>) -> PyResult<u64> {
-    match x.extract::<i64>() {
-        Ok(v) if v >= 0 => Ok(v as u64),
-        _ => x.extract(),
-    }
 }
 
 fn address(py: Python<'_>, e: &Entry) -> PyResult<u64> {

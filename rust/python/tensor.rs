@@ -162,7 +162,7 @@ fn describe_torch(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
         && dtype != "torch.bool"
         && obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false);
     Ok(Described::Tensor(TensorDesc {
-        data_ptr: super::guard::addr(&obj.call_method0(intern!(py, "data_ptr"))?)?,
+        data_ptr: super::conversion::address_int(&obj.call_method0(intern!(py, "data_ptr"))?)?,
         dtype,
         shape: ints(&obj.getattr(intern!(py, "shape"))?)?,
         strides: strides.into_iter().map(|s| s * es).collect(),
