@@ -17,6 +17,17 @@ pub(crate) fn arg_error(kind: ErrorKind, message: String) -> PyErr {
     Error { kind, message }.into()
 }
 
+/// An address or a byte count a tensor returned (`data_ptr()`, `nbytes()`, an array interface's
+/// data address): read as a C `long` first (CPython converts a two-digit int to a `long` directly,
+/// but to an `unsigned long long` through its generic byte-array path, the larger part of the
+/// conversion's cost), as a `u64` above `2**63 - 1`.
+pub(crate) fn address_int(x: &Bound<'_, PyAny>) -> PyResult<u64> {
+    match x.extract::<i64>() {
+        Ok(v) if v >= 0 => Ok(v as u64),
+        _ => x.extract(),
+    }
+}
+
 /// A value converted from one argument of a call.
 pub(crate) trait Arg: Sized {
     /// Converts `obj`, the argument `name` of a call whose errors are of `kind`.

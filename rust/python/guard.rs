@@ -9,6 +9,7 @@
 //! caller's references). It cannot stop another Python thread from resizing a storage while a host
 //! copy runs with the GIL released: that is a data race in the caller's program.
 
+use super::conversion::address_int as addr;
 use crate::error::Error;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -42,12 +43,12 @@ fn interface_address(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
         Ok(i) => i,
         Err(_) => obj.getattr(intern!(py, "__array_interface__"))?,
     };
-    iface.get_item("data")?.get_item(0)?.extract()
+    addr(&iface.get_item("data")?.get_item(0)?)
 }
 
 fn address(py: Python<'_>, e: &Entry) -> PyResult<u64> {
     match &e.data_ptr {
-        Some(f) => f.bind(py).call0()?.extract(),
+        Some(f) => addr(&f.bind(py).call0()?),
         None => interface_address(e.obj.bind(py)),
     }
 }
@@ -114,7 +115,7 @@ impl Guard {
         for e in &self.entries {
             let ptr = address(py, e)?;
             let nbytes = match &e.nbytes_fn {
-                Some(f) => Some(f.bind(py).call0()?.extract::<u64>()?),
+                Some(f) => Some(addr(&f.bind(py).call0()?)?),
                 None => None,
             };
             if ptr != e.ptr || nbytes != e.nbytes {

@@ -92,24 +92,47 @@ fn note_torch(py: Python<'_>) {
 
 /// The spellings of the dtypes and devices launches describe again and again (`str(dtype)`,
 /// `str(device)`), keyed by the object (a dtype is a singleton; devices compare equal): a handful of
-/// entries per process.
+/// entries per process. A dtype's entry is `(spelling, element size)`.
 static SPELLED: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
 
-/// `str(obj)`; remembered when `obj` is a torch dtype or device.
-fn spelled(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+/// Whether `obj` is a torch dtype (`is_dtype`) or a torch device.
+fn torch_kind(obj: &Bound<'_, PyAny>, is_dtype: bool) -> bool {
     let py = obj.py();
     let ty = obj.get_type();
-    let torch_kind = TORCH.get(py).is_some_and(|t| ty.is(t.dtype.bind(py)) || ty.is(t.device.bind(py)));
-    if !torch_kind {
-        return Ok(obj.str()?.to_string());
+    TORCH.get(py).is_some_and(|t| ty.is(if is_dtype { t.dtype.bind(py) } else { t.device.bind(py) }))
+}
+
+/// `str(device)`; remembered when `device` is a torch device.
+fn spelled(device: &Bound<'_, PyAny>) -> PyResult<String> {
+    if !torch_kind(device, false) {
+        return Ok(device.str()?.to_string());
     }
-    let cache = SPELLED.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
-    if let Some(s) = cache.get_item(obj)? {
+    let cache = SPELLED.get_or_init(device.py(), || PyDict::new(device.py()).unbind()).bind(device.py());
+    if let Some(s) = cache.get_item(device)? {
         return s.extract();
     }
-    let s = obj.str()?;
-    cache.set_item(obj, &s)?;
+    let s = device.str()?;
+    cache.set_item(device, &s)?;
     Ok(s.to_string())
+}
+
+/// `str(tensor.dtype)` and the tensor's element size. The element size of a torch dtype is the
+/// dtype's own (`dtype.itemsize`, the element size of every tensor of that dtype), remembered with
+/// its spelling, so a tensor is asked for its dtype only; another kind of dtype is spelled and the
+/// tensor asked (`element_size()`) every time.
+fn dtype_of(tensor: &Bound<'_, PyAny>) -> PyResult<(String, i64)> {
+    let py = tensor.py();
+    let dtype = tensor.getattr(intern!(py, "dtype"))?;
+    if !torch_kind(&dtype, true) {
+        return Ok((dtype.str()?.to_string(), tensor.call_method0(intern!(py, "element_size"))?.extract()?));
+    }
+    let cache = SPELLED.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
+    if let Some(s) = cache.get_item(&dtype)? {
+        return s.extract();
+    }
+    let known: (String, i64) = (dtype.str()?.to_string(), dtype.getattr(intern!(py, "itemsize"))?.extract()?);
+    cache.set_item(&dtype, known.clone())?;
+    Ok(known)
 }
 
 /// The integers of a tuple (`torch.Size`, `stride()`), read as a tuple; any other sequence through
@@ -132,15 +155,14 @@ fn describe_torch(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
         }
     }
     let strides = ints(&obj.call_method0(intern!(py, "stride"))?)?;
-    let es: i64 = obj.call_method0(intern!(py, "element_size"))?.extract()?;
-    let dtype = spelled(&obj.getattr(intern!(py, "dtype"))?)?;
+    let (dtype, es) = dtype_of(obj)?;
     // Only a floating or complex tensor can require grad.
     let requires_grad = !dtype.starts_with("torch.int")
         && !dtype.starts_with("torch.uint")
         && dtype != "torch.bool"
         && obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false);
     Ok(Described::Tensor(TensorDesc {
-        data_ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract()?,
+        data_ptr: super::conversion::address_int(&obj.call_method0(intern!(py, "data_ptr"))?)?,
         dtype,
         shape: ints(&obj.getattr(intern!(py, "shape"))?)?,
         strides: strides.into_iter().map(|s| s * es).collect(),
