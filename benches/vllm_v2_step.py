@@ -2,7 +2,9 @@
 
 Measured without a GPU through the device path's seam: the states are host tensors that claim to
 be on ``cuda:0`` and the driver launch of the fused kernel is not made (the slot bookkeeping is
-inside that launch). What is timed per half: the adapter's Python, the core's checks (the
+inside that launch). The runner's tensors are wrapped once, as a runner's are on the device
+already (the harness re-wrapped them every half-step until 2026-12-02: about 2 us more per half,
+which no runner pays). What is timed per half: the adapter's Python, the core's checks (the
 planner's guard over every bound state tensor included) and the launch build. Every scheduled
 request moves its state in the pre-copy and saves one in the post-process (the worst case); one
 group of ``--layers`` GDN layers. vLLM's side is not timed here: its step is Triton launches only,
@@ -25,6 +27,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,16 +60,22 @@ def build(num_reqs: int, layers: int) -> tuple[ModelStateV2, list[torch.Tensor]]
     kvc = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)])
     funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
     ms = ModelStateV2.from_runner(kvc, fc, funcs, max_num_reqs=num_reqs, conv_layout="SD", device="cpu")
-    return ms, [torch.arange(1, num_reqs * COLS + 1, dtype=torch.int32).reshape(num_reqs, COLS)]
+    return ms, [device(torch.arange(1, num_reqs * COLS + 1, dtype=torch.int32).reshape(num_reqs, COLS))]
+
+
+def device(x: Any) -> Any:
+    """The seam: a runner tensor as the adapter sees a CUDA one (wrapped once, as a runner's
+    tensors are on the device already; the adapter's own buffers are wrapped when it binds them)."""
+    return x if isinstance(x, FakeCuda) else FakeCuda(x)
 
 
 def run(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
     ms, tables = build(num_reqs, layers)
-    idx = torch.randperm(num_reqs).to(torch.int32)
-    qsl = torch.arange(0, 3 * (num_reqs + 1), 3, dtype=torch.int32)  # 1 token + 2 drafts each
-    before = torch.full((num_reqs,), 3, dtype=torch.int32)  # column 0 -> column 1 in the pre-copy
-    after = torch.full((num_reqs,), 6, dtype=torch.int32)  # 3 + 3 - 2 drafts + 3 accepted - 1: a save at 4
-    sampled = torch.full((num_reqs,), 3, dtype=torch.int32)
+    idx = device(torch.randperm(num_reqs).to(torch.int32))
+    qsl = device(torch.arange(0, 3 * (num_reqs + 1), 3, dtype=torch.int32))  # 1 token + 2 drafts each
+    before = device(torch.full((num_reqs,), 3, dtype=torch.int32))  # column 0 -> column 1 in the pre-copy
+    after = device(torch.full((num_reqs,), 6, dtype=torch.int32))  # 3 + 3 - 2 drafts + 3 accepted - 1: a save at 4
+    sampled = device(torch.full((num_reqs,), 3, dtype=torch.int32))
     pre, post = [], []
     for _ in range(reps):
         # not timed: what add_request(s, 3) does for every slot (column 0, count 1), in one go
@@ -102,9 +111,9 @@ def run_recoverssm(num_reqs: int, layers: int, reps: int) -> tuple[float, float]
         num_computed_tokens=torch.full((num_reqs,), 3, dtype=torch.int32),
         block_table=(first[:, None] + 1 + torch.arange(COLS)[None, :]).to(torch.int32),
     )
-    idx = torch.randperm(num_reqs).to(torch.int32)
-    after = torch.full((num_reqs,), 6, dtype=torch.int32)
-    sampled = torch.full((num_reqs,), 3, dtype=torch.int32)
+    idx = device(torch.randperm(num_reqs).to(torch.int32))
+    after = device(torch.full((num_reqs,), 6, dtype=torch.int32))
+    sampled = device(torch.full((num_reqs,), 3, dtype=torch.int32))
     stage, post = [], []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -127,7 +136,7 @@ def main() -> None:
     cuda_ops.cuda_ops = FakeOps()
     launches = []
     cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
-    model_state._launch_arg = FakeCuda  # type: ignore[assignment]
+    model_state._launch_arg = device  # type: ignore[assignment]
     torch.set_num_threads(1)
     if a.recoverssm:
         print(f"{'requests':>8} {'stage us':>12} {'post+commit us':>16} {'launches/post':>14}")

@@ -425,8 +425,9 @@ class VllmSlotStep:
     def check_group_ids(ids: Any, groups: int) -> list[int]:
         """The KV-cache group id of each planner group (``PlanError``: a count, a negative or a
         repeated id)."""
-    # Keyword arguments: idx_mapping, num_computed_tokens, query_start_loc.
-    def pre(self, block_tables: Any, **kwargs: Any) -> tuple[KernelLaunch, bytes | None]:
+    def pre(
+        self, block_tables: Any, idx_mapping: Any, num_computed_tokens: Any, query_start_loc: Any
+    ) -> tuple[KernelLaunch, bytes | None]:
         """The pre-copy's launch over the groups' ``block_tables``, and the groups' table records
         when they moved."""
     def post(

@@ -53,15 +53,6 @@ struct Staged {
     kernel: Option<(Py<PyCommitLaunch>, Py<PyAny>)>,
 }
 
-kwargs! {
-    /// The runner's device tensors of a pre-copy.
-    pub(crate) struct PreArgs (Plan) {
-        idx_mapping: Tensor,
-        num_computed_tokens: Tensor,
-        query_start_loc: Tensor,
-    }
-}
-
 /// The half-steps of one `ModelStateV2` as launches of `rs_state_copy_slots`.
 #[pyclass(module = "recoverssm_rs._core", frozen)]
 pub struct VllmSlotStep {
@@ -70,6 +61,8 @@ pub struct VllmSlotStep {
     /// The KV-cache group id of each planner group.
     #[pyo3(get)]
     group_ids: Vec<usize>,
+    /// `block_tables[g]` for each group id, as errors name the tables (made once).
+    table_names: Vec<String>,
     /// The table records the buffer holds now (what the last step returned).
     uploaded: Mutex<Vec<TableRef>>,
     /// The RecoverSSM commit staged for the next post-process.
@@ -84,10 +77,11 @@ impl VllmSlotStep {
     fn tables(&self, block_tables: &Bound<'_, PyAny>) -> PyResult<Vec<TensorDesc>> {
         self.group_ids
             .iter()
-            .map(|&g| {
+            .zip(&self.table_names)
+            .map(|(&g, name)| {
                 let t =
                     block_tables.get_item(g).map_err(|_| arg_error(ErrorKind::Plan, format!("block_tables has no table for KV-cache group {g}")))?;
-                Ok(Tensor::arg(&t, &format!("block_tables[{g}]"), ErrorKind::Plan)?.0)
+                Ok(Tensor::arg(&t, name, ErrorKind::Plan)?.0)
             })
             .collect()
     }
@@ -138,7 +132,8 @@ impl VllmSlotStep {
         };
         let inner = SlotStep::new(fused, block_size, a.num_slots, &b)?;
         let (uploaded, staged) = (Mutex::new(Vec::new()), Mutex::new(None));
-        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, uploaded, staged })
+        let table_names = group_ids.iter().map(|g| format!("block_tables[{g}]")).collect();
+        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, table_names, uploaded, staged })
     }
 
     /// The commit stage buffer's int32 elements for `num_slots` slots.
@@ -159,12 +154,22 @@ impl VllmSlotStep {
         Ok(check_group_ids(&ids, groups)?)
     }
 
-    /// The pre-copy over the groups' `block_tables` (keywords `idx_mapping`,
-    /// `num_computed_tokens`, `query_start_loc`): `(launch, table records or None)`.
-    #[pyo3(signature = (block_tables, **kwargs))]
-    fn pre<'py>(&self, py: Python<'py>, block_tables: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<HalfStep<'py>> {
-        let a = PreArgs::from_kwargs(kwargs)?;
-        self.half(py, block_tables, |s, cols| s.pre(cols, &a.idx_mapping.0, &a.num_computed_tokens.0, &a.query_start_loc.0))
+    /// The pre-copy over the groups' `block_tables` and the runner's `idx_mapping`,
+    /// `num_computed_tokens`, `query_start_loc` (positional: no keyword dict per step):
+    /// `(launch, table records or None)`.
+    fn pre<'py>(
+        &self,
+        py: Python<'py>,
+        block_tables: &Bound<'_, PyAny>,
+        idx_mapping: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+        query_start_loc: &Bound<'_, PyAny>,
+    ) -> PyResult<HalfStep<'py>> {
+        let kind = ErrorKind::Plan;
+        let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
+        let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
+        let qsl = Tensor::arg(query_start_loc, "query_start_loc", kind)?.0;
+        self.half(py, block_tables, |s, cols| s.pre(cols, &idx, &nct, &qsl))
     }
 
     /// Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,

@@ -42,6 +42,7 @@ from typing import Any
 
 from .. import _core
 from .._core import ErrorWord
+from ..cuda import module
 from ..errors import PlanError
 from ..planner import Planner
 
@@ -213,16 +214,12 @@ class ModelStateV2:
             PlanError: the planner is bound to host tensors.
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        from ..cuda import module
-
         self._core_step()
         module.function_ptr("rs_state_copy_slots", self._index)
 
     def _run(self, half: tuple[Any, Any]) -> None:
         """Uploads the table records when a table moved (the first step), then launches on the
         current torch stream."""
-        from ..cuda import module
-
         launch, tables = half
         if tables is not None:
             import torch
@@ -261,9 +258,9 @@ class ModelStateV2:
             self._err[w : w + 3].zero_()
         half = step.pre(
             _tables(block_tables),
-            idx_mapping=_launch_arg(idx_mapping),
-            num_computed_tokens=_launch_arg(num_computed_tokens),
-            query_start_loc=_launch_arg(query_start_loc),
+            _launch_arg(idx_mapping),
+            _launch_arg(num_computed_tokens),
+            _launch_arg(query_start_loc),
         )
         self._run(half)
         self._last = "pre"
