@@ -128,7 +128,7 @@ class _Recover:
     side (KDA, one layer, equal random contents), slot ``s`` owning running block ``1 + s * per``
     and the ``cols`` blocks after it as its block table."""
 
-    def __init__(self, mh: types.ModuleType, m: int, cols: int, nsb: int, seed: int) -> None:
+    def __init__(self, mh: types.ModuleType, m: int, cols: int, nsb: int, seed: int, on: Any) -> None:
         from recoverssm_rs import layouts
         from recoverssm_rs.recoverssm.state_cache import StateCache
 
@@ -142,7 +142,10 @@ class _Recover:
             recover_ssm=True,
         )
         self.mh, self.per, self.cols = mh, cols + 1, cols
-        self.caches = [StateCache(layout, num_layers=1, num_blocks=1 + m * self.per, max_requests=m) for _ in range(2)]
+        shape = dict(num_layers=1, num_blocks=1 + m * self.per, max_requests=m)
+        # vLLM's side on the host; the adapter's where its states are (``on``: a device placement)
+        device = on(torch.zeros(1)).device
+        self.caches = [StateCache(layout, **shape), StateCache(layout, **shape, device=device)]
         self.gen = torch.Generator().manual_seed(seed)
         self.tol = 0.0
         self.randomize(["conv", "recurrent"])
@@ -198,7 +201,7 @@ class _Recover:
 
     def equal(self) -> str | None:
         for k, t in self.caches[0].buffers().items():
-            o = self.caches[1].buffers()[k]
+            o = self.caches[1].buffers()[k].cpu()
             if k == "recurrent" and self.tol:
                 if not torch.allclose(t, o, atol=self.tol, rtol=self.tol):
                     return f"RecoverSSM cache {k} differs beyond {self.tol}"
@@ -221,6 +224,8 @@ def run_trace(
     recoverssm: bool = False,
     commit_kernel: Any = None,
     static: bool = False,
+    device: vllm_trace.DeviceMode | None = None,
+    graphs: bool = False,
 ) -> V2Stats:
     """One random trace through vLLM's ``MambaHybridModelState`` and ``ModelStateV2``.
 
@@ -239,7 +244,12 @@ def run_trace(
     through an emulated kernel); its recurrent states are then compared within ``1e-5``.
     ``static``: the adapter reads the runner's inputs from tensors fixed for the whole trace
     (``max_num_reqs`` rows, the batch padded with ``-1`` rows; counts always a tensor), as under a
-    CUDA graph. AssertionError at the first difference."""
+    CUDA graph. ``device``: the adapter's states, RecoverSSM cache and inputs on a real device
+    (``place``; ``bind`` what it binds), its launches real ones (a GPU; ``None``: host tensors
+    seen as CUDA ones through the seam). ``graphs`` (with ``static`` and a CUDA ``device``): from
+    the second step on, each half is captured once in a ``torch.cuda.CUDAGraph`` and replayed (the
+    adapter's error word is then not read: its host mirror of the stamp does not see replays).
+    AssertionError at the first difference."""
     from recoverssm_rs.vllm.model_state import ModelStateV2
 
     from .device_fakes import FakeCuda
@@ -251,34 +261,61 @@ def run_trace(
     m = sim.max_reqs
     states_v = sim.make_states()
     states_o = vllm_trace.Sim.clone_states(states_v)
+    on: Any = (lambda t: t) if device is None else device.place  # where the adapter's inputs live
+    if device is not None:
+        states_o = [[[device.place(t) for t in layer] for layer in g] for g in states_o]
     side_v, side_o = vllm_trace.Side(sim, states_v, ns), vllm_trace.Side(sim, states_o, None)
     tables = [torch.zeros(m, sim.cols, dtype=torch.int32) for _ in groups]
     vms = vllm_model_state(mh, side_v, tables, m, recoverssm)
-    rec = _Recover(mh, m, sim.cols, nsb, seed) if recoverssm else None
+    rec = _Recover(mh, m, sim.cols, nsb, seed, on) if recoverssm else None
     if rec is not None and commit_kernel is not None:
         commit_kernel(rec.caches[1])
-        rec.tol = 1e-5
+    if rec is not None and (commit_kernel is not None or device is not None):
+        rec.tol = 1e-5  # the commit kernel (emulated or real) against the torch reference
+    bind: Any = FakeCuda if device is None else device.bind
     context = {
-        k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in side_o.forward_context.items()
+        k: types.SimpleNamespace(kv_cache=[bind(t) for t in v.kv_cache]) for k, v in side_o.forward_context.items()
     }
     ours = ModelStateV2.from_runner(
-        side_o.kv_cache_config, context, side_o.copy_funcs(None), max_num_reqs=m, conv_layout=conv_layout, device="cpu"
+        side_o.kv_cache_config,
+        context,
+        side_o.copy_funcs(None),
+        max_num_reqs=m,
+        conv_layout=conv_layout,
+        device="cpu" if bind is FakeCuda else None,  # through the seam: the adapter's buffers on the host
     )
+    tables_o = [on(t) for t in tables]  # the adapter's view of the runner's tables
     nct = torch.zeros(m, dtype=torch.int32)  # the runner's per-slot computed tokens (device-resident in vLLM)
     fixed = {
-        k: torch.zeros(n, dtype=torch.int32) for k, n in (("idx", m), ("post_idx", m), ("qsl", m + 1), ("sampled", m))
+        k: on(torch.zeros(n, dtype=torch.int32))
+        for k, n in (("idx", m), ("post_idx", m), ("qsl", m + 1), ("sampled", m))
     }
+    nct_o = on(nct)
     slot_of: dict[str, int] = {}
     free = list(range(m - 1, -1, -1))
     running: list[vllm_trace.Req] = []
     finished_next: list[vllm_trace.Req] = []
     stats = V2Stats()
 
+    captured: dict[str, Any] = {}
+
+    def run_half(step: int, half: str, fn: Any) -> None:
+        """The adapter's half-step ``fn()``: eager, or under ``graphs`` captured once and replayed."""
+        if not graphs or step == 0:
+            fn()
+            return
+        if half not in captured:
+            captured[half] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(captured[half]):
+                fn()
+        captured[half].replay()
+
     def check(step: int, half: str) -> None:
         err = vllm_trace._equal(states_v, states_o) or (rec.equal() if rec is not None else None)
         assert err is None, f"step {step}, after the {half}: {err}"
-        word = ours.last_error()
-        assert word.ok, f"step {step}, after the {half}: the adapter reported {word}"
+        if not graphs:
+            word = ours.last_error()
+            assert word.ok, f"step {step}, after the {half}: the adapter reported {word}"
         for r in running:
             s = slot_of[r.rid]
             pair = [(int(vms._mamba_state_idx_gpu[s]), int(vms.num_accepted_tokens_gpu[s]))]
@@ -293,6 +330,8 @@ def run_trace(
             for r in running:
                 for col, b in r.cols[gi].items():
                     t[slot_of[r.rid], col] = b
+            if tables_o[gi] is not t:
+                tables_o[gi].copy_(t)
 
     for step in range(steps):
         for r in finished_next:
@@ -345,12 +384,13 @@ def run_trace(
                     ours.stage_recoverssm(commit)
         # pre-copy
         vms.preprocess_state(types.SimpleNamespace(num_reqs=n, idx_mapping=idx, query_start_loc=qsl), tables, None, nct)
+        nct_o.copy_(nct)
         if static:
             fixed["idx"].fill_(-1)[:n] = idx
             fixed["qsl"].copy_(qsl)
-            ours.preprocess_state(fixed["idx"], nct, fixed["qsl"], tables)
+            run_half(step, "pre", lambda: ours.preprocess_state(fixed["idx"], nct_o, fixed["qsl"], tables_o))
         else:
-            ours.preprocess_state(idx, nct, qsl, tables)
+            ours.preprocess_state(on(idx), nct_o, on(qsl), tables_o)
         if emulator is not None and launches is not None and n:
             launches.append(len(emulator.calls) - calls)
             calls = len(emulator.calls)
@@ -384,12 +424,16 @@ def run_trace(
                 )
                 stats.commits += not isinstance(counts, int)
         vms.postprocess_state(post_idx, counts, nct)
+        nct_o.copy_(nct)
         if static:
             fixed["post_idx"].fill_(-1)[:n] = post_idx
             fixed["sampled"].zero_()[:n] = torch.tensor(sampled, dtype=torch.int32)
-            ours.postprocess_state(fixed["post_idx"], fixed["sampled"], nct, tables, recoverssm=commit)
+            post = (fixed["post_idx"], fixed["sampled"], nct_o, tables_o)
+            run_half(step, "post", lambda: ours.postprocess_state(*post, recoverssm=commit))
         else:
-            ours.postprocess_state(post_idx, counts, nct, tables, recoverssm=commit)
+            ours.postprocess_state(
+                on(post_idx), counts if isinstance(counts, int) else on(counts), nct_o, tables_o, recoverssm=commit
+            )
         if emulator is not None and launches is not None and n:
             launches.append(len(emulator.calls) - calls)
         check(step, "post-process")

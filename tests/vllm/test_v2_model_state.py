@@ -294,6 +294,23 @@ def test_v2_trace_with_recoverssm_replaying_the_first_launches_equals_vllm(
     assert dict(captured[True].values())["commit_rows"]  # the captured post-process commits
 
 
+def test_v2_trace_with_the_adapter_on_copies_of_the_runner_tensors_equals_vllm(
+    mh, fake_ops, emulator, launch_args, monkeypatch
+):
+    """The placement a GPU run uses (``device``; tests/vllm/test_gpu_model_state_v2.py), here with
+    host copies through the seam: the adapter gets its own copies of the states, the RecoverSSM
+    cache, the tables and every runner input, so a value it reads from vLLM's side's tensors, or
+    an update the harness forgets to copy over, shows as a difference."""
+    from support import vllm_trace
+    from support.device_fakes import FakeCuda, bind_host_commit
+
+    _fused_commits(monkeypatch)
+    copies = vllm_trace.DeviceMode(place=lambda t: t.clone(), bind=FakeCuda, vector=None)
+    cfg = RECOVER_TRACES["recoverssm-2groups-DS-spec1"]
+    stats = _trace(mh, cfg, recoverssm=True, commit_kernel=bind_host_commit, device=copies)
+    assert stats.commits > 0 and stats.pp_rows > 0
+
+
 @pytest.mark.parametrize(
     "rows, blocks, match",
     [
