@@ -1,7 +1,7 @@
 """Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, final
+from typing import Any, ClassVar, Literal, final
 
 __version__: str
 __all__ = [
@@ -418,6 +418,7 @@ class VllmSlotStep:
         tables: Any,
         commit: Any,
     ) -> VllmSlotStep: ...
+    ERR_WORDS: ClassVar[int]
     @staticmethod
     def commit_stage_len(num_slots: int) -> int:
         """The RecoverSSM commit stage buffer's int32 elements for ``num_slots`` slots."""

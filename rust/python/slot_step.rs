@@ -136,6 +136,11 @@ impl VllmSlotStep {
         Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, table_names, uploaded, staged })
     }
 
+    /// The error buffer's int32 elements: the pre-copy's two words, the post-process's, the stamp
+    /// of the last pre-copy.
+    #[classattr]
+    const ERR_WORDS: u64 = crate::vllm::slot_step::ERR_WORDS;
+
     /// The commit stage buffer's int32 elements for `num_slots` slots.
     #[staticmethod]
     fn commit_stage_len(num_slots: i64) -> PyResult<u64> {

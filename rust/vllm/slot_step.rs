@@ -34,9 +34,9 @@ impl TableRef {
     }
 }
 
-/// The error word of the adapter: the pre-copy's two words (by stamp parity), then the
-/// post-process's.
-pub const ERR_WORDS: u64 = 9;
+/// The error words of the adapter: the pre-copy's two words (by stamp parity), the
+/// post-process's, then the stamp of the last pre-copy (which pre-copy word is the step's).
+pub const ERR_WORDS: u64 = 10;
 
 /// The adapter's device buffers (int32 except `tables`, int64 `[2 * groups]`).
 #[derive(Clone, Copy, Debug)]
@@ -326,7 +326,7 @@ mod tests {
             t(11_000, "int32", &[8]),
             t(12_000, "int32", &[24]),
             t(13_000, "int32", &[1]),
-            t(14_000, "int32", &[9]),
+            t(14_000, "int32", &[10]),
             t(15_000, "int64", &[4]),
             t(16_000, "int32", &[80]),
         ]

@@ -247,8 +247,7 @@ def run_trace(
     CUDA graph. ``device``: the adapter's states, RecoverSSM cache and inputs on a real device
     (``place``; ``bind`` what it binds), its launches real ones (a GPU; ``None``: host tensors
     seen as CUDA ones through the seam). ``graphs`` (with ``static`` and a CUDA ``device``): from
-    the second step on, each half is captured once in a ``torch.cuda.CUDAGraph`` and replayed (the
-    adapter's error word is then not read: its host mirror of the stamp does not see replays).
+    the second step on, each half is captured once in a ``torch.cuda.CUDAGraph`` and replayed.
     AssertionError at the first difference."""
     from recoverssm_rs.vllm.model_state import ModelStateV2
 
@@ -313,9 +312,8 @@ def run_trace(
     def check(step: int, half: str) -> None:
         err = vllm_trace._equal(states_v, states_o) or (rec.equal() if rec is not None else None)
         assert err is None, f"step {step}, after the {half}: {err}"
-        if not graphs:
-            word = ours.last_error()
-            assert word.ok, f"step {step}, after the {half}: the adapter reported {word}"
+        word = ours.last_error()
+        assert word.ok, f"step {step}, after the {half}: the adapter reported {word}"
         for r in running:
             s = slot_of[r.rid]
             pair = [(int(vms._mamba_state_idx_gpu[s]), int(vms.num_accepted_tokens_gpu[s]))]

@@ -9,8 +9,10 @@
 // The per-slot buffers (docs/design.md section 3.9), all int32 and owned by the adapter:
 // state_idx[S] (the running column, vLLM's mamba_state_idx), num_accepted[S] (the count the model
 // reads), scratch[3 * S] (old column, old count, stamp: what a moved slot held before this
-// pre-copy), ctl[1] (the stamp: the number of post-processes so far), err[9] (the pre-copy's two
-// words, used by stamp parity, then the post-process's word). S = num_slots.
+// pre-copy), ctl[1] (the stamp: the number of post-processes so far), err[10] (the pre-copy's two
+// words, used by stamp parity, the post-process's word, then the stamp of the last pre-copy: which
+// pre-copy word is the current step's, read from the device, so a replayed graph needs no host
+// bookkeeping). S = num_slots.
 
 // Reads a slot value another CTA of this launch may write (no stale L1 line).
 RS_DEVICE int64_t rs_slot_ld(const int32_t* p) { return *(const volatile int32_t*)p; }
@@ -196,6 +198,7 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
       ctl[0] = next;
     } else {
       err[6] = err[7] = err[8] = 0;
+      err[9] = ctl[0];
     }
   }
   // Bookkeeping: one thread per row, after the row's old values are safe in scratch.

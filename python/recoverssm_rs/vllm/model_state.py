@@ -123,7 +123,8 @@ class ModelStateV2:
         self._acc = vec(1, m)
         self._scratch = vec(-1, 3 * m)  # a moved slot's old column, old count and stamp
         self._ctl = vec(0, 1)  # the stamp: post-processes so far
-        self._err = vec(0, 9)  # the pre-copy's two words (by stamp parity), the post-process's
+        # the pre-copy's two words (by stamp parity), the post-process's, the last pre-copy's stamp
+        self._err = vec(0, _core.VllmSlotStep.ERR_WORDS)
         self._tables = vec(0, 2 * planner.num_groups, torch.int64)  # TableRef records
         self._stage = vec(-1, _core.VllmSlotStep.commit_stage_len(m))  # a staged RecoverSSM commit
         self._staged: tuple[RecoverSSMCommit, bool] | None = None  # (commit, in the launch)
@@ -352,7 +353,7 @@ class ModelStateV2:
         """The step's error word (both halves since the last :meth:`preprocess_state`; rows are
         batch rows). **Synchronises** the device (for checks, not the loop)."""
         words = [int(x) for x in self._err.cpu().tolist()]
-        pre = 3 * ((self._stamp - (self._last == "post")) & 1)
+        pre = 3 * (words[9] & 1)  # the step's pre-copy word, as its kernel recorded it
         word = [words[pre] | words[6], max(words[pre + 1], words[7]), max(words[pre + 2], words[8])]
         return ErrorWord(word, self.max_num_reqs)
 
