@@ -419,6 +419,7 @@ class VllmSlotStep:
         commit: Any,
     ) -> VllmSlotStep: ...
     ERR_WORDS: ClassVar[int]
+    CTL_WORDS: ClassVar[int]
     @staticmethod
     def commit_stage_len(num_slots: int) -> int:
         """The RecoverSSM commit stage buffer's int32 elements for ``num_slots`` slots."""
@@ -443,7 +444,9 @@ class VllmSlotStep:
         staged RecoverSSM commit, consumed by this launch), and the table records when they
         moved."""
     # Keyword arguments: request_indices, state_blocks, num_computed_tokens, block_table,
-    # query_lens, window, num_blocks, max_requests.
+    # query_lens, window, num_blocks, max_requests, generation.
+    def clear_commit(self) -> None:
+        """Forgets the staged commit."""
     def stage_commit(self, kernel: tuple[CommitLaunch, BoundTensors] | None = None, **kwargs: Any) -> bytes:
         """Plans one step's RecoverSSM commit for the next post-process (``kernel``: the cache's
         commit kernel and bound tensors: the commit then runs inside that launch); the bytes to

@@ -101,7 +101,7 @@ pub const STATE_COPY_SLOTS: KernelSpec = KernelSpec {
         ("sampled_fill", "int32_t"),
         ("commit_computed", "const int32_t*"),
         ("commit_cols", "int32_t"),
-        ("commit_count", "const int32_t*"),
+        ("commit_stage", "const int32_t*"),
         ("commit_rows", "const CommitRow*"),
         ("commit_cap", "uint32_t"),
         ("commit_metas", "const CommitMeta*"),

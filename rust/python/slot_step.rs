@@ -42,6 +42,7 @@ kwargs! {
         window: u32,
         num_blocks: u64,
         max_requests: u64,
+        generation: i32,
     }
 }
 
@@ -73,6 +74,15 @@ pub struct VllmSlotStep {
 type HalfStep<'py> = (KernelLaunch, Option<Bound<'py, PyBytes>>);
 
 impl VllmSlotStep {
+    fn take_staged(&self) -> PyResult<Option<Staged>> {
+        Ok(self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))?.take())
+    }
+
+    fn put_staged(&self, staged: Option<Staged>) -> PyResult<()> {
+        *self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))? = staged;
+        Ok(())
+    }
+
     /// The groups' tables, `block_tables[g]` for each group id `g` (a sequence or a mapping).
     fn tables(&self, block_tables: &Bound<'_, PyAny>) -> PyResult<Vec<TensorDesc>> {
         self.group_ids
@@ -141,6 +151,10 @@ impl VllmSlotStep {
     #[classattr]
     const ERR_WORDS: u64 = crate::vllm::slot_step::ERR_WORDS;
 
+    /// The control buffer's int32 elements: the stamp, the commit generations.
+    #[classattr]
+    const CTL_WORDS: u64 = crate::vllm::slot_step::CTL_WORDS;
+
     /// The commit stage buffer's int32 elements for `num_slots` slots.
     #[staticmethod]
     fn commit_stage_len(num_slots: i64) -> PyResult<u64> {
@@ -202,16 +216,16 @@ impl VllmSlotStep {
         };
         let cache = CacheShape { window: a.window, num_blocks: a.num_blocks, max_requests: a.max_requests };
         let block_size = self.planner.get().block_size()? as u64;
-        let st = plan_stage(&inputs, self.inner.slots(), block_size, cache)?;
-        let mut staged = self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))?;
+        let st = plan_stage(&inputs, self.inner.slots(), block_size, cache, a.generation)?;
         let kernel = kernel.map(|(k, bound)| (k.unbind(), bound.unbind()));
-        *staged = Some(Staged { batch_rows: st.batch_rows, cols: st.cols, kernel });
+        self.put_staged(Some(Staged { batch_rows: st.batch_rows, cols: st.cols, kernel }))?;
         Ok(PyBytes::new(py, &st.bytes))
     }
 
     /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
-    /// for every row); `commit`: run the staged RecoverSSM commit (`stage_commit`; consumed by
-    /// this launch); `(launch, table records or None)`.
+    /// for every row); `commit`: run the staged RecoverSSM commit (`stage_commit`). A post-process
+    /// the core builds forgets the staged commit (with `commit` or not); a refused one keeps it.
+    /// `(launch, table records or None)`.
     #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit = false))]
     fn post<'py>(
         &self,
@@ -228,27 +242,37 @@ impl VllmSlotStep {
         let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
         let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };
         let fill = if all { i64::arg(num_sampled, "num_sampled", kind)? } else { 0 };
-        let mut staged = self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))?;
-        if commit && staged.is_none() {
+        // Taken out of the lock (no lock is held across a Python call); put back when refused.
+        let taken = self.take_staged()?;
+        if commit && taken.is_none() {
             return Err(Error::plan("no RecoverSSM commit is staged for this post-process (stage_commit first)").into());
         }
-        let st = if commit { staged.as_ref() } else { None };
-        let fused = st.and_then(|s| s.kernel.as_ref());
-        if let Some((_, bound)) = fused {
-            bound.bind(py).call_method0(intern!(py, "check"))?; // the cache's tensors, before its write
+        let result = (|| {
+            let st = if commit { taken.as_ref() } else { None };
+            let fused = st.and_then(|s| s.kernel.as_ref());
+            if let Some((_, bound)) = fused {
+                bound.bind(py).call_method0(intern!(py, "check"))?; // the cache's tensors, before its write
+            }
+            let kernel = fused.map(|(k, _)| k.get().core());
+            let out = self.half(py, block_tables, |s, cols| {
+                let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
+                s.post(cols, &idx, &nct, sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
+            })?;
+            if let Some((_, bound)) = fused {
+                bound.bind(py).call_method0(intern!(py, "mark_written"))?;
+            }
+            Ok(out)
+        })();
+        if result.is_err() {
+            self.put_staged(taken)?; // refused: the stage stays for this step
         }
-        let kernel = fused.map(|(k, _)| k.get().core());
-        let out = self.half(py, block_tables, |s, cols| {
-            let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
-            s.post(cols, &idx, &nct, sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
-        })?;
-        if let Some((_, bound)) = fused {
-            bound.bind(py).call_method0(intern!(py, "mark_written"))?;
-        }
-        if commit {
-            *staged = None; // launched: a second post-process does not commit it again
-        }
-        Ok(out)
+        // Launched (with or without it): a later post-process does not commit this stage again.
+        result
+    }
+
+    /// Forgets the staged commit (the stage buffer is the caller's: e.g. after its copy failed).
+    fn clear_commit(&self) -> PyResult<()> {
+        self.take_staged().map(|_| ())
     }
 
     fn __repr__(&self) -> String {

@@ -9,18 +9,23 @@
 //! | int32 elements                  | what                                                        |
 //! |---------------------------------|-------------------------------------------------------------|
 //! | `[0]`                           | rows staged (the kernel reads the count here)               |
-//! | `[1 ..= slots]`                 | per batch row, the tokens before this step's window (`-1`: no commit) |
+//! | `[1]`                           | the stage's generation (the adapter's count of stages)      |
+//! | `[2 .. 2 + slots]`              | per batch row, the tokens before this step's window (`-1`: no commit) |
 //! | from [`rows_offset`] bytes on   | the staged `CommitRow` records (32 bytes each, `slots` at most) |
 //!
 //! The launch's arguments are fixed addresses inside that buffer, so a captured post-process
-//! replays whatever was staged before the replay.
+//! replays whatever was staged before the replay; the kernel commits a stage once (a generation
+//! it has seen commits nothing, see `kernels/state_copy_slots.cu`).
 
 use crate::commit::{check_workspace_rows, plan_commit, AlignInputs, CommitRow, CommitStep};
 use crate::error::{Error, Result};
 
+/// The int32 element of the stage where the per-batch-row computed tokens start.
+pub const COMPUTED_AT: u64 = 2;
+
 /// Bytes from the stage buffer's start to its first `CommitRow` (32-byte aligned).
 pub fn rows_offset(slots: u64) -> u64 {
-    (4 * (1 + slots)).div_ceil(32) * 32
+    (4 * (COMPUTED_AT + slots)).div_ceil(32) * 32
 }
 
 /// The stage buffer's length in int32 elements for `slots` request-state slots.
@@ -59,9 +64,9 @@ pub struct StagedCommit {
     pub cols: i32,
 }
 
-/// Plans one step's commit for an adapter of `slots` slots and `block_size` tokens per block.
-/// Errors name the request; nothing is staged when one is raised.
-pub fn plan_stage(c: &SlotCommitInputs<'_>, slots: u64, block_size: u64, cache: CacheShape) -> Result<StagedCommit> {
+/// Plans one step's commit for an adapter of `slots` slots and `block_size` tokens per block, as
+/// stage `generation`. Errors name the request; nothing is staged when one is raised.
+pub fn plan_stage(c: &SlotCommitInputs<'_>, slots: u64, block_size: u64, cache: CacheShape, generation: i32) -> Result<StagedCommit> {
     let backend = "RecoverSSM commit";
     let s = c.request_indices.len();
     if c.state_blocks.len() != s {
@@ -107,15 +112,13 @@ pub fn plan_stage(c: &SlotCommitInputs<'_>, slots: u64, block_size: u64, cache: 
     for row in &mut plan {
         row.count_index = count_index[row.request as usize];
     }
-    let mut bytes = vec![0u8; rows_offset(slots) as usize];
-    bytes[..4].copy_from_slice(&(plan.len() as i32).to_le_bytes());
-    for k in 0..slots as usize {
-        bytes[4 + 4 * k..8 + 4 * k].copy_from_slice(&(-1i32).to_le_bytes());
-    }
+    let mut words = vec![-1i32; rows_offset(slots) as usize / 4];
+    words[0] = plan.len() as i32;
+    words[1] = generation;
     for (&r, &l0) in c.request_indices.iter().zip(&seq_lens) {
-        let at = 4 + 4 * r as usize;
-        bytes[at..at + 4].copy_from_slice(&(l0 as i32).to_le_bytes());
+        words[COMPUTED_AT as usize + r as usize] = l0 as i32;
     }
+    let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     bytes.extend(plan.iter().flat_map(CommitRow::to_le_bytes));
     let batch_rows = c.request_indices.iter().map(|&r| r as u64 + 1).max().unwrap_or(0);
     Ok(StagedCommit { bytes, rows: plan.len() as u32, batch_rows, cols })
@@ -134,7 +137,7 @@ mod tests {
     #[test]
     fn stages_count_computed_and_rows() {
         assert_eq!((rows_offset(8), stage_len(8)), (64, 16 + 64));
-        assert_eq!(rows_offset(7), 32);
+        assert_eq!((rows_offset(6), rows_offset(7)), (32, 64));
         // Two spec rows (batch rows 2 and 0) of a 4-row batch; block size 4, window 3.
         let table = [10, 11, 12, 20, 21, 22];
         let c = SlotCommitInputs {
@@ -145,10 +148,10 @@ mod tests {
             cols: 3,
             query_lens: None,
         };
-        let st = plan_stage(&c, 8, 4, CACHE).unwrap();
+        let st = plan_stage(&c, 8, 4, CACHE, 5).unwrap();
         assert_eq!((st.rows, st.batch_rows, st.cols), (2, 3, 3));
         let head = i32s(&st.bytes[..64]);
-        assert_eq!(&head[..9], &[2, 7, -1, 2, -1, -1, -1, -1, -1]);
+        assert_eq!(&head[..10], &[2, 5, 7, -1, 2, -1, -1, -1, -1, -1]);
         let rows: Vec<&[u8]> = st.bytes[64..].chunks(32).collect();
         assert_eq!(rows.len(), 2);
         // Row 0: workspace row 0, count read from batch row 2; seq 2 + 3 tokens crosses 4: column 0.
@@ -170,7 +173,7 @@ mod tests {
             cols: 3,
             query_lens: None,
         };
-        let msg = |c: &SlotCommitInputs<'_>, slots: u64| plan_stage(c, slots, 4, CACHE).unwrap_err().message;
+        let msg = |c: &SlotCommitInputs<'_>, slots: u64| plan_stage(c, slots, 4, CACHE, 1).unwrap_err().message;
         assert!(msg(&SlotCommitInputs { request_indices: &[3, 0], ..ok }, 8).contains("request_indices[0] = 3 is not a batch row (0 ..= 2"));
         assert!(msg(&ok, 2).contains("request_indices[0] = 2 is not a batch row (0 ..= 1"));
         assert!(msg(&SlotCommitInputs { request_indices: &[2, 2], ..ok }, 8).contains("batch row 2 is in request_indices twice"));

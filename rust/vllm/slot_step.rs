@@ -6,7 +6,7 @@
 //! packs the launch; the group tables travel as [`TableRef`] records in a device buffer of the
 //! adapter's, rewritten only when a table moves.
 
-use super::slot_commit::{rows_offset, stage_len};
+use super::slot_commit::{rows_offset, stage_len, COMPUTED_AT};
 use super::slots::check_capacity;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{Arg, Launch, STATE_COPY_SLOTS};
@@ -34,6 +34,10 @@ impl TableRef {
     }
 }
 
+/// The control words of the adapter: the stamp (post-processes so far), the commit generation the
+/// last pre-copy took over, the generation the last post-process with a stage saw.
+pub const CTL_WORDS: u64 = 3;
+
 /// The error words of the adapter: the pre-copy's two words (by stamp parity), the
 /// post-process's, then the stamp of the last pre-copy (which pre-copy word is the step's).
 pub const ERR_WORDS: u64 = 10;
@@ -45,7 +49,7 @@ pub struct SlotBuffers<'a> {
     pub num_accepted: &'a TensorDesc,
     /// `[3 * slots]`: old column, old count, stamp of the slots a pre-copy moved.
     pub scratch: &'a TensorDesc,
-    /// `[1]`: the stamp (post-processes so far).
+    /// [`CTL_WORDS`]: the stamp and the commit generations.
     pub ctl: &'a TensorDesc,
     pub err: &'a TensorDesc,
     pub tables: &'a TensorDesc,
@@ -148,7 +152,7 @@ impl SlotStep {
             state_idx: i32v(b.state_idx, "state_idx", slots)?,
             num_accepted: i32v(b.num_accepted, "num_accepted", slots)?,
             scratch: i32v(b.scratch, "scratch", 3 * slots)?,
-            ctl: i32v(b.ctl, "ctl", 1)?,
+            ctl: i32v(b.ctl, "ctl", CTL_WORDS)?,
             err: i32v(b.err, "err", ERR_WORDS)?,
             tables: vector(b.tables, "tables", d, IntType::I64, 2 * fused.groups as u64)?,
             commit: i32v(b.commit, "commit stage", stage_len(slots))?,
@@ -161,7 +165,7 @@ impl SlotStep {
             (step.state_idx, slots),
             (step.num_accepted, slots),
             (step.scratch, 3 * slots),
-            (step.ctl, 1),
+            (step.ctl, CTL_WORDS),
             (step.err, ERR_WORDS),
             (step.commit, stage_len(slots)),
         ];
@@ -214,10 +218,10 @@ impl SlotStep {
         let f = &self.fused;
         let mut flags = if f.has_temporal { FLAG_HAS_TEMPORAL } else { 0 };
         flags |= if h.post { FLAG_DECIDE } else { FLAG_PRE_COPY };
-        // The commit's values: its computed tokens and width; its count, rows and kernel when fused.
-        let (computed_at, commit_cols) = h.commit.map_or((0, 0), |c| (self.commit + 4, c.cols));
+        // The commit's values: the stage, its computed tokens and width; its rows and kernel when fused.
+        let (stage_at, computed_at, commit_cols) = h.commit.map_or((0, 0, 0), |c| (self.commit, self.commit + 4 * COMPUTED_AT, c.cols));
         let kernel = h.commit.and_then(|c| c.kernel);
-        let (count_at, rows_at) = kernel.map_or((0, 0), |_| (self.commit, self.commit + rows_offset(self.slots)));
+        let rows_at = kernel.map_or(0, |_| self.commit + rows_offset(self.slots));
         let (metas, layers, blocks, workspace, rec, conv) =
             kernel.map_or((0, 0, 0, 0, 0, 0), |k| (k.metas, k.num_layers, k.num_blocks, k.max_requests, k.rec_ctas, k.conv_ctas));
         let args = [
@@ -234,7 +238,7 @@ impl SlotStep {
             Arg::I32(h.sampled.1),
             Arg::Ptr(computed_at),
             Arg::I32(commit_cols),
-            Arg::Ptr(count_at),
+            Arg::Ptr(stage_at),
             Arg::Ptr(rows_at),
             Arg::U32(self.slots as u32),
             Arg::Ptr(metas),
@@ -325,7 +329,7 @@ mod tests {
             t(10_000, "int32", &[8]),
             t(11_000, "int32", &[8]),
             t(12_000, "int32", &[24]),
-            t(13_000, "int32", &[1]),
+            t(13_000, "int32", &[3]),
             t(14_000, "int32", &[10]),
             t(15_000, "int64", &[4]),
             t(16_000, "int32", &[80]),
@@ -359,14 +363,14 @@ mod tests {
         let ran = Commit { batch_rows: 3, cols: 7, kernel: None };
         let l = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(ran)).unwrap();
         let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
-        assert_eq!((&v[11..13], &v[13..22], l.grid), (&[16_004, 7][..], &[0, 0, 8, 0, 0, 0, 0, 0, 0][..], [2, 3, 3]));
+        assert_eq!((&v[11..13], &v[13..22], l.grid), (&[16_008, 7][..], &[16_000, 0, 8, 0, 0, 0, 0, 0, 0][..], [2, 3, 3]));
         // The commit in this launch: the stage's count and rows, the kernel's table and grid.
         let table = [crate::commit::CommitMeta { heads: 2, head_v: 16, head_k: 16, ..Default::default() }; 5];
         let k = CommitLaunch::new(Device::Cuda(0), 900, &table, 64, 4, 0, THREADS).unwrap();
         let l = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { kernel: Some(&k), ..ran })).unwrap();
         let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
         let (rec, conv) = (k.rec_ctas as i128, k.conv_ctas as i128);
-        assert_eq!(&v[11..22], &[16_004, 7, 16_000, 16_000 + 64, 8, 900, 5, 64, 4, rec, conv][..]);
+        assert_eq!(&v[11..22], &[16_008, 7, 16_000, 16_000 + 64, 8, 900, 5, 64, 4, rec, conv][..]);
         assert_eq!(l.grid, [(2 + rec + conv) as u32, 3, 5]);
         let e = st.post(5, &idx, &nct, Sampled::All(2), Some(ran)).unwrap_err();
         assert!(e.message.contains("needs the sampled counts per row"), "{}", e.message);

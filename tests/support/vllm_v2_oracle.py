@@ -368,7 +368,7 @@ def run_trace(
         qsl = torch.zeros(m + 1, dtype=torch.int32)
         qsl[1 : n + 1] = torch.tensor(np.cumsum([sched[r.rid][0] for r in batch]), dtype=torch.int32)
         calls = len(emulator.calls) if emulator is not None else 0
-        commit = None
+        commit: Any = None
         if rec is not None:  # the step's commit, known when its metadata is built
             from recoverssm_rs.vllm.model_state import RecoverSSMCommit
 
@@ -380,6 +380,7 @@ def run_trace(
                 commit = RecoverSSMCommit(**rec.step(rec.caches[1], slots, rows, computed, qlens))
                 if static or step % 2:  # staged now, or by the post-process itself
                     ours.stage_recoverssm(commit)
+                    commit = True
         # pre-copy
         vms.preprocess_state(types.SimpleNamespace(num_reqs=n, idx_mapping=idx, query_start_loc=qsl), tables, None, nct)
         nct_o.copy_(nct)

@@ -184,10 +184,11 @@ def test_a_recoverssm_commit_on_a_host_cache_runs_before_the_launch(fake_ops, re
     ms.postprocess_state(idx, sampled, torch.zeros(4, dtype=torch.int32), [table], recoverssm=commit)
     assert commits == [([3], [9])]
     assert torch.equal(ms.state_idx, before[0]) and torch.equal(ms.num_accepted, before[1])
-    assert ms._stage.tolist()[:5] == [1, -1, 9, -1, -1]  # one row staged; batch row 1's tokens
+    # one row staged, as the second stage (the refused post-process staged the first); batch row 1's tokens
+    assert ms._stage.tolist()[:5] == [1, 2, -1, 9, -1]
     (call,) = recorder.calls
-    assert call["commit_computed"] == ms._stage.data_ptr() + 4 and call["commit_cols"] == 5
-    assert call["commit_rows"] == 0 and call["commit_count"] == 0
+    assert call["commit_stage"] == ms._stage.data_ptr() and call["commit_computed"] == ms._stage.data_ptr() + 8
+    assert call["commit_cols"] == 5 and call["commit_rows"] == 0
 
 
 def _commit_setup():
@@ -229,6 +230,7 @@ def test_a_recoverssm_post_process_with_the_commit_kernel_is_one_launch(fake_ops
     """Staged when the step's metadata is built, a CUDA cache's commit runs inside the
     post-process's one launch: no torch operation, no rs_recover_commit launch; the cache equals
     the reference commit, the committed slot's column and count are vLLM's ``commit_step``."""
+    from recoverssm_rs.errors import PlanError
     from recoverssm_rs.recoverssm.state_cache import StateCache
 
     monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
@@ -242,7 +244,7 @@ def test_a_recoverssm_post_process_with_the_commit_kernel_is_one_launch(fake_ops
     nct = torch.tensor([5, 0, 12, 0], dtype=torch.int32)  # slot 2: 9 + 3 sampled
     calls = len(emulator.calls)
     with _count_ops() as c:
-        ms.postprocess_state(idx, sampled, nct, [table], recoverssm=commit)
+        ms.postprocess_state(idx, sampled, nct, [table], recoverssm=True)  # the staged commit
     assert len(emulator.calls) - calls == 1 and c.ops == []
     assert emulator.calls[-1]["kernel"] == "rs_state_copy_slots" and emulator.calls[-1]["commit_rows"]
     assert ms.last_error().ok
@@ -252,6 +254,16 @@ def test_a_recoverssm_post_process_with_the_commit_kernel_is_one_launch(fake_ops
         assert torch.allclose(t, caches[1].buffers()[k], atol=1e-5, rtol=1e-5), k
     assert not torch.equal(caches[0].buffers()["recurrent"], _commit_setup()[3][1].buffers()["recurrent"])
     assert (int(ms.state_idx[2]), int(ms.num_accepted[2])) == (11 // 4, 1)
+    # a captured post-process replayed after the next pre-copy without a new stage commits nothing:
+    # the stage's generation is the one the last commit saw
+    committed = {k: t.clone() for k, t in caches[0].buffers().items()}
+    ms.preprocess_state(idx, nct, torch.tensor([0, 1, 2], dtype=torch.int32), [table])
+    slots = (ms.state_idx.clone(), ms.num_accepted.clone())
+    emulator.launch(emulator.calls[-2]["launch"], 0, None)  # the post-process's launch, again
+    assert all(torch.equal(t, committed[k]) for k, t in caches[0].buffers().items())
+    assert torch.equal(ms.state_idx, slots[0])  # committed, slot 2 would be back in column 2
+    with pytest.raises(PlanError, match="no RecoverSSM commit is staged for this step"):
+        ms.postprocess_state(idx, sampled, nct, [table], recoverssm=True)
 
 
 def test_a_committed_row_whose_counts_disagree_is_reported_not_copied(fake_ops, emulator, launch_args, monkeypatch):
@@ -271,7 +283,7 @@ def test_a_committed_row_whose_counts_disagree_is_reported_not_copied(fake_ops, 
         torch.tensor([1, 3], dtype=torch.int32),
         nct,
         [table],
-        recoverssm=commit,
+        recoverssm=True,
     )
     err = ms.last_error()
     assert err.names == ["args"] and (err.first_request, err.last_request) == (1, 1)
@@ -298,4 +310,8 @@ def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args
     step.post(rows[2], ones[2], nct, tables, True)
     with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
         step.post(rows[2], ones[2], nct, tables, True)
-    assert recorder.calls == []  # the core builds launches; nothing ran
+    # a post-process without the commit forgets a staged one too (it is that step's)
+    ms.stage_recoverssm(_commit(caches[0]))
+    step.post(rows[2], ones[2], nct, tables, False)
+    with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
+        step.post(rows[2], ones[2], nct, tables, True)

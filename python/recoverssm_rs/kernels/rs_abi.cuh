@@ -486,7 +486,7 @@ extern "C" __global__ void rs_state_copy_slots(const StateMeta* metas, uint32_t 
     const TableRef* tables, uint32_t num_tables, int32_t bt_cols, const int32_t* idx_mapping,
     int32_t num_rows, const int32_t* num_computed, const int32_t* query_start_loc,
     const int32_t* num_sampled, int32_t sampled_fill, const int32_t* commit_computed,
-    int32_t commit_cols, const int32_t* commit_count, const CommitRow* commit_rows,
+    int32_t commit_cols, const int32_t* commit_stage, const CommitRow* commit_rows,
     uint32_t commit_cap, const CommitMeta* commit_metas, uint32_t commit_layers,
     int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas, uint32_t conv_ctas,
     int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots,

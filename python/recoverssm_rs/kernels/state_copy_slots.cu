@@ -9,7 +9,8 @@
 // The per-slot buffers (docs/design.md section 3.9), all int32 and owned by the adapter:
 // state_idx[S] (the running column, vLLM's mamba_state_idx), num_accepted[S] (the count the model
 // reads), scratch[3 * S] (old column, old count, stamp: what a moved slot held before this
-// pre-copy), ctl[1] (the stamp: the number of post-processes so far), err[10] (the pre-copy's two
+// pre-copy), ctl[3] (the stamp: the number of post-processes so far; the commit generation the
+// last pre-copy took over; the generation the last post-process with a stage saw), err[10] (the pre-copy's two
 // words, used by stamp parity, the post-process's word, then the stamp of the last pre-copy: which
 // pre-copy word is the current step's, read from the device, so a replayed graph needs no host
 // bookkeeping). S = num_slots.
@@ -46,13 +47,13 @@ RS_DEVICE int64_t rs_commit_col(const int32_t* commit_computed, int32_t commit_c
 
 // The RecoverSSM commit part of the launch, in its own call frame: inlined, its tiles and the
 // copy's code would share one register allocation (which then spills).
-__device__ __noinline__ void rs_slots_commit(const int32_t* commit_count, const CommitRow* commit_rows,
+__device__ __noinline__ void rs_slots_commit(const int32_t* commit_stage, const CommitRow* commit_rows,
                                              uint32_t commit_cap, const CommitMeta* commit_metas,
                                              uint32_t commit_layers, const int32_t* num_sampled, int32_t num_rows,
                                              int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas,
                                              uint32_t conv_ctas, int32_t* err, int32_t num_slots) {
   const uint32_t bx = blockIdx.x;
-  const int64_t staged = commit_count[0];
+  const int64_t staged = commit_stage[0];
   const uint32_t n = staged <= 0 ? 0u : (staged < (int64_t)commit_cap ? (uint32_t)staged : commit_cap);
   for (uint32_t layer = blockIdx.z; layer < commit_layers; layer += gridDim.z) {
     const uint64_t ma = (uint64_t)commit_metas + (uint64_t)layer * sizeof(CommitMeta);
@@ -144,45 +145,62 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
 // (with num_computed[s] == commit_computed[r] + num_sampled[r] the save's source and destination
 // columns coincide); a committed row whose save would still copy (counts that disagree) is
 // reported (RS_ERR_ARGS) and not copied.
+// The stage (commit_stage, staged by the host: [0] rows, [1] generation; commit_computed and
+// commit_rows point into it) is this step's only when its generation differs from ctl[1], the one
+// the last committing post-process saw (taken over by the pre-copy); otherwise the post-process
+// runs as without a commit: a replayed graph whose stage was not rewritten commits nothing twice.
 // RecoverSSM commit in the same launch (commit_rows non-null, post-process, num_sampled given):
 // the first rec_ctas + conv_ctas CTAs along x (the copy uses the others) commit the first
-// commit_count[0] (at most commit_cap) CommitRow records over every layer of commit_metas
+// commit_stage[0] (at most commit_cap) CommitRow records over every layer of commit_metas
 // (rs_rc_commit_row: the recurrent tiles, then the conv windows), each row's count
-// clamp(num_sampled[row.count_index], 0, row.count); the rows' errors go to the post-process's
-// word under batch row count_index. The commit writes only the cache's blocks (running and
-// boundary blocks planned by the host, each written by one row) and the copies of committed rows
-// are skipped, so no CTA reads what another writes.
+// clamp(num_sampled[row.count_index], 0, row.count) (row.count: the row's query length, at most the
+// window); the column is vLLM's, from the unclamped num_sampled as vLLM's commit_step takes it. The
+// rows' errors go to the post-process's word under batch row count_index (the commit row's index
+// when count_index is no batch row: the core never stages one). The commit writes only the
+// cache's blocks (running and boundary blocks planned by the host, each written by one row) and
+// the copies of committed rows are skipped; the other rows' copies must not touch those blocks
+// (true when the cache's blocks are its requests' own, as the engine allocates them: the launch
+// does not check it). A commit row rejected on the device is not committed while its slot still
+// gets the committed column: an error in the word means the step's states are not to be used.
 //
 // The slot writes are made by one bookkeeping thread per row (thread 0 of the copy's CTA (0, y, 0):
 // copy CTAs count x after the commit's); the copy CTAs read the slots' values from before the
-// launch (rs_slot_row). A post-process never writes state_idx and never reads num_accepted, so it
-// needs no scratch. Thread 0 of the copy's CTA (0, 0, 0) zeroes the word the other half reports
-// into: the pre-copy the post-process's word, the post-process the
-// next pre-copy's (and advances the stamp). A row whose slot is >= S, or whose token count is
-// negative, is reported (RS_ERR_ARGS) and skipped; copy errors as rs_state_copy. Rows of one
-// launch must name distinct slots. A pre-copy row whose old or new column is outside the table is
-// reported (RS_ERR_COLUMN) and its slot left as it was. Grid and launch shape as rs_state_copy (any
-// R, including 0: the stamp and words still advance), with a commit gridDim.x = rec_ctas + conv_ctas +
-// the copy's CTAs (and a z extent over its layers: every loop is grid-stride); the launch reads only its
-// parameters and the buffers above (the commit's row count too), so it is CUDA-graph capturable
-// with fixed tensors.
+// launch (rs_slot_row). A post-process writes state_idx only for committed rows, whose column every
+// CTA computes itself, and never reads num_accepted, so it needs no scratch. Thread 0 of the
+// copy's CTA (0, 0, 0) zeroes the word the other half reports into: the pre-copy the
+// post-process's word, the post-process the next pre-copy's (and advances the stamp). A row whose
+// slot is >= S, or whose token count is negative, is reported (RS_ERR_ARGS) and skipped; copy
+// errors as rs_state_copy. Rows of one launch must name distinct slots. A pre-copy row whose old
+// or new column is outside the table is reported (RS_ERR_COLUMN) and its slot left as it was. Grid
+// and launch shape as rs_state_copy (any R, including 0: the stamp and words still advance), with
+// a commit gridDim.x = rec_ctas + conv_ctas + the copy's CTAs (at least one; and a z extent over
+// its layers: every loop is grid-stride); the launch reads only its parameters and the buffers
+// above (the commit's row count and generation too), so it is CUDA-graph capturable with fixed
+// tensors.
 extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
     const StateMeta* __restrict__ metas, uint32_t num_meta, const TableRef* __restrict__ tables, uint32_t num_tables,
     int32_t bt_cols, const int32_t* __restrict__ idx_mapping, int32_t num_rows, const int32_t* __restrict__ num_computed,
     const int32_t* __restrict__ query_start_loc, const int32_t* __restrict__ num_sampled, int32_t sampled_fill,
-    const int32_t* __restrict__ commit_computed, int32_t commit_cols, const int32_t* __restrict__ commit_count,
+    const int32_t* __restrict__ commit_computed, int32_t commit_cols, const int32_t* __restrict__ commit_stage,
     const CommitRow* __restrict__ commit_rows, uint32_t commit_cap, const CommitMeta* __restrict__ commit_metas,
     uint32_t commit_layers, int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas, uint32_t conv_ctas,
     int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots, int32_t block_size,
     int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
   const bool post = (flags & RS_FLAG_DECIDE) != 0;
-  const bool commit = post && commit_rows != nullptr && commit_count != nullptr && num_sampled != nullptr;
+  // A staged commit is this step's when its generation is not the one the last committing
+  // post-process saw (ctl[1]: written by the pre-copy only, so stable here): a replay without a
+  // new stage commits nothing and sets no column.
+  const bool armed = post && commit_stage != nullptr && commit_stage[1] != ctl[1];
+  if (!armed) commit_computed = nullptr;
+  const bool commit = post && commit_rows != nullptr && commit_stage != nullptr && num_sampled != nullptr;
   const uint32_t commit_ctas = commit ? rec_ctas + conv_ctas : 0u;
   // The RecoverSSM commit runs on the first commit_ctas CTAs along x (their own branch: the copy's
   // values are not live across it), on the cache's blocks only (see above).
   if (blockIdx.x < commit_ctas) {
-    rs_slots_commit(commit_count, commit_rows, commit_cap, commit_metas, commit_layers, num_sampled, num_rows,
-                    commit_blocks, commit_workspace, rec_ctas, conv_ctas, err, num_slots);
+    if (armed) {
+      rs_slots_commit(commit_stage, commit_rows, commit_cap, commit_metas, commit_layers, num_sampled, num_rows,
+                      commit_blocks, commit_workspace, rec_ctas, conv_ctas, err, num_slots);
+    }
     return;
   }
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
@@ -196,9 +214,11 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
       int32_t* w = err + 3 * (next & 1);
       w[0] = w[1] = w[2] = 0;
       ctl[0] = next;
+      if (commit_stage != nullptr) ctl[2] = commit_stage[1];  // the generation this launch saw
     } else {
       err[6] = err[7] = err[8] = 0;
       err[9] = ctl[0];
+      ctl[1] = ctl[2];  // what the next post-process compares a staged generation with
     }
   }
   // Bookkeeping: one thread per row, after the row's old values are safe in scratch.

@@ -122,12 +122,13 @@ class ModelStateV2:
         self._state = vec(-1, m)
         self._acc = vec(1, m)
         self._scratch = vec(-1, 3 * m)  # a moved slot's old column, old count and stamp
-        self._ctl = vec(0, 1)  # the stamp: post-processes so far
+        self._ctl = vec(0, _core.VllmSlotStep.CTL_WORDS)  # the stamp, the commit generations seen
         # the pre-copy's two words (by stamp parity), the post-process's, the last pre-copy's stamp
         self._err = vec(0, _core.VllmSlotStep.ERR_WORDS)
         self._tables = vec(0, 2 * planner.num_groups, torch.int64)  # TableRef records
         self._stage = vec(-1, _core.VllmSlotStep.commit_stage_len(m))  # a staged RecoverSSM commit
         self._staged: tuple[RecoverSSMCommit, bool] | None = None  # (commit, in the launch)
+        self._generation = 0  # the last stage's generation
         self._step: Any = None  # the core's VllmSlotStep, made at the first half-step
         self._index = 0
         self._last = "post"  # the half that ran last
@@ -218,15 +219,19 @@ class ModelStateV2:
         self._core_step()
         module.function_ptr("rs_state_copy_slots", self._index)
 
-    def _run(self, half: tuple[Any, Any]) -> None:
-        """Uploads the table records when a table moved (the first step), then launches on the
-        current torch stream."""
-        launch, tables = half
-        if tables is not None:
+    def _upload_tables(self, half: tuple[Any, Any]) -> None:
+        """Uploads the table records when a table moved (the first step; the core now holds them
+        as uploaded)."""
+        if half[1] is not None:
             import torch
 
-            self._tables.copy_(torch.frombuffer(bytearray(tables), dtype=torch.int64))
-        module.launch(launch, self._index, None)  # the core checked the guard and marked the states written
+            self._tables.copy_(torch.frombuffer(bytearray(half[1]), dtype=torch.int64))
+
+    def _run(self, half: tuple[Any, Any]) -> None:
+        """Uploads the table records when a table moved, then launches on the current torch
+        stream."""
+        self._upload_tables(half)
+        module.launch(half[0], self._index, None)  # the core checked the guard and marked the states written
 
     def preprocess_state(
         self,
@@ -273,7 +278,7 @@ class ModelStateV2:
         num_computed_tokens: Any,
         block_tables: Sequence[Any] | Mapping[int, Any],
         *,
-        recoverssm: RecoverSSMCommit | None = None,
+        recoverssm: RecoverSSMCommit | bool | None = None,
     ) -> None:
         """vLLM's ``postprocess_state`` in align mode: scatter this step's accepted counts to their
         slots, run the RecoverSSM commit (when given) and save the running state at the last block
@@ -286,56 +291,73 @@ class ModelStateV2:
                 as 1), or one integer for every row.
             num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step.
             block_tables: as :meth:`preprocess_state`.
-            recoverssm: the step's RecoverSSM commit (vLLM's ``commit_step``). ``recoverssm.cache``
-                commits each spec-decode row's ``num_sampled`` tokens (align mode: the boundary
-                state goes to its ``block_table``); then, as vLLM does, that row's running column
-                becomes ``min(max(num_computed + num_sampled - 1, 0) // block_size, cols - 1)`` and
-                its count 1 (the state is already the accepted one; the commit's boundary write is
-                its aligned save, and a committed row whose counts disagree --
-                ``num_computed_tokens`` after the step not the commit's tokens plus
-                ``num_sampled`` -- is reported, not copied). Staged by :meth:`stage_recoverssm`
-                (done here when it was not). With the cache's commit kernel (a CUDA cache) the
-                commit runs inside this launch; on a host cache the torch reference commits first.
-                Skipped when ``num_sampled`` is one integer for every row (vLLM's ``commit_step``
-                commits nothing then).
+            recoverssm: the step's RecoverSSM commit (vLLM's ``commit_step``): ``True`` for the
+                commit :meth:`stage_recoverssm` staged for this step (the post-process then plans
+                and copies nothing on the host), or a :class:`RecoverSSMCommit` to stage now.
+                ``recoverssm.cache`` commits each spec-decode row's ``num_sampled`` tokens (align
+                mode: the boundary state goes to its ``block_table``); then, as vLLM does, that
+                row's running column becomes ``min(max(num_computed + num_sampled - 1, 0) //
+                block_size, cols - 1)`` and its count 1 (the state is already the accepted one; the
+                commit's boundary write is its aligned save, and a committed row whose counts
+                disagree -- ``num_computed_tokens`` after the step not the commit's tokens plus
+                ``num_sampled`` -- is reported, not copied). With the cache's commit kernel (a
+                CUDA cache) the commit runs inside this launch; on a host cache the torch reference
+                commits first. Skipped when ``num_sampled`` is one integer for every row (vLLM's
+                ``commit_step`` commits nothing then; a staged commit is dropped).
+
+        Raises:
+            PlanError: a bad input (nothing is written), or ``recoverssm=True`` with no commit
+                staged since the last post-process.
         """
         step = self._core_step()
         tables = _tables(block_tables)
-        commit = recoverssm is not None and not isinstance(num_sampled, int)
-        if commit and (self._staged is None or self._staged[0] is not recoverssm):
-            assert recoverssm is not None
+        commit = recoverssm is not None and recoverssm is not False and not isinstance(num_sampled, int)
+        if commit and recoverssm is not True:
+            assert isinstance(recoverssm, RecoverSSMCommit)
             self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
-        reference = commit and self._staged is not None and not self._staged[1]
+        elif commit and self._staged is None:
+            raise PlanError(
+                "postprocess_state(recoverssm=True): no RecoverSSM commit is staged for this step "
+                "(call stage_recoverssm when the step's metadata is built)"
+            )
+        staged = self._staged
         sampled = num_sampled if isinstance(num_sampled, int) else _launch_arg(num_sampled)
         # Every check first (the core's), then the writes.
         half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, commit)
-        self._staged = None
-        if reference:  # a host cache: the torch reference commits before the launch
-            assert recoverssm is not None
-            _reference_commit(recoverssm, num_sampled, self.block_size)
-        self._run(half)
+        self._staged = None  # the core forgot it too: a stage is for one post-process
+        self._upload_tables(half)
+        if commit and staged is not None and not staged[1]:  # a host cache: the torch reference, first
+            _reference_commit(staged[0], num_sampled, self.block_size)
+        module.launch(half[0], self._index, None)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
     def stage_recoverssm(self, recoverssm: RecoverSSMCommit) -> None:
-        """Plan the step's RecoverSSM commit and stage it for the next :meth:`postprocess_state`:
-        call it when the step's metadata is built (before the forward pass, or before replaying a
-        captured post-process). The core checks every input and plans each spec-decode row for its
-        whole window (the kernel clamps the sampled count to it on the device); the rows and the
-        per-row computed tokens go to the adapter's stage buffer in one host-to-device copy.
+        """Plan the step's RecoverSSM commit and stage it for this step's :meth:`postprocess_state`
+        (``recoverssm=True``): call it when the step's metadata is built, before the forward pass,
+        and under a CUDA graph before replaying the captured post-process (every step, an empty
+        commit too: a replay whose stage was not rewritten commits nothing). The core checks every
+        input and plans each spec-decode row for its whole window (the kernel clamps the sampled
+        count to it on the device); the rows, the per-row computed tokens and the stage's
+        generation go to the adapter's stage buffer in one host-to-device copy. Not while a CUDA
+        graph is being captured (the copy would be captured with it).
 
         Raises:
             PlanError: a bad request index, block, count or boundary, or a block written twice,
-                naming the request; nothing is staged.
+                naming the request, or a capture in progress; nothing is staged.
         """
         from ..cuda import ops
 
+        if _capturing():
+            raise PlanError("stage_recoverssm: a CUDA graph is being captured; stage the commit before the capture")
         rs = recoverssm
         cache = rs.cache
         fused = cache._commit_kernel_ready()
         d = cache._device_commit
         kernel = (d.launcher, cache._bound) if fused and d is not None else None
-        raw = self._core_step().stage_commit(
+        step = self._core_step()
+        generation = self._generation % (2**31 - 1) + 1
+        raw = step.stage_commit(
             kernel,
             request_indices=rs.request_indices,
             state_blocks=rs.state_blocks,
@@ -345,8 +367,15 @@ class ModelStateV2:
             window=cache.window,
             num_blocks=cache.num_blocks,
             max_requests=cache.max_requests,
+            generation=generation,
         )
-        ops.cuda_ops.stage_i32(raw, _launch_arg(self._stage))
+        try:
+            ops.cuda_ops.stage_i32(raw, _launch_arg(self._stage))
+        except BaseException:
+            step.clear_commit()  # the buffer may hold part of it: the kernel never sees this generation armed
+            self._staged = None
+            raise
+        self._generation = generation
         self._staged = (rs, kernel is not None)
 
     def last_error(self) -> Any:
@@ -362,6 +391,13 @@ class ModelStateV2:
             f"ModelStateV2(groups={self.group_ids}, block_size={self.block_size}, "
             f"max_num_reqs={self.max_num_reqs}, device={self.device})"
         )
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph."""
+    import torch
+
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, block_size: int) -> None:
