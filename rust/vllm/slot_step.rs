@@ -168,6 +168,7 @@ impl SlotStep {
             (step.ctl, CTL_WORDS),
             (step.err, ERR_WORDS),
             (step.commit, stage_len(slots)),
+            (step.tables, 4 * step.fused.groups as u64), // int64 records: counted in int32 words
         ];
         for (i, &(a, n)) in extents.iter().enumerate() {
             for &(c, m) in &extents[i + 1..] {
@@ -434,6 +435,8 @@ mod tests {
             .contains("commit stage: expected a 1-D vector of at least 80"));
         let odd = t(16_004, "int32", &[80]);
         assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { commit: &odd, ..b }).unwrap_err().message.contains("not 8-byte aligned"));
+        let over_tables = t(15_008, "int32", &[80]);
+        assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { commit: &over_tables, ..b }).unwrap_err().message.contains("overlap"));
         let inside = t(14_016, "int32", &[80]);
         assert!(SlotStep::new(FUSED, 4, 8, &SlotBuffers { commit: &inside, ..b }).unwrap_err().message.contains("overlap"));
     }

@@ -315,3 +315,24 @@ def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args
     step.post(rows[2], ones[2], nct, tables, False)
     with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
         step.post(rows[2], ones[2], nct, tables, True)
+
+
+def test_a_commit_row_the_kernel_rejects_is_reported_under_its_batch_row(fake_ops, emulator, launch_args, monkeypatch):
+    """A staged row the kernel refuses (here its running block rewritten in the stage buffer after
+    the core's checks, beyond the cache's blocks) is not committed and is reported under its batch
+    row in the post-process's word."""
+    from recoverssm_rs.recoverssm.state_cache import StateCache
+
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
+    ms, _, table, caches = _commit_setup()
+    before = {k: t.clone() for k, t in caches[0].buffers().items()}
+    ms.stage_recoverssm(_commit(caches[0]))
+    rows_at = 8  # int32 word of the first CommitRow: 4 slots -> 32 bytes of count, generation, tokens
+    assert ms._stage[rows_at + 2] == 3  # its state_block
+    ms._stage[rows_at + 2] = 999
+    nct = torch.tensor([5, 0, 12, 0], dtype=torch.int32)
+    idx, sampled = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([1, 3], dtype=torch.int32)
+    ms.postprocess_state(idx, sampled, nct, [table], recoverssm=True)
+    err = ms.last_error()
+    assert err.names == ["block"] and (err.first_request, err.last_request) == (1, 1)
+    assert all(torch.equal(t, before[k]) for k, t in caches[0].buffers().items())

@@ -370,7 +370,9 @@ class StateCache:
 
     def commit_error(self) -> ErrorWord | None:
         """The error word of the last kernel commit, decoded (a synchronising read; request numbers
-        are row indices of that commit's plan). ``None`` when commits do not run on the kernel."""
+        are row indices of that commit's plan). ``None`` when commits do not run on the kernel. A
+        commit run inside a ``ModelStateV2`` post-process reports into that adapter's
+        ``last_error()`` instead."""
         d = self._device_commit
         if d is None:
             return None
