@@ -372,7 +372,7 @@ class ModelStateV2:
         try:
             ops.cuda_ops.stage_i32(raw, _launch_arg(self._stage))
         except BaseException:
-            step.clear_commit()  # the buffer may hold part of it: the kernel never sees this generation armed
+            step.clear_commit()  # forgotten by the core too: recoverssm=True is refused until a new stage
             self._staged = None
             raise
         self._generation = generation
