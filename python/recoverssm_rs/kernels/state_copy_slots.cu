@@ -10,10 +10,10 @@
 // state_idx[S] (the running column, vLLM's mamba_state_idx), num_accepted[S] (the count the model
 // reads), scratch[3 * S] (old column, old count, stamp: what a moved slot held before this
 // pre-copy), ctl[3] (the stamp: the number of post-processes so far; the commit generation the
-// last pre-copy took over; the generation the last post-process with a stage saw), err[10] (the pre-copy's two
-// words, used by stamp parity, the post-process's word, then the stamp of the last pre-copy: which
-// pre-copy word is the current step's, read from the device, so a replayed graph needs no host
-// bookkeeping). S = num_slots.
+// last pre-copy took over; the generation the last post-process with a stage saw), err[10] (the
+// pre-copy's two words, used by stamp parity, the post-process's word, then the stamp of the last
+// pre-copy: which pre-copy word is the current step's, read from the device, so a replayed graph
+// needs no host bookkeeping). S = num_slots.
 
 // Reads a slot value another CTA of this launch may write (no stale L1 line).
 RS_DEVICE int64_t rs_slot_ld(const int32_t* p) { return *(const volatile int32_t*)p; }
@@ -206,8 +206,8 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
   const uint64_t chunk = blockIdx.x - commit_ctas, nchunks = gridDim.x - commit_ctas;
   const int64_t S = num_slots;
-  // The stamp ctl[0] is written only by a post-process (thread 0 of the copy's CTA (0, 0, 0)), which reads it
-  // nowhere else.
+  // The stamp ctl[0] is written only by a post-process (thread 0 of the copy's CTA (0, 0, 0)),
+  // which reads it nowhere else; ctl[1] only by a pre-copy, ctl[2] only by a post-process.
   if (chunk == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0) {
     if (post) {
       const int32_t next = (int32_t)((uint32_t)ctl[0] + 1u);  // wraps after 2**32 steps, parity kept
