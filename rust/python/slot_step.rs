@@ -192,8 +192,8 @@ impl VllmSlotStep {
     }
 
     /// Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
-    /// `num_computed_tokens` per batch row, `block_table`, `query_lens`, and the cache's `window`,
-    /// `num_blocks`, `max_requests`) for the next post-process; `kernel`: the cache's commit
+    /// `num_computed_tokens` per batch row, `block_table`, `query_lens`, the cache's `window`,
+    /// `num_blocks`, `max_requests`, and the stage's `generation`) for the next post-process; `kernel`: the cache's commit
     /// kernel, which then runs inside that post-process's launch (`None`: the commit runs before
     /// it, the launch sets the committed rows' columns and counts) and `bound` the cache's
     /// `BoundTensors`. Returns the bytes to copy into the front of the stage buffer; nothing is

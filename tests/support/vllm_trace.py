@@ -375,6 +375,13 @@ class DeviceMode:
     vector: Any
 
 
+#: A GPU run's placement: the adapter's tensors copied to the current CUDA device and bound as
+#: they are, vectors made there.
+CUDA = DeviceMode(
+    place=lambda t: t.cuda(), bind=lambda t: t, vector=lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()
+)
+
+
 def pre_moves(batch: list[Req], curr: list[int], block_size: int) -> int:
     """Requests whose state the pre-copy moves: a running column (the stored one, or the column of
     the computed tokens for a new request) that is set and is not this step's ``curr``."""

@@ -11,7 +11,6 @@ Run on a machine with a GPU: ``python -m pytest tests/vllm/test_gpu_model_state_
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,9 +20,7 @@ from support import vllm_oracle, vllm_trace  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-CUDA = vllm_trace.DeviceMode(
-    place=lambda t: t.cuda(), bind=lambda t: t, vector=lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()
-)
+CUDA = vllm_trace.CUDA
 
 
 @pytest.fixture(scope="module")

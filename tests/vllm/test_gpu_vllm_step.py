@@ -9,7 +9,6 @@ Run on a machine with a GPU: ``python -m pytest tests/vllm/test_gpu_vllm_step.py
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,9 +20,7 @@ from support.vllm_trace import GroupCfg as G  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-CUDA = vllm_trace.DeviceMode(
-    place=lambda t: t.cuda(), bind=lambda t: t, vector=lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()
-)
+CUDA = vllm_trace.CUDA
 
 # The oracle's traces without shared pages (a `.cuda()` copy of a view would not share its buffer).
 GPU_TRACES = ["gdn-SD-spec2", "gdn-DS-spec2", "3groups-DS-spec2", "2groups-SD-bs2-spec3"]
