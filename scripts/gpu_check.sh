@@ -6,7 +6,9 @@
 #
 # 1. env.txt        GPU, driver, Python and package versions
 # 2. gpu_tests.log  `pytest -m gpu tests` (kernels against the host executor, one launch per step,
-#    gpu_tests.xml  CUDA-graph capture, no host sync, the commit kernel, the demo on CUDA)
+#    gpu_tests.xml  CUDA-graph capture, no host sync, the commit kernel, the demo on CUDA; the
+#                   oracle-backed ones -- vLLM's V2 runner -- need .oracle-cache/, made by
+#                   scripts/pack_oracles.sh and carried, on a machine without network)
 # 3. gpu_copy.txt   benches/gpu_copy.py: kernels against device-to-device copy bandwidth
 #    gpu_copy.json
 # 4. summary.txt    exit status and wall time of every stage
@@ -27,6 +29,11 @@ export PYTHONUNBUFFERED=1
 # A GPU run must not pass by skipping its GPU tests (tests/conftest.py turns a missing GPU, torch or
 # CuPy into an error).
 export RECOVERSSM_REQUIRE_GPU=1
+# The oracles' files carried in .oracle-cache/ (scripts/pack_oracles.sh): the oracle-backed GPU
+# tests read them there, with no download (a GPU machine may have no network).
+for d in .oracle-cache/vllm-*; do [[ -d "$d/extracted" ]] && export RECOVERSSM_VLLM_CACHE=${RECOVERSSM_VLLM_CACHE:-$PWD/$d}; done
+for d in .oracle-cache/sglang-*; do [[ -d "$d/extracted" ]] && export RECOVERSSM_SGLANG_CACHE=${RECOVERSSM_SGLANG_CACHE:-$PWD/$d}; done
+[[ -n "${RECOVERSSM_VLLM_CACHE:-}${RECOVERSSM_SGLANG_CACHE:-}" ]] && export RECOVERSSM_NO_DOWNLOAD=${RECOVERSSM_NO_DOWNLOAD:-1}
 # This run's own folder (no fixed /tmp path another user could have made first): the installed
 # wheel, which goes first on PYTHONPATH, and CuPy's kernel cache, where it can surely write.
 work=$(mktemp -d "${TMPDIR:-/tmp}/recoverssm_gpu_check.XXXXXXXX") || { echo "gpu_check: mktemp -d failed" >&2; exit 2; }
