@@ -79,22 +79,31 @@ def _params(call):
     )
 
 
-def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulator, launch_args, monkeypatch):
-    """A CUDA graph's view of the step: the runner's inputs in fixed tensors, each half's launch
-    recorded at the first step and replayed unchanged at every later one keeps every state byte
-    and count equal to vLLM's (the bookkeeping lives in the launch: nothing else runs)."""
+def _replay_first_launches(monkeypatch):
+    """Every launch of a half replaced by that half's first launch (what a captured graph does),
+    handed to the launch installed now; returns the first launches (by half: post-process True)
+    and, per launch, whether it was a replay."""
     from recoverssm_rs import cuda
     from recoverssm_rs.cuda import module as cuda_module
 
     captured: dict[bool, object] = {}
-    replayed = []
+    replayed: list[bool] = []
+    launch = cuda_module.launch
 
-    def replay(kl, index, stream):
+    def replay(kl, index, stream=None):
         first = captured.setdefault(bool(dict(kl.values())["flags"] & cuda.FLAG_DECIDE), kl)
         replayed.append(first is not kl)
-        emulator.launch(first, index, stream)
+        launch(first, index, stream)
 
     monkeypatch.setattr(cuda_module, "launch", replay)
+    return captured, replayed
+
+
+def test_v2_trace_replaying_the_first_launches_equals_vllm(mh, fake_ops, emulator, launch_args, monkeypatch):
+    """A CUDA graph's view of the step: the runner's inputs in fixed tensors, each half's launch
+    recorded at the first step and replayed unchanged at every later one keeps every state byte
+    and count equal to vLLM's (the bookkeeping lives in the launch: nothing else runs)."""
+    _, replayed = _replay_first_launches(monkeypatch)
     cfg = TRACES["2groups-DS-spec2"]
     _trace(mh, cfg, seed=cfg[4] + 100, steps=8, static=True)
     assert sum(replayed) >= 6
@@ -273,21 +282,10 @@ def test_v2_trace_with_recoverssm_replaying_the_first_launches_equals_vllm(
     before its pre-copy (empty or not), each half's first launch replayed unchanged at every later
     step: the commit reads its rows and their count from the stage buffer, so the replays commit
     what each step staged and every byte and count stays vLLM's."""
-    from recoverssm_rs import cuda
-    from recoverssm_rs.cuda import module as cuda_module
     from support.device_fakes import bind_host_commit
 
     _fused_commits(monkeypatch)
-    captured: dict[bool, object] = {}
-    replayed = []
-    launch = cuda_module.launch
-
-    def replay(kl, index, stream=None):
-        first = captured.setdefault(bool(dict(kl.values())["flags"] & cuda.FLAG_DECIDE), kl)
-        replayed.append(first is not kl)
-        launch(first, index, stream)
-
-    monkeypatch.setattr(cuda_module, "launch", replay)
+    captured, replayed = _replay_first_launches(monkeypatch)
     cfg = RECOVER_TRACES["recoverssm-gdn-SD-spec2"]
     stats = _trace(mh, cfg, steps=10, static=True, recoverssm=True, commit_kernel=bind_host_commit, emulator=emulator)
     assert stats.commits > 0 and sum(replayed) >= 8

@@ -191,13 +191,15 @@ def test_a_recoverssm_commit_on_a_host_cache_runs_before_the_launch(fake_ops, re
     assert call["commit_cols"] == 5 and call["commit_rows"] == 0
 
 
-def _commit_setup():
+def _commit_setup(monkeypatch):
     """The small adapter (slots 0 and 2 running) and a one-layer KDA cache whose commit runs on
-    the emulated kernel, with a reference copy of the cache; batch rows 0 -> slot 0, 1 -> slot 2."""
+    the emulated kernel (its counts taken as device ones), with a reference copy of the cache;
+    batch rows 0 -> slot 0, 1 -> slot 2."""
     from recoverssm_rs import layouts
     from recoverssm_rs.recoverssm.state_cache import StateCache
     from support.device_fakes import bind_host_commit
 
+    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
     ms, states, table = _small()
     table[2, 3] = 13  # slot 2 owns a fourth column
     ms.add_request(0, 4)
@@ -231,11 +233,10 @@ def test_a_recoverssm_post_process_with_the_commit_kernel_is_one_launch(fake_ops
     post-process's one launch: no torch operation, no rs_recover_commit launch; the cache equals
     the reference commit, the committed slot's column and count are vLLM's ``commit_step``."""
     from recoverssm_rs.errors import PlanError
-    from recoverssm_rs.recoverssm.state_cache import StateCache
 
-    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
-    ms, _, table, caches = _commit_setup()
+    ms, _, table, caches = _commit_setup(monkeypatch)
     idx, sampled = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([1, 3], dtype=torch.int32)
+    uncommitted = caches[0].buffers()["recurrent"].clone()
     commit = _commit(caches[0])
     ms.stage_recoverssm(commit)  # when the step's metadata is built
     ms.preprocess_state(
@@ -252,7 +253,7 @@ def test_a_recoverssm_post_process_with_the_commit_kernel_is_one_launch(fake_ops
     caches[1].commit([3], [3], seq_lens=[9], block_table=[[4, 5, 6, 7, 8]], block_size=4)
     for k, t in caches[0].buffers().items():
         assert torch.allclose(t, caches[1].buffers()[k], atol=1e-5, rtol=1e-5), k
-    assert not torch.equal(caches[0].buffers()["recurrent"], _commit_setup()[3][1].buffers()["recurrent"])
+    assert not torch.equal(caches[0].buffers()["recurrent"], uncommitted)
     assert (int(ms.state_idx[2]), int(ms.num_accepted[2])) == (11 // 4, 1)
     # a captured post-process replayed after the next pre-copy without a new stage commits nothing:
     # the stage's generation is the one the last commit saw
@@ -270,10 +271,7 @@ def test_a_committed_row_whose_counts_disagree_is_reported_not_copied(fake_ops, 
     """The commit's boundary write is a committed row's aligned save; a post-step count that is
     not the commit's tokens plus the sampled ones (16, not 12) would ask for a second save racing
     the commit in the same launch: the row is reported (``args``) and its states are not copied."""
-    from recoverssm_rs.recoverssm.state_cache import StateCache
-
-    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
-    ms, states, table, caches = _commit_setup()
+    ms, states, table, caches = _commit_setup(monkeypatch)
     snap = [t.clone() for t in states]
     commit = _commit(caches[0])
     ms.stage_recoverssm(commit)
@@ -290,12 +288,12 @@ def test_a_committed_row_whose_counts_disagree_is_reported_not_copied(fake_ops, 
     assert all(torch.equal(a, b) for a, b in zip(states, snap))  # block 13 (column 3) untouched
 
 
-def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args):
+def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args, monkeypatch):
     """``post(commit=True)`` needs a staged commit, a batch that has its rows, and runs it once."""
     from recoverssm_rs.errors import PlanError
     from support.device_fakes import FakeCuda
 
-    ms, _, table, caches = _commit_setup()
+    ms, _, table, caches = _commit_setup(monkeypatch)
     step = ms._core_step()
     nct, tables = FakeCuda(torch.zeros(4, dtype=torch.int32)), [FakeCuda(table)]
     rows = {n: FakeCuda(torch.zeros(n, dtype=torch.int32)) for n in (1, 2)}
@@ -321,10 +319,7 @@ def test_a_commit_row_the_kernel_rejects_is_reported_under_its_batch_row(fake_op
     """A staged row the kernel refuses (here its running block rewritten in the stage buffer after
     the core's checks, beyond the cache's blocks) is not committed and is reported under its batch
     row in the post-process's word."""
-    from recoverssm_rs.recoverssm.state_cache import StateCache
-
-    monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))
-    ms, _, table, caches = _commit_setup()
+    ms, _, table, caches = _commit_setup(monkeypatch)
     before = {k: t.clone() for k, t in caches[0].buffers().items()}
     ms.stage_recoverssm(_commit(caches[0]))
     rows_at = 8  # int32 word of the first CommitRow: 4 slots -> 32 bytes of count, generation, tokens
