@@ -14,7 +14,7 @@ core's inputs. What they have in common lives here:
   the caller's stream, or a host execution) and records it (:meth:`EngineAdapter.guarded`; the hot
   engine operations pass their launch to the core call that builds it, so the check, the launch and
   the record are one crossing into Rust);
-* **the stream and the launch** (:meth:`EngineAdapter.stream`, :meth:`EngineAdapter.launch`): a torch
+* **the stream and the launch** (:meth:`EngineAdapter.stream`, :meth:`EngineAdapter.launch_kernel`): a torch
   or CuPy stream made current on the states' device and the core-built launch queued on it.
 """
 
@@ -72,7 +72,7 @@ class EngineAdapter:
         """``stream`` (torch, CuPy or ``None``: the current torch stream) as a torch stream."""
         return ops.cuda_ops.torch_stream(stream, self.placement.index)
 
-    def launch(self, kl: Any, stream: Any = None) -> None:
+    def launch_kernel(self, kl: Any, stream: Any = None) -> None:
         """Queue a core-built launch on ``stream`` (a torch stream or ``None``: the current one) of
         the states' device. Call it inside a guarded write."""
         index = self.placement.index

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import PlanError
 
 __all__ = ["Placement", "parse_device", "cuda_index"]
 
 
-class Placement(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Placement:
     """Where states live: ``kind`` ``"cpu"`` or ``"cuda"``, and the CUDA ordinal (0 for the host)."""
 
     kind: str

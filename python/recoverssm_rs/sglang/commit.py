@@ -54,7 +54,7 @@ def commit_after_verify(
     # The optional index vectors as host arrays too, under the core's names (``rows`` defaults to
     # each request's own scratch row).
     optional = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
-    ids = {name: None if x is None else host_ids(x) for name, x in optional.items()}
+    ids: dict[str, Any] = {name: None if x is None else host_ids(x) for name, x in optional.items()}
     rows = ids["rows"]
     if rows is None:
         rows = ids["rows"] = np.arange(len(steps), dtype=np.int64)

@@ -110,7 +110,7 @@ class SlotKernel:
             )
             err.reset(int(slots.shape[0]) if len(slots.shape) == 1 else 0)
             if kl is not None:
-                pool.launch(kl)
+                pool.launch_kernel(kl)
 
         pool.guarded(write)
 
@@ -175,7 +175,7 @@ def _run_table(
         )
         err.reset(n)
         if kl is not None:
-            pool.launch(kl)
+            pool.launch_kernel(kl)
 
     pool.guarded(write)
 

@@ -171,7 +171,10 @@ class SglangMambaPool(EngineAdapter):
         identity row of slot ids (a table with row and group stride 0), so its source and
         destination columns are the slot ids themselves, and one accepted token means a whole copy.
         """
-        src, dst = self.on_device(src_indices), self.on_device(dst_indices)
+        # SGLang's int64 slot ids narrowed to the kernel's int32 on the device first (as the
+        # planner would after its checks), so that the call is one crossing into the core.
+        int32, int64 = ops.cuda_ops.torch().int32, ops.cuda_ops.torch().int64
+        src, dst = (x.to(int32) if x.dtype == int64 else x for x in map(self.on_device, (src_indices, dst_indices)))
         n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
         if tuple(src.shape) == tuple(dst.shape) == (0,):
             return
