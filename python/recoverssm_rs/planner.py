@@ -544,25 +544,30 @@ class Planner:
         cuda = ops.cuda_ops
         ts = cuda.torch_stream(stream, dp.index)
 
+        def write(kl: Any, n: int) -> None:  # on the stream made current
+            if err is None:
+                dp.err.zero_()
+                dp.err_requests = n
+            if kl is not None:
+                module.launch(kl, dp.index, ts)
+
         def run(kl: Any, n: int) -> None:
             with cuda.context(dp.index, ts):
-                if err is None:
-                    dp.err.zero_()
-                    dp.err_requests = n
-                if kl is not None:
-                    module.launch(kl, dp.index, ts)
+                write(kl, n)
 
         args = (block_table, src_col, second, num_accepted, err, num_accepted_out)
         n, narrow = core.launch_step(run, *args, **extra) if extra else core.launch_step(run, *args)
         if narrow:
             torch = cuda.torch()
-            with cuda.context(dp.index, ts):
+            with cuda.context(dp.index, ts):  # the narrowing and the launch on one stream
                 if block_table.dim() == 2 and block_table.shape[0] > n and block_table.dtype != torch.int32:
                     block_table = block_table[:n]  # only the rows this step reads of a wide table
                 block_table, src_col, second, num_accepted = (
                     _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted)
                 )
-            core.launch_step(run, block_table, src_col, second, num_accepted, err, num_accepted_out, **(extra or {}))
+                core.launch_step(
+                    write, block_table, src_col, second, num_accepted, err, num_accepted_out, **(extra or {})
+                )
 
     def last_error(self) -> ErrorWord:
         """The planner's error word after its last launch without ``err``: which error kinds the
