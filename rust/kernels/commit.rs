@@ -5,7 +5,7 @@
 use super::abi::{Arg, Launch, RECOVER_COMMIT};
 use super::args::{check_commit_rows, int_vector, IntType};
 use super::constants::{COMMIT_CONV_CHUNK_BYTES, MAX_GRID_YZ, RC_NO_CONV, RC_ROWS, THREADS};
-use crate::commit::CommitMeta;
+use super::records::CommitMeta;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::Device;
 use crate::tensor::TensorDesc;

@@ -6,7 +6,6 @@ use super::abi::{Arg, Launch, COPY_TILES, STATE_COPY};
 use super::args::{check_step_args, CheckedStep, StepArgs, StepCheck};
 use super::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, MAX_GRID_X, MAX_GRID_YZ, MAX_STATE_CHUNKS, STATE_CHUNK_BYTES, THREADS};
 use crate::error::{Error, Result};
-use crate::plan::Planner;
 use crate::tensor::Device;
 use crate::tensor::TensorDesc;
 
@@ -106,26 +105,6 @@ impl FusedCopy {
             return Err(Error::plan("groups must be >= 1"));
         }
         Ok(self)
-    }
-
-    /// The fused copy of `planner`'s states, its table of [`Planner::state_meta`] records at
-    /// device address `metas` and its own error word at `err`.
-    pub fn for_planner(planner: &Planner, metas: u64, err: u64) -> Result<FusedCopy> {
-        let meta = planner.state_meta();
-        let max_bytes = meta.iter().map(|m| m.state_bytes).max().unwrap_or(0);
-        let num_meta = u32::try_from(meta.len()).map_err(|_| Error::plan(format!("{} state metas exceed 2**32 - 1", meta.len())))?;
-        FusedCopy {
-            device: planner.device().clone(),
-            metas,
-            num_meta,
-            max_accepted: planner.num_spec() as i32 + 1,
-            num_blocks: planner.max_blocks() as i64,
-            has_temporal: meta.iter().any(|m| m.kind == crate::kernels::constants::KIND_TEMPORAL),
-            chunks: state_chunks(max_bytes),
-            err,
-            groups: planner.num_groups() as u32,
-        }
-        .checked()
     }
 
     /// Checks a step whose inputs may still be int64 (the launch layer narrows them on the device

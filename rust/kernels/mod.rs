@@ -11,6 +11,7 @@ pub mod commit;
 pub mod constants;
 pub mod copy;
 pub mod header;
+pub mod layering;
 pub mod records;
 
 pub use abi::{Arg, KernelSpec, Launch, ParamType, KERNELS, KERNEL_FILES};

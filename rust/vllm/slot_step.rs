@@ -12,20 +12,10 @@ use crate::error::{Error, Result};
 use crate::kernels::abi::{Arg, Launch, STATE_COPY_SLOTS};
 use crate::kernels::args::{block_table, check_group_tables, IntType};
 use crate::kernels::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, THREADS};
+pub use crate::kernels::records::slots::TableRef;
 use crate::kernels::CommitLaunch;
 use crate::kernels::{state_copy_grid, FusedCopy};
 use crate::tensor::{Device, TensorDesc};
-
-crate::kernels::records::record! {
-    /// One recurrent group's per-slot block table, as rs_state_copy_slots reads it.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct TableRef {
-        /// Device address of row 0 (int32 block ids).
-        pub addr: u64,
-        /// Elements between rows.
-        pub row_stride: i64,
-    }
-}
 
 impl TableRef {
     /// The record's bytes (little-endian, as the kernel reads it).

@@ -86,7 +86,7 @@ typedef long long int64_t;
 // ------------------------------------------------------------------------------------------------
 
 // One 2-D strided copy inside one state tensor: for `r in 0..rows`, copy `row_bytes` bytes from
-// `src + r * pitch` to `dst + r * pitch`. Defined in rust/plan/segment.rs.
+// `src + r * pitch` to `dst + r * pitch`. Defined in rust/kernels/records/plan.rs.
 //   src: Byte address of the first source byte.
 //   dst: Byte address of the first destination byte.
 //   row_bytes: Bytes per row (>= 1).
@@ -105,7 +105,7 @@ static_assert(sizeof(Segment) == 32, "Segment is 32 bytes");
 
 // A unit of work for one CTA, cut from one segment: bytes `[begin, begin + count)` of every row
 // when the segment has one row or is `RowsAscending`, rows `[begin, begin + count)` otherwise.
-// Defined in rust/plan/segment.rs.
+// Defined in rust/kernels/records/plan.rs.
 //   segment: Index into the segment array.
 //   begin: First unit.
 //   count: Number of units.
@@ -117,7 +117,7 @@ static_assert(sizeof(Tile) == 16, "Tile is 16 bytes");
 
 // One request's copy in compact form, the same for every layer: the device expands it with the
 // per-state metadata table. Block ids are -1 where that kind of state is not copied (no kernel
-// reads it today). Defined in rust/plan/segment.rs.
+// reads it today). Defined in rust/kernels/records/plan.rs.
 //   shift: Conv columns dropped (accepted tokens - 1).
 //   conv_src: Conv source block, or -1.
 //   temporal_src: Temporal source block, or -1.
@@ -132,7 +132,7 @@ struct MoveRow {
 static_assert(sizeof(MoveRow) == 40, "MoveRow is 40 bytes");
 
 // One (layer, persistent state) of the fused state-copy kernel, built at bind time. Defined in
-// rust/plan/segment.rs.
+// rust/kernels/records/plan.rs.
 //   base: Address of block 0 of this state tensor.
 //   block_stride: Bytes between consecutive blocks.
 //   state_bytes: Bytes of one block's state (dense).
@@ -152,7 +152,7 @@ struct StateMeta {
 };
 static_assert(sizeof(StateMeta) == 64, "StateMeta is 64 bytes");
 
-// One request's commit, shared by every layer. Defined in rust/commit/plan.rs.
+// One request's commit, shared by every layer. Defined in rust/kernels/records/commit.rs.
 //   request: Index of the request in the step's batch (its workspace row).
 //   count: Tokens folded into the state: `clamp(num_accepted, 0, query_len)` (with a `num_accepted`
 //      vector on the device: the cap).
@@ -173,7 +173,7 @@ static_assert(sizeof(CommitRow) == 32, "CommitRow is 32 bytes");
 
 // One layer of the commit kernel's table (128 bytes): byte addresses and byte strides; every tensor
 // is dense inside a block / workspace row (`cuda.COMMIT_META_DTYPE` in Python). Defined in
-// rust/commit/meta.rs.
+// rust/kernels/records/commit.rs.
 //   rec_base: Recurrent pool, block 0: `[num_blocks, H, V, K]`.
 //   rec_block_stride: Bytes between blocks.
 //   corr_base: Corrections, row 0: `[max_requests, H, Q, V]` float32.
@@ -206,7 +206,7 @@ static_assert(sizeof(CommitMeta) == 128, "CommitMeta is 128 bytes");
 // bytes at `dst + slot * dst_slot_stride`); the verify scratch's entry of (row, step) is a `rows x
 // cols` matrix of `elem_bytes` elements at `src + row * src_row_stride + step * src_step_stride`,
 // `src_pitch` bytes between rows and `src_col_stride` between columns (the deduplicated conv-window
-// view is strided), read in row-major order. Defined in rust/sglang/kernel.rs.
+// view is strided), read in row-major order. Defined in rust/kernels/records/slots.rs.
 //   dst: Address of slot 0 of this layer in the pool tensor.
 //   dst_slot_stride: Bytes between slots.
 //   src: Address of scratch row 0, step 0 of this layer (0: no scratch).
@@ -225,7 +225,7 @@ struct SlotCopy {
 static_assert(sizeof(SlotCopy) == 88, "SlotCopy is 88 bytes");
 
 // One recurrent group's per-slot block table, as rs_state_copy_slots reads it. Defined in
-// rust/vllm/slot_step.rs.
+// rust/kernels/records/slots.rs.
 //   addr: Device address of row 0 (int32 block ids).
 //   row_stride: Elements between rows.
 struct TableRef {
@@ -237,7 +237,7 @@ static_assert(sizeof(TableRef) == 16, "TableRef is 16 bytes");
 // One read of a transfer plan: `len` bytes from `src_offset` of the source rank's tensor
 // `src_tensor` (offsets from the tensor's block 0) to `dst_offset` of the destination tensor
 // `dst_tensor`, or of the staging buffer when `dst_tensor == STAGING`. The Python package views the
-// packed rows by these fields. Defined in rust/transfer/plan.rs.
+// packed rows by these fields. Defined in rust/kernels/records/transfer.rs.
 //   src_offset: Bytes from the source tensor's block 0.
 //   dst_tensor: Destination tensor, or `STAGING` (the staging buffer).
 //   dst_offset: Bytes from the destination tensor's block 0 (or the staging buffer's start).
@@ -249,7 +249,7 @@ static_assert(sizeof(Read) == 56, "Read is 56 bytes");
 
 // A local copy that finishes a staged state: a `rows x cols` matrix of `elem`-byte items from the
 // staging buffer to a destination tensor, both sides given by byte offset and strides. Defined in
-// rust/transfer/plan.rs.
+// rust/kernels/records/transfer.rs.
 //   src_offset: Bytes from the staging buffer's start.
 //   dst_offset: Bytes from the destination tensor's block 0.
 //   elem: Bytes per item.

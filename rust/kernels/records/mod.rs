@@ -5,11 +5,15 @@
 //! these descriptions (`_core.kernel_abi()`, `plan_format.py`) and the generated CUDA header
 //! declares them as C structs ([`super::header`]), so the Rust struct is the one owner of each layout.
 
-use crate::commit::{CommitMeta, CommitRow};
-use crate::plan::segment::{MoveRow, Segment, StateMeta, Tile};
-use crate::sglang::kernel::SlotCopy;
-use crate::transfer::{Read, StagedCopy};
-use crate::vllm::slot_step::TableRef;
+pub mod commit;
+pub mod plan;
+pub mod slots;
+pub mod transfer;
+
+pub use commit::{CommitMeta, CommitRow};
+pub use plan::{Mode, MoveRow, Segment, StateMeta, Tile};
+pub use slots::{SlotCopy, TableRef};
+pub use transfer::{Read, StagedCopy, STAGING};
 
 /// A field's scalar type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
