@@ -6,33 +6,40 @@
 //! declares them as C structs ([`super::header`]), so the Rust struct is the one owner of each layout.
 
 pub mod commit;
+pub mod params;
 pub mod plan;
 pub mod slots;
 pub mod transfer;
 
+use crate::error::{Error, Result};
 pub use commit::{CommitMeta, CommitRow};
+pub use params::{CopyTilesParams, RecoverCommitParams, SlotScatterParams, StateCopyParams, StateCopySlotsParams};
 pub use plan::{Mode, MoveRow, Segment, StateMeta, Tile};
 pub use slots::{SlotCopy, TableRef};
 pub use transfer::{Read, StagedCopy, STAGING};
 
-/// A field's scalar type.
+/// A field's type: an integer, or a device pointer (8 bytes) with the C type the kernels see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FieldType {
     U8,
     U16,
     U32,
+    I32,
     U64,
     I64,
+    /// A device address, declared in C as the given pointer type (`"const StateMeta*"`).
+    Ptr(&'static str),
 }
 
 impl FieldType {
-    /// The numpy type string (little-endian).
+    /// The numpy type string (little-endian; a pointer is its address, `<u8`).
     pub fn numpy(self) -> &'static str {
         match self {
             FieldType::U8 => "u1",
             FieldType::U16 => "<u2",
             FieldType::U32 => "<u4",
-            FieldType::U64 => "<u8",
+            FieldType::I32 => "<i4",
+            FieldType::U64 | FieldType::Ptr(_) => "<u8",
             FieldType::I64 => "<i8",
         }
     }
@@ -42,16 +49,45 @@ impl FieldType {
             FieldType::U8 => "uint8_t",
             FieldType::U16 => "uint16_t",
             FieldType::U32 => "uint32_t",
+            FieldType::I32 => "int32_t",
             FieldType::U64 => "uint64_t",
             FieldType::I64 => "int64_t",
+            FieldType::Ptr(c) => c,
         }
     }
     pub fn size(self) -> usize {
         match self {
             FieldType::U8 => 1,
             FieldType::U16 => 2,
-            FieldType::U32 => 4,
-            FieldType::U64 | FieldType::I64 => 8,
+            FieldType::U32 | FieldType::I32 => 4,
+            FieldType::U64 | FieldType::I64 | FieldType::Ptr(_) => 8,
+        }
+    }
+    /// Whether `v` is a value of this type (a pointer: any 64-bit address).
+    pub fn holds(self, v: i128) -> bool {
+        let (lo, hi): (i128, i128) = match self {
+            FieldType::U8 => (0, u8::MAX.into()),
+            FieldType::U16 => (0, u16::MAX.into()),
+            FieldType::U32 => (0, u32::MAX.into()),
+            FieldType::I32 => (i32::MIN.into(), i32::MAX.into()),
+            FieldType::U64 | FieldType::Ptr(_) => (0, u64::MAX.into()),
+            FieldType::I64 => (i64::MIN.into(), i64::MAX.into()),
+        };
+        (lo..=hi).contains(&v)
+    }
+    /// `v` (a value this type [`holds`](Self::holds)) as little-endian bytes, [`size`](Self::size) of them.
+    fn encode(self, v: i128, out: &mut [u8]) {
+        out.copy_from_slice(&v.to_le_bytes()[..self.size()]);
+    }
+    /// The value of little-endian `bytes` ([`size`](Self::size) of them).
+    fn decode(self, bytes: &[u8]) -> i128 {
+        let mut w = [0u8; 16];
+        w[..bytes.len()].copy_from_slice(bytes);
+        let unsigned = i128::from_le_bytes(w);
+        match self {
+            FieldType::I32 => i32::from_le_bytes(bytes.try_into().expect("4 bytes")).into(),
+            FieldType::I64 => i64::from_le_bytes(bytes.try_into().expect("8 bytes")).into(),
+            _ => unsigned,
         }
     }
 }
@@ -69,11 +105,87 @@ impl Scalar for u16 {
 impl Scalar for u32 {
     const TYPE: FieldType = FieldType::U32;
 }
+impl Scalar for i32 {
+    const TYPE: FieldType = FieldType::I32;
+}
 impl Scalar for u64 {
     const TYPE: FieldType = FieldType::U64;
 }
 impl Scalar for i64 {
     const TYPE: FieldType = FieldType::I64;
+}
+
+/// A type a device pointer may point to, with the C spellings of its pointer types (every record
+/// of [`record!`] is one; so are the integer element types).
+pub trait Pointee {
+    /// `const T*`.
+    const CONST_PTR: &'static str;
+    /// `T*`.
+    const MUT_PTR: &'static str;
+}
+impl Pointee for i32 {
+    const CONST_PTR: &'static str = "const int32_t*";
+    const MUT_PTR: &'static str = "int32_t*";
+}
+impl Pointee for i64 {
+    const CONST_PTR: &'static str = "const int64_t*";
+    const MUT_PTR: &'static str = "int64_t*";
+}
+
+macro_rules! device_pointer {
+    ($(#[doc = $doc:literal])* $name:ident, $c:ident) => {
+        $(#[doc = $doc])*
+        #[repr(transparent)]
+        pub struct $name<T>(pub u64, std::marker::PhantomData<fn() -> T>);
+
+        impl<T> $name<T> {
+            /// The pointer to device address `addr` (0: null).
+            pub const fn at(addr: u64) -> Self {
+                $name(addr, std::marker::PhantomData)
+            }
+            /// The address.
+            pub const fn addr(self) -> u64 {
+                self.0
+            }
+            pub fn to_le_bytes(self) -> [u8; 8] {
+                self.0.to_le_bytes()
+            }
+        }
+        impl<T> Clone for $name<T> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+        impl<T> Copy for $name<T> {}
+        impl<T> Default for $name<T> {
+            fn default() -> Self {
+                Self::at(0)
+            }
+        }
+        impl<T> PartialEq for $name<T> {
+            fn eq(&self, other: &Self) -> bool {
+                self.0 == other.0
+            }
+        }
+        impl<T> Eq for $name<T> {}
+        impl<T> std::fmt::Debug for $name<T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{:#x}", self.0)
+            }
+        }
+        impl<T: Pointee> Scalar for $name<T> {
+            const TYPE: FieldType = FieldType::Ptr(T::$c);
+        }
+    };
+}
+
+device_pointer! {
+    /// A device address the kernel reads through (`const T*` in C); 8 bytes.
+    Ptr, CONST_PTR
+}
+device_pointer! {
+    /// A device address the kernel writes through (`T*` in C); 8 bytes.
+    MutPtr, MUT_PTR
 }
 
 /// One field of a record.
@@ -99,10 +211,41 @@ pub struct RecordSpec {
     pub fields: Vec<Field>,
 }
 
+impl RecordSpec {
+    /// The bytes of a record whose fields are given by name (each field exactly once, its value in
+    /// its type's range): for tools and tests that fill a record of their own.
+    pub fn encode(&self, values: &[(&str, i128)]) -> Result<Vec<u8>> {
+        if let Some((name, _)) = values.iter().find(|(n, _)| !self.fields.iter().any(|f| f.name == *n)) {
+            let names: Vec<&str> = self.fields.iter().map(|f| f.name).collect();
+            return Err(Error::plan(format!("{} has no field {name:?}; its fields: {}", self.name, names.join(", "))));
+        }
+        let mut out = vec![0u8; self.size];
+        for f in &self.fields {
+            let mut given = values.iter().filter(|(n, _)| *n == f.name);
+            let (Some(&(_, v)), None) = (given.next(), given.next()) else {
+                return Err(Error::plan(format!("{}.{}: give every field exactly once", self.name, f.name)));
+            };
+            if !f.ty.holds(v) {
+                return Err(Error::plan(format!("{}.{} = {v} does not fit {}", self.name, f.name, f.ty.c_name())));
+            }
+            f.ty.encode(v, &mut out[f.offset..f.offset + f.ty.size()]);
+        }
+        Ok(out)
+    }
+
+    /// `(field, value)` of every field of the record in `bytes` (at least [`RecordSpec::size`]
+    /// bytes), in declaration order.
+    pub fn decode(&self, bytes: &[u8]) -> Vec<(&'static str, i128)> {
+        self.fields.iter().map(|f| (f.name, f.ty.decode(&bytes[f.offset..f.offset + f.ty.size()]))).collect()
+    }
+}
+
 /// A record of the table: a `#[repr(C)]` struct declared through [`record!`], which describes it.
 pub trait Record {
     /// The record's layout, from its own declaration.
     fn spec() -> RecordSpec;
+    /// The record's bytes as the kernels read them.
+    fn bytes(&self) -> Vec<u8>;
 }
 
 /// Declares a packed record shared with the CUDA sources: the struct itself (`#[repr(C)]` added),
@@ -142,7 +285,15 @@ macro_rules! record {
             }
         }
 
+        impl $crate::kernels::records::Pointee for $name {
+            const CONST_PTR: &'static str = concat!("const ", stringify!($name), "*");
+            const MUT_PTR: &'static str = concat!(stringify!($name), "*");
+        }
+
         impl $crate::kernels::records::Record for $name {
+            fn bytes(&self) -> Vec<u8> {
+                self.to_le_bytes()
+            }
             fn spec() -> $crate::kernels::records::RecordSpec {
                 use $crate::kernels::records::{Field, RecordSpec, Scalar};
                 RecordSpec {
@@ -164,7 +315,8 @@ macro_rules! record {
 pub(crate) use record;
 
 /// Every record layout the core shares, one line a record: the kernels' records, the compact
-/// `MoveRow` of the Python views, and the transfer plan's rows (`Read`, `StagedCopy`).
+/// `MoveRow` of the Python views, the transfer plan's rows (`Read`, `StagedCopy`), and each kernel's
+/// parameter record ([`params`]), after the records its pointers name.
 pub fn record_specs() -> Vec<RecordSpec> {
     vec![
         Segment::spec(),
@@ -177,6 +329,11 @@ pub fn record_specs() -> Vec<RecordSpec> {
         TableRef::spec(),
         Read::spec(),
         StagedCopy::spec(),
+        CopyTilesParams::spec(),
+        StateCopyParams::spec(),
+        RecoverCommitParams::spec(),
+        SlotScatterParams::spec(),
+        StateCopySlotsParams::spec(),
     ]
 }
 
@@ -217,7 +374,12 @@ mod tests {
                 ("SlotCopy", 88),
                 ("TableRef", 16),
                 ("Read", 56),
-                ("StagedCopy", 88)
+                ("StagedCopy", 88),
+                ("CopyTilesParams", 24),
+                ("StateCopyParams", 104),
+                ("RecoverCommitParams", 64),
+                ("SlotScatterParams", 88),
+                ("StateCopySlotsParams", 200)
             ]
         );
     }
