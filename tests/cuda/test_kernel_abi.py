@@ -168,7 +168,9 @@ def test_the_buffer_is_the_record_filled_by_name():
         _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), dict(fields, metas=-1))
     with pytest.raises(_core.PlanError, match=r"StateCopyParams.flags: give every field exactly once"):
         _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), {f: v for f, v in fields.items() if f != "flags"})
-    with pytest.raises(_core.PlanError, match=r"StateCopyParams has no field 'srccol'"):
+    with pytest.raises(
+        _core.PlanError, match=r'StateCopyParams has no field "srccol"; its fields: metas, block_table, src_col,'
+    ):
         _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), dict(fields, srccol=1))
 
 
