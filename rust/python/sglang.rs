@@ -1,7 +1,7 @@
 //! SGLang's mamba pool (`crate::sglang`): the speculative commit's checked selection and the
 //! host-copy check, for `recoverssm_rs.sglang`.
 
-use super::conversion::{items, kwargs, type_name, Arg, DeviceOf, FromKwargs, Ints, Tensor};
+use super::conversion::{items, kwargs, Arg, DeviceOf, FromKwargs, Ints, Tensor};
 use super::launch::KernelLaunch;
 use crate::error::{Error, ErrorKind};
 use crate::sglang::kernel::{self, SlotCall, SlotCopy};
@@ -33,7 +33,7 @@ pub(crate) fn sglang_commit_selection(kwargs: Option<&Bound<'_, PyDict>>) -> PyR
     let mut passes = vec![CommitPass { name: "commit", slots: &a.slots.0, steps: &a.steps.0 }];
     match (&a.track_slots, &a.track_steps) {
         (Some(slots), Some(steps)) => passes.push(CommitPass { name: "track", slots: &slots.0, steps: &steps.0 }),
-        (Some(_), None) => return Err(Error::plan("track: track_indices given without steps_to_track").into()),
+        (Some(_), None) => return Err(Error::plan("commit_after_verify: track_indices given without steps_to_track").into()),
         _ => {}
     }
     let sizes = CommitSizes { num_slots: a.num_slots, num_rows: a.num_rows, draft: a.draft };
@@ -86,20 +86,32 @@ pub(crate) fn sglang_ids(op: &str, arg: &str, ids: &Bound<'_, PyAny>, num_slots:
     Ok(v)
 }
 
-/// Checks the tensors of an SGLang pool, `(label, tensor)` pairs: one layer count, no two sharing
-/// memory (`BindingError`).
-#[pyfunction]
-pub(crate) fn sglang_check_pool(tensors: &Bound<'_, PyAny>) -> PyResult<()> {
-    let pairs = items(tensors, "tensors", ErrorKind::Binding, "(label, tensor) pairs")?;
-    let mut described = Vec::with_capacity(pairs.len());
-    for (i, p) in pairs.iter().enumerate() {
-        let (label, t): (String, Bound<'_, PyAny>) =
-            p.extract().map_err(|_| Error::binding(format!("tensors[{i}] must be a (label, tensor) pair, got {}", type_name(p))))?;
-        let desc = Tensor::arg(&t, &label, ErrorKind::Binding)?.0;
-        described.push((label, desc));
+kwargs! {
+    /// The keyword arguments of `sglang_check_pool`.
+    pub(crate) struct PoolArgs(Binding) {
+        conv: Vec<Tensor>,
+        temporal: Tensor,
+        intermediate_ssm: Option<Tensor>,
+        intermediate_conv_window: Option<Vec<Tensor>>,
     }
-    let refs: Vec<(String, &TensorDesc)> = described.iter().map(|(l, t)| (l.clone(), t)).collect();
-    Ok(sglang::check_pool(&refs)?)
+}
+
+/// Checks the tensors of an SGLang pool as the adapter is built: a list of conv tensors, the
+/// temporal state and the optional verify scratch, every one a tensor, with one layer count and
+/// no two sharing memory (`BindingError` naming them).
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+pub(crate) fn sglang_check_pool(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let a = PoolArgs::from_kwargs(kwargs)?;
+    let mut all: Vec<(String, &TensorDesc)> = a.conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), &t.0)).collect();
+    all.push(("temporal".into(), &a.temporal.0));
+    if let Some(t) = &a.intermediate_ssm {
+        all.push(("intermediate_ssm".into(), &t.0));
+    }
+    for (i, t) in a.intermediate_conv_window.iter().flatten().enumerate() {
+        all.push((format!("intermediate_conv_window[{i}]"), &t.0));
+    }
+    Ok(sglang::check_pool(&all)?)
 }
 
 /// A list whose entries are tensors or `None`.

@@ -70,7 +70,9 @@ fn select(p: &CommitPass<'_>, rows: Option<&[i64]>, sizes: CommitSizes) -> Resul
         let (slot, step) = (p.slots[r], p.steps[r]);
         for (arg, v) in [(slot_arg, slot), (step_arg, step)] {
             if v < NO_SLOT {
-                return Err(Error::plan(format!("{op}: {arg}[{r}] = {v}: the only negative value allowed is {NO_SLOT} (a padded row, which writes nothing)")));
+                return Err(Error::plan(format!(
+                    "{op}: {arg}[{r}] = {v}: the only negative value allowed is {NO_SLOT} (a padded row, which writes nothing)"
+                )));
             }
         }
         // Padding: no slot, no accepted step, or the dummy slot 0 (several padded rows may name
@@ -89,9 +91,7 @@ fn select(p: &CommitPass<'_>, rows: Option<&[i64]>, sizes: CommitSizes) -> Resul
             return Err(Error::plan(format!("{op}: src_indices[{r}] = {row}: the scratch row is outside 0..{}", sizes.num_rows.saturating_sub(1))));
         }
         if !seen.insert(slot) {
-            return Err(Error::plan(format!(
-                "{op}: {slot_arg}[{r}] = {slot} is written by an earlier request too; two requests write one slot"
-            )));
+            return Err(Error::plan(format!("{op}: {slot_arg}[{r}] = {slot} is written by an earlier request too; two requests write one slot")));
         }
         take.push(r as u32);
     }

@@ -131,7 +131,7 @@ def test_commit_tracks_a_second_slot():
         (([SLOTS, 2], [0, 0]), r"state_indices\[0\] = 8 is outside"),
         (([1, 1], [0, 0]), "two requests write one slot"),
         (([1, 2], [0]), "one length"),
-        (([1], [0], [2], None), "without steps_to_track"),
+        (([1], [0], [2], None), "commit_after_verify: track_indices given without steps_to_track"),
         (([1], [0], None, None, [ROWS]), r"src_indices\[0\] = 4: the scratch row is outside"),
     ],
 )

@@ -69,16 +69,21 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
+        # Every tensor the adapter reads or writes, checked by the core (tensors, one layer count,
+        # no two sharing memory) and guarded before every operation (a tensor re-pointed or a
+        # storage resized is refused, not read).
+        _core.sglang_check_pool(
+            conv=conv,
+            temporal=temporal,
+            intermediate_ssm=intermediate_ssm,
+            intermediate_conv_window=intermediate_conv_window,
+        )
         self.conv = list(conv)
         self.temporal = temporal
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        # Every tensor the adapter reads or writes, checked by the core (one layer count, no two
-        # sharing memory) and guarded before every operation (a tensor re-pointed or a storage
-        # resized is refused, not read).
         labelled = self._labelled()
-        _core.sglang_check_pool(labelled)
         self._bound = _core.BoundTensors([(t, label) for label, t in labelled])
         live_conv = [c for c in self.conv if math.prod(c.shape) > 0]
         has_temporal = temporal is not None and math.prod(temporal.shape) > 0
@@ -189,8 +194,10 @@ class SglangMambaPool(EngineAdapter):
         slot id (see :meth:`Planner.last_error`).
 
         Raises:
-            PlanError: a slot outside the pool, the dummy slot 0, lengths that differ, a cycle, or
-                two copies to one slot; nothing is written.
+            PlanError: an index that is not an integer (a float or bool array is refused, not
+                cast), a negative slot (never wrapped), a slot outside the pool, the dummy slot 0,
+                lengths that differ, a cycle, or two copies to one slot; nothing is written.
+            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
         if self.placement.is_cuda:
             self._launch_copy(src_indices, dst_indices)
@@ -210,10 +217,13 @@ class SglangMambaPool(EngineAdapter):
         # SGLang's int64 slot ids narrowed to the kernel's int32 on the device first (as the
         # planner would after its checks), so that the call is one crossing into the core.
         int32, int64 = ops.cuda_ops.torch().int32, ops.cuda_ops.torch().int64
-        src, dst = (x.to(int32) if x.dtype == int64 else x for x in (
-            self.on_device(src_indices, "copy_from", "src_indices"),
-            self.on_device(dst_indices, "copy_from", "dst_indices"),
-        ))
+        src, dst = (
+            x.to(int32) if x.dtype == int64 else x
+            for x in (
+                self.on_device(src_indices, "copy_from", "src_indices"),
+                self.on_device(dst_indices, "copy_from", "dst_indices"),
+            )
+        )
         n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
         if tuple(src.shape) == tuple(dst.shape) == (0,):
             return
@@ -258,8 +268,11 @@ class SglangMambaPool(EngineAdapter):
         it in :meth:`last_error`.
 
         Raises:
-            PlanError: host states: a slot outside the pool or the dummy slot 0; nothing is written.
-                CUDA states: indices that are not a vector on the pool's device.
+            PlanError: host states: an index that is not an integer, a negative slot (never
+                wrapped: ``clear_slots([-1])`` zeroes nothing), a slot outside the pool or the
+                dummy slot 0; nothing is written. CUDA states: indices that are not an integer
+                vector on the pool's device.
+            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
         if self.placement.is_cuda:
             self.slot_launch(False, indices)
@@ -302,7 +315,10 @@ class SglangMambaPool(EngineAdapter):
         ``conv[i][:, indices]``).
 
         Raises:
-            PlanError: a slot outside the pool or the dummy slot 0.
+            PlanError: an index that is not an integer, negative, outside the pool or the dummy
+                slot 0.
+            BindingError: a pool tensor re-pointed or its storage resized or freed (nothing is
+                read).
         """
         torch = ops.cuda_ops.torch()
         ids = self._check_slots("get_cpu_copy", indices)
@@ -378,7 +394,8 @@ class SglangMambaPool(EngineAdapter):
         slot ``state_indices[r]``, the temporal state and every conv window its verify recorded at
         step ``s`` in scratch row ``src_indices[r]`` (default ``r``); with ``track_indices``, slot
         ``track_indices[r]`` also gets the states of step ``steps_to_track[r]`` (radix tracking).
-        Rows with a negative step or slot are skipped (padding), as in SGLang. Works for dense and
+        Padded rows write nothing: a slot or step of ``-1``, or the dummy slot 0 (which several
+        padded rows of a batch may name); any other negative index is refused. Works for dense and
         deduplicated (overlapping ``as_strided``) conv-window scratch alike.
 
         Host states: the core checks every index first. CUDA states: one launch of the slot kernel
