@@ -60,7 +60,10 @@ install() {
 
 # The build requirements: the build below runs in .venv (no isolated build environment).
 need=$(unmet build)
-[[ -z "$need" ]] || install "the build requirements (zig, the linker, takes about 0.4 GB in .venv)" $need
+if [[ -n "$need" ]]; then
+  say "the build requirements are missing: zig, the linker, takes about 0.4 GB in .venv"
+  install "the build requirements" $need
+fi
 
 # torch first: its CUDA major picks the CuPy and NVRTC wheels of the test extra. The sizes below
 # were measured with torch 2.15.0 from PyPI on Linux x86-64 (its wheel and every dependency it pulls).
