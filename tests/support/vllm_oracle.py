@@ -85,9 +85,10 @@ def fetch_wheel(dist: str, version: str, folder: Path, unavailable: type[Excepti
     if os.environ.get("RECOVERSSM_NO_DOWNLOAD", "0") not in ("", "0"):
         raise unavailable(f"RECOVERSSM_NO_DOWNLOAD is set and {folder} holds no {dist}-{version} wheel")
     folder.mkdir(parents=True, exist_ok=True)
-    # One download for all test processes (pytest-xdist workers): the others wait on the lock,
-    # then find the wheel.
-    with open(folder / ".download.lock", "w") as lock:
+    # One download for all test processes (pytest-xdist workers): the others wait on the lock (a
+    # file beside the cache folder, which holds only wheels and their extracted files), then find
+    # the wheel.
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = sorted(folder.glob(f"{dist}-{version}-*.whl"))
         return found[0] if found else _download(dist, version, folder, unavailable)
