@@ -1,4 +1,4 @@
-"""``bench --gpu``: the GPU copy benchmark of a source checkout (``benches/gpu_copy.py``).
+"""``benches/bench.py --gpu``: the GPU copy benchmark of the checkout (``benches/gpu_copy.py``).
 
 That benchmark (the fused align kernel and the tiled plan executor against device-to-device copy
 bandwidth, CUDA-event timing) still lives in the repository's ``benches/`` folder, beside the GPU
@@ -17,7 +17,7 @@ import types
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ...errors import BackendUnavailableError
+from recoverssm_rs.errors import BackendUnavailableError
 
 __all__ = ["QUICK_ARGS", "GpuArgsError", "find_script", "format_table", "require_script", "run"]
 
@@ -43,10 +43,9 @@ class _StrictParser(argparse.ArgumentParser):
 def find_script(checkout: Path | None = None) -> Path | None:
     """``benches/gpu_copy.py`` of the source checkout this package runs from, or ``None``.
 
-    ``checkout`` defaults to the folder three levels above this package (``python/recoverssm_rs``
-    in a checkout; an installed wheel has no such file).
+    ``checkout`` defaults to the checkout this module lives in (``scripts/recoverssm_dev/bench``).
     """
-    root = Path(__file__).resolve().parents[4] if checkout is None else checkout
+    root = Path(__file__).resolve().parents[3] if checkout is None else checkout
     script = root / "benches" / "gpu_copy.py"
     return script if script.is_file() else None
 
