@@ -134,7 +134,7 @@ def test_each_figure_comes_with_its_spread_over_the_rounds(tiny_run):
     assert "median (min-max of the timing rounds)" in r.stdout
     for line in r.stdout.splitlines():
         if re.match(r"\s+(\d+\s+\d+ |4K |64K )", line):  # a row of either table
-            spreads = re.findall(r"\d[\d.]* \((\d[\d.]*)-(\d[\d.]*)\)", line)
+            spreads = re.findall(r"\d[\d.]*x? \((\d[\d.]*)-(\d[\d.]*)\)", line)
             width = len(plan_step.METHODS) if "K" not in line.split()[0] else len(host_copy.METHODS)
             assert len(spreads) >= width + 2, line  # every method's figure and both ratios
 
@@ -153,7 +153,7 @@ def test_ratio_and_round_ranges():
     assert round_range({"median_s": 3.0}) == [3.0, 3.0]
     assert format_ratio({"x": 0.625, "x_range": [0.5, 0.75]}, "x") == "0.62x (0.50-0.75)"
     assert format_ratio({"x": 1686.2, "x_range": [95.0, 2277.4]}, "x") == "1686x (95.0-2277)"
-    assert format_spread(12.34, [11.0, 13.5]) == "12.34 (11.00-13.50)"
+    assert format_spread(12.34, [11.0, 13.5]) == "12.3 (11.0-13.5)"
     assert format_spread(4.8e-5, [4.5e-5, 5.25e-5], scale=1e6) == "48.0 (45.0-52.5)"
 
 
