@@ -189,6 +189,9 @@ def test_the_development_tools_are_not_in_the_package():
     package = Path(recoverssm_rs.__file__).parent
     for moved in ("tools/bench", "tools/check_kernels.py", "tools/pd_demo.py", "tools/pd_processes.py"):
         assert not (package / moved).exists(), moved
+    # the wheel ships python/recoverssm_rs alone: nothing in it may need the checkout's package
+    users = [p.name for p in package.rglob("*.py") if "recoverssm_dev" in p.read_text(encoding="utf-8")]
+    assert not users, users
     for name in ("recoverssm_rs.tools.bench", "recoverssm_rs.tools.pd_demo", "recoverssm_rs.tools.check_kernels"):
         r = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and "ModuleNotFoundError" in r.stderr, name
