@@ -209,7 +209,15 @@ def test_gpu_bridge_returns_the_document_and_passes_arguments(tmp_path):
             {
                 "requests": 1,
                 "layers": 8,
-                "methods": {"fused[temporal]": {"gbps": 3400.0, "pct_d2d": 85.5, "host_us": 120.0}},
+                "methods": {
+                    "fused[temporal]": {
+                        "gbps": 3400.0,
+                        "gpu_us": 10.0,
+                        "gpu_us_min": 8.0,
+                        "pct_d2d": 85.5,
+                        "host_us": 120.0,
+                    }
+                },
             }
         ],
     }
@@ -217,6 +225,7 @@ def test_gpu_bridge_returns_the_document_and_passes_arguments(tmp_path):
     assert got["argv"] == ["--json", "--requests", "1"]
     table = gpu_copy.format_table(got)
     assert "FakeGPU" in table and "fused[temporal]" in table and "85.5%" in table and "target: R=1: met" in table
+    assert " 3400     4250 " in table  # the median's GB/s and the best repetition's (10 us -> 8 us)
 
 
 def test_gpu_bridge_refuses_arguments_the_script_refuses_before_it_measures(tmp_path):
