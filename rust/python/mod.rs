@@ -47,7 +47,7 @@ mod _core {
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]
     use super::transfer::{
-        check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, CacheCounters, HostCacheIndex,
+        block_list, check_pool, check_saved_states, restore_sources, check_sources, encode_saved_states, source_pools, guarded_transfer, guarded_write, plan_transfer, read_saved_file, remove_file, write_file, CacheCounters, HostCacheIndex,
         LayoutFingerprint, PeerInfo, TransferPlan,
     };
 
