@@ -47,8 +47,9 @@ mod _core {
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]
     use super::transfer::{
-        block_list, check_pool, check_saved_states, restore_sources, check_sources, encode_saved_states, source_pools, guarded_transfer, guarded_write, plan_transfer, read_saved_file, remove_file, write_file, CacheCounters, HostCacheIndex,
-        LayoutFingerprint, PeerInfo, TransferPlan,
+        block_list, check_pool, check_saved_states, check_sources, encode_saved_states, guarded_transfer, guarded_write, plan_transfer,
+        read_saved_file, remove_file, restore_sources, source_pools, write_file, CacheCounters, HostCacheIndex, LayoutFingerprint, PeerInfo,
+        TransferPlan,
     };
 
     use pyo3::prelude::*;

@@ -373,8 +373,7 @@ fn buffer_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PyBuffer<u8>> {
 
 /// The argument `what` as a file system path (a str or an `os.PathLike`).
 fn path_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
-    obj.extract::<PathBuf>()
-        .map_err(|_| Error::binding(format!("{what} must be a path (a str or os.PathLike), got {}", type_name(obj))).into())
+    obj.extract::<PathBuf>().map_err(|_| Error::binding(format!("{what} must be a path (a str or os.PathLike), got {}", type_name(obj))).into())
 }
 
 /// The spill binding `(tier, entry id)` of a call, checked: both or neither.
@@ -392,6 +391,7 @@ fn spill_binding<'a>(tier: Option<&'a PyRef<'_, HostCacheIndex>>, entry: Option<
 /// that entry of that host tier and sealed with its keys) and its tensors `(name, safetensors
 /// dtype, shape, begin, end)`.
 #[pyfunction]
+#[allow(clippy::too_many_arguments)] // the header's fields, the data and the spill binding, by name
 #[pyo3(signature = (fingerprint, num_layers, num_requests, source_blocks, data, *, tier = None, entry = None))]
 pub(crate) fn encode_saved_states(
     py: Python<'_>,
@@ -530,7 +530,12 @@ impl HostCacheIndex {
     /// world-writable without the sticky bit (BindingError naming it otherwise).
     #[new]
     #[pyo3(signature = (fingerprint, num_layers, capacity_bytes, *, disk_dir = None))]
-    fn new(fingerprint: &Bound<'_, PyAny>, num_layers: &Bound<'_, PyAny>, capacity_bytes: &Bound<'_, PyAny>, disk_dir: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(
+        fingerprint: &Bound<'_, PyAny>,
+        num_layers: &Bound<'_, PyAny>,
+        capacity_bytes: &Bound<'_, PyAny>,
+        disk_dir: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let fp = instance::<LayoutFingerprint>(fingerprint, "fingerprint", ErrorKind::Binding, "LayoutFingerprint")?;
         let num_layers = u64::arg(num_layers, "num_layers", ErrorKind::Plan)?;
         let capacity = i64::arg(capacity_bytes, "capacity_bytes", ErrorKind::Plan)
@@ -569,7 +574,9 @@ impl HostCacheIndex {
     }
     /// Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable).
     fn check_key(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        key.hash().map(|_| ()).map_err(|e| Error::plan(format!("key must be hashable (a str, an int, a tuple, ...), got {}: {e}", type_name(key))).into())
+        key.hash()
+            .map(|_| ())
+            .map_err(|e| Error::plan(format!("key must be hashable (a str, an int, a tuple, ...), got {}: {e}", type_name(key))).into())
     }
     /// Host bytes `num_requests` requests take; PlanError when more than the whole capacity.
     fn need(&self, num_requests: u64) -> PyResult<u64> {
@@ -643,7 +650,10 @@ impl HostCacheIndex {
 
 /// The bound tensors of `what`, checked to be a `BoundTensors` (a pool's guard).
 fn guards<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, BoundTensors>>> {
-    items(obj, what, ErrorKind::Binding, "BoundTensors")?.iter().map(|g| instance::<BoundTensors>(g, what, ErrorKind::Binding, "BoundTensors")).collect()
+    items(obj, what, ErrorKind::Binding, "BoundTensors")?
+        .iter()
+        .map(|g| instance::<BoundTensors>(g, what, ErrorKind::Binding, "BoundTensors"))
+        .collect()
 }
 
 /// A guarded write of a transfer tier, in one call: checks every guard of `reads` (the pools
@@ -702,6 +712,9 @@ pub(crate) fn guarded_transfer(
     Ok(out.unbind())
 }
 
+/// The first source's fingerprint and the `(rank, pool)` pairs of a transfer's sources.
+type SourcePools<'py> = (LayoutFingerprint, Vec<(u64, Bound<'py, PyAny>)>);
+
 /// The fingerprint of the pool `obj` (the argument `what`): a `StatePool`, recognised by its
 /// `fingerprint` (a LayoutFingerprint) and `guard` (its BoundTensors); BindingError otherwise.
 fn pool_fingerprint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Fingerprint> {
@@ -726,10 +739,12 @@ pub(crate) fn check_pool(pool: &Bound<'_, PyAny>, what: &str) -> PyResult<Layout
 /// is given twice, and all are ranks of one instance (BindingError naming the defect). Returns
 /// the first source's fingerprint and the `(rank, pool)` pairs.
 #[pyfunction]
-pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<(LayoutFingerprint, Vec<(u64, Bound<'py, PyAny>)>)> {
+pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourcePools<'py>> {
     let mut pairs: Vec<(u64, Bound<'py, PyAny>, Fingerprint)> = Vec::new();
     if let Ok(map) = sources.cast::<pyo3::types::PyMapping>() {
-        let entries = map.items().map_err(|_| Error::binding(format!("sources must be a mapping rank -> StatePool or a list of StatePools, got {}", type_name(sources))))?;
+        let entries = map.items().map_err(|_| {
+            Error::binding(format!("sources must be a mapping rank -> StatePool or a list of StatePools, got {}", type_name(sources)))
+        })?;
         for kv in entries.iter() {
             let (k, v) = (kv.get_item(0)?, kv.get_item(1)?);
             let rank = u64::arg(&k, "sources: a rank", ErrorKind::Binding)?;
@@ -764,7 +779,7 @@ pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<
 /// (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
 /// [`source_pools`] (BindingError).
 #[pyfunction]
-pub(crate) fn restore_sources<'py>(states: &Bound<'py, PyAny>, num_blocks: u64) -> PyResult<(LayoutFingerprint, Vec<(u64, Bound<'py, PyAny>)>)> {
+pub(crate) fn restore_sources<'py>(states: &Bound<'py, PyAny>, num_blocks: u64) -> PyResult<SourcePools<'py>> {
     let py = states.py();
     let one = states.hasattr(pyo3::intern!(py, "pool")).unwrap_or(false);
     let list = if one { vec![states.clone()] } else { items(states, "states", ErrorKind::Plan, "HostStates (one per source rank)")? };

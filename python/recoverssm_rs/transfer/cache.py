@@ -110,7 +110,7 @@ class HostCache:
         return self._ids.get(key)
 
     def _spill(self, i: int) -> Path:
-        path = Path(self._index.spill_path(i))
+        path = self._index.spill_path(i)
         _save(self._entries[i], path, tier=self._index, entry=i)
         log.debug("host cache: spilled %r to %s", self._keys[i], path)
         return path
