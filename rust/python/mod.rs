@@ -20,6 +20,7 @@ mod sglang;
 mod slot_step;
 mod tensor;
 mod transfer;
+mod transfer_disk;
 mod vllm;
 
 #[pyo3::pymodule]
@@ -47,9 +48,11 @@ mod _core {
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]
     use super::transfer::{
-        check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, CacheCounters, HostCacheIndex,
-        LayoutFingerprint, PeerInfo, TransferPlan,
+        block_list, check_pool, check_sources, guarded_transfer, guarded_write, plan_transfer, restore_sources, source_pools, LayoutFingerprint,
+        PeerInfo, TransferPlan,
     };
+    #[pymodule_export]
+    use super::transfer_disk::{check_saved_states, encode_saved_states, read_saved_file, remove_file, write_file, CacheCounters, HostCacheIndex};
 
     use pyo3::prelude::*;
 
