@@ -99,3 +99,16 @@ fn check_unit(name: &str, v: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// The budget in checkpoints from the ways a caller may give it: a count, or a byte budget with
+/// one checkpoint's size — not both; none means unlimited.
+pub fn resolve_budget(checkpoints: Option<usize>, budget_bytes: Option<u64>, state_bytes: Option<u64>) -> Result<Option<usize>> {
+    match (checkpoints, budget_bytes, state_bytes) {
+        (None, None, None) => Ok(None),
+        (Some(n), None, None) => Ok(Some(n)),
+        (None, Some(b), Some(s)) => Config::budget_from_bytes(b, s).map(Some),
+        (Some(_), _, _) => Err(Error::plan("give the budget as a count of checkpoints or as budget_bytes with state_bytes, not both")),
+        (None, Some(_), None) => Err(Error::plan("budget_bytes needs state_bytes (the bytes of one checkpoint)")),
+        (None, None, Some(_)) => Err(Error::plan("state_bytes needs budget_bytes (the bytes the checkpoints may use)")),
+    }
+}

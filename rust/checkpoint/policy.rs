@@ -22,6 +22,21 @@ pub struct Plan {
     /// Positions (ascending, beyond the hit, at most the prompt length) whose state the prefill
     /// saves.
     pub saves: Vec<usize>,
+    /// The save among `saves` that is only a replay boundary (kept for a resend of the same
+    /// prompt, not a junction with an earlier sequence): `recoverssm` admits it at no value.
+    pub replay_only: Option<usize>,
+}
+
+/// Why `recoverssm` keeps a checkpoint: its value model differs by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Where the prompt leaves a prefix shared with earlier sequences: worth its tokens per use.
+    Junction,
+    /// The prompt's last chunk boundary: worth something only once a resend uses it.
+    Replay,
+    /// Where a request's computed tokens end: worth its tokens until a later turn that started
+    /// from it saves its own end (the conversation moved on).
+    End,
 }
 
 /// What a request's end changed.
@@ -42,6 +57,10 @@ struct Meta {
     marginal: usize,
     /// The eviction key (smallest first) for ordered policies.
     key: u64,
+    kind: Kind,
+    superseded: bool,
+    /// Greedy-dual's clock when the value was last set.
+    base: f64,
 }
 
 /// A checkpoint cache under one policy.
@@ -123,10 +142,14 @@ impl CheckpointCache {
             }
             PolicyKind::Recoverssm => vec![walk.shared_chunks.min(n - 1) / g * g, (n - 1) / g * g],
         };
+        let replay_only = match self.cfg.policy {
+            PolicyKind::Recoverssm => Some((n - 1) / g * g).filter(|&r| r > from && r != saves[0]),
+            _ => None,
+        };
         saves.retain(|&p| p > from);
         saves.sort_unstable();
         saves.dedup();
-        Ok(Plan { hit, saves })
+        Ok(Plan { hit, saves, replay_only })
     }
 
     /// Records the end of a request that ran `prompt` (planned by [`plan`](Self::plan)) and
@@ -153,6 +176,13 @@ impl CheckpointCache {
         positions.dedup();
         let mut done = Finished::default();
         for p in positions {
+            let kind = if p == computed && plan.replay_only != Some(p) && !plan.saves.contains(&p) {
+                Kind::End
+            } else if plan.replay_only == Some(p) {
+                Kind::Replay
+            } else {
+                Kind::Junction
+            };
             if let Some(h) = self.tree.find_exact(seq, p) {
                 self.touch(h);
                 continue;
@@ -160,9 +190,16 @@ impl CheckpointCache {
             let h = self.next_handle;
             self.next_handle += 1;
             self.tree.add_checkpoint(seq, p, h);
-            let marginal = p - self.tree.ancestor_position(h);
+            // What evicting it would cost a request on its path: the tokens back to the deepest
+            // shallower checkpoint (for an end, the deepest one that is not itself an end: a
+            // conversation's earlier ends are superseded by this one).
+            let marginal = if kind == Kind::End && self.cfg.policy == PolicyKind::Recoverssm {
+                p - self.tree.ancestor_position_where(h, |x| self.meta.get(&x).is_some_and(|m| m.kind != Kind::End))
+            } else {
+                p - self.tree.ancestor_position(h)
+            };
             self.tick += 1;
-            let mut m = Meta { last_use: self.tick, uses: 0, marginal, key: 0 };
+            let mut m = Meta { last_use: self.tick, uses: 0, marginal, key: 0, kind, superseded: false, base: self.floor };
             m.key = self.key_of(&m);
             self.meta.insert(h, m);
             self.order.insert((m.key, h));
@@ -176,6 +213,19 @@ impl CheckpointCache {
             }
             self.peak = self.peak.max(self.tree.len());
         }
+        // A later turn that started from an earlier end and saved its own: the earlier end is
+        // superseded (its conversation continues from the new one).
+        if let Some(hit) = plan.hit {
+            let wrote_end = self.cfg.policy == PolicyKind::Recoverssm && done.written.iter().any(|&(p, _)| p == computed);
+            if let Some(mut m) = self.meta.get(&hit.handle).copied().filter(|m| wrote_end && m.kind == Kind::End) {
+                self.order.remove(&(m.key, hit.handle));
+                m.superseded = true;
+                m.base = self.floor;
+                m.key = self.key_of(&m);
+                self.order.insert((m.key, hit.handle));
+                self.meta.insert(hit.handle, m);
+            }
+        }
         Ok(done)
     }
 
@@ -185,16 +235,26 @@ impl CheckpointCache {
         self.order.remove(&(m.key, h));
         m.last_use = self.tick;
         m.uses += 1;
+        m.base = self.floor;
         m.key = self.key_of(&m);
         self.order.insert((m.key, h));
         self.meta.insert(h, m);
     }
 
-    /// The ordered key: recency for the LRU policies, greedy-dual priority for `recoverssm`
-    /// (non-negative f64 bits order like the values).
+    /// The ordered key: recency for the LRU policies, greedy-dual priority for `recoverssm`:
+    /// the clock when the value was set plus the value, tokens saved over the next shallower
+    /// checkpoint times the uses expected (non-negative f64 bits order like the values).
     fn key_of(&self, m: &Meta) -> u64 {
         match self.cfg.policy {
-            PolicyKind::Recoverssm => (self.floor + (m.uses + 1) as f64 * m.marginal as f64).to_bits(),
+            PolicyKind::Recoverssm => {
+                let uses = match m.kind {
+                    Kind::Junction => m.uses + 1,
+                    Kind::End if m.superseded => 0,
+                    Kind::End => m.uses + 1,
+                    Kind::Replay => m.uses,
+                };
+                (m.base + uses as f64 * m.marginal as f64).to_bits()
+            }
             _ => m.last_use,
         }
     }
@@ -305,7 +365,7 @@ mod tests {
     fn bad_input_is_refused() {
         let mut c = CheckpointCache::new(Config::new(PolicyKind::Vllm, 64, 16, None).unwrap());
         assert!(c.plan(&[]).unwrap_err().message.contains("at least one token"));
-        let bad = Plan { hit: None, saves: vec![9] };
+        let bad = Plan { hit: None, saves: vec![9], replay_only: None };
         assert!(c.finish(&[1, 2], &[3], &bad).unwrap_err().message.contains("position 9"));
         assert!(c.is_empty(), "a refused finish changes nothing");
         assert!(Config::new(PolicyKind::Vllm, 0, 16, None).unwrap_err().message.contains("block_size = 0"));

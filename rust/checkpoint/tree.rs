@@ -169,6 +169,11 @@ impl PrefixTree {
     /// The position of the deepest live checkpoint strictly above `h` on its path (0 when none):
     /// what a request falls back to if `h` is evicted. Walks `O(depth / g)` nodes.
     pub fn ancestor_position(&self, h: Handle) -> usize {
+        self.ancestor_position_where(h, |_| true)
+    }
+
+    /// [`ancestor_position`](Self::ancestor_position) counting only the checkpoints `keep` accepts.
+    pub fn ancestor_position_where(&self, h: Handle, keep: impl Fn(Handle) -> bool) -> usize {
         let Some(l) = self.located.get(&h) else { return 0 };
         let mut node = l.node;
         let mut best = 0usize;
@@ -177,7 +182,7 @@ impl PrefixTree {
         let own_tail = own.iter().find(|&&(_, x)| x == h).map(|(t, _)| t.clone()).unwrap_or_default();
         let depth = self.depth_of(node);
         for (tail, x) in own {
-            if *x != h && tail.len() < own_tail.len() && own_tail.starts_with(tail) {
+            if *x != h && keep(*x) && tail.len() < own_tail.len() && own_tail.starts_with(tail) {
                 best = best.max(depth + tail.len());
             }
         }
@@ -190,7 +195,7 @@ impl PrefixTree {
             d -= self.g;
             // Any checkpoint on an ancestor node with a tail lying on the path: the path's tokens
             // below a node are its child's key, so compare against that key.
-            if let Some(p) = self.deepest_on_path(node, l.node, d) {
+            if let Some(p) = self.deepest_on_path(node, l.node, d, &keep) {
                 return p;
             }
         }
@@ -207,7 +212,7 @@ impl PrefixTree {
     }
 
     /// The deepest checkpoint on `node` (at depth `d`) whose tail follows the path towards `target`.
-    fn deepest_on_path(&self, node: u32, target: u32, d: usize) -> Option<usize> {
+    fn deepest_on_path(&self, node: u32, target: u32, d: usize, keep: &impl Fn(Handle) -> bool) -> Option<usize> {
         let list = &self.nodes[node as usize].checkpoints;
         if list.is_empty() {
             return None;
@@ -218,7 +223,7 @@ impl PrefixTree {
             child = self.nodes[child as usize].parent;
         }
         let key = self.nodes[node as usize].children.iter().find(|(_, &c)| c == child).map(|(k, _)| k)?;
-        list.iter().filter(|(tail, _)| key.starts_with(tail)).map(|(tail, _)| d + tail.len()).max()
+        list.iter().filter(|(tail, x)| keep(*x) && key.starts_with(tail)).map(|(tail, _)| d + tail.len()).max()
     }
 }
 

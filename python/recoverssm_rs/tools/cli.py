@@ -7,6 +7,7 @@ Commands:
     check-kernels  compile the CUDA kernels with this machine's NVRTC
     bench          the planner and the host executor against their baselines
     pd-demo        prefill and decode in two processes, states moved over NIXL
+    simulate       replay a request trace through a checkpoint placement policy
 
 Each subcommand module exposes ``add_parser(subparsers)``; :data:`SUBCOMMANDS` lists them. Every
 subcommand spells the shared options the same way (``--json [FILE]``, ``--quiet``: see
@@ -37,6 +38,7 @@ from .cli_args import HelpFormatter, Parser, add_json_option, core_reason, fail,
 from .demo.cli import add_parser as _add_demo_parser
 from .formatting import format_layout
 from .pd_demo_cli import add_parser as _add_pd_demo_parser
+from .simulate import add_parser as _add_simulate_parser
 
 __all__ = ["main", "build_parser", "format_layout", "family_params", "SUBCOMMANDS"]
 
@@ -293,6 +295,7 @@ SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (
     _add_check_kernels_parser,
     _add_bench_parser,
     _add_pd_demo_parser,
+    _add_simulate_parser,
 )
 """Each registers one subcommand: ``add_parser(subparsers)``."""
 
