@@ -121,7 +121,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         ax.set_ylabel("reused tokens, % of the bound")
         ax.set_title(f"{budget} pool" + (" (1/4 of vLLM's unlimited peak, >= 8)" if budget == "quarter" else ""))
         ax.set_ylim(0, 110)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="lower left", framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
