@@ -120,7 +120,7 @@ impl CheckpointCache {
             PolicyKind::Vllm => (n - 1) / self.cfg.block_size * self.cfg.block_size,
             _ => n - 1,
         };
-        let walk = self.tree.walk(prompt, cap);
+        let walk = self.tree.walk_with(prompt, cap, self.cfg.policy == PolicyKind::Marconi);
         let hit = walk.checkpoint.map(|(position, handle)| Hit { position, handle });
         if let Some(h) = hit {
             self.touch(h.handle);
@@ -167,7 +167,7 @@ impl CheckpointCache {
         // The tokens whose forward pass ran: the last sampled token is never fed back.
         let computed = n + output.len().max(1) - 1;
         let seq = &seq[..computed];
-        self.tree.insert_sequence(seq);
+        let path = self.tree.insert_path(seq);
         let mut positions = plan.saves.clone();
         if matches!(self.cfg.policy, PolicyKind::SglangLru | PolicyKind::Marconi | PolicyKind::Recoverssm) {
             positions.push(computed);
@@ -183,13 +183,13 @@ impl CheckpointCache {
             } else {
                 Kind::Junction
             };
-            if let Some(h) = self.tree.find_exact(seq, p) {
+            if let Some(h) = self.tree.find_exact_on(&path, seq, p) {
                 self.touch(h);
                 continue;
             }
             let h = self.next_handle;
             self.next_handle += 1;
-            self.tree.add_checkpoint(seq, p, h);
+            self.tree.add_checkpoint_on(&path, seq, p, h);
             // What evicting it would cost a request on its path: the tokens back to the deepest
             // shallower checkpoint (for an end, the deepest one that is not itself an end: a
             // conversation's earlier ends are superseded by this one).

@@ -8,6 +8,56 @@
 //! step hashes one chunk: `O(len)` token reads in all), never the set of checkpoints.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+/// A fast multiplicative hash over 8-byte words (FxHash's mix), seeded per tree from std's random
+/// state: chunk keys are hashed on every lookup, and SipHash's cost dominated the decision time.
+#[derive(Clone, Copy)]
+pub struct FastHash(u64);
+
+impl Hasher for FastHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+        for &b in words.remainder() {
+            self.add(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.add(u64::from(x));
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.add(x as u64);
+    }
+}
+
+impl FastHash {
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+/// Builds [`FastHash`]ers from one random seed.
+#[derive(Clone, Copy)]
+pub struct Seeded(u64);
+
+impl Default for Seeded {
+    fn default() -> Self {
+        Seeded(std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64))
+    }
+}
+
+impl BuildHasher for Seeded {
+    type Hasher = FastHash;
+    fn build_hasher(&self) -> FastHash {
+        FastHash(self.0)
+    }
+}
 
 /// A checkpoint's handle: unique for the life of a cache (never reused after eviction).
 pub type Handle = u64;
@@ -16,7 +66,9 @@ pub type Handle = u64;
 #[derive(Debug, Default)]
 struct Node {
     parent: u32,
-    children: HashMap<Box<[u32]>, u32>,
+    /// The chunk from the parent to this node (empty for the root).
+    key: Box<[u32]>,
+    children: HashMap<Box<[u32]>, u32, Seeded>,
     /// Live checkpoints whose position lies in `[depth * g, (depth + 1) * g)`: (tail, handle).
     checkpoints: Vec<(Box<[u32]>, Handle)>,
 }
@@ -36,7 +88,8 @@ pub struct Walk {
     /// The longest chunk-aligned prefix shared with a sequence seen before.
     pub shared_chunks: usize,
     /// The longest prefix (in tokens, any position) shared with a sequence seen before, counting
-    /// the partial chunk after `shared_chunks` against the children's keys.
+    /// the partial chunk after `shared_chunks` against the children's keys (only when the walk
+    /// was asked for it: it reads every child of the node where the walk stops).
     pub shared_tokens: usize,
 }
 
@@ -83,6 +136,11 @@ impl PrefixTree {
     /// Walks `tokens` from the root: the deepest live checkpoint at a position `<= max_position`
     /// whose prefix is `tokens[..position]`, and how far `tokens` follows sequences seen before.
     pub fn walk(&self, tokens: &[u32], max_position: usize) -> Walk {
+        self.walk_with(tokens, max_position, false)
+    }
+
+    /// [`walk`](Self::walk), with `shared_tokens` at token granularity when `exact`.
+    pub fn walk_with(&self, tokens: &[u32], max_position: usize, exact: bool) -> Walk {
         let g = self.g;
         let mut walk = Walk::default();
         let mut node = 0u32;
@@ -103,7 +161,8 @@ impl PrefixTree {
                 }
                 None => {
                     let rest = &tokens[depth..tokens.len().min(next)];
-                    let partial = n.children.keys().map(|k| k.iter().zip(rest).take_while(|(a, b)| a == b).count()).max().unwrap_or(0);
+                    let partial =
+                        if exact { n.children.keys().map(|k| k.iter().zip(rest).take_while(|(a, b)| a == b).count()).max().unwrap_or(0) } else { 0 };
                     walk.shared_chunks = depth;
                     walk.shared_tokens = depth + partial;
                     return walk;
@@ -115,25 +174,52 @@ impl PrefixTree {
     /// Records the full chunks of a sequence seen (creating their nodes); returns the node of its
     /// deepest full chunk.
     pub fn insert_sequence(&mut self, tokens: &[u32]) -> u32 {
-        self.node_for(tokens, tokens.len() / self.g)
+        *self.insert_path(tokens).last().expect("a path holds the root")
     }
 
-    fn node_for(&mut self, tokens: &[u32], chunks: usize) -> u32 {
+    /// Records the full chunks of a sequence seen; returns the nodes along it: `path[k]` is the
+    /// node of its first `k` chunks (`path[0]` the root). [`find_exact_on`](Self::find_exact_on)
+    /// and [`add_checkpoint_on`](Self::add_checkpoint_on) take it, so that one request hashes its
+    /// chunks once.
+    pub fn insert_path(&mut self, tokens: &[u32]) -> Vec<u32> {
         let g = self.g;
         let mut node = 0u32;
-        for c in 0..chunks {
+        let mut path = Vec::with_capacity(tokens.len() / g + 1);
+        path.push(0);
+        for c in 0..tokens.len() / g {
             let key = &tokens[c * g..(c + 1) * g];
             node = match self.nodes[node as usize].children.get(key) {
                 Some(&child) => child,
                 None => {
                     let id = u32::try_from(self.nodes.len()).expect("prefix tree holds fewer than 2^32 nodes");
-                    self.nodes.push(Node { parent: node, ..Node::default() });
+                    self.nodes.push(Node { parent: node, key: key.into(), ..Node::default() });
                     self.nodes[node as usize].children.insert(key.into(), id);
                     id
                 }
             };
+            path.push(node);
         }
-        node
+        path
+    }
+
+    fn node_for(&mut self, tokens: &[u32], chunks: usize) -> u32 {
+        self.insert_path(&tokens[..chunks * self.g])[chunks]
+    }
+
+    /// The live checkpoint for exactly `tokens[..position]`, given the path
+    /// [`insert_path`](Self::insert_path) returned for `tokens` (`position <= tokens.len()`).
+    pub fn find_exact_on(&self, path: &[u32], tokens: &[u32], position: usize) -> Option<Handle> {
+        let node = path[position / self.g];
+        let depth = position / self.g * self.g;
+        self.nodes[node as usize].checkpoints.iter().find(|(tail, _)| **tail == tokens[depth..position]).map(|&(_, h)| h)
+    }
+
+    /// [`add_checkpoint`](Self::add_checkpoint) on a path from [`insert_path`](Self::insert_path).
+    pub fn add_checkpoint_on(&mut self, path: &[u32], tokens: &[u32], position: usize, h: Handle) {
+        let node = path[position / self.g];
+        let tail: Box<[u32]> = tokens[position / self.g * self.g..position].into();
+        self.nodes[node as usize].checkpoints.push((tail, h));
+        self.located.insert(h, Located { node, position });
     }
 
     /// The live checkpoint for exactly `tokens[..position]`, if any.
@@ -222,7 +308,7 @@ impl PrefixTree {
         while self.nodes[child as usize].parent != node {
             child = self.nodes[child as usize].parent;
         }
-        let key = self.nodes[node as usize].children.iter().find(|(_, &c)| c == child).map(|(k, _)| k)?;
+        let key = &self.nodes[child as usize].key;
         list.iter().filter(|(tail, x)| keep(*x) && key.starts_with(tail)).map(|(tail, _)| d + tail.len()).max()
     }
 }
@@ -240,7 +326,7 @@ mod tests {
         t.add_checkpoint(&a, 10, 2);
         let mut b = a.clone();
         b[9] = 99;
-        let w = t.walk(&b, b.len() - 1);
+        let w = t.walk_with(&b, b.len() - 1, true);
         assert_eq!(w.checkpoint, Some((4, 1)), "the tail of checkpoint 2 differs at token 9");
         assert_eq!(w.shared_chunks, 8);
         assert_eq!(w.shared_tokens, 9);
