@@ -201,6 +201,13 @@ impl CheckpointCache {
             self.tick += 1;
             let mut m = Meta { last_use: self.tick, uses: 0, marginal, key: 0, kind, superseded: false, base: self.floor };
             m.key = self.key_of(&m);
+            // Admission by value: at the budget, a checkpoint worth less than every live one is
+            // not written (writing it would evict something worth more).
+            let full = self.cfg.budget.is_some_and(|b| self.tree.len() > b);
+            if full && self.cfg.policy == PolicyKind::Recoverssm && self.order.first().is_some_and(|&(k, _)| m.key < k) {
+                self.tree.remove_checkpoint(h);
+                continue;
+            }
             self.meta.insert(h, m);
             self.order.insert((m.key, h));
             done.written.push((p, h));
