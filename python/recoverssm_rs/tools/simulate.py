@@ -44,24 +44,29 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--policy",
         default="recoverssm",
+        metavar="NAME",
         help="a policy, a comma-separated list of policies, or 'all'",
     )
-    p.add_argument("--block-size", type=int, default=1056, dest="block_size", help="the engine's block size (tokens)")
-    p.add_argument("--granularity", type=int, default=64, help="the scan's chunk size (tokens)")
+    p.add_argument(
+        "--block-size", type=int, default=1056, dest="block_size", metavar="B", help="the engine's block size (tokens)"
+    )
+    p.add_argument("--granularity", type=int, default=64, metavar="G", help="the scan's chunk size (tokens)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument(
         "--budget-checkpoints",
         type=int,
         dest="budget",
+        metavar="N",
         help="the most checkpoints held at once (default: unlimited)",
     )
     budget.add_argument(
         "--budget-bytes",
         type=int,
         dest="budget_bytes",
+        metavar="N",
         help="the bytes checkpoints may use (with --state-bytes; default: unlimited)",
     )
-    p.add_argument("--state-bytes", type=int, dest="state_bytes", help="the bytes of one checkpoint")
+    p.add_argument("--state-bytes", type=int, dest="state_bytes", metavar="N", help="the bytes of one checkpoint")
     add_json_option(p, "the totals")
     p.set_defaults(func=_cmd, parser=p)
 
