@@ -12,6 +12,8 @@ __all__ = [
     "BackendUnavailableError",
     "BindingError",
     "BoundTensors",
+    "CheckpointCache",
+    "CheckpointPlan",
     "CommitLaunch",
     "CommitPlanner",
     "CopyPlan",
@@ -37,6 +39,7 @@ __all__ = [
     "align_post_process",
     "align_pre_copy",
     "check_cache_sizes",
+    "check_checkpoint_trace",
     "check_vllm_step",
     "check_commit_counts",
     "block_list",
@@ -71,6 +74,7 @@ __all__ = [
     "sglang_slot_table",
     "recover_geometry",
     "short_conv_layout",
+    "simulate_checkpoints",
     "state_chunks",
     "vllm_check_prev_rows",
     "vllm_device_post_process",
@@ -681,3 +685,47 @@ class PeerInfo:
     def geometry(self) -> tuple[int, int, list[int]]: ...
     @property
     def addresses(self) -> list[int]: ...
+
+# Checkpoint placement and eviction (rust/python/checkpoint.rs)
+
+@final
+class CheckpointPlan:
+    @property
+    def hit_position(self) -> int: ...
+    @property
+    def hit_handle(self) -> int | None: ...
+    @property
+    def saves(self) -> list[int]: ...
+
+@final
+class CheckpointCache:
+    def __new__(
+        cls,
+        policy: str,
+        *,
+        block_size: int | None = None,
+        granularity: int | None = None,
+        budget: int | None = None,
+        budget_bytes: int | None = None,
+        state_bytes: int | None = None,
+    ) -> CheckpointCache: ...
+    def plan(self, prompt: Sequence[int]) -> CheckpointPlan: ...
+    def finish(
+        self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
+    ) -> tuple[list[tuple[int, int]], list[int]]: ...
+    def position(self, handle: int) -> int | None: ...
+    @property
+    def peak(self) -> int: ...
+    def __len__(self) -> int: ...
+
+def check_checkpoint_trace(requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]) -> int: ...
+def simulate_checkpoints(
+    requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]],
+    policy: str,
+    *,
+    block_size: int | None = None,
+    granularity: int | None = None,
+    budget: int | None = None,
+    budget_bytes: int | None = None,
+    state_bytes: int | None = None,
+) -> dict[str, Any]: ...

@@ -8,6 +8,7 @@
 //! ([`layout`]), transfers ([`transfer`]) and SGLang's mamba pool ([`sglang`]).
 
 mod buffer;
+mod checkpoint;
 mod commit;
 pub(crate) mod conversion;
 mod errors;
@@ -27,6 +28,8 @@ mod vllm;
 mod _core {
     #[pymodule_export]
     use super::buffer::RawBuffer;
+    #[pymodule_export]
+    use super::checkpoint::{check_checkpoint_trace, simulate_checkpoints, CheckpointCache, CheckpointPlan};
     #[pymodule_export]
     use super::commit::{check_cache_sizes_py, check_commit_counts, check_index_py, commit_grid, commit_meta_table, CommitPlanner, PyCommitLaunch};
     #[pymodule_export]

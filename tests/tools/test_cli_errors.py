@@ -254,6 +254,14 @@ BAD = [
     Bad(["pd-demo", "--generate", "-5"], "--generate", ["-5", "from 1 to"], hostile=True),
     Bad(["pd-demo", "--requests", "100000000"], "--requests", ["100000000", "memory available"], hostile=True),
     Bad(["pd-demo", "--decode-spec", "999999999"], "--decode-spec", ["999999999", "<= 256"], hostile=True),
+    # ---- simulate (the flags are checked before the trace is read) -------------------------
+    Bad(["simulate", "t.jsonl", "--policy", "lru"], "--policy", ["'lru'", "vllm, sglang-lru, marconi, recoverssm"]),
+    Bad(["simulate", "t.jsonl", "--block-size", "0"], "--block-size", ["0", "1..="]),
+    Bad(["simulate", "t.jsonl", "--granularity", "-1"], "--granularity", ["-1", ">= 0"]),
+    Bad(["simulate", "t.jsonl", "--budget-checkpoints", "0"], "--budget-checkpoints", ["0", "1..="]),
+    Bad(["simulate", "t.jsonl", "--budget-bytes", "10"], "--budget-bytes", ["needs state_bytes"]),
+    Bad(["simulate", "t.jsonl", "--budget-bytes", "5", "--state-bytes", "0"], "--state-bytes", ["0", ">= 1 byte"]),
+    Bad(["simulate", "t.jsonl", "--json", TMP], "--json", ["is a folder"]),
 ]
 if not _has_cuda():
     BAD.append(Bad(["demo", "--device", "cuda"], "--device", ["'cuda'", "CUDA is not available"]))

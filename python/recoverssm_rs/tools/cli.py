@@ -4,6 +4,7 @@ Commands:
     layout         print a preset's or a parameterised layout as a table
     presets        list the model presets
     demo           serve a toy hybrid model and check every state (see ``demo --help``)
+    simulate       replay a request trace through a checkpoint placement policy
     bench, check-kernels, pd-demo
                    development tools of the source checkout (not in the wheel): each says in
                    one line how to run it there (:mod:`recoverssm_rs.tools.dev_commands`)
@@ -36,6 +37,7 @@ from .cli_args import HelpFormatter, Parser, add_json_option, core_reason, fail,
 from .demo.cli import add_parser as _add_demo_parser
 from .dev_commands import add_parsers as _add_dev_parsers
 from .formatting import format_layout
+from .simulate import add_parser as _add_simulate_parser
 
 __all__ = ["main", "build_parser", "format_layout", "family_params", "SUBCOMMANDS"]
 
@@ -289,6 +291,7 @@ SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (
     _add_layout_parser,
     _add_presets_parser,
     _add_demo_parser,
+    _add_simulate_parser,
     _add_dev_parsers,
 )
 """Each registers one subcommand: ``add_parser(subparsers)``."""
