@@ -75,7 +75,7 @@ def build(out: Path) -> None:
             elif name.endswith("dt_bias"):
                 p.fill_(1.0)
     model = model.to(torch.bfloat16)
-    model.config.torch_dtype = "bfloat16"
+    model.config.dtype = "bfloat16"
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     (out / "recoverssm_tiny_model.json").write_text(json.dumps({"config": CONFIG, "seed": SEED, "decay": DECAY}))

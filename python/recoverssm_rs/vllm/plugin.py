@@ -386,12 +386,13 @@ def install(module: ModuleType, version: str) -> list[str]:
 
 
 def _attach_to_vllm_logging() -> None:
-    """Inside vLLM, the package's log records go to vLLM's handlers when nothing else is configured
-    for them, so the plugin's lines show with vLLM's."""
-    if log.handlers or logging.getLogger().handlers:
-        return
+    """Inside vLLM, the package's log records go to vLLM's handlers (at INFO, as vLLM's own) unless
+    the ``recoverssm_rs`` logger was configured (a handler or a level), so the plugin's lines show
+    with vLLM's, once."""
     handlers = logging.getLogger("vllm").handlers
+    if log.handlers or log.level != logging.NOTSET or not handlers:
+        return
     for h in handlers:
         log.addHandler(h)
-    if handlers and log.level == logging.NOTSET:
-        log.setLevel(logging.INFO)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # as vLLM's own logger: not printed a second time by the root's handlers
