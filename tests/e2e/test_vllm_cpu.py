@@ -5,7 +5,7 @@ point, nothing of vLLM edited.
 
 vLLM runs in its own environment (scripts/vllm_cpu_env.sh, made once into the cache; vLLM pins its
 own torch), in one subprocess (tests/e2e/vllm_driver.py; engine and worker in that process, the
-plugin loaded by vLLM's plugin loader), one engine start per configuration, on prompts that share
+plugin loaded by vLLM's plugin loader when the first engine starts), one engine start per configuration, on prompts that share
 prefixes of varied lengths, over three waves (each one ``generate`` call, later waves hitting the
 prefix cache of earlier ones):
 

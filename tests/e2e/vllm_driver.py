@@ -10,8 +10,8 @@ functions); ``prefix_caching`` (bool; on: ``mamba_cache_mode="align"``); ``specu
 ``speculative_config``); ``fault`` (optional: ``"skip-copy"`` makes the package skip the state copies
 of the first step that has any: the check that a wrong state shows).
 
-The plugin is loaded as vLLM loads it (``load_general_plugins``: the wheel's entry point); vLLM's
-own functions are those of ``vllm.v1.worker.mamba_utils`` before that. Writes ``OUT.json``: per
+The plugin is loaded as vLLM loads it, by the first ``LLM()`` (the wheel's entry point); vLLM's own
+functions are those of ``vllm.v1.worker.mamba_utils`` before that. Writes ``OUT.json``: per
 configuration, per wave and prompt the greedy token ids, their top logprobs and the prompt's cached
 tokens; the engine's start and generate seconds; the plugin's counters over that configuration; how
 often the model runner called each step function and how often vLLM's own copy code ran.
@@ -78,12 +78,6 @@ def run_config(run: dict[str, Any], cfg: dict[str, Any], mamba_utils: Any, funcs
     from recoverssm_rs.vllm import plugin_stats
     from vllm import LLM, SamplingParams
 
-    calls: dict[str, int] = {}
-    step = funcs["plugin" if cfg["plugin"] else "vllm"]
-    for name, f in _counted(step, calls).items():
-        setattr(mamba_utils, name, f)
-    for name, f in _counted(funcs["copy"], calls).items():
-        setattr(mamba_utils, name, f)
     kwargs: dict[str, Any] = dict(
         model=run["model"],
         skip_tokenizer_init=True,
@@ -103,8 +97,15 @@ def run_config(run: dict[str, Any], cfg: dict[str, Any], mamba_utils: Any, funcs
     before = plugin_stats()
     fault = SkipOneCopyPlan() if cfg.get("fault") == "skip-copy" else None
     t0 = time.perf_counter()
-    llm = LLM(**kwargs)
+    llm = LLM(**kwargs)  # the first one loads the plugins (the wheel's entry point), as for any user
     start_s = time.perf_counter() - t0
+    funcs.setdefault("plugin", {n: getattr(mamba_utils, n) for n in STEP_FUNCS})
+    # The model runner looks the functions up at every call: this configuration's, counted.
+    calls: dict[str, int] = {}
+    for name, f in _counted(funcs["plugin" if cfg["plugin"] else "vllm"], calls).items():
+        setattr(mamba_utils, name, f)
+    for name, f in _counted(funcs["copy"], calls).items():
+        setattr(mamba_utils, name, f)
     params = SamplingParams(
         temperature=0.0, max_tokens=run["max_tokens"], logprobs=run["logprobs"], detokenize=False, ignore_eos=True
     )
@@ -154,13 +155,13 @@ def main(run_path: str, out_path: str) -> None:
     run = json.loads(open(run_path).read())
     t0 = time.perf_counter()
     import vllm
-    from vllm.plugins import load_general_plugins
     from vllm.v1.worker import mamba_utils
 
-    own = {n: getattr(mamba_utils, n) for n in STEP_FUNCS}
-    load_general_plugins()  # as LLM() does: the wheel's entry point replaces the step functions
-    served = {n: getattr(mamba_utils, n) for n in STEP_FUNCS}
-    funcs = {"vllm": own, "plugin": served, "copy": {n: getattr(mamba_utils, n) for n in VLLM_COPY_FUNCS}}
+    # vLLM's own functions; the plugin's are those in their place once LLM() has loaded the plugins.
+    funcs: dict[str, dict[str, Any]] = {
+        "vllm": {n: getattr(mamba_utils, n) for n in STEP_FUNCS},
+        "copy": {n: getattr(mamba_utils, n) for n in VLLM_COPY_FUNCS},
+    }
     out: dict[str, Any] = {"vllm_version": vllm.__version__, "import_s": time.perf_counter() - t0, "configs": {}}
     for cfg in run["configs"]:
         out["configs"][cfg["name"]] = run_config(run, cfg, mamba_utils, funcs)

@@ -135,7 +135,7 @@ def test_unservable_runner_falls_back_counted_and_logged_once(oracle, stats, cap
     funcs = side.copy_funcs(oracle)
     vside.funcs = {t: tuple(reversed(f)) for t, f in funcs.items()}  # conv <-> temporal: refused
     so = vllm_trace.scheduler_output([], {}, set(), set(), set())
-    with caplog.at_level(logging.WARNING, logger="recoverssm_rs"):
+    with caplog.at_level(logging.WARNING, logger="vllm.plugins.recoverssm_rs"):
         vside.pre(so)
         vside.pre(so)
     s = plugin.plugin_stats()

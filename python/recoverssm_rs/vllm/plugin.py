@@ -22,7 +22,7 @@ step was rejected once stays with vLLM's code (the package changed nothing for t
 bookkeeping was kept current). ``RECOVERSSM_VLLM_PLUGIN=0`` turns the plugin off (nothing replaced).
 
 vLLM itself is imported only by :func:`register` (from vLLM's plugin loader); everything else reads
-vLLM's objects by attribute.
+vLLM's objects by attribute. The plugin's log lines go to the logger ``vllm.plugins.recoverssm_rs``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ from .step import VllmMambaStep, mamba_groups
 
 __all__ = ["register", "plugin_stats", "SUPPORTED_VLLM", "ENV_SWITCH"]
 
-log = logging.getLogger("recoverssm_rs")
+log = logging.getLogger("vllm.plugins.recoverssm_rs")
+"""The plugin's own lines go to vLLM's logger tree, so that they show in vLLM's log with vLLM's format
+and level (vLLM configures its loggers after loading plugins, and disables loggers outside its tree);
+the package's other modules log to ``recoverssm_rs``."""
 
 ENV_SWITCH = "RECOVERSSM_VLLM_PLUGIN"
 """Set to ``0`` to leave vLLM's own step in place."""
@@ -324,7 +327,6 @@ def register() -> None:
         if _stats.registered:
             return
         _stats.registered = True
-    _attach_to_vllm_logging()
     if _switched_off():
         log.info("recoverssm_rs vLLM plugin: off (%s=0); vLLM's own mamba state step serves", ENV_SWITCH)
         return
@@ -383,16 +385,3 @@ def install(module: ModuleType, version: str) -> list[str]:
         f" (left vLLM's: {', '.join(skipped)})" if skipped else "",
     )
     return names
-
-
-def _attach_to_vllm_logging() -> None:
-    """Inside vLLM, the package's log records go to vLLM's handlers (at INFO, as vLLM's own) unless
-    the ``recoverssm_rs`` logger was configured (a handler or a level), so the plugin's lines show
-    with vLLM's, once."""
-    handlers = logging.getLogger("vllm").handlers
-    if log.handlers or log.level != logging.NOTSET or not handlers:
-        return
-    for h in handlers:
-        log.addHandler(h)
-    log.setLevel(logging.INFO)
-    log.propagate = False  # as vLLM's own logger: not printed a second time by the root's handlers
