@@ -74,7 +74,7 @@ def test_versions(version, ok):
 
 
 @pytest.mark.parametrize("name", ["gdn-SD-spec2", "3groups-DS-spec2", "gdn-SD-nospec-scalar"])
-def test_plugin_serves_vllm_step_functions(oracle, stats, name, monkeypatch):
+def test_plugin_serves_vllm_step_functions(oracle, stats, name, monkeypatch, caplog):
     wmu = _copy_of(oracle.wmu)
     # vLLM's own copy code (looked up in vLLM's module by vLLM's functions): never runs while the
     # plugin serves
@@ -102,9 +102,13 @@ def test_plugin_serves_vllm_step_functions(oracle, stats, name, monkeypatch):
     try:
         # vLLM's side of the trace calls ns.wmu's functions, i.e. the plugin's; the other side is
         # the package's step, which the oracle tests hold equal to vLLM 0.33's own functions.
-        t = vllm_trace.run_trace(ns, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=16)
+        with caplog.at_level(logging.INFO, logger="vllm.plugins.recoverssm_rs"):
+            t = vllm_trace.run_trace(ns, groups, block_size=bs, nsb=nsb, conv_layout=layout, seed=seed, steps=16)
     finally:
         mp.undo()
+    # one INFO line (at the first call: vLLM sets its logging up after loading plugins)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(lines) == 1 and "serves vLLM 0.33.0's mamba state step: replaced" in lines[0], lines
     assert t.pre_copies > 0 and (t.post_copies > 0 or nsb == 0)
     s = plugin.plugin_stats()
     assert s["fallbacks"] == 0 and s["reasons"] == []

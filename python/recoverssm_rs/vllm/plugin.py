@@ -203,9 +203,15 @@ class _Plugin:
         self.module = module
         self.originals = dict(originals)
         self._signatures = {n: inspect.signature(f) for n, f in self.originals.items()}
+        self.pending_line: str | None = None  # the INFO line, when vLLM's logging was not set up yet
         # id(copy_bufs) / id(align ctx) -> (the object, its runner): vLLM's buffer objects are
         # dataclasses (unhashable); the object is held so that its id is not reused.
         self._runners: dict[int, tuple[Any, _Runner]] = {}
+
+    def _announce(self) -> None:
+        line, self.pending_line = self.pending_line, None
+        if line is not None:
+            log.info("%s", line)
 
     def _runner_of(self, key: Any) -> _Runner | None:
         entry = self._runners.get(id(key))
@@ -235,6 +241,7 @@ class _Plugin:
     # --------------------------------------------------------------------------------------------
 
     def preprocess_mamba(self, *args: Any, **kwargs: Any) -> None:
+        self._announce()
         a = self._signatures["preprocess_mamba"].bind(*args, **kwargs).arguments
         copy_bufs = a["copy_bufs"]
         runner = self._runner_of(copy_bufs)
@@ -282,6 +289,7 @@ class _Plugin:
         original(*args, **kwargs)
 
     def postprocess_mamba_align_gpu(self, **kwargs: Any) -> None:
+        self._announce()
         bufs = kwargs["bufs"]
         runner = self._runner_of(getattr(bufs, "preprocess", None))
         if runner is not None and runner.step is not None:
@@ -376,12 +384,13 @@ def install(module: ModuleType, version: str) -> list[str]:
         _stats.vllm_version = version
     from .. import __version__
 
-    log.info(
-        "recoverssm_rs %s serves vLLM %s's mamba state step: replaced %s.%s%s",
-        __version__,
-        version,
-        module.__name__,
-        ", ".join(names),
-        f" (left vLLM's: {', '.join(skipped)})" if skipped else "",
+    line = (
+        f"recoverssm_rs {__version__} serves vLLM {version}'s mamba state step: replaced {module.__name__}."
+        + ", ".join(names)
+        + (f" (left vLLM's: {', '.join(skipped)})" if skipped else "")
     )
+    if logging.getLogger("vllm").handlers:
+        log.info("%s", line)
+    else:  # vLLM configures its logging after loading plugins: the line waits for the first call
+        plugin.pending_line = line
     return names
