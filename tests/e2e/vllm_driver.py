@@ -162,7 +162,14 @@ def main(run_path: str, out_path: str) -> None:
         "vllm": {n: getattr(mamba_utils, n) for n in STEP_FUNCS},
         "copy": {n: getattr(mamba_utils, n) for n in VLLM_COPY_FUNCS},
     }
-    out: dict[str, Any] = {"vllm_version": vllm.__version__, "import_s": time.perf_counter() - t0, "configs": {}}
+    from importlib.metadata import entry_points
+
+    out: dict[str, Any] = {
+        "vllm_version": vllm.__version__,
+        "import_s": time.perf_counter() - t0,
+        "entry_points": {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")},
+        "configs": {},
+    }
     for cfg in run["configs"]:
         out["configs"][cfg["name"]] = run_config(run, cfg, mamba_utils, funcs)
         with open(out_path, "w") as f:  # what ran so far, should a later configuration fail
