@@ -44,9 +44,9 @@ from .step import VllmMambaStep, mamba_groups
 __all__ = ["register", "plugin_stats", "SUPPORTED_VLLM", "ENV_SWITCH"]
 
 log = logging.getLogger("vllm.plugins.recoverssm_rs")
-"""The plugin's own lines go to vLLM's logger tree, so that they show in vLLM's log with vLLM's format
-and level (vLLM configures its loggers after loading plugins, and disables loggers outside its tree);
-the package's other modules log to ``recoverssm_rs``."""
+"""The plugin's own lines go to vLLM's logger tree, so that they show in vLLM's log with vLLM's handler,
+format and level, which vLLM sets up only after loading plugins; the package's other modules log to
+``recoverssm_rs``."""
 
 ENV_SWITCH = "RECOVERSSM_VLLM_PLUGIN"
 """Set to ``0`` to leave vLLM's own step in place."""
