@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.cuda import ops as cuda_ops  # noqa: E402
-from recoverssm_rs.vllm import model_state  # noqa: E402
 from recoverssm_rs.vllm.model_state import ModelStateV2  # noqa: E402
 from support.device_fakes import FakeCuda, FakeOps, bind_host_commit  # noqa: E402
 
@@ -136,7 +135,7 @@ def main() -> None:
     cuda_ops.cuda_ops = FakeOps()
     launches = []
     cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
-    model_state._launch_arg = device  # type: ignore[assignment]
+    cuda_ops.CudaOps.launch_arg = staticmethod(device)  # type: ignore[method-assign,assignment]
     torch.set_num_threads(1)
     if a.recoverssm:
         print(f"{'requests':>8} {'stage us':>12} {'post+commit us':>16} {'launches/post':>14}")

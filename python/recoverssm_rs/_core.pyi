@@ -1,6 +1,6 @@
 """Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, final
 
 __version__: str
@@ -211,6 +211,8 @@ class Planner:
     def state_meta(self) -> RawBuffer: ...
     def check(self) -> None: ...
     def mark_written(self) -> None: ...
+    def guarded(self, write: Callable[[], Any]) -> Any:
+        """One guarded write: the guard checked, ``write()`` run, the write recorded."""
     def bind_device(self, metas: int, err: int) -> None: ...
     @property
     def device_bound(self) -> bool: ...
@@ -218,6 +220,11 @@ class Planner:
     # keywords block_size, pre_copy; or every argument by keyword.
     def check_device_step(self, *args: Any, **kwargs: Any) -> int: ...
     def device_step(self, *args: Any, **kwargs: Any) -> tuple[KernelLaunch | None, int, bool]: ...
+    def launch_step(
+        self, launch: Callable[[KernelLaunch | None, int], Any], *args: Any, **kwargs: Any
+    ) -> tuple[int, bool]:
+        """One guarded device step: checked as ``device_step``, ``launch(kl, requests)`` run and
+        the write recorded; ``(requests, narrow)``."""
 
 @final
 class CommitPlanner:
@@ -325,9 +332,10 @@ def commit_grid(table: Any, threads: int = ...) -> tuple[int, int]:
     """``(rec_ctas, conv_ctas)`` of the commit kernel for a table's bytes."""
 
 def pack_launch(
-    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], values: Sequence[int]
+    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], fields: Mapping[str, int]
 ) -> KernelLaunch:
-    """A launch of kernel ``name`` with raw, range-checked argument values."""
+    """A launch of kernel ``name`` whose parameter record is given field by field (every field,
+    each range-checked)."""
 
 # Keyword arguments: device, tables, groups, rows.
 def check_device_tables(**kwargs: Any) -> None:
@@ -345,6 +353,8 @@ class BoundTensors:
     def check(self) -> None:
         """``BindingError`` naming the first bound tensor or storage whose memory changed."""
     def mark_written(self) -> None: ...
+    def guarded(self, write: Callable[[], Any]) -> Any:
+        """``check()``, ``write()``, ``mark_written()`` in one call; what ``write`` returns."""
     def __len__(self) -> int: ...
 
 def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
@@ -364,8 +374,12 @@ def align_pre_copy(**kwargs: Any) -> RawBuffer: ...
 def align_post_process(**kwargs: Any) -> RawBuffer: ...
 def vllm_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
 def vllm_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
-def vllm_device_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
-def vllm_device_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
+def vllm_device_pre_copy(
+    planner: Planner, run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None, **kwargs: Any
+) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
+def vllm_device_post_process(
+    planner: Planner, run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None, **kwargs: Any
+) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
 
 # Keyword arguments: device, prev_rows, rows, num_accepted_given.
 def vllm_check_prev_rows(**kwargs: Any) -> None:
@@ -428,10 +442,16 @@ class VllmSlotStep:
         """The KV-cache group id of each planner group (``PlanError``: a count, a negative or a
         repeated id)."""
     def pre(
-        self, block_tables: Any, idx_mapping: Any, num_computed_tokens: Any, query_start_loc: Any
+        self,
+        block_tables: Any,
+        idx_mapping: Any,
+        num_computed_tokens: Any,
+        query_start_loc: Any,
+        run: Callable[[KernelLaunch, bytes | None, None], Any] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
         """The pre-copy's launch over the groups' ``block_tables``, and the groups' table records
-        when they moved."""
+        when they moved; with ``run``, one guarded write (``run(launch, records, None)`` after every
+        check, before the write is recorded)."""
     def post(
         self,
         idx_mapping: Any,
@@ -439,18 +459,25 @@ class VllmSlotStep:
         num_computed_tokens: Any,
         block_tables: Any,
         commit: bool = False,
+        run: Callable[[KernelLaunch, bytes | None, Any], Any] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
         """The post-process's launch (``num_sampled``: a tensor or one int; ``commit``: run the
         staged RecoverSSM commit, consumed by this launch), and the table records when they
-        moved."""
+        moved; ``run`` as ``pre``'s, its third argument the staged commit's ``reference``."""
     # Keyword arguments: request_indices, state_blocks, num_computed_tokens, block_table,
     # query_lens, window, num_blocks, max_requests, generation.
     def clear_commit(self) -> None:
         """Forgets the staged commit."""
-    def stage_commit(self, kernel: tuple[CommitLaunch, BoundTensors] | None = None, **kwargs: Any) -> bytes:
+    def stage_commit(
+        self,
+        kernel: tuple[CommitLaunch, BoundTensors] | None = None,
+        reference: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ) -> bytes:
         """Plans one step's RecoverSSM commit for the next post-process (``kernel``: the cache's
-        commit kernel and bound tensors: the commit then runs inside that launch); the bytes to
-        copy into the front of the stage buffer."""
+        commit kernel and bound tensors: the commit then runs inside that launch; else
+        ``reference``, the host commit handed to the post-process's ``run``); the bytes to copy
+        into the front of the stage buffer."""
     @property
     def group_ids(self) -> list[int]: ...
 

@@ -18,17 +18,18 @@ CUDA graph.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple, TypedDict, Unpack
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack, cast
 
 import numpy as np
 
 from . import _core
 from ._core import ErrorWord, Layout
 from .cuda import module, ops
-from .cuda.ops import cuda_index
+from .cuda.copy import execute_plan
 from .errors import PlanError
 from .forward import Forward
+from .placement import cuda_index
 from .plan_format import MOVE_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE, TILE_DTYPE, records
 
 __all__ = ["Planner", "CopyPlan", "TileTable", "Semantics", "DEFAULT_TILE_BYTES"]
@@ -42,6 +43,8 @@ log = logging.getLogger("recoverssm_rs")
 Semantics = Literal["pre_copy", "post_process"]
 
 DEFAULT_TILE_BYTES = 64 * 1024
+
+T = TypeVar("T")
 
 
 class LaunchOptions(TypedDict, total=False):
@@ -134,12 +137,7 @@ class CopyPlan:
         if self._planner.device == "cpu":
             self._plan.execute_host()
             return
-        from .cuda.copy import execute_plan
-
-        core = self._planner.core
-        core.check()
-        execute_plan(self, stream=stream)
-        core.mark_written()
+        self._planner.guarded(lambda: execute_plan(self, stream=stream))
 
     def __repr__(self) -> str:
         return (
@@ -320,12 +318,23 @@ class Planner:
 
     # ---- device path ------------------------------------------------------------------------
 
-    def _device(
+    def guarded(self, write: Callable[[], T]) -> T:
+        """One guarded write of the bound tensors, in one core call: they are checked (a
+        :class:`~recoverssm_rs.BindingError`, and ``write`` not called, when one moved), ``write()``
+        runs (a launch, a host copy), and the write is recorded (autograd's version counters).
+        Returns what ``write`` returns."""
+        return cast(T, self.core.guarded(write))
+
+    def device_path(
         self, what: str, first_step: tuple[Any, ...] | None = None, options: dict[str, Any] | None = None
     ) -> _DevicePath:
-        """The device path, made (table uploaded, error word allocated) on first use -- after the
-        core has checked ``first_step``'s inputs (the tensors in ``device_step`` order, with its
-        keyword ``options``), so a bad first step touches nothing."""
+        """The device path (the state table on the device, the planner's error word), made on
+        first use -- after the core has checked ``first_step``'s inputs (the tensors in
+        ``device_step`` order, with its keyword ``options``), so a bad first step touches nothing.
+
+        Raises:
+            PlanError: host states (naming ``what``).
+        """
         index = cuda_index(self.device, what)
         dp = self._device_path
         if dp is None:
@@ -346,7 +355,7 @@ class Planner:
             PlanError: the planner is bound to CPU tensors.
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
-        dp = self._device("prepare_device")
+        dp = self.device_path("prepare_device")
         module.function_ptr("rs_state_copy", dp.index)
 
     def launch(
@@ -524,36 +533,41 @@ class Planner:
         num_accepted_out: Any,
         extra: dict[str, Any] | None,
     ) -> None:
-        """Checks and packs one step in the core (one call: the tensors positionally, ``extra`` the
-        core's keyword options) and launches it on ``stream``; int64 or strided inputs that passed
-        the checks are first narrowed on the device."""
+        """One step as one guarded core call (``launch_step``: the guard and every input checked,
+        the launch packed and queued on ``stream``, the write recorded;
+        the tensors positionally, ``extra`` the core's keyword options); int64 or strided inputs
+        that passed the checks are first narrowed on the device (a second call)."""
         core = self.core
         dp = self._device_path
         if dp is None:
-            dp = self._device(what, (block_table, src_col, second, num_accepted, err, num_accepted_out), extra)
-        if extra:
-            kl, n, narrow = core.device_step(block_table, src_col, second, num_accepted, err, num_accepted_out, **extra)
-        else:
-            kl, n, narrow = core.device_step(block_table, src_col, second, num_accepted, err, num_accepted_out)
+            dp = self.device_path(what, (block_table, src_col, second, num_accepted, err, num_accepted_out), extra)
         cuda = ops.cuda_ops
         ts = cuda.torch_stream(stream, dp.index)
-        with cuda.context(dp.index, ts):
-            if narrow:
-                torch = cuda.torch()
-                if block_table.dim() == 2 and block_table.shape[0] > n and block_table.dtype != torch.int32:
-                    block_table = block_table[:n]  # only the rows this step reads of a wide table
-                block_table, src_col, second, num_accepted = (
-                    _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted)
-                )
-                kl, n, _ = core.device_step(
-                    block_table, src_col, second, num_accepted, err, num_accepted_out, **(extra or {})
-                )
+
+        def write(kl: Any, n: int) -> None:  # on the stream made current
             if err is None:
                 dp.err.zero_()
                 dp.err_requests = n
             if kl is not None:
                 module.launch(kl, dp.index, ts)
-        core.mark_written()
+
+        def run(kl: Any, n: int) -> None:
+            with cuda.context(dp.index, ts):
+                write(kl, n)
+
+        args = (block_table, src_col, second, num_accepted, err, num_accepted_out)
+        n, narrow = core.launch_step(run, *args, **extra) if extra else core.launch_step(run, *args)
+        if narrow:
+            torch = cuda.torch()
+            with cuda.context(dp.index, ts):  # the narrowing and the launch on one stream
+                if block_table.dim() == 2 and block_table.shape[0] > n and block_table.dtype != torch.int32:
+                    block_table = block_table[:n]  # only the rows this step reads of a wide table
+                block_table, src_col, second, num_accepted = (
+                    _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted)
+                )
+                core.launch_step(
+                    write, block_table, src_col, second, num_accepted, err, num_accepted_out, **(extra or {})
+                )
 
     def last_error(self) -> ErrorWord:
         """The planner's error word after its last launch without ``err``: which error kinds the

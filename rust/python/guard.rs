@@ -175,6 +175,14 @@ impl BoundTensors {
     fn mark_written(&self, py: Python<'_>) -> PyResult<()> {
         self.guard.mark_written(py)
     }
+    /// One guarded write: `check()`, then `write()`, then `mark_written()`, in one call (`write`
+    /// is not called when a tensor moved). Returns what `write` returns.
+    fn guarded(&self, py: Python<'_>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.guard.check(py)?;
+        let out = write.call0()?.unbind();
+        self.guard.mark_written(py)?;
+        Ok(out)
+    }
     fn __len__(&self) -> usize {
         self.guard.entries.len()
     }

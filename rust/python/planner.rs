@@ -341,6 +341,13 @@ impl Planner {
         self.guard.mark_written(py)
     }
 
+    /// One guarded write: the bound tensors are checked (a `BindingError`, and `write` is not
+    /// called, when one moved), `write()` runs, and what was written is recorded (autograd's
+    /// version counters). Returns what `write` returns.
+    fn guarded(&self, py: Python<'_>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.write(py, || Ok(write.call0()?.unbind()))
+    }
+
     /// Prepares the device path: the state metas (`state_meta()`) are at device address `metas`,
     /// the planner's own error word (int32[3]) at `err`. Once per planner.
     fn bind_device(&self, metas: u64, err: u64) -> PyResult<()> {
@@ -384,6 +391,34 @@ impl Planner {
         match fused.launch(&inputs, a.pre_copy) {
             Ok(l) => Ok((l.map(KernelLaunch::new), a.src_col.0.shape.first().copied().unwrap_or(0).max(0) as u64, false)),
             Err(_) => Ok((None, fused.check(&inputs)?, true)),
+        }
+    }
+
+    /// One guarded device step: the guard and the inputs are checked as by `device_step`; when the
+    /// launch is ready, `launch(kernel_launch_or_None, requests)` runs and the states are recorded
+    /// as written, all in this call. Returns `(requests, narrow)`: with `narrow` true nothing ran
+    /// (narrow the inputs to int32 on the device and call again). Arguments after `launch` as
+    /// `device_step`'s.
+    #[pyo3(signature = (launch, *args, **kwargs))]
+    fn launch_step(
+        &self,
+        py: Python<'_>,
+        launch: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<(u64, bool)> {
+        let a = DeviceStepArgs::from_call(args, kwargs)?;
+        let fused = self.fused()?;
+        let inputs = a.inputs();
+        self.guard.check(py)?;
+        match fused.launch(&inputs, a.pre_copy) {
+            Ok(l) => {
+                let n = a.src_col.0.shape.first().copied().unwrap_or(0).max(0) as u64;
+                launch.call1((l.map(KernelLaunch::new), n))?;
+                self.guard.mark_written(py)?;
+                Ok((n, false))
+            }
+            Err(_) => Ok((fused.check(&inputs)?, true)),
         }
     }
 

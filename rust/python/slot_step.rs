@@ -52,6 +52,9 @@ struct Staged {
     batch_rows: u64,
     cols: i32,
     kernel: Option<(Py<PyCommitLaunch>, Py<PyAny>)>,
+    /// Without a kernel: the caller's commit, `reference(num_sampled)`, run inside the
+    /// post-process's guarded write, before its launch.
+    reference: Option<Py<PyAny>>,
 }
 
 /// The half-steps of one `ModelStateV2` as launches of `rs_state_copy_slots`.
@@ -71,7 +74,7 @@ pub struct VllmSlotStep {
 }
 
 /// A launch and, when the tables moved, their records to upload before it.
-type HalfStep<'py> = (KernelLaunch, Option<Bound<'py, PyBytes>>);
+type HalfStep<'py> = (Py<KernelLaunch>, Option<Bound<'py, PyBytes>>);
 
 impl VllmSlotStep {
     fn take_staged(&self) -> PyResult<Option<Staged>> {
@@ -96,25 +99,36 @@ impl VllmSlotStep {
             .collect()
     }
 
-    /// Checks the guard and the tables, builds the launch with `f`, and returns the table records
-    /// when they differ from the uploaded ones.
+    /// One guarded write: checks the guard and the tables, builds the launch with `f`, and with
+    /// `run` calls `run(launch, table records or None, reference or None)` (a host commit, the
+    /// upload, the launch) before the states are recorded as written. Returns the launch and the
+    /// table records when they differ from the uploaded ones.
     fn half<'py>(
         &self,
         py: Python<'py>,
         block_tables: &Bound<'_, PyAny>,
+        run: Option<&Bound<'_, PyAny>>,
+        reference: Option<&Py<PyAny>>,
         f: impl FnOnce(&SlotStep, i32) -> crate::error::Result<crate::kernels::Launch>,
     ) -> PyResult<HalfStep<'py>> {
         let tables = self.tables(block_tables)?;
         let planner = self.planner.get();
         planner.write(py, || {
             let (refs, cols) = self.inner.table_refs(&tables)?;
-            let launch = KernelLaunch::new(f(&self.inner, cols)?);
-            let mut up = self.uploaded.lock().map_err(|_| Error::plan("the table records' lock is poisoned"))?;
-            let changed = *up != refs;
-            if changed {
-                up.clone_from(&refs);
+            let launch = Py::new(py, KernelLaunch::new(f(&self.inner, cols)?))?;
+            let changed = {
+                let mut up = self.uploaded.lock().map_err(|_| Error::plan("the table records' lock is poisoned"))?;
+                let changed = *up != refs;
+                if changed {
+                    up.clone_from(&refs);
+                }
+                changed
+            };
+            let records = changed.then(|| PyBytes::new(py, &TableRef::bytes(&refs)));
+            if let Some(run) = run {
+                run.call1((launch.clone_ref(py), records.clone(), reference.map(|r| r.clone_ref(py))))?;
             }
-            Ok((launch, changed.then(|| PyBytes::new(py, &TableRef::bytes(&refs)))))
+            Ok((launch, records))
         })
     }
 }
@@ -175,7 +189,10 @@ impl VllmSlotStep {
 
     /// The pre-copy over the groups' `block_tables` and the runner's `idx_mapping`,
     /// `num_computed_tokens`, `query_start_loc` (positional: no keyword dict per step):
-    /// `(launch, table records or None)`.
+    /// `(launch, table records or None)`. With `run`, one guarded write: after every check
+    /// `run(launch, table records or None, None)` queues the upload and the launch, and the states
+    /// are recorded as written, in this call.
+    #[pyo3(signature = (block_tables, idx_mapping, num_computed_tokens, query_start_loc, run = None))]
     fn pre<'py>(
         &self,
         py: Python<'py>,
@@ -183,12 +200,13 @@ impl VllmSlotStep {
         idx_mapping: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
         query_start_loc: &Bound<'_, PyAny>,
+        run: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<HalfStep<'py>> {
         let kind = ErrorKind::Plan;
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
         let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
         let qsl = Tensor::arg(query_start_loc, "query_start_loc", kind)?.0;
-        self.half(py, block_tables, |s, cols| s.pre(cols, &idx, &nct, &qsl))
+        self.half(py, block_tables, run, None, |s, cols| s.pre(cols, &idx, &nct, &qsl))
     }
 
     /// Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
@@ -196,13 +214,16 @@ impl VllmSlotStep {
     /// `num_blocks`, `max_requests`, and the stage's `generation`) for the next post-process; `kernel`: the cache's commit
     /// kernel, which then runs inside that post-process's launch (`None`: the commit runs before
     /// it, the launch sets the committed rows' columns and counts) and `bound` the cache's
-    /// `BoundTensors`. Returns the bytes to copy into the front of the stage buffer; nothing is
-    /// staged when the core refuses the commit.
-    #[pyo3(signature = (kernel = None, **kwargs))]
+    /// `BoundTensors`; `reference`: without a kernel, the caller's host commit, kept with the stage
+    /// and handed to the post-process's `run` (inside its guarded write, to run before the launch).
+    /// Returns the bytes to copy into the front of the stage buffer;
+    /// nothing is staged when the core refuses the commit.
+    #[pyo3(signature = (kernel = None, reference = None, **kwargs))]
     fn stage_commit<'py>(
         &self,
         py: Python<'py>,
         kernel: Option<(Bound<'_, PyCommitLaunch>, Bound<'_, PyAny>)>,
+        reference: Option<Bound<'_, PyAny>>,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let a = StageArgs::from_kwargs(kwargs)?;
@@ -218,15 +239,18 @@ impl VllmSlotStep {
         let block_size = self.planner.get().block_size()? as u64;
         let st = plan_stage(&inputs, self.inner.slots(), block_size, cache, a.generation)?;
         let kernel = kernel.map(|(k, bound)| (k.unbind(), bound.unbind()));
-        self.put_staged(Some(Staged { batch_rows: st.batch_rows, cols: st.cols, kernel }))?;
+        let reference = if kernel.is_none() { reference.map(Bound::unbind) } else { None };
+        self.put_staged(Some(Staged { batch_rows: st.batch_rows, cols: st.cols, kernel, reference }))?;
         Ok(PyBytes::new(py, &st.bytes))
     }
 
     /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
     /// for every row); `commit`: run the staged RecoverSSM commit (`stage_commit`). A post-process
     /// the core builds forgets the staged commit (with `commit` or not); a refused one keeps it.
-    /// `(launch, table records or None)`.
-    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit = false))]
+    /// `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
+    /// `reference` when it runs with this post-process (else `None`).
+    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit = false, run = None))]
+    #[allow(clippy::too_many_arguments)]
     fn post<'py>(
         &self,
         py: Python<'py>,
@@ -235,6 +259,7 @@ impl VllmSlotStep {
         num_computed_tokens: &Bound<'_, PyAny>,
         block_tables: &Bound<'_, PyAny>,
         commit: bool,
+        run: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<HalfStep<'py>> {
         let kind = ErrorKind::Plan;
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
@@ -245,7 +270,10 @@ impl VllmSlotStep {
         // Taken out of the lock (no lock is held across a Python call); put back when refused.
         let taken = self.take_staged()?;
         if commit && taken.is_none() {
-            return Err(Error::plan("no RecoverSSM commit is staged for this post-process (stage_commit first)").into());
+            return Err(Error::plan(
+                "no RecoverSSM commit is staged for this step (stage it when the step's metadata is built: ModelStateV2.stage_recoverssm)",
+            )
+            .into());
         }
         let result = (|| {
             let st = if commit { taken.as_ref() } else { None };
@@ -254,7 +282,8 @@ impl VllmSlotStep {
                 bound.bind(py).call_method0(intern!(py, "check"))?; // the cache's tensors, before its write
             }
             let kernel = fused.map(|(k, _)| k.get().core());
-            let out = self.half(py, block_tables, |s, cols| {
+            let reference = st.and_then(|s| s.reference.as_ref());
+            let out = self.half(py, block_tables, run, reference, |s, cols| {
                 let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
                 s.post(cols, &idx, &nct, sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
             })?;

@@ -232,7 +232,7 @@ fn launch(p: &Planner, a: &DeviceArgs, st: &StagedStep, pre_copy: bool) -> PyRes
 }
 
 /// `(vector, staged step, launch)` of a device half-step.
-type DeviceHalf = (RawBuffer, RawBuffer, Option<KernelLaunch>);
+type DeviceHalf = (RawBuffer, Py<RawBuffer>, Option<Py<KernelLaunch>>);
 
 fn required<'a>(v: &'a Option<Ints>, name: &str) -> PyResult<&'a [i64]> {
     v.as_ref().map(|v| v.0.as_slice()).ok_or_else(|| arg_error(ErrorKind::Plan, format!("missing argument '{name}'")))
@@ -240,31 +240,51 @@ fn required<'a>(v: &'a Option<Ints>, name: &str) -> PyResult<&'a [i64]> {
 
 /// One device half-step: `stage` decides and stages it from the core's [`device_step::Stage`]
 /// (the host tables, the planner's configuration), then the bound tensors are checked and the
-/// launch is packed (`pre_copy`: pre-copy semantics).
+/// launch is packed (`pre_copy`: pre-copy semantics). With `run`, the guarded write happens here
+/// too: `run(staged, launch)` (copy the staged step to the device, launch) and the states recorded
+/// as written, in this call.
 fn device_half<T>(
     planner: &Bound<'_, Planner>,
     a: &DeviceArgs,
     pre_copy: bool,
+    run: Option<&Bound<'_, PyAny>>,
     stage: impl FnOnce(&device_step::Stage<'_>) -> crate::error::Result<(T, StagedStep)>,
-) -> PyResult<(T, StagedStep, Option<KernelLaunch>)> {
+) -> PyResult<(T, Py<RawBuffer>, Option<Py<KernelLaunch>>)> {
     let p = planner.get();
+    let py = planner.py();
     let tables: Vec<GroupTable<'_>> = a.tables.views();
     let from = if a.device_table.is_some() { TableSource::OnDevice } else { TableSource::Staged };
     let cfg = vllm::config(&p.inner, p.block_size()?);
     let name = |i| a.req_ids.name(i);
     let (out, st) = stage(&device_step::Stage { host_counts: a.num_accepted.host().is_some(), tables: &tables, cfg: &cfg, name: &name, from })?;
-    p.check(planner.py())?;
-    let l = launch(p, a, &st, pre_copy)?;
-    Ok((out, st, l))
+    let mut st = st;
+    let mut build = || -> PyResult<(Py<RawBuffer>, Option<Py<KernelLaunch>>)> {
+        let l = launch(p, a, &st, pre_copy)?.map(|l| Py::new(py, l)).transpose()?;
+        Ok((Py::new(py, RawBuffer::new(std::mem::take(&mut st.data)))?, l))
+    };
+    let (staged, l) = match run {
+        None => {
+            p.check(py)?;
+            build()?
+        }
+        Some(run) => p.write(py, || {
+            let (staged, l) = build()?;
+            run.call1((staged.clone_ref(py), l.as_ref().map(|l| l.clone_ref(py))))?;
+            Ok((staged, l))
+        })?,
+    };
+    Ok((out, staged, l))
 }
 
 /// The pre-copy for the device: the host decides the columns (every check that needs no count;
 /// with host counts every check), stages the step as int32 and packs the launch that reads it from
 /// `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
-/// launch), and the launch (`None` without requests).
+/// launch), and the launch (`None` without requests). With `run`, one guarded write in this call:
+/// after every check, `run(staged, launch)` queues the copy and the launch, and the states are
+/// recorded as written.
 #[pyfunction]
-#[pyo3(name = "vllm_device_pre_copy", signature = (planner, **kwargs))]
-fn device_pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
+#[pyo3(name = "vllm_device_pre_copy", signature = (planner, run = None, **kwargs))]
+fn device_pre_copy(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
     let a = DeviceArgs::from_kwargs(kwargs)?;
     let fresh = fresh_mask(&a.fresh);
     let host = a.num_accepted.host();
@@ -275,15 +295,15 @@ fn device_pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict
         mamba_state_idx: required(&a.mamba_state_idx, "mamba_state_idx")?,
         fresh: fresh.as_deref(),
     };
-    let (cols, st, l) = device_half(&planner, &a, true, |at| device_step::stage_pre_copy(&inp, at))?;
-    Ok((RawBuffer::new(cols.curr), RawBuffer::new(st.data), l))
+    let (cols, st, l) = device_half(&planner, &a, true, run.as_ref(), |at| device_step::stage_pre_copy(&inp, at))?;
+    Ok((RawBuffer::new(cols.curr), st, l))
 }
 
 /// The post-process for the device (decided by the kernel from the counts): returns `running`,
 /// the staged step and the launch, as `device_pre_copy`.
 #[pyfunction]
-#[pyo3(name = "vllm_device_post_process", signature = (planner, **kwargs))]
-fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
+#[pyo3(name = "vllm_device_post_process", signature = (planner, run = None, **kwargs))]
+fn device_post_process(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
     let a = DeviceArgs::from_kwargs(kwargs)?;
     let host = a.num_accepted.host();
     let inp = PostInputs {
@@ -293,8 +313,8 @@ fn device_post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, Py
         num_draft: required(&a.num_draft, "num_draft")?,
         num_accepted: host.unwrap_or(&[]),
     };
-    let (running, st, l) = device_half(&planner, &a, false, |at| device_step::stage_post_process(&inp, at))?;
-    Ok((RawBuffer::new(running), RawBuffer::new(st.data), l))
+    let (running, st, l) = device_half(&planner, &a, false, run.as_ref(), |at| device_step::stage_post_process(&inp, at))?;
+    Ok((RawBuffer::new(running), st, l))
 }
 
 kwargs! {

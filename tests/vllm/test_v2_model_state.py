@@ -29,10 +29,10 @@ def mh():
 @pytest.fixture
 def launch_args(monkeypatch):
     """The adapter's buffers are CPU tensors here; the launch sees them as CUDA tensors."""
-    from recoverssm_rs.vllm import model_state
+    from recoverssm_rs.cuda.ops import CudaOps
     from support.device_fakes import FakeCuda
 
-    monkeypatch.setattr(model_state, "_launch_arg", FakeCuda)
+    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(FakeCuda))
 
 
 def _trace(mh, cfg, **kw):

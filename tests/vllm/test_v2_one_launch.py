@@ -35,10 +35,10 @@ def _count_ops():
 
 @pytest.fixture
 def launch_args(monkeypatch):
-    from recoverssm_rs.vllm import model_state
+    from recoverssm_rs.cuda.ops import CudaOps
     from support.device_fakes import FakeCuda
 
-    monkeypatch.setattr(model_state, "_launch_arg", FakeCuda)
+    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(FakeCuda))
 
 
 def _small(max_num_reqs: int = 4):
@@ -161,8 +161,7 @@ def test_a_recoverssm_commit_on_a_host_cache_runs_before_the_launch(fake_ops, re
     commits = []
     cache = NS(
         commit=lambda sampled, blocks, qlens, **kw: commits.append((sampled.tolist(), kw["seq_lens"].tolist())),
-        _commit_kernel_ready=lambda: False,
-        _device_commit=None,
+        fused_commit=lambda: None,
         window=3,
         num_blocks=16,
         max_requests=4,

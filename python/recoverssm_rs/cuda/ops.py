@@ -10,20 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError
+from ..placement import cuda_index  # the one device parser (re-exported here)
 
 __all__ = ["CudaOps", "cuda_ops", "cuda_index"]
-
-
-def cuda_index(device: str, what: str) -> int:
-    """The CUDA index of the states' ``device``; :class:`PlanError` naming ``what`` for host states."""
-    if not device.startswith("cuda"):
-        raise PlanError(
-            f"{what} is part of the device path (CUDA states), but this planner is bound to {device} tensors; for host "
-            "states plan the step with planner.plan_align(...) or planner.plan(...) (host inputs) and run it with "
-            "CopyPlan.execute()"
-        )
-    _, _, idx = device.partition(":")
-    return int(idx) if idx else 0
 
 
 class CudaOps:
@@ -38,6 +27,13 @@ class CudaOps:
         import torch
 
         return torch
+
+    @staticmethod
+    def launch_arg(t: Any) -> Any:
+        """A buffer or an engine tensor as a launch receives it: ``t`` itself. The documented hook
+        of checks that run the device paths on host tensors standing in for CUDA ones (they
+        replace it with a wrapper that reports a CUDA device)."""
+        return t
 
     def context(self, index: int, stream: Any) -> contextlib.AbstractContextManager[Any]:
         """Make ``cuda:index`` current and, if given, ``stream`` (a torch stream) current."""

@@ -274,21 +274,22 @@ class StateCache:
                 max_requests=self.max_requests,
                 align=dict(align),
             )
-        self._bound.check()
         rows = self.plan_commit(num_accepted, state_blocks, query_lens, **align)
         if len(rows) == 0:
             return rows
-        recurrence.commit_rows(
-            rows,
-            recurrent=self._recurrent,
-            conv=self._conv,
-            corrections=self._corrections,
-            keygate=self._keygate,
-            conv_window=self._conv_window,
-            conv_kernel_size=self.conv_kernel_size,
-            conv_layout=self.conv_layout,
+        # One guarded core call: the bound tensors checked, the reference commit, the write recorded.
+        self._bound.guarded(
+            lambda: recurrence.commit_rows(
+                rows,
+                recurrent=self._recurrent,
+                conv=self._conv,
+                corrections=self._corrections,
+                keygate=self._keygate,
+                conv_window=self._conv_window,
+                conv_kernel_size=self.conv_kernel_size,
+                conv_layout=self.conv_layout,
+            )
         )
-        self._bound.mark_written()
         return rows
 
     # ---- commit kernel (CUDA) -------------------------------------------------------------
@@ -341,6 +342,14 @@ class StateCache:
                 d.ready = False
         return bool(d.ready)
 
+    def fused_commit(self) -> tuple[Any, BoundTensors] | None:
+        """``(commit launcher, bound tensors)`` when commits run on the kernel (a CUDA cache, CuPy
+        and a device), for an engine adapter that runs this cache's commit inside its own launch
+        (:meth:`ModelStateV2.stage_recoverssm <recoverssm_rs.vllm.ModelStateV2.stage_recoverssm>`);
+        ``None`` when the torch reference commits."""
+        d = self._device_commit
+        return (d.launcher, self._bound) if self._commit_kernel_ready() and d is not None else None
+
     def launch_commit(
         self,
         rows: torch.Tensor,
@@ -364,9 +373,7 @@ class StateCache:
             raise BackendUnavailableError("launch_commit needs a CUDA StateCache whose layout the commit kernel takes")
         if num_accepted is not None:
             _core.check_commit_counts(str(self._recurrent.device), num_accepted, 1)
-        self._bound.check()
-        d.launch(rows, None if num_rows is None else int(num_rows), num_accepted, stream)
-        self._bound.mark_written()
+        self._bound.guarded(lambda: d.launch(rows, None if num_rows is None else int(num_rows), num_accepted, stream))
 
     def commit_error(self) -> ErrorWord | None:
         """The error word of the last kernel commit, decoded (a synchronising read; request numbers
@@ -382,12 +389,15 @@ class StateCache:
     def reset_blocks(self, blocks: Any) -> None:
         """Zero every persistent state of ``blocks`` (all layers): a fresh request's running
         block. Values ``<= 0`` are skipped; blocks are checked by the core."""
-        self._bound.check()
         self.commit_planner.check_state_blocks(blocks)
         idx = torch.as_tensor(np.asarray(blocks), dtype=torch.long)
         idx = idx[idx > 0].to(self.device)
-        self._conv[:, idx] = 0
-        self._recurrent[:, idx] = 0
+
+        def zero() -> None:
+            self._conv[:, idx] = 0
+            self._recurrent[:, idx] = 0
+
+        self._bound.guarded(zero)
 
     def copy_blocks(self, src_blocks: Sequence[int] | Any, dst_blocks: Sequence[int] | Any) -> int:
         """Copy whole blocks (every persistent state of every layer): forks and prefix-cache hits,

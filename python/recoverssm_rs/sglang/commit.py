@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import _core
 from ..errors import PlanError
-from .pool import _host_ids
+from .device import host_ids
 
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
@@ -25,8 +27,6 @@ def commit_after_verify(
     steps_to_track: Any,
     src_indices: Any,
 ) -> None:
-    import numpy as np
-
     scratch = []
     if pool.temporal is not None and math.prod(pool.temporal.shape) > 0:
         if pool.intermediate_ssm is None:
@@ -39,9 +39,9 @@ def commit_after_verify(
     scratch += [(pool.conv[i], windows[i]) for i in live]  # type: ignore[index]
     if not scratch:
         return
-    if pool.device != "cpu":
+    if pool.placement.is_cuda:
         # One launch of the slot kernel: every tensor, both passes; the indices stay on the device.
-        pool._slot_launch(
+        pool.slot_launch(
             True,
             state_indices,
             steps=last_correct_step_indices,
@@ -50,11 +50,11 @@ def commit_after_verify(
             track_steps=steps_to_track,
         )
         return
-    steps, slots = _host_ids(last_correct_step_indices), _host_ids(state_indices)
+    steps, slots = host_ids(last_correct_step_indices), host_ids(state_indices)
     # The optional index vectors as host arrays too, under the core's names (``rows`` defaults to
     # each request's own scratch row).
     optional = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
-    ids = {name: None if x is None else _host_ids(x) for name, x in optional.items()}
+    ids: dict[str, Any] = {name: None if x is None else host_ids(x) for name, x in optional.items()}
     rows = ids["rows"]
     if rows is None:
         rows = ids["rows"] = np.arange(len(steps), dtype=np.int64)

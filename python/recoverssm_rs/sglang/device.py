@@ -15,22 +15,60 @@ import numpy as np
 
 from .. import _core
 from .._core import ErrorWord
-from ..cuda import module, ops
+from ..cuda import ops
+from ..placement import Placement
 
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
 
-__all__ = ["SlotKernel"]
+__all__ = ["SlotKernel", "SlotErrorWord", "host_ids", "get_cpu_copy", "load_cpu_copy"]
 
 log = logging.getLogger("recoverssm_rs")
 
 
-class SlotKernel:
-    """The device records of one pool for one use (``commit``: with the verify scratch) and the
-    pool's error word."""
+def host_ids(x: Any) -> np.ndarray:
+    """``x`` (a tensor of any device, a numpy array or a list) as a host int64 array."""
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").numpy()
+    return np.ascontiguousarray(np.asarray(x), dtype=np.int64)
 
-    def __init__(self, pool: SglangMambaPool, *, commit: bool, err: Any) -> None:
-        states = pool._tensors()
+
+class SlotErrorWord:
+    """The error word (``int32[3]`` on the pool's device, allocated by the first launch) of a pool's
+    slot-kernel launches and the requests of the last one."""
+
+    def __init__(self, placement: Placement) -> None:
+        self.placement = placement
+        self.buf: Any = None
+        self.requests = 0
+
+    @property
+    def launched(self) -> bool:
+        """Whether a slot kernel has run (a CUDA pool only)."""
+        return self.buf is not None
+
+    def reset(self, requests: int) -> Any:
+        """The word zeroed (on the current stream) for a launch over ``requests`` requests."""
+        if self.buf is None:
+            self.buf = ops.cuda_ops.zeros_i32(3, self.placement.index)
+        self.buf.zero_()
+        self.requests = requests
+        return self.buf
+
+    def read(self) -> ErrorWord:
+        """The decoded word (synchronises the device)."""
+        ops.cuda_ops.synchronize(self.placement.index)
+        return ErrorWord([int(x) for x in self.buf.cpu().tolist()], self.requests)
+
+    def __repr__(self) -> str:
+        return f"SlotErrorWord({self.placement.name}, requests={self.requests})"
+
+
+class SlotKernel:
+    """The device records of one pool for one use (``commit``: with the verify scratch)."""
+
+    def __init__(self, pool: SglangMambaPool, *, commit: bool) -> None:
+        states = pool.state_tensors()
         scratch: list[Any] = [None] * len(states)
         if commit:
             live = [i for i, c in enumerate(pool.conv) if math.prod(c.shape) > 0]
@@ -39,57 +77,52 @@ class SlotKernel:
             if len(scratch) < len(states):
                 scratch.append(pool.intermediate_ssm)
         raw, self.num_meta, self.max_bytes = _core.sglang_slot_table(states=states, scratch=scratch)
-        self.index = int(pool.device.split(":")[1])
+        self.index = pool.placement.index
         self.device = pool.device
         self.meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.index)
-        self.err = err
+        if pool.slot_error.buf is None:
+            pool.slot_error.reset(0)  # allocated before the launch's guarded call
         first = next((s for s in scratch if s is not None), None)
         self.num_rows = 0 if first is None else int(first.shape[1])
         self.draft = 0 if first is None else int(first.shape[2])
         log.debug("sglang: %d slot records on %s (commit=%s)", self.num_meta, self.device, commit)
 
-    def launch(self, pool: SglangMambaPool, slots: Any, **vectors: Any) -> int:
-        """One launch on the current stream: clear ``slots`` (no other vector) or commit (with
-        ``steps`` and the optional ``rows``, ``track_slots``, ``track_steps``). Returns the number of
-        requests (for the error word)."""
+    def launch(self, pool: SglangMambaPool, slots: Any, **vectors: Any) -> None:
+        """One guarded launch on the current stream: clear ``slots`` (no other vector) or commit
+        (with ``steps`` and the optional ``rows``, ``track_slots``, ``track_steps``)."""
         torch = ops.cuda_ops.torch()
         args = {k: _int64(torch, pool, v) for k, v in vectors.items() if v is not None}
         slots = _int64(torch, pool, slots)
-        kl = _core.sglang_slot_launch(
-            device=self.device,
-            metas=int(self.meta.data_ptr()),
-            num_meta=self.num_meta,
-            max_bytes=self.max_bytes,
-            num_slots=pool.num_slots,
-            num_rows=self.num_rows,
-            draft=self.draft,
-            slots=slots,
-            err=self.err,
-            **args,
-        )
-        pool.planner.core.check()
-        self.err.zero_()
-        if kl is not None:
-            with ops.cuda_ops.context(self.index, None):
-                module.launch(kl, self.index, None)
-        pool.planner.core.mark_written()
-        return int(slots.shape[0]) if len(slots.shape) == 1 else 0
+        err = pool.slot_error
+
+        def write() -> None:
+            kl = _core.sglang_slot_launch(
+                device=self.device,
+                metas=int(self.meta.data_ptr()),
+                num_meta=self.num_meta,
+                max_bytes=self.max_bytes,
+                num_slots=pool.num_slots,
+                num_rows=self.num_rows,
+                draft=self.draft,
+                slots=slots,
+                err=err.buf,
+                **args,
+            )
+            err.reset(int(slots.shape[0]) if len(slots.shape) == 1 else 0)
+            if kl is not None:
+                pool.launch_kernel(kl)
+
+        pool.guarded(write)
 
 
 def _int64(torch: Any, pool: SglangMambaPool, x: Any) -> Any:
     """``x`` as a contiguous int64 vector on the pool's device (converted there, never read back)."""
-    x = pool._on_device(x)
+    x = pool.on_device(x)
     if x.dtype != torch.int64:
         x = x.to(torch.int64)
     if len(x.shape) == 1 and x.shape[0] > 1 and x.stride()[0] != 1:
         x = x.contiguous()
     return x
-
-
-def last_error(err: Any, index: int, requests: int) -> ErrorWord:
-    """The decoded error word (synchronises the device)."""
-    ops.cuda_ops.synchronize(index)
-    return ErrorWord([int(x) for x in err.cpu().tolist()], requests)
 
 
 def _bundle(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
@@ -121,30 +154,30 @@ def _run_table(
     table and the index ``vectors`` go to the device in one upload."""
     torch = ops.cuda_ops.torch()
     raw, num_meta, max_bytes = _core.sglang_slot_table(states=dst, scratch=src)
-    index = int(pool.device.split(":")[1])
     names = list(vectors)
     staged, offsets = _bundle([np.frombuffer(raw, dtype=np.uint8), *(vectors[k] for k in names)])
-    dev = ops.cuda_ops.upload(staged, index)
+    dev = ops.cuda_ops.upload(staged, pool.placement.index)
     n = len(vectors["slots"])
     args = {k: _view(dev, o, 8 * n, torch.int64, (n,)) for k, o in zip(names, offsets[1:], strict=True)}
-    if pool._err is None:
-        pool._err = ops.cuda_ops.zeros_i32(3, index)
-    kl = _core.sglang_slot_launch(
-        device=pool.device,
-        metas=int(dev.data_ptr()),
-        num_meta=num_meta,
-        max_bytes=max_bytes,
-        err=pool._err,
-        **args,
-        **sizes,
-    )
-    pool.planner.core.check()
-    pool._err.zero_()
-    pool._err_requests = n
-    if kl is not None:
-        with ops.cuda_ops.context(index, None):
-            module.launch(kl, index, None)
-    pool.planner.core.mark_written()
+    err = pool.slot_error
+    if err.buf is None:
+        err.reset(0)
+
+    def write() -> None:
+        kl = _core.sglang_slot_launch(
+            device=pool.device,
+            metas=int(dev.data_ptr()),
+            num_meta=num_meta,
+            max_bytes=max_bytes,
+            err=err.buf,
+            **args,
+            **sizes,
+        )
+        err.reset(n)
+        if kl is not None:
+            pool.launch_kernel(kl)
+
+    pool.guarded(write)
 
 
 def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any]:
@@ -153,7 +186,7 @@ def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any
     device-to-host copy of that buffer; the host tensors are views of it."""
     torch = ops.cuda_ops.torch()
     n = len(ids)
-    index = int(pool.device.split(":")[1])
+    index = pool.placement.index
     stacked = _stacked(pool, n)
     offsets, at = [], 0
     for _, _, b in stacked:
@@ -184,7 +217,7 @@ def load_cpu_copy(pool: SglangMambaPool, host: list[Any], ids: np.ndarray) -> No
     every state tensor into its slots."""
     torch = ops.cuda_ops.torch()
     n = len(ids)
-    index = int(pool.device.split(":")[1])
+    index = pool.placement.index
     stacked = _stacked(pool, n)
     live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
     if n == 0 or not live:

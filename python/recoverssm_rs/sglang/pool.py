@@ -20,25 +20,23 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from .. import _core
 from .._core import Layout, StateSpec
+from ..cuda import ops
+from ..engine import EngineAdapter
+from ..errors import LayoutError, PlanError
 from ..planner import Planner
+from .commit import commit_after_verify
+from .device import SlotErrorWord, SlotKernel, get_cpu_copy, host_ids, load_cpu_copy
 
 __all__ = ["SglangMambaPool", "install"]
 
 log = logging.getLogger("recoverssm_rs")
 
 
-def _host_ids(x: Any) -> Any:
-    """``x`` (a tensor of any device, a numpy array or a list) as a host int64 array."""
-    import numpy as np
-
-    if hasattr(x, "detach"):
-        x = x.detach().to("cpu").numpy()
-    return np.ascontiguousarray(np.asarray(x), dtype=np.int64)
-
-
-class SglangMambaPool:
+class SglangMambaPool(EngineAdapter):
     """Drop-in operations with the signatures and effects of SGLang's ``MambaPool`` methods, run
     through the package's planner: ``copy_from`` (copy-on-write on a prefix hit; a fork is an
     allocation plus ``copy_from``), ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy``
@@ -87,12 +85,14 @@ class SglangMambaPool:
         if not live_conv and has_temporal:
             spec = StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal")
             groups.append((Layout("sglang", [spec]), [[temporal[layer]] for layer in range(temporal.shape[0])]))
-        self.planner = Planner.from_groups(groups)
+        super().__init__(Planner.from_groups(groups))
+        # Fixed once bound: read here, not from the core on every call.
+        self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None
         self._ones_dev: Any = None
-        self._slot_kernels: dict[bool, Any] = {}
-        self._err: Any = None
-        self._err_requests = 0
+        self._slot_kernels: dict[bool, SlotKernel] = {}
+        self.slot_error = SlotErrorWord(self.placement)
+        """The error word of the slot kernel's launches (:meth:`last_error`)."""
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -110,7 +110,7 @@ class SglangMambaPool:
     @property
     def device(self) -> str:
         """The states' device (``"cpu"`` or ``"cuda:N"``)."""
-        return self.planner.device
+        return self.placement.name
 
     @property
     def layouts(self) -> list[Layout]:
@@ -127,9 +127,11 @@ class SglangMambaPool:
     @property
     def num_slots(self) -> int:
         """Slots including the dummy slot 0 (SGLang's ``size + 1``)."""
-        return self.planner.num_blocks
+        return self._num_slots
 
-    def _tensors(self) -> list[Any]:
+    def state_tensors(self) -> list[Any]:
+        """The pool's non-empty state tensors in SGLang's order (every conv tensor, then the
+        temporal state)."""
         out = [c for c in self.conv if math.prod(c.shape) > 0]
         if self.temporal is not None and math.prod(self.temporal.shape) > 0:
             out.append(self.temporal)
@@ -138,7 +140,7 @@ class SglangMambaPool:
     def _check_slots(self, indices: Any) -> Any:
         """``indices`` as host ids, checked by the core as slots that may be written and read (in
         range, not the dummy slot 0)."""
-        ids = _host_ids(indices)
+        ids = host_ids(indices)
         self.planner.plan_copy(ids, ids)
         return ids
 
@@ -159,41 +161,41 @@ class SglangMambaPool:
             PlanError: a slot outside the pool, the dummy slot 0, lengths that differ, a cycle, or
                 two copies to one slot; nothing is written.
         """
-        if self.device != "cpu":
+        if self.placement.is_cuda:
             self._launch_copy(src_indices, dst_indices)
             return
-        self.planner.plan_copy(_host_ids(src_indices), _host_ids(dst_indices)).execute()
+        self.planner.plan_copy(host_ids(src_indices), host_ids(dst_indices)).execute()
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
         """One fused launch of the planner's state-copy kernel: every request reads the same
         identity row of slot ids (a table with row and group stride 0), so its source and
         destination columns are the slot ids themselves, and one accepted token means a whole copy.
         """
-        src, dst = self._on_device(src_indices), self._on_device(dst_indices)
+        # SGLang's int64 slot ids narrowed to the kernel's int32 on the device first (as the
+        # planner would after its checks), so that the call is one crossing into the core.
+        int32, int64 = ops.cuda_ops.torch().int32, ops.cuda_ops.torch().int64
+        src, dst = (x.to(int32) if x.dtype == int64 else x for x in map(self.on_device, (src_indices, dst_indices)))
         n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
         if tuple(src.shape) == tuple(dst.shape) == (0,):
             return
         slots, ones = self._device_constants(n)
-        g, s = self.planner.num_groups, self.num_slots
+        g, s = self._groups, self._num_slots
         table = slots.as_strided((n, s), (0, 1)) if g == 1 else slots.as_strided((g, n, s), (0, 0, 1))
         self.planner.launch(table, src, dst, ones[:n], semantics="pre_copy")
 
-    def _on_device(self, x: Any) -> Any:
+    def on_device(self, x: Any) -> Any:
+        """Slot ids ``x`` as a tensor on the pool's device: a CUDA tensor as it is (the core checks
+        its device and dtype), anything else as host int64 ids copied there."""
         if getattr(getattr(x, "device", None), "type", None) == "cuda":
             return x
-        import torch
-
-        return torch.as_tensor(_host_ids(x)).to(self.device, non_blocking=True)
+        torch = ops.cuda_ops.torch()
+        return torch.as_tensor(host_ids(x)).to(self.device, non_blocking=True)
 
     def _device_constants(self, n: int) -> tuple[Any, Any]:
         """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
         device (uploaded once; the ones grow by doubling)."""
-        import numpy as np
-        import torch
-
-        from ..cuda import ops
-
-        index = int(self.device.split(":")[1])
+        torch = ops.cuda_ops.torch()
+        index = self.placement.index
         if self._slots_dev is None:
             ids = np.arange(self.num_slots, dtype=np.int32)
             self._slots_dev = ops.cuda_ops.upload(ids.view(np.uint8), index).view(torch.int32)
@@ -219,27 +221,23 @@ class SglangMambaPool:
             PlanError: host states: a slot outside the pool or the dummy slot 0; nothing is written.
                 CUDA states: indices that are not a vector on the pool's device.
         """
-        if self.device != "cpu":
-            self._slot_launch(False, indices)
+        if self.placement.is_cuda:
+            self.slot_launch(False, indices)
             return
-        import torch
-
+        torch = ops.cuda_ops.torch()
         ids = self._check_slots(indices)
         idx = torch.as_tensor(ids, device=self.device)
-        for t in self._tensors():
+        for t in self.state_tensors():
             t.index_fill_(1, idx, 0)
 
-    def _slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
-        """One launch of the slot kernel (see :mod:`recoverssm_rs.sglang.device`)."""
-        from ..cuda import ops
-        from .device import SlotKernel
-
-        if self._err is None:
-            self._err = ops.cuda_ops.zeros_i32(3, int(self.device.split(":")[1]))
+    def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
+        """One guarded launch of the slot kernel (see :mod:`recoverssm_rs.sglang.device`): clear
+        ``slots``, or with ``commit`` the verify commit (``vectors``: ``steps``, ``rows``,
+        ``track_slots``, ``track_steps``)."""
         kernel = self._slot_kernels.get(commit)
         if kernel is None:
-            kernel = self._slot_kernels[commit] = SlotKernel(self, commit=commit, err=self._err)
-        self._err_requests = kernel.launch(self, slots, **vectors)
+            kernel = self._slot_kernels[commit] = SlotKernel(self, commit=commit)
+        kernel.launch(self, slots, **vectors)
 
     def last_error(self) -> Any:
         """The error word of the last :meth:`clear_slots` or :meth:`commit_after_verify` on CUDA
@@ -250,12 +248,9 @@ class SglangMambaPool:
         Raises:
             PlanError: a host pool (host operations raise instead of skipping).
         """
-        from ..errors import PlanError
-        from .device import last_error
-
-        if self.device == "cpu" or self._err is None:
+        if not self.slot_error.launched:
             raise PlanError("last_error: no slot kernel has run on this pool (host pools raise instead)")
-        return last_error(self._err, int(self.device.split(":")[1]), self._err_requests)
+        return self.slot_error.read()
 
     def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
         """``(conv_cpu, temporal_cpu)``: the given slots' states on the host, layer-stacked as
@@ -265,12 +260,9 @@ class SglangMambaPool:
         Raises:
             PlanError: a slot outside the pool or the dummy slot 0.
         """
-        import torch
-
+        torch = ops.cuda_ops.torch()
         ids = self._check_slots(indices)
-        if self.device != "cpu":
-            from .device import get_cpu_copy
-
+        if self.placement.is_cuda:
             return get_cpu_copy(self, ids)
         idx = torch.as_tensor(ids, device=self.device)
         conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
@@ -285,8 +277,7 @@ class SglangMambaPool:
             PlanError: a slot outside the pool or the dummy slot 0, or host tensors whose dtype or
                 shape differ from the pool's (SGLang would cast); nothing is written.
         """
-        import torch
-
+        torch = ops.cuda_ops.torch()
         conv_cpu, temporal_cpu = mamba_cache_cpu[0], mamba_cache_cpu[1]
         ids = self._check_slots(indices)
         pairs = [*zip(self.conv, conv_cpu, strict=True), (self.temporal, temporal_cpu)]
@@ -299,9 +290,7 @@ class SglangMambaPool:
                 host_shape=tuple(src.shape),
                 num_slots=len(ids),
             )
-        if self.device != "cpu":
-            from .device import load_cpu_copy
-
+        if self.placement.is_cuda:
             load_cpu_copy(self, [src for _, src in pairs], ids)
             return
         idx = torch.as_tensor(ids, device=self.device)
@@ -322,8 +311,7 @@ class SglangMambaPool:
             LayoutError: the pool has more than one conv tensor (their transfer is not supported:
                 binding only the first would leave the others stale on the destination).
         """
-        from ..errors import LayoutError
-        from ..transfer import StatePool
+        from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
         conv = [c for c in self.conv if math.prod(c.shape) > 0]
         if len(conv) > 1:
@@ -360,14 +348,12 @@ class SglangMambaPool:
                 (nothing is written); CUDA states: vectors of different lengths or not on the
                 pool's device.
         """
-        from .commit import commit_after_verify
-
         commit_after_verify(self, state_indices, last_correct_step_indices, track_indices, steps_to_track, src_indices)
 
     def __repr__(self) -> str:
         return (
             f"SglangMambaPool(slots={self.num_slots}, layers={self.num_layers}, "
-            f"groups={self.planner.num_groups}, device={self.device!r}, "
+            f"groups={self._groups}, device={self.device!r}, "
             f"speculative={self.intermediate_ssm is not None or bool(self.intermediate_conv_window)})"
         )
 

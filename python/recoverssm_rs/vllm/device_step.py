@@ -37,7 +37,7 @@ import numpy as np
 from .. import _core
 from .._core import ErrorWord, VllmSlots
 from ..cuda import module, ops
-from ..cuda.ops import cuda_index
+from ..engine import EngineAdapter
 from ..errors import PlanError, _reading
 from ..plan_format import records
 from .decide import PostProcessInputs, PreCopyInputs, fields
@@ -76,7 +76,7 @@ def _int32_counts(x: Any) -> Any:
     return x
 
 
-class DeviceStep:
+class DeviceStep(EngineAdapter):
     """The two fused launches of a step for a planner bound to CUDA states.
 
     Args:
@@ -90,8 +90,8 @@ class DeviceStep:
     """
 
     def __init__(self, planner: Planner, max_num_reqs: int) -> None:
-        self.planner = planner
-        self.index = cuda_index(planner.device, "the device step")
+        super().__init__(planner)
+        self.index = self.cuda("the device step")
         self.max_num_reqs = VllmSlots.check_capacity(max_num_reqs)
         # int32 [3 * max_num_reqs]: the pre-copy's counts, the post-process's, the remapped counts
         self._out: Any = None
@@ -102,7 +102,7 @@ class DeviceStep:
 
     def _buffers(self) -> tuple[Any, Any]:
         if self._out is None:
-            self.planner._device("the device step")  # the state table and the planner's word; compiled at launch
+            self.planner.device_path("the device step")  # the state table and the planner's word; compiled at launch
             cuda = ops.cuda_ops
             self._out = cuda.zeros_i32(3 * self.max_num_reqs, self.index)
             self._err = cuda.zeros_i32(3, self.index)
@@ -119,7 +119,7 @@ class DeviceStep:
             per_row += len(tables) * max((np.shape(t)[1] for t in tables), default=0)
         else:
             _core.check_device_tables(
-                device=self.planner.device, tables=list(device_tables), groups=self.planner.num_groups, rows=rows
+                device=self.placement.name, tables=list(device_tables), groups=self.planner.num_groups, rows=rows
             )
             table = ops.cuda_ops.stack_rows(list(device_tables), rows, self.index)
         if self._staging is None or self._staging.shape[0] < per_row * rows:
@@ -181,31 +181,35 @@ class DeviceStep:
         counts = out[:rows] if pre else out[self.max_num_reqs : self.max_num_reqs + rows]
         staging, table = self._stage(kwargs["tables"], rows, device_tables)
         cuda = ops.cuda_ops
-        ts = cuda.torch_stream(stream, self.index)
+        ts = self.stream(stream)
         if prev_rows is not None:
             _core.vllm_check_prev_rows(
-                device=self.planner.device,
+                device=self.placement.name,
                 prev_rows=prev_rows,
                 rows=rows,
                 num_accepted_given=given,
             )
             kwargs["num_accepted"] = out[2 * self.max_num_reqs : 2 * self.max_num_reqs + rows]
+
+        def run(staged: Any, kl: Any) -> None:
+            """The half-step's writes, run by the core after every check (nothing is queued on an
+            error), before it records them."""
+            with cuda.context(self.index, ts):
+                if pre:
+                    err.zero_()  # the step's word: the post-process ORs into it too
+                    self._err_rows = 0
+                    if prev_rows is not None:
+                        prev = out[self.max_num_reqs : self.max_num_reqs + self._post_rows]
+                        _remap(prev, prev_rows[:rows], kwargs["num_accepted"])
+                if kl is not None:
+                    cuda.stage_i32(staged, staging)
+                    module.launch(kl, self.index, ts)
+                    self._err_rows = max(self._err_rows, rows)
+
         half = _core.vllm_device_pre_copy if pre else _core.vllm_device_post_process
-        vector, staged, kl = half(
-            self.planner.core, staging=staging, device_table=table, err=err, num_accepted_out=counts, **kwargs
+        vector, _, _ = half(
+            self.core, run, staging=staging, device_table=table, err=err, num_accepted_out=counts, **kwargs
         )
-        with cuda.context(self.index, ts):
-            if pre:
-                err.zero_()  # the step's word: the post-process ORs into it too
-                self._err_rows = 0
-                if prev_rows is not None:  # after every host check: nothing is queued on an error
-                    prev = out[self.max_num_reqs : self.max_num_reqs + self._post_rows]
-                    _remap(prev, prev_rows[:rows], kwargs["num_accepted"])
-            if kl is not None:
-                cuda.stage_i32(staged, staging)
-                module.launch(kl, self.index, ts)
-                self._err_rows = max(self._err_rows, rows)
-        self.planner.core.mark_written()
         if not pre:
             self._post_rows = rows
         return records(vector, np.int64), counts

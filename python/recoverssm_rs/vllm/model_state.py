@@ -36,13 +36,15 @@ vLLM itself is never imported: every vLLM object is read by attribute.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _core
 from .._core import ErrorWord
-from ..cuda import module
+from ..cuda import module, ops
+from ..engine import EngineAdapter
 from ..errors import PlanError
 from ..planner import Planner
 
@@ -50,13 +52,7 @@ __all__ = ["ModelStateV2", "RecoverSSMCommit"]
 
 log = logging.getLogger("recoverssm_rs")
 
-
-def _identity(t: Any) -> Any:
-    """A buffer as the launch receives it (the identity; the tests' seam for host-backed fakes)."""
-    return t
-
-
-_launch_arg = _identity
+_AS_GIVEN = ops.CudaOps.launch_arg  # the hook's own identity (the tables then pass as given)
 
 
 @dataclasses.dataclass
@@ -91,7 +87,7 @@ class RecoverSSMCommit:
     query_lens: Any = None
 
 
-class ModelStateV2:
+class ModelStateV2(EngineAdapter):
     """vLLM's ``MambaHybridModelState`` align-mode step for a planner of every mamba group.
 
     Args:
@@ -109,7 +105,7 @@ class ModelStateV2:
 
         if planner.block_size is None:
             raise PlanError("ModelStateV2 needs the planner's block_size (Planner(..., block_size=...))")
-        self.planner = planner
+        super().__init__(planner)
         self.group_ids = _core.VllmSlotStep.check_group_ids(group_ids, planner.num_groups)
         self.max_num_reqs = m = _core.VllmSlots.check_capacity(max_num_reqs)
         self.block_size = int(planner.block_size)
@@ -126,11 +122,11 @@ class ModelStateV2:
         # the pre-copy's two words (by stamp parity), the post-process's, the last pre-copy's stamp
         self._err = vec(0, _core.VllmSlotStep.ERR_WORDS)
         self._tables = vec(0, 2 * planner.num_groups, torch.int64)  # TableRef records
-        self._stage = vec(-1, _core.VllmSlotStep.commit_stage_len(m))  # a staged RecoverSSM commit
-        self._staged: tuple[RecoverSSMCommit, bool] | None = None  # (commit, in the launch)
+        self._stage = vec(
+            -1, _core.VllmSlotStep.commit_stage_len(m)
+        )  # a staged RecoverSSM commit (the core keeps its plan)
         self._generation = 0  # the last stage's generation
         self._step: Any = None  # the core's VllmSlotStep, made at the first half-step
-        self._index = 0
         self._last = "post"  # the half that ran last
         self._stamp = 0  # the host's mirror of the device stamp
 
@@ -154,7 +150,7 @@ class ModelStateV2:
         step = VllmMambaStep.from_runner(
             kv_cache_config, forward_context, copy_funcs, max_num_reqs=max_num_reqs, conv_layout=conv_layout
         )
-        return cls(step.planner, step._group_ids, max_num_reqs, device=device)
+        return cls(step.planner, step.group_ids, max_num_reqs, device=device)
 
     # --------------------------------------------------------------------------------------------
     # What the model's kernels read
@@ -186,22 +182,19 @@ class ModelStateV2:
     def _core_step(self) -> Any:
         """The core's half-step builder, made once (the planner's device path prepared first)."""
         if self._step is None:
-            from ..cuda.ops import cuda_index
-
-            self._index = cuda_index(self.planner.device, "ModelStateV2")
-            self.planner._device("ModelStateV2")
-            m = self.max_num_reqs
+            self.planner.device_path("ModelStateV2")
+            arg = ops.cuda_ops.launch_arg
             self._step = _core.VllmSlotStep(
-                self.planner.core,
+                self.core,
                 group_ids=self.group_ids,
-                num_slots=m,
-                state_idx=_launch_arg(self._state),
-                num_accepted=_launch_arg(self._acc),
-                scratch=_launch_arg(self._scratch),
-                ctl=_launch_arg(self._ctl),
-                err=_launch_arg(self._err),
-                tables=_launch_arg(self._tables),
-                commit=_launch_arg(self._stage),
+                num_slots=self.max_num_reqs,
+                state_idx=arg(self._state),
+                num_accepted=arg(self._acc),
+                scratch=arg(self._scratch),
+                ctl=arg(self._ctl),
+                err=arg(self._err),
+                tables=arg(self._tables),
+                commit=arg(self._stage),
             )
         return self._step
 
@@ -217,21 +210,20 @@ class ModelStateV2:
             BackendUnavailableError: CuPy or a CUDA device is missing.
         """
         self._core_step()
-        module.function_ptr("rs_state_copy_slots", self._index)
+        module.function_ptr("rs_state_copy_slots", self.cuda("ModelStateV2"))
 
-    def _upload_tables(self, half: tuple[Any, Any]) -> None:
-        """Uploads the table records when a table moved (the first step; the core now holds them
-        as uploaded)."""
-        if half[1] is not None:
+    def _run(self, kl: Any, records: bytes | None, host_commit: Any) -> None:
+        """The write of a half-step, run by the core inside its guarded call (after every check,
+        before the write is recorded): a staged host-cache commit (the torch reference) first, the
+        table records when a table moved (the first step), then the launch on the current torch
+        stream."""
+        if host_commit is not None:
+            host_commit()
+        if records is not None:
             import torch
 
-            self._tables.copy_(torch.frombuffer(bytearray(half[1]), dtype=torch.int64))
-
-    def _run(self, half: tuple[Any, Any]) -> None:
-        """Uploads the table records when a table moved, then launches on the current torch
-        stream."""
-        self._upload_tables(half)
-        module.launch(half[0], self._index, None)  # the core checked the guard and marked the states written
+            self._tables.copy_(torch.frombuffer(bytearray(records), dtype=torch.int64))
+        module.launch(kl, self.placement.index, None)
 
     def preprocess_state(
         self,
@@ -262,13 +254,8 @@ class ModelStateV2:
             self._stamp += 1
             w = 3 * (self._stamp & 1)
             self._err[w : w + 3].zero_()
-        half = step.pre(
-            _tables(block_tables),
-            _launch_arg(idx_mapping),
-            _launch_arg(num_computed_tokens),
-            _launch_arg(query_start_loc),
-        )
-        self._run(half)
+        arg = ops.cuda_ops.launch_arg
+        step.pre(_tables(block_tables), arg(idx_mapping), arg(num_computed_tokens), arg(query_start_loc), self._run)
         self._last = "pre"
 
     def postprocess_state(
@@ -302,8 +289,9 @@ class ModelStateV2:
                 disagree -- ``num_computed_tokens`` after the step not the commit's tokens plus
                 ``num_sampled`` -- is reported, not copied). With the cache's commit kernel (a
                 CUDA cache) the commit runs inside this launch; on a host cache the torch reference
-                commits first. Skipped when ``num_sampled`` is one integer for every row (vLLM's
-                ``commit_step`` commits nothing then; a staged commit is dropped).
+                commits first (inside the same guarded core call). Skipped when ``num_sampled`` is
+                one integer for every row (vLLM's ``commit_step`` commits nothing then): the core
+                forgets a staged commit, and the skip is logged.
 
         Raises:
             PlanError: a bad input (nothing is written), or ``recoverssm=True`` with no commit
@@ -311,24 +299,22 @@ class ModelStateV2:
         """
         step = self._core_step()
         tables = _tables(block_tables)
-        commit = recoverssm is not None and recoverssm is not False and not isinstance(num_sampled, int)
-        if commit and recoverssm is not True:
-            assert isinstance(recoverssm, RecoverSSMCommit)
+        wanted = recoverssm is not None and recoverssm is not False
+        commit = wanted and not isinstance(num_sampled, int)
+        if wanted and not commit:
+            log.debug("postprocess_state: num_sampled is one integer for every row: no RecoverSSM commit (as vLLM's)")
+        if commit and isinstance(recoverssm, RecoverSSMCommit):
             self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
-        elif commit and self._staged is None:
-            raise PlanError(
-                "postprocess_state(recoverssm=True): no RecoverSSM commit is staged for this step "
-                "(call stage_recoverssm when the step's metadata is built)"
-            )
-        staged = self._staged
-        sampled = num_sampled if isinstance(num_sampled, int) else _launch_arg(num_sampled)
-        # Every check first (the core's), then the writes.
-        half = step.post(_launch_arg(idx_mapping), sampled, _launch_arg(num_computed_tokens), tables, commit)
-        self._staged = None  # the core forgot it too: a stage is for one post-process
-        self._upload_tables(half)
-        if commit and staged is not None and not staged[1]:  # a host cache: the torch reference, first
-            _reference_commit(staged[0], num_sampled, self.block_size)
-        module.launch(half[0], self._index, None)
+        arg = ops.cuda_ops.launch_arg
+        sampled = num_sampled if isinstance(num_sampled, int) else arg(num_sampled)
+
+        # One guarded core call: every check, then the writes (self._run), then the record.
+        def run(kl: Any, records: bytes | None, reference: Any) -> None:
+            # A host cache's reference commit (the stage's, handed back by the core) reads the
+            # caller's own counts.
+            self._run(kl, records, None if reference is None else functools.partial(reference, num_sampled))
+
+        step.post(arg(idx_mapping), sampled, arg(num_computed_tokens), tables, commit, run)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
@@ -346,19 +332,16 @@ class ModelStateV2:
             PlanError: a bad request index, block, count or boundary, or a block written twice,
                 naming the request, or a capture in progress; nothing is staged.
         """
-        from ..cuda import ops
-
         if _capturing():
             raise PlanError("stage_recoverssm: a CUDA graph is being captured; stage the commit before the capture")
         rs = recoverssm
         cache = rs.cache
-        fused = cache._commit_kernel_ready()
-        d = cache._device_commit
-        kernel = (d.launcher, cache._bound) if fused and d is not None else None
+        kernel = cache.fused_commit()
         step = self._core_step()
         generation = self._generation % (2**31 - 1) + 1
         raw = step.stage_commit(
             kernel,
+            functools.partial(_reference_commit, rs, block_size=self.block_size),
             request_indices=rs.request_indices,
             state_blocks=rs.state_blocks,
             num_computed_tokens=rs.num_computed_tokens,
@@ -370,13 +353,11 @@ class ModelStateV2:
             generation=generation,
         )
         try:
-            ops.cuda_ops.stage_i32(raw, _launch_arg(self._stage))
+            ops.cuda_ops.stage_i32(raw, ops.cuda_ops.launch_arg(self._stage))
         except BaseException:
-            step.clear_commit()  # forgotten by the core too: recoverssm=True is refused until a new stage
-            self._staged = None
+            step.clear_commit()  # forgotten by the core: recoverssm=True is refused until a new stage
             raise
         self._generation = generation
-        self._staged = (rs, kernel is not None)
 
     def last_error(self) -> Any:
         """The step's error word (both halves since the last :meth:`preprocess_state`; rows are
@@ -400,7 +381,7 @@ def _capturing() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, block_size: int) -> None:
+def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, *, block_size: int) -> None:
     """The torch reference commit of a host cache (the kernel's work on CUDA caches)."""
     import torch
 
@@ -419,9 +400,11 @@ def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, block_size: int) -
 
 
 def _tables(block_tables: Any) -> Any:
-    """The caller's per-group tables as the core reads them (each through :func:`_launch_arg`)."""
-    if _launch_arg is _identity:
+    """The caller's per-group tables as the core reads them (each through
+    :meth:`CudaOps.launch_arg <recoverssm_rs.cuda.ops.CudaOps.launch_arg>`)."""
+    arg = ops.cuda_ops.launch_arg
+    if arg is _AS_GIVEN:
         return block_tables
     if isinstance(block_tables, Mapping):
-        return {g: _launch_arg(t) for g, t in block_tables.items()}
-    return [_launch_arg(t) for t in block_tables]
+        return {g: arg(t) for g, t in block_tables.items()}
+    return [arg(t) for t in block_tables]

@@ -40,6 +40,7 @@ import numpy as np
 from .. import _core
 from .._core import Layout, StateSpec, VllmSlots
 from ..contract import copy_func_name, validate_copy_funcs
+from ..engine import EngineAdapter
 from ..errors import BindingError, LayoutError, PlanError, _reading
 from ..planner import Planner
 from .decide import PostProcessDecision, PostProcessInputs, PreCopyDecision, PreCopyInputs, plan
@@ -151,7 +152,7 @@ def _block_table(input_batch: Any, gid: int, n: int) -> Any:
     return arr[:n]
 
 
-class VllmMambaStep:
+class VllmMambaStep(EngineAdapter):
     """vLLM's align-mode recurrent-state step for every mamba group, in two calls per step.
 
     Args:
@@ -178,9 +179,9 @@ class VllmMambaStep:
     ) -> None:
         self._slots_table = VllmSlots(max_num_reqs)
         self._group_ids, pairs = _core.vllm_step_groups(groups)
-        self.planner = Planner.from_groups(pairs, block_size=block_size)
-        _core.check_vllm_step(self.planner.core, num_spec_blocks)
-        self.device_step = DeviceStep(self.planner, max_num_reqs) if self.planner.device.startswith("cuda") else None
+        super().__init__(Planner.from_groups(pairs, block_size=block_size))
+        _core.check_vllm_step(self.core, num_spec_blocks)
+        self.device_step = DeviceStep(self.planner, max_num_reqs) if self.placement.is_cuda else None
         """The device path's launches (CUDA states), else ``None``."""
         self._device_tables = bool(device_tables) and self.device_step is not None
         self.mamba_state_idx = np.full(self._slots_table.capacity, -1, dtype=np.int64)
@@ -250,6 +251,11 @@ class VllmMambaStep:
             max_num_reqs=max_num_reqs,
             device_tables=device_tables,
         )
+
+    @property
+    def group_ids(self) -> list[int]:
+        """The vLLM KV-cache group id of each planner group, in planner order."""
+        return list(self._group_ids)
 
     # --------------------------------------------------------------------------------------------
     # Slots (the mamba_state_idx array's rows)
@@ -341,7 +347,7 @@ class VllmMambaStep:
     def _host_only(self, what: str) -> None:
         if self.device_step is not None:
             raise PlanError(
-                f"{what} runs the host path, but the states are on {self.planner.device}: use "
+                f"{what} runs the host path, but the states are on {self.placement.name}: use "
                 "preprocess / postprocess, or device_step.launch"
             )
 
@@ -415,10 +421,12 @@ class VllmMambaStep:
             else:
                 if prev_rows is not None:  # the core refuses a remap of host states
                     _core.vllm_check_prev_rows(
-                        device=self.planner.device, prev_rows=prev_rows, rows=n, num_accepted_given=False
+                        device=self.placement.name, prev_rows=prev_rows, rows=n, num_accepted_given=False
                     )
-                d = self.pre_copy(tables, slots, c, ns, acc, req_ids=req_ids)
+                # The slots the table just assigned: checked there, once.
+                d = self._execute(PreCopyInputs(tables, c, ns, acc, self.mamba_state_idx[slots], req_ids=req_ids))
                 curr, out = d.curr, d.num_accepted
+                self.mamba_state_idx[slots] = curr
         except Exception:
             self.release(added)  # a rejected step leaves no new slot behind
             raise
@@ -453,7 +461,7 @@ class VllmMambaStep:
         return out
 
     def __repr__(self) -> str:
-        path = "host" if self.device_step is None else f"device {self.planner.device}"
+        path = "host" if self.device_step is None else f"device {self.placement.name}"
         return (
             f"VllmMambaStep(groups={self._group_ids}, block_size={self.planner.block_size}, "
             f"num_spec_blocks={self.planner.num_spec}, path={path!r}, live={self._slots_table.live})"

@@ -1,0 +1,76 @@
+"""Host time of ``SglangMambaPool.copy_from`` on the CUDA path, without a GPU: the pool's tensors are
+host tensors that claim to be on ``cuda:0`` (the tests' ``FakeCuda``), the device calls go through
+the tests' ``FakeOps`` and the driver launch is not made (the launch is queued asynchronously on a
+GPU). Measured: the adapter's host work per call (the slot ids to the device, the core's checks and
+launch packing, the guard) and how many times it reaches the compiled core's planner per call.
+
+    .venv/bin/python benches/sglang_copy_launch.py [--batch 8 32] [--layers 8] [--slots 64] [--repeat 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
+from recoverssm_rs.cuda import ops as cuda_ops  # noqa: E402
+from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+from support.device_fakes import FakeCuda, FakeOps  # noqa: E402
+
+
+class Counted:
+    """The core planner, counting every attribute read (a method call or a getter: one crossing)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls += 1
+        return getattr(self.inner, name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=2000)
+    a = ap.parse_args()
+    cuda_ops.cuda_ops = FakeOps()
+    # the adapter views its slot ids with other strides
+    FakeCuda.as_strided = lambda self, size, stride: FakeCuda(self.t.as_strided(size, stride))  # type: ignore[attr-defined]
+    launches: list[Any] = []
+    cuda_module.launch = lambda kl, index, stream=None: launches.append(kl)  # type: ignore[assignment]
+    torch.set_num_threads(1)
+    conv = [FakeCuda(torch.zeros(a.layers, a.slots, 8, 3, dtype=torch.bfloat16))]
+    temporal = FakeCuda(torch.zeros(a.layers, a.slots, 2, 4, 4))
+    pool = SglangMambaPool(conv, temporal)
+    counted = Counted(pool.planner.core)
+    pool.planner.core = counted  # type: ignore[misc]
+    print(f"{'batch':>5} {'copy_from us':>13} {'core crossings':>15} {'launches':>9}")
+    for n in a.batch:
+        src = FakeCuda(torch.arange(1, n + 1, dtype=torch.int64))
+        dst = FakeCuda(torch.arange(n + 1, 2 * n + 1, dtype=torch.int64))
+        pool.copy_from(src, dst)  # the first call uploads the constants and the state table
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(a.repeat):
+                pool.copy_from(src, dst)
+            times.append((time.perf_counter() - t0) / a.repeat * 1e6)
+        launches.clear()
+        counted.calls = 0
+        pool.copy_from(src, dst)
+        print(f"{n:5d} {statistics.median(times):13.1f} {counted.calls:15d} {len(launches):9d}")
+
+
+if __name__ == "__main__":
+    main()

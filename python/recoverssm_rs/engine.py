@@ -1,0 +1,80 @@
+"""The engine-adapter base: what every engine path shares, in one place.
+
+The engine shells -- vLLM's :class:`~recoverssm_rs.vllm.VllmMambaStep` (its device half
+:class:`~recoverssm_rs.vllm.device_step.DeviceStep`), vLLM's
+:class:`~recoverssm_rs.vllm.ModelStateV2`, the SGLang pool
+:class:`~recoverssm_rs.sglang.SglangMambaPool` -- only translate their engine's objects into the
+core's inputs. What they have in common lives here:
+
+* **one device parser** (:func:`~recoverssm_rs.placement.parse_device`, :func:`~recoverssm_rs.placement.cuda_index`): ``"cpu"``, ``"cuda"`` and
+  ``"cuda:N"``, read once when an adapter is built;
+* **the bound tensors**, bound and checked once by the compiled core's planner
+  (:class:`~recoverssm_rs.Planner`, held as :attr:`EngineAdapter.planner`);
+* **the guarded write**: one core call checks the bound tensors, runs the write (a launch queued on
+  the caller's stream, or a host execution) and records it (:meth:`EngineAdapter.guarded`; the hot
+  engine operations pass their launch to the core call that builds it, so the check, the launch and
+  the record are one crossing into Rust);
+* **the stream and the launch** (:meth:`EngineAdapter.stream`, :meth:`EngineAdapter.launch_kernel`): a torch
+  or CuPy stream made current on the states' device and the core-built launch queued on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .cuda import module, ops
+from .placement import Placement, cuda_index, parse_device
+
+if TYPE_CHECKING:
+    from .planner import Planner
+
+__all__ = ["Placement", "parse_device", "cuda_index", "EngineAdapter"]
+
+log = logging.getLogger("recoverssm_rs")
+
+T = TypeVar("T")
+
+
+class EngineAdapter:
+    """The base of every engine shell: the planner of the engine's state tensors (bound and checked
+    by the core), where they live, and the guarded write.
+
+    Args:
+        planner: the planner bound to the engine's state tensors.
+    """
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        """The planner of the bound state tensors."""
+        self.placement = parse_device(planner.device)
+        """Where the states live (parsed once)."""
+
+    @property
+    def core(self) -> Any:
+        """The compiled core's planner (what the core's engine calls take)."""
+        return self.planner.core
+
+    def cuda(self, what: str) -> int:
+        """The states' CUDA ordinal; a :class:`PlanError` naming ``what`` for host states."""
+        if not self.placement.is_cuda:
+            return cuda_index(self.placement.name, what)
+        return self.placement.index
+
+    def guarded(self, write: Callable[[], T]) -> T:
+        """One guarded write, one core call: the bound tensors checked (a
+        :class:`~recoverssm_rs.BindingError`, and ``write`` not called, when one moved), ``write()``
+        run, the write recorded (autograd's version counters)."""
+        return self.planner.guarded(write)
+
+    def stream(self, stream: Any) -> Any:
+        """``stream`` (torch, CuPy or ``None``: the current torch stream) as a torch stream."""
+        return ops.cuda_ops.torch_stream(stream, self.placement.index)
+
+    def launch_kernel(self, kl: Any, stream: Any = None) -> None:
+        """Queue a core-built launch on ``stream`` (a torch stream or ``None``: the current one) of
+        the states' device. Call it inside a guarded write."""
+        index = self.placement.index
+        with ops.cuda_ops.context(index, stream):
+            module.launch(kl, index, stream)
