@@ -68,8 +68,10 @@ __all__ = [
     "mamba2_layout",
     "pack_launch",
     "plan_transfer",
-    "sglang_check_host_copy",
+    "sglang_check_pool",
     "sglang_commit_selection",
+    "sglang_host_copies",
+    "sglang_ids",
     "sglang_slot_launch",
     "sglang_slot_table",
     "recover_geometry",
@@ -571,8 +573,18 @@ def sglang_slot_table(**kwargs: Any) -> tuple[bytes, int, int]:
 def sglang_slot_launch(**kwargs: Any) -> KernelLaunch | None:
     """The launch of the slot kernel (clear without ``steps``, the commit with them), or ``None``."""
 
-def sglang_check_host_copy(**kwargs: Any) -> None:
-    """``PlanError`` unless a host copy has the pool tensor's dtype and shape."""
+def sglang_check_pool(**kwargs: Any) -> None:
+    """``BindingError`` unless ``conv`` (a list), ``temporal`` and the optional verify scratch are
+    tensors with one layer count, no two sharing memory."""
+
+def sglang_host_copies(pool: Sequence[Any], mamba_cache_cpu: Any, num_slots: int) -> list[Any]:
+    """The host copies of ``mamba_cache_cpu`` in ``pool``'s order, each checked (on the host, the pool
+    tensor's dtype and shape for ``num_slots`` slots); ``PlanError`` otherwise."""
+
+def sglang_ids(op: str, arg: str, ids: Any, num_slots: int | None = None, unique: bool = False) -> list[int]:
+    """``ids`` as host integers (int32 / int64 only: floats and bools refused); with ``num_slots``,
+    checked as slots ``1..num_slots-1`` (with ``unique``, no repeats); ``PlanError`` naming ``op``
+    and ``arg`` otherwise."""
 
 def encode_saved_states(
     fingerprint: LayoutFingerprint,

@@ -46,7 +46,7 @@ mod _core {
     #[pymodule_export]
     use super::planner::Planner;
     #[pymodule_export]
-    use super::sglang::{sglang_check_host_copy, sglang_commit_selection, sglang_slot_launch, sglang_slot_table};
+    use super::sglang::{sglang_check_pool, sglang_commit_selection, sglang_host_copies, sglang_ids, sglang_slot_launch, sglang_slot_table};
     #[pymodule_export]
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]

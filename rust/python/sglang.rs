@@ -1,7 +1,7 @@
 //! SGLang's mamba pool (`crate::sglang`): the speculative commit's checked selection and the
 //! host-copy check, for `recoverssm_rs.sglang`.
 
-use super::conversion::{kwargs, Arg, DeviceOf, DtypeName, FromKwargs, Ints, Tensor};
+use super::conversion::{items, kwargs, Arg, DeviceOf, FromKwargs, Ints, Tensor};
 use super::launch::KernelLaunch;
 use crate::error::{Error, ErrorKind};
 use crate::sglang::kernel::{self, SlotCall, SlotCopy};
@@ -33,31 +33,85 @@ pub(crate) fn sglang_commit_selection(kwargs: Option<&Bound<'_, PyDict>>) -> PyR
     let mut passes = vec![CommitPass { name: "commit", slots: &a.slots.0, steps: &a.steps.0 }];
     match (&a.track_slots, &a.track_steps) {
         (Some(slots), Some(steps)) => passes.push(CommitPass { name: "track", slots: &slots.0, steps: &steps.0 }),
-        (Some(_), None) => return Err(Error::plan("track: track_indices given without steps_to_track").into()),
+        (Some(_), None) => return Err(Error::plan("commit_after_verify: track_indices given without steps_to_track").into()),
         _ => {}
     }
     let sizes = CommitSizes { num_slots: a.num_slots, num_rows: a.num_rows, draft: a.draft };
     Ok(sglang::commit_selection(&passes, a.rows.as_ref().map(|r| r.0.as_slice()), sizes)?)
 }
 
+/// The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
+/// triple whose third element is ignored) in the order of `pool` (every conv tensor, then the
+/// temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
+/// host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
+#[pyfunction]
+pub(crate) fn sglang_host_copies<'py>(
+    pool: &Bound<'py, PyAny>,
+    mamba_cache_cpu: &Bound<'py, PyAny>,
+    num_slots: u64,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let kind = ErrorKind::Plan;
+    let pool = items(pool, "pool", kind, "tensors")?;
+    let parts = items(mamba_cache_cpu, "load_cpu_copy: mamba_cache_cpu", kind, "(conv_cpu, temporal_cpu)")?;
+    if !(2..=3).contains(&parts.len()) {
+        return Err(Error::plan(format!("load_cpu_copy: mamba_cache_cpu has {} parts; expected (conv_cpu, temporal_cpu)", parts.len())).into());
+    }
+    let conv = items(&parts[0], "load_cpu_copy: mamba_cache_cpu[0] (conv_cpu)", kind, "host tensors")?;
+    if conv.len() + 1 != pool.len() {
+        return Err(Error::plan(format!("load_cpu_copy: conv_cpu has {} tensors, the pool {}", conv.len(), pool.len() - 1)).into());
+    }
+    let mut host = conv;
+    host.push(parts[1].clone());
+    for (k, (dst, src)) in pool.iter().zip(&host).enumerate() {
+        let state = if k + 1 == pool.len() { "temporal".to_string() } else { format!("conv[{k}]") };
+        let what = format!("load_cpu_copy: {state}");
+        let (d, h) = (Tensor::arg(dst, &what, kind)?.0, Tensor::arg(src, &format!("{what} (host copy)"), kind)?.0);
+        sglang::check_host_copy(&state, &d, &h, num_slots as usize)?;
+    }
+    Ok(host)
+}
+
+/// The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
+/// int64 array, CPU tensor or list of ints (a float, bool or other array is refused, never cast,
+/// naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
+/// the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
+#[pyfunction]
+#[pyo3(signature = (op, arg, ids, num_slots = None, unique = false))]
+pub(crate) fn sglang_ids(op: &str, arg: &str, ids: &Bound<'_, PyAny>, num_slots: Option<u64>, unique: bool) -> PyResult<Vec<i64>> {
+    let v = Ints::arg(ids, &format!("{op}: {arg}"), ErrorKind::Plan)?.0;
+    if let Some(n) = num_slots {
+        let repeats = if unique { sglang::Repeats::Refused } else { sglang::Repeats::Allowed };
+        sglang::check_slots(op, arg, &v, n, repeats)?;
+    }
+    Ok(v)
+}
+
 kwargs! {
-    /// The keyword arguments of `sglang_check_host_copy`.
-    pub(crate) struct HostCopyArgs(Plan) {
-        state: String,
-        pool_dtype: DtypeName,
-        pool_shape: Ints,
-        host_dtype: DtypeName,
-        host_shape: Ints,
-        num_slots: u64,
+    /// The keyword arguments of `sglang_check_pool`.
+    pub(crate) struct PoolArgs(Binding) {
+        conv: Vec<Tensor>,
+        temporal: Tensor,
+        intermediate_ssm: Option<Tensor>,
+        intermediate_conv_window: Option<Vec<Tensor>>,
     }
 }
 
-/// Refuses a host copy whose dtype or shape differ from the pool tensor's (`PlanError`).
+/// Checks the tensors of an SGLang pool as the adapter is built: a list of conv tensors, the
+/// temporal state and the optional verify scratch, every one a tensor, with one layer count and
+/// no two sharing memory (`BindingError` naming them).
 #[pyfunction]
 #[pyo3(signature = (**kwargs))]
-pub(crate) fn sglang_check_host_copy(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    let a = HostCopyArgs::from_kwargs(kwargs)?;
-    Ok(sglang::check_host_copy(&a.state, &a.pool_dtype.0, &a.pool_shape.0, &a.host_dtype.0, &a.host_shape.0, a.num_slots as usize)?)
+pub(crate) fn sglang_check_pool(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let a = PoolArgs::from_kwargs(kwargs)?;
+    let mut all: Vec<(String, &TensorDesc)> = a.conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), &t.0)).collect();
+    all.push(("temporal".into(), &a.temporal.0));
+    if let Some(t) = &a.intermediate_ssm {
+        all.push(("intermediate_ssm".into(), &t.0));
+    }
+    for (i, t) in a.intermediate_conv_window.iter().flatten().enumerate() {
+        all.push((format!("intermediate_conv_window[{i}]"), &t.0));
+    }
+    Ok(sglang::check_pool(&all)?)
 }
 
 /// A list whose entries are tensors or `None`.

@@ -8,9 +8,17 @@
 
 use crate::error::{Error, Result};
 
+pub use checks::{check_host_copy, check_pool, check_slots, Repeats};
+
+pub mod checks;
 pub mod kernel;
 #[cfg(test)]
 mod tests;
+
+/// The "no slot" marker of the commit's index vectors (a padded row).
+pub const NO_SLOT: i64 = -1;
+/// SGLang's dummy slot, which padded batches read and write; the package never writes it.
+pub const DUMMY_SLOT: i64 = 0;
 
 /// One pass of the commit: the slots written and the step read per request.
 #[derive(Clone, Copy, Debug)]
@@ -32,62 +40,60 @@ pub struct CommitSizes {
     pub draft: u64,
 }
 
-/// Per pass, the requests that write (step and slot not negative: SGLang's padding), after
-/// checking them: one length for every vector, steps inside the draft, slots inside the pool,
-/// scratch rows (`rows`, default the request's own index) inside the scratch, and no slot written
-/// twice within a pass.
+/// Per pass, the requests that write, after checking them: a row whose slot or step is the
+/// marker [`NO_SLOT`], or whose slot is the dummy slot 0 (several padded rows may name it), is
+/// padding and writes nothing; any other negative value is refused; one length for every vector,
+/// steps inside the draft, slots inside the pool, scratch rows (`rows`, default the request's own
+/// index) inside the scratch, and no slot written twice within a pass.
 pub fn commit_selection(passes: &[CommitPass<'_>], rows: Option<&[i64]>, sizes: CommitSizes) -> Result<Vec<Vec<u32>>> {
     passes.iter().map(|p| select(p, rows, sizes)).collect()
 }
 
 fn select(p: &CommitPass<'_>, rows: Option<&[i64]>, sizes: CommitSizes) -> Result<Vec<u32>> {
     let name = p.name;
+    let (slot_arg, step_arg) = if name == "track" { ("track_indices", "steps_to_track") } else { ("state_indices", "last_correct_step_indices") };
+    let op = "commit_after_verify";
     let n = p.slots.len();
     let nrows = rows.map_or(n, <[i64]>::len);
     if p.steps.len() != n || nrows != n {
-        return Err(Error::plan(format!("{name}: slots, steps and rows must have one length; got {n}, {}, {nrows}", p.steps.len())));
+        return Err(Error::plan(format!(
+            "{op}: {name}: {slot_arg}, {step_arg} and src_indices must have one length; got {n}, {}, {nrows}",
+            p.steps.len()
+        )));
     }
     if n > u32::MAX as usize {
-        return Err(Error::plan(format!("{name}: too many requests ({n})")));
+        return Err(Error::plan(format!("{op}: {name}: too many requests ({n})")));
     }
     let mut take = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for r in 0..n {
         let (slot, step) = (p.slots[r], p.steps[r]);
-        if slot < 0 || step < 0 {
+        for (arg, v) in [(slot_arg, slot), (step_arg, step)] {
+            if v < NO_SLOT {
+                return Err(Error::plan(format!(
+                    "{op}: {arg}[{r}] = {v}: the only negative value allowed is {NO_SLOT} (a padded row, which writes nothing)"
+                )));
+            }
+        }
+        // Padding: no slot, no accepted step, or the dummy slot 0 (several padded rows may name
+        // it): the row writes nothing.
+        if slot == NO_SLOT || step == NO_SLOT || slot == DUMMY_SLOT {
             continue;
         }
         let row = rows.map_or(r as i64, |v| v[r]);
         if step as u64 >= sizes.draft {
-            return Err(Error::plan(format!("{name}: request {r}: step {step} is past the draft (0..{})", sizes.draft.saturating_sub(1))));
+            return Err(Error::plan(format!("{op}: {step_arg}[{r}] = {step} is past the draft (0..{})", sizes.draft.saturating_sub(1))));
         }
         if slot as u64 >= sizes.num_slots {
-            return Err(Error::plan(format!("{name}: request {r}: slot {slot} is outside 0..{}", sizes.num_slots.saturating_sub(1))));
+            return Err(Error::plan(format!("{op}: {slot_arg}[{r}] = {slot} is outside the pool's slots 0..{}", sizes.num_slots.saturating_sub(1))));
         }
         if row < 0 || row as u64 >= sizes.num_rows {
-            return Err(Error::plan(format!("{name}: request {r}: scratch row {row} is outside 0..{}", sizes.num_rows.saturating_sub(1))));
+            return Err(Error::plan(format!("{op}: src_indices[{r}] = {row}: the scratch row is outside 0..{}", sizes.num_rows.saturating_sub(1))));
         }
         if !seen.insert(slot) {
-            return Err(Error::plan(format!("{name}: request {r}: slot {slot} is written by an earlier request too; two requests write one slot")));
+            return Err(Error::plan(format!("{op}: {slot_arg}[{r}] = {slot} is written by an earlier request too; two requests write one slot")));
         }
         take.push(r as u32);
     }
     Ok(take)
-}
-
-/// A host copy of one layer-stacked state (`[layers, len(slots), ...]`) may be loaded into the
-/// pool's tensor `[layers, slots + 1, ...]` only with the pool's dtype and shape (SGLang would
-/// cast a mismatched dtype silently).
-pub fn check_host_copy(state: &str, pool_dtype: &str, pool_shape: &[i64], host_dtype: &str, host_shape: &[i64], num_slots: usize) -> Result<()> {
-    let mut want = pool_shape.to_vec();
-    if want.len() < 2 {
-        return Err(Error::plan(format!("load_cpu_copy: {state}: the pool tensor has shape {pool_shape:?}, not [layers, slots, ...]")));
-    }
-    want[1] = num_slots as i64;
-    if pool_dtype != host_dtype || host_shape != want.as_slice() {
-        return Err(Error::plan(format!(
-            "load_cpu_copy: {state}: the host copy is {host_dtype} {host_shape:?}, the pool needs {pool_dtype} {want:?}"
-        )));
-    }
-    Ok(())
 }

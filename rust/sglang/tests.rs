@@ -1,4 +1,5 @@
 use super::*;
+use crate::tensor::TensorDesc;
 
 const SIZES: CommitSizes = CommitSizes { num_slots: 8, num_rows: 4, draft: 3 };
 
@@ -16,20 +17,33 @@ fn padding_rows_are_skipped() {
 fn source_rows_are_checked() {
     let rows = [1, 9];
     let e = commit_selection(&[pass(&[1, 2], &[0, 0])], Some(&rows), SIZES).unwrap_err();
-    assert!(e.message.contains("request 1: scratch row 9 is outside 0..3"), "{}", e.message);
+    assert!(e.message.contains("src_indices[1] = 9: the scratch row is outside 0..3"), "{}", e.message);
 }
 
 #[test]
 fn refusals_name_the_request() {
     for (slots, steps, want) in [
-        (&[1i64, 2][..], &[3i64, 0][..], "request 0: step 3 is past the draft (0..2)"),
-        (&[1, 8], &[0, 0], "request 1: slot 8 is outside 0..7"),
+        (&[1i64, 2][..], &[3i64, 0][..], "last_correct_step_indices[0] = 3 is past the draft (0..2)"),
+        (&[1, 8], &[0, 0], "state_indices[1] = 8 is outside the pool's slots 0..7"),
         (&[4, 4], &[0, 1], "two requests write one slot"),
         (&[1, 2], &[0], "one length"),
+        (&[1, -2], &[0, 0], "state_indices[1] = -2: the only negative value allowed is -1"),
+        (&[1, 2], &[0, -7], "last_correct_step_indices[1] = -7: the only negative value allowed is -1"),
     ] {
         let e = commit_selection(&[pass(slots, steps)], None, SIZES).unwrap_err();
+        assert!(e.message.starts_with("commit_after_verify: "), "{}", e.message);
         assert!(e.message.contains(want), "{} / {want}", e.message);
     }
+}
+
+#[test]
+fn padded_rows_may_repeat_the_dummy_slot_and_write_nothing() {
+    // Three padded rows on the dummy slot 0 with accepted steps: none writes, none is a duplicate.
+    let got = commit_selection(&[pass(&[3, 0, 0, 0, 2], &[1, 0, 2, 1, 0])], Some(&[0, 1, 2, 3, 3]), SIZES).unwrap();
+    assert_eq!(got, vec![vec![0, 4]]);
+    // A real slot named twice is still refused.
+    let e = commit_selection(&[pass(&[3, 0, 3], &[1, 0, 0])], None, SIZES).unwrap_err();
+    assert!(e.message.contains("state_indices[2] = 3 is written by an earlier request too"), "{}", e.message);
 }
 
 #[test]
@@ -37,14 +51,55 @@ fn each_pass_is_checked_on_its_own() {
     let track = CommitPass { name: "track", slots: &[1, 2], steps: &[0, 0] };
     let got = commit_selection(&[pass(&[1, 2], &[1, -1]), track], None, SIZES).unwrap();
     assert_eq!(got, vec![vec![0], vec![0, 1]]);
+    let track = CommitPass { name: "track", slots: &[1, -3], steps: &[0, 0] };
+    let e = commit_selection(&[pass(&[1, 2], &[1, -1]), track], None, SIZES).unwrap_err();
+    assert!(e.message.contains("track_indices[1] = -3"), "{}", e.message);
+}
+
+fn host(dtype: &str, shape: &[i64], device: &str) -> TensorDesc {
+    TensorDesc::dense(4096, dtype, shape, device)
 }
 
 #[test]
 fn host_copies_keep_the_pool_dtype_and_shape() {
-    check_host_copy("temporal", "float32", &[2, 9, 4], "float32", &[2, 3, 4], 3).unwrap();
-    let e = check_host_copy("temporal", "float32", &[2, 9, 4], "bfloat16", &[2, 3, 4], 3).unwrap_err();
+    let pool = host("torch.float32", &[2, 9, 4], "cpu");
+    check_host_copy("temporal", &pool, &host("torch.float32", &[2, 3, 4], "cpu"), 3).unwrap();
+    let e = check_host_copy("temporal", &pool, &host("torch.bfloat16", &[2, 3, 4], "cpu"), 3).unwrap_err();
     assert!(e.message.contains("the host copy is bfloat16 [2, 3, 4], the pool needs float32 [2, 3, 4]"), "{}", e.message);
-    assert!(check_host_copy("conv[0]", "bfloat16", &[2, 9, 4], "bfloat16", &[2, 2, 4], 3).is_err());
+    assert!(check_host_copy("conv[0]", &pool, &host("float32", &[2, 2, 4], "cpu"), 3).is_err());
+    let e = check_host_copy("conv[0]", &pool, &host("float32", &[2, 3, 4], "meta"), 3).unwrap_err();
+    assert!(e.message.contains("load_cpu_copy: conv[0]: the host copy is on meta"), "{}", e.message);
+}
+
+#[test]
+fn slot_ids_are_refused_negative_dummy_outside_or_repeated() {
+    check_slots("clear_slots", "indices", &[1, 7, 7], 8, Repeats::Allowed).unwrap();
+    for (ids, repeats, want) in [
+        (&[3i64, -1][..], Repeats::Allowed, "clear_slots: indices[1] = -1: a negative slot id is refused"),
+        (&[0], Repeats::Allowed, "clear_slots: indices[0] = 0 is the dummy slot"),
+        (&[8], Repeats::Allowed, "clear_slots: indices[0] = 8 is outside the pool's slots 1..7"),
+        (&[2, 2], Repeats::Refused, "clear_slots: indices[1] = 2 is named twice"),
+    ] {
+        let e = check_slots("clear_slots", "indices", ids, 8, repeats).unwrap_err();
+        assert!(e.message.contains(want), "{} / {want}", e.message);
+    }
+}
+
+#[test]
+fn pool_tensors_share_one_layer_count_and_no_memory() {
+    let conv = TensorDesc::dense(0x1000, "float32", &[2, 9, 4], "cpu");
+    let temporal = TensorDesc::dense(0x10000, "float32", &[2, 9, 8], "cpu");
+    let ok = [("conv[0]".to_string(), &conv), ("temporal".to_string(), &temporal)];
+    check_pool(&ok).unwrap();
+    let three = TensorDesc::dense(0x10000, "float32", &[3, 9, 8], "cpu");
+    let e = check_pool(&[("conv[0]".into(), &conv), ("temporal".into(), &three)]).unwrap_err();
+    assert!(e.message.contains("temporal has 3 layers, conv[0] has 2"), "{}", e.message);
+    let e = check_pool(&[("conv[0]".into(), &conv), ("conv[1]".into(), &conv)]).unwrap_err();
+    assert!(e.message.contains("conv[1] and conv[0] share memory"), "{}", e.message);
+    // The same addresses on another device are other memory; an empty tensor spans nothing.
+    let other = TensorDesc::dense(0x1000, "float32", &[2, 9, 4], "cuda:0");
+    let empty = TensorDesc::dense(0x1000, "float32", &[0], "cpu");
+    check_pool(&[("conv[0]".into(), &conv), ("conv[1]".into(), &other), ("temporal".into(), &empty)]).unwrap();
 }
 
 mod slot_kernel {

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import recoverssm_rs as rs  # noqa: E402
 from recoverssm_rs import layouts  # noqa: E402
+from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
 from recoverssm_rs.transfer import (  # noqa: E402
     HostCache,
     HostOffload,
@@ -103,11 +104,18 @@ class _Target:
         self.src, self.dst = StatePool(TLAYOUT, self.src_states), StatePool(TLAYOUT, self.dst_states)
         self.host = HostCache(self.dst, 10**6)
         self.host.put("a", [1])
+        self.sglang = _sglang_pool()
 
     def tensors(self) -> list[Any]:
         step = [t for layer in self.step.planner.states[0] for t in layer]
         pools = [t for states in (self.src_states, self.dst_states) for layer in states for t in layer]
-        return [t for layer in self.states for t in layer] + step + list(self.cache.buffers().values()) + pools
+        sglang = [
+            *self.sglang.conv,
+            self.sglang.temporal,
+            self.sglang.intermediate_ssm,
+            *self.sglang.intermediate_conv_window,
+        ]
+        return [t for layer in self.states for t in layer] + step + list(self.cache.buffers().values()) + pools + sglang
 
 
 def _kv_config() -> Any:
@@ -334,6 +342,50 @@ ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
         dict(states=SAVED, path="out.safetensors"),
     ),
     ("load_states", lambda t, **k: load_states(**k), dict(path=SAVED_FILE, layout=TLAYOUT)),
+]
+
+
+# ---- the SGLang pool adapter (recoverssm_rs.sglang) ---------------------------------------------
+def _sglang_tensors() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    return dict(
+        conv=[torch.randn(2, 6, 4, 3, generator=g)],
+        temporal=torch.randn(2, 6, 2, 3, 3, generator=g),
+        intermediate_ssm=torch.randn(2, 4, 3, 2, 3, 3, generator=g),
+        intermediate_conv_window=[torch.randn(2, 4, 3, 4, 3, generator=g)],
+    )
+
+
+def _sglang_pool() -> SglangMambaPool:
+    return SglangMambaPool(**_sglang_tensors())
+
+
+def _host_copy() -> Any:
+    return _sglang_pool().get_cpu_copy([1, 2])
+
+
+ENTRIES += [
+    ("SglangMambaPool", lambda t, **k: SglangMambaPool(**k), dict(**_sglang_tensors(), conv_layout="DS")),
+    ("SglangMambaPool.copy_from", lambda t, **k: t.sglang.copy_from(**k), dict(src_indices=[1, 2], dst_indices=[3, 4])),
+    ("SglangMambaPool.fork", lambda t, **k: t.sglang.fork(**k), dict(src_indices=[1], dst_indices=[5])),
+    ("SglangMambaPool.clear_slots", lambda t, **k: t.sglang.clear_slots(**k), dict(indices=torch.tensor([1, 3]))),
+    ("SglangMambaPool.get_cpu_copy", lambda t, **k: t.sglang.get_cpu_copy(**k), dict(indices=V([2, 5]))),
+    (
+        "SglangMambaPool.load_cpu_copy",
+        lambda t, **k: t.sglang.load_cpu_copy(**k),
+        dict(mamba_cache_cpu=_host_copy(), indices=[4, 5]),
+    ),
+    (
+        "SglangMambaPool.commit_after_verify",
+        lambda t, **k: t.sglang.commit_after_verify(**k),
+        dict(
+            state_indices=torch.tensor([1, 2]),
+            last_correct_step_indices=torch.tensor([0, 2]),
+            track_indices=torch.tensor([3, -1]),
+            steps_to_track=torch.tensor([1, -1]),
+            src_indices=torch.tensor([1, 0]),
+        ),
+    ),
 ]
 CASES = [(name, call, good, arg) for name, call, good in ENTRIES for arg in good]
 

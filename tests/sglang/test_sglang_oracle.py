@@ -224,6 +224,43 @@ def test_trace_equals_sglang(oracle, name, seed):
         assert "commit" in done
 
 
+def _same_but_dummy(a, b, what):
+    """Every byte of both pools equal except the dummy slot 0 of the state tensors (SGLang writes
+    padded rows there, in no defined order; the package writes nothing)."""
+    ca, cb = a.mamba_cache, b.mamba_cache
+    for x, y in zip([*ca.conv, ca.temporal], [*cb.conv, cb.temporal], strict=True):
+        assert torch.equal(_bytes(x[:, 1:]), _bytes(y[:, 1:])), f"{what}: a state differs from SGLang's"
+    scratch_a = [ca.intermediate_ssm, *a._intermediate_conv_window_phys]
+    scratch_b = [cb.intermediate_ssm, *b._intermediate_conv_window_phys]
+    for x, y in zip(scratch_a, scratch_b, strict=True):
+        assert torch.equal(_bytes(x), _bytes(y)), f"{what}: the verify scratch differs"
+
+
+@pytest.mark.parametrize("name", ["mamba2-bf16-chain-dedup", "two-convs-bf16-chain-dedup", "kimi-fp32-1layer"])
+def test_padded_batch_on_the_dummy_slot_equals_sglang(oracle, name):
+    """A padded batch (CUDA-graph padding): several padded rows name the dummy slot 0 with accepted
+    steps, in the commit and the track pass. SGLang writes them into slot 0; the package writes
+    nothing there and every other byte equals SGLang's. A real slot named twice is still refused."""
+    from recoverssm_rs.errors import PlanError
+
+    rng = random.Random(zlib.crc32(name.encode()))
+    theirs, mine = _pool(oracle, name), _pool(oracle, name)
+    _randomize(rng, _buffers(theirs), _buffers(mine))
+    ops = install(mine)
+    draft = POOLS[name][5]
+    state_idx = torch.tensor([3, 0, 5, 0, 0, 0], dtype=torch.int64)[:SPEC_ROWS]
+    steps = torch.tensor([draft - 1, 0, 0, draft - 1, 1 % draft, -1], dtype=torch.int64)[:SPEC_ROWS]
+    track = torch.tensor([7, 0, -1, 0, 8, 0], dtype=torch.int64)[:SPEC_ROWS]
+    track_steps = torch.tensor([0, 1 % draft, 0, 0, draft - 1, 0], dtype=torch.int64)[:SPEC_ROWS]
+    _sglang_commit(oracle, theirs, state_idx, steps, track, track_steps, None)
+    ops.commit_after_verify(state_idx, steps, track, track_steps, None)
+    _same_but_dummy(theirs, mine, f"{name}: padded commit")
+    before = [t.clone() for t in _buffers(mine)]
+    with pytest.raises(PlanError, match=r"state_indices\[2\] = 3 is written by an earlier request too"):
+        ops.commit_after_verify(torch.tensor([3, 0, 3]), torch.tensor([0, 0, 1]))
+    assert all(torch.equal(x, y) for x, y in zip(before, _buffers(mine), strict=True)), "a refused commit wrote"
+
+
 def test_overlapping_copies_equal_sglang_and_cycles_are_refused(oracle):
     """A chain of copies whose destinations are later sources reads every source before it is
     overwritten, as SGLang's gather-then-scatter does; a cycle (SGLang swaps through its gathered

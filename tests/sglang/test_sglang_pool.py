@@ -64,8 +64,8 @@ def test_overlapping_chain_reads_before_it_writes():
     [
         ([1, 2], [2, 1], "cycle"),
         ([1, 2], [3, 3], "same block|twice|both write"),
-        ([1], [0], "null block 0"),
-        ([0], [1], "null block 0"),
+        ([1], [0], "dummy slot"),
+        ([0], [1], "dummy slot"),
         ([1], [SLOTS], "outside"),
         ([1, 2], [3], "same length"),
     ],
@@ -98,7 +98,7 @@ def test_host_round_trip_and_mismatched_dtype_refused():
     for t in (*p.conv, p.temporal):
         assert torch.equal(t[:, [6, 7]], t[:, [1, 3]])
     before = _snapshot(p)
-    with pytest.raises(PlanError, match="temporal: the host copy is torch.bfloat16"):
+    with pytest.raises(PlanError, match="temporal: the host copy is bfloat16"):
         p.load_cpu_copy((conv_cpu, temporal_cpu.bfloat16()), torch.tensor([4, 5]))
     with pytest.raises(PlanError, match=r"conv\[0\]"):
         p.load_cpu_copy(([conv_cpu[0][:, :1]], temporal_cpu), torch.tensor([4, 5]))
@@ -127,12 +127,12 @@ def test_commit_tracks_a_second_slot():
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (([1, 2], [DRAFT, 0]), "request 0: step 3 is past the draft"),
-        (([SLOTS, 2], [0, 0]), "request 0: slot 8 is outside"),
+        (([1, 2], [DRAFT, 0]), r"last_correct_step_indices\[0\] = 3 is past the draft"),
+        (([SLOTS, 2], [0, 0]), r"state_indices\[0\] = 8 is outside"),
         (([1, 1], [0, 0]), "two requests write one slot"),
         (([1, 2], [0]), "one length"),
-        (([1], [0], [2], None), "without steps_to_track"),
-        (([1], [0], None, None, [ROWS]), "scratch row 4 is outside"),
+        (([1], [0], [2], None), "commit_after_verify: track_indices given without steps_to_track"),
+        (([1], [0], None, None, [ROWS]), r"src_indices\[0\] = 4: the scratch row is outside"),
     ],
 )
 def test_commit_refusals_write_nothing(args, match):

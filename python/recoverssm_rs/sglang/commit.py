@@ -50,11 +50,14 @@ def commit_after_verify(
             track_steps=steps_to_track,
         )
         return
-    steps, slots = host_ids(last_correct_step_indices), host_ids(state_indices)
+    op = "commit_after_verify"
+    steps = host_ids(last_correct_step_indices, op, "last_correct_step_indices")
+    slots = host_ids(state_indices, op, "state_indices")
     # The optional index vectors as host arrays too, under the core's names (``rows`` defaults to
     # each request's own scratch row).
     optional = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
-    ids: dict[str, Any] = {name: None if x is None else host_ids(x) for name, x in optional.items()}
+    engine = dict(rows="src_indices", track_slots="track_indices", track_steps="steps_to_track")
+    ids: dict[str, Any] = {k: None if x is None else host_ids(x, op, engine[k]) for k, x in optional.items()}
     rows = ids["rows"]
     if rows is None:
         rows = ids["rows"] = np.arange(len(steps), dtype=np.int64)
@@ -65,8 +68,12 @@ def commit_after_verify(
     track, track_steps = ids["track_slots"], ids["track_steps"]
     passes = [(slots, steps)] + ([] if track is None else [(track, track_steps)])
     chosen = [(np.asarray(take, dtype=np.int64), dst, st) for take, (dst, st) in zip(selected, passes, strict=True)]
-    # One strided copy per (tensor, pass, request): no gathered temporary.
-    for state, inter in scratch:
-        for take, dst, st in chosen:
-            for r in take.tolist():
-                state[:, int(dst[r])].copy_(inter[:, int(rows[r]), int(st[r])])
+
+    def write() -> None:
+        # One strided copy per (tensor, pass, request): no gathered temporary.
+        for state, inter in scratch:
+            for take, dst, st in chosen:
+                for r in take.tolist():
+                    state[:, int(dst[r])].copy_(inter[:, int(rows[r]), int(st[r])])
+
+    pool.guarded(write)

@@ -26,11 +26,16 @@ __all__ = ["SlotKernel", "SlotErrorWord", "host_ids", "get_cpu_copy", "load_cpu_
 log = logging.getLogger("recoverssm_rs")
 
 
-def host_ids(x: Any) -> np.ndarray:
-    """``x`` (a tensor of any device, a numpy array or a list) as a host int64 array."""
-    if hasattr(x, "detach"):
-        x = x.detach().to("cpu").numpy()
-    return np.ascontiguousarray(np.asarray(x), dtype=np.int64)
+def host_ids(x: Any, op: str, arg: str, *, num_slots: int | None = None, unique: bool = False) -> np.ndarray:
+    """``x`` (a tensor of any device, a numpy array or a list), the argument ``arg`` of operation
+    ``op``, as a host int64 array. A device tensor is copied to the host as it is (never cast);
+    the core refuses anything but int32 / int64 values (a float or bool array is refused, not
+    cast) and, with ``num_slots``, checks every id as a slot of the pool other than the dummy slot
+    0 (no negative id; with ``unique``, no slot twice)."""
+    device = getattr(getattr(x, "device", None), "type", None)
+    if device is not None and device != "cpu" and hasattr(x, "detach"):
+        x = x.detach().to("cpu")
+    return np.asarray(_core.sglang_ids(op, arg, x, num_slots=num_slots, unique=unique), dtype=np.int64)
 
 
 class SlotErrorWord:
@@ -77,6 +82,7 @@ class SlotKernel:
             if len(scratch) < len(states):
                 scratch.append(pool.intermediate_ssm)
         raw, self.num_meta, self.max_bytes = _core.sglang_slot_table(states=states, scratch=scratch)
+        self.commit = commit
         self.index = pool.placement.index
         self.device = pool.device
         self.meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.index)
@@ -91,8 +97,9 @@ class SlotKernel:
         """One guarded launch on the current stream: clear ``slots`` (no other vector) or commit
         (with ``steps`` and the optional ``rows``, ``track_slots``, ``track_steps``)."""
         torch = ops.cuda_ops.torch()
-        args = {k: _int64(torch, pool, v) for k, v in vectors.items() if v is not None}
-        slots = _int64(torch, pool, slots)
+        op = "commit_after_verify" if self.commit else "clear_slots"
+        args = {k: _int64(torch, pool, v, op, _ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
+        slots = _int64(torch, pool, slots, op, "state_indices" if self.commit else "indices")
         err = pool.slot_error
 
         def write() -> None:
@@ -115,10 +122,20 @@ class SlotKernel:
         pool.guarded(write)
 
 
-def _int64(torch: Any, pool: SglangMambaPool, x: Any) -> Any:
-    """``x`` as a contiguous int64 vector on the pool's device (converted there, never read back)."""
-    x = pool.on_device(x)
-    if x.dtype != torch.int64:
+#: The engine's names of the slot kernel's index vectors (what errors name).
+_ARG_NAMES = {
+    "steps": "last_correct_step_indices",
+    "rows": "src_indices",
+    "track_slots": "track_indices",
+    "track_steps": "steps_to_track",
+}
+
+
+def _int64(torch: Any, pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
+    """``x`` (the argument ``arg`` of ``op``) as a contiguous int64 vector on the pool's device
+    (an int32 vector widened there, never read back)."""
+    x = pool.on_device(x, op, arg)
+    if x.dtype == torch.int32:  # widened on the device; any other dtype is the core's to refuse
         x = x.to(torch.int64)
     if len(x.shape) == 1 and x.shape[0] > 1 and x.stride()[0] != 1:
         x = x.contiguous()

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -34,6 +34,8 @@ from .device import SlotErrorWord, SlotKernel, get_cpu_copy, host_ids, load_cpu_
 __all__ = ["SglangMambaPool", "install"]
 
 log = logging.getLogger("recoverssm_rs")
+
+T = TypeVar("T")
 
 
 class SglangMambaPool(EngineAdapter):
@@ -67,11 +69,22 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
+        # Every tensor the adapter reads or writes, checked by the core (tensors, one layer count,
+        # no two sharing memory) and guarded before every operation (a tensor re-pointed or a
+        # storage resized is refused, not read).
+        _core.sglang_check_pool(
+            conv=conv,
+            temporal=temporal,
+            intermediate_ssm=intermediate_ssm,
+            intermediate_conv_window=intermediate_conv_window,
+        )
         self.conv = list(conv)
         self.temporal = temporal
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
+        labelled = self._labelled()
+        self._bound = _core.BoundTensors([(t, label) for label, t in labelled])
         live_conv = [c for c in self.conv if math.prod(c.shape) > 0]
         has_temporal = temporal is not None and math.prod(temporal.shape) > 0
         groups: list[tuple[Layout, list[list[Any]]]] = []
@@ -93,6 +106,30 @@ class SglangMambaPool(EngineAdapter):
         self._slot_kernels: dict[bool, SlotKernel] = {}
         self.slot_error = SlotErrorWord(self.placement)
         """The error word of the slot kernel's launches (:meth:`last_error`)."""
+
+    def _labelled(self) -> list[tuple[str, Any]]:
+        """Every tensor of the pool with the name its errors use."""
+        out = [(f"conv[{i}]", c) for i, c in enumerate(self.conv)]
+        out += [("temporal", self.temporal)] if self.temporal is not None else []
+        out += [("intermediate_ssm", self.intermediate_ssm)] if self.intermediate_ssm is not None else []
+        windows = self.intermediate_conv_window or []
+        return out + [(f"intermediate_conv_window[{i}]", w) for i, w in enumerate(windows)]
+
+    def guarded(self, write: Callable[[], T]) -> T:
+        """One guarded write: every tensor of the pool (the layer-stacked tensors as given, and the
+        planner's per-layer views of them) checked, ``write()`` run, the write recorded.
+
+        Raises:
+            BindingError: a pool tensor re-pointed (``set_()``, ``.data = ...``) or its storage
+                resized or freed; ``write`` is not called.
+        """
+        self._bound.check()
+        return self.planner.guarded(write)
+
+    def check_bound(self) -> None:
+        """Checks every tensor of the pool before a read (a :class:`~recoverssm_rs.BindingError`
+        naming the tensor that moved)."""
+        self._bound.check()
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -137,12 +174,11 @@ class SglangMambaPool(EngineAdapter):
             out.append(self.temporal)
         return out
 
-    def _check_slots(self, indices: Any) -> Any:
-        """``indices`` as host ids, checked by the core as slots that may be written and read (in
-        range, not the dummy slot 0)."""
-        ids = host_ids(indices)
-        self.planner.plan_copy(ids, ids)
-        return ids
+    def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
+        """``indices`` (the argument of ``op``) as host ids, checked by the core as slots that may
+        be written and read (integers in range, no negative id, not the dummy slot 0; with
+        ``unique``, no slot twice)."""
+        return host_ids(indices, op, "indices", num_slots=self._num_slots, unique=unique)
 
     # ---- SGLang's MambaPool operations ----------------------------------------------------------
 
@@ -158,13 +194,20 @@ class SglangMambaPool(EngineAdapter):
         slot id (see :meth:`Planner.last_error`).
 
         Raises:
-            PlanError: a slot outside the pool, the dummy slot 0, lengths that differ, a cycle, or
-                two copies to one slot; nothing is written.
+            PlanError: an index that is not an integer (a float or bool array is refused, not
+                cast), a negative slot (never wrapped), a slot outside the pool, the dummy slot 0,
+                lengths that differ, a cycle, or two copies to one slot; nothing is written.
+            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
         if self.placement.is_cuda:
             self._launch_copy(src_indices, dst_indices)
             return
-        self.planner.plan_copy(host_ids(src_indices), host_ids(dst_indices)).execute()
+        n = self._num_slots
+        src = host_ids(src_indices, "copy_from", "src_indices", num_slots=n)
+        dst = host_ids(dst_indices, "copy_from", "dst_indices", num_slots=n)
+        plan = self.planner.plan_copy(src, dst)
+        self.check_bound()
+        plan.execute()
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
         """One fused launch of the planner's state-copy kernel: every request reads the same
@@ -174,7 +217,13 @@ class SglangMambaPool(EngineAdapter):
         # SGLang's int64 slot ids narrowed to the kernel's int32 on the device first (as the
         # planner would after its checks), so that the call is one crossing into the core.
         int32, int64 = ops.cuda_ops.torch().int32, ops.cuda_ops.torch().int64
-        src, dst = (x.to(int32) if x.dtype == int64 else x for x in map(self.on_device, (src_indices, dst_indices)))
+        src, dst = (
+            x.to(int32) if x.dtype == int64 else x
+            for x in (
+                self.on_device(src_indices, "copy_from", "src_indices"),
+                self.on_device(dst_indices, "copy_from", "dst_indices"),
+            )
+        )
         n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
         if tuple(src.shape) == tuple(dst.shape) == (0,):
             return
@@ -183,13 +232,14 @@ class SglangMambaPool(EngineAdapter):
         table = slots.as_strided((n, s), (0, 1)) if g == 1 else slots.as_strided((g, n, s), (0, 0, 1))
         self.planner.launch(table, src, dst, ones[:n], semantics="pre_copy")
 
-    def on_device(self, x: Any) -> Any:
-        """Slot ids ``x`` as a tensor on the pool's device: a CUDA tensor as it is (the core checks
-        its device and dtype), anything else as host int64 ids copied there."""
+    def on_device(self, x: Any, op: str, arg: str) -> Any:
+        """Slot ids ``x`` (the argument ``arg`` of ``op``) as a tensor on the pool's device: a CUDA
+        tensor as it is (the core checks its device and dtype), anything else as host int64 ids
+        (checked by the core as integers) copied there."""
         if getattr(getattr(x, "device", None), "type", None) == "cuda":
             return x
         torch = ops.cuda_ops.torch()
-        return torch.as_tensor(host_ids(x)).to(self.device, non_blocking=True)
+        return torch.as_tensor(host_ids(x, op, arg)).to(self.device, non_blocking=True)
 
     def _device_constants(self, n: int) -> tuple[Any, Any]:
         """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
@@ -218,17 +268,24 @@ class SglangMambaPool(EngineAdapter):
         it in :meth:`last_error`.
 
         Raises:
-            PlanError: host states: a slot outside the pool or the dummy slot 0; nothing is written.
-                CUDA states: indices that are not a vector on the pool's device.
+            PlanError: host states: an index that is not an integer, a negative slot (never
+                wrapped: ``clear_slots([-1])`` zeroes nothing), a slot outside the pool or the
+                dummy slot 0; nothing is written. CUDA states: indices that are not an integer
+                vector on the pool's device.
+            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
         if self.placement.is_cuda:
             self.slot_launch(False, indices)
             return
         torch = ops.cuda_ops.torch()
-        ids = self._check_slots(indices)
+        ids = self._check_slots("clear_slots", indices)
         idx = torch.as_tensor(ids, device=self.device)
-        for t in self.state_tensors():
-            t.index_fill_(1, idx, 0)
+
+        def write() -> None:
+            for t in self.state_tensors():
+                t.index_fill_(1, idx, 0)
+
+        self.guarded(write)
 
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
         """One guarded launch of the slot kernel (see :mod:`recoverssm_rs.sglang.device`): clear
@@ -258,10 +315,14 @@ class SglangMambaPool(EngineAdapter):
         ``conv[i][:, indices]``).
 
         Raises:
-            PlanError: a slot outside the pool or the dummy slot 0.
+            PlanError: an index that is not an integer, negative, outside the pool or the dummy
+                slot 0.
+            BindingError: a pool tensor re-pointed or its storage resized or freed (nothing is
+                read).
         """
         torch = ops.cuda_ops.torch()
-        ids = self._check_slots(indices)
+        ids = self._check_slots("get_cpu_copy", indices)
+        self.check_bound()
         if self.placement.is_cuda:
             return get_cpu_copy(self, ids)
         idx = torch.as_tensor(ids, device=self.device)
@@ -274,28 +335,27 @@ class SglangMambaPool(EngineAdapter):
         ``MambaPool.load_cpu_copy``; a historical third element is ignored, as there).
 
         Raises:
-            PlanError: a slot outside the pool or the dummy slot 0, or host tensors whose dtype or
-                shape differ from the pool's (SGLang would cast); nothing is written.
+            PlanError: an index that is not an integer, negative, outside the pool, the dummy slot
+                0 or named twice, or host tensors off the host or whose dtype or shape differ from
+                the pool's (SGLang would cast); nothing is written.
         """
         torch = ops.cuda_ops.torch()
-        conv_cpu, temporal_cpu = mamba_cache_cpu[0], mamba_cache_cpu[1]
-        ids = self._check_slots(indices)
-        pairs = [*zip(self.conv, conv_cpu, strict=True), (self.temporal, temporal_cpu)]
-        for k, (dst, src) in enumerate(pairs):
-            _core.sglang_check_host_copy(
-                state="temporal" if k == len(pairs) - 1 else f"conv[{k}]",
-                pool_dtype=str(dst.dtype),
-                pool_shape=tuple(dst.shape),
-                host_dtype=str(src.dtype),
-                host_shape=tuple(src.shape),
-                num_slots=len(ids),
-            )
+        ids = self._check_slots("load_cpu_copy", indices, unique=True)
+        pool = [*self.conv, self.temporal]
+        host = _core.sglang_host_copies(pool, mamba_cache_cpu, len(ids))
         if self.placement.is_cuda:
-            load_cpu_copy(self, [src for _, src in pairs], ids)
+            load_cpu_copy(self, [torch.as_tensor(h) for h in host], ids)
             return
+        # Every source staged apart from the pool before the first write: a host copy that is a
+        # view of the pool itself is read whole before any slot changes.
+        staged = [torch.as_tensor(h).to(dst.device, copy=True) for dst, h in zip(pool, host, strict=True)]
         idx = torch.as_tensor(ids, device=self.device)
-        for dst, src in pairs:
-            dst.index_copy_(1, idx, src.to(dst.device, non_blocking=True))
+
+        def write() -> None:
+            for dst, src in zip(pool, staged, strict=True):
+                dst.index_copy_(1, idx, src)
+
+        self.guarded(write)
 
     def state_pool(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> Any:
         """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`) for prefill ->
@@ -334,7 +394,8 @@ class SglangMambaPool(EngineAdapter):
         slot ``state_indices[r]``, the temporal state and every conv window its verify recorded at
         step ``s`` in scratch row ``src_indices[r]`` (default ``r``); with ``track_indices``, slot
         ``track_indices[r]`` also gets the states of step ``steps_to_track[r]`` (radix tracking).
-        Rows with a negative step or slot are skipped (padding), as in SGLang. Works for dense and
+        Padded rows write nothing: a slot or step of ``-1``, or the dummy slot 0 (which several
+        padded rows of a batch may name); any other negative index is refused. Works for dense and
         deduplicated (overlapping ``as_strided``) conv-window scratch alike.
 
         Host states: the core checks every index first. CUDA states: one launch of the slot kernel

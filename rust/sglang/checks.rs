@@ -1,0 +1,117 @@
+//! The checks of the SGLang pool's operations that no planner covers: slot ids of the operations
+//! without a "no slot" marker (`copy_from`, `clear_slots`, `get_cpu_copy`, `load_cpu_copy`), the
+//! pool's tensors when the adapter is built (one layer count, no two tensors sharing memory), and
+//! a host copy loaded back into the pool (dtype, shape, host memory).
+
+use crate::error::{Error, Result};
+use crate::tensor::TensorDesc;
+
+/// How an operation may name a slot twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repeats {
+    /// Reading or zeroing a slot twice is harmless (`get_cpu_copy`, `clear_slots`).
+    Allowed,
+    /// Two writes of one slot in one call (`load_cpu_copy`) would leave one of them.
+    Refused,
+}
+
+/// Checks the slot ids `ids`, the argument `arg` of operation `op`: every id is a slot of the pool
+/// other than the dummy slot 0 (`1..num_slots`; a negative id is refused, never wrapped), and with
+/// [`Repeats::Refused`] no slot is named twice.
+pub fn check_slots(op: &str, arg: &str, ids: &[i64], num_slots: u64, repeats: Repeats) -> Result<()> {
+    let last = num_slots.saturating_sub(1);
+    let mut seen = std::collections::HashSet::new();
+    for (i, &slot) in ids.iter().enumerate() {
+        if slot < 0 {
+            return Err(Error::plan(format!(
+                "{op}: {arg}[{i}] = {slot}: a negative slot id is refused (it would wrap to a slot from the end); slots are 1..{last}"
+            )));
+        }
+        if slot == 0 {
+            return Err(Error::plan(format!("{op}: {arg}[{i}] = 0 is the dummy slot (padded batches only); slots are 1..{last}")));
+        }
+        if slot as u64 >= num_slots {
+            return Err(Error::plan(format!("{op}: {arg}[{i}] = {slot} is outside the pool's slots 1..{last}")));
+        }
+        if repeats == Repeats::Refused && !seen.insert(slot) {
+            return Err(Error::plan(format!("{op}: {arg}[{i}] = {slot} is named twice; one call writes a slot once")));
+        }
+    }
+    Ok(())
+}
+
+/// The bytes `[start, end)` a tensor's elements span (`None` when it has none).
+fn span(t: &TensorDesc) -> Option<(u64, u64)> {
+    if t.shape.iter().any(|&n| n <= 0) {
+        return None;
+    }
+    let item = t.state_dtype().map_or(1, |d| d.itemsize() as i64);
+    let (mut lo, mut hi) = (t.data_ptr as i128, t.data_ptr as i128 + item as i128);
+    for (&n, &s) in t.shape.iter().zip(&t.strides) {
+        let reach = (n as i128 - 1) * s as i128;
+        if reach < 0 {
+            lo += reach;
+        } else {
+            hi += reach;
+        }
+    }
+    Some((lo.max(0) as u64, hi.max(0) as u64))
+}
+
+/// Checks the tensors of an SGLang pool (`(label, tensor)`: every conv tensor, the temporal state,
+/// the verify scratch): each non-empty one is layer-stacked (`[layers, ...]`) with one layer
+/// count for all, and no two of them span common memory (the same tensor passed twice would make
+/// two layers alias one buffer).
+pub fn check_pool(tensors: &[(String, &TensorDesc)]) -> Result<()> {
+    let live: Vec<&(String, &TensorDesc)> = tensors.iter().filter(|(_, t)| t.shape.iter().all(|&n| n > 0) && !t.shape.is_empty()).collect();
+    let mut first: Option<(&str, i64)> = None;
+    for (label, t) in &live {
+        if t.shape.len() < 2 {
+            return Err(Error::binding(format!("SglangMambaPool: {label} has shape {:?}, not [layers, slots, ...]", t.shape)));
+        }
+        match first {
+            None => first = Some((label, t.shape[0])),
+            Some((name, n)) if n != t.shape[0] => {
+                return Err(Error::binding(format!(
+                    "SglangMambaPool: {label} has {} layers, {name} has {n}: every tensor of the pool has one layer count",
+                    t.shape[0]
+                )))
+            }
+            _ => {}
+        }
+    }
+    for (i, (a, ta)) in live.iter().enumerate() {
+        for (b, tb) in &live[..i] {
+            if ta.device != tb.device {
+                continue;
+            }
+            if let (Some((a0, a1)), Some((b0, b1))) = (span(ta), span(tb)) {
+                if a0 < b1 && b0 < a1 {
+                    return Err(Error::binding(format!(
+                        "SglangMambaPool: {a} and {b} share memory (the same tensor twice, or views of one buffer): two layers or states would alias one slot"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A host copy of one layer-stacked state (`[layers, len(slots), ...]`) may be loaded into the
+/// pool's tensor `[layers, slots + 1, ...]` only from host memory, with the pool's dtype and shape
+/// (SGLang would cast a mismatched dtype silently).
+pub fn check_host_copy(state: &str, pool: &TensorDesc, host: &TensorDesc, num_slots: usize) -> Result<()> {
+    let mut want = pool.shape.clone();
+    if want.len() < 2 {
+        return Err(Error::plan(format!("load_cpu_copy: {state}: the pool tensor has shape {:?}, not [layers, slots, ...]", pool.shape)));
+    }
+    want[1] = num_slots as i64;
+    if host.device.trim() != "cpu" {
+        return Err(Error::plan(format!("load_cpu_copy: {state}: the host copy is on {}, not on the host (cpu)", host.device)));
+    }
+    let (pd, hd) = (pool.dtype_name(), host.dtype_name());
+    if pd != hd || host.shape != want {
+        return Err(Error::plan(format!("load_cpu_copy: {state}: the host copy is {hd} {:?}, the pool needs {pd} {want:?}", host.shape)));
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+"""The SGLang pool adapter under hostile or careless input: index vectors of the wrong kind
+(float, bool) or value (negative, the dummy slot, repeated) are refused by the core with the
+package's error naming the operation, the argument and the value, never cast or wrapped; a pool
+tensor re-pointed or its storage freed is refused at every entry point, HiCache copies included;
+``load_cpu_copy`` checks everything before it writes; the constructor refuses pools whose tensors
+disagree on the layer count or share memory. Every refused call leaves every byte of the pool (its
+states and its verify scratch) as it was."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from recoverssm_rs.errors import BindingError, PlanError, RecoverSSMError  # noqa: E402
+from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+
+LAYERS, SLOTS, ROWS, DRAFT = 2, 8, 4, 3
+
+
+def _pool(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    conv = [torch.randn(LAYERS, SLOTS, 6, 3, generator=g)]
+    temporal = torch.randn(LAYERS, SLOTS, 2, 4, 4, generator=g)
+    ssm = torch.randn(LAYERS, ROWS, DRAFT, 2, 4, 4, generator=g)
+    window = [torch.randn(LAYERS, ROWS, DRAFT, 6, 3, generator=g)]
+    return SglangMambaPool(conv, temporal, intermediate_ssm=ssm, intermediate_conv_window=window)
+
+
+def _all(p):
+    """Every tensor of the pool: states and verify scratch."""
+    return [*p.conv, p.temporal, p.intermediate_ssm, *p.intermediate_conv_window]
+
+
+def _refused(p, call, error=PlanError, match=None):
+    """``call(p)`` is refused with ``error`` (matching ``match``) and writes nothing."""
+    before = [t.clone() for t in _all(p)]
+    with pytest.raises(error, match=match):
+        call(p)
+    changed = [i for i, (a, b) in enumerate(zip(before, _all(p), strict=True)) if not torch.equal(a, b)]
+    assert not changed, f"a refused call wrote tensors {changed}"
+
+
+# (operation, argument, call with the argument replaced by v)
+ENTRIES = [
+    ("copy_from", "src_indices", lambda p, v: p.copy_from(v, [2])),
+    ("copy_from", "dst_indices", lambda p, v: p.copy_from([1], v)),
+    ("clear_slots", "indices", lambda p, v: p.clear_slots(v)),
+    ("get_cpu_copy", "indices", lambda p, v: p.get_cpu_copy(v)),
+    ("load_cpu_copy", "indices", lambda p, v: p.load_cpu_copy(p.get_cpu_copy([1]), v)),
+    ("commit_after_verify", "state_indices", lambda p, v: p.commit_after_verify(v, [0])),
+    ("commit_after_verify", "last_correct_step_indices", lambda p, v: p.commit_after_verify([1], v)),
+    ("commit_after_verify", "track_indices", lambda p, v: p.commit_after_verify([1], [0], v, [0])),
+    ("commit_after_verify", "steps_to_track", lambda p, v: p.commit_after_verify([1], [0], [2], v)),
+    ("commit_after_verify", "src_indices", lambda p, v: p.commit_after_verify([1], [0], src_indices=v)),
+]
+WRONG_KINDS = {
+    "float tensor": torch.tensor([1.0]),
+    "bool tensor": torch.tensor([True]),
+    "float array": np.array([1.0]),
+    "bool array": np.array([True]),
+    "float list": [1.0],
+    "bool list": [True],
+    "uint8 tensor": torch.tensor([1], dtype=torch.uint8),
+}
+
+
+@pytest.mark.parametrize(("op", "arg", "call"), ENTRIES, ids=[f"{e[0]}-{e[1]}" for e in ENTRIES])
+@pytest.mark.parametrize("kind", list(WRONG_KINDS))
+def test_float_and_bool_indices_are_refused_not_cast(op, arg, call, kind):
+    _refused(_pool(), lambda p: call(p, WRONG_KINDS[kind]), match=rf"^{op}: {arg}")
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda p: p.clear_slots([-1]), r"clear_slots: indices\[0\] = -1: a negative slot id is refused"),
+        (lambda p: p.clear_slots(torch.tensor([3, -2])), r"clear_slots: indices\[1\] = -2"),
+        (lambda p: p.copy_from([-1], [2]), r"copy_from: src_indices\[0\] = -1"),
+        (lambda p: p.copy_from([1], [-1]), r"copy_from: dst_indices\[0\] = -1"),
+        (lambda p: p.get_cpu_copy([-1]), r"get_cpu_copy: indices\[0\] = -1"),
+        (lambda p: p.load_cpu_copy(p.get_cpu_copy([1]), [-1]), r"load_cpu_copy: indices\[0\] = -1"),
+        (lambda p: p.commit_after_verify([-2], [0]), r"state_indices\[0\] = -2: the only negative value allowed is -1"),
+        (lambda p: p.commit_after_verify([1], [-2]), r"last_correct_step_indices\[0\] = -2"),
+        (lambda p: p.commit_after_verify([1], [0], [-5], [0]), r"track_indices\[0\] = -5"),
+    ],
+)
+def test_negative_indices_are_refused_not_wrapped(call, match):
+    _refused(_pool(), call, match=match)
+
+
+def test_the_no_slot_marker_writes_nothing():
+    p = _pool()
+    before = [t.clone() for t in _all(p)]
+    p.commit_after_verify([-1, 3], [0, -1], [-1, 4], [1, -1])
+    assert all(torch.equal(a, b) for a, b in zip(before, _all(p), strict=True))
+
+
+@pytest.mark.parametrize(
+    "rebind",
+    [
+        lambda t: t.set_(torch.zeros_like(t)),
+        lambda t: setattr(t, "data", torch.zeros_like(t)),
+        lambda t: t.untyped_storage().resize_(0),
+    ],
+    ids=["set_", "data", "storage resize_(0)"],
+)
+@pytest.mark.parametrize("which", ["conv", "temporal", "intermediate_ssm"])
+def test_a_replaced_pool_tensor_is_refused_at_every_entry_point(rebind, which):
+    calls = [
+        lambda p: p.copy_from([1], [2]),
+        lambda p: p.clear_slots([1]),
+        lambda p: p.get_cpu_copy([1]),
+        lambda p: p.load_cpu_copy(host, [2]),
+        lambda p: p.commit_after_verify([1], [0]),
+    ]
+    for call in calls:
+        p = _pool()
+        host = p.get_cpu_copy([1])
+        tensor = {"conv": p.conv[0], "temporal": p.temporal, "intermediate_ssm": p.intermediate_ssm}[which]
+        rebind(tensor)
+        with pytest.raises(BindingError, match="nothing was written"):
+            call(p)
+
+
+def test_get_cpu_copy_after_the_temporal_storage_was_freed_is_an_error_not_a_crash():
+    """Run apart: before the guard covered HiCache copies, this read freed memory (a segfault)."""
+    code = textwrap.dedent(
+        """
+        import torch
+        from recoverssm_rs.errors import BindingError
+        from recoverssm_rs.sglang import SglangMambaPool
+        p = SglangMambaPool([torch.randn(2, 8, 6, 3)], torch.randn(2, 8, 2, 4, 4))
+        p.temporal.untyped_storage().resize_(0)
+        try:
+            p.get_cpu_copy([1, 2])
+        except BindingError as e:
+            print("refused:", e)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
+    assert "refused: temporal" in run.stdout and "resized or freed" in run.stdout, run.stdout
+
+
+def test_load_cpu_copy_checks_everything_before_it_writes():
+    p = _pool()
+    conv_cpu, temporal_cpu = p.get_cpu_copy([1, 2])
+    # The conv copy is good, the temporal one is not on the host: nothing is written, conv included.
+    _refused(
+        p,
+        lambda p: p.load_cpu_copy((conv_cpu, temporal_cpu.to("meta")), [3, 4]),
+        match="temporal: the host copy is on meta",
+    )
+    _refused(p, lambda p: p.load_cpu_copy((conv_cpu, temporal_cpu), [3, 3]), match=r"indices\[1\] = 3 is named twice")
+    _refused(p, lambda p: p.load_cpu_copy((conv_cpu,), [3, 4]), match="mamba_cache_cpu has 1 parts")
+    _refused(p, lambda p: p.load_cpu_copy(([], temporal_cpu), [3, 4]), match="conv_cpu has 0 tensors, the pool 1")
+    _refused(p, lambda p: p.load_cpu_copy(None, [3, 4]), match="mamba_cache_cpu must be a list")
+    _refused(p, lambda p: p.load_cpu_copy(([None], temporal_cpu), [3, 4]), match=r"conv\[0\] \(host copy\)")
+
+
+def test_a_load_from_a_view_of_the_pool_gives_the_right_bytes():
+    p = _pool()
+    want = [t[:, [1, 2]].clone() for t in (*p.conv, p.temporal)]
+    # Host copies that are views of the pool's own slots 1..2, loaded into the overlapping slots 2..3.
+    p.load_cpu_copy(([p.conv[0][:, 1:3]], p.temporal[:, 1:3]), [2, 3])
+    for t, w in zip((*p.conv, p.temporal), want, strict=True):
+        assert torch.equal(t[:, [2, 3]], w)
+
+
+def test_the_constructor_refuses_mismatched_layers_and_aliased_tensors():
+    conv, temporal = torch.zeros(2, 8, 6, 3), torch.zeros(3, 8, 2, 4, 4)
+    with pytest.raises(BindingError, match="temporal has 3 layers, conv.0. has 2"):
+        SglangMambaPool([conv], temporal)
+    with pytest.raises(BindingError, match=r"conv\[1\] and conv\[0\] share memory"):
+        SglangMambaPool([conv, conv], torch.zeros(2, 8, 2, 4, 4))
+    with pytest.raises(BindingError, match=r"conv\[1\] and conv\[0\] share memory"):
+        SglangMambaPool([conv, conv.view(2, 8, 3, 6)], torch.zeros(2, 8, 2, 4, 4))
+    ssm = torch.zeros(2, 4, 3, 2, 4, 4)
+    with pytest.raises(BindingError, match="intermediate_ssm has 3 layers"):
+        SglangMambaPool([conv], torch.zeros(2, 8, 2, 4, 4), intermediate_ssm=torch.zeros(3, 4, 3, 2, 4, 4))
+    SglangMambaPool(
+        [conv], torch.zeros(2, 8, 2, 4, 4), intermediate_ssm=ssm, intermediate_conv_window=[torch.zeros(2, 4, 3, 6, 3)]
+    )
+
+
+HOSTILE = {
+    "None": None,
+    "str": "abc",
+    "dict": {"a": 1},
+    "object": object(),
+    "float": 1.5,
+    "nested": [[1, [2]], [3]],
+    "0-d array": np.array(3),
+    "huge int": 2**70,
+    "huge list": [2**70],
+    "2-D": [[1, 2]],
+}
+
+
+@pytest.mark.parametrize(("op", "arg", "call"), ENTRIES, ids=[f"{e[0]}-{e[1]}" for e in ENTRIES])
+def test_no_foreign_error_from_any_index_argument(op, arg, call):
+    foreign = []
+    for label, value in HOSTILE.items():
+        p = _pool()
+        before = [t.clone() for t in _all(p)]
+        try:
+            call(p, value)
+        except RecoverSSMError as e:
+            assert str(e).startswith(f"{op}: "), f"{arg}={label}: {e}"
+            assert all(torch.equal(a, b) for a, b in zip(before, _all(p), strict=True)), f"{arg}={label} wrote"
+        except Exception as e:  # noqa: BLE001 - the point of the test
+            foreign.append(f"{arg}={label}: {type(e).__name__}: {e}")
+    assert not foreign, "\n".join(foreign)
