@@ -19,17 +19,26 @@
 RS_DEVICE int64_t rs_slot_ld(const int32_t* p) { return *(const volatile int32_t*)p; }
 
 // The pre-copy's new running column of a row: ceil((num_computed + query_len) / block_size) - 1, or
-// -2 when the row is skipped (no slot, a slot out of range or a negative token count: the
-// bookkeeping thread reports those).
+// -2 when the row is skipped (no slot, a slot out of range, a decreasing query_start_loc or a
+// negative token count: the bookkeeping thread reports those).
 RS_DEVICE int64_t rs_pre_new_col(const int32_t* idx_mapping, const int32_t* num_computed,
                                  const int32_t* query_start_loc, int64_t r, int64_t num_slots, int64_t block_size,
                                  int64_t* slot) {
   const int64_t s = idx_mapping[r];
   *slot = s;
   if (s < 0 || s >= num_slots || block_size < 1) return -2;
-  const int64_t total = (int64_t)num_computed[s] + query_start_loc[r + 1] - query_start_loc[r];
-  if (total < 0) return -2;
+  const int64_t qlen = (int64_t)query_start_loc[r + 1] - query_start_loc[r];
+  const int64_t total = (int64_t)num_computed[s] + qlen;
+  if (qlen < 0 || total < 0) return -2;
   return (total + block_size - 1) / block_size - 1;
+}
+
+// Whether a row other than r names slot s (rows must name distinct slots; only -1 may repeat).
+RS_DEVICE bool rs_slot_shared(const int32_t* idx_mapping, int64_t num_rows, int64_t r, int64_t s) {
+  for (int64_t o = 0; o < num_rows; ++o) {
+    if (o != r && idx_mapping[o] == s) return true;
+  }
+  return false;
 }
 
 // A RecoverSSM-committed row's running column after the commit (vLLM's commit_step): min(max(computed
@@ -94,7 +103,7 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
                            int64_t num_slots, int64_t block_size, RsSlotRow* row) {
   if (post) {
     const int64_t s = idx_mapping[r];
-    if (s < 0 || s >= num_slots) return false;
+    if (s < 0 || s >= num_slots || num_computed == nullptr) return false;  // no num_computed: no save
     const int32_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
     row->slot = (int32_t)s;
     const int64_t col = rs_commit_col(commit_computed, commit_cols, n, r, block_size);
@@ -124,6 +133,25 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
   row->x = (int32_t)next;
   row->a = a > 1 ? (int32_t)a : 1;
   return true;
+}
+
+// The first error of the row's copy decision over every group's table (0: every group's copy may
+// run): a row is written for all of its groups or for none. A committed row whose save would
+// still copy is RS_ERR_ARGS (its save is the commit's).
+RS_DEVICE uint32_t rs_slot_row_check(bool post, const TableRef* tables, uint32_t num_tables, int32_t bt_cols,
+                                     const RsSlotRow& row, int64_t block_size, int64_t max_accepted,
+                                     int64_t num_blocks, uint32_t flags) {
+  for (uint32_t g = 0; g < num_tables; ++g) {
+    const TableRef t = tables[g];
+    const int32_t* bt_row = (const int32_t*)t.addr + (int64_t)row.slot * t.row_stride;
+    RsRequest q;
+    const uint32_t code =
+        post ? rs_decide_aligned(bt_row, bt_cols, row.src, row.x, row.a, block_size, max_accepted, num_blocks, flags, &q)
+             : rs_decide(bt_row, bt_cols, row.src, row.x, row.a, max_accepted, num_blocks, flags | RS_FLAG_PRE_COPY, &q);
+    if (code != 0) return code;
+    if (row.committed && q.a != 0) return RS_ERR_ARGS;
+  }
+  return 0;
 }
 
 // rs_state_copy_slots
@@ -225,8 +253,13 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
   if (chunk == 0 && blockIdx.z == 0 && tid == 0) {
     for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {
       const int64_t s = idx_mapping[r];
-      if (s < 0) continue;
-      if (s >= S || (!post && (int64_t)num_computed[s] + query_start_loc[r + 1] - query_start_loc[r] < 0)) {
+      if (s == -1) continue;
+      // Refused rows (reported, nothing written for them): a slot below -1 or >= S, two rows on
+      // one slot, a pre-copy's decreasing query_start_loc or negative token count.
+      int64_t slot;
+      const bool bad = s < -1 || s >= S || rs_slot_shared(idx_mapping, num_rows, r, s) ||
+                       (!post && rs_pre_new_col(idx_mapping, num_computed, query_start_loc, r, S, block_size, &slot) == -2);
+      if (bad) {
         rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_ARGS, r, S);
         continue;
       }
@@ -235,7 +268,17 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
         const int64_t cc = rs_commit_col(commit_computed, commit_cols, n, r, block_size);
         const int64_t a = cc >= 0 ? 1 : (n > 1 ? n : 1);
         const int64_t col = cc >= 0 ? cc : state_idx[s];
+        if (num_computed == nullptr) {  // no aligned save (a pipeline-parallel rank not the last)
+          if (cc >= 0) state_idx[s] = (int32_t)cc;
+          num_accepted[s] = (int32_t)a;
+          continue;
+        }
         if (col >= bt_cols) continue;  // reported by the copy CTAs; nothing written
+        RsSlotRow row;
+        if (!rs_slot_row(true, idx_mapping, num_computed, query_start_loc, num_sampled, sampled_fill, commit_computed,
+                         commit_cols, state_idx, num_accepted, scratch, ctl, r, S, block_size, &row) ||
+            rs_slot_row_check(true, tables, num_tables, bt_cols, row, block_size, max_accepted, num_blocks, flags) != 0)
+          continue;  // reported by the copy CTAs; nothing written
         if (cc >= 0) state_idx[s] = (int32_t)cc;  // the committed state is the running one
         const TableRef t = tables[0];
         const int32_t* bt_row = (const int32_t*)t.addr + s * t.row_stride;
@@ -243,7 +286,6 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
             rs_next_accepted(bt_row, bt_cols, col, (int64_t)num_computed[s] - a + 1, a, max_accepted, block_size, flags);
         continue;
       }
-      int64_t slot;
       const int64_t next = rs_pre_new_col(idx_mapping, num_computed, query_start_loc, r, S, block_size, &slot);
       const int32_t old = state_idx[s], a = num_accepted[s];
       if (next == -2 || old == next) continue;
@@ -251,6 +293,10 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
         rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_COLUMN, r, S);
         continue;
       }
+      // A move any group refuses (a bad block or count): the column stays (reported by the copy CTAs).
+      const RsSlotRow row{(int32_t)s, false, old >= 0 ? old : -1, (int32_t)next, a > 1 ? a : 1};
+      if (rs_slot_row_check(false, tables, num_tables, bt_cols, row, block_size, max_accepted, num_blocks, flags) != 0)
+        continue;
       scratch[s] = old;
       scratch[S + s] = a;
       scratch[2 * S + s] = ctl[0];
@@ -261,6 +307,7 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
     }
   }
   for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {
+    if (idx_mapping[r] >= 0 && rs_slot_shared(idx_mapping, num_rows, r, idx_mapping[r])) continue;  // refused
     for (uint32_t mi = blockIdx.z; mi < num_meta; mi += gridDim.z) {
       // Read again for every state (a few cached loads) rather than kept live across the copy.
       RsSlotRow row;
@@ -273,16 +320,20 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
         if (reporter) rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_META, r, S);
         continue;
       }
+      // Every group's decision first: a row refused by one group is written by none.
+      const uint32_t code =
+          rs_slot_row_check(post, tables, num_tables, bt_cols, row, block_size, max_accepted, num_blocks, flags);
+      if (code != 0) {
+        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), code, r, S);
+        continue;
+      }
       const TableRef t = tables[m.group];
       const int32_t* bt_row = (const int32_t*)t.addr + (int64_t)row.slot * t.row_stride;
       RsRequest q;
-      const uint32_t code =
-          post ? rs_decide_aligned(bt_row, bt_cols, row.src, row.x, row.a, block_size, max_accepted, num_blocks, flags, &q)
-               : rs_decide(bt_row, bt_cols, row.src, row.x, row.a, max_accepted, num_blocks, flags | RS_FLAG_PRE_COPY,
-                           &q);
-      if (code != 0 || (row.committed && q.a != 0)) {  // a committed row's save is the commit's
-        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), code != 0 ? code : RS_ERR_ARGS, r, S);
-        continue;
+      if (post) {
+        rs_decide_aligned(bt_row, bt_cols, row.src, row.x, row.a, block_size, max_accepted, num_blocks, flags, &q);
+      } else {
+        rs_decide(bt_row, bt_cols, row.src, row.x, row.a, max_accepted, num_blocks, flags | RS_FLAG_PRE_COPY, &q);
       }
       const uint32_t c = rs_copy_state_chunk(m, bt_row, bt_cols, num_blocks, q, chunk, nchunks, tid, nthreads);
       if (c != 0 && reporter) rs_report_error(rs_slot_word(err, ctl, post), c, r, S);

@@ -276,7 +276,10 @@ class ModelStateV2(EngineAdapter):
                 parallelism, are skipped).
             num_sampled: ``[R]`` int32 tokens sampled per row (0 for a chunked-prefill row: counted
                 as 1), or one integer for every row.
-            num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step.
+            num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step,
+                or ``None`` as vLLM's pipeline-parallel ranks other than the last pass it: the
+                counts are scattered (and a RecoverSSM commit runs) but no aligned save is made,
+                as vLLM skips it.
             block_tables: as :meth:`preprocess_state`.
             recoverssm: the step's RecoverSSM commit (vLLM's ``commit_step``): ``True`` for the
                 commit :meth:`stage_recoverssm` staged for this step (the post-process then plans
@@ -294,8 +297,9 @@ class ModelStateV2(EngineAdapter):
                 forgets a staged commit, and the skip is logged.
 
         Raises:
-            PlanError: a bad input (nothing is written), or ``recoverssm=True`` with no commit
-                staged since the last post-process.
+            PlanError: a bad input (nothing is written), ``recoverssm=True`` with no commit
+                staged since the last post-process, or a second post-process for one step (no
+                :meth:`preprocess_state` since the last one: the windows are not shifted again).
         """
         step = self._core_step()
         tables = _tables(block_tables)
@@ -314,7 +318,8 @@ class ModelStateV2(EngineAdapter):
             # caller's own counts.
             self._run(kl, records, None if reference is None else functools.partial(reference, num_sampled))
 
-        step.post(arg(idx_mapping), sampled, arg(num_computed_tokens), tables, commit, run)
+        computed = None if num_computed_tokens is None else arg(num_computed_tokens)
+        step.post(arg(idx_mapping), sampled, computed, tables, commit, run)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
