@@ -1,6 +1,6 @@
 """Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, final
 
 __version__: str
@@ -332,9 +332,10 @@ def commit_grid(table: Any, threads: int = ...) -> tuple[int, int]:
     """``(rec_ctas, conv_ctas)`` of the commit kernel for a table's bytes."""
 
 def pack_launch(
-    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], values: Sequence[int]
+    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], fields: Mapping[str, int]
 ) -> KernelLaunch:
-    """A launch of kernel ``name`` with raw, range-checked argument values."""
+    """A launch of kernel ``name`` whose parameter record is given field by field (every field,
+    each range-checked)."""
 
 # Keyword arguments: device, tables, groups, rows.
 def check_device_tables(**kwargs: Any) -> None:

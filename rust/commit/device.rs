@@ -88,7 +88,7 @@ mod tests {
         let (plan, launch) = plan_device_commit(&host, "GDN_ATTN", 16, 4, &k, &rows).unwrap();
         assert_eq!(plan.iter().map(|r| (r.request, r.count, r.state_block)).collect::<Vec<_>>(), vec![(0, 1, 3), (2, 4, 5)]);
         let l = launch.unwrap();
-        assert_eq!(l.values()[2..6].iter().map(|x| x.1).collect::<Vec<_>>(), vec![200, 2, 0, 0]);
+        assert_eq!(l.named(&["rows", "num_rows", "num_accepted", "num_counts"]), vec![200, 2, 0, 0]);
         // Device counts: planned for the whole window, checked against the cache's device.
         let cpu = Device::parse("cpu").unwrap();
         let acc = TensorDesc::dense(300, "torch.int64", &[3], "cpu");
@@ -96,7 +96,7 @@ mod tests {
         let dev = DeviceCommit { counts: DeviceCounts::Device { checked: &acc, launched: &acc32, device: &cpu }, ..host };
         let (plan, launch) = plan_device_commit(&dev, "GDN_ATTN", 16, 4, &k, &rows).unwrap();
         assert_eq!(plan.iter().map(|r| r.count).collect::<Vec<_>>(), vec![4, 4]);
-        assert_eq!(launch.unwrap().values()[4..6].iter().map(|x| x.1).collect::<Vec<_>>(), vec![400, 3]);
+        assert_eq!(launch.unwrap().named(&["num_accepted", "num_counts"]), vec![400, 3]);
         let short = TensorDesc::dense(300, "torch.int64", &[2], "cpu");
         let dev = DeviceCommit { counts: DeviceCounts::Device { checked: &short, launched: &acc32, device: &cpu }, ..dev };
         let e = plan_device_commit(&dev, "GDN_ATTN", 16, 4, &k, &rows).unwrap_err();

@@ -3,28 +3,7 @@
 //! boundary crossed inside the window. Every input is checked before anything moves.
 
 use crate::error::{Error, Result};
-
-crate::kernels::records::record! {
-    /// One request's commit, shared by every layer.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-    pub struct CommitRow {
-        /// Index of the request in the step's batch (its workspace row).
-        pub request: u32,
-        /// Tokens folded into the state: `clamp(num_accepted, 0, query_len)` (with a `num_accepted`
-        /// vector on the device: the cap).
-        pub count: u32,
-        /// Block holding the request's running state (read and written in place); <= 0: padding row.
-        pub state_block: i64,
-        /// Prefix-cache block that receives the state at the crossed block boundary, or -1.
-        pub boundary_block: i64,
-        /// Tokens of the window up to the boundary (1..=count), 0 without a boundary.
-        pub boundary_len: u32,
-        /// The entry of the device counts (`num_accepted`) holding this row's count: `request` as
-        /// planned; an engine whose counts are indexed otherwise (vLLM's per-batch-row sampled
-        /// counts) sets its own.
-        pub count_index: u32,
-    }
-}
+pub use crate::kernels::records::commit::CommitRow;
 
 /// Align-mode inputs: where the request stands and its block table.
 pub struct AlignInputs<'a> {

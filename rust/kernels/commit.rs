@@ -2,10 +2,10 @@
 //! table (one CTA per (head, value tile) of the largest layer, plus the conv CTAs), the rows and the
 //! optional device-side accepted counts are checked per launch.
 
-use super::abi::{Arg, Launch, RECOVER_COMMIT};
+use super::abi::Launch;
 use super::args::{check_commit_rows, int_vector, IntType};
 use super::constants::{COMMIT_CONV_CHUNK_BYTES, MAX_GRID_YZ, RC_NO_CONV, RC_ROWS, THREADS};
-use crate::commit::CommitMeta;
+use super::records::{CommitMeta, MutPtr, Ptr, RecoverCommitParams};
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::Device;
 use crate::tensor::TensorDesc;
@@ -94,21 +94,22 @@ impl CommitLaunch {
         if n == 0 || self.num_layers == 0 {
             return Ok(None);
         }
-        let args = [
-            Arg::Ptr(self.metas),
-            Arg::U32(self.num_layers),
-            Arg::Ptr(rows.data_ptr),
-            Arg::U32(n as u32),
-            Arg::Ptr(counts.0),
-            Arg::U32(counts.1),
-            Arg::I64(self.num_blocks),
-            Arg::U32(self.max_requests),
-            Arg::U32(self.rec_ctas),
-            Arg::Ptr(err),
-        ];
+        let params = RecoverCommitParams {
+            metas: Ptr::at(self.metas),
+            rows: Ptr::at(rows.data_ptr),
+            num_accepted: Ptr::at(counts.0),
+            err: MutPtr::at(err),
+            num_blocks: self.num_blocks,
+            num_layers: self.num_layers,
+            num_rows: n as u32,
+            num_counts: counts.1,
+            max_requests: self.max_requests,
+            rec_ctas: self.rec_ctas,
+            reserved: 0,
+        };
         let fold = |x: u64| x.clamp(1, MAX_GRID_YZ as u64) as u32;
         let grid = [self.rec_ctas + self.conv_ctas, fold(n), fold(self.num_layers as u64)];
-        Launch::new(&RECOVER_COMMIT, grid, [self.threads, 1, 1], &args).map(Some)
+        Ok(Some(Launch::new(&params, grid, [self.threads, 1, 1])))
     }
 }
 
@@ -151,11 +152,11 @@ mod tests {
         let rows = arg(200, "torch.uint8", &[5 * 32], "cuda:0");
         let l = c.launch(&rows, None, None, None).unwrap().unwrap();
         assert_eq!((l.kernel.name, l.grid), ("rs_recover_commit", [9, 5, 1]));
-        let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
+        let v = l.named(&["metas", "num_layers", "rows", "num_rows", "num_accepted", "num_counts", "num_blocks", "max_requests", "rec_ctas", "err"]);
         assert_eq!(v, vec![100, 1, 200, 5, 0, 0, 50, 8, 8, 900]);
         let acc = arg(300, "torch.int32", &[8], "cuda:0");
         let l = c.launch(&rows, Some(2), Some(&acc), None).unwrap().unwrap();
-        assert_eq!(l.values()[3..6].iter().map(|x| x.1).collect::<Vec<_>>(), vec![2, 300, 8]);
+        assert_eq!(l.named(&["num_rows", "num_accepted", "num_counts"]), vec![2, 300, 8]);
         let e = c.launch(&rows, None, Some(&arg(300, "torch.int64", &[8], "cuda:0")), None).unwrap_err();
         assert_eq!(e.message, "num_accepted: expected int32, got torch.int64");
         let e = c.launch(&rows, None, Some(&arg(300, "torch.int32", &[8], "cuda:1")), None).unwrap_err();

@@ -2,7 +2,7 @@
 //! ones the CUDA sources use, with their `#define RS_*` names; the generated header
 //! (`kernels/rs_abi.cuh`, [`super::header`]) defines them for the sources.
 
-use crate::plan::segment::Mode;
+use super::records::Mode;
 
 /// Declares the constants the CUDA sources share: each one a `pub const` of the core and, under the
 /// name after `=>`, a `#define` of the generated header whose comment is the constant's doc; all of
@@ -135,13 +135,13 @@ const fn name_values<const N: usize>(defines: &[Define; N]) -> [(&'static str, u
 
 /// Constants of the core that the sources do not define (host side only), by name: launch limits,
 /// and `STAGING`, the `dst_tensor` of a transfer plan's read that lands in the staging buffer
-/// (`crate::transfer::STAGING`; the rows are the record table's `Read` and `StagedCopy`).
+/// (`super::records::STAGING`; the rows are the record table's `Read` and `StagedCopy`).
 pub const HOST_CONSTANTS: [(&str, u64); 5] = [
     ("MAX_STATE_CHUNKS", MAX_STATE_CHUNKS as u64),
     ("COMMIT_CONV_CHUNK_BYTES", COMMIT_CONV_CHUNK_BYTES),
     ("MAX_GRID_YZ", MAX_GRID_YZ as u64),
     ("MAX_GRID_X", MAX_GRID_X as u64),
-    ("STAGING", crate::transfer::STAGING),
+    ("STAGING", super::records::STAGING),
 ];
 
 /// The names of the error bits set in `bits`, in bit order.

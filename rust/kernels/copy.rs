@@ -2,11 +2,11 @@
 //! `rs_state_copy` (the fused align-mode copy of every persistent state of every layer, with the
 //! columns given or the align decision taken on the device).
 
-use super::abi::{Arg, Launch, COPY_TILES, STATE_COPY};
+use super::abi::Launch;
 use super::args::{check_step_args, CheckedStep, StepArgs, StepCheck};
 use super::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, MAX_GRID_X, MAX_GRID_YZ, MAX_STATE_CHUNKS, STATE_CHUNK_BYTES, THREADS};
+use super::records::{CopyTilesParams, MutPtr, Ptr, StateCopyParams};
 use crate::error::{Error, Result};
-use crate::plan::Planner;
 use crate::tensor::Device;
 use crate::tensor::TensorDesc;
 
@@ -28,8 +28,8 @@ pub fn copy_tiles_launch(segments: u64, tiles: u64, first_tile: i64, num_tiles: 
         return Ok(None);
     }
     let grid_x = max_ctas.map_or(num_tiles, |m| m.min(num_tiles)).min(MAX_GRID_X as i64) as u32;
-    let args = [Arg::Ptr(segments), Arg::Ptr(tiles), Arg::U32(first_tile as u32), Arg::U32(num_tiles as u32)];
-    Launch::new(&COPY_TILES, [grid_x, 1, 1], BLOCK, &args).map(Some)
+    let params = CopyTilesParams { segments: Ptr::at(segments), tiles: Ptr::at(tiles), first_tile: first_tile as u32, num_tiles: num_tiles as u32 };
+    Ok(Some(Launch::new(&params, [grid_x, 1, 1], BLOCK)))
 }
 
 /// CTAs per state copy of `rs_state_copy` for states of at most `max_state_bytes` bytes: one per
@@ -108,26 +108,6 @@ impl FusedCopy {
         Ok(self)
     }
 
-    /// The fused copy of `planner`'s states, its table of [`Planner::state_meta`] records at
-    /// device address `metas` and its own error word at `err`.
-    pub fn for_planner(planner: &Planner, metas: u64, err: u64) -> Result<FusedCopy> {
-        let meta = planner.state_meta();
-        let max_bytes = meta.iter().map(|m| m.state_bytes).max().unwrap_or(0);
-        let num_meta = u32::try_from(meta.len()).map_err(|_| Error::plan(format!("{} state metas exceed 2**32 - 1", meta.len())))?;
-        FusedCopy {
-            device: planner.device().clone(),
-            metas,
-            num_meta,
-            max_accepted: planner.num_spec() as i32 + 1,
-            num_blocks: planner.max_blocks() as i64,
-            has_temporal: meta.iter().any(|m| m.kind == crate::kernels::constants::KIND_TEMPORAL),
-            chunks: state_chunks(max_bytes),
-            err,
-            groups: planner.num_groups() as u32,
-        }
-        .checked()
-    }
-
     /// Checks a step whose inputs may still be int64 (the launch layer narrows them on the device
     /// afterwards, then calls [`FusedCopy::launch`]); returns the number of requests.
     pub fn check(&self, inp: &StepInputs<'_>) -> Result<u64> {
@@ -156,25 +136,25 @@ impl FusedCopy {
             flags |= FLAG_PRE_COPY;
         }
         let cols = i32::try_from(c.table.cols).map_err(|_| Error::plan(format!("block_table has {} columns (at most 2**31 - 1)", c.table.cols)))?;
-        let args = [
-            Arg::Ptr(self.metas),
-            Arg::U32(self.num_meta),
-            Arg::Ptr(c.table.ptr),
-            Arg::I64(c.table.row_stride),
-            Arg::I32(cols),
-            Arg::I64(c.table.group_stride),
-            Arg::Ptr(c.vectors[0].ptr),
-            Arg::Ptr(c.vectors[1].ptr),
-            Arg::Ptr(c.vectors[2].ptr),
-            Arg::Ptr(c.out.map_or(0, |o| o.ptr)),
-            Arg::I32(inp.block_size.unwrap_or(0) as i32),
-            Arg::I32(n as i32),
-            Arg::I32(self.max_accepted),
-            Arg::I64(self.num_blocks),
-            Arg::U32(flags),
-            Arg::Ptr(c.err.map_or(self.err, |e| e.ptr)),
-        ];
-        Launch::new(&STATE_COPY, state_copy_grid(n, self.num_meta as u64, self.chunks), BLOCK, &args).map(Some)
+        let params = StateCopyParams {
+            metas: Ptr::at(self.metas),
+            block_table: Ptr::at(c.table.ptr),
+            src_col: Ptr::at(c.vectors[0].ptr),
+            dst_or_running: Ptr::at(c.vectors[1].ptr),
+            num_accepted: Ptr::at(c.vectors[2].ptr),
+            num_accepted_out: MutPtr::at(c.out.map_or(0, |o| o.ptr)),
+            err: MutPtr::at(c.err.map_or(self.err, |e| e.ptr)),
+            bt_row_stride: c.table.row_stride,
+            bt_group_stride: c.table.group_stride,
+            num_blocks: self.num_blocks,
+            num_meta: self.num_meta,
+            bt_cols: cols,
+            block_size: inp.block_size.unwrap_or(0) as i32,
+            num_requests: n as i32,
+            max_accepted: self.max_accepted,
+            flags,
+        };
+        Ok(Some(Launch::new(&params, state_copy_grid(n, self.num_meta as u64, self.chunks), BLOCK)))
     }
 }
 
@@ -205,25 +185,40 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn fused_launch_packs_in_declaration_order() {
+    fn fused_launch_fills_the_record_by_name() {
         let f = BASE.checked().unwrap();
         let (bt, s, d, a) = (arg(9000, "int32", &[5, 6]), arg(2000, "int32", &[5]), arg(3000, "int32", &[5]), arg(4000, "int32", &[5]));
         let l = f.launch(&inputs(&bt, &s, &d, &a), false).unwrap().unwrap();
         assert_eq!((l.kernel.name, l.grid, l.block), ("rs_state_copy", [16, 5, 3], [256, 1, 1]));
-        let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
-        assert_eq!(v, vec![1000, 3, 9000, 6, 6, 0, 2000, 3000, 4000, 0, 0, 5, 4, 77, FLAG_HAS_TEMPORAL as i128, 5000]);
+        let names = [
+            "metas",
+            "num_meta",
+            "block_table",
+            "bt_row_stride",
+            "bt_cols",
+            "bt_group_stride",
+            "src_col",
+            "dst_or_running",
+            "num_accepted",
+            "num_accepted_out",
+            "block_size",
+            "num_requests",
+            "max_accepted",
+            "num_blocks",
+            "flags",
+            "err",
+        ];
+        assert_eq!(l.named(&names), vec![1000, 3, 9000, 6, 6, 0, 2000, 3000, 4000, 0, 0, 5, 4, 77, FLAG_HAS_TEMPORAL as i128, 5000]);
         let (e, out) = (arg(6000, "int32", &[3]), arg(7000, "int32", &[5]));
         let post = StepInputs { err: Some(&e), num_accepted_out: Some(&out), block_size: Some(16), ..inputs(&bt, &s, &d, &a) };
-        let v: Vec<(&str, i128)> = f.launch(&post, false).unwrap().unwrap().values();
-        assert_eq!((v[9], v[10]), (("num_accepted_out", 7000), ("block_size", 16)));
-        assert_eq!(v[14], ("flags", (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
-        assert_eq!(v[15], ("err", 6000));
+        let v = f.launch(&post, false).unwrap().unwrap().named(&["num_accepted_out", "block_size", "flags", "err"]);
+        assert_eq!(v, [7000, 16, (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128, 6000]);
         // Three groups: a [3, R, cols] table, its group stride packed; pre-copy semantics flagged.
         let g3 = FusedCopy { groups: 3, ..BASE }.checked().unwrap();
         let mut t3 = arg(9000, "int32", &[3, 5, 6]);
         t3.strides[0] = 4 * 64;
-        let v: Vec<(&str, i128)> = g3.launch(&inputs(&t3, &s, &d, &a), true).unwrap().unwrap().values();
-        assert_eq!((v[5], v[14]), (("bt_group_stride", 64), ("flags", (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128)));
+        let v = g3.launch(&inputs(&t3, &s, &d, &a), true).unwrap().unwrap().named(&["bt_group_stride", "flags"]);
+        assert_eq!(v, [64, (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128]);
         let e = g3.launch(&inputs(&bt, &s, &d, &a), false).unwrap_err();
         assert!(e.message.contains("expected a 3-D [groups = 3, requests, cols] tensor"), "{}", e.message);
         let short = arg(3000, "int32", &[4]);
@@ -280,8 +275,7 @@ pub(crate) mod tests {
     fn tiles_and_grids() {
         let l = copy_tiles_launch(10, 20, 5, 300, Some(128)).unwrap().unwrap();
         assert_eq!(l.grid, [128, 1, 1]);
-        let v: Vec<i128> = l.values().into_iter().map(|(_, v)| v).collect();
-        assert_eq!(v, vec![10, 20, 5, 300]);
+        assert_eq!(l.named(&["segments", "tiles", "first_tile", "num_tiles"]), vec![10, 20, 5, 300]);
         assert_eq!(copy_tiles_launch(10, 20, 5, 0, None), Ok(None));
         assert!(copy_tiles_launch(1, 2, -1, 3, None).is_err());
         assert!(copy_tiles_launch(1, 2, (1 << 32) - 3, 3, None).is_err());

@@ -9,7 +9,7 @@
 
 use super::abi::KERNELS;
 use super::constants::DEFINES;
-use super::records::{record_specs, RecordSpec};
+use super::records::{record_specs, FieldType, RecordSpec};
 use std::fmt::Write;
 
 /// The generated header, relative to the repository root.
@@ -29,7 +29,11 @@ pub fn render() -> String {
         comment(&mut out, d.doc);
         let _ = writeln!(out, "#define {} {}", d.name, c_literal(d.value));
     }
-    section(&mut out, "Records (rust/kernels/records.rs): little-endian, natural alignment, no padding");
+    section(
+        &mut out,
+        "Records (rust/kernels/records/): little-endian, natural alignment, no padding; the kernels' parameter \
+         records (records/params.rs) last",
+    );
     let specs = record_specs();
     let records: Vec<String> = specs.iter().map(record).collect();
     out.push_str(&records.join("\n"));
@@ -42,27 +46,29 @@ pub fn render() -> String {
     for (r, f) in specs.iter().flat_map(|r| r.fields.iter().map(move |f| (r, f))) {
         let _ = writeln!(out, "#define RS_OFFSET_{}_{} {}", r.name, f.name, f.offset);
     }
-    out.push_str("#if defined(RS_HOST_EMULATION)\n");
+    out.push_str(
+        "#if defined(RS_HOST_EMULATION)\n\
+         #define RS_CHECK_OFFSET(record, field) \\\n  \
+         static_assert(__builtin_offsetof(record, field) == RS_OFFSETOF(record, field), #record \".\" #field \" moved\")\n",
+    );
     for (r, f) in specs.iter().flat_map(|r| r.fields.iter().map(move |f| (r, f))) {
-        let _ = writeln!(out, "static_assert(__builtin_offsetof({0}, {1}) == {2}, \"{0}.{1} at {2}\");", r.name, f.name, f.offset);
+        let _ = writeln!(out, "RS_CHECK_OFFSET({}, {});", r.name, f.name);
     }
     out.push_str("#endif\n");
     section(
         &mut out,
-        "Entry points (rust/kernels/abi.rs): each kernel's parameters in the order the core packs them. The \
-         definitions in the .cu files must match (a conflicting extern \"C\" declaration is an error).",
+        "Entry points (rust/kernels/abi.rs): each kernel takes one parameter record by value, the bytes \
+         the core fills by field name. The definitions in the .cu files must match (a conflicting extern \"C\" \
+         declaration is an error).",
     );
     let protos: Vec<String> = KERNELS.iter().map(|k| prototype(k.name, k.file, k.params)).collect();
     out.push_str(&protos.join("\n"));
     out
 }
 
-/// An entry point's prototype, its parameters filled into lines of at most [`WIDTH`] columns.
-fn prototype(name: &str, file: &str, params: &[(&str, &str)]) -> String {
-    let mut out = format!("// Defined in {file}.\n");
-    let items = params.iter().enumerate().map(|(i, (p, ty))| format!("{ty} {p}{}", if i + 1 == params.len() { ");" } else { "," }));
-    fill(&mut out, &format!("extern \"C\" __global__ void {name}("), "   ", items);
-    out
+/// An entry point's prototype: its one parameter, the record `params`, by value.
+fn prototype(name: &str, file: &str, params: &str) -> String {
+    format!("// Defined in {file}.\nextern \"C\" __global__ void {name}(const {params} p);\n")
 }
 
 fn preamble(out: &mut String) {
@@ -112,8 +118,9 @@ fn section(out: &mut String, title: &str) {
     let _ = writeln!(out, "{RULE}\n");
 }
 
-/// A record as a C struct: consecutive fields of one type in one declaration (the same layout as
-/// one declaration each), the field docs in the comment above, and the size checked.
+/// A record as a C struct: consecutive integer fields of one type in one declaration (the same
+/// layout as one declaration each), a pointer per declaration, the field docs in the comment above,
+/// and the size checked.
 fn record(r: &RecordSpec) -> String {
     let mut out = String::new();
     comment(&mut out, &format!("{} Defined in {}.", r.doc, r.source));
@@ -121,7 +128,7 @@ fn record(r: &RecordSpec) -> String {
         fill(&mut out, &format!("//   {}:", f.name), "//     ", f.doc.split_whitespace());
     }
     let _ = writeln!(out, "struct {} {{", r.name);
-    for run in r.fields.chunk_by(|a, b| a.ty == b.ty) {
+    for run in r.fields.chunk_by(|a, b| a.ty == b.ty && !matches!(a.ty, FieldType::Ptr(_))) {
         let names = run.iter().enumerate().map(|(i, f)| format!("{}{}", f.name, if i + 1 == run.len() { ";" } else { "," }));
         fill(&mut out, &format!("  {}", run[0].ty.c_name()), "     ", names);
     }
@@ -187,7 +194,7 @@ pub fn stale(have: &str, want: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::abi::ParamType;
+    use crate::kernels::records::{Record, StateCopyParams};
     use std::path::Path;
 
     #[test]
@@ -227,38 +234,67 @@ mod tests {
             let body = text[start..end].split_once('\n').unwrap().1.split_whitespace().collect::<Vec<_>>().join(" ");
             let mut got = Vec::new();
             for decl in body.split(';').filter(|d| !d.trim().is_empty()) {
-                let (ty, names) = decl.trim().split_once(' ').unwrap();
-                got.extend(names.split(", ").map(|n| (ty.to_string(), n.to_string())));
+                // `type name0, name1, ...` (a type of several words: `const int32_t*`)
+                let mut names = decl.trim().split(", ");
+                let (ty, first) = names.next().unwrap().rsplit_once(' ').unwrap();
+                got.extend([first].into_iter().chain(names).map(|n| (ty.to_string(), n.to_string())));
             }
             let want: Vec<(String, String)> = r.fields.iter().map(|f| (f.ty.c_name().to_string(), f.name.to_string())).collect();
             assert_eq!(got, want, "{}", r.name);
             assert!(text.contains(&format!("static_assert(sizeof({}) == {}, ", r.name, r.size)));
             for f in &r.fields {
-                assert!(text.contains(&format!("__builtin_offsetof({}, {}) == {},", r.name, f.name, f.offset)));
+                assert!(text.contains(&format!("\nRS_CHECK_OFFSET({}, {});\n", r.name, f.name)));
                 assert!(text.contains(&format!("\n#define RS_OFFSET_{}_{} {}\n", r.name, f.name, f.offset)));
             }
         }
         for d in DEFINES {
             assert!(text.contains(&format!("\n#define {} {}\n", d.name, c_literal(d.value))), "{}", d.name);
         }
-        let flat = text.replace("(\n    ", "(").replace(",\n    ", ", ");
         for k in KERNELS {
-            let params: Vec<String> = k.params.iter().map(|(n, t)| format!("{t} {n}")).collect();
-            assert!(flat.contains(&format!("extern \"C\" __global__ void {}({});", k.name, params.join(", "))), "{}", k.name);
+            assert!(text.contains(&format!("extern \"C\" __global__ void {}(const {} p);", k.name, k.params)), "{}", k.name);
         }
         assert!(text.lines().all(|l| l.len() <= 120), "a line over 120 columns");
     }
 
     #[test]
-    fn every_parameter_type_is_declared_by_the_header() {
-        let records: Vec<&str> = record_specs().iter().map(|r| r.name).collect();
-        let scalars = ["uint32_t", "int32_t", "int64_t"];
-        for k in KERNELS {
-            for (name, c) in k.params {
-                let base = c.trim_end_matches('*').trim().trim_start_matches("const ").trim();
-                let known = scalars.contains(&base) || (ParamType::of_c(c) == Some(ParamType::Ptr) && records.contains(&base));
-                assert!(known, "{}.{name}: {c} names no record of the table and no integer type", k.name);
+    fn every_pointer_field_names_a_record_of_the_table_or_an_integer() {
+        let specs = record_specs();
+        for (i, r) in specs.iter().enumerate() {
+            for f in r.fields.iter().filter_map(|f| match f.ty {
+                FieldType::Ptr(c) => Some((f.name, c)),
+                _ => None,
+            }) {
+                let base = f.1.trim_end_matches('*').trim_start_matches("const ");
+                // A record a pointer names is declared before the struct that holds the pointer.
+                let known = ["int32_t", "int64_t"].contains(&base) || specs[..i].iter().any(|s| s.name == base);
+                assert!(known, "{}.{}: {} names no earlier record of the table and no integer type", r.name, f.0, f.1);
             }
+        }
+    }
+
+    /// A parameter record rendered from its Rust definition is in the checked-in header verbatim;
+    /// the same record with two fields of one type swapped (what positional packing could not see),
+    /// or one field retyped, is not: either change on one side fails `checked_in_header_is_current`,
+    /// and the header's offset asserts fail the C++ build (`tests/cuda/test_kernel_abi.py`).
+    #[test]
+    fn a_parameter_record_changed_on_one_side_no_longer_matches_the_header() {
+        let header = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(HEADER_PATH)).unwrap();
+        let spec = StateCopyParams::spec();
+        assert!(header.contains(&record(&spec)));
+        let (a, b) =
+            (spec.fields.iter().position(|f| f.name == "src_col").unwrap(), spec.fields.iter().position(|f| f.name == "dst_or_running").unwrap());
+        assert_eq!(spec.fields[a].ty, spec.fields[b].ty);
+        let mut swapped = spec.clone();
+        (swapped.fields[a].name, swapped.fields[b].name) = (spec.fields[b].name, spec.fields[a].name);
+        assert!(!header.contains(&record(&swapped)));
+        let mut retyped = spec.clone();
+        let cols = spec.fields.iter().position(|f| f.name == "bt_cols").unwrap();
+        retyped.fields[cols].ty = FieldType::U32;
+        assert!(!header.contains(&record(&retyped)));
+        // And the offsets the header pins are the ones the launch bytes use.
+        assert_eq!(spec.fields[a].offset, std::mem::offset_of!(StateCopyParams, src_col));
+        for f in &spec.fields {
+            assert!(header.contains(&format!("\n#define RS_OFFSET_StateCopyParams_{} {}\n", f.name, f.offset)), "{}", f.name);
         }
     }
 

@@ -1,9 +1,12 @@
-//! The CUDA kernels as the core sees them: each kernel's calling convention ([`abi`]), the record
-//! layouts it reads ([`records`]), the constants it shares with the core ([`constants`]), the checks
-//! of its device arguments ([`args`]), and the launch builders that turn described arguments into a
-//! grid, a block and a packed argument buffer ([`copy`], [`commit`]). The CUDA sources themselves
-//! ship in the Python package (`recoverssm_rs/kernels/*.cu`) and include the header [`header`]
-//! generates from this module (`kernels/rs_abi.cuh`): records, constants and entry prototypes.
+//! The CUDA kernels as the core sees them, the bottom layer of the core: each kernel's calling
+//! convention ([`abi`]: one parameter record per entry point), every record layout the kernels and
+//! the host share, the parameter records included ([`records`]), the constants they share
+//! ([`constants`]), the checks of device arguments ([`args`]), and the launch builders that fill a
+//! parameter record by field name from described arguments ([`copy`], [`commit`]). The modules
+//! above (plan, commit, vllm, sglang, transfer) build these records; nothing here names them
+//! ([`layering`] checks it). The CUDA sources ship in the Python package
+//! (`recoverssm_rs/kernels/*.cu`) and include the header [`header`] generates from this module
+//! (`kernels/rs_abi.cuh`): records, constants and entry prototypes.
 
 pub mod abi;
 pub mod args;
@@ -11,8 +14,9 @@ pub mod commit;
 pub mod constants;
 pub mod copy;
 pub mod header;
+pub mod layering;
 pub mod records;
 
-pub use abi::{Arg, KernelSpec, Launch, ParamType, KERNELS, KERNEL_FILES};
+pub use abi::{KernelParams, KernelSpec, Launch, KERNELS, KERNEL_FILES};
 pub use commit::{commit_grid, CommitLaunch};
 pub use copy::{check_step, copy_tiles_launch, state_chunks, state_copy_grid, FusedCopy, StepInputs};

@@ -8,6 +8,7 @@
 //! Buffers are pooled: in steady state a step allocates nothing.
 
 pub mod emit;
+mod fused;
 mod group;
 pub mod hazard;
 pub mod segment;

@@ -16,7 +16,7 @@ const CU_LAUNCH_PARAM_END: usize = 0x00;
 const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
 const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
 
-/// One ready launch: kernel, grid, block and the packed arguments.
+/// One ready launch: kernel, grid, block and the argument buffer (the kernel's parameter record).
 #[pyclass(module = "recoverssm_rs._core", frozen)]
 pub struct KernelLaunch {
     launch: Launch,
@@ -77,7 +77,7 @@ impl KernelLaunch {
     fn extra_ptr(&self) -> usize {
         self.extra.as_ptr() as usize
     }
-    /// `(parameter name, value)` in declaration order, unpacked from the buffer.
+    /// `(field, value)` of the parameter record, in declaration order, read from the buffer.
     fn values(&self) -> Vec<(&'static str, i128)> {
         self.launch.values()
     }
@@ -154,13 +154,19 @@ pub(crate) fn cuda_index(device: &Device) -> u32 {
     }
 }
 
-/// A launch of kernel `name` with raw argument `values` (one per parameter, range-checked against
-/// its C type) and the given grid and block; for tools and tests that launch with arguments of
-/// their own.
+/// A launch of kernel `name` whose parameter record is given field by field (`fields`: every field
+/// of the record, each range-checked against its C type) with the given grid and block; for
+/// tools and tests that launch with arguments of their own.
 #[pyfunction]
-pub(crate) fn pack_launch(name: &str, grid: (u32, u32, u32), block: (u32, u32, u32), values: Vec<i128>) -> PyResult<KernelLaunch> {
+pub(crate) fn pack_launch(
+    name: &str,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    fields: std::collections::HashMap<String, i128>,
+) -> PyResult<KernelLaunch> {
     let k = abi::kernel(name)?;
-    Ok(KernelLaunch::new(abi::pack(k, [grid.0, grid.1, grid.2], [block.0, block.1, block.2], &values)?))
+    let fields: Vec<(&str, i128)> = fields.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+    Ok(KernelLaunch::new(abi::pack(k, [grid.0, grid.1, grid.2], [block.0, block.1, block.2], &fields)?))
 }
 
 kwargs! {
@@ -256,7 +262,7 @@ impl ErrorWord {
 }
 
 /// The calling convention of every kernel, the record layouts and the shared constants:
-/// `{"kernels": [{"name", "file", "params": [(name, c_type)]}], "kernel_files": [...],
+/// `{"kernels": [{"name", "file", "record", "params": [(field, c_type)]}], "kernel_files": [...],
 /// "records": {name: {"size", "fields": [(name, offset, numpy_type, c_type)]}},
 /// "constants": {name: value}, "error_bits": [(bit, name, meaning)]}`.
 #[pyfunction]
@@ -267,7 +273,9 @@ pub(crate) fn kernel_abi(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("name", k.name)?;
         d.set_item("file", k.file)?;
-        d.set_item("params", k.params.to_vec())?;
+        d.set_item("record", k.params)?;
+        let fields: Vec<(&str, &str)> = k.params_spec().fields.iter().map(|f| (f.name, f.ty.c_name())).collect();
+        d.set_item("params", fields)?;
         ks.append(d)?;
     }
     out.set_item("kernels", ks)?;

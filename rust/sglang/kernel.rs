@@ -5,43 +5,12 @@
 //! tensor) as a [`SlotCopy`] record, checked once; [`slot_launch`] checks and packs each call.
 
 use crate::error::{Error, Result};
-use crate::kernels::abi::{Arg, Launch, SLOT_SCATTER};
+use crate::kernels::abi::Launch;
 use crate::kernels::args::{int_vector, DeviceVector, IntType};
 use crate::kernels::constants::{MAX_GRID_YZ, MAX_STATE_CHUNKS, STATE_CHUNK_BYTES, THREADS};
+pub use crate::kernels::records::slots::SlotCopy;
+use crate::kernels::records::{MutPtr, Ptr, SlotScatterParams};
 use crate::tensor::{Device, TensorDesc};
-
-crate::kernels::records::record! {
-    /// One (layer, state tensor) of `rs_slot_scatter`. The pool's slot is dense (`bytes` contiguous
-    /// bytes at `dst + slot * dst_slot_stride`); the verify scratch's entry of (row, step) is a
-    /// `rows x cols` matrix of `elem_bytes` elements at `src + row * src_row_stride + step *
-    /// src_step_stride`, `src_pitch` bytes between rows and `src_col_stride` between columns (the
-    /// deduplicated conv-window view is strided), read in row-major order.
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-    pub struct SlotCopy {
-        /// Address of slot 0 of this layer in the pool tensor.
-        pub dst: u64,
-        /// Bytes between slots.
-        pub dst_slot_stride: u64,
-        /// Address of scratch row 0, step 0 of this layer (0: no scratch).
-        pub src: u64,
-        pub src_row_stride: u64,
-        pub src_step_stride: u64,
-        /// Bytes of one slot (dense).
-        pub bytes: u64,
-        /// Rows of a scratch entry.
-        pub rows: u64,
-        /// Elements per row of a scratch entry.
-        pub cols: u64,
-        /// Bytes between rows of a scratch entry.
-        pub src_pitch: u64,
-        /// Bytes between elements of a row of a scratch entry.
-        pub src_col_stride: u64,
-        /// Element size.
-        pub elem_bytes: u32,
-        /// Informational.
-        pub tensor: u32,
-    }
-}
 
 /// Merges adjacent dims that continue each other and drops size-1 dims: `(size, byte stride)`.
 fn merged(shape: &[i64], strides: &[i64]) -> Vec<(i64, i64)> {
@@ -237,19 +206,20 @@ pub fn slot_launch(pool: &SlotPool<'_>, c: &SlotCall<'_>) -> Result<Option<Launc
     let chunks = max_bytes.div_ceil(STATE_CHUNK_BYTES).clamp(1, MAX_STATE_CHUNKS as u64) as u32;
     let fold = |x: u64| x.clamp(1, MAX_GRID_YZ as u64) as u32;
     let grid = [chunks, fold(n), fold(num_meta as u64 * passes)];
-    let args = [
-        Arg::Ptr(metas),
-        Arg::U32(num_meta),
-        Arg::Ptr(slots.ptr),
-        Arg::Ptr(ptrs[0]),
-        Arg::Ptr(ptrs[1]),
-        Arg::Ptr(ptrs[2]),
-        Arg::Ptr(ptrs[3]),
-        Arg::I32(n32),
-        Arg::I64(num_slots),
-        Arg::I64(num_rows),
-        Arg::I64(draft),
-        Arg::Ptr(err.ptr),
-    ];
-    Launch::new(&SLOT_SCATTER, grid, [THREADS, 1, 1], &args).map(Some)
+    let [steps, rows, track_slots, track_steps] = ptrs.map(Ptr::at);
+    let params = SlotScatterParams {
+        metas: Ptr::at(metas),
+        slots: Ptr::at(slots.ptr),
+        steps,
+        rows,
+        track_slots,
+        track_steps,
+        err: MutPtr::at(err.ptr),
+        num_slots,
+        num_rows,
+        draft,
+        num_meta,
+        num_requests: n32,
+    };
+    Ok(Some(Launch::new(&params, grid, [THREADS, 1, 1])))
 }

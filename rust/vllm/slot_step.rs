@@ -9,23 +9,14 @@
 use super::slot_commit::{rows_offset, stage_len, COMPUTED_AT};
 use super::slots::check_capacity;
 use crate::error::{Error, Result};
-use crate::kernels::abi::{Arg, Launch, STATE_COPY_SLOTS};
+use crate::kernels::abi::Launch;
 use crate::kernels::args::{block_table, check_group_tables, IntType};
 use crate::kernels::constants::{FLAG_DECIDE, FLAG_HAS_TEMPORAL, FLAG_PRE_COPY, THREADS};
+pub use crate::kernels::records::slots::TableRef;
+use crate::kernels::records::{MutPtr, Ptr, StateCopySlotsParams};
 use crate::kernels::CommitLaunch;
 use crate::kernels::{state_copy_grid, FusedCopy};
 use crate::tensor::{Device, TensorDesc};
-
-crate::kernels::records::record! {
-    /// One recurrent group's per-slot block table, as rs_state_copy_slots reads it.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct TableRef {
-        /// Device address of row 0 (int32 block ids).
-        pub addr: u64,
-        /// Elements between rows.
-        pub row_stride: i64,
-    }
-}
 
 impl TableRef {
     /// The record's bytes (little-endian, as the kernel reads it).
@@ -260,46 +251,47 @@ impl SlotStep {
         let rows_at = kernel.map_or(0, |_| self.commit + rows_offset(self.slots));
         let (metas, layers, blocks, workspace, rec, conv) =
             kernel.map_or((0, 0, 0, 0, 0, 0), |k| (k.metas, k.num_layers, k.num_blocks, k.max_requests, k.rec_ctas, k.conv_ctas));
-        let args = [
-            Arg::Ptr(f.metas),
-            Arg::U32(f.num_meta),
-            Arg::Ptr(self.tables),
-            Arg::U32(f.groups),
-            Arg::I32(cols),
-            Arg::Ptr(rows.0),
-            Arg::I32(rows.1 as i32),
-            Arg::Ptr(nct),
-            Arg::Ptr(h.qsl),
-            Arg::Ptr(h.sampled.0),
-            Arg::I32(h.sampled.1),
-            Arg::Ptr(computed_at),
-            Arg::I32(commit_cols),
-            Arg::Ptr(stage_at),
-            Arg::Ptr(rows_at),
-            Arg::U32(self.slots as u32),
-            Arg::Ptr(metas),
-            Arg::U32(layers),
-            Arg::I64(blocks),
-            Arg::U32(workspace),
-            Arg::U32(rec),
-            Arg::U32(conv),
-            Arg::Ptr(self.state_idx),
-            Arg::Ptr(self.num_accepted),
-            Arg::Ptr(self.scratch),
-            Arg::Ptr(self.ctl),
-            Arg::I32(self.slots as i32),
-            Arg::I32(self.block_size),
-            Arg::I32(f.max_accepted),
-            Arg::I64(f.num_blocks),
-            Arg::U32(flags),
-            Arg::Ptr(self.err),
-        ];
+        let params = StateCopySlotsParams {
+            metas: Ptr::at(f.metas),
+            tables: Ptr::at(self.tables),
+            idx_mapping: Ptr::at(rows.0),
+            num_computed: Ptr::at(nct),
+            query_start_loc: Ptr::at(h.qsl),
+            num_sampled: Ptr::at(h.sampled.0),
+            commit_computed: Ptr::at(computed_at),
+            commit_stage: Ptr::at(stage_at),
+            commit_rows: Ptr::at(rows_at),
+            commit_metas: Ptr::at(metas),
+            state_idx: MutPtr::at(self.state_idx),
+            num_accepted: MutPtr::at(self.num_accepted),
+            scratch: MutPtr::at(self.scratch),
+            ctl: MutPtr::at(self.ctl),
+            err: MutPtr::at(self.err),
+            commit_blocks: blocks,
+            num_blocks: f.num_blocks,
+            num_meta: f.num_meta,
+            num_tables: f.groups,
+            bt_cols: cols,
+            num_rows: rows.1 as i32,
+            sampled_fill: h.sampled.1,
+            commit_cols,
+            commit_cap: self.slots as u32,
+            commit_layers: layers,
+            commit_workspace: workspace,
+            rec_ctas: rec,
+            conv_ctas: conv,
+            num_slots: self.slots as i32,
+            block_size: self.block_size,
+            max_accepted: f.max_accepted,
+            flags,
+            reserved: 0,
+        };
         // With a commit the grid also spans its CTAs per (layer, row), before the copy's, and its layers.
         let x = u64::from(f.chunks) + u64::from(rec) + u64::from(conv);
         let x = u32::try_from(x).ok().filter(|&x| x <= i32::MAX as u32).ok_or_else(|| {
             Error::plan(format!("{} copy CTAs and {} commit CTAs exceed the grid's 2**31 - 1", f.chunks, u64::from(rec) + u64::from(conv)))
         })?;
-        Launch::new(&STATE_COPY_SLOTS, state_copy_grid(rows.1, (f.num_meta).max(layers) as u64, x), [THREADS, 1, 1], &args)
+        Ok(Launch::new(&params, state_copy_grid(rows.1, (f.num_meta).max(layers) as u64, x), [THREADS, 1, 1]))
     }
 
     /// The pre-copy's launch over tables `cols` wide: `idx_mapping` int32 `[R]`, `num_computed`
@@ -387,36 +379,72 @@ mod tests {
             .unwrap()
     }
 
+    /// The record's fields in the order the expected values below list them.
+    const FIELDS: [&str; 32] = [
+        "metas",
+        "num_meta",
+        "tables",
+        "num_tables",
+        "bt_cols",
+        "idx_mapping",
+        "num_rows",
+        "num_computed",
+        "query_start_loc",
+        "num_sampled",
+        "sampled_fill",
+        "commit_computed",
+        "commit_cols",
+        "commit_stage",
+        "commit_rows",
+        "commit_cap",
+        "commit_metas",
+        "commit_layers",
+        "commit_blocks",
+        "commit_workspace",
+        "rec_ctas",
+        "conv_ctas",
+        "state_idx",
+        "num_accepted",
+        "scratch",
+        "ctl",
+        "num_slots",
+        "block_size",
+        "max_accepted",
+        "num_blocks",
+        "flags",
+        "err",
+    ];
+
     #[test]
-    fn launches_pack_the_slot_form() {
+    fn launches_fill_the_slot_record_by_name() {
         let st = step();
         let (idx, nct, qsl) = (t(20_000, "int32", &[3]), t(21_000, "int32", &[8]), t(22_000, "int32", &[9]));
         let l = st.pre(5, &idx, &nct, &qsl).unwrap();
         assert_eq!((l.kernel.name, l.grid), ("rs_state_copy_slots", [2, 3, 3]));
-        let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
+        let v = l.named(&FIELDS);
         let pre = (FLAG_HAS_TEMPORAL | FLAG_PRE_COPY) as i128;
         let none = [0; 9];
         let head = [1000, 3, 15_000, 2, 5, 20_000, 3, 21_000, 22_000, 0, 0, 0, 0];
         let tail = [10_000, 11_000, 12_000, 13_000, 8, 4, 3, 64, pre, 14_000];
         assert_eq!(v, [&head[..], &[0, 0, 8], &none[3..], &tail[..]].concat());
         let ns = t(23_000, "int32", &[3]);
-        let v = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), None).unwrap().values();
-        assert_eq!((v[8], v[9], v[30].1), (("query_start_loc", 0), ("num_sampled", 23_000), (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128));
-        let v = st.post(5, &idx, Some(&nct), Sampled::All(2), None).unwrap().values();
-        assert_eq!((v[9], v[10]), (("num_sampled", 0), ("sampled_fill", 2)));
+        let v = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), None).unwrap().named(&["query_start_loc", "num_sampled", "flags"]);
+        assert_eq!(v, [0, 23_000, (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128]);
+        let v = st.post(5, &idx, Some(&nct), Sampled::All(2), None).unwrap().named(&["num_sampled", "sampled_fill"]);
+        assert_eq!(v, [0, 2]);
         // No counts (a non-last pipeline-parallel rank): the launch has a null num_computed.
-        let v = st.post(5, &idx, None, Sampled::All(0), None).unwrap().values();
-        assert_eq!((v[7], v[9], v[10]), (("num_computed", 0), ("num_sampled", 0), ("sampled_fill", 0)));
+        let v = st.post(5, &idx, None, Sampled::All(0), None).unwrap().named(&["num_computed", "num_sampled", "sampled_fill"]);
+        assert_eq!(v, [0, 0, 0]);
         // A staged commit that ran before: the computed tokens and the width, nothing of the kernel.
         let ran = Commit { batch_rows: 3, cols: 7, kernel: None };
         let l = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(ran)).unwrap();
-        let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
+        let v = l.named(&FIELDS);
         assert_eq!((&v[11..13], &v[13..22], l.grid), (&[16_008, 7][..], &[16_000, 0, 8, 0, 0, 0, 0, 0, 0][..], [2, 3, 3]));
         // The commit in this launch: the stage's count and rows, the kernel's table and grid.
         let table = [crate::commit::CommitMeta { heads: 2, head_v: 16, head_k: 16, ..Default::default() }; 5];
         let k = CommitLaunch::new(Device::Cuda(0), 900, &table, 64, 4, 0, THREADS).unwrap();
         let l = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(Commit { kernel: Some(&k), ..ran })).unwrap();
-        let v: Vec<i128> = l.values().into_iter().map(|x| x.1).collect();
+        let v = l.named(&FIELDS);
         let (rec, conv) = (k.rec_ctas as i128, k.conv_ctas as i128);
         assert_eq!(&v[11..22], &[16_008, 7, 16_000, 16_000 + 64, 8, 900, 5, 64, 4, rec, conv][..]);
         assert_eq!(l.grid, [(2 + rec + conv) as u32, 3, 5]);

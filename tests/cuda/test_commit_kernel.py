@@ -27,7 +27,7 @@ import torch
 from recoverssm_rs import BindingError, PlanError, cuda, layouts
 from recoverssm_rs.backend_check import nvrtc_install_hint  # noqa: E402
 from recoverssm_rs.cuda import nvrtc
-from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, CONSTANTS
+from recoverssm_rs.plan_format import ABI, COMMIT_ROW_DTYPE, CONSTANTS
 from recoverssm_rs.recoverssm import recurrence
 from recoverssm_rs.recoverssm.state_cache import StateCache
 from support import emulation, generators, references
@@ -67,7 +67,7 @@ def test_commit_records_match_the_kernel():
     assert [row.fields[f][1] for f in row.names] == [0, 4, 8, 16, 24, 28]
     text = (cuda.KERNEL_DIR / "rs_abi.cuh").read_text()
     assert "static_assert(sizeof(CommitMeta) == 128" in text and "static_assert(sizeof(CommitRow) == 32" in text
-    assert "__builtin_offsetof(CommitMeta, conv_hist) == 124" in text
+    assert "#define RS_OFFSET_CommitMeta_conv_hist 124\n" in text and "RS_CHECK_OFFSET(CommitMeta, conv_hist);" in text
     assert "recover_commit.cu" in cuda.KERNEL_FILES and "rs_recover_commit" in cuda.KERNEL_NAMES
     assert "RS_LAUNCH_BOUNDS rs_recover_commit(" in cuda.module_source()
 
@@ -762,9 +762,11 @@ def test_launch_layer_with_a_fake_cupy(monkeypatch):
     cuda.launch_recover_commit(0x1000, small, rows, 0, num_blocks=10, max_requests=9, stream=FakeStream())
     (n1, g1, b1, a1, _), (n2, g2, _, a2, _) = calls
     assert (n1, g1, b1) == ("rs_recover_commit", (6, 65535, 65535), (256, 1, 1))
-    # metas, num_layers, rows, num_rows, num_accepted, num_counts, num_blocks, max_requests, rec_ctas, err
-    assert a1 == [0x1000, 70000, 0x2000, 100000, 0x7000, 9, 1 << 40, 9, 6, 0x8000]
-    assert g2 == (6, 5, 3) and a2[4:6] == [0, 0] and a2[-1] == 0
+    names = [f for f, _ in next(k for k in ABI["kernels"] if k["name"] == "rs_recover_commit")["params"]]
+    v1, v2 = dict(zip(names, a1, strict=True)), dict(zip(names, a2, strict=True))
+    order = "metas num_layers rows num_rows num_accepted num_counts num_blocks max_requests rec_ctas err".split()
+    assert [v1[n] for n in order] == [0x1000, 70000, 0x2000, 100000, 0x7000, 9, 1 << 40, 9, 6, 0x8000]
+    assert g2 == (6, 5, 3) and (v2["num_accepted"], v2["num_counts"], v2["err"]) == (0, 0, 0)
     with pytest.raises(PlanError, match="num_accepted: expected int32, got int64"):
         cuda.launch_recover_commit(
             0x1000,

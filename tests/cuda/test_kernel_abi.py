@@ -8,6 +8,9 @@
   (``rust/kernels/header.rs``, one owner of that check). With the entry points declared there, the
   compilers reject a kernel definition whose parameters differ from the core's (checked here, for
   the host build and NVRTC).
+* Every kernel takes one parameter record, filled by field name: a launch's argument buffer is the
+  record's bytes as the core lays it out, and the header's ``static_assert`` checks fail the host build
+  when the struct the kernel reads puts a field elsewhere (checked here).
 """
 
 from __future__ import annotations
@@ -100,8 +103,10 @@ def test_sources_take_records_constants_and_prototypes_from_the_generated_header
 
 
 def _wrong_first_tile(text: str) -> str:
-    """copy_tiles.cu with the definition's `uint32_t first_tile` changed to int32_t."""
-    out = text.replace("uint32_t first_tile,\n", "int32_t first_tile,\n", 1)
+    """copy_tiles.cu with a definition that takes a second parameter besides its record."""
+    out = text.replace(
+        "rs_copy_tiles(const CopyTilesParams p)", "rs_copy_tiles(const CopyTilesParams p, uint32_t first_tile)", 1
+    )
     assert out != text
     return out
 
@@ -140,14 +145,63 @@ def test_nvrtc_rejects_a_definition_that_differs_from_the_prototype():
     assert not rep.ok and 'more than one instance of overloaded function "rs_copy_tiles" has "C" linkage' in rep.log
 
 
-def test_packed_buffer_follows_the_declared_order():
-    # Distinct values in every slot, unpacked by the declared C types with natural alignment.
+def test_every_kernel_takes_one_parameter_record():
+    for k in ABI["kernels"]:
+        spec = ABI["records"][k["record"]]
+        assert k["params"] == [(f, c) for f, _, _, c in spec["fields"]]
+        assert f"void {k['name']}(const {k['record']} p);" in (KERNEL_DIR / HEADER).read_text()
+
+
+def test_the_buffer_is_the_record_filled_by_name():
+    # Distinct values in every field, given by name; read back at the core's offsets and by the
+    # declared C types with natural alignment (no padding: the same bytes).
     from support.fakes import unpack_args
 
-    k = next(k for k in ABI["kernels"] if k["name"] == "rs_state_copy")
-    values = [1000 + i for i in range(len(k["params"]))]
-    kl = _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), values)
-    assert unpack_args("rs_state_copy", kl.args) == values and kl.args_size == len(kl.args) == 120
-    assert [v for _, v in kl.values()] == values
-    with pytest.raises(_core.PlanError, match="metas = -1 does not fit const StateMeta"):
-        _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), [-1] * len(values))
+    spec = ABI["records"]["StateCopyParams"]
+    fields = {f: 1000 + i for i, (f, *_) in enumerate(spec["fields"])}
+    kl = _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), fields)
+    assert kl.args_size == len(kl.args) == spec["size"] == 104
+    assert dict(kl.values()) == fields and unpack_args("rs_state_copy", kl.args) == list(fields.values())
+    row = np.frombuffer(kl.args, dtype=record_dtype("StateCopyParams"))[0]
+    assert {f: int(row[f]) for f in fields} == fields
+    with pytest.raises(_core.PlanError, match=r"StateCopyParams.metas = -1 does not fit const StateMeta\*"):
+        _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), dict(fields, metas=-1))
+    with pytest.raises(_core.PlanError, match=r"StateCopyParams.flags: give every field exactly once"):
+        _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), {f: v for f, v in fields.items() if f != "flags"})
+    with pytest.raises(
+        _core.PlanError, match=r'StateCopyParams has no field "srccol"; its fields: metas, block_table, src_col,'
+    ):
+        _core.pack_launch("rs_state_copy", (1, 1, 1), (256, 1, 1), dict(fields, srccol=1))
+
+
+def _swap_lines(text: str, a: str, b: str) -> str:
+    assert text.count(a) == 1 and text.count(b) == 1, (a, b)
+    return text.replace(a, "\0").replace(b, a).replace("\0", b)
+
+
+@pytest.mark.skipif(shutil.which(emulation.HOST_CXX) is None, reason="no C++ compiler for the host emulation")
+def test_host_build_rejects_a_parameter_record_changed_on_the_header_side(tmp_path):
+    """Two pointers of one type swapped in the struct the kernel reads (the mistake positional
+    packing let through), or a field retyped: the header's offset and size asserts stop the build."""
+    header = (KERNEL_DIR / HEADER).read_text()
+    block = header[header.index("struct StateCopyParams {") :]
+    block = block[: block.index("};")]
+
+    def build(text: str) -> subprocess.CompletedProcess:
+        for f in KERNEL_DIR.glob("*.cu*"):
+            (tmp_path / f.name).write_text(f.read_text())
+        (tmp_path / HEADER).write_text(text)
+        cmd = [emulation.HOST_CXX, *emulation.HOST_CXX_FLAGS, "-fsyntax-only", "-include", str(emulation.SHIM)]
+        cmd += ["-I", str(tmp_path), str(tmp_path / "state_copy.cu")]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+    assert build(header).returncode == 0
+    swapped = _swap_lines(block, "  const int32_t* src_col;\n", "  const int32_t* dst_or_running;\n")
+    bad = build(header.replace(block, swapped))
+    assert bad.returncode != 0 and "StateCopyParams.src_col moved" in bad.stderr, bad.stderr[-2000:]
+    assert "StateCopyParams.dst_or_running moved" in bad.stderr
+    retyped = block.replace("  int32_t bt_cols, block_size,", "  int64_t bt_cols;\n  int32_t block_size,")
+    assert retyped != block
+    bad = build(header.replace(block, retyped))
+    assert bad.returncode != 0 and "StateCopyParams is 104 bytes" in bad.stderr, bad.stderr[-2000:]
+    assert "StateCopyParams.block_size moved" in bad.stderr

@@ -15,13 +15,16 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from recoverssm_rs import BackendUnavailableError, PlanError, cuda
 from recoverssm_rs.backend_check import nvrtc_install_hint  # noqa: E402
 from recoverssm_rs.cuda import nvrtc
+from recoverssm_rs.plan_format import ABI
 from support import emulation, generators, references
 from support.fakes import FakeDeviceArray, FakeStream, install_fake_cupy
 
@@ -36,6 +39,14 @@ needs_cxx = pytest.mark.skipif(
 # ------------------------------------------------------------------------------------------------
 # Records and sources
 # ------------------------------------------------------------------------------------------------
+
+
+def _fields(kernel: str, values: list[int], order: Sequence[str] | None = None) -> Any:
+    """A recorded launch's values (its parameter record's fields, in the record's order) by field
+    name, or those of ``order`` as a list."""
+    spec = next(k for k in ABI["kernels"] if k["name"] == kernel)
+    by_name = dict(zip([f for f, _ in spec["params"]], values, strict=True))
+    return by_name if order is None else [by_name[n] for n in order]
 
 
 def test_record_layouts_match_the_planner():
@@ -636,7 +647,7 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     cuda.launch_copy_tiles(0x1000, 0x2000, 5, 0, stream)  # nothing to launch
     (n1, g1, b1, a1, s1), (n2, g2, _, _, _) = calls
     assert (n1, g1, b1, s1) == ("rs_copy_tiles", (300, 1, 1), (256, 1, 1), 0xABC) and g2 == (64, 1, 1)
-    assert a1 == [0x1000, 0x2000, 5, 300]
+    assert _fields("rs_copy_tiles", a1) == {"segments": 0x1000, "tiles": 0x2000, "first_tile": 5, "num_tiles": 300}
 
     calls.clear()
     bt = FakeDeviceArray(0x3000, (70000, 4), strides=(4 * 9, 4))
@@ -663,9 +674,11 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
     )
     (n1, g1, _, a1, _), (n2, g2, _, a2, _) = calls
     assert n1 == "rs_state_copy" and g1 == (cuda.MAX_STATE_CHUNKS, 65535, 96)  # requests folded into gridDim.y
-    # metas, num_meta, block_table, bt_row_stride, bt_cols, bt_group_stride, src_col, dst_or_running,
-    # num_accepted, num_accepted_out, block_size, num_requests, max_accepted, num_blocks, flags, err
-    assert a1 == [
+    order = (
+        "metas num_meta block_table bt_row_stride bt_cols bt_group_stride src_col dst_or_running "
+        "num_accepted num_accepted_out block_size num_requests max_accepted num_blocks flags err"
+    ).split()
+    assert _fields("rs_state_copy", a1, order) == [
         0x6000,
         96,
         0x3000,
@@ -684,7 +697,7 @@ def test_gpu_launch_layer_with_a_fake_cupy(monkeypatch):
         0x5000,
     ]
     assert n2 == "rs_state_copy" and g2 == (2, 65535, 96)
-    assert a2 == [
+    assert _fields("rs_state_copy", a2, order) == [
         0x6000,
         96,
         0x3000,

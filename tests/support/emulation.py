@@ -5,8 +5,10 @@ kept in a per-user cache folder checked to be private (see :func:`_cache_dir`).
 
 Every emulated launch is a :class:`~recoverssm_rs._core.KernelLaunch` built by the core -- by the
 same launch builders the CUDA path uses (``FusedCopy``, ``CommitLaunch``, ``copy_tiles_launch``), over
-host arrays described as if they lived on ``cuda:0`` -- and the host entry point unpacks its argument
-buffer by the kernel's own C++ parameter types: the emulation checks the core's packing too.
+host arrays described as if they lived on ``cuda:0`` -- and the host entry point takes its argument
+buffer as the kernel's one parameter, the record the generated header declares (its size checked
+against the buffer, its field offsets against the core's by the header's ``static_assert`` checks): the
+emulation checks the core's record too.
 """
 
 from __future__ import annotations
@@ -273,7 +275,7 @@ def run(
     )
     if rc == -2:
         raise EmulationError(
-            f"{kl.kernel}: the core packed {kl.args_size} argument bytes, the kernel's parameters take another size"
+            f"{kl.kernel}: the core filled {kl.args_size} argument bytes, the kernel's parameter record takes another size"
         )
     if stats is None:
         stats = EmulationStats()
@@ -397,8 +399,8 @@ def emulate_recover_commit(
     """Run ``rs_recover_commit`` on the host over the whole grid; returns the ``int32[3]`` error word.
 
     The launch is the core's ``CommitLaunch`` for ``threads`` threads per CTA. ``grid``: an explicit
-    ``(rec_ctas, conv_ctas)`` (packed with the core's raw packer, to test grids the core would not
-    choose); ``grid_yz`` overrides gridDim.y / gridDim.z. ``ranges``: memory the kernel may touch
+    ``(rec_ctas, conv_ctas)`` (the parameter record filled by field name with the core's raw packer,
+    to test grids the core would not choose); ``grid_yz`` overrides gridDim.y / gridDim.z. ``ranges``: memory the kernel may touch
     besides ``metas``, ``rows`` and ``num_accepted`` (which are added).
     """
     m = records_of(metas, COMMIT_META_DTYPE, "metas")
@@ -427,20 +429,21 @@ def emulate_recover_commit(
             )
         else:
             rec_ctas, conv_ctas = int(grid[0]), int(grid[1])
-            values = [
-                int(m.ctypes.data),
-                layers,
-                int(rw.ctypes.data),
-                n,
-                0 if counts is None else int(counts.ctypes.data),
-                0 if counts is None else counts.size,
-                num_blocks,
-                max_requests,
-                rec_ctas,
-                int(err.ctypes.data),
-            ]
+            fields = {
+                "metas": int(m.ctypes.data),
+                "num_layers": layers,
+                "rows": int(rw.ctypes.data),
+                "num_rows": n,
+                "num_accepted": 0 if counts is None else int(counts.ctypes.data),
+                "num_counts": 0 if counts is None else counts.size,
+                "num_blocks": num_blocks,
+                "max_requests": max_requests,
+                "rec_ctas": rec_ctas,
+                "err": int(err.ctypes.data),
+                "reserved": 0,
+            }
             kl = _core.pack_launch(
-                "rs_recover_commit", (rec_ctas + conv_ctas, min(n, 65535), min(layers, 65535)), (threads, 1, 1), values
+                "rs_recover_commit", (rec_ctas + conv_ctas, min(n, 65535), min(layers, 65535)), (threads, 1, 1), fields
             )
         if kl is not None:
             g = None if grid_yz is None else (kl.grid[0], grid_yz[0], grid_yz[1])

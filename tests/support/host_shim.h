@@ -4,13 +4,16 @@
 //   g++ -x c++ -std=c++17 -O1 -fno-strict-aliasing -fvisibility=hidden -fno-gnu-unique
 //       -include host_shim.h -shared -fPIC
 // and calls the RS_HOST_ENTRY wrappers through ctypes on numpy buffers (the kernels work on raw byte
-// addresses, so host memory works). A wrapper takes the packed argument buffer the core builds for
-// the CUDA driver (rust/kernels/abi.rs) and unpacks it by the kernel's own C++ parameter types, so
-// every emulated launch also checks the core's packing against the kernel's declaration. Each wrapper runs the kernel body once per (block, thread) of the
-// whole grid, sequentially, in a chosen order (natural, reversed, or a seeded shuffle of all threads
-// of the grid). The kernels are written so that every thread's work is independent of the others (no
-// __syncthreads, no shared memory), so any order must give the same bytes; running the orders and
-// comparing catches cross-thread / cross-CTA races in the copy decomposition.
+// addresses, so host memory works). A wrapper takes the argument buffer the core builds for the CUDA
+// driver (rust/kernels/abi.rs: the bytes of the kernel's parameter record) and unpacks it as the
+// kernel's own C++ parameter, the struct of the generated header (its size checked here, its field
+// offsets by the header's static_asserts in this build), so every emulated launch also checks the
+// core's record against the kernel's declaration. Each wrapper runs the kernel body once per
+// (block, thread) of the whole grid, sequentially, in a chosen order (natural, reversed, or a seeded
+// shuffle of all threads of the grid). The kernels are written so that every thread's work is
+// independent of the others (no __syncthreads, no shared memory), so any order must give the same
+// bytes; running the orders and comparing catches cross-thread / cross-CTA races in the copy
+// decomposition.
 //
 // Every data access goes through rs_ld / rs_st (common.cuh), which call RS_CHECK_ACCESS: the shim
 // counts accesses whose address is not a multiple of their width (a misaligned vector access faults

@@ -3,8 +3,8 @@
 #include "rs_abi.cuh"
 #include "common.cuh"
 
-// rs_copy_tiles(segments, tiles, first_tile, num_tiles)
-// ------------------------------------------------------
+// rs_copy_tiles(CopyTilesParams p: segments, tiles, first_tile, num_tiles)
+// ------------------------------------------------------------------------
 // Executes tiles[first_tile .. first_tile + num_tiles) of one wave (the planner's
 // wave_starts[w] .. wave_starts[w+1]); waves are ordered by launching them one after another on the
 // same stream (a launch boundary is the barrier between waves).
@@ -43,9 +43,10 @@
 //    tile would overwrite source bytes an earlier tile has not read yet).
 // A misaligned vector access is never issued: every word access is at an address that is a
 // multiple of its width (checked by the host emulation on every access).
-extern "C" __global__ void RS_LAUNCH_BOUNDS rs_copy_tiles(const Segment* __restrict__ segments,
-                                                         const Tile* __restrict__ tiles, uint32_t first_tile,
-                                                         uint32_t num_tiles) {
+extern "C" __global__ void RS_LAUNCH_BOUNDS rs_copy_tiles(const CopyTilesParams p) {
+  const Segment* __restrict__ segments = p.segments;
+  const Tile* __restrict__ tiles = p.tiles;
+  const uint32_t first_tile = p.first_tile, num_tiles = p.num_tiles;
   const uint32_t tid = threadIdx.x;
   const uint32_t nthreads = blockDim.x;
   const uint32_t warp = nthreads < 32u ? nthreads : 32u;

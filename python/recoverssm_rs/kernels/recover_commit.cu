@@ -11,9 +11,9 @@
 #include "common.cuh"
 #include "recover_commit.cuh"
 
-// rs_recover_commit
-// -----------------
-// Parameters:
+// rs_recover_commit(RecoverCommitParams p)
+// -----------------------------------------
+// Parameters (the fields of p):
 //   metas[num_layers]      CommitMeta per layer (device memory; built once per cache).
 //   rows[num_rows]         CommitRow records (device memory): the Rust commit plan, copied over.
 //   num_accepted           nullable int32 device vector of num_counts entries. When given, the count
@@ -59,10 +59,14 @@
 // each); corrections are float32; conv windows are moved as bytes (1, 2, 4 or 8-byte elements).
 // Arithmetic: float32 with fmaf and the accurate expf; the device runs with -ftz=true (CuPy's
 // default), so subnormal intermediates flush to zero there (the host emulation keeps them).
-extern "C" __global__ void RS_LAUNCH_BOUNDS rs_recover_commit(
-    const CommitMeta* __restrict__ metas, uint32_t num_layers, const CommitRow* __restrict__ rows,
-    uint32_t num_rows, const int32_t* __restrict__ num_accepted, uint32_t num_counts, int64_t num_blocks,
-    uint32_t max_requests, uint32_t rec_ctas, int32_t* err) {
+extern "C" __global__ void RS_LAUNCH_BOUNDS rs_recover_commit(const RecoverCommitParams p) {
+  const CommitMeta* __restrict__ metas = p.metas;
+  const CommitRow* __restrict__ rows = p.rows;
+  const int32_t* __restrict__ num_accepted = p.num_accepted;
+  int32_t* err = p.err;
+  const int64_t num_blocks = p.num_blocks;
+  const uint32_t num_layers = p.num_layers, num_rows = p.num_rows, num_counts = p.num_counts;
+  const uint32_t max_requests = p.max_requests, rec_ctas = p.rec_ctas;
   const uint32_t conv_ctas = gridDim.x > rec_ctas ? gridDim.x - rec_ctas : 0u;
   for (uint32_t layer = blockIdx.z; layer < num_layers; layer += gridDim.z) {
     const uint64_t ma = (uint64_t)metas + (uint64_t)layer * sizeof(CommitMeta);

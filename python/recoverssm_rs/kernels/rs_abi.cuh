@@ -82,11 +82,12 @@ typedef long long int64_t;
 #define RS_RC_NO_CONV 0
 
 // ------------------------------------------------------------------------------------------------
-// Records (rust/kernels/records.rs): little-endian, natural alignment, no padding
+// Records (rust/kernels/records/): little-endian, natural alignment, no padding; the kernels'
+// parameter records (records/params.rs) last
 // ------------------------------------------------------------------------------------------------
 
 // One 2-D strided copy inside one state tensor: for `r in 0..rows`, copy `row_bytes` bytes from
-// `src + r * pitch` to `dst + r * pitch`. Defined in rust/plan/segment.rs.
+// `src + r * pitch` to `dst + r * pitch`. Defined in rust/kernels/records/plan.rs.
 //   src: Byte address of the first source byte.
 //   dst: Byte address of the first destination byte.
 //   row_bytes: Bytes per row (>= 1).
@@ -105,7 +106,7 @@ static_assert(sizeof(Segment) == 32, "Segment is 32 bytes");
 
 // A unit of work for one CTA, cut from one segment: bytes `[begin, begin + count)` of every row
 // when the segment has one row or is `RowsAscending`, rows `[begin, begin + count)` otherwise.
-// Defined in rust/plan/segment.rs.
+// Defined in rust/kernels/records/plan.rs.
 //   segment: Index into the segment array.
 //   begin: First unit.
 //   count: Number of units.
@@ -117,7 +118,7 @@ static_assert(sizeof(Tile) == 16, "Tile is 16 bytes");
 
 // One request's copy in compact form, the same for every layer: the device expands it with the
 // per-state metadata table. Block ids are -1 where that kind of state is not copied (no kernel
-// reads it today). Defined in rust/plan/segment.rs.
+// reads it today). Defined in rust/kernels/records/plan.rs.
 //   shift: Conv columns dropped (accepted tokens - 1).
 //   conv_src: Conv source block, or -1.
 //   temporal_src: Temporal source block, or -1.
@@ -132,7 +133,7 @@ struct MoveRow {
 static_assert(sizeof(MoveRow) == 40, "MoveRow is 40 bytes");
 
 // One (layer, persistent state) of the fused state-copy kernel, built at bind time. Defined in
-// rust/plan/segment.rs.
+// rust/kernels/records/plan.rs.
 //   base: Address of block 0 of this state tensor.
 //   block_stride: Bytes between consecutive blocks.
 //   state_bytes: Bytes of one block's state (dense).
@@ -152,7 +153,7 @@ struct StateMeta {
 };
 static_assert(sizeof(StateMeta) == 64, "StateMeta is 64 bytes");
 
-// One request's commit, shared by every layer. Defined in rust/commit/plan.rs.
+// One request's commit, shared by every layer. Defined in rust/kernels/records/commit.rs.
 //   request: Index of the request in the step's batch (its workspace row).
 //   count: Tokens folded into the state: `clamp(num_accepted, 0, query_len)` (with a `num_accepted`
 //      vector on the device: the cap).
@@ -173,7 +174,7 @@ static_assert(sizeof(CommitRow) == 32, "CommitRow is 32 bytes");
 
 // One layer of the commit kernel's table (128 bytes): byte addresses and byte strides; every tensor
 // is dense inside a block / workspace row (`cuda.COMMIT_META_DTYPE` in Python). Defined in
-// rust/commit/meta.rs.
+// rust/kernels/records/commit.rs.
 //   rec_base: Recurrent pool, block 0: `[num_blocks, H, V, K]`.
 //   rec_block_stride: Bytes between blocks.
 //   corr_base: Corrections, row 0: `[max_requests, H, Q, V]` float32.
@@ -206,7 +207,7 @@ static_assert(sizeof(CommitMeta) == 128, "CommitMeta is 128 bytes");
 // bytes at `dst + slot * dst_slot_stride`); the verify scratch's entry of (row, step) is a `rows x
 // cols` matrix of `elem_bytes` elements at `src + row * src_row_stride + step * src_step_stride`,
 // `src_pitch` bytes between rows and `src_col_stride` between columns (the deduplicated conv-window
-// view is strided), read in row-major order. Defined in rust/sglang/kernel.rs.
+// view is strided), read in row-major order. Defined in rust/kernels/records/slots.rs.
 //   dst: Address of slot 0 of this layer in the pool tensor.
 //   dst_slot_stride: Bytes between slots.
 //   src: Address of scratch row 0, step 0 of this layer (0: no scratch).
@@ -225,7 +226,7 @@ struct SlotCopy {
 static_assert(sizeof(SlotCopy) == 88, "SlotCopy is 88 bytes");
 
 // One recurrent group's per-slot block table, as rs_state_copy_slots reads it. Defined in
-// rust/vllm/slot_step.rs.
+// rust/kernels/records/slots.rs.
 //   addr: Device address of row 0 (int32 block ids).
 //   row_stride: Elements between rows.
 struct TableRef {
@@ -237,7 +238,7 @@ static_assert(sizeof(TableRef) == 16, "TableRef is 16 bytes");
 // One read of a transfer plan: `len` bytes from `src_offset` of the source rank's tensor
 // `src_tensor` (offsets from the tensor's block 0) to `dst_offset` of the destination tensor
 // `dst_tensor`, or of the staging buffer when `dst_tensor == STAGING`. The Python package views the
-// packed rows by these fields. Defined in rust/transfer/plan.rs.
+// packed rows by these fields. Defined in rust/kernels/records/transfer.rs.
 //   src_offset: Bytes from the source tensor's block 0.
 //   dst_tensor: Destination tensor, or `STAGING` (the staging buffer).
 //   dst_offset: Bytes from the destination tensor's block 0 (or the staging buffer's start).
@@ -249,7 +250,7 @@ static_assert(sizeof(Read) == 56, "Read is 56 bytes");
 
 // A local copy that finishes a staged state: a `rows x cols` matrix of `elem`-byte items from the
 // staging buffer to a destination tensor, both sides given by byte offset and strides. Defined in
-// rust/transfer/plan.rs.
+// rust/kernels/records/transfer.rs.
 //   src_offset: Bytes from the staging buffer's start.
 //   dst_offset: Bytes from the destination tensor's block 0.
 //   elem: Bytes per item.
@@ -258,6 +259,113 @@ struct StagedCopy {
       dst_row_stride, dst_col_stride, rows, cols, elem;
 };
 static_assert(sizeof(StagedCopy) == 88, "StagedCopy is 88 bytes");
+
+// The parameters of `rs_copy_tiles`: one wave of a planned batched copy. Defined in
+// rust/kernels/records/params.rs.
+//   segments: The wave's segments.
+//   tiles: The plan's tiles (the wave's start at `first_tile`).
+struct CopyTilesParams {
+  const Segment* segments;
+  const Tile* tiles;
+  uint32_t first_tile, num_tiles;
+};
+static_assert(sizeof(CopyTilesParams) == 24, "CopyTilesParams is 24 bytes");
+
+// The parameters of `rs_state_copy`: the fused align-mode copy of every state of every layer for
+// one step (see `state_copy.cu`). Defined in rust/kernels/records/params.rs.
+//   block_table: `[groups, requests, bt_cols]` int32 block ids (one group: `[requests, bt_cols]`).
+//   dst_or_running: `dst_col`, or `running` with `RS_FLAG_DECIDE`.
+//   num_accepted_out: Each request's accepted count after the step (null: not written).
+//   err: The error word (`int32[3]`).
+//   bt_row_stride: Elements between rows of the block table.
+//   bt_group_stride: Elements between groups' tables.
+//   flags: `RS_FLAG_*`.
+struct StateCopyParams {
+  const StateMeta* metas;
+  const int32_t* block_table;
+  const int32_t* src_col;
+  const int32_t* dst_or_running;
+  const int32_t* num_accepted;
+  int32_t* num_accepted_out;
+  int32_t* err;
+  int64_t bt_row_stride, bt_group_stride, num_blocks;
+  uint32_t num_meta;
+  int32_t bt_cols, block_size, num_requests, max_accepted;
+  uint32_t flags;
+};
+static_assert(sizeof(StateCopyParams) == 104, "StateCopyParams is 104 bytes");
+
+// The parameters of `rs_recover_commit`: one RecoverSSM commit over `num_rows` rows. Defined in
+// rust/kernels/records/params.rs.
+//   num_accepted: Device counts indexed by `CommitRow.count_index` (null: the rows' own counts).
+//   err: The error word (`int32[3]`).
+//   rec_ctas: CTAs of the recurrent part (the conv part's follow on grid x).
+//   reserved: 0.
+struct RecoverCommitParams {
+  const CommitMeta* metas;
+  const CommitRow* rows;
+  const int32_t* num_accepted;
+  int32_t* err;
+  int64_t num_blocks;
+  uint32_t num_layers, num_rows, num_counts, max_requests, rec_ctas, reserved;
+};
+static_assert(sizeof(RecoverCommitParams) == 64, "RecoverCommitParams is 64 bytes");
+
+// The parameters of `rs_slot_scatter`: one clear or commit of SGLang's pool slots. Defined in
+// rust/kernels/records/params.rs.
+//   steps: Null: clear the slots.
+//   err: The error word (`int32[3]`).
+struct SlotScatterParams {
+  const SlotCopy* metas;
+  const int64_t* slots;
+  const int64_t* steps;
+  const int64_t* rows;
+  const int64_t* track_slots;
+  const int64_t* track_steps;
+  int32_t* err;
+  int64_t num_slots, num_rows, draft;
+  uint32_t num_meta;
+  int32_t num_requests;
+};
+static_assert(sizeof(SlotScatterParams) == 88, "SlotScatterParams is 88 bytes");
+
+// The parameters of `rs_state_copy_slots`: one half-step of vLLM's GPU-resident runner, with the
+// RecoverSSM commit fused in when `commit_rows` is set (see `state_copy_slots.cu`). Defined in
+// rust/kernels/records/params.rs.
+//   tables: One record per group.
+//   num_computed: Per slot.
+//   query_start_loc: Pre-copy only (null in a post-process).
+//   num_sampled: Per batch row (null: `sampled_fill` for every row).
+//   commit_computed: The staged commit's computed tokens (null: no commit staged).
+//   commit_stage: The commit stage buffer.
+//   commit_rows: The staged commit rows (null: the commit kernel does not run in this launch).
+//   err: The error words.
+//   flags: `RS_FLAG_*`.
+//   reserved: 0.
+struct StateCopySlotsParams {
+  const StateMeta* metas;
+  const TableRef* tables;
+  const int32_t* idx_mapping;
+  const int32_t* num_computed;
+  const int32_t* query_start_loc;
+  const int32_t* num_sampled;
+  const int32_t* commit_computed;
+  const int32_t* commit_stage;
+  const CommitRow* commit_rows;
+  const CommitMeta* commit_metas;
+  int32_t* state_idx;
+  int32_t* num_accepted;
+  int32_t* scratch;
+  int32_t* ctl;
+  int32_t* err;
+  int64_t commit_blocks, num_blocks;
+  uint32_t num_meta, num_tables;
+  int32_t bt_cols, num_rows, sampled_fill, commit_cols;
+  uint32_t commit_cap, commit_layers, commit_workspace, rec_ctas, conv_ctas;
+  int32_t num_slots, block_size, max_accepted;
+  uint32_t flags, reserved;
+};
+static_assert(sizeof(StateCopySlotsParams) == 200, "StateCopySlotsParams is 200 bytes");
 
 // ------------------------------------------------------------------------------------------------
 // Field offsets, from the core: RS_OFFSETOF(Record, field) for code that loads a record field by
@@ -358,136 +466,273 @@ static_assert(sizeof(StagedCopy) == 88, "StagedCopy is 88 bytes");
 #define RS_OFFSET_StagedCopy_rows 64
 #define RS_OFFSET_StagedCopy_cols 72
 #define RS_OFFSET_StagedCopy_elem 80
+#define RS_OFFSET_CopyTilesParams_segments 0
+#define RS_OFFSET_CopyTilesParams_tiles 8
+#define RS_OFFSET_CopyTilesParams_first_tile 16
+#define RS_OFFSET_CopyTilesParams_num_tiles 20
+#define RS_OFFSET_StateCopyParams_metas 0
+#define RS_OFFSET_StateCopyParams_block_table 8
+#define RS_OFFSET_StateCopyParams_src_col 16
+#define RS_OFFSET_StateCopyParams_dst_or_running 24
+#define RS_OFFSET_StateCopyParams_num_accepted 32
+#define RS_OFFSET_StateCopyParams_num_accepted_out 40
+#define RS_OFFSET_StateCopyParams_err 48
+#define RS_OFFSET_StateCopyParams_bt_row_stride 56
+#define RS_OFFSET_StateCopyParams_bt_group_stride 64
+#define RS_OFFSET_StateCopyParams_num_blocks 72
+#define RS_OFFSET_StateCopyParams_num_meta 80
+#define RS_OFFSET_StateCopyParams_bt_cols 84
+#define RS_OFFSET_StateCopyParams_block_size 88
+#define RS_OFFSET_StateCopyParams_num_requests 92
+#define RS_OFFSET_StateCopyParams_max_accepted 96
+#define RS_OFFSET_StateCopyParams_flags 100
+#define RS_OFFSET_RecoverCommitParams_metas 0
+#define RS_OFFSET_RecoverCommitParams_rows 8
+#define RS_OFFSET_RecoverCommitParams_num_accepted 16
+#define RS_OFFSET_RecoverCommitParams_err 24
+#define RS_OFFSET_RecoverCommitParams_num_blocks 32
+#define RS_OFFSET_RecoverCommitParams_num_layers 40
+#define RS_OFFSET_RecoverCommitParams_num_rows 44
+#define RS_OFFSET_RecoverCommitParams_num_counts 48
+#define RS_OFFSET_RecoverCommitParams_max_requests 52
+#define RS_OFFSET_RecoverCommitParams_rec_ctas 56
+#define RS_OFFSET_RecoverCommitParams_reserved 60
+#define RS_OFFSET_SlotScatterParams_metas 0
+#define RS_OFFSET_SlotScatterParams_slots 8
+#define RS_OFFSET_SlotScatterParams_steps 16
+#define RS_OFFSET_SlotScatterParams_rows 24
+#define RS_OFFSET_SlotScatterParams_track_slots 32
+#define RS_OFFSET_SlotScatterParams_track_steps 40
+#define RS_OFFSET_SlotScatterParams_err 48
+#define RS_OFFSET_SlotScatterParams_num_slots 56
+#define RS_OFFSET_SlotScatterParams_num_rows 64
+#define RS_OFFSET_SlotScatterParams_draft 72
+#define RS_OFFSET_SlotScatterParams_num_meta 80
+#define RS_OFFSET_SlotScatterParams_num_requests 84
+#define RS_OFFSET_StateCopySlotsParams_metas 0
+#define RS_OFFSET_StateCopySlotsParams_tables 8
+#define RS_OFFSET_StateCopySlotsParams_idx_mapping 16
+#define RS_OFFSET_StateCopySlotsParams_num_computed 24
+#define RS_OFFSET_StateCopySlotsParams_query_start_loc 32
+#define RS_OFFSET_StateCopySlotsParams_num_sampled 40
+#define RS_OFFSET_StateCopySlotsParams_commit_computed 48
+#define RS_OFFSET_StateCopySlotsParams_commit_stage 56
+#define RS_OFFSET_StateCopySlotsParams_commit_rows 64
+#define RS_OFFSET_StateCopySlotsParams_commit_metas 72
+#define RS_OFFSET_StateCopySlotsParams_state_idx 80
+#define RS_OFFSET_StateCopySlotsParams_num_accepted 88
+#define RS_OFFSET_StateCopySlotsParams_scratch 96
+#define RS_OFFSET_StateCopySlotsParams_ctl 104
+#define RS_OFFSET_StateCopySlotsParams_err 112
+#define RS_OFFSET_StateCopySlotsParams_commit_blocks 120
+#define RS_OFFSET_StateCopySlotsParams_num_blocks 128
+#define RS_OFFSET_StateCopySlotsParams_num_meta 136
+#define RS_OFFSET_StateCopySlotsParams_num_tables 140
+#define RS_OFFSET_StateCopySlotsParams_bt_cols 144
+#define RS_OFFSET_StateCopySlotsParams_num_rows 148
+#define RS_OFFSET_StateCopySlotsParams_sampled_fill 152
+#define RS_OFFSET_StateCopySlotsParams_commit_cols 156
+#define RS_OFFSET_StateCopySlotsParams_commit_cap 160
+#define RS_OFFSET_StateCopySlotsParams_commit_layers 164
+#define RS_OFFSET_StateCopySlotsParams_commit_workspace 168
+#define RS_OFFSET_StateCopySlotsParams_rec_ctas 172
+#define RS_OFFSET_StateCopySlotsParams_conv_ctas 176
+#define RS_OFFSET_StateCopySlotsParams_num_slots 180
+#define RS_OFFSET_StateCopySlotsParams_block_size 184
+#define RS_OFFSET_StateCopySlotsParams_max_accepted 188
+#define RS_OFFSET_StateCopySlotsParams_flags 192
+#define RS_OFFSET_StateCopySlotsParams_reserved 196
 #if defined(RS_HOST_EMULATION)
-static_assert(__builtin_offsetof(Segment, src) == 0, "Segment.src at 0");
-static_assert(__builtin_offsetof(Segment, dst) == 8, "Segment.dst at 8");
-static_assert(__builtin_offsetof(Segment, row_bytes) == 16, "Segment.row_bytes at 16");
-static_assert(__builtin_offsetof(Segment, rows) == 20, "Segment.rows at 20");
-static_assert(__builtin_offsetof(Segment, pitch) == 24, "Segment.pitch at 24");
-static_assert(__builtin_offsetof(Segment, wave) == 28, "Segment.wave at 28");
-static_assert(__builtin_offsetof(Segment, mode) == 30, "Segment.mode at 30");
-static_assert(__builtin_offsetof(Segment, elem_bytes) == 31, "Segment.elem_bytes at 31");
-static_assert(__builtin_offsetof(Tile, segment) == 0, "Tile.segment at 0");
-static_assert(__builtin_offsetof(Tile, begin) == 4, "Tile.begin at 4");
-static_assert(__builtin_offsetof(Tile, count) == 8, "Tile.count at 8");
-static_assert(__builtin_offsetof(Tile, reserved) == 12, "Tile.reserved at 12");
-static_assert(__builtin_offsetof(MoveRow, request) == 0, "MoveRow.request at 0");
-static_assert(__builtin_offsetof(MoveRow, shift) == 4, "MoveRow.shift at 4");
-static_assert(__builtin_offsetof(MoveRow, conv_src) == 8, "MoveRow.conv_src at 8");
-static_assert(__builtin_offsetof(MoveRow, temporal_src) == 16, "MoveRow.temporal_src at 16");
-static_assert(__builtin_offsetof(MoveRow, dst) == 24, "MoveRow.dst at 24");
-static_assert(__builtin_offsetof(MoveRow, conv_wave) == 32, "MoveRow.conv_wave at 32");
-static_assert(__builtin_offsetof(MoveRow, temporal_wave) == 34, "MoveRow.temporal_wave at 34");
-static_assert(__builtin_offsetof(MoveRow, group) == 36, "MoveRow.group at 36");
-static_assert(__builtin_offsetof(StateMeta, base) == 0, "StateMeta.base at 0");
-static_assert(__builtin_offsetof(StateMeta, block_stride) == 8, "StateMeta.block_stride at 8");
-static_assert(__builtin_offsetof(StateMeta, state_bytes) == 16, "StateMeta.state_bytes at 16");
-static_assert(__builtin_offsetof(StateMeta, kind) == 24, "StateMeta.kind at 24");
-static_assert(__builtin_offsetof(StateMeta, elem_bytes) == 28, "StateMeta.elem_bytes at 28");
-static_assert(__builtin_offsetof(StateMeta, width) == 32, "StateMeta.width at 32");
-static_assert(__builtin_offsetof(StateMeta, dim) == 36, "StateMeta.dim at 36");
-static_assert(__builtin_offsetof(StateMeta, layer) == 40, "StateMeta.layer at 40");
-static_assert(__builtin_offsetof(StateMeta, state) == 44, "StateMeta.state at 44");
-static_assert(__builtin_offsetof(StateMeta, num_blocks) == 48, "StateMeta.num_blocks at 48");
-static_assert(__builtin_offsetof(StateMeta, group) == 56, "StateMeta.group at 56");
-static_assert(__builtin_offsetof(StateMeta, reserved) == 60, "StateMeta.reserved at 60");
-static_assert(__builtin_offsetof(CommitRow, request) == 0, "CommitRow.request at 0");
-static_assert(__builtin_offsetof(CommitRow, count) == 4, "CommitRow.count at 4");
-static_assert(__builtin_offsetof(CommitRow, state_block) == 8, "CommitRow.state_block at 8");
-static_assert(__builtin_offsetof(CommitRow, boundary_block) == 16, "CommitRow.boundary_block at 16");
-static_assert(__builtin_offsetof(CommitRow, boundary_len) == 24, "CommitRow.boundary_len at 24");
-static_assert(__builtin_offsetof(CommitRow, count_index) == 28, "CommitRow.count_index at 28");
-static_assert(__builtin_offsetof(CommitMeta, rec_base) == 0, "CommitMeta.rec_base at 0");
-static_assert(__builtin_offsetof(CommitMeta, rec_block_stride) == 8, "CommitMeta.rec_block_stride at 8");
-static_assert(__builtin_offsetof(CommitMeta, corr_base) == 16, "CommitMeta.corr_base at 16");
-static_assert(__builtin_offsetof(CommitMeta, corr_row_stride) == 24, "CommitMeta.corr_row_stride at 24");
-static_assert(__builtin_offsetof(CommitMeta, kg_base) == 32, "CommitMeta.kg_base at 32");
-static_assert(__builtin_offsetof(CommitMeta, kg_row_stride) == 40, "CommitMeta.kg_row_stride at 40");
-static_assert(__builtin_offsetof(CommitMeta, conv_base) == 48, "CommitMeta.conv_base at 48");
-static_assert(__builtin_offsetof(CommitMeta, conv_block_stride) == 56, "CommitMeta.conv_block_stride at 56");
-static_assert(__builtin_offsetof(CommitMeta, win_base) == 64, "CommitMeta.win_base at 64");
-static_assert(__builtin_offsetof(CommitMeta, win_row_stride) == 72, "CommitMeta.win_row_stride at 72");
-static_assert(__builtin_offsetof(CommitMeta, heads) == 80, "CommitMeta.heads at 80");
-static_assert(__builtin_offsetof(CommitMeta, head_v) == 84, "CommitMeta.head_v at 84");
-static_assert(__builtin_offsetof(CommitMeta, head_k) == 88, "CommitMeta.head_k at 88");
-static_assert(__builtin_offsetof(CommitMeta, window) == 92, "CommitMeta.window at 92");
-static_assert(__builtin_offsetof(CommitMeta, kg_width) == 96, "CommitMeta.kg_width at 96");
-static_assert(__builtin_offsetof(CommitMeta, kind) == 100, "CommitMeta.kind at 100");
-static_assert(__builtin_offsetof(CommitMeta, state_dtype) == 104, "CommitMeta.state_dtype at 104");
-static_assert(__builtin_offsetof(CommitMeta, kg_dtype) == 108, "CommitMeta.kg_dtype at 108");
-static_assert(__builtin_offsetof(CommitMeta, conv_layout) == 112, "CommitMeta.conv_layout at 112");
-static_assert(__builtin_offsetof(CommitMeta, conv_width) == 116, "CommitMeta.conv_width at 116");
-static_assert(__builtin_offsetof(CommitMeta, conv_dim) == 120, "CommitMeta.conv_dim at 120");
-static_assert(__builtin_offsetof(CommitMeta, conv_hist) == 124, "CommitMeta.conv_hist at 124");
-static_assert(__builtin_offsetof(CommitMeta, conv_elem) == 126, "CommitMeta.conv_elem at 126");
-static_assert(__builtin_offsetof(SlotCopy, dst) == 0, "SlotCopy.dst at 0");
-static_assert(__builtin_offsetof(SlotCopy, dst_slot_stride) == 8, "SlotCopy.dst_slot_stride at 8");
-static_assert(__builtin_offsetof(SlotCopy, src) == 16, "SlotCopy.src at 16");
-static_assert(__builtin_offsetof(SlotCopy, src_row_stride) == 24, "SlotCopy.src_row_stride at 24");
-static_assert(__builtin_offsetof(SlotCopy, src_step_stride) == 32, "SlotCopy.src_step_stride at 32");
-static_assert(__builtin_offsetof(SlotCopy, bytes) == 40, "SlotCopy.bytes at 40");
-static_assert(__builtin_offsetof(SlotCopy, rows) == 48, "SlotCopy.rows at 48");
-static_assert(__builtin_offsetof(SlotCopy, cols) == 56, "SlotCopy.cols at 56");
-static_assert(__builtin_offsetof(SlotCopy, src_pitch) == 64, "SlotCopy.src_pitch at 64");
-static_assert(__builtin_offsetof(SlotCopy, src_col_stride) == 72, "SlotCopy.src_col_stride at 72");
-static_assert(__builtin_offsetof(SlotCopy, elem_bytes) == 80, "SlotCopy.elem_bytes at 80");
-static_assert(__builtin_offsetof(SlotCopy, tensor) == 84, "SlotCopy.tensor at 84");
-static_assert(__builtin_offsetof(TableRef, addr) == 0, "TableRef.addr at 0");
-static_assert(__builtin_offsetof(TableRef, row_stride) == 8, "TableRef.row_stride at 8");
-static_assert(__builtin_offsetof(Read, request) == 0, "Read.request at 0");
-static_assert(__builtin_offsetof(Read, src_rank) == 8, "Read.src_rank at 8");
-static_assert(__builtin_offsetof(Read, src_tensor) == 16, "Read.src_tensor at 16");
-static_assert(__builtin_offsetof(Read, src_offset) == 24, "Read.src_offset at 24");
-static_assert(__builtin_offsetof(Read, dst_tensor) == 32, "Read.dst_tensor at 32");
-static_assert(__builtin_offsetof(Read, dst_offset) == 40, "Read.dst_offset at 40");
-static_assert(__builtin_offsetof(Read, len) == 48, "Read.len at 48");
-static_assert(__builtin_offsetof(StagedCopy, request) == 0, "StagedCopy.request at 0");
-static_assert(__builtin_offsetof(StagedCopy, src_offset) == 8, "StagedCopy.src_offset at 8");
-static_assert(__builtin_offsetof(StagedCopy, src_row_stride) == 16, "StagedCopy.src_row_stride at 16");
-static_assert(__builtin_offsetof(StagedCopy, src_col_stride) == 24, "StagedCopy.src_col_stride at 24");
-static_assert(__builtin_offsetof(StagedCopy, dst_tensor) == 32, "StagedCopy.dst_tensor at 32");
-static_assert(__builtin_offsetof(StagedCopy, dst_offset) == 40, "StagedCopy.dst_offset at 40");
-static_assert(__builtin_offsetof(StagedCopy, dst_row_stride) == 48, "StagedCopy.dst_row_stride at 48");
-static_assert(__builtin_offsetof(StagedCopy, dst_col_stride) == 56, "StagedCopy.dst_col_stride at 56");
-static_assert(__builtin_offsetof(StagedCopy, rows) == 64, "StagedCopy.rows at 64");
-static_assert(__builtin_offsetof(StagedCopy, cols) == 72, "StagedCopy.cols at 72");
-static_assert(__builtin_offsetof(StagedCopy, elem) == 80, "StagedCopy.elem at 80");
+#define RS_CHECK_OFFSET(record, field) \
+  static_assert(__builtin_offsetof(record, field) == RS_OFFSETOF(record, field), #record "." #field " moved")
+RS_CHECK_OFFSET(Segment, src);
+RS_CHECK_OFFSET(Segment, dst);
+RS_CHECK_OFFSET(Segment, row_bytes);
+RS_CHECK_OFFSET(Segment, rows);
+RS_CHECK_OFFSET(Segment, pitch);
+RS_CHECK_OFFSET(Segment, wave);
+RS_CHECK_OFFSET(Segment, mode);
+RS_CHECK_OFFSET(Segment, elem_bytes);
+RS_CHECK_OFFSET(Tile, segment);
+RS_CHECK_OFFSET(Tile, begin);
+RS_CHECK_OFFSET(Tile, count);
+RS_CHECK_OFFSET(Tile, reserved);
+RS_CHECK_OFFSET(MoveRow, request);
+RS_CHECK_OFFSET(MoveRow, shift);
+RS_CHECK_OFFSET(MoveRow, conv_src);
+RS_CHECK_OFFSET(MoveRow, temporal_src);
+RS_CHECK_OFFSET(MoveRow, dst);
+RS_CHECK_OFFSET(MoveRow, conv_wave);
+RS_CHECK_OFFSET(MoveRow, temporal_wave);
+RS_CHECK_OFFSET(MoveRow, group);
+RS_CHECK_OFFSET(StateMeta, base);
+RS_CHECK_OFFSET(StateMeta, block_stride);
+RS_CHECK_OFFSET(StateMeta, state_bytes);
+RS_CHECK_OFFSET(StateMeta, kind);
+RS_CHECK_OFFSET(StateMeta, elem_bytes);
+RS_CHECK_OFFSET(StateMeta, width);
+RS_CHECK_OFFSET(StateMeta, dim);
+RS_CHECK_OFFSET(StateMeta, layer);
+RS_CHECK_OFFSET(StateMeta, state);
+RS_CHECK_OFFSET(StateMeta, num_blocks);
+RS_CHECK_OFFSET(StateMeta, group);
+RS_CHECK_OFFSET(StateMeta, reserved);
+RS_CHECK_OFFSET(CommitRow, request);
+RS_CHECK_OFFSET(CommitRow, count);
+RS_CHECK_OFFSET(CommitRow, state_block);
+RS_CHECK_OFFSET(CommitRow, boundary_block);
+RS_CHECK_OFFSET(CommitRow, boundary_len);
+RS_CHECK_OFFSET(CommitRow, count_index);
+RS_CHECK_OFFSET(CommitMeta, rec_base);
+RS_CHECK_OFFSET(CommitMeta, rec_block_stride);
+RS_CHECK_OFFSET(CommitMeta, corr_base);
+RS_CHECK_OFFSET(CommitMeta, corr_row_stride);
+RS_CHECK_OFFSET(CommitMeta, kg_base);
+RS_CHECK_OFFSET(CommitMeta, kg_row_stride);
+RS_CHECK_OFFSET(CommitMeta, conv_base);
+RS_CHECK_OFFSET(CommitMeta, conv_block_stride);
+RS_CHECK_OFFSET(CommitMeta, win_base);
+RS_CHECK_OFFSET(CommitMeta, win_row_stride);
+RS_CHECK_OFFSET(CommitMeta, heads);
+RS_CHECK_OFFSET(CommitMeta, head_v);
+RS_CHECK_OFFSET(CommitMeta, head_k);
+RS_CHECK_OFFSET(CommitMeta, window);
+RS_CHECK_OFFSET(CommitMeta, kg_width);
+RS_CHECK_OFFSET(CommitMeta, kind);
+RS_CHECK_OFFSET(CommitMeta, state_dtype);
+RS_CHECK_OFFSET(CommitMeta, kg_dtype);
+RS_CHECK_OFFSET(CommitMeta, conv_layout);
+RS_CHECK_OFFSET(CommitMeta, conv_width);
+RS_CHECK_OFFSET(CommitMeta, conv_dim);
+RS_CHECK_OFFSET(CommitMeta, conv_hist);
+RS_CHECK_OFFSET(CommitMeta, conv_elem);
+RS_CHECK_OFFSET(SlotCopy, dst);
+RS_CHECK_OFFSET(SlotCopy, dst_slot_stride);
+RS_CHECK_OFFSET(SlotCopy, src);
+RS_CHECK_OFFSET(SlotCopy, src_row_stride);
+RS_CHECK_OFFSET(SlotCopy, src_step_stride);
+RS_CHECK_OFFSET(SlotCopy, bytes);
+RS_CHECK_OFFSET(SlotCopy, rows);
+RS_CHECK_OFFSET(SlotCopy, cols);
+RS_CHECK_OFFSET(SlotCopy, src_pitch);
+RS_CHECK_OFFSET(SlotCopy, src_col_stride);
+RS_CHECK_OFFSET(SlotCopy, elem_bytes);
+RS_CHECK_OFFSET(SlotCopy, tensor);
+RS_CHECK_OFFSET(TableRef, addr);
+RS_CHECK_OFFSET(TableRef, row_stride);
+RS_CHECK_OFFSET(Read, request);
+RS_CHECK_OFFSET(Read, src_rank);
+RS_CHECK_OFFSET(Read, src_tensor);
+RS_CHECK_OFFSET(Read, src_offset);
+RS_CHECK_OFFSET(Read, dst_tensor);
+RS_CHECK_OFFSET(Read, dst_offset);
+RS_CHECK_OFFSET(Read, len);
+RS_CHECK_OFFSET(StagedCopy, request);
+RS_CHECK_OFFSET(StagedCopy, src_offset);
+RS_CHECK_OFFSET(StagedCopy, src_row_stride);
+RS_CHECK_OFFSET(StagedCopy, src_col_stride);
+RS_CHECK_OFFSET(StagedCopy, dst_tensor);
+RS_CHECK_OFFSET(StagedCopy, dst_offset);
+RS_CHECK_OFFSET(StagedCopy, dst_row_stride);
+RS_CHECK_OFFSET(StagedCopy, dst_col_stride);
+RS_CHECK_OFFSET(StagedCopy, rows);
+RS_CHECK_OFFSET(StagedCopy, cols);
+RS_CHECK_OFFSET(StagedCopy, elem);
+RS_CHECK_OFFSET(CopyTilesParams, segments);
+RS_CHECK_OFFSET(CopyTilesParams, tiles);
+RS_CHECK_OFFSET(CopyTilesParams, first_tile);
+RS_CHECK_OFFSET(CopyTilesParams, num_tiles);
+RS_CHECK_OFFSET(StateCopyParams, metas);
+RS_CHECK_OFFSET(StateCopyParams, block_table);
+RS_CHECK_OFFSET(StateCopyParams, src_col);
+RS_CHECK_OFFSET(StateCopyParams, dst_or_running);
+RS_CHECK_OFFSET(StateCopyParams, num_accepted);
+RS_CHECK_OFFSET(StateCopyParams, num_accepted_out);
+RS_CHECK_OFFSET(StateCopyParams, err);
+RS_CHECK_OFFSET(StateCopyParams, bt_row_stride);
+RS_CHECK_OFFSET(StateCopyParams, bt_group_stride);
+RS_CHECK_OFFSET(StateCopyParams, num_blocks);
+RS_CHECK_OFFSET(StateCopyParams, num_meta);
+RS_CHECK_OFFSET(StateCopyParams, bt_cols);
+RS_CHECK_OFFSET(StateCopyParams, block_size);
+RS_CHECK_OFFSET(StateCopyParams, num_requests);
+RS_CHECK_OFFSET(StateCopyParams, max_accepted);
+RS_CHECK_OFFSET(StateCopyParams, flags);
+RS_CHECK_OFFSET(RecoverCommitParams, metas);
+RS_CHECK_OFFSET(RecoverCommitParams, rows);
+RS_CHECK_OFFSET(RecoverCommitParams, num_accepted);
+RS_CHECK_OFFSET(RecoverCommitParams, err);
+RS_CHECK_OFFSET(RecoverCommitParams, num_blocks);
+RS_CHECK_OFFSET(RecoverCommitParams, num_layers);
+RS_CHECK_OFFSET(RecoverCommitParams, num_rows);
+RS_CHECK_OFFSET(RecoverCommitParams, num_counts);
+RS_CHECK_OFFSET(RecoverCommitParams, max_requests);
+RS_CHECK_OFFSET(RecoverCommitParams, rec_ctas);
+RS_CHECK_OFFSET(RecoverCommitParams, reserved);
+RS_CHECK_OFFSET(SlotScatterParams, metas);
+RS_CHECK_OFFSET(SlotScatterParams, slots);
+RS_CHECK_OFFSET(SlotScatterParams, steps);
+RS_CHECK_OFFSET(SlotScatterParams, rows);
+RS_CHECK_OFFSET(SlotScatterParams, track_slots);
+RS_CHECK_OFFSET(SlotScatterParams, track_steps);
+RS_CHECK_OFFSET(SlotScatterParams, err);
+RS_CHECK_OFFSET(SlotScatterParams, num_slots);
+RS_CHECK_OFFSET(SlotScatterParams, num_rows);
+RS_CHECK_OFFSET(SlotScatterParams, draft);
+RS_CHECK_OFFSET(SlotScatterParams, num_meta);
+RS_CHECK_OFFSET(SlotScatterParams, num_requests);
+RS_CHECK_OFFSET(StateCopySlotsParams, metas);
+RS_CHECK_OFFSET(StateCopySlotsParams, tables);
+RS_CHECK_OFFSET(StateCopySlotsParams, idx_mapping);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_computed);
+RS_CHECK_OFFSET(StateCopySlotsParams, query_start_loc);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_sampled);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_computed);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_stage);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_rows);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_metas);
+RS_CHECK_OFFSET(StateCopySlotsParams, state_idx);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_accepted);
+RS_CHECK_OFFSET(StateCopySlotsParams, scratch);
+RS_CHECK_OFFSET(StateCopySlotsParams, ctl);
+RS_CHECK_OFFSET(StateCopySlotsParams, err);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_blocks);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_blocks);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_meta);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_tables);
+RS_CHECK_OFFSET(StateCopySlotsParams, bt_cols);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_rows);
+RS_CHECK_OFFSET(StateCopySlotsParams, sampled_fill);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_cols);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_cap);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_layers);
+RS_CHECK_OFFSET(StateCopySlotsParams, commit_workspace);
+RS_CHECK_OFFSET(StateCopySlotsParams, rec_ctas);
+RS_CHECK_OFFSET(StateCopySlotsParams, conv_ctas);
+RS_CHECK_OFFSET(StateCopySlotsParams, num_slots);
+RS_CHECK_OFFSET(StateCopySlotsParams, block_size);
+RS_CHECK_OFFSET(StateCopySlotsParams, max_accepted);
+RS_CHECK_OFFSET(StateCopySlotsParams, flags);
+RS_CHECK_OFFSET(StateCopySlotsParams, reserved);
 #endif
 
 // ------------------------------------------------------------------------------------------------
-// Entry points (rust/kernels/abi.rs): each kernel's parameters in the order the core packs them.
-// The definitions in the .cu files must match (a conflicting extern "C" declaration is an error).
+// Entry points (rust/kernels/abi.rs): each kernel takes one parameter record by value, the bytes
+// the core fills by field name. The definitions in the .cu files must match (a conflicting extern
+// "C" declaration is an error).
 // ------------------------------------------------------------------------------------------------
 
 // Defined in copy_tiles.cu.
-extern "C" __global__ void rs_copy_tiles(const Segment* segments, const Tile* tiles,
-    uint32_t first_tile, uint32_t num_tiles);
+extern "C" __global__ void rs_copy_tiles(const CopyTilesParams p);
 
 // Defined in state_copy.cu.
-extern "C" __global__ void rs_state_copy(const StateMeta* metas, uint32_t num_meta,
-    const int32_t* block_table, int64_t bt_row_stride, int32_t bt_cols, int64_t bt_group_stride,
-    const int32_t* src_col, const int32_t* dst_or_running, const int32_t* num_accepted,
-    int32_t* num_accepted_out, int32_t block_size, int32_t num_requests, int32_t max_accepted,
-    int64_t num_blocks, uint32_t flags, int32_t* err);
+extern "C" __global__ void rs_state_copy(const StateCopyParams p);
 
 // Defined in recover_commit.cu.
-extern "C" __global__ void rs_recover_commit(const CommitMeta* metas, uint32_t num_layers,
-    const CommitRow* rows, uint32_t num_rows, const int32_t* num_accepted, uint32_t num_counts,
-    int64_t num_blocks, uint32_t max_requests, uint32_t rec_ctas, int32_t* err);
+extern "C" __global__ void rs_recover_commit(const RecoverCommitParams p);
 
 // Defined in slot_scatter.cu.
-extern "C" __global__ void rs_slot_scatter(const SlotCopy* metas, uint32_t num_meta,
-    const int64_t* slots, const int64_t* steps, const int64_t* rows, const int64_t* track_slots,
-    const int64_t* track_steps, int32_t num_requests, int64_t num_slots, int64_t num_rows,
-    int64_t draft, int32_t* err);
+extern "C" __global__ void rs_slot_scatter(const SlotScatterParams p);
 
 // Defined in state_copy_slots.cu.
-extern "C" __global__ void rs_state_copy_slots(const StateMeta* metas, uint32_t num_meta,
-    const TableRef* tables, uint32_t num_tables, int32_t bt_cols, const int32_t* idx_mapping,
-    int32_t num_rows, const int32_t* num_computed, const int32_t* query_start_loc,
-    const int32_t* num_sampled, int32_t sampled_fill, const int32_t* commit_computed,
-    int32_t commit_cols, const int32_t* commit_stage, const CommitRow* commit_rows,
-    uint32_t commit_cap, const CommitMeta* commit_metas, uint32_t commit_layers,
-    int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas, uint32_t conv_ctas,
-    int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots,
-    int32_t block_size, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err);
+extern "C" __global__ void rs_state_copy_slots(const StateCopySlotsParams p);

@@ -26,8 +26,9 @@ RS_DEVICE void rs_mv_elem(uint64_t dst, uint64_t src, uint32_t elem) {
   }
 }
 
-// rs_slot_scatter
-// ---------------
+// rs_slot_scatter(SlotScatterParams p)
+// -------------------------------------
+// The parameters are the fields of p (named below as the record names them).
 // Clear (steps == null): for each request r and record m, the dense slot slots[r] of m's tensor
 // is zeroed. A slot outside [1, num_slots) (slot 0 is the pool's dummy) is skipped and reported
 // (RS_ERR_BLOCK).
@@ -45,14 +46,17 @@ RS_DEVICE void rs_mv_elem(uint64_t dst, uint64_t src, uint32_t elem) {
 // writer). Grid (chunks, min(R, 65535), min(num_meta * passes, 65535)), grid-stride in y and z;
 // blockIdx.x cuts a slot in pieces of at least RS_STATE_CHUNK_BYTES. No shared memory, no
 // barriers, no host synchronisation.
-extern "C" __global__ void RS_LAUNCH_BOUNDS rs_slot_scatter(const SlotCopy* __restrict__ metas, uint32_t num_meta,
-                                                            const int64_t* __restrict__ slots,
-                                                            const int64_t* __restrict__ steps,
-                                                            const int64_t* __restrict__ rows,
-                                                            const int64_t* __restrict__ track_slots,
-                                                            const int64_t* __restrict__ track_steps,
-                                                            int32_t num_requests, int64_t num_slots, int64_t num_rows,
-                                                            int64_t draft, int32_t* err) {
+extern "C" __global__ void RS_LAUNCH_BOUNDS rs_slot_scatter(const SlotScatterParams p) {
+  const SlotCopy* __restrict__ metas = p.metas;
+  const int64_t* __restrict__ slots = p.slots;
+  const int64_t* __restrict__ steps = p.steps;
+  const int64_t* __restrict__ rows = p.rows;
+  const int64_t* __restrict__ track_slots = p.track_slots;
+  const int64_t* __restrict__ track_steps = p.track_steps;
+  int32_t* err = p.err;
+  const int64_t num_slots = p.num_slots, num_rows = p.num_rows, draft = p.draft;
+  const uint32_t num_meta = p.num_meta;
+  const int32_t num_requests = p.num_requests;
   const bool clear = steps == nullptr;
   const uint64_t passes = (!clear && track_slots != nullptr) ? 2u : 1u;
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;

@@ -7,8 +7,9 @@
 #include "common.cuh"
 #include "state_copy.cuh"
 
-// rs_state_copy
-// -------------
+// rs_state_copy(StateCopyParams p)
+// --------------------------------
+// The parameters are the fields of p (named below as the record names them).
 // Explicit form (flags without RS_FLAG_DECIDE): `dst_or_running` is dst_col.
 // For each request r (a = num_accepted[r]) and each state m of metas[0 .. num_meta):
 //   conv SD / DS: state[bt[dst_col], columns 0 .. width-a] = state[bt[src_col], columns a-1 .. width-1]
@@ -61,12 +62,18 @@
 // CTAs of one request touch disjoint chunks. An in-place conv shift (bt[src_col] == bt[dst_col]) is
 // a left shift: SD runs the per-lane ascending row walk (rs_lanes_rows), DS one thread per row with
 // an ascending memmove (rs_move with one lane) -- the same disciplines as copy_tiles' modes 1 and 2.
-extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(
-    const StateMeta* __restrict__ metas, uint32_t num_meta, const int32_t* __restrict__ block_table,
-    int64_t bt_row_stride, int32_t bt_cols, int64_t bt_group_stride, const int32_t* __restrict__ src_col,
-    const int32_t* __restrict__ dst_or_running, const int32_t* __restrict__ num_accepted,
-    int32_t* __restrict__ num_accepted_out, int32_t block_size,
-    int32_t num_requests, int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
+extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy(const StateCopyParams p) {
+  const StateMeta* __restrict__ metas = p.metas;
+  const int32_t* __restrict__ block_table = p.block_table;
+  const int32_t* __restrict__ src_col = p.src_col;
+  const int32_t* __restrict__ dst_or_running = p.dst_or_running;
+  const int32_t* __restrict__ num_accepted = p.num_accepted;
+  int32_t* __restrict__ num_accepted_out = p.num_accepted_out;
+  int32_t* err = p.err;
+  const int64_t bt_row_stride = p.bt_row_stride, bt_group_stride = p.bt_group_stride, num_blocks = p.num_blocks;
+  const uint32_t num_meta = p.num_meta, flags = p.flags;
+  const int32_t bt_cols = p.bt_cols, block_size = p.block_size, num_requests = p.num_requests;
+  const int32_t max_accepted = p.max_accepted;
   const bool align = (flags & RS_FLAG_DECIDE) != 0;
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
   const uint64_t chunk = blockIdx.x, nchunks = gridDim.x;

@@ -138,24 +138,25 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
 // The first error of the row's copy decision over every group's table (0: every group's copy may
 // run): a row is written for all of its groups or for none. A committed row whose save would
 // still copy is RS_ERR_ARGS (its save is the commit's).
-RS_DEVICE uint32_t rs_slot_row_check(bool post, const TableRef* tables, uint32_t num_tables, int32_t bt_cols,
-                                     const RsSlotRow& row, int64_t block_size, int64_t max_accepted,
-                                     int64_t num_blocks, uint32_t flags) {
-  for (uint32_t g = 0; g < num_tables; ++g) {
-    const TableRef t = tables[g];
+RS_DEVICE uint32_t rs_slot_row_check(const StateCopySlotsParams& p, bool post, const RsSlotRow& row) {
+  for (uint32_t g = 0; g < p.num_tables; ++g) {
+    const TableRef t = p.tables[g];
     const int32_t* bt_row = (const int32_t*)t.addr + (int64_t)row.slot * t.row_stride;
     RsRequest q;
     const uint32_t code =
-        post ? rs_decide_aligned(bt_row, bt_cols, row.src, row.x, row.a, block_size, max_accepted, num_blocks, flags, &q)
-             : rs_decide(bt_row, bt_cols, row.src, row.x, row.a, max_accepted, num_blocks, flags | RS_FLAG_PRE_COPY, &q);
+        post ? rs_decide_aligned(bt_row, p.bt_cols, row.src, row.x, row.a, p.block_size, p.max_accepted, p.num_blocks,
+                                 p.flags, &q)
+             : rs_decide(bt_row, p.bt_cols, row.src, row.x, row.a, p.max_accepted, p.num_blocks,
+                         p.flags | RS_FLAG_PRE_COPY, &q);
     if (code != 0) return code;
     if (row.committed && q.a != 0) return RS_ERR_ARGS;
   }
   return 0;
 }
 
-// rs_state_copy_slots
-// -------------------
+// rs_state_copy_slots(StateCopySlotsParams p)
+// --------------------------------------------
+// The parameters are the fields of p, read by name (p.idx_mapping, ...).
 // One launch per half-step of vLLM's GPU-resident runner over its device tensors: idx_mapping[R]
 // (batch row -> slot; -1: skipped), num_computed[S] per slot, and query_start_loc[R + 1] (pre-copy)
 // or num_sampled[R] (post-process; null: sampled_fill for every row). tables[g] is group g's
@@ -196,147 +197,150 @@ RS_DEVICE uint32_t rs_slot_row_check(bool post, const TableRef* tables, uint32_t
 // launch (rs_slot_row). A post-process writes state_idx only for committed rows, whose column every
 // CTA computes itself, and never reads num_accepted, so it needs no scratch. Thread 0 of the
 // copy's CTA (0, 0, 0) zeroes the word the other half reports into: the pre-copy the
-// post-process's word, the post-process the next pre-copy's (and advances the stamp). A row whose
-// slot is >= S, or whose token count is negative, is reported (RS_ERR_ARGS) and skipped; copy
-// errors as rs_state_copy. Rows of one launch must name distinct slots. A pre-copy row whose old
-// or new column is outside the table is reported (RS_ERR_COLUMN) and its slot left as it was. Grid
+// post-process's word, the post-process the next pre-copy's (and advances the stamp). A refused row
+// is reported into the half's word and nothing is written for it -- no state of any group, no
+// column, no count -- while the other rows run: a slot below -1 or >= S, a slot another row of
+// the launch names too (both rows; only -1 may repeat), a pre-copy's decreasing query_start_loc
+// or negative token count (RS_ERR_ARGS); a column outside the table (RS_ERR_COLUMN); a block or
+// count that any group's decision refuses (RS_ERR_BLOCK, RS_ERR_ACCEPTED: every group is decided
+// before any is copied, and the bookkeeping decides the same before it moves the column). Copy
+// errors as rs_state_copy. Without num_computed (a post-process of a pipeline-parallel rank that
+// is not the last, as vLLM calls it) the post-process scatters the counts and sets committed
+// rows' columns, and makes no aligned save. Grid
 // and launch shape as rs_state_copy (any R, including 0: the stamp and words still advance), with
 // a commit gridDim.x = rec_ctas + conv_ctas + the copy's CTAs (at least one; and a z extent over
 // its layers: every loop is grid-stride); the launch reads only its parameters and the buffers
 // above (the commit's row count and generation too), so it is CUDA-graph capturable with fixed
 // tensors.
-extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(
-    const StateMeta* __restrict__ metas, uint32_t num_meta, const TableRef* __restrict__ tables, uint32_t num_tables,
-    int32_t bt_cols, const int32_t* __restrict__ idx_mapping, int32_t num_rows, const int32_t* __restrict__ num_computed,
-    const int32_t* __restrict__ query_start_loc, const int32_t* __restrict__ num_sampled, int32_t sampled_fill,
-    const int32_t* __restrict__ commit_computed, int32_t commit_cols, const int32_t* __restrict__ commit_stage,
-    const CommitRow* __restrict__ commit_rows, uint32_t commit_cap, const CommitMeta* __restrict__ commit_metas,
-    uint32_t commit_layers, int64_t commit_blocks, uint32_t commit_workspace, uint32_t rec_ctas, uint32_t conv_ctas,
-    int32_t* state_idx, int32_t* num_accepted, int32_t* scratch, int32_t* ctl, int32_t num_slots, int32_t block_size,
-    int32_t max_accepted, int64_t num_blocks, uint32_t flags, int32_t* err) {
-  const bool post = (flags & RS_FLAG_DECIDE) != 0;
+extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(const StateCopySlotsParams p) {
+  const int32_t* __restrict__ commit_computed = p.commit_computed;  // cleared below when not armed
+  const bool post = (p.flags & RS_FLAG_DECIDE) != 0;
   // A staged commit is this step's when its generation is not the one the last committing
   // post-process saw (ctl[1]: written by the pre-copy only, so stable here): a replay without a
   // new stage commits nothing and sets no column.
-  const bool armed = post && commit_stage != nullptr && commit_stage[1] != ctl[1];
+  const bool armed = post && p.commit_stage != nullptr && p.commit_stage[1] != p.ctl[1];
   if (!armed) commit_computed = nullptr;
-  const bool commit = post && commit_rows != nullptr && commit_stage != nullptr && num_sampled != nullptr;
-  const uint32_t commit_ctas = commit ? rec_ctas + conv_ctas : 0u;
+  const bool commit = post && p.commit_rows != nullptr && p.commit_stage != nullptr && p.num_sampled != nullptr;
+  const uint32_t commit_ctas = commit ? p.rec_ctas + p.conv_ctas : 0u;
   // The RecoverSSM commit runs on the first commit_ctas CTAs along x (their own branch: the copy's
   // values are not live across it), on the cache's blocks only (see above).
   if (blockIdx.x < commit_ctas) {
     if (armed) {
-      rs_slots_commit(commit_stage, commit_rows, commit_cap, commit_metas, commit_layers, num_sampled, num_rows,
-                      commit_blocks, commit_workspace, rec_ctas, conv_ctas, err, num_slots);
+      rs_slots_commit(p.commit_stage, p.commit_rows, p.commit_cap, p.commit_metas, p.commit_layers, p.num_sampled,
+                      p.num_rows, p.commit_blocks, p.commit_workspace, p.rec_ctas, p.conv_ctas, p.err, p.num_slots);
     }
     return;
   }
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
   const uint64_t chunk = blockIdx.x - commit_ctas, nchunks = gridDim.x - commit_ctas;
-  const int64_t S = num_slots;
+  const int64_t S = p.num_slots;
   // The stamp ctl[0] is written only by a post-process (thread 0 of the copy's CTA (0, 0, 0)),
   // which reads it nowhere else; ctl[1] only by a pre-copy, ctl[2] only by a post-process.
   if (chunk == 0 && blockIdx.y == 0 && blockIdx.z == 0 && tid == 0) {
     if (post) {
-      const int32_t next = (int32_t)((uint32_t)ctl[0] + 1u);  // wraps after 2**32 steps, parity kept
-      int32_t* w = err + 3 * (next & 1);
+      const int32_t next = (int32_t)((uint32_t)p.ctl[0] + 1u);  // wraps after 2**32 steps, parity kept
+      int32_t* w = p.err + 3 * (next & 1);
       w[0] = w[1] = w[2] = 0;
-      ctl[0] = next;
-      if (commit_stage != nullptr) ctl[2] = commit_stage[1];  // the generation this launch saw
+      p.ctl[0] = next;
+      if (p.commit_stage != nullptr) p.ctl[2] = p.commit_stage[1];  // the generation this launch saw
     } else {
-      err[6] = err[7] = err[8] = 0;
-      err[9] = ctl[0];
-      ctl[1] = ctl[2];  // what the next post-process compares a staged generation with
+      p.err[6] = p.err[7] = p.err[8] = 0;
+      p.err[9] = p.ctl[0];
+      p.ctl[1] = p.ctl[2];  // what the next post-process compares a staged generation with
     }
   }
   // Bookkeeping: one thread per row, after the row's old values are safe in scratch.
   if (chunk == 0 && blockIdx.z == 0 && tid == 0) {
-    for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {
-      const int64_t s = idx_mapping[r];
+    for (int64_t r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
+      const int64_t s = p.idx_mapping[r];
       if (s == -1) continue;
       // Refused rows (reported, nothing written for them): a slot below -1 or >= S, two rows on
       // one slot, a pre-copy's decreasing query_start_loc or negative token count.
       int64_t slot;
-      const bool bad = s < -1 || s >= S || rs_slot_shared(idx_mapping, num_rows, r, s) ||
-                       (!post && rs_pre_new_col(idx_mapping, num_computed, query_start_loc, r, S, block_size, &slot) == -2);
+      const bool bad = s < -1 || s >= S || rs_slot_shared(p.idx_mapping, p.num_rows, r, s) ||
+                       (!post && rs_pre_new_col(p.idx_mapping, p.num_computed, p.query_start_loc, r, S, p.block_size,
+                                                &slot) == -2);
       if (bad) {
-        rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_ARGS, r, S);
+        rs_report_error(rs_slot_word(p.err, p.ctl, post), RS_ERR_ARGS, r, S);
         continue;
       }
       if (post) {
-        const int64_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
-        const int64_t cc = rs_commit_col(commit_computed, commit_cols, n, r, block_size);
+        const int64_t n = p.num_sampled != nullptr ? p.num_sampled[r] : p.sampled_fill;
+        const int64_t cc = rs_commit_col(commit_computed, p.commit_cols, n, r, p.block_size);
         const int64_t a = cc >= 0 ? 1 : (n > 1 ? n : 1);
-        const int64_t col = cc >= 0 ? cc : state_idx[s];
-        if (num_computed == nullptr) {  // no aligned save (a pipeline-parallel rank not the last)
-          if (cc >= 0) state_idx[s] = (int32_t)cc;
-          num_accepted[s] = (int32_t)a;
+        const int64_t col = cc >= 0 ? cc : p.state_idx[s];
+        if (p.num_computed == nullptr) {  // no aligned save (a pipeline-parallel rank not the last)
+          if (cc >= 0) p.state_idx[s] = (int32_t)cc;
+          p.num_accepted[s] = (int32_t)a;
           continue;
         }
-        if (col >= bt_cols) continue;  // reported by the copy CTAs; nothing written
+        if (col >= p.bt_cols) continue;  // reported by the copy CTAs; nothing written
         RsSlotRow row;
-        if (!rs_slot_row(true, idx_mapping, num_computed, query_start_loc, num_sampled, sampled_fill, commit_computed,
-                         commit_cols, state_idx, num_accepted, scratch, ctl, r, S, block_size, &row) ||
-            rs_slot_row_check(true, tables, num_tables, bt_cols, row, block_size, max_accepted, num_blocks, flags) != 0)
-          continue;  // reported by the copy CTAs; nothing written
-        if (cc >= 0) state_idx[s] = (int32_t)cc;  // the committed state is the running one
-        const TableRef t = tables[0];
+        if (!rs_slot_row(true, p.idx_mapping, p.num_computed, p.query_start_loc, p.num_sampled, p.sampled_fill,
+                         commit_computed, p.commit_cols, p.state_idx, p.num_accepted, p.scratch, p.ctl, r, S,
+                         p.block_size, &row) ||
+            rs_slot_row_check(p, true, row) != 0)
+          continue;  // a save some group refuses: reported by the copy CTAs; nothing written
+        if (cc >= 0) p.state_idx[s] = (int32_t)cc;  // the committed state is the running one
+        const TableRef t = p.tables[0];
         const int32_t* bt_row = (const int32_t*)t.addr + s * t.row_stride;
-        num_accepted[s] =
-            rs_next_accepted(bt_row, bt_cols, col, (int64_t)num_computed[s] - a + 1, a, max_accepted, block_size, flags);
+        p.num_accepted[s] = rs_next_accepted(bt_row, p.bt_cols, col, (int64_t)p.num_computed[s] - a + 1, a,
+                                             p.max_accepted, p.block_size, p.flags);
         continue;
       }
-      const int64_t next = rs_pre_new_col(idx_mapping, num_computed, query_start_loc, r, S, block_size, &slot);
-      const int32_t old = state_idx[s], a = num_accepted[s];
+      const int64_t next = rs_pre_new_col(p.idx_mapping, p.num_computed, p.query_start_loc, r, S, p.block_size, &slot);
+      const int32_t old = p.state_idx[s], a = p.num_accepted[s];
       if (next == -2 || old == next) continue;
-      if (next >= bt_cols || old >= bt_cols) {  // the copy CTAs skip it too; nothing written
-        rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_COLUMN, r, S);
+      if (next >= p.bt_cols || old >= p.bt_cols) {  // the copy CTAs skip it too; nothing written
+        rs_report_error(rs_slot_word(p.err, p.ctl, post), RS_ERR_COLUMN, r, S);
         continue;
       }
-      // A move any group refuses (a bad block or count): the column stays (reported by the copy CTAs).
+      // A move some group refuses (a bad block or count): the column and count stay (the copy
+      // CTAs report it and write nothing).
       const RsSlotRow row{(int32_t)s, false, old >= 0 ? old : -1, (int32_t)next, a > 1 ? a : 1};
-      if (rs_slot_row_check(false, tables, num_tables, bt_cols, row, block_size, max_accepted, num_blocks, flags) != 0)
-        continue;
-      scratch[s] = old;
-      scratch[S + s] = a;
-      scratch[2 * S + s] = ctl[0];
+      if (rs_slot_row_check(p, false, row) != 0) continue;
+      p.scratch[s] = old;
+      p.scratch[S + s] = a;
+      p.scratch[2 * S + s] = p.ctl[0];
       __threadfence();
-      ((volatile int32_t*)state_idx)[s] = (int32_t)next;
+      ((volatile int32_t*)p.state_idx)[s] = (int32_t)next;
       __threadfence();
-      if (old >= 0) ((volatile int32_t*)num_accepted)[s] = 1;
+      if (old >= 0) ((volatile int32_t*)p.num_accepted)[s] = 1;
     }
   }
-  for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {
-    if (idx_mapping[r] >= 0 && rs_slot_shared(idx_mapping, num_rows, r, idx_mapping[r])) continue;  // refused
-    for (uint32_t mi = blockIdx.z; mi < num_meta; mi += gridDim.z) {
+  for (int64_t r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
+    const int64_t s = p.idx_mapping[r];
+    if (s >= 0 && rs_slot_shared(p.idx_mapping, p.num_rows, r, s)) continue;  // refused (reported above)
+    for (uint32_t mi = blockIdx.z; mi < p.num_meta; mi += gridDim.z) {
       // Read again for every state (a few cached loads) rather than kept live across the copy.
       RsSlotRow row;
-      if (!rs_slot_row(post, idx_mapping, num_computed, query_start_loc, num_sampled, sampled_fill, commit_computed,
-                       commit_cols, state_idx, num_accepted, scratch, ctl, r, S, block_size, &row))
+      if (!rs_slot_row(post, p.idx_mapping, p.num_computed, p.query_start_loc, p.num_sampled, p.sampled_fill,
+                       commit_computed, p.commit_cols, p.state_idx, p.num_accepted, p.scratch, p.ctl, r, S,
+                       p.block_size, &row))
         break;
-      const StateMeta m = metas[mi];
+      const StateMeta m = p.metas[mi];
       const bool reporter = chunk == 0;
-      if (m.group >= num_tables) {
-        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), RS_ERR_META, r, S);
+      if (m.group >= p.num_tables) {
+        if (reporter) rs_report_error(rs_slot_word(p.err, p.ctl, post), RS_ERR_META, r, S);
         continue;
       }
-      // Every group's decision first: a row refused by one group is written by none.
-      const uint32_t code =
-          rs_slot_row_check(post, tables, num_tables, bt_cols, row, block_size, max_accepted, num_blocks, flags);
+      // Every group's decision first: a row one group refuses is written by none.
+      const uint32_t code = rs_slot_row_check(p, post, row);
       if (code != 0) {
-        if (reporter) rs_report_error(rs_slot_word(err, ctl, post), code, r, S);
+        if (reporter) rs_report_error(rs_slot_word(p.err, p.ctl, post), code, r, S);
         continue;
       }
-      const TableRef t = tables[m.group];
+      const TableRef t = p.tables[m.group];
       const int32_t* bt_row = (const int32_t*)t.addr + (int64_t)row.slot * t.row_stride;
       RsRequest q;
       if (post) {
-        rs_decide_aligned(bt_row, bt_cols, row.src, row.x, row.a, block_size, max_accepted, num_blocks, flags, &q);
+        rs_decide_aligned(bt_row, p.bt_cols, row.src, row.x, row.a, p.block_size, p.max_accepted, p.num_blocks, p.flags,
+                          &q);
       } else {
-        rs_decide(bt_row, bt_cols, row.src, row.x, row.a, max_accepted, num_blocks, flags | RS_FLAG_PRE_COPY, &q);
+        rs_decide(bt_row, p.bt_cols, row.src, row.x, row.a, p.max_accepted, p.num_blocks, p.flags | RS_FLAG_PRE_COPY, &q);
       }
-      const uint32_t c = rs_copy_state_chunk(m, bt_row, bt_cols, num_blocks, q, chunk, nchunks, tid, nthreads);
-      if (c != 0 && reporter) rs_report_error(rs_slot_word(err, ctl, post), c, r, S);
+      const uint32_t c = rs_copy_state_chunk(m, bt_row, p.bt_cols, p.num_blocks, q, chunk, nchunks, tid, nthreads);
+      if (c != 0 && reporter) rs_report_error(rs_slot_word(p.err, p.ctl, post), c, r, S);
     }
   }
 }
