@@ -19,8 +19,9 @@ reads ``idx_mapping`` and the runner's counts itself and takes vLLM's bookkeepin
 state advance and count reset, the post-process's count scatter) along with the copies (the
 pre-copy with ``"pre_copy"`` semantics, the post-process decided on the device). The core checks
 every input on the host (``_core.VllmSlotStep``); the kernel checks every (request, group) it
-copies and reports into the step's error word (:meth:`ModelStateV2.last_error`), a bad slot or
-column skipped with nothing written for it. Everything runs on the current torch stream, in order
+copies and reports into the step's error word (:meth:`ModelStateV2.last_error`): a refused row
+(a bad slot, a slot two rows name, a decreasing ``query_start_loc``, a bad column or block) is
+reported and nothing is written for it -- no state of any group, no column, no count. Everything runs on the current torch stream, in order
 with the runner's own work. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered out
 under pipeline parallelism) is skipped by both halves. With RecoverSSM (:class:`RecoverSSMCommit`),
 the post-process also commits the spec-decode rows into the package's
@@ -51,8 +52,6 @@ from ..planner import Planner
 __all__ = ["ModelStateV2", "RecoverSSMCommit"]
 
 log = logging.getLogger("recoverssm_rs")
-
-_AS_GIVEN = ops.CudaOps.launch_arg  # the hook's own identity (the tables then pass as given)
 
 
 @dataclasses.dataclass
@@ -246,7 +245,12 @@ class ModelStateV2(EngineAdapter):
 
         Per row with slot ``s``: the pre-copy moves ``state_idx[s] -> ceil((num_computed[s] +
         query_len) / block_size) - 1`` with offset ``num_accepted[s] - 1`` when the column changes
-        and was ``>= 0``, and then the count resets to 1. The rows must name distinct slots.
+        and was ``>= 0``, and then the count resets to 1.
+
+        A row with a slot below ``-1`` or ``>= max_num_reqs``, a slot another row names too (only
+        ``-1`` may repeat), a decreasing ``query_start_loc``, a column outside the table or a block
+        any group refuses is refused on the device: reported in :meth:`last_error`, and nothing is
+        written for it (no state, column or count); the other rows run.
         """
         step = self._core_step()
         if self._last == "pre":  # a pre-copy without a post-process since the last: a new stamp
@@ -407,9 +411,7 @@ def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, *, block_size: int
 def _tables(block_tables: Any) -> Any:
     """The caller's per-group tables as the core reads them (each through
     :meth:`CudaOps.launch_arg <recoverssm_rs.cuda.ops.CudaOps.launch_arg>`)."""
-    arg = ops.cuda_ops.launch_arg
-    if arg is _AS_GIVEN:
-        return block_tables
+    arg = ops.cuda_ops.launch_arg  # read at each call (a hook replaced after this module's import)
     if isinstance(block_tables, Mapping):
         return {g: arg(t) for g, t in block_tables.items()}
     return [arg(t) for t in block_tables]
