@@ -408,7 +408,10 @@ def _v2_device(monkeypatch):
 
     device_fakes.install(monkeypatch)
     device_fakes.install(monkeypatch, ops=False, emulate=True)
-    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(FakeCuda))
+    # a tensor is seen as a CUDA one; any other object reaches the package as given
+    monkeypatch.setattr(
+        CudaOps, "launch_arg", staticmethod(lambda t: FakeCuda(t) if isinstance(t, torch.Tensor) else t)
+    )
 
 
 def _v2_call(call: Callable[..., Any], target: _V2Target, kwargs: dict[str, Any]) -> Any:

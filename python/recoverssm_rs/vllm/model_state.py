@@ -46,7 +46,8 @@ from .. import _core
 from .._core import ErrorWord
 from ..cuda import module, ops
 from ..engine import EngineAdapter
-from ..errors import PlanError
+from ..errors import BackendUnavailableError, BindingError, PlanError
+from ..placement import parse_device
 from ..planner import Planner
 
 __all__ = ["ModelStateV2", "RecoverSSMCommit"]
@@ -102,17 +103,22 @@ class ModelStateV2(EngineAdapter):
     def __init__(self, planner: Planner, group_ids: Sequence[int], max_num_reqs: int, *, device: Any = None) -> None:
         import torch
 
+        if not isinstance(planner, Planner):
+            raise BindingError(f"planner must be a Planner, got {type(planner).__name__}")
         if planner.block_size is None:
             raise PlanError("ModelStateV2 needs the planner's block_size (Planner(..., block_size=...))")
         super().__init__(planner)
         self.group_ids = _core.VllmSlotStep.check_group_ids(group_ids, planner.num_groups)
         self.max_num_reqs = m = _core.VllmSlots.check_capacity(max_num_reqs)
         self.block_size = int(planner.block_size)
-        self.device = torch.device(device if device is not None else planner.device)
+        self.device = torch.device(parse_device(device if device is not None else planner.device).name)
         dev = self.device
 
         def vec(fill: int, n: int, dtype: Any = torch.int32) -> Any:
-            return torch.full((n,), fill, dtype=dtype, device=dev)
+            try:
+                return torch.full((n,), fill, dtype=dtype, device=dev)
+            except RuntimeError as e:  # no usable device (torch's error, named here)
+                raise BackendUnavailableError(f"ModelStateV2: cannot allocate its slot buffers on {dev}: {e}") from None
 
         self._state = vec(-1, m)
         self._acc = vec(1, m)
@@ -414,4 +420,6 @@ def _tables(block_tables: Any) -> Any:
     arg = ops.cuda_ops.launch_arg  # read at each call (a hook replaced after this module's import)
     if isinstance(block_tables, Mapping):
         return {g: arg(t) for g, t in block_tables.items()}
-    return [arg(t) for t in block_tables]
+    if isinstance(block_tables, (list, tuple)):
+        return [arg(t) for t in block_tables]
+    return block_tables  # the core names what it cannot index
