@@ -101,24 +101,31 @@ fn vector(a: &TensorDesc, what: &str, device: &Device, dtype: IntType, min_len: 
     Ok(if v.len == 0 { 0 } else { v.ptr })
 }
 
-/// The order of an adapter's half-steps: every post-process follows a pre-copy of its own step
-/// (a pre-copy may repeat: a step whose post-process the engine skipped). A second post-process for
-/// one step would save the windows again from already-advanced columns, so it is refused.
+/// The order of an adapter's half-steps: a step begins with its pre-copy (which may repeat: a
+/// step whose post-process the engine skipped) and takes one post-process. Once a pre-copy has run,
+/// a second post-process without a pre-copy between would save the windows again from
+/// already-advanced columns, so it is refused. Before the first pre-copy there is no step to
+/// repeat: post-processes alone are taken.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HalfOrder {
+pub enum HalfOrder {
+    /// No pre-copy has run yet.
+    #[default]
+    Fresh,
     /// A pre-copy ran since the last post-process.
-    pre_pending: bool,
+    PrePending,
+    /// A post-process ran since the last pre-copy.
+    Posted,
 }
 
 impl HalfOrder {
     /// Records a pre-copy that ran.
     pub fn pre_ran(&mut self) {
-        self.pre_pending = true;
+        *self = HalfOrder::PrePending;
     }
 
     /// Checks that a post-process may run now (nothing changes).
     pub fn check_post(&self) -> Result<()> {
-        if !self.pre_pending {
+        if *self == HalfOrder::Posted {
             return Err(Error::plan(
                 "postprocess_state: no preprocess_state since the last post-process (a repeated post-process for one step is refused; nothing was written)",
             ));
@@ -128,7 +135,9 @@ impl HalfOrder {
 
     /// Records a post-process that ran.
     pub fn post_ran(&mut self) {
-        self.pre_pending = false;
+        if *self == HalfOrder::PrePending {
+            *self = HalfOrder::Posted;
+        }
     }
 }
 
@@ -480,12 +489,15 @@ mod tests {
     #[test]
     fn a_post_process_needs_a_pre_copy_of_its_own() {
         let mut o = HalfOrder::default();
-        assert!(o.check_post().unwrap_err().message.contains("no preprocess_state since the last post-process"));
+        // before any step, post-processes alone are taken
+        assert_eq!(o.check_post(), Ok(()));
+        o.post_ran();
+        assert_eq!(o.check_post(), Ok(()));
         o.pre_ran();
         o.pre_ran(); // a pre-copy may repeat
         assert_eq!(o.check_post(), Ok(()));
         o.post_ran();
-        assert!(o.check_post().unwrap_err().message.contains("repeated post-process"));
+        assert!(o.check_post().unwrap_err().message.contains("no preprocess_state since the last post-process"));
         o.pre_ran();
         assert_eq!(o.check_post(), Ok(()));
     }

@@ -338,7 +338,10 @@ class _V2Target:
         self.table[1, :4] = torch.tensor([1, 2, 3, 4], dtype=I32)
         self.ms.add_request(1, 4)
         self.ms.preprocess_state(
-            torch.tensor([1], dtype=I32), torch.tensor([0, 4, 0, 0], dtype=I32), torch.tensor([0, 1], dtype=I32), [self.table]
+            torch.tensor([1], dtype=I32),
+            torch.tensor([0, 4, 0, 0], dtype=I32),
+            torch.tensor([0, 1], dtype=I32),
+            [self.table],
         )
 
     def tensors(self) -> list[Any]:
@@ -368,7 +371,9 @@ def _v2_from_runner_args() -> dict[str, Any]:
     cfg = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=["l0"])])
     ctx = {"l0": types.SimpleNamespace(kv_cache=[FakeCuda(torch.zeros(16, 5, 3)), FakeCuda(torch.zeros(16, 2, 2))])}
     funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
-    return dict(kv_cache_config=cfg, forward_context=ctx, copy_funcs=funcs, max_num_reqs=4, conv_layout=None, device="cpu")
+    return dict(
+        kv_cache_config=cfg, forward_context=ctx, copy_funcs=funcs, max_num_reqs=4, conv_layout=None, device="cpu"
+    )
 
 
 def _v2_entries() -> list[tuple[str, Callable[..., Any], dict[str, Any]]]:
@@ -384,7 +389,12 @@ def _v2_entries() -> list[tuple[str, Callable[..., Any], dict[str, Any]]]:
         (
             "ModelStateV2.preprocess_state",
             lambda t, **k: t.ms.preprocess_state(**k),
-            dict(idx_mapping=i32(1), num_computed_tokens=i32(0, 5, 0, 0), query_start_loc=i32(0, 3), block_tables=_OWN_TABLES),
+            dict(
+                idx_mapping=i32(1),
+                num_computed_tokens=i32(0, 5, 0, 0),
+                query_start_loc=i32(0, 3),
+                block_tables=_OWN_TABLES,
+            ),
         ),
         (
             "ModelStateV2.postprocess_state",
@@ -420,7 +430,13 @@ def _v2_call(call: Callable[..., Any], target: _V2Target, kwargs: dict[str, Any]
     return call(target, **kwargs)
 
 
-V2_NAMES = ["ModelStateV2", "ModelStateV2.from_runner", "ModelStateV2.add_request", "ModelStateV2.preprocess_state", "ModelStateV2.postprocess_state"]
+V2_NAMES = [
+    "ModelStateV2",
+    "ModelStateV2.from_runner",
+    "ModelStateV2.add_request",
+    "ModelStateV2.preprocess_state",
+    "ModelStateV2.postprocess_state",
+]
 
 
 def test_the_good_v2_calls_pass(_v2_device):

@@ -427,7 +427,7 @@ def run_trace(
                     rec.vllm_metadata(rec.step(rec.caches[0], slots, rows, computed, qlens), sim.bs),
                 )
                 stats.commits += not isinstance(counts, int)
-        if rng.random() < non_last_rank:  # a pipeline-parallel rank that is not the last
+        if non_last_rank and rng.random() < non_last_rank:  # a pipeline-parallel rank that is not the last
             vms.postprocess_state(post_idx, 0)
             ours.postprocess_state(on(post_idx), 0, None, tables_o)
             stats.non_last += 1

@@ -193,10 +193,12 @@ def test_a_second_post_process_for_one_step_is_refused(fake_ops, emulator, launc
     with pytest.raises(PlanError, match="no preprocess_state since the last post-process"):
         ms.postprocess_state(_v(1), _v(3), _v(0, 11, 4, 0), [table])
     assert _same(before, _snapshot(ms, states)) and len(emulator.calls) == launched
-    # a post-process before any pre-copy has no step of its own either
-    fresh, _, _ = _adapter()
+    # a pre-copy repeated (a step whose post-process was skipped) still opens one post-process
+    ms.preprocess_state(_v(1), _v(0, 11, 4, 0), _v(0, 0), [table])
+    ms.preprocess_state(_v(1), _v(0, 11, 4, 0), _v(0, 0), [table])
+    ms.postprocess_state(_v(1), _v(1), _v(0, 11, 4, 0), [table])
     with pytest.raises(PlanError, match="repeated post-process"):
-        fresh.postprocess_state(_v(1), _v(1), _v(0, 4, 4, 0), [table])
+        ms.postprocess_state(_v(1), _v(1), _v(0, 11, 4, 0), [table])
     # the next step runs as usual
     ms.preprocess_state(_v(1), _v(0, 11, 4, 0), _v(0, 1), [table])
     ms.postprocess_state(_v(1), _v(1), _v(0, 12, 4, 0), [table])

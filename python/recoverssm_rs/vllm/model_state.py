@@ -308,8 +308,9 @@ class ModelStateV2(EngineAdapter):
 
         Raises:
             PlanError: a bad input (nothing is written), ``recoverssm=True`` with no commit
-                staged since the last post-process, or a second post-process for one step (no
-                :meth:`preprocess_state` since the last one: the windows are not shifted again).
+                staged since the last post-process, or a second post-process for one step (once a
+                pre-copy has run, no :meth:`preprocess_state` since the last post-process: the
+                windows are not saved again).
         """
         step = self._core_step()
         tables = _tables(block_tables)
