@@ -123,6 +123,10 @@ impl StateSpec {
     }
 }
 
+/// The most draft tokens per step a layout takes (`num_spec`): far above any engine's speculative
+/// window, low enough that the windows a layout sizes stay small.
+pub const MAX_NUM_SPEC: u32 = 256;
+
 /// A backend's validated per-layer state layout.
 #[derive(Clone, Debug)]
 pub struct Layout {
@@ -157,6 +161,9 @@ impl Layout {
         }
         if states.is_empty() {
             return Err(Error::layout(format!("{backend}: the layout declares no states; declare at least one persistent state")));
+        }
+        if num_spec > MAX_NUM_SPEC {
+            return Err(Error::layout(format!("{backend}: num_spec = {num_spec} must be <= {MAX_NUM_SPEC} (draft tokens per step)")));
         }
         let mut seen: HashSet<&str> = HashSet::new();
         let mut persistent_bytes = 0u64;
@@ -363,6 +370,15 @@ mod tests {
         s[0].shape = vec![8192, 10, 2];
         let m = err(s, 7);
         assert!(m.contains("state 0 ('conv')") && m.contains("2-D"), "{m}");
+    }
+
+    #[test]
+    fn num_spec_is_bounded() {
+        let wide = |n: u32| vec![StateSpec::persistent("conv", &[64, u64::from(n) + 3], BFloat16, CopyKind::Conv(ConvLayout::DS))];
+        assert!(Layout::new("GDN_ATTN", wide(MAX_NUM_SPEC), MAX_NUM_SPEC).is_ok());
+        let m = err(wide(MAX_NUM_SPEC + 1), MAX_NUM_SPEC + 1);
+        assert!(m.contains("num_spec = 257") && m.contains("<= 256"), "{m}");
+        assert!(err(wide(1), u32::MAX).contains("num_spec = 4294967295"));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod named;
 
 pub mod binding;
+pub mod checkpoint;
 pub mod commit;
 pub mod copy_funcs;
 pub mod dtype;

@@ -2,6 +2,7 @@
 requirements): run by setup.sh with the Python of .venv, imported by tests/test_packaging.py.
 
     python scripts/requirements.py unmet KIND...     # unmet requirements, one a line
+    python scripts/requirements.py installed NAME    # NAME's version and where it is installed
     python scripts/requirements.py torch-cuda        # torch.version.cuda (None: CPU-only)
     python scripts/requirements.py test-extra CUDA   # the test extra for torch.version.cuda
     python scripts/requirements.py foreign-cupy EXTRA
@@ -83,6 +84,18 @@ def unmet(*kinds: str) -> list[str]:
     return missing
 
 
+def installed(name: str) -> str:
+    """``NAME VERSION in FOLDER`` for an installed distribution (torch: with the CUDA it was built
+    for), read from its metadata without importing it."""
+    dist = md.distribution(name)
+    where = Path(str(dist.locate_file(""))).resolve()
+    built = ""
+    if normalize(name) == "torch":
+        cuda = torch_cuda()
+        built = f" (CUDA {cuda})" if cuda else " (CPU-only)"
+    return f"{dist.metadata['Name']} {dist.version}{built} in {where}"
+
+
 def torch_cuda() -> str | None:
     """``torch.version.cuda`` of the installed torch, read from its ``torch/version.py`` without
     importing torch (seconds)."""
@@ -121,6 +134,8 @@ def main(argv: list[str]) -> int:
     cmd, args = argv[0], argv[1:]
     if cmd == "unmet":
         lines = unmet(*args)
+    elif cmd == "installed":
+        lines = [installed(args[0])]
     elif cmd == "torch-cuda":
         lines = [str(torch_cuda())]
     elif cmd == "test-extra":

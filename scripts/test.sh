@@ -3,10 +3,13 @@
 # then clippy, rustfmt, ruff and stubtest, the Rust tests, a build of the Rust benchmarks (dev
 # profile), a strict type check of the package (mypy, [tool.mypy] of pyproject.toml), and the
 # Python tests (which include the kernel checks that need no GPU; tests marked `gpu` skip without
-# one). Each stage prints its command and its seconds; a table of all stages closes the run (also
-# after a failure, which stops the run).
+# one), spread over worker processes (pytest-xdist), with the slowest tests listed at their end.
+# Each stage prints its command and its seconds; a table of all stages closes the run (also after a
+# failure, which stops the run).
 #
 #   bash scripts/test.sh [PYTEST_ARGS...]    # arguments go to pytest
+#   RECOVERSSM_TEST_WORKERS=N                # pytest workers (default: one a core, at most one per
+#                                            # 2 GiB of available memory; 1: one process, no xdist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,5 +60,14 @@ stage cargo-test cargo test --quiet
 stage cargo-bench cargo build --benches
 stage mypy .venv/bin/python -m mypy
 # The kernel compile checks must run here, not skip: RECOVERSSM_REQUIRE_NVRTC=1 fails if NVRTC is missing.
-stage pytest env RECOVERSSM_REQUIRE_NVRTC=1 .venv/bin/python -m pytest -q tests "${pytest_args[@]}"
+# The test files are independent: pytest-xdist runs them in RECOVERSSM_TEST_WORKERS processes (work
+# stealing evens out the long oracle traces), each with one torch thread so that the workers do
+# not fight over the cores. The oracles' wheels download once whatever the number of workers
+# (tests/support/vllm_oracle.py takes a file lock around the download).
+workers=${RECOVERSSM_TEST_WORKERS:-$(awk -v cores="$(nproc)" '/^MemAvailable:/ {
+  w = int($2 / (2 * 1024 * 1024)); if (w > cores) w = cores; if (w < 1) w = 1; print w }' /proc/meminfo)}
+parallel=()
+((workers > 1)) && parallel=(-n "$workers" --dist worksteal)
+stage pytest env RECOVERSSM_REQUIRE_NVRTC=1 OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q "${parallel[@]}" \
+  --durations=15 --durations-min=1 tests "${pytest_args[@]}"
 table

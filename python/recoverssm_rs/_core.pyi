@@ -1,13 +1,19 @@
 """Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Literal, final
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar, final
+
+_T = TypeVar("_T")
 
 __version__: str
 __all__ = [
     "BackendUnavailableError",
     "BindingError",
     "BoundTensors",
+    "CheckpointCache",
+    "CheckpointPlan",
     "CommitLaunch",
     "CommitPlanner",
     "CopyPlan",
@@ -33,9 +39,20 @@ __all__ = [
     "align_post_process",
     "align_pre_copy",
     "check_cache_sizes",
+    "check_checkpoint_trace",
     "check_vllm_step",
     "check_commit_counts",
+    "block_list",
+    "check_pool",
     "check_saved_states",
+    "encode_saved_states",
+    "guarded_transfer",
+    "guarded_write",
+    "read_saved_file",
+    "remove_file",
+    "restore_sources",
+    "source_pools",
+    "write_file",
     "check_sources",
     "check_device_tables",
     "check_index",
@@ -53,12 +70,11 @@ __all__ = [
     "plan_transfer",
     "sglang_check_host_copy",
     "sglang_commit_selection",
-    "saved_states_checksums",
-    "saved_states_header",
     "sglang_slot_launch",
     "sglang_slot_table",
     "recover_geometry",
     "short_conv_layout",
+    "simulate_checkpoints",
     "state_chunks",
     "vllm_check_prev_rows",
     "vllm_device_post_process",
@@ -486,7 +502,9 @@ class VllmSlotStep:
 class LayoutFingerprint:
     """One rank's pool as a transfer sees it; exchanged at handshake (``encode`` / ``decode``)."""
 
-    def __new__(cls, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> LayoutFingerprint: ...
+    def __new__(
+        cls, layout: Layout, *, tp_rank: int | None = None, block_size: int | None = None
+    ) -> LayoutFingerprint: ...
     @staticmethod
     def decode(text: str) -> LayoutFingerprint: ...
     def encode(self) -> str: ...
@@ -556,19 +574,42 @@ def sglang_slot_launch(**kwargs: Any) -> KernelLaunch | None:
 def sglang_check_host_copy(**kwargs: Any) -> None:
     """``PlanError`` unless a host copy has the pool tensor's dtype and shape."""
 
-def saved_states_header(
+def encode_saved_states(
     fingerprint: LayoutFingerprint,
     num_layers: int,
     num_requests: int,
     source_blocks: Sequence[int],
-    checksums: Sequence[int],
+    data: Any,
+    *,
+    tier: HostCacheIndex | None = None,
+    entry: int | None = None,
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str, list[int], int, int]]]: ...
-def saved_states_checksums(
-    fingerprint: LayoutFingerprint, num_layers: int, num_requests: int, data: Any
-) -> list[int]: ...
 def check_saved_states(
-    metadata: dict[str, str], tensors: Sequence[tuple[str, str, Sequence[int], int, int]], data: Any
+    metadata: dict[str, str],
+    tensors: Sequence[tuple[str, str, Sequence[int], int, int]],
+    data: Any,
+    *,
+    tier: HostCacheIndex | None = None,
+    entry: int | None = None,
+    key: str = ...,
 ) -> tuple[LayoutFingerprint, int, int, list[int]]: ...
+def write_file(path: str | os.PathLike[str], parts: Sequence[Any]) -> int: ...
+def remove_file(path: str | os.PathLike[str]) -> None: ...
+def read_saved_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes]: ...
+def guarded_write(
+    run: Callable[[], _T], *, reads: Sequence[BoundTensors] | None = None, writes: Sequence[BoundTensors] | None = None
+) -> _T: ...
+def guarded_transfer(
+    plan: TransferPlan,
+    sources: Mapping[int, BoundTensors],
+    tp_size: int,
+    destination: BoundTensors,
+    run: Callable[[], _T],
+) -> _T: ...
+def check_pool(pool: Any, what: str = "pool") -> LayoutFingerprint: ...
+def source_pools(sources: Any) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]: ...
+def restore_sources(states: Any, num_blocks: int) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]: ...
+def block_list(blocks: Any, what: str = "blocks") -> list[int]: ...
 def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint: ...
 
 @final
@@ -599,11 +640,20 @@ class HostCacheIndex:
     """The rules of a host offload tier: bytes per request, capacity, LRU eviction, spill."""
 
     def __new__(
-        cls, fingerprint: LayoutFingerprint, num_layers: int, capacity_bytes: int, *, spill: bool = False
+        cls,
+        fingerprint: LayoutFingerprint,
+        num_layers: int,
+        capacity_bytes: int,
+        *,
+        disk_dir: str | os.PathLike[str] | None = None,
     ) -> HostCacheIndex: ...
     def counters(self) -> CacheCounters: ...
+    def check_key(self, key: object) -> None: ...
     def need(self, num_requests: int) -> int: ...
+    def plan_put(self, id: int, num_requests: int) -> list[tuple[int, bool]]: ...
     def put(self, id: int, num_requests: int) -> list[tuple[int, bool]]: ...
+    def check_prefetched(self, id: int | None, handle_entry: int | None, key: str) -> None: ...
+    def spill_path(self, id: int) -> Path: ...
     def lookup(self, id: int) -> Literal["memory", "disk"] | None: ...
     def touch(self, id: int) -> bool: ...
     def location(self, id: int) -> Literal["memory", "disk"] | None: ...
@@ -635,3 +685,47 @@ class PeerInfo:
     def geometry(self) -> tuple[int, int, list[int]]: ...
     @property
     def addresses(self) -> list[int]: ...
+
+# Checkpoint placement and eviction (rust/python/checkpoint.rs)
+
+@final
+class CheckpointPlan:
+    @property
+    def hit_position(self) -> int: ...
+    @property
+    def hit_handle(self) -> int | None: ...
+    @property
+    def saves(self) -> list[int]: ...
+
+@final
+class CheckpointCache:
+    def __new__(
+        cls,
+        policy: str,
+        *,
+        block_size: int | None = None,
+        granularity: int | None = None,
+        budget: int | None = None,
+        budget_bytes: int | None = None,
+        state_bytes: int | None = None,
+    ) -> CheckpointCache: ...
+    def plan(self, prompt: Sequence[int]) -> CheckpointPlan: ...
+    def finish(
+        self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
+    ) -> tuple[list[tuple[int, int]], list[int]]: ...
+    def position(self, handle: int) -> int | None: ...
+    @property
+    def peak(self) -> int: ...
+    def __len__(self) -> int: ...
+
+def check_checkpoint_trace(requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]) -> int: ...
+def simulate_checkpoints(
+    requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]],
+    policy: str,
+    *,
+    block_size: int | None = None,
+    granularity: int | None = None,
+    budget: int | None = None,
+    budget_bytes: int | None = None,
+    state_bytes: int | None = None,
+) -> dict[str, Any]: ...

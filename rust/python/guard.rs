@@ -159,6 +159,13 @@ pub struct BoundTensors {
     guard: Guard,
 }
 
+impl BoundTensors {
+    /// The guard, for the bindings' own guarded calls (a transfer's check-copy-record).
+    pub(crate) fn guard(&self) -> &Guard {
+        &self.guard
+    }
+}
+
 #[pymethods]
 impl BoundTensors {
     /// `tensors`: `(tensor, label)` pairs; the label names the tensor in errors.

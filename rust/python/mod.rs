@@ -8,6 +8,7 @@
 //! ([`layout`]), transfers ([`transfer`]) and SGLang's mamba pool ([`sglang`]).
 
 mod buffer;
+mod checkpoint;
 mod commit;
 pub(crate) mod conversion;
 mod errors;
@@ -20,12 +21,15 @@ mod sglang;
 mod slot_step;
 mod tensor;
 mod transfer;
+mod transfer_disk;
 mod vllm;
 
 #[pyo3::pymodule]
 mod _core {
     #[pymodule_export]
     use super::buffer::RawBuffer;
+    #[pymodule_export]
+    use super::checkpoint::{check_checkpoint_trace, simulate_checkpoints, CheckpointCache, CheckpointPlan};
     #[pymodule_export]
     use super::commit::{check_cache_sizes_py, check_commit_counts, check_index_py, commit_grid, commit_meta_table, CommitPlanner, PyCommitLaunch};
     #[pymodule_export]
@@ -47,9 +51,11 @@ mod _core {
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]
     use super::transfer::{
-        check_saved_states, check_sources, plan_transfer, saved_states_checksums, saved_states_header, CacheCounters, HostCacheIndex,
-        LayoutFingerprint, PeerInfo, TransferPlan,
+        block_list, check_pool, check_sources, guarded_transfer, guarded_write, plan_transfer, restore_sources, source_pools, LayoutFingerprint,
+        PeerInfo, TransferPlan,
     };
+    #[pymodule_export]
+    use super::transfer_disk::{check_saved_states, encode_saved_states, read_saved_file, remove_file, write_file, CacheCounters, HostCacheIndex};
 
     use pyo3::prelude::*;
 

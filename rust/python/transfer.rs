@@ -1,12 +1,13 @@
 //! Bindings for the transfer core: layout fingerprints, handshake messages, the compatibility
-//! and source-rank checks, and transfer plans (returned as packed little-endian u64 rows for
-//! numpy).
+//! and source-rank checks, transfer plans (returned as packed little-endian u64 rows for
+//! numpy), the transfer tiers' arguments (pools, sources, block lists) and their one guarded
+//! call (check the bound tensors, copy, record the write). The disk side is `transfer_disk.rs`.
 
-use super::conversion::{Arg, Table};
+use super::conversion::{instance, items, type_name, Arg, Ints, Table};
+use super::guard::BoundTensors;
 use super::layout::Layout;
 use crate::error::{Error, ErrorKind};
-use crate::transfer::{self, saved, Fingerprint, PoolGeometry, StateKind};
-use pyo3::buffer::PyBuffer;
+use crate::transfer::{self, Fingerprint, PoolGeometry, StateKind};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -16,7 +17,7 @@ use pyo3::types::PyBytes;
 #[pyclass(module = "recoverssm_rs", frozen, eq, skip_from_py_object)]
 #[derive(Clone, PartialEq)]
 pub struct LayoutFingerprint {
-    inner: Fingerprint,
+    pub(super) inner: Fingerprint,
     #[pyo3(get)]
     family: String,
     #[pyo3(get)]
@@ -52,9 +53,12 @@ impl From<Fingerprint> for LayoutFingerprint {
 #[pymethods]
 impl LayoutFingerprint {
     #[new]
-    #[pyo3(signature = (layout, *, tp_rank = 0, block_size = 0))]
-    fn new(layout: PyRef<'_, Layout>, tp_rank: u64, block_size: u64) -> PyResult<Self> {
-        Ok(Fingerprint::new(layout.core(), tp_rank, block_size)?.into())
+    #[pyo3(signature = (layout, *, tp_rank = None, block_size = None))]
+    fn new(layout: &Bound<'_, PyAny>, tp_rank: Option<&Bound<'_, PyAny>>, block_size: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let layout = instance::<Layout>(layout, "layout", ErrorKind::Binding, "Layout")?;
+        let int = |v: Option<&Bound<'_, PyAny>>, name: &str| v.map_or(Ok(0), |v| u64::arg(v, name, ErrorKind::Binding));
+        let (tp_rank, block_size) = (int(tp_rank, "tp_rank")?, int(block_size, "block_size")?);
+        Ok(Fingerprint::new(layout.get().core(), tp_rank, block_size)?.into())
     }
     /// Parses the text form of `encode` (LayoutError for any defect, sizes checked for overflow).
     #[staticmethod]
@@ -194,6 +198,23 @@ fn geometry((num_layers, num_blocks, block_strides): GeometryTuple) -> PoolGeome
     PoolGeometry { num_layers, num_blocks, block_strides }
 }
 
+/// A pool geometry argument `(num_layers, num_blocks, block_strides)` (BindingError naming `what`).
+fn geometry_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PoolGeometry> {
+    let parts = items(obj, what, ErrorKind::Binding, "three items, (num_layers, num_blocks, block_strides)")?;
+    let [layers, blocks, strides] = &parts[..] else {
+        return Err(Error::binding(format!("{what} must be (num_layers, num_blocks, block_strides), got {} items", parts.len())).into());
+    };
+    let block_strides = items(strides, &format!("{what}: block_strides"), ErrorKind::Binding, "byte strides")?
+        .iter()
+        .map(|x| u64::arg(x, &format!("{what}: a block stride"), ErrorKind::Binding))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PoolGeometry {
+        num_layers: u64::arg(layers, &format!("{what}: num_layers"), ErrorKind::Binding)?,
+        num_blocks: u64::arg(blocks, &format!("{what}: num_blocks"), ErrorKind::Binding)?,
+        block_strides,
+    })
+}
+
 /// The `(source block, destination block)` pairs of a batch: a `[n, 2]` table of host integers
 /// (a list of pairs, a numpy array); a negative or non-integer block is a PlanError naming the
 /// request.
@@ -219,16 +240,23 @@ fn block_pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
 #[pyfunction]
 pub(crate) fn plan_transfer(
     py: Python<'_>,
-    source: PyRef<'_, LayoutFingerprint>,
-    source_pools: Vec<GeometryTuple>,
-    destination: PyRef<'_, LayoutFingerprint>,
-    destination_pool: GeometryTuple,
+    source: &Bound<'_, PyAny>,
+    source_pools: &Bound<'_, PyAny>,
+    destination: &Bound<'_, PyAny>,
+    destination_pool: &Bound<'_, PyAny>,
     requests: &Bound<'_, PyAny>,
 ) -> PyResult<TransferPlan> {
+    let fp = |o: &Bound<'_, PyAny>, what: &str| -> PyResult<Fingerprint> {
+        Ok(instance::<LayoutFingerprint>(o, what, ErrorKind::Binding, "LayoutFingerprint")?.get().inner.clone())
+    };
+    let (s, d) = (fp(source, "source")?, fp(destination, "destination")?);
+    let sp = items(source_pools, "source_pools", ErrorKind::Binding, "(num_layers, num_blocks, block_strides) geometries")?
+        .iter()
+        .enumerate()
+        .map(|(i, g)| geometry_arg(g, &format!("source_pools[{i}]")))
+        .collect::<PyResult<Vec<_>>>()?;
+    let dp = geometry_arg(destination_pool, "destination_pool")?;
     let requests = block_pairs(requests)?;
-    let (s, d) = (source.inner.clone(), destination.inner.clone());
-    let sp: Vec<PoolGeometry> = source_pools.into_iter().map(geometry).collect();
-    let dp = geometry(destination_pool);
     let plan = py.detach(move || transfer::plan_transfer(&s, &sp, &d, &dp, &requests))?;
     Ok(plan.into())
 }
@@ -237,8 +265,19 @@ pub(crate) fn plan_transfer(
 /// fingerprint holds that rank (BindingError for swapped shards) and all are ranks of one
 /// instance (BindingError for an SD pool with a DS pool, or two TP sizes). Returns the first.
 #[pyfunction]
-pub(crate) fn check_sources(sources: Vec<(u64, PyRef<'_, LayoutFingerprint>)>) -> PyResult<LayoutFingerprint> {
-    let v: Vec<(u64, &Fingerprint)> = sources.iter().map(|(r, f)| (*r, &f.inner)).collect();
+pub(crate) fn check_sources(sources: &Bound<'_, PyAny>) -> PyResult<LayoutFingerprint> {
+    let mut given: Vec<(u64, Fingerprint)> = Vec::new();
+    for (i, pair) in items(sources, "sources", ErrorKind::Binding, "(rank, LayoutFingerprint) pairs")?.iter().enumerate() {
+        let what = format!("sources[{i}]");
+        let parts = items(pair, &what, ErrorKind::Binding, "(rank, LayoutFingerprint)")?;
+        let [rank, fp] = &parts[..] else {
+            return Err(Error::binding(format!("{what} must be a (rank, LayoutFingerprint) pair, got {} items", parts.len())).into());
+        };
+        let rank = u64::arg(rank, &format!("{what}: rank"), ErrorKind::Binding)?;
+        let fp = instance::<LayoutFingerprint>(fp, &format!("{what}: fingerprint"), ErrorKind::Binding, "LayoutFingerprint")?;
+        given.push((rank, fp.get().inner.clone()));
+    }
+    let v: Vec<(u64, &Fingerprint)> = given.iter().map(|(r, f)| (*r, f)).collect();
     Ok(transfer::check_sources(&v)?.into())
 }
 
@@ -308,169 +347,156 @@ impl PeerInfo {
     }
 }
 
-/// `(name, safetensors dtype, shape, begin, end)` of one tensor of a saved-states file.
-type SavedTensorTuple = (String, String, Vec<u64>, u64, u64);
-
-fn saved_header(fp: &LayoutFingerprint, num_layers: u64, num_requests: u64, source_blocks: Vec<u64>, checksums: Vec<u64>) -> saved::SavedHeader {
-    saved::SavedHeader { fingerprint: fp.inner.clone(), num_layers, num_requests, source_blocks, checksums }
+/// The bound tensors of `what`, checked to be a `BoundTensors` (a pool's guard).
+fn guards<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, BoundTensors>>> {
+    items(obj, what, ErrorKind::Binding, "BoundTensors")?
+        .iter()
+        .map(|g| instance::<BoundTensors>(g, what, ErrorKind::Binding, "BoundTensors"))
+        .collect()
 }
 
-/// A C-contiguous byte buffer's bytes, borrowed for `f` (run with the GIL released).
-fn with_bytes<T: Send>(py: Python<'_>, data: &PyBuffer<u8>, f: impl FnOnce(&[u8]) -> T + Send) -> PyResult<T> {
-    if !data.is_c_contiguous() {
-        return Err(Error::binding("data: the buffer must be C-contiguous bytes").into());
-    }
-    let (ptr, len) = (data.buf_ptr() as usize, data.len_bytes());
-    if len == 0 || ptr == 0 {
-        return Ok(f(&[]));
-    }
-    // SAFETY: `data` holds the exporter's buffer (its memory stays valid and exported) until it
-    // is dropped after this call; it is C-contiguous, so its `len_bytes()` bytes from the
-    // non-null `buf_ptr()` are the whole buffer; the slice is only read.
-    Ok(py.detach(move || f(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })))
-}
-
-/// The header of a saved-states file: its metadata (string pairs) and its tensors
-/// `(name, safetensors dtype, shape, begin, end)`, for `num_requests` requests saved from
-/// `source_blocks` of a pool of `fingerprint` with `num_layers` layers.
+/// A guarded write of a transfer tier, in one call: checks every guard of `reads` (the pools
+/// read) and `writes` (the pools written) -- BindingError naming the first tensor freed, resized
+/// or re-pointed, before anything runs --, runs `run()` (the copies), then bumps the version
+/// counters of what `writes` holds. Returns what `run` returns.
 #[pyfunction]
-pub(crate) fn saved_states_header(
-    fingerprint: PyRef<'_, LayoutFingerprint>,
-    num_layers: u64,
-    num_requests: u64,
-    source_blocks: Vec<u64>,
-    checksums: Vec<u64>,
-) -> PyResult<(saved::Metadata, Vec<SavedTensorTuple>)> {
-    let h = saved_header(&fingerprint, num_layers, num_requests, source_blocks, checksums);
-    let tensors = saved::header_tensors(&h)?.into_iter().map(|t| (t.name, t.dtype, t.shape, t.begin, t.end)).collect();
-    Ok((saved::header_metadata(&h), tensors))
-}
-
-/// Per request, the checksum of its bytes in the data section `data` of a saved-states file.
-#[pyfunction]
-pub(crate) fn saved_states_checksums(
+#[pyo3(signature = (run, *, reads = None, writes = None))]
+pub(crate) fn guarded_write(
     py: Python<'_>,
-    fingerprint: PyRef<'_, LayoutFingerprint>,
-    num_layers: u64,
-    num_requests: u64,
-    data: PyBuffer<u8>,
-) -> PyResult<Vec<u64>> {
-    let h = saved_header(&fingerprint, num_layers, num_requests, vec![], vec![]);
-    Ok(with_bytes(py, &data, |d| saved::request_checksums(&h, d))??)
-}
-
-/// Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
-/// and every request's bytes in `data` (the data section) against its checksum. Returns
-/// `(fingerprint, num_layers, num_requests, source_blocks)`; LayoutError names the defect.
-#[pyfunction]
-pub(crate) fn check_saved_states(
-    py: Python<'_>,
-    metadata: std::collections::HashMap<String, String>,
-    tensors: Vec<SavedTensorTuple>,
-    data: PyBuffer<u8>,
-) -> PyResult<(LayoutFingerprint, u64, u64, Vec<u64>)> {
-    let tensors: Vec<saved::SavedTensor> =
-        tensors.into_iter().map(|(name, dtype, shape, begin, end)| saved::SavedTensor { name, dtype, shape, begin, end }).collect();
-    let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64)?;
-    with_bytes(py, &data, |d| saved::verify(&h, d))??;
-    Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks))
-}
-
-/// The rules of a host offload tier (see `HostCache`): bytes per request from the fingerprint,
-/// capacity accounting, least-recently-used eviction and spill. Entries are named by integer
-/// ids; the caller holds the bytes.
-/// A host cache at one moment: the host bytes one request's states take (every layer's persistent
-/// states), the capacity, whether evicted entries spill to disk, the bytes held, entries pushed out
-/// of host memory, restores that found or missed their key, entries in memory and on disk.
-#[pyclass(module = "recoverssm_rs", frozen, get_all)]
-pub struct CacheCounters {
-    bytes_per_request: u64,
-    capacity_bytes: u64,
-    spill: bool,
-    used_bytes: u64,
-    evictions: u64,
-    hits: u64,
-    misses: u64,
-    in_memory: usize,
-    on_disk: usize,
-}
-
-#[pyclass(module = "recoverssm_rs")]
-pub struct HostCacheIndex {
-    inner: transfer::cache::CacheIndex,
-}
-
-fn location(l: Option<transfer::cache::Location>) -> Option<&'static str> {
-    l.map(|l| l.name())
-}
-
-#[pymethods]
-impl HostCacheIndex {
-    #[new]
-    #[pyo3(signature = (fingerprint, num_layers, capacity_bytes, *, spill = false))]
-    fn new(fingerprint: PyRef<'_, LayoutFingerprint>, num_layers: u64, capacity_bytes: i128, spill: bool) -> PyResult<Self> {
-        let capacity = u64::try_from(capacity_bytes)
-            .ok()
-            .filter(|&c| c > 0)
-            .ok_or_else(|| Error::plan(format!("HostCache: capacity_bytes must be > 0, got {capacity_bytes}")))?;
-        Ok(HostCacheIndex { inner: transfer::cache::CacheIndex::new(&fingerprint.inner, num_layers, capacity, spill)? })
+    run: &Bound<'_, PyAny>,
+    reads: Option<&Bound<'_, PyAny>>,
+    writes: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    fn listed<'py>(o: Option<&Bound<'py, PyAny>>, what: &str) -> PyResult<Vec<Bound<'py, BoundTensors>>> {
+        o.filter(|o| !o.is_none()).map_or(Ok(Vec::new()), |o| guards(o, what))
     }
-    /// The cache's sizes and counters now.
-    fn counters(&self) -> CacheCounters {
-        let c = &self.inner;
-        CacheCounters {
-            bytes_per_request: c.bytes_per_request(),
-            capacity_bytes: c.capacity(),
-            spill: c.spills(),
-            used_bytes: c.used(),
-            evictions: c.evictions,
-            hits: c.hits,
-            misses: c.misses,
-            in_memory: c.in_memory(),
-            on_disk: c.on_disk(),
+    let (reads, writes) = (listed(reads, "reads")?, listed(writes, "writes")?);
+    for g in reads.iter().chain(&writes) {
+        g.get().guard().check(py)?;
+    }
+    let out = run.call0()?;
+    for g in &writes {
+        g.get().guard().mark_written(py)?;
+    }
+    Ok(out.unbind())
+}
+
+/// [`guarded_write`] of a transfer plan between pools of this process: `sources` (rank ->
+/// guard of that source pool) must hold every source rank `plan` reads (BindingError naming
+/// the missing ranks, of `tp_size`, otherwise); the guards of those ranks and of `destination`
+/// are checked, `run()` moves the bytes, and the destination's writes are recorded.
+#[pyfunction]
+pub(crate) fn guarded_transfer(
+    py: Python<'_>,
+    plan: PyRef<'_, TransferPlan>,
+    sources: std::collections::BTreeMap<u64, Py<BoundTensors>>,
+    tp_size: u64,
+    destination: PyRef<'_, BoundTensors>,
+    run: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let missing: Vec<u64> = plan.source_ranks.iter().copied().filter(|r| !sources.contains_key(r)).collect();
+    if !missing.is_empty() {
+        let given: Vec<u64> = sources.keys().copied().collect();
+        return Err(Error::binding(format!(
+            "LocalTransfer: the plan reads source ranks {missing:?} of tp_size {tp_size}, which were not given (given: {given:?})"
+        ))
+        .into());
+    }
+    for r in &plan.source_ranks {
+        sources[r].get().guard().check(py)?;
+    }
+    destination.guard().check(py)?;
+    let out = run.call0()?;
+    destination.guard().mark_written(py)?;
+    Ok(out.unbind())
+}
+
+/// The first source's fingerprint and the `(rank, pool)` pairs of a transfer's sources.
+type SourcePools<'py> = (LayoutFingerprint, Vec<(u64, Bound<'py, PyAny>)>);
+
+/// The fingerprint of the pool `obj` (the argument `what`): a `StatePool`, recognised by its
+/// `fingerprint` (a LayoutFingerprint) and `guard` (its BoundTensors); BindingError otherwise.
+fn pool_fingerprint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Fingerprint> {
+    let py = obj.py();
+    let refused = || -> PyErr { Error::binding(format!("{what} must be a StatePool, got {}", type_name(obj))).into() };
+    let fp = obj.getattr(pyo3::intern!(py, "fingerprint")).map_err(|_| refused())?;
+    let fp = fp.cast::<LayoutFingerprint>().map_err(|_| refused())?;
+    let guard = obj.getattr(pyo3::intern!(py, "guard")).map_err(|_| refused())?;
+    guard.cast::<BoundTensors>().map_err(|_| refused())?;
+    Ok(fp.get().inner.clone())
+}
+
+/// Checks that `pool` (the argument `what`) is a StatePool; returns its fingerprint.
+#[pyfunction]
+#[pyo3(signature = (pool, what = "pool"))]
+pub(crate) fn check_pool(pool: &Bound<'_, PyAny>, what: &str) -> PyResult<LayoutFingerprint> {
+    Ok(pool_fingerprint(pool, what)?.into())
+}
+
+/// The source pools of a transfer, checked: `sources` is a mapping rank -> StatePool or a list of
+/// StatePools (each used as the rank it holds); every pool holds the rank it is given as, no rank
+/// is given twice, and all are ranks of one instance (BindingError naming the defect). Returns
+/// the first source's fingerprint and the `(rank, pool)` pairs.
+#[pyfunction]
+pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourcePools<'py>> {
+    let mut pairs: Vec<(u64, Bound<'py, PyAny>, Fingerprint)> = Vec::new();
+    if let Ok(map) = sources.cast::<pyo3::types::PyMapping>() {
+        let entries = map.items().map_err(|_| {
+            Error::binding(format!("sources must be a mapping rank -> StatePool or a list of StatePools, got {}", type_name(sources)))
+        })?;
+        for kv in entries.iter() {
+            let (k, v) = (kv.get_item(0)?, kv.get_item(1)?);
+            let rank = u64::arg(&k, "sources: a rank", ErrorKind::Binding)?;
+            let fp = pool_fingerprint(&v, &format!("sources[{rank}]"))?;
+            pairs.push((rank, v, fp));
+        }
+    } else {
+        for (i, v) in items(sources, "sources", ErrorKind::Binding, "StatePools (or a mapping rank -> StatePool)")?.into_iter().enumerate() {
+            let fp = pool_fingerprint(&v, &format!("sources[{i}]"))?;
+            pairs.push((fp.tp_rank, v, fp));
         }
     }
-    /// Host bytes `num_requests` requests take; PlanError when more than the whole capacity.
-    fn need(&self, num_requests: u64) -> PyResult<u64> {
-        Ok(self.inner.need(num_requests)?)
+    let refs: Vec<(u64, &Fingerprint)> = pairs.iter().map(|(r, _, f)| (*r, f)).collect();
+    let first = transfer::check_sources(&refs)?;
+    Ok((first.into(), pairs.into_iter().map(|(r, p, _)| (r, p)).collect()))
+}
+
+/// The block ids `blocks` (the argument `what`): a 1-D list or array of host integers (PlanError
+/// naming the argument otherwise). Their values are the plan's to check (a negative block is
+/// refused naming its request).
+#[pyfunction]
+#[pyo3(signature = (blocks, what = "blocks"))]
+pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+    if blocks.len().ok() == Some(0) && !blocks.is_instance_of::<pyo3::types::PyString>() {
+        return Ok(Vec::new());
     }
-    /// Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
-    /// id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
-    /// PlanError (nothing changed) when the requests need more than the capacity.
-    fn put(&mut self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
-        Ok(self.inner.put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    Ok(Ints::arg(blocks, what, ErrorKind::Plan)?.0)
+}
+
+/// The saved states of a restore, checked: `states` is one HostStates or a list of them (one
+/// per source rank), each with a StatePool `pool` and `num_requests` equal to `num_blocks`
+/// (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
+/// [`source_pools`] (BindingError).
+#[pyfunction]
+pub(crate) fn restore_sources<'py>(states: &Bound<'py, PyAny>, num_blocks: u64) -> PyResult<SourcePools<'py>> {
+    let py = states.py();
+    let one = states.hasattr(pyo3::intern!(py, "pool")).unwrap_or(false);
+    let list = if one { vec![states.clone()] } else { items(states, "states", ErrorKind::Plan, "HostStates (one per source rank)")? };
+    let mut pools = Vec::with_capacity(list.len());
+    let mut counts = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let what = if one { "states".to_string() } else { format!("states[{i}]") };
+        let refused = || -> PyErr { Error::plan(format!("{what} must be HostStates (from HostOffload.offload), got {}", type_name(s))).into() };
+        let pool = s.getattr(pyo3::intern!(py, "pool")).map_err(|_| refused())?;
+        pool_fingerprint(&pool, &format!("{what}.pool"))?;
+        let n = s.getattr(pyo3::intern!(py, "num_requests")).map_err(|_| refused())?;
+        counts.push(u64::arg(&n, &format!("{what}.num_requests"), ErrorKind::Plan)?);
+        pools.push(pool);
     }
-    /// `"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
-    /// in-memory entry becomes the most recently used.
-    fn lookup(&mut self, id: u64) -> Option<&'static str> {
-        location(self.inner.lookup(id))
+    counts.sort_unstable();
+    counts.dedup();
+    if counts != [num_blocks] {
+        return Err(Error::plan(format!("restore: offloaded requests {counts:?} (per source rank) but {num_blocks} blocks given")).into());
     }
-    /// Marks an in-memory `id` most recently used, no hit counted; False when not in memory.
-    fn touch(&mut self, id: u64) -> bool {
-        self.inner.touch(id)
-    }
-    /// Where `id` is held (`"memory"`, `"disk"`, None), without marking it used.
-    fn location(&self, id: u64) -> Option<&'static str> {
-        location(self.inner.location(id))
-    }
-    /// Forgets `id`; returns where it was held.
-    fn drop(&mut self, id: u64) -> Option<&'static str> {
-        location(self.inner.drop(id))
-    }
-    fn __len__(&self) -> usize {
-        self.inner.in_memory() + self.inner.on_disk()
-    }
-    fn __repr__(&self) -> String {
-        let c = &self.inner;
-        format!(
-            "HostCacheIndex(entries={}, on_disk={}, used={}/{} bytes, evictions={}, hits={}, misses={})",
-            c.in_memory(),
-            c.on_disk(),
-            c.used(),
-            c.capacity(),
-            c.evictions,
-            c.hits,
-            c.misses
-        )
-    }
+    source_pools(&pyo3::types::PyList::new(py, pools)?.into_any())
 }

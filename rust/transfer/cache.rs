@@ -4,6 +4,7 @@
 //! bytes themselves live with the caller.
 
 use super::fingerprint::{add_bytes, mul_bytes, Fingerprint};
+use super::saved::Sealer;
 use crate::error::{Error, Result};
 use std::collections::{BTreeSet, VecDeque};
 
@@ -51,9 +52,11 @@ pub struct CacheIndex {
     memory: VecDeque<(u64, u64)>,
     disk: BTreeSet<u64>,
     used: u64,
-    pub evictions: u64,
-    pub hits: u64,
-    pub misses: u64,
+    evictions: u64,
+    hits: u64,
+    misses: u64,
+    /// The keys binding each spill file to its entry of this tier.
+    sealer: Sealer,
 }
 
 impl CacheIndex {
@@ -74,6 +77,7 @@ impl CacheIndex {
             evictions: 0,
             hits: 0,
             misses: 0,
+            sealer: Sealer::default(),
         })
     }
 
@@ -94,6 +98,13 @@ impl CacheIndex {
     }
     pub fn on_disk(&self) -> usize {
         self.disk.len()
+    }
+    /// `(evictions, hits, misses)` so far (counted by the index only).
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (self.evictions, self.hits, self.misses)
+    }
+    pub fn sealer(&self) -> &Sealer {
+        &self.sealer
     }
 
     /// Host bytes `num_requests` requests take; a plan error when more than the whole capacity.
@@ -116,6 +127,26 @@ impl CacheIndex {
             Some(Location::Disk)
         } else {
             None
+        }
+    }
+
+    /// The entries [`CacheIndex::put`] of `id` would evict, changing nothing (the caller spills
+    /// them first, then puts: a put refused -- too large -- or a spill that fails leaves the tier
+    /// as it was).
+    pub fn plan_put(&self, id: u64, num_requests: u64) -> Result<Vec<Eviction>> {
+        self.clone().put(id, num_requests)
+    }
+
+    /// Checks that a prefetch handle made for entry `handle_entry` may finish the restore of `id`
+    /// (named `key` in errors): the same entry, which the tier still holds.
+    pub fn check_prefetched(&self, id: Option<u64>, handle_entry: Option<u64>, key: &str) -> Result<()> {
+        match (id, handle_entry) {
+            (Some(i), Some(h)) if i == h => Ok(()),
+            (None, _) => Err(Error::plan(format!("restore: the tier holds no key {key}; the handle cannot restore it"))),
+            (Some(_), None) => Err(Error::plan(format!("restore: the handle was not prefetched by this tier, so it cannot restore key {key}"))),
+            (Some(_), Some(_)) => Err(Error::plan(format!(
+                "restore: the handle was prefetched for another key, not key {key}; nothing was written: pass the handle prefetch({key}, ...) returned"
+            ))),
         }
     }
 
@@ -227,7 +258,7 @@ mod tests {
             assert_eq!(c.used(), 4 * per);
             assert_eq!(c.location(2), spill.then_some(Location::Disk));
             assert_eq!(c.lookup(9), None);
-            assert_eq!((c.hits, c.misses, c.evictions), (1, 1, 1));
+            assert_eq!(c.counts(), (1, 1, 1));
             // Replacing an entry frees its bytes first.
             assert!(c.put(3, 2).unwrap().is_empty());
             assert_eq!(c.put(4, 3).unwrap(), vec![Eviction { id: 1, spill }, Eviction { id: 3, spill }]);
@@ -242,7 +273,14 @@ mod tests {
         let err = c.put(2, 3).unwrap_err();
         assert!(err.message.contains("more than the capacity"), "{}", err.message);
         assert!(c.put(2, u64::MAX).is_err());
-        assert_eq!((c.in_memory(), c.evictions, c.used()), (1, 0, c.bytes_per_request()));
+        assert_eq!((c.in_memory(), c.counts().0, c.used()), (1, 0, c.bytes_per_request()));
+        // A planned put changes nothing; the put itself evicts what the plan said.
+        let before = (c.in_memory(), c.on_disk(), c.used(), c.counts());
+        let planned = c.plan_put(2, 2).unwrap();
+        assert_eq!((c.in_memory(), c.on_disk(), c.used(), c.counts()), before);
+        assert_eq!(c.clone().put(2, 2).unwrap(), planned);
+        assert!(c.check_prefetched(Some(1), Some(1), "'a'").is_ok());
+        assert!(c.check_prefetched(Some(1), Some(2), "'a'").unwrap_err().message.contains("prefetched for another key, not key 'a'"));
         assert_eq!(c.drop(1), Some(Location::Memory));
         assert_eq!((c.drop(1), c.used()), (None, 0));
     }

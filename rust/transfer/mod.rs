@@ -7,6 +7,8 @@
 //!   decoded and checked before anything is registered or read;
 //! - [`cache`]: the host tier's rules (bytes per request, capacity, LRU eviction, spill);
 //! - [`compat`]: which source / destination pairs can exchange states;
+//! - [`files`]: how the disk tier writes and reads files (exclusive temporaries, atomic
+//!   renames, the directories it accepts);
 //! - [`saved`]: the file format of states saved to disk (safetensors framing, fingerprint, block
 //!   map, per-request checksums) and its checks;
 //! - [`plan`]: the reads that rebuild, in the destination's blocks, exactly the destination rank's
@@ -14,6 +16,7 @@
 
 pub mod cache;
 pub mod compat;
+pub mod files;
 pub mod fingerprint;
 pub mod handshake;
 pub mod plan;

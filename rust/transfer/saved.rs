@@ -8,15 +8,28 @@
 //! `[num_requests, *state shape]`, in the safetensors dtype of the state. Metadata (strings):
 //! `format` ([`FORMAT`]), `fingerprint` (the source pool's text form, its rank included),
 //! `num_layers`, `num_requests`, `source_blocks` (the blocks the requests were offloaded from,
-//! comma-separated) and `checksums` (per request, hex, of its bytes in every tensor in order).
+//! comma-separated), `checksums` (per request, hex, of its bytes in every tensor in order),
+//! `entry` (the host tier entry a spill file belongs to, empty otherwise), `record` (hex: a digest
+//! of every other metadata entry -- which covers the tensor table, derived from them -- and of the
+//! whole data section) and `seal` (hex, spill files only: a keyed digest of the same, with keys
+//! that only the writing tier holds; empty otherwise). A file whose block map, counts or entry
+//! were edited fails `record`; a spill file swapped with another entry's, or rewritten by anyone
+//! but its tier, fails the entry or `seal` check and is refused naming the key.
 
 use super::fingerprint::{add_bytes, mul_bytes, Fingerprint, StateKind};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::ConvLayout;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
 
 /// The `format` metadata value of a saved-states file.
-pub const FORMAT: &str = "recoverssm-saved-states 1";
+pub const FORMAT: &str = "recoverssm-saved-states 2";
+/// The largest JSON header a file may have (bytes).
+pub const MAX_HEADER: u64 = 64 << 20;
+/// The deepest nesting a file's JSON header may have: the header object, a tensor entry, its
+/// shape list.
+pub const MAX_DEPTH: usize = 3;
 
 /// The safetensors dtype name of `d` (`F32`, `BF16`, ...).
 pub fn safetensors_dtype(d: DType) -> &'static str {
@@ -76,6 +89,20 @@ pub struct SavedHeader {
     pub num_requests: u64,
     pub source_blocks: Vec<u64>,
     pub checksums: Vec<u64>,
+    /// The host tier entry the file belongs to (empty for a file saved on its own).
+    pub entry: String,
+    /// The digest of the whole record ([`record_digest`]).
+    pub record: u64,
+    /// The tier's keyed digest ([`Sealer::seal`]), spill files only.
+    pub seal: Option<u64>,
+}
+
+impl SavedHeader {
+    /// A header of `num_requests` requests saved from `source_blocks`, its digests still unset
+    /// ([`seal_header`] sets them).
+    pub fn new(fingerprint: Fingerprint, num_layers: u64, num_requests: u64, source_blocks: Vec<u64>) -> SavedHeader {
+        SavedHeader { fingerprint, num_layers, num_requests, source_blocks, checksums: vec![], entry: String::new(), record: 0, seal: None }
+    }
 }
 
 fn bad(m: impl std::fmt::Display) -> Error {
@@ -96,6 +123,14 @@ pub type Metadata = Vec<(&'static str, String)>;
 
 /// The metadata entries of a header.
 pub fn header_metadata(h: &SavedHeader) -> Metadata {
+    let mut m = signed_metadata(h);
+    m.push(("record", format!("{:016x}", h.record)));
+    m.push(("seal", h.seal.map(|s| format!("{s:016x}")).unwrap_or_default()));
+    m
+}
+
+/// The metadata entries the digests cover: all but `record` and `seal`.
+fn signed_metadata(h: &SavedHeader) -> Metadata {
     let join = |v: &[u64], hex: bool| v.iter().map(|x| if hex { format!("{x:016x}") } else { x.to_string() }).collect::<Vec<_>>().join(",");
     vec![
         ("format", FORMAT.to_string()),
@@ -104,7 +139,103 @@ pub fn header_metadata(h: &SavedHeader) -> Metadata {
         ("num_requests", h.num_requests.to_string()),
         ("source_blocks", join(&h.source_blocks, false)),
         ("checksums", join(&h.checksums, true)),
+        ("entry", h.entry.clone()),
     ]
+}
+
+/// The bytes the digests cover before the data section: each signed metadata entry as
+/// `key=value` on its own line (the tensor table follows from them).
+fn signed_text(h: &SavedHeader) -> String {
+    signed_metadata(h).iter().map(|(k, v)| format!("{k}={v}\n")).collect()
+}
+
+/// The digest of a whole record: its signed metadata and its data section. Like [`checksum`],
+/// it finds corruption and edits, not a forger (a spill file's [`Sealer::seal`] does).
+pub fn record_digest(h: &SavedHeader, data: &[u8]) -> u64 {
+    const P: u64 = 0xD6E8_FEB8_6659_FD93;
+    let (a, b) = (checksum(signed_text(h).as_bytes()), checksum(data));
+    (a.wrapping_mul(P) ^ b).rotate_left(23).wrapping_mul(P)
+}
+
+/// The keys of one host tier's spill files: a keyed digest (SipHash, with random keys drawn when
+/// the tier is made and never written anywhere) of each file's signed metadata and data, and the
+/// tier's random tag that names its entries. A file another tier or another user wrote, or one
+/// swapped with another entry's, does not pass [`verify_entry`].
+#[derive(Clone, Debug)]
+pub struct Sealer {
+    keys: RandomState,
+    tag: u64,
+}
+
+impl Default for Sealer {
+    fn default() -> Self {
+        Sealer { keys: RandomState::new(), tag: super::files::random_u64() }
+    }
+}
+
+impl Sealer {
+    /// The `entry` value of entry `id`'s spill file.
+    pub fn entry(&self, id: u64) -> String {
+        format!("host tier {:016x} entry {id}", self.tag)
+    }
+    /// The keyed digest of a record.
+    pub fn seal(&self, h: &SavedHeader, data: &[u8]) -> u64 {
+        let mut s = self.keys.build_hasher();
+        s.write(signed_text(h).as_bytes());
+        s.write(data);
+        s.finish()
+    }
+}
+
+/// Fills a header's checksums and digests for the data section `data`; with `sealer`, binds the
+/// file to entry `id` of that tier and seals it.
+pub fn seal_header(h: &mut SavedHeader, data: &[u8], sealer: Option<(&Sealer, u64)>) -> Result<()> {
+    h.checksums = request_checksums(h, data)?;
+    h.entry = sealer.map(|(s, id)| s.entry(id)).unwrap_or_default();
+    h.record = record_digest(h, data);
+    h.seal = sealer.map(|(s, _)| s.seal(h, data));
+    Ok(())
+}
+
+/// The byte range of the JSON header in a file's bytes `raw`, after checking the framing: the
+/// 8-byte length fits the file and [`MAX_HEADER`], and the JSON nests no deeper than
+/// [`MAX_DEPTH`] (so that no parser recurses on a hostile file).
+pub fn header_span(raw: &[u8]) -> Result<std::ops::Range<usize>> {
+    if raw.len() < 8 {
+        return Err(bad(format!("{} bytes: too short for a header (truncated)", raw.len())));
+    }
+    let n = u64::from_le_bytes(raw[..8].try_into().expect("8 bytes"));
+    if n > raw.len() as u64 - 8 {
+        return Err(bad(format!("the header length {n} runs past the file's {} bytes (truncated)", raw.len())));
+    }
+    if n > MAX_HEADER {
+        return Err(bad(format!("the header length {n} is more than the {MAX_HEADER} bytes a header may have")));
+    }
+    let span = 8..8 + n as usize;
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for &c in &raw[span.clone()] {
+        if in_str {
+            match (esc, c) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            b'"' => in_str = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(bad(format!("the header nests deeper than {MAX_DEPTH} levels; it is not a saved-states header")));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(span)
 }
 
 /// The tensor entries a file of `h` holds, with their byte ranges in the data section.
@@ -143,11 +274,16 @@ pub fn decode_header(get: &dyn Fn(&str) -> Option<String>, tensors: &[SavedTenso
             .collect()
     };
     let fingerprint = Fingerprint::decode(&entry("fingerprint")?).map_err(|e| bad(e.message))?;
+    let hex = |k: &str, t: &str| u64::from_str_radix(t, 16).map_err(|_| bad(format!("{k}: '{t}' is not hex")));
+    let seal = entry("seal")?;
     let h = SavedHeader {
         num_layers: num("num_layers", &entry("num_layers")?)?,
         num_requests: num("num_requests", &entry("num_requests")?)?,
         source_blocks: list("source_blocks", &entry("source_blocks")?, false)?,
         checksums: list("checksums", &entry("checksums")?, true)?,
+        entry: entry("entry")?,
+        record: hex("record", &entry("record")?)?,
+        seal: if seal.is_empty() { None } else { Some(hex("seal", &seal)?) },
         fingerprint,
     };
     if h.num_layers == 0 || h.num_requests == 0 {
@@ -200,8 +336,9 @@ pub fn request_checksums(h: &SavedHeader, data: &[u8]) -> Result<Vec<u64>> {
     Ok(out)
 }
 
-/// Checks every request's bytes against the header's checksums; the error names the first
-/// request that differs and the block it was saved from.
+/// Checks every request's bytes against the header's checksums (the error names the first
+/// request that differs and the block it was saved from), then the whole record's digest (the
+/// block map, counts and entry as well as the bytes).
 pub fn verify(h: &SavedHeader, data: &[u8]) -> Result<()> {
     for (i, (got, want)) in request_checksums(h, data)?.iter().zip(&h.checksums).enumerate() {
         if got != want {
@@ -210,6 +347,29 @@ pub fn verify(h: &SavedHeader, data: &[u8]) -> Result<()> {
                 h.source_blocks[i]
             )));
         }
+    }
+    let got = record_digest(h, data);
+    if got != h.record {
+        return Err(bad(format!(
+            "the record digest {got:016x} differs from the recorded {:016x}: its metadata (block map, counts, entry) was changed",
+            h.record
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a spill file (already [`verify`]-ed) is entry `id` of the tier of `sealer`, named
+/// `key` in errors: its `entry` names that entry, and its seal is the tier's.
+pub fn verify_entry(h: &SavedHeader, data: &[u8], sealer: &Sealer, id: u64, key: &str) -> Result<()> {
+    let want = sealer.entry(id);
+    if h.entry != want {
+        let held = if h.entry.is_empty() { "no entry".to_string() } else { format!("'{}'", h.entry) };
+        return Err(bad(format!(
+            "key {key}: the spill file holds {held}, not '{want}' (a file swapped with another entry's, or not this tier's); nothing was restored"
+        )));
+    }
+    if h.seal != Some(sealer.seal(h, data)) {
+        return Err(bad(format!("key {key}: the spill file's seal does not match: it was rewritten after this tier wrote it; nothing was restored")));
     }
     Ok(())
 }
@@ -220,7 +380,7 @@ mod tests {
 
     fn header() -> SavedHeader {
         let fingerprint = crate::transfer::test_gdn(2, 1, 1, ConvLayout::DS);
-        SavedHeader { fingerprint, num_layers: 2, num_requests: 3, source_blocks: vec![4, 1, 7], checksums: vec![1, 2, u64::MAX] }
+        SavedHeader { checksums: vec![1, 2, u64::MAX], ..SavedHeader::new(fingerprint, 2, 3, vec![4, 1, 7]) }
     }
 
     type Edit<'a> = &'a dyn Fn(&mut Metadata, &mut Vec<SavedTensor>);
@@ -257,7 +417,7 @@ mod tests {
         let mut h = header();
         let len = header_tensors(&h).unwrap().last().unwrap().end as usize;
         let mut data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
-        h.checksums = request_checksums(&h, &data).unwrap();
+        seal_header(&mut h, &data, None).unwrap();
         verify(&h, &data).unwrap();
         let t = &header_tensors(&h).unwrap()[3];
         data[(t.begin + (t.end - t.begin) / 3 * 2) as usize] ^= 0x10;
@@ -277,5 +437,69 @@ mod tests {
         }
         assert_ne!(checksum(&a[..999]), base);
         assert_ne!(checksum(&[0u8; 64]), checksum(&[0u8; 65]));
+    }
+}
+
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+
+    fn sealed(sealer: Option<(&Sealer, u64)>) -> (SavedHeader, Vec<u8>) {
+        let mut h = SavedHeader::new(crate::transfer::test_gdn(1, 0, 0, ConvLayout::SD), 1, 2, vec![5, 9]);
+        let len = header_tensors(&h).unwrap().last().unwrap().end as usize;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        seal_header(&mut h, &data, sealer).unwrap();
+        (h, data)
+    }
+
+    #[test]
+    fn the_record_covers_the_block_map_and_the_entry() {
+        let (h, data) = sealed(None);
+        verify(&h, &data).unwrap();
+        let mut moved = h.clone();
+        moved.source_blocks = vec![9, 5];
+        assert!(verify(&moved, &data).unwrap_err().message.contains("record digest"));
+        let mut renamed = h.clone();
+        renamed.entry = "host tier 0 entry 1".into();
+        assert!(verify(&renamed, &data).unwrap_err().message.contains("record digest"));
+    }
+
+    #[test]
+    fn a_spill_file_is_bound_to_its_entry_and_tier() {
+        let (tier, other) = (Sealer::default(), Sealer::default());
+        let (h, data) = sealed(Some((&tier, 3)));
+        verify(&h, &data).unwrap();
+        verify_entry(&h, &data, &tier, 3, "'a'").unwrap();
+        let m = verify_entry(&h, &data, &tier, 4, "'b'").unwrap_err().message;
+        assert!(m.contains("key 'b': the spill file holds 'host tier") && m.contains("swapped"), "{m}");
+        assert!(verify_entry(&h, &data, &other, 3, "'a'").unwrap_err().message.contains("not 'host tier"));
+        // Re-digested by someone without the keys: the record passes, the seal does not.
+        let mut forged = h.clone();
+        forged.source_blocks = vec![9, 5];
+        forged.record = record_digest(&forged, &data);
+        verify(&forged, &data).unwrap();
+        assert!(verify_entry(&forged, &data, &tier, 3, "'a'").unwrap_err().message.contains("seal does not match"));
+        let (plain, data) = sealed(None);
+        assert!(verify_entry(&plain, &data, &tier, 0, "'a'").unwrap_err().message.contains("holds no entry"));
+    }
+
+    #[test]
+    fn the_framing_is_checked_before_any_parse() {
+        let frame = |json: &str| {
+            let mut v = (json.len() as u64).to_le_bytes().to_vec();
+            v.extend_from_slice(json.as_bytes());
+            v
+        };
+        let ok = r#"{"a":{"shape":[1,2]},"s":"[[[[\"["}"#;
+        assert_eq!(header_span(&frame(ok)).unwrap(), 8..8 + ok.len());
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(header_span(&frame(&deep)).unwrap_err().message.contains("nests deeper than 3"));
+        assert!(header_span(&[1, 2]).unwrap_err().message.contains("too short"));
+        let mut long = frame("{}");
+        long[..8].copy_from_slice(&100u64.to_le_bytes());
+        assert!(header_span(&long).unwrap_err().message.contains("runs past"));
+        let mut big = vec![b' '; (MAX_HEADER + 16) as usize];
+        big[..8].copy_from_slice(&(MAX_HEADER + 1).to_le_bytes());
+        assert!(header_span(&big).unwrap_err().message.contains("more than the"));
     }
 }

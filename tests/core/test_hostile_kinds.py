@@ -6,7 +6,9 @@ nothing."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +19,17 @@ torch = pytest.importorskip("torch")
 
 import recoverssm_rs as rs  # noqa: E402
 from recoverssm_rs import layouts  # noqa: E402
+from recoverssm_rs.transfer import (  # noqa: E402
+    HostCache,
+    HostOffload,
+    LayoutFingerprint,
+    LocalTransfer,
+    StatePool,
+    check_sources,
+    load_states,
+    plan_transfer,
+    save_states,
+)
 from recoverssm_rs.vllm import (  # noqa: E402
     PostProcessInputs,
     PreCopyInputs,
@@ -56,6 +69,28 @@ def _states() -> list[list[Any]]:
     return [[torch.arange(16 * 12, dtype=torch.float32).reshape(16, 3, 4), torch.ones(16, 4)]]
 
 
+#: The transfer tiers' layout (one GDN rank) and its pools' states.
+TLAYOUT = layouts.gdn(num_k_heads=2, num_v_heads=2, head_k_dim=8, head_v_dim=8, conv_kernel_size=4, tp_size=1)
+
+
+def _pool_states() -> list[list[Any]]:
+    g = torch.Generator().manual_seed(0)
+    return [[torch.randn((6, *s.shape), generator=g).to(torch.bfloat16) for s in TLAYOUT.persistent] for _ in range(2)]
+
+
+TPOOL = StatePool(TLAYOUT, _pool_states())
+TFP = TPOOL.fingerprint
+SAVED = HostOffload(TPOOL).offload([1])
+SAVED_DIR = Path(tempfile.mkdtemp(prefix="hostile-"))
+SAVED_FILE = SAVED_DIR / "saved.safetensors"
+save_states(SAVED, SAVED_FILE)
+
+
+def _in_saved_dir(path: Any) -> Any:
+    """A string path is made relative to a scratch directory (a hostile string is a valid path)."""
+    return SAVED_DIR / path if isinstance(path, str) else path
+
+
 class _Target:
     """A fresh object per hostile call (a refused call must leave its states unchanged)."""
 
@@ -64,10 +99,15 @@ class _Target:
         self.planner = rs.Planner(LAYOUT, self.states, block_size=4)
         self.step = VllmMambaStep([(0, LAYOUT, _states())], block_size=4, num_spec_blocks=2, max_num_reqs=4)
         self.cache = rs.StateCache(RECOVER, num_layers=1, num_blocks=8, max_requests=2)
+        self.src_states, self.dst_states = _pool_states(), _pool_states()
+        self.src, self.dst = StatePool(TLAYOUT, self.src_states), StatePool(TLAYOUT, self.dst_states)
+        self.host = HostCache(self.dst, 10**6)
+        self.host.put("a", [1])
 
     def tensors(self) -> list[Any]:
         step = [t for layer in self.step.planner.states[0] for t in layer]
-        return [t for layer in self.states for t in layer] + step + list(self.cache.buffers().values())
+        pools = [t for states in (self.src_states, self.dst_states) for layer in states for t in layer]
+        return [t for layer in self.states for t in layer] + step + list(self.cache.buffers().values()) + pools
 
 
 def _kv_config() -> Any:
@@ -252,6 +292,48 @@ ENTRIES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
             num_spec_blocks=2,
         ),
     ),
+    # The transfer tiers.
+    ("LayoutFingerprint", lambda t, **k: LayoutFingerprint(**k), dict(layout=TLAYOUT, tp_rank=0, block_size=16)),
+    (
+        "StatePool",
+        lambda t, **k: StatePool(**k),
+        dict(layout=TLAYOUT, states=_pool_states(), tp_rank=0, block_size=16),
+    ),
+    ("check_sources", lambda t, **k: check_sources(**k), dict(sources=[(0, TFP)])),
+    (
+        "plan_transfer",
+        lambda t, **k: plan_transfer(**k),
+        dict(
+            source=TFP,
+            source_pools=[TPOOL.geometry],
+            destination=TFP,
+            destination_pool=TPOOL.geometry,
+            requests=[(1, 2)],
+        ),
+    ),
+    ("LocalTransfer", lambda t, **k: LocalTransfer(**k), dict(sources=[TPOOL], destination=TPOOL)),
+    ("LocalTransfer.run", lambda t, **k: LocalTransfer([t.src], t.dst).run(**k), dict(requests=[(1, 2)])),
+    ("HostOffload", lambda t, **k: HostOffload(**k), dict(pool=TPOOL)),
+    ("HostOffload.offload", lambda t, **k: HostOffload(t.src).offload(**k), dict(blocks=[1, 2])),
+    ("HostOffload.offload_async", lambda t, **k: HostOffload(t.src).offload_async(**k), dict(blocks=[1, 2])),
+    (
+        "HostOffload.restore",
+        lambda t, **k: HostOffload(t.dst).restore(**k),
+        dict(states=SAVED, blocks=[3], handle=None),
+    ),
+    ("HostOffload.prefetch", lambda t, **k: HostOffload(t.dst).prefetch(**k), dict(states=SAVED, blocks=[3])),
+    ("HostCache", lambda t, **k: HostCache(**k), dict(pool=TPOOL, capacity_bytes=10**6, disk_dir=None)),
+    ("HostCache.put", lambda t, **k: t.host.put(**k), dict(key="b", blocks=[2])),
+    ("HostCache.get", lambda t, **k: t.host.get(**k), dict(key="a")),
+    ("HostCache.restore", lambda t, **k: t.host.restore(**k), dict(key="a", blocks=[3], handle=None)),
+    ("HostCache.prefetch", lambda t, **k: t.host.prefetch(**k), dict(key="a", blocks=[3])),
+    ("HostCache.drop", lambda t, **k: t.host.drop(**k), dict(key="a")),
+    (
+        "save_states",
+        lambda t, path, **k: save_states(path=_in_saved_dir(path), **k),
+        dict(states=SAVED, path="out.safetensors"),
+    ),
+    ("load_states", lambda t, **k: load_states(**k), dict(path=SAVED_FILE, layout=TLAYOUT)),
 ]
 CASES = [(name, call, good, arg) for name, call, good in ENTRIES for arg in good]
 

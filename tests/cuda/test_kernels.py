@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -820,16 +819,3 @@ def test_rust_planner_plans_run_on_the_emulated_kernel(seed):
         metas, bt, src, dst, acc, max_accepted=nspec + 1, num_blocks=nb, chunks=3, order=ORDERS[seed % 3], ranges=[got]
     )
     assert err.tolist() == [0, 0, 0] and np.array_equal(got, ref)
-
-
-def test_check_kernels_command(capsys):
-    if nvrtc.find_nvrtc() is None:
-        pytest.skip("NVRTC not available")
-    from recoverssm_rs.tools import cli
-
-    assert cli.main(["check-kernels", "--arch", "sm_80", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["archs"] == [80] and not out["failed"]
-    kernels = {(k["file"], k["kernel"]) for k in out["kernels"]}
-    assert {k for _, k in kernels} == set(cuda.KERNEL_NAMES)
-    assert all(k["spill_stores"] == 0 and k["stack_frame"] == 0 for k in out["kernels"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import os
 import subprocess
@@ -84,6 +85,17 @@ def fetch_wheel(dist: str, version: str, folder: Path, unavailable: type[Excepti
     if os.environ.get("RECOVERSSM_NO_DOWNLOAD", "0") not in ("", "0"):
         raise unavailable(f"RECOVERSSM_NO_DOWNLOAD is set and {folder} holds no {dist}-{version} wheel")
     folder.mkdir(parents=True, exist_ok=True)
+    # One download for all test processes (pytest-xdist workers): the others wait on the lock (a
+    # file beside the cache folder, which holds only wheels and their extracted files), then find
+    # the wheel.
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = sorted(folder.glob(f"{dist}-{version}-*.whl"))
+        return found[0] if found else _download(dist, version, folder, unavailable)
+
+
+def _download(dist: str, version: str, folder: Path, unavailable: type[Exception]) -> Path:
+    """``dist==version``'s wheel downloaded into ``folder`` (see :func:`fetch_wheel`)."""
     # Into a folder of its own first, then moved into place: an interrupted download leaves no
     # partial wheel in the cache.
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:

@@ -1,5 +1,6 @@
-"""``python -m recoverssm_rs bench``: JSON, tables, progress, the plot, option errors, the GPU
-bridge, and the old benches/ scripts. Timings are only checked to exist, never against a speed."""
+"""``benches/bench.py`` (the checkout's benchmark; the wheel's ``bench`` command says how to run it):
+JSON, tables, progress, the plot, option errors, the thread default, the GPU bridge. Timings are
+only checked to exist, never against a speed."""
 
 import io
 import json
@@ -10,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from recoverssm_dev.bench import gpu_copy, host_copy, plan_step
+from recoverssm_dev.bench.progress import Progress
 from recoverssm_rs.errors import BackendUnavailableError
-from recoverssm_rs.tools.bench import gpu_copy, host_copy, plan_step
-from recoverssm_rs.tools.bench.progress import Progress
 
 pytest.importorskip("torch")
 
@@ -23,7 +24,7 @@ TINY = ["--quick", "--requests", "1,3", "--layers", "2", "--sizes", "4K,64K", "-
 
 def bench(*args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "recoverssm_rs", "bench", *args],
+        [sys.executable, str(ROOT / "benches" / "bench.py"), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -109,7 +110,7 @@ def test_json_to_stdout_replaces_the_tables():
 
 
 def test_each_figure_comes_with_its_spread_over_the_rounds(tiny_run):
-    from recoverssm_rs.tools.bench.timing import ROUNDS
+    from recoverssm_dev.bench.timing import ROUNDS
 
     r, out, _ = tiny_run
     doc = json.loads((out / "r.json").read_text())
@@ -128,13 +129,18 @@ def test_each_figure_comes_with_its_spread_over_the_rounds(tiny_run):
             lo, hi = res[f"{key}_range"]
             assert 0 < lo <= res[key] <= hi
         assert all(0 < m["GBps_range"][0] <= m["GBps_range"][1] for m in res["methods"].values())
-    # the tables print each ratio with its range
+    # the tables print each ratio, and each method's figure, with its range
     assert re.search(r"\d+x \(\d[\d.]*-\d[\d.]*\)", r.stdout)
-    assert "ratios with their min-max over the timing rounds" in r.stdout
+    assert "median (min-max of the timing rounds)" in r.stdout
+    for line in r.stdout.splitlines():
+        if re.match(r"\s+(\d+\s+\d+ |4K |64K )", line):  # a row of either table
+            spreads = re.findall(r"\d[\d.]*x? \((\d[\d.]*)-(\d[\d.]*)\)", line)
+            width = len(plan_step.METHODS) if "K" not in line.split()[0] else len(host_copy.METHODS)
+            assert len(spreads) >= width + 2, line  # every method's figure and both ratios
 
 
 def test_ratio_and_round_ranges():
-    from recoverssm_rs.tools.bench.timing import format_ratio, ratio, round_range
+    from recoverssm_dev.bench.timing import format_ratio, format_spread, ratio, round_range
 
     a = {"median_s": 2.0, "rounds_s": [2.0, None, 4.0, 1.0]}
     b = {"median_s": 1.0, "rounds_s": [1.0, 1.0, None, 0.5]}
@@ -147,21 +153,24 @@ def test_ratio_and_round_ranges():
     assert round_range({"median_s": 3.0}) == [3.0, 3.0]
     assert format_ratio({"x": 0.625, "x_range": [0.5, 0.75]}, "x") == "0.62x (0.50-0.75)"
     assert format_ratio({"x": 1686.2, "x_range": [95.0, 2277.4]}, "x") == "1686x (95.0-2277)"
+    assert format_spread(12.34, [11.0, 13.5]) == "12.3 (11.0-13.5)"
+    assert format_spread(4.8e-5, [4.5e-5, 5.25e-5], scale=1e6) == "48.0 (45.0-52.5)"
 
 
 def test_plot_without_matplotlib_fails_before_measuring(tmp_path):
     png = tmp_path / "x.png"
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from recoverssm_rs.__main__ import main\n"
-        f"sys.exit(main(['bench', *{TINY!r}, '--plot', {str(png)!r}]))"
+        f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+        "from recoverssm_dev.bench.command import main\n"
+        f"sys.exit(main([*{TINY!r}, '--plot', {str(png)!r}]))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 1
     assert r.stdout == ""  # nothing measured
     assert [line.split(": error: ", 1)[-1] for line in r.stderr.strip().splitlines()] == [
         (
-            "BackendUnavailableError: `bench --plot` needs matplotlib, which is not installed: "
+            "BackendUnavailableError: `benches/bench.py --plot` needs matplotlib, which is not installed: "
             "pip install 'recoverssm_rs[plot]'"
         )
     ]
@@ -200,7 +209,15 @@ def test_gpu_bridge_returns_the_document_and_passes_arguments(tmp_path):
             {
                 "requests": 1,
                 "layers": 8,
-                "methods": {"fused[temporal]": {"gbps": 3400.0, "pct_d2d": 85.5, "host_us": 120.0}},
+                "methods": {
+                    "fused[temporal]": {
+                        "gbps": 3400.0,
+                        "gpu_us": 10.0,
+                        "gpu_us_min": 8.0,
+                        "pct_d2d": 85.5,
+                        "host_us": 120.0,
+                    }
+                },
             }
         ],
     }
@@ -208,6 +225,7 @@ def test_gpu_bridge_returns_the_document_and_passes_arguments(tmp_path):
     assert got["argv"] == ["--json", "--requests", "1"]
     table = gpu_copy.format_table(got)
     assert "FakeGPU" in table and "fused[temporal]" in table and "85.5%" in table and "target: R=1: met" in table
+    assert " 3400     4250 " in table  # the median's GB/s and the best repetition's (10 us -> 8 us)
 
 
 def test_gpu_bridge_refuses_arguments_the_script_refuses_before_it_measures(tmp_path):
@@ -260,49 +278,18 @@ def test_progress_redraws_on_a_terminal_and_logs_cases_elsewhere():
     assert quiet.getvalue() == ""
 
 
-def test_old_bench_scripts_still_run():
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benches" / "plan_step.py"),
-            "--requests",
-            "2",
-            "--sweep",
-            "--layers",
-            "1",
-            "--budget",
-            "0.002",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
-    assert [x["requests"] for x in json.loads(r.stdout)["results"]] == [2]
-    r = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benches" / "host_copy.py"),
-            "--sizes",
-            "4K",
-            "--batches",
-            "2",
-            "--budget",
-            "0.002",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
-    assert "exec/copy_" in r.stdout
+def test_torch_runs_with_one_thread_unless_told(tiny_run):
+    r, out, _ = tiny_run
+    doc = json.loads((out / "r.json").read_text())
+    assert doc["machine"]["torch_threads"] == 1 and doc["host_copy"]["torch_threads"] == 1
+    assert "torch threads 1" in r.stdout
+    from recoverssm_dev.bench.command import build_parser
+
+    assert build_parser().parse_args([]).threads == 1
 
 
 def test_methods_are_timed_interleaved_each_with_its_own_repetitions():
-    from recoverssm_rs.tools.bench.timing import Budget, measure_interleaved
+    from recoverssm_dev.bench.timing import Budget, measure_interleaved
 
     calls: list[str] = []
     done: list[str] = []

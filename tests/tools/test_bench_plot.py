@@ -1,9 +1,9 @@
-"""``bench --plot``: the figure drawn from given results (axes, labels, data, baselines) and the PNG."""
+"""``benches/bench.py --plot``: the figure drawn from given results (axes, labels, data, baselines) and the PNG."""
 
 import struct
 
 import pytest
-from recoverssm_rs.tools.bench.plot import HOST_METHODS, PLAN_METHODS, make_figure, save_plot
+from recoverssm_dev.bench.plot import HOST_METHODS, PLAN_METHODS, make_figure, save_plot
 
 matplotlib = pytest.importorskip("matplotlib")
 

@@ -1,6 +1,8 @@
-"""Every flag of every subcommand, given a bad value, is refused before any work with one line
-naming the flag, the value and what it must be (exit status 2), with the program named as invoked;
-a layout the core refuses as a whole is one line and exit status 1; never a traceback.
+"""Every flag of every subcommand (and of the checkout's development tools: ``benches/bench.py``,
+``scripts/check_kernels.py``, ``scripts/pd_demo.py``, named here by the command they were), given a
+bad value, is refused before any work with one line naming the flag, the value and what it must be
+(exit status 2), with the program named as invoked; a layout the core refuses as a whole is one line
+and exit status 1; never a traceback.
 
 The cases run in-process (the parse and the checks are quick and cannot hang); the hostile ones,
 which crashed, ran for minutes or hung before they were checked up front, run each in its own
@@ -12,13 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+from recoverssm_dev import check_kernels, pd_demo_cli
+from recoverssm_dev.bench import command as bench_command
 from recoverssm_rs import layouts
 from recoverssm_rs.tools import cli
+from recoverssm_rs.tools.demo.config import MAX_STEPS
 
 GDN = [
     "--param",
@@ -32,6 +39,13 @@ GDN = [
 ]
 PROG = "python -m recoverssm_rs"
 TMP = "{tmp}"  # a temporary folder, filled in by the tests
+ROOT = Path(__file__).resolve().parents[2]
+DEV = {
+    "bench": (bench_command, "benches/bench.py"),
+    "check-kernels": (check_kernels, "scripts/check_kernels.py"),
+    "pd-demo": (pd_demo_cli, "scripts/pd_demo.py"),
+}
+"""The development tools by the command they were: (module with ``main`` / ``build_parser``, script)."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +103,12 @@ BAD = [
     Bad(
         ["layout", "--family", "gdn", "--param", "num_k_heads=abc", *GDN],
         "--param num_k_heads",
-        ["'abc'", "must be a host integer"],
+        ["'abc'", "expected an integer"],
     ),
     Bad(
         ["layout", "--family", "gdn", "--param", "num_k_heads=true", *GDN],
         "--param num_k_heads",
-        ["'true'", "must be a host integer"],
+        ["'true'", "expected an integer"],
     ),
     Bad(
         ["layout", "--family", "gdn", "--param", "num_k_heads=16", *GDN, "--param", "recover_ssm=maybe"],
@@ -116,6 +130,10 @@ BAD = [
     ),
     Bad(["layout", *Q, "--num-spec", "-1"], "--num-spec", ["-1", "must be >= 0"]),
     Bad(["layout", *Q, "--num-spec", "999999999999"], "--num-spec", ["999999999999", "too large"]),
+    Bad(["layout", *Q, "--num-spec", "1000000"], "--num-spec", ["1000000", "must be <= 256"]),
+    Bad(
+        ["layout", "--family", "gdn", "--param", "num_k_heads=16", *GDN, "--num-spec", "257"], "--num-spec", ["<= 256"]
+    ),
     Bad(["layout", *Q, "--conv-layout", "XY"], "--conv-layout", ["'XY'", "'SD'", "'DS'"]),
     Bad(["layout", *Q, "--dtype", "float7"], "--dtype", ["'float7'", "bfloat16"]),
     Bad(["layout", *Q, "--dtype", "float128"], "--dtype", ["'float128'", "bfloat16"]),
@@ -150,16 +168,20 @@ BAD = [
     # ---- presets ---------------------------------------------------------------------------
     Bad(["presets", "--json", TMP], "--json", ["is a folder"]),
     # ---- demo ------------------------------------------------------------------------------
-    Bad(["demo", "--steps", "0"], "--steps", ["0", ">= 1"]),
-    Bad(["demo", "--steps", "many"], "--steps", ["'many'", ">= 1"]),
+    Bad(["demo", "--steps", "0"], "--steps", ["0", "from 1 to"]),
+    Bad(["demo", "--steps", "many"], "--steps", ["'many'", f"from 1 to {MAX_STEPS} inclusive"]),
+    Bad(["demo", "--steps", "1e23"], "--steps", ["'1e23'", "an integer"]),
+    Bad(["demo", "--steps", str(10**23)], "--steps", [str(10**23), f"from 1 to {MAX_STEPS} inclusive"]),
     Bad(["demo", "--requests", "0"], "--requests", ["0", ">= 1"]),
     Bad(["demo", "--layers", "-1"], "--layers", ["-1", ">= 1"]),
     Bad(["demo", "--num-spec", "0"], "--num-spec", ["0", ">= 1"]),
     Bad(["demo", "--block-size", "3"], "--block-size", ["3", "--num-spec 3", "block_size >= num_spec + 1"]),
-    Bad(["demo", "--num-spec", "40"], "--block-size", ["8", "--num-spec 40", "(41 tokens)"]),
-    Bad(["demo", "--threads", "-1"], "--threads", ["-1", "0.."]),
-    Bad(["demo", "--threads", "99999"], "--threads", ["99999", f"0..{os.cpu_count()}"]),
-    Bad(["demo", "--seed", "-1"], "--seed", ["-1", "0.."]),
+    Bad(["demo", "--num-spec", "40"], "--num-spec", ["40", "--block-size 8", "(41 tokens)"]),
+    Bad(["demo", "--num-spec", "40", "--block-size", "8"], "--block-size", ["8", "--num-spec 40", "(41 tokens)"]),
+    Bad(["demo", "--num-spec", "300", "--block-size", "1024"], "--num-spec", ["300", "<= 256"]),
+    Bad(["demo", "--threads", "-1"], "--threads", ["-1", "from 0 to"]),
+    Bad(["demo", "--threads", "99999"], "--threads", ["99999", f"from 0 to {os.cpu_count()} inclusive"]),
+    Bad(["demo", "--seed", "-1"], "--seed", ["-1", "from 0 to"]),
     Bad(["demo", "--device", "nonsense"], "--device", ["'nonsense'", "must be cpu, cuda or cuda:N"]),
     Bad(["demo", "--device", "tpu"], "--device", ["'tpu'", "must be cpu, cuda or cuda:N"]),
     Bad(
@@ -176,11 +198,12 @@ BAD = [
     ),
     Bad(["demo", "--requests", "100000000"], "--requests", ["100000000", "memory available"], hostile=True),
     Bad(["demo", "--requests", "1000000000000"], "--requests", ["num_blocks must be in 2 ..= 2**31 - 1"], hostile=True),
-    Bad(["demo", "--block-size", str(10**18)], "--block-size", [str(10**18), "1..1024"], hostile=True),
+    Bad(["demo", "--block-size", str(10**18)], "--block-size", [str(10**18), "from 1 to 1024 inclusive"], hostile=True),
     Bad(["demo", "--num-spec", "999999999999"], "--num-spec", ["999999999999", "too large"], hostile=True),
     # ---- check-kernels ---------------------------------------------------------------------
     Bad(["check-kernels", "--arch", "abc"], "--arch", ["'abc'", "sm_90"]),
-    Bad(["check-kernels", "--arch", "9999"], "--arch", ["sm_9999", "compiles for", "sm_80"], needs="nvrtc"),
+    Bad(["check-kernels", "--arch", "sm_100000"], "--arch", ["'sm_100000'", "10 to 999 inclusive"]),
+    Bad(["check-kernels", "--arch", "990"], "--arch", ["sm_990", "compiles for", "sm_80"], needs="nvrtc"),
     Bad(["check-kernels", "--json", TMP], "--json", ["is a folder"]),
     # ---- bench -----------------------------------------------------------------------------
     Bad(["bench", "--quick=1"], "--quick", ["'1'"]),
@@ -190,10 +213,11 @@ BAD = [
     Bad(["bench", "--layers", "-1"], "--layers", ["-1", ">= 1"]),
     Bad(["bench", "--sizes", "3K"], "--sizes", ["'3K'", "4K"]),
     Bad(["bench", "--batches", "0"], "--batches", ["'0'", ">= 1"]),
-    Bad(["bench", "--budget", "0"], "--budget", ["'0'", "> 0"]),
-    Bad(["bench", "--budget", "nan"], "--budget", ["'nan'", "> 0"]),
-    Bad(["bench", "--threads", "0"], "--threads", ["0", f"1..{os.cpu_count()}"]),
-    Bad(["bench", "--threads", "999999"], "--threads", ["999999", f"1..{os.cpu_count()}"]),
+    Bad(["bench", "--budget", "0"], "--budget", ["'0'", "above 0 and at most 60"]),
+    Bad(["bench", "--budget", "nan"], "--budget", ["'nan'", "above 0"]),
+    Bad(["bench", "--budget", "1e30"], "--budget", ["'1e30'", "at most 60"]),
+    Bad(["bench", "--threads", "0"], "--threads", ["0", f"from 1 to {os.cpu_count()} inclusive"]),
+    Bad(["bench", "--threads", "999999"], "--threads", ["999999", f"from 1 to {os.cpu_count()} inclusive"]),
     Bad(["bench", "--gpu=1"], "--gpu", ["'1'"]),
     Bad(["bench", "--gpu-args=--requests 1"], "--gpu-args", ["only with --gpu"]),
     Bad(["bench", "--gpu", "--gpu-args='x"], "--gpu-args", ['"\'x"', "quotation"]),
@@ -215,7 +239,10 @@ BAD = [
     Bad(["pd-demo", "--prefill-layout", "XY"], "--prefill-layout", ["'XY'", "'SD'"]),
     Bad(["pd-demo", "--decode-layout", "XY"], "--decode-layout", ["'XY'", "'DS'"]),
     Bad(["pd-demo", "--prefill-spec", "99999999999"], "--prefill-spec", ["99999999999", "too large"]),
-    Bad(["pd-demo", "--seed", "-1"], "--seed", ["-1", "0.."]),
+    Bad(["pd-demo", "--decode-spec", "1000"], "--decode-spec", ["1000", "<= 256"]),
+    Bad(["pd-demo", "--seed", "-1"], "--seed", ["-1", "from 0 to"]),
+    Bad(["pd-demo", "--generate", "0"], "--generate", ["0", "from 1 to 4096 inclusive"]),
+    Bad(["pd-demo", "--generate", "100000"], "--generate", ["100000", "from 1 to 4096 inclusive"]),
     Bad(["pd-demo", "--json", TMP], "--json", ["is a folder"]),
     Bad(["pd-demo", "--quiet=1"], "--quiet", ["'1'"]),
     Bad(["pd-demo", "--verbose=1"], "--verbose", ["'1'"]),
@@ -224,9 +251,17 @@ BAD = [
     Bad(["pd-demo", "--layers", "0"], "--layers", ["0", ">= 1"], hostile=True),
     Bad(["pd-demo", "--prefill-spec", "-1"], "--prefill-spec", ["-1", ">= 0"], hostile=True),
     Bad(["pd-demo", "--decode-spec", "-2"], "--decode-spec", ["-2", ">= 0"], hostile=True),
-    Bad(["pd-demo", "--generate", "-5"], "--generate", ["-5", ">= 0"], hostile=True),
+    Bad(["pd-demo", "--generate", "-5"], "--generate", ["-5", "from 1 to"], hostile=True),
     Bad(["pd-demo", "--requests", "100000000"], "--requests", ["100000000", "memory available"], hostile=True),
-    Bad(["pd-demo", "--decode-spec", "999999999"], "--decode-spec", ["999999999", "memory available"], hostile=True),
+    Bad(["pd-demo", "--decode-spec", "999999999"], "--decode-spec", ["999999999", "<= 256"], hostile=True),
+    # ---- simulate (the flags are checked before the trace is read) -------------------------
+    Bad(["simulate", "t.jsonl", "--policy", "lru"], "--policy", ["'lru'", "vllm, sglang-lru, marconi, recoverssm"]),
+    Bad(["simulate", "t.jsonl", "--block-size", "0"], "--block-size", ["0", "1..="]),
+    Bad(["simulate", "t.jsonl", "--granularity", "-1"], "--granularity", ["-1", ">= 0"]),
+    Bad(["simulate", "t.jsonl", "--budget-checkpoints", "0"], "--budget-checkpoints", ["0", "1..="]),
+    Bad(["simulate", "t.jsonl", "--budget-bytes", "10"], "--budget-bytes", ["needs state_bytes"]),
+    Bad(["simulate", "t.jsonl", "--budget-bytes", "5", "--state-bytes", "0"], "--state-bytes", ["0", ">= 1 byte"]),
+    Bad(["simulate", "t.jsonl", "--json", TMP], "--json", ["is a folder"]),
 ]
 if not _has_cuda():
     BAD.append(Bad(["demo", "--device", "cuda"], "--device", ["'cuda'", "CUDA is not available"]))
@@ -255,6 +290,22 @@ def _skip_unless_available(case: Bad) -> None:
         pytest.importorskip("torch")
 
 
+def _prog(case: Bad) -> str:
+    """How the case's program names itself: ``PROG COMMAND``, ``PROG`` or the development script."""
+    command = case.args[0] if not case.args[0].startswith("-") else None
+    if command in DEV:
+        return DEV[command][1]
+    return f"{PROG} {command}" if command else PROG
+
+
+def _argv(case: Bad, tmp: str) -> list[str]:
+    """The case's command line as a process runs it."""
+    args = _fill(case.args, tmp)
+    if args[0] in DEV:
+        return [sys.executable, str(ROOT / DEV[args[0]][1]), *args[1:]]
+    return [sys.executable, "-m", "recoverssm_rs", *args]
+
+
 def _check(case: Bad, code: int | None, out: str, err: str) -> None:
     assert code == case.code, (code, err)
     assert "Traceback" not in err
@@ -262,15 +313,18 @@ def _check(case: Bad, code: int | None, out: str, err: str) -> None:
     lines = err.splitlines()
     assert len(lines) == 1, err
     line = lines[0]
-    command = case.args[0] if not case.args[0].startswith("-") else None
-    if case.code == 2 and command and case.flag:
-        assert line.startswith(f"{PROG} {command}: error: argument {case.flag}"), line
-    elif case.code == 2 and command:
-        assert line.startswith(f"{PROG} {command}: error: "), line
+    prog = _prog(case)
+    if case.code == 2 and case.flag:
+        assert line.startswith(f"{prog}: error: argument {case.flag}"), line
+    elif case.code == 2 or case.args[0] in DEV:
+        assert line.startswith(f"{prog}: error: "), line
     else:
         assert line.startswith(f"{PROG}: error: "), line
         if case.flag:
             assert f"argument {case.flag}" in line
+    assert line.count("(see ") <= 1, line  # one hint
+    assert not re.search(r"\d ?\.\.[^=.]", line), line  # ranges in words (or the core's inclusive ..=), never 1..8
+    assert "host integer" not in line, line
     for text in case.expect:
         assert text in line, (text, line)
 
@@ -278,8 +332,13 @@ def _check(case: Bad, code: int | None, out: str, err: str) -> None:
 @pytest.mark.parametrize("case", QUICK, ids=[c.id for c in QUICK])
 def test_a_bad_value_gets_one_line_naming_the_flag(case, capsys, tmp_path):
     _skip_unless_available(case)
+    args = _fill(case.args, str(tmp_path))
     with pytest.raises(SystemExit) as e:
-        cli.main(_fill(case.args, str(tmp_path)), prog=PROG)
+        if args[0] in DEV:
+            module, script = DEV[args[0]]
+            module.main(args[1:], prog=script)
+        else:
+            cli.main(args, prog=PROG)
     out, err = capsys.readouterr()
     _check(case, e.value.code, out, err)
 
@@ -289,12 +348,7 @@ def hostile_runs(tmp_path_factory):
     """Every hostile command line started at once, each in its own process."""
     tmp = str(tmp_path_factory.mktemp("hostile"))
     procs = {
-        c.id: subprocess.Popen(
-            [sys.executable, "-m", "recoverssm_rs", *_fill(c.args, tmp)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        c.id: subprocess.Popen(_argv(c, tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for c in HOSTILE
     }
     yield procs
@@ -312,9 +366,11 @@ def test_a_hostile_value_is_refused_up_front_in_its_own_process(case, hostile_ru
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """The command line's parsers by command (``""``: the top level), the development tools' in
+    place of the commands that say how to run them."""
     parser = cli.build_parser()
     sub = parser._subparsers._group_actions[0]  # type: ignore[union-attr]
-    return {"": parser, **sub.choices}
+    return {"": parser, **sub.choices, **{name: module.build_parser() for name, (module, _) in DEV.items()}}
 
 
 def test_every_flag_of_every_command_has_a_bad_value_case():
@@ -334,16 +390,16 @@ def test_errors_name_the_program_as_invoked(capsys):
     from recoverssm_rs.__main__ import main
 
     with pytest.raises(SystemExit) as e:
-        main(["bench", "--layers", "0"])  # the console script's name
+        main(["demo", "--layers", "0"])  # the console script's name
     assert e.value.code == 2
-    assert capsys.readouterr().err.startswith("recoverssm bench: error: argument --layers: ")
+    assert capsys.readouterr().err.startswith("recoverssm demo: error: argument --layers: ")
     code = "import sys; from recoverssm_rs.__main__ import main; sys.exit(main())"
     r = subprocess.run(
-        [sys.executable, "-c", code, "pd-demo", "--requests", "0"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, "demo", "--requests", "0"], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        "recoverssm pd-demo: error: argument --requests: invalid value 0: must be >= 1 (see --help)"
+        "recoverssm demo: error: argument --requests: invalid value 0: must be >= 1 (see --help)"
     ]
 
 
@@ -428,13 +484,13 @@ def test_every_command_spells_the_shared_options_alike():
 
 
 def test_help_runs_for_every_command():
+    def argv(name: str) -> list[str]:
+        if name in DEV:
+            return [sys.executable, str(ROOT / DEV[name][1]), "--help"]
+        return [sys.executable, "-m", "recoverssm_rs", *([name] if name else []), "--help"]
+
     procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "recoverssm_rs", *([name] if name else []), "--help"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        name: subprocess.Popen(argv(name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name in _parsers()
     }
     for name, p in procs.items():
@@ -443,12 +499,13 @@ def test_help_runs_for_every_command():
 
 
 def test_pd_demo_run_checks_its_config_before_any_process():
-    from recoverssm_rs.tools.pd_demo import Config, PdOptionError, run
+    from recoverssm_dev.pd_demo import Config, PdOptionError, run
 
     for cfg, option, text in [
         (Config(requests=-1), "requests", "must be >= 1"),
         (Config(prefill_tp=3), "prefill_tp", "not divisible by tp_size = 3"),
         (Config(decode_spec=-1), "decode_spec", "must be >= 0"),
+        (Config(generate=0), "generate", "must be from 1 to 4096 inclusive"),
         (Config(decode_layout="XY"), "decode_layout", "unknown conv layout 'XY'"),
         (Config(layers=True), "layers", "expected an integer"),
     ]:

@@ -1,7 +1,8 @@
 """Ctrl-C and failing child processes: one line, no traceback, no process left behind.
 
-SIGINT goes to the whole process group, as a terminal's Ctrl-C does, of a running ``bench`` and
-``pd-demo``; the child-process plumbing of ``pd-demo`` is checked with real spawned processes."""
+SIGINT goes to the whole process group, as a terminal's Ctrl-C does, of a running
+``benches/bench.py`` and ``scripts/pd_demo.py``; the P/D demo's child-process plumbing is checked
+with real spawned processes."""
 
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from recoverssm_rs.tools.pd_processes import child_main, start_children, stop_children, wait_result
+from recoverssm_dev.pd_processes import child_main, start_children, stop_children, wait_result
 
-PROG = "python -m recoverssm_rs"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start(*args: str) -> subprocess.Popen[str]:
+def _start(script: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "recoverssm_rs", *args],
+        [sys.executable, str(ROOT / script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -50,12 +52,12 @@ def _ctrl_c(proc: subprocess.Popen[str]) -> tuple[str, str]:
 
 def test_ctrl_c_stops_bench_with_one_line():
     pytest.importorskip("torch")
-    proc = _start("bench", "--quick")
+    proc = _start("benches/bench.py", "--quick")
     first = proc.stderr.readline()  # progress: the measuring has begun
     assert first.startswith("bench: ["), first
     out, err = _ctrl_c(proc)
     assert out == ""  # no table of a run cut short
-    assert err.splitlines()[-1] == f"{PROG}: error: interrupted"
+    assert err.splitlines()[-1] == "benches/bench.py: error: interrupted"
     assert all(line.startswith("bench: [") for line in err.splitlines()[:-1]), err
 
 
@@ -64,7 +66,7 @@ def test_ctrl_c_stops_pd_demo_and_its_processes():
 
     if not nixl.nixl_available():
         pytest.skip("NIXL is not importable")
-    proc = _start("pd-demo", "--requests", "64", "--generate", "40")
+    proc = _start("scripts/pd_demo.py", "--requests", "64", "--generate", "40")
     first = proc.stderr.readline()
     m = re.search(r"pid (\d+)\) and decode .*pid (\d+)\) processes started", first)
     assert m, first
@@ -72,7 +74,7 @@ def test_ctrl_c_stops_pd_demo_and_its_processes():
     time.sleep(1.0)  # the children are importing or working; the signal reaches them too
     out, err = _ctrl_c(proc)
     assert out == ""
-    assert err.splitlines() == [f"{PROG}: error: interrupted"], err
+    assert err.splitlines() == ["scripts/pd_demo.py: error: interrupted"], err
     assert all(_gone(pid) for pid in children), children
 
 

@@ -125,9 +125,12 @@ def test_bad_arguments():
         demo.run(steps=1, block_size=2, num_spec=3)
     assert e.value.option == "block_size" and e.value.value == 2
     assert isinstance(e.value, ValueError)
-    with pytest.raises(demo.DemoOptionError, match=">= 1") as e:
-        demo.run(steps=0)
-    assert e.value.option == "steps"
+    from recoverssm_rs.tools.demo.config import MAX_STEPS
+
+    for steps in (0, MAX_STEPS + 1, 10**23):  # bounded: a run ends
+        with pytest.raises(demo.DemoOptionError, match=f"must be from 1 to {MAX_STEPS} inclusive") as e:
+            demo.run(steps=steps)
+        assert e.value.option == "steps" and e.value.value == steps
     with pytest.raises(demo.DemoOptionError, match="not a RecoverSSM preset") as e:
         demo.run(steps=1, preset="nemotron-h-8b")
     assert e.value.option == "preset" and "kimi-k3-like-recoverssm" in str(e.value)

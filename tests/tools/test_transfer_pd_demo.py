@@ -1,4 +1,4 @@
-"""``pd-demo``: prefill and decode in two processes with different TP sizes, conv layouts and
+"""``scripts/pd_demo.py``: prefill and decode in two processes with different TP sizes, conv layouts and
 num_spec, states moved over NIXL, every decode-side state checked against one-instance decoding."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from recoverssm_rs.tools import pd_demo
+from recoverssm_dev import pd_demo, pd_demo_cli
 from support.transfer_ref import nixl_or_skip
 
 nixl_or_skip()
@@ -52,7 +52,9 @@ def test_pd_demo_has_zero_mismatches(cfg):
 
 def test_pd_demo_cli_exits_zero_and_prints_the_summary(capfd, tmp_path):
     path = tmp_path / "s.json"
-    rc = pd_demo.main(["--requests", "2", "--layers", "2", "--generate", "3", "--decode-tp", "2", "--json", str(path)])
+    rc = pd_demo_cli.main(
+        ["--requests", "2", "--layers", "2", "--generate", "3", "--decode-tp", "2", "--json", str(path)]
+    )
     out, err = capfd.readouterr()  # the child processes' output too
     assert rc == 0, out + err
     assert "mismatches: 0" in out and "descriptors" in out and "not a bandwidth" in out
@@ -78,13 +80,10 @@ def test_the_demo_check_catches_a_wrong_state():
 
 
 def test_pd_demo_parser_follows_the_cli_conventions():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    pd_demo.add_parser(parser.add_subparsers())
-    sub = parser._subparsers._group_actions[0].choices["pd-demo"]  # type: ignore[union-attr]
-    for action in sub._actions:
+    parser = pd_demo_cli.build_parser()
+    for action in parser._actions:
         if action.option_strings:
             assert action.help, action.option_strings
-    text = sub.format_help()
+    text = parser.format_help()
     assert "``" not in text and "(default: 16)" in text
+    assert "nixl-cu12" in text and "nixl-cu13" not in text  # what the nixl extra installs

@@ -44,9 +44,9 @@ def test_lru_eviction_within_capacity_and_byte_exact_restores(tmp_path, spill):
     assert ("b" in cache) == spill and "a" in cache and "c" in cache
     if spill:
         assert cache.restore("b", [9]) and _same(states, [9], want["b"])
-        assert len(list(tmp_path.glob("*.safetensors"))) == 1
+        assert len(list(tmp_path.rglob("*.safetensors"))) == 1
         cache.drop("b")
-        assert not list(tmp_path.glob("*.safetensors"))
+        assert not list(tmp_path.rglob("*.safetensors"))
     before = _blocks(states, [9])
     assert not cache.restore("b", [9]) and _same(states, [9], before)
     assert (cache.hits, cache.misses) == ((2, 1) if spill else (1, 1))
@@ -55,13 +55,13 @@ def test_lru_eviction_within_capacity_and_byte_exact_restores(tmp_path, spill):
     assert "HostCache(entries=2" in repr(cache)
 
 
-def test_the_core_keeps_the_tier_rules():
+def test_the_core_keeps_the_tier_rules(tmp_path):
     lay, _, p = _pool()
     per = 2 * sum(s.nbytes for s in lay.persistent)
     for bad in (0, -5):
         with pytest.raises(PlanError, match="capacity_bytes must be > 0"):
             HostCache(p, bad)
-    idx = HostCacheIndex(p.fingerprint, 2, 3 * per, spill=True)
+    idx = HostCacheIndex(p.fingerprint, 2, 3 * per, disk_dir=tmp_path)
     assert idx.counters().bytes_per_request == per == p.fingerprint.request_nbytes(2) and idx.need(3) == 3 * per
     assert idx.put(10, 2) == [] and idx.put(11, 1) == []
     assert idx.lookup(10) == "memory" and idx.lookup(99) is None

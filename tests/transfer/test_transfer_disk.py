@@ -63,7 +63,7 @@ def test_bfloat16_states_round_trip_in_torch_and_the_file_is_safetensors(tmp_pat
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + n])
     meta = header.pop("__metadata__")
-    assert meta["format"] == "recoverssm-saved-states 1" and meta["source_blocks"] == "1,4"
+    assert meta["format"] == "recoverssm-saved-states 2" and meta["source_blocks"] == "1,4"
     assert header["layer0.conv"]["dtype"] == "BF16" and header["layer0.conv"]["shape"][0] == 2
     assert max(v["data_offsets"][1] for v in header.values()) == len(raw) - 8 - n
     HostOffload(p).restore(load_states(path, lay), [2, 5])

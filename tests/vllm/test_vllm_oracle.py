@@ -5,6 +5,14 @@ equal after every pre-copy and every post-process.
 
 Skipped when the wheel cannot be fetched or Triton is missing, unless RECOVERSSM_REQUIRE_ORACLE=1
 (CI), which turns the skip into a failure. RECOVERSSM_ORACLE_STEPS sets the steps per trace.
+
+Sizing: a trace's cost grows faster than its length (requests pile up, and every interpreted Triton
+launch covers them all: 20 steps cost about 7x what 8 do), while what it can catch comes from its
+configuration (groups, block size, speculative blocks, conv layout, shared pages), all kept. At 12
+steps every trace still moves states in the pre-copy (3-39 copies) and, with speculative blocks,
+saves them in the post-process (2-23 copies); prefix hits, preemption, skipped rows and backward
+moves are required of one trace (``test_traces_cover_the_features``) whose seed has all four
+within 12 steps.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from support import vllm_oracle, vllm_trace  # noqa: E402
 from support.vllm_trace import TRACES  # noqa: E402
 from support.vllm_trace import GroupCfg as G  # noqa: E402
 
-STEPS = int(os.environ.get("RECOVERSSM_ORACLE_STEPS", "20"))
+STEPS = int(os.environ.get("RECOVERSSM_ORACLE_STEPS", "12"))
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +110,8 @@ def test_traces_cover_the_features(oracle):
         block_size=2,
         nsb=3,
         conv_layout="SD",
-        seed=4,
-        steps=max(STEPS, 40),
+        seed=7,
+        steps=max(STEPS, 12),
     )
     assert stats.prefix_hits > 0 and stats.preempted > 0 and stats.skipped > 0 and stats.backwards > 0, stats
 

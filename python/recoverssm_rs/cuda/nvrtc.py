@@ -1,7 +1,7 @@
 """Compiling the package's CUDA kernels with NVRTC, without a GPU or a driver: every ``.cu`` source
 (and the combined module the launch layer loads) for sm_80 and sm_90, to CUBIN with ptxas's resource
 report (registers, stack frame, spills, barriers per kernel) and to PTX, with the options
-``cupy.RawModule`` uses. ``python -m recoverssm_rs check-kernels`` runs it with the user's NVRTC.
+``cupy.RawModule`` uses. The checkout's ``scripts/check_kernels.py`` runs it with the user's NVRTC.
 """
 
 from __future__ import annotations

@@ -4,11 +4,13 @@ Commands:
     layout         print a preset's or a parameterised layout as a table
     presets        list the model presets
     demo           serve a toy hybrid model and check every state (see ``demo --help``)
-    check-kernels  compile the CUDA kernels with this machine's NVRTC
-    bench          the planner and the host executor against their baselines
-    pd-demo        prefill and decode in two processes, states moved over NIXL
+    simulate       replay a request trace through a checkpoint placement policy
+    bench, check-kernels, pd-demo
+                   development tools of the source checkout (not in the wheel): each says in
+                   one line how to run it there (:mod:`recoverssm_rs.tools.dev_commands`)
 
-Each subcommand module exposes ``add_parser(subparsers)``; :data:`SUBCOMMANDS` lists them. Every
+Each subcommand module exposes ``add_parser(subparsers)``; :data:`SUBCOMMANDS` lists them. No
+command is a usage error: the usage on stderr, exit status 2. Every
 subcommand spells the shared options the same way (``--json [FILE]``, ``--quiet``: see
 :mod:`recoverssm_rs.tools.cli_args`) and checks every option before any work: a bad argument is answered
 with one line, ``PROG COMMAND: error: argument --flag: invalid value ...``, exit status 2. A
@@ -31,12 +33,11 @@ from typing import Any
 from .. import layouts
 from .._core import Layout
 from ..errors import RecoverSSMError
-from .bench import add_parser as _add_bench_parser
-from .check_kernels import add_parser as _add_check_kernels_parser
 from .cli_args import HelpFormatter, Parser, add_json_option, core_reason, fail, write_json
 from .demo.cli import add_parser as _add_demo_parser
+from .dev_commands import add_parsers as _add_dev_parsers
 from .formatting import format_layout
-from .pd_demo_cli import add_parser as _add_pd_demo_parser
+from .simulate import add_parser as _add_simulate_parser
 
 __all__ = ["main", "build_parser", "format_layout", "family_params", "SUBCOMMANDS"]
 
@@ -290,9 +291,8 @@ SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (
     _add_layout_parser,
     _add_presets_parser,
     _add_demo_parser,
-    _add_check_kernels_parser,
-    _add_bench_parser,
-    _add_pd_demo_parser,
+    _add_simulate_parser,
+    _add_dev_parsers,
 )
 """Each registers one subcommand: ``add_parser(subparsers)``."""
 
@@ -308,6 +308,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_parser in SUBCOMMANDS:
         add_parser(sub)
+    parser.set_defaults(commands=list(sub.choices))
     return parser
 
 
@@ -321,8 +322,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         print(__version__)
         return 0
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+        parser.print_usage(sys.stderr)
+        parser.error(f"a command is required, one of: {', '.join(args.commands)}")
     try:
         return int(args.func(args))
     except RecoverSSMError as e:

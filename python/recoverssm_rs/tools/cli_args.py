@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 __all__ = [
     "Parser",
     "HelpFormatter",
+    "allowed_range",
     "int_at_least",
     "one_line",
     "fail",
@@ -69,12 +70,20 @@ class HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+_HINT = re.compile(r"\(see |\b(?:use|choose|pass|set|install|run) ")
+"""What a message that already says what to do contains (a core error's remedy, a ``(see ...)``)."""
+
+
 class Parser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` whose errors are one line, ``PROG: error: MESSAGE``
-    (exit status 2), without the usage block; ``--help`` shows the usage."""
+    (exit status 2), without the usage block, with one hint: the message's own (``use ...``,
+    ``(see --list-params gdn)``) or else ``(see --help)``; ``--help`` shows the usage."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+        text = one_line(message)
+        if not _HINT.search(text):
+            text += " (see --help)"
+        self.exit(2, f"{self.prog}: error: {text}\n")
 
 
 def one_line(text: str) -> str:
@@ -82,9 +91,16 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
+def allowed_range(low: int, high: int | None = None) -> str:
+    """The integers ``low`` to ``high`` in words that read one way only: ``">= 1"``, or ``"from 1
+    to 8 inclusive"``."""
+    return f">= {low}" if high is None else f"from {low} to {high} inclusive"
+
+
 def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type``: an integer in ``[low, high]`` (``high`` None: no upper bound)."""
-    allowed = f">= {low}" if high is None else f"in {low}..{high}"
+    """An argparse ``type``: an integer from ``low`` to ``high`` inclusive (``high`` None: no upper
+    bound)."""
+    allowed = allowed_range(low, high)
 
     def parse(text: str) -> int:
         try:
@@ -111,6 +127,8 @@ def core_reason(e: BaseException, value: Any, name: str | None = None) -> str:
     text = str(e)
     if name is not None:
         text = re.sub(rf"^{re.escape(name)}(?: = \S+)? ", "", text)
+    if re.search(r"must be a host integer", text):  # the API's word for a Python or numpy int
+        return "expected an integer"
     if isinstance(e, OverflowError):
         if isinstance(value, int) and value < 0:
             return "must be >= 0"

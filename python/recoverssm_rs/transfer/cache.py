@@ -11,8 +11,9 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import overload
 
-from .._core import HostCacheIndex
-from .disk import load_states, save_states
+from .._core import HostCacheIndex, block_list, check_pool, remove_file
+from ..errors import PlanError
+from .disk import _load, _save
 from .offload import HostOffload, HostStates
 from .pool import StatePool
 from .streams import TransferHandle
@@ -24,7 +25,7 @@ log = logging.getLogger("recoverssm_rs")
 
 class _Counter:
     """A read-only attribute of :class:`HostCache`: one field of the core index's
-    :class:`~recoverssm_rs._core.CacheCounters` snapshot."""
+    :class:`~recoverssm_rs._core.CacheCounters` snapshot (assigning one is an AttributeError)."""
 
     def __init__(self, field: str, doc: str) -> None:
         self.field = field
@@ -37,6 +38,9 @@ class _Counter:
     def __get__(self, cache: HostCache | None, owner: type[HostCache]) -> _Counter | int:
         return self if cache is None else int(getattr(cache.index.counters(), self.field))
 
+    def __set__(self, cache: HostCache, value: object) -> None:
+        raise AttributeError(f"HostCache.{self.field} is read-only: the core counts it")
+
 
 class HostCache:
     """Saved states of ``pool`` by key (a prefix hash, a request id), within ``capacity_bytes`` of
@@ -48,22 +52,49 @@ class HostCache:
     rank and layout (:class:`HostStates`), so :meth:`get` may be restored into another rank with
     :meth:`HostOffload.restore`.
 
+    A refused call changes nothing: a :meth:`put` that is too large or names bad blocks keeps the
+    entry already stored under its key and evicts nothing. The counters are read-only.
+
+    Spill files live in a private directory the tier makes inside ``disk_dir`` at its first spill
+    (mode 0700, an exclusive create under a random name); each file is bound to its entry and
+    sealed with keys only this tier holds, so a file swapped with another entry's, or rewritten,
+    is refused on restore (LayoutError naming the key) and nothing is written.
+
     Args:
         pool: the pool whose states are offloaded and restored.
         capacity_bytes: host bytes the tier may hold.
-        disk_dir: a directory for evicted entries (one safetensors file each), or None.
+        disk_dir: a directory for evicted entries (one safetensors file each), or None. It must
+            exist and must not be writable by every user unless it has the sticky bit (like
+            ``/tmp``); BindingError naming it otherwise.
     """
 
     def __init__(self, pool: StatePool, capacity_bytes: int, *, disk_dir: str | os.PathLike[str] | None = None) -> None:
-        self.offload = HostOffload(pool)
-        #: The tier's rules (capacity, bytes per request, LRU order, spill), kept by the core.
-        self.index = HostCacheIndex(pool.fingerprint, pool.num_layers, capacity_bytes, spill=disk_dir is not None)
-        self.disk_dir = Path(disk_dir) if disk_dir is not None else None
+        fingerprint = check_pool(pool)
+        # The tier's rules (capacity, bytes per request, LRU order, spill, the spill directory
+        # and the keys of its files), kept and checked by the core.
+        self._index = HostCacheIndex(fingerprint, pool.num_layers, capacity_bytes, disk_dir=disk_dir)
+        self._offload = HostOffload(pool)
+        self._disk_dir = None if disk_dir is None else Path(disk_dir)
         self._ids: dict[Hashable, int] = {}
         self._keys: dict[int, Hashable] = {}
         self._next_id = 0
         self._entries: dict[int, HostStates] = {}
         self._on_disk: dict[int, Path] = {}
+
+    @property
+    def index(self) -> HostCacheIndex:
+        """The core's bookkeeping of the tier (read it through the counters below)."""
+        return self._index
+
+    @property
+    def offload(self) -> HostOffload:
+        """The offload engine of :attr:`pool`."""
+        return self._offload
+
+    @property
+    def disk_dir(self) -> Path | None:
+        """The directory evicted entries spill into (inside a private directory), or None."""
+        return self._disk_dir
 
     capacity_bytes = _Counter("capacity_bytes", "Host bytes the tier may hold.")
     bytes_per_request = _Counter(
@@ -74,107 +105,131 @@ class HostCache:
     hits = _Counter("hits", "Restores that found their key.")
     misses = _Counter("misses", "Restores that did not.")
 
-    def _id(self, key: Hashable) -> int:
-        i = self._ids.get(key)
-        if i is None:
-            i = self._next_id
-            self._next_id += 1
-            self._ids[key] = i
-            self._keys[i] = key
-        return i
+    def _known(self, key: Hashable) -> int | None:
+        self._index.check_key(key)
+        return self._ids.get(key)
 
-    def _evicted(self, i: int, spill: bool) -> None:
-        states = self._entries.pop(i)
-        if spill:
-            assert self.disk_dir is not None
-            self.disk_dir.mkdir(parents=True, exist_ok=True)
-            path = self.disk_dir / f"states-{os.getpid()}-{id(self):x}-{i}.safetensors"
-            save_states(states, path)
-            self._on_disk[i] = path
-            log.debug("host cache: spilled %r to %s", self._keys[i], path)
-        else:
-            self._forget_key(i)
-
-    def _forget_key(self, i: int) -> None:
-        self._ids.pop(self._keys.pop(i), None)
+    def _spill(self, i: int) -> Path:
+        path = self._index.spill_path(i)
+        _save(self._entries[i], path, tier=self._index, entry=i)
+        log.debug("host cache: spilled %r to %s", self._keys[i], path)
+        return path
 
     def put(self, key: Hashable, blocks: Sequence[int]) -> None:
         """Offloads ``blocks`` (one per request) under ``key``, replacing an entry of that key,
         evicting least recently used entries until it fits. PlanError when they need more than
-        the whole capacity."""
-        self.index.need(len(blocks))
-        self.drop(key)
-        i = self._id(key)
-        for old, spill in self.index.put(i, len(blocks)):
-            self._evicted(old, spill)
+        the whole capacity or name bad blocks, BindingError when a spill cannot be written: then
+        nothing changed (the entry under ``key`` stays, nothing was evicted)."""
+        old = self._known(key)
+        i = old if old is not None else self._next_id
+        states = self._offload.offload(blocks)  # checks the blocks and the pool; copies only
+        evicted = self._index.plan_put(i, states.num_requests)  # refused when too large
+        spilled: dict[int, Path] = {}
         try:
-            self._entries[i] = self.offload.offload(blocks)
+            for j, spill in evicted:
+                if spill:
+                    spilled[j] = self._spill(j)
         except BaseException:
-            self.index.drop(i)
-            self._forget_key(i)
+            for path in spilled.values():
+                remove_file(path)
             raise
+        # Everything checked and written: now change the tier.
+        if old is not None:
+            self._forget_file(old)
+        else:
+            self._next_id += 1
+            self._ids[key] = i
+            self._keys[i] = key
+        assert self._index.put(i, states.num_requests) == evicted
+        for j, _ in evicted:
+            self._entries.pop(j)
+            if j in spilled:
+                self._on_disk[j] = spilled[j]
+            else:
+                self._forget_key(j)
+        self._entries[i] = states
+
+    def _forget_key(self, i: int) -> None:
+        self._ids.pop(self._keys.pop(i), None)
+
+    def _forget_file(self, i: int) -> None:
+        path = self._on_disk.pop(i, None)
+        if path is not None:
+            remove_file(path)
 
     def get(self, key: Hashable) -> HostStates | None:
         """The saved states of ``key`` (loaded from disk if spilled), marked recently used."""
-        i = self._ids.get(key)
+        i = self._known(key)
         if i is None:
             return None
-        self.index.touch(i)
-        return self._states(i, self.index.location(i))
+        self._index.touch(i)
+        return self._states(i, self._index.location(i))
 
     def _states(self, i: int, where: str | None) -> HostStates | None:
         if where == "memory":
             return self._entries[i]
         if where == "disk":
-            return load_states(self._on_disk[i], self.offload.pool.layout)
+            path = self._on_disk[i]
+            layout = self._offload.pool.layout
+            return _load(path, layout, tier=self._index, entry=i, key=repr(self._keys[i]))
         return None
 
-    def _lookup(self, key: Hashable) -> HostStates | None:
-        i = self._ids.get(key)
-        where = self.index.lookup(_NO_ID if i is None else i)  # counts the hit or miss
-        return None if i is None else self._states(i, where)
+    def _lookup(self, key: Hashable) -> tuple[int | None, HostStates | None]:
+        i = self._known(key)
+        where = self._index.lookup(_NO_ID if i is None else i)  # counts the hit or miss
+        return i, (None if i is None else self._states(i, where))
 
     def prefetch(self, key: Hashable, blocks: Sequence[int]) -> TransferHandle | None:
         """Starts restoring ``key``'s states into ``blocks`` on the pool's side stream (a spilled
         entry is read from disk first) and returns its handle, or None (nothing enqueued) when
-        the tier does not hold ``key``. Pass the handle to :meth:`restore` (or call
-        ``handle.wait()``) before the current stream reads the blocks."""
-        states = self._lookup(key)
-        return None if states is None else self.offload.prefetch(states, blocks)
+        the tier does not hold ``key``. Pass the handle to :meth:`restore` of the same key (or
+        call ``handle.wait()``) before the current stream reads the blocks."""
+        block_list(blocks)
+        i, states = self._lookup(key)
+        if states is None:
+            return None
+        handle = self._offload.prefetch(states, blocks)
+        handle.entry = i
+        return handle
 
     def restore(self, key: Hashable, blocks: Sequence[int], *, handle: TransferHandle | None = None) -> bool:
         """Copies ``key``'s states into ``blocks``; False (nothing written) when the tier does not
         hold ``key``. With ``handle`` (from :meth:`prefetch` of ``key`` into ``blocks``) the
-        current stream is only ordered after the prefetched copies."""
+        current stream is only ordered after the prefetched copies; a handle prefetched for
+        another key is refused (PlanError naming the key)."""
         if handle is not None:
-            self.offload.restore(handle.states, blocks, handle=handle)
+            entry = getattr(handle, "entry", None)
+            self._index.check_prefetched(self._known(key), entry if isinstance(entry, int) else None, repr(key))
+            self._offload.restore(handle.states, blocks, handle=handle)
             return True
-        states = self._lookup(key)
+        block_list(blocks)
+        _, states = self._lookup(key)
         if states is None:
             return False
-        self.offload.restore(states, blocks)
+        self._offload.restore(states, blocks)
         return True
 
     def drop(self, key: Hashable) -> None:
         """Forgets ``key`` (in memory and on disk)."""
-        i = self._ids.get(key)
+        i = self._known(key)
         if i is None:
             return
-        self.index.drop(i)
+        self._forget_file(i)
+        self._index.drop(i)
         self._entries.pop(i, None)
-        path = self._on_disk.pop(i, None)
-        if path is not None and path.exists():
-            path.unlink()
         self._forget_key(i)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._ids
+        try:
+            return self._known(key) is not None
+        except PlanError:
+            return False
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self._index)
 
     def __repr__(self) -> str:
-        x = self.index.counters()
+        x = self._index.counters()
         return (
             f"HostCache(entries={x.in_memory}, on_disk={x.on_disk}, used={x.used_bytes}/"
             f"{x.capacity_bytes} bytes, evictions={x.evictions}, hits={x.hits}, misses={x.misses})"

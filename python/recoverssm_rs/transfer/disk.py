@@ -1,32 +1,42 @@
 """Saved states on disk: :class:`~recoverssm_rs.transfer.HostStates` written as a safetensors
 file -- an 8-byte little-endian header length, a JSON header, the tensors' bytes -- whose metadata
 carries the source pool's fingerprint (its rank included), the blocks the requests were saved
-from and a checksum per request (design section 11). Files are written to a temporary name,
-synced and renamed (a reader sees the old file or the new one, never half of one); a file that is
-truncated, extended, tampered with or saved from another layout is refused with a
-:class:`~recoverssm_rs.errors.LayoutError` and nothing is restored. The format's rules and the
-checksums live in the core (``saved_states_header``, ``check_saved_states``)."""
+from, a checksum per request and a digest of the whole record (design section 11).
+
+The core writes and reads the file and decides every rule: the file is written to a temporary
+that cannot be pre-placed (a random name, created exclusively with mode 0600, so a link planted
+at any name is never followed), synced and renamed (a reader sees the old file or the new one,
+never half of one), into a directory that exists and is not world-writable without the sticky
+bit; a file that is truncated, extended, nested too deep, tampered with (bytes or metadata) or
+saved from another layout is refused with a :class:`~recoverssm_rs.errors.LayoutError` and
+nothing is restored; a path that cannot be written or read is a
+:class:`~recoverssm_rs.errors.BindingError` naming it."""
 
 from __future__ import annotations
 
 import json
 import os
 import struct
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._core import (
     Layout,
     LayoutFingerprint,
+    check_pool,
     check_saved_states,
-    saved_states_checksums,
-    saved_states_header,
+    encode_saved_states,
+    guarded_write,
+    read_saved_file,
+    write_file,
 )
 from ..errors import LayoutError
 from .offload import HostStates
 from .pool import StatePool
+
+if TYPE_CHECKING:
+    from .._core import HostCacheIndex
 
 __all__ = ["load_states", "save_states"]
 
@@ -43,54 +53,40 @@ def _host_bytes(t: Any, n: int) -> np.ndarray:
 
 def save_states(states: HostStates, path: str | os.PathLike[str]) -> int:
     """Writes ``states`` to ``path`` atomically; returns the bytes written. The host copy's bound
-    tensors are checked first (BindingError when one was freed)."""
-    pool, n = states.pool, states.num_requests
-    pool.check()
-    fp, layers = pool.fingerprint, pool.num_layers
+    tensors are checked first (BindingError when one was freed); a directory that is missing,
+    not writable, or world-writable without the sticky bit is a BindingError naming it."""
+    return _save(states, path)
+
+
+def _save(states: HostStates, path: Any, tier: HostCacheIndex | None = None, entry: int | None = None) -> int:
+    pool = getattr(states, "pool", None)
+    check_pool(pool, "states.pool")
+    assert isinstance(pool, StatePool)
+    n = states.num_requests
     blocks = list(states.source_blocks) if states.source_blocks is not None else list(range(1, n + 1))
-    _, tensors = saved_states_header(fp, layers, n, blocks, [0] * n)
-    data = np.empty(tensors[-1][4] if tensors else 0, dtype=np.uint8)
-    for (_, _, _, a, b), t in zip(tensors, pool.tensors):
-        data[a:b] = _host_bytes(t, n)
-    meta, tensors = saved_states_header(fp, layers, n, blocks, saved_states_checksums(fp, layers, n, data))
+
+    def gather() -> np.ndarray:
+        parts = [_host_bytes(t, n) for t in pool.tensors]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
+
+    data: np.ndarray = guarded_write(gather, reads=[pool.guard])  # the core checks, then reads
+    meta, tensors = encode_saved_states(pool.fingerprint, pool.num_layers, n, blocks, data, tier=tier, entry=entry)
     header: dict[str, Any] = {"__metadata__": dict(meta)}
     for name, dtype, shape, a, b in tensors:
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [a, b]}
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)  # safetensors pads the header to 8 bytes with spaces
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(hb)))
-            f.write(hb)
-            f.write(data.data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return 8 + len(hb) + int(data.size)
+    return int(write_file(path, [struct.pack("<Q", len(hb)), hb, data]))
 
 
 def _bad(path: Any, what: str) -> LayoutError:
     return LayoutError(f"saved states file {os.fspath(path)}: {what}")
 
 
-def _read_header(path: Any, raw: bytes) -> tuple[dict[str, str], list[tuple[str, str, list[int], int, int]], int]:
-    if len(raw) < 8:
-        raise _bad(path, f"{len(raw)} bytes: too short for a header (truncated)")
-    (n,) = struct.unpack("<Q", raw[:8])
-    if n > len(raw) - 8:
-        raise _bad(path, f"the header length {n} runs past the file's {len(raw)} bytes (truncated)")
+def _read_header(path: Any, hb: bytes) -> tuple[dict[str, str], list[tuple[str, str, list[int], int, int]]]:
+    # The core checked the framing (and that the JSON nests no deeper than a header does).
     try:
-        header = json.loads(raw[8 : 8 + n])
+        header = json.loads(hb)
         meta = header.pop("__metadata__")
         if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
             raise TypeError("__metadata__ is not a map of strings")
@@ -106,7 +102,7 @@ def _read_header(path: Any, raw: bytes) -> tuple[dict[str, str], list[tuple[str,
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise _bad(path, f"malformed header ({type(exc).__name__}: {exc})") from None
     tensors.sort(key=lambda t: (t[3], t[4]))
-    return meta, tensors, 8 + n
+    return meta, tensors
 
 
 def _empty(shape: tuple[int, ...], dtype: str, pin_memory: bool) -> Any:
@@ -125,10 +121,22 @@ def load_states(path: str | os.PathLike[str], layout: Layout, *, pin_memory: boo
     they were saved from (a file saved from another layout is refused; its TP rank comes from the
     file). Restore the result with :meth:`HostOffload.restore`, into the same rank or -- with the
     transfer plans -- another. ``pin_memory``: allocate the host buffer pinned (needs torch)."""
-    raw = Path(path).read_bytes()
-    meta, tensors, start = _read_header(path, raw)
-    data = np.frombuffer(raw, dtype=np.uint8, offset=start)
-    fp, num_layers, n, blocks = check_saved_states(meta, tensors, data)
+    return _load(path, layout, pin_memory=pin_memory)
+
+
+def _load(
+    path: Any,
+    layout: Layout,
+    *,
+    pin_memory: bool = False,
+    tier: HostCacheIndex | None = None,
+    entry: int | None = None,
+    key: str = "",
+) -> HostStates:
+    hb, raw = read_saved_file(path)
+    meta, tensors = _read_header(path, hb)
+    data = np.frombuffer(raw, dtype=np.uint8)
+    fp, num_layers, n, blocks = check_saved_states(meta, tensors, data, tier=tier, entry=entry, key=key)
     want = LayoutFingerprint(layout, tp_rank=fp.tp_rank, block_size=fp.block_size)
     if want != fp:
         raise _bad(path, f"saved from a pool of another layout ({fp!r}), not {want!r}")

@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core import LayoutFingerprint, TransferPlan, check_sources, plan_transfer
-from ..errors import BindingError
+from .._core import LayoutFingerprint, TransferPlan, check_pool, guarded_transfer, plan_transfer, source_pools
 from ..plan_format import CONSTANTS, record_columns
 from .pool import StatePool
 
@@ -138,18 +137,26 @@ class LocalTransfer:
     source instance's ranks, by rank) to ``destination``, with the core's plans.
 
     Every check runs before the first byte moves, and a rejected batch writes nothing: each source
-    pool must hold the rank it is given as and all must be ranks of one instance (the core's
-    ``check_sources``: swapped shards, an SD pool with a DS pool or mixed TP sizes are refused
-    here, as :class:`~recoverssm_rs.transfer.nixl.NixlEndpoint` refuses them at ``connect``);
+    pool must hold the rank it is given as, no rank may be given twice, and all must be ranks of
+    one instance (the core's ``source_pools``: swapped shards, two pools for one rank, an SD pool
+    with a DS pool or mixed TP sizes are refused here, as :class:`~recoverssm_rs.transfer.nixl.NixlEndpoint` refuses them at ``connect``);
     compatibility, geometries, block ids and duplicate destinations are checked by the core's
     planner; every pool's bound tensors are checked (:meth:`StatePool.check`) before each run.
     """
 
-    def __init__(self, sources: Mapping[int, StatePool] | list[StatePool], destination: StatePool) -> None:
-        given = dict(sources) if isinstance(sources, Mapping) else {p.fingerprint.tp_rank: p for p in sources}
-        self.source_fingerprint: LayoutFingerprint = check_sources([(r, p.fingerprint) for r, p in given.items()])
-        self._sources = given
-        self.destination = destination
+    def __init__(self, sources: Mapping[int, StatePool] | Sequence[StatePool], destination: StatePool) -> None:
+        # The core checks both arguments (BindingError naming them): every source a StatePool of
+        # the rank it is given as, no rank twice (two pools listed for one rank), one instance.
+        fingerprint, pairs = source_pools(sources)
+        check_pool(destination, "destination")
+        self.source_fingerprint: LayoutFingerprint = fingerprint
+        self._sources: dict[int, StatePool] = dict(pairs)
+        self._destination = destination
+
+    @property
+    def destination(self) -> StatePool:
+        """The destination pool (read-only: checked once, at construction)."""
+        return self._destination
 
     @property
     def sources(self) -> Mapping[int, StatePool]:
@@ -170,18 +177,15 @@ class LocalTransfer:
         return plan
 
     def execute(self, plan: TransferPlan) -> None:
-        """Runs ``plan``'s reads, then its staged copies, after checking that every source rank
-        the plan reads was given and that the pools' bound tensors still own their memory."""
-        missing = [r for r in plan.source_ranks if r not in self._sources]
-        if missing:
-            have = sorted(self._sources)
-            raise BindingError(
-                f"LocalTransfer: the plan reads source ranks {missing} of tp_size "
-                f"{self.source_fingerprint.tp_size}, which were not given (given: {have})"
-            )
-        for r in plan.source_ranks:
-            self._sources[r].check()
-        self.destination.check()
+        """Runs ``plan``'s reads, then its staged copies, as one guarded core call: the core
+        checks that every source rank the plan reads was given and that the pools' bound tensors
+        still own their memory (BindingError, nothing written, otherwise), runs the copies, and
+        records the destination's write."""
+        guards = {r: p.guard for r, p in self._sources.items()}
+        tp_size = self.source_fingerprint.tp_size
+        guarded_transfer(plan, guards, tp_size, self.destination.guard, lambda: self._copy(plan))
+
+    def _copy(self, plan: TransferPlan) -> None:
         reads = read_rows(plan)
         dviews = self.destination.views
         staging: Any = None
@@ -193,7 +197,6 @@ class LocalTransfer:
             _copy(dst, src)
         if plan.num_staged:
             run_staged(staged_rows(plan), staging, dviews)
-        self.destination.mark_written()
 
     def __repr__(self) -> str:
         return f"LocalTransfer(sources={sorted(self._sources)}, destination={self.destination!r})"

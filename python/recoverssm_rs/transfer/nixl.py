@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_sources, plan_transfer
+from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_pool, check_sources, guarded_write, plan_transfer
 from ..errors import BackendUnavailableError, BindingError, LayoutError
 from .local import STAGING, read_rows, run_staged, staged_rows
 from .pool import StatePool
@@ -179,6 +179,7 @@ class NixlEndpoint:
         progress_thread: bool = True,
         interfaces: str | Sequence[str] = "lo",
     ) -> None:
+        check_pool(pool)
         nixl = import_nixl()
         self.name = name
         self.pool = pool
@@ -342,8 +343,23 @@ class NixlEndpoint:
         moves: a bad batch (PlanError), a source rank not connected or a bound tensor freed or
         re-pointed (BindingError)."""
         t0 = time.perf_counter()
-        self.pool.check()
         plan = self.plan(requests)
+        # One guarded core call: the pool's bound tensors are checked (BindingError, nothing
+        # posted), the reads run, and the pool's write is recorded.
+        res: TransferResult = guarded_write(
+            lambda: self._pull(plan, requests, t0, timeout, per_request, restore_failed), writes=[self.pool.guard]
+        )
+        return res
+
+    def _pull(
+        self,
+        plan: TransferPlan,
+        requests: list[tuple[int, int]],
+        t0: float,
+        timeout: float,
+        per_request: bool,
+        restore_failed: bool,
+    ) -> TransferResult:
         res = TransferResult(nbytes=plan.nbytes)
         groups = self.descriptors(plan, per_request=per_request)
         saved = self._save_targets(read_rows(plan)) if restore_failed else {}
@@ -422,7 +438,6 @@ class NixlEndpoint:
         for req in res.failed:  # their blocks get back the bytes they held before the pull
             for dst, before in saved.get(req, ()):
                 _copy_back(dst, before)
-        self.pool.mark_written()
         res.done.sort()
         res.invalid_blocks = sorted(requests[r][1] for r in res.failed)
         res.seconds = time.perf_counter() - t0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core import LayoutFingerprint, TransferPlan
+from .._core import LayoutFingerprint, TransferPlan, block_list, check_pool, restore_sources
 from ..errors import PlanError
 from .local import LocalTransfer
 from .pool import StatePool
@@ -67,6 +67,7 @@ class HostOffload:
     def __init__(self, pool: StatePool, *, streams: Any = None) -> None:
         from .streams import SideStream, TorchStreams
 
+        check_pool(pool)
         self.pool = pool
         if streams is None and pool.device.startswith("cuda"):
             streams = TorchStreams(pool.device)
@@ -107,15 +108,15 @@ class HostOffload:
 
         event: list[Any] = []
         states = self._offload(blocks, lambda f: event.append(self._side.run(f)))
-        return TransferHandle("offload", states, [int(b) for b in blocks], event[0], self._side.streams)
+        return TransferHandle("offload", states, list(states.source_blocks or ()), event[0], self._side.streams)
 
     def _offload(self, blocks: Sequence[int], run: Any) -> HostStates:
-        self.pool.check()
-        host = self._host_pool(len(blocks))
+        ids = block_list(blocks)
+        host = self._host_pool(len(ids))
         transfer = LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host)
-        plan = transfer.plan([(b, i + 1) for i, b in enumerate(blocks)])
-        run(lambda: transfer.execute(plan))
-        return HostStates(host, len(blocks), source_blocks=[int(b) for b in blocks])
+        plan = transfer.plan([(b, i + 1) for i, b in enumerate(ids)])
+        run(lambda: transfer.execute(plan))  # the core checks the pools' guards, copies, records
+        return HostStates(host, len(ids), source_blocks=ids)
 
     def prefetch(self, states: HostStates | Sequence[HostStates], blocks: Sequence[int]) -> TransferHandle:
         """Starts :meth:`restore` of ``states`` into ``blocks`` on the side stream (after the
@@ -125,10 +126,11 @@ class HostOffload:
         before anything is enqueued."""
         from .streams import TransferHandle
 
+        ids = block_list(blocks)
+        transfer, plan = self._restore_plan(states, ids)  # the core checks the saved states
         saved = [states] if isinstance(states, HostStates) else list(states)
-        transfer, plan = self._restore_plan(saved, blocks)
         event = self._side.run(lambda: transfer.execute(plan))
-        return TransferHandle("restore", saved, [int(b) for b in blocks], event, self._side.streams)
+        return TransferHandle("restore", saved, ids, event, self._side.streams)
 
     def restore(
         self, states: HostStates | Sequence[HostStates], blocks: Sequence[int], *, handle: TransferHandle | None = None
@@ -144,21 +146,22 @@ class HostOffload:
         With ``handle`` (from :meth:`prefetch` of the same states and blocks) nothing is copied
         again: the current stream is ordered after the prefetched copies.
         """
-        saved = [states] if isinstance(states, HostStates) else list(states)
+        from .streams import TransferHandle
+
+        ids = block_list(blocks)
         if handle is not None:
-            same = handle.kind == "restore" and handle.blocks == [int(b) for b in blocks]
+            saved = list(states) if isinstance(states, (list, tuple)) else [states]
+            same = isinstance(handle, TransferHandle) and handle.kind == "restore" and handle.blocks == ids
             if not same or [id(s) for s in handle.states] != [id(s) for s in saved]:  # type: ignore[union-attr]
-                raise PlanError(f"restore: {handle!r} was not prefetched for these states and blocks {list(blocks)}")
+                raise PlanError(f"restore: {handle!r} was not prefetched for these states and blocks {ids}")
             handle.wait()
             return
-        transfer, plan = self._restore_plan(saved, blocks)
+        transfer, plan = self._restore_plan(states, ids)
         transfer.execute(plan)
 
-    def _restore_plan(self, saved: list[HostStates], blocks: Sequence[int]) -> tuple[LocalTransfer, TransferPlan]:
-        counts = sorted({s.num_requests for s in saved})
-        if len(counts) != 1 or counts[0] != len(blocks):
-            raise PlanError(f"restore: offloaded requests {counts} (per source rank) but {len(blocks)} blocks given")
-        transfer = LocalTransfer({s.fingerprint.tp_rank: s.pool for s in saved}, self.pool)
+    def _restore_plan(self, states: Any, blocks: list[int]) -> tuple[LocalTransfer, TransferPlan]:
+        _, sources = restore_sources(states, len(blocks))  # the core checks the saved states
+        transfer = LocalTransfer(dict(sources), self.pool)
         return transfer, transfer.plan([(i + 1, b) for i, b in enumerate(blocks)])
 
     def __repr__(self) -> str:

@@ -64,12 +64,13 @@ class StatePool:
     def __init__(
         self, layout: Layout, states: Sequence[Sequence[Any]], *, tp_rank: int = 0, block_size: int = 0
     ) -> None:
+        # The core checks every argument (BindingError naming it): the layout and every tensor
+        # against it by its binding, the rank and block size by the fingerprint.
+        self._binding = Planner([(layout, states)], persistent_only=True)
         self.layout = layout
         self.fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
         n = layout.copyable_prefix_len
         self._tensors: tuple[Any, ...] = tuple(t for layer in states for t in list(layer)[:n])
-        # The core's binding checks every tensor against the layout (and raises BindingError).
-        self._binding = Planner([(layout, [list(layer)[:n] for layer in states])])
         self.num_layers = len(states)
         self.num_blocks = int(self._binding.num_blocks)
         self.device = str(self._binding.device)
@@ -95,9 +96,11 @@ class StatePool:
         re-pointed): nothing may then be read or written through the pool."""
         self._guard.check()
 
-    def mark_written(self) -> None:
-        """Bumps autograd's version counters of the bound torch tensors (after a write)."""
-        self._guard.mark_written()
+    @property
+    def guard(self) -> BoundTensors:
+        """The bound tensors' guard: every read or write through the pool is one core call
+        (``guarded_write`` / ``guarded_transfer``) that checks it, copies, and records the write."""
+        return self._guard
 
     @property
     def geometry(self) -> Geometry:

@@ -66,11 +66,20 @@ class TransferHandle:
     reading an offloaded copy on the host)."""
 
     def __init__(
-        self, kind: str, states: HostStates | list[HostStates], blocks: list[int], event: Any, streams: Any
+        self,
+        kind: str,
+        states: HostStates | list[HostStates],
+        blocks: list[int],
+        event: Any,
+        streams: Any,
+        *,
+        entry: int | None = None,
     ) -> None:
         self.kind = kind
         self.states = states
         self.blocks = blocks
+        #: The host tier entry this handle restores (set by :meth:`HostCache.prefetch`).
+        self.entry = entry
         self._event = event
         self._streams = streams
 

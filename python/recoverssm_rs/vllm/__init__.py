@@ -1,7 +1,8 @@
 """The adapter for vLLM's model runner: its align-mode recurrent-state step (:class:`VllmMambaStep`,
 :mod:`.step`), the step's device path (:class:`DeviceStep`, :mod:`.device_step`), the GPU-resident runner's
 model state (:class:`ModelStateV2`, :mod:`.model_state`) and the step's
-decisions (:mod:`.decide`).
+decisions (:mod:`.decide`); the vLLM plugin that serves vLLM's step with no source edit (:mod:`.plugin`,
+:func:`plugin_stats`).
 
 vLLM itself is never imported: every vLLM object is read by attribute.
 """
@@ -9,6 +10,7 @@ vLLM itself is never imported: every vLLM object is read by attribute.
 from .decide import PostProcessInputs, PreCopyInputs, align_post_process, align_pre_copy, plan
 from .device_step import DeviceStep
 from .model_state import ModelStateV2, RecoverSSMCommit
+from .plugin import plugin_stats
 from .step import VllmMambaStep, copy_kind, mamba_groups
 
 __all__ = [
@@ -23,4 +25,5 @@ __all__ = [
     "plan",
     "PreCopyInputs",
     "PostProcessInputs",
+    "plugin_stats",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ... import layouts
 from ..cli_args import HelpFormatter, add_json_option, add_quiet_option, fail, int_at_least, max_threads, write_json
-from .config import DEFAULTS, MAX_BLOCK_SIZE, DemoOptionError, recoverssm_presets
+from .config import DEFAULTS, MAX_BLOCK_SIZE, MAX_STEPS, DemoOptionError, recoverssm_presets
 
 __all__ = ["add_parser"]
 
@@ -55,7 +55,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--device", default=DEFAULTS["device"], help="torch device: cpu, cuda or cuda:N (cuda needs a GPU and CuPy)"
     )
-    p.add_argument("--steps", type=int_at_least(1), default=DEFAULTS["steps"], help="serving steps")
+    p.add_argument("--steps", type=int_at_least(1, MAX_STEPS), default=DEFAULTS["steps"], help="serving steps")
     p.add_argument(
         "--requests",
         type=int_at_least(1),
@@ -77,9 +77,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--block-size",
         type=int_at_least(1, MAX_BLOCK_SIZE),
-        default=DEFAULTS["block_size"],
+        default=None,
         dest="block_size",
-        help="prefix-cache block size in tokens (at least --num-spec + 1)",
+        help=f"prefix-cache block size in tokens, at least --num-spec + 1 (default: {DEFAULTS['block_size']})",
     )
     p.add_argument(
         "--num-spec",
@@ -154,17 +154,25 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         requests=args.requests,
         layers=args.layers,
         seed=args.seed,
-        block_size=args.block_size,
+        block_size=DEFAULTS["block_size"] if args.block_size is None else args.block_size,
         num_spec=args.num_spec,
         preset=args.preset,
         num_threads=args.threads or None,
     )
 
 
-def _refuse(parser: argparse.ArgumentParser, e: DemoOptionError, options: dict[str, Any]) -> None:
-    flag = _FLAGS.get(e.option, e.option)
-    extra = f" (with --num-spec {options['num_spec']})" if e.option == "block_size" else ""
-    parser.error(f"argument {flag}: invalid value {e.value!r}{extra}: {e.reason}")
+def _refuse(
+    parser: argparse.ArgumentParser, e: DemoOptionError, options: dict[str, Any], block_size_given: bool
+) -> None:
+    """The error of the flag to blame. A block size that does not fit the speculative window is
+    ``--block-size``'s error when it was given, else ``--num-spec``'s (the default block size did
+    not change)."""
+    option, value, extra = e.option, e.value, ""
+    if option == "block_size" and not block_size_given:
+        option, value, extra = "num_spec", options["num_spec"], f" (with --block-size {options['block_size']})"
+    elif option == "block_size":
+        extra = f" (with --num-spec {options['num_spec']})"
+    parser.error(f"argument {_FLAGS.get(option, option)}: invalid value {value!r}{extra}: {e.reason}")
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -186,7 +194,7 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         validate(**options)
     except DemoOptionError as e:
-        _refuse(parser, e, options)
+        _refuse(parser, e, options, block_size_given=args.block_size is not None)
     text = args.json != "-"
     if text:
         print(preset_header(args.preset))

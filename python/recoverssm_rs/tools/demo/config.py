@@ -1,6 +1,6 @@
 """The demo's options, their defaults, and the up-front check of a configuration.
 
-Ranges of the demo's own options (``steps``, ``requests``, ``layers``, ``num_spec``, ``seed``,
+Ranges of the demo's own options (``steps`` up to :data:`MAX_STEPS`, ``requests``, ``layers``, ``num_spec``, ``seed``,
 ``num_threads``, the largest block size) are checked here; everything the core decides (the layouts
 for ``num_spec``, the block size against the speculative window, the state cache's sizes, whether a
 preset is a RecoverSSM layout) is asked of the core, and its error is reported as an error of the
@@ -19,11 +19,12 @@ import numpy as np
 
 from ... import layouts
 from ...errors import RecoverSSMError
-from ..cli_args import core_reason, max_threads, memory_problem
+from ..cli_args import allowed_range, core_reason, max_threads, memory_problem
 
 __all__ = [
     "DEFAULTS",
     "MAX_BLOCK_SIZE",
+    "MAX_STEPS",
     "PRESET",
     "DemoOptionError",
     "Sizes",
@@ -50,6 +51,9 @@ DEFAULTS: dict[str, Any] = dict(
 """Defaults of :func:`recoverssm_rs.tools.demo.run`'s options."""
 
 _SEED_LIMIT = 2**64 - 1  # torch.Generator.manual_seed takes a 64-bit seed
+
+MAX_STEPS = 100_000
+"""The most serving steps a run takes (a few minutes on one CPU core; the default is 384)."""
 
 MAX_BLOCK_SIZE = 1024
 """The largest block size the demo runs with: its prompts are up to 3 blocks long and prefill
@@ -127,8 +131,7 @@ def _at_least(option: str, value: int, low: int, high: int | None = None) -> Non
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise DemoOptionError(option, value, "expected an integer")
     if value < low or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"in {low}..{high}"
-        raise DemoOptionError(option, value, f"must be {allowed}")
+        raise DemoOptionError(option, value, f"must be {allowed_range(low, high)}")
 
 
 def _core(option: str, value: Any, check: Callable[[], object]) -> None:
@@ -171,7 +174,7 @@ def _check_device(device: str) -> None:
     count = torch.cuda.device_count()
     index = torch.device(device).index
     if index is not None and index >= count:
-        raise DemoOptionError("device", device, f"this machine has CUDA devices 0..{count - 1}")
+        raise DemoOptionError("device", device, f"this machine has CUDA devices 0 to {count - 1} inclusive")
 
 
 def _check_cache_sizes(layers: int, requests: int, block_size: int, num_spec: int) -> None:
@@ -238,7 +241,7 @@ def validate(
     Raises:
         DemoOptionError: naming the option, its value and what it must be.
     """
-    _at_least("steps", steps, 1)
+    _at_least("steps", steps, 1, MAX_STEPS)
     _at_least("requests", requests, 1)
     _at_least("layers", layers, 1)
     _at_least("num_spec", num_spec, 1)  # the demo verifies speculative drafts

@@ -1,6 +1,6 @@
-"""The ``check-kernels`` subcommand: compile the package's CUDA kernels (the combined module the
-launch layer loads) with the NVRTC found on this machine (no GPU or driver needed) and report each
-kernel's registers, stack, spills and barriers, once per architecture.
+"""``scripts/check_kernels.py``: compile the package's CUDA kernels (the combined module the launch
+layer loads) with the NVRTC found on this machine (no GPU or driver needed) and report each kernel's
+registers, stack, spills and barriers, once per architecture.
 
 Exit status 0 when every kernel compiles for every architecture without spills or local memory,
 1 when one does not or when no NVRTC library can be found, 2 for a bad argument (an architecture
@@ -13,9 +13,13 @@ import argparse
 import ctypes
 from typing import Any
 
-from .cli_args import HelpFormatter, add_json_option, write_json
+from recoverssm_rs.errors import RecoverSSMError
+from recoverssm_rs.tools.cli_args import HelpFormatter, Parser, add_json_option, fail, write_json
 
-__all__ = ["add_parser"]
+__all__ = ["PROG", "build_parser", "main"]
+
+PROG = "scripts/check_kernels.py"
+"""The program's name in its messages."""
 
 
 def _arch(text: str) -> int:
@@ -23,19 +27,20 @@ def _arch(text: str) -> int:
         value = int(text.removeprefix("sm_"), 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an architecture like 80 or sm_90") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an architecture like 80 or sm_90")
+    if not 10 <= value <= 999:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected an architecture like 80 or sm_90 (10 to 999 inclusive)"
+        )
     return value
 
 
-def add_parser(sub: Any) -> None:
-    """Register ``check-kernels`` on ``sub`` (an argparse subparsers object)."""
-    from ..cuda import nvrtc
+def build_parser(prog: str = PROG) -> Parser:
+    """The checker's argument parser (one-line errors, defaults in the help)."""
+    from recoverssm_rs.cuda import nvrtc
 
-    p = sub.add_parser(
-        "check-kernels",
+    p = Parser(
+        prog=prog,
         formatter_class=HelpFormatter,
-        help="compile the CUDA kernels with this machine's NVRTC and report their resources",
         description="Compile the package's CUDA kernels (the module the launch layer loads) with the "
         "NVRTC found on this machine (no GPU or driver needed) and report each kernel's "
         "registers, stack, spills and barriers per architecture.\n\n"
@@ -53,13 +58,26 @@ def add_parser(sub: Any) -> None:
         f"(repeatable; default: {', '.join('sm_' + str(a) for a in nvrtc.ARCHS)})",
     )
     add_json_option(p, "the report")
-    p.set_defaults(func=_cmd, parser=p)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run the checker with the command-line arguments ``argv``; returns the exit status (a refusal
+    is one line ``PROG: error: ...`` on stderr)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except RecoverSSMError as e:
+        fail(prog, f"{type(e).__name__}: {e}")
+    except KeyboardInterrupt:
+        fail(prog, "interrupted", 130)
 
 
 def _supported_archs() -> list[int] | None:
     """The architectures this NVRTC compiles for (``nvrtcGetSupportedArchs``), or None where the
     library cannot say."""
-    from ..cuda import nvrtc
+    from recoverssm_rs.cuda import nvrtc
 
     lib = nvrtc._nvrtc()
     if not hasattr(lib, "nvrtcGetSupportedArchs"):
@@ -97,19 +115,18 @@ def _table(rows: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def _cmd(args: argparse.Namespace) -> int:
-    from ..cuda import nvrtc
-    from ..cuda.module import module_source
-    from ..errors import BackendUnavailableError
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from recoverssm_rs.cuda import nvrtc
+    from recoverssm_rs.cuda.module import module_source
+    from recoverssm_rs.errors import BackendUnavailableError
 
-    parser: argparse.ArgumentParser = args.parser
     archs = tuple(dict.fromkeys(args.archs or nvrtc.ARCHS))
     path = nvrtc.find_nvrtc()
     if path is None:
-        from ..backend_check import nvrtc_install_hint
+        from recoverssm_rs.backend_check import nvrtc_install_hint
 
         raise BackendUnavailableError(
-            f"check-kernels: no NVRTC library found ({nvrtc_install_hint()}, "
+            f"{parser.prog}: no NVRTC library found ({nvrtc_install_hint()}, "
             "or set RECOVERSSM_NVRTC to a libnvrtc path)"
         )
     supported = _supported_archs()

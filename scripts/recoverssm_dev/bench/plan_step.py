@@ -33,11 +33,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from recoverssm_rs import layouts
+from recoverssm_rs.planner import Planner
 
-from ... import layouts
-from ...planner import Planner
 from .progress import Progress
-from .timing import Budget, format_ratio, measure_interleaved, ratio, round_range
+from .timing import Budget, format_ratio, format_spread, measure_interleaved, ratio, round_range
 
 __all__ = [
     "BASELINES",
@@ -215,7 +215,7 @@ def reserve_problem(requests: Sequence[int], layers: int) -> str | None:
     try:
         mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
     except (OSError, OverflowError, ValueError) as e:
-        from ..formatting import human_bytes
+        from recoverssm_rs.tools.formatting import human_bytes
 
         why = getattr(e, "strerror", None) or "more than the address space"
         return (
@@ -338,28 +338,31 @@ def run(
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """The plan-step results as a text table: median microseconds per step (M copies per second)
-    per method, and the ratios to ``plan`` with their spread (min-max of the per-round ratios)."""
+    """The plan-step results as a text table: per method the median microseconds per step with the
+    min-max of the rounds' medians, and the ratios to ``plan`` with their spread (min-max of the
+    per-round ratios)."""
     lines = [
         (
             f"plan step: {doc['layout']} GDN, {doc['layers']} layers x R requests x 2 states "
-            f"(align mode, every request crosses); median us per step (M copies/s); "
-            f"baselines: {', '.join(doc['baselines'])}; ratios with their min-max over the timing rounds"
+            f"(align mode, every request crosses); us per step, median (min-max of the timing rounds); "
+            f"baselines: {', '.join(doc['baselines'])}"
         )
     ]
+    cells = {
+        id(r): [format_spread(r["methods"][m]["median_s"], round_range(r["methods"][m]), scale=1e6) for m in METHODS]
+        for r in doc["results"]
+    }
+    width = max([18, *(len(c) for cs in cells.values() for c in cs)])
     head = (
         f"{'requests':>8} {'copies':>8} "
-        + " ".join(f"{m:>18}" for m in METHODS)
+        + " ".join(f"{m:>{width}}" for m in METHODS)
         + f" {'loop/plan':>21} {'numpy/plan':>17}"
     )
     lines += [head, "-" * len(head)]
     for r in doc["results"]:
-        cells = " ".join(
-            f"{r['methods'][m]['median_s'] * 1e6:>10.1f} ({r['methods'][m]['copies_per_s'] / 1e6:>5.1f})"
-            for m in METHODS
-        )
         lines.append(
-            f"{r['requests']:>8} {r['copies']:>8} {cells} {format_ratio(r, 'loop_over_plan'):>21} "
-            f"{format_ratio(r, 'numpy_over_plan'):>17}"
+            f"{r['requests']:>8} {r['copies']:>8} "
+            + " ".join(f"{c:>{width}}" for c in cells[id(r)])
+            + f" {format_ratio(r, 'loop_over_plan'):>21} {format_ratio(r, 'numpy_over_plan'):>17}"
         )
     return "\n".join(lines)

@@ -23,8 +23,8 @@ def quiet_logs(verbose: bool) -> None:
     import logging
     import os
 
-    from ..errors import BackendUnavailableError
-    from ..transfer.nixl import import_nixl
+    from recoverssm_rs.errors import BackendUnavailableError
+    from recoverssm_rs.transfer.nixl import import_nixl
 
     if not verbose:
         os.environ.setdefault("UCX_LOG_LEVEL", "error")

@@ -1,4 +1,4 @@
-"""``bench --gpu``: the GPU copy benchmark of a source checkout (``benches/gpu_copy.py``).
+"""``benches/bench.py --gpu``: the GPU copy benchmark of the checkout (``benches/gpu_copy.py``).
 
 That benchmark (the fused align kernel and the tiled plan executor against device-to-device copy
 bandwidth, CUDA-event timing) still lives in the repository's ``benches/`` folder, beside the GPU
@@ -17,7 +17,7 @@ import types
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ...errors import BackendUnavailableError
+from recoverssm_rs.errors import BackendUnavailableError
 
 __all__ = ["QUICK_ARGS", "GpuArgsError", "find_script", "format_table", "require_script", "run"]
 
@@ -43,10 +43,9 @@ class _StrictParser(argparse.ArgumentParser):
 def find_script(checkout: Path | None = None) -> Path | None:
     """``benches/gpu_copy.py`` of the source checkout this package runs from, or ``None``.
 
-    ``checkout`` defaults to the folder three levels above this package (``python/recoverssm_rs``
-    in a checkout; an installed wheel has no such file).
+    ``checkout`` defaults to the checkout this module lives in (``scripts/recoverssm_dev/bench``).
     """
-    root = Path(__file__).resolve().parents[4] if checkout is None else checkout
+    root = Path(__file__).resolve().parents[3] if checkout is None else checkout
     script = root / "benches" / "gpu_copy.py"
     return script if script.is_file() else None
 
@@ -93,14 +92,15 @@ def run(args: list[str], script: Path | None = None) -> dict[str, Any]:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """A compact table of the GPU results: per request count and method, GB/s and % of d2d."""
+    """A compact table of the GPU results: per request count and method, the median GB/s, the
+    fastest repetition's GB/s (``best``), % of d2d and host time."""
     lines = [
         (
             f"GPU copy ({doc.get('gpu', {}).get('name', 'GPU')}): GB/s = (bytes read + written) / GPU "
-            "time; % of a device-to-device copy of the same bytes"
+            "time, median and best repetition; % of a device-to-device copy of the same bytes"
         )
     ]
-    head = f"{'requests':>8} {'layers':>6}  {'method':<22} {'GB/s':>8} {'% d2d':>7} {'host us':>9}"
+    head = f"{'requests':>8} {'layers':>6}  {'method':<22} {'GB/s':>8} {'best':>8} {'% d2d':>7} {'host us':>9}"
     lines += [head, "-" * len(head)]
     for res in doc.get("results", []):
         if "methods" not in res:
@@ -108,8 +108,11 @@ def format_table(doc: dict[str, Any]) -> str:
             continue
         for name, m in res["methods"].items():
             host = "" if m.get("host_us") is None else f"{m['host_us']:.1f}"
+            # the spread the script records: the fastest repetition's rate beside the median's
+            best = f"{m['gbps'] * m['gpu_us'] / m['gpu_us_min']:.0f}" if m.get("gpu_us") and m.get("gpu_us_min") else ""
             lines.append(
-                f"{res['requests']:>8} {res['layers']:>6}  {name:<22} {m['gbps']:>8.0f} {m['pct_d2d']:>6.1f}% {host:>9}"
+                f"{res['requests']:>8} {res['layers']:>6}  {name:<22} {m['gbps']:>8.0f} {best:>8} "
+                f"{m['pct_d2d']:>6.1f}% {host:>9}"
             )
     lines += [f"target: {t}" for t in doc.get("targets", [])]
     return "\n".join(lines)

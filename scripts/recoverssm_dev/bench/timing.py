@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ROUNDS", "Budget", "format_ratio", "measure_interleaved", "paired_ratios", "ratio", "round_range"]
+__all__ = [
+    "ROUNDS",
+    "Budget",
+    "format_ratio",
+    "format_spread",
+    "measure_interleaved",
+    "paired_ratios",
+    "ratio",
+    "round_range",
+]
 
 ROUNDS = 8
 """Rounds :func:`measure_interleaved` splits each method's calls into."""
@@ -111,3 +120,10 @@ def format_ratio(r: Mapping[str, Any], key: str) -> str:
     """``r[key]`` as ``"0.62x (0.55-0.70)"``: the ratio of the medians and its ``_range``."""
     lo, hi = r.get(f"{key}_range", [r[key], r[key]])
     return f"{_num(r[key])}x ({_num(lo)}-{_num(hi)})"
+
+
+def format_spread(value: float, spread: Sequence[float], scale: float = 1.0) -> str:
+    """A figure with its spread, ``"12.3 (11.0-13.5)"``: ``value`` and the min-max ``spread`` of the
+    rounds (:func:`round_range`), each times ``scale``."""
+    lo, hi = spread
+    return f"{_num(value * scale)} ({_num(lo * scale)}-{_num(hi * scale)})"

@@ -1,4 +1,10 @@
-"""``python -m recoverssm_rs bench``: options, the run, the table, ``--json`` and ``--plot``."""
+"""``benches/bench.py``: options, the run, the table, ``--json`` and ``--plot``.
+
+torch runs with one intra-op thread unless ``--threads`` says otherwise: on a shared machine its
+default (every core) made the baselines swing by orders of magnitude between repeats, while one
+thread gives figures that repeat. Every figure is printed with its spread (the min-max of the
+timing rounds' medians).
+"""
 
 from __future__ import annotations
 
@@ -11,23 +17,46 @@ import sys
 import time
 from typing import Any
 
-from ... import backend_check
-from ...errors import BackendUnavailableError
-from ..cli_args import (
+from recoverssm_rs import backend_check
+from recoverssm_rs.errors import BackendUnavailableError, RecoverSSMError
+from recoverssm_rs.tools.cli_args import (
     HelpFormatter,
+    Parser,
     add_json_option,
     add_quiet_option,
+    fail,
     int_at_least,
     max_threads,
     memory_problem,
     output_path,
     write_json,
 )
+
 from . import gpu_copy, host_copy, plan_step
 from .progress import Progress
 from .timing import Budget
 
-__all__ = ["FULL", "QUICK", "add_parser", "format_report", "run", "settings"]
+__all__ = [
+    "FULL",
+    "MAX_BUDGET",
+    "PROG",
+    "QUICK",
+    "build_parser",
+    "configure",
+    "format_report",
+    "main",
+    "run",
+    "settings",
+]
+
+PROG = "benches/bench.py"
+"""The program's name in its messages."""
+
+MAX_BUDGET = 60.0
+"""The most seconds ``--budget`` gives one method in one case (a full run times about 40 of them)."""
+
+DEFAULT_THREADS = 1
+"""torch intra-op threads unless ``--threads`` is given: the setting whose figures repeat."""
 
 BENCHMARKS = ("plan", "host")
 
@@ -70,12 +99,13 @@ def _size_list(text: str) -> list[str]:
 
 
 def _seconds(text: str) -> float:
+    allowed = f"seconds above 0 and at most {MAX_BUDGET:g}"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected seconds > 0") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected seconds > 0 (finite)")
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {allowed}") from None
+    if not (0 < value <= MAX_BUDGET and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {allowed}")
     return value
 
 
@@ -92,19 +122,26 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 """What ``--plot`` writes (matplotlib takes the format from the suffix)."""
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``bench`` on the CLI's subparsers; returns the subcommand's parser."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "bench",
-        formatter_class=HelpFormatter,
-        help="measure the planner and the host executor against their baselines",
-        description="Measure the copy planner (plan step: throughput against requests) and the host "
-        "executor (host copy: bandwidth against state size) against the baselines engines "
-        "use today (a per-copy Python loop, vectorised numpy, torch copy_ and index "
-        "copies), on this machine's CPU; with --gpu also the GPU copy benchmark. The "
-        "methods are timed interleaved in rounds; each ratio comes with its spread over "
-        "the rounds. Progress goes to stderr, the tables to stdout. Needs torch.",
-    )
+_DESCRIPTION = (
+    "Measure the copy planner (plan step: throughput against requests) and the host executor (host "
+    "copy: bandwidth against state size) against the baselines engines use today (a per-copy "
+    "Python loop, vectorised numpy, torch copy_ and index copies), on this machine's CPU; with --gpu "
+    "also the GPU copy benchmark. The methods are timed interleaved in rounds; every figure comes "
+    "with its spread over the rounds (min-max of the rounds' medians). torch runs with one thread "
+    "unless --threads says otherwise (its default of every core gave figures that did not repeat "
+    "on a shared machine). Progress goes to stderr, the tables to stdout. Needs torch."
+)
+
+
+def build_parser(prog: str = PROG) -> Parser:
+    """The benchmark's argument parser (one-line errors, defaults in the help)."""
+    p = Parser(prog=prog, formatter_class=HelpFormatter, description=_DESCRIPTION)
+    configure(p)
+    return p
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to ``p``."""
     p.add_argument(
         "--quick",
         action="store_true",
@@ -137,13 +174,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"host copy: blocks per call (default {','.join(map(str, FULL['batches']))})",
     )
     p.add_argument(
-        "--budget", type=_seconds, metavar="SECONDS", help=f"timing per method and case (default {FULL['budget']})"
+        "--budget",
+        type=_seconds,
+        metavar="SECONDS",
+        help=f"timing per method and case, at most {MAX_BUDGET:g} (default {FULL['budget']})",
     )
     p.add_argument(
         "--threads",
         type=int_at_least(1, max_threads()),
+        default=DEFAULT_THREADS,
         metavar="N",
-        help="torch intra-op threads, at most this machine's CPUs (default: torch's own choice)",
+        help="torch intra-op threads, at most this machine's CPUs (more threads: figures that "
+        "swing with the machine's load)",
     )
     add_json_option(p, "the results")
     p.add_argument(
@@ -169,8 +211,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"--gpu-args='...' (default: its own; with --quick: {' '.join(gpu_copy.QUICK_ARGS)!r})",
     )
     add_quiet_option(p)
-    p.set_defaults(func=_cmd_bench, parser=p)
-    return p
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -184,8 +224,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _machine(torch: Any) -> dict[str, Any]:
     import numpy as np
-
-    from ... import __version__
+    from recoverssm_rs import __version__
 
     return {
         "platform": platform.platform(),
@@ -213,7 +252,7 @@ def run(cfg: dict[str, Any], progress_enabled: bool = True) -> dict[str, Any]:
         units += host_copy.count_units(cfg["sizes"], cfg["batches"])
     progress = Progress(units, enabled=progress_enabled)
     doc: dict[str, Any] = {
-        "benchmark": "recoverssm_rs bench",
+        "benchmark": "benches/bench.py",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "settings": cfg,
         "machine": _machine(torch),
@@ -273,20 +312,37 @@ def _check_resources(parser: argparse.ArgumentParser, cfg: dict[str, Any]) -> No
             )
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run the benchmark with the command-line arguments ``argv``; returns the exit status. A
+    refusal is one line ``PROG: error: ...`` on stderr (exit status 2 for a bad argument, 1 for a
+    missing piece), Ctrl-C one line and exit status 130."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        return _run_command(parser, args)
+    except RecoverSSMError as e:
+        fail(prog, f"{type(e).__name__}: {e}")
+    except ModuleNotFoundError as e:  # matplotlib for --plot, CuPy for --gpu: the extra to install
+        message = backend_check.missing_module_message(e, f"`{prog}`")
+        if message is None:
+            raise
+        fail(prog, message)
+    except KeyboardInterrupt:
+        fail(prog, "interrupted", 130)
+
+
+def _run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # Every argument and every missing piece is reported before a minute of measuring, not after.
-    parser: argparse.ArgumentParser = args.parser
     if args.gpu_args is not None and not args.gpu:
         parser.error("argument --gpu-args: only with --gpu")
     cfg = settings(args)
     _check_resources(parser, cfg)
-    backend_check.require("torch", "`bench`")
+    backend_check.require("torch", f"`{parser.prog}`")
     if args.plot:
-        backend_check.require("matplotlib", "`bench --plot`")
+        backend_check.require("matplotlib", f"`{parser.prog} --plot`")
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     if args.gpu:
         if not torch.cuda.is_available():
             raise BackendUnavailableError("bench --gpu: torch sees no CUDA device")

@@ -27,11 +27,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from recoverssm_rs._core import Layout, StateSpec
+from recoverssm_rs.planner import Planner
 
-from ..._core import Layout, StateSpec
-from ...planner import Planner
 from .progress import Progress
-from .timing import Budget, format_ratio, measure_interleaved, ratio, round_range
+from .timing import Budget, format_ratio, format_spread, measure_interleaved, ratio, round_range
 
 __all__ = ["BASELINES", "METHODS", "SHAPES", "count_units", "format_table", "memory_bytes", "run"]
 
@@ -128,26 +128,31 @@ def run(
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """The host-copy results as a text table: median GB/s (read + written) per method, and the
-    executor's ratio to ``copy_`` and to the index copy with their spread (min-max of the
-    per-round ratios)."""
+    """The host-copy results as a text table: per method the median GB/s (read + written) with the
+    min-max of the rounds' medians, and the executor's ratio to ``copy_`` and to the index copy with
+    their spread (min-max of the per-round ratios)."""
     lines = [
         (
             f"host copy: plan_copy of N random blocks of a CPU pool; GB/s = (bytes read + written) / s, "
-            f"medians; baselines: {', '.join(doc['baselines'])}; torch threads {doc['torch_threads']}; "
-            f"ratios with their min-max over the timing rounds"
+            f"median (min-max of the timing rounds); baselines: {', '.join(doc['baselines'])}; "
+            f"torch threads {doc['torch_threads']}"
         )
     ]
+    cells = {
+        id(r): [format_spread(r["methods"][m]["GBps"], r["methods"][m]["GBps_range"]) for m in METHODS]
+        for r in doc["results"]
+    }
+    width = max([13, *(len(c) for cs in cells.values() for c in cs)])
     head = (
         f"{'state':>6} {'N':>4} {'MiB':>7} {'segs':>5} "
-        + " ".join(f"{m:>13}" for m in METHODS)
+        + " ".join(f"{m:>{width}}" for m in METHODS)
         + f" {'exec/copy_':>19} {'exec/index':>19}"
     )
     lines += [head, "-" * len(head)]
     for r in doc["results"]:
         lines.append(
             f"{r['size']:>6} {r['batch']:>4} {r['payload_bytes'] / 2**20:>7.1f} {r['segments']:>5} "
-            + " ".join(f"{r['methods'][m]['GBps']:>8.1f} GB/s" for m in METHODS)
+            + " ".join(f"{c:>{width}}" for c in cells[id(r)])
             + f" {format_ratio(r, 'execute_over_copy_'):>19} {format_ratio(r, 'execute_over_index'):>19}"
         )
     return "\n".join(lines)

@@ -1,10 +1,9 @@
-"""The ``pd-demo`` subcommand (and ``python -m recoverssm_rs.tools.pd_demo``): its options, their
-up-front check, and the run's output.
+"""``scripts/pd_demo.py``: the P/D demo's options, their up-front check, and the run's output.
 
-Every option is checked before a process starts (:func:`recoverssm_rs.tools.pd_demo.validate`:
-the demo's ranges, both sides' layouts built by the core, the memory the run takes); a bad one is
-one line naming the flag, the value and what it must be, exit status 2. A missing NIXL is one line
-and exit status 1, as is a child process's failure. Progress lines go to stderr (none with
+Every option is checked before a process starts (:func:`recoverssm_dev.pd_demo.validate`: the
+demo's ranges, both sides' layouts built by the core, the memory the run takes); a bad one is one
+line naming the flag, the value and what it must be, exit status 2. A missing NIXL is one line and
+exit status 1, as is a child process's failure. Progress lines go to stderr (none with
 ``--quiet``); NIXL's INFO logging only with ``--verbose``. Ctrl-C ends both child processes and is
 one line, exit status 130.
 """
@@ -13,13 +12,27 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from ..errors import RecoverSSMError
-from .cli_args import HelpFormatter, Parser, add_json_option, add_quiet_option, fail, int_at_least, write_json
-from .pd_demo import Config, PdOptionError, format_summary, passed, run, validate
+from recoverssm_rs.errors import RecoverSSMError
+from recoverssm_rs.tools.cli_args import (
+    HelpFormatter,
+    Parser,
+    add_json_option,
+    add_quiet_option,
+    fail,
+    int_at_least,
+    write_json,
+)
 
-__all__ = ["add_parser", "main"]
+from .pd_demo import MAX_GENERATE, Config, PdOptionError, format_summary, passed, run, validate
+
+__all__ = ["NO_NIXL", "PROG", "build_parser", "main"]
+
+PROG = "scripts/pd_demo.py"
+"""The program's name in its messages."""
+
+NO_NIXL = "the P/D demo needs NIXL, which is not installed: pip install 'recoverssm_rs[nixl]' (it installs nixl-cu12)"
+"""The line that answers a missing NIXL (exit status 1)."""
 
 _FLAGS = {
     "requests": "--requests",
@@ -40,7 +53,7 @@ _DESCRIPTION = (
     "a toy GDN + KDA stack (8 heads of 8) is prefilled on one side, its states pulled over NIXL "
     "with re-sharding, decoded in speculative windows on the other and checked against "
     "one-instance decoding (exit status 1 on any mismatch).\n\n"
-    "Needs NIXL (pip install nixl-cu12). The transfer time printed includes the connection "
+    "Needs NIXL: pip install 'recoverssm_rs[nixl]' (nixl-cu12). The transfer time printed includes the connection "
     "set-up: it is not a bandwidth (benches/transfer.py measures that)."
 )
 
@@ -95,7 +108,12 @@ def _configure(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="draft tokens per speculative window on the decode side (num_spec)",
     )
-    p.add_argument("--generate", type=int_at_least(0), default=d.generate, help="tokens generated per request")
+    p.add_argument(
+        "--generate",
+        type=int_at_least(1, MAX_GENERATE),
+        default=d.generate,
+        help="tokens generated per request (the decode side's work; 0 would check nothing)",
+    )
     p.add_argument(
         "--seed", type=int_at_least(0, 2**64 - 3), default=d.seed, help="seed of the weights, prompts and acceptance"
     )
@@ -109,16 +127,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd, parser=p)
 
 
-def add_parser(sub: Any) -> None:
-    """Register the ``pd-demo`` subcommand on ``sub`` (an argparse subparsers object)."""
-    p = sub.add_parser(
-        "pd-demo",
-        formatter_class=HelpFormatter,
-        description=_DESCRIPTION,
-        help="prefill and decode in two processes, states moved over NIXL with "
-        "re-sharding, checked against one-instance decoding",
-    )
+def build_parser(prog: str = PROG) -> Parser:
+    """The demo's argument parser (one-line errors, defaults in the help)."""
+    p = Parser(prog=prog, formatter_class=HelpFormatter, description=_DESCRIPTION)
     _configure(p)
+    return p
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -130,9 +143,10 @@ def _cmd(args: argparse.Namespace) -> int:
         if e.option is None:
             parser.error(e.reason)
         parser.error(f"argument {_FLAGS[e.option]}: invalid value {e.value!r}: {e.reason}")
-    from ..transfer.nixl import import_nixl
+    from recoverssm_rs.transfer.nixl import nixl_available
 
-    import_nixl()  # BackendUnavailableError with the install hint, before starting processes
+    if not nixl_available():  # before starting processes; the extra's package, as it installs it
+        fail(parser.prog, NO_NIXL)
 
     def progress(msg: str) -> None:
         if not args.quiet:
@@ -149,11 +163,9 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0 if passed(s) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m recoverssm_rs.tools.pd_demo [options]``: the ``pd-demo`` subcommand alone."""
-    prog = "python -m recoverssm_rs.tools.pd_demo"
-    parser = Parser(prog=prog, formatter_class=HelpFormatter, description=_DESCRIPTION)
-    _configure(parser)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run the demo with the command-line arguments ``argv``; returns the exit status."""
+    parser = build_parser(prog)
     try:
         args = parser.parse_args(argv)
         return int(args.func(args))

@@ -25,21 +25,21 @@ independent; the recurrences are :func:`recoverssm_rs.recoverssm.recurrence.prep
 from __future__ import annotations
 
 import multiprocessing as mp
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from recoverssm_rs.tools.cli_args import allowed_range
 
 from .pd_processes import child_main, start_children, stop_children, wait_result
 
 __all__ = [
     "Config",
     "PdOptionError",
+    "MAX_GENERATE",
     "TOLERANCE",
-    "add_parser",
     "format_summary",
-    "main",
     "passed",
     "run",
     "run_bytes",
@@ -51,6 +51,8 @@ HEAD_DIM = 8
 KERNEL = 4
 VOCAB = 97
 TOLERANCE = 1e-4
+MAX_GENERATE = 4096
+"""The most tokens a request generates (``--generate``): the decode side runs them one window at a time."""
 KINDS = ("gdn", "kda")
 
 
@@ -71,7 +73,7 @@ class Config:
 
 
 def _layout(kind: str, tp: int, num_spec: int, conv_layout: str) -> Any:
-    from .. import layouts
+    from recoverssm_rs import layouts
 
     common: dict[str, Any] = dict(
         conv_kernel_size=KERNEL,
@@ -109,7 +111,7 @@ def _at_least(cfg: Config, option: str, low: int, high: int | None = None) -> No
     if isinstance(value, bool) or not isinstance(value, int):
         raise PdOptionError(option, value, "expected an integer")
     if value < low or (high is not None and value > high):
-        raise PdOptionError(option, value, f"must be >= {low}" if high is None else f"must be in {low}..{high}")
+        raise PdOptionError(option, value, f"must be {allowed_range(low, high)}")
 
 
 def _kinds(layers: int) -> tuple[str, ...]:
@@ -119,8 +121,8 @@ def _kinds(layers: int) -> tuple[str, ...]:
 def _side_layouts(cfg: Config, side: str) -> dict[str, Any]:
     """One side's layouts, built by the core; a refusal names the option to blame: the TP size
     (refused with the plainest window and layout), else ``num_spec``, else the conv layout."""
-    from ..errors import RecoverSSMError
-    from .cli_args import core_reason
+    from recoverssm_rs.errors import RecoverSSMError
+    from recoverssm_rs.tools.cli_args import core_reason
 
     tp, spec, conv = (getattr(cfg, f"{side}_{k}") for k in ("tp", "spec", "layout"))
     out = {}
@@ -159,13 +161,13 @@ def validate(cfg: Config) -> None:
     Raises:
         PdOptionError: naming the option, its value and what it must be.
     """
-    from .._core import LayoutFingerprint
-    from ..errors import RecoverSSMError
-    from .cli_args import memory_problem
+    from recoverssm_rs._core import LayoutFingerprint
+    from recoverssm_rs.errors import RecoverSSMError
+    from recoverssm_rs.tools.cli_args import memory_problem
 
     _at_least(cfg, "requests", 1)
     _at_least(cfg, "layers", 1)
-    _at_least(cfg, "generate", 0)
+    _at_least(cfg, "generate", 1, MAX_GENERATE)
     _at_least(cfg, "seed", 0, 2**64 - 3)  # torch seeds take 64 bits; numpy gets seed + 2
     for side in ("prefill", "decode"):
         _at_least(cfg, f"{side}_tp", 1)
@@ -184,20 +186,6 @@ def validate(cfg: Config) -> None:
             key=lambda o: getattr(cfg, o) / max(1, getattr(defaults, o)),
         )
         raise PdOptionError(option, getattr(cfg, option), problem)
-
-
-def add_parser(sub: Any) -> None:
-    """Register the ``pd-demo`` subcommand (see :mod:`recoverssm_rs.tools.pd_demo_cli`)."""
-    from .pd_demo_cli import add_parser as add
-
-    add(sub)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m recoverssm_rs.tools.pd_demo``."""
-    from .pd_demo_cli import main as cli_main
-
-    return cli_main(argv)
 
 
 class _Model:
@@ -242,8 +230,7 @@ class _Model:
         ``[H_r, V, K]``). Returns the conv history ``[K-1+Q, C_r]`` and the states after each
         token ``[Q+1, H_r, V, K]``."""
         import torch
-
-        from ..recoverssm import recurrence
+        from recoverssm_rs.recoverssm import recurrence
 
         w = self.layers[layer]
         ch, heads = self.rank_parts(tp, rank)
@@ -281,8 +268,7 @@ class _Rank:
         self, cfg: Config, model: _Model, tp: int, rank: int, conv_layout: str, num_spec: int, num_blocks: int
     ) -> None:
         import torch
-
-        from ..transfer.pool import StatePool
+        from recoverssm_rs.transfer.pool import StatePool
 
         self.tp, self.rank, self.model, self.conv_layout = tp, rank, model, conv_layout
         self.pools: dict[str, StatePool] = {}
@@ -326,7 +312,7 @@ class _Rank:
 
 def _prefill(cfg: Config, conn: Any) -> dict[str, Any] | None:
     """The prefill process: prompts minus their last token, then serve the pulls."""
-    from ..transfer.nixl import NixlEndpoint
+    from recoverssm_rs.transfer.nixl import NixlEndpoint
 
     model = _Model(cfg)
     prompts, _ = _sequences(cfg)
@@ -368,8 +354,7 @@ def _compare(model: _Model, rk: _Rank, layer: int, block: int, tokens: list[int]
 def _decode(cfg: Config, conn: Any) -> dict[str, Any]:
     """The decode process: pull, check, decode in speculative windows, check again."""
     import numpy as np
-
-    from ..transfer.nixl import NixlEndpoint
+    from recoverssm_rs.transfer.nixl import NixlEndpoint
 
     model = _Model(cfg)
     prompts, gens = _sequences(cfg)
@@ -499,7 +484,3 @@ def format_summary(s: dict[str, Any]) -> str:
 def passed(s: dict[str, Any]) -> bool:
     """Whether the run of summary ``s`` found no mismatch, no failed transfer and no failed process."""
     return "error" not in s and not s["num_mismatches"] and not s["failed"] and s["exit_codes"] == [0, 0]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

