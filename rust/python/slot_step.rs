@@ -10,7 +10,7 @@ use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::TensorDesc;
 use crate::vllm::slot_commit::{plan_stage, CacheShape, SlotCommitInputs};
-use crate::vllm::slot_step::{check_group_ids, Commit, Sampled, SlotBuffers, SlotStep, TableRef};
+use crate::vllm::slot_step::{check_group_ids, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt};
@@ -71,6 +71,8 @@ pub struct VllmSlotStep {
     uploaded: Mutex<Vec<TableRef>>,
     /// The RecoverSSM commit staged for the next post-process.
     staged: Mutex<Option<Staged>>,
+    /// Which half may run next (a post-process needs a pre-copy of its own).
+    order: Mutex<HalfOrder>,
 }
 
 /// A launch and, when the tables moved, their records to upload before it.
@@ -79,6 +81,10 @@ type HalfStep<'py> = (Py<KernelLaunch>, Option<Bound<'py, PyBytes>>);
 impl VllmSlotStep {
     fn take_staged(&self) -> PyResult<Option<Staged>> {
         Ok(self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))?.take())
+    }
+
+    fn order(&self) -> PyResult<std::sync::MutexGuard<'_, HalfOrder>> {
+        Ok(self.order.lock().map_err(|_| Error::plan("the half-step order's lock is poisoned"))?)
     }
 
     fn put_staged(&self, staged: Option<Staged>) -> PyResult<()> {
@@ -157,7 +163,8 @@ impl VllmSlotStep {
         let inner = SlotStep::new(fused, block_size, a.num_slots, &b)?;
         let (uploaded, staged) = (Mutex::new(Vec::new()), Mutex::new(None));
         let table_names = group_ids.iter().map(|g| format!("block_tables[{g}]")).collect();
-        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, table_names, uploaded, staged })
+        let order = Mutex::new(HalfOrder::default());
+        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, table_names, uploaded, staged, order })
     }
 
     /// The error buffer's int32 elements: the pre-copy's two words, the post-process's, the stamp
@@ -206,7 +213,9 @@ impl VllmSlotStep {
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
         let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
         let qsl = Tensor::arg(query_start_loc, "query_start_loc", kind)?.0;
-        self.half(py, block_tables, run, None, |s, cols| s.pre(cols, &idx, &nct, &qsl))
+        let out = self.half(py, block_tables, run, None, |s, cols| s.pre(cols, &idx, &nct, &qsl))?;
+        self.order()?.pre_ran();
+        Ok(out)
     }
 
     /// Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
@@ -245,7 +254,9 @@ impl VllmSlotStep {
     }
 
     /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
-    /// for every row); `commit`: run the staged RecoverSSM commit (`stage_commit`). A post-process
+    /// for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
+    /// last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
+    /// without a pre-copy since the last post-process (one post-process per step). A post-process
     /// the core builds forgets the staged commit (with `commit` or not); a refused one keeps it.
     /// `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
     /// `reference` when it runs with this post-process (else `None`).
@@ -263,7 +274,8 @@ impl VllmSlotStep {
     ) -> PyResult<HalfStep<'py>> {
         let kind = ErrorKind::Plan;
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
-        let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
+        self.order()?.check_post()?;
+        let nct = if num_computed_tokens.is_none() { None } else { Some(Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0) };
         let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
         let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };
         let fill = if all { i64::arg(num_sampled, "num_sampled", kind)? } else { 0 };
@@ -285,7 +297,7 @@ impl VllmSlotStep {
             let reference = st.and_then(|s| s.reference.as_ref());
             let out = self.half(py, block_tables, run, reference, |s, cols| {
                 let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
-                s.post(cols, &idx, &nct, sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
+                s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
             })?;
             if let Some((_, bound)) = fused {
                 bound.bind(py).call_method0(intern!(py, "mark_written"))?;
@@ -294,6 +306,8 @@ impl VllmSlotStep {
         })();
         if result.is_err() {
             self.put_staged(taken)?; // refused: the stage stays for this step
+        } else {
+            self.order()?.post_ran();
         }
         // Launched (with or without it): a later post-process does not commit this stage again.
         result

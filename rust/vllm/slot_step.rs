@@ -101,6 +101,46 @@ fn vector(a: &TensorDesc, what: &str, device: &Device, dtype: IntType, min_len: 
     Ok(if v.len == 0 { 0 } else { v.ptr })
 }
 
+/// The order of an adapter's half-steps: a step begins with its pre-copy (which may repeat: a
+/// step whose post-process the engine skipped) and takes one post-process. Once a pre-copy has run,
+/// a second post-process without a pre-copy between would save the windows again from
+/// already-advanced columns, so it is refused. Before the first pre-copy there is no step to
+/// repeat: post-processes alone are taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HalfOrder {
+    /// No pre-copy has run yet.
+    #[default]
+    Fresh,
+    /// A pre-copy ran since the last post-process.
+    PrePending,
+    /// A post-process ran since the last pre-copy.
+    Posted,
+}
+
+impl HalfOrder {
+    /// Records a pre-copy that ran.
+    pub fn pre_ran(&mut self) {
+        *self = HalfOrder::PrePending;
+    }
+
+    /// Checks that a post-process may run now (nothing changes).
+    pub fn check_post(&self) -> Result<()> {
+        if *self == HalfOrder::Posted {
+            return Err(Error::plan(
+                "postprocess_state: no preprocess_state since the last post-process (a repeated post-process for one step is refused; nothing was written)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records a post-process that ran.
+    pub fn post_ran(&mut self) {
+        if *self == HalfOrder::PrePending {
+            *self = HalfOrder::Posted;
+        }
+    }
+}
+
 /// Checks the engine's KV-cache group id of each planner group: one per group, each `>= 0`, no
 /// id twice.
 pub fn check_group_ids(ids: &[i64], groups: usize) -> Result<Vec<usize>> {
@@ -205,8 +245,12 @@ impl SlotStep {
         Ok((p, n))
     }
 
-    fn launch(&self, cols: i32, rows: (u64, u64), computed: &TensorDesc, h: Half<'_>) -> Result<Launch> {
-        let nct = vector(computed, "num_computed_tokens", &self.fused.device, IntType::I32, self.slots)?;
+    fn launch(&self, cols: i32, rows: (u64, u64), computed: Option<&TensorDesc>, h: Half<'_>) -> Result<Launch> {
+        // No counts (a post-process of a pipeline-parallel rank that is not the last): no aligned save.
+        let nct = match computed {
+            Some(c) => vector(c, "num_computed_tokens", &self.fused.device, IntType::I32, self.slots)?,
+            None => 0,
+        };
         let f = &self.fused;
         let mut flags = if f.has_temporal { FLAG_HAS_TEMPORAL } else { 0 };
         flags |= if h.post { FLAG_DECIDE } else { FLAG_PRE_COPY };
@@ -264,16 +308,25 @@ impl SlotStep {
     pub fn pre(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, query_start_loc: &TensorDesc) -> Result<Launch> {
         let rows = self.rows(idx)?;
         let qsl = vector(query_start_loc, "query_start_loc", &self.fused.device, IntType::I32, rows.1 + 1)?;
-        self.launch(cols, rows, num_computed, Half { qsl, sampled: (0, 0), commit: None, post: false })
+        self.launch(cols, rows, Some(num_computed), Half { qsl, sampled: (0, 0), commit: None, post: false })
     }
 
-    /// The post-process's launch: `num_computed` per slot after this step, the sampled counts per
-    /// batch row (int32 `[>= R]`) or one count for every row.
+    /// The post-process's launch: `num_computed` per slot after this step (`None`, as vLLM's
+    /// non-last pipeline-parallel ranks pass it: the counts are scattered, a staged commit runs, and
+    /// no aligned save is made), the sampled counts per batch row (int32 `[>= R]`) or one count for
+    /// every row.
     /// With a RecoverSSM `commit` staged (counts per row only, a batch of at least its rows), the
     /// committed rows' columns and counts are set as vLLM's `commit_step` does before the aligned
     /// save, and with its `kernel` (the cache's, on the states' device, [`THREADS`] per CTA) the
     /// commit itself runs in this launch.
-    pub fn post(&self, cols: i32, idx: &TensorDesc, num_computed: &TensorDesc, sampled: Sampled<'_>, commit: Option<Commit<'_>>) -> Result<Launch> {
+    pub fn post(
+        &self,
+        cols: i32,
+        idx: &TensorDesc,
+        num_computed: Option<&TensorDesc>,
+        sampled: Sampled<'_>,
+        commit: Option<Commit<'_>>,
+    ) -> Result<Launch> {
         let rows = self.rows(idx)?;
         let sampled = match sampled {
             Sampled::Each(t) => (vector(t, "num_sampled", &self.fused.device, IntType::I32, rows.1)?, 0),
@@ -384,29 +437,32 @@ mod tests {
         let tail = [10_000, 11_000, 12_000, 13_000, 8, 4, 3, 64, pre, 14_000];
         assert_eq!(v, [&head[..], &[0, 0, 8], &none[3..], &tail[..]].concat());
         let ns = t(23_000, "int32", &[3]);
-        let v = st.post(5, &idx, &nct, Sampled::Each(&ns), None).unwrap().named(&["query_start_loc", "num_sampled", "flags"]);
+        let v = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), None).unwrap().named(&["query_start_loc", "num_sampled", "flags"]);
         assert_eq!(v, [0, 23_000, (FLAG_HAS_TEMPORAL | FLAG_DECIDE) as i128]);
-        let v = st.post(5, &idx, &nct, Sampled::All(2), None).unwrap().named(&["num_sampled", "sampled_fill"]);
+        let v = st.post(5, &idx, Some(&nct), Sampled::All(2), None).unwrap().named(&["num_sampled", "sampled_fill"]);
         assert_eq!(v, [0, 2]);
+        // No counts (a non-last pipeline-parallel rank): the launch has a null num_computed.
+        let v = st.post(5, &idx, None, Sampled::All(0), None).unwrap().named(&["num_computed", "num_sampled", "sampled_fill"]);
+        assert_eq!(v, [0, 0, 0]);
         // A staged commit that ran before: the computed tokens and the width, nothing of the kernel.
         let ran = Commit { batch_rows: 3, cols: 7, kernel: None };
-        let l = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(ran)).unwrap();
+        let l = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(ran)).unwrap();
         let v = l.named(&FIELDS);
         assert_eq!((&v[11..13], &v[13..22], l.grid), (&[16_008, 7][..], &[16_000, 0, 8, 0, 0, 0, 0, 0, 0][..], [2, 3, 3]));
         // The commit in this launch: the stage's count and rows, the kernel's table and grid.
         let table = [crate::commit::CommitMeta { heads: 2, head_v: 16, head_k: 16, ..Default::default() }; 5];
         let k = CommitLaunch::new(Device::Cuda(0), 900, &table, 64, 4, 0, THREADS).unwrap();
-        let l = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { kernel: Some(&k), ..ran })).unwrap();
+        let l = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(Commit { kernel: Some(&k), ..ran })).unwrap();
         let v = l.named(&FIELDS);
         let (rec, conv) = (k.rec_ctas as i128, k.conv_ctas as i128);
         assert_eq!(&v[11..22], &[16_008, 7, 16_000, 16_000 + 64, 8, 900, 5, 64, 4, rec, conv][..]);
         assert_eq!(l.grid, [(2 + rec + conv) as u32, 3, 5]);
-        let e = st.post(5, &idx, &nct, Sampled::All(2), Some(ran)).unwrap_err();
+        let e = st.post(5, &idx, Some(&nct), Sampled::All(2), Some(ran)).unwrap_err();
         assert!(e.message.contains("needs the sampled counts per row"), "{}", e.message);
-        let e = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { batch_rows: 4, ..ran })).unwrap_err();
+        let e = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(Commit { batch_rows: 4, ..ran })).unwrap_err();
         assert_eq!(e.message, "the staged RecoverSSM commit names batch row 3, but this post-process has 3 rows");
         let far = CommitLaunch::new(Device::Cuda(1), 900, &table, 64, 4, 0, THREADS).unwrap();
-        let e = st.post(5, &idx, &nct, Sampled::Each(&ns), Some(Commit { kernel: Some(&far), ..ran })).unwrap_err();
+        let e = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(Commit { kernel: Some(&far), ..ran })).unwrap_err();
         assert!(e.message.contains("the commit kernel runs on cuda:1"), "{}", e.message);
         // An empty batch still launches (the stamp and the words advance).
         assert_eq!(st.pre(5, &t(20_000, "int32", &[0]), &nct, &t(22_000, "int32", &[1])).unwrap().grid, [2, 1, 3]);
@@ -424,8 +480,26 @@ mod tests {
         let mut far = idx.clone();
         far.device = "cuda:1".into();
         assert_eq!(msg(st.pre(5, &far, &nct, &qsl)), "idx_mapping is on cuda:1, the states on cuda:0");
-        assert!(msg(st.post(5, &idx, &nct, Sampled::Each(&t(1, "int32", &[2])), None)).contains("num_sampled: expected a 1-D vector of at least 3"));
-        assert!(msg(st.post(5, &idx, &nct, Sampled::All(1 << 40), None)).contains("does not fit int32"));
+        assert!(
+            msg(st.post(5, &idx, Some(&nct), Sampled::Each(&t(1, "int32", &[2])), None)).contains("num_sampled: expected a 1-D vector of at least 3")
+        );
+        assert!(msg(st.post(5, &idx, Some(&nct), Sampled::All(1 << 40), None)).contains("does not fit int32"));
+    }
+
+    #[test]
+    fn a_post_process_needs_a_pre_copy_of_its_own() {
+        let mut o = HalfOrder::default();
+        // before any step, post-processes alone are taken
+        assert_eq!(o.check_post(), Ok(()));
+        o.post_ran();
+        assert_eq!(o.check_post(), Ok(()));
+        o.pre_ran();
+        o.pre_ran(); // a pre-copy may repeat
+        assert_eq!(o.check_post(), Ok(()));
+        o.post_ran();
+        assert!(o.check_post().unwrap_err().message.contains("no preprocess_state since the last post-process"));
+        o.pre_ran();
+        assert_eq!(o.check_post(), Ok(()));
     }
 
     #[test]

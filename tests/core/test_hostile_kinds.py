@@ -449,3 +449,152 @@ def test_wrong_kinds_are_named():
 def test_the_step_needs_a_block_size():
     with pytest.raises(rs.PlanError, match="block_size is required"):
         VllmMambaStep([(0, LAYOUT, _states())], block_size=None, num_spec_blocks=2, max_num_reqs=4)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# vLLM's GPU-resident runner: ModelStateV2's entry points (states seen as CUDA tensors, launches
+# through the host emulation of the kernel)
+# ------------------------------------------------------------------------------------------------
+
+I32 = torch.int32
+
+
+class _V2Target:
+    """A fresh one-group ``ModelStateV2`` per hostile call, slot 1 with 4 cached tokens, after one
+    pre-copy (so a post-process is the step's own); its tensors: every bound state and the
+    adapter's columns, counts and scratch."""
+
+    def __init__(self) -> None:
+        from support.vllm_trace import small_model_state
+
+        self.ms, self.states = small_model_state(fake=True)
+        self.table = torch.zeros(4, 6, dtype=I32)
+        self.table[1, :4] = torch.tensor([1, 2, 3, 4], dtype=I32)
+        self.ms.add_request(1, 4)
+        self.ms.preprocess_state(
+            torch.tensor([1], dtype=I32),
+            torch.tensor([0, 4, 0, 0], dtype=I32),
+            torch.tensor([0, 1], dtype=I32),
+            [self.table],
+        )
+
+    def tensors(self) -> list[Any]:
+        return [*self.states, self.ms._state, self.ms._acc, self.ms._scratch]
+
+
+def _v2_runner_args() -> dict[str, Any]:
+    from support.vllm_trace import small_model_state
+
+    ms, _ = small_model_state(fake=True)
+    return dict(planner=ms.planner, group_ids=[0], max_num_reqs=4, device="cpu")
+
+
+def _v2_from_runner_args() -> dict[str, Any]:
+    import types
+
+    from support.device_fakes import FakeCuda
+
+    spec = types.SimpleNamespace(
+        mamba_type="GDN_ATTN",
+        shapes=[(5, 3), (2, 2)],
+        dtypes=[torch.float32] * 2,
+        block_size=4,
+        num_speculative_blocks=2,
+        mamba_cache_mode="align",
+    )
+    cfg = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=["l0"])])
+    ctx = {"l0": types.SimpleNamespace(kv_cache=[FakeCuda(torch.zeros(16, 5, 3)), FakeCuda(torch.zeros(16, 2, 2))])}
+    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
+    return dict(
+        kv_cache_config=cfg, forward_context=ctx, copy_funcs=funcs, max_num_reqs=4, conv_layout=None, device="cpu"
+    )
+
+
+def _v2_entries() -> list[tuple[str, Callable[..., Any], dict[str, Any]]]:
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    def i32(*x: int) -> Any:
+        return torch.tensor(x, dtype=I32)
+
+    return [
+        ("ModelStateV2", lambda t, **k: ModelStateV2(**k), _v2_runner_args()),
+        ("ModelStateV2.from_runner", lambda t, **k: ModelStateV2.from_runner(**k), _v2_from_runner_args()),
+        ("ModelStateV2.add_request", lambda t, **k: t.ms.add_request(**k), dict(slot=2, num_computed_tokens=8)),
+        (
+            "ModelStateV2.preprocess_state",
+            lambda t, **k: t.ms.preprocess_state(**k),
+            dict(
+                idx_mapping=i32(1),
+                num_computed_tokens=i32(0, 5, 0, 0),
+                query_start_loc=i32(0, 3),
+                block_tables=_OWN_TABLES,
+            ),
+        ),
+        (
+            "ModelStateV2.postprocess_state",
+            lambda t, **k: t.ms.postprocess_state(**k),
+            dict(idx_mapping=i32(1), num_sampled=i32(3), num_computed_tokens=i32(0, 7, 0, 0), block_tables=_OWN_TABLES),
+        ),
+    ]
+
+
+#: Stands for the target's own block tables in the entries above.
+_OWN_TABLES: Any = object()
+
+
+@pytest.fixture
+def _v2_device(monkeypatch):
+    """The adapter's buffers on the host, seen as CUDA tensors by its launches; the launches run
+    through the host emulation."""
+    from recoverssm_rs.cuda.ops import CudaOps
+    from support import device_fakes
+    from support.device_fakes import FakeCuda
+
+    device_fakes.install(monkeypatch)
+    device_fakes.install(monkeypatch, ops=False, emulate=True)
+    # a tensor is seen as a CUDA one; any other object reaches the package as given
+    monkeypatch.setattr(
+        CudaOps, "launch_arg", staticmethod(lambda t: FakeCuda(t) if isinstance(t, torch.Tensor) else t)
+    )
+
+
+def _v2_call(call: Callable[..., Any], target: _V2Target, kwargs: dict[str, Any]) -> Any:
+    if kwargs.get("block_tables") is _OWN_TABLES:
+        kwargs = {**kwargs, "block_tables": [target.table]}
+    return call(target, **kwargs)
+
+
+V2_NAMES = [
+    "ModelStateV2",
+    "ModelStateV2.from_runner",
+    "ModelStateV2.add_request",
+    "ModelStateV2.preprocess_state",
+    "ModelStateV2.postprocess_state",
+]
+
+
+def test_the_good_v2_calls_pass(_v2_device):
+    for name, call, good in _v2_entries():
+        target = _V2Target()
+        _v2_call(call, target, good)
+        if "process_state" in name:
+            assert target.ms.last_error().ok, name
+
+
+@pytest.mark.parametrize("name", V2_NAMES)
+def test_every_v2_argument_refuses_the_wrong_kind(_v2_device, name):
+    entries = {n: (c, g) for n, c, g in _v2_entries()}
+    call, good = entries[name]
+    foreign = []
+    for arg in good:
+        for label, value in HOSTILE.items():
+            target = _V2Target()
+            before = [t.clone() for t in target.tensors()]
+            try:
+                _v2_call(call, target, {**good, arg: value})
+            except rs.RecoverSSMError:
+                changed = [i for i, (a, b) in enumerate(zip(before, target.tensors())) if not torch.equal(a, b)]
+                assert not changed, f"{name}({arg}={label}) was refused but wrote tensors {changed}"
+            except Exception as e:  # noqa: BLE001 - the point of the test
+                foreign.append(f"{arg}={label}: {type(e).__name__}: {e}")
+    assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)

@@ -121,6 +121,7 @@ class V2Stats:
     int_counts: int = 0
     lagged: int = 0
     commits: int = 0
+    non_last: int = 0
 
 
 class _Recover:
@@ -226,6 +227,7 @@ def run_trace(
     static: bool = False,
     device: vllm_trace.DeviceMode | None = None,
     graphs: bool = False,
+    non_last_rank: float = 0.0,
 ) -> V2Stats:
     """One random trace through vLLM's ``MambaHybridModelState`` and ``ModelStateV2``.
 
@@ -246,7 +248,10 @@ def run_trace(
     (``max_num_reqs`` rows, the batch padded with ``-1`` rows; counts always a tensor), as under a
     CUDA graph. ``device``: the adapter's states, RecoverSSM cache and inputs on a real device
     (``place``; ``bind`` what it binds), its launches real ones (a GPU; ``None``: host tensors
-    seen as CUDA ones through the seam). ``graphs`` (with ``static`` and a CUDA ``device``): from
+    seen as CUDA ones through the seam). ``non_last_rank``: the fraction of steps whose post-process
+    is called as vLLM's pipeline-parallel ranks other than the last call it,
+    ``postprocess_state(idx_mapping, 0)`` (no computed tokens: vLLM fills the counts with 1 and
+    makes no aligned save), on both sides. ``graphs`` (with ``static`` and a CUDA ``device``): from
     the second step on, each half is captured once in a ``torch.cuda.CUDAGraph`` and replayed.
     AssertionError at the first difference."""
     from recoverssm_rs.vllm.model_state import ModelStateV2
@@ -422,14 +427,21 @@ def run_trace(
                     rec.vllm_metadata(rec.step(rec.caches[0], slots, rows, computed, qlens), sim.bs),
                 )
                 stats.commits += not isinstance(counts, int)
-        vms.postprocess_state(post_idx, counts, nct)
-        nct_o.copy_(nct)
-        if static:
+        if non_last_rank and rng.random() < non_last_rank:  # a pipeline-parallel rank that is not the last
+            vms.postprocess_state(post_idx, 0)
+            ours.postprocess_state(on(post_idx), 0, None, tables_o)
+            stats.non_last += 1
+            nct_o.copy_(nct)
+        elif static:
+            vms.postprocess_state(post_idx, counts, nct)
+            nct_o.copy_(nct)
             fixed["post_idx"].fill_(-1)[:n] = post_idx
             fixed["sampled"].zero_()[:n] = torch.tensor(sampled, dtype=torch.int32)
             post = (fixed["post_idx"], fixed["sampled"], nct_o, tables_o)
             run_half(step, "post", lambda: ours.postprocess_state(*post, recoverssm=commit))
         else:
+            vms.postprocess_state(post_idx, counts, nct)
+            nct_o.copy_(nct)
             ours.postprocess_state(
                 on(post_idx), counts if isinstance(counts, int) else on(counts), nct_o, tables_o, recoverssm=commit
             )

@@ -19,17 +19,26 @@
 RS_DEVICE int64_t rs_slot_ld(const int32_t* p) { return *(const volatile int32_t*)p; }
 
 // The pre-copy's new running column of a row: ceil((num_computed + query_len) / block_size) - 1, or
-// -2 when the row is skipped (no slot, a slot out of range or a negative token count: the
-// bookkeeping thread reports those).
+// -2 when the row is skipped (no slot, a slot out of range, a decreasing query_start_loc or a
+// negative token count: the bookkeeping thread reports those).
 RS_DEVICE int64_t rs_pre_new_col(const int32_t* idx_mapping, const int32_t* num_computed,
                                  const int32_t* query_start_loc, int64_t r, int64_t num_slots, int64_t block_size,
                                  int64_t* slot) {
   const int64_t s = idx_mapping[r];
   *slot = s;
   if (s < 0 || s >= num_slots || block_size < 1) return -2;
-  const int64_t total = (int64_t)num_computed[s] + query_start_loc[r + 1] - query_start_loc[r];
-  if (total < 0) return -2;
+  const int64_t qlen = (int64_t)query_start_loc[r + 1] - query_start_loc[r];
+  const int64_t total = (int64_t)num_computed[s] + qlen;
+  if (qlen < 0 || total < 0) return -2;
   return (total + block_size - 1) / block_size - 1;
+}
+
+// Whether a row other than r names slot s (rows must name distinct slots; only -1 may repeat).
+RS_DEVICE bool rs_slot_shared(const int32_t* idx_mapping, int64_t num_rows, int64_t r, int64_t s) {
+  for (int64_t o = 0; o < num_rows; ++o) {
+    if (o != r && idx_mapping[o] == s) return true;
+  }
+  return false;
 }
 
 // A RecoverSSM-committed row's running column after the commit (vLLM's commit_step): min(max(computed
@@ -94,7 +103,7 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
                            int64_t num_slots, int64_t block_size, RsSlotRow* row) {
   if (post) {
     const int64_t s = idx_mapping[r];
-    if (s < 0 || s >= num_slots) return false;
+    if (s < 0 || s >= num_slots || num_computed == nullptr) return false;  // no num_computed: no save
     const int32_t n = num_sampled != nullptr ? num_sampled[r] : sampled_fill;
     row->slot = (int32_t)s;
     const int64_t col = rs_commit_col(commit_computed, commit_cols, n, r, block_size);
@@ -124,6 +133,25 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
   row->x = (int32_t)next;
   row->a = a > 1 ? (int32_t)a : 1;
   return true;
+}
+
+// The first error of the row's copy decision over every group's table (0: every group's copy may
+// run): a row is written for all of its groups or for none. A committed row whose save would
+// still copy is RS_ERR_ARGS (its save is the commit's).
+RS_DEVICE uint32_t rs_slot_row_check(const StateCopySlotsParams& p, bool post, const RsSlotRow& row) {
+  for (uint32_t g = 0; g < p.num_tables; ++g) {
+    const TableRef t = p.tables[g];
+    const int32_t* bt_row = (const int32_t*)t.addr + (int64_t)row.slot * t.row_stride;
+    RsRequest q;
+    const uint32_t code =
+        post ? rs_decide_aligned(bt_row, p.bt_cols, row.src, row.x, row.a, p.block_size, p.max_accepted, p.num_blocks,
+                                 p.flags, &q)
+             : rs_decide(bt_row, p.bt_cols, row.src, row.x, row.a, p.max_accepted, p.num_blocks,
+                         p.flags | RS_FLAG_PRE_COPY, &q);
+    if (code != 0) return code;
+    if (row.committed && q.a != 0) return RS_ERR_ARGS;
+  }
+  return 0;
 }
 
 // rs_state_copy_slots(StateCopySlotsParams p)
@@ -169,10 +197,16 @@ RS_DEVICE bool rs_slot_row(bool post, const int32_t* idx_mapping, const int32_t*
 // launch (rs_slot_row). A post-process writes state_idx only for committed rows, whose column every
 // CTA computes itself, and never reads num_accepted, so it needs no scratch. Thread 0 of the
 // copy's CTA (0, 0, 0) zeroes the word the other half reports into: the pre-copy the
-// post-process's word, the post-process the next pre-copy's (and advances the stamp). A row whose
-// slot is >= S, or whose token count is negative, is reported (RS_ERR_ARGS) and skipped; copy
-// errors as rs_state_copy. Rows of one launch must name distinct slots. A pre-copy row whose old
-// or new column is outside the table is reported (RS_ERR_COLUMN) and its slot left as it was. Grid
+// post-process's word, the post-process the next pre-copy's (and advances the stamp). A refused row
+// is reported into the half's word and nothing is written for it -- no state of any group, no
+// column, no count -- while the other rows run: a slot below -1 or >= S, a slot another row of
+// the launch names too (both rows; only -1 may repeat), a pre-copy's decreasing query_start_loc
+// or negative token count (RS_ERR_ARGS); a column outside the table (RS_ERR_COLUMN); a block or
+// count that any group's decision refuses (RS_ERR_BLOCK, RS_ERR_ACCEPTED: every group is decided
+// before any is copied, and the bookkeeping decides the same before it moves the column). Copy
+// errors as rs_state_copy. Without num_computed (a post-process of a pipeline-parallel rank that
+// is not the last, as vLLM calls it) the post-process scatters the counts and sets committed
+// rows' columns, and makes no aligned save. Grid
 // and launch shape as rs_state_copy (any R, including 0: the stamp and words still advance), with
 // a commit gridDim.x = rec_ctas + conv_ctas + the copy's CTAs (at least one; and a z extent over
 // its layers: every loop is grid-stride); the launch reads only its parameters and the buffers
@@ -219,8 +253,14 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(const StateCopyS
   if (chunk == 0 && blockIdx.z == 0 && tid == 0) {
     for (int64_t r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
       const int64_t s = p.idx_mapping[r];
-      if (s < 0) continue;
-      if (s >= S || (!post && (int64_t)p.num_computed[s] + p.query_start_loc[r + 1] - p.query_start_loc[r] < 0)) {
+      if (s == -1) continue;
+      // Refused rows (reported, nothing written for them): a slot below -1 or >= S, two rows on
+      // one slot, a pre-copy's decreasing query_start_loc or negative token count.
+      int64_t slot;
+      const bool bad = s < -1 || s >= S || rs_slot_shared(p.idx_mapping, p.num_rows, r, s) ||
+                       (!post && rs_pre_new_col(p.idx_mapping, p.num_computed, p.query_start_loc, r, S, p.block_size,
+                                                &slot) == -2);
+      if (bad) {
         rs_report_error(rs_slot_word(p.err, p.ctl, post), RS_ERR_ARGS, r, S);
         continue;
       }
@@ -229,7 +269,18 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(const StateCopyS
         const int64_t cc = rs_commit_col(commit_computed, p.commit_cols, n, r, p.block_size);
         const int64_t a = cc >= 0 ? 1 : (n > 1 ? n : 1);
         const int64_t col = cc >= 0 ? cc : p.state_idx[s];
+        if (p.num_computed == nullptr) {  // no aligned save (a pipeline-parallel rank not the last)
+          if (cc >= 0) p.state_idx[s] = (int32_t)cc;
+          p.num_accepted[s] = (int32_t)a;
+          continue;
+        }
         if (col >= p.bt_cols) continue;  // reported by the copy CTAs; nothing written
+        RsSlotRow row;
+        if (!rs_slot_row(true, p.idx_mapping, p.num_computed, p.query_start_loc, p.num_sampled, p.sampled_fill,
+                         commit_computed, p.commit_cols, p.state_idx, p.num_accepted, p.scratch, p.ctl, r, S,
+                         p.block_size, &row) ||
+            rs_slot_row_check(p, true, row) != 0)
+          continue;  // a save some group refuses: reported by the copy CTAs; nothing written
         if (cc >= 0) p.state_idx[s] = (int32_t)cc;  // the committed state is the running one
         const TableRef t = p.tables[0];
         const int32_t* bt_row = (const int32_t*)t.addr + s * t.row_stride;
@@ -237,7 +288,6 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(const StateCopyS
                                              p.max_accepted, p.block_size, p.flags);
         continue;
       }
-      int64_t slot;
       const int64_t next = rs_pre_new_col(p.idx_mapping, p.num_computed, p.query_start_loc, r, S, p.block_size, &slot);
       const int32_t old = p.state_idx[s], a = p.num_accepted[s];
       if (next == -2 || old == next) continue;
@@ -245,6 +295,10 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(const StateCopyS
         rs_report_error(rs_slot_word(p.err, p.ctl, post), RS_ERR_COLUMN, r, S);
         continue;
       }
+      // A move some group refuses (a bad block or count): the column and count stay (the copy
+      // CTAs report it and write nothing).
+      const RsSlotRow row{(int32_t)s, false, old >= 0 ? old : -1, (int32_t)next, a > 1 ? a : 1};
+      if (rs_slot_row_check(p, false, row) != 0) continue;
       p.scratch[s] = old;
       p.scratch[S + s] = a;
       p.scratch[2 * S + s] = p.ctl[0];
@@ -255,6 +309,8 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(const StateCopyS
     }
   }
   for (int64_t r = blockIdx.y; r < p.num_rows; r += gridDim.y) {
+    const int64_t s = p.idx_mapping[r];
+    if (s >= 0 && rs_slot_shared(p.idx_mapping, p.num_rows, r, s)) continue;  // refused (reported above)
     for (uint32_t mi = blockIdx.z; mi < p.num_meta; mi += gridDim.z) {
       // Read again for every state (a few cached loads) rather than kept live across the copy.
       RsSlotRow row;
@@ -268,17 +324,20 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_state_copy_slots(const StateCopyS
         if (reporter) rs_report_error(rs_slot_word(p.err, p.ctl, post), RS_ERR_META, r, S);
         continue;
       }
+      // Every group's decision first: a row one group refuses is written by none.
+      const uint32_t code = rs_slot_row_check(p, post, row);
+      if (code != 0) {
+        if (reporter) rs_report_error(rs_slot_word(p.err, p.ctl, post), code, r, S);
+        continue;
+      }
       const TableRef t = p.tables[m.group];
       const int32_t* bt_row = (const int32_t*)t.addr + (int64_t)row.slot * t.row_stride;
       RsRequest q;
-      const uint32_t code =
-          post ? rs_decide_aligned(bt_row, p.bt_cols, row.src, row.x, row.a, p.block_size, p.max_accepted, p.num_blocks,
-                                   p.flags, &q)
-               : rs_decide(bt_row, p.bt_cols, row.src, row.x, row.a, p.max_accepted, p.num_blocks,
-                           p.flags | RS_FLAG_PRE_COPY, &q);
-      if (code != 0 || (row.committed && q.a != 0)) {  // a committed row's save is the commit's
-        if (reporter) rs_report_error(rs_slot_word(p.err, p.ctl, post), code != 0 ? code : RS_ERR_ARGS, r, S);
-        continue;
+      if (post) {
+        rs_decide_aligned(bt_row, p.bt_cols, row.src, row.x, row.a, p.block_size, p.max_accepted, p.num_blocks, p.flags,
+                          &q);
+      } else {
+        rs_decide(bt_row, p.bt_cols, row.src, row.x, row.a, p.max_accepted, p.num_blocks, p.flags | RS_FLAG_PRE_COPY, &q);
       }
       const uint32_t c = rs_copy_state_chunk(m, bt_row, p.bt_cols, p.num_blocks, q, chunk, nchunks, tid, nthreads);
       if (c != 0 && reporter) rs_report_error(rs_slot_word(p.err, p.ctl, post), c, r, S);

@@ -19,8 +19,9 @@ reads ``idx_mapping`` and the runner's counts itself and takes vLLM's bookkeepin
 state advance and count reset, the post-process's count scatter) along with the copies (the
 pre-copy with ``"pre_copy"`` semantics, the post-process decided on the device). The core checks
 every input on the host (``_core.VllmSlotStep``); the kernel checks every (request, group) it
-copies and reports into the step's error word (:meth:`ModelStateV2.last_error`), a bad slot or
-column skipped with nothing written for it. Everything runs on the current torch stream, in order
+copies and reports into the step's error word (:meth:`ModelStateV2.last_error`): a refused row
+(a bad slot, a slot two rows name, a decreasing ``query_start_loc``, a bad column or block) is
+reported and nothing is written for it -- no state of any group, no column, no count. Everything runs on the current torch stream, in order
 with the runner's own work. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered out
 under pipeline parallelism) is skipped by both halves. With RecoverSSM (:class:`RecoverSSMCommit`),
 the post-process also commits the spec-decode rows into the package's
@@ -45,14 +46,13 @@ from .. import _core
 from .._core import ErrorWord
 from ..cuda import module, ops
 from ..engine import EngineAdapter
-from ..errors import PlanError
+from ..errors import BackendUnavailableError, BindingError, PlanError
+from ..placement import parse_device
 from ..planner import Planner
 
 __all__ = ["ModelStateV2", "RecoverSSMCommit"]
 
 log = logging.getLogger("recoverssm_rs")
-
-_AS_GIVEN = ops.CudaOps.launch_arg  # the hook's own identity (the tables then pass as given)
 
 
 @dataclasses.dataclass
@@ -103,17 +103,22 @@ class ModelStateV2(EngineAdapter):
     def __init__(self, planner: Planner, group_ids: Sequence[int], max_num_reqs: int, *, device: Any = None) -> None:
         import torch
 
+        if not isinstance(planner, Planner):
+            raise BindingError(f"planner must be a Planner, got {type(planner).__name__}")
         if planner.block_size is None:
             raise PlanError("ModelStateV2 needs the planner's block_size (Planner(..., block_size=...))")
         super().__init__(planner)
         self.group_ids = _core.VllmSlotStep.check_group_ids(group_ids, planner.num_groups)
         self.max_num_reqs = m = _core.VllmSlots.check_capacity(max_num_reqs)
         self.block_size = int(planner.block_size)
-        self.device = torch.device(device if device is not None else planner.device)
+        self.device = torch.device(parse_device(device if device is not None else planner.device).name)
         dev = self.device
 
         def vec(fill: int, n: int, dtype: Any = torch.int32) -> Any:
-            return torch.full((n,), fill, dtype=dtype, device=dev)
+            try:
+                return torch.full((n,), fill, dtype=dtype, device=dev)
+            except RuntimeError as e:  # no usable device (torch's error, named here)
+                raise BackendUnavailableError(f"ModelStateV2: cannot allocate its slot buffers on {dev}: {e}") from None
 
         self._state = vec(-1, m)
         self._acc = vec(1, m)
@@ -246,7 +251,12 @@ class ModelStateV2(EngineAdapter):
 
         Per row with slot ``s``: the pre-copy moves ``state_idx[s] -> ceil((num_computed[s] +
         query_len) / block_size) - 1`` with offset ``num_accepted[s] - 1`` when the column changes
-        and was ``>= 0``, and then the count resets to 1. The rows must name distinct slots.
+        and was ``>= 0``, and then the count resets to 1.
+
+        A row with a slot below ``-1`` or ``>= max_num_reqs``, a slot another row names too (only
+        ``-1`` may repeat), a decreasing ``query_start_loc``, a column outside the table or a block
+        any group refuses is refused on the device: reported in :meth:`last_error`, and nothing is
+        written for it (no state, column or count); the other rows run.
         """
         step = self._core_step()
         if self._last == "pre":  # a pre-copy without a post-process since the last: a new stamp
@@ -276,7 +286,10 @@ class ModelStateV2(EngineAdapter):
                 parallelism, are skipped).
             num_sampled: ``[R]`` int32 tokens sampled per row (0 for a chunked-prefill row: counted
                 as 1), or one integer for every row.
-            num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step.
+            num_computed_tokens: ``[max_num_reqs]`` per-slot computed tokens **after** this step,
+                or ``None`` as vLLM's pipeline-parallel ranks other than the last pass it: the
+                counts are scattered (and a RecoverSSM commit runs) but no aligned save is made,
+                as vLLM skips it.
             block_tables: as :meth:`preprocess_state`.
             recoverssm: the step's RecoverSSM commit (vLLM's ``commit_step``): ``True`` for the
                 commit :meth:`stage_recoverssm` staged for this step (the post-process then plans
@@ -294,8 +307,10 @@ class ModelStateV2(EngineAdapter):
                 forgets a staged commit, and the skip is logged.
 
         Raises:
-            PlanError: a bad input (nothing is written), or ``recoverssm=True`` with no commit
-                staged since the last post-process.
+            PlanError: a bad input (nothing is written), ``recoverssm=True`` with no commit
+                staged since the last post-process, or a second post-process for one step (once a
+                pre-copy has run, no :meth:`preprocess_state` since the last post-process: the
+                windows are not saved again).
         """
         step = self._core_step()
         tables = _tables(block_tables)
@@ -314,7 +329,8 @@ class ModelStateV2(EngineAdapter):
             # caller's own counts.
             self._run(kl, records, None if reference is None else functools.partial(reference, num_sampled))
 
-        step.post(arg(idx_mapping), sampled, arg(num_computed_tokens), tables, commit, run)
+        computed = None if num_computed_tokens is None else arg(num_computed_tokens)
+        step.post(arg(idx_mapping), sampled, computed, tables, commit, run)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
@@ -402,9 +418,9 @@ def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, *, block_size: int
 def _tables(block_tables: Any) -> Any:
     """The caller's per-group tables as the core reads them (each through
     :meth:`CudaOps.launch_arg <recoverssm_rs.cuda.ops.CudaOps.launch_arg>`)."""
-    arg = ops.cuda_ops.launch_arg
-    if arg is _AS_GIVEN:
-        return block_tables
+    arg = ops.cuda_ops.launch_arg  # read at each call (a hook replaced after this module's import)
     if isinstance(block_tables, Mapping):
         return {g: arg(t) for g, t in block_tables.items()}
-    return [arg(t) for t in block_tables]
+    if isinstance(block_tables, (list, tuple)):
+        return [arg(t) for t in block_tables]
+    return block_tables  # the core names what it cannot index
