@@ -36,7 +36,7 @@ NAMES = ("block_table", "src_col", "second", "num_accepted")
 
 def test_positional_and_keyword_steps_pack_the_same_launch(fake_ops, recorder):
     planner = _planner()
-    planner._device("test")  # the device path bound (the table "uploaded"), no kernel loaded
+    planner.device_path("test")  # the device path bound (the table "uploaded"), no kernel loaded
     core = planner.core
     step = _step()
     err, out = fc(np.zeros(3)), fc(np.zeros(2))
@@ -65,7 +65,7 @@ def test_positional_and_keyword_steps_pack_the_same_launch(fake_ops, recorder):
 )
 def test_device_step_refuses_mixed_or_wrong_arguments(fake_ops, recorder, call, message):
     planner = _planner()
-    planner._device("test")  # the device path bound (the table "uploaded"), no kernel loaded
+    planner.device_path("test")  # the device path bound (the table "uploaded"), no kernel loaded
     with pytest.raises(PlanError, match=message):
         call(planner.core, _step())
 
