@@ -490,21 +490,9 @@ def _v2_runner_args() -> dict[str, Any]:
 
 
 def _v2_from_runner_args() -> dict[str, Any]:
-    import types
+    from support.vllm_trace import small_runner_objects
 
-    from support.device_fakes import FakeCuda
-
-    spec = types.SimpleNamespace(
-        mamba_type="GDN_ATTN",
-        shapes=[(5, 3), (2, 2)],
-        dtypes=[torch.float32] * 2,
-        block_size=4,
-        num_speculative_blocks=2,
-        mamba_cache_mode="align",
-    )
-    cfg = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=["l0"])])
-    ctx = {"l0": types.SimpleNamespace(kv_cache=[FakeCuda(torch.zeros(16, 5, 3)), FakeCuda(torch.zeros(16, 2, 2))])}
-    funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
+    cfg, ctx, funcs = small_runner_objects([torch.zeros(16, 5, 3), torch.zeros(16, 2, 2)])
     return dict(
         kv_cache_config=cfg, forward_context=ctx, copy_funcs=funcs, max_num_reqs=4, conv_layout=None, device="cpu"
     )

@@ -623,6 +623,18 @@ def small_model_state(max_num_reqs: int = 4, *, fake: bool = True) -> tuple[Any,
     states claim to be CUDA tensors (``FakeCuda``). Returns the adapter and its states."""
     from recoverssm_rs.vllm.model_state import ModelStateV2
 
+    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
+    cfg, ctx, funcs = small_runner_objects(states, fake=fake)
+    return ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=max_num_reqs, device="cpu"), states
+
+
+def small_runner_objects(
+    states: list[torch.Tensor], *, fake: bool = True
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Stand-ins of vLLM's runner objects for one GDN group (conv ``[16, 5, 3]`` + temporal
+    ``[16, 2, 2]``, block_size 4, 2 drafts) over ``states``: the KV-cache config, the forward
+    context and the copy functions ``from_runner`` takes; ``fake``: the states claim to be CUDA
+    tensors (``FakeCuda``)."""
     from .device_fakes import FakeCuda
 
     spec = types.SimpleNamespace(
@@ -634,8 +646,7 @@ def small_model_state(max_num_reqs: int = 4, *, fake: bool = True) -> tuple[Any,
         mamba_cache_mode="align",
     )
     cfg = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=["l0"])])
-    states = [torch.randn(16, 5, 3), torch.randn(16, 2, 2)]
     bind = FakeCuda if fake else (lambda t: t)
     ctx = {"l0": types.SimpleNamespace(kv_cache=[bind(t) for t in states])}
     funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
-    return ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=max_num_reqs, device="cpu"), states
+    return cfg, ctx, funcs
