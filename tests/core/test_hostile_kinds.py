@@ -397,18 +397,28 @@ def test_the_good_calls_pass():
 
 @pytest.mark.parametrize(("name", "call", "good", "arg"), CASES, ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_every_argument_refuses_the_wrong_kind(name, call, good, arg):
+    foreign = _foreign_errors(name, arg, _Target, lambda target, kwargs: call(target, **kwargs), good)
+    assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)
+
+
+def _foreign_errors(
+    name: str, arg: str, make_target: Callable[[], Any], run: Callable[[Any, dict[str, Any]], Any], good: dict[str, Any]
+) -> list[str]:
+    """Runs ``run(target, good)`` with ``arg`` replaced by each hostile value on a fresh target: a
+    refusal (the package's error) must leave every tensor of the target as it was; any other
+    exception is returned as a foreign error."""
     foreign = []
     for label, value in HOSTILE.items():
-        target = _Target()
+        target = make_target()
         before = [t.clone() for t in target.tensors()]
         try:
-            call(target, **{**good, arg: value})
+            run(target, {**good, arg: value})
         except rs.RecoverSSMError:
             changed = [i for i, (a, b) in enumerate(zip(before, target.tensors())) if not torch.equal(a, b)]
             assert not changed, f"{name}({arg}={label}) was refused but wrote tensors {changed}"
         except Exception as e:  # noqa: BLE001 - the point of the test
             foreign.append(f"{arg}={label}: {type(e).__name__}: {e}")
-    assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)
+    return foreign
 
 
 @pytest.mark.parametrize("label", list(HOSTILE))
@@ -575,14 +585,5 @@ def test_every_v2_argument_refuses_the_wrong_kind(_v2_device, name):
     call, good = entries[name]
     foreign = []
     for arg in good:
-        for label, value in HOSTILE.items():
-            target = _V2Target()
-            before = [t.clone() for t in target.tensors()]
-            try:
-                _v2_call(call, target, {**good, arg: value})
-            except rs.RecoverSSMError:
-                changed = [i for i, (a, b) in enumerate(zip(before, target.tensors())) if not torch.equal(a, b)]
-                assert not changed, f"{name}({arg}={label}) was refused but wrote tensors {changed}"
-            except Exception as e:  # noqa: BLE001 - the point of the test
-                foreign.append(f"{arg}={label}: {type(e).__name__}: {e}")
+        foreign += _foreign_errors(name, arg, _V2Target, lambda target, kwargs: _v2_call(call, target, kwargs), good)
     assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)
