@@ -32,7 +32,7 @@ from recoverssm_rs import Planner, layouts
 from recoverssm_rs.cuda import ops as device_path
 from recoverssm_rs.cuda.commit import CommitKernel
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE
-from recoverssm_rs.recoverssm.state_cache import StateCache
+from recoverssm_rs.speculative.state_cache import StateCache
 
 
 class FakeCuda:

@@ -93,7 +93,7 @@ def run(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
 def run_recoverssm(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
     """Medians of the staging and of the post-process with the commit in its launch."""
     from recoverssm_rs import layouts
-    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.speculative.state_cache import StateCache
     from recoverssm_rs.vllm import RecoverSSMCommit
 
     ms, tables = build(num_reqs, layers)

@@ -31,7 +31,7 @@ _logging.getLogger("recoverssm_rs").addHandler(_logging.NullHandler())
 def __getattr__(name: str) -> object:
     # StateCache needs torch; import it on first use so the rest of the package works without.
     if name == "StateCache":
-        from .recoverssm.state_cache import StateCache
+        from .speculative.state_cache import StateCache
 
         return StateCache
     raise AttributeError(f"module 'recoverssm_rs' has no attribute {name!r}")

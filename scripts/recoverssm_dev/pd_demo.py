@@ -18,8 +18,8 @@ channels split per q / k / v sub-projection) in a block pool per layer kind.
    bit for bit, recurrent states to 1e-4 (scaled max-abs error).
 
 The toy model feeds every layer from token embeddings (seeded random weights), so layers are
-independent; the recurrences are :func:`recoverssm_rs.recoverssm.recurrence.prepare` and
-:func:`~recoverssm_rs.recoverssm.recurrence.sequential_decode`. Exit status 1 on any mismatch.
+independent; the recurrences are :func:`recoverssm_rs.speculative.recurrence.prepare` and
+:func:`~recoverssm_rs.speculative.recurrence.sequential_decode`. Exit status 1 on any mismatch.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ class _Model:
         ``[H_r, V, K]``). Returns the conv history ``[K-1+Q, C_r]`` and the states after each
         token ``[Q+1, H_r, V, K]``."""
         import torch
-        from recoverssm_rs.recoverssm import recurrence
+        from recoverssm_rs.speculative import recurrence
 
         w = self.layers[layer]
         ch, heads = self.rank_parts(tp, rank)

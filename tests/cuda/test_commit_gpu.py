@@ -25,8 +25,8 @@ cupy = pytest.importorskip("cupy")
 
 from recoverssm_rs import cuda, layouts  # noqa: E402
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE  # noqa: E402
-from recoverssm_rs.recoverssm import recurrence  # noqa: E402
-from recoverssm_rs.recoverssm.state_cache import StateCache  # noqa: E402
+from recoverssm_rs.speculative import recurrence  # noqa: E402
+from recoverssm_rs.speculative.state_cache import StateCache  # noqa: E402
 from support import generators, references  # noqa: E402
 
 # Skipped without a CUDA device by tests/conftest.py.

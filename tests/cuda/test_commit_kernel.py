@@ -28,8 +28,8 @@ from recoverssm_rs import BindingError, PlanError, cuda, layouts
 from recoverssm_rs.backend_check import nvrtc_install_hint  # noqa: E402
 from recoverssm_rs.cuda import nvrtc
 from recoverssm_rs.plan_format import ABI, COMMIT_ROW_DTYPE, CONSTANTS
-from recoverssm_rs.recoverssm import recurrence
-from recoverssm_rs.recoverssm.state_cache import StateCache
+from recoverssm_rs.speculative import recurrence
+from recoverssm_rs.speculative.state_cache import StateCache
 from support import emulation, generators, references
 from support.fakes import FakeDeviceArray, FakeStream, install_fake_cupy
 
@@ -569,7 +569,7 @@ def test_a_device_commit_is_one_core_call_and_one_launch(monkeypatch):
     once, launches nothing and writes nothing."""
     from recoverssm_rs.cuda import commit as cuda_commit
     from recoverssm_rs.cuda import module as cuda_module
-    from recoverssm_rs.recoverssm import state_cache as state_cache_module
+    from recoverssm_rs.speculative import state_cache as state_cache_module
     from support.device_fakes import bind_host_commit
 
     cfg = ("gdn", "DS", "float32", "float32")

@@ -10,7 +10,7 @@ import numpy as np
 from recoverssm_rs import layouts
 from recoverssm_rs.cuda import COMMIT_DTYPE_PAIRS
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE, SEGMENT_DTYPE, STATE_META_DTYPE
-from recoverssm_rs.recoverssm import recurrence
+from recoverssm_rs.speculative import recurrence
 
 from .references import (
     KIND_CONV_DS,

@@ -22,7 +22,7 @@ from recoverssm_rs.plan_format import (
     STATE_META_DTYPE,
     TILE_DTYPE,
 )
-from recoverssm_rs.recoverssm import recurrence
+from recoverssm_rs.speculative import recurrence
 
 MODE_DISJOINT = CONSTANTS["RS_MODE_DISJOINT"]
 MODE_ROWS_ASCENDING = CONSTANTS["RS_MODE_ROWS_ASCENDING"]
@@ -354,8 +354,8 @@ def reference_recover_commit(
     err: np.ndarray | None = None,
 ) -> np.ndarray:
     """The commit kernel's semantics, executed in place on ``tensors`` with the torch reference
-    (:func:`recoverssm_rs.recoverssm.recurrence.commit` with boundary states, and
-    :func:`~recoverssm_rs.recoverssm.recurrence.compact_conv_window`) -- the same calls ``StateCache.commit``
+    (:func:`recoverssm_rs.speculative.recurrence.commit` with boundary states, and
+    :func:`~recoverssm_rs.speculative.recurrence.compact_conv_window`) -- the same calls ``StateCache.commit``
     makes. Returns the error word the kernel reports for ``rows``.
 
     Per row: ``state_block <= 0`` is padding; a row the kernel rejects (request / block out of

@@ -125,13 +125,13 @@ class V2Stats:
 
 
 class _Recover:
-    """The RecoverSSM layers of a trace: one :class:`~recoverssm_rs.recoverssm.StateCache` per
+    """The RecoverSSM layers of a trace: one :class:`~recoverssm_rs.speculative.StateCache` per
     side (KDA, one layer, equal random contents), slot ``s`` owning running block ``1 + s * per``
     and the ``cols`` blocks after it as its block table."""
 
     def __init__(self, mh: types.ModuleType, m: int, cols: int, nsb: int, seed: int, on: Any) -> None:
         from recoverssm_rs import layouts
-        from recoverssm_rs.recoverssm.state_cache import StateCache
+        from recoverssm_rs.speculative.state_cache import StateCache
 
         layout = layouts.kda(
             num_heads=2,

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from recoverssm_rs.errors import LayoutError
-from recoverssm_rs.recoverssm.state_cache import StateCache
+from recoverssm_rs.speculative.state_cache import StateCache
 from recoverssm_rs.tools import cli, demo
 
 SMALL = dict(steps=16, requests=6, seed=0)

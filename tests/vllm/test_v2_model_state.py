@@ -229,7 +229,7 @@ def _fused_commits(monkeypatch):
     """Binds each trace cache's commit to the emulated kernel and counts the post-process launches
     that carry the commit (``commit_rows`` set); returns the kernel names launched and that count."""
     from recoverssm_rs.cuda import module as cuda_module
-    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.speculative.state_cache import StateCache
 
     kernels: list[str] = []
     fused = [0]
@@ -323,7 +323,7 @@ def test_a_refused_recoverssm_commit_writes_nothing(fake_ops, recorder, launch_a
     import numpy as np
     from recoverssm_rs import layouts
     from recoverssm_rs.errors import PlanError
-    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.speculative.state_cache import StateCache
     from recoverssm_rs.vllm import RecoverSSMCommit
 
     ms, states = _small(fake=True)

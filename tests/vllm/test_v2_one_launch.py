@@ -195,7 +195,7 @@ def _commit_setup(monkeypatch):
     the emulated kernel (its counts taken as device ones), with a reference copy of the cache;
     batch rows 0 -> slot 0, 1 -> slot 2."""
     from recoverssm_rs import layouts
-    from recoverssm_rs.recoverssm.state_cache import StateCache
+    from recoverssm_rs.speculative.state_cache import StateCache
     from support.device_fakes import bind_host_commit
 
     monkeypatch.setattr(StateCache, "_is_device_tensor", staticmethod(lambda x: isinstance(x, torch.Tensor)))

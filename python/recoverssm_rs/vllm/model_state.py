@@ -25,7 +25,7 @@ reported and nothing is written for it -- no state of any group, no column, no c
 with the runner's own work. A batch row whose ``idx_mapping`` entry is ``-1`` (a row filtered out
 under pipeline parallelism) is skipped by both halves. With RecoverSSM (:class:`RecoverSSMCommit`),
 the post-process also commits the spec-decode rows into the package's
-:class:`~recoverssm_rs.recoverssm.state_cache.StateCache` -- in the same launch on CUDA: the
+:class:`~recoverssm_rs.speculative.state_cache.StateCache` -- in the same launch on CUDA: the
 commit is planned on the host when the step's metadata is built
 (:meth:`ModelStateV2.stage_recoverssm`, its rows staged into a fixed buffer of the adapter's) and
 the kernel reads each row's sampled count on the device -- and sets the committed rows' columns and
@@ -59,7 +59,7 @@ log = logging.getLogger("recoverssm_rs")
 class RecoverSSMCommit:
     """A post-process's RecoverSSM commit (vLLM's ``RecoverSSMState.commit_step`` with its
     ``RecoverSSMPostprocessMetadata``): the spec-decode rows' accepted records folded into their
-    running states by the package's :class:`~recoverssm_rs.recoverssm.StateCache` commit.
+    running states by the package's :class:`~recoverssm_rs.speculative.StateCache` commit.
 
     The commit plan is built and checked by the core on the host (:meth:`ModelStateV2.stage_recoverssm`,
     when the step's metadata is built): ``request_indices``, ``state_blocks``,

@@ -179,7 +179,7 @@ class Engine:
     ) -> None:
         import torch
 
-        from ...recoverssm.state_cache import StateCache
+        from ...speculative.state_cache import StateCache
 
         self.torch = torch
         self.dev = torch.device(device)

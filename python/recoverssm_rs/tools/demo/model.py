@@ -17,7 +17,7 @@ from ... import layouts
 from ..._core import Layout
 
 if TYPE_CHECKING:
-    from ...recoverssm import recurrence
+    from ...speculative import recurrence
 
 __all__ = [
     "HEADS",
@@ -118,7 +118,7 @@ class ToyLayer:
         import torch
         import torch.nn.functional as F
 
-        from ...recoverssm import recurrence
+        from ...speculative import recurrence
 
         B, Q, _ = h.shape
         H, K, V = self.H, self.K, self.V

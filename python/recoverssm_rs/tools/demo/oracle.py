@@ -137,7 +137,7 @@ class Oracle:
         commit plans' boundaries. Returns ``{row: (boundary block, reference snapshot)}``."""
         import torch
 
-        from ...recoverssm import recurrence
+        from ...speculative import recurrence
 
         dev, bs, stats = self.dev, self.block_size, self.stats
         L = len(self.stack)

@@ -37,7 +37,7 @@ def preset_memory(preset: str, requests: int = PRESET_REQUESTS) -> dict[str, Any
     the preset's layout that small costs a few MiB), times the preset's layers and ``requests``:
     every figure of the report is per layer and per request times those counts.
     """
-    from ...recoverssm.state_cache import StateCache
+    from ...speculative.state_cache import StateCache
 
     p = layouts.PRESETS[preset]
     m = StateCache(p.layout(), num_layers=1, num_blocks=2, max_requests=1).memory_report()

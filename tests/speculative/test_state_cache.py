@@ -1,11 +1,11 @@
-"""Tests of :class:`recoverssm_rs.recoverssm.state_cache.StateCache`: verify + commit against the plain
+"""Tests of :class:`recoverssm_rs.speculative.state_cache.StateCache`: verify + commit against the plain
 token-by-token recurrence, align-mode boundary states, padding, rejected commits, steady state
 (no reallocation over 1,000 steps) and the memory report.
 
 Tolerances: ``TOL_F32`` (atol = rtol = 1e-5) for recurrent states against
 :func:`recurrence.sequential_decode` run on the same (record-dtype rounded) keys and gates: the
 commit folds the same float32 operations in a different order, O(1) states, Q = 4, so the error is
-~1e-7 and any convention error is >= 1e-3 (see ``tests/recoverssm/test_recurrence.py``). Conv windows are pure
+~1e-7 and any convention error is >= 1e-3 (see ``tests/speculative/test_recurrence.py``). Conv windows are pure
 data movement and are compared bit for bit. ``n = 0`` commits and untouched blocks: bit for bit.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 from recoverssm_rs import LayoutError, PlanError, layouts
-from recoverssm_rs.recoverssm import recurrence
-from recoverssm_rs.recoverssm.state_cache import StateCache
+from recoverssm_rs.speculative import recurrence
+from recoverssm_rs.speculative.state_cache import StateCache
 
 TOL_F32 = dict(atol=1e-5, rtol=1e-5)
 

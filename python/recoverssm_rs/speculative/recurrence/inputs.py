@@ -61,7 +61,7 @@ def check_sized(name: str, t: object, names: Sequence[str], dims: Sequence[int |
 
 def check_window(state: torch.Tensor, window: Sequence[torch.Tensor]) -> tuple[Kind, int, int, int, int, int]:
     """Validate a window's inputs ``(q_hat, k_hat, v, gate, beta)`` against ``state`` ``[B, H, V,
-    K]`` (shapes and devices, as :func:`~recoverssm_rs.recoverssm.recurrence.verify` documents);
+    K]`` (shapes and devices, as :func:`~recoverssm_rs.speculative.recurrence.verify` documents);
     returns ``(kind, B, H, V, K, Q)``, the kind taken from the rank of ``gate``."""
     q_hat, k_hat, v, gate, beta = window
     B, H, V, K = check_state("state", state)

@@ -14,7 +14,7 @@ row, not per block, so it costs no cache capacity; nothing is reallocated in ste
 On CUDA tensors the commit is one launch of the ``rs_recover_commit`` kernel (every layer, request
 and head; see :mod:`recoverssm_rs.cuda`) on the caller's stream, without any host synchronisation;
 the per-request accepted counts may then stay on the device (pass a CUDA ``num_accepted``). On CPU
-tensors (or without CuPy) the torch reference of :mod:`recoverssm_rs.recoverssm.recurrence` runs.
+tensors (or without CuPy) the torch reference of :mod:`recoverssm_rs.speculative.recurrence` runs.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ class StateCache:
     ) -> torch.Tensor:
         """Run the window from each request's persistent state without writing it; write the
         records into workspace rows ``0..B-1`` of ``layer``. Shapes as
-        :func:`recoverssm_rs.recoverssm.recurrence.verify` (``[B, Q, H, *]``); returns ``[B, Q, H, V]``."""
+        :func:`recoverssm_rs.speculative.recurrence.verify` (``[B, Q, H, *]``); returns ``[B, Q, H, V]``."""
         layer = self._layer(layer)
         blocks = self._rows(state_blocks)
         self._bound.check()

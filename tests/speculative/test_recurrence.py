@@ -1,4 +1,4 @@
-"""Tests of the torch RecoverSSM reference (``recoverssm_rs.recoverssm.recurrence``).
+"""Tests of the torch RecoverSSM reference (``recoverssm_rs.speculative.recurrence``).
 
 Tolerances used below and why:
 
@@ -27,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from recoverssm_rs.errors import PlanError
-from recoverssm_rs.recoverssm.recurrence import (
+from recoverssm_rs.speculative.recurrence import (
     Prepared,
     commit,
     compact_conv_window,
