@@ -1,0 +1,11 @@
+"""Deprecated alias of :mod:`recoverssm_rs.speculative.recurrence.inputs` (see :mod:`recoverssm_rs.recoverssm`)."""
+
+import importlib
+
+from recoverssm_rs.speculative.recurrence.inputs import *  # noqa: F403
+
+_target = importlib.import_module("recoverssm_rs.speculative.recurrence.inputs")
+
+
+def __getattr__(name: str) -> object:
+    return getattr(_target, name)

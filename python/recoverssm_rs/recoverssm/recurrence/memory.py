@@ -1,0 +1,11 @@
+"""Deprecated alias of :mod:`recoverssm_rs.speculative.recurrence.memory` (see :mod:`recoverssm_rs.recoverssm`)."""
+
+import importlib
+
+from recoverssm_rs.speculative.recurrence.memory import *  # noqa: F403
+
+_target = importlib.import_module("recoverssm_rs.speculative.recurrence.memory")
+
+
+def __getattr__(name: str) -> object:
+    return getattr(_target, name)
