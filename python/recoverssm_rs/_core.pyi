@@ -20,6 +20,7 @@ __all__ = [
     "ErrorWord",
     "FusedCopy",
     "KernelLaunch",
+    "KimiK3CommitPlanner",
     "Layout",
     "LayoutError",
     "CacheCounters",
@@ -374,6 +375,49 @@ class BoundTensors:
     def guarded(self, write: Callable[[], Any]) -> Any:
         """``check()``, ``write()``, ``mark_written()`` in one call; what ``write`` returns."""
     def __len__(self) -> int: ...
+
+@final
+class KimiK3CommitPlanner:
+    """The KDA layers of one Kimi-K3 model (vLLM's own tensors), checked once; ``plan`` plans one
+    step's RecoverSSM commit (``BindingError`` / ``PlanError`` naming the layer or row otherwise)."""
+
+    def __new__(
+        cls,
+        *,
+        conv: Sequence[Any],
+        state: Sequence[Any],
+        correction: Sequence[Any],
+        key_gate: Sequence[Any],
+        a_log: Sequence[Any],
+        dt_bias: Sequence[Any],
+        gate_lower_bound: Sequence[float | None],
+        spec_query_len: int,
+    ) -> KimiK3CommitPlanner: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def max_num_reqs(self) -> int: ...
+    @property
+    def spec_query_len(self) -> int: ...
+    @property
+    def gate_lower_bound(self) -> float | None:
+        """The gate's lower bound (``None``: the softplus gate)."""
+    @property
+    def conv_history_len(self) -> int: ...
+    def plan(
+        self,
+        num_accepted_tokens: Any,
+        state_indices: Any,
+        query_start_loc: Any,
+        request_indices: Any | None = None,
+        block_table: Any | None = None,
+        num_computed_tokens: Any | None = None,
+        block_size: int | None = None,
+    ) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int], list[int]]:
+        """Per row that writes: (rows, requests, sources, counts, destinations, boundary blocks,
+        boundary lengths)."""
 
 def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
     """``BindingError`` unless a state cache's sizes are in range."""

@@ -3,6 +3,7 @@
 //! kernel's per-layer table ([`meta`]), and a device commit in one pass ([`device`]). The kernel's launch is built in `crate::kernels::commit`.
 
 pub mod device;
+pub mod kimi_k3;
 pub mod meta;
 pub mod plan;
 pub mod recover;

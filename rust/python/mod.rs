@@ -13,6 +13,7 @@ mod commit;
 pub(crate) mod conversion;
 mod errors;
 mod guard;
+mod kimi_k3;
 mod launch;
 mod layout;
 mod plan;
@@ -34,6 +35,8 @@ mod _core {
     use super::commit::{check_cache_sizes_py, check_commit_counts, check_index_py, commit_grid, commit_meta_table, CommitPlanner, PyCommitLaunch};
     #[pymodule_export]
     use super::guard::BoundTensors;
+    #[pymodule_export]
+    use super::kimi_k3::KimiK3CommitPlanner;
     #[pymodule_export]
     use super::launch::{check_device_tables, copy_tiles_launch, kernel_abi, pack_launch, state_chunks, ErrorWord, KernelLaunch, PyFusedCopy};
     #[pymodule_export]

@@ -8,7 +8,11 @@ model runner looks up at every call:
 
 * ``preprocess_mamba`` (the pre-copy of every step in ``mamba_cache_mode="align"``),
 * ``stage_postprocess_inputs_to_gpu`` and ``postprocess_mamba_align_gpu`` (the post-process with
-  speculative decoding: the step's post half).
+  speculative decoding: the step's post half);
+
+and, where vLLM runs its V2 runner, the class ``MambaHybridModelState`` of
+``vllm.v1.worker.gpu.model_states.mamba_hybrid`` when vLLM imports that module (served by
+:class:`~recoverssm_rs.vllm.ModelStateV2`; see :mod:`recoverssm_rs.vllm.plugin_v2`).
 
 Each runner gets its own step, built from the objects vLLM passes (KV-cache config, forward context,
 copy functions, the input batch's ``max_num_reqs``) at its first pre-copy, for every mamba group.
@@ -120,7 +124,8 @@ def plugin_stats() -> dict[str, Any]:
         ``steps``: half-steps the package served (``pre_copies + post_processes``);
         ``pre_copies``, ``post_processes``: each half's share; ``fallbacks``: half-steps (or a
         declined installation) left to vLLM's own code; ``replaced``: the names of the
-        ``vllm.v1.worker.mamba_utils`` functions replaced; ``vllm_version``; ``active``: whether
+        ``vllm.v1.worker.mamba_utils`` functions replaced (and the V2 runner's model-state class,
+        once installed); ``vllm_version``; ``active``: whether
         anything was replaced; ``reasons``: why vLLM's code served, one entry per distinct reason.
     """
     s = _stats
@@ -146,6 +151,31 @@ def _fallback(reason: str) -> None:
             _stats.reasons.append(reason)
     if new:
         log.warning("recoverssm_rs vLLM plugin: vLLM's own code serves: %s", reason)
+
+
+def record_fallback(reason: str) -> None:
+    """Counts one half-step (or declined installation) left to vLLM, logging ``reason`` once (the
+    plugin's other parts report through it)."""
+    _fallback(reason)
+
+
+def record_served(half: str) -> None:
+    """Counts one half-step the package served: ``half`` is ``"pre_copies"`` or ``"post_processes"``."""
+    if half not in ("pre_copies", "post_processes"):
+        raise ValueError(f"half: expected 'pre_copies' or 'post_processes', got {half!r}")
+    _stats.count(half)
+
+
+def record_replaced(name: str) -> None:
+    """Adds ``name`` to what :func:`plugin_stats` reports replaced (once)."""
+    with _stats.lock:
+        if name not in _stats.replaced:
+            _stats.replaced.append(name)
+
+
+def conv_layout_of(copy_funcs: Mapping[Any, Any]) -> str | None:
+    """vLLM's conv-state layout as its copy functions read it (see :func:`_conv_layout`)."""
+    return _conv_layout(copy_funcs)
 
 
 def version_supported(version: str) -> bool:
@@ -358,6 +388,9 @@ def register() -> None:
         _fallback(f"{MODULE} cannot be imported: {type(exc).__name__}: {exc}")
         return
     install(module, version)
+    from .plugin_v2 import watch_v2
+
+    watch_v2(version)  # the V2 runner's model state, when vLLM loads it
 
 
 def install(module: ModuleType, version: str) -> list[str]:

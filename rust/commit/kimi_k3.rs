@@ -1,0 +1,401 @@
+//! The RecoverSSM commit as vLLM's Kimi-K3 model drives it, over the model's own tensors: each KDA
+//! layer's conv state and recurrent state (its two KV-cache tensors), the verify records vLLM keeps
+//! beside them (fp32 corrections `[R, H, Q, V]` and the raw key + gate `[R, H, Q, 2K]`, row `b`
+//! for row `b` of the step's speculative batch) and the gate parameters (`A_log [H]`,
+//! `dt_bias [H * K]`). [`kimi_k3_geometry`] checks the layers once; [`plan_kimi_k3_commit`] turns
+//! one step's metadata (vLLM's `KDARecoverSSMCommitMetadata` and the sampler's accepted counts)
+//! into the rows that write, with the rules of vLLM's commit-plan kernel, and refuses what that
+//! kernel would read out of bounds or write twice.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::{Device, TensorDesc};
+
+/// vLLM's null block: a state index `<= 0` is padding, a block-table entry `<= 0` is no block.
+pub const NULL_BLOCK: i64 = 0;
+
+/// One KDA layer's tensors. `conv` is the conv state viewed dim-first, `[N, D, L]` with
+/// `L = history + Q - 1` (vLLM's `kv_cache[0]`, transposed when its layout is token-first).
+#[derive(Clone, Copy, Debug)]
+pub struct KimiK3Layer<'a> {
+    pub conv: &'a TensorDesc,
+    pub state: &'a TensorDesc,
+    pub correction: &'a TensorDesc,
+    pub key_gate: &'a TensorDesc,
+    pub a_log: &'a TensorDesc,
+    pub dt_bias: &'a TensorDesc,
+}
+
+/// What every layer shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KimiK3Geometry {
+    pub layers: usize,
+    /// Blocks of the state and conv pools.
+    pub num_blocks: u64,
+    pub heads: u64,
+    pub head_v_dim: u64,
+    pub head_k_dim: u64,
+    /// Rows of the verify records (vLLM's `max_num_reqs`): the most rows a commit may have.
+    pub record_rows: u64,
+    /// The speculative window `Q`.
+    pub window: u64,
+    pub conv_dim: u64,
+    /// Conv columns kept after a commit (`L - Q + 1`).
+    pub conv_history: u64,
+}
+
+fn shape(t: &TensorDesc, what: &str, rank: usize, expect: &str) -> Result<Vec<u64>> {
+    if t.shape.len() != rank {
+        return Err(Error::binding(format!("{what} must be {expect}, got shape {:?}", t.shape)));
+    }
+    t.shape.iter().map(|&n| u64::try_from(n).map_err(|_| Error::binding(format!("{what}: negative dimension in shape {:?}", t.shape)))).collect()
+}
+
+fn floating(t: &TensorDesc, what: &str, allowed: &[DType]) -> Result<DType> {
+    let d = t.state_dtype().map_err(|e| Error::binding(format!("{what}: {}", e.message)))?;
+    if !allowed.contains(&d) {
+        let names: Vec<String> = allowed.iter().map(|a| a.to_string()).collect();
+        return Err(Error::binding(format!("{what} must be {}, got {d}", names.join(" or "))));
+    }
+    Ok(d)
+}
+
+const FLOATS: [DType; 3] = [DType::Float32, DType::BFloat16, DType::Float16];
+
+/// The gate's lower bound every layer shares (`None`: the softplus gate), or an error naming the
+/// first layer that differs.
+pub fn kimi_k3_lower_bound(bounds: &[Option<f64>]) -> Result<Option<f64>> {
+    let first = *bounds.first().ok_or_else(|| Error::binding("Kimi-K3 commit: at least one KDA layer is needed, got none"))?;
+    if let Some(b) = first {
+        if !b.is_finite() {
+            return Err(Error::binding(format!("layer 0: gate_lower_bound must be finite, got {b}")));
+        }
+    }
+    match bounds.iter().position(|b| b.map(f64::to_bits) != first.map(f64::to_bits)) {
+        Some(l) => Err(Error::binding(format!(
+            "layer {l}: gate_lower_bound {:?}, layer 0's {first:?}; the layers of a commit need one gate bound",
+            bounds[l]
+        ))),
+        None => Ok(first),
+    }
+}
+
+/// Checks every layer's tensors against the first layer's and against each other (shapes, dtypes,
+/// one device, writable destinations, untracked by autograd) for a window of `window` tokens.
+pub fn kimi_k3_geometry(layers: &[KimiK3Layer<'_>], window: i64) -> Result<KimiK3Geometry> {
+    if layers.is_empty() {
+        return Err(Error::binding("Kimi-K3 commit: at least one KDA layer is needed, got none"));
+    }
+    if !(1..=1024).contains(&window) {
+        return Err(Error::binding(format!("Kimi-K3 commit: spec_query_len must be in 1 ..= 1024, got {window}")));
+    }
+    let q = window as u64;
+    let device: Device = layers[0].state.device()?;
+    let mut geo: Option<KimiK3Geometry> = None;
+    let mut dtypes: Option<[DType; 3]> = None;
+    for (l, t) in layers.iter().enumerate() {
+        let what = |name: &str| format!("layer {l}: {name}");
+        let [n, h, v, k] = shape(t.state, &what("state"), 4, "[num_blocks, heads, head_v_dim, head_k_dim]")?[..] else { unreachable!() };
+        let [cn, d, len] = shape(t.conv, &what("conv state"), 3, "[num_blocks, conv_dim, conv_len] (dim-first)")?[..] else { unreachable!() };
+        let [r, ch, cq, cv] = shape(t.correction, &what("correction"), 4, "[max_num_reqs, heads, Q, head_v_dim]")?[..] else { unreachable!() };
+        let [kr, kh, kq, kw] = shape(t.key_gate, &what("key_gate"), 4, "[max_num_reqs, heads, Q, 2 * head_k_dim]")?[..] else { unreachable!() };
+        let sd = floating(t.state, &what("state"), &FLOATS)?;
+        let cd = floating(t.conv, &what("conv state"), &FLOATS)?;
+        floating(t.correction, &what("correction"), &[DType::Float32])?;
+        let kd = floating(t.key_gate, &what("key_gate"), &FLOATS)?;
+        floating(t.a_log, &what("A_log"), &FLOATS)?;
+        floating(t.dt_bias, &what("dt_bias"), &FLOATS)?;
+        if cn != n {
+            return Err(Error::binding(format!("{}: {cn} blocks, the state {n}", what("conv state"))));
+        }
+        if [ch, cq, cv] != [h, q, v] {
+            return Err(Error::binding(format!("{} must be [max_num_reqs, H={h}, Q={q}, V={v}], got {:?}", what("correction"), t.correction.shape)));
+        }
+        if [kr, kh, kq, kw] != [r, h, q, 2 * k] {
+            return Err(Error::binding(format!("{} must be [R={r}, H={h}, Q={q}, 2K={}], got {:?}", what("key_gate"), 2 * k, t.key_gate.shape)));
+        }
+        if t.a_log.shape.iter().product::<i64>() != h as i64 {
+            return Err(Error::binding(format!("{} must hold H = {h} values, got shape {:?}", what("A_log"), t.a_log.shape)));
+        }
+        if t.dt_bias.shape.iter().product::<i64>() != (h * k) as i64 {
+            return Err(Error::binding(format!("{} must hold H * K = {} values, got shape {:?}", what("dt_bias"), h * k, t.dt_bias.shape)));
+        }
+        if len < q {
+            return Err(Error::binding(format!(
+                "{}: {len} columns cannot hold a window of {q} tokens and a history (conv_len - Q + 1 must be >= 1)",
+                what("conv state")
+            )));
+        }
+        for (name, x) in [
+            ("state", t.state),
+            ("conv state", t.conv),
+            ("correction", t.correction),
+            ("key_gate", t.key_gate),
+            ("A_log", t.a_log),
+            ("dt_bias", t.dt_bias),
+        ] {
+            if x.device()? != device {
+                return Err(Error::binding(format!("{}: on {}, layer 0's state on {}", what(name), x.device, layers[0].state.device)));
+            }
+        }
+        for (name, x) in [("state", t.state), ("conv state", t.conv)] {
+            if !x.writable {
+                return Err(Error::binding(format!("{}: read-only memory, the commit writes it", what(name))));
+            }
+            x.check_not_tracked(&what(name))?;
+        }
+        let g = KimiK3Geometry {
+            layers: layers.len(),
+            num_blocks: n,
+            heads: h,
+            head_v_dim: v,
+            head_k_dim: k,
+            record_rows: r,
+            window: q,
+            conv_dim: d,
+            conv_history: len + 1 - q,
+        };
+        match (&geo, &dtypes) {
+            (Some(g0), Some(d0)) => {
+                if *g0 != g || *d0 != [sd, cd, kd] {
+                    return Err(Error::binding(format!(
+                        "layer {l}: its tensors differ from layer 0's (state {:?} {sd}, conv {:?} {cd}, records {r} rows, key_gate {kd}); every KDA layer of a commit must match",
+                        t.state.shape, t.conv.shape
+                    )));
+                }
+            }
+            _ => {
+                geo = Some(g);
+                dtypes = Some([sd, cd, kd]);
+            }
+        }
+    }
+    Ok(geo.expect("one layer at least"))
+}
+
+/// Align mode: the block table (row-major `[rows, cols]`, indexed by request), the tokens each
+/// request had computed before the window, and the block size.
+#[derive(Clone, Copy, Debug)]
+pub struct KimiK3Align<'a> {
+    pub block_table: &'a [i64],
+    pub cols: usize,
+    pub num_computed: &'a [i64],
+    pub block_size: i64,
+}
+
+/// One step's commit: the batch rows' state indices and query start offsets, the accepted counts
+/// (indexed by request), the row -> request map (`None`: row `b` is request `b`).
+#[derive(Clone, Copy, Debug)]
+pub struct KimiK3Step<'a> {
+    pub num_accepted: &'a [i64],
+    pub state_indices: &'a [i64],
+    pub query_start_loc: &'a [i64],
+    pub request_indices: Option<&'a [i64]>,
+    pub align: Option<KimiK3Align<'a>>,
+}
+
+/// A row that writes: its records' row, its request, the block its state and conv window are read
+/// from, the tokens folded in, the block the result goes to and, in align mode, the block of the
+/// crossed boundary (`NULL_BLOCK`: none) with the tokens before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KimiK3Row {
+    pub row: i64,
+    pub request: i64,
+    pub source: i64,
+    pub count: i64,
+    pub dest: i64,
+    pub boundary: i64,
+    pub boundary_len: i64,
+}
+
+fn block(b: i64, who: &str, what: &str, n: u64) -> Result<i64> {
+    if b >= n as i64 {
+        return Err(Error::plan(format!("Kimi-K3 commit: {who}: {what} {b} is outside 0..{n}")));
+    }
+    Ok(b)
+}
+
+/// The rows of one step that write (rows of padding, of no accepted token or of no destination
+/// write nothing, as in vLLM), every input checked first: a bad input is a `PlanError` naming the
+/// row, its request and the value.
+pub fn plan_kimi_k3_commit(step: &KimiK3Step<'_>, geo: &KimiK3Geometry) -> Result<Vec<KimiK3Row>> {
+    let batch = step.state_indices.len();
+    if step.query_start_loc.len() != batch + 1 {
+        return Err(Error::plan(format!(
+            "Kimi-K3 commit: query_start_loc needs batch + 1 = {} entries, got {}",
+            batch + 1,
+            step.query_start_loc.len()
+        )));
+    }
+    if batch as u64 > geo.record_rows {
+        return Err(Error::plan(format!("Kimi-K3 commit: {batch} rows, the verify records hold {}", geo.record_rows)));
+    }
+    if let Some(ri) = step.request_indices {
+        if ri.len() < batch {
+            return Err(Error::plan(format!("Kimi-K3 commit: request_indices has {} entries for {batch} rows", ri.len())));
+        }
+    }
+    if let Some(a) = &step.align {
+        if a.block_size < geo.window as i64 {
+            return Err(Error::plan(format!(
+                "Kimi-K3 commit: block_size {} must cover one speculative window ({} tokens)",
+                a.block_size, geo.window
+            )));
+        }
+        if a.cols == 0 {
+            return Err(Error::plan("Kimi-K3 commit: the block table has no column"));
+        }
+    }
+    let mut out = Vec::new();
+    for b in 0..batch {
+        let req = step.request_indices.map_or(b as i64, |ri| ri[b]);
+        let who = format!("row {b} (request {req})");
+        let (q0, q1) = (step.query_start_loc[b], step.query_start_loc[b + 1]);
+        if q0 < 0 || q1 < q0 {
+            return Err(Error::plan(format!("Kimi-K3 commit: {who}: query_start_loc [{q0}, {q1}) is not a token range")));
+        }
+        if req < 0 || req as usize >= step.num_accepted.len() {
+            return Err(Error::plan(format!("Kimi-K3 commit: {who}: request {req} is outside 0..{} (num_accepted_tokens)", step.num_accepted.len())));
+        }
+        let source = block(step.state_indices[b], &who, "state index", geo.num_blocks)?;
+        let count = step.num_accepted[req as usize].max(0).min(q1 - q0).min(geo.window as i64);
+        if source <= NULL_BLOCK || count == 0 {
+            continue;
+        }
+        let (mut dest, mut boundary, mut boundary_len) = (source, NULL_BLOCK, 0);
+        if let Some(a) = &step.align {
+            let rows = a.block_table.len() / a.cols;
+            if req as usize >= rows || req as usize >= a.num_computed.len() {
+                return Err(Error::plan(format!(
+                    "Kimi-K3 commit: {who}: request {req} is outside the block table ({rows} rows) or num_computed_tokens ({})",
+                    a.num_computed.len()
+                )));
+            }
+            let computed = a.num_computed[req as usize];
+            if computed < 0 {
+                return Err(Error::plan(format!("Kimi-K3 commit: {who}: num_computed_tokens {computed} is negative")));
+            }
+            let at = |col: i64| a.block_table[req as usize * a.cols + col as usize];
+            let last = computed + count;
+            let col = ((last - 1).max(0) / a.block_size).min(a.cols as i64 - 1);
+            dest = block(at(col), &who, &format!("block table column {col}: block"), geo.num_blocks)?;
+            let next = (computed / a.block_size + 1) * a.block_size;
+            if last >= next {
+                let bcol = next / a.block_size - 1;
+                if bcol >= a.cols as i64 {
+                    return Err(Error::plan(format!(
+                        "Kimi-K3 commit: {who}: the boundary at token {next} needs block table column {bcol}, the table has {}",
+                        a.cols
+                    )));
+                }
+                boundary = block(at(bcol), &who, &format!("block table column {bcol}: boundary block"), geo.num_blocks)?.max(NULL_BLOCK);
+                boundary_len = next - computed;
+            }
+            if dest <= NULL_BLOCK {
+                continue;
+            }
+        }
+        out.push(KimiK3Row {
+            row: b as i64,
+            request: req,
+            source,
+            count,
+            dest,
+            boundary,
+            boundary_len: if boundary > NULL_BLOCK { boundary_len } else { 0 },
+        });
+    }
+    check_disjoint(&out)?;
+    Ok(out)
+}
+
+/// No block written by two rows, none written by one row and read by another (vLLM's kernels
+/// would race); a row's own destination and boundary may coincide (the same state).
+fn check_disjoint(rows: &[KimiK3Row]) -> Result<()> {
+    use std::collections::HashMap;
+    let mut written: HashMap<i64, usize> = HashMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        let mut mine = vec![r.dest];
+        if r.boundary > NULL_BLOCK && r.boundary != r.dest {
+            mine.push(r.boundary);
+        }
+        for w in mine {
+            if let Some(&j) = written.get(&w) {
+                let o = &rows[j];
+                return Err(Error::plan(format!(
+                    "Kimi-K3 commit: row {} (request {}) and row {} (request {}) both write block {w}",
+                    o.row, o.request, r.row, r.request
+                )));
+            }
+            written.insert(w, i);
+        }
+    }
+    for r in rows {
+        if let Some(&j) = written.get(&r.source) {
+            let o = &rows[j];
+            if o.row != r.row {
+                return Err(Error::plan(format!(
+                    "Kimi-K3 commit: row {} (request {}) writes block {}, which row {} (request {}) reads its state from",
+                    o.row, o.request, r.source, r.row, r.request
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> KimiK3Geometry {
+        KimiK3Geometry { layers: 1, num_blocks: 16, heads: 2, head_v_dim: 4, head_k_dim: 4, record_rows: 4, window: 3, conv_dim: 8, conv_history: 3 }
+    }
+
+    fn step<'a>(na: &'a [i64], si: &'a [i64], qsl: &'a [i64], align: Option<KimiK3Align<'a>>) -> KimiK3Step<'a> {
+        KimiK3Step { num_accepted: na, state_indices: si, query_start_loc: qsl, request_indices: None, align }
+    }
+
+    #[test]
+    fn plans_counts_padding_and_boundaries() {
+        let rows = plan_kimi_k3_commit(&step(&[2, 0, 9], &[3, 4, 0], &[0, 3, 6, 9], None), &geo()).unwrap();
+        assert_eq!(rows, vec![KimiK3Row { row: 0, request: 0, source: 3, count: 2, dest: 3, boundary: 0, boundary_len: 0 }]);
+        // Align: request 0 computed 6 of block size 4, 3 accepted -> tokens 7..9 cross 8.
+        let bt = [5, 6, 7, 0, 9, 10, 11, 0];
+        let a = KimiK3Align { block_table: &bt, cols: 4, num_computed: &[6, 1], block_size: 4 };
+        let rows = plan_kimi_k3_commit(&step(&[3, 1], &[2, 8], &[0, 3, 6], Some(a)), &geo()).unwrap();
+        assert_eq!(rows[0], KimiK3Row { row: 0, request: 0, source: 2, count: 3, dest: 7, boundary: 6, boundary_len: 2 });
+        assert_eq!(rows[1], KimiK3Row { row: 1, request: 1, source: 8, count: 1, dest: 9, boundary: 0, boundary_len: 0 });
+    }
+
+    #[test]
+    fn refuses_what_would_be_read_out_of_bounds_or_written_twice() {
+        let m = plan_kimi_k3_commit(&step(&[1], &[16], &[0, 3], None), &geo()).unwrap_err().message;
+        assert!(m.contains("row 0 (request 0): state index 16 is outside 0..16"), "{m}");
+        let m = plan_kimi_k3_commit(&step(&[1, 1], &[3, 3], &[0, 3, 6], None), &geo()).unwrap_err().message;
+        assert!(m.contains("both write block 3"), "{m}");
+        let m = plan_kimi_k3_commit(&step(&[1], &[3], &[0, 3], None), &KimiK3Geometry { record_rows: 0, ..geo() }).unwrap_err().message;
+        assert!(m.contains("1 rows, the verify records hold 0"), "{m}");
+        let bt = [5, 6];
+        let a = KimiK3Align { block_table: &bt, cols: 2, num_computed: &[11], block_size: 4 };
+        let m = plan_kimi_k3_commit(&step(&[2], &[2], &[0, 3], Some(a)), &geo()).unwrap_err().message;
+        assert!(m.contains("the boundary at token 12 needs block table column 2, the table has 2"), "{m}");
+        let a = KimiK3Align { block_table: &bt, cols: 2, num_computed: &[0], block_size: 2 };
+        let m = plan_kimi_k3_commit(&step(&[2], &[2], &[0, 3], Some(a)), &geo()).unwrap_err().message;
+        assert!(m.contains("block_size 2 must cover"), "{m}");
+        // A destination that is another row's source.
+        let bt = [4, 0, 9, 0];
+        let a = KimiK3Align { block_table: &bt, cols: 2, num_computed: &[0, 0], block_size: 4 };
+        let m = plan_kimi_k3_commit(&step(&[1, 1], &[2, 4], &[0, 3, 6], Some(a)), &geo()).unwrap_err().message;
+        assert!(m.contains("writes block 4, which row 1"), "{m}");
+    }
+
+    #[test]
+    fn one_gate_bound_for_every_layer() {
+        assert_eq!(kimi_k3_lower_bound(&[Some(-5.0), Some(-5.0)]).unwrap(), Some(-5.0));
+        assert_eq!(kimi_k3_lower_bound(&[None, None]).unwrap(), None);
+        let m = kimi_k3_lower_bound(&[None, Some(-5.0)]).unwrap_err().message;
+        assert!(m.contains("layer 1: gate_lower_bound Some(-5.0)"), "{m}");
+        assert!(kimi_k3_lower_bound(&[Some(f64::NAN)]).is_err());
+    }
+}
