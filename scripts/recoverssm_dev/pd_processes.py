@@ -99,6 +99,9 @@ def start_children(procs: list[Any]) -> None:
             signal.signal(signal.SIGINT, old)
 
 
+EXIT_WAIT_S = 180  # how long wait_result waits for a child that closed its pipe to exit
+
+
 def wait_result(children: dict[str, tuple[Any, Any]], main: str) -> dict[str, Any]:
     """Waits on each child's ``(result pipe, process)`` until ``main`` sends its result, any child
     sends an error, or a child ends without sending what it owed (``main`` its result, the others
@@ -115,7 +118,11 @@ def wait_result(children: dict[str, tuple[Any, Any]], main: str) -> dict[str, An
                 msg = dict(conn.recv())
             except (EOFError, OSError):  # the child closed its end: it is ending
                 del pending[role]
-                proc.join(10)
+                # A child that closed its end is ending; tearing down its interpreter can take tens
+                # of seconds on a loaded machine, so wait for its exit code that long.
+                proc.join(EXIT_WAIT_S)
+                if proc.exitcode is None:
+                    return {"error": f"the {role} process closed its pipe but did not end within {EXIT_WAIT_S} s"}
                 if role == main or proc.exitcode != 0:
                     return {"error": f"the {role} process ended (exit code {proc.exitcode}) without a result"}
                 continue

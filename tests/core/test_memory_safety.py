@@ -212,6 +212,7 @@ def test_soak_bind_free_rebind_with_unmapped_frees():
         print("refused", refused)
     """,
         env={"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096"},
+        timeout=900,  # 150 rounds of allocate/bind/free: two minutes on a loaded 2-core machine
     )
     refused = int(out[0].split()[1])
     assert 0 < refused < 150
