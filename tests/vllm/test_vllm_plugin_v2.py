@@ -164,6 +164,8 @@ def test_watch_installs_when_vllm_loads_the_module(mh, stats, monkeypatch):
     plugin_v2.watch_v2("0.33.0")  # twice: one subclass
     assert copy.MambaHybridModelState.__mro__[1] is mh.MambaHybridModelState
     monkeypatch.delitem(sys.modules, plugin_v2.MODULE_V2)
+    # An earlier test of this process may have registered the plugin (and its hook) already.
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, plugin_v2._Watch)])
     before = list(sys.meta_path)
     plugin_v2.watch_v2("0.33.0")  # not loaded yet: an import hook for it
     added = [f for f in sys.meta_path if f not in before]
