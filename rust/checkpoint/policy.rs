@@ -1,7 +1,7 @@
 //! The cache: one policy's placement (what to save) and eviction (what to drop) over a
 //! [`PrefixTree`].
 
-use super::tree::{Handle, PrefixTree};
+use super::tree::{Handle, PrefixTree, Seeded};
 use super::{Config, PolicyKind};
 use crate::error::{Error, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -76,7 +76,7 @@ struct Meta {
 pub struct CheckpointCache {
     cfg: Config,
     tree: PrefixTree,
-    meta: HashMap<Handle, Meta>,
+    meta: HashMap<Handle, Meta, Seeded>,
     order: BTreeSet<(u64, Handle)>,
     next_handle: Handle,
     tick: u64,
@@ -96,7 +96,7 @@ impl CheckpointCache {
         Self {
             cfg,
             tree: PrefixTree::new(g),
-            meta: HashMap::new(),
+            meta: HashMap::default(),
             order: BTreeSet::new(),
             next_handle: 1,
             tick: 0,

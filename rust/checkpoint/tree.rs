@@ -101,14 +101,14 @@ pub struct Walk {
 pub struct PrefixTree {
     g: usize,
     nodes: Vec<Node>,
-    located: HashMap<Handle, Located>,
+    located: HashMap<Handle, Located, Seeded>,
 }
 
 impl PrefixTree {
     /// An empty tree with chunks of `g >= 1` tokens (the caller validates `g`).
     pub fn new(g: usize) -> Self {
         assert!(g >= 1, "chunk size must be >= 1");
-        Self { g, nodes: vec![Node::default()], located: HashMap::new() }
+        Self { g, nodes: vec![Node::default()], located: HashMap::default() }
     }
 
     /// The chunk size.
