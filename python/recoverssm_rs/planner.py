@@ -303,8 +303,8 @@ class Planner:
             PlanError: before anything moves, naming the request and state: an input that is not an
                 integer array, a column outside the row, ``num_accepted`` outside
                 ``1..=1+num_spec``, a block id outside the pool, the null block as a destination or
-                a source, two copies writing the same block, or a cycle of copies that cannot be
-                ordered without staging.
+                a source, a published block as a destination (:meth:`publish`), two copies writing
+                the same block, or a cycle of copies that cannot be ordered without staging.
         """
         return CopyPlan(
             self.core.plan(block_table=block_table, src_col=src_col, dst_col=dst_col, num_accepted=num_accepted), self
@@ -315,6 +315,39 @@ class Planner:
         every layer of every group (forks, prefix-cache hits). Equal ids are no-ops, negative ids
         padding."""
         return CopyPlan(self.core.plan_copy(src_blocks=src_blocks, dst_blocks=dst_blocks), self)
+
+    # ---- published states (copy-on-write) ----------------------------------------------------
+
+    def publish(self, blocks: Any, *, group: int = 0) -> None:
+        """Publish ``blocks`` of ``group``: one more holder each (a checkpoint reachable from the
+        prefix index is one holder, each request sharing the block another). Until its last holder
+        retracts it, a host plan that would write a published block is refused (a
+        :class:`~recoverssm_rs.PlanError` naming the request, state and block; nothing written):
+        copy it to a free block with :meth:`plan_copy` and write there. The device path does not
+        check: its caller keeps published blocks out of its destination columns.
+
+        Raises:
+            PlanError: an id outside ``1..num_blocks`` or a group that does not exist; nothing
+                changes.
+        """
+        self.core.publish(blocks, group=group)
+
+    def retract(self, blocks: Any, *, group: int = 0) -> None:
+        """Drop one holder of each of ``blocks`` of ``group`` (an eviction from the prefix index,
+        a sharing request that finished); a block left without holders may be written again.
+
+        Raises:
+            PlanError: a block not published as often as it is listed; nothing changes.
+        """
+        self.core.retract(blocks, group=group)
+
+    def published(self, group: int = 0) -> list[int]:
+        """The published blocks of ``group``, ascending."""
+        return self.core.published(group)
+
+    def holders(self, block: int, *, group: int = 0) -> int:
+        """The holders of ``block`` in ``group`` (0: not published, writable)."""
+        return self.core.holders(block, group=group)
 
     # ---- device path ------------------------------------------------------------------------
 

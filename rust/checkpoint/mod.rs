@@ -41,9 +41,11 @@ named_enum! {
     /// - `marconi`: Marconi (MLSys 2025) — states at the exact branch point a new prompt creates in
     ///   the radix tree and at each request's end; eviction among states whose node has at most one
     ///   child by recency plus FLOP efficiency (both min-max normalised, weight 1).
-    /// - `recoverssm`: states at chunk granularity — the junction with earlier sequences and the
-    ///   replay boundary (both floored to the chunk), and the request's end; eviction by value
-    ///   (greedy-dual: use count x tokens saved over the next shallower state, aged by a clock).
+    /// - `recoverssm`: states at chunk granularity — the junction with earlier sequences (where
+    ///   one goes on past it), the replay boundary and the tail two chunks before the prompt's
+    ///   end (all floored to the chunk), and the request's end; eviction by value (greedy-dual:
+    ///   expected uses x tokens saved over the next shallower state, aged by a clock; an end not
+    ///   used yet expects the share of ends that were used).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub enum PolicyKind { Vllm = "vllm", SglangLru = "sglang-lru", Marconi = "marconi", Recoverssm = "recoverssm" }
     parse: exact, |s| Error::plan(format!("policy must be one of vllm, sglang-lru, marconi, recoverssm; got '{s}'"))

@@ -1,7 +1,7 @@
 //! The cache: one policy's placement (what to save) and eviction (what to drop) over a
 //! [`PrefixTree`].
 
-use super::tree::{Handle, PrefixTree};
+use super::tree::{Handle, PrefixTree, Seeded};
 use super::{Config, PolicyKind};
 use crate::error::{Error, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -22,12 +22,18 @@ pub struct Plan {
     /// Positions (ascending, beyond the hit, at most the prompt length) whose state the prefill
     /// saves.
     pub saves: Vec<usize>,
-    /// The save among `saves` that is only a replay boundary (kept for a resend of the same
-    /// prompt, not a junction with an earlier sequence): `recoverssm` admits it at no value.
-    pub replay_only: Option<usize>,
+    /// The saves among `saves` that are speculative (no earlier sequence branches there: the
+    /// replay boundary, kept for a resend of the same prompt, and the prompt's tail, kept for a
+    /// prompt sharing all but its last tokens): `recoverssm` values them by how often such saves
+    /// were used.
+    pub speculative: Vec<usize>,
 }
 
 /// Why `recoverssm` keeps a checkpoint: its value model differs by kind.
+/// `recoverssm`'s tail save sits this many chunks before the prompt's last token: a prompt that
+/// ends with a short question of its own (retrieval, few-shot) shares everything before it.
+const TAIL_CHUNKS: usize = 2;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     /// Where the prompt leaves a prefix shared with earlier sequences: worth its tokens per use.
@@ -61,6 +67,8 @@ struct Meta {
     superseded: bool,
     /// Greedy-dual's clock when the value was last set.
     base: f64,
+    /// Which use estimate applies (`key_of`): 0 junction, 1 replay boundary, 2 end.
+    class: usize,
 }
 
 /// A checkpoint cache under one policy.
@@ -68,20 +76,35 @@ struct Meta {
 pub struct CheckpointCache {
     cfg: Config,
     tree: PrefixTree,
-    meta: HashMap<Handle, Meta>,
+    meta: HashMap<Handle, Meta, Seeded>,
     order: BTreeSet<(u64, Handle)>,
     next_handle: Handle,
     tick: u64,
     /// Greedy-dual's inflation value (the priority of the last eviction).
     floor: f64,
     peak: usize,
+    /// `recoverssm`'s estimate of how often a checkpoint of each kind is used, per [`Kind`]:
+    /// checkpoints written, and those a later request started from (each counted once).
+    written_of: [u64; 3],
+    used_of: [u64; 3],
 }
 
 impl CheckpointCache {
     /// An empty cache.
     pub fn new(cfg: Config) -> Self {
         let g = if cfg.policy == PolicyKind::Vllm { cfg.block_size } else { cfg.granularity };
-        Self { cfg, tree: PrefixTree::new(g), meta: HashMap::new(), order: BTreeSet::new(), next_handle: 1, tick: 0, floor: 0.0, peak: 0 }
+        Self {
+            cfg,
+            tree: PrefixTree::new(g),
+            meta: HashMap::default(),
+            order: BTreeSet::new(),
+            next_handle: 1,
+            tick: 0,
+            floor: 0.0,
+            peak: 0,
+            written_of: [0; 3],
+            used_of: [0; 3],
+        }
     }
 
     /// The configuration.
@@ -123,10 +146,14 @@ impl CheckpointCache {
         let walk = self.tree.walk_with(prompt, cap, self.cfg.policy == PolicyKind::Marconi);
         let hit = walk.checkpoint.map(|(position, handle)| Hit { position, handle });
         if let Some(h) = hit {
+            if let Some(m) = self.meta.get(&h.handle).filter(|m| m.uses == 0) {
+                self.used_of[m.class] += 1;
+            }
             self.touch(h.handle);
         }
         let from = hit.map_or(0, |h| h.position);
         let g = self.cfg.granularity;
+        let mut speculative = Vec::new();
         let mut saves = match self.cfg.policy {
             PolicyKind::Vllm => {
                 let b = self.cfg.block_size;
@@ -140,16 +167,23 @@ impl CheckpointCache {
                 // The exact branch point a speculative insertion of the prompt would create.
                 vec![walk.shared_tokens.min(n)]
             }
-            PolicyKind::Recoverssm => vec![walk.shared_chunks.min(n - 1) / g * g, (n - 1) / g * g],
-        };
-        let replay_only = match self.cfg.policy {
-            PolicyKind::Recoverssm => Some((n - 1) / g * g).filter(|&r| r > from && r != saves[0]),
-            _ => None,
+            PolicyKind::Recoverssm => {
+                // The junction, when an earlier sequence goes on past it (a branch); where every
+                // earlier sequence on this path ends there instead, it is an earlier request's
+                // end, and this request's own end supersedes it.
+                // The replay boundary and the tail are speculative: no earlier sequence branches
+                // there.
+                let junction = walk.shared_chunks.min(n - 1) / g * g;
+                let junction = if walk.stop_children > 0 { junction } else { 0 };
+                let (replay, tail) = ((n - 1) / g * g, (n - 1).saturating_sub(TAIL_CHUNKS * g) / g * g);
+                speculative = [replay, tail].into_iter().filter(|&r| r > from && r != junction).collect();
+                vec![junction, replay, tail]
+            }
         };
         saves.retain(|&p| p > from);
         saves.sort_unstable();
         saves.dedup();
-        Ok(Plan { hit, saves, replay_only })
+        Ok(Plan { hit, saves, speculative })
     }
 
     /// Records the end of a request that ran `prompt` (planned by [`plan`](Self::plan)) and
@@ -176,9 +210,9 @@ impl CheckpointCache {
         positions.dedup();
         let mut done = Finished::default();
         for p in positions {
-            let kind = if p == computed && plan.replay_only != Some(p) && !plan.saves.contains(&p) {
+            let kind = if p == computed && !plan.saves.contains(&p) {
                 Kind::End
-            } else if plan.replay_only == Some(p) {
+            } else if plan.speculative.contains(&p) {
                 Kind::Replay
             } else {
                 Kind::Junction
@@ -199,7 +233,12 @@ impl CheckpointCache {
                 p - self.tree.ancestor_position(h)
             };
             self.tick += 1;
-            let mut m = Meta { last_use: self.tick, uses: 0, marginal, key: 0, kind, superseded: false, base: self.floor };
+            let class = match kind {
+                Kind::Junction => 0,
+                Kind::Replay => 1,
+                Kind::End => 2,
+            };
+            let mut m = Meta { last_use: self.tick, uses: 0, marginal, key: 0, kind, superseded: false, base: self.floor, class };
             m.key = self.key_of(&m);
             // Admission by value: at the budget, a checkpoint worth less than every live one is
             // not written (writing it would evict something worth more).
@@ -211,6 +250,7 @@ impl CheckpointCache {
             self.meta.insert(h, m);
             self.order.insert((m.key, h));
             done.written.push((p, h));
+            self.written_of[m.class] += 1;
             if let Some(budget) = self.cfg.budget {
                 while self.tree.len() > budget {
                     let victim = self.victim(h);
@@ -254,13 +294,19 @@ impl CheckpointCache {
     fn key_of(&self, m: &Meta) -> u64 {
         match self.cfg.policy {
             PolicyKind::Recoverssm => {
+                let k = m.class;
+                // A checkpoint not used yet is worth the share of its kind that was used
+                // (Laplace's estimate): in a chat most ends are, in retrieval almost none.
+                let expected = (self.used_of[k] + 1) as f64 / (self.written_of[k] + 2) as f64;
                 let uses = match m.kind {
-                    Kind::Junction => m.uses + 1,
-                    Kind::End if m.superseded => 0,
-                    Kind::End => m.uses + 1,
-                    Kind::Replay => m.uses,
+                    Kind::End if m.superseded => 0.0,
+                    Kind::Replay if m.uses == 0 => 0.0,
+                    Kind::Junction => (m.uses + 1) as f64,
+                    Kind::End if m.uses == 0 => expected,
+                    Kind::End => (m.uses + 1) as f64,
+                    Kind::Replay => m.uses as f64,
                 };
-                (m.base + uses as f64 * m.marginal as f64).to_bits()
+                (m.base + uses * m.marginal as f64).to_bits()
             }
             _ => m.last_use,
         }
@@ -372,7 +418,7 @@ mod tests {
     fn bad_input_is_refused() {
         let mut c = CheckpointCache::new(Config::new(PolicyKind::Vllm, 64, 16, None).unwrap());
         assert!(c.plan(&[]).unwrap_err().message.contains("at least one token"));
-        let bad = Plan { hit: None, saves: vec![9], replay_only: None };
+        let bad = Plan { hit: None, saves: vec![9], speculative: Vec::new() };
         assert!(c.finish(&[1, 2], &[3], &bad).unwrap_err().message.contains("position 9"));
         assert!(c.is_empty(), "a refused finish changes nothing");
         assert!(Config::new(PolicyKind::Vllm, 0, 16, None).unwrap_err().message.contains("block_size = 0"));

@@ -91,6 +91,9 @@ pub struct Walk {
     /// the partial chunk after `shared_chunks` against the children's keys (only when the walk
     /// was asked for it: it reads every child of the node where the walk stops).
     pub shared_tokens: usize,
+    /// The child chunks of the node where the walk stopped (0: every sequence seen on this
+    /// path ends within the next chunk).
+    pub stop_children: usize,
 }
 
 /// The prefix tree: sequences seen (their full chunks) and live checkpoints.
@@ -98,14 +101,14 @@ pub struct Walk {
 pub struct PrefixTree {
     g: usize,
     nodes: Vec<Node>,
-    located: HashMap<Handle, Located>,
+    located: HashMap<Handle, Located, Seeded>,
 }
 
 impl PrefixTree {
     /// An empty tree with chunks of `g >= 1` tokens (the caller validates `g`).
     pub fn new(g: usize) -> Self {
         assert!(g >= 1, "chunk size must be >= 1");
-        Self { g, nodes: vec![Node::default()], located: HashMap::new() }
+        Self { g, nodes: vec![Node::default()], located: HashMap::default() }
     }
 
     /// The chunk size.
@@ -165,6 +168,7 @@ impl PrefixTree {
                         if exact { n.children.keys().map(|k| k.iter().zip(rest).take_while(|(a, b)| a == b).count()).max().unwrap_or(0) } else { 0 };
                     walk.shared_chunks = depth;
                     walk.shared_tokens = depth + partial;
+                    walk.stop_children = n.children.len();
                     return walk;
                 }
             }

@@ -11,6 +11,7 @@ pub mod emit;
 mod fused;
 mod group;
 pub mod hazard;
+pub mod published;
 pub mod segment;
 pub mod step;
 pub mod tiles;
@@ -19,8 +20,9 @@ use crate::binding::Binding;
 use crate::error::{Error, Result};
 use crate::tensor::Device;
 use group::{Group, Scratch};
+use published::Published;
 use segment::{MoveRow, Segment, StateMeta};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 pub use step::{AlignStep, Move, Moves};
 
 named_enum! {
@@ -76,6 +78,8 @@ const POOL_KEEP: usize = 4;
 pub struct Planner {
     groups: Vec<Group>,
     pool: Arc<Mutex<Pool>>,
+    /// Per group, the blocks no plan may write ([`published`]).
+    published: RwLock<Vec<Published>>,
 }
 
 /// The plan of one step: segments grouped by wave (group 0's waves first, then group 1's, ...),
@@ -116,7 +120,8 @@ impl Planner {
                 )));
             }
         }
-        Ok(Planner { groups: bindings.into_iter().map(Group::new).collect(), pool: Arc::default() })
+        let published = RwLock::new(bindings.iter().map(|_| Published::default()).collect());
+        Ok(Planner { groups: bindings.into_iter().map(Group::new).collect(), pool: Arc::default(), published })
     }
 
     pub fn num_groups(&self) -> usize {
@@ -212,6 +217,38 @@ impl Planner {
         })
     }
 
+    /// Publishes `blocks` of group `g` (one more holder each): until retracted, a plan that would
+    /// write one is refused ([`published`]). On an error nothing changes.
+    pub fn publish(&self, g: usize, blocks: &[i64]) -> Result<()> {
+        let group = self.group(g)?;
+        let mut p = self.published.write().unwrap_or_else(|e| e.into_inner());
+        p[g].publish(blocks, &group.limits()).map_err(|e| self.in_group(g, e))
+    }
+
+    /// Drops one holder of each of `blocks` of group `g`; a block without holders may be written
+    /// again. On an error (a block not published that often) nothing changes.
+    pub fn retract(&self, g: usize, blocks: &[i64]) -> Result<()> {
+        let group = self.group(g)?;
+        let mut p = self.published.write().unwrap_or_else(|e| e.into_inner());
+        p[g].retract(blocks, &group.limits()).map_err(|e| self.in_group(g, e))
+    }
+
+    /// The published blocks of group `g`, ascending.
+    pub fn published(&self, g: usize) -> Result<Vec<u64>> {
+        self.group(g)?;
+        Ok(self.published.read().unwrap_or_else(|e| e.into_inner())[g].blocks())
+    }
+
+    /// The holders of `block` in group `g` (0: not published, writable).
+    pub fn holders(&self, g: usize, block: u64) -> Result<u32> {
+        self.group(g)?;
+        Ok(self.published.read().unwrap_or_else(|e| e.into_inner())[g].holders(block))
+    }
+
+    fn group(&self, g: usize) -> Result<&Group> {
+        self.groups.get(g).ok_or_else(|| Error::plan(format!("group {g} does not exist: this planner has {} group(s)", self.groups.len())))
+    }
+
     /// Runs `f` with one pooled scratch per group.
     fn with_scratch(&self, f: impl FnOnce(&Planner, &mut [Scratch]) -> Result<CopyPlan>) -> Result<CopyPlan> {
         let n = self.groups.len();
@@ -231,6 +268,12 @@ impl Planner {
     /// pages and gives each group its own blocks), so one group's copies never run beside
     /// another's.
     fn build(&self, scratch: &mut [Scratch]) -> Result<CopyPlan> {
+        {
+            let published = self.published.read().unwrap_or_else(|e| e.into_inner());
+            for (g, (group, s)) in self.groups.iter().zip(scratch.iter()).enumerate() {
+                published[g].check(&s.moves, &group.limits()).map_err(|e| self.in_group(g, e))?;
+            }
+        }
         let mut num_waves = 0;
         for (g, (group, s)) in self.groups.iter().zip(scratch.iter_mut()).enumerate() {
             num_waves += group.order(s).map_err(|e| self.in_group(g, e))?;
@@ -334,5 +377,7 @@ impl Drop for CopyPlan {
     }
 }
 
+#[cfg(test)]
+mod published_tests;
 #[cfg(test)]
 mod tests;

@@ -326,6 +326,37 @@ impl Planner {
         Ok(CopyPlan::new(plan, slf.unbind()))
     }
 
+    /// Publishes `blocks` of `group` (one more holder each; a checkpoint in the prefix index is
+    /// one holder, each request sharing the block another): until retracted, a plan that would
+    /// write one is refused with a `PlanError` naming the request, state and block. Ids in
+    /// `1..num_blocks`; on an error nothing changes.
+    #[pyo3(signature = (blocks, *, group = 0))]
+    fn publish(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: usize) -> PyResult<()> {
+        let blocks = Ints::arg(blocks, "blocks", ErrorKind::Plan)?;
+        py.detach(|| self.inner.publish(group, &blocks.0)).map_err(Into::into)
+    }
+
+    /// Drops one holder of each of `blocks` of `group`; a block left without holders may be
+    /// written again. A block not published (as often as listed) is a `PlanError`, and nothing
+    /// changes.
+    #[pyo3(signature = (blocks, *, group = 0))]
+    fn retract(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: usize) -> PyResult<()> {
+        let blocks = Ints::arg(blocks, "blocks", ErrorKind::Plan)?;
+        py.detach(|| self.inner.retract(group, &blocks.0)).map_err(Into::into)
+    }
+
+    /// The published blocks of `group`, ascending.
+    #[pyo3(signature = (group = 0))]
+    fn published(&self, group: usize) -> PyResult<Vec<u64>> {
+        Ok(self.inner.published(group)?)
+    }
+
+    /// The holders of `block` in `group` (0: not published).
+    #[pyo3(signature = (block, *, group = 0))]
+    fn holders(&self, block: u64, group: usize) -> PyResult<u32> {
+        Ok(self.inner.holders(group, block)?)
+    }
+
     /// The fused kernel's table of every (group, layer, persistent state).
     fn state_meta(&self) -> RawBuffer {
         RawBuffer::new(self.inner.state_meta())

@@ -168,3 +168,30 @@ def test_bad_flags_are_named(capsys, trace, argv, flag):
 def test_missing_trace_file(capsys, tmp_path):
     rc, _, err = _run(capsys, str(tmp_path / "none.jsonl"))
     assert rc == 1 and "cannot read trace" in err
+
+
+def test_several_traces_and_the_plot(capsys, tmp_path, trace):
+    pytest.importorskip("matplotlib")
+    other = tmp_path / "turns.jsonl"
+    first = TraceRequest("a", 0.0, list(range(300)), list(range(900, 940)))
+    write_trace(other, [first, TraceRequest("b", 1.0, [*first.prompt, *first.output, 7, 8, 9], [1])])
+    png, doc = tmp_path / "out.png", tmp_path / "runs.json"
+    rc, out, err = _run(
+        capsys, str(trace), str(other), "--policy", "vllm,sglang-lru", "--plot", str(png), "--json", str(doc)
+    )
+    assert rc == 0, err
+    runs = json.loads(doc.read_text())
+    assert [(Path(r["trace"]).name, r["policy"]) for r in runs] == [
+        ("t.jsonl", "vllm"),
+        ("t.jsonl", "sglang-lru"),
+        ("turns.jsonl", "vllm"),
+        ("turns.jsonl", "sglang-lru"),
+    ]
+    assert runs[3]["reused_tokens"] == 339, "the second turn starts from the first turn's end"
+    header = out.splitlines()[0]
+    assert header.split()[:2] == ["trace", "policy"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    rc, _, err = _run(capsys, str(trace), "--plot", str(tmp_path / "no" / "such" / "dir.png"))
+    assert rc == 2 and "argument --plot" in err and "does not exist" in err
+    rc, _, err = _run(capsys, str(trace), "--plot", str(tmp_path / "plot.txt"))
+    assert rc == 2 and "must end in .png, .svg or .pdf" in err

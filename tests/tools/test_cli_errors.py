@@ -262,6 +262,7 @@ BAD = [
     Bad(["simulate", "t.jsonl", "--budget-bytes", "10"], "--budget-bytes", ["needs state_bytes"]),
     Bad(["simulate", "t.jsonl", "--budget-bytes", "5", "--state-bytes", "0"], "--state-bytes", ["0", ">= 1 byte"]),
     Bad(["simulate", "t.jsonl", "--json", TMP], "--json", ["is a folder"]),
+    Bad(["simulate", "t.jsonl", "--plot", "out.gif"], "--plot", ["out.gif", "must end in .png, .svg or .pdf"]),
 ]
 if not _has_cuda():
     BAD.append(Bad(["demo", "--device", "cuda"], "--device", ["'cuda'", "CUDA is not available"]))
