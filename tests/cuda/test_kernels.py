@@ -82,7 +82,8 @@ def nvrtc_reports():
         if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
             pytest.fail(f"NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set ({nvrtc_install_hint()})")
         pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
-    return nvrtc.compile_all()
+    # Kept across runs and shared by pytest-xdist workers (one compile per source and NVRTC).
+    return nvrtc.compile_all(cache=nvrtc.default_cache_dir())
 
 
 def test_find_nvrtc_honours_the_override(monkeypatch, tmp_path):
