@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import recoverssm_rs as rs
 
 RUST = Path(__file__).resolve().parents[2] / "rust"
