@@ -129,7 +129,8 @@ def net_devices(interfaces: str | Sequence[str]) -> str | None:
     ``"mlx5_0:1"``) or IPv4 addresses (mapped to their interface), comma-separated or as a list;
     None for :data:`ALL_INTERFACES` (UCX's default: every interface). The list is checked by the
     core (BindingError naming ``interfaces``)."""
-    items = endpoint_args("interfaces", ["UCX"], True, interfaces)[3]
+    # The core's rules for the list (the other arguments are placeholders that pass).
+    items = endpoint_args("net_devices", ["UCX"], True, interfaces)[3]
     if items == [ALL_INTERFACES]:
         return None
     out = []
@@ -190,11 +191,11 @@ class NixlEndpoint:
     ) -> None:
         check_pool(pool)
         # The arguments, checked by the core before an agent exists (BindingError naming one).
-        name, backend_names, progress_thread, _ = endpoint_args(name, backends, progress_thread, interfaces)
+        name, backend_names, progress_thread, items = endpoint_args(name, backends, progress_thread, interfaces)
         nixl = import_nixl()
         self.name = name
         self.pool = pool
-        self.interfaces = net_devices(interfaces)
+        self.interfaces = net_devices(items)
         pool.check()
         self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=[]))
         for backend in backend_names:
