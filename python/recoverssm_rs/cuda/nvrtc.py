@@ -103,10 +103,11 @@ def _wheel_candidates(major: int) -> list[Path]:
 
 _nvrtc_lock = threading.Lock()
 _nvrtc_lib: ctypes.CDLL | None = None
+_nvrtc_path: Path | None = None  # the file _nvrtc_lib was loaded from
 
 
 def _nvrtc() -> ctypes.CDLL:
-    global _nvrtc_lib
+    global _nvrtc_lib, _nvrtc_path
     with _nvrtc_lock:
         if _nvrtc_lib is None:
             path = find_nvrtc()
@@ -132,7 +133,7 @@ def _nvrtc() -> ctypes.CDLL:
             for fn in ("nvrtcGetProgramLog", "nvrtcGetPTX", "nvrtcGetCUBIN"):
                 getattr(lib, fn).argtypes = [vp, ctypes.c_char_p]
             lib.nvrtcGetErrorString.restype = ctypes.c_char_p
-            _nvrtc_lib = lib
+            _nvrtc_lib, _nvrtc_path = lib, path
     return _nvrtc_lib
 
 
@@ -258,14 +259,15 @@ _CACHE_FORMAT = 1
 
 
 def _library_identity() -> dict[str, object]:
-    """The NVRTC library compiles go to: its path, size, modification time and version."""
-    path = find_nvrtc()
-    st = path.stat() if path is not None else None
+    """The NVRTC library compiles go to (loaded once per process): its path, size, modification
+    time and version."""
+    version = list(nvrtc_version())
+    st = _nvrtc_path.stat() if _nvrtc_path is not None else None
     return {
-        "path": str(path),
+        "path": str(_nvrtc_path),
         "size": st.st_size if st else None,
         "mtime_ns": st.st_mtime_ns if st else None,
-        "version": list(nvrtc_version()),
+        "version": version,
     }
 
 
