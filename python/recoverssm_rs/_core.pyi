@@ -55,6 +55,9 @@ __all__ = [
     "source_pools",
     "write_file",
     "check_sources",
+    "endpoint_args",
+    "pull_args",
+    "transfer_plan_arg",
     "check_device_tables",
     "check_index",
     "commit_grid",
@@ -671,6 +674,11 @@ def source_pools(sources: Any) -> tuple[LayoutFingerprint, list[tuple[int, Any]]
 def restore_sources(states: Any, num_blocks: int) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]: ...
 def block_list(blocks: Any, what: str = "blocks") -> list[int]: ...
 def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint: ...
+def endpoint_args(
+    name: Any, backends: Any, progress_thread: Any, interfaces: Any
+) -> tuple[str, list[str], bool, list[str]]: ...
+def pull_args(timeout: Any, per_request: Any, restore_failed: Any) -> tuple[float, bool, bool]: ...
+def transfer_plan_arg(plan: Any, what: str = "plan") -> TransferPlan: ...
 
 @final
 class CacheCounters:

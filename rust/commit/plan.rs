@@ -60,13 +60,13 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
     for i in 0..r {
         let (sb, na, ql) = (step.state_blocks[i], step.num_accepted[i], step.query_lens[i]);
         if ql < 0 || ql > window as i64 {
-            return Err(Error::plan(format!("{backend}: request {i}: query_len = {ql} is outside 0..={window} (the speculative window)")));
+            return Err(Error::plan(format!("{backend}: request {i}: query_len = {ql} is outside 0 ..= {window} (the speculative window)")));
         }
         if sb <= 0 || ql == 0 {
             continue; // padding
         }
         if sb as u64 >= num_blocks {
-            return Err(Error::plan(format!("{backend}: request {i}: state block {sb} is outside 0..{num_blocks}")));
+            return Err(Error::plan(format!("{backend}: request {i}: state block {sb} is outside 0 ..= {}", num_blocks.saturating_sub(1))));
         }
         let count = na.clamp(0, ql) as u32;
         let mut row = CommitRow { request: i as u32, count, state_block: sb, boundary_block: -1, boundary_len: 0, count_index: i as u32 };
@@ -88,7 +88,8 @@ pub fn plan_commit(step: &CommitStep<'_>, backend: &str, num_blocks: u64, window
                 let bb = a.block_table[i * a.cols + col as usize];
                 if bb <= 0 || bb as u64 >= num_blocks {
                     return Err(Error::plan(format!(
-                        "{backend}: request {i}: the boundary block (column {col}) is {bb}; it must be a real block in 1..{num_blocks}"
+                        "{backend}: request {i}: the boundary block (column {col}) is {bb}; it must be a real block in 1 ..= {}",
+                        num_blocks.saturating_sub(1)
                     )));
                 }
                 if bb == sb {
@@ -173,7 +174,7 @@ pub fn check_state_blocks(state_blocks: &[i64], backend: &str, num_blocks: u64) 
             continue;
         }
         if b as u64 >= num_blocks {
-            return Err(Error::plan(format!("{backend}: request {i}: state block {b} is outside 0..{num_blocks}")));
+            return Err(Error::plan(format!("{backend}: request {i}: state block {b} is outside 0 ..= {}", num_blocks.saturating_sub(1))));
         }
         seen.push((b, i));
     }

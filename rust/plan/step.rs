@@ -45,15 +45,21 @@ pub struct Limits<'a> {
 impl Limits<'_> {
     fn block_of_copy(&self, copy: usize, what: &str, id: i64) -> Result<u64> {
         if id < 0 || id as u64 >= self.num_blocks {
-            return Err(Error::plan(format!("{}: copy {copy}: {what} block id {id} is outside 0..{}", self.backend, self.num_blocks)));
+            return Err(Error::plan(format!(
+                "{}: copy {copy}: {what} block id {id} is outside 0 ..= {}",
+                self.backend,
+                self.num_blocks.saturating_sub(1)
+            )));
         }
         Ok(id as u64)
     }
     fn block(&self, request: usize, what: &str, col: usize, id: i64, state: &str) -> Result<u64> {
         if id < 0 || id as u64 >= self.num_blocks {
             return Err(Error::plan(format!(
-                "{}: request {request}, state '{state}' (all {} layers): {what} block id {id} (column {col}) is outside 0..{}",
-                self.backend, self.num_layers, self.num_blocks
+                "{}: request {request}, state '{state}' (all {} layers): {what} block id {id} (column {col}) is outside 0 ..= {}",
+                self.backend,
+                self.num_layers,
+                self.num_blocks.saturating_sub(1)
             )));
         }
         Ok(id as u64)
@@ -105,7 +111,7 @@ pub fn align_moves(step: &AlignStep<'_>, lim: &Limits<'_>, out: &mut Moves) -> R
         }
         if a < 1 || a > max_a {
             return Err(Error::plan(format!(
-                "{b}: request {i}: num_accepted = {a} is outside 1..={max_a} (1 + num_spec, num_spec = {})",
+                "{b}: request {i}: num_accepted = {a} is outside 1 ..= {max_a} (1 + num_spec, num_spec = {})",
                 lim.num_spec
             )));
         }

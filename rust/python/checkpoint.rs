@@ -8,14 +8,14 @@ use crate::error::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-/// Token ids: a list (or any sequence) of ints in `0..2**32`.
+/// Token ids: a list (or any sequence) of ints in `0 ..= 2**32 - 1`.
 fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     if let Ok(v) = obj.extract::<Vec<u32>>() {
         if !obj.is_instance_of::<pyo3::types::PyString>() {
             return Ok(v);
         }
     }
-    let refused = |detail: String| arg_error(ErrorKind::Plan, format!("{what} must be a list of token ids (ints in 0..2**32){detail}"));
+    let refused = |detail: String| arg_error(ErrorKind::Plan, format!("{what} must be a list of token ids (ints in 0 ..= 2**32 - 1){detail}"));
     let Ok(list) = obj.cast::<PyList>() else { return Err(refused(format!(", got {}", type_name(obj)))) };
     for (i, x) in list.iter().enumerate() {
         if x.extract::<u32>().is_err() || x.is_instance_of::<pyo3::types::PyBool>() {

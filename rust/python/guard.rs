@@ -1,7 +1,10 @@
 //! The bound tensors of a planner, a state cache or a transfer pool, kept alive and checked before
 //! every write: a tensor re-pointed (`set_()`, `.data = x`, `resize_()` to a larger size) or a
-//! storage resized or freed (`untyped_storage().resize_(0)`) is a binding error naming the tensor,
-//! and nothing is written. After a write, autograd's version counter of what was written is bumped,
+//! storage resized or freed (`untyped_storage().resize_(0)`), or a numpy (or CuPy) array made
+//! read-only after it was bound (`flags.writeable = False`: its array interface says so), is a
+//! binding error naming the tensor, and nothing is written. A torch tensor over memory meant to be
+//! immutable (`torch.frombuffer` of `bytes`, `torch.from_numpy` of a read-only array) carries no
+//! such mark that torch exposes, and cannot be told apart. After a write, autograd's version counter of what was written is bumped,
 //! as torch's own in-place operations do.
 //!
 //! The guard holds strong references to every bound tensor and every distinct storage (an
@@ -36,19 +39,21 @@ pub(crate) struct Guard {
     roots: Option<Py<PyTuple>>,
 }
 
-/// The data address an array interface (`__array_interface__` or `__cuda_array_interface__`) gives.
-fn interface_address(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+/// The data address an array interface (`__array_interface__` or `__cuda_array_interface__`)
+/// gives, and whether it marks the memory read-only (`data = (ptr, True)`).
+fn interface_address(obj: &Bound<'_, PyAny>) -> PyResult<(u64, bool)> {
     let py = obj.py();
     let iface = match obj.getattr(intern!(py, "__cuda_array_interface__")) {
         Ok(i) => i,
         Err(_) => obj.getattr(intern!(py, "__array_interface__"))?,
     };
-    addr(&iface.get_item("data")?.get_item(0)?)
+    let data = iface.get_item("data")?;
+    Ok((addr(&data.get_item(0)?)?, data.get_item(1)?.is_truthy()?))
 }
 
-fn address(py: Python<'_>, e: &Entry) -> PyResult<u64> {
+fn address(py: Python<'_>, e: &Entry) -> PyResult<(u64, bool)> {
     match &e.data_ptr {
-        Some(f) => addr(&f.bind(py).call0()?),
+        Some(f) => Ok((addr(&f.bind(py).call0()?)?, false)),
         None => interface_address(e.obj.bind(py)),
     }
 }
@@ -63,7 +68,7 @@ impl Guard {
         for (t, label) in tensors {
             if !t.hasattr(intern!(py, "data_ptr"))? {
                 // A numpy array or a `__cuda_array_interface__` object (a CuPy array).
-                let ptr = interface_address(t)?;
+                let (ptr, _) = interface_address(t)?;
                 entries.push(Entry { obj: t.clone().unbind(), data_ptr: None, nbytes_fn: None, ptr, nbytes: None, label: label.clone() });
                 continue;
             }
@@ -110,10 +115,18 @@ impl Guard {
         Ok(Guard { entries: storages, roots })
     }
 
-    /// Raises `BindingError` naming the first bound tensor or storage whose memory changed.
+    /// Raises `BindingError` naming the first bound tensor or storage whose memory changed, or
+    /// the first array made read-only since it was bound.
     pub(crate) fn check(&self, py: Python<'_>) -> PyResult<()> {
         for e in &self.entries {
-            let ptr = address(py, e)?;
+            let (ptr, read_only) = address(py, e)?;
+            if read_only {
+                return Err(Error::binding(format!(
+                    "{}: the array was made read-only after it was bound (flags.writeable = False); nothing was written",
+                    e.label
+                ))
+                .into());
+            }
             let nbytes = match &e.nbytes_fn {
                 Some(f) => Some(addr(&f.bind(py).call0()?)?),
                 None => None,

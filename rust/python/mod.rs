@@ -11,6 +11,7 @@ mod buffer;
 mod checkpoint;
 mod commit;
 pub(crate) mod conversion;
+mod endpoint;
 mod errors;
 mod guard;
 mod kimi_k3;
@@ -33,6 +34,8 @@ mod _core {
     use super::checkpoint::{check_checkpoint_trace, simulate_checkpoints, CheckpointCache, CheckpointPlan};
     #[pymodule_export]
     use super::commit::{check_cache_sizes_py, check_commit_counts, check_index_py, commit_grid, commit_meta_table, CommitPlanner, PyCommitLaunch};
+    #[pymodule_export]
+    use super::endpoint::{endpoint_args, pull_args, transfer_plan_arg};
     #[pymodule_export]
     use super::guard::BoundTensors;
     #[pymodule_export]

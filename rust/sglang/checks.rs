@@ -16,7 +16,7 @@ pub enum Repeats {
 }
 
 /// Checks the slot ids `ids`, the argument `arg` of operation `op`: every id is a slot of the pool
-/// other than the dummy slot 0 (`1..num_slots`; a negative id is refused, never wrapped), and with
+/// other than the dummy slot 0 (`1 ..= num_slots - 1`; a negative id is refused, never wrapped), and with
 /// [`Repeats::Refused`] no slot is named twice.
 pub fn check_slots(op: &str, arg: &str, ids: &[i64], num_slots: u64, repeats: Repeats) -> Result<()> {
     let last = num_slots.saturating_sub(1);
@@ -24,14 +24,14 @@ pub fn check_slots(op: &str, arg: &str, ids: &[i64], num_slots: u64, repeats: Re
     for (i, &slot) in ids.iter().enumerate() {
         if slot < 0 {
             return Err(Error::plan(format!(
-                "{op}: {arg}[{i}] = {slot}: a negative slot id is refused (it would wrap to a slot from the end); slots are 1..{last}"
+                "{op}: {arg}[{i}] = {slot}: a negative slot id is refused (it would wrap to a slot from the end); slots are 1 ..= {last}"
             )));
         }
         if slot == 0 {
-            return Err(Error::plan(format!("{op}: {arg}[{i}] = 0 is the dummy slot (padded batches only); slots are 1..{last}")));
+            return Err(Error::plan(format!("{op}: {arg}[{i}] = 0 is the dummy slot (padded batches only); slots are 1 ..= {last}")));
         }
         if slot as u64 >= num_slots {
-            return Err(Error::plan(format!("{op}: {arg}[{i}] = {slot} is outside the pool's slots 1..{last}")));
+            return Err(Error::plan(format!("{op}: {arg}[{i}] = {slot} is outside the pool's slots 1 ..= {last}")));
         }
         if repeats == Repeats::Refused && !seen.insert(slot) {
             return Err(Error::plan(format!("{op}: {arg}[{i}] = {slot} is named twice; one call writes a slot once")));

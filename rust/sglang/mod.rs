@@ -82,13 +82,19 @@ fn select(p: &CommitPass<'_>, rows: Option<&[i64]>, sizes: CommitSizes) -> Resul
         }
         let row = rows.map_or(r as i64, |v| v[r]);
         if step as u64 >= sizes.draft {
-            return Err(Error::plan(format!("{op}: {step_arg}[{r}] = {step} is past the draft (0..{})", sizes.draft.saturating_sub(1))));
+            return Err(Error::plan(format!("{op}: {step_arg}[{r}] = {step} is past the draft (0 ..= {})", sizes.draft.saturating_sub(1))));
         }
         if slot as u64 >= sizes.num_slots {
-            return Err(Error::plan(format!("{op}: {slot_arg}[{r}] = {slot} is outside the pool's slots 0..{}", sizes.num_slots.saturating_sub(1))));
+            return Err(Error::plan(format!(
+                "{op}: {slot_arg}[{r}] = {slot} is outside the pool's slots 0 ..= {}",
+                sizes.num_slots.saturating_sub(1)
+            )));
         }
         if row < 0 || row as u64 >= sizes.num_rows {
-            return Err(Error::plan(format!("{op}: src_indices[{r}] = {row}: the scratch row is outside 0..{}", sizes.num_rows.saturating_sub(1))));
+            return Err(Error::plan(format!(
+                "{op}: src_indices[{r}] = {row}: the scratch row is outside 0 ..= {}",
+                sizes.num_rows.saturating_sub(1)
+            )));
         }
         if !seen.insert(slot) {
             return Err(Error::plan(format!("{op}: {slot_arg}[{r}] = {slot} is written by an earlier request too; two requests write one slot")));

@@ -17,14 +17,14 @@ fn padding_rows_are_skipped() {
 fn source_rows_are_checked() {
     let rows = [1, 9];
     let e = commit_selection(&[pass(&[1, 2], &[0, 0])], Some(&rows), SIZES).unwrap_err();
-    assert!(e.message.contains("src_indices[1] = 9: the scratch row is outside 0..3"), "{}", e.message);
+    assert!(e.message.contains("src_indices[1] = 9: the scratch row is outside 0 ..= 3"), "{}", e.message);
 }
 
 #[test]
 fn refusals_name_the_request() {
     for (slots, steps, want) in [
-        (&[1i64, 2][..], &[3i64, 0][..], "last_correct_step_indices[0] = 3 is past the draft (0..2)"),
-        (&[1, 8], &[0, 0], "state_indices[1] = 8 is outside the pool's slots 0..7"),
+        (&[1i64, 2][..], &[3i64, 0][..], "last_correct_step_indices[0] = 3 is past the draft (0 ..= 2)"),
+        (&[1, 8], &[0, 0], "state_indices[1] = 8 is outside the pool's slots 0 ..= 7"),
         (&[4, 4], &[0, 1], "two requests write one slot"),
         (&[1, 2], &[0], "one length"),
         (&[1, -2], &[0, 0], "state_indices[1] = -2: the only negative value allowed is -1"),
@@ -77,7 +77,7 @@ fn slot_ids_are_refused_negative_dummy_outside_or_repeated() {
     for (ids, repeats, want) in [
         (&[3i64, -1][..], Repeats::Allowed, "clear_slots: indices[1] = -1: a negative slot id is refused"),
         (&[0], Repeats::Allowed, "clear_slots: indices[0] = 0 is the dummy slot"),
-        (&[8], Repeats::Allowed, "clear_slots: indices[0] = 8 is outside the pool's slots 1..7"),
+        (&[8], Repeats::Allowed, "clear_slots: indices[0] = 8 is outside the pool's slots 1 ..= 7"),
         (&[2, 2], Repeats::Refused, "clear_slots: indices[1] = 2 is named twice"),
     ] {
         let e = check_slots("clear_slots", "indices", ids, 8, repeats).unwrap_err();

@@ -30,6 +30,15 @@ fn bad(m: impl std::fmt::Display) -> Error {
     Error::layout(format!("peer handshake: {m}"))
 }
 
+/// Checks an agent's name: not blank, no control characters (line breaks would break the
+/// message's framing). The error text names the rule, without a prefix.
+pub(crate) fn check_agent_name(name: &str) -> std::result::Result<(), String> {
+    if name.trim().is_empty() || name.chars().any(char::is_control) {
+        return Err(format!("agent name {name:?} must be non-empty and free of control characters (line breaks)"));
+    }
+    Ok(())
+}
+
 impl PeerInfo {
     /// A checked message: see [`PeerInfo::check`].
     pub fn new(name: String, metadata: Vec<u8>, fingerprint: Fingerprint, geometry: PoolGeometry, addresses: Vec<u64>) -> Result<PeerInfo> {
@@ -42,9 +51,7 @@ impl PeerInfo {
     /// fingerprint, and that each (layer, state) tensor has one non-null address whose span
     /// (`(num_blocks - 1) * stride + state bytes`) does not overflow.
     pub fn check(&self) -> Result<()> {
-        if self.name.trim().is_empty() || self.name.chars().any(char::is_control) {
-            return Err(bad(format!("agent name {:?} must be non-empty and free of control characters (line breaks)", self.name)));
-        }
+        check_agent_name(&self.name).map_err(bad)?;
         self.fingerprint.check()?;
         check_pool("peer", &self.fingerprint, &self.geometry).map_err(|e| bad(e.message))?;
         let g = &self.geometry;

@@ -7,6 +7,7 @@
 //!   decoded and checked before anything is registered or read;
 //! - [`cache`]: the host tier's rules (bytes per request, capacity, LRU eviction, spill);
 //! - [`compat`]: which source / destination pairs can exchange states;
+//! - [`endpoint`]: a transport endpoint's arguments (agent name, backends, interfaces, timeout);
 //! - [`files`]: how the disk tier writes and reads files (exclusive temporaries, atomic
 //!   renames, the directories it accepts);
 //! - [`saved`]: the file format of states saved to disk (safetensors framing, fingerprint, block
@@ -16,6 +17,7 @@
 
 pub mod cache;
 pub mod compat;
+pub mod endpoint;
 pub mod files;
 pub mod fingerprint;
 pub mod handshake;

@@ -302,8 +302,17 @@ pub fn decode_header(get: &dyn Fn(&str) -> Option<String>, tensors: &[SavedTenso
     for (got, w) in tensors.iter().zip(&want) {
         if got != w {
             return Err(bad(format!(
-                "tensor {:?} ({} {:?}, bytes {}..{}) is not {:?} ({} {:?}, bytes {}..{})",
-                got.name, got.dtype, got.shape, got.begin, got.end, w.name, w.dtype, w.shape, w.begin, w.end
+                "tensor {:?} ({} {:?}, {} bytes at {}) is not {:?} ({} {:?}, {} bytes at {})",
+                got.name,
+                got.dtype,
+                got.shape,
+                got.end.saturating_sub(got.begin),
+                got.begin,
+                w.name,
+                w.dtype,
+                w.shape,
+                w.end.saturating_sub(w.begin),
+                w.begin
             )));
         }
     }

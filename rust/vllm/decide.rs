@@ -137,7 +137,7 @@ fn check_live(tables: &[GroupTable<'_>], i: usize, col: i64, extra: i64, what: &
         let last = col + extra;
         if col < 0 || last >= t.cols as i64 {
             return Err(Error::plan(format!(
-                "{}: {what}: columns {col}..={last} are outside group {g}'s block-table row ({} columns)",
+                "{}: {what}: columns {col} ..= {last} are outside group {g}'s block-table row ({} columns)",
                 name(i),
                 t.cols
             )));
@@ -253,7 +253,7 @@ pub fn pre_copy(inp: &PreInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepConfig
     let nsb = cfg.num_spec_blocks;
     if let Some(i) = inp.num_accepted.iter().position(|&a| a < 1 || a > nsb + 1) {
         let a = inp.num_accepted[i];
-        return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1..={} (1 + num_spec_blocks)", name(i), nsb + 1)));
+        return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1 ..= {} (1 + num_spec_blocks)", name(i), nsb + 1)));
     }
     let cols = pre_copy_columns(inp, tables, cfg, name)?;
     let mut d =
@@ -279,7 +279,7 @@ fn post_running_of(i: usize, s: i64, c: i64, n: i64, dr: i64, cfg: &StepConfig, 
     }
     if dr < 0 || dr >= n || dr > nsb {
         return Err(Error::plan(format!(
-            "{}: num_draft = {dr} is outside 0..={} (fewer than num_scheduled = {n}, at most num_spec_blocks = {nsb})",
+            "{}: num_draft = {dr} is outside 0 ..= {} (fewer than num_scheduled = {n}, at most num_spec_blocks = {nsb})",
             name(i),
             (n - 1).min(nsb)
         )));
@@ -349,7 +349,7 @@ pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepC
         let (s, c, n, dr, a) = (inp.state_col[i], inp.num_computed[i], inp.num_scheduled[i], inp.num_draft[i], inp.num_accepted[i]);
         let running = post_running_of(i, s, c, n, dr, cfg, name)?;
         if a < 1 || a > dr + 1 {
-            return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1..={} (1 + num_draft = {dr})", name(i), dr + 1)));
+            return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1 ..= {} (1 + num_draft = {dr})", name(i), dr + 1)));
         }
         let new = running + a - 1;
         let aligned = new.div_euclid(bs) * bs;

@@ -47,7 +47,7 @@ fn pre_copy_rejects_stale_columns_and_bad_counts() {
     let e = pre_copy(&inp, &[GroupTable { ids: &bt, cols: 8 }], &CFG, &|i| format!("request 'r{i}'")).unwrap_err();
     assert!(e.message.starts_with("request 'r0': new or resumed") && e.message.contains("stale"), "{}", e.message);
     let e = pre(&[4], &[1], &[4], &[1], &bt, 8).unwrap_err();
-    assert!(e.message.contains("num_accepted = 4 is outside 1..=3"), "{}", e.message);
+    assert!(e.message.contains("num_accepted = 4 is outside 1 ..= 3"), "{}", e.message);
     let e = pre(&[4], &[0], &[1], &[1], &bt, 8).unwrap_err();
     assert!(e.message.contains("num_scheduled = 0"), "{}", e.message);
     let e = pre(&[4, 4], &[1], &[1, 1], &[1, 1], &dense(2, 8), 8).unwrap_err();
@@ -58,7 +58,7 @@ fn pre_copy_rejects_stale_columns_and_bad_counts() {
 fn pre_copy_rejects_a_window_outside_or_null() {
     // curr = 5, window 5..=7 needs 8 columns.
     let e = pre(&[20], &[4], &[1], &[4], &dense(1, 7), 7).unwrap_err();
-    assert!(e.message.contains("columns 5..=7 are outside group 0"), "{}", e.message);
+    assert!(e.message.contains("columns 5 ..= 7 are outside group 0"), "{}", e.message);
     let mut bt = dense(1, 8);
     bt[6] = 0;
     let e = pre(&[20], &[4], &[1], &[4], &bt, 8).unwrap_err();
@@ -97,7 +97,7 @@ fn post_process_checks_its_inputs() {
     let e = post(&[2], &[5], &[3], &[2], &[1]).unwrap_err();
     assert!(e.message.contains("state_col = 2") && e.message.contains("= 1"), "{}", e.message);
     let e = post(&[1], &[5], &[3], &[1], &[3]).unwrap_err();
-    assert!(e.message.contains("num_accepted = 3 is outside 1..=2"), "{}", e.message);
+    assert!(e.message.contains("num_accepted = 3 is outside 1 ..= 2"), "{}", e.message);
     let e = post(&[1], &[5], &[3], &[3], &[1]).unwrap_err();
     assert!(e.message.contains("num_draft = 3"), "{}", e.message);
 }

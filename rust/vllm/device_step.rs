@@ -170,7 +170,7 @@ mod tests {
         // The post-process: a count above 1 + num_draft is refused with host counts.
         let post = PostInputs { state_col: &[1], num_computed: &[4], num_scheduled: &[3], num_draft: &[1], num_accepted: &[3] };
         let e = stage_post_process(&post, &at(true, Tables::Staged)).unwrap_err();
-        assert!(e.message.contains("num_accepted = 3 is outside 1..=2"), "{}", e.message);
+        assert!(e.message.contains("num_accepted = 3 is outside 1 ..= 2"), "{}", e.message);
         let (running, st) = stage_post_process(&PostInputs { num_accepted: &[], ..post }, &at(false, Tables::Staged)).unwrap();
         assert_eq!((running, st.table_len(), &st.data[8..]), (vec![6], 8, &[1, 6][..]));
     }

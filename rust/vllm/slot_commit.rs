@@ -180,7 +180,7 @@ mod tests {
         assert!(msg(&SlotCommitInputs { state_blocks: &[5], ..ok }, 8).contains("2 request_indices for 1 state_blocks"));
         assert!(msg(&SlotCommitInputs { computed: &[7, 1, -2], ..ok }, 8).contains("batch row 2: num_computed_tokens = -2"));
         assert!(msg(&SlotCommitInputs { state_blocks: &[5, 5], ..ok }, 8).contains("both write block 5"));
-        assert!(msg(&SlotCommitInputs { query_lens: Some(&[4, 1]), ..ok }, 8).contains("query_len = 4 is outside 0..=3"));
+        assert!(msg(&SlotCommitInputs { query_lens: Some(&[4, 1]), ..ok }, 8).contains("query_len = 4 is outside 0 ..= 3"));
         assert!(msg(&SlotCommitInputs { cols: 0, block_table: &[], ..ok }, 8).contains("0 columns"));
         let many = SlotCommitInputs {
             request_indices: &[0, 1, 2, 3, 4],

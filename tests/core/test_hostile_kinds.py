@@ -587,3 +587,178 @@ def test_every_v2_argument_refuses_the_wrong_kind(_v2_device, name):
     for arg in good:
         foreign += _foreign_errors(name, arg, _V2Target, lambda target, kwargs: _v2_call(call, target, kwargs), good)
     assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)
+
+
+# ------------------------------------------------------------------------------------------------
+# The NIXL tier (recoverssm_rs.transfer.nixl): NixlEndpoint's entry points. Skipped without NIXL,
+# unless RECOVERSSM_REQUIRE_NIXL=1 (as CI sets it). Each target's endpoint runs no progress
+# thread (a busy-polling thread per agent would take the cores from the rest of the run).
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def _nixl_source():
+    """One source rank for every NIXL target: an endpoint over its own pool, with NIXL's
+    progress thread (UCX's connection set-up waits on the source's progress)."""
+    from recoverssm_rs.transfer.nixl import NixlEndpoint
+    from support.transfer_ref import nixl_or_skip
+
+    nixl_or_skip()
+    states = _pool_states()
+    src = NixlEndpoint("hostile-source", StatePool(TLAYOUT, states))
+    yield src, states
+    del src
+
+
+class _NixlTarget:
+    """A fresh destination endpoint per hostile call (``connected``: to the module's source); its
+    tensors: every state of the destination's pool and of the source's."""
+
+    count = 0
+
+    def __init__(self, source: Any, connected: bool) -> None:
+        from recoverssm_rs.transfer.nixl import NixlEndpoint
+
+        _NixlTarget.count += 1
+        self.src, self.src_states = source
+        self.states = _pool_states()
+        self.dst = NixlEndpoint(
+            f"hostile-dst-{_NixlTarget.count}", StatePool(TLAYOUT, self.states), progress_thread=False
+        )
+        if connected:
+            self.dst.connect(self.src.info())
+
+    def tensors(self) -> list[Any]:
+        return [t for states in (self.states, self.src_states) for layer in states for t in layer]
+
+
+#: Stand for the target's source handshake and its plan in the entries below.
+_SOURCE_INFO: Any = object()
+_OWN_PLAN: Any = object()
+
+
+def _nixl_call(call: Callable[..., Any], target: _NixlTarget, kwargs: dict[str, Any]) -> Any:
+    own = {_SOURCE_INFO: lambda: target.src.info(), _OWN_PLAN: lambda: target.dst.plan([(1, 2)])}
+    kwargs = {k: own[v]() if any(v is o for o in own) else v for k, v in kwargs.items()}
+    return call(target, **kwargs)
+
+
+def _nixl_entries() -> list[tuple[str, bool, Callable[..., Any], dict[str, Any]]]:
+    """(entry, whether the target is connected, call(target, **kwargs), good kwargs)."""
+    from recoverssm_rs.transfer import nixl
+
+    return [
+        (
+            "NixlEndpoint",
+            False,
+            lambda t, **k: nixl.NixlEndpoint(**k),
+            dict(name="hostile-new", pool=TPOOL, backends=("UCX",), progress_thread=False, interfaces="lo"),
+        ),
+        ("net_devices", False, lambda t, **k: nixl.net_devices(**k), dict(interfaces=["lo"])),
+        ("NixlEndpoint.connect", False, lambda t, **k: t.dst.connect(**k), dict(peer=_SOURCE_INFO)),
+        ("NixlEndpoint.plan", True, lambda t, **k: t.dst.plan(**k), dict(requests=[(1, 2)])),
+        (
+            "NixlEndpoint.descriptors",
+            True,
+            lambda t, **k: t.dst.descriptors(**k),
+            dict(plan=_OWN_PLAN, per_request=True),
+        ),
+        (
+            "NixlEndpoint.pull",
+            True,
+            lambda t, **k: _pulled(t.dst.pull(**k)),
+            dict(requests=[(1, 2), (3, 4)], timeout=30.0, per_request=True, restore_failed=True),
+        ),
+        ("NixlEndpoint.info", True, lambda t, **k: t.dst.info(**k), {}),
+        ("NixlEndpoint.notifications", True, lambda t, **k: t.dst.notifications(**k), {}),
+    ]
+
+
+def _pulled(result: Any) -> Any:
+    assert result.ok, result.failed  # an accepted pull moves every request
+    return result
+
+
+NIXL_NAMES = [
+    "NixlEndpoint",
+    "net_devices",
+    "NixlEndpoint.connect",
+    "NixlEndpoint.plan",
+    "NixlEndpoint.descriptors",
+    "NixlEndpoint.pull",
+    "NixlEndpoint.info",
+    "NixlEndpoint.notifications",
+]
+
+
+def test_the_good_nixl_calls_pass(_nixl_source):
+    entries = _nixl_entries()
+    assert [e[0] for e in entries] == NIXL_NAMES
+    for name, connected, call, good in entries:
+        target = _NixlTarget(_nixl_source, connected)
+        before = [t.clone() for t in target.tensors()]
+        _nixl_call(call, target, good)
+        if name == "NixlEndpoint.pull":  # the pull wrote the destination's blocks 2 and 4
+            assert any(not torch.equal(a, b) for a, b in zip(before, target.tensors())), name
+
+
+@pytest.mark.parametrize("name", NIXL_NAMES)
+def test_every_nixl_argument_refuses_the_wrong_kind(_nixl_source, name):
+    entries = {n: (c, call, g) for n, c, call, g in _nixl_entries()}
+    connected, call, good = entries[name]
+    foreign = []
+    for arg in good:
+        foreign += _foreign_errors(
+            name,
+            arg,
+            lambda: _NixlTarget(_nixl_source, connected),
+            lambda target, kwargs: _nixl_call(call, target, kwargs),
+            good,
+        )
+    assert not foreign, f"{name} raised foreign errors:\n" + "\n".join(foreign)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(timeout=float("nan")), r"timeout = NaN must be a number of seconds > 0"),
+        (dict(timeout=0), r"timeout = 0 must be a number of seconds > 0"),
+        (dict(timeout=-1.0), r"timeout = -1 must be"),
+        (dict(timeout=True), r"timeout must be a number of seconds, got bool"),
+        (dict(timeout=1e9), r"timeout = 1000000000 must be .* <= 604800 \(a week\)"),
+        (dict(per_request="yes"), r"per_request must be a bool, got str"),
+        (dict(restore_failed=1), r"restore_failed must be a bool, got int"),
+    ],
+)
+def test_a_pull_with_a_bad_value_is_refused_before_anything_moves(_nixl_source, kwargs, match):
+    target = _NixlTarget(_nixl_source, True)
+    before = [t.clone() for t in target.tensors()]
+    with pytest.raises(rs.PlanError, match=match):
+        target.dst.pull([(1, 2)], **kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(before, target.tensors()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(name=""), r'name: agent name "" must be non-empty'),
+        (dict(name="a\nb"), r"name: agent name .* control characters"),
+        (dict(name=b"src"), r"name must be a string, got bytes"),
+        (dict(backends=()), r"backends: give at least one NIXL backend"),
+        (dict(backends=("UCX", "UCX")), r"backends\[1\] = \"UCX\" is named twice"),
+        (dict(backends=("UCX", 3)), r"backends\[1\] must be a string, got int"),
+        (dict(progress_thread=1), r"progress_thread must be a bool, got int"),
+        (dict(interfaces=" , "), r"interfaces: give at least one interface"),
+        (dict(interfaces=["lo", "all"]), r"'all' \(every interface\) cannot be listed with others"),
+        (dict(interfaces=["lo,eth0"]), r"interfaces\[0\] = \"lo,eth0\" must be one interface"),
+        (dict(interfaces=[1]), r"interfaces\[0\] must be a string, got int"),
+    ],
+)
+def test_an_endpoint_with_a_bad_argument_is_refused_before_an_agent_exists(_nixl_source, monkeypatch, kwargs, match):
+    from recoverssm_rs.transfer import nixl
+
+    made = []
+    monkeypatch.setattr(nixl, "import_nixl", lambda: made.append(1))  # reached only after the checks
+    with pytest.raises(rs.BindingError, match=match):
+        nixl.NixlEndpoint(**{"name": "hostile-bad", "pool": TPOOL, **kwargs})
+    assert not made

@@ -81,7 +81,10 @@ def test_commit_records_match_the_kernel():
 def commit_reports():
     if nvrtc.find_nvrtc() is None:
         pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
-    return [nvrtc.nvrtc_compile("recover_commit.cu", arch, target="cubin") for arch in nvrtc.ARCHS]
+    return [
+        nvrtc.nvrtc_compile("recover_commit.cu", arch, target="cubin", cache=nvrtc.default_cache_dir())
+        for arch in nvrtc.ARCHS
+    ]
 
 
 def test_nvrtc_resources_of_the_commit_kernel(commit_reports):

@@ -82,7 +82,60 @@ def nvrtc_reports():
         if os.environ.get("RECOVERSSM_REQUIRE_NVRTC"):
             pytest.fail(f"NVRTC not found but RECOVERSSM_REQUIRE_NVRTC is set ({nvrtc_install_hint()})")
         pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
-    return nvrtc.compile_all()
+    # Kept across runs and shared by pytest-xdist workers (one compile per source and NVRTC).
+    return nvrtc.compile_all(cache=nvrtc.default_cache_dir())
+
+
+_TINY = 'extern "C" __global__ void rs_tiny(float* x) { x[threadIdx.x] += 1.0f; }\n'
+
+
+def test_compile_reports_are_cached_by_source_options_and_nvrtc(monkeypatch, tmp_path):
+    """A report is compiled once per key, shared by concurrent callers (file lock), and compiled
+    again when the source, the options or the NVRTC library change."""
+    import threading
+    import time
+
+    if nvrtc.find_nvrtc() is None:
+        pytest.skip(f"NVRTC not installed ({nvrtc_install_hint()})")
+    real, compiled = nvrtc._compile, []
+
+    def counting(*a: Any) -> Any:
+        compiled.append(a[0])
+        time.sleep(0.2)  # long enough for the other thread to wait on the lock
+        return real(*a)
+
+    monkeypatch.setattr(nvrtc, "_compile", counting)
+    got: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(nvrtc.nvrtc_compile("tiny", 90, source=_TINY, cache=tmp_path)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(compiled) == 1 and got[0] == got[1] and got[0].ok and got[0].kernels[0].kernel == "rs_tiny"
+    assert nvrtc.nvrtc_compile("tiny", 90, source=_TINY, cache=tmp_path) == got[0] and len(compiled) == 1
+    nvrtc.nvrtc_compile("tiny", 90, source=_TINY.replace("1.0f", "2.0f"), cache=tmp_path)  # the source
+    assert len(compiled) == 2
+    nvrtc.nvrtc_compile("tiny", 80, source=_TINY, cache=tmp_path)  # the options (-arch)
+    assert len(compiled) == 3
+    identity = nvrtc._library_identity()
+    monkeypatch.setattr(nvrtc, "_library_identity", lambda: {**identity, "version": [99, 0]})  # NVRTC
+    nvrtc.nvrtc_compile("tiny", 90, source=_TINY, cache=tmp_path)
+    assert len(compiled) == 4
+    for entry in tmp_path.glob("*.json"):  # an entry that does not parse is compiled again
+        entry.write_text("{")
+    nvrtc.nvrtc_compile("tiny", 90, source=_TINY, cache=tmp_path)
+    assert len(compiled) == 5
+
+
+def test_the_cache_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("RECOVERSSM_CACHE_DIR", str(tmp_path))
+    assert nvrtc.default_cache_dir() == tmp_path / "nvrtc"
+    monkeypatch.delenv("RECOVERSSM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert nvrtc.default_cache_dir() == tmp_path / "xdg" / "recoverssm_rs" / "nvrtc"
 
 
 def test_find_nvrtc_honours_the_override(monkeypatch, tmp_path):

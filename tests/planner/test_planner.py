@@ -578,7 +578,7 @@ def test_block_id_outside_the_pool():
         i32(0, 0, 0),
         i32(1, 1, 1),
         i32(1, 1, 1),
-        match=["request 2", "destination block id 10 (column 1)", "outside 0..10"],
+        match=["request 2", "destination block id 10 (column 1)", "outside 0 ..= 9"],
     )
     assert m.startswith("GDN_ATTN: ") and "all 2 layers" in m
     bt = np.array([[1, 2], [NB + 3, 4]], np.int64)
@@ -589,7 +589,7 @@ def test_block_id_outside_the_pool():
         i32(0, 0),
         i32(1, 1),
         i32(1, 1),
-        match=["request 1", "state 'conv'", "source block id 13 (column 0)", "outside 0..10"],
+        match=["request 1", "state 'conv'", "source block id 13 (column 0)", "outside 0 ..= 9"],
     )
     bt = np.array([[1, 2], [-5, 4]], np.int64)
     rejected(p, states, bt, i32(0, 0), i32(1, 1), i32(1, 1), match=["request 1", "source block id -5"])
@@ -647,7 +647,7 @@ def test_num_accepted_outside_range(a):
         i32(0, 0),
         i32(3, 3),
         i32(1, a),
-        match=["request 1", f"num_accepted = {a} is outside 1..={NUM_SPEC + 1}", "num_spec = 2"],
+        match=["request 1", f"num_accepted = {a} is outside 1 ..= {NUM_SPEC + 1}", "num_spec = 2"],
     )
 
 

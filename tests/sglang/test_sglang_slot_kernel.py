@@ -224,3 +224,41 @@ def test_states_larger_than_a_chunk_are_cut_over_several_ctas(fake_ops, emulator
     want = host.get_cpu_copy(torch.tensor([2, 7]))
     for a, b in zip([*want[0], want[1]], [*got[0], got[1]], strict=True):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    ("slots", "steps", "track", "track_steps"),
+    [
+        ([4, -2, 6], [1, 0, 2], None, None),  # a slot below -1
+        ([4, 5, 6], [1, -3, 2], None, None),  # a step below -1
+        ([4, 5], [1, 0], [-7, 8], [0, 1]),  # a track slot below -1
+        ([4, 5], [1, 0], [7, 8], [0, -2]),  # a track step below -1
+    ],
+    ids=["slot", "step", "track-slot", "track-step"],
+)
+def test_the_kernel_refuses_values_below_the_no_slot_marker(fake_ops, emulator, slots, steps, track, track_steps):
+    """-1 marks a padded row (written nothing, no error); any other negative slot or step is
+    reported ("args") and its row writes nothing, while the other rows run -- as the host path,
+    which refuses the whole call."""
+    host, dev, states = _pools(12)
+    bad_pass = 0 if min(slots + steps) < -1 else 1
+    # The host path: refused, naming the value; nothing written.
+    before = [s.clone() for s in (*host.conv, host.temporal)]
+    with pytest.raises(PlanError, match=r"the only negative value allowed is -1"):
+        host.commit_after_verify(*[None if a is None else torch.tensor(a) for a in (slots, steps, track, track_steps)])
+    assert all(torch.equal(a, b) for a, b in zip(before, (*host.conv, host.temporal), strict=True))
+    # The kernel: the refused row reported and skipped; the same call with that row padded (-1)
+    # on the host gives every other byte.
+    dev.commit_after_verify(*[None if a is None else _dev(a) for a in (slots, steps, track, track_steps)])
+    err = dev.last_error()
+    assert not err.ok and err.names == ["args"], err
+    padded = [list(v) if v is not None else None for v in (slots, steps, track, track_steps)]
+    pair = (padded[0], padded[1]) if bad_pass == 0 else (padded[2], padded[3])
+    for r in range(len(pair[0])):
+        if pair[0][r] < -1 or pair[1][r] < -1:
+            pair[0][r] = pair[1][r] = -1
+    host.commit_after_verify(*[None if a is None else torch.tensor(a) for a in padded])
+    _equal(host, states, "the refused row wrote nothing")
+    dev.commit_after_verify(_dev([-1, 3]), _dev([2, -1]))  # -1 in either vector: padding, no error
+    assert dev.last_error().ok

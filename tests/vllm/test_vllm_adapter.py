@@ -144,9 +144,9 @@ def test_the_device_path_checks_on_the_host_before_queueing(fake_ops, recorder):
         dev.launch(PreCopyInputs(tables, one, np.array([1, 0]), one, [-1, -1]))
     with pytest.raises(PlanError, match="stale column"):
         dev.launch(PreCopyInputs(tables, [0, 0], one, one, [-1, 3], fresh=[0, 1]))
-    with pytest.raises(PlanError, match="request 1: num_accepted = 4294967296 is outside 1..=3"):
+    with pytest.raises(PlanError, match="request 1: num_accepted = 4294967296 is outside 1 ..= 3"):
         dev.launch(PreCopyInputs(tables, one, one, np.array([1, 1 << 32]), [-1, -1]))  # host counts: every host check
-    with pytest.raises(PlanError, match=r"request 0: num_accepted = 2 is outside 1..=1 \(1 \+ num_draft = 0\)"):
+    with pytest.raises(PlanError, match=r"request 0: num_accepted = 2 is outside 1 ..= 1 \(1 \+ num_draft = 0\)"):
         dev.launch(PostProcessInputs(tables, [0, 0], one, one, [0, 0], np.array([2, 1])))
     with pytest.raises(PlanError, match=r"request 0: group 0's block table, column 1: block id = 4294967296"):
         dev.launch(PreCopyInputs([np.array([[1, 1 << 32, 5, 6], [3, 4, 7, 8]])] * 2, [0, 0], one, one, [-1, -1]))

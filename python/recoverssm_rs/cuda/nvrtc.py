@@ -2,19 +2,28 @@
 (and the combined module the launch layer loads) for sm_80 and sm_90, to CUBIN with ptxas's resource
 report (registers, stack frame, spills, barriers per kernel) and to PTX, with the options
 ``cupy.RawModule`` uses. The checkout's ``scripts/check_kernels.py`` runs it with the user's NVRTC.
+
+A compile takes seconds per file; with ``cache`` (a directory, e.g. :func:`default_cache_dir`)
+each report is kept under a key of everything that decides it -- the source with its headers
+inlined, the options, the target, the NVRTC library (path, size, modification time, version) --
+and processes that compile the same source at once wait on a file lock for the first one's
+result instead of compiling it again.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
+import hashlib
 import importlib.util
+import json
 import os
 import re
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import backend_check
@@ -33,6 +42,7 @@ __all__ = [
     "parse_ptxas_log",
     "compile_all",
     "resource_table",
+    "default_cache_dir",
 ]
 
 #: Architectures checked (A100, H100/H200).
@@ -93,10 +103,11 @@ def _wheel_candidates(major: int) -> list[Path]:
 
 _nvrtc_lock = threading.Lock()
 _nvrtc_lib: ctypes.CDLL | None = None
+_nvrtc_path: Path | None = None  # the file _nvrtc_lib was loaded from
 
 
 def _nvrtc() -> ctypes.CDLL:
-    global _nvrtc_lib
+    global _nvrtc_lib, _nvrtc_path
     with _nvrtc_lock:
         if _nvrtc_lib is None:
             path = find_nvrtc()
@@ -122,7 +133,7 @@ def _nvrtc() -> ctypes.CDLL:
             for fn in ("nvrtcGetProgramLog", "nvrtcGetPTX", "nvrtcGetCUBIN"):
                 getattr(lib, fn).argtypes = [vp, ctypes.c_char_p]
             lib.nvrtcGetErrorString.restype = ctypes.c_char_p
-            _nvrtc_lib = lib
+            _nvrtc_lib, _nvrtc_path = lib, path
     return _nvrtc_lib
 
 
@@ -234,20 +245,99 @@ def parse_ptxas_log(log: str, file: str, arch: int) -> list[KernelResources]:
     return out
 
 
+def default_cache_dir() -> Path:
+    """Where the test suite keeps compile reports: ``$RECOVERSSM_CACHE_DIR/nvrtc``, else
+    ``$XDG_CACHE_HOME/recoverssm_rs/nvrtc`` (``~/.cache/recoverssm_rs/nvrtc``)."""
+    root = os.environ.get("RECOVERSSM_CACHE_DIR")
+    if root:
+        return Path(root) / "nvrtc"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recoverssm_rs" / "nvrtc"
+
+
+#: Bumped when :class:`CompileReport` or the key changes: older entries are never read.
+_CACHE_FORMAT = 1
+
+
+def _library_identity() -> dict[str, object]:
+    """The NVRTC library compiles go to (loaded once per process): its path, size, modification
+    time and version."""
+    version = list(nvrtc_version())
+    st = _nvrtc_path.stat() if _nvrtc_path is not None else None
+    return {
+        "path": str(_nvrtc_path),
+        "size": st.st_size if st else None,
+        "mtime_ns": st.st_mtime_ns if st else None,
+        "version": version,
+    }
+
+
+def _cache_key(name: str, arch: int, target: str, text: str, options: Sequence[str]) -> str:
+    blob = json.dumps(
+        {
+            "format": _CACHE_FORMAT,
+            "name": name,
+            "arch": arch,
+            "target": target,
+            "source": hashlib.sha256(text.encode()).hexdigest(),
+            "options": list(options),
+            "nvrtc": _library_identity(),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _read_report(path: Path) -> CompileReport | None:
+    try:
+        d = json.loads(path.read_text())
+        d["options"] = tuple(d["options"])
+        d["kernels"] = [KernelResources(**k) for k in d["kernels"]]
+        return CompileReport(**d)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # missing, or written by another format: compiled again
+
+
 def nvrtc_compile(
-    name: str, arch: int, *, target: str = "cubin", source: str | None = None, verbose: bool = True
+    name: str,
+    arch: int,
+    *,
+    target: str = "cubin",
+    source: str | None = None,
+    verbose: bool = True,
+    cache: str | os.PathLike[str] | None = None,
 ) -> CompileReport:
     """Compile one kernel file (``name`` under ``kernels/``, includes inlined) or ``source``.
 
     ``target="cubin"`` compiles with ``-arch=sm_XX`` (plus ``-Xptxas=-v`` when ``verbose``) and parses
-    the resource report; ``target="ptx"`` compiles with ``-arch=compute_XX``.
+    the resource report; ``target="ptx"`` compiles with ``-arch=compute_XX``. With ``cache`` (a
+    directory), a successful report is kept there and reused while nothing that decides it changes
+    (see the module's docstring); concurrent callers of one key compile it once.
     """
     if target not in ("cubin", "ptx"):
         raise ValueError("target must be 'cubin' or 'ptx'")
-    lib = _nvrtc()
     text = kernel_source(name) if source is None else source
     extra = ("-Xptxas=-v",) if (verbose and target == "cubin") else ()
     options = cupy_nvrtc_options(arch, cubin=target == "cubin", extra=extra)
+    if cache is None:
+        return _compile(name, arch, target, text, options)
+    folder = Path(cache)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = _cache_key(name, arch, target, text, options)
+    entry = folder / f"{key}.json"
+    with open(folder / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process compiling this key: wait for its entry
+        report = _read_report(entry)
+        if report is None:
+            report = _compile(name, arch, target, text, options)
+            if report.ok:
+                tmp = folder / f"{key}.{os.getpid()}.tmp"
+                tmp.write_text(json.dumps(asdict(report)))
+                os.replace(tmp, entry)
+    return report
+
+
+def _compile(name: str, arch: int, target: str, text: str, options: tuple[str, ...]) -> CompileReport:
+    lib = _nvrtc()
     prog = ctypes.c_void_p()
     rc = lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), name.encode(), 0, None, None)
     if rc != 0:
@@ -274,21 +364,28 @@ def nvrtc_compile(
     return report
 
 
-def compile_all(archs: Sequence[int] = ARCHS, *, ptx: bool = True, module: bool = True) -> list[CompileReport]:
+def compile_all(
+    archs: Sequence[int] = ARCHS,
+    *,
+    ptx: bool = True,
+    module: bool = True,
+    cache: str | os.PathLike[str] | None = None,
+) -> list[CompileReport]:
     """Compile every kernel source (and the combined module) for every architecture.
 
     Returns one :class:`CompileReport` per (file, arch, target); the CUBIN reports carry the
     per-kernel :class:`KernelResources`. The combined module appears as file ``"<module>"``.
+    ``cache``: as :func:`nvrtc_compile`'s.
     """
     names = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
     reports: list[CompileReport] = []
     for arch in archs:
         for name in names:
-            reports.append(nvrtc_compile(name, arch, target="cubin"))
+            reports.append(nvrtc_compile(name, arch, target="cubin", cache=cache))
             if ptx:
-                reports.append(nvrtc_compile(name, arch, target="ptx"))
+                reports.append(nvrtc_compile(name, arch, target="ptx", cache=cache))
         if module:
-            reports.append(nvrtc_compile("<module>", arch, target="cubin", source=module_source()))
+            reports.append(nvrtc_compile("<module>", arch, target="cubin", source=module_source(), cache=cache))
     return reports
 
 

@@ -36,10 +36,12 @@ RS_DEVICE void rs_mv_elem(uint64_t dst, uint64_t src, uint32_t elem) {
 // (track_slots, track_steps); request r of a pass with slot >= 0 and step >= 0 copies, for every
 // record m, the scratch entry (row, step) -- row = rows[r], or r without rows -- into slot `slot`:
 //   m.dst + slot * m.dst_slot_stride  <-  m.src + row * m.src_row_stride + step * m.src_step_stride
-// (a dense slot from a rows x cols strided entry, row-major). A negative slot or step is padding,
-// skipped silently. Skipped and reported: a step >= draft (RS_ERR_ACCEPTED), a slot >= num_slots
-// or written by an earlier request of the same pass (RS_ERR_BLOCK; the earlier request's write
-// stands), a row outside [0, num_rows) (RS_ERR_COLUMN), a record without scratch (RS_ERR_META).
+// (a dense slot from a rows x cols strided entry, row-major). A slot or step of -1 (the "no slot"
+// marker) is padding, skipped silently; any other negative value is skipped and reported
+// (RS_ERR_ARGS), as the host path refuses it (rust/sglang/mod.rs). Slot 0 is written like any
+// other (the HiCache gather's buffer starts at slot 0). Skipped and reported: a step >= draft
+// (RS_ERR_ACCEPTED), a slot >= num_slots or written by an earlier request of the same pass
+// (RS_ERR_BLOCK; the earlier request's write stands), a row outside [0, num_rows) (RS_ERR_COLUMN), a record without scratch (RS_ERR_META).
 // A slot the track pass writes is skipped by the commit pass, so the result is that of the commit
 // pass followed by the track pass whatever the order of the CTAs.
 // Nothing reads the pool, so CTAs never race on a byte (the checks above give every slot one
@@ -77,7 +79,11 @@ extern "C" __global__ void RS_LAUNCH_BOUNDS rs_slot_scatter(const SlotScatterPar
         }
       } else {
         step = st[r];
-        if (slot < 0 || step < 0) continue;  // padding
+        if (slot < -1 || step < -1) {  // refused: -1 is the only padding marker
+          if (reporter) rs_report_error(err, RS_ERR_ARGS, r, num_requests);
+          continue;
+        }
+        if (slot < 0 || step < 0) continue;  // padding: no slot or no step (-1)
         row = rows != nullptr ? rows[r] : r;
         uint32_t code = 0;
         if (step >= draft) code |= RS_ERR_ACCEPTED;

@@ -35,7 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from .._core import LayoutFingerprint, PeerInfo, TransferPlan, check_pool, check_sources, guarded_write, plan_transfer
+from .._core import (
+    LayoutFingerprint,
+    PeerInfo,
+    TransferPlan,
+    check_pool,
+    check_sources,
+    endpoint_args,
+    guarded_write,
+    plan_transfer,
+    pull_args,
+    transfer_plan_arg,
+)
 from ..errors import BackendUnavailableError, BindingError, LayoutError
 from .local import STAGING, read_rows, run_staged, staged_rows
 from .pool import StatePool
@@ -116,11 +127,10 @@ def _interface_of(address: str) -> str:
 def net_devices(interfaces: str | Sequence[str]) -> str | None:
     """The ``UCX_NET_DEVICES`` value for ``interfaces``: interface names (``"lo"``, ``"eth0"``,
     ``"mlx5_0:1"``) or IPv4 addresses (mapped to their interface), comma-separated or as a list;
-    None for :data:`ALL_INTERFACES` (UCX's default: every interface)."""
-    items = [x.strip() for x in interfaces.split(",")] if isinstance(interfaces, str) else [str(x) for x in interfaces]
-    items = [x for x in items if x]
-    if not items:
-        raise BindingError("interfaces: give at least one interface name or address (or 'all')")
+    None for :data:`ALL_INTERFACES` (UCX's default: every interface). The list is checked by the
+    core (BindingError naming ``interfaces``)."""
+    # The core's rules for the list (the other arguments are placeholders that pass).
+    items = endpoint_args("net_devices", ["UCX"], True, interfaces)[3]
     if items == [ALL_INTERFACES]:
         return None
     out = []
@@ -180,13 +190,15 @@ class NixlEndpoint:
         interfaces: str | Sequence[str] = "lo",
     ) -> None:
         check_pool(pool)
+        # The arguments, checked by the core before an agent exists (BindingError naming one).
+        name, backend_names, progress_thread, items = endpoint_args(name, backends, progress_thread, interfaces)
         nixl = import_nixl()
         self.name = name
         self.pool = pool
-        self.interfaces = net_devices(interfaces)
+        self.interfaces = net_devices(items)
         pool.check()
         self.agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=progress_thread, backends=[]))
-        for backend in backends:
+        for backend in backend_names:
             self._create_backend(backend)
         cuda = pool.device.startswith("cuda")
         self.mem_type = "VRAM" if cuda else "DRAM"
@@ -286,7 +298,11 @@ class NixlEndpoint:
     ) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
         """The plan's reads as NIXL descriptors: per (request, source rank) -- or per source rank
         for the whole batch when ``per_request`` is False (request reported as -1) -- the local
-        and remote Nx3 arrays ``(address, bytes, device)``, merged where they continue each other."""
+        and remote Nx3 arrays ``(address, bytes, device)``, merged where they continue each other.
+        A ``plan`` that is not a TransferPlan, or a ``per_request`` that is not a bool, is a
+        PlanError."""
+        transfer_plan_arg(plan)
+        per_request = pull_args(1.0, per_request, True)[1]
         reads = read_rows(plan)
         if reads.size == 0:
             return []
@@ -339,10 +355,13 @@ class NixlEndpoint:
         with a reason, their destination blocks in :attr:`TransferResult.invalid_blocks`, holding
         the bytes they held before the pull (``restore_failed``, default: their spans are saved
         before posting, which costs a local copy of the batch's bytes; an engine that frees every
-        invalid block may pass False, and the failed blocks may then hold part of the new state). Raises only the package's errors, before anything
-        moves: a bad batch (PlanError), a source rank not connected or a bound tensor freed or
+        invalid block may pass False, and the failed blocks may then hold part of the new state).
+        Raises only the package's errors, before anything moves: a bad batch or argument (PlanError:
+        ``timeout`` must be a finite number of seconds > 0 and at most a week, ``per_request`` and
+        ``restore_failed`` bools), a source rank not connected or a bound tensor freed or
         re-pointed (BindingError)."""
         t0 = time.perf_counter()
+        timeout, per_request, restore_failed = pull_args(timeout, per_request, restore_failed)
         plan = self.plan(requests)
         # One guarded core call: the pool's bound tensors are checked (BindingError, nothing
         # posted), the reads run, and the pool's write is recorded.

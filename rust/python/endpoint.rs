@@ -1,0 +1,67 @@
+//! Bindings for a transport endpoint's arguments (the NIXL endpoint of the Python package):
+//! converted and checked by the core (`transfer::endpoint`) before an agent is created or a pull
+//! posts anything; each error is the package's, naming the argument.
+
+use super::conversion::{arg_error, instance, items, type_name, Arg};
+use super::transfer::TransferPlan;
+use crate::error::ErrorKind;
+use crate::transfer::endpoint;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+
+/// A list of strings (or one comma-separated string when `split`), the argument `name`.
+fn strings(obj: &Bound<'_, PyAny>, name: &str, split: bool) -> PyResult<Vec<String>> {
+    if obj.is_instance_of::<PyString>() {
+        let s: String = obj.extract()?;
+        return Ok(if split { s.split(',').map(str::to_string).collect() } else { vec![s.to_string()] });
+    }
+    items(obj, name, ErrorKind::Binding, "strings")?
+        .iter()
+        .enumerate()
+        .map(|(i, x)| String::arg(x, &format!("{name}[{i}]"), ErrorKind::Binding))
+        .collect()
+}
+
+/// An endpoint's arguments, checked: `name` (a string: the agent's name, as a handshake checks
+/// it), `backends` (a list of backend names), `progress_thread` (a bool) and `interfaces` (a
+/// comma-separated string or a list of interface names or addresses). Returns them converted,
+/// the interfaces without blank items (BindingError naming the argument otherwise).
+#[pyfunction]
+pub(crate) fn endpoint_args(
+    name: &Bound<'_, PyAny>,
+    backends: &Bound<'_, PyAny>,
+    progress_thread: &Bound<'_, PyAny>,
+    interfaces: &Bound<'_, PyAny>,
+) -> PyResult<(String, Vec<String>, bool, Vec<String>)> {
+    let name = String::arg(name, "name", ErrorKind::Binding)?;
+    let backends = strings(backends, "backends", false)?;
+    let progress_thread = bool::arg(progress_thread, "progress_thread", ErrorKind::Binding)?;
+    let interfaces = strings(interfaces, "interfaces", true)?;
+    let interfaces = endpoint::check_endpoint(&name, &backends, &interfaces)?;
+    Ok((name, backends, progress_thread, interfaces))
+}
+
+/// A pull's arguments, checked: `timeout` (seconds: an int or float, finite, > 0, at most a week),
+/// `per_request` and `restore_failed` (bools). Returns them converted (PlanError naming the
+/// argument otherwise).
+#[pyfunction]
+pub(crate) fn pull_args(
+    timeout: &Bound<'_, PyAny>,
+    per_request: &Bound<'_, PyAny>,
+    restore_failed: &Bound<'_, PyAny>,
+) -> PyResult<(f64, bool, bool)> {
+    let number = !timeout.is_instance_of::<PyBool>() && (timeout.is_instance_of::<PyFloat>() || timeout.is_instance_of::<PyInt>());
+    let seconds = if number { timeout.extract::<f64>().ok() } else { None };
+    let seconds = seconds.ok_or_else(|| arg_error(ErrorKind::Plan, format!("timeout must be a number of seconds, got {}", type_name(timeout))))?;
+    endpoint::check_timeout(seconds)?;
+    let per_request = bool::arg(per_request, "per_request", ErrorKind::Plan)?;
+    let restore_failed = bool::arg(restore_failed, "restore_failed", ErrorKind::Plan)?;
+    Ok((seconds, per_request, restore_failed))
+}
+
+/// `plan` (the argument `what`) as a TransferPlan (PlanError naming it otherwise).
+#[pyfunction]
+#[pyo3(signature = (plan, what = "plan"))]
+pub(crate) fn transfer_plan_arg<'py>(plan: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, TransferPlan>> {
+    instance::<TransferPlan>(plan, what, ErrorKind::Plan, "TransferPlan")
+}
