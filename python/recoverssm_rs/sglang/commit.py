@@ -4,13 +4,11 @@ copy per (state tensor, pass, request); CUDA states, one launch of the slot kern
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _core
-from ..errors import PlanError
 from .device import ARG_NAMES, host_ids
 
 if TYPE_CHECKING:
@@ -25,16 +23,7 @@ def commit_after_verify(
     steps_to_track: Any,
     src_indices: Any,
 ) -> None:
-    scratch = []
-    if pool.temporal is not None and math.prod(pool.temporal.shape) > 0:
-        if pool.intermediate_ssm is None:
-            raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
-        scratch.append((pool.temporal, pool.intermediate_ssm))
-    windows = pool.intermediate_conv_window
-    live = [i for i, c in enumerate(pool.conv) if math.prod(c.shape) > 0]
-    if live and (windows is None or len(windows) != len(pool.conv)):
-        raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
-    scratch += [(pool.conv[i], windows[i]) for i in live]  # type: ignore[index]
+    scratch = pool.verify_scratch()
     if not scratch:
         return
     if pool.placement.is_cuda:

@@ -36,13 +36,8 @@ class SlotKernel:
 
     def __init__(self, pool: SglangMambaPool, *, commit: bool) -> None:
         states = pool.state_tensors()
-        scratch: list[Any] = [None] * len(states)
-        if commit:
-            live = [i for i, c in enumerate(pool.conv) if math.prod(c.shape) > 0]
-            windows = pool.intermediate_conv_window or []
-            scratch = [windows[i] for i in live]
-            if len(scratch) < len(states):
-                scratch.append(pool.intermediate_ssm)
+        by_state = {id(t): x for t, x in pool.verify_scratch()} if commit else {}
+        scratch = [by_state.get(id(t)) for t in states]
         raw, self.num_meta, self.max_bytes = _core.sglang_slot_table(states=states, scratch=scratch)
         self.commit = commit
         self.index = pool.placement.index
@@ -103,14 +98,20 @@ def _int64(torch: Any, pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
 
 def _bundle(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     """Byte arrays laid end to end at 16-byte aligned offsets: the bytes and each part's offset."""
-    offsets, at = [], 0
-    for p in parts:
-        offsets.append(at)
-        at += (p.nbytes + 15) // 16 * 16
-    out = np.zeros(max(at, 16), dtype=np.uint8)
+    offsets, total = _offsets([p.nbytes for p in parts])
+    out = np.zeros(total, dtype=np.uint8)
     for p, o in zip(parts, offsets, strict=True):
         out[o : o + p.nbytes] = p.reshape(-1).view(np.uint8)
     return out, offsets
+
+
+def _offsets(sizes: list[int]) -> tuple[list[int], int]:
+    """The 16-byte aligned offsets of parts of ``sizes`` bytes laid end to end, and the total."""
+    offsets, at = [], 0
+    for n in sizes:
+        offsets.append(at)
+        at += (n + 15) // 16 * 16
+    return offsets, max(at, 16)
 
 
 def _stacked(pool: SglangMambaPool, n: int) -> list[tuple[Any, tuple[int, ...], int]]:
@@ -146,11 +147,8 @@ def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any
     n = len(ids)
     index = pool.placement.index
     stacked = _stacked(pool, n)
-    offsets, at = [], 0
-    for _, _, b in stacked:
-        offsets.append(at)
-        at += (b + 15) // 16 * 16
-    dev_buf = ops.cuda_ops.empty_i32(max(at, 16) // 4, index).view(torch.uint8)  # the gather's destination
+    offsets, total = _offsets([b for _, _, b in stacked])
+    dev_buf = ops.cuda_ops.empty_i32(total // 4, index).view(torch.uint8)  # the gather's destination
     views = [_view(dev_buf, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
     live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
     if n > 0 and live:

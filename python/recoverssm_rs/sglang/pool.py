@@ -72,17 +72,17 @@ class SglangMambaPool(EngineAdapter):
         self.conv_layout = conv_layout
         labelled = self._labelled()
         self._bound = _core.BoundTensors([(t, label) for label, t in labelled])
-        live_conv = [c for c in self.conv if math.prod(c.shape) > 0]
-        has_temporal = temporal is not None and math.prod(temporal.shape) > 0
+        self._live = [i for i, c in enumerate(self.conv) if math.prod(c.shape) > 0]  # non-empty conv tensors
+        self._has_temporal = has_temporal = temporal is not None and math.prod(temporal.shape) > 0
         groups: list[tuple[Layout, list[list[Any]]]] = []
-        for i, c in enumerate(live_conv):
+        for i, c in enumerate(self.conv[k] for k in self._live):
             specs = [StateSpec(f"conv{i}", tuple(c.shape[2:]), c.dtype, copy="conv", conv_layout=conv_layout)]
             tensors = [c]
             if i == 0 and has_temporal:
                 specs.append(StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal"))
                 tensors.append(temporal)
             groups.append((Layout("sglang", specs), [[t[layer] for t in tensors] for layer in range(c.shape[0])]))
-        if not live_conv and has_temporal:
+        if not self._live and has_temporal:
             spec = StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal")
             groups.append((Layout("sglang", [spec]), [[temporal[layer]] for layer in range(temporal.shape[0])]))
         super().__init__(Planner.from_groups(groups))
@@ -151,10 +151,20 @@ class SglangMambaPool(EngineAdapter):
     def state_tensors(self) -> list[Any]:
         """The pool's non-empty state tensors in SGLang's order (every conv tensor, then the
         temporal state)."""
-        out = [c for c in self.conv if math.prod(c.shape) > 0]
-        if self.temporal is not None and math.prod(self.temporal.shape) > 0:
-            out.append(self.temporal)
-        return out
+        return [self.conv[i] for i in self._live] + ([self.temporal] if self._has_temporal else [])
+
+    def verify_scratch(self) -> list[tuple[Any, Any]]:
+        """``(state tensor, its verify scratch)`` for every non-empty state tensor, the temporal
+        state first; a :class:`~recoverssm_rs.PlanError` for a pool without verify scratch."""
+        pairs = []
+        if self._has_temporal:
+            if self.intermediate_ssm is None:
+                raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
+            pairs.append((self.temporal, self.intermediate_ssm))
+        windows = self.intermediate_conv_window
+        if self._live and (windows is None or len(windows) != len(self.conv)):
+            raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
+        return pairs + [(self.conv[i], windows[i]) for i in self._live]  # type: ignore[index]
 
     def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
         """``indices`` (the argument of ``op``) as host ids, checked by the core as slots that may
@@ -324,10 +334,10 @@ class SglangMambaPool(EngineAdapter):
         """
         from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
-        conv = [c for c in self.conv if math.prod(c.shape) > 0]
-        if len(conv) > 1:
+        if len(self._live) > 1:
             raise LayoutError(
-                f"state_pool binds one conv tensor per layer; this pool has {len(conv)}: its transfer is not supported"
+                f"state_pool binds one conv tensor per layer; this pool has {len(self._live)}: "
+                "its transfer is not supported"
             )
         layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
         return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
