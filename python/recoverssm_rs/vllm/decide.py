@@ -72,7 +72,7 @@ class PreCopyInputs(NamedTuple):
     num_scheduled: Any
     """Tokens scheduled this step, drafts included."""
     num_accepted: Any
-    """Tokens accepted by the previous step (bonus included)."""
+    """The previous step's accepted count (bonus included)."""
     mamba_state_idx: Any
     """The stored running column (vLLM's ``mamba_state_idx``), ``-1`` where none is stored."""
     fresh: Any = None
@@ -95,7 +95,7 @@ class PostProcessInputs(NamedTuple):
     num_draft: Any
     """Draft tokens scheduled this step."""
     num_accepted: Any
-    """Tokens accepted this step (bonus included)."""
+    """This step's accepted count (bonus included)."""
     req_ids: Sequence[Any] | None = None
     """Optional request names for error messages."""
 

@@ -135,7 +135,7 @@ class ModelStateV2(EngineAdapter):
         its accepted count becomes 1 and its running column ``(num_computed_tokens - 1) //
         block_size`` (docs/design.md section 3.9)."""
         s = _core.check_index("slot", slot, self.max_num_reqs)
-        nct = _core.check_index(f"slot {s}: num_computed_tokens", num_computed_tokens, 1 << 31)
+        nct = _core.check_index(f"request index {s}: num_computed_tokens", num_computed_tokens, 1 << 31)
         self._acc[s] = 1
         self._state[s] = (nct - 1) // self.block_size
 

@@ -161,7 +161,7 @@ class VllmMambaStep(EngineAdapter):
         """The device path's launches (CUDA states), else ``None``."""
         self._device_tables = bool(device_tables) and self.device_step is not None
         self.mamba_state_idx = np.full(self._slots_table.capacity, -1, dtype=np.int64)
-        """vLLM's ``mamba_state_idx``: the running-state column per slot (``-1``: none)."""
+        """vLLM's ``mamba_state_idx``: the running column per request index (``-1``: none)."""
         # The step preprocess prepared (the counts still to come) and its device tables.
         self._step: tuple[PostProcessInputs, Any] | None = None
 
@@ -227,7 +227,7 @@ class VllmMambaStep(EngineAdapter):
         return list(self._group_ids)
 
     def release(self, req_ids: Iterable[str]) -> None:
-        """Forget finished / preempted / resumed requests: their running columns become ``-1``."""
+        """Forget finished / preempted / resumed requests (their request indices are freed)."""
         freed = self._slots_table.release(req_ids)
         if freed:
             self.mamba_state_idx[freed] = -1
@@ -370,7 +370,7 @@ class VllmMambaStep(EngineAdapter):
                 curr, out = d.curr, d.num_accepted
             self.mamba_state_idx[slots] = curr
         except Exception:
-            self.release(added)  # a rejected step leaves no new slot behind
+            self.release(added)  # a rejected step leaves no new request index behind
             raise
         if self.device_step is None:
             host_acc[:n] = out
