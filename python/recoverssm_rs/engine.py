@@ -15,7 +15,8 @@ core's inputs. What they have in common lives here:
   engine operations pass their launch to the core call that builds it, so the check, the launch and
   the record are one crossing into Rust);
 * **the stream and the launch** (:meth:`EngineAdapter.stream`, :meth:`EngineAdapter.launch_kernel`): a torch
-  or CuPy stream made current on the states' device and the core-built launch queued on it.
+  or CuPy stream made current on the states' device and the core-built launch queued on it;
+* **the error word** of a shell's launches (:class:`ErrorWordBuffer`, docs/design.md section 6.6).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._core import ErrorWord
 from .cuda import module, ops
 from .placement import Placement, cuda_index, parse_device
 
 if TYPE_CHECKING:
     from .planner import Planner
 
-__all__ = ["Placement", "parse_device", "cuda_index", "EngineAdapter"]
+__all__ = ["Placement", "parse_device", "cuda_index", "EngineAdapter", "ErrorWordBuffer"]
 
 log = logging.getLogger("recoverssm_rs")
 
@@ -78,3 +80,37 @@ class EngineAdapter:
         index = self.placement.index
         with ops.cuda_ops.context(index, stream):
             module.launch(kl, index, stream)
+
+
+class ErrorWordBuffer:
+    """The error word (``int32[3]`` on one CUDA device, allocated on first use) that a shell's
+    launches report into, and the requests (rows) the last launches covered."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.buf: Any = None
+        self.requests = 0
+
+    @property
+    def launched(self) -> bool:
+        """Whether the word was allocated (a launch was prepared)."""
+        return self.buf is not None
+
+    def alloc(self) -> Any:
+        """The word's device buffer (zeroed when allocated)."""
+        if self.buf is None:
+            self.buf = ops.cuda_ops.zeros_i32(3, self.index)
+        return self.buf
+
+    def reset(self, requests: int) -> Any:
+        """The word zeroed (on the current stream) for launches over ``requests`` requests."""
+        self.alloc().zero_()
+        self.requests = requests
+        return self.buf
+
+    def read(self) -> ErrorWord:
+        """The decoded word (:class:`~recoverssm_rs.ErrorWord`); **synchronises** the device."""
+        if self.buf is None:
+            return ErrorWord([0, 0, 0], 0)
+        ops.cuda_ops.synchronize(self.index)
+        return ErrorWord([int(x) for x in self.buf.cpu().tolist()], self.requests)

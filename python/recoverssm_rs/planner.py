@@ -521,8 +521,8 @@ class Planner:
     ) -> None:
         """vLLM's post-process decided and applied on the device for every group, in one launch
         (:meth:`launch_align_decision` with this planner's ``block_size``): ``state_col`` is this
-        step's running column, ``running = computed + scheduled - drafts``, ``num_accepted`` the
-        tokens accepted this step (bonus included); ``num_accepted_out`` receives the counts for
+        step's running column, ``running = computed + scheduled - drafts``, ``num_accepted`` this
+        step's accepted count (bonus included); ``num_accepted_out`` receives the accepted counts for
         the next step (1 after an in-place shift)."""
         if self.block_size is None:
             raise PlanError("launch_post_process needs the planner's block_size (Planner(..., block_size=...))")

@@ -1,19 +1,15 @@
-"""The speculative commit after verify over an SGLang pool (see
-:meth:`SglangMambaPool.commit_after_verify`): the core checks every index and selects the requests
-that write; then, on the host, one strided copy per (state tensor, pass, request) (no temporary).
-On CUDA one launch of the slot kernel commits every tensor and both passes, checking the indices on
-the device (:mod:`recoverssm_rs.sglang.device`)."""
+"""The speculative commit after verify over an SGLang pool (:meth:`SglangMambaPool.commit_after_verify`,
+docs/design.md section 10): host states, the core selects the requests that write, then one strided
+copy per (state tensor, pass, request); CUDA states, one launch of the slot kernel."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _core
-from ..errors import PlanError
-from .device import host_ids
+from .device import ARG_NAMES, host_ids
 
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
@@ -27,16 +23,7 @@ def commit_after_verify(
     steps_to_track: Any,
     src_indices: Any,
 ) -> None:
-    scratch = []
-    if pool.temporal is not None and math.prod(pool.temporal.shape) > 0:
-        if pool.intermediate_ssm is None:
-            raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
-        scratch.append((pool.temporal, pool.intermediate_ssm))
-    windows = pool.intermediate_conv_window
-    live = [i for i, c in enumerate(pool.conv) if math.prod(c.shape) > 0]
-    if live and (windows is None or len(windows) != len(pool.conv)):
-        raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
-    scratch += [(pool.conv[i], windows[i]) for i in live]  # type: ignore[index]
+    scratch = pool.verify_scratch()
     if not scratch:
         return
     if pool.placement.is_cuda:
@@ -53,11 +40,9 @@ def commit_after_verify(
     op = "commit_after_verify"
     steps = host_ids(last_correct_step_indices, op, "last_correct_step_indices")
     slots = host_ids(state_indices, op, "state_indices")
-    # The optional index vectors as host arrays too, under the core's names (``rows`` defaults to
-    # each request's own scratch row).
+    # The optional vectors under the core's names (``rows`` defaults to each request's own scratch row).
     optional = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
-    engine = dict(rows="src_indices", track_slots="track_indices", track_steps="steps_to_track")
-    ids: dict[str, Any] = {k: None if x is None else host_ids(x, op, engine[k]) for k, x in optional.items()}
+    ids: dict[str, Any] = {k: None if x is None else host_ids(x, op, ARG_NAMES[k]) for k, x in optional.items()}
     rows = ids["rows"]
     if rows is None:
         rows = ids["rows"] = np.arange(len(steps), dtype=np.int64)

@@ -1,9 +1,6 @@
-"""The slot kernel over an SGLang pool on CUDA (``rs_slot_scatter``): one launch clears slots or
-commits the accepted verify states (commit and track passes together) for every layer and state
-tensor, reading the engine's index vectors in device memory -- no host synchronisation, no
-temporary beyond the indices narrowed to int64. The core builds and checks the records (one per
-layer of each state tensor, uploaded once) and each launch; the kernel checks each index and
-reports a rejected request in the pool's error word (:meth:`SglangMambaPool.last_error`)."""
+"""The slot kernel over an SGLang pool on CUDA (``rs_slot_scatter``): one launch clears slots,
+commits the accepted verify states or moves HiCache's host copies, for every layer and state
+tensor, reading the engine's index vectors in device memory (docs/design.md section 10)."""
 
 from __future__ import annotations
 
@@ -14,59 +11,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _core
-from .._core import ErrorWord
 from ..cuda import ops
-from ..placement import Placement
 
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
 
-__all__ = ["SlotKernel", "SlotErrorWord", "host_ids", "get_cpu_copy", "load_cpu_copy"]
+__all__ = ["ARG_NAMES", "SlotKernel", "host_ids", "get_cpu_copy", "load_cpu_copy"]
 
 log = logging.getLogger("recoverssm_rs")
 
 
 def host_ids(x: Any, op: str, arg: str, *, num_slots: int | None = None, unique: bool = False) -> np.ndarray:
-    """``x`` (a tensor of any device, a numpy array or a list), the argument ``arg`` of operation
-    ``op``, as a host int64 array. A device tensor is copied to the host as it is (never cast);
-    the core refuses anything but int32 / int64 values (a float or bool array is refused, not
-    cast) and, with ``num_slots``, checks every id as a slot of the pool other than the dummy slot
-    0 (no negative id; with ``unique``, no slot twice)."""
+    """``x`` (any tensor, array or list; the argument ``arg`` of ``op``) as a host int64 array, checked
+    by the core (integers; with ``num_slots``, slots of the pool other than the dummy slot 0; with
+    ``unique``, no slot twice). A device tensor is copied to the host as it is (never cast)."""
     device = getattr(getattr(x, "device", None), "type", None)
     if device is not None and device != "cpu" and hasattr(x, "detach"):
         x = x.detach().to("cpu")
     return np.asarray(_core.sglang_ids(op, arg, x, num_slots=num_slots, unique=unique), dtype=np.int64)
-
-
-class SlotErrorWord:
-    """The error word (``int32[3]`` on the pool's device, allocated by the first launch) of a pool's
-    slot-kernel launches and the requests of the last one."""
-
-    def __init__(self, placement: Placement) -> None:
-        self.placement = placement
-        self.buf: Any = None
-        self.requests = 0
-
-    @property
-    def launched(self) -> bool:
-        """Whether a slot kernel has run (a CUDA pool only)."""
-        return self.buf is not None
-
-    def reset(self, requests: int) -> Any:
-        """The word zeroed (on the current stream) for a launch over ``requests`` requests."""
-        if self.buf is None:
-            self.buf = ops.cuda_ops.zeros_i32(3, self.placement.index)
-        self.buf.zero_()
-        self.requests = requests
-        return self.buf
-
-    def read(self) -> ErrorWord:
-        """The decoded word (synchronises the device)."""
-        ops.cuda_ops.synchronize(self.placement.index)
-        return ErrorWord([int(x) for x in self.buf.cpu().tolist()], self.requests)
-
-    def __repr__(self) -> str:
-        return f"SlotErrorWord({self.placement.name}, requests={self.requests})"
 
 
 class SlotKernel:
@@ -74,20 +36,13 @@ class SlotKernel:
 
     def __init__(self, pool: SglangMambaPool, *, commit: bool) -> None:
         states = pool.state_tensors()
-        scratch: list[Any] = [None] * len(states)
-        if commit:
-            live = [i for i, c in enumerate(pool.conv) if math.prod(c.shape) > 0]
-            windows = pool.intermediate_conv_window or []
-            scratch = [windows[i] for i in live]
-            if len(scratch) < len(states):
-                scratch.append(pool.intermediate_ssm)
+        by_state = {id(t): x for t, x in pool.verify_scratch()} if commit else {}
+        scratch = [by_state.get(id(t)) for t in states]
         raw, self.num_meta, self.max_bytes = _core.sglang_slot_table(states=states, scratch=scratch)
         self.commit = commit
         self.index = pool.placement.index
         self.device = pool.device
         self.meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.index)
-        if pool.slot_error.buf is None:
-            pool.slot_error.reset(0)  # allocated before the launch's guarded call
         first = next((s for s in scratch if s is not None), None)
         self.num_rows = 0 if first is None else int(first.shape[1])
         self.draft = 0 if first is None else int(first.shape[2])
@@ -98,32 +53,31 @@ class SlotKernel:
         (with ``steps`` and the optional ``rows``, ``track_slots``, ``track_steps``)."""
         torch = ops.cuda_ops.torch()
         op = "commit_after_verify" if self.commit else "clear_slots"
-        args = {k: _int64(torch, pool, v, op, _ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
+        args = {k: _int64(torch, pool, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
         slots = _int64(torch, pool, slots, op, "state_indices" if self.commit else "indices")
-        err = pool.slot_error
+        requests = int(slots.shape[0]) if len(slots.shape) == 1 else 0
+        table = dict(metas=int(self.meta.data_ptr()), num_meta=self.num_meta, max_bytes=self.max_bytes)
+        sizes = dict(num_slots=pool.num_slots, num_rows=self.num_rows, draft=self.draft)
+        _slot_launch(pool, requests, **table, **sizes, slots=slots, **args)
 
-        def write() -> None:
-            kl = _core.sglang_slot_launch(
-                device=self.device,
-                metas=int(self.meta.data_ptr()),
-                num_meta=self.num_meta,
-                max_bytes=self.max_bytes,
-                num_slots=pool.num_slots,
-                num_rows=self.num_rows,
-                draft=self.draft,
-                slots=slots,
-                err=err.buf,
-                **args,
-            )
-            err.reset(int(slots.shape[0]) if len(slots.shape) == 1 else 0)
-            if kl is not None:
-                pool.launch_kernel(kl)
 
-        pool.guarded(write)
+def _slot_launch(pool: SglangMambaPool, requests: int, **kwargs: Any) -> None:
+    """One guarded launch of the slot kernel on the current stream (built and checked by the core),
+    reporting into the pool's error word."""
+    err = pool.slot_error
+    err.alloc()  # allocated before the guarded call
+
+    def write() -> None:
+        kl = _core.sglang_slot_launch(device=pool.device, err=err.buf, **kwargs)
+        err.reset(requests)
+        if kl is not None:
+            pool.launch_kernel(kl)
+
+    pool.guarded(write)
 
 
 #: The engine's names of the slot kernel's index vectors (what errors name).
-_ARG_NAMES = {
+ARG_NAMES = {
     "steps": "last_correct_step_indices",
     "rows": "src_indices",
     "track_slots": "track_indices",
@@ -144,14 +98,20 @@ def _int64(torch: Any, pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
 
 def _bundle(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     """Byte arrays laid end to end at 16-byte aligned offsets: the bytes and each part's offset."""
-    offsets, at = [], 0
-    for p in parts:
-        offsets.append(at)
-        at += (p.nbytes + 15) // 16 * 16
-    out = np.zeros(max(at, 16), dtype=np.uint8)
+    offsets, total = _offsets([p.nbytes for p in parts])
+    out = np.zeros(total, dtype=np.uint8)
     for p, o in zip(parts, offsets, strict=True):
         out[o : o + p.nbytes] = p.reshape(-1).view(np.uint8)
     return out, offsets
+
+
+def _offsets(sizes: list[int]) -> tuple[list[int], int]:
+    """The 16-byte aligned offsets of parts of ``sizes`` bytes laid end to end, and the total."""
+    offsets, at = [], 0
+    for n in sizes:
+        offsets.append(at)
+        at += (n + 15) // 16 * 16
+    return offsets, max(at, 16)
 
 
 def _stacked(pool: SglangMambaPool, n: int) -> list[tuple[Any, tuple[int, ...], int]]:
@@ -176,25 +136,7 @@ def _run_table(
     dev = ops.cuda_ops.upload(staged, pool.placement.index)
     n = len(vectors["slots"])
     args = {k: _view(dev, o, 8 * n, torch.int64, (n,)) for k, o in zip(names, offsets[1:], strict=True)}
-    err = pool.slot_error
-    if err.buf is None:
-        err.reset(0)
-
-    def write() -> None:
-        kl = _core.sglang_slot_launch(
-            device=pool.device,
-            metas=int(dev.data_ptr()),
-            num_meta=num_meta,
-            max_bytes=max_bytes,
-            err=err.buf,
-            **args,
-            **sizes,
-        )
-        err.reset(n)
-        if kl is not None:
-            pool.launch_kernel(kl)
-
-    pool.guarded(write)
+    _slot_launch(pool, n, metas=int(dev.data_ptr()), num_meta=num_meta, max_bytes=max_bytes, **args, **sizes)
 
 
 def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any]:
@@ -205,11 +147,8 @@ def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any
     n = len(ids)
     index = pool.placement.index
     stacked = _stacked(pool, n)
-    offsets, at = [], 0
-    for _, _, b in stacked:
-        offsets.append(at)
-        at += (b + 15) // 16 * 16
-    dev_buf = ops.cuda_ops.empty_i32(max(at, 16) // 4, index).view(torch.uint8)  # the gather's destination
+    offsets, total = _offsets([b for _, _, b in stacked])
+    dev_buf = ops.cuda_ops.empty_i32(total // 4, index).view(torch.uint8)  # the gather's destination
     views = [_view(dev_buf, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
     live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
     if n > 0 and live:

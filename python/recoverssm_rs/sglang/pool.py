@@ -1,16 +1,7 @@
-"""The package's operations over an SGLang mamba pool: :class:`SglangMambaPool`.
-
-SGLang's ``MambaPool`` keeps its states layer-stacked: ``mamba_cache.conv`` is a list of
-``[layers, slots + 1, ...]`` tensors and ``mamba_cache.temporal`` is ``[layers, slots + 1, H, K, V]``
-(slot 0 is a dummy that padded batches read and write); a speculative pool adds the verify
-scratch ``intermediate_ssm`` ``[layers, rows, draft, H, K, V]`` and ``intermediate_conv_window``
-(one ``[layers, rows, draft, ...]`` tensor per conv tensor, possibly an overlapping
-``as_strided`` view). Each layer's slice of these tensors is one view of the package's layout
-contract: the first conv tensor and the temporal state form one :class:`~recoverssm_rs.Layout`,
-every further conv tensor a layout of its own, and one :class:`~recoverssm_rs.Planner` binds them
-all, with SGLang's slot ids as block ids (so slot 0 is the null block, never written).
-
-SGLang is never imported: the pool is read by attribute.
+"""SGLang's mamba pool: :class:`SglangMambaPool` runs ``MambaPool``'s operations over the package's
+planner, with SGLang's slot ids as block ids (slot 0, SGLang's dummy, is the null block): how the
+layer-stacked tensors form layouts, and what each operation checks and launches, is docs/design.md
+section 10. SGLang is never imported: the pool is read by attribute.
 """
 
 from __future__ import annotations
@@ -25,11 +16,11 @@ import numpy as np
 from .. import _core
 from .._core import Layout, StateSpec
 from ..cuda import ops
-from ..engine import EngineAdapter
+from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import LayoutError, PlanError
 from ..planner import Planner
 from .commit import commit_after_verify
-from .device import SlotErrorWord, SlotKernel, get_cpu_copy, host_ids, load_cpu_copy
+from .device import SlotKernel, get_cpu_copy, host_ids, load_cpu_copy
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -39,11 +30,9 @@ T = TypeVar("T")
 
 
 class SglangMambaPool(EngineAdapter):
-    """Drop-in operations with the signatures and effects of SGLang's ``MambaPool`` methods, run
-    through the package's planner: ``copy_from`` (copy-on-write on a prefix hit; a fork is an
-    allocation plus ``copy_from``), ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy``
-    (HiCache) and :meth:`commit_after_verify` (the speculative commit after verify). On CUDA,
-    ``copy_from``, ``clear_slots`` and the commit are one kernel launch each.
+    """Drop-in ``MambaPool`` operations (same signatures and effects): ``copy_from``, ``fork``,
+    ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy`` (HiCache) and :meth:`commit_after_verify`;
+    on CUDA each is one kernel launch.
 
     Args:
         conv: SGLang's ``mamba_cache.conv``: one or more ``[layers, slots + 1, *conv_shape]``
@@ -69,9 +58,7 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
-        # Every tensor the adapter reads or writes, checked by the core (tensors, one layer count,
-        # no two sharing memory) and guarded before every operation (a tensor re-pointed or a
-        # storage resized is refused, not read).
+        # Every tensor the adapter reads or writes: checked by the core, guarded before every operation.
         _core.sglang_check_pool(
             conv=conv,
             temporal=temporal,
@@ -85,17 +72,17 @@ class SglangMambaPool(EngineAdapter):
         self.conv_layout = conv_layout
         labelled = self._labelled()
         self._bound = _core.BoundTensors([(t, label) for label, t in labelled])
-        live_conv = [c for c in self.conv if math.prod(c.shape) > 0]
-        has_temporal = temporal is not None and math.prod(temporal.shape) > 0
+        self._live = [i for i, c in enumerate(self.conv) if math.prod(c.shape) > 0]  # non-empty conv tensors
+        self._has_temporal = has_temporal = temporal is not None and math.prod(temporal.shape) > 0
         groups: list[tuple[Layout, list[list[Any]]]] = []
-        for i, c in enumerate(live_conv):
+        for i, c in enumerate(self.conv[k] for k in self._live):
             specs = [StateSpec(f"conv{i}", tuple(c.shape[2:]), c.dtype, copy="conv", conv_layout=conv_layout)]
             tensors = [c]
             if i == 0 and has_temporal:
                 specs.append(StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal"))
                 tensors.append(temporal)
             groups.append((Layout("sglang", specs), [[t[layer] for t in tensors] for layer in range(c.shape[0])]))
-        if not live_conv and has_temporal:
+        if not self._live and has_temporal:
             spec = StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal")
             groups.append((Layout("sglang", [spec]), [[temporal[layer]] for layer in range(temporal.shape[0])]))
         super().__init__(Planner.from_groups(groups))
@@ -104,7 +91,7 @@ class SglangMambaPool(EngineAdapter):
         self._slots_dev: Any = None
         self._ones_dev: Any = None
         self._slot_kernels: dict[bool, SlotKernel] = {}
-        self.slot_error = SlotErrorWord(self.placement)
+        self.slot_error = ErrorWordBuffer(self.placement.index)
         """The error word of the slot kernel's launches (:meth:`last_error`)."""
 
     def _labelled(self) -> list[tuple[str, Any]]:
@@ -116,13 +103,8 @@ class SglangMambaPool(EngineAdapter):
         return out + [(f"intermediate_conv_window[{i}]", w) for i, w in enumerate(windows)]
 
     def guarded(self, write: Callable[[], T]) -> T:
-        """One guarded write: every tensor of the pool (the layer-stacked tensors as given, and the
-        planner's per-layer views of them) checked, ``write()`` run, the write recorded.
-
-        Raises:
-            BindingError: a pool tensor re-pointed (``set_()``, ``.data = ...``) or its storage
-                resized or freed; ``write`` is not called.
-        """
+        """:meth:`EngineAdapter.guarded`, the layer-stacked tensors checked too (a
+        :class:`~recoverssm_rs.BindingError` when one was re-pointed or resized)."""
         self._bound.check()
         return self.planner.guarded(write)
 
@@ -169,10 +151,20 @@ class SglangMambaPool(EngineAdapter):
     def state_tensors(self) -> list[Any]:
         """The pool's non-empty state tensors in SGLang's order (every conv tensor, then the
         temporal state)."""
-        out = [c for c in self.conv if math.prod(c.shape) > 0]
-        if self.temporal is not None and math.prod(self.temporal.shape) > 0:
-            out.append(self.temporal)
-        return out
+        return [self.conv[i] for i in self._live] + ([self.temporal] if self._has_temporal else [])
+
+    def verify_scratch(self) -> list[tuple[Any, Any]]:
+        """``(state tensor, its verify scratch)`` for every non-empty state tensor, the temporal
+        state first; a :class:`~recoverssm_rs.PlanError` for a pool without verify scratch."""
+        pairs = []
+        if self._has_temporal:
+            if self.intermediate_ssm is None:
+                raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
+            pairs.append((self.temporal, self.intermediate_ssm))
+        windows = self.intermediate_conv_window
+        if self._live and (windows is None or len(windows) != len(self.conv)):
+            raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
+        return pairs + [(self.conv[i], windows[i]) for i in self._live]  # type: ignore[index]
 
     def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
         """``indices`` (the argument of ``op``) as host ids, checked by the core as slots that may
@@ -183,20 +175,12 @@ class SglangMambaPool(EngineAdapter):
     # ---- SGLang's MambaPool operations ----------------------------------------------------------
 
     def copy_from(self, src_indices: Any, dst_indices: Any) -> None:
-        """``dst`` slots get the conv and temporal states of the ``src`` slots (SGLang's
-        ``MambaPool.copy_from``): one plan over every layer and state, run by the host executor
-        for CPU states; one fused launch on the current stream for CUDA states.
-
-        Host states: every slot is checked and the copies ordered before a byte moves (a chain
-        ``a -> b, b -> c`` reads ``b`` before overwriting it, as SGLang's gather-then-scatter does);
-        copies that form a cycle or write one slot twice are refused. CUDA states: as SGLang's
-        fused path, the source and destination slots must be disjoint; the kernel checks each
-        slot id (see :meth:`Planner.last_error`).
+        """SGLang's ``MambaPool.copy_from``: ``dst`` slots get the states of the ``src`` slots (host:
+        one ordered plan; CUDA: one fused launch, sources and destinations disjoint as SGLang's).
 
         Raises:
-            PlanError: an index that is not an integer (a float or bool array is refused, not
-                cast), a negative slot (never wrapped), a slot outside the pool, the dummy slot 0,
-                lengths that differ, a cycle, or two copies to one slot; nothing is written.
+            PlanError: a bad slot id (not an integer, negative, outside the pool, the dummy slot
+                0), lengths that differ, a cycle or two copies to one slot; nothing is written.
             BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
         if self.placement.is_cuda:
@@ -210,12 +194,8 @@ class SglangMambaPool(EngineAdapter):
         plan.execute()
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
-        """One fused launch of the planner's state-copy kernel: every request reads the same
-        identity row of slot ids (a table with row and group stride 0), so its source and
-        destination columns are the slot ids themselves, and one accepted token means a whole copy.
-        """
-        # SGLang's int64 slot ids narrowed to the kernel's int32 on the device first (as the
-        # planner would after its checks), so that the call is one crossing into the core.
+        """One fused launch of the state-copy kernel over the identity table of slot ids
+        (docs/design.md section 10); int64 ids narrowed on the device, one crossing into the core."""
         int32, int64 = ops.cuda_ops.torch().int32, ops.cuda_ops.torch().int64
         src, dst = (
             x.to(int32) if x.dtype == int64 else x
@@ -233,9 +213,8 @@ class SglangMambaPool(EngineAdapter):
         self.planner.launch(table, src, dst, ones[:n], semantics="pre_copy")
 
     def on_device(self, x: Any, op: str, arg: str) -> Any:
-        """Slot ids ``x`` (the argument ``arg`` of ``op``) as a tensor on the pool's device: a CUDA
-        tensor as it is (the core checks its device and dtype), anything else as host int64 ids
-        (checked by the core as integers) copied there."""
+        """Slot ids ``x`` (the argument ``arg`` of ``op``) on the pool's device: a CUDA tensor as it is
+        (the core checks it), anything else as host int64 ids copied there."""
         if getattr(getattr(x, "device", None), "type", None) == "cuda":
             return x
         torch = ops.cuda_ops.torch()
@@ -255,23 +234,16 @@ class SglangMambaPool(EngineAdapter):
         return self._slots_dev, self._ones_dev
 
     def fork(self, src_indices: Any, dst_indices: Any) -> None:
-        """A fork (SGLang's radix donation: ``alloc`` then ``copy_from``) into freshly allocated
-        ``dst`` slots: :meth:`copy_from`."""
+        """A fork (SGLang's radix donation: ``alloc`` then ``copy_from``): :meth:`copy_from`."""
         self.copy_from(src_indices, dst_indices)
 
     def clear_slots(self, indices: Any) -> None:
-        """Zero every state of the given slots (SGLang's ``MambaPool.clear_slots``).
-
-        Host states: the core checks every slot first. CUDA states: one launch of the slot kernel
-        zeroes every layer and state tensor, reading ``indices`` in device memory (no host
-        synchronisation); the kernel skips a slot outside the pool or the dummy slot 0 and reports
-        it in :meth:`last_error`.
+        """SGLang's ``MambaPool.clear_slots``: zero every state of the given slots (CUDA: one launch
+        of the slot kernel, which skips and reports a bad slot in :meth:`last_error`).
 
         Raises:
-            PlanError: host states: an index that is not an integer, a negative slot (never
-                wrapped: ``clear_slots([-1])`` zeroes nothing), a slot outside the pool or the
-                dummy slot 0; nothing is written. CUDA states: indices that are not an integer
-                vector on the pool's device.
+            PlanError: host states: a bad slot id (as :meth:`copy_from`); CUDA states: indices not
+                an integer vector on the pool's device. Nothing is written.
             BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
         if self.placement.is_cuda:
@@ -288,19 +260,16 @@ class SglangMambaPool(EngineAdapter):
         self.guarded(write)
 
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
-        """One guarded launch of the slot kernel (see :mod:`recoverssm_rs.sglang.device`): clear
-        ``slots``, or with ``commit`` the verify commit (``vectors``: ``steps``, ``rows``,
-        ``track_slots``, ``track_steps``)."""
+        """One guarded launch of the slot kernel: clear ``slots``, or with ``commit`` the verify commit
+        (``vectors``: ``steps``, ``rows``, ``track_slots``, ``track_steps``)."""
         kernel = self._slot_kernels.get(commit)
         if kernel is None:
             kernel = self._slot_kernels[commit] = SlotKernel(self, commit=commit)
         kernel.launch(self, slots, **vectors)
 
     def last_error(self) -> Any:
-        """The error word of the last :meth:`clear_slots` or :meth:`commit_after_verify` on CUDA
-        (an :class:`~recoverssm_rs.ErrorWord`: ``.ok`` when the kernel rejected no request; the
-        fused copies of :meth:`copy_from` report in ``planner.last_error()``). **Synchronises**
-        the device: for debugging and tests.
+        """The error word of the last slot-kernel launch on CUDA (:meth:`copy_from` reports in
+        ``planner.last_error()``). **Synchronises** the device: for debugging and tests.
 
         Raises:
             PlanError: a host pool (host operations raise instead of skipping).
@@ -310,15 +279,12 @@ class SglangMambaPool(EngineAdapter):
         return self.slot_error.read()
 
     def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
-        """``(conv_cpu, temporal_cpu)``: the given slots' states on the host, layer-stacked as
-        SGLang's ``MambaPool.get_cpu_copy`` returns them (``conv_cpu[i]`` is
-        ``conv[i][:, indices]``).
+        """SGLang's ``MambaPool.get_cpu_copy``: ``(conv_cpu, temporal_cpu)``, the slots' states on the
+        host, layer-stacked (``conv_cpu[i]`` is ``conv[i][:, indices]``).
 
         Raises:
-            PlanError: an index that is not an integer, negative, outside the pool or the dummy
-                slot 0.
-            BindingError: a pool tensor re-pointed or its storage resized or freed (nothing is
-                read).
+            PlanError: a bad slot id (as :meth:`copy_from`).
+            BindingError: a pool tensor re-pointed or its storage resized (nothing is read).
         """
         torch = ops.cuda_ops.torch()
         ids = self._check_slots("get_cpu_copy", indices)
@@ -331,13 +297,12 @@ class SglangMambaPool(EngineAdapter):
         return conv_cpu, temporal_cpu
 
     def load_cpu_copy(self, mamba_cache_cpu: Sequence[Any], indices: Any) -> None:
-        """Write a :meth:`get_cpu_copy` result (or SGLang's) back into the given slots (SGLang's
-        ``MambaPool.load_cpu_copy``; a historical third element is ignored, as there).
+        """SGLang's ``MambaPool.load_cpu_copy``: a :meth:`get_cpu_copy` result written back into the
+        slots (a historical third element is ignored, as there).
 
         Raises:
-            PlanError: an index that is not an integer, negative, outside the pool, the dummy slot
-                0 or named twice, or host tensors off the host or whose dtype or shape differ from
-                the pool's (SGLang would cast); nothing is written.
+            PlanError: a bad slot id (as :meth:`copy_from`) or one named twice, or host tensors
+                whose device, dtype or shape differ from the pool's; nothing is written.
         """
         torch = ops.cuda_ops.torch()
         ids = self._check_slots("load_cpu_copy", indices, unique=True)
@@ -358,13 +323,9 @@ class SglangMambaPool(EngineAdapter):
         self.guarded(write)
 
     def state_pool(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> Any:
-        """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`) for prefill ->
-        decode transfer: ``layout`` is the rank's family layout (``layouts.kda(..., tp_size=...,
-        conv_layout="SD")`` for Kimi-Linear's pool, ``layouts.gdn(..., conv_layout="DS")`` or
-        ``layouts.mamba2`` for the others), so the fingerprint carries what re-sharding between
-        tensor-parallel sizes needs and :meth:`LayoutFingerprint.check_compatible` refuses a peer of
-        another dtype or width. Binds the first conv tensor and the temporal state of every layer
-        (SGLang's transfer entries, without the verify scratch).
+        """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`): ``layout`` is the
+        rank's family layout (:func:`~recoverssm_rs.sglang.layout_for`); binds the first conv tensor
+        and the temporal state of every layer (docs/design.md section 11).
 
         Raises:
             BindingError: the pool's tensors are not ``layout``'s (dtype, per-slot shape).
@@ -373,10 +334,10 @@ class SglangMambaPool(EngineAdapter):
         """
         from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
-        conv = [c for c in self.conv if math.prod(c.shape) > 0]
-        if len(conv) > 1:
+        if len(self._live) > 1:
             raise LayoutError(
-                f"state_pool binds one conv tensor per layer; this pool has {len(conv)}: its transfer is not supported"
+                f"state_pool binds one conv tensor per layer; this pool has {len(self._live)}: "
+                "its transfer is not supported"
             )
         layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
         return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
@@ -389,19 +350,12 @@ class SglangMambaPool(EngineAdapter):
         steps_to_track: Any = None,
         src_indices: Any = None,
     ) -> None:
-        """The speculative commit after verify (SGLang's ``scatter_mamba_states_after_mtp_verify``):
-        request ``r`` whose accepted step ``s = last_correct_step_indices[r]`` is ``>= 0`` gets, in
-        slot ``state_indices[r]``, the temporal state and every conv window its verify recorded at
-        step ``s`` in scratch row ``src_indices[r]`` (default ``r``); with ``track_indices``, slot
-        ``track_indices[r]`` also gets the states of step ``steps_to_track[r]`` (radix tracking).
-        Padded rows write nothing: a slot or step of ``-1``, or the dummy slot 0 (which several
-        padded rows of a batch may name); any other negative index is refused. Works for dense and
-        deduplicated (overlapping ``as_strided``) conv-window scratch alike.
-
-        Host states: the core checks every index first. CUDA states: one launch of the slot kernel
-        for every layer, tensor and pass, the indices read on the device only (no host
-        synchronisation); the kernel skips a rejected request and reports it in
-        :meth:`last_error`.
+        """The speculative commit after verify (SGLang's ``scatter_mamba_states_after_mtp_verify``;
+        argument names are SGLang's): request ``r`` with accepted step ``s =
+        last_correct_step_indices[r] >= 0`` gets, in slot ``state_indices[r]``, the states its
+        verify recorded at step ``s`` in scratch row ``src_indices[r]`` (default ``r``); with
+        ``track_indices``, slot ``track_indices[r]`` also gets step ``steps_to_track[r]``. Padded
+        rows (``-1``, or the dummy slot 0) write nothing. docs/design.md section 10.
 
         Raises:
             PlanError: a pool without verify scratch; host states: vectors of different lengths, a

@@ -234,7 +234,7 @@ class StateCache:
         """Fold each request's accepted records into its state, for every layer.
 
         Args:
-            num_accepted: ``[B]`` tokens accepted (clamped to ``[0, query_len]``).
+            num_accepted: ``[B]`` accepted counts (clamped to ``[0, query_len]``; docs/design.md section 1).
             state_blocks: ``[B]`` block of each request's running state (as given to verify);
                 ``<= 0`` marks padding.
             query_lens: ``[B]`` tokens verified per request (default: the full window).

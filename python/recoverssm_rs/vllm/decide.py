@@ -1,10 +1,8 @@
-"""vLLM's align-mode step decisions, computed by the compiled core with its consistency checks:
-:func:`align_pre_copy` (vLLM's ``preprocess_mamba``) and :func:`align_post_process` (its
-``postprocess_mamba_fused_kernel``), vectorised over requests and taken once for every recurrent
-group; each returns int64 arrays, one entry per request. :func:`plan` takes either decision and
-plans its copies over every group of a :class:`~recoverssm_rs.Planner`, in one call into the core.
-A half-step's per-request vectors are one :class:`PreCopyInputs` / :class:`PostProcessInputs`,
-which every one of them takes.
+"""vLLM's align-mode half-step decisions, taken by the core with its checks (docs/design.md
+section 3): :func:`align_pre_copy` (vLLM's ``preprocess_mamba``), :func:`align_post_process` (its
+``postprocess_mamba_fused_kernel``) and :func:`plan` (a decision and its copies over every group, one
+call into the core). A half-step's per-request vectors are one :class:`PreCopyInputs` /
+:class:`PostProcessInputs`; a decision holds int64 arrays, one entry per request row.
 """
 
 from __future__ import annotations
@@ -65,9 +63,7 @@ class PostProcessDecision(NamedTuple):
 
 
 class PreCopyInputs(NamedTuple):
-    """A pre-copy's per-request inputs (``[R]`` vectors, one entry per request), under the core's
-    keywords: what :func:`align_pre_copy`, :func:`plan` and
-    :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>` take."""
+    """A pre-copy's per-request inputs (``[R]`` vectors), under the core's keywords (vLLM's names)."""
 
     tables: Sequence[Any]
     """One ``[>= R, cols]`` integer block table per group (null block 0)."""
@@ -76,7 +72,7 @@ class PreCopyInputs(NamedTuple):
     num_scheduled: Any
     """Tokens scheduled this step, drafts included."""
     num_accepted: Any
-    """Tokens accepted by the previous step (bonus included)."""
+    """The previous step's accepted count (bonus included)."""
     mamba_state_idx: Any
     """The stored running column (vLLM's ``mamba_state_idx``), ``-1`` where none is stored."""
     fresh: Any = None
@@ -86,9 +82,7 @@ class PreCopyInputs(NamedTuple):
 
 
 class PostProcessInputs(NamedTuple):
-    """A post-process's per-request inputs (``[R]`` vectors), under the core's keywords: what
-    :func:`align_post_process`, :func:`plan` and
-    :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>` take."""
+    """A post-process's per-request inputs (``[R]`` vectors), under the core's keywords."""
 
     tables: Sequence[Any]
     """One ``[>= R, cols]`` integer block table per group (null block 0)."""
@@ -101,7 +95,7 @@ class PostProcessInputs(NamedTuple):
     num_draft: Any
     """Draft tokens scheduled this step."""
     num_accepted: Any
-    """Tokens accepted this step (bonus included)."""
+    """This step's accepted count (bonus included)."""
     req_ids: Sequence[Any] | None = None
     """Optional request names for error messages."""
 
@@ -127,10 +121,9 @@ def plan(planner: Planner, step: PreCopyInputs) -> tuple[PreCopyDecision, CopyPl
 @overload
 def plan(planner: Planner, step: PostProcessInputs) -> tuple[PostProcessDecision, CopyPlan]: ...
 def plan(planner: Planner, step: PreCopyInputs | PostProcessInputs) -> tuple[Any, CopyPlan]:
-    """The decision for ``step`` (:func:`align_pre_copy` or :func:`align_post_process`, by the kind
-    of ``step``, with ``planner``'s ``block_size`` and ``num_spec``) and its copies over every group
-    of ``planner`` (pre-copy or post-process semantics), in one call into the core; run them with
-    :meth:`CopyPlan.execute <recoverssm_rs.CopyPlan.execute>`."""
+    """The decision for ``step`` (the half by its kind) and its copies over every group of
+    ``planner``, in one call into the core; run them with :meth:`CopyPlan.execute
+    <recoverssm_rs.CopyPlan.execute>`."""
     from ..planner import CopyPlan
 
     if isinstance(step, PreCopyInputs):
@@ -141,38 +134,21 @@ def plan(planner: Planner, step: PreCopyInputs | PostProcessInputs) -> tuple[Any
 
 
 def align_pre_copy(step: PreCopyInputs, *, block_size: int, num_spec_blocks: int) -> PreCopyDecision:
-    """vLLM's align-mode pre-copy decision, without copies.
-
-    Per request: ``prev`` = ``mamba_state_idx`` (the stored running column), or
-    ``(num_computed - 1) // block_size`` where it is ``-1`` (new, resumed or preempted);
-    ``curr = ceil((num_computed + num_scheduled) / block_size) - 1``; the state moves ``prev ->
-    curr`` with offset ``num_accepted - 1`` iff ``prev != -1 and prev != curr``, and then
-    ``num_accepted`` resets to 1.
-
-    Args:
-        step: the half-step's vectors: ``tables``, one ``[>= R, cols]`` block table per group (null
-            block 0); ``num_computed``, ``num_scheduled`` (drafts included), ``num_accepted``,
-            ``mamba_state_idx``: ``[R]`` integer host arrays; ``fresh``: optional ``[R]`` mask of
-            rows new or resumed this step; ``req_ids``: optional names for error messages.
-        block_size, num_spec_blocks: vLLM's mamba spec.
+    """vLLM's align-mode pre-copy decision, without copies (docs/design.md sections 3.1 and 3.8):
+    the state moves ``prev -> curr`` with offset ``num_accepted - 1`` iff ``prev != -1 and prev !=
+    curr``, and then the accepted count resets to 1.
 
     Raises:
-        PlanError: naming the request: an input that is not an integer array, inconsistent lengths
-            or counts, a fresh row holding a running column (stale), a prefix-cache hit whose
-            recurrent column holds no state, a window or source column outside a group's row or on
-            the null block.
+        PlanError: naming the request (a bad vector, length or count, a stale column, a
+            prefix-cache hit without state, a column outside a row or on the null block).
     """
     raw = _core.align_pre_copy(**fields(step), block_size=block_size, num_spec_blocks=num_spec_blocks)
     return decision(raw, PreCopyDecision)
 
 
 def align_post_process(step: PostProcessInputs, *, block_size: int, num_spec_blocks: int) -> PostProcessDecision:
-    """vLLM's align-mode post-process decision, without copies.
-
-    Per request: ``running = computed + scheduled - drafts``, ``new = running + accepted - 1``,
-    ``aligned = new // block_size * block_size``; if ``aligned >= running`` the state after
-    ``aligned`` tokens (offset ``aligned - running``) is saved at ``dest = aligned // block_size -
-    1``; when ``dest == state_col`` that is an in-place shift and ``num_accepted`` resets to 1.
+    """vLLM's align-mode post-process decision, without copies (docs/design.md section 3.6): the
+    state after ``aligned`` tokens is saved at ``dest``; an in-place shift resets the count to 1.
 
     Raises:
         PlanError: naming the request: ``state_col`` not this step's running column, drafts or

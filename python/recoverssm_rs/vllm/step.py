@@ -1,29 +1,8 @@
-"""The adapter for vLLM's model runner: its whole align-mode recurrent-state step in two calls.
-
-vLLM (``mamba_cache_mode == "align"``) moves each request's recurrent state between block columns
-before the forward pass (``preprocess_mamba``) and, with speculative decoding, saves the state at a
-crossed block boundary after sampling (``postprocess_mamba_align_gpu``). :class:`VllmMambaStep`
-does both for every mamba group at once: the decisions are taken by the compiled core (vectorised,
-with consistency checks vLLM lacks) and the copies of every layer of every group form one plan.
-
-It is built from what the model runner holds at start-up (:meth:`VllmMambaStep.from_runner`):
-the KV-cache config (its mamba groups' specs: shapes, dtypes, ``block_size``,
-``num_speculative_blocks``, ``mamba_cache_mode``), the forward context (each layer's ``kv_cache``
-tensors; only the leading states the copy functions cover are bound) and the copy functions. It
-keeps the per-request running columns (vLLM's ``mamba_state_idx``) in an array (one slot per live request) instead of a dict.
-vLLM itself is never imported: every object is read by attribute (duck typing).
-
-Two paths, chosen by where the states live:
-
-* **host** (CPU states): the core decides and checks, and the Rust host executor runs one plan over
-  every group (``CopyPlan.execute``); the counts are host arrays, as vLLM's
-  ``input_batch.num_accepted_tokens_cpu``.
-* **device** (CUDA states; :class:`~recoverssm_rs.vllm.device_step.DeviceStep`): each half of the step
-  is one call into the core and one fused launch over every group. The host decides what needs no
-  accepted count (columns, ``running``) with the same checks, the step goes to the device in one
-  asynchronous copy, and the kernel reads the counts in device memory, decides, copies and writes
-  the counts for what follows (vLLM's resets). ``postprocess`` takes the sampler's device counts and
-  returns device counts: no value visits the host and nothing synchronises.
+"""vLLM's V1 model runner, align mode: :class:`VllmMambaStep` runs vLLM's ``preprocess_mamba`` and
+``postprocess_mamba_align_gpu`` for every mamba group in two calls per step, on the host executor
+(CPU states) or as one fused launch per half-step (CUDA states, :class:`DeviceStep`). What each half
+decides and copies, and where it differs from vLLM: docs/design.md sections 3.6 and 3.8. vLLM itself
+is never imported: every object is read by attribute.
 """
 
 from __future__ import annotations
@@ -153,19 +132,16 @@ def _block_table(input_batch: Any, gid: int, n: int) -> Any:
 
 
 class VllmMambaStep(EngineAdapter):
-    """vLLM's align-mode recurrent-state step for every mamba group, in two calls per step.
+    """vLLM's align-mode recurrent-state step for every mamba group, in two calls per step
+    (:meth:`preprocess`, :meth:`postprocess`); most engines build it with :meth:`from_runner`.
 
     Args:
         groups: per planner group ``(vLLM group id, layout, states)``; ``states[layer]`` lists that
             layer's ``kv_cache`` tensors (the leading ``len(layout.persistent)`` are bound).
         block_size, num_spec_blocks: the groups' shared scheduling parameters.
-        max_num_reqs: capacity of the mamba_state_idx array.
-        device_tables: CUDA states only: the kernel reads the input batch's device block tables
-            (``block_table[g].get_device_tensor(R)``, stacked on the device) instead of a staged
-            copy of the host tables the step is checked against -- for wide tables. They must be
-            committed (equal to the host tables) before :meth:`preprocess`.
-
-    Most engines build it with :meth:`from_runner`.
+        max_num_reqs: the number of request indices (rows of ``mamba_state_idx``).
+        device_tables: CUDA states only: the kernel reads the batch's device block tables instead
+            of staged host tables (for wide tables; they must equal the host tables).
     """
 
     def __init__(
@@ -185,7 +161,7 @@ class VllmMambaStep(EngineAdapter):
         """The device path's launches (CUDA states), else ``None``."""
         self._device_tables = bool(device_tables) and self.device_step is not None
         self.mamba_state_idx = np.full(self._slots_table.capacity, -1, dtype=np.int64)
-        """vLLM's ``mamba_state_idx``: the running-state column per slot (``-1``: none)."""
+        """vLLM's ``mamba_state_idx``: the running column per request index (``-1``: none)."""
         # The step preprocess prepared (the counts still to come) and its device tables.
         self._step: tuple[PostProcessInputs, Any] | None = None
 
@@ -200,17 +176,10 @@ class VllmMambaStep(EngineAdapter):
         conv_layout: str | None = None,
         device_tables: bool = False,
     ) -> VllmMambaStep:
-        """Build the step from vLLM's model-runner objects (read by attribute, never imported).
-
-        Args:
-            kv_cache_config: its ``kv_cache_groups`` (each with ``kv_cache_spec`` and
-                ``layer_names``).
-            forward_context: layer name -> an object with ``kv_cache`` (the layer's state tensors).
-            copy_funcs: per mamba type, its copy functions in state order (vLLM's
-                ``MambaStateCopyFuncsByType``).
-            max_num_reqs: the runner's request capacity.
-            conv_layout: ``"SD"`` / ``"DS"``; default ``$VLLM_SSM_CONV_STATE_LAYOUT`` or ``"SD"``.
-            device_tables: as the constructor's.
+        """Build the step from vLLM's model-runner objects: ``kv_cache_config`` (its mamba groups),
+        ``forward_context`` (layer name -> an object with ``kv_cache``), ``copy_funcs`` (vLLM's
+        ``MambaStateCopyFuncsByType``); ``conv_layout`` defaults to
+        ``$VLLM_SSM_CONV_STATE_LAYOUT`` or ``"SD"``.
 
         Raises:
             LayoutError: the copy-function contract check fails (``validate_copy_funcs``), groups
@@ -257,26 +226,11 @@ class VllmMambaStep(EngineAdapter):
         """The vLLM KV-cache group id of each planner group, in planner order."""
         return list(self._group_ids)
 
-    # --------------------------------------------------------------------------------------------
-    # Slots (the mamba_state_idx array's rows)
-    # --------------------------------------------------------------------------------------------
-
     def release(self, req_ids: Iterable[str]) -> None:
-        """Forget finished / preempted / resumed requests: their running columns become ``-1``."""
+        """Forget finished / preempted / resumed requests (their request indices are freed)."""
         freed = self._slots_table.release(req_ids)
         if freed:
             self.mamba_state_idx[freed] = -1
-
-    def _slots(self, req_ids: Sequence[str], added: list[str]) -> np.ndarray:
-        """Each request's slot; new requests get a free one (their ids are appended to ``added``).
-        Raises :class:`PlanError` (nothing assigned) for an id listed twice or a full table."""
-        slots, new = self._slots_table.assign(req_ids)
-        added.extend(new)
-        return np.asarray(slots, dtype=np.int64)
-
-    # --------------------------------------------------------------------------------------------
-    # The step
-    # --------------------------------------------------------------------------------------------
 
     def tables(self, input_batch: Any, n: int) -> list[Any]:
         """The batch's block table of each planner group (first ``n`` rows)."""
@@ -287,9 +241,7 @@ class VllmMambaStep(EngineAdapter):
         return [input_batch.block_table[gid].get_device_tensor(n) for gid in self._group_ids]
 
     def last_error(self) -> Any:
-        """Device path: the current step's error word (see
-        :meth:`DeviceStep.last_error <recoverssm_rs.vllm.device_step.DeviceStep.last_error>`;
-        synchronises). The host path raises instead of reporting."""
+        """Device path: the step's error word (:meth:`DeviceStep.last_error`; synchronises)."""
         if self.device_step is None:
             raise PlanError("last_error is the device path's report; the host path raises PlanError on a bad step")
         return self.device_step.last_error()
@@ -305,10 +257,8 @@ class VllmMambaStep(EngineAdapter):
         fresh: Any = None,
         req_ids: Sequence[str] | None = None,
     ) -> PreCopyDecision:
-        """The array form of :meth:`preprocess`: decide, copy every group's states, store the new
-        running columns at ``slots``; returns the decision (its ``num_accepted`` is the reset
-        count for the step). Host path only (the device path's array form is
-        :meth:`DeviceStep.launch <recoverssm_rs.vllm.device_step.DeviceStep.launch>`)."""
+        """The array form of :meth:`preprocess` (host path): decide, copy, store the new running
+        columns at the request indices ``slots``; returns the decision."""
         self._host_only("pre_copy")
         slots = np.asarray(self._slots_table.check(slots, req_ids), dtype=np.int64)
         idx = self.mamba_state_idx[slots]
@@ -327,8 +277,7 @@ class VllmMambaStep(EngineAdapter):
         *,
         req_ids: Sequence[str] | None = None,
     ) -> PostProcessDecision:
-        """The array form of :meth:`postprocess`: decide and copy; returns the decision (its
-        ``num_accepted`` is the count for the next step). Host path only."""
+        """The array form of :meth:`postprocess` (host path): decide and copy; returns the decision."""
         self._host_only("post_process")
         step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
         return self._execute(step)
@@ -338,8 +287,6 @@ class VllmMambaStep(EngineAdapter):
     @overload
     def _execute(self, step: PostProcessInputs) -> PostProcessDecision: ...
     def _execute(self, step: PreCopyInputs | PostProcessInputs) -> PreCopyDecision | PostProcessDecision:
-        """Decides a host step and runs its plan (the host executor, GIL released; the guard
-        checked first)."""
         d, copies = plan(self.planner, step)
         copies.execute()
         return d
@@ -361,27 +308,22 @@ class VllmMambaStep(EngineAdapter):
         prev_rows: Any = None,
         stream: Any = None,
     ) -> Any:
-        """vLLM's ``preprocess_mamba`` (and ``stage_postprocess_inputs_to_gpu``'s bookkeeping): same
-        inputs, same effect on the states.
+        """vLLM's ``preprocess_mamba`` (with ``stage_postprocess_inputs_to_gpu``'s bookkeeping).
 
         Args:
             scheduler_output, input_batch, requests: vLLM's (read by attribute).
-            num_accepted: the previous step's ``[num_reqs]`` counts per batch row; default
-                ``input_batch.num_accepted_tokens_cpu``. On the device path a CUDA tensor (e.g. the
-                last :meth:`postprocess` result, reordered as the batch) stays on the device.
+            num_accepted: the previous step's accepted counts per batch row (vLLM's name); default
+                ``input_batch.num_accepted_tokens_cpu``; a CUDA tensor stays on the device.
             prev_rows: device path, instead of ``num_accepted``: each batch row's row in the
-                previous step (a CUDA int32 / int64 vector, ``-1`` for a row new to the batch):
-                the last :meth:`postprocess` counts are remapped to this step's rows on the device
-                (:meth:`~recoverssm_rs.vllm.device_step.DeviceStep.launch`).
+                previous step (``-1``: new); the last :meth:`postprocess` counts are remapped.
             stream: the device path's stream (``None``: the current torch stream).
 
         Returns:
-            The counts after the reset, per batch row: host path, an int64 array, also written into
-            ``input_batch.num_accepted_tokens_cpu`` (as vLLM does); device path, an ``[num_reqs]``
-            int32 CUDA tensor for the forward pass (the host copy is not touched).
+            The accepted counts after the reset per batch row: host path an int64 array (also
+            written into ``input_batch.num_accepted_tokens_cpu``), device path an int32 CUDA tensor.
 
         Raises:
-            PlanError: naming the request (see :func:`recoverssm_rs.vllm.decide.align_pre_copy`).
+            PlanError: naming the request; nothing changes.
         """
         self._step = None  # a rejected step leaves nothing for postprocess
         # vLLM's objects are read first: one of the wrong kind is a PlanError naming it, before
@@ -413,22 +355,22 @@ class VllmMambaStep(EngineAdapter):
             self.release(ids)
         added: list[str] = []
         try:
-            slots = self._slots(req_ids, added)
+            assigned, new = self._slots_table.assign(req_ids)
+            added.extend(new)
+            slots = np.asarray(assigned, dtype=np.int64)
+            step = PreCopyInputs(tables, c, ns, acc, self.mamba_state_idx[slots], req_ids=req_ids)
             if self.device_step is not None:
-                step = PreCopyInputs(tables, c, ns, acc, self.mamba_state_idx[slots], req_ids=req_ids)
                 curr, out = self.device_step.launch(step, stream=stream, device_tables=dev_tables, prev_rows=prev_rows)
-                self.mamba_state_idx[slots] = curr
             else:
                 if prev_rows is not None:  # the core refuses a remap of host states
                     _core.vllm_check_prev_rows(
                         device=self.placement.name, prev_rows=prev_rows, rows=n, num_accepted_given=False
                     )
-                # The slots the table just assigned: checked there, once.
-                d = self._execute(PreCopyInputs(tables, c, ns, acc, self.mamba_state_idx[slots], req_ids=req_ids))
+                d = self._execute(step)  # the request indices the table just assigned: checked there, once
                 curr, out = d.curr, d.num_accepted
-                self.mamba_state_idx[slots] = curr
+            self.mamba_state_idx[slots] = curr
         except Exception:
-            self.release(added)  # a rejected step leaves no new slot behind
+            self.release(added)  # a rejected step leaves no new request index behind
             raise
         if self.device_step is None:
             host_acc[:n] = out
@@ -437,18 +379,9 @@ class VllmMambaStep(EngineAdapter):
 
     def postprocess(self, num_accepted: Any, *, stream: Any = None) -> Any:
         """vLLM's ``postprocess_mamba_align_gpu`` for the step :meth:`preprocess` prepared.
-
-        Args:
-            num_accepted: ``[num_reqs]`` tokens accepted this step, bonus included (vLLM:
-                ``(sampled_token_ids != -1).sum(1)``); on the device path the sampler's CUDA
-                tensor (or a host array, staged).
-            stream: as :meth:`preprocess`.
-
-        Returns:
-            ``num_accepted`` for the next step: host path, an int64 array (store it in
-            ``input_batch.num_accepted_tokens_cpu``); device path, an ``[num_reqs]`` int32 CUDA
-            tensor (never read by the host here).
-        """
+        ``num_accepted``: this step's accepted counts per batch row, bonus included (the sampler's
+        CUDA tensor on the device path). Returns the accepted counts for the next step (host path:
+        int64, store them in ``input_batch.num_accepted_tokens_cpu``; device path: int32 CUDA)."""
         if self._step is None:
             raise PlanError("postprocess needs the step's preprocess first, and runs once per step")
         step, dev_tables = self._step

@@ -23,7 +23,7 @@ One step of one head, state ``S`` ``[V, K]``::
     S   = S + outer(u, k_hat)
     out = S @ q_hat
 
-Commit of ``n`` accepted tokens folds the first ``n`` records into the state,
+Commit with accepted count ``n`` folds the first ``n`` records into the state,
 ``S_n = S_0 (.) A_{1..n} + sum_{t<=n} (u_t k_t^T) (.) A_{t+1..n}``, with a forward pass over the
 records only (the window inputs are never re-run). :func:`verify` rounds ``k_hat`` and the gate
 through the record dtype before using them, so a commit reproduces exactly the trajectory that the
