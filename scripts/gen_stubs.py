@@ -303,7 +303,7 @@ def read_source(files: list[Path]) -> Source:
     impls: list[tuple[str, list[tuple[RustFn, list[str]]]]] = []
     for path in files:
         src = path.read_text()
-        rel = path.relative_to(ROOT)
+        rel = f"rust/python/{path.name}"
         i = 0
         while True:
             m = ATTR.search(src, i)
