@@ -482,7 +482,7 @@ def _render_callable(
             text += " = " + _default_text(p.default, ann)
         parts.append(text)
         last_kind = p.kind
-    if last_kind == inspect.Parameter.POSITIONAL_ONLY:
+    if last_kind == inspect.Parameter.POSITIONAL_ONLY and parts != ["self"]:
         parts.append("/")
     if method and (not parts or parts[0] not in ("self", "cls")) and decorator != "@staticmethod":
         parts.insert(0, "cls" if decorator == "@classmethod" or name == "__new__" else "self")

@@ -111,7 +111,7 @@ class BoundTensors:
     """Tensors bound by a state cache or a transfer pool, guarded as a planner guards its own."""
 
     def __new__(cls, tensors: Sequence[tuple[Any, str]]) -> BoundTensors: ...
-    def __len__(self, /) -> int:
+    def __len__(self) -> int:
         """Return len(self)."""
     def check(self) -> None:
         """Raises `BindingError` when a bound tensor or storage no longer has the memory it was bound
@@ -167,7 +167,7 @@ class CheckpointCache:
         budget_bytes: int | None = None,
         state_bytes: int | None = None,
     ) -> CheckpointCache: ...
-    def __len__(self, /) -> int:
+    def __len__(self) -> int:
         """Return len(self)."""
     def finish(
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
@@ -282,7 +282,7 @@ class CommitPlanner:
 class CopyPlan:
     """One step's plan. Holds its planner, and so the state tensors, alive."""
 
-    def __len__(self, /) -> int:
+    def __len__(self) -> int:
         """Return len(self)."""
     def execute_host(self) -> None:
         """Runs the plan over CPU tensors with the host executor (GIL released). The planner's guard
@@ -382,7 +382,7 @@ class HostCacheIndex:
         *,
         disk_dir: str | os.PathLike[str] | None = None,
     ) -> HostCacheIndex: ...
-    def __len__(self, /) -> int:
+    def __len__(self) -> int:
         """Return len(self)."""
     def check_key(self, key: object) -> None:
         """Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable)."""
@@ -451,7 +451,7 @@ class Layout:
     """
 
     def __new__(cls, backend: str, states: Sequence[StateSpec], num_spec: int | None = None) -> Layout: ...
-    def __len__(self, /) -> int:
+    def __len__(self) -> int:
         """Return len(self)."""
     @property
     def backend(self) -> str: ...
@@ -706,7 +706,7 @@ class Planner:
 class RawBuffer:
     """A read-only byte buffer over core records; numpy views it without copying."""
 
-    def __len__(self, /) -> int:
+    def __len__(self) -> int:
         """Return len(self)."""
 
 class RecoverSSMError(Exception):
