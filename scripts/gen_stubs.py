@@ -177,8 +177,6 @@ class RustFn:
     params: list[Param]
     returns: str | None
     where: str
-    from_signature: bool = False
-    span: tuple[int, int] = (0, 0)  # the attributes' start and the `fn`'s in the file
 
 
 @dataclass
@@ -282,10 +280,8 @@ def _fn_at(src: str, i: int, attrs: list[str], where: str) -> tuple[RustFn, int]
     stub_ret = next((a.split("->", 1)[1].strip() for a in attrs if a.startswith("// stub:")), None)
     rust_name = m.group(1)
     fn = RustFn(rust_name, name or rust_name, flags, [], None, f"{where}: fn {rust_name}")
-    fn.span = (-1, m.start())
     if sig is not None:
         fn.params, fn.returns = _parse_signature(sig)
-        fn.from_signature = True
         by_name = dict(rust_params)
         for p in fn.params:
             if p.annotation is None and p.name.lstrip("*") in by_name:
@@ -300,7 +296,7 @@ def _fn_at(src: str, i: int, attrs: list[str], where: str) -> tuple[RustFn, int]
 def read_source(files: list[Path]) -> Source:
     out = Source()
     by_rust: dict[str, RustClass] = {}
-    impls: list[tuple[str, list[tuple[RustFn, list[str]]]]] = []
+    impls: list[tuple[str, list[RustFn]]] = []
     for path in files:
         src = path.read_text()
         rel = f"rust/python/{path.name}"
@@ -352,23 +348,20 @@ def read_source(files: list[Path]) -> Source:
                     if cm:  # a #[classattr] constant: the stub reads its type from the module
                         k = cm.end()
                         continue
-                    start = k
                     fn, k = _fn_at(src, fstart, fattrs, f"{rel} impl {im.group(1)}")
-                    fn.span = (start, fn.span[1])
-                    fns.append((fn, fattrs))
+                    fns.append(fn)
                 impls.append((im.group(1), fns))
                 i = end
                 continue
             named = re.compile(r"\s*(?:pub(?:\([^)]*\))?\s+)?(?:unsafe\s+)?fn\s+\w").match(src, j)
             if head and named and any(k.startswith("pyfunction") for k in kinds):
-                fn, i = _fn_at(src, j, attrs, str(rel))
-                fn.span = (m.start(), fn.span[1])
+                fn, i = _fn_at(src, j, attrs, rel)
                 out.functions[fn.py_name] = fn
                 continue
             i = j if j > m.start() else m.end()
     for rust_name, fns in impls:
         rc = by_rust[rust_name]
-        for fn, _ in fns:
+        for fn in fns:
             rc.methods[fn.py_name] = fn
     out.classes = {rc.py_name: rc for rc in by_rust.values()}
     return out
@@ -439,7 +432,8 @@ def _resolve(ty: str | None, source: Source, where: str) -> str:
     return re.sub(r"<class (\w+)>", cls, ty)
 
 
-def _default_text(default: object, annotation: str) -> str:
+def _default_text(default: object) -> str:
+    """A default as the stub spells it: a simple literal, else ``...``."""
     if default is None:
         return "None"
     if isinstance(default, bool | int | str) and not isinstance(default, float):
@@ -457,10 +451,11 @@ def _render_callable(
     parts: list[str] = []
     if text_sig is None and name in DUNDERS:
         text_sig = DUNDERS[name].split(" ->")[0]
-    sig = inspect.Signature()
-    if text_sig is not None:
-        clean = text_sig.replace("$", "")
-        sig = _sig_of(clean)
+    if text_sig is None:
+        if fn.params:
+            raise StubError(f"{where}: the extension gives no signature (__text_signature__) to render")
+        text_sig = "($self)" if method and decorator != "@staticmethod" else "()"
+    sig = _sig_of(text_sig.replace("$", ""))
     last_kind = None
     for p in sig.parameters.values():
         if p.name in ("self", "cls", "module") and last_kind is None and (method or p.name == "module"):
@@ -479,7 +474,7 @@ def _render_callable(
         prefix = "*" if p.kind == p.VAR_POSITIONAL else "**" if p.kind == p.VAR_KEYWORD else ""
         text = f"{prefix}{p.name}: {ann}"
         if p.default is not p.empty:
-            text += " = " + _default_text(p.default, ann)
+            text += " = " + _default_text(p.default)
         parts.append(text)
         last_kind = p.kind
     if last_kind == inspect.Parameter.POSITIONAL_ONLY and parts != ["self"]:
@@ -633,7 +628,7 @@ def _with_return(fn: RustFn, name: str) -> RustFn:
     r = fn.returns
     if r is None or r.startswith("<class") or r == "Self":
         r = name
-    return RustFn(fn.rust_name, "__new__", fn.flags, fn.params, r, fn.where, fn.from_signature)
+    return RustFn(fn.rust_name, "__new__", fn.flags, fn.params, r, fn.where)
 
 
 def generate() -> str:
