@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of recoverssm_rs on a fresh machine: sets up .venv (scripts/setup.sh --test),
-# then clippy, rustfmt, ruff and stubtest, the Rust tests, a build of the Rust benchmarks (dev
-# profile), a strict type check of the package (mypy, [tool.mypy] of pyproject.toml), and the
-# Python tests (which include the kernel checks that need no GPU; tests marked `gpu` skip without
-# one), spread over worker processes (pytest-xdist), with the slowest tests listed at their end.
+# then clippy, rustfmt, ruff, the generated stub's check and stubtest, the Rust tests, a build of
+# the Rust benchmarks (dev profile), a strict type check of the package (mypy, [tool.mypy] of
+# pyproject.toml), and the Python tests (which include the kernel checks that need no GPU; tests
+# marked `gpu` skip without one), spread over worker processes (pytest-xdist), with the slowest
+# tests listed at their end.
 # Each stage prints its command and its seconds; a table of all stages closes the run (also after a
 # failure, which stops the run).
 #
@@ -45,12 +46,14 @@ stage() {
 
 stage setup bash scripts/setup.sh --test
 # Checks that keep the code in shape: clippy (with the bindings; its Checking lines show progress
-# through the minutes a fresh machine takes), rustfmt, ruff (lint and format), and the _core stub
-# against the compiled extension.
+# through the minutes a fresh machine takes), rustfmt, ruff (lint and format), the _core stub
+# regenerated from the bindings and the extension setup built (it must equal the committed one:
+# `python scripts/gen_stubs.py` rewrites it), and the stub against the compiled extension.
 stage clippy cargo clippy --all-targets --features python -- -D warnings
 stage rustfmt cargo fmt --check
 stage ruff .venv/bin/ruff check python tests benches build_backend scripts
 stage ruff-format .venv/bin/ruff format --check python tests benches build_backend scripts
+stage stubs .venv/bin/python scripts/gen_stubs.py --check
 stage stubtest .venv/bin/python -m mypy.stubtest recoverssm_rs._core
 # Build the tests first with cargo's Compiling lines (minutes on a fresh machine), then run them quietly.
 stage cargo-build cargo test --no-run

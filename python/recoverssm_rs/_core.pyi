@@ -1,4 +1,7 @@
-"""Type stubs for the compiled core, ``recoverssm_rs._core`` (hand-kept: update with the bindings)."""
+"""Type stubs of ``recoverssm_rs._core``, generated from the bindings (rust/python/*.rs): do not edit.
+
+Regenerate after changing a binding: ``python scripts/gen_stubs.py`` (after ``bash scripts/setup.sh``);
+``python scripts/gen_stubs.py --check`` fails when this file differs (scripts/test.sh runs it)."""
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -7,11 +10,21 @@ from typing import Any, ClassVar, Literal, TypeVar, final
 
 _T = TypeVar("_T")
 
+_Role = Literal["persistent", "workspace"]
+_CopyKindName = Literal["conv", "temporal"]
+_ConvLayoutName = Literal["SD", "DS"]
+_Location = Literal["memory", "disk"]
+# A tensor or array the core describes without reading it (a torch tensor, a CuPy array, a host
+# array); an int32 / int64 host vector or table (a numpy array, a CPU tensor, a list of ints).
+_Tensor = Any
+_IntArray = Any
+
 __version__: str
 __all__ = [
     "BackendUnavailableError",
     "BindingError",
     "BoundTensors",
+    "CacheCounters",
     "CheckpointCache",
     "CheckpointPlan",
     "CommitLaunch",
@@ -19,12 +32,11 @@ __all__ = [
     "CopyPlan",
     "ErrorWord",
     "FusedCopy",
+    "HostCacheIndex",
     "KernelLaunch",
     "KimiK3CommitPlanner",
     "Layout",
     "LayoutError",
-    "CacheCounters",
-    "HostCacheIndex",
     "LayoutFingerprint",
     "PeerInfo",
     "PlanError",
@@ -33,38 +45,31 @@ __all__ = [
     "RecoverSSMError",
     "StateSpec",
     "TransferPlan",
-    "VllmSlots",
     "VllmSlotStep",
+    "VllmSlots",
     "__version__",
     "_validate_copy_funcs",
     "align_post_process",
     "align_pre_copy",
+    "block_list",
     "check_cache_sizes",
     "check_checkpoint_trace",
-    "check_vllm_step",
     "check_commit_counts",
-    "block_list",
-    "check_pool",
-    "check_saved_states",
-    "encode_saved_states",
-    "guarded_transfer",
-    "guarded_write",
-    "read_saved_file",
-    "remove_file",
-    "restore_sources",
-    "source_pools",
-    "write_file",
-    "check_sources",
-    "endpoint_args",
-    "pull_args",
-    "transfer_plan_arg",
     "check_device_tables",
     "check_index",
+    "check_pool",
+    "check_saved_states",
+    "check_sources",
+    "check_vllm_step",
     "commit_grid",
-    "copy_func_kind",
     "commit_meta_table",
+    "copy_func_kind",
     "copy_tiles_launch",
+    "encode_saved_states",
+    "endpoint_args",
     "gdn_layout",
+    "guarded_transfer",
+    "guarded_write",
     "kda_layout",
     "kernel_abi",
     "linear_attention_layout",
@@ -72,321 +77,382 @@ __all__ = [
     "mamba2_layout",
     "pack_launch",
     "plan_transfer",
+    "pull_args",
+    "read_saved_file",
+    "recover_geometry",
+    "remove_file",
+    "restore_sources",
     "sglang_check_pool",
     "sglang_commit_selection",
     "sglang_host_copies",
     "sglang_ids",
     "sglang_slot_launch",
     "sglang_slot_table",
-    "recover_geometry",
     "short_conv_layout",
     "simulate_checkpoints",
+    "source_pools",
     "state_chunks",
+    "transfer_plan_arg",
     "vllm_check_prev_rows",
     "vllm_device_post_process",
     "vllm_device_pre_copy",
     "vllm_post_process",
     "vllm_pre_copy",
     "vllm_step_groups",
+    "write_file",
 ]
 
-_Role = Literal["persistent", "workspace"]
-_CopyKindName = Literal["conv", "temporal"]
-_ConvLayoutName = Literal["SD", "DS"]
+class BackendUnavailableError(RecoverSSMError, RuntimeError):
+    """The tensors need an executor this machine lacks (for example CUDA tensors without CuPy)."""
+
+class BindingError(RecoverSSMError, ValueError):
+    """State tensors do not match the layout they are bound to (dtype, shape, strides, device), or
+    no longer own the memory they had when they were bound.
+    """
 
 @final
-class StateSpec:
-    """One state tensor of a layer (per block if persistent, per request if workspace)."""
+class BoundTensors:
+    """Tensors bound by a state cache or a transfer pool, guarded as a planner guards its own."""
+
+    def __new__(cls, tensors: Sequence[tuple[Any, str]]) -> BoundTensors: ...
+    def __len__(self) -> int:
+        """Return len(self)."""
+    def check(self) -> None:
+        """Raises `BindingError` when a bound tensor or storage no longer has the memory it was bound
+        with (nothing has been written then).
+        """
+    def guarded(self, write: Callable[[], Any]) -> Any:
+        """One guarded write: `check()`, then `write()`, then `mark_written()`, in one call (`write`
+        is not called when a tensor moved). Returns what `write` returns.
+        """
+    def mark_written(self) -> None:
+        """Bumps autograd's version counters of the bound torch tensors (after a write)."""
+
+@final
+class CacheCounters:
+    """The rules of a host offload tier (see `HostCache`): bytes per request from the fingerprint,
+    capacity accounting, least-recently-used eviction and spill. Entries are named by integer
+    ids; the caller holds the bytes.
+    A host cache at one moment: the host bytes one request's states take (every layer's persistent
+    states), the capacity, whether evicted entries spill to disk, the bytes held, entries pushed out
+    of host memory, restores that found or missed their key, entries in memory and on disk.
+    """
+
+    @property
+    def bytes_per_request(self) -> int: ...
+    @property
+    def capacity_bytes(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+    @property
+    def hits(self) -> int: ...
+    @property
+    def in_memory(self) -> int: ...
+    @property
+    def misses(self) -> int: ...
+    @property
+    def on_disk(self) -> int: ...
+    @property
+    def spill(self) -> bool: ...
+    @property
+    def used_bytes(self) -> int: ...
+
+@final
+class CheckpointCache:
+    """A checkpoint cache under one policy; see the core's `checkpoint` module."""
 
     def __new__(
         cls,
-        name: str,
-        shape: Sequence[int],
-        dtype: Any,
-        role: _Role = "persistent",
-        copy: _CopyKindName | None = None,
-        conv_layout: _ConvLayoutName | None = None,
-    ) -> StateSpec: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def itemsize(self) -> int: ...
-    @property
-    def role(self) -> _Role: ...
-    @property
-    def copy(self) -> _CopyKindName | None: ...
-    @property
-    def conv_layout(self) -> _ConvLayoutName | None: ...
-    @property
-    def nbytes(self) -> int | None: ...
-    def to_dict(self) -> dict[str, Any]: ...
-
-@final
-class Layout:
-    """A validated per-layer layout: persistent states first, workspace after."""
-
-    def __new__(cls, backend: str, states: Sequence[StateSpec], num_spec: int | None = None) -> Layout: ...
-    @property
-    def backend(self) -> str: ...
-    @property
-    def states(self) -> tuple[StateSpec, ...]: ...
-    @property
-    def persistent(self) -> tuple[StateSpec, ...]: ...
-    @property
-    def workspace(self) -> tuple[StateSpec, ...]: ...
-    @property
-    def num_spec(self) -> int: ...
-    @property
-    def copyable_prefix_len(self) -> int: ...
-    @property
-    def persistent_bytes_per_block(self) -> int: ...
-    @property
-    def workspace_bytes_per_request(self) -> int: ...
-    def state(self, name: str) -> StateSpec: ...
-    def recover_geometry(self) -> dict[str, Any]: ...
-    def to_dict(self) -> dict[str, Any]: ...
-    def __len__(self) -> int: ...
-
-def copy_func_kind(name: str) -> Literal["conv", "temporal"]:
-    """The copy kind a copy function's name or kind names; ``LayoutError`` for any other name."""
-
-def _validate_copy_funcs(
-    groups: Sequence[tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]],
-    copy_funcs: Sequence[tuple[str, Sequence[str]]],
-) -> dict[str, int]: ...
-
-# The family calculators take keyword arguments only (recoverssm_rs.layouts has their typed signatures).
-def mamba1_layout(**kwargs: Any) -> Layout: ...
-def mamba2_layout(**kwargs: Any) -> Layout: ...
-def short_conv_layout(**kwargs: Any) -> Layout: ...
-def linear_attention_layout(**kwargs: Any) -> Layout: ...
-def gdn_layout(**kwargs: Any) -> Layout: ...
-def kda_layout(**kwargs: Any) -> Layout: ...
-
-@final
-class RawBuffer:
-    """Read-only bytes of plan records (supports the buffer protocol; view with numpy)."""
-
-    def __len__(self) -> int: ...
-
-@final
-class CopyPlan:
-    """One step's copy plan over every group (see :class:`recoverssm_rs.planner.CopyPlan`)."""
-
-    def segments(self) -> RawBuffer: ...
-    def rows(self) -> RawBuffer: ...
-    def wave_starts(self) -> RawBuffer: ...
-    def tiles(self, tile_bytes: int = ...) -> tuple[RawBuffer, RawBuffer]: ...
-    @property
-    def num_waves(self) -> int: ...
-    @property
-    def num_segments(self) -> int: ...
-    @property
-    def num_copies(self) -> int: ...
-    @property
-    def num_requests(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    def group_stats(self) -> list[tuple[int, int, int, int]]: ...
-    @property
-    def planner(self) -> Planner: ...
-    def execute_host(self) -> None: ...
-    def __len__(self) -> int: ...
-
-@final
-class Planner:
-    """The core planner over one or more groups, bound to their tensors (see
-    :class:`recoverssm_rs.planner.Planner`)."""
-
-    def __new__(
-        cls,
-        groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]],
+        policy: str,
         *,
         block_size: int | None = None,
-        persistent_only: bool = False,
-    ) -> Planner: ...
+        granularity: int | None = None,
+        budget: int | None = None,
+        budget_bytes: int | None = None,
+        state_bytes: int | None = None,
+    ) -> CheckpointCache: ...
+    def __len__(self) -> int:
+        """Return len(self)."""
+    def finish(
+        self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
+    ) -> tuple[list[tuple[int, int]], list[int]]:
+        """Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
+        `[(position, handle)]`, `evicted` as handles.
+        """
     @property
-    def num_groups(self) -> int: ...
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def num_blocks(self) -> int: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def block_size(self) -> int | None: ...
-    @property
-    def num_spec(self) -> int: ...
-    @property
-    def layouts(self) -> list[Layout]: ...
-    def group_sizes(self) -> list[tuple[int, int]]: ...
-    @property
-    def states(self) -> tuple[tuple[tuple[Any, ...], ...], ...]: ...
-    # Keyword arguments: tables, src_col, dst_col, num_accepted, semantics.
-    def plan(self, **kwargs: Any) -> CopyPlan: ...
-    # Keyword arguments: src_blocks, dst_blocks.
-    def plan_copy(self, **kwargs: Any) -> CopyPlan: ...
-    def publish(self, blocks: Any, *, group: int = 0) -> None: ...
-    def retract(self, blocks: Any, *, group: int = 0) -> None: ...
-    def published(self, group: int = 0) -> list[int]: ...
-    def holders(self, block: int, *, group: int = 0) -> int: ...
-    def state_meta(self) -> RawBuffer: ...
-    def check(self) -> None: ...
-    def mark_written(self) -> None: ...
-    def guarded(self, write: Callable[[], Any]) -> Any:
-        """One guarded write: the guard checked, ``write()`` run, the write recorded."""
-    def bind_device(self, metas: int, err: int) -> None: ...
-    @property
-    def device_bound(self) -> bool: ...
-    # Positional: block_table, src_col, second, num_accepted[, err[, num_accepted_out]], with the
-    # keywords block_size, pre_copy; or every argument by keyword.
-    def check_device_step(self, *args: Any, **kwargs: Any) -> int: ...
-    def device_step(self, *args: Any, **kwargs: Any) -> tuple[KernelLaunch | None, int, bool]: ...
-    def launch_step(
-        self, launch: Callable[[KernelLaunch | None, int], Any], *args: Any, **kwargs: Any
-    ) -> tuple[int, bool]:
-        """One guarded device step: checked as ``device_step``, ``launch(kl, requests)`` run and
-        the write recorded; ``(requests, narrow)``."""
+    def peak(self) -> int:
+        """The most checkpoints held at once so far."""
+    def plan(self, prompt: Sequence[int]) -> CheckpointPlan:
+        """The checkpoint to start `prompt` from and the positions to save during its prefill."""
+    def position(self, handle: int) -> int | None:
+        """The position of a live checkpoint, or None."""
 
 @final
-class CommitPlanner:
-    """Commit planning for one RecoverSSM layout over a pool of ``num_blocks`` blocks: which requests
-    fold how many verified tokens into which block and, in align mode, which prefix-cache block
-    receives the state at the crossed block boundary. Every input is checked before anything moves."""
-
-    def __new__(cls, layout: Layout, num_blocks: int) -> CommitPlanner: ...
-    @property
-    def num_blocks(self) -> int: ...
-    @property
-    def window(self) -> int: ...
-    # Keyword arguments: state_blocks, num_accepted, query_lens, seq_lens, block_table, block_size,
-    # max_requests.
-    def plan(self, **kwargs: Any) -> RawBuffer:
-        """A commit plan (``COMMIT_ROW_DTYPE`` records); ``PlanError`` naming the request otherwise."""
-    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> int: ...
-
-# Keyword arguments: recurrent, corrections, keygate, conv, conv_window (per-layer tensors), kind,
-# conv_layout, conv_kernel_size.
-def commit_meta_table(**kwargs: Any) -> RawBuffer:
-    """The RecoverSSM commit kernel's table (128-byte ``CommitMeta`` records, one per layer); raises
-    ``BindingError`` naming the layer and tensor the kernel cannot take."""
-
-class RecoverSSMError(Exception): ...
-class LayoutError(RecoverSSMError, ValueError): ...
-class BindingError(RecoverSSMError, ValueError): ...
-class PlanError(RecoverSSMError, ValueError): ...
-class BackendUnavailableError(RecoverSSMError, RuntimeError): ...
-
-@final
-class KernelLaunch:
-    """One ready launch built by the core: kernel, grid, block and the packed arguments."""
+class CheckpointPlan:
+    """The plan of one request: the checkpoint to start from and the positions its prefill saves."""
 
     @property
-    def kernel(self) -> str: ...
+    def hit_handle(self) -> int | None:
+        """The checkpoint's handle, or None on a miss."""
     @property
-    def grid(self) -> tuple[int, int, int]: ...
+    def hit_position(self) -> int:
+        """Prompt tokens covered by the checkpoint started from (0 on a miss)."""
     @property
-    def block(self) -> tuple[int, int, int]: ...
-    @property
-    def args(self) -> bytes: ...
-    @property
-    def args_ptr(self) -> int: ...
-    @property
-    def args_size(self) -> int: ...
-    @property
-    def extra_ptr(self) -> int:
-        """Address of the ``extra`` array for ``cuLaunchKernel`` (valid while this object lives)."""
-    def values(self) -> list[tuple[str, int]]: ...
-
-@final
-class FusedCopy:
-    """The fused state copy over a caller-built table of state metas (constants checked once)."""
-
-    # Keyword arguments: device, metas, num_meta, max_accepted, num_blocks, has_temporal, chunks,
-    # err, groups.
-    def __new__(cls, **kwargs: Any) -> FusedCopy: ...
-    # Keyword arguments as Planner.device_step.
-    def launch(self, **kwargs: Any) -> KernelLaunch | None: ...
-    @property
-    def device_index(self) -> int: ...
+    def saves(self) -> list[int]:
+        """Positions (ascending) whose state the prefill saves."""
 
 @final
 class CommitLaunch:
     """The commit kernel of one state cache (constants and grid checked once)."""
 
-    # Keyword arguments: device, metas, num_blocks, max_requests, err, threads.
-    def __new__(cls, table: Any, **kwargs: Any) -> CommitLaunch: ...
-    # Keyword arguments: rows, num_rows, num_accepted, err.
-    def launch(self, **kwargs: Any) -> KernelLaunch | None: ...
-    # Keyword arguments: state_blocks, num_accepted | device_counts (+ launch_counts), query_lens,
-    # seq_lens, block_table, block_size, max_requests, rows, device.
+    def __new__(
+        cls,
+        table: Any,
+        *,
+        device: str | _Tensor,
+        metas: int,
+        num_blocks: int,
+        max_requests: int,
+        err: int | None = None,
+        threads: int | None = None,
+    ) -> CommitLaunch: ...
     def commit(
-        self, planner: CommitPlanner, bound: BoundTensors | None = None, **kwargs: Any
+        self,
+        planner: CommitPlanner,
+        bound: BoundTensors | None = None,
+        *,
+        state_blocks: _IntArray,
+        num_accepted: _IntArray | None = None,
+        device_counts: _Tensor | None = None,
+        launch_counts: _Tensor | None = None,
+        query_lens: _IntArray | None = None,
+        seq_lens: _IntArray | None = None,
+        block_table: _IntArray | None = None,
+        block_size: int | None = None,
+        max_requests: int,
+        rows: _Tensor,
+        device: str | _Tensor,
     ) -> tuple[RawBuffer, KernelLaunch | None]:
-        """A whole device commit in one call: plan, checks and launch (rows to stage, launch)."""
+        """A whole device commit in one call: the bound tensors' check, the plan, the device counts'
+        check and the launch over `rows`. Returns the plan's rows (to stage into `rows` before the
+        launch) and the launch (`None`: nothing to commit). `bound`: the cache's `BoundTensors`,
+        checked first and marked written once a launch is packed. Nothing is written when it raises.
+        """
     @property
-    def device_index(self) -> int: ...
+    def device_index(self) -> int:
+        """The CUDA device index of the cache."""
+    def launch(
+        self,
+        *,
+        rows: _Tensor,
+        num_rows: int | None = None,
+        num_accepted: _Tensor | None = None,
+        err: _Tensor | None = None,
+    ) -> KernelLaunch | None:
+        """The launch of one commit (`None`: no rows)."""
+
+@final
+class CommitPlanner:
+    """Commit planning for one RecoverSSM layout over a pool of `num_blocks` blocks: which requests
+    fold how many verified tokens into which block and, in align mode, which prefix-cache block
+    receives the state at the crossed block boundary. Every input is checked before anything moves.
+    """
+
+    def __new__(cls, layout: Layout, num_blocks: int) -> CommitPlanner: ...
+    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> int:
+        """Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
+        `max_requests` requests when given (the workspace rows). Returns the number of requests.
+        """
+    @property
+    def num_blocks(self) -> int: ...
+    def plan(
+        self,
+        *,
+        state_blocks: _IntArray,
+        num_accepted: _IntArray,
+        query_lens: _IntArray,
+        seq_lens: _IntArray | None = None,
+        block_table: _IntArray | None = None,
+        block_size: int | None = None,
+        max_requests: int | None = None,
+    ) -> RawBuffer:
+        """A commit plan (`CommitRow` records): per request the tokens to fold in, its state block
+        and, in align mode, the boundary block.
+        """
+    @property
+    def window(self) -> int: ...
+
+@final
+class CopyPlan:
+    """One step's plan. Holds its planner, and so the state tensors, alive."""
+
+    def __len__(self) -> int:
+        """Return len(self)."""
+    def execute_host(self) -> None:
+        """Runs the plan over CPU tensors with the host executor (GIL released). The planner's guard
+        and every segment are checked first: either all of it runs or nothing does.
+        """
+    def group_stats(self) -> list[tuple[int, int, int, int]]:
+        """Per group: `(copies, segments, waves, bytes)`."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes the plan moves."""
+    @property
+    def num_copies(self) -> int:
+        """(group, layer, state, request) copies planned, before coalescing."""
+    @property
+    def num_requests(self) -> int:
+        """Requests (per group) that move something."""
+    @property
+    def num_segments(self) -> int: ...
+    @property
+    def num_waves(self) -> int:
+        """Ordered waves (group 0's first)."""
+    @property
+    def planner(self) -> Planner: ...
+    def rows(self) -> RawBuffer:
+        """Compact per-request records (40 bytes each), by group, then request."""
+    def segments(self) -> RawBuffer:
+        """Segment records (32 bytes each), wave by wave."""
+    def tiles(self, tile_bytes: int = ...) -> tuple[RawBuffer, RawBuffer]:
+        """Tiles of about `tile_bytes` bytes and where each wave's tiles start."""
+    def wave_starts(self) -> RawBuffer:
+        """Segment index where each wave starts, plus the total (`num_waves + 1` u32 values)."""
 
 @final
 class ErrorWord:
-    """The decoded error word (``int32[3]``) of a kernel launch."""
+    """The decoded error word (`int32[3]`) of a kernel launch."""
 
     def __new__(cls, words: Sequence[int], num_requests: int) -> ErrorWord: ...
     @property
-    def bits(self) -> int: ...
+    def bits(self) -> int:
+        """The OR of the error bits of every rejected request (or row)."""
     @property
-    def first_request(self) -> int | None: ...
+    def first_request(self) -> int | None:
+        """The first rejected request, `None` when nothing was rejected."""
     @property
-    def last_request(self) -> int | None: ...
+    def last_request(self) -> int | None:
+        """The last rejected request."""
     @property
-    def ok(self) -> bool: ...
+    def names(self) -> list[str]:
+        """Names of the error kinds seen."""
     @property
-    def names(self) -> list[str]: ...
-
-# Keyword arguments: segments, tiles, first_tile, num_tiles, max_ctas.
-def copy_tiles_launch(**kwargs: Any) -> KernelLaunch | None:
-    """The launch of one wave of ``rs_copy_tiles``, or ``None`` when it has no tile."""
-
-def state_chunks(max_state_bytes: int) -> int:
-    """CTAs per state copy of the fused kernel for states of at most ``max_state_bytes`` bytes."""
-
-def commit_grid(table: Any, threads: int = ...) -> tuple[int, int]:
-    """``(rec_ctas, conv_ctas)`` of the commit kernel for a table's bytes."""
-
-def pack_launch(
-    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], fields: Mapping[str, int]
-) -> KernelLaunch:
-    """A launch of kernel ``name`` whose parameter record is given field by field (every field,
-    each range-checked)."""
-
-# Keyword arguments: device, tables, groups, rows.
-def check_device_tables(**kwargs: Any) -> None:
-    """``PlanError`` unless ``tables`` are one integer ``[>= rows, cols]`` CUDA table per group on
-    ``device``, of one width and dtype."""
-
-def check_commit_counts(device: str, num_accepted: Any, min_len: int) -> None:
-    """``PlanError`` unless ``num_accepted`` is an integer vector on ``device`` of ``min_len``+ counts."""
+    def ok(self) -> bool:
+        """True when no request was rejected."""
 
 @final
-class BoundTensors:
-    """Bound tensors kept alive and checked before every write."""
+class FusedCopy:
+    """The fused state copy over a table of state metas the caller built (tools and tests; a planner
+    builds its own, `Planner.bind_device`).
+    """
 
-    def __new__(cls, tensors: Sequence[tuple[Any, str]]) -> BoundTensors: ...
-    def check(self) -> None:
-        """``BindingError`` naming the first bound tensor or storage whose memory changed."""
-    def mark_written(self) -> None: ...
-    def guarded(self, write: Callable[[], Any]) -> Any:
-        """``check()``, ``write()``, ``mark_written()`` in one call; what ``write`` returns."""
-    def __len__(self) -> int: ...
+    def __new__(
+        cls,
+        *,
+        device: str | _Tensor,
+        metas: int,
+        num_meta: int,
+        max_accepted: int,
+        num_blocks: int,
+        has_temporal: bool,
+        chunks: int,
+        err: int,
+        groups: int | None = None,
+    ) -> FusedCopy: ...
+    @property
+    def device_index(self) -> int:
+        """The CUDA device index of the states."""
+    def launch(
+        self,
+        *,
+        block_table: _Tensor,
+        src_col: _Tensor,
+        second: _Tensor,
+        num_accepted: _Tensor,
+        err: _Tensor | None = None,
+        num_accepted_out: _Tensor | None = None,
+        block_size: int | None = None,
+        pre_copy: bool | None = None,
+    ) -> KernelLaunch | None:
+        """The launch of one step (keywords as `Planner.device_step`; int32 inputs)."""
+
+@final
+class HostCacheIndex:
+    def __new__(
+        cls,
+        fingerprint: LayoutFingerprint,
+        num_layers: int,
+        capacity_bytes: int,
+        *,
+        disk_dir: str | os.PathLike[str] | None = None,
+    ) -> HostCacheIndex: ...
+    def __len__(self) -> int:
+        """Return len(self)."""
+    def check_key(self, key: object) -> None:
+        """Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable)."""
+    def check_prefetched(self, id: int | None, handle_entry: int | None, key: str) -> None:
+        """PlanError unless a prefetch handle of entry `handle_entry` may finish the restore of entry
+        `id` (None: a key the tier does not hold), named `key` in the error.
+        """
+    def counters(self) -> CacheCounters:
+        """The cache's sizes and counters now."""
+    def drop(self, id: int) -> Literal["memory", "disk"] | None:
+        """Forgets `id`; returns where it was held."""
+    def location(self, id: int) -> Literal["memory", "disk"] | None:
+        """Where `id` is held (`"memory"`, `"disk"`, None), without marking it used."""
+    def lookup(self, id: int) -> Literal["memory", "disk"] | None:
+        """`"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
+        in-memory entry becomes the most recently used.
+        """
+    def need(self, num_requests: int) -> int:
+        """Host bytes `num_requests` requests take; PlanError when more than the whole capacity."""
+    def plan_put(self, id: int, num_requests: int) -> list[tuple[int, bool]]:
+        """`(id, spill)` of each entry that `put(id, num_requests)` would evict, least recently used
+        first, changing nothing; PlanError when the requests need more than the capacity.
+        """
+    def put(self, id: int, num_requests: int) -> list[tuple[int, bool]]:
+        """Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
+        id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
+        PlanError (nothing changed) when the requests need more than the capacity.
+        """
+    def spill_path(self, id: int) -> Path:
+        """The path of entry `id`'s spill file, in this tier's private directory (made on first use:
+        mode 0700, an exclusive create under a random name inside `disk_dir`).
+        """
+    def touch(self, id: int) -> bool:
+        """Marks an in-memory `id` most recently used, no hit counted; False when not in memory."""
+
+@final
+class KernelLaunch:
+    """One ready launch: kernel, grid, block and the argument buffer (the kernel's parameter record)."""
+
+    @property
+    def args(self) -> bytes:
+        """The packed argument buffer (a copy)."""
+    @property
+    def args_ptr(self) -> int:
+        """Address of the packed arguments (valid while this object lives)."""
+    @property
+    def args_size(self) -> int:
+        """Bytes of the packed arguments."""
+    @property
+    def block(self) -> tuple[int, int, int]: ...
+    @property
+    def extra_ptr(self) -> int:
+        """Address of the `extra` array for `cuLaunchKernel` (valid while this object lives)."""
+    @property
+    def grid(self) -> tuple[int, int, int]: ...
+    @property
+    def kernel(self) -> str:
+        """The kernel's entry point name."""
+    def values(self) -> list[tuple[str, int]]:
+        """`(field, value)` of the parameter record, in declaration order, read from the buffer."""
 
 @final
 class KimiK3CommitPlanner:
-    """The KDA layers of one Kimi-K3 model (vLLM's own tensors), checked once; ``plan`` plans one
-    step's RecoverSSM commit (``BindingError`` / ``PlanError`` naming the layer or row otherwise)."""
+    """The KDA layers of one Kimi-K3 model (each layer's dim-first conv state, recurrent state,
+    verify records and gate parameters), checked once; [`Self::plan`] plans one step's commit.
+    """
 
     def __new__(
         cls,
@@ -401,126 +467,411 @@ class KimiK3CommitPlanner:
         spec_query_len: int,
     ) -> KimiK3CommitPlanner: ...
     @property
-    def num_layers(self) -> int: ...
+    def conv_history_len(self) -> int: ...
     @property
-    def num_blocks(self) -> int: ...
+    def gate_lower_bound(self) -> float | None:
+        """The gate's lower bound (`None`: the softplus gate)."""
     @property
     def max_num_reqs(self) -> int: ...
     @property
-    def spec_query_len(self) -> int: ...
+    def num_blocks(self) -> int: ...
     @property
-    def gate_lower_bound(self) -> float | None:
-        """The gate's lower bound (``None``: the softplus gate)."""
-    @property
-    def conv_history_len(self) -> int: ...
+    def num_layers(self) -> int: ...
     def plan(
         self,
-        num_accepted_tokens: Any,
-        state_indices: Any,
-        query_start_loc: Any,
-        request_indices: Any | None = None,
-        block_table: Any | None = None,
-        num_computed_tokens: Any | None = None,
+        num_accepted_tokens: _IntArray,
+        state_indices: _IntArray,
+        query_start_loc: _IntArray,
+        request_indices: _IntArray | None = None,
+        block_table: _IntArray | None = None,
+        num_computed_tokens: _IntArray | None = None,
         block_size: int | None = None,
     ) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int], list[int]]:
-        """Per row that writes: (rows, requests, sources, counts, destinations, boundary blocks,
-        boundary lengths)."""
-
-def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
-    """``BindingError`` unless a state cache's sizes are in range."""
-
-def recover_geometry(layout: Any) -> dict[str, Any]:
-    """``layout.recover_geometry()``; ``LayoutError`` when ``layout`` is not a :class:`Layout`."""
-
-def check_index(what: str, index: int, len: int) -> int:
-    """``index`` as an index into ``len`` items (``PlanError`` naming ``what`` otherwise)."""
-
-def kernel_abi() -> dict[str, Any]:
-    """The calling convention of every kernel, the record layouts and the shared constants."""
-
-# vLLM's align-mode step (recoverssm_rs.vllm wraps them). Keyword arguments: see rust/python/vllm.rs.
-def align_pre_copy(**kwargs: Any) -> RawBuffer: ...
-def align_post_process(**kwargs: Any) -> RawBuffer: ...
-def vllm_pre_copy(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
-def vllm_post_process(planner: Planner, **kwargs: Any) -> tuple[RawBuffer, CopyPlan]: ...
-def vllm_device_pre_copy(
-    planner: Planner, run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None, **kwargs: Any
-) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
-def vllm_device_post_process(
-    planner: Planner, run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None, **kwargs: Any
-) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]: ...
-
-# Keyword arguments: device, prev_rows, rows, num_accepted_given.
-def vllm_check_prev_rows(**kwargs: Any) -> None:
-    """``PlanError`` unless ``prev_rows`` is an int32 / int64 ``[>= rows]`` CUDA vector on
-    ``device``, given without ``num_accepted``."""
-
-def vllm_step_groups(groups: Any) -> tuple[list[int], list[tuple[Any, Any]]]:
-    """vLLM's step groups ``(group id, layout, states)`` split into the ids and the ``(layout,
-    states)`` pairs (``BindingError`` naming the group otherwise)."""
-
-def check_vllm_step(planner: Planner, num_spec_blocks: int) -> None:
-    """``block_size`` given to the planner and ``num_spec_blocks`` its groups' ``num_spec``."""
+        """One step's plan (the rows that write), every input checked: a `PlanError` naming the row,
+        its request and the value otherwise. Align mode takes `block_table`, `num_computed_tokens`
+        and `block_size` together.
+        """
+    @property
+    def spec_query_len(self) -> int: ...
 
 @final
-class VllmSlots:
-    """The rows of vLLM's ``mamba_state_idx``: one slot per live request."""
+class Layout:
+    """A validated per-layer state layout: persistent states (copied between cache blocks) first,
+    workspace states (rewritten every step, never copied) after.
+    """
 
-    def __new__(cls, max_num_reqs: int) -> VllmSlots: ...
+    def __new__(cls, backend: str, states: Sequence[StateSpec], num_spec: int | None = None) -> Layout: ...
+    def __len__(self) -> int:
+        """Return len(self)."""
+    @property
+    def backend(self) -> str: ...
+    @property
+    def copyable_prefix_len(self) -> int:
+        """Number of leading states that are copied between blocks."""
+    @property
+    def num_spec(self) -> int:
+        """Draft tokens per step."""
+    @property
+    def persistent(self) -> tuple[StateSpec, ...]: ...
+    @property
+    def persistent_bytes_per_block(self) -> int:
+        """Bytes of one layer's persistent states in one cache block."""
+    def recover_geometry(self) -> dict[str, Any]:
+        """The RecoverSSM geometry of this layout (state indices, heads, head dims, window, gate
+        kind, conv geometry); raises LayoutError when the layout cannot serve RecoverSSM.
+        """
+    def state(self, name: str) -> StateSpec:
+        """The state called `name`."""
+    @property
+    def states(self) -> tuple[StateSpec, ...]: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    @property
+    def workspace(self) -> tuple[StateSpec, ...]: ...
+    @property
+    def workspace_bytes_per_request(self) -> int:
+        """Bytes of one layer's workspace states for one request."""
+
+class LayoutError(RecoverSSMError, ValueError):
+    """A state layout (or an engine's copy-function registration) breaks the layout contract.
+
+    The message names the backend, the state (index and name), what is wrong and how to fix it.
+    """
+
+@final
+class LayoutFingerprint:
+    """What one rank's pool holds, as a transfer sees it: family, model dims, persistent-state
+    dtypes and conv geometry, TP size and rank, block size. Exchanged at handshake in its text
+    form (`encode` / `decode`).
+    """
+
+    def __new__(
+        cls, layout: Layout, *, tp_rank: int | None = None, block_size: int | None = None
+    ) -> LayoutFingerprint: ...
+    @property
+    def block_size(self) -> int:
+        """Tokens per cache block (informational)."""
+    def check_compatible(self, destination: LayoutFingerprint) -> None:
+        """Raises LayoutError, naming every incompatible state with both values, unless states can
+        move from this (source) rank to `destination`.
+        """
+    @property
+    def conv_geometry(self) -> list[tuple[_ConvLayoutName, int, int] | None]:
+        """`(layout, width, dim)` of each conv state, None for head-sliced states."""
+    @property
+    def conv_kernel_size(self) -> int | None: ...
+    @property
+    def conv_layout(self) -> _ConvLayoutName | None: ...
     @staticmethod
-    def check_capacity(max_num_reqs: int) -> int:
-        """``max_num_reqs`` as a table's capacity (``PlanError`` outside ``1 ..= 2**24``)."""
-    def assign(self, req_ids: Sequence[str]) -> tuple[list[int], list[str]]:
-        """Each request's slot and the ids given one by this call (``PlanError``, nothing
-        assigned, for an id listed twice or a full table)."""
-    def release(self, req_ids: Iterable[str]) -> list[int]:
-        """Frees the slots of ``req_ids``; returns the freed slots."""
-    def check(self, slots: Any, req_ids: Sequence[str] | None = None) -> list[int]:
-        """``PlanError`` naming the request unless every slot is in the table and its own."""
+    def decode(text: str) -> LayoutFingerprint:
+        """Parses the text form of `encode` (LayoutError for any defect, sizes checked for overflow)."""
+    def encode(self) -> str: ...
     @property
-    def capacity(self) -> int: ...
+    def family(self) -> str: ...
     @property
-    def live(self) -> int: ...
+    def num_spec(self) -> int: ...
+    def request_nbytes(self, num_layers: int) -> int:
+        """Bytes one request's persistent states take in a pool of `num_layers` layers (what the
+        host tier and saved states count); LayoutError on overflow.
+        """
+    @property
+    def state_names(self) -> list[str]:
+        """Names of the persistent states, in order."""
+    @property
+    def state_nbytes(self) -> list[int]:
+        """Bytes of each persistent state in one block."""
+    @property
+    def tp_rank(self) -> int: ...
+    @property
+    def tp_size(self) -> int: ...
+    def with_rank(self, tp_rank: int) -> LayoutFingerprint:
+        """This fingerprint with another TP rank (the same pool layout on a sibling rank)."""
+
+@final
+class PeerInfo:
+    """One rank's handshake message: its transport agent's name and metadata, its layout
+    fingerprint, its pool geometry `(num_layers, num_blocks, block_strides)` and the address of
+    block 0 of each (layer, state) tensor. `to_bytes` / `from_bytes` give its wire form;
+    `from_bytes` checks every field (LayoutError for a malformed, truncated or overflowing message).
+    """
+
+    def __new__(
+        cls,
+        name: str,
+        metadata: bytes,
+        fingerprint: LayoutFingerprint,
+        geometry: tuple[int, int, Sequence[int]],
+        addresses: Sequence[int],
+    ) -> PeerInfo: ...
+    @property
+    def addresses(self) -> list[int]: ...
+    @property
+    def fingerprint(self) -> LayoutFingerprint: ...
+    @staticmethod
+    def from_bytes(data: bytes) -> PeerInfo:
+        """Reads and checks a peer's message (LayoutError naming the defect)."""
+    @property
+    def geometry(self) -> tuple[int, int, list[int]]:
+        """`(num_layers, num_blocks, block_strides)` of the peer's pool."""
+    @property
+    def metadata(self) -> bytes:
+        """The transport agent's metadata."""
+    @property
+    def name(self) -> str: ...
+    def to_bytes(self) -> bytes:
+        """The wire form, for a pipe, a queue or a side channel."""
+
+class PlanError(RecoverSSMError, ValueError):
+    """A copy or commit step is invalid: bad block ids, columns, accepted counts, or a hazard.
+
+    Raised before anything moves: a rejected step leaves every state unchanged.
+    """
+
+@final
+class Planner:
+    """The core planner over one or more recurrent groups, bound to their state tensors."""
+
+    def __new__(
+        cls,
+        groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]],
+        *,
+        block_size: int | None = None,
+        persistent_only: bool = False,
+    ) -> Planner: ...
+    def bind_device(self, metas: int, err: int) -> None:
+        """Prepares the device path: the state metas (`state_meta()`) are at device address `metas`,
+        the planner's own error word (int32[3]) at `err`. Once per planner.
+        """
+    @property
+    def block_size(self) -> int | None:
+        """Tokens per block, for vLLM's step decisions."""
+    def check(self) -> None:
+        """Raises `BindingError` when a bound tensor no longer owns the memory it was bound with."""
+    def check_device_step(
+        self,
+        block_table: _Tensor,
+        src_col: _Tensor,
+        second: _Tensor,
+        num_accepted: _Tensor,
+        err: _Tensor | None = None,
+        num_accepted_out: _Tensor | None = None,
+        *,
+        block_size: int | None = None,
+        pre_copy: bool | None = None,
+    ) -> int:
+        """Checks a device step whose inputs may be int32 or int64 (before anything is bound or
+        narrowed); returns the number of requests. Arguments as [`device_step`].
+        """
+    @property
+    def device(self) -> str:
+        """`cpu` or `cuda:N`."""
+    @property
+    def device_bound(self) -> bool:
+        """Whether [`bind_device`] has run."""
+    def device_step(
+        self,
+        block_table: _Tensor,
+        src_col: _Tensor,
+        second: _Tensor,
+        num_accepted: _Tensor,
+        err: _Tensor | None = None,
+        num_accepted_out: _Tensor | None = None,
+        *,
+        block_size: int | None = None,
+        pre_copy: bool | None = None,
+    ) -> tuple[KernelLaunch | None, int, bool]:
+        """One device step from the caller's tensors: `(launch, requests, narrow)`. With `narrow` false
+        the launch is ready (`None`: nothing to launch); with `narrow` true every input passed the
+        checks but some must first be narrowed to int32 or made contiguous on the device (then call
+        again with the converted tensors). The guard is checked first.
+
+        Arguments: `block_table`, `src_col`, `second` (`dst_col`, or `running` with a
+        `block_size`), `num_accepted`, optionally `err` and `num_accepted_out` (positionally in this
+        order, the launch path: no keyword dictionary per step, or by keyword), and the keyword
+        options `block_size` and `pre_copy`.
+        """
+    def group_sizes(self) -> list[tuple[int, int]]:
+        """Per group: `(layers, blocks)`."""
+    def guarded(self, write: Callable[[], Any]) -> Any:
+        """One guarded write: the bound tensors are checked (a `BindingError`, and `write` is not
+        called, when one moved), `write()` runs, and what was written is recorded (autograd's
+        version counters). Returns what `write` returns.
+        """
+    def holders(self, block: int, *, group: int = 0) -> int:
+        """The holders of `block` in `group` (0: not published)."""
+    def launch_step(
+        self,
+        launch: Callable[[KernelLaunch | None, int], Any],
+        block_table: _Tensor,
+        src_col: _Tensor,
+        second: _Tensor,
+        num_accepted: _Tensor,
+        err: _Tensor | None = None,
+        num_accepted_out: _Tensor | None = None,
+        *,
+        block_size: int | None = None,
+        pre_copy: bool | None = None,
+    ) -> tuple[int, bool]:
+        """One guarded device step: the guard and the inputs are checked as by `device_step`; when the
+        launch is ready, `launch(kernel_launch_or_None, requests)` runs and the states are recorded
+        as written, all in this call. Returns `(requests, narrow)`: with `narrow` true nothing ran
+        (narrow the inputs to int32 on the device and call again). Arguments after `launch` as
+        `device_step`'s.
+        """
+    @property
+    def layouts(self) -> list[Layout]: ...
+    def mark_written(self) -> None:
+        """Bumps autograd's version counters of the bound tensors (after a write on the device)."""
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the largest pool."""
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def num_layers(self) -> int:
+        """Layers of every group."""
+    @property
+    def num_spec(self) -> int:
+        """Speculative blocks after the running column, shared by every group."""
+    def plan(
+        self,
+        *,
+        tables: Sequence[_IntArray] | _IntArray | None = None,
+        block_table: _IntArray | None = None,
+        src_col: _IntArray,
+        dst_col: _IntArray,
+        num_accepted: _IntArray,
+        semantics: Literal["post_process", "pre_copy"] | None = None,
+    ) -> CopyPlan:
+        """Plans `dst_col <- src_col` moves carrying `num_accepted` in every group (`tables`: one
+        block table per group, or one table for one group) under `semantics` (`"post_process"`,
+        the default, or `"pre_copy"`).
+        """
+    def plan_copy(self, *, src_blocks: _IntArray, dst_blocks: _IntArray) -> CopyPlan:
+        """Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state."""
+    def publish(self, blocks: _IntArray, *, group: int = 0) -> None:
+        """Publishes `blocks` of `group` (one more holder each; a checkpoint in the prefix index is
+        one holder, each request sharing the block another): until retracted, a plan that would
+        write one is refused with a `PlanError` naming the request, state and block. Ids in
+        `1..num_blocks`; on an error nothing changes.
+        """
+    def published(self, group: int = 0) -> list[int]:
+        """The published blocks of `group`, ascending."""
+    def retract(self, blocks: _IntArray, *, group: int = 0) -> None:
+        """Drops one holder of each of `blocks` of `group`; a block left without holders may be
+        written again. A block not published (as often as listed) is a `PlanError`, and nothing
+        changes.
+        """
+    def state_meta(self) -> RawBuffer:
+        """The fused kernel's table of every (group, layer, persistent state)."""
+    @property
+    def states(self) -> tuple[tuple[tuple[_Tensor, ...], ...], ...]:
+        """`states[group][layer][state]`: the bound persistent tensors (an immutable copy)."""
+
+@final
+class RawBuffer:
+    """A read-only byte buffer over core records; numpy views it without copying."""
+
+    def __len__(self) -> int:
+        """Return len(self)."""
+
+class RecoverSSMError(Exception):
+    """Base class of every error raised by recoverssm_rs."""
+
+@final
+class StateSpec:
+    """One state tensor of a layer: its per-block (persistent) or per-request (workspace) shape, dtype,
+    role and, for persistent states, how it is copied between cache blocks.
+    """
+
+    def __new__(
+        cls,
+        name: str,
+        shape: Sequence[int],
+        dtype: Any,
+        role: _Role = "persistent",
+        copy: _CopyKindName | None = None,
+        conv_layout: _ConvLayoutName | None = None,
+    ) -> StateSpec: ...
+    @property
+    def conv_layout(self) -> _ConvLayoutName | None: ...
+    @property
+    def copy(self) -> _CopyKindName | None: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def itemsize(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes per block (persistent) or per request (workspace); None if it overflows 64 bits."""
+    @property
+    def role(self) -> _Role: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+@final
+class TransferPlan:
+    """The reads (and staged local copies) that move a batch of requests' persistent states to one
+    destination rank.
+    """
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes read over the transport."""
+    @property
+    def num_reads(self) -> int: ...
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def num_staged(self) -> int: ...
+    def reads(self) -> bytes:
+        """Reads as packed u64 rows `(request, src_rank, src_tensor, src_offset, dst_tensor,
+        dst_offset, len)`; `dst_tensor == 2**64 - 1` is the staging buffer.
+        """
+    @property
+    def source_ranks(self) -> list[int]:
+        """The source ranks the destination rank reads from, ascending."""
+    def staged(self) -> bytes:
+        """Staged copies as packed u64 rows `(request, src_offset, src_row_stride, src_col_stride,
+        dst_tensor, dst_offset, dst_row_stride, dst_col_stride, rows, cols, elem)`.
+        """
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of staging buffer the plan needs."""
 
 @final
 class VllmSlotStep:
-    """The half-steps of vLLM's GPU-resident runner as launches of ``rs_state_copy_slots``
-    (``recoverssm_rs.vllm.ModelStateV2`` owns one)."""
+    """The half-steps of one `ModelStateV2` as launches of `rs_state_copy_slots`."""
 
     def __new__(
         cls,
         planner: Planner,
         *,
-        group_ids: Any,
+        group_ids: _IntArray,
         num_slots: int,
-        state_idx: Any,
-        num_accepted: Any,
-        scratch: Any,
-        ctl: Any,
-        err: Any,
-        tables: Any,
-        commit: Any,
+        state_idx: _Tensor,
+        num_accepted: _Tensor,
+        scratch: _Tensor,
+        ctl: _Tensor,
+        err: _Tensor,
+        tables: _Tensor,
+        commit: _Tensor,
     ) -> VllmSlotStep: ...
-    ERR_WORDS: ClassVar[int]
     CTL_WORDS: ClassVar[int]
-    @staticmethod
-    def commit_stage_len(num_slots: int) -> int:
-        """The RecoverSSM commit stage buffer's int32 elements for ``num_slots`` slots."""
+    ERR_WORDS: ClassVar[int]
     @staticmethod
     def check_group_ids(ids: Any, groups: int) -> list[int]:
-        """The KV-cache group id of each planner group (``PlanError``: a count, a negative or a
-        repeated id)."""
-    def pre(
-        self,
-        block_tables: Any,
-        idx_mapping: Any,
-        num_computed_tokens: Any,
-        query_start_loc: Any,
-        run: Callable[[KernelLaunch, bytes | None, None], Any] | None = None,
-    ) -> tuple[KernelLaunch, bytes | None]:
-        """The pre-copy's launch over the groups' ``block_tables``, and the groups' table records
-        when they moved; with ``run``, one guarded write (``run(launch, records, None)`` after every
-        check, before the write is recorded)."""
+        """Checks a list of KV-cache group ids for a planner of `groups` groups; returns them."""
+    def clear_commit(self) -> None:
+        """Forgets the staged commit (the stage buffer is the caller's: e.g. after its copy failed)."""
+    @staticmethod
+    def commit_stage_len(num_slots: int) -> int:
+        """The commit stage buffer's int32 elements for `num_slots` slots."""
+    @property
+    def group_ids(self) -> list[int]:
+        """The KV-cache group id of each planner group."""
     def post(
         self,
         idx_mapping: Any,
@@ -530,112 +881,195 @@ class VllmSlotStep:
         commit: bool = False,
         run: Callable[[KernelLaunch, bytes | None, Any], Any] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
-        """The post-process's launch (``num_sampled``: a tensor or one int; ``commit``: run the
-        staged RecoverSSM commit, consumed by this launch), and the table records when they
-        moved; ``run`` as ``pre``'s, its third argument the staged commit's ``reference``."""
-    # Keyword arguments: request_indices, state_blocks, num_computed_tokens, block_table,
-    # query_lens, window, num_blocks, max_requests, generation.
-    def clear_commit(self) -> None:
-        """Forgets the staged commit."""
+        """The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
+        for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
+        last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
+        without a pre-copy since the last post-process (one post-process per step). A post-process
+        the core builds forgets the staged commit (with `commit` or not); a refused one keeps it.
+        `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
+        `reference` when it runs with this post-process (else `None`).
+        """
+    def pre(
+        self,
+        block_tables: Any,
+        idx_mapping: Any,
+        num_computed_tokens: Any,
+        query_start_loc: Any,
+        run: Callable[[KernelLaunch, bytes | None, None], Any] | None = None,
+    ) -> tuple[KernelLaunch, bytes | None]:
+        """The pre-copy over the groups' `block_tables` and the runner's `idx_mapping`,
+        `num_computed_tokens`, `query_start_loc` (positional: no keyword dict per step):
+        `(launch, table records or None)`. With `run`, one guarded write: after every check
+        `run(launch, table records or None, None)` queues the upload and the launch, and the states
+        are recorded as written, in this call.
+        """
     def stage_commit(
         self,
         kernel: tuple[CommitLaunch, BoundTensors] | None = None,
         reference: Callable[[Any], Any] | None = None,
-        **kwargs: Any,
+        *,
+        request_indices: _IntArray,
+        state_blocks: _IntArray,
+        num_computed_tokens: _IntArray,
+        block_table: _IntArray,
+        query_lens: _IntArray | None = None,
+        window: int,
+        num_blocks: int,
+        max_requests: int,
+        generation: int,
     ) -> bytes:
-        """Plans one step's RecoverSSM commit for the next post-process (``kernel``: the cache's
-        commit kernel and bound tensors: the commit then runs inside that launch; else
-        ``reference``, the host commit handed to the post-process's ``run``); the bytes to copy
-        into the front of the stage buffer."""
-    @property
-    def group_ids(self) -> list[int]: ...
+        """Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
+        `num_computed_tokens` per batch row, `block_table`, `query_lens`, the cache's `window`,
+        `num_blocks`, `max_requests`, and the stage's `generation`) for the next post-process; `kernel`: the cache's commit
+        kernel, which then runs inside that post-process's launch (`None`: the commit runs before
+        it, the launch sets the committed rows' columns and counts) and `bound` the cache's
+        `BoundTensors`; `reference`: without a kernel, the caller's host commit, kept with the stage
+        and handed to the post-process's `run` (inside its guarded write, to run before the launch).
+        Returns the bytes to copy into the front of the stage buffer;
+        nothing is staged when the core refuses the commit.
+        """
 
-# Transfer beyond one pool (rust/python/transfer.rs; recoverssm_rs.transfer wraps them).
 @final
-class LayoutFingerprint:
-    """One rank's pool as a transfer sees it; exchanged at handshake (``encode`` / ``decode``)."""
+class VllmSlots:
+    """The rows of vLLM's `mamba_state_idx`: one slot per live request (`slots.rs` in the core)."""
 
-    def __new__(
-        cls, layout: Layout, *, tp_rank: int | None = None, block_size: int | None = None
-    ) -> LayoutFingerprint: ...
+    def __new__(cls, max_num_reqs: int) -> VllmSlots: ...
+    def assign(self, req_ids: Sequence[str]) -> tuple[list[int], list[str]]:
+        """Each request's slot in batch order (new requests get a free one) and the ids given a slot
+        by this call. Nothing changes on an error (an id listed twice, the table full).
+        """
+    @property
+    def capacity(self) -> int:
+        """Slots in the table (`max_num_reqs`)."""
+    def check(self, slots: Any, req_ids: Sequence[str] | None = None) -> list[int]:
+        """Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
+        requests in errors.
+        """
     @staticmethod
-    def decode(text: str) -> LayoutFingerprint: ...
-    def encode(self) -> str: ...
+    def check_capacity(max_num_reqs: int) -> int:
+        """`max_num_reqs` checked as a table's capacity (`PlanError` outside `1 ..= 2**24`)."""
     @property
-    def family(self) -> str: ...
-    @property
-    def tp_size(self) -> int: ...
-    @property
-    def tp_rank(self) -> int: ...
-    @property
-    def num_spec(self) -> int: ...
-    @property
-    def block_size(self) -> int: ...
-    @property
-    def conv_layout(self) -> _ConvLayoutName | None: ...
-    @property
-    def conv_kernel_size(self) -> int | None: ...
-    @property
-    def state_names(self) -> list[str]: ...
-    @property
-    def state_nbytes(self) -> list[int]: ...
-    @property
-    def conv_geometry(self) -> list[tuple[_ConvLayoutName, int, int] | None]: ...
-    def with_rank(self, tp_rank: int) -> LayoutFingerprint: ...
-    def request_nbytes(self, num_layers: int) -> int: ...
-    def check_compatible(self, destination: LayoutFingerprint) -> None: ...
+    def live(self) -> int:
+        """Requests holding a slot."""
+    def release(self, req_ids: Iterable[str]) -> list[int]:
+        """Frees the slots of `req_ids` (ids without one are skipped); returns the freed slots."""
 
-@final
-class TransferPlan:
-    """Reads (and staged local copies) moving a batch of requests' states to one destination rank."""
+def _validate_copy_funcs(
+    groups: Sequence[tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]],
+    copy_funcs: Sequence[tuple[str, Sequence[str]]],
+) -> dict[str, int]: ...
+def align_post_process(
+    *,
+    tables: Sequence[_IntArray] | _IntArray,
+    state_col: _IntArray,
+    num_computed: _IntArray,
+    num_scheduled: _IntArray,
+    num_draft: _IntArray,
+    num_accepted: _IntArray,
+    req_ids: Sequence[str] | None = None,
+    block_size: int | None = None,
+    num_spec_blocks: int | None = None,
+) -> RawBuffer:
+    """vLLM's post-process decision (no copies): int64 rows `running, aligned, dest, bias, src_col,
+    num_accepted`.
+    """
 
-    def reads(self) -> bytes: ...
-    def staged(self) -> bytes: ...
-    @property
-    def num_reads(self) -> int: ...
-    @property
-    def num_staged(self) -> int: ...
-    @property
-    def num_requests(self) -> int: ...
-    @property
-    def staging_bytes(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def source_ranks(self) -> list[int]: ...
+def align_pre_copy(
+    *,
+    tables: Sequence[_IntArray] | _IntArray,
+    num_computed: _IntArray,
+    num_scheduled: _IntArray,
+    num_accepted: _IntArray,
+    mamba_state_idx: _IntArray,
+    fresh: _IntArray | None = None,
+    req_ids: Sequence[str] | None = None,
+    block_size: int | None = None,
+    num_spec_blocks: int | None = None,
+) -> RawBuffer:
+    """vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`."""
 
-def plan_transfer(
-    source: LayoutFingerprint,
-    source_pools: Sequence[tuple[int, int, Sequence[int]]],
-    destination: LayoutFingerprint,
-    destination_pool: tuple[int, int, Sequence[int]],
-    requests: Sequence[tuple[int, int]] | Any,
-) -> TransferPlan: ...
+def block_list(blocks: Any, what: str = "blocks") -> list[int]:
+    """The block ids `blocks` (the argument `what`): a 1-D list or array of host integers (PlanError
+    naming the argument otherwise). Their values are the plan's to check (a negative block is
+    refused naming its request).
+    """
 
-# SGLang's mamba pool (recoverssm_rs.sglang wraps them). Keyword arguments: see rust/python/sglang.rs.
-def sglang_commit_selection(**kwargs: Any) -> list[list[int]]:
-    """Per pass (commit, then track), the requests that write (``PlanError`` naming the request
-    whose step, slot or scratch row is out of range, or a slot written twice)."""
+def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
+    """Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated."""
 
-def sglang_slot_table(**kwargs: Any) -> tuple[bytes, int, int]:
-    """The slot kernel's records of a pool (``SlotCopy``) as bytes, their count and the largest
-    slot's bytes."""
+def check_checkpoint_trace(requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]) -> int:
+    """Checks a trace's requests (`[(line, id, arrival, prompt, output)]`) as `simulate_checkpoints`
+    does; returns their number.
+    """
 
-def sglang_slot_launch(**kwargs: Any) -> KernelLaunch | None:
-    """The launch of the slot kernel (clear without ``steps``, the commit with them), or ``None``."""
+def check_commit_counts(device: str, num_accepted: Any, min_len: int) -> None:
+    """Checks the accepted counts of a device commit: an integer vector on the cache's device with at
+    least `min_len` counts.
+    """
 
-def sglang_check_pool(**kwargs: Any) -> None:
-    """``BindingError`` unless ``conv`` (a list), ``temporal`` and the optional verify scratch are
-    tensors with one layer count, no two sharing memory."""
+def check_device_tables(*, device: str | _Tensor, tables: Sequence[_Tensor], groups: int, rows: int) -> None:
+    """Checks the engine's device block tables of a multi-group step (`args::check_group_tables`)."""
 
-def sglang_host_copies(pool: Sequence[Any], mamba_cache_cpu: Any, num_slots: int) -> list[Any]:
-    """The host copies of ``mamba_cache_cpu`` in ``pool``'s order, each checked (on the host, the pool
-    tensor's dtype and shape for ``num_slots`` slots); ``PlanError`` otherwise."""
+def check_index(what: str, index: int, len: int) -> int:
+    """`index` as an index into `len` items named `what` (a `PlanError` otherwise)."""
 
-def sglang_ids(op: str, arg: str, ids: Any, num_slots: int | None = None, unique: bool = False) -> list[int]:
-    """``ids`` as host integers (int32 / int64 only: floats and bools refused); with ``num_slots``,
-    checked as slots ``1..num_slots-1`` (with ``unique``, no repeats); ``PlanError`` naming ``op``
-    and ``arg`` otherwise."""
+def check_pool(pool: Any, what: str = "pool") -> LayoutFingerprint:
+    """Checks that `pool` (the argument `what`) is a StatePool; returns its fingerprint."""
+
+def check_saved_states(
+    metadata: dict[str, str],
+    tensors: Sequence[tuple[str, str, Sequence[int], int, int]],
+    data: Any,
+    *,
+    tier: HostCacheIndex | None = None,
+    entry: int | None = None,
+    key: str = ...,
+) -> tuple[LayoutFingerprint, int, int, list[int]]:
+    """Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
+    every request's bytes in `data` (the data section) against its checksum and the whole
+    record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
+    (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
+    LayoutError names the defect.
+    """
+
+def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint:
+    """Checks the source ranks an executor was given, `(rank it is used as, its fingerprint)`: each
+    fingerprint holds that rank (BindingError for swapped shards) and all are ranks of one
+    instance (BindingError for an SD pool with a DS pool, or two TP sizes). Returns the first.
+    """
+
+def check_vllm_step(planner: Planner, num_spec_blocks: int) -> None:
+    """Checks a step's scheduling parameters against its planner (`vllm::check_step`): `block_size`
+    given to the planner, `num_spec_blocks` its groups' `num_spec`.
+    """
+
+def commit_grid(table: Any, threads: int = ...) -> tuple[int, int]:
+    """`(rec_ctas, conv_ctas)`: CTAs per (layer, row) of the commit kernel for a table's bytes, with
+    `threads` threads per CTA.
+    """
+
+def commit_meta_table(
+    *,
+    recurrent: Sequence[_Tensor],
+    corrections: Sequence[_Tensor],
+    keygate: Sequence[_Tensor],
+    conv: Sequence[_Tensor] | None = None,
+    conv_window: Sequence[_Tensor] | None = None,
+    kind: str,
+    conv_layout: str | None = None,
+    conv_kernel_size: int | None = None,
+) -> RawBuffer:
+    """The commit kernel's table (`CommitMeta` records, 128 bytes per layer)."""
+
+def copy_func_kind(name: str) -> Literal["conv", "temporal"]:
+    """The copy kind (`"conv"` or `"temporal"`) a copy function's name or kind names (the core's
+    table of vLLM's copy-spec functions); `LayoutError` for any other name.
+    """
+
+def copy_tiles_launch(
+    *, segments: int, tiles: int, first_tile: int, num_tiles: int, max_ctas: int | None = None
+) -> KernelLaunch | None:
+    """The launch of one wave of `rs_copy_tiles`, or `None` when it has no tile."""
 
 def encode_saved_states(
     fingerprint: LayoutFingerprint,
@@ -646,147 +1080,255 @@ def encode_saved_states(
     *,
     tier: HostCacheIndex | None = None,
     entry: int | None = None,
-) -> tuple[list[tuple[str, str]], list[tuple[str, str, list[int], int, int]]]: ...
-def check_saved_states(
-    metadata: dict[str, str],
-    tensors: Sequence[tuple[str, str, Sequence[int], int, int]],
-    data: Any,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, list[int], int, int]]]:
+    """The header of a saved-states file of `num_requests` requests saved from `source_blocks` of a
+    pool of `fingerprint` with `num_layers` layers, whose data section is `data`: its metadata
+    (string pairs: checksums and the record digest filled in; with `tier` and `entry`, bound to
+    that entry of that host tier and sealed with its keys) and its tensors `(name, safetensors
+    dtype, shape, begin, end)`.
+    """
+
+def endpoint_args(
+    name: Any, backends: Any, progress_thread: Any, interfaces: Any
+) -> tuple[str, list[str], bool, list[str]]:
+    """An endpoint's arguments, checked: `name` (a string: the agent's name, as a handshake checks
+    it), `backends` (a list of backend names), `progress_thread` (a bool) and `interfaces` (a
+    comma-separated string or a list of interface names or addresses). Returns them converted,
+    the interfaces without blank items (BindingError naming the argument otherwise).
+    """
+
+def gdn_layout(
     *,
-    tier: HostCacheIndex | None = None,
-    entry: int | None = None,
-    key: str = ...,
-) -> tuple[LayoutFingerprint, int, int, list[int]]: ...
-def write_file(path: str | os.PathLike[str], parts: Sequence[Any]) -> int: ...
-def remove_file(path: str | os.PathLike[str]) -> None: ...
-def read_saved_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes]: ...
-def guarded_write(
-    run: Callable[[], _T], *, reads: Sequence[BoundTensors] | None = None, writes: Sequence[BoundTensors] | None = None
-) -> _T: ...
+    num_k_heads: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    conv_kernel_size: int,
+    tp_size: int,
+    num_spec: int,
+    conv_layout: str,
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+    recover_ssm: bool | None = None,
+) -> Layout:
+    """Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records)."""
+
 def guarded_transfer(
     plan: TransferPlan,
     sources: Mapping[int, BoundTensors],
     tp_size: int,
     destination: BoundTensors,
     run: Callable[[], _T],
-) -> _T: ...
-def check_pool(pool: Any, what: str = "pool") -> LayoutFingerprint: ...
-def source_pools(sources: Any) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]: ...
-def restore_sources(states: Any, num_blocks: int) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]: ...
-def block_list(blocks: Any, what: str = "blocks") -> list[int]: ...
-def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint: ...
-def endpoint_args(
-    name: Any, backends: Any, progress_thread: Any, interfaces: Any
-) -> tuple[str, list[str], bool, list[str]]: ...
-def pull_args(timeout: Any, per_request: Any, restore_failed: Any) -> tuple[float, bool, bool]: ...
-def transfer_plan_arg(plan: Any, what: str = "plan") -> TransferPlan: ...
+) -> _T:
+    """[`guarded_write`] of a transfer plan between pools of this process: `sources` (rank ->
+    guard of that source pool) must hold every source rank `plan` reads (BindingError naming
+    the missing ranks, of `tp_size`, otherwise); the guards of those ranks and of `destination`
+    are checked, `run()` moves the bytes, and the destination's writes are recorded.
+    """
 
-@final
-class CacheCounters:
-    """A host cache's sizes and counters at one moment."""
+def guarded_write(
+    run: Callable[[], _T], *, reads: Sequence[BoundTensors] | None = None, writes: Sequence[BoundTensors] | None = None
+) -> _T:
+    """A guarded write of a transfer tier, in one call: checks every guard of `reads` (the pools
+    read) and `writes` (the pools written) -- BindingError naming the first tensor freed, resized
+    or re-pointed, before anything runs --, runs `run()` (the copies), then bumps the version
+    counters of what `writes` holds. Returns what `run` returns.
+    """
 
-    @property
-    def bytes_per_request(self) -> int: ...
-    @property
-    def capacity_bytes(self) -> int: ...
-    @property
-    def spill(self) -> bool: ...
-    @property
-    def used_bytes(self) -> int: ...
-    @property
-    def evictions(self) -> int: ...
-    @property
-    def hits(self) -> int: ...
-    @property
-    def misses(self) -> int: ...
-    @property
-    def in_memory(self) -> int: ...
-    @property
-    def on_disk(self) -> int: ...
+def kda_layout(
+    *,
+    num_heads: int,
+    head_dim: int,
+    num_k_heads: int | None = None,
+    head_k_dim: int | None = None,
+    conv_kernel_size: int | None = None,
+    tp_size: int,
+    num_spec: int,
+    conv_layout: str,
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+    recover_ssm: bool | None = None,
+) -> Layout:
+    """Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records)."""
 
-@final
-class HostCacheIndex:
-    """The rules of a host offload tier: bytes per request, capacity, LRU eviction, spill."""
+def kernel_abi() -> dict[str, Any]:
+    """The calling convention of every kernel, the record layouts and the shared constants:
+    `{"kernels": [{"name", "file", "record", "params": [(field, c_type)]}], "kernel_files": [...],
+    "records": {name: {"size", "fields": [(name, offset, numpy_type, c_type)]}},
+    "constants": {name: value}, "error_bits": [(bit, name, meaning)]}`.
+    """
 
-    def __new__(
-        cls,
-        fingerprint: LayoutFingerprint,
-        num_layers: int,
-        capacity_bytes: int,
-        *,
-        disk_dir: str | os.PathLike[str] | None = None,
-    ) -> HostCacheIndex: ...
-    def counters(self) -> CacheCounters: ...
-    def check_key(self, key: object) -> None: ...
-    def need(self, num_requests: int) -> int: ...
-    def plan_put(self, id: int, num_requests: int) -> list[tuple[int, bool]]: ...
-    def put(self, id: int, num_requests: int) -> list[tuple[int, bool]]: ...
-    def check_prefetched(self, id: int | None, handle_entry: int | None, key: str) -> None: ...
-    def spill_path(self, id: int) -> Path: ...
-    def lookup(self, id: int) -> Literal["memory", "disk"] | None: ...
-    def touch(self, id: int) -> bool: ...
-    def location(self, id: int) -> Literal["memory", "disk"] | None: ...
-    def drop(self, id: int) -> Literal["memory", "disk"] | None: ...
-    def __len__(self) -> int: ...
+def linear_attention_layout(
+    *,
+    num_heads: int,
+    head_dim: int,
+    tp_size: int,
+    num_spec: int,
+    conv_layout: str,
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+) -> Layout:
+    """Linear-attention layout: one temporal state."""
 
-@final
-class PeerInfo:
-    """One rank's handshake message: agent name and metadata, fingerprint, pool geometry, addresses."""
+def mamba1_layout(
+    *,
+    intermediate_size: int,
+    state_size: int,
+    conv_kernel: int,
+    tp_size: int,
+    num_spec: int,
+    conv_layout: str,
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+) -> Layout:
+    """Mamba1 layout: conv window + temporal state."""
 
-    def __new__(
-        cls,
-        name: str,
-        metadata: bytes,
-        fingerprint: LayoutFingerprint,
-        geometry: tuple[int, int, Sequence[int]],
-        addresses: Sequence[int],
-    ) -> PeerInfo: ...
-    @staticmethod
-    def from_bytes(data: bytes) -> PeerInfo: ...
-    def to_bytes(self) -> bytes: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def metadata(self) -> bytes: ...
-    @property
-    def fingerprint(self) -> LayoutFingerprint: ...
-    @property
-    def geometry(self) -> tuple[int, int, list[int]]: ...
-    @property
-    def addresses(self) -> list[int]: ...
+def mamba2_layout(
+    *,
+    intermediate_size: int,
+    n_groups: int,
+    num_heads: int,
+    head_dim: int,
+    state_size: int,
+    conv_kernel: int,
+    tp_size: int,
+    num_spec: int,
+    conv_layout: str,
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+    logical_window: int | None = None,
+    mamba_backend: str | None = None,
+) -> Layout:
+    """Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace)."""
 
-# Checkpoint placement and eviction (rust/python/checkpoint.rs)
+def pack_launch(
+    name: str, grid: tuple[int, int, int], block: tuple[int, int, int], fields: Mapping[str, int]
+) -> KernelLaunch:
+    """A launch of kernel `name` whose parameter record is given field by field (`fields`: every field
+    of the record, each range-checked against its C type) with the given grid and block; for
+    tools and tests that launch with arguments of their own.
+    """
 
-@final
-class CheckpointPlan:
-    @property
-    def hit_position(self) -> int: ...
-    @property
-    def hit_handle(self) -> int | None: ...
-    @property
-    def saves(self) -> list[int]: ...
+def plan_transfer(
+    source: LayoutFingerprint,
+    source_pools: Sequence[tuple[int, int, Sequence[int]]],
+    destination: LayoutFingerprint,
+    destination_pool: tuple[int, int, Sequence[int]],
+    requests: Sequence[tuple[int, int]] | Any,
+) -> TransferPlan:
+    """Plans moving `requests` (source block, destination block) from the source instance (`source`:
+    any of its ranks) to the destination rank `destination`. `source_pools`: one geometry
+    `(num_layers, num_blocks, block_strides)` shared by every source rank, or one per rank.
+    """
 
-@final
-class CheckpointCache:
-    def __new__(
-        cls,
-        policy: str,
-        *,
-        block_size: int | None = None,
-        granularity: int | None = None,
-        budget: int | None = None,
-        budget_bytes: int | None = None,
-        state_bytes: int | None = None,
-    ) -> CheckpointCache: ...
-    def plan(self, prompt: Sequence[int]) -> CheckpointPlan: ...
-    def finish(
-        self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
-    ) -> tuple[list[tuple[int, int]], list[int]]: ...
-    def position(self, handle: int) -> int | None: ...
-    @property
-    def peak(self) -> int: ...
-    def __len__(self) -> int: ...
+def pull_args(timeout: Any, per_request: Any, restore_failed: Any) -> tuple[float, bool, bool]:
+    """A pull's arguments, checked: `timeout` (seconds: an int or float, finite, > 0, at most a week),
+    `per_request` and `restore_failed` (bools). Returns them converted (PlanError naming the
+    argument otherwise).
+    """
 
-def check_checkpoint_trace(requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]) -> int: ...
+def read_saved_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
+    """Reads a saved-states file: `(header, data)`, the JSON header's bytes (the framing checked: a
+    length inside the file, no deeper nesting than a header has) and the data section's.
+    BindingError naming the path when it cannot be read; LayoutError for bad framing.
+    """
+
+def recover_geometry(layout: Any) -> dict[str, Any]:
+    """Applies the copyable-prefix contract to an engine's groups; returns `{backend: prefix_len}`.
+    `layout.recover_geometry()` of any object: a `LayoutError` naming `layout` when it is not a
+    `Layout`.
+    """
+
+def remove_file(path: str | os.PathLike[str]) -> None:
+    """Removes the file `path` if it exists (BindingError naming it when it cannot be removed)."""
+
+def restore_sources(states: Any, num_blocks: int) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]:
+    """The saved states of a restore, checked: `states` is one HostStates or a list of them (one
+    per source rank), each with a StatePool `pool` and `num_requests` equal to `num_blocks`
+    (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
+    [`source_pools`] (BindingError).
+    """
+
+def sglang_check_pool(
+    *,
+    conv: Sequence[_Tensor],
+    temporal: _Tensor,
+    intermediate_ssm: _Tensor | None = None,
+    intermediate_conv_window: Sequence[_Tensor] | None = None,
+) -> None:
+    """Checks the tensors of an SGLang pool as the adapter is built: a list of conv tensors, the
+    temporal state and the optional verify scratch, every one a tensor, with one layer count and
+    no two sharing memory (`BindingError` naming them).
+    """
+
+def sglang_commit_selection(
+    *,
+    slots: _IntArray,
+    steps: _IntArray,
+    track_slots: _IntArray | None = None,
+    track_steps: _IntArray | None = None,
+    rows: _IntArray | None = None,
+    num_slots: int,
+    num_rows: int,
+    draft: int,
+) -> list[list[int]]:
+    """Per pass (the commit, then the track pass when `track_slots` is given), the requests that
+    write, after the core has checked every index (a `PlanError` naming the request otherwise).
+    """
+
+def sglang_host_copies(pool: Sequence[Any], mamba_cache_cpu: Any, num_slots: int) -> list[Any]:
+    """The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
+    triple whose third element is ignored) in the order of `pool` (every conv tensor, then the
+    temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
+    host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
+    """
+
+def sglang_ids(op: str, arg: str, ids: Any, num_slots: int | None = None, unique: bool = False) -> list[int]:
+    """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
+    int64 array, CPU tensor or list of ints (a float, bool or other array is refused, never cast,
+    naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
+    the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
+    """
+
+def sglang_slot_launch(
+    *,
+    device: str | _Tensor,
+    metas: int,
+    num_meta: int,
+    max_bytes: int,
+    num_slots: int,
+    num_rows: int | None = None,
+    draft: int | None = None,
+    slots: _Tensor,
+    steps: _Tensor | None = None,
+    rows: _Tensor | None = None,
+    track_slots: _Tensor | None = None,
+    track_steps: _Tensor | None = None,
+    err: _Tensor,
+) -> KernelLaunch | None:
+    """The launch of the slot kernel (clear without `steps`, the commit with them), or `None` when
+    there is nothing to launch; every argument checked by the core (int64 vectors of one length on
+    the pool's device, an int32 error word of 3).
+    """
+
+def sglang_slot_table(*, states: Sequence[_Tensor], scratch: Sequence[_Tensor | None]) -> tuple[bytes, int, int]:
+    """The slot kernel's records of a pool (`SlotCopy`, one per layer of each state tensor, tensor
+    order then layer order) as bytes, with their count and the largest slot's bytes. `scratch[i]`
+    is `states[i]`'s verify scratch or `None`.
+    """
+
+def short_conv_layout(
+    *,
+    intermediate_size: int,
+    conv_kernel: int,
+    tp_size: int,
+    num_spec: int,
+    conv_layout: str,
+    dtype: Any = None,
+    ssm_dtype: Any = None,
+) -> Layout:
+    """Short-conv layout: one conv window."""
+
 def simulate_checkpoints(
     requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]],
     policy: str,
@@ -796,4 +1338,115 @@ def simulate_checkpoints(
     budget: int | None = None,
     budget_bytes: int | None = None,
     state_bytes: int | None = None,
-) -> dict[str, Any]: ...
+) -> dict[str, Any]:
+    """Replays a trace. `requests`: `[(line, id, arrival, prompt, output)]` in arrival order (`line`
+    names the request in errors). Returns a dict of totals plus per-request lists `reused`,
+    `bound` and `writes`.
+    """
+
+def source_pools(sources: Any) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]:
+    """The source pools of a transfer, checked: `sources` is a mapping rank -> StatePool or a list of
+    StatePools (each used as the rank it holds); every pool holds the rank it is given as, no rank
+    is given twice, and all are ranks of one instance (BindingError naming the defect). Returns
+    the first source's fingerprint and the `(rank, pool)` pairs.
+    """
+
+def state_chunks(max_state_bytes: int) -> int:
+    """CTAs per state copy of the fused kernel for states of at most `max_state_bytes` bytes."""
+
+def transfer_plan_arg(plan: Any, what: str = "plan") -> TransferPlan:
+    """`plan` (the argument `what`) as a TransferPlan (PlanError naming it otherwise)."""
+
+def vllm_check_prev_rows(*, device: str | _Tensor, prev_rows: _Tensor, rows: int, num_accepted_given: bool) -> None:
+    """Checks `prev_rows` of a device pre-copy (`device_step::check_prev_rows`)."""
+
+def vllm_device_post_process(
+    planner: Planner,
+    run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None,
+    *,
+    tables: Sequence[_IntArray] | _IntArray,
+    num_computed: _IntArray,
+    num_scheduled: _IntArray,
+    mamba_state_idx: _IntArray | None = None,
+    state_col: _IntArray | None = None,
+    num_draft: _IntArray | None = None,
+    num_accepted: _IntArray | _Tensor,
+    fresh: _IntArray | None = None,
+    req_ids: Sequence[str] | None = None,
+    staging: _Tensor,
+    device_table: _Tensor | None = None,
+    err: _Tensor,
+    num_accepted_out: _Tensor,
+) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]:
+    """The post-process for the device (decided by the kernel from the counts): returns `running`,
+    the staged step and the launch, as `device_pre_copy`.
+    """
+
+def vllm_device_pre_copy(
+    planner: Planner,
+    run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None,
+    *,
+    tables: Sequence[_IntArray] | _IntArray,
+    num_computed: _IntArray,
+    num_scheduled: _IntArray,
+    mamba_state_idx: _IntArray | None = None,
+    state_col: _IntArray | None = None,
+    num_draft: _IntArray | None = None,
+    num_accepted: _IntArray | _Tensor,
+    fresh: _IntArray | None = None,
+    req_ids: Sequence[str] | None = None,
+    staging: _Tensor,
+    device_table: _Tensor | None = None,
+    err: _Tensor,
+    num_accepted_out: _Tensor,
+) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]:
+    """The pre-copy for the device: the host decides the columns (every check that needs no count;
+    with host counts every check), stages the step as int32 and packs the launch that reads it from
+    `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
+    launch), and the launch (`None` without requests). With `run`, one guarded write in this call:
+    after every check, `run(staged, launch)` queues the copy and the launch, and the states are
+    recorded as written.
+    """
+
+def vllm_post_process(
+    planner: Planner,
+    *,
+    tables: Sequence[_IntArray] | _IntArray,
+    state_col: _IntArray,
+    num_computed: _IntArray,
+    num_scheduled: _IntArray,
+    num_draft: _IntArray,
+    num_accepted: _IntArray,
+    req_ids: Sequence[str] | None = None,
+    block_size: int | None = None,
+    num_spec_blocks: int | None = None,
+) -> tuple[RawBuffer, CopyPlan]:
+    """The post-process decision (rows as `align_post_process`) and its plan."""
+
+def vllm_pre_copy(
+    planner: Planner,
+    *,
+    tables: Sequence[_IntArray] | _IntArray,
+    num_computed: _IntArray,
+    num_scheduled: _IntArray,
+    num_accepted: _IntArray,
+    mamba_state_idx: _IntArray,
+    fresh: _IntArray | None = None,
+    req_ids: Sequence[str] | None = None,
+    block_size: int | None = None,
+    num_spec_blocks: int | None = None,
+) -> tuple[RawBuffer, CopyPlan]:
+    """The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`."""
+
+def vllm_step_groups(groups: Any) -> tuple[list[int], list[tuple[Any, Any]]]:
+    """The step's groups `(vLLM group id, layout, states)` split into the ids and the planner's
+    `(layout, states)` pairs (the planner checks those); anything else is a `BindingError` naming
+    the group.
+    """
+
+def write_file(path: str | os.PathLike[str], parts: Sequence[Any]) -> int:
+    """Writes `parts` (byte buffers) back to back to `path`, atomically: a temporary that cannot be
+    pre-placed (random name, exclusive create, mode 0600), synced, renamed over `path`. The
+    directory must exist and not be world-writable without the sticky bit. Returns the bytes
+    written; BindingError naming the path for any failure (the target is then unchanged).
+    """

@@ -92,7 +92,10 @@ pub struct CheckpointCache {
 #[pymethods]
 impl CheckpointCache {
     #[new]
-    #[pyo3(signature = (policy, *, block_size = None, granularity = None, budget = None, budget_bytes = None, state_bytes = None))]
+    #[pyo3(signature = (
+        policy: "str", *, block_size: "int | None" = None, granularity: "int | None" = None, budget: "int | None" = None,
+        budget_bytes: "int | None" = None, state_bytes: "int | None" = None,
+    ))]
     fn new(
         policy: &str,
         block_size: Opt<'_, '_>,
@@ -104,6 +107,7 @@ impl CheckpointCache {
         Ok(Self { inner: Core::new(config(policy, block_size, granularity, budget, budget_bytes, state_bytes)?) })
     }
     /// The checkpoint to start `prompt` from and the positions to save during its prefill.
+    #[pyo3(signature = (prompt: "Sequence[int]") -> "CheckpointPlan")]
     fn plan(&mut self, prompt: &Bound<'_, PyAny>) -> PyResult<CheckpointPlan> {
         let p = tokens(prompt, "prompt")?;
         Ok(CheckpointPlan { inner: self.inner.plan(&p)? })
@@ -111,6 +115,7 @@ impl CheckpointCache {
     /// Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
     /// `[(position, handle)]`, `evicted` as handles.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (prompt: "Sequence[int]", output: "Sequence[int]", plan: "CheckpointPlan") -> "tuple[list[tuple[int, int]], list[int]]")]
     fn finish(
         &mut self,
         prompt: &Bound<'_, PyAny>,
@@ -185,6 +190,7 @@ fn trace_requests(requests: &Bound<'_, PyAny>) -> PyResult<Vec<TraceRequest>> {
 /// Checks a trace's requests (`[(line, id, arrival, prompt, output)]`) as `simulate_checkpoints`
 /// does; returns their number.
 #[pyfunction]
+#[pyo3(signature = (requests: "Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]") -> "int")]
 pub fn check_checkpoint_trace(requests: &Bound<'_, PyAny>) -> PyResult<usize> {
     Ok(trace_requests(requests)?.len())
 }
@@ -193,7 +199,10 @@ pub fn check_checkpoint_trace(requests: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// names the request in errors). Returns a dict of totals plus per-request lists `reused`,
 /// `bound` and `writes`.
 #[pyfunction]
-#[pyo3(signature = (requests, policy, *, block_size = None, granularity = None, budget = None, budget_bytes = None, state_bytes = None))]
+#[pyo3(signature = (
+    requests: "Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]", policy: "str", *, block_size: "int | None" = None,
+    granularity: "int | None" = None, budget: "int | None" = None, budget_bytes: "int | None" = None, state_bytes: "int | None" = None,
+) -> "dict[str, Any]")]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate_checkpoints<'py>(
     py: Python<'py>,

@@ -3,7 +3,7 @@
 //! themselves), and the kernel's launch builder of one state cache.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, kwargs, DeviceOf, FromKwargs, Ints, Table, Tensor};
+use super::conversion::{arg_error, args, kwargs, DeviceOf, Ints, Table, Tensor};
 use super::launch::{cuda_index, KernelLaunch};
 use super::layout::Layout;
 use crate::commit::{
@@ -16,7 +16,6 @@ use crate::layout::ConvLayout;
 use crate::tensor::{Device, TensorDesc};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 /// Commit planning for one RecoverSSM layout over a pool of `num_blocks` blocks: which requests
 /// fold how many verified tokens into which block and, in align mode, which prefix-cache block
@@ -46,6 +45,7 @@ kwargs! {
 #[pymethods]
 impl CommitPlanner {
     #[new]
+    #[pyo3(signature = (layout: "Layout", num_blocks: "int"))]
     fn new(layout: PyRef<'_, Layout>, num_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
         let num_blocks = num_blocks
             .extract::<u64>()
@@ -67,9 +67,23 @@ impl CommitPlanner {
 
     /// A commit plan (`CommitRow` records): per request the tokens to fold in, its state block
     /// and, in align mode, the boundary block.
-    #[pyo3(signature = (**kwargs))]
-    fn plan(&self, py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
-        let a = CommitArgs::from_kwargs(kwargs)?;
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        *, state_blocks: "_IntArray", num_accepted: "_IntArray", query_lens: "_IntArray", seq_lens: "_IntArray | None" = None,
+        block_table: "_IntArray | None" = None, block_size: "int | None" = None, max_requests: "int | None" = None,
+    ) -> "RawBuffer")]
+    fn plan(
+        &self,
+        py: Python<'_>,
+        state_blocks: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        query_lens: Option<&Bound<'_, PyAny>>,
+        seq_lens: Option<&Bound<'_, PyAny>>,
+        block_table: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        max_requests: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<RawBuffer> {
+        let a = args!(CommitArgs { state_blocks, num_accepted, query_lens, seq_lens, block_table, block_size, max_requests })?;
         if let Some(m) = a.max_requests {
             check_workspace_rows(a.state_blocks.0.len(), &self.backend, m)?;
         }
@@ -87,7 +101,7 @@ impl CommitPlanner {
 
     /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
     /// `max_requests` requests when given (the workspace rows). Returns the number of requests.
-    #[pyo3(signature = (state_blocks, max_requests = None))]
+    #[pyo3(signature = (state_blocks: "Any", max_requests: "int | None" = None) -> "int")]
     fn check_state_blocks(&self, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<usize> {
         let sb: Ints = super::conversion::Arg::arg(state_blocks, "state_blocks", ErrorKind::Plan)?;
         if let Some(m) = max_requests {
@@ -123,9 +137,23 @@ fn descs(v: Vec<Tensor>) -> Vec<TensorDesc> {
 
 /// The commit kernel's table (`CommitMeta` records, 128 bytes per layer).
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-pub(crate) fn commit_meta_table(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
-    let a = MetaArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (
+    *, recurrent: "Sequence[_Tensor]", corrections: "Sequence[_Tensor]", keygate: "Sequence[_Tensor]",
+    conv: "Sequence[_Tensor] | None" = None, conv_window: "Sequence[_Tensor] | None" = None, kind: "str", conv_layout: "str" = None,
+    conv_kernel_size: "int" = None,
+) -> "RawBuffer")]
+pub(crate) fn commit_meta_table(
+    recurrent: Option<&Bound<'_, PyAny>>,
+    corrections: Option<&Bound<'_, PyAny>>,
+    keygate: Option<&Bound<'_, PyAny>>,
+    conv: Option<&Bound<'_, PyAny>>,
+    conv_window: Option<&Bound<'_, PyAny>>,
+    kind: Option<&Bound<'_, PyAny>>,
+    conv_layout: Option<&Bound<'_, PyAny>>,
+    conv_kernel_size: Option<&Bound<'_, PyAny>>,
+) -> PyResult<RawBuffer> {
+    let a = args!(MetaArgs { recurrent, corrections, keygate, conv, conv_window, kind, conv_layout, conv_kernel_size })?;
     let kind = GateKind::parse(&a.kind)?;
     let conv_layout = ConvLayout::parse(&a.conv_layout).map_err(|e| Error::binding(format!("conv_layout: {}", e.message)))?;
     if !(1..=65536).contains(&a.conv_kernel_size) {
@@ -144,6 +172,7 @@ pub(crate) fn commit_meta_table(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<
 
 /// Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated.
 #[pyfunction(name = "check_cache_sizes")]
+#[pyo3(signature = (num_layers: "int", num_blocks: "int", max_requests: "int") -> "None")]
 pub(crate) fn check_cache_sizes_py(num_layers: &Bound<'_, PyAny>, num_blocks: &Bound<'_, PyAny>, max_requests: &Bound<'_, PyAny>) -> PyResult<()> {
     let get = |o: &Bound<'_, PyAny>, name: &str| -> PyResult<i64> { super::conversion::Arg::arg(o, name, ErrorKind::Binding) };
     Ok(check_cache_sizes(get(num_layers, "num_layers")?, get(num_blocks, "num_blocks")?, get(max_requests, "max_requests")?)?)
@@ -151,6 +180,7 @@ pub(crate) fn check_cache_sizes_py(num_layers: &Bound<'_, PyAny>, num_blocks: &B
 
 /// `index` as an index into `len` items named `what` (a `PlanError` otherwise).
 #[pyfunction(name = "check_index")]
+#[pyo3(signature = (what: "str", index: "int", len: "int") -> "int")]
 pub(crate) fn check_index_py(what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
     let i: i64 = super::conversion::Arg::arg(index, what, ErrorKind::Plan)?;
     Ok(check_index(what, i, len)?)
@@ -225,9 +255,22 @@ impl PyCommitLaunch {
 impl PyCommitLaunch {
     /// `table`: the bytes of the `CommitMeta` records at device address `metas`.
     #[new]
-    #[pyo3(signature = (table, **kwargs))]
-    fn new(py: Python<'_>, table: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let a = CommitLaunchArgs::from_kwargs(kwargs)?;
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        table: "Any", *, device: "str | _Tensor", metas: "int", num_blocks: "int", max_requests: "int", err: "int" = None,
+        threads: "int" = None,
+    ))]
+    fn new(
+        py: Python<'_>,
+        table: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+        metas: Option<&Bound<'_, PyAny>>,
+        num_blocks: Option<&Bound<'_, PyAny>>,
+        max_requests: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+        threads: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let a = args!(CommitLaunchArgs { device, metas, num_blocks, max_requests, err, threads })?;
         let device = a.device.0;
         let t = commit_table(py, table)?;
         let inner = kernels::CommitLaunch::new(device, a.metas, &t, a.num_blocks, a.max_requests, a.err, a.threads)?;
@@ -235,9 +278,18 @@ impl PyCommitLaunch {
     }
 
     /// The launch of one commit (`None`: no rows).
-    #[pyo3(signature = (**kwargs))]
-    fn launch(&self, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
-        let a = CommitStepArgs::from_kwargs(kwargs)?;
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        *, rows: "_Tensor", num_rows: "int | None" = None, num_accepted: "_Tensor | None" = None, err: "_Tensor | None" = None,
+    ) -> "KernelLaunch | None")]
+    fn launch(
+        &self,
+        rows: Option<&Bound<'_, PyAny>>,
+        num_rows: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<KernelLaunch>> {
+        let a = args!(CommitStepArgs { rows, num_rows, num_accepted, err })?;
         let l = self.inner.launch(&a.rows.0, a.num_rows, a.num_accepted.as_ref().map(|t| &t.0), a.err.as_ref().map(|t| &t.0))?;
         Ok(l.map(KernelLaunch::new))
     }
@@ -246,17 +298,45 @@ impl PyCommitLaunch {
     /// check and the launch over `rows`. Returns the plan's rows (to stage into `rows` before the
     /// launch) and the launch (`None`: nothing to commit). `bound`: the cache's `BoundTensors`,
     /// checked first and marked written once a launch is packed. Nothing is written when it raises.
-    #[pyo3(signature = (planner, bound = None, **kwargs))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        planner: "CommitPlanner", bound: "BoundTensors | None" = None, *, state_blocks: "_IntArray",
+        num_accepted: "_IntArray | None" = None, device_counts: "_Tensor | None" = None, launch_counts: "_Tensor | None" = None,
+        query_lens: "_IntArray | None" = None, seq_lens: "_IntArray | None" = None, block_table: "_IntArray | None" = None,
+        block_size: "int | None" = None, max_requests: "int", rows: "_Tensor", device: "str | _Tensor",
+    ) -> "tuple[RawBuffer, KernelLaunch | None]")]
     fn commit(
         &self,
         planner: PyRef<'_, CommitPlanner>,
         bound: Option<&Bound<'_, PyAny>>,
-        kwargs: Option<&Bound<'_, PyDict>>,
+        state_blocks: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        device_counts: Option<&Bound<'_, PyAny>>,
+        launch_counts: Option<&Bound<'_, PyAny>>,
+        query_lens: Option<&Bound<'_, PyAny>>,
+        seq_lens: Option<&Bound<'_, PyAny>>,
+        block_table: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        max_requests: Option<&Bound<'_, PyAny>>,
+        rows: Option<&Bound<'_, PyAny>>,
+        device: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(RawBuffer, Option<KernelLaunch>)> {
         if let Some(b) = bound {
             b.call_method0("check")?;
         }
-        let a = DeviceCommitArgs::from_kwargs(kwargs)?;
+        let a = args!(DeviceCommitArgs {
+            state_blocks,
+            num_accepted,
+            device_counts,
+            launch_counts,
+            query_lens,
+            seq_lens,
+            block_table,
+            block_size,
+            max_requests,
+            rows,
+            device
+        })?;
         let counts = match (&a.num_accepted, &a.device_counts) {
             (Some(h), None) => DeviceCounts::Host(&h.0),
             (None, Some(d)) => DeviceCounts::Device { checked: &d.0, launched: &a.launch_counts.as_ref().unwrap_or(d).0, device: &a.device.0 },
@@ -303,7 +383,7 @@ impl PyCommitLaunch {
 /// `(rec_ctas, conv_ctas)`: CTAs per (layer, row) of the commit kernel for a table's bytes, with
 /// `threads` threads per CTA.
 #[pyfunction]
-#[pyo3(signature = (table, threads = constants::THREADS))]
+#[pyo3(signature = (table: "Any", threads: "int" = constants::THREADS) -> "tuple[int, int]")]
 pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32) -> PyResult<(u32, u32)> {
     Ok(kernels::commit_grid(&commit_table(py, table)?, threads))
 }
@@ -311,6 +391,7 @@ pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32
 /// Checks the accepted counts of a device commit: an integer vector on the cache's device with at
 /// least `min_len` counts.
 #[pyfunction]
+#[pyo3(signature = (device: "str", num_accepted: "Any", min_len: "int") -> "None")]
 pub(crate) fn check_commit_counts(device: &str, num_accepted: &Bound<'_, PyAny>, min_len: u64) -> PyResult<()> {
     let device = Device::parse(device).map_err(|e| Error::plan(e.message))?;
     let a: Tensor = super::conversion::Arg::arg(num_accepted, "num_accepted", ErrorKind::Plan)?;

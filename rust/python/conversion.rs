@@ -1,6 +1,6 @@
 //! What crosses the boundary, converted once: integers, integer vectors and block tables, tensors
-//! (described by `tensor.rs`), dtype names, and the keyword-argument structs of the calls that
-//! take a step's vectors. Every conversion names the argument it converts in its error, which is
+//! (described by `tensor.rs`), dtype names, and the argument structs of the calls that take a
+//! step's vectors. Every conversion names the argument it converts in its error, which is
 //! one of the package's exception classes (the call's error kind): a float, bool or object where an
 //! integer array belongs is refused, never truncated.
 
@@ -321,10 +321,12 @@ impl RequestNames {
     }
 }
 
-/// Declares the keyword arguments of a call as a struct: each field converted by its [`Arg`]
-/// impl with the field's name (an optional field, `Option<T>`, may be absent; `= default` gives a
-/// default), unknown keywords refused, every error of the call's `kind`. The `impl` form converts
-/// into an existing struct of the core (its fields listed the same way).
+/// Declares the arguments of a call as a struct: each field converted by its [`Arg`] impl with
+/// the field's name (an optional field, `Option<T>`, may be absent; `= default` gives a default),
+/// every error of the call's `kind`. The `impl` form converts into an existing struct of the core
+/// (its fields listed the same way). The binding declares the same names as its (typed, keyword)
+/// parameters, each an `Option<&Bound<PyAny>>` (`None`: not given), and converts them with
+/// [`args!`], which checks at compile time that it passes every field, by name, in order.
 macro_rules! kwargs {
     ($(#[$meta:meta])* pub(crate) struct $name:ident ($kind:ident) { $($(#[$fm:meta])* $field:ident : $ty:ty $(= $default:expr)?),* $(,)? }) => {
         $(#[$meta])*
@@ -333,23 +335,19 @@ macro_rules! kwargs {
         kwargs!(impl $name as $kind { $($field : $ty $(= $default)?),* });
     };
     (impl $name:path as $kind:ident { $($field:ident : $ty:ty $(= $default:expr)?),* $(,)? }) => {
-        impl $crate::python::conversion::FromKwargs for $name {
+        impl $crate::python::conversion::CallArgs for $name {
             const FIELDS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
 
-            fn from_kwargs(kwargs: Option<&pyo3::Bound<'_, pyo3::types::PyDict>>) -> pyo3::PyResult<Self> {
+        impl $name {
+            /// Converts the call's arguments, given in field order (through [`args!`]).
+            #[allow(clippy::too_many_arguments)]
+            pub(crate) fn convert($($field: Option<&pyo3::Bound<'_, pyo3::PyAny>>),*) -> pyo3::PyResult<Self> {
                 use $crate::python::conversion::Arg;
-                use pyo3::types::PyDictMethods;
                 let kind = $crate::error::ErrorKind::$kind;
-                // Looked up by interned keys; the keywords are named one by one only when some
-                // keyword matched no field (it is refused before any value is converted).
-                $(let $field = kwargs.map(|d| d.get_item(pyo3::intern!(d.py(), stringify!($field)))).transpose()?.flatten();)*
-                let taken = 0 $(+ usize::from($field.is_some()))*;
-                if taken != kwargs.map_or(0, |d| d.len()) {
-                    $crate::python::conversion::check_keywords(kwargs, Self::FIELDS, kind)?;
-                }
                 Ok(Self {
                     $($field: match $field {
-                        Some(v) => <$ty as Arg>::arg(&v, stringify!($field), kind)?,
+                        Some(v) => <$ty as Arg>::arg(v, stringify!($field), kind)?,
                         None => kwargs!(@absent $ty, $field, kind $(, $default)?),
                     }),*
                 })
@@ -361,21 +359,44 @@ macro_rules! kwargs {
 }
 pub(crate) use kwargs;
 
-/// A struct converted from a call's keyword arguments (see [`kwargs!`]).
-pub(crate) trait FromKwargs: Sized {
-    /// The keywords the call takes.
+/// Converts a call's parameters into the struct `$name` declared by [`kwargs!`]: the parameters
+/// of the same names as its fields, listed in field order (a compile error otherwise).
+macro_rules! args {
+    ($name:path { $($field:ident),* $(,)? }) => {{
+        const _: () = assert!(
+            $crate::python::conversion::same_names(<$name as $crate::python::conversion::CallArgs>::FIELDS, &[$(stringify!($field)),*]),
+            "args!: list the struct's fields, in order"
+        );
+        <$name>::convert($($field),*)
+    }};
+}
+pub(crate) use args;
+
+/// A struct converted from a call's arguments (see [`kwargs!`]).
+pub(crate) trait CallArgs {
+    /// The arguments the call takes, in field order.
     const FIELDS: &'static [&'static str];
-    /// Converts the call's keyword arguments.
-    fn from_kwargs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self>;
 }
 
-/// Refuses keywords a call does not take.
-pub(crate) fn check_keywords(kwargs: Option<&Bound<'_, PyDict>>, fields: &[&str], kind: ErrorKind) -> PyResult<()> {
-    for k in kwargs.into_iter().flat_map(|d| d.keys()) {
-        let k = k.str()?.to_string();
-        if !fields.contains(&k.as_str()) {
-            return Err(arg_error(kind, format!("unexpected argument '{k}'; this call takes {}", fields.join(", "))));
-        }
+/// Whether two lists of names are equal (in a constant: [`args!`]'s check).
+pub(crate) const fn same_names(a: &[&str], b: &[&str]) -> bool {
+    if a.len() != b.len() {
+        return false;
     }
-    Ok(())
+    let mut i = 0;
+    while i < a.len() {
+        let (x, y) = (a[i].as_bytes(), b[i].as_bytes());
+        if x.len() != y.len() {
+            return false;
+        }
+        let mut j = 0;
+        while j < x.len() {
+            if x[j] != y[j] {
+                return false;
+            }
+            j += 1;
+        }
+        i += 1;
+    }
+    true
 }

@@ -25,7 +25,17 @@ fn tensors(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Tensor>> {
 #[pymethods]
 impl KimiK3CommitPlanner {
     #[new]
-    #[pyo3(signature = (*, conv, state, correction, key_gate, a_log, dt_bias, gate_lower_bound, spec_query_len))]
+    #[pyo3(signature = (
+        *,
+        conv: "Sequence[Any]",
+        state: "Sequence[Any]",
+        correction: "Sequence[Any]",
+        key_gate: "Sequence[Any]",
+        a_log: "Sequence[Any]",
+        dt_bias: "Sequence[Any]",
+        gate_lower_bound: "Sequence[float | None]",
+        spec_query_len: "int",
+    ) -> "KimiK3CommitPlanner")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         conv: &Bound<'_, PyAny>,
@@ -96,7 +106,15 @@ impl KimiK3CommitPlanner {
     /// One step's plan (the rows that write), every input checked: a `PlanError` naming the row,
     /// its request and the value otherwise. Align mode takes `block_table`, `num_computed_tokens`
     /// and `block_size` together.
-    #[pyo3(signature = (num_accepted_tokens, state_indices, query_start_loc, request_indices = None, block_table = None, num_computed_tokens = None, block_size = None))]
+    #[pyo3(signature = (
+        num_accepted_tokens: "_IntArray",
+        state_indices: "_IntArray",
+        query_start_loc: "_IntArray",
+        request_indices: "_IntArray | None" = None,
+        block_table: "_IntArray | None" = None,
+        num_computed_tokens: "_IntArray | None" = None,
+        block_size: "int | None" = None,
+    ) -> "tuple[list[int], list[int], list[int], list[int], list[int], list[int], list[int]]")]
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &self,

@@ -3,7 +3,7 @@
 //! the block and the packed argument buffer; the launch layer hands its `extra_ptr` to
 //! `cuLaunchKernel` and does nothing else.
 
-use super::conversion::{kwargs, DeviceOf, FromKwargs, Tensor};
+use super::conversion::{args, kwargs, DeviceOf, Tensor};
 use super::planner::DeviceStepArgs;
 use crate::error::Error;
 use crate::kernels::{self, abi, args, constants, records, FusedCopy, Launch};
@@ -114,9 +114,23 @@ pub struct PyFusedCopy {
 #[pymethods]
 impl PyFusedCopy {
     #[new]
-    #[pyo3(signature = (**kwargs))]
-    fn new(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let a = FusedArgs::from_kwargs(kwargs)?;
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        *, device: "str | _Tensor", metas: "int", num_meta: "int", max_accepted: "int", num_blocks: "int", has_temporal: "bool",
+        chunks: "int", err: "int", groups: "int" = None,
+    ))]
+    fn new(
+        device: Option<&Bound<'_, PyAny>>,
+        metas: Option<&Bound<'_, PyAny>>,
+        num_meta: Option<&Bound<'_, PyAny>>,
+        max_accepted: Option<&Bound<'_, PyAny>>,
+        num_blocks: Option<&Bound<'_, PyAny>>,
+        has_temporal: Option<&Bound<'_, PyAny>>,
+        chunks: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+        groups: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let a = args!(FusedArgs { device, metas, num_meta, max_accepted, num_blocks, has_temporal, chunks, err, groups })?;
         let device = a.device.0;
         let inner = FusedCopy {
             device,
@@ -134,9 +148,23 @@ impl PyFusedCopy {
     }
 
     /// The launch of one step (keywords as `Planner.device_step`; int32 inputs).
-    #[pyo3(signature = (**kwargs))]
-    fn launch(&self, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
-        let a = DeviceStepArgs::from_kwargs(kwargs)?;
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        *, block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
+        num_accepted_out: "_Tensor | None" = None, block_size: "int | None" = None, pre_copy: "bool" = None,
+    ) -> "KernelLaunch | None")]
+    fn launch(
+        &self,
+        block_table: Option<&Bound<'_, PyAny>>,
+        src_col: Option<&Bound<'_, PyAny>>,
+        second: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        pre_copy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<KernelLaunch>> {
+        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
         Ok(self.inner.launch(&a.inputs(), a.pre_copy)?.map(KernelLaunch::new))
     }
 
@@ -158,6 +186,7 @@ pub(crate) fn cuda_index(device: &Device) -> u32 {
 /// of the record, each range-checked against its C type) with the given grid and block; for
 /// tools and tests that launch with arguments of their own.
 #[pyfunction]
+#[pyo3(signature = (name: "str", grid: "tuple[int, int, int]", block: "tuple[int, int, int]", fields: "Mapping[str, int]") -> "KernelLaunch")]
 pub(crate) fn pack_launch(
     name: &str,
     grid: (u32, u32, u32),
@@ -182,9 +211,16 @@ kwargs! {
 
 /// The launch of one wave of `rs_copy_tiles`, or `None` when it has no tile.
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-pub(crate) fn copy_tiles_launch(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
-    let a = TilesArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (*, segments: "int", tiles: "int", first_tile: "int", num_tiles: "int", max_ctas: "int | None" = None) -> "KernelLaunch | None")]
+pub(crate) fn copy_tiles_launch(
+    segments: Option<&Bound<'_, PyAny>>,
+    tiles: Option<&Bound<'_, PyAny>>,
+    first_tile: Option<&Bound<'_, PyAny>>,
+    num_tiles: Option<&Bound<'_, PyAny>>,
+    max_ctas: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<KernelLaunch>> {
+    let a = args!(TilesArgs { segments, tiles, first_tile, num_tiles, max_ctas })?;
     Ok(kernels::copy_tiles_launch(a.segments, a.tiles, a.first_tile, a.num_tiles, a.max_ctas)?.map(KernelLaunch::new))
 }
 
@@ -206,9 +242,15 @@ kwargs! {
 
 /// Checks the engine's device block tables of a multi-group step (`args::check_group_tables`).
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-pub(crate) fn check_device_tables(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    let a = DeviceTablesArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (*, device: "str | _Tensor", tables: "Sequence[_Tensor]", groups: "int", rows: "int") -> "None")]
+pub(crate) fn check_device_tables(
+    device: Option<&Bound<'_, PyAny>>,
+    tables: Option<&Bound<'_, PyAny>>,
+    groups: Option<&Bound<'_, PyAny>>,
+    rows: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let a = args!(DeviceTablesArgs { device, tables, groups, rows })?;
     let device = a.device.0;
     let tables: Vec<_> = a.tables.into_iter().map(|t| t.0).collect();
     Ok(args::check_group_tables(&device, &tables, a.groups, a.rows)?)
@@ -266,6 +308,7 @@ impl ErrorWord {
 /// "records": {name: {"size", "fields": [(name, offset, numpy_type, c_type)]}},
 /// "constants": {name: value}, "error_bits": [(bit, name, meaning)]}`.
 #[pyfunction]
+#[pyo3(signature = () -> "dict[str, Any]")]
 pub(crate) fn kernel_abi(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
     let ks = PyList::empty(py);

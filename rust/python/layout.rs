@@ -1,6 +1,6 @@
 //! Bindings for the layout model, the copy-function check and the family calculators.
 
-use super::conversion::{instance, items, kwargs, Arg, DtypeName, FromKwargs, Ints};
+use super::conversion::{args, instance, items, kwargs, Arg, DtypeName, Ints};
 use crate::copy_funcs::{validate_copy_funcs as core_validate, GroupSpec};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorKind};
@@ -21,7 +21,10 @@ pub struct StateSpec {
 impl StateSpec {
     #[new]
     #[pyo3(
-        signature = (name, shape, dtype, role = None, copy = None, conv_layout = None),
+        signature = (
+            name: "str", shape: "Sequence[int]", dtype: "Any", role: "_Role" = None, copy: "_CopyKindName | None" = None,
+            conv_layout: "_ConvLayoutName | None" = None,
+        ),
         text_signature = "(name, shape, dtype, role='persistent', copy=None, conv_layout=None)"
     )]
     fn new(
@@ -49,6 +52,7 @@ impl StateSpec {
     fn name(&self) -> &str {
         &self.inner.name
     }
+    // stub: -> tuple[int, ...]
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, &self.inner.shape)
@@ -61,14 +65,17 @@ impl StateSpec {
     fn itemsize(&self) -> u64 {
         self.inner.dtype.itemsize()
     }
+    // stub: -> _Role
     #[getter]
     fn role(&self) -> &'static str {
         self.inner.role.name()
     }
+    // stub: -> _CopyKindName | None
     #[getter]
     fn copy(&self) -> Option<&'static str> {
         self.inner.copy.map(|c| c.name())
     }
+    // stub: -> _ConvLayoutName | None
     #[getter]
     fn conv_layout(&self) -> Option<&'static str> {
         match self.inner.copy {
@@ -81,6 +88,7 @@ impl StateSpec {
     fn nbytes(&self) -> Option<u64> {
         self.inner.nbytes()
     }
+    #[pyo3(signature = () -> "dict[str, Any]")]
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("name", self.name())?;
@@ -150,7 +158,7 @@ fn specs_tuple<'py>(py: Python<'py>, specs: &[CoreSpec]) -> PyResult<Bound<'py, 
 #[pymethods]
 impl Layout {
     #[new]
-    #[pyo3(signature = (backend, states, num_spec = None))]
+    #[pyo3(signature = (backend: "str", states: "Sequence[StateSpec]", num_spec: "int | None" = None))]
     fn new(backend: &Bound<'_, PyAny>, states: &Bound<'_, PyAny>, num_spec: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let backend: String = Arg::arg(backend, "backend", ErrorKind::Layout)?;
         let states = items(states, &format!("{backend}: states"), ErrorKind::Layout, "StateSpec")?
@@ -169,14 +177,17 @@ impl Layout {
     fn backend(&self) -> &str {
         self.inner.backend()
     }
+    // stub: -> tuple[StateSpec, ...]
     #[getter]
     fn states<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         specs_tuple(py, self.inner.states())
     }
+    // stub: -> tuple[StateSpec, ...]
     #[getter]
     fn persistent<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         specs_tuple(py, self.inner.persistent())
     }
+    // stub: -> tuple[StateSpec, ...]
     #[getter]
     fn workspace<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         specs_tuple(py, self.inner.workspace())
@@ -185,6 +196,7 @@ impl Layout {
         self.inner.states().len()
     }
     /// The state called `name`.
+    #[pyo3(signature = (name: "str") -> "StateSpec")]
     fn state(&self, name: &Bound<'_, PyAny>) -> PyResult<StateSpec> {
         let name: String = Arg::arg(name, &format!("{}: state name", self.inner.backend()), ErrorKind::Layout)?;
         let name = name.as_str();
@@ -198,6 +210,7 @@ impl Layout {
     }
     /// The RecoverSSM geometry of this layout (state indices, heads, head dims, window, gate
     /// kind, conv geometry); raises LayoutError when the layout cannot serve RecoverSSM.
+    #[pyo3(signature = () -> "dict[str, Any]")]
     fn recover_geometry<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let g = crate::commit::recover_geometry(&self.inner)?;
         let d = PyDict::new(py);
@@ -216,6 +229,7 @@ impl Layout {
         d.set_item("conv_kernel_size", g.conv_kernel_size)?;
         Ok(d)
     }
+    #[pyo3(signature = () -> "dict[str, Any]")]
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("backend", self.backend())?;
@@ -245,6 +259,7 @@ pub(crate) fn dtype_name(obj: &Bound<'_, PyAny>) -> PyResult<String> {
 /// The copy kind (`"conv"` or `"temporal"`) a copy function's name or kind names (the core's
 /// table of vLLM's copy-spec functions); `LayoutError` for any other name.
 #[pyfunction]
+#[pyo3(signature = (name: "str") -> "Literal['conv', 'temporal']")]
 pub(crate) fn copy_func_kind(name: &str) -> PyResult<&'static str> {
     crate::copy_funcs::CopyFuncKind::parse(name)
         .map(|k| k.name())
@@ -258,11 +273,16 @@ type GroupTuple<'py> = (String, Vec<Bound<'py, PyAny>>, Option<Vec<String>>, Opt
 /// `layout.recover_geometry()` of any object: a `LayoutError` naming `layout` when it is not a
 /// `Layout`.
 #[pyfunction]
+#[pyo3(signature = (layout: "Any") -> "dict[str, Any]")]
 pub(crate) fn recover_geometry<'py>(layout: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     instance::<Layout>(layout, "layout", ErrorKind::Layout, "Layout")?.get().recover_geometry(layout.py())
 }
 
 #[pyfunction]
+#[pyo3(signature = (
+    groups: "Sequence[tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]]",
+    copy_funcs: "Sequence[tuple[str, Sequence[str]]]",
+) -> "dict[str, int]")]
 pub(crate) fn _validate_copy_funcs<'py>(
     py: Python<'py>,
     groups: Vec<GroupTuple<'py>>,
@@ -312,10 +332,9 @@ kwargs! {
     }
 }
 
-/// A family calculator's parameters: the shared settings (`tp_size`, `num_spec`, `conv_layout`,
-/// `dtype`, `ssm_dtype`; unset dtypes take the family's defaults) and the family's own.
-fn common(shared: &Bound<'_, PyDict>, ssm_default: DType) -> PyResult<Common> {
-    let a = CommonArgs::from_kwargs(Some(shared))?;
+/// The shared settings of a family calculator (`tp_size`, `num_spec`, `conv_layout`, `dtype`,
+/// `ssm_dtype`; unset dtypes take the family's defaults: `dtype` bfloat16, `ssm_dtype` `ssm_default`).
+fn common(a: CommonArgs, ssm_default: DType) -> PyResult<Common> {
     let dtype = |d: Option<DtypeName>, default: DType| d.map_or(Ok(default), |n| DType::parse(&n.0));
     Ok(Common {
         tp_size: a.tp_size,
@@ -324,45 +343,6 @@ fn common(shared: &Bound<'_, PyDict>, ssm_default: DType) -> PyResult<Common> {
         dtype: dtype(a.dtype, DType::BFloat16)?,
         ssm_dtype: dtype(a.ssm_dtype, ssm_default)?,
     })
-}
-
-/// `kwargs` split into the shared settings and the family's `own` parameters.
-fn split<'py>(kwargs: Option<&Bound<'py, PyDict>>, own: &[&str]) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
-    let Some(d) = kwargs else {
-        return Err(Error::layout("a layout calculator takes keyword arguments").into());
-    };
-    let (shared, mine) = (PyDict::new(d.py()), PyDict::new(d.py()));
-    for (k, v) in d.iter() {
-        let target = if own.contains(&k.str()?.to_string().as_str()) { &mine } else { &shared };
-        target.set_item(k, v)?;
-    }
-    Ok((shared, mine))
-}
-
-/// Runs a family calculator: the shared settings from `kwargs`, the family's own parameters as
-/// `P`.
-fn calculate<P: FromKwargs>(
-    kwargs: Option<&Bound<'_, PyDict>>,
-    ssm_default: DType,
-    f: impl FnOnce(P, &Common) -> crate::Result<CoreLayout>,
-) -> PyResult<Layout> {
-    let (shared, mine) = split(kwargs, P::FIELDS)?;
-    let c = common(&shared, ssm_default)?;
-    let p = P::from_kwargs(Some(&mine))?;
-    Ok(f(p, &c)?.into())
-}
-
-/// A family calculator's Python function: keyword arguments only (the shared settings and the
-/// family's own parameters `$params`); unset SSM dtypes take `$ssm`.
-macro_rules! calculator {
-    ($(#[$doc:meta])* $name:ident, $ssm:expr, |$p:ident: $params:ty, $c:ident| $body:expr) => {
-        $(#[$doc])*
-        #[pyfunction]
-        #[pyo3(signature = (**kwargs))]
-        pub(crate) fn $name(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Layout> {
-            calculate(kwargs, $ssm, |$p: $params, $c: &Common| $body)
-        }
-    };
 }
 
 kwargs! {
@@ -415,37 +395,152 @@ kwargs! {
     }
 }
 
-calculator!(
-    /// Mamba1 layout: conv window + temporal state.
-    mamba1_layout, DType::BFloat16, |p: Mamba1Args, c| families::mamba1(p.intermediate_size, p.state_size, p.conv_kernel, c)
-);
-calculator!(
-    /// Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace).
-    mamba2_layout, DType::BFloat16, |m: families::Mamba2, c| families::mamba2(&m, c)
-);
-calculator!(
-    /// Short-conv layout: one conv window.
-    short_conv_layout, DType::BFloat16, |p: ShortConvArgs, c| families::short_conv(p.intermediate_size, p.conv_kernel, c)
-);
-calculator!(
-    /// Linear-attention layout: one temporal state.
-    linear_attention_layout, DType::Float32, |p: LinearArgs, c| families::linear_attention(p.num_heads, p.head_dim, c)
-);
-calculator!(
-    /// Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records).
-    gdn_layout, DType::BFloat16, |g: families::Gdn, c| families::gdn(&g, c)
-);
-calculator!(
-    /// Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records).
-    kda_layout, DType::Float32, |p: KdaArgs, c| {
-        let k = families::Kda {
-            num_heads: p.num_heads,
-            head_dim: p.head_dim,
-            num_k_heads: p.num_k_heads.unwrap_or(p.num_heads),
-            head_k_dim: p.head_k_dim.unwrap_or(p.head_dim),
-            conv_kernel_size: p.conv_kernel_size,
-            recover_ssm: p.recover_ssm,
-        };
-        families::kda(&k, c)
-    }
-);
+/// Mamba1 layout: conv window + temporal state.
+#[pyfunction]
+#[pyo3(signature = (
+    *, intermediate_size: "int", state_size: "int", conv_kernel: "int", tp_size: "int", num_spec: "int", conv_layout: "str",
+    dtype: "Any" = None, ssm_dtype: "Any" = None,
+) -> "Layout")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mamba1_layout(
+    intermediate_size: Option<&Bound<'_, PyAny>>,
+    state_size: Option<&Bound<'_, PyAny>>,
+    conv_kernel: Option<&Bound<'_, PyAny>>,
+    tp_size: Option<&Bound<'_, PyAny>>,
+    num_spec: Option<&Bound<'_, PyAny>>,
+    conv_layout: Option<&Bound<'_, PyAny>>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    ssm_dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Layout> {
+    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+    let p = args!(Mamba1Args { intermediate_size, state_size, conv_kernel })?;
+    Ok(families::mamba1(p.intermediate_size, p.state_size, p.conv_kernel, &c)?.into())
+}
+
+/// Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace).
+#[pyfunction]
+#[pyo3(signature = (
+    *, intermediate_size: "int", n_groups: "int", num_heads: "int", head_dim: "int", state_size: "int", conv_kernel: "int",
+    tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "Any" = None, ssm_dtype: "Any" = None,
+    logical_window: "int | None" = None, mamba_backend: "str" = None,
+) -> "Layout")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mamba2_layout(
+    intermediate_size: Option<&Bound<'_, PyAny>>,
+    n_groups: Option<&Bound<'_, PyAny>>,
+    num_heads: Option<&Bound<'_, PyAny>>,
+    head_dim: Option<&Bound<'_, PyAny>>,
+    state_size: Option<&Bound<'_, PyAny>>,
+    conv_kernel: Option<&Bound<'_, PyAny>>,
+    tp_size: Option<&Bound<'_, PyAny>>,
+    num_spec: Option<&Bound<'_, PyAny>>,
+    conv_layout: Option<&Bound<'_, PyAny>>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    ssm_dtype: Option<&Bound<'_, PyAny>>,
+    logical_window: Option<&Bound<'_, PyAny>>,
+    mamba_backend: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Layout> {
+    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+    let m = args!(families::Mamba2 { intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel, logical_window, mamba_backend })?;
+    Ok(families::mamba2(&m, &c)?.into())
+}
+
+/// Short-conv layout: one conv window.
+#[pyfunction]
+#[pyo3(signature = (
+    *, intermediate_size: "int", conv_kernel: "int", tp_size: "int", num_spec: "int", conv_layout: "str",
+    dtype: "Any" = None, ssm_dtype: "Any" = None,
+) -> "Layout")]
+pub(crate) fn short_conv_layout(
+    intermediate_size: Option<&Bound<'_, PyAny>>,
+    conv_kernel: Option<&Bound<'_, PyAny>>,
+    tp_size: Option<&Bound<'_, PyAny>>,
+    num_spec: Option<&Bound<'_, PyAny>>,
+    conv_layout: Option<&Bound<'_, PyAny>>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    ssm_dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Layout> {
+    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+    let p = args!(ShortConvArgs { intermediate_size, conv_kernel })?;
+    Ok(families::short_conv(p.intermediate_size, p.conv_kernel, &c)?.into())
+}
+
+/// Linear-attention layout: one temporal state.
+#[pyfunction]
+#[pyo3(signature = (
+    *, num_heads: "int", head_dim: "int", tp_size: "int", num_spec: "int", conv_layout: "str",
+    dtype: "Any" = None, ssm_dtype: "Any" = None,
+) -> "Layout")]
+pub(crate) fn linear_attention_layout(
+    num_heads: Option<&Bound<'_, PyAny>>,
+    head_dim: Option<&Bound<'_, PyAny>>,
+    tp_size: Option<&Bound<'_, PyAny>>,
+    num_spec: Option<&Bound<'_, PyAny>>,
+    conv_layout: Option<&Bound<'_, PyAny>>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    ssm_dtype: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Layout> {
+    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::Float32)?;
+    let p = args!(LinearArgs { num_heads, head_dim })?;
+    Ok(families::linear_attention(p.num_heads, p.head_dim, &c)?.into())
+}
+
+/// Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records).
+#[pyfunction]
+#[pyo3(signature = (
+    *, num_k_heads: "int", num_v_heads: "int", head_k_dim: "int", head_v_dim: "int", conv_kernel_size: "int",
+    tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "Any" = None, ssm_dtype: "Any" = None,
+    recover_ssm: "bool" = None,
+) -> "Layout")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gdn_layout(
+    num_k_heads: Option<&Bound<'_, PyAny>>,
+    num_v_heads: Option<&Bound<'_, PyAny>>,
+    head_k_dim: Option<&Bound<'_, PyAny>>,
+    head_v_dim: Option<&Bound<'_, PyAny>>,
+    conv_kernel_size: Option<&Bound<'_, PyAny>>,
+    tp_size: Option<&Bound<'_, PyAny>>,
+    num_spec: Option<&Bound<'_, PyAny>>,
+    conv_layout: Option<&Bound<'_, PyAny>>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    ssm_dtype: Option<&Bound<'_, PyAny>>,
+    recover_ssm: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Layout> {
+    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+    let g = args!(families::Gdn { num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size, recover_ssm })?;
+    Ok(families::gdn(&g, &c)?.into())
+}
+
+/// Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records).
+#[pyfunction]
+#[pyo3(signature = (
+    *, num_heads: "int", head_dim: "int", num_k_heads: "int | None" = None, head_k_dim: "int | None" = None,
+    conv_kernel_size: "int" = None, tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "Any" = None,
+    ssm_dtype: "Any" = None, recover_ssm: "bool" = None,
+) -> "Layout")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kda_layout(
+    num_heads: Option<&Bound<'_, PyAny>>,
+    head_dim: Option<&Bound<'_, PyAny>>,
+    num_k_heads: Option<&Bound<'_, PyAny>>,
+    head_k_dim: Option<&Bound<'_, PyAny>>,
+    conv_kernel_size: Option<&Bound<'_, PyAny>>,
+    tp_size: Option<&Bound<'_, PyAny>>,
+    num_spec: Option<&Bound<'_, PyAny>>,
+    conv_layout: Option<&Bound<'_, PyAny>>,
+    dtype: Option<&Bound<'_, PyAny>>,
+    ssm_dtype: Option<&Bound<'_, PyAny>>,
+    recover_ssm: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Layout> {
+    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::Float32)?;
+    let p = args!(KdaArgs { num_heads, head_dim, num_k_heads, head_k_dim, conv_kernel_size, recover_ssm })?;
+    let k = families::Kda {
+        num_heads: p.num_heads,
+        head_dim: p.head_dim,
+        num_k_heads: p.num_k_heads.unwrap_or(p.num_heads),
+        head_k_dim: p.head_k_dim.unwrap_or(p.head_dim),
+        conv_kernel_size: p.conv_kernel_size,
+        recover_ssm: p.recover_ssm,
+    };
+    Ok(families::kda(&k, &c)?.into())
+}

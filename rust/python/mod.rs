@@ -1,5 +1,5 @@
 //! The Python bindings: a thin layer over the core. Arguments are converted once
-//! ([`conversion`]: integers, integer arrays, block tables, tensors, keyword-argument structs),
+//! ([`conversion`]: integers, integer arrays, block tables, tensors, argument structs),
 //! core errors become the package's exception classes (created here, in [`errors`]) through
 //! `From<Error> for PyErr`, and heavy work runs with the GIL released.
 //!

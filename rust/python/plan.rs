@@ -59,7 +59,7 @@ impl CopyPlan {
         RawBuffer::new(self.inner.wave_starts().to_vec())
     }
     /// Tiles of about `tile_bytes` bytes and where each wave's tiles start.
-    #[pyo3(signature = (tile_bytes = tiles::DEFAULT_TILE_BYTES))]
+    #[pyo3(signature = (tile_bytes: "int" = tiles::DEFAULT_TILE_BYTES) -> "tuple[RawBuffer, RawBuffer]")]
     fn tiles(&self, py: Python<'_>, #[pyo3(from_py_with = tile_bytes_arg)] tile_bytes: u32) -> PyResult<(RawBuffer, RawBuffer)> {
         let plan = Arc::clone(&self.inner);
         let t = py.detach(move || tiles::cut(&plan, tile_bytes))?;

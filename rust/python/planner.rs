@@ -3,7 +3,7 @@
 //! steps into one `CopyPlan`, and builds the fused kernel's launches for the device path.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, instance, items, kwargs, Arg, FromKwargs, Ints, Table, Tables, Tensor};
+use super::conversion::{arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tables, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
@@ -17,7 +17,7 @@ use crate::memory;
 use crate::plan::{AlignStep, Planner as CorePlanner, Semantics, Step};
 use crate::tensor::TensorDesc;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::PyTuple;
 use std::sync::{Arc, OnceLock};
 
 /// The core planner over one or more recurrent groups, bound to their state tensors.
@@ -26,6 +26,7 @@ pub struct Planner {
     pub(crate) inner: Arc<CorePlanner>,
     guard: Guard,
     /// `states[group][layer][state]`: the bound persistent tensors (an immutable copy).
+    // stub: -> tuple[tuple[tuple[_Tensor, ...], ...], ...]
     #[pyo3(get)]
     states: Py<PyTuple>,
     /// Tokens per block, for vLLM's step decisions.
@@ -140,60 +141,13 @@ kwargs! {
         second: Tensor,
         num_accepted: Tensor,
         err: Option<Tensor>,
-        block_size: Option<i64>,
-        pre_copy: bool = false,
         num_accepted_out: Option<Tensor>,
-    }
-}
-
-kwargs! {
-    /// A device step's options beside its tensors (`Planner.device_step`'s keywords).
-    pub(crate) struct StepOptions (Plan) {
         block_size: Option<i64>,
         pre_copy: bool = false,
     }
 }
-
-/// The arguments `Planner.device_step` takes positionally, in order (the first four required).
-const STEP_POSITIONAL: [&str; 6] = ["block_table", "src_col", "second", "num_accepted", "err", "num_accepted_out"];
 
 impl DeviceStepArgs {
-    /// A step given as `(*args, **kwargs)`: every argument by keyword (no `args`), or the tensors
-    /// positionally in [`STEP_POSITIONAL`] order (the launch path: no dictionary to build) and the
-    /// options ([`StepOptions`]) by keyword.
-    fn from_call(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let kind = ErrorKind::Plan;
-        let n = args.len();
-        if n == 0 {
-            return Self::from_kwargs(kwargs);
-        }
-        if !(4..=STEP_POSITIONAL.len()).contains(&n) {
-            return Err(arg_error(
-                kind,
-                format!("give the step's tensors ({}) positionally or all by keyword, got {n} positional", STEP_POSITIONAL.join(", ")),
-            ));
-        }
-        let opts = StepOptions::from_kwargs(kwargs)?;
-        let arg = |i: usize| args.get_item(i);
-        let optional = |i: usize| -> PyResult<Option<Tensor>> {
-            if i < n {
-                Option::<Tensor>::arg(&arg(i)?, STEP_POSITIONAL[i], kind)
-            } else {
-                Ok(None)
-            }
-        };
-        Ok(DeviceStepArgs {
-            block_table: Tensor::arg(&arg(0)?, STEP_POSITIONAL[0], kind)?,
-            src_col: Tensor::arg(&arg(1)?, STEP_POSITIONAL[1], kind)?,
-            second: Tensor::arg(&arg(2)?, STEP_POSITIONAL[2], kind)?,
-            num_accepted: Tensor::arg(&arg(3)?, STEP_POSITIONAL[3], kind)?,
-            err: optional(4)?,
-            block_size: opts.block_size,
-            pre_copy: opts.pre_copy,
-            num_accepted_out: optional(5)?,
-        })
-    }
-
     pub(crate) fn inputs(&self) -> StepInputs<'_> {
         StepInputs {
             block_table: &self.block_table.0,
@@ -213,7 +167,9 @@ impl Planner {
     /// order (the persistent states, optionally followed by the workspace, which is ignored);
     /// `block_size`: tokens per block, for vLLM's step decisions.
     #[new]
-    #[pyo3(signature = (groups, *, block_size = None, persistent_only = false))]
+    #[pyo3(signature = (
+        groups: "Sequence[tuple[Layout, Sequence[Sequence[Any]]]]", *, block_size: "int | None" = None, persistent_only: "bool" = false,
+    ))]
     fn new(py: Python<'_>, groups: &Bound<'_, PyAny>, block_size: Option<&Bound<'_, PyAny>>, persistent_only: bool) -> PyResult<Self> {
         let groups = group_args(groups, persistent_only)?;
         let block_size: Option<i64> = match block_size {
@@ -298,9 +254,21 @@ impl Planner {
     /// Plans `dst_col <- src_col` moves carrying `num_accepted` in every group (`tables`: one
     /// block table per group, or one table for one group) under `semantics` (`"post_process"`,
     /// the default, or `"pre_copy"`).
-    #[pyo3(signature = (**kwargs))]
-    fn plan(slf: Bound<'_, Self>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<CopyPlan> {
-        let a = PlanArgs::from_kwargs(kwargs)?;
+    #[pyo3(signature = (
+        *, tables: "Sequence[_IntArray] | _IntArray | None" = None, block_table: "_IntArray | None" = None, src_col: "_IntArray",
+        dst_col: "_IntArray", num_accepted: "_IntArray", semantics: "Literal['post_process', 'pre_copy']" = None,
+    ) -> "CopyPlan")]
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        slf: Bound<'_, Self>,
+        tables: Option<&Bound<'_, PyAny>>,
+        block_table: Option<&Bound<'_, PyAny>>,
+        src_col: Option<&Bound<'_, PyAny>>,
+        dst_col: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        semantics: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<CopyPlan> {
+        let a = args!(PlanArgs { tables, block_table, src_col, dst_col, num_accepted, semantics })?;
         let semantics = Semantics::parse(&a.semantics)?;
         let planner = Arc::clone(&slf.get().inner);
         let (src_col, dst_col, num_accepted) = (&a.src_col.0, &a.dst_col.0, &a.num_accepted.0);
@@ -318,9 +286,9 @@ impl Planner {
     }
 
     /// Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state.
-    #[pyo3(signature = (**kwargs))]
-    fn plan_copy(slf: Bound<'_, Self>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<CopyPlan> {
-        let a = CopyArgs::from_kwargs(kwargs)?;
+    #[pyo3(signature = (*, src_blocks: "_IntArray", dst_blocks: "_IntArray") -> "CopyPlan")]
+    fn plan_copy(slf: Bound<'_, Self>, src_blocks: Option<&Bound<'_, PyAny>>, dst_blocks: Option<&Bound<'_, PyAny>>) -> PyResult<CopyPlan> {
+        let a = args!(CopyArgs { src_blocks, dst_blocks })?;
         let planner = Arc::clone(&slf.get().inner);
         let plan = slf.py().detach(|| planner.plan_copy(&a.src_blocks.0, &a.dst_blocks.0))?;
         Ok(CopyPlan::new(plan, slf.unbind()))
@@ -330,7 +298,7 @@ impl Planner {
     /// one holder, each request sharing the block another): until retracted, a plan that would
     /// write one is refused with a `PlanError` naming the request, state and block. Ids in
     /// `1..num_blocks`; on an error nothing changes.
-    #[pyo3(signature = (blocks, *, group = 0))]
+    #[pyo3(signature = (blocks: "_IntArray", *, group: "int" = 0) -> "None")]
     fn publish(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: usize) -> PyResult<()> {
         let blocks = Ints::arg(blocks, "blocks", ErrorKind::Plan)?;
         py.detach(|| self.inner.publish(group, &blocks.0)).map_err(Into::into)
@@ -339,20 +307,20 @@ impl Planner {
     /// Drops one holder of each of `blocks` of `group`; a block left without holders may be
     /// written again. A block not published (as often as listed) is a `PlanError`, and nothing
     /// changes.
-    #[pyo3(signature = (blocks, *, group = 0))]
+    #[pyo3(signature = (blocks: "_IntArray", *, group: "int" = 0) -> "None")]
     fn retract(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: usize) -> PyResult<()> {
         let blocks = Ints::arg(blocks, "blocks", ErrorKind::Plan)?;
         py.detach(|| self.inner.retract(group, &blocks.0)).map_err(Into::into)
     }
 
     /// The published blocks of `group`, ascending.
-    #[pyo3(signature = (group = 0))]
+    #[pyo3(signature = (group: "int" = 0) -> "list[int]")]
     fn published(&self, group: usize) -> PyResult<Vec<u64>> {
         Ok(self.inner.published(group)?)
     }
 
     /// The holders of `block` in `group` (0: not published).
-    #[pyo3(signature = (block, *, group = 0))]
+    #[pyo3(signature = (block: "int", *, group: "int" = 0) -> "int")]
     fn holders(&self, block: u64, group: usize) -> PyResult<u32> {
         Ok(self.inner.holders(group, block)?)
     }
@@ -375,6 +343,7 @@ impl Planner {
     /// One guarded write: the bound tensors are checked (a `BindingError`, and `write` is not
     /// called, when one moved), `write()` runs, and what was written is recorded (autograd's
     /// version counters). Returns what `write` returns.
+    #[pyo3(signature = (write: "Callable[[], Any]") -> "Any")]
     fn guarded(&self, py: Python<'_>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.write(py, || Ok(write.call0()?.unbind()))
     }
@@ -394,9 +363,23 @@ impl Planner {
 
     /// Checks a device step whose inputs may be int32 or int64 (before anything is bound or
     /// narrowed); returns the number of requests. Arguments as [`device_step`].
-    #[pyo3(signature = (*args, **kwargs))]
-    fn check_device_step(&self, args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<u64> {
-        let a = DeviceStepArgs::from_call(args, kwargs)?;
+    #[pyo3(signature = (
+        block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
+        num_accepted_out: "_Tensor | None" = None, *, block_size: "int | None" = None, pre_copy: "bool" = None,
+    ) -> "int")]
+    #[allow(clippy::too_many_arguments)]
+    fn check_device_step(
+        &self,
+        block_table: Option<&Bound<'_, PyAny>>,
+        src_col: Option<&Bound<'_, PyAny>>,
+        second: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        pre_copy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
         Ok(kernels::check_step(self.inner.device(), &a.inputs(), self.inner.num_groups() as u32, StepCheck::BeforeNarrowing)?.requests)
     }
 
@@ -406,16 +389,27 @@ impl Planner {
     /// again with the converted tensors). The guard is checked first.
     ///
     /// Arguments: `block_table`, `src_col`, `second` (`dst_col`, or `running` with a
-    /// `block_size`), `num_accepted`, optionally `err` and `num_accepted_out` -- positionally in
-    /// this order, with the options `block_size` and `pre_copy` by keyword; or all by keyword.
-    #[pyo3(signature = (*args, **kwargs))]
+    /// `block_size`), `num_accepted`, optionally `err` and `num_accepted_out` (positionally in this
+    /// order, the launch path: no keyword dictionary per step, or by keyword), and the keyword
+    /// options `block_size` and `pre_copy`.
+    #[pyo3(signature = (
+        block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
+        num_accepted_out: "_Tensor | None" = None, *, block_size: "int | None" = None, pre_copy: "bool" = None,
+    ) -> "tuple[KernelLaunch | None, int, bool]")]
+    #[allow(clippy::too_many_arguments)]
     fn device_step(
         &self,
         py: Python<'_>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
+        block_table: Option<&Bound<'_, PyAny>>,
+        src_col: Option<&Bound<'_, PyAny>>,
+        second: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        pre_copy: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
-        let a = DeviceStepArgs::from_call(args, kwargs)?;
+        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
         self.guard.check(py)?;
         let fused = self.fused()?;
         let inputs = a.inputs();
@@ -430,15 +424,26 @@ impl Planner {
     /// as written, all in this call. Returns `(requests, narrow)`: with `narrow` true nothing ran
     /// (narrow the inputs to int32 on the device and call again). Arguments after `launch` as
     /// `device_step`'s.
-    #[pyo3(signature = (launch, *args, **kwargs))]
+    #[pyo3(signature = (
+        launch: "Callable[[KernelLaunch | None, int], Any]",
+        block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
+        num_accepted_out: "_Tensor | None" = None, *, block_size: "int | None" = None, pre_copy: "bool" = None,
+    ) -> "tuple[int, bool]")]
+    #[allow(clippy::too_many_arguments)]
     fn launch_step(
         &self,
         py: Python<'_>,
         launch: &Bound<'_, PyAny>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
+        block_table: Option<&Bound<'_, PyAny>>,
+        src_col: Option<&Bound<'_, PyAny>>,
+        second: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+        num_accepted_out: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        pre_copy: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(u64, bool)> {
-        let a = DeviceStepArgs::from_call(args, kwargs)?;
+        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
         let fused = self.fused()?;
         let inputs = a.inputs();
         self.guard.check(py)?;

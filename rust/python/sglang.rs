@@ -1,14 +1,14 @@
 //! SGLang's mamba pool (`crate::sglang`): the speculative commit's checked selection and the
 //! host-copy check, for `recoverssm_rs.sglang`.
 
-use super::conversion::{items, kwargs, Arg, DeviceOf, FromKwargs, Ints, Tensor};
+use super::conversion::{args, items, kwargs, Arg, DeviceOf, Ints, Tensor};
 use super::launch::KernelLaunch;
 use crate::error::{Error, ErrorKind};
 use crate::sglang::kernel::{self, SlotCall, SlotCopy};
 use crate::sglang::{self, CommitPass, CommitSizes};
 use crate::tensor::TensorDesc;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyBytes;
 
 kwargs! {
     /// The keyword arguments of `sglang_commit_selection`.
@@ -27,9 +27,22 @@ kwargs! {
 /// Per pass (the commit, then the track pass when `track_slots` is given), the requests that
 /// write, after the core has checked every index (a `PlanError` naming the request otherwise).
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-pub(crate) fn sglang_commit_selection(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<Vec<u32>>> {
-    let a = SelectArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (
+    *, slots: "_IntArray", steps: "_IntArray", track_slots: "_IntArray | None" = None, track_steps: "_IntArray | None" = None,
+    rows: "_IntArray | None" = None, num_slots: "int", num_rows: "int", draft: "int",
+) -> "list[list[int]]")]
+pub(crate) fn sglang_commit_selection(
+    slots: Option<&Bound<'_, PyAny>>,
+    steps: Option<&Bound<'_, PyAny>>,
+    track_slots: Option<&Bound<'_, PyAny>>,
+    track_steps: Option<&Bound<'_, PyAny>>,
+    rows: Option<&Bound<'_, PyAny>>,
+    num_slots: Option<&Bound<'_, PyAny>>,
+    num_rows: Option<&Bound<'_, PyAny>>,
+    draft: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<Vec<u32>>> {
+    let a = args!(SelectArgs { slots, steps, track_slots, track_steps, rows, num_slots, num_rows, draft })?;
     let mut passes = vec![CommitPass { name: "commit", slots: &a.slots.0, steps: &a.steps.0 }];
     match (&a.track_slots, &a.track_steps) {
         (Some(slots), Some(steps)) => passes.push(CommitPass { name: "track", slots: &slots.0, steps: &steps.0 }),
@@ -45,6 +58,7 @@ pub(crate) fn sglang_commit_selection(kwargs: Option<&Bound<'_, PyDict>>) -> PyR
 /// temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
 /// host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
 #[pyfunction]
+#[pyo3(signature = (pool: "Sequence[Any]", mamba_cache_cpu: "Any", num_slots: "int") -> "list[Any]")]
 pub(crate) fn sglang_host_copies<'py>(
     pool: &Bound<'py, PyAny>,
     mamba_cache_cpu: &Bound<'py, PyAny>,
@@ -76,7 +90,7 @@ pub(crate) fn sglang_host_copies<'py>(
 /// naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
 /// the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
 #[pyfunction]
-#[pyo3(signature = (op, arg, ids, num_slots = None, unique = false))]
+#[pyo3(signature = (op: "str", arg: "str", ids: "Any", num_slots: "int | None" = None, unique: "bool" = false) -> "list[int]")]
 pub(crate) fn sglang_ids(op: &str, arg: &str, ids: &Bound<'_, PyAny>, num_slots: Option<u64>, unique: bool) -> PyResult<Vec<i64>> {
     let v = Ints::arg(ids, &format!("{op}: {arg}"), ErrorKind::Plan)?.0;
     if let Some(n) = num_slots {
@@ -100,9 +114,18 @@ kwargs! {
 /// temporal state and the optional verify scratch, every one a tensor, with one layer count and
 /// no two sharing memory (`BindingError` naming them).
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-pub(crate) fn sglang_check_pool(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    let a = PoolArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (
+    *, conv: "Sequence[_Tensor]", temporal: "_Tensor", intermediate_ssm: "_Tensor | None" = None,
+    intermediate_conv_window: "Sequence[_Tensor] | None" = None,
+) -> "None")]
+pub(crate) fn sglang_check_pool(
+    conv: Option<&Bound<'_, PyAny>>,
+    temporal: Option<&Bound<'_, PyAny>>,
+    intermediate_ssm: Option<&Bound<'_, PyAny>>,
+    intermediate_conv_window: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let a = args!(PoolArgs { conv, temporal, intermediate_ssm, intermediate_conv_window })?;
     let mut all: Vec<(String, &TensorDesc)> = a.conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), &t.0)).collect();
     all.push(("temporal".into(), &a.temporal.0));
     if let Some(t) = &a.intermediate_ssm {
@@ -138,9 +161,14 @@ kwargs! {
 /// order then layer order) as bytes, with their count and the largest slot's bytes. `scratch[i]`
 /// is `states[i]`'s verify scratch or `None`.
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-pub(crate) fn sglang_slot_table<'py>(py: Python<'py>, kwargs: Option<&Bound<'py, PyDict>>) -> PyResult<(Bound<'py, PyBytes>, u32, u64)> {
-    let a = SlotTableArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (*, states: "Sequence[_Tensor]", scratch: "Sequence[_Tensor | None]") -> "tuple[bytes, int, int]")]
+pub(crate) fn sglang_slot_table<'py>(
+    py: Python<'py>,
+    states: Option<&Bound<'py, PyAny>>,
+    scratch: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyBytes>, u32, u64)> {
+    let a = args!(SlotTableArgs { states, scratch })?;
     let states: Vec<TensorDesc> = a.states.into_iter().map(|t| t.0).collect();
     let recs = kernel::slot_table(&states, &a.scratch.0)?;
     let max_bytes = recs.iter().map(|r| r.bytes).max().unwrap_or(0);
@@ -179,9 +207,29 @@ kwargs! {
 /// there is nothing to launch; every argument checked by the core (int64 vectors of one length on
 /// the pool's device, an int32 error word of 3).
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-pub(crate) fn sglang_slot_launch(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Option<KernelLaunch>> {
-    let a = SlotLaunchArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (
+    *, device: "str | _Tensor", metas: "int", num_meta: "int", max_bytes: "int", num_slots: "int", num_rows: "int" = None,
+    draft: "int" = None, slots: "_Tensor", steps: "_Tensor | None" = None, rows: "_Tensor | None" = None,
+    track_slots: "_Tensor | None" = None, track_steps: "_Tensor | None" = None, err: "_Tensor",
+) -> "KernelLaunch | None")]
+pub(crate) fn sglang_slot_launch(
+    device: Option<&Bound<'_, PyAny>>,
+    metas: Option<&Bound<'_, PyAny>>,
+    num_meta: Option<&Bound<'_, PyAny>>,
+    max_bytes: Option<&Bound<'_, PyAny>>,
+    num_slots: Option<&Bound<'_, PyAny>>,
+    num_rows: Option<&Bound<'_, PyAny>>,
+    draft: Option<&Bound<'_, PyAny>>,
+    slots: Option<&Bound<'_, PyAny>>,
+    steps: Option<&Bound<'_, PyAny>>,
+    rows: Option<&Bound<'_, PyAny>>,
+    track_slots: Option<&Bound<'_, PyAny>>,
+    track_steps: Option<&Bound<'_, PyAny>>,
+    err: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<KernelLaunch>> {
+    let a =
+        args!(SlotLaunchArgs { device, metas, num_meta, max_bytes, num_slots, num_rows, draft, slots, steps, rows, track_slots, track_steps, err })?;
     let call = SlotCall {
         slots: &a.slots.0,
         steps: a.steps.as_ref().map(|t| &t.0),

@@ -4,7 +4,7 @@
 //! group's table moved, the table records to upload first).
 
 use super::commit::PyCommitLaunch;
-use super::conversion::{arg_error, items, kwargs, Arg, FromKwargs, Ints, Table, Tensor};
+use super::conversion::{arg_error, args, items, kwargs, Arg, Ints, Table, Tensor};
 use super::launch::KernelLaunch;
 use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
@@ -13,7 +13,7 @@ use crate::vllm::slot_commit::{plan_stage, CacheShape, SlotCommitInputs};
 use crate::vllm::slot_step::{check_group_ids, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt};
+use pyo3::types::{PyBool, PyBytes, PyInt};
 use std::sync::Mutex;
 
 kwargs! {
@@ -144,9 +144,24 @@ impl VllmSlotStep {
     /// `planner`: the groups' planner, its device path prepared (`bind_device`); the buffers as
     /// `ModelStateV2` owns them (see `crate::vllm::slot_step::SlotBuffers`).
     #[new]
-    #[pyo3(signature = (planner, **kwargs))]
-    fn new(planner: &Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let a = SlotStepArgs::from_kwargs(kwargs)?;
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        planner: "Planner", *, group_ids: "_IntArray", num_slots: "int", state_idx: "_Tensor", num_accepted: "_Tensor", scratch: "_Tensor",
+        ctl: "_Tensor", err: "_Tensor", tables: "_Tensor", commit: "_Tensor",
+    ))]
+    fn new(
+        planner: &Bound<'_, Planner>,
+        group_ids: Option<&Bound<'_, PyAny>>,
+        num_slots: Option<&Bound<'_, PyAny>>,
+        state_idx: Option<&Bound<'_, PyAny>>,
+        num_accepted: Option<&Bound<'_, PyAny>>,
+        scratch: Option<&Bound<'_, PyAny>>,
+        ctl: Option<&Bound<'_, PyAny>>,
+        err: Option<&Bound<'_, PyAny>>,
+        tables: Option<&Bound<'_, PyAny>>,
+        commit: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let a = args!(SlotStepArgs { group_ids, num_slots, state_idx, num_accepted, scratch, ctl, err, tables, commit })?;
         let p = planner.get();
         let group_ids = check_group_ids(&a.group_ids.0, p.inner.num_groups())?;
         let fused = p.fused()?.clone();
@@ -185,6 +200,7 @@ impl VllmSlotStep {
 
     /// Checks a list of KV-cache group ids for a planner of `groups` groups; returns them.
     #[staticmethod]
+    #[pyo3(signature = (ids: "Any", groups: "int") -> "list[int]")]
     fn check_group_ids(ids: &Bound<'_, PyAny>, groups: usize) -> PyResult<Vec<usize>> {
         let ids = items(ids, "group_ids", ErrorKind::Plan, "integers")?
             .iter()
@@ -199,7 +215,10 @@ impl VllmSlotStep {
     /// `(launch, table records or None)`. With `run`, one guarded write: after every check
     /// `run(launch, table records or None, None)` queues the upload and the launch, and the states
     /// are recorded as written, in this call.
-    #[pyo3(signature = (block_tables, idx_mapping, num_computed_tokens, query_start_loc, run = None))]
+    #[pyo3(signature = (
+        block_tables: "Any", idx_mapping: "Any", num_computed_tokens: "Any", query_start_loc: "Any",
+        run: "Callable[[KernelLaunch, bytes | None, None], Any] | None" = None,
+    ) -> "tuple[KernelLaunch, bytes | None]")]
     fn pre<'py>(
         &self,
         py: Python<'py>,
@@ -227,15 +246,38 @@ impl VllmSlotStep {
     /// and handed to the post-process's `run` (inside its guarded write, to run before the launch).
     /// Returns the bytes to copy into the front of the stage buffer;
     /// nothing is staged when the core refuses the commit.
-    #[pyo3(signature = (kernel = None, reference = None, **kwargs))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        kernel: "tuple[CommitLaunch, BoundTensors] | None" = None, reference: "Callable[[Any], Any] | None" = None, *,
+        request_indices: "_IntArray", state_blocks: "_IntArray", num_computed_tokens: "_IntArray", block_table: "_IntArray",
+        query_lens: "_IntArray | None" = None, window: "int", num_blocks: "int", max_requests: "int", generation: "int",
+    ) -> "bytes")]
     fn stage_commit<'py>(
         &self,
         py: Python<'py>,
         kernel: Option<(Bound<'_, PyCommitLaunch>, Bound<'_, PyAny>)>,
         reference: Option<Bound<'_, PyAny>>,
-        kwargs: Option<&Bound<'_, PyDict>>,
+        request_indices: Option<&Bound<'_, PyAny>>,
+        state_blocks: Option<&Bound<'_, PyAny>>,
+        num_computed_tokens: Option<&Bound<'_, PyAny>>,
+        block_table: Option<&Bound<'_, PyAny>>,
+        query_lens: Option<&Bound<'_, PyAny>>,
+        window: Option<&Bound<'_, PyAny>>,
+        num_blocks: Option<&Bound<'_, PyAny>>,
+        max_requests: Option<&Bound<'_, PyAny>>,
+        generation: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let a = StageArgs::from_kwargs(kwargs)?;
+        let a = args!(StageArgs {
+            request_indices,
+            state_blocks,
+            num_computed_tokens,
+            block_table,
+            query_lens,
+            window,
+            num_blocks,
+            max_requests,
+            generation
+        })?;
         let inputs = SlotCommitInputs {
             request_indices: &a.request_indices.0,
             state_blocks: &a.state_blocks.0,
@@ -260,7 +302,10 @@ impl VllmSlotStep {
     /// the core builds forgets the staged commit (with `commit` or not); a refused one keeps it.
     /// `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
     /// `reference` when it runs with this post-process (else `None`).
-    #[pyo3(signature = (idx_mapping, num_sampled, num_computed_tokens, block_tables, commit = false, run = None))]
+    #[pyo3(signature = (
+        idx_mapping: "Any", num_sampled: "Any", num_computed_tokens: "Any", block_tables: "Any", commit: "bool" = false,
+        run: "Callable[[KernelLaunch, bytes | None, Any], Any] | None" = None,
+    ) -> "tuple[KernelLaunch, bytes | None]")]
     #[allow(clippy::too_many_arguments)]
     fn post<'py>(
         &self,

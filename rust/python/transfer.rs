@@ -53,7 +53,7 @@ impl From<Fingerprint> for LayoutFingerprint {
 #[pymethods]
 impl LayoutFingerprint {
     #[new]
-    #[pyo3(signature = (layout, *, tp_rank = None, block_size = None))]
+    #[pyo3(signature = (layout: "Layout", *, tp_rank: "int | None" = None, block_size: "int | None" = None))]
     fn new(layout: &Bound<'_, PyAny>, tp_rank: Option<&Bound<'_, PyAny>>, block_size: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let layout = instance::<Layout>(layout, "layout", ErrorKind::Binding, "Layout")?;
         let int = |v: Option<&Bound<'_, PyAny>>, name: &str| v.map_or(Ok(0), |v| u64::arg(v, name, ErrorKind::Binding));
@@ -62,12 +62,14 @@ impl LayoutFingerprint {
     }
     /// Parses the text form of `encode` (LayoutError for any defect, sizes checked for overflow).
     #[staticmethod]
+    #[pyo3(signature = (text: "str") -> "LayoutFingerprint")]
     fn decode(text: &str) -> PyResult<Self> {
         Ok(Fingerprint::decode(text)?.into())
     }
     fn encode(&self) -> String {
         self.inner.encode()
     }
+    // stub: -> _ConvLayoutName | None
     #[getter]
     fn conv_layout(&self) -> Option<&'static str> {
         self.inner.conv_layout().map(|l| l.name())
@@ -81,6 +83,7 @@ impl LayoutFingerprint {
     fn state_names(&self) -> Vec<String> {
         self.inner.states.iter().map(|s| s.name.clone()).collect()
     }
+    // stub: -> list[tuple[_ConvLayoutName, int, int] | None]
     /// `(layout, width, dim)` of each conv state, None for head-sliced states.
     #[getter]
     fn conv_geometry(&self) -> Vec<Option<(&'static str, u64, u64)>> {
@@ -94,6 +97,7 @@ impl LayoutFingerprint {
             .collect()
     }
     /// This fingerprint with another TP rank (the same pool layout on a sibling rank).
+    #[pyo3(signature = (tp_rank: "int") -> "LayoutFingerprint")]
     fn with_rank(&self, tp_rank: u64) -> PyResult<Self> {
         let inner = Fingerprint { tp_rank, ..self.inner.clone() };
         inner.check()?;
@@ -238,6 +242,10 @@ fn block_pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
 /// any of its ranks) to the destination rank `destination`. `source_pools`: one geometry
 /// `(num_layers, num_blocks, block_strides)` shared by every source rank, or one per rank.
 #[pyfunction]
+#[pyo3(signature = (
+    source: "LayoutFingerprint", source_pools: "Sequence[tuple[int, int, Sequence[int]]]", destination: "LayoutFingerprint",
+    destination_pool: "tuple[int, int, Sequence[int]]", requests: "Sequence[tuple[int, int]] | Any",
+) -> "TransferPlan")]
 pub(crate) fn plan_transfer(
     py: Python<'_>,
     source: &Bound<'_, PyAny>,
@@ -265,6 +273,7 @@ pub(crate) fn plan_transfer(
 /// fingerprint holds that rank (BindingError for swapped shards) and all are ranks of one
 /// instance (BindingError for an SD pool with a DS pool, or two TP sizes). Returns the first.
 #[pyfunction]
+#[pyo3(signature = (sources: "Sequence[tuple[int, LayoutFingerprint]]") -> "LayoutFingerprint")]
 pub(crate) fn check_sources(sources: &Bound<'_, PyAny>) -> PyResult<LayoutFingerprint> {
     let mut given: Vec<(u64, Fingerprint)> = Vec::new();
     for (i, pair) in items(sources, "sources", ErrorKind::Binding, "(rank, LayoutFingerprint) pairs")?.iter().enumerate() {
@@ -310,6 +319,10 @@ impl PeerInfo {
 #[pymethods]
 impl PeerInfo {
     #[new]
+    #[pyo3(signature = (
+        name: "str", metadata: "bytes", fingerprint: "LayoutFingerprint", geometry: "tuple[int, int, Sequence[int]]",
+        addresses: "Sequence[int]",
+    ))]
     fn new(
         py: Python<'_>,
         name: String,
@@ -323,6 +336,7 @@ impl PeerInfo {
     }
     /// Reads and checks a peer's message (LayoutError naming the defect).
     #[staticmethod]
+    #[pyo3(signature = (data: "bytes") -> "PeerInfo")]
     fn from_bytes(py: Python<'_>, data: &[u8]) -> PyResult<Self> {
         Self::wrap(py, transfer::PeerInfo::decode(data)?)
     }
@@ -335,6 +349,7 @@ impl PeerInfo {
     fn metadata<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.inner.metadata)
     }
+    // stub: -> tuple[int, int, list[int]]
     /// `(num_layers, num_blocks, block_strides)` of the peer's pool.
     #[getter]
     fn geometry(&self) -> GeometryTuple {
@@ -360,7 +375,9 @@ fn guards<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Vec<Bound<'py, B
 /// or re-pointed, before anything runs --, runs `run()` (the copies), then bumps the version
 /// counters of what `writes` holds. Returns what `run` returns.
 #[pyfunction]
-#[pyo3(signature = (run, *, reads = None, writes = None))]
+#[pyo3(signature = (
+    run: "Callable[[], _T]", *, reads: "Sequence[BoundTensors] | None" = None, writes: "Sequence[BoundTensors] | None" = None,
+) -> "_T")]
 pub(crate) fn guarded_write(
     py: Python<'_>,
     run: &Bound<'_, PyAny>,
@@ -386,6 +403,9 @@ pub(crate) fn guarded_write(
 /// the missing ranks, of `tp_size`, otherwise); the guards of those ranks and of `destination`
 /// are checked, `run()` moves the bytes, and the destination's writes are recorded.
 #[pyfunction]
+#[pyo3(signature = (
+    plan: "TransferPlan", sources: "Mapping[int, BoundTensors]", tp_size: "int", destination: "BoundTensors", run: "Callable[[], _T]",
+) -> "_T")]
 pub(crate) fn guarded_transfer(
     py: Python<'_>,
     plan: PyRef<'_, TransferPlan>,
@@ -428,7 +448,7 @@ fn pool_fingerprint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Fingerprint>
 
 /// Checks that `pool` (the argument `what`) is a StatePool; returns its fingerprint.
 #[pyfunction]
-#[pyo3(signature = (pool, what = "pool"))]
+#[pyo3(signature = (pool: "Any", what: "str" = "pool") -> "LayoutFingerprint")]
 pub(crate) fn check_pool(pool: &Bound<'_, PyAny>, what: &str) -> PyResult<LayoutFingerprint> {
     Ok(pool_fingerprint(pool, what)?.into())
 }
@@ -438,6 +458,7 @@ pub(crate) fn check_pool(pool: &Bound<'_, PyAny>, what: &str) -> PyResult<Layout
 /// is given twice, and all are ranks of one instance (BindingError naming the defect). Returns
 /// the first source's fingerprint and the `(rank, pool)` pairs.
 #[pyfunction]
+#[pyo3(signature = (sources: "Any") -> "tuple[LayoutFingerprint, list[tuple[int, Any]]]")]
 pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourcePools<'py>> {
     let mut pairs: Vec<(u64, Bound<'py, PyAny>, Fingerprint)> = Vec::new();
     if let Ok(map) = sources.cast::<pyo3::types::PyMapping>() {
@@ -465,7 +486,7 @@ pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourceP
 /// naming the argument otherwise). Their values are the plan's to check (a negative block is
 /// refused naming its request).
 #[pyfunction]
-#[pyo3(signature = (blocks, what = "blocks"))]
+#[pyo3(signature = (blocks: "Any", what: "str" = "blocks") -> "list[int]")]
 pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     if blocks.len().ok() == Some(0) && !blocks.is_instance_of::<pyo3::types::PyString>() {
         return Ok(Vec::new());
@@ -478,6 +499,7 @@ pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<
 /// (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
 /// [`source_pools`] (BindingError).
 #[pyfunction]
+#[pyo3(signature = (states: "Any", num_blocks: "int") -> "tuple[LayoutFingerprint, list[tuple[int, Any]]]")]
 pub(crate) fn restore_sources<'py>(states: &Bound<'py, PyAny>, num_blocks: u64) -> PyResult<SourcePools<'py>> {
     let py = states.py();
     let one = states.hasattr(pyo3::intern!(py, "pool")).unwrap_or(false);

@@ -56,7 +56,10 @@ fn spill_binding<'a>(tier: Option<&'a PyRef<'_, HostCacheIndex>>, entry: Option<
 /// dtype, shape, begin, end)`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)] // the header's fields, the data and the spill binding, by name
-#[pyo3(signature = (fingerprint, num_layers, num_requests, source_blocks, data, *, tier = None, entry = None))]
+#[pyo3(signature = (
+    fingerprint: "LayoutFingerprint", num_layers: "int", num_requests: "int", source_blocks: "Sequence[int]", data: "Any", *,
+    tier: "HostCacheIndex | None" = None, entry: "int | None" = None,
+) -> "tuple[list[tuple[str, str]], list[tuple[str, str, list[int], int, int]]]")]
 pub(crate) fn encode_saved_states(
     py: Python<'_>,
     fingerprint: PyRef<'_, LayoutFingerprint>,
@@ -80,6 +83,7 @@ pub(crate) fn encode_saved_states(
 /// directory must exist and not be world-writable without the sticky bit. Returns the bytes
 /// written; BindingError naming the path for any failure (the target is then unchanged).
 #[pyfunction]
+#[pyo3(signature = (path: "str | os.PathLike[str]", parts: "Sequence[Any]") -> "int")]
 pub(crate) fn write_file(py: Python<'_>, path: &Bound<'_, PyAny>, parts: &Bound<'_, PyAny>) -> PyResult<u64> {
     let path = path_arg(path, "path")?;
     let bufs = items(parts, "parts", ErrorKind::Binding, "byte buffers")?
@@ -106,6 +110,7 @@ pub(crate) fn write_file(py: Python<'_>, path: &Bound<'_, PyAny>, parts: &Bound<
 
 /// Removes the file `path` if it exists (BindingError naming it when it cannot be removed).
 #[pyfunction]
+#[pyo3(signature = (path: "str | os.PathLike[str]") -> "None")]
 pub(crate) fn remove_file(path: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(transfer::files::remove(&path_arg(path, "path")?, "path")?)
 }
@@ -114,6 +119,7 @@ pub(crate) fn remove_file(path: &Bound<'_, PyAny>) -> PyResult<()> {
 /// length inside the file, no deeper nesting than a header has) and the data section's.
 /// BindingError naming the path when it cannot be read; LayoutError for bad framing.
 #[pyfunction]
+#[pyo3(signature = (path: "str | os.PathLike[str]") -> "tuple[bytes, bytes]")]
 pub(crate) fn read_saved_file<'py>(py: Python<'py>, path: &Bound<'_, PyAny>) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let path = path_arg(path, "path")?;
     let (raw, span) = py.detach(|| -> crate::error::Result<_> {
@@ -131,7 +137,10 @@ pub(crate) fn read_saved_file<'py>(py: Python<'py>, path: &Bound<'_, PyAny>) -> 
 /// (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
 /// LayoutError names the defect.
 #[pyfunction]
-#[pyo3(signature = (metadata, tensors, data, *, tier = None, entry = None, key = String::new()))]
+#[pyo3(signature = (
+    metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, Sequence[int], int, int]]", data: "Any", *,
+    tier: "HostCacheIndex | None" = None, entry: "int | None" = None, key: "str" = String::new(),
+) -> "tuple[LayoutFingerprint, int, int, list[int]]")]
 pub(crate) fn check_saved_states(
     py: Python<'_>,
     metadata: std::collections::HashMap<String, String>,
@@ -193,7 +202,9 @@ impl HostCacheIndex {
     /// `disk_dir`: where evicted entries spill (None: they are dropped); it must exist and not be
     /// world-writable without the sticky bit (BindingError naming it otherwise).
     #[new]
-    #[pyo3(signature = (fingerprint, num_layers, capacity_bytes, *, disk_dir = None))]
+    #[pyo3(signature = (
+        fingerprint: "LayoutFingerprint", num_layers: "int", capacity_bytes: "int", *, disk_dir: "str | os.PathLike[str] | None" = None,
+    ))]
     fn new(
         fingerprint: &Bound<'_, PyAny>,
         num_layers: &Bound<'_, PyAny>,
@@ -237,6 +248,7 @@ impl HostCacheIndex {
         }
     }
     /// Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable).
+    #[pyo3(signature = (key: "object") -> "None")]
     fn check_key(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
         key.hash()
             .map(|_| ())
@@ -259,7 +271,7 @@ impl HostCacheIndex {
     }
     /// PlanError unless a prefetch handle of entry `handle_entry` may finish the restore of entry
     /// `id` (None: a key the tier does not hold), named `key` in the error.
-    #[pyo3(signature = (id, handle_entry, key))]
+    #[pyo3(signature = (id: "int | None", handle_entry: "int | None", key: "str") -> "None")]
     fn check_prefetched(&self, id: Option<u64>, handle_entry: Option<u64>, key: &str) -> PyResult<()> {
         Ok(self.inner.check_prefetched(id, handle_entry, key)?)
     }
@@ -281,6 +293,7 @@ impl HostCacheIndex {
     }
     /// `"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
     /// in-memory entry becomes the most recently used.
+    #[pyo3(signature = (id: "int") -> "Literal['memory', 'disk'] | None")]
     fn lookup(&mut self, id: u64) -> Option<&'static str> {
         location(self.inner.lookup(id))
     }
@@ -289,10 +302,12 @@ impl HostCacheIndex {
         self.inner.touch(id)
     }
     /// Where `id` is held (`"memory"`, `"disk"`, None), without marking it used.
+    #[pyo3(signature = (id: "int") -> "Literal['memory', 'disk'] | None")]
     fn location(&self, id: u64) -> Option<&'static str> {
         location(self.inner.location(id))
     }
     /// Forgets `id`; returns where it was held.
+    #[pyo3(signature = (id: "int") -> "Literal['memory', 'disk'] | None")]
     fn drop(&mut self, id: u64) -> Option<&'static str> {
         location(self.inner.drop(id))
     }

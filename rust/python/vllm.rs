@@ -4,7 +4,7 @@
 //! int64 rows in one buffer that numpy views without a copy.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, items, kwargs, Arg, DeviceOf, FromKwargs, Ints, RequestNames, Tables, Tensor};
+use super::conversion::{arg_error, args, items, kwargs, Arg, DeviceOf, Ints, RequestNames, Tables, Tensor};
 use super::launch::KernelLaunch;
 use super::plan::CopyPlan;
 use super::planner::Planner;
@@ -17,7 +17,7 @@ use crate::vllm::device_step::{self, StagedStep, Tables as TableSource};
 use crate::vllm::slots::{self, SlotTable};
 use crate::vllm::{self, decide, PostInputs, PreInputs, StepConfig};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyString;
 
 /// Accepted counts: a host vector (checked by the host decision) or a device tensor (read only by
 /// the kernel).
@@ -118,9 +118,24 @@ impl PostArgs {
 
 /// vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`.
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn align_pre_copy(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
-    let a = PreArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (
+    *, tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray", num_accepted: "_IntArray",
+    mamba_state_idx: "_IntArray", fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None,
+    block_size: "int | None" = None, num_spec_blocks: "int | None" = None,
+) -> "RawBuffer")]
+fn align_pre_copy(
+    tables: Option<&Bound<'_, PyAny>>,
+    num_computed: Option<&Bound<'_, PyAny>>,
+    num_scheduled: Option<&Bound<'_, PyAny>>,
+    num_accepted: Option<&Bound<'_, PyAny>>,
+    mamba_state_idx: Option<&Bound<'_, PyAny>>,
+    fresh: Option<&Bound<'_, PyAny>>,
+    req_ids: Option<&Bound<'_, PyAny>>,
+    block_size: Option<&Bound<'_, PyAny>>,
+    num_spec_blocks: Option<&Bound<'_, PyAny>>,
+) -> PyResult<RawBuffer> {
+    let a = args!(PreArgs { tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids, block_size, num_spec_blocks })?;
     let fresh = fresh_mask(&a.fresh);
     let d = decide::pre_copy(&a.inputs(&fresh), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
     Ok(rows(&[&d.prev, &d.curr, &d.src_col, &d.bias, &d.num_accepted]))
@@ -129,18 +144,49 @@ fn align_pre_copy(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
 /// vLLM's post-process decision (no copies): int64 rows `running, aligned, dest, bias, src_col,
 /// num_accepted`.
 #[pyfunction]
-#[pyo3(signature = (**kwargs))]
-fn align_post_process(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<RawBuffer> {
-    let a = PostArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (
+    *, tables: "Sequence[_IntArray] | _IntArray", state_col: "_IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray",
+    num_draft: "_IntArray", num_accepted: "_IntArray", req_ids: "Sequence[str] | None" = None, block_size: "int | None" = None,
+    num_spec_blocks: "int | None" = None,
+) -> "RawBuffer")]
+fn align_post_process(
+    tables: Option<&Bound<'_, PyAny>>,
+    state_col: Option<&Bound<'_, PyAny>>,
+    num_computed: Option<&Bound<'_, PyAny>>,
+    num_scheduled: Option<&Bound<'_, PyAny>>,
+    num_draft: Option<&Bound<'_, PyAny>>,
+    num_accepted: Option<&Bound<'_, PyAny>>,
+    req_ids: Option<&Bound<'_, PyAny>>,
+    block_size: Option<&Bound<'_, PyAny>>,
+    num_spec_blocks: Option<&Bound<'_, PyAny>>,
+) -> PyResult<RawBuffer> {
+    let a = args!(PostArgs { tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids, block_size, num_spec_blocks })?;
     let d = decide::post_process(&a.inputs(), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
     Ok(rows(&[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted]))
 }
 
 /// The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
 #[pyfunction]
-#[pyo3(name = "vllm_pre_copy", signature = (planner, **kwargs))]
-fn pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<(RawBuffer, CopyPlan)> {
-    let a = PreArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "vllm_pre_copy", signature = (
+    planner: "Planner", *, tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray",
+    num_accepted: "_IntArray", mamba_state_idx: "_IntArray", fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None,
+    block_size: "int | None" = None, num_spec_blocks: "int | None" = None,
+) -> "tuple[RawBuffer, CopyPlan]")]
+fn pre_copy(
+    planner: Bound<'_, Planner>,
+    tables: Option<&Bound<'_, PyAny>>,
+    num_computed: Option<&Bound<'_, PyAny>>,
+    num_scheduled: Option<&Bound<'_, PyAny>>,
+    num_accepted: Option<&Bound<'_, PyAny>>,
+    mamba_state_idx: Option<&Bound<'_, PyAny>>,
+    fresh: Option<&Bound<'_, PyAny>>,
+    req_ids: Option<&Bound<'_, PyAny>>,
+    block_size: Option<&Bound<'_, PyAny>>,
+    num_spec_blocks: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(RawBuffer, CopyPlan)> {
+    let a = args!(PreArgs { tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids, block_size, num_spec_blocks })?;
     let fresh = fresh_mask(&a.fresh);
     let p = planner.get();
     let (d, plan) = vllm::pre_copy(
@@ -153,9 +199,25 @@ fn pre_copy(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> 
 
 /// The post-process decision (rows as `align_post_process`) and its plan.
 #[pyfunction]
-#[pyo3(name = "vllm_post_process", signature = (planner, **kwargs))]
-fn post_process(planner: Bound<'_, Planner>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<(RawBuffer, CopyPlan)> {
-    let a = PostArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "vllm_post_process", signature = (
+    planner: "Planner", *, tables: "Sequence[_IntArray] | _IntArray", state_col: "_IntArray", num_computed: "_IntArray",
+    num_scheduled: "_IntArray", num_draft: "_IntArray", num_accepted: "_IntArray", req_ids: "Sequence[str] | None" = None,
+    block_size: "int | None" = None, num_spec_blocks: "int | None" = None,
+) -> "tuple[RawBuffer, CopyPlan]")]
+fn post_process(
+    planner: Bound<'_, Planner>,
+    tables: Option<&Bound<'_, PyAny>>,
+    state_col: Option<&Bound<'_, PyAny>>,
+    num_computed: Option<&Bound<'_, PyAny>>,
+    num_scheduled: Option<&Bound<'_, PyAny>>,
+    num_draft: Option<&Bound<'_, PyAny>>,
+    num_accepted: Option<&Bound<'_, PyAny>>,
+    req_ids: Option<&Bound<'_, PyAny>>,
+    block_size: Option<&Bound<'_, PyAny>>,
+    num_spec_blocks: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(RawBuffer, CopyPlan)> {
+    let a = args!(PostArgs { tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids, block_size, num_spec_blocks })?;
     let p = planner.get();
     let (d, plan) = vllm::post_process(
         &p.inner,
@@ -283,9 +345,46 @@ fn device_half<T>(
 /// after every check, `run(staged, launch)` queues the copy and the launch, and the states are
 /// recorded as written.
 #[pyfunction]
-#[pyo3(name = "vllm_device_pre_copy", signature = (planner, run = None, **kwargs))]
-fn device_pre_copy(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
-    let a = DeviceArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "vllm_device_pre_copy", signature = (
+    planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], Any] | None" = None, *, tables: "Sequence[_IntArray] | _IntArray",
+    num_computed: "_IntArray", num_scheduled: "_IntArray", mamba_state_idx: "_IntArray | None" = None,
+    state_col: "_IntArray | None" = None, num_draft: "_IntArray | None" = None, num_accepted: "_IntArray | _Tensor",
+    fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None, staging: "_Tensor", device_table: "_Tensor | None" = None,
+    err: "_Tensor", num_accepted_out: "_Tensor",
+) -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
+fn device_pre_copy(
+    planner: Bound<'_, Planner>,
+    run: Option<Bound<'_, PyAny>>,
+    tables: Option<&Bound<'_, PyAny>>,
+    num_computed: Option<&Bound<'_, PyAny>>,
+    num_scheduled: Option<&Bound<'_, PyAny>>,
+    mamba_state_idx: Option<&Bound<'_, PyAny>>,
+    state_col: Option<&Bound<'_, PyAny>>,
+    num_draft: Option<&Bound<'_, PyAny>>,
+    num_accepted: Option<&Bound<'_, PyAny>>,
+    fresh: Option<&Bound<'_, PyAny>>,
+    req_ids: Option<&Bound<'_, PyAny>>,
+    staging: Option<&Bound<'_, PyAny>>,
+    device_table: Option<&Bound<'_, PyAny>>,
+    err: Option<&Bound<'_, PyAny>>,
+    num_accepted_out: Option<&Bound<'_, PyAny>>,
+) -> PyResult<DeviceHalf> {
+    let a = args!(DeviceArgs {
+        tables,
+        num_computed,
+        num_scheduled,
+        mamba_state_idx,
+        state_col,
+        num_draft,
+        num_accepted,
+        fresh,
+        req_ids,
+        staging,
+        device_table,
+        err,
+        num_accepted_out
+    })?;
     let fresh = fresh_mask(&a.fresh);
     let host = a.num_accepted.host();
     let inp = PreInputs {
@@ -302,9 +401,46 @@ fn device_pre_copy(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>, k
 /// The post-process for the device (decided by the kernel from the counts): returns `running`,
 /// the staged step and the launch, as `device_pre_copy`.
 #[pyfunction]
-#[pyo3(name = "vllm_device_post_process", signature = (planner, run = None, **kwargs))]
-fn device_post_process(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<DeviceHalf> {
-    let a = DeviceArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "vllm_device_post_process", signature = (
+    planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], Any] | None" = None, *, tables: "Sequence[_IntArray] | _IntArray",
+    num_computed: "_IntArray", num_scheduled: "_IntArray", mamba_state_idx: "_IntArray | None" = None,
+    state_col: "_IntArray | None" = None, num_draft: "_IntArray | None" = None, num_accepted: "_IntArray | _Tensor",
+    fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None, staging: "_Tensor", device_table: "_Tensor | None" = None,
+    err: "_Tensor", num_accepted_out: "_Tensor",
+) -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
+fn device_post_process(
+    planner: Bound<'_, Planner>,
+    run: Option<Bound<'_, PyAny>>,
+    tables: Option<&Bound<'_, PyAny>>,
+    num_computed: Option<&Bound<'_, PyAny>>,
+    num_scheduled: Option<&Bound<'_, PyAny>>,
+    mamba_state_idx: Option<&Bound<'_, PyAny>>,
+    state_col: Option<&Bound<'_, PyAny>>,
+    num_draft: Option<&Bound<'_, PyAny>>,
+    num_accepted: Option<&Bound<'_, PyAny>>,
+    fresh: Option<&Bound<'_, PyAny>>,
+    req_ids: Option<&Bound<'_, PyAny>>,
+    staging: Option<&Bound<'_, PyAny>>,
+    device_table: Option<&Bound<'_, PyAny>>,
+    err: Option<&Bound<'_, PyAny>>,
+    num_accepted_out: Option<&Bound<'_, PyAny>>,
+) -> PyResult<DeviceHalf> {
+    let a = args!(DeviceArgs {
+        tables,
+        num_computed,
+        num_scheduled,
+        mamba_state_idx,
+        state_col,
+        num_draft,
+        num_accepted,
+        fresh,
+        req_ids,
+        staging,
+        device_table,
+        err,
+        num_accepted_out
+    })?;
     let host = a.num_accepted.host();
     let inp = PostInputs {
         state_col: required(&a.state_col, "state_col")?,
@@ -329,9 +465,17 @@ kwargs! {
 
 /// Checks `prev_rows` of a device pre-copy (`device_step::check_prev_rows`).
 #[pyfunction]
-#[pyo3(name = "vllm_check_prev_rows", signature = (**kwargs))]
-fn check_prev_rows(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    let a = PrevRowsArgs::from_kwargs(kwargs)?;
+#[allow(clippy::too_many_arguments)]
+#[pyo3(name = "vllm_check_prev_rows", signature = (
+    *, device: "str | _Tensor", prev_rows: "_Tensor", rows: "int", num_accepted_given: "bool",
+) -> "None")]
+fn check_prev_rows(
+    device: Option<&Bound<'_, PyAny>>,
+    prev_rows: Option<&Bound<'_, PyAny>>,
+    rows: Option<&Bound<'_, PyAny>>,
+    num_accepted_given: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let a = args!(PrevRowsArgs { device, prev_rows, rows, num_accepted_given })?;
     Ok(device_step::check_prev_rows(&a.device.0, &a.prev_rows.0, a.rows, a.num_accepted_given)?)
 }
 
@@ -342,6 +486,7 @@ type GroupPair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 /// `(layout, states)` pairs (the planner checks those); anything else is a `BindingError` naming
 /// the group.
 #[pyfunction]
+#[pyo3(signature = (groups: "Any") -> "tuple[list[int], list[tuple[Any, Any]]]")]
 fn vllm_step_groups<'py>(groups: &Bound<'py, PyAny>) -> PyResult<(Vec<i64>, Vec<GroupPair<'py>>)> {
     let kind = ErrorKind::Binding;
     let mut ids = Vec::new();
@@ -360,6 +505,7 @@ fn vllm_step_groups<'py>(groups: &Bound<'py, PyAny>) -> PyResult<(Vec<i64>, Vec<
 /// Checks a step's scheduling parameters against its planner (`vllm::check_step`): `block_size`
 /// given to the planner, `num_spec_blocks` its groups' `num_spec`.
 #[pyfunction]
+#[pyo3(signature = (planner: "Planner", num_spec_blocks: "int") -> "None")]
 fn check_vllm_step(planner: Bound<'_, Planner>, num_spec_blocks: &Bound<'_, PyAny>) -> PyResult<()> {
     let n: i64 = Arg::arg(num_spec_blocks, "num_spec_blocks", ErrorKind::Plan)?;
     let p = planner.get();
@@ -393,24 +539,27 @@ pub struct PySlots {
 impl PySlots {
     /// A table of `max_num_reqs` slots (`1 ..= 2**24`).
     #[new]
+    #[pyo3(signature = (max_num_reqs: "int"))]
     fn new(max_num_reqs: &Bound<'_, PyAny>) -> PyResult<Self> {
         let n: i64 = Arg::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?;
         Ok(PySlots { inner: SlotTable::new(n)? })
     }
     /// Each request's slot in batch order (new requests get a free one) and the ids given a slot
     /// by this call. Nothing changes on an error (an id listed twice, the table full).
+    #[pyo3(signature = (req_ids: "Sequence[str]") -> "tuple[list[int], list[str]]")]
     fn assign(&mut self, req_ids: &Bound<'_, PyAny>) -> PyResult<(Vec<i64>, Vec<String>)> {
         let ids = request_ids(req_ids, "req_ids")?;
         Ok(self.inner.assign(&id_texts(&ids)?)?)
     }
     /// Frees the slots of `req_ids` (ids without one are skipped); returns the freed slots.
+    #[pyo3(signature = (req_ids: "Iterable[str]") -> "list[int]")]
     fn release(&mut self, req_ids: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         let ids = request_ids(req_ids, "req_ids")?;
         Ok(self.inner.release(&id_texts(&ids)?))
     }
     /// Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
     /// requests in errors.
-    #[pyo3(signature = (slots, req_ids = None))]
+    #[pyo3(signature = (slots: "Any", req_ids: "Sequence[str] | None" = None) -> "list[int]")]
     fn check(&self, slots: &Bound<'_, PyAny>, req_ids: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
         let slots = Ints::arg(slots, "slots", ErrorKind::Plan)?.0;
         let names = RequestNames(req_ids.filter(|r| !r.is_none()).map(|r| r.clone().unbind()));
@@ -419,6 +568,7 @@ impl PySlots {
     }
     /// `max_num_reqs` checked as a table's capacity (`PlanError` outside `1 ..= 2**24`).
     #[staticmethod]
+    #[pyo3(signature = (max_num_reqs: "int") -> "int")]
     fn check_capacity(max_num_reqs: &Bound<'_, PyAny>) -> PyResult<usize> {
         let n: i64 = Arg::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?;
         Ok(slots::check_capacity(n)?)

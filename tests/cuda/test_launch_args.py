@@ -1,5 +1,5 @@
 """How a device step reaches the core: ``Planner.device_step`` takes the step's tensors positionally
-(the launch path builds no dictionary) or every argument by keyword, and both give the same launch;
+(the launch path builds no dictionary) or by keyword, and every spelling gives the same launch;
 the launch methods' options are plain keywords; a tensor's dtype and device are described afresh on
 every call (the spellings the core remembers are keyed by the dtype and device themselves)."""
 
@@ -44,8 +44,9 @@ def test_positional_and_keyword_steps_pack_the_same_launch(fake_ops, recorder):
         kw = dict(zip(NAMES, step), err=err, num_accepted_out=out, **opts)
         by_name, n1, narrow1 = core.device_step(**kw)
         by_place, n2, narrow2 = core.device_step(*step, err, out, **opts)
-        assert (n1, narrow1) == (n2, narrow2) == (2, False)
-        assert by_name.values() == by_place.values() and by_name.args == by_place.args
+        mixed, n3, narrow3 = core.device_step(*step, err=err, num_accepted_out=out, **opts)
+        assert (n1, narrow1) == (n2, narrow2) == (n3, narrow3) == (2, False)
+        assert by_name.values() == by_place.values() == mixed.values() and by_name.args == by_place.args == mixed.args
     # err / num_accepted_out may be left off or given as None
     assert core.device_step(*step)[0].values() == core.device_step(*step, None, None)[0].values()
     assert core.check_device_step(*step) == core.check_device_step(**dict(zip(NAMES, step))) == 2
@@ -54,10 +55,7 @@ def test_positional_and_keyword_steps_pack_the_same_launch(fake_ops, recorder):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda c, s: c.device_step(*s[:3]), r"positionally or all by keyword, got 3 positional"),
-        (lambda c, s: c.device_step(*s, None, None, None), r"got 7 positional"),
-        (lambda c, s: c.device_step(*s, num_accepted_out=None), r"unexpected argument 'num_accepted_out'"),
-        (lambda c, s: c.device_step(*s, err=None), r"unexpected argument 'err'; this call takes block_size, pre_copy"),
+        (lambda c, s: c.device_step(*s[:3], None), r"missing argument 'num_accepted'"),
         (lambda c, s: c.device_step(s[0], s[1], [0, 0], s[3]), r"second: expected a CUDA tensor.*got a list"),
         (lambda c, s: c.device_step(*s, "x"), r"err: expected a CUDA tensor.*got a str"),
         (lambda c, s: c.device_step(*s, pre_copy=1), r"pre_copy must be a bool, got int"),
@@ -67,6 +65,22 @@ def test_device_step_refuses_mixed_or_wrong_arguments(fake_ops, recorder, call, 
     planner = _planner()
     planner.device_path("test")  # the device path bound (the table "uploaded"), no kernel loaded
     with pytest.raises(PlanError, match=message):
+        call(planner.core, _step())
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda c, s: c.device_step(*s[:3]), r"missing 1 required positional argument: 'num_accepted'"),
+        (lambda c, s: c.device_step(*s, None, None, None), r"6 positional arguments but 7 were given"),
+        (lambda c, s: c.device_step(*s, errr=None), r"unexpected keyword argument 'errr'"),
+    ],
+)
+def test_device_step_signature_is_python_s(fake_ops, recorder, call, message):
+    """A call that does not fit the typed signature is Python's TypeError, as for any function."""
+    planner = _planner()
+    planner.device_path("test")
+    with pytest.raises(TypeError, match=message):
         call(planner.core, _step())
 
 
