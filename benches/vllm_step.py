@@ -126,7 +126,7 @@ def time_adapter(kvc, fc, ib, requests, so, ids, reps):
     times = []
     for _ in range(reps):
         step.release(ids)
-        step._slots(ids, [])
+        step._slots_table.assign(ids)  # each request its request index, as preprocess assigns them
         step.mamba_state_idx[: len(ids)] = 0
         ib.num_accepted_tokens_cpu[:] = 1
         t0 = time.perf_counter()
@@ -165,7 +165,7 @@ def time_device(kvc, fc, ib, requests, so, ids, reps):
     pre, arr, post = [], [], []
     for _ in range(reps):
         step.release(ids)
-        step._slots(ids, [])
+        step._slots_table.assign(ids)  # each request its request index, as preprocess assigns them
         step.mamba_state_idx[:n] = 0
         launches.clear()
         t0 = time.perf_counter()
