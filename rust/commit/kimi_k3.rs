@@ -210,7 +210,7 @@ pub struct KimiK3Row {
 
 fn block(b: i64, who: &str, what: &str, n: u64) -> Result<i64> {
     if b >= n as i64 {
-        return Err(Error::plan(format!("Kimi-K3 commit: {who}: {what} {b} is outside 0..{n}")));
+        return Err(Error::plan(format!("Kimi-K3 commit: {who}: {what} {b} is outside 0 ..= {}", n.saturating_sub(1))));
     }
     Ok(b)
 }
@@ -255,7 +255,10 @@ pub fn plan_kimi_k3_commit(step: &KimiK3Step<'_>, geo: &KimiK3Geometry) -> Resul
             return Err(Error::plan(format!("Kimi-K3 commit: {who}: query_start_loc [{q0}, {q1}) is not a token range")));
         }
         if req < 0 || req as usize >= step.num_accepted.len() {
-            return Err(Error::plan(format!("Kimi-K3 commit: {who}: request {req} is outside 0..{} (num_accepted_tokens)", step.num_accepted.len())));
+            return Err(Error::plan(format!(
+                "Kimi-K3 commit: {who}: request {req} is outside 0 ..= {} (num_accepted_tokens)",
+                step.num_accepted.len() as i64 - 1
+            )));
         }
         let source = block(step.state_indices[b], &who, "state index", geo.num_blocks)?;
         let count = step.num_accepted[req as usize].max(0).min(q1 - q0).min(geo.window as i64);
@@ -371,7 +374,7 @@ mod tests {
     #[test]
     fn refuses_what_would_be_read_out_of_bounds_or_written_twice() {
         let m = plan_kimi_k3_commit(&step(&[1], &[16], &[0, 3], None), &geo()).unwrap_err().message;
-        assert!(m.contains("row 0 (request 0): state index 16 is outside 0..16"), "{m}");
+        assert!(m.contains("row 0 (request 0): state index 16 is outside 0 ..= 15"), "{m}");
         let m = plan_kimi_k3_commit(&step(&[1, 1], &[3, 3], &[0, 3, 6], None), &geo()).unwrap_err().message;
         assert!(m.contains("both write block 3"), "{m}");
         let m = plan_kimi_k3_commit(&step(&[1], &[3], &[0, 3], None), &KimiK3Geometry { record_rows: 0, ..geo() }).unwrap_err().message;

@@ -117,8 +117,9 @@ impl Published {
 fn check_id(i: usize, b: i64, lim: &Limits<'_>) -> Result<()> {
     if b <= 0 || b as u64 >= lim.num_blocks {
         return Err(Error::plan(format!(
-            "{}: blocks[{i}] = {b} is outside 1..{} (the null block 0 holds no state and is never published)",
-            lim.backend, lim.num_blocks
+            "{}: blocks[{i}] = {b} is outside 1 ..= {} (the null block 0 holds no state and is never published)",
+            lim.backend,
+            lim.num_blocks.saturating_sub(1)
         )));
     }
     Ok(())

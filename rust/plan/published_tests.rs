@@ -32,7 +32,7 @@ fn a_plan_writing_a_published_block_is_refused_and_names_it() {
     assert_eq!(p.published(0).unwrap(), vec![3, 5]);
     p.retract(0, &[3, 5]).unwrap();
     run_ok(&p, &[1], &[3]);
-    assert!(p.publish(0, &[2, 0]).unwrap_err().message.contains("blocks[1] = 0 is outside 1..8"));
+    assert!(p.publish(0, &[2, 0]).unwrap_err().message.contains("blocks[1] = 0 is outside 1 ..= 7"));
     assert!(p.publish(0, &[8]).is_err() && p.published(0).unwrap().is_empty(), "a refused publish changes nothing");
     assert!(p.publish(1, &[2]).unwrap_err().message.contains("group 1 does not exist"));
 }

@@ -161,7 +161,7 @@ def test_publish_and_retract_are_checked_and_change_nothing_on_error() -> None:
     assert all(np.array_equal(a, t) for a, t in zip(before, (t for layer in states for t in layer)))
     with pytest.raises(PlanError, match=r"blocks\[3\] = 3: retracts block 3 3 time\(s\) but it has 2"):
         planner.retract([3, 5, 3, 3])
-    with pytest.raises(PlanError, match=r"blocks\[1\] = 48 is outside 1..48"):
+    with pytest.raises(PlanError, match=r"blocks\[1\] = 48 is outside 1 \.\.= 47"):
         planner.publish([4, NB])
     with pytest.raises(PlanError, match="group 1 does not exist"):
         planner.publish([4], group=1)

@@ -281,8 +281,8 @@ def _all(layers: list[Any]) -> list[torch.Tensor]:
 @pytest.mark.parametrize(
     ("fault", "words"),
     [
-        ("state_out_of_range", ["row 0", "state index 48 is outside 0..48"]),
-        ("request_out_of_range", ["row 0 (request 99)", "outside 0.."]),
+        ("state_out_of_range", ["row 0", "state index 48 is outside 0 ..= 47"]),
+        ("request_out_of_range", ["row 0 (request 99)", "outside 0 ..= "]),
         ("duplicate_row", ["both write block"]),
         ("short_query_start_loc", ["query_start_loc needs batch + 1"]),
         ("small_block_size", ["block_size 1 must cover one speculative window"]),
