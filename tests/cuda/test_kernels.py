@@ -130,6 +130,21 @@ def test_compile_reports_are_cached_by_source_options_and_nvrtc(monkeypatch, tmp
     assert len(compiled) == 5
 
 
+def test_the_cache_key_names_the_nvrtc_library_by_content_not_path(monkeypatch, tmp_path):
+    # The same library installed into another environment (a fresh clone's venv: another path, a
+    # new modification time) must find the reports already made; another library must not.
+    nvrtc.nvrtc_version()  # loaded first, so that the patched path below is the one hashed
+    same_a, same_b, other = tmp_path / "a" / "libnvrtc.so", tmp_path / "b" / "libnvrtc.so", tmp_path / "c.so"
+    for path, data in ((same_a, b"lib" * 1000), (same_b, b"lib" * 1000), (other, b"lib" * 999 + b"LIB")):
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
+    keys = []
+    for path in (same_a, same_b, other):
+        monkeypatch.setattr(nvrtc, "_nvrtc_path", path)
+        keys.append(nvrtc._cache_key("tiny", 90, "ptx", _TINY, ["-arch=compute_90"]))
+    assert keys[0] == keys[1] != keys[2]
+
+
 def test_the_cache_directory_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("RECOVERSSM_CACHE_DIR", str(tmp_path))
     assert nvrtc.default_cache_dir() == tmp_path / "nvrtc"

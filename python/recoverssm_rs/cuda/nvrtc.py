@@ -255,20 +255,27 @@ def default_cache_dir() -> Path:
 
 
 #: Bumped when :class:`CompileReport` or the key changes: older entries are never read.
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+
+
+_identity_memo: dict[Path, dict[str, object]] = {}
 
 
 def _library_identity() -> dict[str, object]:
-    """The NVRTC library compiles go to (loaded once per process): its path, size, modification
-    time and version."""
+    """The NVRTC library compiles go to (loaded once per process): its version, size and content
+    hash (hashed once per process) -- not its path or modification time, so that the same library
+    installed into another virtual environment (a fresh clone's) finds the reports already made."""
     version = list(nvrtc_version())
-    st = _nvrtc_path.stat() if _nvrtc_path is not None else None
-    return {
-        "path": str(_nvrtc_path),
-        "size": st.st_size if st else None,
-        "mtime_ns": st.st_mtime_ns if st else None,
-        "version": version,
-    }
+    path = _nvrtc_path
+    if path is None:
+        return {"version": version, "size": None, "sha256": None}
+    if path not in _identity_memo:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        _identity_memo[path] = {"version": version, "size": path.stat().st_size, "sha256": digest.hexdigest()}
+    return _identity_memo[path]
 
 
 def _cache_key(name: str, arch: int, target: str, text: str, options: Sequence[str]) -> str:
