@@ -87,6 +87,9 @@ pub struct CheckpointCache {
     /// checkpoints written, and those a later request started from (each counted once).
     written_of: [u64; 3],
     used_of: [u64; 3],
+    /// `sglang-lru`'s evictions at admission (see [`plan`](Self::plan)), reported by the next
+    /// [`finish`](Self::finish).
+    admitted_evictions: Vec<Handle>,
 }
 
 impl CheckpointCache {
@@ -104,6 +107,7 @@ impl CheckpointCache {
             peak: 0,
             written_of: [0; 3],
             used_of: [0; 3],
+            admitted_evictions: Vec::new(),
         }
     }
 
@@ -133,7 +137,11 @@ impl CheckpointCache {
     }
 
     /// The checkpoint to start `prompt` from and the positions its prefill saves. A hit is
-    /// counted as a use (it refreshes the checkpoint's recency and value).
+    /// counted as a use (it refreshes the checkpoint's recency and value). Under `sglang-lru` with
+    /// the budget full, the least recently used checkpoint other than the hit is evicted here: the
+    /// running request needs a state slot of its own before it runs (SGLang evicts when it
+    /// allocates that slot, after the match), whether or not its end later turns out to be cached
+    /// already; the next [`finish`](Self::finish) reports it.
     pub fn plan(&mut self, prompt: &[u32]) -> Result<Plan> {
         if prompt.is_empty() {
             return Err(Error::plan("a request's prompt must hold at least one token"));
@@ -150,6 +158,14 @@ impl CheckpointCache {
                 self.used_of[m.class] += 1;
             }
             self.touch(h.handle);
+        }
+        if let (PolicyKind::SglangLru, Some(budget)) = (self.cfg.policy, self.cfg.budget) {
+            let keep = hit.map(|h| h.handle);
+            while self.tree.len() >= budget {
+                let Some(victim) = self.order.iter().map(|&(_, h)| h).find(|&h| Some(h) != keep) else { break };
+                self.evict(victim);
+                self.admitted_evictions.push(victim);
+            }
         }
         let from = hit.map_or(0, |h| h.position);
         let g = self.cfg.granularity;
@@ -189,7 +205,8 @@ impl CheckpointCache {
     /// Records the end of a request that ran `prompt` (planned by [`plan`](Self::plan)) and
     /// produced `output`: the sequence joins the index, the plan's saves and the policy's
     /// end-of-request save are written (a position whose prefix already has a live checkpoint
-    /// refreshes it instead), and checkpoints are evicted down to the budget.
+    /// refreshes it instead), and checkpoints are evicted down to the budget. `evicted` starts
+    /// with the evictions the plan made at admission (`sglang-lru`).
     pub fn finish(&mut self, prompt: &[u32], output: &[u32], plan: &Plan) -> Result<Finished> {
         let n = prompt.len();
         if let Some(&bad) = plan.saves.iter().find(|&&p| p == 0 || p > n) {
@@ -208,7 +225,7 @@ impl CheckpointCache {
         }
         positions.sort_unstable();
         positions.dedup();
-        let mut done = Finished::default();
+        let mut done = Finished { written: Vec::new(), evicted: std::mem::take(&mut self.admitted_evictions) };
         for p in positions {
             let kind = if p == computed && !plan.saves.contains(&p) {
                 Kind::End

@@ -85,6 +85,15 @@ impl NaiveLru {
             self.tick += 1;
             self.states[i].1 = self.tick;
         }
+        // sglang-lru: the request's own state slot is taken at admission, evicting the least
+        // recently used state other than the hit when the budget is full.
+        if let (PolicyKind::SglangLru, Some(budget)) = (policy, self.budget) {
+            let hit_prefix = hit.map(|i| self.states[i].0.clone());
+            while self.states.len() >= budget {
+                let Some(i) = (0..self.states.len()).filter(|&i| Some(&self.states[i].0) != hit_prefix.as_ref()).min_by_key(|&i| self.states[i].1) else { break };
+                self.states.remove(i);
+            }
+        }
         let seq = computed(p, o);
         let mut saves = Vec::new();
         if policy == PolicyKind::Vllm {
@@ -133,6 +142,14 @@ fn check(policy: PolicyKind, b: usize, g: usize, budget: Option<usize>, reqs: &[
         }
         let fin = cache.finish(p, o, &plan).unwrap();
         let seq = computed(p, o);
+        // Evictions of checkpoints live before this request (sglang-lru's at admission, before
+        // the request's writes) leave the store first; the rest were written by this request.
+        let mut evicted_now: Vec<u64> = Vec::new();
+        for h in &fin.evicted {
+            if store.remove(h).is_none() {
+                evicted_now.push(*h);
+            }
+        }
         for &(pos, h) in &fin.written {
             prop_assert!(pos >= 1 && pos <= seq.len(), "request {i}: wrote position {pos} beyond the {} computed tokens", seq.len());
             if policy == PolicyKind::Vllm {
@@ -141,7 +158,7 @@ fn check(policy: PolicyKind, b: usize, g: usize, budget: Option<usize>, reqs: &[
             prop_assert!(!store.values().any(|s| *s == seq[..pos]), "request {i}: a second checkpoint for a live prefix");
             prop_assert!(store.insert(h, seq[..pos].to_vec()).is_none(), "handle {h} reused");
         }
-        for h in &fin.evicted {
+        for h in &evicted_now {
             prop_assert!(store.remove(h).is_some(), "request {i}: evicted {h}, which is not live");
         }
         prop_assert_eq!(store.len(), cache.len());

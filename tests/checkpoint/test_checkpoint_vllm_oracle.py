@@ -17,29 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recoverssm_rs.checkpoints import CheckpointCache  # noqa: E402
 from support import vllm_oracle  # noqa: E402
+from support.checkpoint_traces import trace  # noqa: E402
 
 ORACLE = Path(__file__).resolve().parents[1] / "support" / "vllm_checkpoint_oracle.py"
-
-
-def _trace(rng: random.Random, n: int) -> list[dict[str, list[int]]]:
-    out: list[dict[str, list[int]]] = []
-    for _ in range(n):
-        prompt: list[int] = []
-        if out and rng.random() < 0.4:
-            prev = rng.choice(out)
-            prompt = prev["prompt"] + prev["output"]
-        elif out and rng.random() < 0.5:
-            prev = rng.choice(out)["prompt"]
-            prompt = prev[: rng.randint(0, len(prev))]
-        prompt = prompt + [rng.randrange(3) for _ in range(rng.randint(1, 30))]
-        out.append({"prompt": prompt, "output": [rng.randrange(3) for _ in range(rng.randint(0, 6))]})
-    return out
 
 
 def test_the_vllm_model_matches_vllms_own_functions(tmp_path):
     vllm_oracle.load_or_skip(vllm_oracle.wheel, "vLLM 0.33.0")
     rng = random.Random(20261206)
-    cases = [{"block": rng.choice([2, 3, 4, 8]), "requests": _trace(rng, rng.randint(2, 14))} for _ in range(60)]
+    cases = [{"block": rng.choice([2, 3, 4, 8]), "requests": trace(rng, rng.randint(2, 14))} for _ in range(60)]
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(cases))
     r = subprocess.run(
