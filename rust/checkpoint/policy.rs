@@ -27,6 +27,10 @@ pub struct Plan {
     /// prompt sharing all but its last tokens): `recoverssm` values them by how often such saves
     /// were used.
     pub speculative: Vec<usize>,
+    /// Where the plan's walk left the tree: (node, depth in chunks), so that
+    /// [`finish`](CheckpointCache::finish) resumes there instead of hashing the prompt's shared
+    /// chunks again (it checks the node stands for the prompt's prefix first).
+    walked: Option<(u32, usize)>,
 }
 
 /// Why `recoverssm` keeps a checkpoint: its value model differs by kind.
@@ -199,7 +203,7 @@ impl CheckpointCache {
         saves.retain(|&p| p > from);
         saves.sort_unstable();
         saves.dedup();
-        Ok(Plan { hit, saves, speculative })
+        Ok(Plan { hit, saves, speculative, walked: Some((walk.node, walk.shared_chunks / self.tree.chunk())) })
     }
 
     /// Records the end of a request that ran `prompt` (planned by [`plan`](Self::plan)) and
@@ -218,7 +222,7 @@ impl CheckpointCache {
         // The tokens whose forward pass ran: the last sampled token is never fed back.
         let computed = n + output.len().max(1) - 1;
         let seq = &seq[..computed];
-        let path = self.tree.insert_path(seq);
+        let path = self.tree.insert_path_from(seq, plan.walked);
         let mut positions = plan.saves.clone();
         if matches!(self.cfg.policy, PolicyKind::SglangLru | PolicyKind::Marconi | PolicyKind::Recoverssm) {
             positions.push(computed);
@@ -435,7 +439,7 @@ mod tests {
     fn bad_input_is_refused() {
         let mut c = CheckpointCache::new(Config::new(PolicyKind::Vllm, 64, 16, None).unwrap());
         assert!(c.plan(&[]).unwrap_err().message.contains("at least one token"));
-        let bad = Plan { hit: None, saves: vec![9], speculative: Vec::new() };
+        let bad = Plan { saves: vec![9], ..Plan::default() };
         assert!(c.finish(&[1, 2], &[3], &bad).unwrap_err().message.contains("position 9"));
         assert!(c.is_empty(), "a refused finish changes nothing");
         assert!(Config::new(PolicyKind::Vllm, 0, 16, None).unwrap_err().message.contains("block_size = 0"));

@@ -45,12 +45,13 @@ pub fn simulate(reqs: &[TraceRequest], cfg: Config) -> Result<(Stats, Vec<Reques
     let mut outcomes = Vec::with_capacity(reqs.len());
     for r in reqs {
         let n = r.prompt.len();
-        let bound = bound_index.walk(&r.prompt, 0).shared_chunks.min(n - 1);
+        let walk = bound_index.walk(&r.prompt, 0);
+        let bound = walk.shared_chunks.min(n - 1);
         let plan: Plan = cache.plan(&r.prompt)?;
         let fin: Finished = cache.finish(&r.prompt, &r.output, &plan)?;
         let mut seq = r.prompt.clone();
         seq.extend_from_slice(&r.output);
-        bound_index.insert_sequence(&seq);
+        bound_index.insert_path_from(&seq, Some((walk.node, walk.shared_chunks / cfg.granularity)));
         let reused = plan.hit.map_or(0, |h| h.position);
         stats.requests += 1;
         stats.prompt_tokens += n as u64;

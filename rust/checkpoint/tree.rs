@@ -9,18 +9,38 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 
 /// A fast multiplicative hash over 8-byte words (FxHash's mix), seeded per tree from std's random
 /// state: chunk keys are hashed on every lookup, and SipHash's cost dominated the decision time.
+/// Keys of 32 bytes or more are mixed in four independent lanes (one word each per 32-byte block,
+/// folded into the state at the end), so the multiplies overlap instead of waiting on each other.
 #[derive(Clone, Copy)]
 pub struct FastHash(u64);
+
+/// FxHash's multiplier.
+const MIX: u64 = 0x517c_c1b7_2722_0a95;
 
 impl Hasher for FastHash {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
+        let word = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let lane = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(MIX);
+        let mut blocks = bytes.chunks_exact(32);
+        if bytes.len() >= 32 {
+            // Distinct starting points, so that words swapped between lanes hash differently.
+            let s = self.0;
+            let mut l = [s, s ^ 0x9e37_79b9_7f4a_7c15, s.rotate_left(21), !s];
+            for b in &mut blocks {
+                l = [lane(l[0], word(b, 0)), lane(l[1], word(b, 1)), lane(l[2], word(b, 2)), lane(l[3], word(b, 3))];
+            }
+            for x in l {
+                self.add(x);
+            }
+        }
+        let mut words = blocks.remainder().chunks_exact(8);
         for w in &mut words {
             self.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
         }
@@ -38,7 +58,7 @@ impl Hasher for FastHash {
 
 impl FastHash {
     fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(MIX);
     }
 }
 
@@ -67,8 +87,9 @@ pub type Handle = u64;
 struct Node {
     parent: u32,
     /// The chunk from the parent to this node (empty for the root).
-    key: Box<[u32]>,
-    children: HashMap<Box<[u32]>, u32, Seeded>,
+    key: Arc<[u32]>,
+    /// Keyed by the children's own keys (one allocation per chunk, shared with the child).
+    children: HashMap<Arc<[u32]>, u32, Seeded>,
     /// Live checkpoints whose position lies in `[depth * g, (depth + 1) * g)`: (tail, handle).
     checkpoints: Vec<(Box<[u32]>, Handle)>,
 }
@@ -94,6 +115,9 @@ pub struct Walk {
     /// The child chunks of the node where the walk stopped (0: every sequence seen on this
     /// path ends within the next chunk).
     pub stop_children: usize,
+    /// The node where the walk stopped: the one of `shared_chunks` tokens, where
+    /// [`insert_path_from`](PrefixTree::insert_path_from) can resume.
+    pub node: u32,
 }
 
 /// The prefix tree: sequences seen (their full chunks) and live checkpoints.
@@ -169,6 +193,7 @@ impl PrefixTree {
                     walk.shared_chunks = depth;
                     walk.shared_tokens = depth + partial;
                     walk.stop_children = n.children.len();
+                    walk.node = node;
                     return walk;
                 }
             }
@@ -186,24 +211,56 @@ impl PrefixTree {
     /// and [`add_checkpoint_on`](Self::add_checkpoint_on) take it, so that one request hashes its
     /// chunks once.
     pub fn insert_path(&mut self, tokens: &[u32]) -> Vec<u32> {
+        self.insert_path_from(tokens, None)
+    }
+
+    /// [`insert_path`](Self::insert_path), resuming at `known`: a node and its depth in chunks
+    /// from an earlier walk of a prefix of `tokens` (nodes are never removed, so a walk's node
+    /// stays valid). The path up to it is read back through the parents, each node's key checked
+    /// against `tokens` instead of hashed; when the node does not stand for that prefix of
+    /// `tokens` (another tree's walk, another sequence), the insert starts from the root.
+    pub fn insert_path_from(&mut self, tokens: &[u32], known: Option<(u32, usize)>) -> Vec<u32> {
         let g = self.g;
-        let mut node = 0u32;
         let mut path = Vec::with_capacity(tokens.len() / g + 1);
-        path.push(0);
-        for c in 0..tokens.len() / g {
+        let (start, mut node) = known.filter(|&(node, chunks)| self.stands_for(node, chunks, tokens)).map_or((0, 0), |(node, chunks)| (chunks, node));
+        path.resize(start + 1, 0);
+        let mut x = node;
+        for c in (1..=start).rev() {
+            path[c] = x;
+            x = self.nodes[x as usize].parent;
+        }
+        for c in start..tokens.len() / g {
             let key = &tokens[c * g..(c + 1) * g];
             node = match self.nodes[node as usize].children.get(key) {
                 Some(&child) => child,
                 None => {
                     let id = u32::try_from(self.nodes.len()).expect("prefix tree holds fewer than 2^32 nodes");
-                    self.nodes.push(Node { parent: node, key: key.into(), ..Node::default() });
-                    self.nodes[node as usize].children.insert(key.into(), id);
+                    let key: Arc<[u32]> = key.into();
+                    self.nodes[node as usize].children.insert(Arc::clone(&key), id);
+                    self.nodes.push(Node { parent: node, key, ..Node::default() });
                     id
                 }
             };
             path.push(node);
         }
         path
+    }
+
+    /// Whether `node` is the node of `tokens[..chunks * g]`: its key and its ancestors' keys are
+    /// those chunks, and the root lies `chunks` parents up.
+    fn stands_for(&self, node: u32, chunks: usize, tokens: &[u32]) -> bool {
+        if (node as usize) >= self.nodes.len() || chunks * self.g > tokens.len() {
+            return false;
+        }
+        let mut x = node;
+        for c in (0..chunks).rev() {
+            let n = &self.nodes[x as usize];
+            if x == 0 || *n.key != tokens[c * self.g..(c + 1) * self.g] {
+                return false;
+            }
+            x = n.parent;
+        }
+        x == 0
     }
 
     fn node_for(&mut self, tokens: &[u32], chunks: usize) -> u32 {
@@ -342,5 +399,30 @@ mod tests {
         assert_eq!(t.ancestor_position(2), 0);
         assert_eq!(t.remove_checkpoint(1), None);
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn an_insert_resumes_at_a_walks_node_only_when_it_stands_for_the_prefix() {
+        let mut t = PrefixTree::new(2);
+        let a: Vec<u32> = (0..9).collect();
+        let path_a = t.insert_path(&a);
+        let mut b = a.clone();
+        b.extend([70, 71, 72]);
+        let w = t.walk(&b, 0);
+        assert_eq!((w.node, w.shared_chunks), (path_a[4], 8));
+        let mut fresh = PrefixTree::new(2);
+        fresh.insert_path(&a);
+        let want = fresh.insert_path(&b);
+        assert_eq!(t.insert_path_from(&b, Some((w.node, 4))), want);
+        // A node that is not the prefix's (another sequence, a wrong depth, another tree's id)
+        // falls back to the walk from the root: same path, no node made twice.
+        let mut c = b.clone();
+        c[1] = 99;
+        let nodes = t.nodes.len();
+        let from_root = t.insert_path(&c);
+        for known in [(w.node, 4), (w.node, 3), (path_a[2], 4), (10_000, 4), (0, 1)] {
+            assert_eq!(t.insert_path_from(&c, Some(known)), from_root, "{known:?}");
+        }
+        assert_eq!(t.nodes.len(), nodes + 6, "c differs in its first chunk: six new nodes, once");
     }
 }

@@ -90,7 +90,10 @@ impl NaiveLru {
         if let (PolicyKind::SglangLru, Some(budget)) = (policy, self.budget) {
             let hit_prefix = hit.map(|i| self.states[i].0.clone());
             while self.states.len() >= budget {
-                let Some(i) = (0..self.states.len()).filter(|&i| Some(&self.states[i].0) != hit_prefix.as_ref()).min_by_key(|&i| self.states[i].1) else { break };
+                let Some(i) = (0..self.states.len()).filter(|&i| Some(&self.states[i].0) != hit_prefix.as_ref()).min_by_key(|&i| self.states[i].1)
+                else {
+                    break;
+                };
                 self.states.remove(i);
             }
         }
