@@ -181,8 +181,8 @@ impl PrefixTree {
                 }
             }
             let next = depth + g;
-            match (next <= tokens.len()).then(|| n.children.get(&tokens[depth..next])).flatten() {
-                Some(&child) => {
+            match (next <= tokens.len()).then(|| self.child(node, &tokens[depth..next])).flatten() {
+                Some(child) => {
                     node = child;
                     depth = next;
                 }
@@ -231,8 +231,8 @@ impl PrefixTree {
         }
         for c in start..tokens.len() / g {
             let key = &tokens[c * g..(c + 1) * g];
-            node = match self.nodes[node as usize].children.get(key) {
-                Some(&child) => child,
+            node = match self.child(node, key) {
+                Some(child) => child,
                 None => {
                     let id = u32::try_from(self.nodes.len()).expect("prefix tree holds fewer than 2^32 nodes");
                     let key: Arc<[u32]> = key.into();
@@ -244,6 +244,16 @@ impl PrefixTree {
             path.push(node);
         }
         path
+    }
+
+    /// The child of `node` keyed by `key`. A node with one child (most of them: a path shared by
+    /// every sequence through it) compares that child's key instead of hashing `key`.
+    fn child(&self, node: u32, key: &[u32]) -> Option<u32> {
+        let children = &self.nodes[node as usize].children;
+        if children.len() == 1 {
+            return children.iter().next().filter(|(k, _)| ***k == *key).map(|(_, &c)| c);
+        }
+        children.get(key).copied()
     }
 
     /// Whether `node` is the node of `tokens[..chunks * g]`: its key and its ancestors' keys are
@@ -288,7 +298,7 @@ impl PrefixTree {
         let g = self.g;
         let mut node = 0u32;
         for c in 0..position / g {
-            node = *self.nodes[node as usize].children.get(&tokens[c * g..(c + 1) * g])?;
+            node = self.child(node, &tokens[c * g..(c + 1) * g])?;
         }
         let depth = position / g * g;
         self.nodes[node as usize].checkpoints.iter().find(|(tail, _)| **tail == tokens[depth..position]).map(|&(_, h)| h)
