@@ -5,7 +5,8 @@
 //! chunks (that is what the engine's attention KV / radix index holds). A checkpoint at position
 //! `p` hangs on the node of `p / g` chunks, with the `p % g` tokens after that node as its tail, so
 //! checkpoints can sit at any position while lookups and inserts walk `O(len / g)` nodes (each
-//! step hashes one chunk: `O(len)` token reads in all), never the set of checkpoints.
+//! step hashes one chunk, or compares it with a node's only child: `O(len)` token reads in all),
+//! never the set of checkpoints.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
