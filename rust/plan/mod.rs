@@ -233,6 +233,31 @@ impl Planner {
         p[g].retract(blocks, &group.limits()).map_err(|e| self.in_group(g, e))
     }
 
+    /// Whether any group has a published block (a device step's check costs nothing when none
+    /// has).
+    pub fn has_published(&self) -> bool {
+        self.published.read().unwrap_or_else(|e| e.into_inner()).iter().any(|p| !p.is_empty())
+    }
+
+    /// Refuses a device step whose host-decided writes land on a published block, as a host plan
+    /// is refused: `writes` are (request, column) pairs, the column indexing each group's own
+    /// table in `tables` (one per group; see [`Published::check_writes`]), `name` names a
+    /// request. One hash lookup per write in each group that has published blocks; nothing when
+    /// none has.
+    pub fn check_device_writes(&self, tables: &[GroupTable<'_>], writes: &[(usize, i64)], name: &dyn Fn(usize) -> String) -> Result<()> {
+        let published = self.published.read().unwrap_or_else(|e| e.into_inner());
+        if published.iter().all(Published::is_empty) {
+            return Ok(());
+        }
+        if tables.len() != self.groups.len() {
+            return Err(Error::plan(format!("one block table per group: {} groups bound, {} tables given", self.groups.len(), tables.len())));
+        }
+        for (g, ((group, t), p)) in self.groups.iter().zip(tables).zip(published.iter()).enumerate() {
+            p.check_writes(t.ids, t.cols, writes, &group.limits(), name).map_err(|e| self.in_group(g, e))?;
+        }
+        Ok(())
+    }
+
     /// The published blocks of group `g`, ascending.
     pub fn published(&self, g: usize) -> Result<Vec<u64>> {
         self.group(g)?;
@@ -380,4 +405,4 @@ impl Drop for CopyPlan {
 #[cfg(test)]
 mod published_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

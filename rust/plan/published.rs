@@ -8,8 +8,10 @@
 //! moves would write one, before anything is ordered or emitted. The check costs one hash lookup
 //! per destination and nothing when no block of the group is published.
 //!
-//! The check runs when a plan is built: a plan built before its destination was published may
-//! still write it (that is how a checkpoint is written before it is published).
+//! The check runs when a plan is built, and when a device step decided on the host is staged
+//! ([`Published::check_writes`], through `Planner::check_device_writes`): a plan built before its
+//! destination was published may still write it (that is how a checkpoint is written before it is
+//! published).
 
 use super::step::{Limits, Moves};
 use crate::checkpoint::tree::Seeded;
@@ -97,20 +99,39 @@ impl Published {
         }
         for (list, state) in [(&moves.conv, lim.conv_state), (&moves.temporal, lim.temporal_state)] {
             if let Some(m) = list.iter().find(|m| self.holders.contains_key(&m.dst)) {
-                return Err(Error::plan(format!(
-                    "{}: request {}, state '{}' (all {} layers): the destination block {} holds a published state ({} holder(s): a \
-                     checkpoint in the prefix index or a block shared by requests); a published state is never written: copy it \
-                     to a free block and write there (copy-on-write), or retract it first",
-                    lim.backend,
-                    m.request,
-                    state.unwrap_or("?"),
-                    lim.num_layers,
-                    m.dst,
-                    self.holders(m.dst)
-                )));
+                return Err(self.refused(lim, &format!("request {}", m.request), state.unwrap_or("?"), m.dst, ""));
             }
         }
         Ok(())
+    }
+
+    /// Refuses a device step's host-decided writes when one lands on a published block: `writes`
+    /// are (request, column) pairs into `table` (`[requests, cols]` row-major; a negative or
+    /// out-of-row column writes nothing, the null block holds no state), `name` names a request.
+    /// One lookup per write; nothing when no block is published.
+    pub fn check_writes(&self, table: &[i64], cols: usize, writes: &[(usize, i64)], lim: &Limits<'_>, name: &dyn Fn(usize) -> String) -> Result<()> {
+        if self.holders.is_empty() {
+            return Ok(());
+        }
+        for &(i, c) in writes {
+            let Some(&id) = usize::try_from(c).ok().filter(|&c| c < cols).and_then(|c| table.get(i * cols + c)) else { continue };
+            if id > 0 && self.holders.contains_key(&(id as u64)) {
+                let state = lim.conv_state.or(lim.temporal_state).unwrap_or("?");
+                return Err(self.refused(lim, &name(i), state, id as u64, &format!(" (column {c})")));
+            }
+        }
+        Ok(())
+    }
+
+    fn refused(&self, lim: &Limits<'_>, who: &str, state: &str, block: u64, at: &str) -> Error {
+        Error::plan(format!(
+            "{}: {who}, state '{state}' (all {} layers): the destination block {block}{at} holds a published state ({} holder(s): a \
+             checkpoint in the prefix index or a block shared by requests); a published state is never written: copy it to a \
+             free block and write there (copy-on-write), or retract it first",
+            lim.backend,
+            lim.num_layers,
+            self.holders(block)
+        ))
     }
 }
 

@@ -7,10 +7,10 @@ use crate::layout::{ConvLayout, CopyKind, Layout, StateSpec};
 use crate::tensor::TensorDesc;
 use crate::DType;
 
-pub(super) const NB: usize = 8;
+pub(crate) const NB: usize = 8;
 
 /// One layer: an SD conv window (3 x 2) and a temporal state (4), f32, over `mem`.
-pub(super) fn binding(mem: &mut [f32], name: &str, num_spec: u32) -> Binding {
+pub(crate) fn binding(mem: &mut [f32], name: &str, num_spec: u32) -> Binding {
     let states = vec![
         StateSpec::persistent("conv", &[3, 2], DType::Float32, CopyKind::Conv(ConvLayout::SD)),
         StateSpec::persistent("temporal", &[4], DType::Float32, CopyKind::Temporal),
@@ -22,7 +22,7 @@ pub(super) fn binding(mem: &mut [f32], name: &str, num_spec: u32) -> Binding {
     Binding::new(&layout, &[vec![conv, temporal]]).unwrap()
 }
 
-pub(super) fn mem() -> Vec<f32> {
+pub(crate) fn mem() -> Vec<f32> {
     (0..NB * 10).map(|i| i as f32).collect()
 }
 

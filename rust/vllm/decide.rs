@@ -351,13 +351,7 @@ pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepC
         if a < 1 || a > dr + 1 {
             return Err(Error::plan(format!("{}: num_accepted = {a} is outside 1 ..= {} (1 + num_draft = {dr})", name(i), dr + 1)));
         }
-        let new = running + a - 1;
-        let aligned = new.div_euclid(bs) * bs;
-        let dest = aligned.div_euclid(bs) - 1;
-        let need = aligned >= running;
-        let bias = if need { aligned - running } else { 0 };
-        let in_place = need && s == dest;
-        let copy = need && !(in_place && bias == 0);
+        let PostSave { aligned, dest, bias, in_place, copy } = post_save(s, running, a, bs);
         if copy {
             check_live(tables, i, s, bias, "the running state's columns (state_col ..= state_col + bias)", name)?;
             check_live(tables, i, dest, 0, "the boundary column that saves the aligned state", name)?;
@@ -370,6 +364,31 @@ pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepC
         d.num_accepted.push(if in_place { 1 } else { a });
     }
     Ok(d)
+}
+
+/// Where one request's post-process saves (see [`post_process`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostSave {
+    pub aligned: i64,
+    /// The boundary column that saves the aligned state.
+    pub dest: i64,
+    pub bias: i64,
+    /// The save is a shift of the running state in place (`state_col == dest`).
+    pub in_place: bool,
+    /// The kernel writes block `dest` (a boundary was crossed, and not in place with bias 0).
+    pub copy: bool,
+}
+
+/// The post-process's save of a request at `state_col` and `running` with `accepted` tokens and
+/// `block_size` tokens per block (unchecked: the callers check the inputs).
+pub fn post_save(state_col: i64, running: i64, accepted: i64, block_size: i64) -> PostSave {
+    let new = running + accepted - 1;
+    let aligned = new.div_euclid(block_size) * block_size;
+    let dest = aligned.div_euclid(block_size) - 1;
+    let need = aligned >= running;
+    let bias = if need { aligned - running } else { 0 };
+    let in_place = need && state_col == dest;
+    PostSave { aligned, dest, bias, in_place, copy: need && !(in_place && bias == 0) }
 }
 
 /// The default request name in messages: its batch row.

@@ -5,7 +5,7 @@
 
 use super::decide::{self, PostInputs, PreColumns, PreInputs, StepConfig};
 use crate::error::{Error, Result};
-use crate::plan::GroupTable;
+use crate::plan::{GroupTable, Planner};
 use crate::tensor::{Device, TensorDesc};
 
 /// The layout of a staged step: `table_len = groups * rows * cols` table entries, then one
@@ -80,6 +80,54 @@ pub fn stage_post_process(inp: &PostInputs<'_>, at: &Stage<'_>) -> Result<(Vec<i
     }
     let staged = stage(tables, inp.state_col.len(), &vectors, from == Tables::Staged, name)?;
     Ok((running, staged))
+}
+
+/// [`stage_pre_copy`], then `planner`'s published check ([`Planner::check_device_writes`]) of
+/// the blocks the kernel writes: each moving request's `curr` column (pre-copy semantics: whatever
+/// the accepted count). Skipped when no block is published.
+pub fn stage_pre_copy_checked(planner: &Planner, inp: &PreInputs<'_>, at: &Stage<'_>) -> Result<(PreColumns, StagedStep)> {
+    let (cols, staged) = stage_pre_copy(inp, at)?;
+    if planner.has_published() {
+        planner.check_device_writes(at.tables, &pre_copy_writes(&cols), at.name)?;
+    }
+    Ok((cols, staged))
+}
+
+/// [`stage_post_process`], then `planner`'s published check of the blocks the kernel may write:
+/// each request's boundary column where it saves ([`decide::post_save`]); with the accepted counts
+/// on the device, every boundary column one of `1 ..= 1 + num_draft` accepted tokens would save
+/// at. Skipped when no block is published.
+pub fn stage_post_process_checked(planner: &Planner, inp: &PostInputs<'_>, at: &Stage<'_>) -> Result<(Vec<i64>, StagedStep)> {
+    let (running, staged) = stage_post_process(inp, at)?;
+    if planner.has_published() {
+        let counts = if at.host_counts { Some(inp.num_accepted) } else { None };
+        planner.check_device_writes(at.tables, &post_process_writes(inp, &running, at.cfg, counts), at.name)?;
+    }
+    Ok((running, staged))
+}
+
+/// The (request, column) pairs a device pre-copy writes: `curr` where the running state moves.
+pub fn pre_copy_writes(cols: &PreColumns) -> Vec<(usize, i64)> {
+    cols.src_col.iter().zip(&cols.curr).enumerate().filter(|(_, (&s, _))| s >= 0).map(|(i, (_, &c))| (i, c)).collect()
+}
+
+/// The (request, column) pairs a device post-process may write (`running` from its host half):
+/// with `counts`, where each request saves; without, where any count it may accept would save.
+pub fn post_process_writes(inp: &PostInputs<'_>, running: &[i64], cfg: &StepConfig, counts: Option<&[i64]>) -> Vec<(usize, i64)> {
+    let mut out = Vec::new();
+    for (i, &run) in running.iter().enumerate() {
+        let accepted = match counts {
+            Some(a) => a[i]..=a[i],
+            None => 1..=1 + inp.num_draft[i],
+        };
+        for a in accepted {
+            let save = decide::post_save(inp.state_col[i], run, a, cfg.block_size);
+            if save.copy && out.last() != Some(&(i, save.dest)) {
+                out.push((i, save.dest));
+            }
+        }
+    }
+    out
 }
 
 fn narrow(x: i64, what: &dyn Fn() -> String) -> Result<i32> {
@@ -173,6 +221,45 @@ mod tests {
         assert!(e.message.contains("num_accepted = 3 is outside 1 ..= 2"), "{}", e.message);
         let (running, st) = stage_post_process(&PostInputs { num_accepted: &[], ..post }, &at(false, Tables::Staged)).unwrap();
         assert_eq!((running, st.table_len(), &st.data[8..]), (vec![6], 8, &[1, 6][..]));
+    }
+
+    #[test]
+    fn a_device_step_writing_a_published_block_is_refused() {
+        use crate::plan::tests::{binding, mem};
+        let mut m = mem();
+        let planner = Planner::new(vec![binding(&mut m, "A", 2)]).unwrap();
+        let cfg = StepConfig { block_size: 4, num_spec_blocks: 2 };
+        let bt: Vec<i64> = vec![1, 2, 3, 4, 0, 0, 5, 6, 7, 0, 0, 0];
+        let t = [GroupTable { ids: &bt, cols: 6 }];
+        let at = |host_counts| Stage { host_counts, tables: &t, cfg: &cfg, name: &row_name, from: Tables::Staged };
+        // Request 0's running state moves from column 0 (block 1) to column 1 (block 2).
+        let pre = PreInputs { num_computed: &[4, 0], num_scheduled: &[3, 1], num_accepted: &[3, 1], mamba_state_idx: &[0, -1], fresh: None };
+        let no_counts = PreInputs { num_accepted: &[], ..pre };
+        assert!(stage_pre_copy_checked(&planner, &pre, &at(true)).is_ok(), "nothing published");
+        planner.publish(0, &[2]).unwrap();
+        for (inp, host) in [(&pre, true), (&no_counts, false)] {
+            assert!(stage_pre_copy(inp, &at(host)).is_ok(), "the staging alone does not look at published blocks");
+            let e = stage_pre_copy_checked(&planner, inp, &at(host)).unwrap_err();
+            assert!(
+                e.message.contains("A: request 0, state 'conv' (all 1 layers): the destination block 2 (column 1) holds a published state"),
+                "{}",
+                e.message
+            );
+        }
+        planner.retract(0, &[2]).unwrap();
+        planner.publish(0, &[1, 5]).unwrap(); // read, or not touched: fine
+        stage_pre_copy_checked(&planner, &pre, &at(true)).unwrap();
+        planner.retract(0, &[1, 5]).unwrap();
+        // The post-process of request 0 at column 1 (block 2), running = 6: one accepted token
+        // saves nothing; three would shift the running state in place (block 2).
+        let post = PostInputs { state_col: &[1], num_computed: &[5], num_scheduled: &[3], num_draft: &[2], num_accepted: &[1] };
+        planner.publish(0, &[2]).unwrap();
+        stage_post_process_checked(&planner, &post, &at(true)).unwrap();
+        let e = stage_post_process_checked(&planner, &PostInputs { num_accepted: &[3], ..post }, &at(true)).unwrap_err();
+        assert!(e.message.contains("request 0") && e.message.contains("block 2 (column 1)"), "{}", e.message);
+        let e = stage_post_process_checked(&planner, &PostInputs { num_accepted: &[], ..post }, &at(false)).unwrap_err();
+        assert!(e.message.contains("block 2 (column 1)"), "counts on the device: any count it may accept: {}", e.message);
+        assert_eq!(post_process_writes(&post, &[6], &cfg, None), vec![(0, 1)]);
     }
 
     #[test]
