@@ -129,7 +129,7 @@ say "installing $target editable (pip, through the package's build backend): the
 # -v shows the build's own output (cargo's Compiling lines, maturin's); two kinds of its lines are
 # dropped: pip's "Ignoring <pkg>: markers 'extra == ...' don't match" for every extra, and maturin's
 # warning that `build-backend` is not `maturin` (it is maturin, wrapped: build_backend/).
-"$py" -m pip install -v --no-build-isolation -e ".${extras:+[$extras]}" 2>&1 \
+"$py" -m pip install -v --no-deps --no-build-isolation -e ".${extras:+[$extras]}" 2>&1 \
   | { grep -v -E "^ *Ignoring [^ ]+: markers '.*' don't match your environment$|Warning: .build-backend. in pyproject.toml is not set to .maturin." || true; }
 done_step "installed recoverssm_rs and built the extension"
 "$py" -c "import recoverssm_rs; print('setup: recoverssm_rs', recoverssm_rs.__version__, 'ready in .venv')"

@@ -59,11 +59,11 @@ stage() {
 # check the same). Each writes `NAME RC T0 T1` to the lane's record when it ends; the lane's output
 # is printed when the lane is awaited, before the Python tests.
 lane=$(mktemp -d) lane_pid=
-# On any exit: a lane still running (a foreground stage failed) is stopped, its folder removed.
+# On any exit: a lane still running (a foreground stage failed, or the run was interrupted) is
+# stopped, cargo and rustc with it (the lane is a process group of its own), its folder removed.
 stop_lane() {
-  if [[ -n $lane_pid ]] && kill -0 "$lane_pid" 2>/dev/null; then
-    pkill -TERM -P "$lane_pid" 2>/dev/null || true
-    kill "$lane_pid" 2>/dev/null || true
+  if [[ -n $lane_pid ]]; then
+    kill -TERM -- "-$lane_pid" 2>/dev/null || true
   fi
   rm -rf "$lane"
 }
@@ -83,8 +83,10 @@ rust_lane() {
   done
 }
 echo "== rust lane (clippy, rustfmt, cargo-build, cargo-test, cargo-bench): in the background, output below after mypy"
+set -m # the lane's own process group
 rust_lane >"$lane/log" 2>&1 &
 lane_pid=$!
+set +m
 
 # Then, in the foreground: .venv, then the checks of the Python side: ruff (lint and format), the
 # _core stub regenerated from the bindings and the extension setup built (it must equal the committed

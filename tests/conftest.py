@@ -9,7 +9,6 @@ import os
 import pytest
 from support.gpu import cuda_device, gpu_stack_problem
 
-
 # The longest tests start first: pytest-xdist hands each worker a run of the collected order and the
 # others steal from its end, so a long test collected late would run alone at the end of the run.
 # The vLLM end-to-end test (vLLM's environment, a wheel of this checkout, an engine start per
