@@ -49,12 +49,27 @@ export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
 # `project` or an extra; scripts/requirements.py).
 unmet() { "$py" scripts/requirements.py unmet "$@"; }
 
-# install WHAT REQ...: pip install the requirements, with pip's own progress.
+# The installer of the dependencies: uv (a pip-compatible installer, itself installed into .venv
+# by pip on the first run) links what it installs out of its cache (~/.cache/uv) instead of
+# unpacking the wheels again, so the next checkout's .venv gets torch in seconds where pip takes
+# minutes. RECOVERSSM_INSTALLER=pip keeps to pip; so does a uv that cannot be installed.
+installer=${RECOVERSSM_INSTALLER:-uv}
+if [[ $installer == uv && ! -x .venv/bin/uv ]]; then
+  say "installing uv, the installer of the dependencies (about 50 MB in .venv)"
+  "$py" -m pip install -q uv || { say "uv could not be installed: pip installs the dependencies"; installer=pip; }
+  done_step "installed uv"
+fi
+
+# install WHAT REQ...: install the requirements into .venv, with the installer's own progress.
 install() {
   local what=$1
   shift
   say "installing $what: $*"
-  "$py" -m pip install "$@"
+  if [[ $installer == uv ]]; then
+    .venv/bin/uv pip install --python "$py" "$@"
+  else
+    "$py" -m pip install "$@"
+  fi
   done_step "installed $what"
 }
 
@@ -100,8 +115,8 @@ fi
 
 need=$(unmet project ${extras//,/ })
 if [[ -n "$need" ]]; then
-  say "missing Python dependencies, installed next:" $need
-  ((testing)) && say "  (the test extra's CuPy, NIXL, matplotlib and linters take about 0.6 GB in .venv)"
+  ((testing)) && say "the test extra's CuPy, NIXL, matplotlib and linters take about 0.6 GB in .venv"
+  install "the missing Python dependencies" $need
 else
   say "Python dependencies already installed: ${extras:-numpy}"
 fi
@@ -109,12 +124,12 @@ fi
 # would shadow it, so remove any.
 rm -f python/recoverssm_rs/_core.cpython-*.so
 target=recoverssm_rs${extras:+[$extras]}
-say "installing $target editable: what is missing, then the extension (cargo build" \
+say "installing $target editable (pip, through the package's build backend): the extension (cargo build" \
     "--release, linked by zig; minutes on a first run)"
 # -v shows the build's own output (cargo's Compiling lines, maturin's); two kinds of its lines are
 # dropped: pip's "Ignoring <pkg>: markers 'extra == ...' don't match" for every extra, and maturin's
 # warning that `build-backend` is not `maturin` (it is maturin, wrapped: build_backend/).
-"$py" -m pip install -v --no-build-isolation -e ".${extras:+[$extras]}" 2>&1 \
+"$py" -m pip install -v --no-deps --no-build-isolation -e ".${extras:+[$extras]}" 2>&1 \
   | { grep -v -E "^ *Ignoring [^ ]+: markers '.*' don't match your environment$|Warning: .build-backend. in pyproject.toml is not set to .maturin." || true; }
 done_step "installed recoverssm_rs and built the extension"
 "$py" -c "import recoverssm_rs; print('setup: recoverssm_rs', recoverssm_rs.__version__, 'ready in .venv')"

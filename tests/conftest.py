@@ -9,8 +9,19 @@ import os
 import pytest
 from support.gpu import cuda_device, gpu_stack_problem
 
+# The longest tests start first: pytest-xdist hands each worker a run of the collected order and the
+# others steal from its end, so a long test collected late would run alone at the end of the run.
+# The vLLM end-to-end test (vLLM's environment, a wheel of this checkout, an engine start per
+# configuration) takes minutes; the rest are seconds each and even out by stealing.
+FIRST = ("tests/e2e/",)
+
+
+def _run_longest_first(items):
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: the rest keep their order
+
 
 def pytest_collection_modifyitems(config, items):
+    _run_longest_first(items)
     if os.environ.get("RECOVERSSM_REQUIRE_GPU", "0") not in ("", "0"):
         problem = gpu_stack_problem()
         if problem is not None:
