@@ -145,6 +145,27 @@ def test_the_cache_key_names_the_nvrtc_library_by_content_not_path(monkeypatch, 
     assert keys[0] == keys[1] != keys[2]
 
 
+def test_the_cache_key_names_include_folders_by_content_not_path(tmp_path):
+    # CuPy's and CUDA's headers installed into another environment (a fresh clone's venv) must find
+    # the reports already made; headers that differ (a file's size, a file more) must not.
+    def headers(folder, extra=b""):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "a.h").write_bytes(b"#define A 1\n" + extra)
+        (folder / "sub" / "b.h").write_bytes(b"#define B 2\n")
+        return folder
+
+    same_a, same_b = headers(tmp_path / "a"), headers(tmp_path / "b")
+    bigger = headers(tmp_path / "c", extra=b"#define C 3\n")
+    more = headers(tmp_path / "d")
+    (more / "sub" / "c.h").write_bytes(b"")
+    keys = [
+        nvrtc._cache_key("tiny", 90, "ptx", _TINY, [f"-I{folder}", "-arch=compute_90"])
+        for folder in (same_a, same_b, bigger, more)
+    ]
+    assert keys[0] == keys[1]
+    assert len({keys[0], keys[2], keys[3]}) == 3
+
+
 def test_the_cache_directory_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("RECOVERSSM_CACHE_DIR", str(tmp_path))
     assert nvrtc.default_cache_dir() == tmp_path / "nvrtc"

@@ -255,7 +255,7 @@ def default_cache_dir() -> Path:
 
 
 #: Bumped when :class:`CompileReport` or the key changes: older entries are never read.
-_CACHE_FORMAT = 2
+_CACHE_FORMAT = 3
 
 
 _identity_memo: dict[Path, dict[str, object]] = {}
@@ -278,6 +278,32 @@ def _library_identity() -> dict[str, object]:
     return _identity_memo[path]
 
 
+_include_memo: dict[str, str] = {}
+
+
+def _include_identity(folder: str) -> str:
+    """An include folder by what it holds (each file's path in it and size, walked once per process),
+    not where it is: the same CuPy and CUDA headers installed into another virtual environment (a
+    fresh clone's) give the same key."""
+    if folder not in _include_memo:
+        digest = hashlib.sha256()
+        for root, dirs, files in os.walk(folder):
+            dirs.sort()
+            for f in sorted(files):
+                path = os.path.join(root, f)
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    size = -1
+                digest.update(f"{os.path.relpath(path, folder)}\0{size}\n".encode())
+        _include_memo[folder] = digest.hexdigest()
+    return _include_memo[folder]
+
+
+def _keyed_option(option: str) -> str:
+    return f"-I<{_include_identity(option[2:])}>" if option.startswith("-I") else option
+
+
 def _cache_key(name: str, arch: int, target: str, text: str, options: Sequence[str]) -> str:
     blob = json.dumps(
         {
@@ -286,7 +312,7 @@ def _cache_key(name: str, arch: int, target: str, text: str, options: Sequence[s
             "arch": arch,
             "target": target,
             "source": hashlib.sha256(text.encode()).hexdigest(),
-            "options": list(options),
+            "options": [_keyed_option(o) for o in options],
             "nvrtc": _library_identity(),
         },
         sort_keys=True,
