@@ -57,6 +57,13 @@ def build_parser(prog: str = PROG) -> Parser:
         help=f"architecture to compile for, e.g. 90 or sm_90, one this NVRTC supports "
         f"(repeatable; default: {', '.join('sm_' + str(a) for a in nvrtc.ARCHS)})",
     )
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="reuse the compile reports kept in DIR, keyed by the source, the options and the NVRTC "
+        "library, and keep new ones there (default: compile afresh; the test suite keeps its reports "
+        "in ~/.cache/recoverssm_rs/nvrtc)",
+    )
     add_json_option(p, "the report")
     return p
 
@@ -138,7 +145,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 f"argument --arch: invalid value sm_{bad[0]}: NVRTC {major}.{minor} compiles for "
                 f"{', '.join('sm_' + str(a) for a in supported)}"
             )
-    reports = [nvrtc.nvrtc_compile("<module>", arch, target="cubin", source=module_source()) for arch in archs]
+    reports = [
+        nvrtc.nvrtc_compile("<module>", arch, target="cubin", source=module_source(), cache=args.cache)
+        for arch in archs
+    ]
     failed = [r for r in reports if not r.ok]
     kernels = sorted((k for r in reports for k in r.kernels), key=lambda k: (k.kernel, k.arch))
     unclean = [k for k in kernels if not k.clean]
