@@ -46,10 +46,10 @@ kwargs! {
     }
 }
 
-/// The commit staged for the next post-process: its batch rows, table width, and with its kernel
+/// The commit staged for the next post-process: its request rows, table width, and with its kernel
 /// the cache's bound tensors (checked before the launch is built, marked written after).
 struct Staged {
-    batch_rows: u64,
+    request_rows: u64,
     cols: i32,
     kernel: Option<(Py<PyCommitLaunch>, Py<PyAny>)>,
     /// Without a kernel: the caller's commit, `reference(num_sampled)`, run inside the
@@ -238,7 +238,7 @@ impl VllmSlotStep {
     }
 
     /// Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
-    /// `num_computed_tokens` per batch row, `block_table`, `query_lens`, the cache's `window`,
+    /// `num_computed_tokens` per request row, `block_table`, `query_lens`, the cache's `window`,
     /// `num_blocks`, `max_requests`, and the stage's `generation`) for the next post-process; `kernel`: the cache's commit
     /// kernel, which then runs inside that post-process's launch (`None`: the commit runs before
     /// it, the launch sets the committed rows' columns and counts) and `bound` the cache's
@@ -291,11 +291,11 @@ impl VllmSlotStep {
         let st = plan_stage(&inputs, self.inner.slots(), block_size, cache, a.generation)?;
         let kernel = kernel.map(|(k, bound)| (k.unbind(), bound.unbind()));
         let reference = if kernel.is_none() { reference.map(Bound::unbind) } else { None };
-        self.put_staged(Some(Staged { batch_rows: st.batch_rows, cols: st.cols, kernel, reference }))?;
+        self.put_staged(Some(Staged { request_rows: st.request_rows, cols: st.cols, kernel, reference }))?;
         Ok(PyBytes::new(py, &st.bytes))
     }
 
-    /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
+    /// The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
     /// for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
     /// last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
     /// without a pre-copy since the last post-process (one post-process per step). A post-process
@@ -342,7 +342,7 @@ impl VllmSlotStep {
             let reference = st.and_then(|s| s.reference.as_ref());
             let out = self.half(py, block_tables, run, reference, |s, cols| {
                 let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
-                s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
+                s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { request_rows: c.request_rows, cols: c.cols, kernel }))
             })?;
             if let Some((_, bound)) = fused {
                 bound.bind(py).call_method0(intern!(py, "mark_written"))?;

@@ -23,7 +23,7 @@ pub struct StepConfig {
     pub num_spec_blocks: i64,
 }
 
-/// Per-request inputs of the pre-copy, one entry per scheduled request (batch row).
+/// Per-request inputs of the pre-copy, one entry per scheduled request (request row).
 pub struct PreInputs<'a> {
     /// Tokens already computed before this step.
     pub num_computed: &'a [i64],
@@ -372,7 +372,7 @@ pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepC
     Ok(d)
 }
 
-/// The default request name in messages: its batch row.
+/// The default request name in messages: its request row.
 pub fn row_name(i: usize) -> String {
     format!("request {i}")
 }
