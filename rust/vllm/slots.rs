@@ -202,7 +202,10 @@ mod tests {
     fn foreign_and_shared_slots_are_refused() {
         let name = |i: usize| format!("request {i}");
         assert!(check_slots(&[0, 3], 4, &name).is_ok());
-        assert_eq!(check_slots(&[0, -1], 4, &name).unwrap_err().message, "request 1: request index -1 is outside the mamba_state_idx table (0 ..= 3)");
+        assert_eq!(
+            check_slots(&[0, -1], 4, &name).unwrap_err().message,
+            "request 1: request index -1 is outside the mamba_state_idx table (0 ..= 3)"
+        );
         assert!(check_slots(&[4], 4, &name).unwrap_err().message.contains("request index 4 is outside"));
         assert_eq!(check_slots(&[2, 2], 4, &name).unwrap_err().message, "request 0 and request 1 share request index 2; each request needs its own");
     }
