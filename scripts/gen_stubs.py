@@ -293,12 +293,68 @@ def _fn_at(src: str, i: int, attrs: list[str], where: str) -> tuple[RustFn, int]
     return fn, _matching(src, body)
 
 
+def _shared_lists(sources: list[str]) -> dict[str, str]:
+    """The shared parameter lists (``rust/python/params.rs``): each list macro's name and its
+    parameters as a PyO3 signature fragment (``a: "T", *, b: "U" = None``)."""
+    out = {}
+    for src in sources:
+        for m in re.finditer(r"macro_rules!\s+(\w+)\s*\{", src):
+            body = src[m.end() : _matching(src, m.end() - 1) - 1]
+            w = body.find("with_params!")
+            if w < 0:
+                continue
+            group = body[body.index("(", w) :]
+            group = group[: _matching(group, 0)]
+            parts, k = [], 0
+            for star in (False, True):
+                b = group.find("{", k)
+                if b < 0 or (star and "*" not in group[k:b]):
+                    break
+                k = _matching(group, b)
+                items = group[b + 1 : k - 1].strip().rstrip(",").strip()
+                parts += (["*"] if star else []) + ([re.sub(r"\s+", " ", items)] if items else [])
+            out[m.group(1)] = ", ".join(parts)
+    return out
+
+
+def _expand_lists(src: str, lists: dict[str, str]) -> str:
+    """``src`` with each ``#[signature((before) ..a (after) -> "R")]`` inside a list macro's
+    invocation written out as the ``#[pyo3(signature = ...)]`` the macro emits."""
+    edits = []
+    for name, text in lists.items():
+        for m in re.finditer(rf"(?<![\w!]){name}!\s*\{{", src):
+            end = _matching(src, m.end() - 1)
+            for a in re.finditer(r"#\[signature\(", src[: end]):
+                if a.start() < m.end():
+                    continue
+                i = a.end()
+                close = _matching(src, i)
+                before = src[i + 1 : close - 1]
+                rest = re.compile(r"\s*\.\.\s*\w+\s*").match(src, close)
+                if not rest:
+                    raise StubError(f"cannot read {src[a.start() : close]!r}")
+                j, after = rest.end(), ""
+                if src[j] == "(":
+                    k = _matching(src, j)
+                    after, j = src[j + 1 : k - 1], k
+                ret = re.compile(r"\s*(->\s*\"[^\"]*\")\s*\)\]").match(src, j)
+                if not ret:
+                    raise StubError(f"cannot read the return of {src[a.start() : j]!r}")
+                items = [x for x in (before.strip().rstrip(","), text, after.strip().rstrip(",")) if x]
+                edits.append((a.start(), ret.end(), f"#[pyo3(signature = ({', '.join(items)}) {ret.group(1)})]"))
+    for start, end, new in sorted(edits, reverse=True):
+        src = src[:start] + new + src[end:]
+    return src
+
+
 def read_source(files: list[Path]) -> Source:
     out = Source()
     by_rust: dict[str, RustClass] = {}
     impls: list[tuple[str, list[RustFn]]] = []
-    for path in files:
-        src = path.read_text()
+    texts = [path.read_text() for path in files]
+    lists = _shared_lists(texts)
+    for path, text in zip(files, texts):
+        src = _expand_lists(text, lists)
         rel = f"rust/python/{path.name}"
         i = 0
         while True:

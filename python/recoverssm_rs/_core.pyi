@@ -364,17 +364,17 @@ class FusedCopy:
         """The CUDA device index of the states."""
     def launch(
         self,
-        *,
         block_table: _Tensor,
         src_col: _Tensor,
         second: _Tensor,
         num_accepted: _Tensor,
         err: _Tensor | None = None,
         num_accepted_out: _Tensor | None = None,
+        *,
         block_size: int | None = None,
         pre_copy: bool | None = None,
     ) -> KernelLaunch | None:
-        """The launch of one step (keywords as `Planner.device_step`; int32 inputs)."""
+        """The launch of one step (arguments as `Planner.device_step`; int32 inputs)."""
 
 @final
 class HostCacheIndex:
@@ -881,7 +881,7 @@ class VllmSlotStep:
         commit: bool = False,
         run: Callable[[KernelLaunch, bytes | None, Any], Any] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
-        """The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
+        """The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
         for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
         last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
         without a pre-copy since the last post-process (one post-process per step). A post-process
@@ -919,7 +919,7 @@ class VllmSlotStep:
         generation: int,
     ) -> bytes:
         """Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
-        `num_computed_tokens` per batch row, `block_table`, `query_lens`, the cache's `window`,
+        `num_computed_tokens` per request row, `block_table`, `query_lens`, the cache's `window`,
         `num_blocks`, `max_requests`, and the stage's `generation`) for the next post-process; `kernel`: the cache's commit
         kernel, which then runs inside that post-process's launch (`None`: the commit runs before
         it, the launch sets the committed rows' columns and counts) and `bound` the cache's

@@ -17,6 +17,7 @@ mod guard;
 mod kimi_k3;
 mod launch;
 mod layout;
+mod params;
 mod plan;
 mod planner;
 mod sglang;
