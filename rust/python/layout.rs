@@ -22,7 +22,7 @@ impl StateSpec {
     #[new]
     #[pyo3(
         signature = (
-            name: "str", shape: "Sequence[int]", dtype: "Any", role: "_Role" = None, copy: "_CopyKindName | None" = None,
+            name: "str", shape: "Sequence[int]", dtype: "str | _DType", role: "_Role" = None, copy: "_CopyKindName | None" = None,
             conv_layout: "_ConvLayoutName | None" = None,
         ),
         text_signature = "(name, shape, dtype, role='persistent', copy=None, conv_layout=None)"
@@ -273,7 +273,7 @@ type GroupTuple<'py> = (String, Vec<Bound<'py, PyAny>>, Option<Vec<String>>, Opt
 /// `layout.recover_geometry()` of any object: a `LayoutError` naming `layout` when it is not a
 /// `Layout`.
 #[pyfunction]
-#[pyo3(signature = (layout: "Any") -> "dict[str, Any]")]
+#[pyo3(signature = (layout: "object") -> "dict[str, Any]")]
 pub(crate) fn recover_geometry<'py>(layout: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     instance::<Layout>(layout, "layout", ErrorKind::Layout, "Layout")?.get().recover_geometry(layout.py())
 }
@@ -338,7 +338,7 @@ macro_rules! layout_params {
     ($($items:tt)*) => {
         $crate::python::params::with_params! {
             ($crate::python::layout::CommonArgs {
-                tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "Any" = None, ssm_dtype: "Any" = None,
+                tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "str | _DType | None" = None, ssm_dtype: "str | _DType | None" = None,
             })
             $($items)*
         }

@@ -184,7 +184,7 @@ impl Planner {
     /// `block_size`: tokens per block, for vLLM's step decisions.
     #[new]
     #[pyo3(signature = (
-        groups: "Sequence[tuple[Layout, Sequence[Sequence[Any]]]]", *, block_size: "int | None" = None, persistent_only: "bool" = false,
+        groups: "Sequence[tuple[Layout, Sequence[Sequence[_Tensor]]]]", *, block_size: "int | None" = None, persistent_only: "bool" = false,
     ))]
     fn new(py: Python<'_>, groups: &Bound<'_, PyAny>, block_size: Option<&Bound<'_, PyAny>>, persistent_only: bool) -> PyResult<Self> {
         let groups = group_args(groups, persistent_only)?;
@@ -359,7 +359,7 @@ impl Planner {
     /// One guarded write: the bound tensors are checked (a `BindingError`, and `write` is not
     /// called, when one moved), `write()` runs, and what was written is recorded (autograd's
     /// version counters). Returns what `write` returns.
-    #[pyo3(signature = (write: "Callable[[], Any]") -> "Any")]
+    #[pyo3(signature = (write: "Callable[[], _T]") -> "_T")]
     fn guarded(&self, py: Python<'_>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.write(py, || Ok(write.call0()?.unbind()))
     }
@@ -404,7 +404,7 @@ impl Planner {
         }
     }
 
-    #[signature((launch: "Callable[[KernelLaunch | None, int], Any]",) ..a -> "tuple[int, bool]")]
+    #[signature((launch: "Callable[[KernelLaunch | None, int], object]",) ..a -> "tuple[int, bool]")]
     /// One guarded device step: the guard and the inputs are checked as by `device_step`; when the
     /// launch is ready, `launch(kernel_launch_or_None, requests)` runs and the states are recorded
     /// as written, all in this call. Returns `(requests, narrow)`: with `narrow` true nothing ran

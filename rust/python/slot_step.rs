@@ -200,7 +200,7 @@ impl VllmSlotStep {
 
     /// Checks a list of KV-cache group ids for a planner of `groups` groups; returns them.
     #[staticmethod]
-    #[pyo3(signature = (ids: "Any", groups: "int") -> "list[int]")]
+    #[pyo3(signature = (ids: "Sequence[int]", groups: "int") -> "list[int]")]
     fn check_group_ids(ids: &Bound<'_, PyAny>, groups: usize) -> PyResult<Vec<usize>> {
         let ids = items(ids, "group_ids", ErrorKind::Plan, "integers")?
             .iter()
@@ -216,8 +216,8 @@ impl VllmSlotStep {
     /// `run(launch, table records or None, None)` queues the upload and the launch, and the states
     /// are recorded as written, in this call.
     #[pyo3(signature = (
-        block_tables: "Any", idx_mapping: "Any", num_computed_tokens: "Any", query_start_loc: "Any",
-        run: "Callable[[KernelLaunch, bytes | None, None], Any] | None" = None,
+        block_tables: "Sequence[_Tensor] | Mapping[int, _Tensor]", idx_mapping: "_Tensor", num_computed_tokens: "_Tensor", query_start_loc: "_Tensor",
+        run: "Callable[[KernelLaunch, bytes | None, None], object] | None" = None,
     ) -> "tuple[KernelLaunch, bytes | None]")]
     fn pre<'py>(
         &self,
@@ -248,7 +248,7 @@ impl VllmSlotStep {
     /// nothing is staged when the core refuses the commit.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
-        kernel: "tuple[CommitLaunch, BoundTensors] | None" = None, reference: "Callable[[Any], Any] | None" = None, *,
+        kernel: "tuple[CommitLaunch, BoundTensors] | None" = None, reference: "Callable[[_Tensor], object] | None" = None, *,
         request_indices: "_IntArray", state_blocks: "_IntArray", num_computed_tokens: "_IntArray", block_table: "_IntArray",
         query_lens: "_IntArray | None" = None, window: "int", num_blocks: "int", max_requests: "int", generation: "int",
     ) -> "bytes")]
@@ -303,8 +303,8 @@ impl VllmSlotStep {
     /// `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
     /// `reference` when it runs with this post-process (else `None`).
     #[pyo3(signature = (
-        idx_mapping: "Any", num_sampled: "Any", num_computed_tokens: "Any", block_tables: "Any", commit: "bool" = false,
-        run: "Callable[[KernelLaunch, bytes | None, Any], Any] | None" = None,
+        idx_mapping: "_Tensor", num_sampled: "_Tensor | int", num_computed_tokens: "_Tensor | None", block_tables: "Sequence[_Tensor] | Mapping[int, _Tensor]",
+        commit: "bool" = false, run: "Callable[[KernelLaunch, bytes | None, Callable[[_Tensor], object] | None], object] | None" = None,
     ) -> "tuple[KernelLaunch, bytes | None]")]
     #[allow(clippy::too_many_arguments)]
     fn post<'py>(

@@ -355,7 +355,7 @@ fn device_half<T>(
 }
 
 device_half_params! {
-#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], Any] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
+#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
 /// The pre-copy for the device: the host decides the columns (every check that needs no count;
 /// with host counts every check), stages the step as int32 and packs the launch that reads it from
 /// `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
@@ -378,7 +378,7 @@ fn device_pre_copy(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>,) 
     Ok((RawBuffer::new(cols.curr), st, l))
 }
 
-#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], Any] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
+#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
 /// The post-process for the device (decided by the kernel from the counts): returns `running`,
 /// the staged step and the launch, as `device_pre_copy`.
 #[pyfunction]
@@ -430,7 +430,7 @@ type GroupPair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 /// `(layout, states)` pairs (the planner checks those); anything else is a `BindingError` naming
 /// the group.
 #[pyfunction]
-#[pyo3(signature = (groups: "Any") -> "tuple[list[int], list[tuple[Any, Any]]]")]
+#[pyo3(signature = (groups: "Sequence[tuple[int, Layout, Sequence[Sequence[_Tensor]]]]") -> "tuple[list[int], list[tuple[Layout, Sequence[Sequence[_Tensor]]]]]")]
 fn vllm_step_groups<'py>(groups: &Bound<'py, PyAny>) -> PyResult<(Vec<i64>, Vec<GroupPair<'py>>)> {
     let kind = ErrorKind::Binding;
     let mut ids = Vec::new();
@@ -503,7 +503,7 @@ impl PySlots {
     }
     /// Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
     /// requests in errors.
-    #[pyo3(signature = (slots: "Any", req_ids: "Sequence[str] | None" = None) -> "list[int]")]
+    #[pyo3(signature = (slots: "_IntArray", req_ids: "Sequence[str] | None" = None) -> "list[int]")]
     fn check(&self, slots: &Bound<'_, PyAny>, req_ids: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
         let slots = Ints::arg(slots, "slots", ErrorKind::Plan)?.0;
         let names = RequestNames(req_ids.filter(|r| !r.is_none()).map(|r| r.clone().unbind()));

@@ -12,12 +12,12 @@ import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from .. import _core
-from .._core import Layout, StateSpec, VllmSlots
+from .._core import Layout, VllmSlots
 from ..contract import copy_func_name, validate_copy_funcs
 from ..engine import EngineAdapter
 from ..errors import BindingError, LayoutError, PlanError, _reading
@@ -78,23 +78,16 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     return out
 
 
-def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
-    if conv_layout not in ("SD", "DS"):
-        raise LayoutError(f"conv_layout must be 'SD' or 'DS' (VLLM_SSM_CONV_STATE_LAYOUT), got {conv_layout!r}")
-    layout = cast(Literal["SD", "DS"], conv_layout)
-    states = []
-    for i, f in enumerate(funcs):
-        kind = copy_kind(f)
-        states.append(
-            StateSpec(
-                f"{kind}{i}",
-                list(spec.shapes[i]),
-                spec.dtypes[i],
-                copy=kind,
-                conv_layout=layout if kind == "conv" else None,
-            )
-        )
-    return Layout(_name(spec.mamba_type), states, num_spec=spec.num_speculative_blocks)
+def _spec_record(spec: Any) -> tuple[Any, ...]:
+    """A mamba spec's fields as the core reads them (``vllm_runner_groups``)."""
+    kind = (_name(spec.mamba_type), _name(spec.mamba_cache_mode))
+    return (
+        *kind,
+        [list(x) for x in spec.shapes],
+        [str(d) for d in spec.dtypes],
+        spec.num_speculative_blocks,
+        spec.block_size,
+    )
 
 
 def _lookup(table: Mapping[str, Any], req_ids: Sequence[str], what: str) -> Iterable[Any]:
@@ -188,35 +181,27 @@ class VllmMambaStep(EngineAdapter):
         """
         layout_name = str(conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
         found = mamba_groups(kv_cache_config)
-        specs = [spec for _, spec, _ in found]
-        validate_copy_funcs(specs, copy_funcs)
-        for spec in specs:
-            if _name(spec.mamba_cache_mode) != "align":
-                raise LayoutError(
-                    f"{_name(spec.mamba_type)}: mamba_cache_mode is {_name(spec.mamba_cache_mode)!r}; "
-                    "the step copies states only in 'align' mode"
-                )
-        by_type = {_name(k): v for k, v in copy_funcs.items()}
-        groups = []
-        for gid, spec, layers in found:
-            funcs = by_type[_name(spec.mamba_type)]
-            states = []
-            for layer in layers:
-                with _reading(f"group {gid}, layer {layer!r}: forward_context", BindingError):
-                    if layer not in forward_context:
-                        raise BindingError(f"group {gid}, layer {layer!r}: not in the forward context")
-                    kv = list(forward_context[layer].kv_cache)
-                if len(kv) < len(funcs):
-                    raise BindingError(
-                        f"group {gid}, layer {layer!r}: {len(kv)} kv_cache tensors, but {len(funcs)} copy functions"
-                    )
-                states.append(kv[: len(funcs)])
-            groups.append((gid, _layout(spec, funcs, layout_name), states))
-        first = specs[0]
+        validate_copy_funcs([spec for _, spec, _ in found], copy_funcs)
+        by_type = {_name(k): [copy_func_name(f) for f in v] for k, v in copy_funcs.items()}
+
+        def kv_cache(gid: int, layer: str) -> list[Any] | None:
+            with _reading(f"group {gid}, layer {layer!r}: forward_context", BindingError):
+                return list(forward_context[layer].kv_cache) if layer in forward_context else None
+
+        record = [
+            (
+                gid,
+                _spec_record(spec),
+                by_type[_name(spec.mamba_type)],
+                [(layer, kv_cache(gid, layer)) for layer in layers],
+            )
+            for gid, spec, layers in found
+        ]
+        groups, block_size, num_spec = _core.vllm_runner_groups(record, layout_name)
         return cls(
             groups,
-            block_size=first.block_size,
-            num_spec_blocks=first.num_speculative_blocks,
+            block_size=block_size,
+            num_spec_blocks=num_spec,
             max_num_reqs=max_num_reqs,
             device_tables=device_tables,
         )
