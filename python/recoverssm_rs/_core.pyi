@@ -103,6 +103,7 @@ __all__ = [
     "vllm_device_pre_copy",
     "vllm_post_process",
     "vllm_pre_copy",
+    "vllm_request_values",
     "vllm_runner_groups",
     "vllm_step_groups",
     "write_file",
@@ -1469,6 +1470,19 @@ def vllm_pre_copy(
     num_spec_blocks: int | None = None,
 ) -> tuple[RawBuffer, CopyPlan]:
     """The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`."""
+
+def vllm_request_values(
+    req_ids: Sequence[str],
+    requests: Mapping[str, Any],
+    num_scheduled_tokens: Mapping[str, int],
+    spec_tokens: Mapping[str, Sequence[Any]],
+) -> RawBuffer:
+    """A step's per-request values, read from vLLM's objects for each request id `r` of `req_ids` (a
+    list of strings) in row order: `requests[r].num_computed_tokens`, `num_scheduled_tokens[r]` and
+    the draft tokens `len(spec_tokens.get(r, ()))`; `int64 [3, R]` in that order. A request missing
+    from `requests` or `num_scheduled_tokens`, or a value that is not an integer, is a `PlanError`
+    naming the request and its row.
+    """
 
 def vllm_runner_groups(
     groups: Sequence[

@@ -54,7 +54,7 @@ mod _core {
     #[pymodule_export]
     use super::planner::Planner;
     #[pymodule_export]
-    use super::runner::vllm_runner_groups;
+    use super::runner::{vllm_request_values, vllm_runner_groups};
     #[pymodule_export]
     use super::sglang::{
         sglang_check_pool, sglang_commit_selection, sglang_host_copies, sglang_ids, sglang_layout, sglang_slot_launch, sglang_slot_table,

@@ -1,9 +1,15 @@
-//! `VllmMambaStep.from_runner`'s core reader ([`crate::vllm::runner`]): the package's plain record
-//! of vLLM's mamba groups in, the step's groups (checked, with their layouts) out.
+//! The readers of vLLM's runner objects: `VllmMambaStep.from_runner`'s ([`crate::vllm::runner`]:
+//! the package's plain record of vLLM's mamba groups in, the step's groups, checked and with their
+//! layouts, out) and `VllmMambaStep.preprocess`'s per-request values.
 
+use super::buffer::RawBuffer;
+use super::conversion::{arg_error, items, Arg};
 use super::layout::Layout;
+use crate::error::ErrorKind;
 use crate::vllm::runner::{self, RunnerSpec};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyInt, PyTuple};
 
 /// A spec's fields: `(mamba_type, mamba_cache_mode, shapes, dtypes, num_speculative_blocks,
 /// block_size)`.
@@ -43,4 +49,48 @@ pub(crate) fn vllm_runner_groups<'py>(groups: Vec<GroupRecord<'py>>, conv_layout
 
 fn as_spec<'a>(s: &'a SpecRecord, funcs: &'a [String]) -> RunnerSpec<'a> {
     RunnerSpec { mamba_type: &s.0, mamba_cache_mode: &s.1, shapes: &s.2, dtypes: &s.3, num_speculative_blocks: s.4, copy_funcs: funcs }
+}
+
+/// A step's per-request values, read from vLLM's objects for each request id `r` of `req_ids` (a
+/// list of strings) in row order: `requests[r].num_computed_tokens`, `num_scheduled_tokens[r]` and
+/// the draft tokens `len(spec_tokens.get(r, ()))`; `int64 [3, R]` in that order. A request missing
+/// from `requests` or `num_scheduled_tokens`, or a value that is not an integer, is a `PlanError`
+/// naming the request and its row.
+#[pyfunction]
+#[pyo3(signature = (
+    req_ids: "Sequence[str]", requests: "Mapping[str, Any]", num_scheduled_tokens: "Mapping[str, int]",
+    spec_tokens: "Mapping[str, Sequence[Any]]",
+) -> "RawBuffer")]
+pub(crate) fn vllm_request_values(
+    req_ids: &Bound<'_, PyAny>,
+    requests: &Bound<'_, PyAny>,
+    num_scheduled_tokens: &Bound<'_, PyAny>,
+    spec_tokens: &Bound<'_, PyAny>,
+) -> PyResult<RawBuffer> {
+    let kind = ErrorKind::Plan;
+    let ids = items(req_ids, "input_batch.req_ids", kind, "request ids")?;
+    let n = ids.len();
+    let mut out = vec![0i64; 3 * n];
+    let py = req_ids.py();
+    let (computed, empty) = (intern!(py, "num_computed_tokens"), PyTuple::empty(py));
+    for (i, r) in ids.iter().enumerate() {
+        let name = || format!("request {} (row {i})", r.str().map_or_else(|_| "?".into(), |s| s.to_string_lossy().into_owned()));
+        let missing = |what: &str| arg_error(kind, format!("{}: not in {what}", name()));
+        let req = requests.get_item(r).map_err(|_| missing("requests"))?;
+        // A Python int converts directly; anything else through the checked conversion, named.
+        let int = |v: &Bound<'_, PyAny>, what: &str| match v.is_exact_instance_of::<PyInt>().then(|| v.extract::<i64>()) {
+            Some(Ok(x)) => Ok(x),
+            _ => i64::arg(v, &format!("{}: {what}", name()), kind),
+        };
+        let c = req.getattr(computed).map_err(|e| arg_error(kind, format!("{}: requests: {e}", name())))?;
+        out[i] = int(&c, "num_computed_tokens")?;
+        let s = num_scheduled_tokens.get_item(r).map_err(|_| missing("scheduler_output.num_scheduled_tokens"))?;
+        out[n + i] = int(&s, "num_scheduled_tokens")?;
+        let drafts = match spec_tokens.cast::<PyDict>() {
+            Ok(d) => d.get_item(r).and_then(|x| x.map_or(Ok(0), |x| x.len())),
+            Err(_) => spec_tokens.call_method1(intern!(py, "get"), (r, &empty)).and_then(|d| d.len()),
+        };
+        out[2 * n + i] = drafts.map_err(|e| arg_error(kind, format!("{}: scheduled_spec_decode_tokens: {e}", name())))? as i64;
+    }
+    Ok(RawBuffer::new(out))
 }

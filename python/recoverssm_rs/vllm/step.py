@@ -8,10 +8,8 @@ is never imported: every object is read by attribute.
 from __future__ import annotations
 
 import logging
-import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -21,6 +19,7 @@ from .._core import Layout, VllmSlots
 from ..contract import copy_func_name, validate_copy_funcs
 from ..engine import EngineAdapter
 from ..errors import BindingError, LayoutError, PlanError, _reading
+from ..plan_format import records
 from ..planner import Planner
 from .decide import PostProcessDecision, PostProcessInputs, PreCopyDecision, PreCopyInputs, plan
 from .device_step import DeviceStep
@@ -28,8 +27,6 @@ from .device_step import DeviceStep
 __all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
 
 log = logging.getLogger("recoverssm_rs")
-
-_COMPUTED = operator.attrgetter("num_computed_tokens")
 
 
 def _name(x: Any) -> str:
@@ -88,30 +85,6 @@ def _spec_record(spec: Any) -> tuple[Any, ...]:
         spec.num_speculative_blocks,
         spec.block_size,
     )
-
-
-def _lookup(table: Mapping[str, Any], req_ids: Sequence[str], what: str) -> Iterable[Any]:
-    """``table[r]`` for each request (looked up in C); a request missing from ``table`` is a
-    :class:`PlanError` naming it."""
-    try:
-        return list(map(table.__getitem__, req_ids))
-    except (KeyError, TypeError):  # TypeError: an id that cannot be a key
-        row, r = next(((i, r) for i, r in enumerate(req_ids) if not _has(table, r)), (0, None))
-        raise PlanError(f"request {r} (row {row}): not in {what}") from None
-
-
-def _has(table: Mapping[str, Any], key: Any) -> bool:
-    try:
-        return key in table
-    except TypeError:
-        return False
-
-
-def _gather(values: Iterable[Any]) -> np.ndarray:
-    """Per-request values as an array of their own type: int64 for integers; a float or object array
-    otherwise, which the core refuses naming the argument (never truncated)."""
-    items = list(values)
-    return np.asarray(items) if items else np.zeros(0, np.int64)
 
 
 def _block_table(input_batch: Any, gid: int, n: int) -> Any:
@@ -330,12 +303,8 @@ class VllmMambaStep(EngineAdapter):
             acc = host_acc[:n] if num_accepted is None and prev_rows is None else num_accepted
             tables = self.tables(input_batch, n)
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
-        with _reading("requests", PlanError):
-            # Per-request values gathered in C (map), not a Python loop over requests.
-            c = _gather(map(_COMPUTED, _lookup(requests, req_ids, "requests")))
-        with _reading("scheduler_output", PlanError):
-            ns = _gather(_lookup(sched, req_ids, "scheduler_output.num_scheduled_tokens"))
-            nd = np.fromiter(map(len, map(spec.get, req_ids, repeat((), n))), np.int64, n)
+        # Per request row: computed, scheduled and draft tokens, read by the core.
+        c, ns, nd = records(_core.vllm_request_values(req_ids, requests, sched, spec), np.int64).reshape(3, -1)
         for ids in released:
             self.release(ids)
         added: list[str] = []
