@@ -50,6 +50,10 @@ _Location = Literal["memory", "disk"]
 # array); an int32 / int64 host vector or table (a numpy array, a CPU tensor, a list of ints).
 _Tensor = Any
 _IntArray = Any
+# A dtype the core reads by name: a torch or numpy dtype.
+_DType = Any
+# Bytes the core reads through the buffer protocol (bytes, a numpy uint8 array, a memoryview).
+_Buffer = Any
 """
 
 # Rust types and what Python sees of them.
@@ -293,12 +297,78 @@ def _fn_at(src: str, i: int, attrs: list[str], where: str) -> tuple[RustFn, int]
     return fn, _matching(src, body)
 
 
+def _list_text(group: str) -> str:
+    """A shared list's group, ``(Struct { a: "T", ... } * { b: "U" = None, ... })``, as a PyO3
+    signature fragment (``a: "T", ..., *, b: "U" = None, ...``)."""
+    parts, k = [], 0
+    for star in (False, True):
+        b = group.find("{", k)
+        if b < 0 or (star and "*" not in group[k:b]):
+            break
+        k = _matching(group, b)
+        items = group[b + 1 : k - 1].strip().rstrip(",").strip()
+        parts += (["*"] if star else []) + ([re.sub(r"\s+", " ", items)] if items else [])
+    return ", ".join(parts)
+
+
+def _shared_lists(sources: list[str]) -> dict[str, str]:
+    """The shared parameter lists (``rust/python/params.rs``): each list macro's name and its
+    parameters as a PyO3 signature fragment."""
+    out = {}
+    for src in sources:
+        for m in re.finditer(r"macro_rules!\s+(\w+)\s*\{", src):
+            body = src[m.end() : _matching(src, m.end() - 1) - 1]
+            w = body.find("with_params!")
+            if w >= 0 and m.group(1) != "with_params":
+                group = body[body.index("(", w) :]
+                out[m.group(1)] = _list_text(group[: _matching(group, 0)])
+    return out
+
+
+def _expand_lists(src: str, lists: dict[str, str]) -> str:
+    """``src`` with each ``#[signature((before) ..a (after) -> "R")]`` inside a list macro's (or
+    ``with_params!``'s) invocation written out as the ``#[pyo3(signature = ...)]`` it emits."""
+    edits = []
+    invocations = []
+    for name, text in lists.items():
+        invocations += [(m, text) for m in re.finditer(rf"(?<![\w!]){name}!\s*\{{", src)]
+    for m in re.finditer(r"(?<![\w!])with_params!\s*\{\s*\(", src):
+        group = src[m.end() - 1 : _matching(src, m.end() - 1)]
+        if "$" not in group:  # a list given in place, not a list macro's definition
+            invocations.append((m, _list_text(group)))
+    for m, text in invocations:
+        end = _matching(src, m.group(0).rindex("{") + m.start())
+        for a in re.finditer(r"#\[signature\(", src[:end]):
+            if a.start() < m.end():
+                continue
+            i = a.end()
+            close = _matching(src, i)
+            before = src[i + 1 : close - 1]
+            rest = re.compile(r"\s*\.\.\s*\w+\s*").match(src, close)
+            if not rest:
+                raise StubError(f"cannot read {src[a.start() : close]!r}")
+            j, after = rest.end(), ""
+            if src[j] == "(":
+                k = _matching(src, j)
+                after, j = src[j + 1 : k - 1], k
+            ret = re.compile(r"\s*(->\s*\"[^\"]*\")\s*\)\]").match(src, j)
+            if not ret:
+                raise StubError(f"cannot read the return of {src[a.start() : j]!r}")
+            items = [x for x in (before.strip().rstrip(","), text, after.strip().rstrip(",")) if x]
+            edits.append((a.start(), ret.end(), f"#[pyo3(signature = ({', '.join(items)}) {ret.group(1)})]"))
+    for start, end, new in sorted(edits, reverse=True):
+        src = src[:start] + new + src[end:]
+    return src
+
+
 def read_source(files: list[Path]) -> Source:
     out = Source()
     by_rust: dict[str, RustClass] = {}
     impls: list[tuple[str, list[RustFn]]] = []
-    for path in files:
-        src = path.read_text()
+    texts = [path.read_text() for path in files]
+    lists = _shared_lists(texts)
+    for path, text in zip(files, texts):
+        src = _expand_lists(text, lists)
         rel = f"rust/python/{path.name}"
         i = 0
         while True:

@@ -18,6 +18,10 @@ _Location = Literal["memory", "disk"]
 # array); an int32 / int64 host vector or table (a numpy array, a CPU tensor, a list of ints).
 _Tensor = Any
 _IntArray = Any
+# A dtype the core reads by name: a torch or numpy dtype.
+_DType = Any
+# Bytes the core reads through the buffer protocol (bytes, a numpy uint8 array, a memoryview).
+_Buffer = Any
 
 __version__: str
 __all__ = [
@@ -86,6 +90,7 @@ __all__ = [
     "sglang_commit_selection",
     "sglang_host_copies",
     "sglang_ids",
+    "sglang_layout",
     "sglang_slot_launch",
     "sglang_slot_table",
     "short_conv_layout",
@@ -98,6 +103,8 @@ __all__ = [
     "vllm_device_pre_copy",
     "vllm_post_process",
     "vllm_pre_copy",
+    "vllm_request_values",
+    "vllm_runner_groups",
     "vllm_step_groups",
     "write_file",
 ]
@@ -114,14 +121,14 @@ class BindingError(RecoverSSMError, ValueError):
 class BoundTensors:
     """Tensors bound by a state cache or a transfer pool, guarded as a planner guards its own."""
 
-    def __new__(cls, tensors: Sequence[tuple[Any, str]]) -> BoundTensors: ...
+    def __new__(cls, tensors: Sequence[tuple[_Tensor, str]]) -> BoundTensors: ...
     def __len__(self) -> int:
         """Return len(self)."""
     def check(self) -> None:
         """Raises `BindingError` when a bound tensor or storage no longer has the memory it was bound
         with (nothing has been written then).
         """
-    def guarded(self, write: Callable[[], Any]) -> Any:
+    def guarded(self, write: Callable[[], _T]) -> _T:
         """One guarded write: `check()`, then `write()`, then `mark_written()`, in one call (`write`
         is not called when a tensor moved). Returns what `write` returns.
         """
@@ -207,7 +214,7 @@ class CommitLaunch:
 
     def __new__(
         cls,
-        table: Any,
+        table: _Buffer,
         *,
         device: str | _Tensor,
         metas: int,
@@ -259,7 +266,7 @@ class CommitPlanner:
     """
 
     def __new__(cls, layout: Layout, num_blocks: int) -> CommitPlanner: ...
-    def check_state_blocks(self, state_blocks: Any, max_requests: int | None = None) -> int:
+    def check_state_blocks(self, state_blocks: _IntArray, max_requests: int | None = None) -> int:
         """Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
         `max_requests` requests when given (the workspace rows). Returns the number of requests.
         """
@@ -364,17 +371,17 @@ class FusedCopy:
         """The CUDA device index of the states."""
     def launch(
         self,
-        *,
         block_table: _Tensor,
         src_col: _Tensor,
         second: _Tensor,
         num_accepted: _Tensor,
         err: _Tensor | None = None,
         num_accepted_out: _Tensor | None = None,
+        *,
         block_size: int | None = None,
         pre_copy: bool | None = None,
     ) -> KernelLaunch | None:
-        """The launch of one step (keywords as `Planner.device_step`; int32 inputs)."""
+        """The launch of one step (arguments as `Planner.device_step`; int32 inputs)."""
 
 @final
 class HostCacheIndex:
@@ -457,12 +464,12 @@ class KimiK3CommitPlanner:
     def __new__(
         cls,
         *,
-        conv: Sequence[Any],
-        state: Sequence[Any],
-        correction: Sequence[Any],
-        key_gate: Sequence[Any],
-        a_log: Sequence[Any],
-        dt_bias: Sequence[Any],
+        conv: Sequence[_Tensor],
+        state: Sequence[_Tensor],
+        correction: Sequence[_Tensor],
+        key_gate: Sequence[_Tensor],
+        a_log: Sequence[_Tensor],
+        dt_bias: Sequence[_Tensor],
         gate_lower_bound: Sequence[float | None],
         spec_query_len: int,
     ) -> KimiK3CommitPlanner: ...
@@ -632,7 +639,7 @@ class Planner:
 
     def __new__(
         cls,
-        groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]],
+        groups: Sequence[tuple[Layout, Sequence[Sequence[_Tensor]]]],
         *,
         block_size: int | None = None,
         persistent_only: bool = False,
@@ -691,7 +698,7 @@ class Planner:
         """
     def group_sizes(self) -> list[tuple[int, int]]:
         """Per group: `(layers, blocks)`."""
-    def guarded(self, write: Callable[[], Any]) -> Any:
+    def guarded(self, write: Callable[[], _T]) -> _T:
         """One guarded write: the bound tensors are checked (a `BindingError`, and `write` is not
         called, when one moved), `write()` runs, and what was written is recorded (autograd's
         version counters). Returns what `write` returns.
@@ -700,7 +707,7 @@ class Planner:
         """The holders of `block` in `group` (0: not published)."""
     def launch_step(
         self,
-        launch: Callable[[KernelLaunch | None, int], Any],
+        launch: Callable[[KernelLaunch | None, int], object],
         block_table: _Tensor,
         src_col: _Tensor,
         second: _Tensor,
@@ -787,7 +794,7 @@ class StateSpec:
         cls,
         name: str,
         shape: Sequence[int],
-        dtype: Any,
+        dtype: str | _DType,
         role: _Role = "persistent",
         copy: _CopyKindName | None = None,
         conv_layout: _ConvLayoutName | None = None,
@@ -862,7 +869,7 @@ class VllmSlotStep:
     CTL_WORDS: ClassVar[int]
     ERR_WORDS: ClassVar[int]
     @staticmethod
-    def check_group_ids(ids: Any, groups: int) -> list[int]:
+    def check_group_ids(ids: Sequence[int], groups: int) -> list[int]:
         """Checks a list of KV-cache group ids for a planner of `groups` groups; returns them."""
     def clear_commit(self) -> None:
         """Forgets the staged commit (the stage buffer is the caller's: e.g. after its copy failed)."""
@@ -874,14 +881,14 @@ class VllmSlotStep:
         """The KV-cache group id of each planner group."""
     def post(
         self,
-        idx_mapping: Any,
-        num_sampled: Any,
-        num_computed_tokens: Any,
-        block_tables: Any,
+        idx_mapping: _Tensor,
+        num_sampled: _Tensor | int,
+        num_computed_tokens: _Tensor | None,
+        block_tables: Sequence[_Tensor] | Mapping[int, _Tensor],
         commit: bool = False,
-        run: Callable[[KernelLaunch, bytes | None, Any], Any] | None = None,
+        run: Callable[[KernelLaunch, bytes | None, Callable[[_Tensor], object] | None], object] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
-        """The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
+        """The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
         for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
         last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
         without a pre-copy since the last post-process (one post-process per step). A post-process
@@ -891,11 +898,11 @@ class VllmSlotStep:
         """
     def pre(
         self,
-        block_tables: Any,
-        idx_mapping: Any,
-        num_computed_tokens: Any,
-        query_start_loc: Any,
-        run: Callable[[KernelLaunch, bytes | None, None], Any] | None = None,
+        block_tables: Sequence[_Tensor] | Mapping[int, _Tensor],
+        idx_mapping: _Tensor,
+        num_computed_tokens: _Tensor,
+        query_start_loc: _Tensor,
+        run: Callable[[KernelLaunch, bytes | None, None], object] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
         """The pre-copy over the groups' `block_tables` and the runner's `idx_mapping`,
         `num_computed_tokens`, `query_start_loc` (positional: no keyword dict per step):
@@ -906,7 +913,7 @@ class VllmSlotStep:
     def stage_commit(
         self,
         kernel: tuple[CommitLaunch, BoundTensors] | None = None,
-        reference: Callable[[Any], Any] | None = None,
+        reference: Callable[[_Tensor], object] | None = None,
         *,
         request_indices: _IntArray,
         state_blocks: _IntArray,
@@ -919,7 +926,7 @@ class VllmSlotStep:
         generation: int,
     ) -> bytes:
         """Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
-        `num_computed_tokens` per batch row, `block_table`, `query_lens`, the cache's `window`,
+        `num_computed_tokens` per request row, `block_table`, `query_lens`, the cache's `window`,
         `num_blocks`, `max_requests`, and the stage's `generation`) for the next post-process; `kernel`: the cache's commit
         kernel, which then runs inside that post-process's launch (`None`: the commit runs before
         it, the launch sets the committed rows' columns and counts) and `bound` the cache's
@@ -941,7 +948,7 @@ class VllmSlots:
     @property
     def capacity(self) -> int:
         """Slots in the table (`max_num_reqs`)."""
-    def check(self, slots: Any, req_ids: Sequence[str] | None = None) -> list[int]:
+    def check(self, slots: _IntArray, req_ids: Sequence[str] | None = None) -> list[int]:
         """Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
         requests in errors.
         """
@@ -988,7 +995,7 @@ def align_pre_copy(
 ) -> RawBuffer:
     """vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`."""
 
-def block_list(blocks: Any, what: str = "blocks") -> list[int]:
+def block_list(blocks: _IntArray, what: str = "blocks") -> list[int]:
     """The block ids `blocks` (the argument `what`): a 1-D list or array of host integers (PlanError
     naming the argument otherwise). Their values are the plan's to check (a negative block is
     refused naming its request).
@@ -1002,7 +1009,7 @@ def check_checkpoint_trace(requests: Iterable[tuple[int, str, float, Sequence[in
     does; returns their number.
     """
 
-def check_commit_counts(device: str, num_accepted: Any, min_len: int) -> None:
+def check_commit_counts(device: str, num_accepted: _Tensor, min_len: int) -> None:
     """Checks the accepted counts of a device commit: an integer vector on the cache's device with at
     least `min_len` counts.
     """
@@ -1013,13 +1020,13 @@ def check_device_tables(*, device: str | _Tensor, tables: Sequence[_Tensor], gro
 def check_index(what: str, index: int, len: int) -> int:
     """`index` as an index into `len` items named `what` (a `PlanError` otherwise)."""
 
-def check_pool(pool: Any, what: str = "pool") -> LayoutFingerprint:
+def check_pool(pool: object, what: str = "pool") -> LayoutFingerprint:
     """Checks that `pool` (the argument `what`) is a StatePool; returns its fingerprint."""
 
 def check_saved_states(
     metadata: dict[str, str],
     tensors: Sequence[tuple[str, str, Sequence[int], int, int]],
-    data: Any,
+    data: _Buffer,
     *,
     tier: HostCacheIndex | None = None,
     entry: int | None = None,
@@ -1043,7 +1050,7 @@ def check_vllm_step(planner: Planner, num_spec_blocks: int) -> None:
     given to the planner, `num_spec_blocks` its groups' `num_spec`.
     """
 
-def commit_grid(table: Any, threads: int = ...) -> tuple[int, int]:
+def commit_grid(table: _Buffer, threads: int = ...) -> tuple[int, int]:
     """`(rec_ctas, conv_ctas)`: CTAs per (layer, row) of the commit kernel for a table's bytes, with
     `threads` threads per CTA.
     """
@@ -1076,7 +1083,7 @@ def encode_saved_states(
     num_layers: int,
     num_requests: int,
     source_blocks: Sequence[int],
-    data: Any,
+    data: _Buffer,
     *,
     tier: HostCacheIndex | None = None,
     entry: int | None = None,
@@ -1089,7 +1096,7 @@ def encode_saved_states(
     """
 
 def endpoint_args(
-    name: Any, backends: Any, progress_thread: Any, interfaces: Any
+    name: str, backends: Sequence[str], progress_thread: bool, interfaces: str | Sequence[str]
 ) -> tuple[str, list[str], bool, list[str]]:
     """An endpoint's arguments, checked: `name` (a string: the agent's name, as a handshake checks
     it), `backends` (a list of backend names), `progress_thread` (a bool) and `interfaces` (a
@@ -1107,8 +1114,8 @@ def gdn_layout(
     tp_size: int,
     num_spec: int,
     conv_layout: str,
-    dtype: Any = None,
-    ssm_dtype: Any = None,
+    dtype: str | _DType | None = None,
+    ssm_dtype: str | _DType | None = None,
     recover_ssm: bool | None = None,
 ) -> Layout:
     """Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records)."""
@@ -1145,8 +1152,8 @@ def kda_layout(
     tp_size: int,
     num_spec: int,
     conv_layout: str,
-    dtype: Any = None,
-    ssm_dtype: Any = None,
+    dtype: str | _DType | None = None,
+    ssm_dtype: str | _DType | None = None,
     recover_ssm: bool | None = None,
 ) -> Layout:
     """Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records)."""
@@ -1165,8 +1172,8 @@ def linear_attention_layout(
     tp_size: int,
     num_spec: int,
     conv_layout: str,
-    dtype: Any = None,
-    ssm_dtype: Any = None,
+    dtype: str | _DType | None = None,
+    ssm_dtype: str | _DType | None = None,
 ) -> Layout:
     """Linear-attention layout: one temporal state."""
 
@@ -1178,8 +1185,8 @@ def mamba1_layout(
     tp_size: int,
     num_spec: int,
     conv_layout: str,
-    dtype: Any = None,
-    ssm_dtype: Any = None,
+    dtype: str | _DType | None = None,
+    ssm_dtype: str | _DType | None = None,
 ) -> Layout:
     """Mamba1 layout: conv window + temporal state."""
 
@@ -1194,8 +1201,8 @@ def mamba2_layout(
     tp_size: int,
     num_spec: int,
     conv_layout: str,
-    dtype: Any = None,
-    ssm_dtype: Any = None,
+    dtype: str | _DType | None = None,
+    ssm_dtype: str | _DType | None = None,
     logical_window: int | None = None,
     mamba_backend: str | None = None,
 ) -> Layout:
@@ -1214,14 +1221,14 @@ def plan_transfer(
     source_pools: Sequence[tuple[int, int, Sequence[int]]],
     destination: LayoutFingerprint,
     destination_pool: tuple[int, int, Sequence[int]],
-    requests: Sequence[tuple[int, int]] | Any,
+    requests: Sequence[tuple[int, int]] | _IntArray,
 ) -> TransferPlan:
     """Plans moving `requests` (source block, destination block) from the source instance (`source`:
     any of its ranks) to the destination rank `destination`. `source_pools`: one geometry
     `(num_layers, num_blocks, block_strides)` shared by every source rank, or one per rank.
     """
 
-def pull_args(timeout: Any, per_request: Any, restore_failed: Any) -> tuple[float, bool, bool]:
+def pull_args(timeout: float, per_request: bool, restore_failed: bool) -> tuple[float, bool, bool]:
     """A pull's arguments, checked: `timeout` (seconds: an int or float, finite, > 0, at most a week),
     `per_request` and `restore_failed` (bools). Returns them converted (PlanError naming the
     argument otherwise).
@@ -1233,7 +1240,7 @@ def read_saved_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
     BindingError naming the path when it cannot be read; LayoutError for bad framing.
     """
 
-def recover_geometry(layout: Any) -> dict[str, Any]:
+def recover_geometry(layout: object) -> dict[str, Any]:
     """Applies the copyable-prefix contract to an engine's groups; returns `{backend: prefix_len}`.
     `layout.recover_geometry()` of any object: a `LayoutError` naming `layout` when it is not a
     `Layout`.
@@ -1242,7 +1249,7 @@ def recover_geometry(layout: Any) -> dict[str, Any]:
 def remove_file(path: str | os.PathLike[str]) -> None:
     """Removes the file `path` if it exists (BindingError naming it when it cannot be removed)."""
 
-def restore_sources(states: Any, num_blocks: int) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]:
+def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]:
     """The saved states of a restore, checked: `states` is one HostStates or a list of them (one
     per source rank), each with a StatePool `pool` and `num_requests` equal to `num_blocks`
     (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
@@ -1255,10 +1262,13 @@ def sglang_check_pool(
     temporal: _Tensor,
     intermediate_ssm: _Tensor | None = None,
     intermediate_conv_window: Sequence[_Tensor] | None = None,
-) -> None:
+    conv_layout: _ConvLayoutName | None = None,
+) -> list[tuple[Layout, list[int]]]:
     """Checks the tensors of an SGLang pool as the adapter is built: a list of conv tensors, the
     temporal state and the optional verify scratch, every one a tensor, with one layer count and
-    no two sharing memory (`BindingError` naming them).
+    no two sharing memory (`BindingError` naming them). Returns the planner's groups over them,
+    one per non-empty conv tensor with the temporal state riding on the first: each one's layout
+    (conv windows in `conv_layout`) and the indices of its tensors in `[*conv, temporal]`.
     """
 
 def sglang_commit_selection(
@@ -1276,18 +1286,41 @@ def sglang_commit_selection(
     write, after the core has checked every index (a `PlanError` naming the request otherwise).
     """
 
-def sglang_host_copies(pool: Sequence[Any], mamba_cache_cpu: Any, num_slots: int) -> list[Any]:
+def sglang_host_copies(
+    pool: Sequence[_Tensor], mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], num_slots: int
+) -> list[_Tensor]:
     """The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
     triple whose third element is ignored) in the order of `pool` (every conv tensor, then the
     temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
     host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
     """
 
-def sglang_ids(op: str, arg: str, ids: Any, num_slots: int | None = None, unique: bool = False) -> list[int]:
+def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
     """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
     int64 array, CPU tensor or list of ints (a float, bool or other array is refused, never cast,
     naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
     the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
+    """
+
+def sglang_layout(
+    *,
+    tp_size: int,
+    dtype: str | _DType,
+    ssm_dtype: str | _DType,
+    num_heads: int,
+    head_dim: int,
+    conv_kernel: int,
+    state_size: int | None = None,
+    intermediate_size: int | None = None,
+    conv_dim: int | None = None,
+    num_k_heads: int | None = None,
+    head_k_dim: int | None = None,
+    conv_shard_groups: Sequence[int] | None = None,
+) -> Layout:
+    """The family layout of one rank of `tp_size` for SGLang's cache parameters: `dtype` and
+    `ssm_dtype` its `dtype.conv` / `dtype.temporal`, the rest its `shape`'s fields of the same
+    names (`None` where the shape has none). Kimi-Linear (`num_k_heads`) is KDA, three
+    `conv_shard_groups` GDN, any other Mamba2.
     """
 
 def sglang_slot_launch(
@@ -1324,8 +1357,8 @@ def short_conv_layout(
     tp_size: int,
     num_spec: int,
     conv_layout: str,
-    dtype: Any = None,
-    ssm_dtype: Any = None,
+    dtype: str | _DType | None = None,
+    ssm_dtype: str | _DType | None = None,
 ) -> Layout:
     """Short-conv layout: one conv window."""
 
@@ -1344,7 +1377,7 @@ def simulate_checkpoints(
     `bound` and `writes`.
     """
 
-def source_pools(sources: Any) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]:
+def source_pools(sources: object) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]:
     """The source pools of a transfer, checked: `sources` is a mapping rank -> StatePool or a list of
     StatePools (each used as the rank it holds); every pool holds the rank it is given as, no rank
     is given twice, and all are ranks of one instance (BindingError naming the defect). Returns
@@ -1354,7 +1387,7 @@ def source_pools(sources: Any) -> tuple[LayoutFingerprint, list[tuple[int, Any]]
 def state_chunks(max_state_bytes: int) -> int:
     """CTAs per state copy of the fused kernel for states of at most `max_state_bytes` bytes."""
 
-def transfer_plan_arg(plan: Any, what: str = "plan") -> TransferPlan:
+def transfer_plan_arg(plan: object, what: str = "plan") -> TransferPlan:
     """`plan` (the argument `what`) as a TransferPlan (PlanError naming it otherwise)."""
 
 def vllm_check_prev_rows(*, device: str | _Tensor, prev_rows: _Tensor, rows: int, num_accepted_given: bool) -> None:
@@ -1362,7 +1395,7 @@ def vllm_check_prev_rows(*, device: str | _Tensor, prev_rows: _Tensor, rows: int
 
 def vllm_device_post_process(
     planner: Planner,
-    run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None,
+    run: Callable[[RawBuffer, KernelLaunch | None], object] | None = None,
     *,
     tables: Sequence[_IntArray] | _IntArray,
     num_computed: _IntArray,
@@ -1384,7 +1417,7 @@ def vllm_device_post_process(
 
 def vllm_device_pre_copy(
     planner: Planner,
-    run: Callable[[RawBuffer, KernelLaunch | None], Any] | None = None,
+    run: Callable[[RawBuffer, KernelLaunch | None], object] | None = None,
     *,
     tables: Sequence[_IntArray] | _IntArray,
     num_computed: _IntArray,
@@ -1438,13 +1471,45 @@ def vllm_pre_copy(
 ) -> tuple[RawBuffer, CopyPlan]:
     """The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`."""
 
-def vllm_step_groups(groups: Any) -> tuple[list[int], list[tuple[Any, Any]]]:
+def vllm_request_values(
+    req_ids: Sequence[str],
+    requests: Mapping[str, Any],
+    num_scheduled_tokens: Mapping[str, int],
+    spec_tokens: Mapping[str, Sequence[Any]],
+) -> RawBuffer:
+    """A step's per-request values, read from vLLM's objects for each request id `r` of `req_ids` (a
+    list of strings) in row order: `requests[r].num_computed_tokens`, `num_scheduled_tokens[r]` and
+    the draft tokens `len(spec_tokens.get(r, ()))`; `int64 [3, R]` in that order. A request missing
+    from `requests` or `num_scheduled_tokens`, or a value that is not an integer, is a `PlanError`
+    naming the request and its row.
+    """
+
+def vllm_runner_groups(
+    groups: Sequence[
+        tuple[
+            int,
+            tuple[str, str, Sequence[Sequence[int]], Sequence[str], int, int],
+            Sequence[str],
+            Sequence[tuple[str, Sequence[_Tensor] | None]],
+        ]
+    ],
+    conv_layout: str,
+) -> tuple[list[tuple[int, Layout, list[list[_Tensor]]]], int, int]:
+    """The step's groups from the record of vLLM's mamba groups (one per group id and spec, as the
+    package reads them): every spec in align mode, every layer in the forward context with a
+    tensor per copy function (the leading ones kept), the layouts in `conv_layout` (`"SD"` /
+    `"DS"`). Returns the groups and the first spec's `block_size` and `num_speculative_blocks`.
+    """
+
+def vllm_step_groups(
+    groups: Sequence[tuple[int, Layout, Sequence[Sequence[_Tensor]]]],
+) -> tuple[list[int], list[tuple[Layout, Sequence[Sequence[_Tensor]]]]]:
     """The step's groups `(vLLM group id, layout, states)` split into the ids and the planner's
     `(layout, states)` pairs (the planner checks those); anything else is a `BindingError` naming
     the group.
     """
 
-def write_file(path: str | os.PathLike[str], parts: Sequence[Any]) -> int:
+def write_file(path: str | os.PathLike[str], parts: Sequence[_Buffer]) -> int:
     """Writes `parts` (byte buffers) back to back to `path`, atomically: a temporary that cannot be
     pre-placed (random name, exclusive create, mode 0600), synced, renamed over `path`. The
     directory must exist and not be world-writable without the sticky bit. Returns the bytes

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack, cast
+from typing import Any, Literal, NamedTuple, TypedDict, TypeVar, Unpack
 
 import numpy as np
 
@@ -356,7 +356,7 @@ class Planner:
         :class:`~recoverssm_rs.BindingError`, and ``write`` not called, when one moved), ``write()``
         runs (a launch, a host copy), and the write is recorded (autograd's version counters).
         Returns what ``write`` returns."""
-        return cast(T, self.core.guarded(write))
+        return self.core.guarded(write)
 
     def device_path(
         self, what: str, first_step: tuple[Any, ...] | None = None, options: dict[str, Any] | None = None

@@ -101,7 +101,7 @@ impl CommitPlanner {
 
     /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
     /// `max_requests` requests when given (the workspace rows). Returns the number of requests.
-    #[pyo3(signature = (state_blocks: "Any", max_requests: "int | None" = None) -> "int")]
+    #[pyo3(signature = (state_blocks: "_IntArray", max_requests: "int | None" = None) -> "int")]
     fn check_state_blocks(&self, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<usize> {
         let sb: Ints = super::conversion::Arg::arg(state_blocks, "state_blocks", ErrorKind::Plan)?;
         if let Some(m) = max_requests {
@@ -257,7 +257,7 @@ impl PyCommitLaunch {
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
-        table: "Any", *, device: "str | _Tensor", metas: "int", num_blocks: "int", max_requests: "int", err: "int" = None,
+        table: "_Buffer", *, device: "str | _Tensor", metas: "int", num_blocks: "int", max_requests: "int", err: "int" = None,
         threads: "int" = None,
     ))]
     fn new(
@@ -383,7 +383,7 @@ impl PyCommitLaunch {
 /// `(rec_ctas, conv_ctas)`: CTAs per (layer, row) of the commit kernel for a table's bytes, with
 /// `threads` threads per CTA.
 #[pyfunction]
-#[pyo3(signature = (table: "Any", threads: "int" = constants::THREADS) -> "tuple[int, int]")]
+#[pyo3(signature = (table: "_Buffer", threads: "int" = constants::THREADS) -> "tuple[int, int]")]
 pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32) -> PyResult<(u32, u32)> {
     Ok(kernels::commit_grid(&commit_table(py, table)?, threads))
 }
@@ -391,7 +391,7 @@ pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32
 /// Checks the accepted counts of a device commit: an integer vector on the cache's device with at
 /// least `min_len` counts.
 #[pyfunction]
-#[pyo3(signature = (device: "str", num_accepted: "Any", min_len: "int") -> "None")]
+#[pyo3(signature = (device: "str", num_accepted: "_Tensor", min_len: "int") -> "None")]
 pub(crate) fn check_commit_counts(device: &str, num_accepted: &Bound<'_, PyAny>, min_len: u64) -> PyResult<()> {
     let device = Device::parse(device).map_err(|e| Error::plan(e.message))?;
     let a: Tensor = super::conversion::Arg::arg(num_accepted, "num_accepted", ErrorKind::Plan)?;

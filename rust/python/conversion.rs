@@ -294,7 +294,7 @@ impl Arg for DtypeName {
     }
 }
 
-/// Request names for messages: `req_ids[i]` when given, else the batch row. Looked up only when a
+/// Request names for messages: `req_ids[i]` when given, else the request row. Looked up only when a
 /// message is built.
 pub(crate) struct RequestNames(pub Option<Py<PyAny>>);
 

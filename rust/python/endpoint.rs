@@ -27,7 +27,7 @@ fn strings(obj: &Bound<'_, PyAny>, name: &str, split: bool) -> PyResult<Vec<Stri
 /// comma-separated string or a list of interface names or addresses). Returns them converted,
 /// the interfaces without blank items (BindingError naming the argument otherwise).
 #[pyfunction]
-#[pyo3(signature = (name: "Any", backends: "Any", progress_thread: "Any", interfaces: "Any") -> "tuple[str, list[str], bool, list[str]]")]
+#[pyo3(signature = (name: "str", backends: "Sequence[str]", progress_thread: "bool", interfaces: "str | Sequence[str]") -> "tuple[str, list[str], bool, list[str]]")]
 pub(crate) fn endpoint_args(
     name: &Bound<'_, PyAny>,
     backends: &Bound<'_, PyAny>,
@@ -46,7 +46,7 @@ pub(crate) fn endpoint_args(
 /// `per_request` and `restore_failed` (bools). Returns them converted (PlanError naming the
 /// argument otherwise).
 #[pyfunction]
-#[pyo3(signature = (timeout: "Any", per_request: "Any", restore_failed: "Any") -> "tuple[float, bool, bool]")]
+#[pyo3(signature = (timeout: "float", per_request: "bool", restore_failed: "bool") -> "tuple[float, bool, bool]")]
 pub(crate) fn pull_args(
     timeout: &Bound<'_, PyAny>,
     per_request: &Bound<'_, PyAny>,
@@ -63,7 +63,7 @@ pub(crate) fn pull_args(
 
 /// `plan` (the argument `what`) as a TransferPlan (PlanError naming it otherwise).
 #[pyfunction]
-#[pyo3(signature = (plan: "Any", what: "str" = "plan") -> "TransferPlan")]
+#[pyo3(signature = (plan: "object", what: "str" = "plan") -> "TransferPlan")]
 pub(crate) fn transfer_plan_arg<'py>(plan: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, TransferPlan>> {
     instance::<TransferPlan>(plan, what, ErrorKind::Plan, "TransferPlan")
 }

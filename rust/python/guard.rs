@@ -183,7 +183,7 @@ impl BoundTensors {
 impl BoundTensors {
     /// `tensors`: `(tensor, label)` pairs; the label names the tensor in errors.
     #[new]
-    #[pyo3(signature = (tensors: "Sequence[tuple[Any, str]]"))]
+    #[pyo3(signature = (tensors: "Sequence[tuple[_Tensor, str]]"))]
     fn new(py: Python<'_>, tensors: Vec<(Bound<'_, PyAny>, String)>) -> PyResult<Self> {
         Ok(BoundTensors { guard: Guard::new(py, &tensors)? })
     }
@@ -198,7 +198,7 @@ impl BoundTensors {
     }
     /// One guarded write: `check()`, then `write()`, then `mark_written()`, in one call (`write`
     /// is not called when a tensor moved). Returns what `write` returns.
-    #[pyo3(signature = (write: "Callable[[], Any]") -> "Any")]
+    #[pyo3(signature = (write: "Callable[[], _T]") -> "_T")]
     fn guarded(&self, py: Python<'_>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.guard.check(py)?;
         let out = write.call0()?.unbind();

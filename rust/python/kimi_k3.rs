@@ -27,12 +27,12 @@ impl KimiK3CommitPlanner {
     #[new]
     #[pyo3(signature = (
         *,
-        conv: "Sequence[Any]",
-        state: "Sequence[Any]",
-        correction: "Sequence[Any]",
-        key_gate: "Sequence[Any]",
-        a_log: "Sequence[Any]",
-        dt_bias: "Sequence[Any]",
+        conv: "Sequence[_Tensor]",
+        state: "Sequence[_Tensor]",
+        correction: "Sequence[_Tensor]",
+        key_gate: "Sequence[_Tensor]",
+        a_log: "Sequence[_Tensor]",
+        dt_bias: "Sequence[_Tensor]",
         gate_lower_bound: "Sequence[float | None]",
         spec_query_len: "int",
     ) -> "KimiK3CommitPlanner")]

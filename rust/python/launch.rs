@@ -4,7 +4,7 @@
 //! `cuLaunchKernel` and does nothing else.
 
 use super::conversion::{args, kwargs, DeviceOf, Tensor};
-use super::planner::DeviceStepArgs;
+use super::planner::device_step_params;
 use crate::error::Error;
 use crate::kernels::{self, abi, args, constants, records, FusedCopy, Launch};
 use crate::tensor::Device;
@@ -111,6 +111,7 @@ pub struct PyFusedCopy {
     device_index: u32,
 }
 
+device_step_params! {
 #[pymethods]
 impl PyFusedCopy {
     #[new]
@@ -147,24 +148,9 @@ impl PyFusedCopy {
         Ok(PyFusedCopy { device_index: cuda_index(&inner.device), inner })
     }
 
-    /// The launch of one step (keywords as `Planner.device_step`; int32 inputs).
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (
-        *, block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
-        num_accepted_out: "_Tensor | None" = None, block_size: "int | None" = None, pre_copy: "bool" = None,
-    ) -> "KernelLaunch | None")]
-    fn launch(
-        &self,
-        block_table: Option<&Bound<'_, PyAny>>,
-        src_col: Option<&Bound<'_, PyAny>>,
-        second: Option<&Bound<'_, PyAny>>,
-        num_accepted: Option<&Bound<'_, PyAny>>,
-        err: Option<&Bound<'_, PyAny>>,
-        num_accepted_out: Option<&Bound<'_, PyAny>>,
-        block_size: Option<&Bound<'_, PyAny>>,
-        pre_copy: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<KernelLaunch>> {
-        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
+    #[signature(() ..a -> "KernelLaunch | None")]
+    /// The launch of one step (arguments as `Planner.device_step`; int32 inputs).
+    fn launch(&self,) -> PyResult<Option<KernelLaunch>> {
         Ok(self.inner.launch(&a.inputs(), a.pre_copy)?.map(KernelLaunch::new))
     }
 
@@ -172,6 +158,7 @@ impl PyFusedCopy {
         let f = &self.inner;
         format!("FusedCopy({}, states={}, max_accepted={}, blocks={}, chunks={})", f.device, f.num_meta, f.max_accepted, f.num_blocks, f.chunks)
     }
+}
 }
 
 /// The index of a CUDA device (0 for the host, which the launch builders refuse before this is asked).

@@ -22,7 +22,7 @@ impl StateSpec {
     #[new]
     #[pyo3(
         signature = (
-            name: "str", shape: "Sequence[int]", dtype: "Any", role: "_Role" = None, copy: "_CopyKindName | None" = None,
+            name: "str", shape: "Sequence[int]", dtype: "str | _DType", role: "_Role" = None, copy: "_CopyKindName | None" = None,
             conv_layout: "_ConvLayoutName | None" = None,
         ),
         text_signature = "(name, shape, dtype, role='persistent', copy=None, conv_layout=None)"
@@ -273,7 +273,7 @@ type GroupTuple<'py> = (String, Vec<Bound<'py, PyAny>>, Option<Vec<String>>, Opt
 /// `layout.recover_geometry()` of any object: a `LayoutError` naming `layout` when it is not a
 /// `Layout`.
 #[pyfunction]
-#[pyo3(signature = (layout: "Any") -> "dict[str, Any]")]
+#[pyo3(signature = (layout: "object") -> "dict[str, Any]")]
 pub(crate) fn recover_geometry<'py>(layout: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     instance::<Layout>(layout, "layout", ErrorKind::Layout, "Layout")?.get().recover_geometry(layout.py())
 }
@@ -330,6 +330,19 @@ kwargs! {
         dtype: Option<DtypeName>,
         ssm_dtype: Option<DtypeName>,
     }
+}
+
+/// `CommonArgs`' parameters ([`super::params`]): every calculator's shared settings (keyword-only:
+/// each calculator's own come first, after `*`).
+macro_rules! layout_params {
+    ($($items:tt)*) => {
+        $crate::python::params::with_params! {
+            ($crate::python::layout::CommonArgs {
+                tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "str | _DType | None" = None, ssm_dtype: "str | _DType | None" = None,
+            })
+            $($items)*
+        }
+    };
 }
 
 /// The shared settings of a family calculator (`tp_size`, `num_spec`, `conv_layout`, `dtype`,
@@ -395,36 +408,23 @@ kwargs! {
     }
 }
 
+layout_params! {
+#[signature((*, intermediate_size: "int", state_size: "int", conv_kernel: "int",) ..c -> "Layout")]
 /// Mamba1 layout: conv window + temporal state.
 #[pyfunction]
-#[pyo3(signature = (
-    *, intermediate_size: "int", state_size: "int", conv_kernel: "int", tp_size: "int", num_spec: "int", conv_layout: "str",
-    dtype: "Any" = None, ssm_dtype: "Any" = None,
-) -> "Layout")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn mamba1_layout(
     intermediate_size: Option<&Bound<'_, PyAny>>,
     state_size: Option<&Bound<'_, PyAny>>,
     conv_kernel: Option<&Bound<'_, PyAny>>,
-    tp_size: Option<&Bound<'_, PyAny>>,
-    num_spec: Option<&Bound<'_, PyAny>>,
-    conv_layout: Option<&Bound<'_, PyAny>>,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Layout> {
-    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+    let c = common(c, DType::BFloat16)?;
     let p = args!(Mamba1Args { intermediate_size, state_size, conv_kernel })?;
     Ok(families::mamba1(p.intermediate_size, p.state_size, p.conv_kernel, &c)?.into())
 }
 
+#[signature((*, intermediate_size: "int", n_groups: "int", num_heads: "int", head_dim: "int", state_size: "int", conv_kernel: "int",) ..c (logical_window: "int | None" = None, mamba_backend: "str" = None) -> "Layout")]
 /// Mamba2 layout: conv window + temporal state (+ the three ReplaySSM rings as workspace).
 #[pyfunction]
-#[pyo3(signature = (
-    *, intermediate_size: "int", n_groups: "int", num_heads: "int", head_dim: "int", state_size: "int", conv_kernel: "int",
-    tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "Any" = None, ssm_dtype: "Any" = None,
-    logical_window: "int | None" = None, mamba_backend: "str" = None,
-) -> "Layout")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn mamba2_layout(
     intermediate_size: Option<&Bound<'_, PyAny>>,
     n_groups: Option<&Bound<'_, PyAny>>,
@@ -432,107 +432,62 @@ pub(crate) fn mamba2_layout(
     head_dim: Option<&Bound<'_, PyAny>>,
     state_size: Option<&Bound<'_, PyAny>>,
     conv_kernel: Option<&Bound<'_, PyAny>>,
-    tp_size: Option<&Bound<'_, PyAny>>,
-    num_spec: Option<&Bound<'_, PyAny>>,
-    conv_layout: Option<&Bound<'_, PyAny>>,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-    logical_window: Option<&Bound<'_, PyAny>>,
-    mamba_backend: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Layout> {
-    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+) (logical_window: Option<&Bound<'_, PyAny>>, mamba_backend: Option<&Bound<'_, PyAny>>) -> PyResult<Layout> {
+    let c = common(c, DType::BFloat16)?;
     let m = args!(families::Mamba2 { intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel, logical_window, mamba_backend })?;
     Ok(families::mamba2(&m, &c)?.into())
 }
 
+#[signature((*, intermediate_size: "int", conv_kernel: "int",) ..c -> "Layout")]
 /// Short-conv layout: one conv window.
 #[pyfunction]
-#[pyo3(signature = (
-    *, intermediate_size: "int", conv_kernel: "int", tp_size: "int", num_spec: "int", conv_layout: "str",
-    dtype: "Any" = None, ssm_dtype: "Any" = None,
-) -> "Layout")]
 pub(crate) fn short_conv_layout(
     intermediate_size: Option<&Bound<'_, PyAny>>,
     conv_kernel: Option<&Bound<'_, PyAny>>,
-    tp_size: Option<&Bound<'_, PyAny>>,
-    num_spec: Option<&Bound<'_, PyAny>>,
-    conv_layout: Option<&Bound<'_, PyAny>>,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Layout> {
-    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+    let c = common(c, DType::BFloat16)?;
     let p = args!(ShortConvArgs { intermediate_size, conv_kernel })?;
     Ok(families::short_conv(p.intermediate_size, p.conv_kernel, &c)?.into())
 }
 
+#[signature((*, num_heads: "int", head_dim: "int",) ..c -> "Layout")]
 /// Linear-attention layout: one temporal state.
 #[pyfunction]
-#[pyo3(signature = (
-    *, num_heads: "int", head_dim: "int", tp_size: "int", num_spec: "int", conv_layout: "str",
-    dtype: "Any" = None, ssm_dtype: "Any" = None,
-) -> "Layout")]
 pub(crate) fn linear_attention_layout(
     num_heads: Option<&Bound<'_, PyAny>>,
     head_dim: Option<&Bound<'_, PyAny>>,
-    tp_size: Option<&Bound<'_, PyAny>>,
-    num_spec: Option<&Bound<'_, PyAny>>,
-    conv_layout: Option<&Bound<'_, PyAny>>,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Layout> {
-    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::Float32)?;
+    let c = common(c, DType::Float32)?;
     let p = args!(LinearArgs { num_heads, head_dim })?;
     Ok(families::linear_attention(p.num_heads, p.head_dim, &c)?.into())
 }
 
+#[signature((*, num_k_heads: "int", num_v_heads: "int", head_k_dim: "int", head_v_dim: "int", conv_kernel_size: "int",) ..c (recover_ssm: "bool" = None) -> "Layout")]
 /// Gated DeltaNet layout: conv window + temporal state (+ RecoverSSM verify records).
 #[pyfunction]
-#[pyo3(signature = (
-    *, num_k_heads: "int", num_v_heads: "int", head_k_dim: "int", head_v_dim: "int", conv_kernel_size: "int",
-    tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "Any" = None, ssm_dtype: "Any" = None,
-    recover_ssm: "bool" = None,
-) -> "Layout")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gdn_layout(
     num_k_heads: Option<&Bound<'_, PyAny>>,
     num_v_heads: Option<&Bound<'_, PyAny>>,
     head_k_dim: Option<&Bound<'_, PyAny>>,
     head_v_dim: Option<&Bound<'_, PyAny>>,
     conv_kernel_size: Option<&Bound<'_, PyAny>>,
-    tp_size: Option<&Bound<'_, PyAny>>,
-    num_spec: Option<&Bound<'_, PyAny>>,
-    conv_layout: Option<&Bound<'_, PyAny>>,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-    recover_ssm: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Layout> {
-    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::BFloat16)?;
+) (recover_ssm: Option<&Bound<'_, PyAny>>) -> PyResult<Layout> {
+    let c = common(c, DType::BFloat16)?;
     let g = args!(families::Gdn { num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size, recover_ssm })?;
     Ok(families::gdn(&g, &c)?.into())
 }
 
+#[signature((*, num_heads: "int", head_dim: "int", num_k_heads: "int | None" = None, head_k_dim: "int | None" = None, conv_kernel_size: "int" = None,) ..c (recover_ssm: "bool" = None) -> "Layout")]
 /// Kimi Delta Attention layout: conv window + recurrent state (+ RecoverSSM verify records).
 #[pyfunction]
-#[pyo3(signature = (
-    *, num_heads: "int", head_dim: "int", num_k_heads: "int | None" = None, head_k_dim: "int | None" = None,
-    conv_kernel_size: "int" = None, tp_size: "int", num_spec: "int", conv_layout: "str", dtype: "Any" = None,
-    ssm_dtype: "Any" = None, recover_ssm: "bool" = None,
-) -> "Layout")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn kda_layout(
     num_heads: Option<&Bound<'_, PyAny>>,
     head_dim: Option<&Bound<'_, PyAny>>,
     num_k_heads: Option<&Bound<'_, PyAny>>,
     head_k_dim: Option<&Bound<'_, PyAny>>,
     conv_kernel_size: Option<&Bound<'_, PyAny>>,
-    tp_size: Option<&Bound<'_, PyAny>>,
-    num_spec: Option<&Bound<'_, PyAny>>,
-    conv_layout: Option<&Bound<'_, PyAny>>,
-    dtype: Option<&Bound<'_, PyAny>>,
-    ssm_dtype: Option<&Bound<'_, PyAny>>,
-    recover_ssm: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Layout> {
-    let c = common(args!(CommonArgs { tp_size, num_spec, conv_layout, dtype, ssm_dtype })?, DType::Float32)?;
+) (recover_ssm: Option<&Bound<'_, PyAny>>) -> PyResult<Layout> {
+    let c = common(c, DType::Float32)?;
     let p = args!(KdaArgs { num_heads, head_dim, num_k_heads, head_k_dim, conv_kernel_size, recover_ssm })?;
     let k = families::Kda {
         num_heads: p.num_heads,
@@ -543,4 +498,5 @@ pub(crate) fn kda_layout(
         recover_ssm: p.recover_ssm,
     };
     Ok(families::kda(&k, &c)?.into())
+}
 }

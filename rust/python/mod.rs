@@ -17,8 +17,10 @@ mod guard;
 mod kimi_k3;
 mod launch;
 mod layout;
+mod params;
 mod plan;
 mod planner;
+mod runner;
 mod sglang;
 mod slot_step;
 mod tensor;
@@ -52,7 +54,11 @@ mod _core {
     #[pymodule_export]
     use super::planner::Planner;
     #[pymodule_export]
-    use super::sglang::{sglang_check_pool, sglang_commit_selection, sglang_host_copies, sglang_ids, sglang_slot_launch, sglang_slot_table};
+    use super::runner::{vllm_request_values, vllm_runner_groups};
+    #[pymodule_export]
+    use super::sglang::{
+        sglang_check_pool, sglang_commit_selection, sglang_host_copies, sglang_ids, sglang_layout, sglang_slot_launch, sglang_slot_table,
+    };
     #[pymodule_export]
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]

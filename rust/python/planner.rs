@@ -147,6 +147,21 @@ kwargs! {
     }
 }
 
+/// `DeviceStepArgs`' parameters ([`super::params`]): the launch inputs, positional or keyword, then
+/// the keyword options.
+macro_rules! device_step_params {
+    ($($items:tt)*) => {
+        $crate::python::params::with_params! {
+            ($crate::python::planner::DeviceStepArgs {
+                block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor",
+                err: "_Tensor | None" = None, num_accepted_out: "_Tensor | None" = None,
+            } * { block_size: "int | None" = None, pre_copy: "bool" = None })
+            $($items)*
+        }
+    };
+}
+pub(crate) use device_step_params;
+
 impl DeviceStepArgs {
     pub(crate) fn inputs(&self) -> StepInputs<'_> {
         StepInputs {
@@ -161,6 +176,7 @@ impl DeviceStepArgs {
     }
 }
 
+device_step_params! {
 #[pymethods]
 impl Planner {
     /// `groups`: per group `(layout, states)`, `states[layer]` that layer's tensors in layout
@@ -168,7 +184,7 @@ impl Planner {
     /// `block_size`: tokens per block, for vLLM's step decisions.
     #[new]
     #[pyo3(signature = (
-        groups: "Sequence[tuple[Layout, Sequence[Sequence[Any]]]]", *, block_size: "int | None" = None, persistent_only: "bool" = false,
+        groups: "Sequence[tuple[Layout, Sequence[Sequence[_Tensor]]]]", *, block_size: "int | None" = None, persistent_only: "bool" = false,
     ))]
     fn new(py: Python<'_>, groups: &Bound<'_, PyAny>, block_size: Option<&Bound<'_, PyAny>>, persistent_only: bool) -> PyResult<Self> {
         let groups = group_args(groups, persistent_only)?;
@@ -343,7 +359,7 @@ impl Planner {
     /// One guarded write: the bound tensors are checked (a `BindingError`, and `write` is not
     /// called, when one moved), `write()` runs, and what was written is recorded (autograd's
     /// version counters). Returns what `write` returns.
-    #[pyo3(signature = (write: "Callable[[], Any]") -> "Any")]
+    #[pyo3(signature = (write: "Callable[[], _T]") -> "_T")]
     fn guarded(&self, py: Python<'_>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         self.write(py, || Ok(write.call0()?.unbind()))
     }
@@ -361,28 +377,14 @@ impl Planner {
         self.fused.get().is_some()
     }
 
+    #[signature(() ..a -> "int")]
     /// Checks a device step whose inputs may be int32 or int64 (before anything is bound or
     /// narrowed); returns the number of requests. Arguments as [`device_step`].
-    #[pyo3(signature = (
-        block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
-        num_accepted_out: "_Tensor | None" = None, *, block_size: "int | None" = None, pre_copy: "bool" = None,
-    ) -> "int")]
-    #[allow(clippy::too_many_arguments)]
-    fn check_device_step(
-        &self,
-        block_table: Option<&Bound<'_, PyAny>>,
-        src_col: Option<&Bound<'_, PyAny>>,
-        second: Option<&Bound<'_, PyAny>>,
-        num_accepted: Option<&Bound<'_, PyAny>>,
-        err: Option<&Bound<'_, PyAny>>,
-        num_accepted_out: Option<&Bound<'_, PyAny>>,
-        block_size: Option<&Bound<'_, PyAny>>,
-        pre_copy: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<u64> {
-        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
+    fn check_device_step(&self,) -> PyResult<u64> {
         Ok(kernels::check_step(self.inner.device(), &a.inputs(), self.inner.num_groups() as u32, StepCheck::BeforeNarrowing)?.requests)
     }
 
+    #[signature(() ..a -> "tuple[KernelLaunch | None, int, bool]")]
     /// One device step from the caller's tensors: `(launch, requests, narrow)`. With `narrow` false
     /// the launch is ready (`None`: nothing to launch); with `narrow` true every input passed the
     /// checks but some must first be narrowed to int32 or made contiguous on the device (then call
@@ -392,24 +394,7 @@ impl Planner {
     /// `block_size`), `num_accepted`, optionally `err` and `num_accepted_out` (positionally in this
     /// order, the launch path: no keyword dictionary per step, or by keyword), and the keyword
     /// options `block_size` and `pre_copy`.
-    #[pyo3(signature = (
-        block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
-        num_accepted_out: "_Tensor | None" = None, *, block_size: "int | None" = None, pre_copy: "bool" = None,
-    ) -> "tuple[KernelLaunch | None, int, bool]")]
-    #[allow(clippy::too_many_arguments)]
-    fn device_step(
-        &self,
-        py: Python<'_>,
-        block_table: Option<&Bound<'_, PyAny>>,
-        src_col: Option<&Bound<'_, PyAny>>,
-        second: Option<&Bound<'_, PyAny>>,
-        num_accepted: Option<&Bound<'_, PyAny>>,
-        err: Option<&Bound<'_, PyAny>>,
-        num_accepted_out: Option<&Bound<'_, PyAny>>,
-        block_size: Option<&Bound<'_, PyAny>>,
-        pre_copy: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
-        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
+    fn device_step(&self, py: Python<'_>,) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
         self.guard.check(py)?;
         let fused = self.fused()?;
         let inputs = a.inputs();
@@ -419,31 +404,13 @@ impl Planner {
         }
     }
 
+    #[signature((launch: "Callable[[KernelLaunch | None, int], object]",) ..a -> "tuple[int, bool]")]
     /// One guarded device step: the guard and the inputs are checked as by `device_step`; when the
     /// launch is ready, `launch(kernel_launch_or_None, requests)` runs and the states are recorded
     /// as written, all in this call. Returns `(requests, narrow)`: with `narrow` true nothing ran
     /// (narrow the inputs to int32 on the device and call again). Arguments after `launch` as
     /// `device_step`'s.
-    #[pyo3(signature = (
-        launch: "Callable[[KernelLaunch | None, int], Any]",
-        block_table: "_Tensor", src_col: "_Tensor", second: "_Tensor", num_accepted: "_Tensor", err: "_Tensor | None" = None,
-        num_accepted_out: "_Tensor | None" = None, *, block_size: "int | None" = None, pre_copy: "bool" = None,
-    ) -> "tuple[int, bool]")]
-    #[allow(clippy::too_many_arguments)]
-    fn launch_step(
-        &self,
-        py: Python<'_>,
-        launch: &Bound<'_, PyAny>,
-        block_table: Option<&Bound<'_, PyAny>>,
-        src_col: Option<&Bound<'_, PyAny>>,
-        second: Option<&Bound<'_, PyAny>>,
-        num_accepted: Option<&Bound<'_, PyAny>>,
-        err: Option<&Bound<'_, PyAny>>,
-        num_accepted_out: Option<&Bound<'_, PyAny>>,
-        block_size: Option<&Bound<'_, PyAny>>,
-        pre_copy: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<(u64, bool)> {
-        let a = args!(DeviceStepArgs { block_table, src_col, second, num_accepted, err, num_accepted_out, block_size, pre_copy })?;
+    fn launch_step(&self, py: Python<'_>, launch: &Bound<'_, PyAny>,) -> PyResult<(u64, bool)> {
         let fused = self.fused()?;
         let inputs = a.inputs();
         self.guard.check(py)?;
@@ -462,4 +429,5 @@ impl Planner {
         let sizes: Vec<String> = self.inner.bindings().map(|b| format!("{} x {} layers", b.layout().backend(), b.num_layers())).collect();
         format!("Planner([{}], blocks={}, device={})", sizes.join(", "), self.inner.max_blocks(), self.inner.device())
     }
+}
 }

@@ -1,9 +1,13 @@
 //! SGLang's mamba pool (`crate::sglang`): the speculative commit's checked selection and the
 //! host-copy check, for `recoverssm_rs.sglang`.
 
-use super::conversion::{args, items, kwargs, Arg, DeviceOf, Ints, Tensor};
+use super::conversion::{args, items, kwargs, Arg, DeviceOf, DtypeName, Ints, Tensor};
 use super::launch::KernelLaunch;
+use super::layout::Layout;
+use super::params::with_params;
+use crate::dtype::DType;
 use crate::error::{Error, ErrorKind};
+use crate::layout::ConvLayout;
 use crate::sglang::kernel::{self, SlotCall, SlotCopy};
 use crate::sglang::{self, CommitPass, CommitSizes};
 use crate::tensor::TensorDesc;
@@ -58,7 +62,7 @@ pub(crate) fn sglang_commit_selection(
 /// temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
 /// host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
 #[pyfunction]
-#[pyo3(signature = (pool: "Sequence[Any]", mamba_cache_cpu: "Any", num_slots: "int") -> "list[Any]")]
+#[pyo3(signature = (pool: "Sequence[_Tensor]", mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", num_slots: "int") -> "list[_Tensor]")]
 pub(crate) fn sglang_host_copies<'py>(
     pool: &Bound<'py, PyAny>,
     mamba_cache_cpu: &Bound<'py, PyAny>,
@@ -90,7 +94,7 @@ pub(crate) fn sglang_host_copies<'py>(
 /// naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
 /// the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
 #[pyfunction]
-#[pyo3(signature = (op: "str", arg: "str", ids: "Any", num_slots: "int | None" = None, unique: "bool" = false) -> "list[int]")]
+#[pyo3(signature = (op: "str", arg: "str", ids: "_IntArray", num_slots: "int | None" = None, unique: "bool" = false) -> "list[int]")]
 pub(crate) fn sglang_ids(op: &str, arg: &str, ids: &Bound<'_, PyAny>, num_slots: Option<u64>, unique: bool) -> PyResult<Vec<i64>> {
     let v = Ints::arg(ids, &format!("{op}: {arg}"), ErrorKind::Plan)?.0;
     if let Some(n) = num_slots {
@@ -107,25 +111,29 @@ kwargs! {
         temporal: Tensor,
         intermediate_ssm: Option<Tensor>,
         intermediate_conv_window: Option<Vec<Tensor>>,
+        conv_layout: String = "DS".to_string(),
     }
 }
 
 /// Checks the tensors of an SGLang pool as the adapter is built: a list of conv tensors, the
 /// temporal state and the optional verify scratch, every one a tensor, with one layer count and
-/// no two sharing memory (`BindingError` naming them).
+/// no two sharing memory (`BindingError` naming them). Returns the planner's groups over them,
+/// one per non-empty conv tensor with the temporal state riding on the first: each one's layout
+/// (conv windows in `conv_layout`) and the indices of its tensors in `[*conv, temporal]`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (
     *, conv: "Sequence[_Tensor]", temporal: "_Tensor", intermediate_ssm: "_Tensor | None" = None,
-    intermediate_conv_window: "Sequence[_Tensor] | None" = None,
-) -> "None")]
+    intermediate_conv_window: "Sequence[_Tensor] | None" = None, conv_layout: "_ConvLayoutName" = None,
+) -> "list[tuple[Layout, list[int]]]")]
 pub(crate) fn sglang_check_pool(
     conv: Option<&Bound<'_, PyAny>>,
     temporal: Option<&Bound<'_, PyAny>>,
     intermediate_ssm: Option<&Bound<'_, PyAny>>,
     intermediate_conv_window: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let a = args!(PoolArgs { conv, temporal, intermediate_ssm, intermediate_conv_window })?;
+    conv_layout: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<(Layout, Vec<usize>)>> {
+    let a = args!(PoolArgs { conv, temporal, intermediate_ssm, intermediate_conv_window, conv_layout })?;
     let mut all: Vec<(String, &TensorDesc)> = a.conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), &t.0)).collect();
     all.push(("temporal".into(), &a.temporal.0));
     if let Some(t) = &a.intermediate_ssm {
@@ -134,7 +142,11 @@ pub(crate) fn sglang_check_pool(
     for (i, t) in a.intermediate_conv_window.iter().flatten().enumerate() {
         all.push((format!("intermediate_conv_window[{i}]"), &t.0));
     }
-    Ok(sglang::check_pool(&all)?)
+    sglang::check_pool(&all)?;
+    let conv: Vec<&TensorDesc> = a.conv.iter().map(|t| &t.0).collect();
+    let layout = ConvLayout::parse(&a.conv_layout).map_err(|e| Error::layout(format!("SglangMambaPool: {}", e.message)))?;
+    let groups = sglang::layout::pool_groups(&conv, &a.temporal.0, layout)?;
+    Ok(groups.into_iter().map(|(l, t)| (l.into(), t)).collect())
 }
 
 /// A list whose entries are tensors or `None`.
@@ -248,4 +260,51 @@ pub(crate) fn sglang_slot_launch(
         draft: a.draft,
     };
     Ok(kernel::slot_launch(&pool, &call)?.map(KernelLaunch::new))
+}
+
+kwargs! {
+    /// `sglang_layout`'s arguments: the rank count, the dtypes and SGLang's cache shape fields.
+    pub(crate) struct LayoutArgs (Layout) {
+        tp_size: u64,
+        dtype: DtypeName,
+        ssm_dtype: DtypeName,
+        num_heads: u64,
+        head_dim: u64,
+        conv_kernel: u64,
+        state_size: Option<u64>,
+        intermediate_size: Option<u64>,
+        conv_dim: Option<u64>,
+        num_k_heads: Option<u64>,
+        head_k_dim: Option<u64>,
+        conv_shard_groups: Option<Ints>,
+    }
+}
+
+with_params! {
+    (LayoutArgs {
+        tp_size: "int", dtype: "str | _DType", ssm_dtype: "str | _DType", num_heads: "int", head_dim: "int", conv_kernel: "int",
+        state_size: "int | None" = None, intermediate_size: "int | None" = None, conv_dim: "int | None" = None,
+        num_k_heads: "int | None" = None, head_k_dim: "int | None" = None, conv_shard_groups: "Sequence[int] | None" = None,
+    })
+    #[signature((*,) ..a -> "Layout")]
+    /// The family layout of one rank of `tp_size` for SGLang's cache parameters: `dtype` and
+    /// `ssm_dtype` its `dtype.conv` / `dtype.temporal`, the rest its `shape`'s fields of the same
+    /// names (`None` where the shape has none). Kimi-Linear (`num_k_heads`) is KDA, three
+    /// `conv_shard_groups` GDN, any other Mamba2.
+    #[pyfunction]
+    pub(crate) fn sglang_layout() -> PyResult<Layout> {
+        let shape = sglang::layout::CacheShape {
+            num_heads: a.num_heads,
+            head_dim: a.head_dim,
+            conv_kernel: a.conv_kernel,
+            state_size: a.state_size,
+            intermediate_size: a.intermediate_size,
+            conv_dim: a.conv_dim,
+            num_k_heads: a.num_k_heads,
+            head_k_dim: a.head_k_dim,
+            conv_shard_groups: a.conv_shard_groups.map(|g| g.0),
+        };
+        let (dtype, ssm_dtype) = (DType::parse(&a.dtype.0)?, DType::parse(&a.ssm_dtype.0)?);
+        Ok(sglang::layout::family_layout(&shape, a.tp_size, dtype, ssm_dtype)?.into())
+    }
 }

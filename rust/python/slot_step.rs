@@ -46,10 +46,10 @@ kwargs! {
     }
 }
 
-/// The commit staged for the next post-process: its batch rows, table width, and with its kernel
+/// The commit staged for the next post-process: its request rows, table width, and with its kernel
 /// the cache's bound tensors (checked before the launch is built, marked written after).
 struct Staged {
-    batch_rows: u64,
+    request_rows: u64,
     cols: i32,
     kernel: Option<(Py<PyCommitLaunch>, Py<PyAny>)>,
     /// Without a kernel: the caller's commit, `reference(num_sampled)`, run inside the
@@ -200,7 +200,7 @@ impl VllmSlotStep {
 
     /// Checks a list of KV-cache group ids for a planner of `groups` groups; returns them.
     #[staticmethod]
-    #[pyo3(signature = (ids: "Any", groups: "int") -> "list[int]")]
+    #[pyo3(signature = (ids: "Sequence[int]", groups: "int") -> "list[int]")]
     fn check_group_ids(ids: &Bound<'_, PyAny>, groups: usize) -> PyResult<Vec<usize>> {
         let ids = items(ids, "group_ids", ErrorKind::Plan, "integers")?
             .iter()
@@ -216,8 +216,8 @@ impl VllmSlotStep {
     /// `run(launch, table records or None, None)` queues the upload and the launch, and the states
     /// are recorded as written, in this call.
     #[pyo3(signature = (
-        block_tables: "Any", idx_mapping: "Any", num_computed_tokens: "Any", query_start_loc: "Any",
-        run: "Callable[[KernelLaunch, bytes | None, None], Any] | None" = None,
+        block_tables: "Sequence[_Tensor] | Mapping[int, _Tensor]", idx_mapping: "_Tensor", num_computed_tokens: "_Tensor", query_start_loc: "_Tensor",
+        run: "Callable[[KernelLaunch, bytes | None, None], object] | None" = None,
     ) -> "tuple[KernelLaunch, bytes | None]")]
     fn pre<'py>(
         &self,
@@ -238,7 +238,7 @@ impl VllmSlotStep {
     }
 
     /// Plans one step's RecoverSSM commit (keywords: `request_indices`, `state_blocks`,
-    /// `num_computed_tokens` per batch row, `block_table`, `query_lens`, the cache's `window`,
+    /// `num_computed_tokens` per request row, `block_table`, `query_lens`, the cache's `window`,
     /// `num_blocks`, `max_requests`, and the stage's `generation`) for the next post-process; `kernel`: the cache's commit
     /// kernel, which then runs inside that post-process's launch (`None`: the commit runs before
     /// it, the launch sets the committed rows' columns and counts) and `bound` the cache's
@@ -248,7 +248,7 @@ impl VllmSlotStep {
     /// nothing is staged when the core refuses the commit.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (
-        kernel: "tuple[CommitLaunch, BoundTensors] | None" = None, reference: "Callable[[Any], Any] | None" = None, *,
+        kernel: "tuple[CommitLaunch, BoundTensors] | None" = None, reference: "Callable[[_Tensor], object] | None" = None, *,
         request_indices: "_IntArray", state_blocks: "_IntArray", num_computed_tokens: "_IntArray", block_table: "_IntArray",
         query_lens: "_IntArray | None" = None, window: "int", num_blocks: "int", max_requests: "int", generation: "int",
     ) -> "bytes")]
@@ -291,11 +291,11 @@ impl VllmSlotStep {
         let st = plan_stage(&inputs, self.inner.slots(), block_size, cache, a.generation)?;
         let kernel = kernel.map(|(k, bound)| (k.unbind(), bound.unbind()));
         let reference = if kernel.is_none() { reference.map(Bound::unbind) } else { None };
-        self.put_staged(Some(Staged { batch_rows: st.batch_rows, cols: st.cols, kernel, reference }))?;
+        self.put_staged(Some(Staged { request_rows: st.request_rows, cols: st.cols, kernel, reference }))?;
         Ok(PyBytes::new(py, &st.bytes))
     }
 
-    /// The post-process: `num_sampled` a tensor (one count per batch row) or a Python int (one
+    /// The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
     /// for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
     /// last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
     /// without a pre-copy since the last post-process (one post-process per step). A post-process
@@ -303,8 +303,8 @@ impl VllmSlotStep {
     /// `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
     /// `reference` when it runs with this post-process (else `None`).
     #[pyo3(signature = (
-        idx_mapping: "Any", num_sampled: "Any", num_computed_tokens: "Any", block_tables: "Any", commit: "bool" = false,
-        run: "Callable[[KernelLaunch, bytes | None, Any], Any] | None" = None,
+        idx_mapping: "_Tensor", num_sampled: "_Tensor | int", num_computed_tokens: "_Tensor | None", block_tables: "Sequence[_Tensor] | Mapping[int, _Tensor]",
+        commit: "bool" = false, run: "Callable[[KernelLaunch, bytes | None, Callable[[_Tensor], object] | None], object] | None" = None,
     ) -> "tuple[KernelLaunch, bytes | None]")]
     #[allow(clippy::too_many_arguments)]
     fn post<'py>(
@@ -342,7 +342,7 @@ impl VllmSlotStep {
             let reference = st.and_then(|s| s.reference.as_ref());
             let out = self.half(py, block_tables, run, reference, |s, cols| {
                 let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
-                s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { batch_rows: c.batch_rows, cols: c.cols, kernel }))
+                s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { request_rows: c.request_rows, cols: c.cols, kernel }))
             })?;
             if let Some((_, bound)) = fused {
                 bound.bind(py).call_method0(intern!(py, "mark_written"))?;

@@ -244,7 +244,7 @@ fn block_pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
 #[pyfunction]
 #[pyo3(signature = (
     source: "LayoutFingerprint", source_pools: "Sequence[tuple[int, int, Sequence[int]]]", destination: "LayoutFingerprint",
-    destination_pool: "tuple[int, int, Sequence[int]]", requests: "Sequence[tuple[int, int]] | Any",
+    destination_pool: "tuple[int, int, Sequence[int]]", requests: "Sequence[tuple[int, int]] | _IntArray",
 ) -> "TransferPlan")]
 pub(crate) fn plan_transfer(
     py: Python<'_>,
@@ -448,7 +448,7 @@ fn pool_fingerprint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Fingerprint>
 
 /// Checks that `pool` (the argument `what`) is a StatePool; returns its fingerprint.
 #[pyfunction]
-#[pyo3(signature = (pool: "Any", what: "str" = "pool") -> "LayoutFingerprint")]
+#[pyo3(signature = (pool: "object", what: "str" = "pool") -> "LayoutFingerprint")]
 pub(crate) fn check_pool(pool: &Bound<'_, PyAny>, what: &str) -> PyResult<LayoutFingerprint> {
     Ok(pool_fingerprint(pool, what)?.into())
 }
@@ -458,7 +458,7 @@ pub(crate) fn check_pool(pool: &Bound<'_, PyAny>, what: &str) -> PyResult<Layout
 /// is given twice, and all are ranks of one instance (BindingError naming the defect). Returns
 /// the first source's fingerprint and the `(rank, pool)` pairs.
 #[pyfunction]
-#[pyo3(signature = (sources: "Any") -> "tuple[LayoutFingerprint, list[tuple[int, Any]]]")]
+#[pyo3(signature = (sources: "object") -> "tuple[LayoutFingerprint, list[tuple[int, Any]]]")]
 pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourcePools<'py>> {
     let mut pairs: Vec<(u64, Bound<'py, PyAny>, Fingerprint)> = Vec::new();
     if let Ok(map) = sources.cast::<pyo3::types::PyMapping>() {
@@ -486,7 +486,7 @@ pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourceP
 /// naming the argument otherwise). Their values are the plan's to check (a negative block is
 /// refused naming its request).
 #[pyfunction]
-#[pyo3(signature = (blocks: "Any", what: "str" = "blocks") -> "list[int]")]
+#[pyo3(signature = (blocks: "_IntArray", what: "str" = "blocks") -> "list[int]")]
 pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     if blocks.len().ok() == Some(0) && !blocks.is_instance_of::<pyo3::types::PyString>() {
         return Ok(Vec::new());
@@ -499,7 +499,7 @@ pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<
 /// (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
 /// [`source_pools`] (BindingError).
 #[pyfunction]
-#[pyo3(signature = (states: "Any", num_blocks: "int") -> "tuple[LayoutFingerprint, list[tuple[int, Any]]]")]
+#[pyo3(signature = (states: "object", num_blocks: "int") -> "tuple[LayoutFingerprint, list[tuple[int, Any]]]")]
 pub(crate) fn restore_sources<'py>(states: &Bound<'py, PyAny>, num_blocks: u64) -> PyResult<SourcePools<'py>> {
     let py = states.py();
     let one = states.hasattr(pyo3::intern!(py, "pool")).unwrap_or(false);

@@ -57,7 +57,7 @@ fn spill_binding<'a>(tier: Option<&'a PyRef<'_, HostCacheIndex>>, entry: Option<
 #[pyfunction]
 #[allow(clippy::too_many_arguments)] // the header's fields, the data and the spill binding, by name
 #[pyo3(signature = (
-    fingerprint: "LayoutFingerprint", num_layers: "int", num_requests: "int", source_blocks: "Sequence[int]", data: "Any", *,
+    fingerprint: "LayoutFingerprint", num_layers: "int", num_requests: "int", source_blocks: "Sequence[int]", data: "_Buffer", *,
     tier: "HostCacheIndex | None" = None, entry: "int | None" = None,
 ) -> "tuple[list[tuple[str, str]], list[tuple[str, str, list[int], int, int]]]")]
 pub(crate) fn encode_saved_states(
@@ -83,7 +83,7 @@ pub(crate) fn encode_saved_states(
 /// directory must exist and not be world-writable without the sticky bit. Returns the bytes
 /// written; BindingError naming the path for any failure (the target is then unchanged).
 #[pyfunction]
-#[pyo3(signature = (path: "str | os.PathLike[str]", parts: "Sequence[Any]") -> "int")]
+#[pyo3(signature = (path: "str | os.PathLike[str]", parts: "Sequence[_Buffer]") -> "int")]
 pub(crate) fn write_file(py: Python<'_>, path: &Bound<'_, PyAny>, parts: &Bound<'_, PyAny>) -> PyResult<u64> {
     let path = path_arg(path, "path")?;
     let bufs = items(parts, "parts", ErrorKind::Binding, "byte buffers")?
@@ -138,7 +138,7 @@ pub(crate) fn read_saved_file<'py>(py: Python<'py>, path: &Bound<'_, PyAny>) -> 
 /// LayoutError names the defect.
 #[pyfunction]
 #[pyo3(signature = (
-    metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, Sequence[int], int, int]]", data: "Any", *,
+    metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, Sequence[int], int, int]]", data: "_Buffer", *,
     tier: "HostCacheIndex | None" = None, entry: "int | None" = None, key: "str" = String::new(),
 ) -> "tuple[LayoutFingerprint, int, int, list[int]]")]
 pub(crate) fn check_saved_states(

@@ -249,6 +249,22 @@ kwargs! {
     }
 }
 
+/// `DeviceArgs`' parameters ([`super::params`]), keyword-only (after the planner and `run`).
+macro_rules! device_half_params {
+    ($($items:tt)*) => {
+        $crate::python::params::with_params! {
+            ($crate::python::vllm::DeviceArgs {
+                tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray",
+                mamba_state_idx: "_IntArray | None" = None, state_col: "_IntArray | None" = None,
+                num_draft: "_IntArray | None" = None, num_accepted: "_IntArray | _Tensor", fresh: "_IntArray | None" = None,
+                req_ids: "Sequence[str] | None" = None, staging: "_Tensor", device_table: "_Tensor | None" = None,
+                err: "_Tensor", num_accepted_out: "_Tensor",
+            })
+            $($items)*
+        }
+    };
+}
+
 /// A dense int32 view of `len` elements at element `offset` of the staging buffer.
 fn staged_view(staging: &TensorDesc, offset: usize, shape: &[i64]) -> TensorDesc {
     TensorDesc::dense(staging.data_ptr + 4 * offset as u64, "int32", shape, &staging.device)
@@ -338,6 +354,8 @@ fn device_half<T>(
     Ok((out, staged, l))
 }
 
+device_half_params! {
+#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
 /// The pre-copy for the device: the host decides the columns (every check that needs no count;
 /// with host counts every check), stages the step as int32 and packs the launch that reads it from
 /// `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
@@ -345,46 +363,8 @@ fn device_half<T>(
 /// after every check, `run(staged, launch)` queues the copy and the launch, and the states are
 /// recorded as written.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(name = "vllm_device_pre_copy", signature = (
-    planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], Any] | None" = None, *, tables: "Sequence[_IntArray] | _IntArray",
-    num_computed: "_IntArray", num_scheduled: "_IntArray", mamba_state_idx: "_IntArray | None" = None,
-    state_col: "_IntArray | None" = None, num_draft: "_IntArray | None" = None, num_accepted: "_IntArray | _Tensor",
-    fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None, staging: "_Tensor", device_table: "_Tensor | None" = None,
-    err: "_Tensor", num_accepted_out: "_Tensor",
-) -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
-fn device_pre_copy(
-    planner: Bound<'_, Planner>,
-    run: Option<Bound<'_, PyAny>>,
-    tables: Option<&Bound<'_, PyAny>>,
-    num_computed: Option<&Bound<'_, PyAny>>,
-    num_scheduled: Option<&Bound<'_, PyAny>>,
-    mamba_state_idx: Option<&Bound<'_, PyAny>>,
-    state_col: Option<&Bound<'_, PyAny>>,
-    num_draft: Option<&Bound<'_, PyAny>>,
-    num_accepted: Option<&Bound<'_, PyAny>>,
-    fresh: Option<&Bound<'_, PyAny>>,
-    req_ids: Option<&Bound<'_, PyAny>>,
-    staging: Option<&Bound<'_, PyAny>>,
-    device_table: Option<&Bound<'_, PyAny>>,
-    err: Option<&Bound<'_, PyAny>>,
-    num_accepted_out: Option<&Bound<'_, PyAny>>,
-) -> PyResult<DeviceHalf> {
-    let a = args!(DeviceArgs {
-        tables,
-        num_computed,
-        num_scheduled,
-        mamba_state_idx,
-        state_col,
-        num_draft,
-        num_accepted,
-        fresh,
-        req_ids,
-        staging,
-        device_table,
-        err,
-        num_accepted_out
-    })?;
+#[pyo3(name = "vllm_device_pre_copy")]
+fn device_pre_copy(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>,) -> PyResult<DeviceHalf> {
     let fresh = fresh_mask(&a.fresh);
     let host = a.num_accepted.host();
     let inp = PreInputs {
@@ -398,49 +378,12 @@ fn device_pre_copy(
     Ok((RawBuffer::new(cols.curr), st, l))
 }
 
+#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
 /// The post-process for the device (decided by the kernel from the counts): returns `running`,
 /// the staged step and the launch, as `device_pre_copy`.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(name = "vllm_device_post_process", signature = (
-    planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], Any] | None" = None, *, tables: "Sequence[_IntArray] | _IntArray",
-    num_computed: "_IntArray", num_scheduled: "_IntArray", mamba_state_idx: "_IntArray | None" = None,
-    state_col: "_IntArray | None" = None, num_draft: "_IntArray | None" = None, num_accepted: "_IntArray | _Tensor",
-    fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None, staging: "_Tensor", device_table: "_Tensor | None" = None,
-    err: "_Tensor", num_accepted_out: "_Tensor",
-) -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
-fn device_post_process(
-    planner: Bound<'_, Planner>,
-    run: Option<Bound<'_, PyAny>>,
-    tables: Option<&Bound<'_, PyAny>>,
-    num_computed: Option<&Bound<'_, PyAny>>,
-    num_scheduled: Option<&Bound<'_, PyAny>>,
-    mamba_state_idx: Option<&Bound<'_, PyAny>>,
-    state_col: Option<&Bound<'_, PyAny>>,
-    num_draft: Option<&Bound<'_, PyAny>>,
-    num_accepted: Option<&Bound<'_, PyAny>>,
-    fresh: Option<&Bound<'_, PyAny>>,
-    req_ids: Option<&Bound<'_, PyAny>>,
-    staging: Option<&Bound<'_, PyAny>>,
-    device_table: Option<&Bound<'_, PyAny>>,
-    err: Option<&Bound<'_, PyAny>>,
-    num_accepted_out: Option<&Bound<'_, PyAny>>,
-) -> PyResult<DeviceHalf> {
-    let a = args!(DeviceArgs {
-        tables,
-        num_computed,
-        num_scheduled,
-        mamba_state_idx,
-        state_col,
-        num_draft,
-        num_accepted,
-        fresh,
-        req_ids,
-        staging,
-        device_table,
-        err,
-        num_accepted_out
-    })?;
+#[pyo3(name = "vllm_device_post_process")]
+fn device_post_process(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>,) -> PyResult<DeviceHalf> {
     let host = a.num_accepted.host();
     let inp = PostInputs {
         state_col: required(&a.state_col, "state_col")?,
@@ -451,6 +394,7 @@ fn device_post_process(
     };
     let (running, st, l) = device_half(&planner, &a, false, run.as_ref(), |at| device_step::stage_post_process(&inp, at))?;
     Ok((RawBuffer::new(running), st, l))
+}
 }
 
 kwargs! {
@@ -486,7 +430,7 @@ type GroupPair<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>);
 /// `(layout, states)` pairs (the planner checks those); anything else is a `BindingError` naming
 /// the group.
 #[pyfunction]
-#[pyo3(signature = (groups: "Any") -> "tuple[list[int], list[tuple[Any, Any]]]")]
+#[pyo3(signature = (groups: "Sequence[tuple[int, Layout, Sequence[Sequence[_Tensor]]]]") -> "tuple[list[int], list[tuple[Layout, Sequence[Sequence[_Tensor]]]]]")]
 fn vllm_step_groups<'py>(groups: &Bound<'py, PyAny>) -> PyResult<(Vec<i64>, Vec<GroupPair<'py>>)> {
     let kind = ErrorKind::Binding;
     let mut ids = Vec::new();
@@ -559,7 +503,7 @@ impl PySlots {
     }
     /// Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
     /// requests in errors.
-    #[pyo3(signature = (slots: "Any", req_ids: "Sequence[str] | None" = None) -> "list[int]")]
+    #[pyo3(signature = (slots: "_IntArray", req_ids: "Sequence[str] | None" = None) -> "list[int]")]
     fn check(&self, slots: &Bound<'_, PyAny>, req_ids: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
         let slots = Ints::arg(slots, "slots", ErrorKind::Plan)?.0;
         let names = RequestNames(req_ids.filter(|r| !r.is_none()).map(|r| r.clone().unbind()));

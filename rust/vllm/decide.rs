@@ -23,7 +23,7 @@ pub struct StepConfig {
     pub num_spec_blocks: i64,
 }
 
-/// Per-request inputs of the pre-copy, one entry per scheduled request (batch row).
+/// Per-request inputs of the pre-copy, one entry per scheduled request (request row).
 pub struct PreInputs<'a> {
     /// Tokens already computed before this step.
     pub num_computed: &'a [i64],
@@ -391,7 +391,7 @@ pub fn post_save(state_col: i64, running: i64, accepted: i64, block_size: i64) -
     PostSave { aligned, dest, bias, in_place, copy: need && !(in_place && bias == 0) }
 }
 
-/// The default request name in messages: its batch row.
+/// The default request name in messages: its request row.
 pub fn row_name(i: usize) -> String {
     format!("request {i}")
 }

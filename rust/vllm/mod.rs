@@ -6,6 +6,7 @@
 
 pub mod decide;
 pub mod device_step;
+pub mod runner;
 pub mod slot_commit;
 pub mod slot_step;
 pub mod slots;

@@ -10,7 +10,7 @@
 //! |---------------------------------|-------------------------------------------------------------|
 //! | `[0]`                           | rows staged (the kernel reads the count here)               |
 //! | `[1]`                           | the stage's generation (the adapter's count of stages)      |
-//! | `[2 .. 2 + slots]`              | per batch row, the tokens before this step's window (`-1`: no commit) |
+//! | `[2 .. 2 + slots]`              | per request row, the tokens before this step's window (`-1`: no commit) |
 //! | from [`rows_offset`] bytes on   | the staged `CommitRow` records (32 bytes each, `slots` at most) |
 //!
 //! The launch's arguments are fixed addresses inside that buffer, so a captured post-process
@@ -33,10 +33,10 @@ pub fn stage_len(slots: u64) -> u64 {
     rows_offset(slots) / 4 + 8 * slots
 }
 
-/// One step's commit inputs (host values): per spec-decode request `i`, its batch row
+/// One step's commit inputs (host values): per spec-decode request `i`, its request row
 /// `request_indices[i]`, running block `state_blocks[i]`, block table row `i` of
 /// `block_table` (`cols` wide) and tokens verified `query_lens[i]` (default: the whole window);
-/// `computed` per batch row, the tokens in its state before this step's window.
+/// `computed` per request row, the tokens in its state before this step's window.
 pub struct SlotCommitInputs<'a> {
     pub request_indices: &'a [i64],
     pub state_blocks: &'a [i64],
@@ -55,12 +55,12 @@ pub struct CacheShape {
 }
 
 /// A planned commit: the bytes to copy into the front of the stage buffer, the rows staged, the
-/// batch rows the post-process must have (one past the largest request index) and the table width.
+/// request rows the post-process must have (one past the largest of `request_indices`) and the table width.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StagedCommit {
     pub bytes: Vec<u8>,
     pub rows: u32,
-    pub batch_rows: u64,
+    pub request_rows: u64,
     pub cols: i32,
 }
 
@@ -82,17 +82,17 @@ pub fn plan_stage(c: &SlotCommitInputs<'_>, slots: u64, block_size: u64, cache: 
     for (i, &r) in c.request_indices.iter().enumerate() {
         if r < 0 || r as u64 >= rows_bound {
             return Err(Error::plan(format!(
-                "{backend}: request_indices[{i}] = {r} is not a batch row (0 ..= {}: num_computed_tokens has {} rows, max_num_reqs = {slots})",
+                "{backend}: request_indices[{i}] = {r} is not a request row (0 ..= {}: num_computed_tokens has {} rows, max_num_reqs = {slots})",
                 rows_bound as i64 - 1,
                 c.computed.len()
             )));
         }
         if std::mem::replace(&mut seen[r as usize], true) {
-            return Err(Error::plan(format!("{backend}: batch row {r} is in request_indices twice")));
+            return Err(Error::plan(format!("{backend}: request row {r} is in request_indices twice")));
         }
         let l0 = c.computed[r as usize];
         if !(0..1 << 31).contains(&l0) {
-            return Err(Error::plan(format!("{backend}: batch row {r}: num_computed_tokens = {l0} is outside 0 ..= 2**31 - 1")));
+            return Err(Error::plan(format!("{backend}: request row {r}: num_computed_tokens = {l0} is outside 0 ..= 2**31 - 1")));
         }
         seq_lens.push(l0);
         count_index.push(r as u32);
@@ -120,8 +120,8 @@ pub fn plan_stage(c: &SlotCommitInputs<'_>, slots: u64, block_size: u64, cache: 
     }
     let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     bytes.extend(plan.iter().flat_map(CommitRow::to_le_bytes));
-    let batch_rows = c.request_indices.iter().map(|&r| r as u64 + 1).max().unwrap_or(0);
-    Ok(StagedCommit { bytes, rows: plan.len() as u32, batch_rows, cols })
+    let request_rows = c.request_indices.iter().map(|&r| r as u64 + 1).max().unwrap_or(0);
+    Ok(StagedCommit { bytes, rows: plan.len() as u32, request_rows, cols })
 }
 
 #[cfg(test)]
@@ -138,7 +138,7 @@ mod tests {
     fn stages_count_computed_and_rows() {
         assert_eq!((rows_offset(8), stage_len(8)), (64, 16 + 64));
         assert_eq!((rows_offset(6), rows_offset(7)), (32, 64));
-        // Two spec rows (batch rows 2 and 0) of a 4-row batch; block size 4, window 3.
+        // Two spec rows (request rows 2 and 0) of a 4-row batch; block size 4, window 3.
         let table = [10, 11, 12, 20, 21, 22];
         let c = SlotCommitInputs {
             request_indices: &[2, 0],
@@ -149,15 +149,15 @@ mod tests {
             query_lens: None,
         };
         let st = plan_stage(&c, 8, 4, CACHE, 5).unwrap();
-        assert_eq!((st.rows, st.batch_rows, st.cols), (2, 3, 3));
+        assert_eq!((st.rows, st.request_rows, st.cols), (2, 3, 3));
         let head = i32s(&st.bytes[..64]);
         assert_eq!(&head[..10], &[2, 5, 7, -1, 2, -1, -1, -1, -1, -1]);
         let rows: Vec<&[u8]> = st.bytes[64..].chunks(32).collect();
         assert_eq!(rows.len(), 2);
-        // Row 0: workspace row 0, count read from batch row 2; seq 2 + 3 tokens crosses 4: column 0.
+        // Row 0: workspace row 0, count read from request row 2; seq 2 + 3 tokens crosses 4: column 0.
         let r0 = i32s(rows[0]);
         assert_eq!((r0[0], r0[1], r0[2], r0[4], r0[6], r0[7]), (0, 3, 5, 10, 2, 2));
-        // Row 1: batch row 0, seq 7 + 3 crosses 8: column 1 of its row, 1 token in.
+        // Row 1: request row 0, seq 7 + 3 crosses 8: column 1 of its row, 1 token in.
         let r1 = i32s(rows[1]);
         assert_eq!((r1[0], r1[2], r1[4], r1[6], r1[7]), (1, 6, 21, 1, 0));
     }
@@ -174,11 +174,11 @@ mod tests {
             query_lens: None,
         };
         let msg = |c: &SlotCommitInputs<'_>, slots: u64| plan_stage(c, slots, 4, CACHE, 1).unwrap_err().message;
-        assert!(msg(&SlotCommitInputs { request_indices: &[3, 0], ..ok }, 8).contains("request_indices[0] = 3 is not a batch row (0 ..= 2"));
-        assert!(msg(&ok, 2).contains("request_indices[0] = 2 is not a batch row (0 ..= 1"));
-        assert!(msg(&SlotCommitInputs { request_indices: &[2, 2], ..ok }, 8).contains("batch row 2 is in request_indices twice"));
+        assert!(msg(&SlotCommitInputs { request_indices: &[3, 0], ..ok }, 8).contains("request_indices[0] = 3 is not a request row (0 ..= 2"));
+        assert!(msg(&ok, 2).contains("request_indices[0] = 2 is not a request row (0 ..= 1"));
+        assert!(msg(&SlotCommitInputs { request_indices: &[2, 2], ..ok }, 8).contains("request row 2 is in request_indices twice"));
         assert!(msg(&SlotCommitInputs { state_blocks: &[5], ..ok }, 8).contains("2 request_indices for 1 state_blocks"));
-        assert!(msg(&SlotCommitInputs { computed: &[7, 1, -2], ..ok }, 8).contains("batch row 2: num_computed_tokens = -2"));
+        assert!(msg(&SlotCommitInputs { computed: &[7, 1, -2], ..ok }, 8).contains("request row 2: num_computed_tokens = -2"));
         assert!(msg(&SlotCommitInputs { state_blocks: &[5, 5], ..ok }, 8).contains("both write block 5"));
         assert!(msg(&SlotCommitInputs { query_lens: Some(&[4, 1]), ..ok }, 8).contains("query_len = 4 is outside 0 ..= 3"));
         assert!(msg(&SlotCommitInputs { cols: 0, block_table: &[], ..ok }, 8).contains("0 columns"));

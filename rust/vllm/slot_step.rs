@@ -49,18 +49,18 @@ pub struct SlotBuffers<'a> {
     pub commit: &'a TensorDesc,
 }
 
-/// A post-process's RecoverSSM commit, staged into the stage buffer: the staged plan's batch rows
+/// A post-process's RecoverSSM commit, staged into the stage buffer: the staged plan's request rows
 /// and table width ([`super::slot_commit::StagedCommit`]), and the cache's commit kernel when the
 /// commit runs in this launch (`None`: it ran before; the launch sets the committed rows' columns
 /// and counts only).
 #[derive(Clone, Copy, Debug)]
 pub struct Commit<'a> {
-    pub batch_rows: u64,
+    pub request_rows: u64,
     pub cols: i32,
     pub kernel: Option<&'a CommitLaunch>,
 }
 
-/// A post-process's sampled counts: one per batch row, or one for every row.
+/// A post-process's sampled counts: one per request row, or one for every row.
 #[derive(Clone, Copy, Debug)]
 pub enum Sampled<'a> {
     Each(&'a TensorDesc),
@@ -204,7 +204,7 @@ impl SlotStep {
         for (i, &(a, n)) in extents.iter().enumerate() {
             for &(c, m) in &extents[i + 1..] {
                 if a < c + 4 * m && c < a + 4 * n {
-                    return Err(Error::plan("the adapter's slot buffers overlap; each needs memory of its own"));
+                    return Err(Error::plan("the adapter's buffers overlap; each needs memory of its own"));
                 }
             }
         }
@@ -235,12 +235,12 @@ impl SlotStep {
         Ok((refs, cols))
     }
 
-    /// The batch rows of `idx_mapping` (int32 `[R]`, `R <= slots`).
+    /// The request rows of `idx_mapping` (int32 `[R]`, `R <= slots`).
     fn rows(&self, idx: &TensorDesc) -> Result<(u64, u64)> {
         let p = vector(idx, "idx_mapping", &self.fused.device, IntType::I32, 0)?;
         let n = idx.shape[0] as u64;
         if n > self.slots {
-            return Err(Error::plan(format!("{n} batch rows, more than max_num_reqs = {}", self.slots)));
+            return Err(Error::plan(format!("idx_mapping has {n} request rows, more than max_num_reqs = {}", self.slots)));
         }
         Ok((p, n))
     }
@@ -313,7 +313,7 @@ impl SlotStep {
 
     /// The post-process's launch: `num_computed` per slot after this step (`None`, as vLLM's
     /// non-last pipeline-parallel ranks pass it: the counts are scattered, a staged commit runs, and
-    /// no aligned save is made), the sampled counts per batch row (int32 `[>= R]`) or one count for
+    /// no aligned save is made), the sampled counts per request row (int32 `[>= R]`) or one count for
     /// every row.
     /// With a RecoverSSM `commit` staged (counts per row only, a batch of at least its rows), the
     /// committed rows' columns and counts are set as vLLM's `commit_step` does before the aligned
@@ -339,10 +339,10 @@ impl SlotStep {
             if sampled.0 == 0 {
                 return Err(Error::plan("a RecoverSSM commit needs the sampled counts per row, not one integer"));
             }
-            if c.batch_rows > rows.1 {
+            if c.request_rows > rows.1 {
                 return Err(Error::plan(format!(
-                    "the staged RecoverSSM commit names batch row {}, but this post-process has {} rows",
-                    c.batch_rows - 1,
+                    "the staged RecoverSSM commit names request row {}, but this post-process has {} rows",
+                    c.request_rows - 1,
                     rows.1
                 )));
             }
@@ -445,7 +445,7 @@ mod tests {
         let v = st.post(5, &idx, None, Sampled::All(0), None).unwrap().named(&["num_computed", "num_sampled", "sampled_fill"]);
         assert_eq!(v, [0, 0, 0]);
         // A staged commit that ran before: the computed tokens and the width, nothing of the kernel.
-        let ran = Commit { batch_rows: 3, cols: 7, kernel: None };
+        let ran = Commit { request_rows: 3, cols: 7, kernel: None };
         let l = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(ran)).unwrap();
         let v = l.named(&FIELDS);
         assert_eq!((&v[11..13], &v[13..22], l.grid), (&[16_008, 7][..], &[16_000, 0, 8, 0, 0, 0, 0, 0, 0][..], [2, 3, 3]));
@@ -459,8 +459,8 @@ mod tests {
         assert_eq!(l.grid, [(2 + rec + conv) as u32, 3, 5]);
         let e = st.post(5, &idx, Some(&nct), Sampled::All(2), Some(ran)).unwrap_err();
         assert!(e.message.contains("needs the sampled counts per row"), "{}", e.message);
-        let e = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(Commit { batch_rows: 4, ..ran })).unwrap_err();
-        assert_eq!(e.message, "the staged RecoverSSM commit names batch row 3, but this post-process has 3 rows");
+        let e = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(Commit { request_rows: 4, ..ran })).unwrap_err();
+        assert_eq!(e.message, "the staged RecoverSSM commit names request row 3, but this post-process has 3 rows");
         let far = CommitLaunch::new(Device::Cuda(1), 900, &table, 64, 4, 0, THREADS).unwrap();
         let e = st.post(5, &idx, Some(&nct), Sampled::Each(&ns), Some(Commit { kernel: Some(&far), ..ran })).unwrap_err();
         assert!(e.message.contains("the commit kernel runs on cuda:1"), "{}", e.message);
@@ -473,7 +473,7 @@ mod tests {
         let st = step();
         let (idx, nct, qsl) = (t(20_000, "int32", &[3]), t(21_000, "int32", &[8]), t(22_000, "int32", &[9]));
         let msg = |r: Result<Launch>| r.unwrap_err().message;
-        assert_eq!(msg(st.pre(5, &t(20_000, "int32", &[9]), &nct, &qsl)), "9 batch rows, more than max_num_reqs = 8");
+        assert_eq!(msg(st.pre(5, &t(20_000, "int32", &[9]), &nct, &qsl)), "idx_mapping has 9 request rows, more than max_num_reqs = 8");
         assert!(msg(st.pre(5, &t(20_000, "int64", &[3]), &nct, &qsl)).contains("idx_mapping: expected int32, got int64"));
         assert!(msg(st.pre(5, &idx, &t(21_000, "int32", &[7]), &qsl)).contains("num_computed_tokens: expected a 1-D vector of at least 8"));
         assert!(msg(st.pre(5, &idx, &nct, &t(22_000, "int32", &[3]))).contains("query_start_loc: expected a 1-D vector of at least 4"));

@@ -25,10 +25,10 @@ pub fn check_slots(slots: &[i64], capacity: usize, name: &dyn Fn(usize) -> Strin
     let mut owner: HashMap<i64, usize> = HashMap::with_capacity(slots.len());
     for (i, &s) in slots.iter().enumerate() {
         if s < 0 || s as u64 >= capacity as u64 {
-            return Err(Error::plan(format!("{}: slot {s} is outside the mamba_state_idx table (0 ..= {})", name(i), capacity - 1)));
+            return Err(Error::plan(format!("{}: request index {s} is outside the mamba_state_idx table (0 ..= {})", name(i), capacity - 1)));
         }
         if let Some(j) = owner.insert(s, i) {
-            return Err(Error::plan(format!("{} and {} share slot {s}; each request needs its own slot", name(j), name(i))));
+            return Err(Error::plan(format!("{} and {} share request index {s}; each request needs its own", name(j), name(i))));
         }
     }
     Ok(())
@@ -202,8 +202,11 @@ mod tests {
     fn foreign_and_shared_slots_are_refused() {
         let name = |i: usize| format!("request {i}");
         assert!(check_slots(&[0, 3], 4, &name).is_ok());
-        assert_eq!(check_slots(&[0, -1], 4, &name).unwrap_err().message, "request 1: slot -1 is outside the mamba_state_idx table (0 ..= 3)");
-        assert!(check_slots(&[4], 4, &name).unwrap_err().message.contains("slot 4 is outside"));
-        assert_eq!(check_slots(&[2, 2], 4, &name).unwrap_err().message, "request 0 and request 1 share slot 2; each request needs its own slot");
+        assert_eq!(
+            check_slots(&[0, -1], 4, &name).unwrap_err().message,
+            "request 1: request index -1 is outside the mamba_state_idx table (0 ..= 3)"
+        );
+        assert!(check_slots(&[4], 4, &name).unwrap_err().message.contains("request index 4 is outside"));
+        assert_eq!(check_slots(&[2, 2], 4, &name).unwrap_err().message, "request 0 and request 1 share request index 2; each request needs its own");
     }
 }

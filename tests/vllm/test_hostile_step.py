@@ -50,7 +50,7 @@ def test_a_foreign_slot_is_refused_before_anything_moves(slot):
     bt = np.arange(1, 9, dtype=np.int64).reshape(1, 8)
     before = _snapshot(side)
     with pytest.raises(
-        PlanError, match=rf"request r0 \(row 0\): slot {slot} is outside the mamba_state_idx table \(0 ..= 3\)"
+        PlanError, match=rf"request r0 \(row 0\): request index {slot} is outside the mamba_state_idx table \(0 ..= 3\)"
     ):
         step.pre_copy([bt], [slot], [4], [4], [1], req_ids=["r0"])
     assert step.mamba_state_idx.tolist() == [1, -1, -1, 3] and _unchanged(side, before)
@@ -60,7 +60,7 @@ def test_two_requests_on_one_slot_are_refused():
     sim, side = _side()
     step = _step(side)
     bt = np.arange(1, 17, dtype=np.int64).reshape(2, 8)
-    with pytest.raises(PlanError, match="request 0 and request 1 share slot 2"):
+    with pytest.raises(PlanError, match="request 0 and request 1 share request index 2"):
         step.pre_copy([bt], [2, 2], [0, 0], [4, 4], [1, 1])
     assert (step.mamba_state_idx == -1).all()
 

@@ -173,7 +173,7 @@ def test_bad_inputs_are_refused_before_anything_runs(fake_ops, recorder, launch_
     ms, _ = _small(fake=True)
     table = torch.zeros(4, 6, dtype=torch.int32)
     nct = torch.zeros(4, dtype=torch.int32)
-    with pytest.raises(PlanError, match="5 batch rows, more than max_num_reqs = 4"):
+    with pytest.raises(PlanError, match="idx_mapping has 5 request rows, more than max_num_reqs = 4"):
         ms.preprocess_state(torch.zeros(5, dtype=torch.int32), nct, torch.zeros(6, dtype=torch.int32), [table])
     with pytest.raises(PlanError, match="group 0.s device block table has 2 rows for 4 requests"):
         ms.preprocess_state(torch.zeros(1, dtype=torch.int32), nct, torch.zeros(2, dtype=torch.int32), [table[:2]])

@@ -300,7 +300,7 @@ def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args
     with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
         step.post(rows[2], ones[2], nct, tables, True)
     ms.stage_recoverssm(_commit(caches[0]))
-    with pytest.raises(PlanError, match="names batch row 1, but this post-process has 1 rows"):
+    with pytest.raises(PlanError, match="names request row 1, but this post-process has 1 rows"):
         step.post(rows[1], ones[1], nct, tables, True)
     with pytest.raises(PlanError, match="needs the sampled counts per row"):
         step.post(rows[2], 1, nct, tables, True)

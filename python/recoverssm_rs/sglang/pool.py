@@ -7,14 +7,13 @@ section 10. SGLang is never imported: the pool is read by attribute.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from .. import _core
-from .._core import Layout, StateSpec
+from .._core import Layout
 from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import LayoutError, PlanError
@@ -58,34 +57,28 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
-        # Every tensor the adapter reads or writes: checked by the core, guarded before every operation.
-        _core.sglang_check_pool(
+        # Every tensor the adapter reads or writes: checked by the core, guarded before every
+        # operation; the core forms the groups (their layouts, and their tensors in [*conv, temporal]).
+        groups = _core.sglang_check_pool(
             conv=conv,
             temporal=temporal,
             intermediate_ssm=intermediate_ssm,
             intermediate_conv_window=intermediate_conv_window,
+            conv_layout=conv_layout,
         )
         self.conv = list(conv)
         self.temporal = temporal
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        labelled = self._labelled()
-        self._bound = _core.BoundTensors([(t, label) for label, t in labelled])
-        self._live = [i for i, c in enumerate(self.conv) if math.prod(c.shape) > 0]  # non-empty conv tensors
-        self._has_temporal = has_temporal = temporal is not None and math.prod(temporal.shape) > 0
-        groups: list[tuple[Layout, list[list[Any]]]] = []
-        for i, c in enumerate(self.conv[k] for k in self._live):
-            specs = [StateSpec(f"conv{i}", tuple(c.shape[2:]), c.dtype, copy="conv", conv_layout=conv_layout)]
-            tensors = [c]
-            if i == 0 and has_temporal:
-                specs.append(StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal"))
-                tensors.append(temporal)
-            groups.append((Layout("sglang", specs), [[t[layer] for t in tensors] for layer in range(c.shape[0])]))
-        if not self._live and has_temporal:
-            spec = StateSpec("temporal", tuple(temporal.shape[2:]), temporal.dtype, copy="temporal")
-            groups.append((Layout("sglang", [spec]), [[temporal[layer]] for layer in range(temporal.shape[0])]))
-        super().__init__(Planner.from_groups(groups))
+        self._bound = _core.BoundTensors([(t, label) for label, t in self._labelled()])
+        stacked = [*self.conv, temporal]
+        self._live = [ks[0] for _, ks in groups if ks[0] < len(self.conv)]  # non-empty conv tensors
+        self._has_temporal = any(ks[-1] == len(self.conv) for _, ks in groups)
+        layers = range(stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
+        super().__init__(
+            Planner.from_groups([(lay, [[stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups])
+        )
         # Fixed once bound: read here, not from the core on every call.
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None

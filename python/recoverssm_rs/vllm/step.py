@@ -8,19 +8,18 @@ is never imported: every object is read by attribute.
 from __future__ import annotations
 
 import logging
-import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import repeat
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from .. import _core
-from .._core import Layout, StateSpec, VllmSlots
+from .._core import Layout, VllmSlots
 from ..contract import copy_func_name, validate_copy_funcs
 from ..engine import EngineAdapter
 from ..errors import BindingError, LayoutError, PlanError, _reading
+from ..plan_format import records
 from ..planner import Planner
 from .decide import PostProcessDecision, PostProcessInputs, PreCopyDecision, PreCopyInputs, plan
 from .device_step import DeviceStep
@@ -28,8 +27,6 @@ from .device_step import DeviceStep
 __all__ = ["VllmMambaStep", "mamba_groups", "copy_kind"]
 
 log = logging.getLogger("recoverssm_rs")
-
-_COMPUTED = operator.attrgetter("num_computed_tokens")
 
 
 def _name(x: Any) -> str:
@@ -78,47 +75,16 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     return out
 
 
-def _layout(spec: Any, funcs: Sequence[Any], conv_layout: str) -> Layout:
-    if conv_layout not in ("SD", "DS"):
-        raise LayoutError(f"conv_layout must be 'SD' or 'DS' (VLLM_SSM_CONV_STATE_LAYOUT), got {conv_layout!r}")
-    layout = cast(Literal["SD", "DS"], conv_layout)
-    states = []
-    for i, f in enumerate(funcs):
-        kind = copy_kind(f)
-        states.append(
-            StateSpec(
-                f"{kind}{i}",
-                list(spec.shapes[i]),
-                spec.dtypes[i],
-                copy=kind,
-                conv_layout=layout if kind == "conv" else None,
-            )
-        )
-    return Layout(_name(spec.mamba_type), states, num_spec=spec.num_speculative_blocks)
-
-
-def _lookup(table: Mapping[str, Any], req_ids: Sequence[str], what: str) -> Iterable[Any]:
-    """``table[r]`` for each request (looked up in C); a request missing from ``table`` is a
-    :class:`PlanError` naming it."""
-    try:
-        return list(map(table.__getitem__, req_ids))
-    except (KeyError, TypeError):  # TypeError: an id that cannot be a key
-        row, r = next(((i, r) for i, r in enumerate(req_ids) if not _has(table, r)), (0, None))
-        raise PlanError(f"request {r} (row {row}): not in {what}") from None
-
-
-def _has(table: Mapping[str, Any], key: Any) -> bool:
-    try:
-        return key in table
-    except TypeError:
-        return False
-
-
-def _gather(values: Iterable[Any]) -> np.ndarray:
-    """Per-request values as an array of their own type: int64 for integers; a float or object array
-    otherwise, which the core refuses naming the argument (never truncated)."""
-    items = list(values)
-    return np.asarray(items) if items else np.zeros(0, np.int64)
+def _spec_record(spec: Any) -> tuple[Any, ...]:
+    """A mamba spec's fields as the core reads them (``vllm_runner_groups``)."""
+    kind = (_name(spec.mamba_type), _name(spec.mamba_cache_mode))
+    return (
+        *kind,
+        [list(x) for x in spec.shapes],
+        [str(d) for d in spec.dtypes],
+        spec.num_speculative_blocks,
+        spec.block_size,
+    )
 
 
 def _block_table(input_batch: Any, gid: int, n: int) -> Any:
@@ -188,35 +154,27 @@ class VllmMambaStep(EngineAdapter):
         """
         layout_name = str(conv_layout or os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT") or "SD").upper()
         found = mamba_groups(kv_cache_config)
-        specs = [spec for _, spec, _ in found]
-        validate_copy_funcs(specs, copy_funcs)
-        for spec in specs:
-            if _name(spec.mamba_cache_mode) != "align":
-                raise LayoutError(
-                    f"{_name(spec.mamba_type)}: mamba_cache_mode is {_name(spec.mamba_cache_mode)!r}; "
-                    "the step copies states only in 'align' mode"
-                )
-        by_type = {_name(k): v for k, v in copy_funcs.items()}
-        groups = []
-        for gid, spec, layers in found:
-            funcs = by_type[_name(spec.mamba_type)]
-            states = []
-            for layer in layers:
-                with _reading(f"group {gid}, layer {layer!r}: forward_context", BindingError):
-                    if layer not in forward_context:
-                        raise BindingError(f"group {gid}, layer {layer!r}: not in the forward context")
-                    kv = list(forward_context[layer].kv_cache)
-                if len(kv) < len(funcs):
-                    raise BindingError(
-                        f"group {gid}, layer {layer!r}: {len(kv)} kv_cache tensors, but {len(funcs)} copy functions"
-                    )
-                states.append(kv[: len(funcs)])
-            groups.append((gid, _layout(spec, funcs, layout_name), states))
-        first = specs[0]
+        validate_copy_funcs([spec for _, spec, _ in found], copy_funcs)
+        by_type = {_name(k): [copy_func_name(f) for f in v] for k, v in copy_funcs.items()}
+
+        def kv_cache(gid: int, layer: str) -> list[Any] | None:
+            with _reading(f"group {gid}, layer {layer!r}: forward_context", BindingError):
+                return list(forward_context[layer].kv_cache) if layer in forward_context else None
+
+        record = [
+            (
+                gid,
+                _spec_record(spec),
+                by_type[_name(spec.mamba_type)],
+                [(layer, kv_cache(gid, layer)) for layer in layers],
+            )
+            for gid, spec, layers in found
+        ]
+        groups, block_size, num_spec = _core.vllm_runner_groups(record, layout_name)
         return cls(
             groups,
-            block_size=first.block_size,
-            num_spec_blocks=first.num_speculative_blocks,
+            block_size=block_size,
+            num_spec_blocks=num_spec,
             max_num_reqs=max_num_reqs,
             device_tables=device_tables,
         )
@@ -345,12 +303,8 @@ class VllmMambaStep(EngineAdapter):
             acc = host_acc[:n] if num_accepted is None and prev_rows is None else num_accepted
             tables = self.tables(input_batch, n)
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
-        with _reading("requests", PlanError):
-            # Per-request values gathered in C (map), not a Python loop over requests.
-            c = _gather(map(_COMPUTED, _lookup(requests, req_ids, "requests")))
-        with _reading("scheduler_output", PlanError):
-            ns = _gather(_lookup(sched, req_ids, "scheduler_output.num_scheduled_tokens"))
-            nd = np.fromiter(map(len, map(spec.get, req_ids, repeat((), n))), np.int64, n)
+        # Per request row: computed, scheduled and draft tokens, read by the core.
+        c, ns, nd = records(_core.vllm_request_values(req_ids, requests, sched, spec), np.int64).reshape(3, -1)
         for ids in released:
             self.release(ids)
         added: list[str] = []

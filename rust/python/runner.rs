@@ -1,0 +1,96 @@
+//! The readers of vLLM's runner objects: `VllmMambaStep.from_runner`'s ([`crate::vllm::runner`]:
+//! the package's plain record of vLLM's mamba groups in, the step's groups, checked and with their
+//! layouts, out) and `VllmMambaStep.preprocess`'s per-request values.
+
+use super::buffer::RawBuffer;
+use super::conversion::{arg_error, items, Arg};
+use super::layout::Layout;
+use crate::error::ErrorKind;
+use crate::vllm::runner::{self, RunnerSpec};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyInt, PyTuple};
+
+/// A spec's fields: `(mamba_type, mamba_cache_mode, shapes, dtypes, num_speculative_blocks,
+/// block_size)`.
+type SpecRecord = (String, String, Vec<Vec<i64>>, Vec<String>, u32, i64);
+/// A group: `(group id, spec, copy function names, [(layer, its kv_cache tensors or None)])`.
+type GroupRecord<'py> = (i64, SpecRecord, Vec<String>, Vec<(String, Option<Vec<Bound<'py, PyAny>>>)>);
+/// A step group: `(group id, layout, per layer the tensors of its copy functions)`.
+type StepGroup<'py> = (i64, Layout, Vec<Vec<Bound<'py, PyAny>>>);
+
+/// The step's groups from the record of vLLM's mamba groups (one per group id and spec, as the
+/// package reads them): every spec in align mode, every layer in the forward context with a
+/// tensor per copy function (the leading ones kept), the layouts in `conv_layout` (`"SD"` /
+/// `"DS"`). Returns the groups and the first spec's `block_size` and `num_speculative_blocks`.
+#[pyfunction]
+#[pyo3(signature = (
+    groups: "Sequence[tuple[int, tuple[str, str, Sequence[Sequence[int]], Sequence[str], int, int], Sequence[str], Sequence[tuple[str, Sequence[_Tensor] | None]]]]",
+    conv_layout: "str",
+) -> "tuple[list[tuple[int, Layout, list[list[_Tensor]]]], int, int]")]
+pub(crate) fn vllm_runner_groups<'py>(groups: Vec<GroupRecord<'py>>, conv_layout: &str) -> PyResult<(Vec<StepGroup<'py>>, i64, u32)> {
+    for (_, s, funcs, _) in &groups {
+        runner::check_align(&as_spec(s, funcs))?;
+    }
+    let first = groups.first().map_or((0, 0), |(_, s, _, _)| (s.5, s.4));
+    let mut out = Vec::with_capacity(groups.len());
+    for (gid, s, funcs, layers) in groups {
+        let n = funcs.len();
+        let mut states = Vec::with_capacity(layers.len());
+        for (layer, kv) in layers {
+            runner::check_layer(gid, &layer, kv.as_ref().map(Vec::len), n)?;
+            states.push(kv.unwrap_or_default().into_iter().take(n).collect());
+        }
+        let layout = runner::runner_layout(&as_spec(&s, &funcs), runner::check_conv_layout(conv_layout)?)?;
+        out.push((gid, layout.into(), states));
+    }
+    Ok((out, first.0, first.1))
+}
+
+fn as_spec<'a>(s: &'a SpecRecord, funcs: &'a [String]) -> RunnerSpec<'a> {
+    RunnerSpec { mamba_type: &s.0, mamba_cache_mode: &s.1, shapes: &s.2, dtypes: &s.3, num_speculative_blocks: s.4, copy_funcs: funcs }
+}
+
+/// A step's per-request values, read from vLLM's objects for each request id `r` of `req_ids` (a
+/// list of strings) in row order: `requests[r].num_computed_tokens`, `num_scheduled_tokens[r]` and
+/// the draft tokens `len(spec_tokens.get(r, ()))`; `int64 [3, R]` in that order. A request missing
+/// from `requests` or `num_scheduled_tokens`, or a value that is not an integer, is a `PlanError`
+/// naming the request and its row.
+#[pyfunction]
+#[pyo3(signature = (
+    req_ids: "Sequence[str]", requests: "Mapping[str, Any]", num_scheduled_tokens: "Mapping[str, int]",
+    spec_tokens: "Mapping[str, Sequence[Any]]",
+) -> "RawBuffer")]
+pub(crate) fn vllm_request_values(
+    req_ids: &Bound<'_, PyAny>,
+    requests: &Bound<'_, PyAny>,
+    num_scheduled_tokens: &Bound<'_, PyAny>,
+    spec_tokens: &Bound<'_, PyAny>,
+) -> PyResult<RawBuffer> {
+    let kind = ErrorKind::Plan;
+    let ids = items(req_ids, "input_batch.req_ids", kind, "request ids")?;
+    let n = ids.len();
+    let mut out = vec![0i64; 3 * n];
+    let py = req_ids.py();
+    let (computed, empty) = (intern!(py, "num_computed_tokens"), PyTuple::empty(py));
+    for (i, r) in ids.iter().enumerate() {
+        let name = || format!("request {} (row {i})", r.str().map_or_else(|_| "?".into(), |s| s.to_string_lossy().into_owned()));
+        let missing = |what: &str| arg_error(kind, format!("{}: not in {what}", name()));
+        let req = requests.get_item(r).map_err(|_| missing("requests"))?;
+        // A Python int converts directly; anything else through the checked conversion, named.
+        let int = |v: &Bound<'_, PyAny>, what: &str| match v.is_exact_instance_of::<PyInt>().then(|| v.extract::<i64>()) {
+            Some(Ok(x)) => Ok(x),
+            _ => i64::arg(v, &format!("{}: {what}", name()), kind),
+        };
+        let c = req.getattr(computed).map_err(|e| arg_error(kind, format!("{}: requests: {e}", name())))?;
+        out[i] = int(&c, "num_computed_tokens")?;
+        let s = num_scheduled_tokens.get_item(r).map_err(|_| missing("scheduler_output.num_scheduled_tokens"))?;
+        out[n + i] = int(&s, "num_scheduled_tokens")?;
+        let drafts = match spec_tokens.cast::<PyDict>() {
+            Ok(d) => d.get_item(r).and_then(|x| x.map_or(Ok(0), |x| x.len())),
+            Err(_) => spec_tokens.call_method1(intern!(py, "get"), (r, &empty)).and_then(|d| d.len()),
+        };
+        out[2 * n + i] = drafts.map_err(|e| arg_error(kind, format!("{}: scheduled_spec_decode_tokens: {e}", name())))? as i64;
+    }
+    Ok(RawBuffer::new(out))
+}
