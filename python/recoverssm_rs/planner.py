@@ -323,8 +323,11 @@ class Planner:
         prefix index is one holder, each request sharing the block another). Until its last holder
         retracts it, a host plan that would write a published block is refused (a
         :class:`~recoverssm_rs.PlanError` naming the request, state and block; nothing written):
-        copy it to a free block with :meth:`plan_copy` and write there. The device path does not
-        check: its caller keeps published blocks out of its destination columns.
+        copy it to a free block with :meth:`plan_copy` and write there. vLLM's device half-steps
+        (:class:`~recoverssm_rs.vllm.device_step.DeviceStep`) are checked too, against every block
+        the kernel writes or may write with the accepted counts still on the device. The fused
+        launches (:meth:`launch_step`, :meth:`device_step`) read their block tables from device
+        memory and are not: their caller keeps published blocks out of the destination columns.
 
         Raises:
             PlanError: an id outside ``1..num_blocks`` or a group that does not exist; nothing

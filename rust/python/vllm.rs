@@ -374,7 +374,7 @@ fn device_pre_copy(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>,) 
         mamba_state_idx: required(&a.mamba_state_idx, "mamba_state_idx")?,
         fresh: fresh.as_deref(),
     };
-    let (cols, st, l) = device_half(&planner, &a, true, run.as_ref(), |at| device_step::stage_pre_copy(&inp, at))?;
+    let (cols, st, l) = device_half(&planner, &a, true, run.as_ref(), |at| device_step::stage_pre_copy_checked(&planner.get().inner, &inp, at))?;
     Ok((RawBuffer::new(cols.curr), st, l))
 }
 
@@ -392,7 +392,7 @@ fn device_post_process(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>
         num_draft: required(&a.num_draft, "num_draft")?,
         num_accepted: host.unwrap_or(&[]),
     };
-    let (running, st, l) = device_half(&planner, &a, false, run.as_ref(), |at| device_step::stage_post_process(&inp, at))?;
+    let (running, st, l) = device_half(&planner, &a, false, run.as_ref(), |at| device_step::stage_post_process_checked(&planner.get().inner, &inp, at))?;
     Ok((RawBuffer::new(running), st, l))
 }
 }
