@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 from typing import Any
 
 from recoverssm_rs.errors import RecoverSSMError
@@ -32,6 +33,12 @@ def _arch(text: str) -> int:
             f"invalid value {text!r}: expected an architecture like 80 or sm_90 (10 to 999 inclusive)"
         )
     return value
+
+
+def _cache_dir(text: str) -> str:
+    if not text or (os.path.exists(text) and not os.path.isdir(text)):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: not a folder (a folder to keep compile reports in)")
+    return text
 
 
 def build_parser(prog: str = PROG) -> Parser:
@@ -59,6 +66,7 @@ def build_parser(prog: str = PROG) -> Parser:
     )
     p.add_argument(
         "--cache",
+        type=_cache_dir,
         metavar="DIR",
         help="reuse the compile reports kept in DIR, keyed by the source, the options and the NVRTC "
         "library, and keep new ones there (default: compile afresh; the test suite keeps its reports "

@@ -205,6 +205,7 @@ BAD = [
     Bad(["check-kernels", "--arch", "sm_100000"], "--arch", ["'sm_100000'", "10 to 999 inclusive"]),
     Bad(["check-kernels", "--arch", "990"], "--arch", ["sm_990", "compiles for", "sm_80"], needs="nvrtc"),
     Bad(["check-kernels", "--json", TMP], "--json", ["is a folder"]),
+    Bad(["check-kernels", "--cache", __file__], "--cache", ["not a folder"]),
     # ---- bench -----------------------------------------------------------------------------
     Bad(["bench", "--quick=1"], "--quick", ["'1'"]),
     Bad(["bench", "--only", "gpu"], "--only", ["'gpu'", "'plan'"]),
