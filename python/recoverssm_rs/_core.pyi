@@ -424,7 +424,8 @@ class HostCacheIndex:
         """
     def spill_path(self, id: int) -> Path:
         """The path of entry `id`'s spill file, in this tier's private directory (made on first use:
-        mode 0700, an exclusive create under a random name inside `disk_dir`).
+        mode 0700, an exclusive create under a random name inside `disk_dir`; removed with the
+        spill files in it when the tier is dropped).
         """
     def touch(self, id: int) -> bool:
         """Marks an in-memory `id` most recently used, no hit counted; False when not in memory."""
@@ -891,8 +892,10 @@ class VllmSlotStep:
         """The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
         for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
         last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
-        without a pre-copy since the last post-process (one post-process per step). A post-process
-        the core builds forgets the staged commit (with `commit` or not); a refused one keeps it.
+        without a pre-copy since the last post-process (one post-process per step), and before the
+        first pre-copy unless it has no rows (a step's pre-copy runs before its post-process). A
+        post-process the core builds forgets the staged commit (with `commit` or not); a refused
+        one keeps it.
         `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
         `reference` when it runs with this post-process (else `None`).
         """

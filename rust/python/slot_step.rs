@@ -298,8 +298,10 @@ impl VllmSlotStep {
     /// The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
     /// for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
     /// last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
-    /// without a pre-copy since the last post-process (one post-process per step). A post-process
-    /// the core builds forgets the staged commit (with `commit` or not); a refused one keeps it.
+    /// without a pre-copy since the last post-process (one post-process per step), and before the
+    /// first pre-copy unless it has no rows (a step's pre-copy runs before its post-process). A
+    /// post-process the core builds forgets the staged commit (with `commit` or not); a refused
+    /// one keeps it.
     /// `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
     /// `reference` when it runs with this post-process (else `None`).
     #[pyo3(signature = (
@@ -319,7 +321,7 @@ impl VllmSlotStep {
     ) -> PyResult<HalfStep<'py>> {
         let kind = ErrorKind::Plan;
         let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
-        self.order()?.check_post()?;
+        self.order()?.check_post(idx.shape.first().copied().unwrap_or(0) as u64)?;
         let nct = if num_computed_tokens.is_none() { None } else { Some(Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0) };
         let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
         let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };

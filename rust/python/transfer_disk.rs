@@ -189,8 +189,9 @@ pub struct HostCacheIndex {
     inner: transfer::cache::CacheIndex,
     /// The directory evicted entries spill to (checked when the tier is made).
     disk_dir: Option<PathBuf>,
-    /// This tier's private directory inside `disk_dir`, made at the first spill.
-    private: Option<PathBuf>,
+    /// This tier's private directory inside `disk_dir`, made at the first spill (removed with
+    /// the spill files it holds when the tier is dropped).
+    private: Option<transfer::files::PrivateDir>,
 }
 
 fn location(l: Option<transfer::cache::Location>) -> Option<&'static str> {
@@ -276,20 +277,17 @@ impl HostCacheIndex {
         Ok(self.inner.check_prefetched(id, handle_entry, key)?)
     }
     /// The path of entry `id`'s spill file, in this tier's private directory (made on first use:
-    /// mode 0700, an exclusive create under a random name inside `disk_dir`).
+    /// mode 0700, an exclusive create under a random name inside `disk_dir`; removed with the
+    /// spill files in it when the tier is dropped).
     fn spill_path(&mut self, id: u64) -> PyResult<PathBuf> {
         let Some(dir) = &self.disk_dir else {
             return Err(Error::plan("HostCache: this tier has no disk_dir to spill to").into());
         };
-        let private = match &self.private {
-            Some(p) => p.clone(),
-            None => {
-                let p = transfer::files::private_dir(dir, "recoverssm-spill", "disk_dir")?;
-                self.private = Some(p.clone());
-                p
-            }
+        let private = match &mut self.private {
+            Some(p) => p,
+            None => self.private.insert(transfer::files::PrivateDir::create(dir, "recoverssm-spill", "disk_dir")?),
         };
-        Ok(private.join(format!("entry-{id}.safetensors")))
+        Ok(private.file(&format!("entry-{id}.safetensors"))?)
     }
     /// `"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
     /// in-memory entry becomes the most recently used.

@@ -11,10 +11,12 @@
 //!   renamed over the target (`rename` replaces a link at the target, it never follows it), and
 //!   the directory is synced: a reader sees the old file or the new one, never half of one.
 //! - A private directory (the host tier's spill directory) is created exclusively, mode 0700,
-//!   under a random name inside the directory it is given.
+//!   under a random name inside the directory it is given ([`PrivateDir`]); dropped, it removes
+//!   the files it named and then itself, following no link and leaving whatever else is there.
 
 use crate::error::{Error, Result};
 use std::collections::hash_map::RandomState;
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{ErrorKind as IoKind, Write};
@@ -93,6 +95,71 @@ pub fn private_dir(dir: &Path, prefix: &str, what: &str) -> Result<PathBuf> {
         }
     }
     Err(Error::binding(format!("{what}: no free name for a private directory in {}", dir.display())))
+}
+
+/// A private directory a host tier made ([`private_dir`]), removed when dropped: the files named
+/// through [`PrivateDir::file`] that are still regular files there (a link in one's place is left,
+/// never followed), then the directory itself when nothing else is left in it and it is still the
+/// directory that was made (not a link or another directory put in its place). Nothing outside it
+/// is touched: the directory it was made in and whatever else was put inside stay as they are.
+#[derive(Debug)]
+pub struct PrivateDir {
+    path: PathBuf,
+    /// The device and inode of the directory made (unix).
+    id: Option<(u64, u64)>,
+    /// The names of the files handed out for writing.
+    names: BTreeSet<String>,
+}
+
+#[cfg(unix)]
+fn dir_id(m: &fs::Metadata) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn dir_id(_: &fs::Metadata) -> Option<(u64, u64)> {
+    None
+}
+
+impl PrivateDir {
+    /// Makes a private directory in `dir` as [`private_dir`] does.
+    pub fn create(dir: &Path, prefix: &str, what: &str) -> Result<PrivateDir> {
+        let path = private_dir(dir, prefix, what)?;
+        let id = fs::symlink_metadata(&path).ok().as_ref().and_then(dir_id);
+        Ok(PrivateDir { path, id, names: BTreeSet::new() })
+    }
+
+    /// The directory's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path of the file `name` (a bare file name) in the directory, removed with it when
+    /// dropped.
+    pub fn file(&mut self, name: &str) -> Result<PathBuf> {
+        if name.is_empty() || name == "." || name == ".." || name.contains(std::path::is_separator) {
+            return Err(Error::binding(format!("{name:?} is not a bare file name")));
+        }
+        self.names.insert(name.to_string());
+        Ok(self.path.join(name))
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        match fs::symlink_metadata(&self.path) {
+            Ok(m) if m.is_dir() && (self.id.is_none() || dir_id(&m) == self.id) => {}
+            _ => return, // gone, or no longer the directory made: nothing is touched
+        }
+        for name in &self.names {
+            let p = self.path.join(name);
+            if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_file()) {
+                let _ = fs::remove_file(&p); // unlinks the name, follows nothing
+            }
+        }
+        let _ = fs::remove_dir(&self.path); // only when empty: what else was put there stays
+    }
 }
 
 /// Writes `parts` back to back to `target` (the argument `what`) atomically, as the module says;
@@ -220,6 +287,57 @@ mod tests {
             fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
             let p = private_dir(&open, "spill", "disk_dir").unwrap();
             assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
+        }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_private_dir_removes_what_it_wrote_and_itself_when_dropped() {
+        let d = scratch("private");
+        fs::write(d.join("keep"), b"mine").unwrap();
+        let mut p = PrivateDir::create(&d, "spill", "disk_dir").unwrap();
+        let made = p.path().to_path_buf();
+        fs::write(p.file("entry-1.safetensors").unwrap(), b"x").unwrap();
+        p.file("entry-2.safetensors").unwrap(); // handed out, never written
+        assert!(p.file("../keep").is_err() && p.file("..").is_err() && p.file("").is_err());
+        drop(p);
+        assert!(!made.exists());
+        assert_eq!(fs::read(d.join("keep")).unwrap(), b"mine");
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 1); // the directory it was made in, as it was
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::symlink;
+            // A link in a written file's place is not followed; what it did not write stays, and
+            // so does the directory holding it.
+            let victim = d.join("victim");
+            fs::create_dir(&victim).unwrap();
+            fs::write(victim.join("data"), b"keep").unwrap();
+            let mut p = PrivateDir::create(&d, "spill", "disk_dir").unwrap();
+            let made = p.path().to_path_buf();
+            symlink(victim.join("data"), p.file("entry-1.safetensors").unwrap()).unwrap();
+            fs::write(p.file("entry-2.safetensors").unwrap(), b"x").unwrap();
+            symlink(&victim, made.join("planted")).unwrap();
+            drop(p);
+            assert_eq!(fs::read(victim.join("data")).unwrap(), b"keep");
+            let mut left: Vec<_> = fs::read_dir(&made).unwrap().map(|e| e.unwrap().file_name()).collect();
+            left.sort();
+            assert_eq!(left, ["entry-1.safetensors", "planted"]);
+            // Another directory put in the made one's place is not touched.
+            let mut p = PrivateDir::create(&d, "spill", "disk_dir").unwrap();
+            let (made, file) = (p.path().to_path_buf(), p.file("entry-1.safetensors").unwrap());
+            fs::rename(&made, d.join("moved")).unwrap();
+            fs::create_dir(&made).unwrap();
+            fs::write(&file, b"other").unwrap();
+            drop(p);
+            assert_eq!(fs::read(&file).unwrap(), b"other");
+            // A link put in its place is not followed.
+            let mut p = PrivateDir::create(&d, "spill", "disk_dir").unwrap();
+            let (made, file) = (p.path().to_path_buf(), p.file("data").unwrap());
+            fs::remove_dir(&made).unwrap();
+            symlink(&victim, &made).unwrap();
+            assert!(file.exists());
+            drop(p);
+            assert_eq!(fs::read(victim.join("data")).unwrap(), b"keep");
         }
         fs::remove_dir_all(&d).unwrap();
     }

@@ -102,10 +102,16 @@ fn vector(a: &TensorDesc, what: &str, device: &Device, dtype: IntType, min_len: 
 }
 
 /// The order of an adapter's half-steps: a step begins with its pre-copy (which may repeat: a
-/// step whose post-process the engine skipped) and takes one post-process. Once a pre-copy has run,
-/// a second post-process without a pre-copy between would save the windows again from
-/// already-advanced columns, so it is refused. Before the first pre-copy there is no step to
-/// repeat: post-processes alone are taken.
+/// step whose post-process the engine skipped) and takes one post-process. A second post-process
+/// without a pre-copy between would save the windows again from already-advanced columns, so it
+/// is refused. A post-process of request rows before the first pre-copy is refused too: vLLM's V2
+/// runner runs `preprocess_state`, the forward, then `postprocess_state` in every step with
+/// requests; its dummy runs (profiling, CUDA graph capture) call neither half, a step with no
+/// scheduled tokens returns before both, and a pipeline-parallel rank's deferred post-process
+/// belongs to an earlier step that ran its pre-copy; a CUDA graph replay of the half-steps calls
+/// no half here. A post-process of no rows is taken before the first pre-copy: it writes nothing
+/// of any request, and an engine that skips an empty batch's pre-copy (vLLM's own returns early
+/// there) may still call it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HalfOrder {
     /// No pre-copy has run yet.
@@ -123,14 +129,18 @@ impl HalfOrder {
         *self = HalfOrder::PrePending;
     }
 
-    /// Checks that a post-process may run now (nothing changes).
-    pub fn check_post(&self) -> Result<()> {
-        if *self == HalfOrder::Posted {
-            return Err(Error::plan(
+    /// Checks that a post-process of `rows` request rows may run now (nothing changes).
+    pub fn check_post(&self, rows: u64) -> Result<()> {
+        match self {
+            HalfOrder::Fresh if rows == 0 => Ok(()),
+            HalfOrder::Fresh => Err(Error::plan(
+                "postprocess_state: no preprocess_state has run yet (the first step's post-process needs that step's pre-copy before it; nothing was written)",
+            )),
+            HalfOrder::Posted => Err(Error::plan(
                 "postprocess_state: no preprocess_state since the last post-process (a repeated post-process for one step is refused; nothing was written)",
-            ));
+            )),
+            HalfOrder::PrePending => Ok(()),
         }
-        Ok(())
     }
 
     /// Records a post-process that ran.
@@ -489,17 +499,18 @@ mod tests {
     #[test]
     fn a_post_process_needs_a_pre_copy_of_its_own() {
         let mut o = HalfOrder::default();
-        // before any step, post-processes alone are taken
-        assert_eq!(o.check_post(), Ok(()));
+        // before any pre-copy, a post-process of request rows is refused; one of no rows is taken
+        assert!(o.check_post(1).unwrap_err().message.contains("no preprocess_state has run yet"));
+        assert_eq!(o.check_post(0), Ok(()));
         o.post_ran();
-        assert_eq!(o.check_post(), Ok(()));
+        assert_eq!(o, HalfOrder::Fresh);
         o.pre_ran();
         o.pre_ran(); // a pre-copy may repeat
-        assert_eq!(o.check_post(), Ok(()));
+        assert_eq!(o.check_post(2), Ok(()));
         o.post_ran();
-        assert!(o.check_post().unwrap_err().message.contains("no preprocess_state since the last post-process"));
+        assert!(o.check_post(2).unwrap_err().message.contains("no preprocess_state since the last post-process"));
         o.pre_ran();
-        assert_eq!(o.check_post(), Ok(()));
+        assert_eq!(o.check_post(2), Ok(()));
     }
 
     #[test]

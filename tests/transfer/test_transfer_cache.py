@@ -3,6 +3,9 @@ to disk and restore from it, byte-exact."""
 
 from __future__ import annotations
 
+import gc
+import os
+
 import numpy as np
 import pytest
 from recoverssm_rs._core import HostCacheIndex
@@ -73,3 +76,65 @@ def test_the_core_keeps_the_tier_rules(tmp_path):
     assert (len(idx), c.evictions, c.hits, c.misses, c.in_memory, c.on_disk) == (3, 1, 1, 1, 2, 1)
     assert idx.drop(11) == "disk" and idx.drop(11) is None
     assert "HostCacheIndex(entries=2" in repr(idx)
+
+
+def _tree(root):
+    """Every path under ``root`` (links not followed): its kind and, for a file, its bytes; for a
+    link, its target."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = ("link", os.readlink(p))
+        elif p.is_dir():
+            out[rel] = ("dir", None)
+        else:
+            out[rel] = ("file", p.read_bytes())
+    return out
+
+
+def _spilling_cache(disk_dir):
+    """A cache over ``disk_dir`` that has spilled two entries; returns it and its private directory."""
+    lay, _, p = _pool()
+    per = 2 * sum(s.nbytes for s in lay.persistent)
+    cache = HostCache(p, 2 * per, disk_dir=disk_dir)
+    for k, b in (("a", [1]), ("b", [2]), ("c", [3, 4])):
+        cache.put(k, b)
+    (private,) = [d for d in disk_dir.iterdir() if d.name.startswith("recoverssm-spill-")]
+    assert len(list(private.glob("entry-*.safetensors"))) == 2
+    return cache, private
+
+
+def test_a_dropped_cache_removes_its_spill_directory_and_nothing_of_the_users(tmp_path):
+    user = tmp_path / "user"
+    (user / "sub").mkdir(parents=True)
+    (user / "keep.txt").write_bytes(b"mine")
+    (user / "sub" / "entry-0.safetensors").write_bytes(b"also mine")
+    (user / "link").symlink_to(user / "keep.txt")
+    before = _tree(user)
+    cache, private = _spilling_cache(user)
+    del cache
+    gc.collect()
+    assert not private.exists()
+    assert _tree(user) == before  # the user's directory as it was, its own files untouched
+
+
+def test_a_dropped_cache_follows_no_link_in_its_spill_directory(tmp_path):
+    """Only the files the cache wrote are removed (a link put in a spill file's place is not
+    followed), then its directory when nothing else is left in it."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data").write_bytes(b"keep")
+    user = tmp_path / "user"
+    user.mkdir()
+    cache, private = _spilling_cache(user)
+    spilled = sorted(private.glob("entry-*.safetensors"))
+    spilled[0].unlink()
+    spilled[0].symlink_to(victim / "data")
+    (private / "planted").symlink_to(victim, target_is_directory=True)
+    del cache
+    gc.collect()
+    assert _tree(victim) == {"data": ("file", b"keep")}
+    assert not spilled[1].exists()  # the file the cache wrote is gone
+    # what the cache did not write stays, and so does the directory holding it
+    assert sorted(p.name for p in private.iterdir()) == sorted([spilled[0].name, "planted"])

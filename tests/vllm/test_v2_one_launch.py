@@ -53,6 +53,15 @@ def _small(max_num_reqs: int = 4):
     return ms, states, table
 
 
+def _begin_step(ms, table, calls=None):
+    """A pre-copy of no rows, which moves nothing: the step a post-process of request rows needs
+    (the core refuses one before any pre-copy); ``calls``: a launch record, cleared after it."""
+    z = torch.zeros(ms.max_num_reqs + 1, dtype=torch.int32)
+    ms.preprocess_state(z[:0], z[:-1], z[:1], [table])
+    if calls is not None:
+        calls.clear()
+
+
 def test_each_half_step_is_one_launch_and_no_torch_operation(fake_ops, emulator, launch_args):
     ms, states, table = _small()
     ms.add_request(0, 4)  # a prefix hit: its state in column 0, moved by the first pre-copy
@@ -113,6 +122,8 @@ def test_inputs_and_group_ids_are_checked_by_the_core(fake_ops, recorder, launch
         ms.preprocess_state(torch.zeros(2, dtype=torch.int64), nct, qsl, [table])
     with pytest.raises(PlanError, match="query_start_loc: expected a 1-D vector of at least 3"):
         ms.preprocess_state(torch.zeros(2, dtype=torch.int32), nct, qsl[:2], [table])
+    assert recorder.calls == []
+    _begin_step(ms, table, recorder.calls)
     with pytest.raises(PlanError, match="num_sampled: expected a 1-D vector of at least 2"):
         ms.postprocess_state(torch.zeros(2, dtype=torch.int32), torch.ones(1, dtype=torch.int32), nct, [table])
     with pytest.raises(PlanError, match="block_tables has no table for KV-cache group 0"):
@@ -176,6 +187,7 @@ def test_a_recoverssm_commit_on_a_host_cache_runs_before_the_launch(fake_ops, re
     )
     idx = torch.tensor([0, 2, -1], dtype=torch.int32)
     sampled = torch.tensor([1, 3, 2], dtype=torch.int32)
+    _begin_step(ms, table, recorder.calls)
     # a post-process the core refuses after the commit was staged: nothing commits, nothing runs
     with pytest.raises(PlanError, match="num_sampled: expected a 1-D vector of at least 3"):
         ms.postprocess_state(idx, sampled[:2], torch.zeros(4, dtype=torch.int32), [table], recoverssm=commit)
@@ -274,6 +286,7 @@ def test_a_committed_row_whose_counts_disagree_is_reported_not_copied(fake_ops, 
     snap = [t.clone() for t in states]
     commit = _commit(caches[0])
     ms.stage_recoverssm(commit)
+    _begin_step(ms, table)
     nct = torch.tensor([5, 0, 16, 0], dtype=torch.int32)
     ms.postprocess_state(
         torch.tensor([0, 2], dtype=torch.int32),
@@ -297,6 +310,7 @@ def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args
     nct, tables = FakeCuda(torch.zeros(4, dtype=torch.int32)), [FakeCuda(table)]
     rows = {n: FakeCuda(torch.zeros(n, dtype=torch.int32)) for n in (1, 2)}
     ones = {n: FakeCuda(torch.ones(n, dtype=torch.int32)) for n in (1, 2)}
+    _begin_step(ms, table, recorder.calls)
     with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
         step.post(rows[2], ones[2], nct, tables, True)
     ms.stage_recoverssm(_commit(caches[0]))
@@ -305,11 +319,13 @@ def test_a_staged_commit_is_checked_and_consumed(fake_ops, recorder, launch_args
     with pytest.raises(PlanError, match="needs the sampled counts per row"):
         step.post(rows[2], 1, nct, tables, True)
     step.post(rows[2], ones[2], nct, tables, True)
+    _begin_step(ms, table)
     with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
         step.post(rows[2], ones[2], nct, tables, True)
     # a post-process without the commit forgets a staged one too (it is that step's)
     ms.stage_recoverssm(_commit(caches[0]))
     step.post(rows[2], ones[2], nct, tables, False)
+    _begin_step(ms, table)
     with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):
         step.post(rows[2], ones[2], nct, tables, True)
 
@@ -324,6 +340,7 @@ def test_a_commit_row_the_kernel_rejects_is_reported_under_its_batch_row(fake_op
     rows_at = 8  # int32 word of the first CommitRow: 4 slots -> 32 bytes of count, generation, tokens
     assert ms._stage[rows_at + 2] == 3  # its state_block
     ms._stage[rows_at + 2] = 999
+    _begin_step(ms, table)
     nct = torch.tensor([5, 0, 12, 0], dtype=torch.int32)
     idx, sampled = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([1, 3], dtype=torch.int32)
     ms.postprocess_state(idx, sampled, nct, [table], recoverssm=True)

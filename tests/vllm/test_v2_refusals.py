@@ -205,6 +205,43 @@ def test_a_second_post_process_for_one_step_is_refused(fake_ops, emulator, launc
     assert ms.last_error().ok
 
 
+def _everything(ms, states):
+    """Every piece of the adapter's state: the bound states, its device buffers (columns, counts,
+    scratch, control words, error words, table records, commit stage) and its host mirrors."""
+    bufs = (ms._state, ms._acc, ms._scratch, ms._ctl, ms._err, ms._tables, ms._stage)
+    return [t.clone() for t in (*states, *bufs)], (ms._stamp, ms._last, ms._generation)
+
+
+def test_a_post_process_before_any_pre_copy_is_refused(fake_ops, emulator, launch_args):
+    """vLLM's V2 runner runs each step's pre-copy before its post-process (its dummy runs call
+    neither): a post-process of request rows before the first pre-copy has no step of its own and
+    is refused by the core, before anything is launched, with every piece of state as it was."""
+    ms, states, table = _adapter()
+    twin, twin_states, _ = _adapter()
+    for a, b in zip(states, twin_states, strict=True):
+        b.copy_(a)
+    before = _everything(ms, states)
+    with pytest.raises(PlanError, match="no preprocess_state has run yet") as e:
+        ms.postprocess_state(_v(1), _v(3), _v(0, 7, 4, 0), [table])
+    assert "postprocess_state" in str(e.value) and "first step" in str(e.value)
+    with pytest.raises(PlanError, match="no preprocess_state has run yet"):
+        ms.postprocess_state(_v(1, 2), 1, None, [table])  # one count for every row, no save: the same
+    after = _everything(ms, states)
+    assert _same(before[0], after[0]) and before[1] == after[1] and emulator.calls == []
+    # The first step then runs as on an adapter that never saw the refused calls.
+    for m in (ms, twin):
+        m.preprocess_state(_v(1, 2), _v(0, 4, 4, 0), _v(0, 1, 2), [table])
+        m.postprocess_state(_v(1, 2), _v(1, 1), _v(0, 5, 5, 0), [table])
+    a, b = _everything(ms, states), _everything(twin, twin_states)
+    assert _same(a[0], b[0]) and a[1] == b[1] and ms.last_error().ok
+    # A post-process of no rows (an empty batch, whose pre-copy an engine may skip) writes nothing
+    # of any request: taken before the first pre-copy.
+    ms, states, table = _adapter()
+    before = _everything(ms, states)
+    ms.postprocess_state(_v(), _v(), _v(0, 4, 4, 0), [table])
+    assert _same(before[0][:4], _everything(ms, states)[0][:4]) and ms.last_error().ok
+
+
 def test_a_refused_post_process_call_keeps_the_step_open(fake_ops, emulator, launch_args):
     """A post-process the core refuses (a bad argument) launches nothing and the step's own
     post-process still runs afterwards."""

@@ -58,7 +58,9 @@ class HostCache:
     Spill files live in a private directory the tier makes inside ``disk_dir`` at its first spill
     (mode 0700, an exclusive create under a random name); each file is bound to its entry and
     sealed with keys only this tier holds, so a file swapped with another entry's, or rewritten,
-    is refused on restore (LayoutError naming the key) and nothing is written.
+    is refused on restore (LayoutError naming the key) and nothing is written. When the cache is
+    dropped, the spill files it wrote and then its private directory are removed (no link is
+    followed; the rest of ``disk_dir``, and anything else put in the private directory, stays).
 
     Args:
         pool: the pool whose states are offloaded and restored.

@@ -232,7 +232,7 @@ class ModelStateV2(EngineAdapter):
 
         Raises:
             PlanError: a bad input (nothing is written), ``recoverssm=True`` with nothing staged,
-                or a second post-process for one step.
+                a second post-process for one step, or a post-process before any pre-copy.
         """
         step = self._core_step()
         tables = _tables(block_tables)
