@@ -55,7 +55,7 @@ unmet() { "$py" scripts/requirements.py unmet "$@"; }
 # minutes. RECOVERSSM_INSTALLER=pip keeps to pip; so does a uv that cannot be installed.
 installer=${RECOVERSSM_INSTALLER:-uv}
 if [[ $installer == uv && ! -x .venv/bin/uv ]]; then
-  say "installing uv, the installer of the dependencies (about 50 MB in .venv)"
+  say "installing uv, the installer of the dependencies (about 40 MB in .venv)"
   "$py" -m pip install -q uv || { say "uv could not be installed: pip installs the dependencies"; installer=pip; }
   done_step "installed uv"
 fi
