@@ -40,6 +40,10 @@ import types
 from pathlib import Path
 from typing import Any
 
+# Run as a script: tests/ on the path, for the support package (the wheel cache, the stand-ins).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.stand_ins import module_attr  # noqa: E402
+
 # Modules run from the wheel; every other ``sglang`` module is a stand-in. The two packages run their
 # ``__init__``; the stand-in packages above them have none.
 _PACKAGES = {"sglang.srt.mem_cache.unified_cache", "sglang.srt.mem_cache.unified_cache.components"}
@@ -56,50 +60,6 @@ REAL = {
     **{f"sglang.srt.{m}": "sglang/srt/" + m.replace(".", "/") + ".py" for m in _MODULES},
 }
 """Module name -> its file inside the wheel."""
-
-
-class _Meta(type):
-    """Stand-in classes: any attribute is another stand-in, calls and subscripts give stand-ins,
-    ``X | Y`` works in annotations evaluated at import, decorators return what they decorate."""
-
-    def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> _Meta:
-        return super().__new__(mcs, name, bases, ns)
-
-    def __init__(cls, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> None:
-        super().__init__(name, bases, ns)
-
-    def __getattr__(cls, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Stub,), {})
-
-    def __call__(cls, *a: Any, **k: Any) -> Any:
-        if len(a) == 1 and callable(a[0]) and not k:
-            return a[0]
-        return type.__call__(cls)
-
-    def __getitem__(cls, key: Any) -> Any:
-        return cls
-
-    def __or__(cls, other: Any) -> Any:
-        return cls
-
-    def __ror__(cls, other: Any) -> Any:
-        return cls
-
-
-class _Stub(metaclass=_Meta):
-    def __init_subclass__(cls, **kw: Any) -> None:
-        pass
-
-    def __init__(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        return _Meta(name, (_Stub,), {})
-
-    def __call__(self, *a: Any, **k: Any) -> Any:
-        return a[0] if len(a) == 1 and callable(a[0]) and not k else _Stub()
 
 
 class _Switch:
@@ -148,12 +108,6 @@ _NAMED: dict[str, dict[str, Any]] = {
 }
 
 
-def _module_attr(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Meta(name, (_Stub,), {})
-
-
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves :data:`REAL` from the files extracted from the wheel, stand-ins for every other
     ``sglang`` module."""
@@ -175,7 +129,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         m = types.ModuleType(spec.name)
         m.__path__ = []
         m.__dict__.update(_NAMED.get(spec.name, {}))
-        m.__getattr__ = _module_attr  # type: ignore[method-assign]
+        m.__getattr__ = module_attr  # type: ignore[method-assign]
         return m
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -183,7 +137,6 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def _sglang_oracle() -> types.ModuleType:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from support import sglang_oracle
 
     return sglang_oracle

@@ -35,6 +35,10 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+# Run as a script: tests/ on the path, for the support package (the wheel cache, the stand-ins).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.stand_ins import module_attr  # noqa: E402
+
 THIRD_PARTY = (
     "psutil zmq msgspec cbor2 transformers huggingface_hub safetensors aiohttp openai_harmony openai "
     "pybase64 cachetools uvloop cpuinfo prometheus_client xgrammar fastapi"
@@ -47,53 +51,6 @@ VLLM_STANDINS = (
 ).split()
 
 
-class _Meta(type):
-    """Stand-in classes: any attribute is another stand-in, calls and subscripts give stand-ins,
-    ``X | Y`` works in annotations evaluated at import, decorators return what they decorate."""
-
-    def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> _Meta:
-        return super().__new__(mcs, name, bases, ns)
-
-    def __init__(cls, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> None:
-        super().__init__(name, bases, ns)
-
-    def __getattr__(cls, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Stub,), {})
-
-    def __call__(cls, *a: Any, **k: Any) -> Any:
-        if len(a) == 1 and callable(a[0]) and not k:
-            return a[0]
-        return type.__call__(cls)
-
-    def __getitem__(cls, key: Any) -> Any:
-        return cls
-
-    def __or__(cls, other: Any) -> Any:
-        return cls
-
-    def __ror__(cls, other: Any) -> Any:
-        return cls
-
-
-class _Stub(metaclass=_Meta):
-    def __init_subclass__(cls, **kw: Any) -> None:
-        pass
-
-    def __init__(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def __getattr__(self, name: str) -> Any:
-        return _Meta(name, (_Stub,), {})
-
-
-def _module_attr(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return _Meta(name, (_Stub,), {})
-
-
 class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name.split(".")[0] in THIRD_PARTY or any(name == p or name.startswith(p + ".") for p in VLLM_STANDINS):
@@ -103,7 +60,7 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         m = types.ModuleType(spec.name)
         m.__path__ = []
-        m.__getattr__ = _module_attr  # type: ignore[method-assign]
+        m.__getattr__ = module_attr  # type: ignore[method-assign]
         return m
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -112,7 +69,6 @@ class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def _python_tree() -> Path:
     """vLLM's Python files, extracted once next to the cached wheel."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from support import vllm_oracle
 
     root = vllm_oracle.cache_dir() / "extracted-py"
