@@ -397,20 +397,21 @@ def forward_writes(
     curr: list[int],
     nsb: int,
     states_v: list[list[list[torch.Tensor]]],
-    states_o: list[list[list[torch.Tensor]]],
+    *others: list[list[list[torch.Tensor]]],
 ) -> None:
     """The forward pass: random bytes into every persistent state of each request's window columns
-    ``curr .. curr + nsb`` of every group, the same on both sides (the last tensor of a layer, the
+    ``curr .. curr + nsb`` of every group, the same on every side (the last tensor of a layer, the
     ring, is left alone)."""
     for i, r in enumerate(batch):
         for gi in range(len(states_v)):
             for col in range(curr[i], curr[i] + nsb + 1):
                 b = r.cols[gi][col]
-                for lv, lo in zip(states_v[gi], states_o[gi]):
-                    for tv, to in zip(lv[:-1], lo[:-1]):
+                for li, lv in enumerate(states_v[gi]):
+                    for si, tv in enumerate(lv[:-1]):
                         v = torch.randn(tv.shape[1:], dtype=tv.dtype)
                         tv[b].copy_(v)
-                        to[b].copy_(v)
+                        for o in others:
+                            o[gi][li][si][b].copy_(v)
 
 
 def _equal(a: list[list[list[torch.Tensor]]], b: list[list[list[torch.Tensor]]]) -> str | None:
@@ -441,6 +442,76 @@ class TraceStats:
     busy_steps: int = 0  # steps with at least one request
 
 
+class AdapterUnderTest:
+    """The adapter's side of a trace: its own copy of the states and runner objects, run through the
+    host path or, with ``device`` (see :class:`DeviceMode`), the device path: the accepted counts
+    then go in as device vectors (every other step; staged from the host copy otherwise; every
+    third step as ``prev_rows``, the step remapping its last counts to the reordered batch on the
+    device), and with ``device_tables`` the kernel reads the batch's device block tables."""
+
+    def __init__(
+        self,
+        sim: Sim,
+        states_v: list[list[list[torch.Tensor]]],
+        conv_layout: str,
+        device: DeviceMode | None,
+        device_tables: bool,
+    ) -> None:
+        from recoverssm_rs.vllm import VllmMambaStep
+
+        states = Sim.clone_states(states_v)
+        if device is not None:
+            states = [[[device.place(t) for t in layer] for layer in g] for g in states]
+        self.states, self.device = states, device
+        self.side = Side(sim, states, None)
+        self.name = "adapter" if device is None else f"adapter (device{', device tables' if device_tables else ''})"
+        context = self.side.forward_context
+        if device is not None:
+            context = {
+                k: types.SimpleNamespace(kv_cache=[device.bind(t) for t in v.kv_cache]) for k, v in context.items()
+            }
+        self.step = VllmMambaStep.from_runner(
+            self.side.kv_cache_config,
+            context,
+            self.side.copy_funcs(None),
+            max_num_reqs=sim.max_reqs,
+            conv_layout=conv_layout,
+            device_tables=device_tables,
+        )
+        if device is not None and device_tables:
+            for bt in self.side.input_batch.block_table:
+                bt.device = device
+        assert (self.step.device_step is not None) == (device is not None)
+        self.prev_order: dict[str, int] = {}  # the last batch's rows
+
+    def pre(self, step: int, so: Any, batch: list[Req]) -> list[int]:
+        """The pre-copy; the accepted counts it leaves."""
+        ib, n, device = self.side.input_batch, len(batch), self.device
+        if device is None:
+            self.step.preprocess(so, ib, self.side.requests)
+            out = ib.num_accepted_tokens_cpu[:n].tolist()
+        else:  # the previous counts as a device vector (every other step: staged from the host copy)
+            prev = ib.num_accepted_tokens_cpu[:n]
+            acc_in = device.vector(prev.astype(np.int32)) if step % 2 else None
+            if step % 3 == 2:  # rows new to the batch (-1) read 1, as vLLM's add_request resets them
+                rows = device.vector(np.array([self.prev_order.get(r.rid, -1) for r in batch], dtype=np.int64))
+                out = _host(self.step.preprocess(so, ib, self.side.requests, prev_rows=rows))
+            else:
+                out = _host(self.step.preprocess(so, ib, self.side.requests, num_accepted=acc_in))
+        self.prev_order = {r.rid: i for i, r in enumerate(batch)}
+        return out
+
+    def post(self, acc: np.ndarray) -> list[int]:
+        """The post-process of the sampled counts ``acc``; the counts it returns."""
+        if self.device is None:
+            return (self.step.postprocess(acc) if len(acc) else acc.copy()).tolist()
+        return _host(self.step.postprocess(self.device.vector(acc.astype(np.int32))))
+
+
+def _host(x: Any) -> list[int]:
+    return [int(v) for v in (x.cpu() if hasattr(x, "cpu") else x)]
+
+
 def run_trace(
     ns: types.SimpleNamespace | None,
     groups: list[GroupCfg],
@@ -453,50 +524,30 @@ def run_trace(
     shared_pages: bool = False,
     device: DeviceMode | None = None,
     device_tables: bool = False,
+    adapters: list[tuple[DeviceMode | None, bool]] | None = None,
 ) -> TraceStats:
     """Run one random trace through vLLM (``ns``: the oracle; ``None``: the adapter's host path
     instead) and the adapter; AssertionError at the first difference.
 
-    ``device``: run the adapter's device path instead of its host path (see :class:`DeviceMode`);
-    the accepted counts are then passed as device vectors (every other step; staged from the
-    host copy otherwise; every third step as ``prev_rows``, the step remapping its last counts to
-    the reordered batch on the device), the counts the device returned feed the next step, and with
-    ``device_tables`` the kernel reads the batch's device block tables."""
-    from recoverssm_rs.vllm import VllmMambaStep
-
+    ``device``, ``device_tables``: run the adapter's device path instead of its host path (see
+    :class:`AdapterUnderTest`). ``adapters``: several adapters instead, each ``(device,
+    device_tables)``, each over its own copy of the states, all held equal to the one run of the
+    reference (vLLM's side costs nearly all of a trace's time: its Triton kernels are interpreted)."""
     if ns is not None:
         vllm_oracle.set_conv_layout(ns, conv_layout)
     sim = Sim(groups, block_size, nsb, conv_layout, seed)
     rng = sim.rng
     states_v = sim.make_states(shared_pages)
-    states_o = Sim.clone_states(states_v)
-    if device is not None:
-        states_o = [[[device.place(t) for t in layer] for layer in g] for g in states_o]
-    side_v, side_o = Side(sim, states_v, ns), Side(sim, states_o, None)
+    ours = [
+        AdapterUnderTest(sim, states_v, conv_layout, d, dt)
+        for d, dt in (adapters if adapters is not None else [(device, device_tables)])
+    ]
+    side_v = Side(sim, states_v, ns)
     vllm: Any = VllmSide(ns, side_v) if ns is not None else HostAdapterSide(side_v, conv_layout)
-    context = side_o.forward_context
-    if device is not None:
-        context = {k: types.SimpleNamespace(kv_cache=[device.bind(t) for t in v.kv_cache]) for k, v in context.items()}
-    ours = VllmMambaStep.from_runner(
-        side_o.kv_cache_config,
-        context,
-        side_o.copy_funcs(None),
-        max_num_reqs=sim.max_reqs,
-        conv_layout=conv_layout,
-        device_tables=device_tables,
-    )
-    if device is not None and device_tables:
-        for bt in side_o.input_batch.block_table:
-            bt.device = device
-    assert (ours.device_step is not None) == (device is not None)
-
-    def host(x: Any) -> list[int]:
-        return [int(v) for v in (x.cpu() if hasattr(x, "cpu") else x)]
 
     stats = TraceStats()
     running: list[Req] = []
     skipped_last: set[str] = set()
-    prev_order: dict[str, int] = {}  # the last batch's rows
     finished_next: set[str] = set()
     for step in range(steps):
         finished, preempted, resumed = finished_next, set(), set()
@@ -528,50 +579,38 @@ def run_trace(
         for r in batch:
             sim.ensure_cols(r, sched[r.rid][0])
         so = scheduler_output(batch, sched, finished, preempted, resumed)
-        for side in (side_v, side_o):
+        for side in (side_v, *(a.side for a in ours)):
             side.load_batch(batch)
         n = len(batch)
         # pre-copy
         vllm.pre(so)
-        if device is None:
-            ours.preprocess(so, side_o.input_batch, side_o.requests)
-            a_o = side_o.input_batch.num_accepted_tokens_cpu[:n].tolist()
-        else:  # the previous counts as a device vector (every other step: staged from the host copy)
-            prev = side_o.input_batch.num_accepted_tokens_cpu[:n]
-            acc_in = device.vector(prev.astype(np.int32)) if step % 2 else None
-            if step % 3 == 2:  # rows new to the batch (-1) read 1, as vLLM's add_request resets them
-                rows = device.vector(np.array([prev_order.get(r.rid, -1) for r in batch], dtype=np.int64))
-                a_o = host(ours.preprocess(so, side_o.input_batch, side_o.requests, prev_rows=rows))
-            else:
-                a_o = host(ours.preprocess(so, side_o.input_batch, side_o.requests, num_accepted=acc_in))
-        prev_order = {r.rid: i for i, r in enumerate(batch)}
         a_v = side_v.input_batch.num_accepted_tokens_cpu[:n].tolist()
-        assert a_v == a_o, f"step {step}: num_accepted after the pre-copy: vLLM {a_v}, adapter {a_o}"
-        err = _equal(states_v, states_o)
-        assert err is None, f"step {step}, after the pre-copy: {err}"
+        for a in ours:
+            a_o = a.pre(step, so, batch)
+            assert a_v == a_o, f"step {step}: num_accepted after the pre-copy: vLLM {a_v}, {a.name} {a_o}"
+            err = _equal(states_v, a.states)
+            assert err is None, f"step {step}, after the pre-copy ({a.name}): {err}"
         curr = [(r.computed + sched[r.rid][0] - 1) // sim.bs for r in batch]
         stats.backwards += sum(1 for r, c in zip(batch, curr) if r.running > c)
         stats.pre_copies += pre_moves(batch, curr, sim.bs)
-        forward_writes(batch, curr, nsb, states_v, states_o)
+        forward_writes(batch, curr, nsb, states_v, *(a.states for a in ours))
         # sampling and post-process
         acc = np.array([int(rng.integers(1, sched[r.rid][1] + 2)) for r in batch], dtype=np.int64)
         out_v = vllm.post(acc)
-        if device is None:
-            out_o = ours.postprocess(acc) if n else acc.copy()
-        else:
-            out_o = np.array(host(ours.postprocess(device.vector(acc.astype(np.int32)))), dtype=np.int64)
-        assert out_v.tolist() == out_o.tolist(), (
-            f"step {step}: num_accepted after the post-process: vLLM {out_v.tolist()}, adapter {out_o.tolist()}"
-        )
-        err = _equal(states_v, states_o)
-        assert err is None, f"step {step}, after the post-process: {err}"
+        for a in ours:
+            out_o = a.post(acc)
+            assert out_v.tolist() == out_o, (
+                f"step {step}: num_accepted after the post-process: vLLM {out_v.tolist()}, {a.name} {out_o}"
+            )
+            err = _equal(states_v, a.states)
+            assert err is None, f"step {step}, after the post-process ({a.name}): {err}"
         for i, r in enumerate(batch):
             n_s, d = sched[r.rid]
             stats.post_copies += int(
                 ((r.computed + n_s - d + acc[i] - 1) // sim.bs) * sim.bs >= r.computed + n_s - d and d > 0
             )
             r.computed = r.computed + n_s - d + int(acc[i]) - 1
-            r.accepted = int(out_v[i] if device is None else out_o[i])  # the device's counts feed the next step
+            r.accepted = int(out_v[i])  # every side returned these counts (a device's feed its next step)
             r.running = curr[i]
             if r.computed >= r.prompt + 2 * sim.bs and rng.random() < 0.3:
                 running.remove(r)

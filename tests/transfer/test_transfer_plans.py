@@ -1,6 +1,7 @@
-"""Transfer plans against an independent reference: for every family, every (source TP, rank) x
+"""Transfer plans against an independent reference: for every family, (source TP, rank) x
 (destination TP, rank) with TP sizes in {1, 2, 4, 8}, both conv layouts on either side and mixed
-num_spec, the full unsharded states are sharded with numpy the way vLLM shards them, the plans run
+num_spec (every TP pair with every pair of layouts and every pair of widths: see ``_cases``), every
+rank of each pair, the full unsharded states are sharded with numpy the way vLLM shards them, the plans run
 between strided paged pools, and every byte of the destination pages is compared."""
 
 from __future__ import annotations
@@ -29,22 +30,48 @@ DST_BLOCKS = [2, 5, 1]
 NUM_BLOCKS = 6
 
 
+LAYOUT_PAIRS = [("SD", "SD"), ("SD", "DS"), ("DS", "SD"), ("DS", "DS")]
+SPEC_PAIRS = [(0, 0), (3, 3), (2, 0), (0, 5)]
+
+
 def _cases():
+    """(family, layouts, speculative widths, TP pairs): a family with both conv layouts and
+    speculative widths runs each of its 16 (layouts, widths) cases over 4 of the 16 TP pairs, chosen
+    so that every TP pair meets every pair of layouts once and every pair of widths once (pairwise
+    coverage, a quarter of the full product's time); the other families run every TP pair."""
+    tp_pairs = list(itertools.product(range(len(TPS)), repeat=2))
     for name, fam in FAMILIES.items():
-        layouts_ = [("SD", "SD"), ("SD", "DS"), ("DS", "SD"), ("DS", "DS")] if fam.conv else [("SD", "SD")]
-        specs = [(0, 0), (3, 3), (2, 0), (0, 5)] if fam.spec else [(0, 0)]
-        for (lp, ld), (sp, sd) in itertools.product(layouts_, specs):
-            yield pytest.param(name, lp, ld, sp, sd, id=f"{name}-{lp}{sp}-{ld}{sd}")
+        layouts_ = LAYOUT_PAIRS if fam.conv else [("SD", "SD")]
+        specs = SPEC_PAIRS if fam.spec else [(0, 0)]
+        for (li, (lp, ld)), (si, (sp, sd)) in itertools.product(enumerate(layouts_), enumerate(specs)):
+            pairs = [
+                (TPS[p], TPS[d])
+                for p, d in tp_pairs
+                if len(layouts_) == 1 or len(specs) == 1 or (p + d) % len(TPS) == (li + si) % len(TPS)
+            ]
+            yield pytest.param(name, lp, ld, sp, sd, pairs, id=f"{name}-{lp}{sp}-{ld}{sd}")
 
 
-@pytest.mark.parametrize("name,lp,ld,sp,sd", list(_cases()))
-def test_every_tp_pair_rebuilds_the_destination_shard(name, lp, ld, sp, sd):
+def test_the_cases_cover_every_tp_pair_with_every_layout_and_width_pair():
+    for name, fam in FAMILIES.items():
+        cases = [c.values for c in _cases() if c.values[0] == name]
+        tp_pairs = set(itertools.product(TPS, TPS))
+        with_layouts = {(c[1], c[2], pair) for c in cases for pair in c[5]}
+        with_widths = {(c[3], c[4], pair) for c in cases for pair in c[5]}
+        layouts_ = LAYOUT_PAIRS if fam.conv else [("SD", "SD")]
+        specs = SPEC_PAIRS if fam.spec else [(0, 0)]
+        assert with_layouts == {(lp, ld, pair) for lp, ld in layouts_ for pair in tp_pairs}, name
+        assert with_widths == {(sp, sd, pair) for sp, sd in specs for pair in tp_pairs}, name
+
+
+@pytest.mark.parametrize("name,lp,ld,sp,sd,tp_pairs", list(_cases()))
+def test_every_tp_pair_rebuilds_the_destination_shard(name, lp, ld, sp, sd, tp_pairs):
     fam = FAMILIES[name]
     rng = np.random.default_rng(abs(hash((name, lp, ld, sp, sd))) % 2**32)
     kernel = kernel_of(fam)
     src_width = kernel - 1 + sp
     truth = make_truth(fam, src_width, len(SRC_BLOCKS), NUM_LAYERS, rng)
-    for ptp, dtp in itertools.product(TPS, TPS):
+    for ptp, dtp in tp_pairs:
         slay = layout(fam, ptp, sp, lp)
         dlay = layout(fam, dtp, sd, ld)
         sources = {}
