@@ -12,56 +12,48 @@ from support.transfer_ref import nixl_or_skip
 nixl_or_skip()
 
 
-@pytest.mark.parametrize(
-    "cfg",
-    [
-        pd_demo.Config(
-            requests=4,
-            layers=2,
-            prefill_tp=2,
-            decode_tp=1,
-            prefill_layout="SD",
-            decode_layout="DS",
-            prefill_spec=0,
-            decode_spec=3,
-            generate=6,
-        ),
-        pd_demo.Config(
-            requests=3,
-            layers=2,
-            prefill_tp=1,
-            decode_tp=4,
-            prefill_layout="DS",
-            decode_layout="SD",
-            prefill_spec=2,
-            decode_spec=1,
-            generate=5,
-            seed=5,
-        ),
-    ],
-    ids=["tp2-SD-to-tp1-DS", "tp1-DS-to-tp4-SD"],
-)
-def test_pd_demo_has_zero_mismatches(cfg):
-    s = pd_demo.run(cfg)
+def _check_summary(s: dict, requests: int) -> None:
     assert "error" not in s, s
     assert s["exit_codes"] == [0, 0]
     assert s["num_mismatches"] == 0 and not s["failed"], pd_demo.format_summary(s)
-    assert s["bytes"] > 0 and s["descriptors"] > 0 and s["windows"] >= cfg.requests
+    assert s["bytes"] > 0 and s["descriptors"] > 0 and s["windows"] >= requests
     assert s["max_state_err"] <= pd_demo.TOLERANCE
 
 
+def test_pd_demo_has_zero_mismatches():
+    """TP2 prefill in SD without speculative columns to TP1 decode in DS with three."""
+    cfg = pd_demo.Config(
+        requests=4,
+        layers=2,
+        prefill_tp=2,
+        decode_tp=1,
+        prefill_layout="SD",
+        decode_layout="DS",
+        prefill_spec=0,
+        decode_spec=3,
+        generate=6,
+    )
+    _check_summary(pd_demo.run(cfg), cfg.requests)
+
+
 def test_pd_demo_cli_exits_zero_and_prints_the_summary(capfd, tmp_path):
+    """The command line, over the other direction: TP1 prefill in DS with two speculative columns to
+    TP4 decode in SD with one."""
     path = tmp_path / "s.json"
     rc = pd_demo_cli.main(
-        ["--requests", "2", "--layers", "2", "--generate", "3", "--decode-tp", "2", "--json", str(path)]
+        [
+            *("--requests", "3", "--layers", "2", "--generate", "5", "--seed", "5"),
+            *("--prefill-tp", "1", "--decode-tp", "4", "--prefill-layout", "DS", "--decode-layout", "SD"),
+            *("--prefill-spec", "2", "--decode-spec", "1", "--json", str(path)),
+        ]
     )
     out, err = capfd.readouterr()  # the child processes' output too
     assert rc == 0, out + err
     assert "mismatches: 0" in out and "descriptors" in out and "not a bandwidth" in out
     assert "GB/s" not in out and "gb_per_s" not in path.read_text()
     assert "NIXL INFO" not in out + err  # NIXL's logging only with --verbose
-    assert err.splitlines()[0].startswith("pd-demo: prefill (TP2, pid ")  # progress on stderr
-    assert json.loads(path.read_text())["num_mismatches"] == 0
+    assert err.splitlines()[0].startswith("pd-demo: prefill (TP1, pid ")  # progress on stderr
+    _check_summary(json.loads(path.read_text()), 3)
 
 
 def test_the_demo_check_catches_a_wrong_state():
