@@ -6,8 +6,9 @@
 # lane awaited, the Python tests (which include the kernel checks that need no GPU; tests marked
 # `gpu` skip without one), spread over worker processes (pytest-xdist), with the slowest tests
 # listed at their end.
-# Each stage prints its command and its seconds; a table of all stages and the run's wall time
-# closes the run (also after a failure, which stops the run).
+# Each stage prints its command and its seconds; a table of all stages (wall seconds, and the CPU
+# seconds its processes used: the cost that does not depend on what else the machine runs) and the
+# run's wall time closes the run (also after a failure, which stops the run).
 #
 #   bash scripts/test.sh [PYTEST_ARGS...]    # arguments go to pytest
 #   RECOVERSSM_TEST_WORKERS=N                # pytest workers (default: one a core, at most one per
@@ -16,34 +17,53 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pytest_args=("$@")
-names=() secs=() results=()
+names=() secs=() cpus=() results=()
 run_t0=$EPOCHREALTIME
+times_file=$(mktemp)
 
 table() {
   echo
   echo "== stages (rust lane: ran beside setup and the Python checks)"
-  printf '%-12s %8s  %s\n' stage seconds result
+  printf '%-12s %8s %8s  %s\n' stage seconds cpu-s result
   local i
   for i in "${!names[@]}"; do
-    printf '%-12s %8s  %s\n' "${names[$i]}" "${secs[$i]}" "${results[$i]}"
+    printf '%-12s %8s %8s  %s\n' "${names[$i]}" "${secs[$i]}" "${cpus[$i]}" "${results[$i]}"
   done
-  printf '%-12s %8s\n' wall "$(awk -v a="$run_t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
+  printf '%-12s %8s %8s\n' wall "$(awk -v a="$run_t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
+    "$(printf '%s\n' "${cpus[@]}" | awk '{ s += $1 } END { printf "%.1f", s }')"
 }
 
-# record NAME RC T0 T1: one stage's row.
+# cpu_now FILE: sets cpu_s to the user + system seconds of this shell's finished children (bash's
+# `times` runs in this shell, not in a command substitution, whose count would start from zero).
+cpu_now() {
+  times >"$1"
+  cpu_s=$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, p, "m"); s += p[1] * 60 + p[2] } printf "%.1f", s }' "$1")
+}
+# cpu_since C0: the CPU seconds since cpu_s was C0.
+cpu_since() {
+  local c0=$1
+  cpu_now "$2"
+  cpu_s=$(awk -v a="$c0" -v b="$cpu_s" 'BEGIN { printf "%.1f", b - a }')
+}
+
+# record NAME RC T0 T1 CPU: one stage's row.
 record() {
   names+=("$1")
   secs+=("$(awk -v a="$3" -v b="$4" 'BEGIN { printf "%.1f", b - a }')")
+  cpus+=("$5")
   results+=("$( (($2 == 0)) && echo ok || echo "FAILED (exit $2)")")
 }
 
 # stage NAME COMMAND...: runs COMMAND, records its seconds; a failure prints the table and exits.
 stage() {
-  local name=$1 rc=0 t0=$EPOCHREALTIME
+  local name=$1 rc=0 t0=$EPOCHREALTIME c0
+  cpu_now "$times_file"
+  c0=$cpu_s
   shift
   echo "== $name: $*"
   "$@" || rc=$?
-  record "$name" "$rc" "$t0" "$EPOCHREALTIME"
+  cpu_since "$c0" "$times_file"
+  record "$name" "$rc" "$t0" "$EPOCHREALTIME" "$cpu_s"
   echo "== $name: ${secs[-1]} s, ${results[-1]}"
   if ((rc != 0)); then
     table
@@ -56,7 +76,7 @@ stage() {
 # start, beside setup's downloads and the Python checks, in their own order: clippy (with the
 # bindings), rustfmt, the tests built then run, the benchmarks built (in the dev profile: it reuses
 # what the tests built, where `cargo bench --no-run` rebuilds everything optimised with LTO to
-# check the same). Each writes `NAME RC T0 T1` to the lane's record when it ends; the lane's output
+# check the same). Each writes `NAME RC T0 T1 CPU` to the lane's record when it ends; the lane's output
 # is printed when the lane is awaited, before the Python tests.
 lane=$(mktemp -d) lane_pid=
 # On any exit: a lane still running (a foreground stage failed, or the run was interrupted) is
@@ -65,19 +85,21 @@ stop_lane() {
   if [[ -n $lane_pid ]]; then
     kill -TERM -- "-$lane_pid" 2>/dev/null || true
   fi
-  rm -rf "$lane"
+  rm -rf "$lane" "$times_file"
 }
 trap stop_lane EXIT
 rust_lane() {
-  local step rc t0
+  local step rc t0 c0
   for step in "clippy cargo clippy --all-targets --features python -- -D warnings" \
     "rustfmt cargo fmt --check" "cargo-build cargo test --no-run" "cargo-test cargo test --quiet" \
     "cargo-bench cargo build --benches"; do
     set -- $step
     echo "== $1: ${*:2}"
-    t0=$EPOCHREALTIME rc=0
+    cpu_now "$lane/times"
+    t0=$EPOCHREALTIME rc=0 c0=$cpu_s
     "${@:2}" || rc=$?
-    echo "$1 $rc $t0 $EPOCHREALTIME" >>"$lane/record"
+    cpu_since "$c0" "$lane/times"
+    echo "$1 $rc $t0 $EPOCHREALTIME $cpu_s" >>"$lane/record"
     echo "== $1: exit $rc"
     ((rc == 0)) || return "$rc"
   done
@@ -104,8 +126,8 @@ lane_rc=0
 wait "$lane_pid" || lane_rc=$?
 lane_pid=
 cat "$lane/log"
-while read -r name rc t0 t1; do
-  record "$name" "$rc" "$t0" "$t1"
+while read -r name rc t0 t1 cpu; do
+  record "$name" "$rc" "$t0" "$t1" "$cpu"
 done <"$lane/record"
 if ((lane_rc != 0)); then
   table
