@@ -118,7 +118,7 @@ stage setup bash scripts/setup.sh --test
 stage ruff .venv/bin/ruff check python tests benches build_backend scripts
 stage ruff-format .venv/bin/ruff format --check python tests benches build_backend scripts
 stage stubs .venv/bin/python scripts/gen_stubs.py --check
-stage stubtest .venv/bin/python -m mypy.stubtest recoverssm_rs._core
+stage stubtest .venv/bin/python -m mypy.stubtest --mypy-config-file scripts/stubtest.ini recoverssm_rs._core
 stage mypy .venv/bin/python -m mypy
 
 echo "== rust lane: waiting for it"
