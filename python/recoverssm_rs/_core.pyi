@@ -47,6 +47,7 @@ __all__ = [
     "Planner",
     "RawBuffer",
     "RecoverSSMError",
+    "SglangHostCopy",
     "StateSpec",
     "TransferPlan",
     "VllmSlotStep",
@@ -89,6 +90,7 @@ __all__ = [
     "sglang_check_pool",
     "sglang_commit_selection",
     "sglang_host_copies",
+    "sglang_host_copy",
     "sglang_ids",
     "sglang_layout",
     "sglang_slot_launch",
@@ -786,6 +788,37 @@ class RecoverSSMError(Exception):
     """Base class of every error raised by recoverssm_rs."""
 
 @final
+class SglangHostCopy:
+    """One HiCache host copy of an SGLang pool on CUDA (`crate::sglang::hicache`): the layout of its
+    device buffer, the bytes staged into it and the slot kernel's launch.
+    """
+
+    @property
+    def blocks(self) -> list[tuple[int, int, list[int]]]:
+        """Per state tensor, its block of the buffer: `(offset, bytes, shape)`."""
+    def run(
+        self,
+        run: Callable[[bytes, KernelLaunch | None], object],
+        *,
+        guard: BoundTensors,
+        buffer: int,
+        err: _Tensor,
+        host: Sequence[_Tensor] | None = None,
+    ) -> None:
+        """One guarded host copy through the buffer at device address `buffer`, in one call: the
+        pool's tensors `guard` checked, the staging built (a load's host copies `host`, the slot
+        table, the index vectors), `run(staged, launch)` (copy `staged` into the buffer at
+        `staged_at`, then the slot kernel's launch reporting into `err`; `None`: nothing moves),
+        the write recorded.
+        """
+    @property
+    def staged_at(self) -> int:
+        """Where `stage`'s bytes go in the buffer (get: after the blocks; load: 0)."""
+    @property
+    def total(self) -> int:
+        """The buffer's bytes (a multiple of 16; 0 for a load that moves nothing)."""
+
+@final
 class StateSpec:
     """One state tensor of a layer: its per-block (persistent) or per-request (workspace) shape, dtype,
     role and, for persistent states, how it is copied between cache blocks.
@@ -1284,9 +1317,10 @@ def sglang_commit_selection(
     num_slots: int,
     num_rows: int,
     draft: int,
-) -> list[list[int]]:
-    """Per pass (the commit, then the track pass when `track_slots` is given), the requests that
-    write, after the core has checked every index (a `PlanError` naming the request otherwise).
+) -> list[tuple[int, int, int]]:
+    """The moves of the commit, `(slot, row, step)` per request that writes, the commit pass then the
+    track pass (when `track_slots` is given), after the core has checked every index (a `PlanError`
+    naming the request otherwise). `rows` defaults to each request's own index.
     """
 
 def sglang_host_copies(
@@ -1296,6 +1330,12 @@ def sglang_host_copies(
     triple whose third element is ignored) in the order of `pool` (every conv tensor, then the
     temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
     host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
+    """
+
+def sglang_host_copy(op: str, *, states: Sequence[_Tensor], ids: _IntArray, num_slots: int) -> SglangHostCopy:
+    """The host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids` (checked slots of
+    the pool) of a pool of `num_slots` slots whose state tensors are `states` (every conv tensor,
+    then the temporal state: `[layers, slots, ...]` on one CUDA device).
     """
 
 def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
@@ -1327,7 +1367,9 @@ def sglang_layout(
     """
 
 def sglang_slot_launch(
+    run: Callable[[KernelLaunch | None], object],
     *,
+    guard: BoundTensors,
     device: str | _Tensor,
     metas: int,
     num_meta: int,
@@ -1341,10 +1383,11 @@ def sglang_slot_launch(
     track_slots: _Tensor | None = None,
     track_steps: _Tensor | None = None,
     err: _Tensor,
-) -> KernelLaunch | None:
-    """The launch of the slot kernel (clear without `steps`, the commit with them), or `None` when
-    there is nothing to launch; every argument checked by the core (int64 vectors of one length on
-    the pool's device, an int32 error word of 3).
+) -> None:
+    """One guarded launch of the slot kernel (clear without `steps`, the commit with them), in one
+    call: the pool's tensors `guard` checked, the launch built (every argument checked by the core:
+    int64 vectors of one length on the pool's device, an int32 error word of 3), `run(launch)`
+    (`None`: nothing to launch), the write recorded.
     """
 
 def sglang_slot_table(*, states: Sequence[_Tensor], scratch: Sequence[_Tensor | None]) -> tuple[bytes, int, int]:

@@ -57,7 +57,8 @@ mod _core {
     use super::runner::{vllm_request_values, vllm_runner_groups};
     #[pymodule_export]
     use super::sglang::{
-        sglang_check_pool, sglang_commit_selection, sglang_host_copies, sglang_ids, sglang_layout, sglang_slot_launch, sglang_slot_table,
+        sglang_check_pool, sglang_commit_selection, sglang_host_copies, sglang_host_copy, sglang_ids, sglang_layout, sglang_slot_launch,
+        sglang_slot_table, SglangHostCopy,
     };
     #[pymodule_export]
     use super::slot_step::VllmSlotStep;

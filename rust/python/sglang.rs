@@ -1,13 +1,15 @@
 //! SGLang's mamba pool (`crate::sglang`): the speculative commit's checked selection and the
 //! host-copy check, for `recoverssm_rs.sglang`.
 
-use super::conversion::{args, items, kwargs, Arg, DeviceOf, DtypeName, Ints, Tensor};
+use super::conversion::{args, instance, items, kwargs, Arg, DeviceOf, DtypeName, Ints, Tensor};
+use super::guard::BoundTensors;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
 use super::params::with_params;
 use crate::dtype::DType;
 use crate::error::{Error, ErrorKind};
 use crate::layout::ConvLayout;
+use crate::sglang::hicache::{Direction, HostCopy};
 use crate::sglang::kernel::{self, SlotCall, SlotCopy};
 use crate::sglang::{self, CommitPass, CommitSizes};
 use crate::tensor::TensorDesc;
@@ -28,14 +30,15 @@ kwargs! {
     }
 }
 
-/// Per pass (the commit, then the track pass when `track_slots` is given), the requests that
-/// write, after the core has checked every index (a `PlanError` naming the request otherwise).
+/// The moves of the commit, `(slot, row, step)` per request that writes, the commit pass then the
+/// track pass (when `track_slots` is given), after the core has checked every index (a `PlanError`
+/// naming the request otherwise). `rows` defaults to each request's own index.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (
     *, slots: "_IntArray", steps: "_IntArray", track_slots: "_IntArray | None" = None, track_steps: "_IntArray | None" = None,
     rows: "_IntArray | None" = None, num_slots: "int", num_rows: "int", draft: "int",
-) -> "list[list[int]]")]
+) -> "list[tuple[int, int, int]]")]
 pub(crate) fn sglang_commit_selection(
     slots: Option<&Bound<'_, PyAny>>,
     steps: Option<&Bound<'_, PyAny>>,
@@ -45,7 +48,7 @@ pub(crate) fn sglang_commit_selection(
     num_slots: Option<&Bound<'_, PyAny>>,
     num_rows: Option<&Bound<'_, PyAny>>,
     draft: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Vec<Vec<u32>>> {
+) -> PyResult<Vec<(i64, i64, i64)>> {
     let a = args!(SelectArgs { slots, steps, track_slots, track_steps, rows, num_slots, num_rows, draft })?;
     let mut passes = vec![CommitPass { name: "commit", slots: &a.slots.0, steps: &a.steps.0 }];
     match (&a.track_slots, &a.track_steps) {
@@ -54,7 +57,14 @@ pub(crate) fn sglang_commit_selection(
         _ => {}
     }
     let sizes = CommitSizes { num_slots: a.num_slots, num_rows: a.num_rows, draft: a.draft };
-    Ok(sglang::commit_selection(&passes, a.rows.as_ref().map(|r| r.0.as_slice()), sizes)?)
+    let rows = a.rows.as_ref().map(|r| r.0.as_slice());
+    let selected = sglang::commit_selection(&passes, rows, sizes)?;
+    let row = |r: usize| rows.map_or(r as i64, |v| v[r]);
+    Ok(selected
+        .iter()
+        .zip(&passes)
+        .flat_map(|(take, p)| take.iter().map(move |&r| (p.slots[r as usize], row(r as usize), p.steps[r as usize])))
+        .collect())
 }
 
 /// The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
@@ -185,14 +195,7 @@ pub(crate) fn sglang_slot_table<'py>(
     let recs = kernel::slot_table(&states, &a.scratch.0)?;
     let max_bytes = recs.iter().map(|r| r.bytes).max().unwrap_or(0);
     let n = u32::try_from(recs.len()).map_err(|_| Error::plan("too many slot records"))?;
-    let mut bytes = Vec::with_capacity(recs.len() * std::mem::size_of::<SlotCopy>());
-    for r in &recs {
-        for v in [r.dst, r.dst_slot_stride, r.src, r.src_row_stride, r.src_step_stride, r.bytes, r.rows, r.cols, r.src_pitch, r.src_col_stride] {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-        bytes.extend_from_slice(&r.elem_bytes.to_le_bytes());
-        bytes.extend_from_slice(&r.tensor.to_le_bytes());
-    }
+    let bytes: Vec<u8> = recs.iter().flat_map(SlotCopy::to_le_bytes).collect();
     Ok((PyBytes::new(py, &bytes), n, max_bytes))
 }
 
@@ -215,17 +218,21 @@ kwargs! {
     }
 }
 
-/// The launch of the slot kernel (clear without `steps`, the commit with them), or `None` when
-/// there is nothing to launch; every argument checked by the core (int64 vectors of one length on
-/// the pool's device, an int32 error word of 3).
+/// One guarded launch of the slot kernel (clear without `steps`, the commit with them), in one
+/// call: the pool's tensors `guard` checked, the launch built (every argument checked by the core:
+/// int64 vectors of one length on the pool's device, an int32 error word of 3), `run(launch)`
+/// (`None`: nothing to launch), the write recorded.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (
-    *, device: "str | _Tensor", metas: "int", num_meta: "int", max_bytes: "int", num_slots: "int", num_rows: "int" = None,
+    run: "Callable[[KernelLaunch | None], object]", *, guard: "BoundTensors", device: "str | _Tensor", metas: "int", num_meta: "int", max_bytes: "int", num_slots: "int", num_rows: "int" = None,
     draft: "int" = None, slots: "_Tensor", steps: "_Tensor | None" = None, rows: "_Tensor | None" = None,
     track_slots: "_Tensor | None" = None, track_steps: "_Tensor | None" = None, err: "_Tensor",
-) -> "KernelLaunch | None")]
+) -> "None")]
 pub(crate) fn sglang_slot_launch(
+    py: Python<'_>,
+    run: &Bound<'_, PyAny>,
+    guard: &Bound<'_, PyAny>,
     device: Option<&Bound<'_, PyAny>>,
     metas: Option<&Bound<'_, PyAny>>,
     num_meta: Option<&Bound<'_, PyAny>>,
@@ -239,7 +246,9 @@ pub(crate) fn sglang_slot_launch(
     track_slots: Option<&Bound<'_, PyAny>>,
     track_steps: Option<&Bound<'_, PyAny>>,
     err: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Option<KernelLaunch>> {
+) -> PyResult<()> {
+    let guard = instance::<BoundTensors>(guard, "guard", ErrorKind::Binding, "BoundTensors")?;
+    guard.get().guard().check(py)?;
     let a =
         args!(SlotLaunchArgs { device, metas, num_meta, max_bytes, num_slots, num_rows, draft, slots, steps, rows, track_slots, track_steps, err })?;
     let call = SlotCall {
@@ -259,7 +268,9 @@ pub(crate) fn sglang_slot_launch(
         num_rows: a.num_rows,
         draft: a.draft,
     };
-    Ok(kernel::slot_launch(&pool, &call)?.map(KernelLaunch::new))
+    let launch = kernel::slot_launch(&pool, &call)?.map(KernelLaunch::new);
+    run.call1((launch,))?;
+    guard.get().guard().mark_written(py)
 }
 
 kwargs! {
@@ -306,5 +317,95 @@ with_params! {
         };
         let (dtype, ssm_dtype) = (DType::parse(&a.dtype.0)?, DType::parse(&a.ssm_dtype.0)?);
         Ok(sglang::layout::family_layout(&shape, a.tp_size, dtype, ssm_dtype)?.into())
+    }
+}
+
+kwargs! {
+    /// The keyword arguments of `sglang_host_copy`.
+    pub(crate) struct HostCopyArgs(Plan) {
+        states: Vec<Tensor>,
+        ids: Ints,
+        num_slots: u64,
+    }
+}
+
+/// One HiCache host copy of an SGLang pool on CUDA (`crate::sglang::hicache`): the layout of its
+/// device buffer, the bytes staged into it and the slot kernel's launch.
+#[pyclass(module = "recoverssm_rs._core", frozen)]
+pub struct SglangHostCopy {
+    inner: HostCopy,
+}
+
+/// The host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids` (checked slots of
+/// the pool) of a pool of `num_slots` slots whose state tensors are `states` (every conv tensor,
+/// then the temporal state: `[layers, slots, ...]` on one CUDA device).
+#[pyfunction]
+#[pyo3(signature = (op: "str", *, states: "Sequence[_Tensor]", ids: "_IntArray", num_slots: "int") -> "SglangHostCopy")]
+pub(crate) fn sglang_host_copy(
+    op: &str,
+    states: Option<&Bound<'_, PyAny>>,
+    ids: Option<&Bound<'_, PyAny>>,
+    num_slots: Option<&Bound<'_, PyAny>>,
+) -> PyResult<SglangHostCopy> {
+    let a = args!(HostCopyArgs { states, ids, num_slots })?;
+    let direction = match op {
+        "get_cpu_copy" => Direction::Get,
+        "load_cpu_copy" => Direction::Load,
+        _ => return Err(Error::plan(format!("sglang_host_copy: unknown op {op:?}")).into()),
+    };
+    let states = a.states.into_iter().map(|t| t.0).collect();
+    Ok(SglangHostCopy { inner: HostCopy::new(direction, states, a.ids.0, a.num_slots)? })
+}
+
+#[pymethods]
+impl SglangHostCopy {
+    /// The buffer's bytes (a multiple of 16; 0 for a load that moves nothing).
+    #[getter]
+    fn total(&self) -> u64 {
+        self.inner.total
+    }
+
+    /// Where the staged bytes of `run` go in the buffer (get: after the blocks; load: 0).
+    #[getter]
+    fn staged_at(&self) -> u64 {
+        self.inner.staged_at
+    }
+
+    /// Per state tensor, its block of the buffer: `(offset, bytes, shape)`.
+    #[getter]
+    fn blocks(&self) -> Vec<(u64, u64, Vec<i64>)> {
+        self.inner.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect()
+    }
+
+    /// One guarded host copy through the buffer at device address `buffer`, in one call: the
+    /// pool's tensors `guard` checked, the staging built (a load's host copies `host`, the slot
+    /// table, the index vectors), `run(staged, launch)` (copy `staged` into the buffer at
+    /// `staged_at`, then the slot kernel's launch reporting into `err`; `None`: nothing moves),
+    /// the write recorded.
+    #[pyo3(signature = (
+        run: "Callable[[bytes, KernelLaunch | None], object]", *, guard: "BoundTensors", buffer: "int", err: "_Tensor",
+        host: "Sequence[_Tensor] | None" = None,
+    ) -> "None")]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        run: &Bound<'py, PyAny>,
+        guard: &Bound<'py, PyAny>,
+        buffer: u64,
+        err: &Bound<'py, PyAny>,
+        host: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        let kind = ErrorKind::Plan;
+        let guard = instance::<BoundTensors>(guard, "guard", ErrorKind::Binding, "BoundTensors")?;
+        guard.get().guard().check(py)?;
+        let err = Tensor::arg(err, "err", kind)?.0;
+        let host: Vec<TensorDesc> = match host {
+            Some(h) => Vec::<Tensor>::arg(h, "host", kind)?.into_iter().map(|t| t.0).collect(),
+            None => Vec::new(),
+        };
+        let bytes = self.inner.stage(buffer, &host)?;
+        let launch = self.inner.launch(buffer, &err)?.map(KernelLaunch::new);
+        run.call1((PyBytes::new(py, &bytes), launch))?;
+        guard.get().guard().mark_written(py)
     }
 }

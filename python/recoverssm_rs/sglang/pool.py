@@ -19,7 +19,7 @@ from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import LayoutError, PlanError
 from ..planner import Planner
 from .commit import commit_after_verify
-from .device import SlotKernel, get_cpu_copy, host_ids, load_cpu_copy
+from .device import SlotKernel, host_copy, host_ids
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -71,7 +71,8 @@ class SglangMambaPool(EngineAdapter):
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        self._bound = _core.BoundTensors([(t, label) for label, t in self._labelled()])
+        self.bound = _core.BoundTensors([(t, label) for label, t in self._labelled()])
+        """Every tensor of the pool, guarded (checked before, recorded after every write)."""
         stacked = [*self.conv, temporal]
         self._live = [ks[0] for _, ks in groups if ks[0] < len(self.conv)]  # non-empty conv tensors
         self._has_temporal = any(ks[-1] == len(self.conv) for _, ks in groups)
@@ -96,15 +97,15 @@ class SglangMambaPool(EngineAdapter):
         return out + [(f"intermediate_conv_window[{i}]", w) for i, w in enumerate(windows)]
 
     def guarded(self, write: Callable[[], T]) -> T:
-        """:meth:`EngineAdapter.guarded`, the layer-stacked tensors checked too (a
-        :class:`~recoverssm_rs.BindingError` when one was re-pointed or resized)."""
-        self._bound.check()
-        return self.planner.guarded(write)
+        """:meth:`EngineAdapter.guarded` over the pool's layer-stacked tensors (whose layers the
+        planner binds), one core call (a :class:`~recoverssm_rs.BindingError` when one was
+        re-pointed or resized)."""
+        return self.bound.guarded(write)
 
     def check_bound(self) -> None:
         """Checks every tensor of the pool before a read (a :class:`~recoverssm_rs.BindingError`
         naming the tensor that moved)."""
-        self._bound.check()
+        self.bound.check()
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -279,11 +280,11 @@ class SglangMambaPool(EngineAdapter):
             PlanError: a bad slot id (as :meth:`copy_from`).
             BindingError: a pool tensor re-pointed or its storage resized (nothing is read).
         """
-        torch = ops.cuda_ops.torch()
         ids = self._check_slots("get_cpu_copy", indices)
-        self.check_bound()
         if self.placement.is_cuda:
-            return get_cpu_copy(self, ids)
+            return host_copy(self, "get_cpu_copy", ids)  # type: ignore[no-any-return]
+        self.check_bound()
+        torch = ops.cuda_ops.torch()
         idx = torch.as_tensor(ids, device=self.device)
         conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
         temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
@@ -302,7 +303,7 @@ class SglangMambaPool(EngineAdapter):
         pool = [*self.conv, self.temporal]
         host = _core.sglang_host_copies(pool, mamba_cache_cpu, len(ids))
         if self.placement.is_cuda:
-            load_cpu_copy(self, [torch.as_tensor(h) for h in host], ids)
+            host_copy(self, "load_cpu_copy", ids, [torch.as_tensor(h) for h in host])
             return
         # Every source staged apart from the pool before the first write: a host copy that is a
         # view of the pool itself is read whole before any slot changes.
@@ -356,7 +357,14 @@ class SglangMambaPool(EngineAdapter):
                 (nothing is written); CUDA states: vectors of different lengths or not on the
                 pool's device.
         """
-        commit_after_verify(self, state_indices, last_correct_step_indices, track_indices, steps_to_track, src_indices)
+        commit_after_verify(
+            self,
+            state_indices,
+            last_correct_step_indices,
+            rows=src_indices,
+            track_slots=track_indices,
+            track_steps=steps_to_track,
+        )
 
     def __repr__(self) -> str:
         return (
