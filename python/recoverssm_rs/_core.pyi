@@ -48,6 +48,7 @@ __all__ = [
     "RawBuffer",
     "RecoverSSMError",
     "SglangHostCopy",
+    "SglangPool",
     "StateSpec",
     "TransferPlan",
     "VllmSlotStep",
@@ -87,14 +88,9 @@ __all__ = [
     "recover_geometry",
     "remove_file",
     "restore_sources",
-    "sglang_check_pool",
-    "sglang_commit_selection",
     "sglang_host_copies",
-    "sglang_host_copy",
     "sglang_ids",
     "sglang_layout",
-    "sglang_slot_launch",
-    "sglang_slot_table",
     "short_conv_layout",
     "simulate_checkpoints",
     "source_pools",
@@ -800,23 +796,102 @@ class SglangHostCopy:
         self,
         run: Callable[[bytes, KernelLaunch | None], object],
         *,
-        guard: BoundTensors,
         buffer: int,
         err: _Tensor,
         host: Sequence[_Tensor] | None = None,
     ) -> None:
         """One guarded host copy through the buffer at device address `buffer`, in one call: the
-        pool's tensors `guard` checked, the staging built (a load's host copies `host`, the slot
-        table, the index vectors), `run(staged, launch)` (copy `staged` into the buffer at
-        `staged_at`, then the slot kernel's launch reporting into `err`; `None`: nothing moves),
-        the write recorded.
+        pool's tensors checked, the staging built (a load's host copies `host`, the slot table, the
+        index vectors), `run(staged, launch)` (copy `staged` into the buffer at `staged_at`, then
+        the slot kernel's launch reporting into `err`; `None`: nothing moves), the write recorded.
         """
     @property
     def staged_at(self) -> int:
-        """Where `stage`'s bytes go in the buffer (get: after the blocks; load: 0)."""
+        """Where the staged bytes of `run` go in the buffer (get: after the blocks; load: 0)."""
     @property
     def total(self) -> int:
         """The buffer's bytes (a multiple of 16; 0 for a load that moves nothing)."""
+
+@final
+class SglangPool:
+    """The tensors of an SGLang pool, checked and guarded: SGLang's `mamba_cache.conv` (a list of
+    tensors), `temporal` and the optional verify scratch (`intermediate_ssm`, a list
+    `intermediate_conv_window`), every one a tensor, with one layer count and no two sharing
+    memory (`BindingError` naming them); `conv_layout` the conv windows' layout (`"DS"`, `"SD"`).
+    """
+
+    def __new__(
+        cls,
+        *,
+        conv: Sequence[_Tensor],
+        temporal: _Tensor,
+        intermediate_ssm: _Tensor | None = None,
+        intermediate_conv_window: Sequence[_Tensor] | None = None,
+        conv_layout: _ConvLayoutName | None = None,
+    ) -> SglangPool: ...
+    def check(self) -> None:
+        """Raises `BindingError` naming the first tensor of the pool that moved (re-pointed, its
+        storage resized or freed).
+        """
+    def commit_moves(
+        self,
+        *,
+        slots: _IntArray,
+        steps: _IntArray,
+        rows: _IntArray | None = None,
+        track_slots: _IntArray | None = None,
+        track_steps: _IntArray | None = None,
+    ) -> list[tuple[int, int, int]]:
+        """The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
+        pass then the track pass (with `track_slots`), after every index is checked (`PlanError`
+        naming the request otherwise); `rows` defaults to each request's own index.
+        """
+    @property
+    def groups(self) -> list[tuple[Layout, list[int]]]:
+        """The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
+        the first; each one's layout and the indices of its tensors in `[*conv, temporal]`.
+        """
+    def guarded(self, write: Callable[[], _T]) -> _T:
+        """One guarded write: the pool's tensors checked (`write` not called when one moved),
+        `write()` run, the write recorded (autograd's version counters). Returns what `write` returns.
+        """
+    def host_copy(self, op: str, ids: _IntArray) -> SglangHostCopy:
+        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
+        (checked slots of the pool) on CUDA.
+        """
+    @property
+    def live(self) -> list[int]:
+        """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
+        temporal state): indices in `[*conv, temporal]`.
+        """
+    @property
+    def num_slots(self) -> int:
+        """Slots, the dummy slot 0 included (SGLang's `size + 1`)."""
+    def slot_launch(
+        self,
+        run: Callable[[KernelLaunch | None], object],
+        commit: bool,
+        upload: Callable[[bytes], _Tensor],
+        *,
+        slots: _Tensor,
+        steps: _Tensor | None = None,
+        rows: _Tensor | None = None,
+        track_slots: _Tensor | None = None,
+        track_steps: _Tensor | None = None,
+        err: _Tensor,
+    ) -> None:
+        """One guarded launch of the slot kernel, in one call: clear `slots` (`commit` false) or the
+        commit (`steps`, optional `rows` and track pair), every vector checked by the core (int64,
+        one length, on the pool's device; `err` an int32 error word of 3). The first launch of
+        each use builds its records and hands them to `upload(bytes)`, which returns them on the
+        device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
+        write recorded.
+        """
+    def verify_scratch(self) -> list[tuple[int, int]]:
+        """`(state, scratch)` for every state tensor that holds bytes, the temporal state first:
+        indices in `[*conv, temporal]` and in `[intermediate_ssm, *intermediate_conv_window]`
+        (`PlanError` for a pool without the verify scratch).
+        """
 
 @final
 class StateSpec:
@@ -1292,37 +1367,6 @@ def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint,
     [`source_pools`] (BindingError).
     """
 
-def sglang_check_pool(
-    *,
-    conv: Sequence[_Tensor],
-    temporal: _Tensor,
-    intermediate_ssm: _Tensor | None = None,
-    intermediate_conv_window: Sequence[_Tensor] | None = None,
-    conv_layout: _ConvLayoutName | None = None,
-) -> list[tuple[Layout, list[int]]]:
-    """Checks the tensors of an SGLang pool as the adapter is built: a list of conv tensors, the
-    temporal state and the optional verify scratch, every one a tensor, with one layer count and
-    no two sharing memory (`BindingError` naming them). Returns the planner's groups over them,
-    one per non-empty conv tensor with the temporal state riding on the first: each one's layout
-    (conv windows in `conv_layout`) and the indices of its tensors in `[*conv, temporal]`.
-    """
-
-def sglang_commit_selection(
-    *,
-    slots: _IntArray,
-    steps: _IntArray,
-    track_slots: _IntArray | None = None,
-    track_steps: _IntArray | None = None,
-    rows: _IntArray | None = None,
-    num_slots: int,
-    num_rows: int,
-    draft: int,
-) -> list[tuple[int, int, int]]:
-    """The moves of the commit, `(slot, row, step)` per request that writes, the commit pass then the
-    track pass (when `track_slots` is given), after the core has checked every index (a `PlanError`
-    naming the request otherwise). `rows` defaults to each request's own index.
-    """
-
 def sglang_host_copies(
     pool: Sequence[_Tensor], mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], num_slots: int
 ) -> list[_Tensor]:
@@ -1330,12 +1374,6 @@ def sglang_host_copies(
     triple whose third element is ignored) in the order of `pool` (every conv tensor, then the
     temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
     host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
-    """
-
-def sglang_host_copy(op: str, *, states: Sequence[_Tensor], ids: _IntArray, num_slots: int) -> SglangHostCopy:
-    """The host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids` (checked slots of
-    the pool) of a pool of `num_slots` slots whose state tensors are `states` (every conv tensor,
-    then the temporal state: `[layers, slots, ...]` on one CUDA device).
     """
 
 def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
@@ -1364,36 +1402,6 @@ def sglang_layout(
     `ssm_dtype` its `dtype.conv` / `dtype.temporal`, the rest its `shape`'s fields of the same
     names (`None` where the shape has none). Kimi-Linear (`num_k_heads`) is KDA, three
     `conv_shard_groups` GDN, any other Mamba2.
-    """
-
-def sglang_slot_launch(
-    run: Callable[[KernelLaunch | None], object],
-    *,
-    guard: BoundTensors,
-    device: str | _Tensor,
-    metas: int,
-    num_meta: int,
-    max_bytes: int,
-    num_slots: int,
-    num_rows: int | None = None,
-    draft: int | None = None,
-    slots: _Tensor,
-    steps: _Tensor | None = None,
-    rows: _Tensor | None = None,
-    track_slots: _Tensor | None = None,
-    track_steps: _Tensor | None = None,
-    err: _Tensor,
-) -> None:
-    """One guarded launch of the slot kernel (clear without `steps`, the commit with them), in one
-    call: the pool's tensors `guard` checked, the launch built (every argument checked by the core:
-    int64 vectors of one length on the pool's device, an int32 error word of 3), `run(launch)`
-    (`None`: nothing to launch), the write recorded.
-    """
-
-def sglang_slot_table(*, states: Sequence[_Tensor], scratch: Sequence[_Tensor | None]) -> tuple[bytes, int, int]:
-    """The slot kernel's records of a pool (`SlotCopy`, one per layer of each state tensor, tensor
-    order then layer order) as bytes, with their count and the largest slot's bytes. `scratch[i]`
-    is `states[i]`'s verify scratch or `None`.
     """
 
 def short_conv_layout(

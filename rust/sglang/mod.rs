@@ -14,6 +14,7 @@ pub mod checks;
 pub mod hicache;
 pub mod kernel;
 pub mod layout;
+pub mod pool;
 #[cfg(test)]
 mod tests;
 

@@ -6,7 +6,6 @@ staged) by the core, the launch queued, the write recorded."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,9 +16,7 @@ from ..cuda import ops
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
 
-__all__ = ["ARG_NAMES", "SlotKernel", "host_ids", "host_copy"]
-
-log = logging.getLogger("recoverssm_rs")
+__all__ = ["ARG_NAMES", "slot_launch", "host_ids", "host_copy"]
 
 #: The engine's names of the slot kernel's index vectors (what errors name).
 ARG_NAMES = {
@@ -53,31 +50,17 @@ def _runner(pool: SglangMambaPool, requests: int) -> Any:
     return run
 
 
-class SlotKernel:
-    """The device records of one pool for one use (``commit``: with the verify scratch)."""
-
-    def __init__(self, pool: SglangMambaPool, *, commit: bool) -> None:
-        states = pool.state_tensors()
-        by_state = {id(t): x for t, x in pool.verify_scratch()} if commit else {}
-        scratch = [by_state.get(id(t)) for t in states]
-        raw, num_meta, max_bytes = _core.sglang_slot_table(states=states, scratch=scratch)
-        self.meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), pool.placement.index)
-        first = next((s for s in scratch if s is not None), None)
-        rows, draft = (0, 0) if first is None else (int(first.shape[1]), int(first.shape[2]))
-        self.op, self.slots = ("commit_after_verify", "state_indices") if commit else ("clear_slots", "indices")
-        self.fixed: dict[str, Any] = dict(device=pool.device, metas=int(self.meta.data_ptr()), num_meta=num_meta)
-        self.fixed.update(max_bytes=max_bytes, num_slots=pool.num_slots, num_rows=rows, draft=draft)
-        log.debug("sglang: %d slot records on %s (commit=%s)", num_meta, pool.device, commit)
-
-    def launch(self, pool: SglangMambaPool, slots: Any, **vectors: Any) -> None:
-        """One guarded launch on the current stream, one core call: clear ``slots`` (no other
-        vector) or commit (with ``steps`` and the optional ``rows``, ``track_slots``,
-        ``track_steps``)."""
-        args = {k: _int64(pool, v, self.op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
-        slots = _int64(pool, slots, self.op, self.slots)
-        run = _runner(pool, int(slots.shape[0]) if len(slots.shape) == 1 else 0)
-        err = pool.slot_error.alloc()
-        _core.sglang_slot_launch(run, guard=pool.bound, **self.fixed, slots=slots, **args, err=err)
+def slot_launch(pool: SglangMambaPool, commit: bool, slots: Any, **vectors: Any) -> None:
+    """One guarded launch of the slot kernel on the current stream, one core call: clear ``slots``
+    (no other vector) or commit (with ``steps`` and the optional ``rows``, ``track_slots``,
+    ``track_steps``); the first launch of each use uploads the pool's records (built by the core)."""
+    op, arg = ("commit_after_verify", "state_indices") if commit else ("clear_slots", "indices")
+    args = {k: _int64(pool, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
+    slots = _int64(pool, slots, op, arg)
+    run = _runner(pool, int(slots.shape[0]) if len(slots.shape) == 1 else 0)
+    index = pool.placement.index
+    upload = lambda raw: ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), index)  # noqa: E731
+    pool.tensors.slot_launch(run, commit, upload, slots=slots, **args, err=pool.slot_error.alloc())
 
 
 def _int64(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
@@ -98,7 +81,7 @@ def host_copy(pool: SglangMambaPool, op: str, ids: np.ndarray, host: list[Any] |
     ``get_cpu_copy`` one device-to-host copy of the blocks follows, and the host tensors (returned
     as ``(conv_cpu, temporal_cpu)``) are views of it."""
     states = [*pool.conv, pool.temporal]
-    call = _core.sglang_host_copy(op, states=states, ids=ids, num_slots=pool.num_slots)
+    call = pool.tensors.host_copy(op, ids)
     if call.total == 0:
         return None
     index, at = pool.placement.index, call.staged_at // 4
@@ -111,7 +94,7 @@ def host_copy(pool: SglangMambaPool, op: str, ids: np.ndarray, host: list[Any] |
                 ops.cuda_ops.stage_i32(staged, buf[at:])
         run(kl)
 
-    call.run(stage, guard=pool.bound, buffer=int(buf.data_ptr()), err=pool.slot_error.alloc(), host=host)
+    call.run(stage, buffer=int(buf.data_ptr()), err=pool.slot_error.alloc(), host=host)
     if host is not None:
         return None
     raw = buf[:at].cpu().view(ops.cuda_ops.torch().uint8)

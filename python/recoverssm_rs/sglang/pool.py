@@ -18,8 +18,7 @@ from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import LayoutError, PlanError
 from ..planner import Planner
-from .commit import commit_after_verify
-from .device import SlotKernel, host_copy, host_ids
+from .device import ARG_NAMES, host_copy, host_ids, slot_launch
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -57,55 +56,44 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
-        # Every tensor the adapter reads or writes: checked by the core, guarded before every
-        # operation; the core forms the groups (their layouts, and their tensors in [*conv, temporal]).
-        groups = _core.sglang_check_pool(
+        # Every tensor the adapter reads or writes, checked and guarded by the core, which forms
+        # the groups (their layouts, and their tensors in [*conv, temporal]).
+        self.tensors = _core.SglangPool(
             conv=conv,
             temporal=temporal,
             intermediate_ssm=intermediate_ssm,
             intermediate_conv_window=intermediate_conv_window,
             conv_layout=conv_layout,
         )
+        """The pool's tensors as the core holds them: checked and guarded before every write."""
         self.conv = list(conv)
         self.temporal = temporal
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        self.bound = _core.BoundTensors([(t, label) for label, t in self._labelled()])
-        """Every tensor of the pool, guarded (checked before, recorded after every write)."""
-        stacked = [*self.conv, temporal]
-        self._live = [ks[0] for _, ks in groups if ks[0] < len(self.conv)]  # non-empty conv tensors
-        self._has_temporal = any(ks[-1] == len(self.conv) for _, ks in groups)
-        layers = range(stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
+        self._stacked = [*self.conv, temporal]
+        groups = self.tensors.groups
+        layers = range(self._stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
         super().__init__(
-            Planner.from_groups([(lay, [[stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups])
+            Planner.from_groups([(lay, [[self._stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups])
         )
         # Fixed once bound: read here, not from the core on every call.
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None
         self._ones_dev: Any = None
-        self._slot_kernels: dict[bool, SlotKernel] = {}
         self.slot_error = ErrorWordBuffer(self.placement.index)
         """The error word of the slot kernel's launches (:meth:`last_error`)."""
-
-    def _labelled(self) -> list[tuple[str, Any]]:
-        """Every tensor of the pool with the name its errors use."""
-        out = [(f"conv[{i}]", c) for i, c in enumerate(self.conv)]
-        out += [("temporal", self.temporal)] if self.temporal is not None else []
-        out += [("intermediate_ssm", self.intermediate_ssm)] if self.intermediate_ssm is not None else []
-        windows = self.intermediate_conv_window or []
-        return out + [(f"intermediate_conv_window[{i}]", w) for i, w in enumerate(windows)]
 
     def guarded(self, write: Callable[[], T]) -> T:
         """:meth:`EngineAdapter.guarded` over the pool's layer-stacked tensors (whose layers the
         planner binds), one core call (a :class:`~recoverssm_rs.BindingError` when one was
         re-pointed or resized)."""
-        return self.bound.guarded(write)
+        return self.tensors.guarded(write)  # type: ignore[no-any-return]
 
     def check_bound(self) -> None:
         """Checks every tensor of the pool before a read (a :class:`~recoverssm_rs.BindingError`
         naming the tensor that moved)."""
-        self.bound.check()
+        self.tensors.check()
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -145,20 +133,13 @@ class SglangMambaPool(EngineAdapter):
     def state_tensors(self) -> list[Any]:
         """The pool's non-empty state tensors in SGLang's order (every conv tensor, then the
         temporal state)."""
-        return [self.conv[i] for i in self._live] + ([self.temporal] if self._has_temporal else [])
+        return [self._stacked[k] for k in self.tensors.live]
 
     def verify_scratch(self) -> list[tuple[Any, Any]]:
         """``(state tensor, its verify scratch)`` for every non-empty state tensor, the temporal
         state first; a :class:`~recoverssm_rs.PlanError` for a pool without verify scratch."""
-        pairs = []
-        if self._has_temporal:
-            if self.intermediate_ssm is None:
-                raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
-            pairs.append((self.temporal, self.intermediate_ssm))
-        windows = self.intermediate_conv_window
-        if self._live and (windows is None or len(windows) != len(self.conv)):
-            raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
-        return pairs + [(self.conv[i], windows[i]) for i in self._live]  # type: ignore[index]
+        scratch = [self.intermediate_ssm, *(self.intermediate_conv_window or [])]
+        return [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
 
     def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
         """``indices`` (the argument of ``op``) as host ids, checked by the core as slots that may
@@ -256,10 +237,7 @@ class SglangMambaPool(EngineAdapter):
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
         """One guarded launch of the slot kernel: clear ``slots``, or with ``commit`` the verify commit
         (``vectors``: ``steps``, ``rows``, ``track_slots``, ``track_steps``)."""
-        kernel = self._slot_kernels.get(commit)
-        if kernel is None:
-            kernel = self._slot_kernels[commit] = SlotKernel(self, commit=commit)
-        kernel.launch(self, slots, **vectors)
+        slot_launch(self, commit, slots, **vectors)
 
     def last_error(self) -> Any:
         """The error word of the last slot-kernel launch on CUDA (:meth:`copy_from` reports in
@@ -328,10 +306,10 @@ class SglangMambaPool(EngineAdapter):
         """
         from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
-        if len(self._live) > 1:
+        convs = sum(k < len(self.conv) for k in self.tensors.live)
+        if convs > 1:
             raise LayoutError(
-                f"state_pool binds one conv tensor per layer; this pool has {len(self._live)}: "
-                "its transfer is not supported"
+                f"state_pool binds one conv tensor per layer; this pool has {convs}: its transfer is not supported"
             )
         layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
         return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
@@ -357,14 +335,26 @@ class SglangMambaPool(EngineAdapter):
                 (nothing is written); CUDA states: vectors of different lengths or not on the
                 pool's device.
         """
-        commit_after_verify(
-            self,
-            state_indices,
-            last_correct_step_indices,
-            rows=src_indices,
-            track_slots=track_indices,
-            track_steps=steps_to_track,
-        )
+        scratch = self.verify_scratch()
+        given = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
+        if not scratch:
+            return
+        if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
+            self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
+            return
+        op = "commit_after_verify"
+        steps = host_ids(last_correct_step_indices, op, ARG_NAMES["steps"])
+        slots = host_ids(state_indices, op, ARG_NAMES["slots"])
+        ids = {k: None if x is None else host_ids(x, op, ARG_NAMES[k]) for k, x in given.items()}
+        moves = self.tensors.commit_moves(slots=slots, steps=steps, **ids)
+
+        def write() -> None:
+            # One strided copy per (tensor, move), commit pass then track pass: no gathered temporary.
+            for state, inter in scratch:
+                for slot, row, step in moves:
+                    state[:, slot].copy_(inter[:, row, step])
+
+        self.guarded(write)
 
     def __repr__(self) -> str:
         return (
