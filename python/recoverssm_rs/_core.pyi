@@ -833,6 +833,10 @@ class SglangPool:
         """Raises `BindingError` naming the first tensor of the pool that moved (re-pointed, its
         storage resized or freed).
         """
+    def check_transfer(self) -> None:
+        """Checks that a transfer pool over the first conv tensor and the temporal state covers the
+        pool (`LayoutError` for several conv tensors holding bytes).
+        """
     def commit_moves(
         self,
         *,

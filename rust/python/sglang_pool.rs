@@ -247,6 +247,12 @@ impl SglangPool {
         })
     }
 
+    /// Checks that a transfer pool over the first conv tensor and the temporal state covers the
+    /// pool (`LayoutError` for several conv tensors holding bytes).
+    fn check_transfer(&self) -> PyResult<()> {
+        Ok(self.inner.check_transfer()?)
+    }
+
     /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
     /// (checked slots of the pool) on CUDA.
     #[pyo3(signature = (op: "str", ids: "_IntArray") -> "SglangHostCopy")]

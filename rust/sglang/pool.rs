@@ -138,6 +138,17 @@ impl Pool {
             .collect())
     }
 
+    /// A transfer binds the first conv tensor and the temporal state of every layer: a
+    /// `LayoutError` for a pool with more than one conv tensor holding bytes (binding one would
+    /// leave the others stale on the destination).
+    pub fn check_transfer(&self) -> Result<()> {
+        let convs = self.live().into_iter().filter(|&k| k + 1 < self.states.len()).count();
+        if convs > 1 {
+            return Err(Error::layout(format!("state_pool binds one conv tensor per layer; this pool has {convs}: its transfer is not supported")));
+        }
+        Ok(())
+    }
+
     /// HiCache's host copy of the (checked) slots `ids` on CUDA.
     pub fn host_copy(&self, direction: Direction, ids: Vec<i64>) -> Result<HostCopy> {
         HostCopy::new(direction, self.states.clone(), ids, self.num_slots)

@@ -16,7 +16,7 @@ from .. import _core
 from .._core import Layout
 from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
-from ..errors import LayoutError, PlanError
+from ..errors import PlanError
 from ..planner import Planner
 from .device import ARG_NAMES, host_copy, host_ids, slot_launch
 
@@ -88,7 +88,7 @@ class SglangMambaPool(EngineAdapter):
         """:meth:`EngineAdapter.guarded` over the pool's layer-stacked tensors (whose layers the
         planner binds), one core call (a :class:`~recoverssm_rs.BindingError` when one was
         re-pointed or resized)."""
-        return self.tensors.guarded(write)  # type: ignore[no-any-return]
+        return self.tensors.guarded(write)
 
     def check_bound(self) -> None:
         """Checks every tensor of the pool before a read (a :class:`~recoverssm_rs.BindingError`
@@ -142,9 +142,7 @@ class SglangMambaPool(EngineAdapter):
         return [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
 
     def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
-        """``indices`` (the argument of ``op``) as host ids, checked by the core as slots that may
-        be written and read (integers in range, no negative id, not the dummy slot 0; with
-        ``unique``, no slot twice)."""
+        """``indices`` (of ``op``) as host ids, checked by the core as slots of the pool."""
         return host_ids(indices, op, "indices", num_slots=self._num_slots, unique=unique)
 
     # ---- SGLang's MambaPool operations ----------------------------------------------------------
@@ -171,14 +169,11 @@ class SglangMambaPool(EngineAdapter):
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
         """One fused launch of the state-copy kernel over the identity table of slot ids
         (docs/design.md section 10); int64 ids narrowed on the device, one crossing into the core."""
-        int32, int64 = ops.cuda_ops.torch().int32, ops.cuda_ops.torch().int64
+        torch = ops.cuda_ops.torch()
         src, dst = (
-            x.to(int32) if x.dtype == int64 else x
-            for x in (
-                self.on_device(src_indices, "copy_from", "src_indices"),
-                self.on_device(dst_indices, "copy_from", "dst_indices"),
-            )
+            self.on_device(x, "copy_from", a) for x, a in ((src_indices, "src_indices"), (dst_indices, "dst_indices"))
         )
+        src, dst = (x.to(torch.int32) if x.dtype == torch.int64 else x for x in (src, dst))
         n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
         if tuple(src.shape) == tuple(dst.shape) == (0,):
             return
@@ -196,16 +191,15 @@ class SglangMambaPool(EngineAdapter):
         return torch.as_tensor(host_ids(x, op, arg)).to(self.device, non_blocking=True)
 
     def _device_constants(self, n: int) -> tuple[Any, Any]:
-        """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
-        device (uploaded once; the ones grow by doubling)."""
-        torch = ops.cuda_ops.torch()
-        index = self.placement.index
+        """The slot ids ``0..slots`` and at least ``n`` ones, on the states' device (uploaded once;
+        the ones grow by doubling)."""
+        torch, index = ops.cuda_ops.torch(), self.placement.index
+        up = lambda a: ops.cuda_ops.upload(a.view(np.uint8), index).view(torch.int32)  # noqa: E731
+        have = 0 if self._ones_dev is None else int(self._ones_dev.shape[0])
         if self._slots_dev is None:
-            ids = np.arange(self.num_slots, dtype=np.int32)
-            self._slots_dev = ops.cuda_ops.upload(ids.view(np.uint8), index).view(torch.int32)
-        if self._ones_dev is None or int(self._ones_dev.shape[0]) < n:
-            cap = max(n, 2 * (0 if self._ones_dev is None else int(self._ones_dev.shape[0])), 64)
-            self._ones_dev = ops.cuda_ops.upload(np.ones(cap, dtype=np.int32).view(np.uint8), index).view(torch.int32)
+            self._slots_dev = up(np.arange(self.num_slots, dtype=np.int32))
+        if have < n:
+            self._ones_dev = up(np.ones(max(n, 2 * have, 64), dtype=np.int32))
         return self._slots_dev, self._ones_dev
 
     def fork(self, src_indices: Any, dst_indices: Any) -> None:
@@ -306,11 +300,7 @@ class SglangMambaPool(EngineAdapter):
         """
         from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
-        convs = sum(k < len(self.conv) for k in self.tensors.live)
-        if convs > 1:
-            raise LayoutError(
-                f"state_pool binds one conv tensor per layer; this pool has {convs}: its transfer is not supported"
-            )
+        self.tensors.check_transfer()
         layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
         return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
 
