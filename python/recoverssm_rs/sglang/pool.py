@@ -194,7 +194,10 @@ class SglangMambaPool(EngineAdapter):
         """The slot ids ``0..slots`` and at least ``n`` ones, on the states' device (uploaded once;
         the ones grow by doubling)."""
         torch, index = ops.cuda_ops.torch(), self.placement.index
-        up = lambda a: ops.cuda_ops.upload(a.view(np.uint8), index).view(torch.int32)  # noqa: E731
+
+        def up(a: np.ndarray) -> Any:
+            return ops.cuda_ops.upload(a.view(np.uint8), index).view(torch.int32)
+
         have = 0 if self._ones_dev is None else int(self._ones_dev.shape[0])
         if self._slots_dev is None:
             self._slots_dev = up(np.arange(self.num_slots, dtype=np.int32))
