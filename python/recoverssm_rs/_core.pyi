@@ -47,7 +47,6 @@ __all__ = [
     "Planner",
     "RawBuffer",
     "RecoverSSMError",
-    "SglangHostCopy",
     "SglangPool",
     "StateSpec",
     "TransferPlan",
@@ -784,35 +783,6 @@ class RecoverSSMError(Exception):
     """Base class of every error raised by recoverssm_rs."""
 
 @final
-class SglangHostCopy:
-    """One HiCache host copy of an SGLang pool on CUDA (`crate::sglang::hicache`): the layout of its
-    device buffer, the bytes staged into it and the slot kernel's launch.
-    """
-
-    @property
-    def blocks(self) -> list[tuple[int, int, list[int]]]:
-        """Per state tensor, its block of the buffer: `(offset, bytes, shape)`."""
-    def run(
-        self,
-        run: Callable[[bytes, KernelLaunch | None], object],
-        *,
-        buffer: int,
-        err: _Tensor,
-        host: Sequence[_Tensor] | None = None,
-    ) -> None:
-        """One guarded host copy through the buffer at device address `buffer`, in one call: the
-        pool's tensors checked, the staging built (a load's host copies `host`, the slot table, the
-        index vectors), `run(staged, launch)` (copy `staged` into the buffer at `staged_at`, then
-        the slot kernel's launch reporting into `err`; `None`: nothing moves), the write recorded.
-        """
-    @property
-    def staged_at(self) -> int:
-        """Where the staged bytes of `run` go in the buffer (get: after the blocks; load: 0)."""
-    @property
-    def total(self) -> int:
-        """The buffer's bytes (a multiple of 16; 0 for a load that moves nothing)."""
-
-@final
 class SglangPool:
     """The tensors of an SGLang pool, checked and guarded: SGLang's `mamba_cache.conv` (a list of
     tensors), `temporal` and the optional verify scratch (`intermediate_ssm`, a list
@@ -859,9 +829,24 @@ class SglangPool:
         """One guarded write: the pool's tensors checked (`write` not called when one moved),
         `write()` run, the write recorded (autograd's version counters). Returns what `write` returns.
         """
-    def host_copy(self, op: str, ids: _IntArray) -> SglangHostCopy:
+    def host_copy(
+        self,
+        op: str,
+        ids: _IntArray,
+        *,
+        alloc: Callable[[int], _Tensor],
+        run: Callable[[_Tensor, bytes, int, KernelLaunch | None], object],
+        err: _Tensor,
+        host: Sequence[_Tensor] | None = None,
+    ) -> tuple[_Tensor, list[tuple[int, int, list[int]]]] | None:
         """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
-        (checked slots of the pool) on CUDA.
+        (checked slots of the pool) on CUDA, in one call: the core lays out one device buffer for
+        it (`alloc(n)` returns an int32 device vector of `n` elements), checks the pool's tensors,
+        stages the call (a load's host copies `host`, the slot table, the index vectors) and hands
+        `run(buffer, staged, at, launch)` the bytes to copy into the buffer from int32 element `at`
+        and the slot kernel's launch reporting into `err` (`None`: nothing to launch); then the write
+        is recorded. Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`;
+        `None` for a load that moves nothing (no buffer, no launch).
         """
     @property
     def live(self) -> list[int]:

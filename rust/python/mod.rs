@@ -59,7 +59,7 @@ mod _core {
     #[pymodule_export]
     use super::sglang::{sglang_host_copies, sglang_ids, sglang_layout};
     #[pymodule_export]
-    use super::sglang_pool::{SglangHostCopy, SglangPool};
+    use super::sglang_pool::SglangPool;
     #[pymodule_export]
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]

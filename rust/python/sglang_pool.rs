@@ -8,7 +8,7 @@ use super::launch::KernelLaunch;
 use super::layout::Layout;
 use crate::error::{Error, ErrorKind};
 use crate::layout::ConvLayout;
-use crate::sglang::hicache::{Direction, HostCopy};
+use crate::sglang::hicache::Direction;
 use crate::sglang::kernel::{self, SlotCall, SlotCopy, SlotPool};
 use crate::sglang::pool::Pool;
 use crate::tensor::{Device, TensorDesc};
@@ -254,16 +254,53 @@ impl SglangPool {
     }
 
     /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
-    /// (checked slots of the pool) on CUDA.
-    #[pyo3(signature = (op: "str", ids: "_IntArray") -> "SglangHostCopy")]
-    fn host_copy(slf: &Bound<'_, Self>, op: &str, ids: &Bound<'_, PyAny>) -> PyResult<SglangHostCopy> {
+    /// (checked slots of the pool) on CUDA, in one call: the core lays out one device buffer for
+    /// it (`alloc(n)` returns an int32 device vector of `n` elements), checks the pool's tensors,
+    /// stages the call (a load's host copies `host`, the slot table, the index vectors) and hands
+    /// `run(buffer, staged, at, launch)` the bytes to copy into the buffer from int32 element `at`
+    /// and the slot kernel's launch reporting into `err` (`None`: nothing to launch); then the write
+    /// is recorded. Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`;
+    /// `None` for a load that moves nothing (no buffer, no launch).
+    #[pyo3(signature = (
+        op: "str", ids: "_IntArray", *, alloc: "Callable[[int], _Tensor]", run: "Callable[[_Tensor, bytes, int, KernelLaunch | None], object]",
+        err: "_Tensor", host: "Sequence[_Tensor] | None" = None,
+    ) -> "tuple[_Tensor, list[tuple[int, int, list[int]]]] | None")]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn host_copy<'py>(
+        &self,
+        py: Python<'py>,
+        op: &str,
+        ids: &Bound<'py, PyAny>,
+        alloc: &Bound<'py, PyAny>,
+        run: &Bound<'py, PyAny>,
+        err: &Bound<'py, PyAny>,
+        host: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>)>)>> {
         let direction = match op {
             "get_cpu_copy" => Direction::Get,
             "load_cpu_copy" => Direction::Load,
             _ => return Err(Error::plan(format!("host_copy: unknown op {op:?}")).into()),
         };
-        let ids = Ints::arg(ids, &format!("{op}: indices"), ErrorKind::Plan)?.0;
-        Ok(SglangHostCopy { inner: slf.get().inner.host_copy(direction, ids)?, pool: slf.clone().unbind() })
+        let kind = ErrorKind::Plan;
+        let ids = Ints::arg(ids, &format!("{op}: indices"), kind)?.0;
+        let err = Tensor::arg(err, "err", kind)?.0;
+        let host: Vec<TensorDesc> = match host.filter(|h| !h.is_none()) {
+            Some(h) => Vec::<Tensor>::arg(h, "host", kind)?.into_iter().map(|t| t.0).collect(),
+            None => Vec::new(),
+        };
+        let call = self.inner.host_copy(direction, ids)?;
+        if call.total == 0 {
+            return Ok(None);
+        }
+        let buffer = alloc.call1((call.total / 4,))?;
+        let address = address_int(&buffer.call_method0("data_ptr")?)?;
+        self.write(py, || {
+            let bytes = call.stage(address, &host)?;
+            let launch = call.launch(address, &err)?.map(KernelLaunch::new);
+            run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch))?;
+            Ok(())
+        })?;
+        Ok(Some((buffer, call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect())))
     }
 
     fn __repr__(&self) -> String {
@@ -274,57 +311,5 @@ impl SglangPool {
             self.inner.num_slots,
             self.device
         )
-    }
-}
-
-/// One HiCache host copy of an SGLang pool on CUDA (`crate::sglang::hicache`): the layout of its
-/// device buffer, the bytes staged into it and the slot kernel's launch.
-#[pyclass(module = "recoverssm_rs._core", frozen)]
-pub struct SglangHostCopy {
-    inner: HostCopy,
-    pool: Py<SglangPool>,
-}
-
-#[pymethods]
-impl SglangHostCopy {
-    /// The buffer's bytes (a multiple of 16; 0 for a load that moves nothing).
-    #[getter]
-    fn total(&self) -> u64 {
-        self.inner.total
-    }
-
-    /// Where the staged bytes of `run` go in the buffer (get: after the blocks; load: 0).
-    #[getter]
-    fn staged_at(&self) -> u64 {
-        self.inner.staged_at
-    }
-
-    /// Per state tensor, its block of the buffer: `(offset, bytes, shape)`.
-    #[getter]
-    fn blocks(&self) -> Vec<(u64, u64, Vec<i64>)> {
-        self.inner.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect()
-    }
-
-    /// One guarded host copy through the buffer at device address `buffer`, in one call: the
-    /// pool's tensors checked, the staging built (a load's host copies `host`, the slot table, the
-    /// index vectors), `run(staged, launch)` (copy `staged` into the buffer at `staged_at`, then
-    /// the slot kernel's launch reporting into `err`; `None`: nothing moves), the write recorded.
-    #[pyo3(signature = (
-        run: "Callable[[bytes, KernelLaunch | None], object]", *, buffer: "int", err: "_Tensor",
-        host: "Sequence[_Tensor] | None" = None,
-    ) -> "None")]
-    fn run(&self, py: Python<'_>, run: &Bound<'_, PyAny>, buffer: u64, err: &Bound<'_, PyAny>, host: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let kind = ErrorKind::Plan;
-        let err = Tensor::arg(err, "err", kind)?.0;
-        let host: Vec<TensorDesc> = match host {
-            Some(h) => Vec::<Tensor>::arg(h, "host", kind)?.into_iter().map(|t| t.0).collect(),
-            None => Vec::new(),
-        };
-        self.pool.get().write(py, || {
-            let bytes = self.inner.stage(buffer, &host)?;
-            let launch = self.inner.launch(buffer, &err)?.map(KernelLaunch::new);
-            run.call1((PyBytes::new(py, &bytes), launch))?;
-            Ok(())
-        })
     }
 }

@@ -76,27 +76,24 @@ def _int64(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
 
 def host_copy(pool: SglangMambaPool, op: str, ids: np.ndarray, host: list[Any] | None = None) -> Any:
     """HiCache's host copy on CUDA, ``op`` of the checked slots ``ids`` (``load_cpu_copy``: of the
-    checked host copies ``host``): one device buffer that the core lays out and stages (the call's
-    blocks, slot table and indices: one host-to-device copy), one launch of the slot kernel; for
-    ``get_cpu_copy`` one device-to-host copy of the blocks follows, and the host tensors (returned
-    as ``(conv_cpu, temporal_cpu)``) are views of it."""
-    states = [*pool.conv, pool.temporal]
-    call = pool.tensors.host_copy(op, ids)
-    if call.total == 0:
-        return None
-    index, at = pool.placement.index, call.staged_at // 4
-    buf = ops.cuda_ops.empty_i32(call.total // 4, index)
-    run = _runner(pool, len(ids))
+    checked host copies ``host``), one core call: one device buffer that the core lays out and
+    stages (the call's blocks, slot table and indices: one host-to-device copy), one launch of the
+    slot kernel; for ``get_cpu_copy`` one device-to-host copy of the blocks follows, and the host
+    tensors (returned as ``(conv_cpu, temporal_cpu)``) are views of it."""
+    index, run = pool.placement.index, _runner(pool, len(ids))
 
-    def stage(staged: bytes, kl: Any) -> None:  # the staged bytes into the buffer, on the launch's stream
+    def stage(buf: Any, staged: bytes, at: int, kl: Any) -> None:  # on the launch's stream
         if staged:
             with ops.cuda_ops.context(index, None):
                 ops.cuda_ops.stage_i32(staged, buf[at:])
         run(kl)
 
-    call.run(stage, buffer=int(buf.data_ptr()), err=pool.slot_error.alloc(), host=host)
-    if host is not None:
+    alloc = lambda n: ops.cuda_ops.empty_i32(n, index)  # noqa: E731
+    done = pool.tensors.host_copy(op, ids, alloc=alloc, run=stage, err=pool.slot_error.alloc(), host=host)
+    if done is None or host is not None:
         return None
-    raw = buf[:at].cpu().view(ops.cuda_ops.torch().uint8)
-    out = [raw[o : o + b].view(t.dtype).view(*s) for t, (o, b, s) in zip(states, call.blocks, strict=True)]
+    buf, blocks = done
+    raw = buf[: (blocks[-1][0] + blocks[-1][1] + 3) // 4].cpu().view(ops.cuda_ops.torch().uint8)
+    states = [*pool.conv, pool.temporal]
+    out = [raw[o : o + b].view(t.dtype).view(*s) for t, (o, b, s) in zip(states, blocks, strict=True)]
     return out[:-1], out[-1]

@@ -81,6 +81,7 @@ class SglangMambaPool(EngineAdapter):
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None
         self._ones_dev: Any = None
+        self._scratch: list[tuple[Any, Any]] | None = None
         self.slot_error = ErrorWordBuffer(self.placement.index)
         """The error word of the slot kernel's launches (:meth:`last_error`)."""
 
@@ -138,8 +139,10 @@ class SglangMambaPool(EngineAdapter):
     def verify_scratch(self) -> list[tuple[Any, Any]]:
         """``(state tensor, its verify scratch)`` for every non-empty state tensor, the temporal
         state first; a :class:`~recoverssm_rs.PlanError` for a pool without verify scratch."""
-        scratch = [self.intermediate_ssm, *(self.intermediate_conv_window or [])]
-        return [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
+        if self._scratch is None:  # fixed once bound: asked of the core once
+            scratch = [self.intermediate_ssm, *(self.intermediate_conv_window or [])]
+            self._scratch = [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
+        return self._scratch
 
     def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
         """``indices`` (of ``op``) as host ids, checked by the core as slots of the pool."""
