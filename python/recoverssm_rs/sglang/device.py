@@ -1,8 +1,8 @@
-"""The slot kernel over an SGLang pool on CUDA (``rs_slot_scatter``): one launch clears slots,
-commits the accepted verify states or moves HiCache's host copies, for every layer and state
-tensor, reading the engine's index vectors in device memory (docs/design.md section 10). Each call
-is one core call: the pool's tensors checked, the launch built (and a HiCache call's buffer
-staged) by the core, the launch queued, the write recorded."""
+"""The SGLang shell's translation helpers: the engine's index vectors as host ids or as int64
+vectors on the pool's device, what a slot-kernel launch (``rs_slot_scatter``: clearing, the commit,
+HiCache's copies) runs on the current stream, and HiCache's host copies on CUDA. Each write is one
+core call: the pool's tensors checked, the launch built (and a HiCache call's buffer laid out and
+staged) by the core, the launch queued, the write recorded (docs/design.md section 10)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..cuda import ops
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
 
-__all__ = ["ARG_NAMES", "slot_launch", "host_ids", "host_copy"]
+__all__ = ["ARG_NAMES", "host_ids", "host_copy", "int64_on_device", "runner"]
 
 #: The engine's names of the slot kernel's index vectors (what errors name).
 ARG_NAMES = {
@@ -38,7 +38,7 @@ def host_ids(x: Any, op: str, arg: str, *, num_slots: int | None = None, unique:
     return np.asarray(_core.sglang_ids(op, arg, x, num_slots=num_slots, unique=unique), dtype=np.int64)
 
 
-def _runner(pool: SglangMambaPool, requests: int) -> Any:
+def runner(pool: SglangMambaPool, requests: int) -> Any:
     """What a guarded slot-kernel call runs: ``run(launch)`` zeroes the error word for ``requests``
     and queues the launch (``None``: nothing to launch)."""
 
@@ -50,20 +50,7 @@ def _runner(pool: SglangMambaPool, requests: int) -> Any:
     return run
 
 
-def slot_launch(pool: SglangMambaPool, commit: bool, slots: Any, **vectors: Any) -> None:
-    """One guarded launch of the slot kernel on the current stream, one core call: clear ``slots``
-    (no other vector) or commit (with ``steps`` and the optional ``rows``, ``track_slots``,
-    ``track_steps``); the first launch of each use uploads the pool's records (built by the core)."""
-    op, arg = ("commit_after_verify", "state_indices") if commit else ("clear_slots", "indices")
-    args = {k: _int64(pool, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
-    slots = _int64(pool, slots, op, arg)
-    run = _runner(pool, int(slots.shape[0]) if len(slots.shape) == 1 else 0)
-    index = pool.placement.index
-    upload = lambda raw: ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), index)  # noqa: E731
-    pool.tensors.slot_launch(run, commit, upload, slots=slots, **args, err=pool.slot_error.alloc())
-
-
-def _int64(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
+def int64_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
     """``x`` (the argument ``arg`` of ``op``) as a contiguous int64 vector on the pool's device
     (an int32 vector widened there, never read back)."""
     x = pool.on_device(x, op, arg)
@@ -80,7 +67,7 @@ def host_copy(pool: SglangMambaPool, op: str, ids: np.ndarray, host: list[Any] |
     stages (the call's blocks, slot table and indices: one host-to-device copy), one launch of the
     slot kernel; for ``get_cpu_copy`` one device-to-host copy of the blocks follows, and the host
     tensors (returned as ``(conv_cpu, temporal_cpu)``) are views of it."""
-    index, run = pool.placement.index, _runner(pool, len(ids))
+    index, run = pool.placement.index, runner(pool, len(ids))
 
     def stage(buf: Any, staged: bytes, at: int, kl: Any) -> None:  # on the launch's stream
         if staged:

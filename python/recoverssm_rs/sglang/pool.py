@@ -18,7 +18,7 @@ from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import PlanError
 from ..planner import Planner
-from .device import ARG_NAMES, host_copy, host_ids, slot_launch
+from .device import ARG_NAMES, host_copy, host_ids, int64_on_device, runner
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -235,9 +235,15 @@ class SglangMambaPool(EngineAdapter):
         self.guarded(write)
 
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
-        """One guarded launch of the slot kernel: clear ``slots``, or with ``commit`` the verify commit
-        (``vectors``: ``steps``, ``rows``, ``track_slots``, ``track_steps``)."""
-        slot_launch(self, commit, slots, **vectors)
+        """One guarded launch of the slot kernel on the current stream, one core call: clear ``slots``,
+        or with ``commit`` the verify commit (``vectors``: ``steps``, ``rows``, ``track_slots``,
+        ``track_steps``); the first launch of each use uploads the pool's records (built by the core)."""
+        op, arg = ("commit_after_verify", "state_indices") if commit else ("clear_slots", "indices")
+        args = {k: int64_on_device(self, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
+        slots = int64_on_device(self, slots, op, arg)
+        run = runner(self, int(slots.shape[0]) if len(slots.shape) == 1 else 0)
+        upload = lambda raw: ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.placement.index)  # noqa: E731
+        self.tensors.slot_launch(run, commit, upload, slots=slots, **args, err=self.slot_error.alloc())
 
     def last_error(self) -> Any:
         """The error word of the last slot-kernel launch on CUDA (:meth:`copy_from` reports in
