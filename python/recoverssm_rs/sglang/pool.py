@@ -194,18 +194,16 @@ class SglangMambaPool(EngineAdapter):
         return torch.as_tensor(host_ids(x, op, arg)).to(self.device, non_blocking=True)
 
     def _device_constants(self, n: int) -> tuple[Any, Any]:
-        """The slot ids ``0..slots`` and at least ``n`` ones, on the states' device (uploaded once;
-        the ones grow by doubling)."""
-        torch, index = ops.cuda_ops.torch(), self.placement.index
-
-        def up(a: np.ndarray) -> Any:
-            return ops.cuda_ops.upload(a.view(np.uint8), index).view(torch.int32)
-
-        have = 0 if self._ones_dev is None else int(self._ones_dev.shape[0])
+        """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
+        device (uploaded once; the ones grow by doubling)."""
+        torch = ops.cuda_ops.torch()
+        index = self.placement.index
         if self._slots_dev is None:
-            self._slots_dev = up(np.arange(self.num_slots, dtype=np.int32))
-        if have < n:
-            self._ones_dev = up(np.ones(max(n, 2 * have, 64), dtype=np.int32))
+            ids = np.arange(self.num_slots, dtype=np.int32)
+            self._slots_dev = ops.cuda_ops.upload(ids.view(np.uint8), index).view(torch.int32)
+        if self._ones_dev is None or int(self._ones_dev.shape[0]) < n:
+            cap = max(n, 2 * (0 if self._ones_dev is None else int(self._ones_dev.shape[0])), 64)
+            self._ones_dev = ops.cuda_ops.upload(np.ones(cap, dtype=np.int32).view(np.uint8), index).view(torch.int32)
         return self._slots_dev, self._ones_dev
 
     def fork(self, src_indices: Any, dst_indices: Any) -> None:
