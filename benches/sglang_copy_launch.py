@@ -2,9 +2,12 @@
 host tensors that claim to be on ``cuda:0`` (the tests' ``FakeCuda``), the device calls go through
 the tests' ``FakeOps`` and the driver launch is not made (the launch is queued asynchronously on a
 GPU). Measured: the adapter's host work per call (the slot ids to the device, the core's checks and
-launch packing, the guard) and how many times it reaches the compiled core's planner per call.
+launch packing, the guard) and how many times it reaches the compiled core's planner per call; and
+the host work of a HiCache round trip of the same slots on that path (``get_cpu_copy``: staging,
+launch, device-to-host copy of the blocks; ``load_cpu_copy`` of that copy: staging, launch).
+Medians over ``--rounds`` rounds, with the lowest and highest round.
 
-    .venv/bin/python benches/sglang_copy_launch.py [--batch 8 32] [--layers 8] [--slots 64] [--repeat 2000]
+    .venv/bin/python benches/sglang_copy_launch.py [--batch 8 32] [--layers 8] [--slots 64] [--repeat 2000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     cuda_ops.cuda_ops = FakeOps()
     # the adapter views its slot ids with other strides
@@ -55,21 +59,31 @@ def main() -> None:
     pool = SglangMambaPool(conv, temporal)
     counted = Counted(pool.planner.core)
     pool.planner.core = counted  # type: ignore[misc]
-    print(f"{'batch':>5} {'copy_from us':>13} {'core crossings':>15} {'launches':>9}")
+    print(
+        f"{'batch':>5} {'copy_from us':>22} {'core crossings':>15} {'launches':>9} {'get_cpu_copy us':>22} {'load_cpu_copy us':>22}"
+    )
     for n in a.batch:
         src = FakeCuda(torch.arange(1, n + 1, dtype=torch.int64))
         dst = FakeCuda(torch.arange(n + 1, 2 * n + 1, dtype=torch.int64))
         pool.copy_from(src, dst)  # the first call uploads the constants and the state table
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(a.repeat):
-                pool.copy_from(src, dst)
-            times.append((time.perf_counter() - t0) / a.repeat * 1e6)
+        host = pool.get_cpu_copy(src.t)  # HiCache hands host slot ids
+        ops = {
+            "copy": (lambda: pool.copy_from(src, dst), a.repeat),
+            "get": (lambda: pool.get_cpu_copy(src.t), max(1, a.repeat // 10)),
+            "load": (lambda: pool.load_cpu_copy(host, dst.t), max(1, a.repeat // 10)),
+        }
+        times: dict[str, list[float]] = {k: [] for k in ops}
+        for _ in range(a.rounds):
+            for k, (op, reps) in ops.items():
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    op()
+                times[k].append((time.perf_counter() - t0) / reps * 1e6)
         launches.clear()
         counted.calls = 0
         pool.copy_from(src, dst)
-        print(f"{n:5d} {statistics.median(times):13.1f} {counted.calls:15d} {len(launches):9d}")
+        cols = [f"{statistics.median(t):7.1f} ({min(t):.1f}-{max(t):.1f})" for t in times.values()]
+        print(f"{n:5d} {cols[0]:>22} {counted.calls:15d} {len(launches):9d} {cols[1]:>22} {cols[2]:>22}")
 
 
 if __name__ == "__main__":

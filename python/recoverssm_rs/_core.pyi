@@ -47,6 +47,7 @@ __all__ = [
     "Planner",
     "RawBuffer",
     "RecoverSSMError",
+    "SglangPool",
     "StateSpec",
     "TransferPlan",
     "VllmSlotStep",
@@ -86,13 +87,9 @@ __all__ = [
     "recover_geometry",
     "remove_file",
     "restore_sources",
-    "sglang_check_pool",
-    "sglang_commit_selection",
     "sglang_host_copies",
     "sglang_ids",
     "sglang_layout",
-    "sglang_slot_launch",
-    "sglang_slot_table",
     "short_conv_layout",
     "simulate_checkpoints",
     "source_pools",
@@ -786,6 +783,106 @@ class RecoverSSMError(Exception):
     """Base class of every error raised by recoverssm_rs."""
 
 @final
+class SglangPool:
+    """The tensors of an SGLang pool, checked and guarded: SGLang's `mamba_cache.conv` (a list of
+    tensors), `temporal` and the optional verify scratch (`intermediate_ssm`, a list
+    `intermediate_conv_window`), every one a tensor, with one layer count and no two sharing
+    memory (`BindingError` naming them); `conv_layout` the conv windows' layout (`"DS"`, `"SD"`).
+    """
+
+    def __new__(
+        cls,
+        *,
+        conv: Sequence[_Tensor],
+        temporal: _Tensor,
+        intermediate_ssm: _Tensor | None = None,
+        intermediate_conv_window: Sequence[_Tensor] | None = None,
+        conv_layout: _ConvLayoutName | None = None,
+    ) -> SglangPool: ...
+    def check(self) -> None:
+        """Raises `BindingError` naming the first tensor of the pool that moved (re-pointed, its
+        storage resized or freed).
+        """
+    def check_transfer(self) -> None:
+        """Checks that a transfer pool over the first conv tensor and the temporal state covers the
+        pool (`LayoutError` for several conv tensors holding bytes).
+        """
+    def commit_moves(
+        self,
+        *,
+        slots: _IntArray,
+        steps: _IntArray,
+        rows: _IntArray | None = None,
+        track_slots: _IntArray | None = None,
+        track_steps: _IntArray | None = None,
+    ) -> list[tuple[int, int, int]]:
+        """The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
+        pass then the track pass (with `track_slots`), after every index is checked (`PlanError`
+        naming the request otherwise); `rows` defaults to each request's own index.
+        """
+    @property
+    def groups(self) -> list[tuple[Layout, list[int]]]:
+        """The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
+        the first; each one's layout and the indices of its tensors in `[*conv, temporal]`.
+        """
+    def guarded(self, write: Callable[[], _T]) -> _T:
+        """One guarded write: the pool's tensors checked (`write` not called when one moved),
+        `write()` run, the write recorded (autograd's version counters). Returns what `write` returns.
+        """
+    def host_copy(
+        self,
+        op: str,
+        ids: _IntArray,
+        *,
+        alloc: Callable[[int], _Tensor],
+        run: Callable[[_Tensor, bytes, int, KernelLaunch | None], object],
+        err: _Tensor,
+        host: Sequence[_Tensor] | None = None,
+    ) -> tuple[_Tensor, list[tuple[int, int, list[int]]]] | None:
+        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
+        (checked slots of the pool) on CUDA, in one call: the core lays out one device buffer for
+        it (`alloc(n)` returns an int32 device vector of `n` elements), checks the pool's tensors,
+        stages the call (a load's host copies `host`, the slot table, the index vectors) and hands
+        `run(buffer, staged, at, launch)` the bytes to copy into the buffer from int32 element `at`
+        and the slot kernel's launch reporting into `err` (`None`: nothing to launch); then the write
+        is recorded. Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`;
+        `None` for a load that moves nothing (no buffer, no launch).
+        """
+    @property
+    def live(self) -> list[int]:
+        """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
+        temporal state): indices in `[*conv, temporal]`.
+        """
+    @property
+    def num_slots(self) -> int:
+        """Slots, the dummy slot 0 included (SGLang's `size + 1`)."""
+    def slot_launch(
+        self,
+        run: Callable[[KernelLaunch | None], object],
+        commit: bool,
+        upload: Callable[[bytes], _Tensor],
+        *,
+        slots: _Tensor,
+        steps: _Tensor | None = None,
+        rows: _Tensor | None = None,
+        track_slots: _Tensor | None = None,
+        track_steps: _Tensor | None = None,
+        err: _Tensor,
+    ) -> None:
+        """One guarded launch of the slot kernel, in one call: clear `slots` (`commit` false) or the
+        commit (`steps`, optional `rows` and track pair), every vector checked by the core (int64,
+        one length, on the pool's device; `err` an int32 error word of 3). The first launch of
+        each use builds its records and hands them to `upload(bytes)`, which returns them on the
+        device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
+        write recorded.
+        """
+    def verify_scratch(self) -> list[tuple[int, int]]:
+        """`(state, scratch)` for every state tensor that holds bytes, the temporal state first:
+        indices in `[*conv, temporal]` and in `[intermediate_ssm, *intermediate_conv_window]`
+        (`PlanError` for a pool without the verify scratch).
+        """
+
+@final
 class StateSpec:
     """One state tensor of a layer: its per-block (persistent) or per-request (workspace) shape, dtype,
     role and, for persistent states, how it is copied between cache blocks.
@@ -1259,36 +1356,6 @@ def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint,
     [`source_pools`] (BindingError).
     """
 
-def sglang_check_pool(
-    *,
-    conv: Sequence[_Tensor],
-    temporal: _Tensor,
-    intermediate_ssm: _Tensor | None = None,
-    intermediate_conv_window: Sequence[_Tensor] | None = None,
-    conv_layout: _ConvLayoutName | None = None,
-) -> list[tuple[Layout, list[int]]]:
-    """Checks the tensors of an SGLang pool as the adapter is built: a list of conv tensors, the
-    temporal state and the optional verify scratch, every one a tensor, with one layer count and
-    no two sharing memory (`BindingError` naming them). Returns the planner's groups over them,
-    one per non-empty conv tensor with the temporal state riding on the first: each one's layout
-    (conv windows in `conv_layout`) and the indices of its tensors in `[*conv, temporal]`.
-    """
-
-def sglang_commit_selection(
-    *,
-    slots: _IntArray,
-    steps: _IntArray,
-    track_slots: _IntArray | None = None,
-    track_steps: _IntArray | None = None,
-    rows: _IntArray | None = None,
-    num_slots: int,
-    num_rows: int,
-    draft: int,
-) -> list[list[int]]:
-    """Per pass (the commit, then the track pass when `track_slots` is given), the requests that
-    write, after the core has checked every index (a `PlanError` naming the request otherwise).
-    """
-
 def sglang_host_copies(
     pool: Sequence[_Tensor], mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], num_slots: int
 ) -> list[_Tensor]:
@@ -1324,33 +1391,6 @@ def sglang_layout(
     `ssm_dtype` its `dtype.conv` / `dtype.temporal`, the rest its `shape`'s fields of the same
     names (`None` where the shape has none). Kimi-Linear (`num_k_heads`) is KDA, three
     `conv_shard_groups` GDN, any other Mamba2.
-    """
-
-def sglang_slot_launch(
-    *,
-    device: str | _Tensor,
-    metas: int,
-    num_meta: int,
-    max_bytes: int,
-    num_slots: int,
-    num_rows: int | None = None,
-    draft: int | None = None,
-    slots: _Tensor,
-    steps: _Tensor | None = None,
-    rows: _Tensor | None = None,
-    track_slots: _Tensor | None = None,
-    track_steps: _Tensor | None = None,
-    err: _Tensor,
-) -> KernelLaunch | None:
-    """The launch of the slot kernel (clear without `steps`, the commit with them), or `None` when
-    there is nothing to launch; every argument checked by the core (int64 vectors of one length on
-    the pool's device, an int32 error word of 3).
-    """
-
-def sglang_slot_table(*, states: Sequence[_Tensor], scratch: Sequence[_Tensor | None]) -> tuple[bytes, int, int]:
-    """The slot kernel's records of a pool (`SlotCopy`, one per layer of each state tensor, tensor
-    order then layer order) as bytes, with their count and the largest slot's bytes. `scratch[i]`
-    is `states[i]`'s verify scratch or `None`.
     """
 
 def short_conv_layout(

@@ -22,6 +22,7 @@ mod plan;
 mod planner;
 mod runner;
 mod sglang;
+mod sglang_pool;
 mod slot_step;
 mod tensor;
 mod transfer;
@@ -56,9 +57,9 @@ mod _core {
     #[pymodule_export]
     use super::runner::{vllm_request_values, vllm_runner_groups};
     #[pymodule_export]
-    use super::sglang::{
-        sglang_check_pool, sglang_commit_selection, sglang_host_copies, sglang_ids, sglang_layout, sglang_slot_launch, sglang_slot_table,
-    };
+    use super::sglang::{sglang_host_copies, sglang_ids, sglang_layout};
+    #[pymodule_export]
+    use super::sglang_pool::SglangPool;
     #[pymodule_export]
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]

@@ -11,8 +11,10 @@ use crate::error::{Error, Result};
 pub use checks::{check_host_copy, check_pool, check_slots, Repeats};
 
 pub mod checks;
+pub mod hicache;
 pub mod kernel;
 pub mod layout;
+pub mod pool;
 #[cfg(test)]
 mod tests;
 

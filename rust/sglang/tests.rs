@@ -163,3 +163,94 @@ mod slot_kernel {
         assert!(slot_launch(&pool(0, 0), &SlotCall { slots: &i32slots, ..clear }).is_err());
     }
 }
+
+mod host_copy {
+    use crate::layout::ConvLayout;
+    use crate::sglang::hicache::{Direction, HostCopy};
+    use crate::sglang::kernel::SlotCopy;
+    use crate::sglang::pool::Pool;
+    use crate::tensor::TensorDesc;
+
+    const BUF: u64 = 0x100_0000;
+
+    fn states() -> Vec<TensorDesc> {
+        vec![TensorDesc::dense(0x1000, "bfloat16", &[2, 6, 3, 4], "cuda:0"), TensorDesc::dense(0x8000, "float32", &[2, 6, 5], "cuda:0")]
+    }
+
+    fn record(bytes: &[u8], at: usize) -> [u64; 6] {
+        let word = |i: usize| u64::from_le_bytes(bytes[at + 8 * i..at + 8 * i + 8].try_into().unwrap());
+        [word(0), word(1), word(2), word(3), word(4), word(5)] // dst, dst stride, src, row stride, step stride, bytes
+    }
+
+    fn ints(bytes: &[u8], at: usize, n: usize) -> Vec<i64> {
+        (0..n).map(|i| i64::from_le_bytes(bytes[at + 8 * i..at + 8 * i + 8].try_into().unwrap())).collect()
+    }
+
+    #[test]
+    fn a_get_gathers_each_state_into_its_aligned_block_after_which_the_table_and_indices_follow() {
+        let c = HostCopy::new(Direction::Get, states(), vec![4, 1, 5], 6).unwrap();
+        let sizes: Vec<(u64, u64, Vec<i64>)> = c.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect();
+        assert_eq!(sizes, vec![(0, 2 * 3 * 24, vec![2, 3, 3, 4]), (144, 2 * 3 * 20, vec![2, 3, 5])]);
+        assert_eq!(c.staged_at, 272, "the blocks end 16-byte aligned");
+        let rec = std::mem::size_of::<SlotCopy>();
+        let vectors = c.staged_at as usize + (4 * rec).div_ceil(16) * 16;
+        assert_eq!(c.total as usize, vectors + 3 * 32);
+        let staged = c.stage(BUF, &[]).unwrap();
+        assert_eq!(staged.len() as u64, c.total - c.staged_at);
+        // Layer 1 of the temporal state: into its block (3 slots of 20 bytes), from the pool's slots.
+        let [dst, dst_stride, src, row_stride, _, bytes] = record(&staged, 3 * rec);
+        assert_eq!((dst, dst_stride, src, row_stride, bytes), (BUF + 144 + 60, 20, 0x8000 + 6 * 20, 20, 20));
+        let at = vectors - c.staged_at as usize;
+        assert_eq!([ints(&staged, at, 3), ints(&staged, at + 32, 3), ints(&staged, at + 64, 3)], [vec![0, 1, 2], vec![0, 0, 0], vec![4, 1, 5]]);
+        let err = TensorDesc::dense(0x9_0000, "int32", &[3], "cuda:0");
+        let l = c.launch(BUF, &err).unwrap().expect("a launch");
+        let v: std::collections::HashMap<_, _> = l.values().into_iter().collect();
+        assert_eq!(
+            (v["metas"], v["slots"], v["num_slots"], v["num_rows"], v["num_meta"]),
+            ((BUF + 272) as i128, (BUF as usize + vectors) as i128, 3, 6, 4)
+        );
+    }
+
+    #[test]
+    fn a_load_stages_the_host_copies_dense_or_strided() {
+        let n = 2;
+        let conv: Vec<u16> = (0..2 * n * 12).map(|i| i as u16).collect();
+        // The temporal host copy as a transposed view of a [5, 2, 2] buffer: element (l, s, k) is k * 4 + l * 2 + s.
+        let buf: Vec<f32> = (0..20).map(|i| i as f32).collect();
+        let host_conv = TensorDesc::dense(conv.as_ptr() as u64, "bfloat16", &[2, 2, 3, 4], "cpu");
+        let host_temporal = TensorDesc::new(buf.as_ptr() as u64, "float32", vec![2, 2, 5], vec![8, 4, 16], "cpu");
+        let c = HostCopy::new(Direction::Load, states(), vec![3, 2], 6).unwrap();
+        assert_eq!(c.staged_at, 0);
+        let staged = c.stage(BUF, &[host_conv, host_temporal]).unwrap();
+        let conv_bytes: Vec<u8> = conv.iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(&staged[..96], &conv_bytes[..]);
+        let want: Vec<u8> =
+            (0..2).flat_map(|l| (0..2).flat_map(move |s| (0..5).map(move |k| (k * 4 + l * 2 + s) as f32))).flat_map(f32::to_le_bytes).collect();
+        assert_eq!(&staged[96..176], &want[..], "the strided host copy in C order");
+        let bad = TensorDesc::dense(conv.as_ptr() as u64, "bfloat16", &[2, 2, 3, 4], "cuda:0");
+        assert!(c.stage(BUF, &[bad, TensorDesc::dense(0, "float32", &[2, 2, 5], "cpu")]).is_err());
+        assert_eq!(HostCopy::new(Direction::Load, states(), vec![], 6).unwrap().total, 0, "nothing moves");
+    }
+
+    #[test]
+    fn the_pool_pairs_each_state_with_its_scratch_and_refuses_what_it_lacks() {
+        let [conv, temporal] = <[TensorDesc; 2]>::try_from(states()).unwrap();
+        let ssm = TensorDesc::dense(0x10_0000, "float32", &[2, 3, 4, 5], "cuda:0");
+        let pool = Pool::new(vec![conv.clone()], temporal.clone(), None, None, ConvLayout::DS).unwrap();
+        assert_eq!((pool.live(), pool.num_slots), (vec![0, 1], 6));
+        assert!(pool.verify_scratch().unwrap_err().message.contains("no intermediate_ssm"));
+        let pool = Pool::new(vec![conv.clone()], temporal.clone(), Some(ssm.clone()), None, ConvLayout::DS).unwrap();
+        assert!(pool.verify_scratch().unwrap_err().message.contains("no intermediate_conv_window per conv tensor"));
+        let window = TensorDesc::dense(0x20_0000, "bfloat16", &[2, 3, 4, 3, 4], "cuda:0");
+        let pool = Pool::new(vec![conv.clone()], temporal.clone(), Some(ssm), Some(vec![window]), ConvLayout::DS).unwrap();
+        assert_eq!(pool.verify_scratch().unwrap(), vec![(1, 0), (0, 1)]);
+        assert_eq!(pool.commit_moves(&[2, 0, 5], &[3, 1, -1], Some(&[1, 0, 2]), (None, None)).unwrap(), vec![(2, 1, 3)]);
+        assert!(pool.commit_moves(&[2], &[4], None, (None, None)).unwrap_err().message.contains("past the draft (0 ..= 3)"));
+        assert_eq!(pool.slot_table(true).unwrap().records.len(), 4);
+        let two =
+            Pool::new(vec![conv.clone(), TensorDesc::dense(0x30_0000, "bfloat16", &[2, 6, 3, 4], "cuda:0")], temporal, None, None, ConvLayout::DS)
+                .unwrap();
+        assert!(two.check_transfer().unwrap_err().message.contains("this pool has 2"));
+        assert!(pool.check_transfer().is_ok());
+    }
+}

@@ -1,11 +1,11 @@
-"""The slot kernel over an SGLang pool on CUDA (``rs_slot_scatter``): one launch clears slots,
-commits the accepted verify states or moves HiCache's host copies, for every layer and state
-tensor, reading the engine's index vectors in device memory (docs/design.md section 10)."""
+"""The SGLang shell's translation helpers: the engine's index vectors as host ids or as int64
+vectors on the pool's device, what a slot-kernel launch (``rs_slot_scatter``: clearing, the commit,
+HiCache's copies) runs on the current stream, and HiCache's host copies on CUDA. Each write is one
+core call: the pool's tensors checked, the launch built (and a HiCache call's buffer laid out and
+staged) by the core, the launch queued, the write recorded (docs/design.md section 10)."""
 
 from __future__ import annotations
 
-import logging
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,9 +16,16 @@ from ..cuda import ops
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
 
-__all__ = ["ARG_NAMES", "SlotKernel", "host_ids", "get_cpu_copy", "load_cpu_copy"]
+__all__ = ["ARG_NAMES", "host_ids", "host_copy", "int64_on_device", "runner"]
 
-log = logging.getLogger("recoverssm_rs")
+#: The engine's names of the slot kernel's index vectors (what errors name).
+ARG_NAMES = {
+    "slots": "state_indices",
+    "steps": "last_correct_step_indices",
+    "rows": "src_indices",
+    "track_slots": "track_indices",
+    "track_steps": "steps_to_track",
+}
 
 
 def host_ids(x: Any, op: str, arg: str, *, num_slots: int | None = None, unique: bool = False) -> np.ndarray:
@@ -31,160 +38,49 @@ def host_ids(x: Any, op: str, arg: str, *, num_slots: int | None = None, unique:
     return np.asarray(_core.sglang_ids(op, arg, x, num_slots=num_slots, unique=unique), dtype=np.int64)
 
 
-class SlotKernel:
-    """The device records of one pool for one use (``commit``: with the verify scratch)."""
+def runner(pool: SglangMambaPool, requests: int) -> Any:
+    """What a guarded slot-kernel call runs: ``run(launch)`` zeroes the error word for ``requests``
+    and queues the launch (``None``: nothing to launch)."""
 
-    def __init__(self, pool: SglangMambaPool, *, commit: bool) -> None:
-        states = pool.state_tensors()
-        by_state = {id(t): x for t, x in pool.verify_scratch()} if commit else {}
-        scratch = [by_state.get(id(t)) for t in states]
-        raw, self.num_meta, self.max_bytes = _core.sglang_slot_table(states=states, scratch=scratch)
-        self.commit = commit
-        self.index = pool.placement.index
-        self.device = pool.device
-        self.meta = ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.index)
-        first = next((s for s in scratch if s is not None), None)
-        self.num_rows = 0 if first is None else int(first.shape[1])
-        self.draft = 0 if first is None else int(first.shape[2])
-        log.debug("sglang: %d slot records on %s (commit=%s)", self.num_meta, self.device, commit)
-
-    def launch(self, pool: SglangMambaPool, slots: Any, **vectors: Any) -> None:
-        """One guarded launch on the current stream: clear ``slots`` (no other vector) or commit
-        (with ``steps`` and the optional ``rows``, ``track_slots``, ``track_steps``)."""
-        torch = ops.cuda_ops.torch()
-        op = "commit_after_verify" if self.commit else "clear_slots"
-        args = {k: _int64(torch, pool, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
-        slots = _int64(torch, pool, slots, op, "state_indices" if self.commit else "indices")
-        requests = int(slots.shape[0]) if len(slots.shape) == 1 else 0
-        table = dict(metas=int(self.meta.data_ptr()), num_meta=self.num_meta, max_bytes=self.max_bytes)
-        sizes = dict(num_slots=pool.num_slots, num_rows=self.num_rows, draft=self.draft)
-        _slot_launch(pool, requests, **table, **sizes, slots=slots, **args)
-
-
-def _slot_launch(pool: SglangMambaPool, requests: int, **kwargs: Any) -> None:
-    """One guarded launch of the slot kernel on the current stream (built and checked by the core),
-    reporting into the pool's error word."""
-    err = pool.slot_error
-    err.alloc()  # allocated before the guarded call
-
-    def write() -> None:
-        kl = _core.sglang_slot_launch(device=pool.device, err=err.buf, **kwargs)
-        err.reset(requests)
+    def run(kl: Any) -> None:
+        pool.slot_error.reset(requests)
         if kl is not None:
             pool.launch_kernel(kl)
 
-    pool.guarded(write)
+    return run
 
 
-#: The engine's names of the slot kernel's index vectors (what errors name).
-ARG_NAMES = {
-    "steps": "last_correct_step_indices",
-    "rows": "src_indices",
-    "track_slots": "track_indices",
-    "track_steps": "steps_to_track",
-}
-
-
-def _int64(torch: Any, pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
+def int64_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
     """``x`` (the argument ``arg`` of ``op``) as a contiguous int64 vector on the pool's device
     (an int32 vector widened there, never read back)."""
     x = pool.on_device(x, op, arg)
-    if x.dtype == torch.int32:  # widened on the device; any other dtype is the core's to refuse
-        x = x.to(torch.int64)
+    if x.dtype == ops.cuda_ops.torch().int32:  # widened on the device; any other dtype is the core's to refuse
+        x = x.to(ops.cuda_ops.torch().int64)
     if len(x.shape) == 1 and x.shape[0] > 1 and x.stride()[0] != 1:
         x = x.contiguous()
     return x
 
 
-def _bundle(parts: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
-    """Byte arrays laid end to end at 16-byte aligned offsets: the bytes and each part's offset."""
-    offsets, total = _offsets([p.nbytes for p in parts])
-    out = np.zeros(total, dtype=np.uint8)
-    for p, o in zip(parts, offsets, strict=True):
-        out[o : o + p.nbytes] = p.reshape(-1).view(np.uint8)
-    return out, offsets
+def host_copy(pool: SglangMambaPool, op: str, ids: np.ndarray, host: list[Any] | None = None) -> Any:
+    """HiCache's host copy on CUDA, ``op`` of the checked slots ``ids`` (``load_cpu_copy``: of the
+    checked host copies ``host``), one core call: one device buffer that the core lays out and
+    stages (the call's blocks, slot table and indices: one host-to-device copy), one launch of the
+    slot kernel; for ``get_cpu_copy`` one device-to-host copy of the blocks follows, and the host
+    tensors (returned as ``(conv_cpu, temporal_cpu)``) are views of it."""
+    index, run = pool.placement.index, runner(pool, len(ids))
 
+    def stage(buf: Any, staged: bytes, at: int, kl: Any) -> None:  # on the launch's stream
+        if staged:
+            with ops.cuda_ops.context(index, None):
+                ops.cuda_ops.stage_i32(staged, buf[at:])
+        run(kl)
 
-def _offsets(sizes: list[int]) -> tuple[list[int], int]:
-    """The 16-byte aligned offsets of parts of ``sizes`` bytes laid end to end, and the total."""
-    offsets, at = [], 0
-    for n in sizes:
-        offsets.append(at)
-        at += (n + 15) // 16 * 16
-    return offsets, max(at, 16)
-
-
-def _stacked(pool: SglangMambaPool, n: int) -> list[tuple[Any, tuple[int, ...], int]]:
-    """Per state tensor of SGLang's order (every conv tensor, then the temporal state): the tensor,
-    its host copy's shape ``[layers, n, ...]`` and that copy's bytes."""
-    out = []
-    for t in [*pool.conv, pool.temporal]:
-        shape = (int(t.shape[0]), n, *(int(x) for x in t.shape[2:]))
-        out.append((t, shape, math.prod(shape) * t.element_size()))
-    return out
-
-
-def _run_table(
-    pool: SglangMambaPool, dst: list[Any], src: list[Any], vectors: dict[str, np.ndarray], **sizes: int
-) -> None:
-    """One launch of the slot kernel over a table built for this call (``dst[i] <- src[i]``): the
-    table and the index ``vectors`` go to the device in one upload."""
-    torch = ops.cuda_ops.torch()
-    raw, num_meta, max_bytes = _core.sglang_slot_table(states=dst, scratch=src)
-    names = list(vectors)
-    staged, offsets = _bundle([np.frombuffer(raw, dtype=np.uint8), *(vectors[k] for k in names)])
-    dev = ops.cuda_ops.upload(staged, pool.placement.index)
-    n = len(vectors["slots"])
-    args = {k: _view(dev, o, 8 * n, torch.int64, (n,)) for k, o in zip(names, offsets[1:], strict=True)}
-    _slot_launch(pool, n, metas=int(dev.data_ptr()), num_meta=num_meta, max_bytes=max_bytes, **args, **sizes)
-
-
-def get_cpu_copy(pool: SglangMambaPool, ids: np.ndarray) -> tuple[list[Any], Any]:
-    """HiCache's host copy on CUDA: one upload (the call's table and indices), one launch of the
-    slot kernel that gathers every layer of every state tensor into one device buffer, one
-    device-to-host copy of that buffer; the host tensors are views of it."""
-    torch = ops.cuda_ops.torch()
-    n = len(ids)
-    index = pool.placement.index
-    stacked = _stacked(pool, n)
-    offsets, total = _offsets([b for _, _, b in stacked])
-    dev_buf = ops.cuda_ops.empty_i32(total // 4, index).view(torch.uint8)  # the gather's destination
-    views = [_view(dev_buf, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
-    live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
-    if n > 0 and live:
-        vectors = {"slots": np.arange(n, dtype=np.int64), "steps": np.zeros(n, dtype=np.int64), "rows": ids}
-        _run_table(
-            pool,
-            [views[k] for k in live],
-            [stacked[k][0][:, :, None] for k in live],
-            vectors,
-            num_slots=n,
-            num_rows=pool.num_slots,
-            draft=1,
-        )
-    host = dev_buf.cpu()
-    out = [_view(host, o, b, t.dtype, s) for (t, s, b), o in zip(stacked, offsets, strict=True)]
+    alloc = lambda n: ops.cuda_ops.empty_i32(n, index)  # noqa: E731
+    done = pool.tensors.host_copy(op, ids, alloc=alloc, run=stage, err=pool.slot_error.alloc(), host=host)
+    if done is None or host is not None:
+        return None
+    buf, blocks = done
+    raw = buf[: (blocks[-1][0] + blocks[-1][1] + 3) // 4].cpu().view(ops.cuda_ops.torch().uint8)
+    states = [*pool.conv, pool.temporal]
+    out = [raw[o : o + b].view(t.dtype).view(*s) for t, (o, b, s) in zip(states, blocks, strict=True)]
     return out[:-1], out[-1]
-
-
-def load_cpu_copy(pool: SglangMambaPool, host: list[Any], ids: np.ndarray) -> None:
-    """HiCache's load on CUDA: the host tensors laid end to end in one upload, then one upload of
-    the call's table and indices and one launch of the slot kernel that scatters every layer of
-    every state tensor into its slots."""
-    torch = ops.cuda_ops.torch()
-    n = len(ids)
-    index = pool.placement.index
-    stacked = _stacked(pool, n)
-    live = [k for k, (_, _, b) in enumerate(stacked) if b > 0]
-    if n == 0 or not live:
-        return
-    staged, offsets = _bundle([np.ascontiguousarray(h.contiguous().view(torch.uint8).numpy()) for h in host])
-    dev = ops.cuda_ops.upload(staged, index)
-    src = [_view(dev, offsets[k], stacked[k][2], stacked[k][0].dtype, stacked[k][1])[:, :, None] for k in live]
-    vectors = {"slots": ids, "rows": np.arange(n, dtype=np.int64), "steps": np.zeros(n, dtype=np.int64)}
-    _run_table(pool, [stacked[k][0] for k in live], src, vectors, num_slots=pool.num_slots, num_rows=n, draft=1)
-
-
-def _view(buf: Any, offset: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
-    """``nbytes`` of a byte buffer from ``offset`` as a ``dtype`` tensor of ``shape``."""
-    return buf[offset : offset + nbytes].view(dtype).view(*shape)

@@ -16,10 +16,9 @@ from .. import _core
 from .._core import Layout
 from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
-from ..errors import LayoutError, PlanError
+from ..errors import PlanError
 from ..planner import Planner
-from .commit import commit_after_verify
-from .device import SlotKernel, get_cpu_copy, host_ids, load_cpu_copy
+from .device import ARG_NAMES, host_copy, host_ids, int64_on_device, runner
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -57,54 +56,45 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
-        # Every tensor the adapter reads or writes: checked by the core, guarded before every
-        # operation; the core forms the groups (their layouts, and their tensors in [*conv, temporal]).
-        groups = _core.sglang_check_pool(
+        # Every tensor the adapter reads or writes, checked and guarded by the core, which forms
+        # the groups (their layouts, and their tensors in [*conv, temporal]).
+        self.tensors = _core.SglangPool(
             conv=conv,
             temporal=temporal,
             intermediate_ssm=intermediate_ssm,
             intermediate_conv_window=intermediate_conv_window,
             conv_layout=conv_layout,
         )
+        """The pool's tensors as the core holds them: checked and guarded before every write."""
         self.conv = list(conv)
         self.temporal = temporal
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        self._bound = _core.BoundTensors([(t, label) for label, t in self._labelled()])
-        stacked = [*self.conv, temporal]
-        self._live = [ks[0] for _, ks in groups if ks[0] < len(self.conv)]  # non-empty conv tensors
-        self._has_temporal = any(ks[-1] == len(self.conv) for _, ks in groups)
-        layers = range(stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
+        self._stacked = [*self.conv, temporal]
+        groups = self.tensors.groups
+        layers = range(self._stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
         super().__init__(
-            Planner.from_groups([(lay, [[stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups])
+            Planner.from_groups([(lay, [[self._stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups])
         )
         # Fixed once bound: read here, not from the core on every call.
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None
         self._ones_dev: Any = None
-        self._slot_kernels: dict[bool, SlotKernel] = {}
+        self._scratch: list[tuple[Any, Any]] | None = None
         self.slot_error = ErrorWordBuffer(self.placement.index)
         """The error word of the slot kernel's launches (:meth:`last_error`)."""
 
-    def _labelled(self) -> list[tuple[str, Any]]:
-        """Every tensor of the pool with the name its errors use."""
-        out = [(f"conv[{i}]", c) for i, c in enumerate(self.conv)]
-        out += [("temporal", self.temporal)] if self.temporal is not None else []
-        out += [("intermediate_ssm", self.intermediate_ssm)] if self.intermediate_ssm is not None else []
-        windows = self.intermediate_conv_window or []
-        return out + [(f"intermediate_conv_window[{i}]", w) for i, w in enumerate(windows)]
-
     def guarded(self, write: Callable[[], T]) -> T:
-        """:meth:`EngineAdapter.guarded`, the layer-stacked tensors checked too (a
-        :class:`~recoverssm_rs.BindingError` when one was re-pointed or resized)."""
-        self._bound.check()
-        return self.planner.guarded(write)
+        """:meth:`EngineAdapter.guarded` over the pool's layer-stacked tensors (whose layers the
+        planner binds), one core call (a :class:`~recoverssm_rs.BindingError` when one was
+        re-pointed or resized)."""
+        return self.tensors.guarded(write)
 
     def check_bound(self) -> None:
         """Checks every tensor of the pool before a read (a :class:`~recoverssm_rs.BindingError`
         naming the tensor that moved)."""
-        self._bound.check()
+        self.tensors.check()
 
     @classmethod
     def from_pool(cls, pool: Any) -> SglangMambaPool:
@@ -144,25 +134,18 @@ class SglangMambaPool(EngineAdapter):
     def state_tensors(self) -> list[Any]:
         """The pool's non-empty state tensors in SGLang's order (every conv tensor, then the
         temporal state)."""
-        return [self.conv[i] for i in self._live] + ([self.temporal] if self._has_temporal else [])
+        return [self._stacked[k] for k in self.tensors.live]
 
     def verify_scratch(self) -> list[tuple[Any, Any]]:
         """``(state tensor, its verify scratch)`` for every non-empty state tensor, the temporal
         state first; a :class:`~recoverssm_rs.PlanError` for a pool without verify scratch."""
-        pairs = []
-        if self._has_temporal:
-            if self.intermediate_ssm is None:
-                raise PlanError("commit_after_verify: the pool has no intermediate_ssm (not a speculative pool)")
-            pairs.append((self.temporal, self.intermediate_ssm))
-        windows = self.intermediate_conv_window
-        if self._live and (windows is None or len(windows) != len(self.conv)):
-            raise PlanError("commit_after_verify: the pool has no intermediate_conv_window per conv tensor")
-        return pairs + [(self.conv[i], windows[i]) for i in self._live]  # type: ignore[index]
+        if self._scratch is None:  # fixed once bound: asked of the core once
+            scratch = [self.intermediate_ssm, *(self.intermediate_conv_window or [])]
+            self._scratch = [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
+        return self._scratch
 
     def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
-        """``indices`` (the argument of ``op``) as host ids, checked by the core as slots that may
-        be written and read (integers in range, no negative id, not the dummy slot 0; with
-        ``unique``, no slot twice)."""
+        """``indices`` (of ``op``) as host ids, checked by the core as slots of the pool."""
         return host_ids(indices, op, "indices", num_slots=self._num_slots, unique=unique)
 
     # ---- SGLang's MambaPool operations ----------------------------------------------------------
@@ -189,14 +172,11 @@ class SglangMambaPool(EngineAdapter):
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
         """One fused launch of the state-copy kernel over the identity table of slot ids
         (docs/design.md section 10); int64 ids narrowed on the device, one crossing into the core."""
-        int32, int64 = ops.cuda_ops.torch().int32, ops.cuda_ops.torch().int64
+        torch = ops.cuda_ops.torch()
         src, dst = (
-            x.to(int32) if x.dtype == int64 else x
-            for x in (
-                self.on_device(src_indices, "copy_from", "src_indices"),
-                self.on_device(dst_indices, "copy_from", "dst_indices"),
-            )
+            self.on_device(x, "copy_from", a) for x, a in ((src_indices, "src_indices"), (dst_indices, "dst_indices"))
         )
+        src, dst = (x.to(torch.int32) if x.dtype == torch.int64 else x for x in (src, dst))
         n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
         if tuple(src.shape) == tuple(dst.shape) == (0,):
             return
@@ -253,12 +233,15 @@ class SglangMambaPool(EngineAdapter):
         self.guarded(write)
 
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
-        """One guarded launch of the slot kernel: clear ``slots``, or with ``commit`` the verify commit
-        (``vectors``: ``steps``, ``rows``, ``track_slots``, ``track_steps``)."""
-        kernel = self._slot_kernels.get(commit)
-        if kernel is None:
-            kernel = self._slot_kernels[commit] = SlotKernel(self, commit=commit)
-        kernel.launch(self, slots, **vectors)
+        """One guarded launch of the slot kernel on the current stream, one core call: clear ``slots``,
+        or with ``commit`` the verify commit (``vectors``: ``steps``, ``rows``, ``track_slots``,
+        ``track_steps``); the first launch of each use uploads the pool's records (built by the core)."""
+        op, arg = ("commit_after_verify", "state_indices") if commit else ("clear_slots", "indices")
+        args = {k: int64_on_device(self, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
+        slots = int64_on_device(self, slots, op, arg)
+        run = runner(self, int(slots.shape[0]) if len(slots.shape) == 1 else 0)
+        upload = lambda raw: ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.placement.index)  # noqa: E731
+        self.tensors.slot_launch(run, commit, upload, slots=slots, **args, err=self.slot_error.alloc())
 
     def last_error(self) -> Any:
         """The error word of the last slot-kernel launch on CUDA (:meth:`copy_from` reports in
@@ -279,11 +262,11 @@ class SglangMambaPool(EngineAdapter):
             PlanError: a bad slot id (as :meth:`copy_from`).
             BindingError: a pool tensor re-pointed or its storage resized (nothing is read).
         """
-        torch = ops.cuda_ops.torch()
         ids = self._check_slots("get_cpu_copy", indices)
-        self.check_bound()
         if self.placement.is_cuda:
-            return get_cpu_copy(self, ids)
+            return host_copy(self, "get_cpu_copy", ids)  # type: ignore[no-any-return]
+        self.check_bound()
+        torch = ops.cuda_ops.torch()
         idx = torch.as_tensor(ids, device=self.device)
         conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
         temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
@@ -302,7 +285,7 @@ class SglangMambaPool(EngineAdapter):
         pool = [*self.conv, self.temporal]
         host = _core.sglang_host_copies(pool, mamba_cache_cpu, len(ids))
         if self.placement.is_cuda:
-            load_cpu_copy(self, [torch.as_tensor(h) for h in host], ids)
+            host_copy(self, "load_cpu_copy", ids, [torch.as_tensor(h) for h in host])
             return
         # Every source staged apart from the pool before the first write: a host copy that is a
         # view of the pool itself is read whole before any slot changes.
@@ -327,11 +310,7 @@ class SglangMambaPool(EngineAdapter):
         """
         from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
-        if len(self._live) > 1:
-            raise LayoutError(
-                f"state_pool binds one conv tensor per layer; this pool has {len(self._live)}: "
-                "its transfer is not supported"
-            )
+        self.tensors.check_transfer()
         layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
         return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
 
@@ -356,7 +335,26 @@ class SglangMambaPool(EngineAdapter):
                 (nothing is written); CUDA states: vectors of different lengths or not on the
                 pool's device.
         """
-        commit_after_verify(self, state_indices, last_correct_step_indices, track_indices, steps_to_track, src_indices)
+        scratch = self.verify_scratch()
+        given = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
+        if not scratch:
+            return
+        if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
+            self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
+            return
+        op = "commit_after_verify"
+        steps = host_ids(last_correct_step_indices, op, ARG_NAMES["steps"])
+        slots = host_ids(state_indices, op, ARG_NAMES["slots"])
+        ids = {k: None if x is None else host_ids(x, op, ARG_NAMES[k]) for k, x in given.items()}
+        moves = self.tensors.commit_moves(slots=slots, steps=steps, **ids)
+
+        def write() -> None:
+            # One strided copy per (tensor, move), commit pass then track pass: no gathered temporary.
+            for state, inter in scratch:
+                for slot, row, step in moves:
+                    state[:, slot].copy_(inter[:, row, step])
+
+        self.guarded(write)
 
     def __repr__(self) -> str:
         return (
