@@ -33,17 +33,15 @@ table() {
     "$(printf '%s\n' "${cpus[@]}" | awk '{ s += $1 } END { printf "%.1f", s }')"
 }
 
-# cpu_now FILE: sets cpu_s to the user + system seconds of this shell's finished children (bash's
-# `times` runs in this shell, not in a command substitution, whose count would start from zero).
-cpu_now() {
-  times >"$1"
-  cpu_s=$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, p, "m"); s += p[1] * 60 + p[2] } printf "%.1f", s }' "$1")
+# timed FILE COMMAND...: runs COMMAND in a child shell that then writes its children's user and
+# system seconds (bash's `times`) to FILE: the stage's own CPU time (this shell's count would also
+# take in the lane, whenever bash reaps it).
+timed() {
+  bash -c 'out=$1 rc=0; shift; "$@" || rc=$?; times >"$out"; exit "$rc"' timed "$@"
 }
-# cpu_since C0: the CPU seconds since cpu_s was C0.
-cpu_since() {
-  local c0=$1
-  cpu_now "$2"
-  cpu_s=$(awk -v a="$c0" -v b="$cpu_s" 'BEGIN { printf "%.1f", b - a }')
+# cpu_of FILE: the seconds `timed` wrote to FILE.
+cpu_of() {
+  awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, p, "m"); s += p[1] * 60 + p[2] } printf "%.1f", s }' "$1"
 }
 
 # record NAME RC T0 T1 CPU: one stage's row.
@@ -56,14 +54,11 @@ record() {
 
 # stage NAME COMMAND...: runs COMMAND, records its seconds; a failure prints the table and exits.
 stage() {
-  local name=$1 rc=0 t0=$EPOCHREALTIME c0
-  cpu_now "$times_file"
-  c0=$cpu_s
+  local name=$1 rc=0 t0=$EPOCHREALTIME
   shift
   echo "== $name: $*"
-  "$@" || rc=$?
-  cpu_since "$c0" "$times_file"
-  record "$name" "$rc" "$t0" "$EPOCHREALTIME" "$cpu_s"
+  timed "$times_file" "$@" || rc=$?
+  record "$name" "$rc" "$t0" "$EPOCHREALTIME" "$(cpu_of "$times_file")"
   echo "== $name: ${secs[-1]} s, ${results[-1]}"
   if ((rc != 0)); then
     table
@@ -89,17 +84,15 @@ stop_lane() {
 }
 trap stop_lane EXIT
 rust_lane() {
-  local step rc t0 c0
+  local step rc t0
   for step in "clippy cargo clippy --all-targets --features python -- -D warnings" \
     "rustfmt cargo fmt --check" "cargo-build cargo test --no-run" "cargo-test cargo test --quiet" \
     "cargo-bench cargo build --benches"; do
     set -- $step
     echo "== $1: ${*:2}"
-    cpu_now "$lane/times"
-    t0=$EPOCHREALTIME rc=0 c0=$cpu_s
-    "${@:2}" || rc=$?
-    cpu_since "$c0" "$lane/times"
-    echo "$1 $rc $t0 $EPOCHREALTIME $cpu_s" >>"$lane/record"
+    t0=$EPOCHREALTIME rc=0
+    timed "$lane/times" "${@:2}" || rc=$?
+    echo "$1 $rc $t0 $EPOCHREALTIME $(cpu_of "$lane/times")" >>"$lane/record"
     echo "== $1: exit $rc"
     ((rc == 0)) || return "$rc"
   done
