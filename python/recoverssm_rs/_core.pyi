@@ -884,6 +884,11 @@ class VllmSlotStep:
     @property
     def group_ids(self) -> list[int]:
         """The KV-cache group id of each planner group."""
+    @staticmethod
+    def new_request(slot: int, num_computed_tokens: int, num_slots: int, block_size: int) -> tuple[int, int]:
+        """`ModelStateV2.add_request`'s slot and the running column it seeds
+        (`crate::vllm::slot_step::new_request`), for `num_slots` slots of `block_size` tokens.
+        """
     def post(
         self,
         idx_mapping: _Tensor,

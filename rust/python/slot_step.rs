@@ -10,7 +10,7 @@ use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::TensorDesc;
 use crate::vllm::slot_commit::{plan_stage, CacheShape, SlotCommitInputs};
-use crate::vllm::slot_step::{buffer_specs, check_group_ids, step_word, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
+use crate::vllm::slot_step::{buffer_specs, check_group_ids, new_request, step_word, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt};
@@ -215,6 +215,17 @@ impl VllmSlotStep {
         let slots = crate::vllm::slots::check_capacity(i64::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?)?;
         let specs = buffer_specs(slots as u64, ids.len()).iter().map(|b| (b.fill, b.len, b.int64)).collect();
         Ok((ids, slots, block_size, specs))
+    }
+
+    /// `ModelStateV2.add_request`'s slot and the running column it seeds
+    /// (`crate::vllm::slot_step::new_request`), for `num_slots` slots of `block_size` tokens.
+    #[staticmethod]
+    #[pyo3(signature = (slot: "int", num_computed_tokens: "int", num_slots: "int", block_size: "int") -> "tuple[int, int]")]
+    fn new_request(slot: &Bound<'_, PyAny>, num_computed_tokens: &Bound<'_, PyAny>, num_slots: u64, block_size: i64) -> PyResult<(usize, i64)> {
+        let kind = ErrorKind::Plan;
+        let s = crate::commit::plan::check_index("slot", i64::arg(slot, "slot", kind)?, num_slots)?;
+        let nct = i64::arg(num_computed_tokens, &format!("request index {s}: num_computed_tokens"), kind)?;
+        Ok(new_request(s as i64, nct, num_slots, block_size)?)
     }
 
     /// The step's error word `[bits, first, last]` (`crate::vllm::slot_step::step_word`) from a

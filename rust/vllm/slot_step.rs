@@ -8,6 +8,7 @@
 
 use super::slot_commit::{rows_offset, stage_len, COMPUTED_AT};
 use super::slots::check_capacity;
+use crate::commit::plan::check_index;
 use crate::error::{Error, Result};
 use crate::kernels::abi::Launch;
 use crate::kernels::args::{block_table, check_group_tables, IntType};
@@ -67,6 +68,18 @@ pub fn step_word(words: &[i64]) -> Result<[i64; 3]> {
     }
     let pre = 3 * (words[9] & 1) as usize;
     Ok([words[pre] | words[6], words[pre + 1].max(words[7]), words[pre + 2].max(words[8])])
+}
+
+/// A new or resumed request at slot `slot` of `slots` with `num_computed_tokens` in its state
+/// (`vLLM's add_request`): the slot and the running column it is seeded with,
+/// `(num_computed_tokens - 1) // block_size` (`-1` for a fresh request).
+pub fn new_request(slot: i64, num_computed_tokens: i64, slots: u64, block_size: i64) -> Result<(usize, i64)> {
+    let s = check_index("slot", slot, slots)?;
+    let nct = check_index(&format!("request index {s}: num_computed_tokens"), num_computed_tokens, 1 << 31)?;
+    if block_size < 1 {
+        return Err(Error::plan(format!("block_size must be >= 1, got {block_size}")));
+    }
+    Ok((s, (nct as i64 - 1).div_euclid(block_size)))
 }
 
 /// The adapter's device buffers (int32 except `tables`, int64 `[2 * groups]`).
@@ -530,6 +543,14 @@ mod tests {
             msg(st.post(5, &idx, Some(&nct), Sampled::Each(&t(1, "int32", &[2])), None)).contains("num_sampled: expected a 1-D vector of at least 3")
         );
         assert!(msg(st.post(5, &idx, Some(&nct), Sampled::All(1 << 40), None)).contains("does not fit int32"));
+    }
+
+    #[test]
+    fn a_new_request_is_seeded_with_its_running_column() {
+        assert_eq!(new_request(2, 0, 4, 4), Ok((2, -1)));
+        assert_eq!(new_request(3, 9, 4, 4), Ok((3, 2)));
+        assert!(new_request(4, 1, 4, 4).unwrap_err().message.starts_with("slot 4 is out of range"));
+        assert!(new_request(0, -1, 4, 4).unwrap_err().message.contains("num_computed_tokens -1 is out of range"));
     }
 
     #[test]

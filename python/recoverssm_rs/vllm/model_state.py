@@ -124,10 +124,9 @@ class ModelStateV2(EngineAdapter):
         """A new or resumed request at request index ``slot`` (the keyword kept for compatibility):
         its accepted count becomes 1 and its running column ``(num_computed_tokens - 1) //
         block_size`` (docs/design.md section 3.9)."""
-        s = _core.check_index("slot", slot, self.max_num_reqs)
-        nct = _core.check_index(f"request index {s}: num_computed_tokens", num_computed_tokens, 1 << 31)
+        s, column = _core.VllmSlotStep.new_request(slot, num_computed_tokens, self.max_num_reqs, self.block_size)
         self._acc[s] = 1
-        self._state[s] = (nct - 1) // self.block_size
+        self._state[s] = column
 
     def _core_step(self) -> Any:
         """The core's half-step builder, made once (the planner's device path prepared first)."""
