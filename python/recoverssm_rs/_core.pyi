@@ -967,16 +967,25 @@ class VllmSlotStep:
     CTL_WORDS: ClassVar[int]
     ERR_WORDS: ClassVar[int]
     @staticmethod
-    def check_group_ids(ids: Sequence[int], groups: int) -> list[int]:
-        """Checks a list of KV-cache group ids for a planner of `groups` groups; returns them."""
+    def buffers(
+        planner: Planner, group_ids: Sequence[int], max_num_reqs: int
+    ) -> tuple[list[int], int, int, list[tuple[int, int, bool]]]:
+        """Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size`; one KV-cache
+        group id per group, each `>= 0`, none twice; `max_num_reqs` in `1 ..= 2**24`) and sizes its
+        buffers: `(group ids, max_num_reqs, block_size, buffers)`, each buffer `(fill, elements,
+        int64)` in the constructor's order (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`,
+        `tables`, `commit`).
+        """
     def clear_commit(self) -> None:
         """Forgets the staged commit (the stage buffer is the caller's: e.g. after its copy failed)."""
-    @staticmethod
-    def commit_stage_len(num_slots: int) -> int:
-        """The commit stage buffer's int32 elements for `num_slots` slots."""
     @property
     def group_ids(self) -> list[int]:
         """The KV-cache group id of each planner group."""
+    @staticmethod
+    def new_request(slot: int, num_computed_tokens: int, num_slots: int, block_size: int) -> tuple[int, int]:
+        """`ModelStateV2.add_request`'s slot and the running column it seeds
+        (`crate::vllm::slot_step::new_request`), for `num_slots` slots of `block_size` tokens.
+        """
     def post(
         self,
         idx_mapping: _Tensor,
@@ -1034,6 +1043,11 @@ class VllmSlotStep:
         and handed to the post-process's `run` (inside its guarded write, to run before the launch).
         Returns the bytes to copy into the front of the stage buffer;
         nothing is staged when the core refuses the commit.
+        """
+    @staticmethod
+    def step_word(words: Sequence[int]) -> list[int]:
+        """The step's error word `[bits, first, last]` (`crate::vllm::slot_step::step_word`) from a
+        host copy of the error buffer.
         """
 
 @final
@@ -1440,6 +1454,7 @@ def vllm_device_post_process(
     planner: Planner,
     run: Callable[[RawBuffer, KernelLaunch | None], object] | None = None,
     *,
+    step_rows: tuple[int, int] | None = None,
     tables: Sequence[_IntArray] | _IntArray,
     num_computed: _IntArray,
     num_scheduled: _IntArray,
@@ -1462,6 +1477,7 @@ def vllm_device_pre_copy(
     planner: Planner,
     run: Callable[[RawBuffer, KernelLaunch | None], object] | None = None,
     *,
+    step_rows: tuple[int, int] | None = None,
     tables: Sequence[_IntArray] | _IntArray,
     num_computed: _IntArray,
     num_scheduled: _IntArray,

@@ -4,13 +4,13 @@
 //! group's table moved, the table records to upload first).
 
 use super::commit::PyCommitLaunch;
-use super::conversion::{arg_error, args, items, kwargs, Arg, Ints, Table, Tensor};
+use super::conversion::{arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
 use super::launch::KernelLaunch;
 use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::TensorDesc;
 use crate::vllm::slot_commit::{plan_stage, CacheShape, SlotCommitInputs};
-use crate::vllm::slot_step::{check_group_ids, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
+use crate::vllm::slot_step::{buffer_specs, check_group_ids, new_request, step_word, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt};
@@ -74,6 +74,10 @@ pub struct VllmSlotStep {
     /// Which half may run next (a post-process needs a pre-copy of its own).
     order: Mutex<HalfOrder>,
 }
+
+/// `VllmSlotStep.buffers`' answer: the group ids, the slots, the block size, each buffer's
+/// `(fill, elements, int64)`.
+type BufferSizes = (Vec<usize>, usize, i64, Vec<(i64, u64, bool)>);
 
 /// A launch and, when the tables moved, their records to upload before it.
 type HalfStep<'py> = (Py<KernelLaunch>, Option<Bound<'py, PyBytes>>);
@@ -191,23 +195,45 @@ impl VllmSlotStep {
     #[classattr]
     const CTL_WORDS: u64 = crate::vllm::slot_step::CTL_WORDS;
 
-    /// The commit stage buffer's int32 elements for `num_slots` slots.
+    /// Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size`; one KV-cache
+    /// group id per group, each `>= 0`, none twice; `max_num_reqs` in `1 ..= 2**24`) and sizes its
+    /// buffers: `(group ids, max_num_reqs, block_size, buffers)`, each buffer `(fill, elements,
+    /// int64)` in the constructor's order (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`,
+    /// `tables`, `commit`).
     #[staticmethod]
-    fn commit_stage_len(num_slots: i64) -> PyResult<u64> {
-        let slots = crate::vllm::slots::check_capacity(num_slots)? as u64;
-        Ok(crate::vllm::slot_commit::stage_len(slots))
-    }
-
-    /// Checks a list of KV-cache group ids for a planner of `groups` groups; returns them.
-    #[staticmethod]
-    #[pyo3(signature = (ids: "Sequence[int]", groups: "int") -> "list[int]")]
-    fn check_group_ids(ids: &Bound<'_, PyAny>, groups: usize) -> PyResult<Vec<usize>> {
-        let ids = items(ids, "group_ids", ErrorKind::Plan, "integers")?
+    #[pyo3(signature = (planner: "Planner", group_ids: "Sequence[int]", max_num_reqs: "int") -> "tuple[list[int], int, int, list[tuple[int, int, bool]]]")]
+    fn buffers(planner: &Bound<'_, PyAny>, group_ids: &Bound<'_, PyAny>, max_num_reqs: &Bound<'_, PyAny>) -> PyResult<BufferSizes> {
+        let planner = instance::<Planner>(planner, "planner", ErrorKind::Binding, "Planner")?;
+        let p = planner.get();
+        let block_size = p.block_size()?;
+        let ids = items(group_ids, "group_ids", ErrorKind::Plan, "integers")?
             .iter()
             .enumerate()
             .map(|(i, x)| i64::arg(x, &format!("group_ids[{i}]"), ErrorKind::Plan))
             .collect::<PyResult<Vec<i64>>>()?;
-        Ok(check_group_ids(&ids, groups)?)
+        let ids = check_group_ids(&ids, p.inner.num_groups())?;
+        let slots = crate::vllm::slots::check_capacity(i64::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?)?;
+        let specs = buffer_specs(slots as u64, ids.len()).iter().map(|b| (b.fill, b.len, b.int64)).collect();
+        Ok((ids, slots, block_size, specs))
+    }
+
+    /// `ModelStateV2.add_request`'s slot and the running column it seeds
+    /// (`crate::vllm::slot_step::new_request`), for `num_slots` slots of `block_size` tokens.
+    #[staticmethod]
+    #[pyo3(signature = (slot: "int", num_computed_tokens: "int", num_slots: "int", block_size: "int") -> "tuple[int, int]")]
+    fn new_request(slot: &Bound<'_, PyAny>, num_computed_tokens: &Bound<'_, PyAny>, num_slots: u64, block_size: i64) -> PyResult<(usize, i64)> {
+        let kind = ErrorKind::Plan;
+        let s = crate::commit::plan::check_index("slot", i64::arg(slot, "slot", kind)?, num_slots)?;
+        let nct = i64::arg(num_computed_tokens, &format!("request index {s}: num_computed_tokens"), kind)?;
+        Ok(new_request(s as i64, nct, num_slots, block_size)?)
+    }
+
+    /// The step's error word `[bits, first, last]` (`crate::vllm::slot_step::step_word`) from a
+    /// host copy of the error buffer.
+    #[staticmethod]
+    #[pyo3(signature = (words: "Sequence[int]") -> "list[int]")]
+    fn step_word(words: &Bound<'_, PyAny>) -> PyResult<[i64; 3]> {
+        Ok(step_word(&Ints::arg(words, "words", ErrorKind::Plan)?.0)?)
     }
 
     /// The pre-copy over the groups' `block_tables` and the runner's `idx_mapping`,

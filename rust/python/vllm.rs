@@ -6,6 +6,7 @@
 use super::buffer::RawBuffer;
 use super::conversion::{arg_error, args, items, kwargs, Arg, DeviceOf, Ints, RequestNames, Tables, Tensor};
 use super::launch::KernelLaunch;
+use super::params::with_params;
 use super::plan::CopyPlan;
 use super::planner::Planner;
 use super::tensor::{describe, Described};
@@ -52,6 +53,14 @@ fn fresh_mask(f: &Option<Ints>) -> Option<Vec<bool>> {
 
 fn rows(rows: &[&[i64]]) -> RawBuffer {
     RawBuffer::new(rows.iter().flat_map(|r| r.iter().copied()).collect::<Vec<i64>>())
+}
+
+fn pre_rows(d: &decide::PreDecision) -> RawBuffer {
+    rows(&[&d.prev, &d.curr, &d.src_col, &d.bias, &d.num_accepted])
+}
+
+fn post_rows(d: &decide::PostDecision) -> RawBuffer {
+    rows(&[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted])
 }
 
 kwargs! {
@@ -116,123 +125,69 @@ impl PostArgs {
     }
 }
 
-/// vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (
-    *, tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray", num_accepted: "_IntArray",
-    mamba_state_idx: "_IntArray", fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None,
-    block_size: "int | None" = None, num_spec_blocks: "int | None" = None,
-) -> "RawBuffer")]
-fn align_pre_copy(
-    tables: Option<&Bound<'_, PyAny>>,
-    num_computed: Option<&Bound<'_, PyAny>>,
-    num_scheduled: Option<&Bound<'_, PyAny>>,
-    num_accepted: Option<&Bound<'_, PyAny>>,
-    mamba_state_idx: Option<&Bound<'_, PyAny>>,
-    fresh: Option<&Bound<'_, PyAny>>,
-    req_ids: Option<&Bound<'_, PyAny>>,
-    block_size: Option<&Bound<'_, PyAny>>,
-    num_spec_blocks: Option<&Bound<'_, PyAny>>,
-) -> PyResult<RawBuffer> {
-    let a = args!(PreArgs { tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids, block_size, num_spec_blocks })?;
-    let fresh = fresh_mask(&a.fresh);
-    let d = decide::pre_copy(&a.inputs(&fresh), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
-    Ok(rows(&[&d.prev, &d.curr, &d.src_col, &d.bias, &d.num_accepted]))
+with_params! {
+    (PreArgs {
+        tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray", num_accepted: "_IntArray",
+        mamba_state_idx: "_IntArray", fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None,
+        block_size: "int | None" = None, num_spec_blocks: "int | None" = None,
+    })
+    #[signature((*,) ..a -> "RawBuffer")]
+    /// vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`.
+    #[pyfunction]
+    fn align_pre_copy() -> PyResult<RawBuffer> {
+        let fresh = fresh_mask(&a.fresh);
+        let d = decide::pre_copy(&a.inputs(&fresh), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
+        Ok(pre_rows(&d))
+    }
+
+    #[signature((planner: "Planner", *,) ..a -> "tuple[RawBuffer, CopyPlan]")]
+    /// The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
+    #[pyfunction]
+    #[pyo3(name = "vllm_pre_copy")]
+    fn pre_copy(planner: Bound<'_, Planner>,) -> PyResult<(RawBuffer, CopyPlan)> {
+        let fresh = fresh_mask(&a.fresh);
+        let p = planner.get();
+        let step = vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) };
+        let (d, plan) = vllm::pre_copy(&p.inner, &a.inputs(&fresh), &step)?;
+        Ok((pre_rows(&d), CopyPlan::new(plan, planner.unbind())))
+    }
 }
 
-/// vLLM's post-process decision (no copies): int64 rows `running, aligned, dest, bias, src_col,
-/// num_accepted`.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (
-    *, tables: "Sequence[_IntArray] | _IntArray", state_col: "_IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray",
-    num_draft: "_IntArray", num_accepted: "_IntArray", req_ids: "Sequence[str] | None" = None, block_size: "int | None" = None,
-    num_spec_blocks: "int | None" = None,
-) -> "RawBuffer")]
-fn align_post_process(
-    tables: Option<&Bound<'_, PyAny>>,
-    state_col: Option<&Bound<'_, PyAny>>,
-    num_computed: Option<&Bound<'_, PyAny>>,
-    num_scheduled: Option<&Bound<'_, PyAny>>,
-    num_draft: Option<&Bound<'_, PyAny>>,
-    num_accepted: Option<&Bound<'_, PyAny>>,
-    req_ids: Option<&Bound<'_, PyAny>>,
-    block_size: Option<&Bound<'_, PyAny>>,
-    num_spec_blocks: Option<&Bound<'_, PyAny>>,
-) -> PyResult<RawBuffer> {
-    let a = args!(PostArgs { tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids, block_size, num_spec_blocks })?;
-    let d = decide::post_process(&a.inputs(), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
-    Ok(rows(&[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted]))
-}
+with_params! {
+    (PostArgs {
+        tables: "Sequence[_IntArray] | _IntArray", state_col: "_IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray",
+        num_draft: "_IntArray", num_accepted: "_IntArray", req_ids: "Sequence[str] | None" = None, block_size: "int | None" = None,
+        num_spec_blocks: "int | None" = None,
+    })
+    #[signature((*,) ..a -> "RawBuffer")]
+    /// vLLM's post-process decision (no copies): int64 rows `running, aligned, dest, bias, src_col,
+    /// num_accepted`.
+    #[pyfunction]
+    fn align_post_process() -> PyResult<RawBuffer> {
+        let d = decide::post_process(&a.inputs(), &a.tables.views(), &config(a.block_size, a.num_spec_blocks)?, &|i| a.req_ids.name(i))?;
+        Ok(post_rows(&d))
+    }
 
-/// The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(name = "vllm_pre_copy", signature = (
-    planner: "Planner", *, tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray",
-    num_accepted: "_IntArray", mamba_state_idx: "_IntArray", fresh: "_IntArray | None" = None, req_ids: "Sequence[str] | None" = None,
-    block_size: "int | None" = None, num_spec_blocks: "int | None" = None,
-) -> "tuple[RawBuffer, CopyPlan]")]
-fn pre_copy(
-    planner: Bound<'_, Planner>,
-    tables: Option<&Bound<'_, PyAny>>,
-    num_computed: Option<&Bound<'_, PyAny>>,
-    num_scheduled: Option<&Bound<'_, PyAny>>,
-    num_accepted: Option<&Bound<'_, PyAny>>,
-    mamba_state_idx: Option<&Bound<'_, PyAny>>,
-    fresh: Option<&Bound<'_, PyAny>>,
-    req_ids: Option<&Bound<'_, PyAny>>,
-    block_size: Option<&Bound<'_, PyAny>>,
-    num_spec_blocks: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(RawBuffer, CopyPlan)> {
-    let a = args!(PreArgs { tables, num_computed, num_scheduled, num_accepted, mamba_state_idx, fresh, req_ids, block_size, num_spec_blocks })?;
-    let fresh = fresh_mask(&a.fresh);
-    let p = planner.get();
-    let (d, plan) = vllm::pre_copy(
-        &p.inner,
-        &a.inputs(&fresh),
-        &vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) },
-    )?;
-    Ok((rows(&[&d.prev, &d.curr, &d.src_col, &d.bias, &d.num_accepted]), CopyPlan::new(plan, planner.unbind())))
-}
-
-/// The post-process decision (rows as `align_post_process`) and its plan.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(name = "vllm_post_process", signature = (
-    planner: "Planner", *, tables: "Sequence[_IntArray] | _IntArray", state_col: "_IntArray", num_computed: "_IntArray",
-    num_scheduled: "_IntArray", num_draft: "_IntArray", num_accepted: "_IntArray", req_ids: "Sequence[str] | None" = None,
-    block_size: "int | None" = None, num_spec_blocks: "int | None" = None,
-) -> "tuple[RawBuffer, CopyPlan]")]
-fn post_process(
-    planner: Bound<'_, Planner>,
-    tables: Option<&Bound<'_, PyAny>>,
-    state_col: Option<&Bound<'_, PyAny>>,
-    num_computed: Option<&Bound<'_, PyAny>>,
-    num_scheduled: Option<&Bound<'_, PyAny>>,
-    num_draft: Option<&Bound<'_, PyAny>>,
-    num_accepted: Option<&Bound<'_, PyAny>>,
-    req_ids: Option<&Bound<'_, PyAny>>,
-    block_size: Option<&Bound<'_, PyAny>>,
-    num_spec_blocks: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(RawBuffer, CopyPlan)> {
-    let a = args!(PostArgs { tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids, block_size, num_spec_blocks })?;
-    let p = planner.get();
-    let (d, plan) = vllm::post_process(
-        &p.inner,
-        &a.inputs(),
-        &vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) },
-    )?;
-    Ok((rows(&[&d.running, &d.aligned, &d.dest, &d.bias, &d.src_col, &d.num_accepted]), CopyPlan::new(plan, planner.unbind())))
+    #[signature((planner: "Planner", *,) ..a -> "tuple[RawBuffer, CopyPlan]")]
+    /// The post-process decision (rows as `align_post_process`) and its plan.
+    #[pyfunction]
+    #[pyo3(name = "vllm_post_process")]
+    fn post_process(planner: Bound<'_, Planner>,) -> PyResult<(RawBuffer, CopyPlan)> {
+        let p = planner.get();
+        let step = vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) };
+        let (d, plan) = vllm::post_process(&p.inner, &a.inputs(), &step)?;
+        Ok((post_rows(&d), CopyPlan::new(plan, planner.unbind())))
+    }
 }
 
 kwargs! {
     /// A device half-step: the host vectors the host decides with, the accepted counts (host or
     /// device), and where the kernel reads and writes: `staging` (the device int32 buffer the
     /// returned staged step is copied into before the launch), optionally the engine's own
-    /// `[groups, R, cols]` device table, the error word and the counts' output.
+    /// `[groups, R, cols]` device table, the error word and the counts' output; `step_rows`
+    /// (`(R, max_num_reqs)`), when given, checked first.
     pub(crate) struct DeviceArgs (Plan) {
+        step_rows: Option<StepRows>,
         tables: Tables,
         num_computed: Ints,
         num_scheduled: Ints,
@@ -249,13 +204,28 @@ kwargs! {
     }
 }
 
+/// A device half-step's `(requests, max_num_reqs)`: the step's rows against its buffers', checked
+/// (`device_step::check_rows`) before any other argument is read.
+pub(crate) struct StepRows {
+    max_num_reqs: u64,
+}
+
+impl Arg for StepRows {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        let (rows, max): (u64, u64) =
+            obj.extract().map_err(|_| arg_error(kind, format!("{name} must be (requests, max_num_reqs), two integers >= 0")))?;
+        device_step::check_rows(rows, max)?;
+        Ok(StepRows { max_num_reqs: max })
+    }
+}
+
 /// `DeviceArgs`' parameters ([`super::params`]), keyword-only (after the planner and `run`).
 macro_rules! device_half_params {
     ($($items:tt)*) => {
         $crate::python::params::with_params! {
             ($crate::python::vllm::DeviceArgs {
-                tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray", num_scheduled: "_IntArray",
-                mamba_state_idx: "_IntArray | None" = None, state_col: "_IntArray | None" = None,
+                step_rows: "tuple[int, int] | None" = None, tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray",
+                num_scheduled: "_IntArray", mamba_state_idx: "_IntArray | None" = None, state_col: "_IntArray | None" = None,
                 num_draft: "_IntArray | None" = None, num_accepted: "_IntArray | _Tensor", fresh: "_IntArray | None" = None,
                 req_ids: "Sequence[str] | None" = None, staging: "_Tensor", device_table: "_Tensor | None" = None,
                 err: "_Tensor", num_accepted_out: "_Tensor",
@@ -335,6 +305,9 @@ fn device_half<T>(
     let cfg = vllm::config(&p.inner, p.block_size()?);
     let name = |i| a.req_ids.name(i);
     let (out, st) = stage(&device_step::Stage { host_counts: a.num_accepted.host().is_some(), tables: &tables, cfg: &cfg, name: &name, from })?;
+    if let Some(limit) = &a.step_rows {
+        device_step::check_rows(st.rows as u64, limit.max_num_reqs)?; // the rows the core staged, too
+    }
     let mut st = st;
     let mut build = || -> PyResult<(Py<RawBuffer>, Option<Py<KernelLaunch>>)> {
         let l = launch(p, a, &st, pre_copy)?.map(|l| Py::new(py, l)).transpose()?;

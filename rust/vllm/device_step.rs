@@ -168,6 +168,15 @@ pub fn stage(
     Ok(StagedStep { data, groups, rows, cols })
 }
 
+/// Checks a device half-step's `rows` requests against the step's `max_num_reqs` (the rows of its
+/// buffers).
+pub fn check_rows(rows: u64, max_num_reqs: u64) -> Result<()> {
+    if rows > max_num_reqs {
+        return Err(Error::plan(format!("{rows} requests in the step, more than max_num_reqs = {max_num_reqs}")));
+    }
+    Ok(())
+}
+
 /// Checks a device remap of last step's counts to this step's rows: `prev_rows`, each row's row
 /// in the previous step (`-1` for a row new to the batch), must be an int32 or int64 `[>= rows]`
 /// CUDA vector on the states' `device`, given instead of `num_accepted` (the remap produces the
@@ -196,6 +205,12 @@ pub fn check_prev_rows(device: &Device, prev_rows: &TensorDesc, rows: u64, num_a
 mod tests {
     use super::super::decide::row_name;
     use super::*;
+
+    #[test]
+    fn a_step_fits_its_buffers() {
+        assert_eq!(check_rows(4, 4), Ok(()));
+        assert_eq!(check_rows(5, 4).unwrap_err().message, "5 requests in the step, more than max_num_reqs = 4");
+    }
 
     #[test]
     fn host_counts_get_every_host_check() {

@@ -8,6 +8,7 @@
 
 use super::slot_commit::{rows_offset, stage_len, COMPUTED_AT};
 use super::slots::check_capacity;
+use crate::commit::plan::check_index;
 use crate::error::{Error, Result};
 use crate::kernels::abi::Launch;
 use crate::kernels::args::{block_table, check_group_tables, IntType};
@@ -32,6 +33,54 @@ pub const CTL_WORDS: u64 = 3;
 /// The error words of the adapter: the pre-copy's two words (by stamp parity), the
 /// post-process's, then the stamp of the last pre-copy (which pre-copy word is the step's).
 pub const ERR_WORDS: u64 = 10;
+
+/// One of the adapter's device buffers as the adapter allocates it: its initial value, its
+/// elements and whether it is int64 (else int32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferSpec {
+    pub fill: i64,
+    pub len: u64,
+    pub int64: bool,
+}
+
+/// The adapter's buffers for `slots` slots and `groups` groups, in [`SlotBuffers`]' order: the
+/// running column (`-1`: none) and the accepted count (1) per slot, the scratch (`-1`), the
+/// control and error words (0), the tables' [`TableRef`] records (0) and the commit stage (`-1`).
+pub fn buffer_specs(slots: u64, groups: usize) -> [BufferSpec; 7] {
+    let b = |fill, len, int64| BufferSpec { fill, len, int64 };
+    [
+        b(-1, slots, false),
+        b(1, slots, false),
+        b(-1, 3 * slots, false),
+        b(0, CTL_WORDS, false),
+        b(0, ERR_WORDS, false),
+        b(0, 2 * groups as u64, true),
+        b(-1, stage_len(slots), false),
+    ]
+}
+
+/// The step's error word from a host copy of the error buffer ([`ERR_WORDS`] elements): the
+/// pre-copy word of the step's stamp parity (as the last pre-copy recorded it) merged with the
+/// post-process's (bits OR-ed, request bounds the larger).
+pub fn step_word(words: &[i64]) -> Result<[i64; 3]> {
+    if words.len() != ERR_WORDS as usize {
+        return Err(Error::plan(format!("the error buffer has {} words, expected {ERR_WORDS}", words.len())));
+    }
+    let pre = 3 * (words[9] & 1) as usize;
+    Ok([words[pre] | words[6], words[pre + 1].max(words[7]), words[pre + 2].max(words[8])])
+}
+
+/// A new or resumed request at slot `slot` of `slots` with `num_computed_tokens` in its state
+/// (`vLLM's add_request`): the slot and the running column it is seeded with,
+/// `(num_computed_tokens - 1) // block_size` (`-1` for a fresh request).
+pub fn new_request(slot: i64, num_computed_tokens: i64, slots: u64, block_size: i64) -> Result<(usize, i64)> {
+    let s = check_index("slot", slot, slots)?;
+    let nct = check_index(&format!("request index {s}: num_computed_tokens"), num_computed_tokens, 1 << 31)?;
+    if block_size < 1 {
+        return Err(Error::plan(format!("block_size must be >= 1, got {block_size}")));
+    }
+    Ok((s, (nct as i64 - 1).div_euclid(block_size)))
+}
 
 /// The adapter's device buffers (int32 except `tables`, int64 `[2 * groups]`).
 #[derive(Clone, Copy, Debug)]
@@ -494,6 +543,27 @@ mod tests {
             msg(st.post(5, &idx, Some(&nct), Sampled::Each(&t(1, "int32", &[2])), None)).contains("num_sampled: expected a 1-D vector of at least 3")
         );
         assert!(msg(st.post(5, &idx, Some(&nct), Sampled::All(1 << 40), None)).contains("does not fit int32"));
+    }
+
+    #[test]
+    fn a_new_request_is_seeded_with_its_running_column() {
+        assert_eq!(new_request(2, 0, 4, 4), Ok((2, -1)));
+        assert_eq!(new_request(3, 9, 4, 4), Ok((3, 2)));
+        assert!(new_request(4, 1, 4, 4).unwrap_err().message.starts_with("slot 4 is out of range"));
+        assert!(new_request(0, -1, 4, 4).unwrap_err().message.contains("num_computed_tokens -1 is out of range"));
+    }
+
+    #[test]
+    fn the_buffers_and_the_step_word() {
+        let specs = buffer_specs(4, 2);
+        assert_eq!(specs.map(|b| b.len), [4, 4, 12, CTL_WORDS, ERR_WORDS, 4, stage_len(4)]);
+        assert_eq!(specs.map(|b| b.fill), [-1, 1, -1, 0, 0, 0, -1]);
+        assert_eq!(specs.iter().filter(|b| b.int64).count(), 1);
+        // Stamp 1: the pre-copy word at 3..6 is the step's, merged with the post-process's.
+        let words = [7, 7, 7, 1, 2, 3, 4, 1, 9, 1];
+        assert_eq!(step_word(&words), Ok([5, 2, 9]));
+        assert_eq!(step_word(&[0, 0, 0, 9, 9, 9, 0, 0, 0, 0]), Ok([0, 0, 0]));
+        assert!(step_word(&[0; 3]).unwrap_err().message.contains("3 words, expected 10"));
     }
 
     #[test]

@@ -136,6 +136,32 @@ def test_inputs_and_group_ids_are_checked_by_the_core(fake_ops, recorder, launch
     assert ModelStateV2(ms.planner, {5: None}.keys(), 4, device="cpu").group_ids == [5]
 
 
+def test_the_core_checks_the_constructor_and_add_request(fake_ops, launch_args):
+    """The constructor's arguments (the planner's block_size, the capacity) and ``add_request``'s
+    are checked by the core: the package's error naming what is wrong, and nothing written."""
+    from recoverssm_rs import Planner
+    from recoverssm_rs.errors import BindingError, PlanError
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    ms, _, _ = _small()
+    no_bs = Planner.from_groups([(lay, ms.planner.core.states[g]) for g, lay in enumerate(ms.planner.core.layouts)])
+    with pytest.raises(PlanError, match="without a block_size"):
+        ModelStateV2(no_bs, [0], 4)
+    with pytest.raises(BindingError, match="planner must be a Planner, got str"):
+        ModelStateV2("planner", [0], 4)  # type: ignore[arg-type]
+    for bad in (0, 2**24 + 1):
+        with pytest.raises(PlanError, match=r"max_num_reqs must be in 1 \.\.= 2\*\*24"):
+            ModelStateV2(ms.planner, [0], bad)
+    before = (ms.state_idx.clone(), ms.num_accepted.clone())
+    for slot, nct, msg in [(4, 1, "slot 4 is out of range"), (0, -1, "num_computed_tokens -1 is out of range")]:
+        with pytest.raises(PlanError, match=msg):
+            ms.add_request(slot, nct)
+    assert torch.equal(ms.state_idx, before[0]) and torch.equal(ms.num_accepted, before[1])
+    for nct, column in [(0, -1), (4, 0), (5, 1), (9, 2)]:  # (num_computed_tokens - 1) // block_size 4
+        ms.add_request(3, nct)
+        assert (int(ms.state_idx[3]), int(ms.num_accepted[3])) == (column, 1)
+
+
 def test_a_second_pre_copy_without_a_post_process_moves_nothing_again(fake_ops, emulator, launch_args):
     ms, states, table = _small()
     ms.add_request(0, 4)  # state in column 0 (block 1)

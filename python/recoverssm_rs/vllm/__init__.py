@@ -13,17 +13,5 @@ from .model_state import ModelStateV2, RecoverSSMCommit
 from .plugin import plugin_stats
 from .step import VllmMambaStep, copy_kind, mamba_groups
 
-__all__ = [
-    "VllmMambaStep",
-    "DeviceStep",
-    "ModelStateV2",
-    "RecoverSSMCommit",
-    "mamba_groups",
-    "copy_kind",
-    "align_pre_copy",
-    "align_post_process",
-    "plan",
-    "PreCopyInputs",
-    "PostProcessInputs",
-    "plugin_stats",
-]
+__all__ = ["VllmMambaStep", "DeviceStep", "ModelStateV2", "RecoverSSMCommit", "mamba_groups", "copy_kind"]
+__all__ += ["align_pre_copy", "align_post_process", "plan", "PreCopyInputs", "PostProcessInputs", "plugin_stats"]

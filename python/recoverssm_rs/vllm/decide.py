@@ -126,11 +126,10 @@ def plan(planner: Planner, step: PreCopyInputs | PostProcessInputs) -> tuple[Any
     <recoverssm_rs.CopyPlan.execute>`."""
     from ..planner import CopyPlan
 
-    if isinstance(step, PreCopyInputs):
-        raw, copies = _core.vllm_pre_copy(planner.core, **fields(step))
-        return decision(raw, PreCopyDecision), CopyPlan(copies, planner)
-    raw, copies = _core.vllm_post_process(planner.core, **fields(step))
-    return decision(raw, PostProcessDecision), CopyPlan(copies, planner)
+    pre = isinstance(step, PreCopyInputs)
+    raw, copies = (_core.vllm_pre_copy if pre else _core.vllm_post_process)(planner.core, **fields(step))
+    d = decision(raw, PreCopyDecision) if pre else decision(raw, PostProcessDecision)
+    return d, CopyPlan(copies, planner)
 
 
 def align_pre_copy(step: PreCopyInputs, *, block_size: int, num_spec_blocks: int) -> PreCopyDecision:

@@ -7,7 +7,6 @@ section 3.6, "The engine step on the device"). Every torch CUDA call goes throug
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,15 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DeviceStep"]
 
-log = logging.getLogger("recoverssm_rs")
-
-
-def _rows(x: Any, name: str) -> int:
-    """The requests of a step's ``[R]`` vector (a ``PlanError`` naming it when it has no length;
-    the core checks its values)."""
-    with _reading(name, PlanError):
-        return len(x)
-
 
 def _remap(prev: Any, prev_rows: Any, dest: Any) -> None:
     """``dest[i] = prev[prev_rows[i]]``, 1 where ``prev_rows[i]`` is outside ``prev`` (a new row),
@@ -47,14 +37,6 @@ def _remap(prev: Any, prev_rows: Any, dest: Any) -> None:
     dest.copy_(prev.index_select(0, prev_rows.clamp(0, n - 1)).masked_fill_(~kept, 1))
 
 
-def _int32_counts(x: Any) -> Any:
-    """Device counts as int32, narrowed on the device (the core checks every other dtype)."""
-    dtype = str(getattr(x, "dtype", ""))
-    if "cuda" in str(getattr(x, "device", "")) and dtype in ("torch.int64", "int64"):
-        return x.to(ops.cuda_ops.torch().int32)
-    return x
-
-
 class DeviceStep(EngineAdapter):
     """The two fused launches of a step for a planner bound to CUDA states (``planner``: every mamba
     group, with vLLM's ``block_size``; ``max_num_reqs``: the most requests of a step). The accepted
@@ -65,34 +47,28 @@ class DeviceStep(EngineAdapter):
         super().__init__(planner)
         self.index = self.cuda("the device step")
         self.max_num_reqs = VllmSlots.check_capacity(max_num_reqs)
-        # int32 [3 * max_num_reqs]: the pre-copy's counts, the post-process's, the remapped counts
-        self._out: Any = None
+        self._out: Any = None  # int32 [3 * max_num_reqs]: the pre-copy's counts, the post-process's, the remapped
         self.error = ErrorWordBuffer(self.index)
         """The step's error word (zeroed by each pre-copy)."""
         self._staging: Any = None  # int32 device buffer the staged step is copied into
         self._post_rows = 0  # the requests of the last post-process (the rows prev_rows index)
 
-    def _buffers(self) -> tuple[Any, Any]:
+    def _stage(self, tables: Sequence[Any], rows: int, device_tables: Sequence[Any] | None) -> tuple[Any, Any]:
+        """The staging buffer for ``max_num_reqs`` requests of the tables' width (allocated again
+        only for wider tables), and the engine's device tables stacked on the device when given."""
         if self._out is None:
             self.planner.device_path("the device step")  # the state table and the planner's word; compiled at launch
             self._out = ops.cuda_ops.zeros_i32(3 * self.max_num_reqs, self.index)
-        return self._out, self.error.alloc()
-
-    def _stage(self, tables: Sequence[Any], rows: int, device_tables: Sequence[Any] | None) -> tuple[Any, Any]:
-        """The staging buffer, allocated for ``max_num_reqs`` requests of the tables' width (again
-        only for wider tables), and the engine's device tables stacked on the device when given."""
-        if rows > self.max_num_reqs:
-            raise PlanError(f"{rows} requests in the step, more than max_num_reqs = {self.max_num_reqs}")
-        table = None
-        per_row = 3  # the vectors of a half-step
+        per_row, table = 3, None  # the vectors of a half-step, then the staged tables
         if device_tables is None:
             per_row += len(tables) * max((np.shape(t)[1] for t in tables), default=0)
         else:
+            devs = list(device_tables)
             _core.check_device_tables(
-                device=self.placement.name, tables=list(device_tables), groups=self.planner.num_groups, rows=rows
+                device=self.placement.name, tables=devs, groups=self.planner.num_groups, rows=rows
             )
-            table = ops.cuda_ops.stack_rows(list(device_tables), rows, self.index)
-        if self._staging is None or self._staging.shape[0] < per_row * rows:
+            table = ops.cuda_ops.stack_rows(devs, rows, self.index)
+        if self._staging is None or self._staging.shape[0] < per_row * self.max_num_reqs:
             self._staging = ops.cuda_ops.empty_i32(per_row * self.max_num_reqs, self.index)
         return self._staging, table
 
@@ -127,24 +103,24 @@ class DeviceStep(EngineAdapter):
             PlanError: naming the request, before anything is queued.
         """
         pre = isinstance(step, PreCopyInputs)
+        kw = fields(step)
         first = "num_computed" if pre else "state_col"  # the vector that gives the requests
-        kwargs = fields(step)
-        rows = _rows(kwargs[first], first)
-        given = kwargs["num_accepted"] is not None
-        kwargs["num_accepted"] = _int32_counts(kwargs["num_accepted"])
-        out, err = self._buffers()
-        counts = out[:rows] if pre else out[self.max_num_reqs : self.max_num_reqs + rows]
-        staging, table = self._stage(kwargs["tables"], rows, device_tables)
-        cuda = ops.cuda_ops
-        ts = self.stream(stream)
+        with _reading(first, PlanError):
+            rows = len(kw[first])
+        staging, table = self._stage(kw["tables"], rows, device_tables)
+        out, m = self._out, self.max_num_reqs
+        counts = out[:rows] if pre else out[m : m + rows]
+        acc = kw["num_accepted"]
         if prev_rows is not None:
+            given = acc is not None
             _core.vllm_check_prev_rows(
-                device=self.placement.name,
-                prev_rows=prev_rows,
-                rows=rows,
-                num_accepted_given=given,
+                device=self.placement.name, prev_rows=prev_rows, rows=rows, num_accepted_given=given
             )
-            kwargs["num_accepted"] = out[2 * self.max_num_reqs : 2 * self.max_num_reqs + rows]
+            acc = out[2 * m : 2 * m + rows]
+        elif "cuda" in str(getattr(acc, "device", "")) and str(getattr(acc, "dtype", "")) in ("torch.int64", "int64"):
+            acc = acc.to(ops.cuda_ops.torch().int32)  # device counts narrowed on the device (the core checks the rest)
+        kw["num_accepted"] = acc
+        cuda, ts = ops.cuda_ops, self.stream(stream)
 
         def run(staged: Any, kl: Any) -> None:
             """The half-step's writes, run by the core after every check (nothing is queued on an
@@ -153,16 +129,23 @@ class DeviceStep(EngineAdapter):
                 if pre:
                     self.error.reset(0)  # the step's word: the post-process ORs into it too
                     if prev_rows is not None:
-                        prev = out[self.max_num_reqs : self.max_num_reqs + self._post_rows]
-                        _remap(prev, prev_rows[:rows], kwargs["num_accepted"])
+                        _remap(out[m : m + self._post_rows], prev_rows[:rows], acc)
                 if kl is not None:
                     cuda.stage_i32(staged, staging)
                     module.launch(kl, self.index, ts)
                     self.error.requests = max(self.error.requests, rows)
 
         half = _core.vllm_device_pre_copy if pre else _core.vllm_device_post_process
+        err = self.error.alloc()
         vector, _, _ = half(
-            self.core, run, staging=staging, device_table=table, err=err, num_accepted_out=counts, **kwargs
+            self.core,
+            run,
+            staging=staging,
+            device_table=table,
+            err=err,
+            num_accepted_out=counts,
+            step_rows=(rows, m),
+            **kw,
         )
         if not pre:
             self._post_rows = rows

@@ -26,6 +26,8 @@ __all__ = ["ModelStateV2", "RecoverSSMCommit"]
 
 log = logging.getLogger("recoverssm_rs")
 
+_BUFFERS = ("state_idx", "num_accepted", "scratch", "ctl", "err", "tables", "commit")  # the core's names, its order
+
 
 @dataclasses.dataclass
 class RecoverSSMCommit:
@@ -68,33 +70,21 @@ class ModelStateV2(EngineAdapter):
 
         if not isinstance(planner, Planner):
             raise BindingError(f"planner must be a Planner, got {type(planner).__name__}")
-        if planner.block_size is None:
-            raise PlanError("ModelStateV2 needs the planner's block_size (Planner(..., block_size=...))")
+        # The arguments checked and the per-request buffers sized by the core (its buffer_specs).
+        self.group_ids, m, self.block_size, sizes = _core.VllmSlotStep.buffers(planner.core, group_ids, max_num_reqs)
         super().__init__(planner)
-        self.group_ids = _core.VllmSlotStep.check_group_ids(group_ids, planner.num_groups)
-        self.max_num_reqs = m = _core.VllmSlots.check_capacity(max_num_reqs)
-        self.block_size = int(planner.block_size)
-        self.device = torch.device(parse_device(device if device is not None else planner.device).name)
-        dev = self.device
-
-        def vec(fill: int, n: int, dtype: Any = torch.int32) -> Any:
-            try:
-                return torch.full((n,), fill, dtype=dtype, device=dev)
-            except RuntimeError as e:  # no usable device (torch's error, named here)
-                raise BackendUnavailableError(
-                    f"ModelStateV2: cannot allocate its per-request buffers on {dev}: {e}"
-                ) from None
-
-        self._state = vec(-1, m)
-        self._acc = vec(1, m)
-        self._scratch = vec(-1, 3 * m)  # a moved request index's old column, old count and stamp
-        self._ctl = vec(0, _core.VllmSlotStep.CTL_WORDS)  # the stamp, the commit generations seen
-        # the pre-copy's two words (by stamp parity), the post-process's, the last pre-copy's stamp
-        self._err = vec(0, _core.VllmSlotStep.ERR_WORDS)
-        self._tables = vec(0, 2 * planner.num_groups, torch.int64)  # TableRef records
-        self._stage = vec(
-            -1, _core.VllmSlotStep.commit_stage_len(m)
-        )  # a staged RecoverSSM commit (the core keeps its plan)
+        self.max_num_reqs = m
+        self.device = dev = torch.device(parse_device(device if device is not None else planner.device).name)
+        try:
+            bufs = [
+                torch.full((n,), fill, dtype=torch.int64 if wide else torch.int32, device=dev)
+                for fill, n, wide in sizes
+            ]
+        except RuntimeError as e:  # no usable device (torch's error, named here)
+            raise BackendUnavailableError(
+                f"ModelStateV2: cannot allocate its per-request buffers on {dev}: {e}"
+            ) from None
+        self._state, self._acc, self._scratch, self._ctl, self._err, self._tables, self._stage = bufs
         self._generation = 0  # the last stage's generation
         self._step: Any = None  # the core's VllmSlotStep, made at the first half-step
         self._last = "post"  # the half that ran last
@@ -134,28 +124,17 @@ class ModelStateV2(EngineAdapter):
         """A new or resumed request at request index ``slot`` (the keyword kept for compatibility):
         its accepted count becomes 1 and its running column ``(num_computed_tokens - 1) //
         block_size`` (docs/design.md section 3.9)."""
-        s = _core.check_index("slot", slot, self.max_num_reqs)
-        nct = _core.check_index(f"request index {s}: num_computed_tokens", num_computed_tokens, 1 << 31)
+        s, column = _core.VllmSlotStep.new_request(slot, num_computed_tokens, self.max_num_reqs, self.block_size)
         self._acc[s] = 1
-        self._state[s] = (nct - 1) // self.block_size
+        self._state[s] = column
 
     def _core_step(self) -> Any:
         """The core's half-step builder, made once (the planner's device path prepared first)."""
         if self._step is None:
             self.planner.device_path("ModelStateV2")
-            arg = ops.cuda_ops.launch_arg
-            self._step = _core.VllmSlotStep(
-                self.core,
-                group_ids=self.group_ids,
-                num_slots=self.max_num_reqs,
-                state_idx=arg(self._state),
-                num_accepted=arg(self._acc),
-                scratch=arg(self._scratch),
-                ctl=arg(self._ctl),
-                err=arg(self._err),
-                tables=arg(self._tables),
-                commit=arg(self._stage),
-            )
+            bufs = (self._state, self._acc, self._scratch, self._ctl, self._err, self._tables, self._stage)
+            kw = {k: ops.cuda_ops.launch_arg(b) for k, b in zip(_BUFFERS, bufs)}
+            self._step = _core.VllmSlotStep(self.core, group_ids=self.group_ids, num_slots=self.max_num_reqs, **kw)
         return self._step
 
     def prepare_device(self) -> None:
@@ -170,11 +149,12 @@ class ModelStateV2(EngineAdapter):
         self._core_step()
         module.function_ptr("rs_state_copy_slots", self.cuda("ModelStateV2"))
 
-    def _run(self, kl: Any, records: bytes | None, host_commit: Any) -> None:
+    def _run(self, kl: Any, records: bytes | None, reference: Any, num_sampled: Any = None) -> None:
         """A half-step's write, run by the core inside its guarded call: a host cache's reference
-        commit, the table records when a table moved, then the launch on the current stream."""
-        if host_commit is not None:
-            host_commit()
+        commit (the stage's, handed back by the core; it reads the caller's own counts), the table
+        records when a table moved, then the launch on the current stream."""
+        if reference is not None:
+            reference(num_sampled)
         if records is not None:
             import torch
 
@@ -244,14 +224,9 @@ class ModelStateV2(EngineAdapter):
             self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
         arg = ops.cuda_ops.launch_arg
         sampled = num_sampled if isinstance(num_sampled, int) else arg(num_sampled)
-
-        # One guarded core call: every check, then the writes (self._run), then the record.
-        def run(kl: Any, records: bytes | None, reference: Any) -> None:
-            # A host cache's reference commit (the stage's, handed back by the core) reads the
-            # caller's own counts.
-            self._run(kl, records, None if reference is None else functools.partial(reference, num_sampled))
-
         computed = None if num_computed_tokens is None else arg(num_computed_tokens)
+        # One guarded core call: every check, then the writes (self._run), then the record.
+        run = functools.partial(self._run, num_sampled=num_sampled)
         step.post(arg(idx_mapping), sampled, computed, tables, commit, run)
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
@@ -268,23 +243,19 @@ class ModelStateV2(EngineAdapter):
         """
         if _capturing():
             raise PlanError("stage_recoverssm: a CUDA graph is being captured; stage the commit before the capture")
-        rs = recoverssm
-        cache = rs.cache
+        rs, cache = recoverssm, recoverssm.cache
         kernel = cache.fused_commit()
         step = self._core_step()
         generation = self._generation % (2**31 - 1) + 1
+        values = {f.name: getattr(rs, f.name) for f in dataclasses.fields(RecoverSSMCommit) if f.name != "cache"}
         raw = step.stage_commit(
             kernel,
             functools.partial(_reference_commit, rs, block_size=self.block_size),
-            request_indices=rs.request_indices,
-            state_blocks=rs.state_blocks,
-            num_computed_tokens=rs.num_computed_tokens,
-            block_table=rs.block_table,
-            query_lens=rs.query_lens,
             window=cache.window,
             num_blocks=cache.num_blocks,
             max_requests=cache.max_requests,
             generation=generation,
+            **values,  # the commit's fields are the core's keywords
         )
         try:
             ops.cuda_ops.stage_i32(raw, ops.cuda_ops.launch_arg(self._stage))
@@ -295,10 +266,7 @@ class ModelStateV2(EngineAdapter):
 
     def last_error(self) -> Any:
         """The step's error word (both halves; rows are batch rows). **Synchronises** the device."""
-        words = [int(x) for x in self._err.cpu().tolist()]
-        pre = 3 * (words[9] & 1)  # the step's pre-copy word, as its kernel recorded it
-        word = [words[pre] | words[6], max(words[pre + 1], words[7]), max(words[pre + 2], words[8])]
-        return ErrorWord(word, self.max_num_reqs)
+        return ErrorWord(_core.VllmSlotStep.step_word(self._err.cpu().tolist()), self.max_num_reqs)
 
     def __repr__(self) -> str:
         return (
@@ -338,6 +306,5 @@ def _tables(block_tables: Any) -> Any:
     arg = ops.cuda_ops.launch_arg  # read at each call (a hook replaced after this module's import)
     if isinstance(block_tables, Mapping):
         return {g: arg(t) for g, t in block_tables.items()}
-    if isinstance(block_tables, (list, tuple)):
-        return [arg(t) for t in block_tables]
-    return block_tables  # the core names what it cannot index
+    # anything else as it is: the core names what it cannot index
+    return [arg(t) for t in block_tables] if isinstance(block_tables, (list, tuple)) else block_tables

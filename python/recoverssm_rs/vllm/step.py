@@ -48,12 +48,6 @@ def copy_kind(func: Any) -> Literal["conv", "temporal"]:
     return _core.copy_func_kind(copy_func_name(func))
 
 
-def _layer_spec(group: Any, layer: str) -> Any:
-    spec = group.kv_cache_spec
-    per_layer = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
-    return per_layer[layer] if per_layer is not None else spec
-
-
 def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     """vLLM's mamba groups as ``(group id, spec, layer names)``, sorted by group id; a group whose
     layers use several specs gives one entry per spec. A spec is recognised by its ``mamba_type``
@@ -61,8 +55,9 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     out: list[tuple[int, Any, list[str]]] = []
     with _reading("kv_cache_config (vLLM's KVCacheConfig)", LayoutError):
         for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+            per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
             for layer in group.layer_names:
-                spec = _layer_spec(group, layer)
+                spec = group.kv_cache_spec if per_layer is None else per_layer[layer]
                 if hasattr(spec, "mamba_type") and hasattr(spec, "shapes"):
                     # Specs are compared by value (vLLM's are frozen dataclasses); plain objects by identity.
                     entry = next((e for e in out if e[0] == gid and (e[1] is spec or e[1] == spec)), None)
@@ -77,24 +72,15 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
 
 def _spec_record(spec: Any) -> tuple[Any, ...]:
     """A mamba spec's fields as the core reads them (``vllm_runner_groups``)."""
+    shapes, dtypes = [list(x) for x in spec.shapes], [str(d) for d in spec.dtypes]
     kind = (_name(spec.mamba_type), _name(spec.mamba_cache_mode))
-    return (
-        *kind,
-        [list(x) for x in spec.shapes],
-        [str(d) for d in spec.dtypes],
-        spec.num_speculative_blocks,
-        spec.block_size,
-    )
+    return (*kind, shapes, dtypes, spec.num_speculative_blocks, spec.block_size)
 
 
 def _block_table(input_batch: Any, gid: int, n: int) -> Any:
     bt = input_batch.block_table[gid]
-    if hasattr(bt, "get_numpy_array"):
-        arr = bt.get_numpy_array()
-    else:
-        arr = getattr(bt, "block_table", bt)
-        arr = getattr(arr, "np", arr)
-    return arr[:n]
+    arr = bt.get_numpy_array() if hasattr(bt, "get_numpy_array") else getattr(bt, "block_table", bt)
+    return getattr(arr, "np", arr)[:n]
 
 
 class VllmMambaStep(EngineAdapter):
@@ -162,21 +148,12 @@ class VllmMambaStep(EngineAdapter):
                 return list(forward_context[layer].kv_cache) if layer in forward_context else None
 
         record = [
-            (
-                gid,
-                _spec_record(spec),
-                by_type[_name(spec.mamba_type)],
-                [(layer, kv_cache(gid, layer)) for layer in layers],
-            )
+            (gid, _spec_record(spec), by_type[_name(spec.mamba_type)], [(ly, kv_cache(gid, ly)) for ly in layers])
             for gid, spec, layers in found
         ]
-        groups, block_size, num_spec = _core.vllm_runner_groups(record, layout_name)
+        groups, bs, num_spec = _core.vllm_runner_groups(record, layout_name)
         return cls(
-            groups,
-            block_size=block_size,
-            num_spec_blocks=num_spec,
-            max_num_reqs=max_num_reqs,
-            device_tables=device_tables,
+            groups, block_size=bs, num_spec_blocks=num_spec, max_num_reqs=max_num_reqs, device_tables=device_tables
         )
 
     @property
@@ -287,14 +264,10 @@ class VllmMambaStep(EngineAdapter):
         # vLLM's objects are read first: one of the wrong kind is a PlanError naming it, before
         # anything changes.
         with _reading("scheduler_output", PlanError):
-            cached = scheduler_output.scheduled_cached_reqs
-            released = [
-                scheduler_output.finished_req_ids,
-                getattr(scheduler_output, "preempted_req_ids", None) or (),
-                getattr(cached, "resumed_req_ids", None) or (),
-            ]
-            sched = scheduler_output.num_scheduled_tokens
-            spec = scheduler_output.scheduled_spec_decode_tokens
+            so, cached = scheduler_output, scheduler_output.scheduled_cached_reqs
+            sched, spec = so.num_scheduled_tokens, so.scheduled_spec_decode_tokens
+            pre, res = getattr(so, "preempted_req_ids", None), getattr(cached, "resumed_req_ids", None)
+            released = [so.finished_req_ids, pre or (), res or ()]
         with _reading("input_batch.req_ids", PlanError):
             req_ids = list(input_batch.req_ids)
             n = len(req_ids)
@@ -309,17 +282,15 @@ class VllmMambaStep(EngineAdapter):
             self.release(ids)
         added: list[str] = []
         try:
-            assigned, new = self._slots_table.assign(req_ids)
-            added.extend(new)
+            assigned, added = self._slots_table.assign(req_ids)
             slots = np.asarray(assigned, dtype=np.int64)
             step = PreCopyInputs(tables, c, ns, acc, self.mamba_state_idx[slots], req_ids=req_ids)
             if self.device_step is not None:
                 curr, out = self.device_step.launch(step, stream=stream, device_tables=dev_tables, prev_rows=prev_rows)
             else:
                 if prev_rows is not None:  # the core refuses a remap of host states
-                    _core.vllm_check_prev_rows(
-                        device=self.placement.name, prev_rows=prev_rows, rows=n, num_accepted_given=False
-                    )
+                    where = self.placement.name
+                    _core.vllm_check_prev_rows(device=where, prev_rows=prev_rows, rows=n, num_accepted_given=False)
                 d = self._execute(step)  # the request indices the table just assigned: checked there, once
                 curr, out = d.curr, d.num_accepted
             self.mamba_state_idx[slots] = curr
