@@ -5,7 +5,7 @@ use super::conversion::{kwargs, Arg, DtypeName, Ints};
 use super::layout::Layout;
 use super::params::with_params;
 use crate::dtype::DType;
-use crate::error::{Error, ErrorKind};
+use crate::error::ErrorKind;
 use crate::sglang;
 use pyo3::prelude::*;
 

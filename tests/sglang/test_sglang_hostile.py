@@ -216,6 +216,24 @@ def test_a_replaced_pool_tensor_is_refused_on_the_cuda_path(fake_ops, emulator, 
     _bound_memory_unchanged(p, before, which, rebind)
 
 
+def test_the_planner_over_the_pool_checks_the_pool_first():
+    """The adapter's planner binds each layer's views (which keep the old memory): the pool's guard,
+    given as ``also_guard``, is what sees the stacked tensor re-pointed, in the planner's own checks
+    and guarded writes too; ``also_guard`` takes only the core's pool."""
+    from recoverssm_rs import Planner
+
+    p = _pool()
+    p.planner.core.check()
+    p.temporal.set_(torch.zeros_like(p.temporal))
+    with pytest.raises(BindingError, match="^temporal: the tensor no longer points"):
+        p.planner.core.check()
+    with pytest.raises(BindingError, match="^temporal: "):
+        p.planner.core.guarded(lambda: pytest.fail("written"))
+    groups = [(lay, [[t[i] for t in (p.conv[0], p.temporal)] for i in range(LAYERS)]) for lay in p.layouts]
+    with pytest.raises(BindingError, match="also_guard must be a SglangPool, got object"):
+        Planner.from_groups(groups, also_guard=object())
+
+
 def test_get_cpu_copy_after_the_temporal_storage_was_freed_is_an_error_not_a_crash():
     """Run apart: before the guard covered HiCache copies, this read freed memory (a segfault)."""
     code = textwrap.dedent(
