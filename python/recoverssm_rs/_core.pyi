@@ -87,7 +87,6 @@ __all__ = [
     "recover_geometry",
     "remove_file",
     "restore_sources",
-    "sglang_host_copies",
     "sglang_ids",
     "sglang_layout",
     "short_conv_layout",
@@ -641,6 +640,7 @@ class Planner:
         *,
         block_size: int | None = None,
         persistent_only: bool = False,
+        also_guard: SglangPool | None = None,
     ) -> Planner: ...
     def bind_device(self, metas: int, err: int) -> None:
         """Prepares the device path: the state metas (`state_meta()`) are at device address `metas`,
@@ -650,7 +650,9 @@ class Planner:
     def block_size(self) -> int | None:
         """Tokens per block, for vLLM's step decisions."""
     def check(self) -> None:
-        """Raises `BindingError` when a bound tensor no longer owns the memory it was bound with."""
+        """Raises `BindingError` when a bound tensor (or one of `also_guard`'s) no longer owns the
+        memory it was bound with.
+        """
     def check_device_step(
         self,
         block_table: _Tensor,
@@ -828,6 +830,13 @@ class SglangPool:
     def guarded(self, write: Callable[[], _T]) -> _T:
         """One guarded write: the pool's tensors checked (`write` not called when one moved),
         `write()` run, the write recorded (autograd's version counters). Returns what `write` returns.
+        """
+    def host_copies(self, mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], num_slots: int) -> list[_Tensor]:
+        """The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
+        triple whose third element is ignored) in the order of `[*conv, temporal]`, for a load into
+        `num_slots` slots: first the pool's tensors are checked (`BindingError` naming the one that
+        moved), then each copy against its pool tensor as bound: on the host, the pool tensor's
+        dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
         """
     def host_copy(
         self,
@@ -1368,15 +1377,6 @@ def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint,
     per source rank), each with a StatePool `pool` and `num_requests` equal to `num_blocks`
     (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
     [`source_pools`] (BindingError).
-    """
-
-def sglang_host_copies(
-    pool: Sequence[_Tensor], mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], num_slots: int
-) -> list[_Tensor]:
-    """The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
-    triple whose third element is ignored) in the order of `pool` (every conv tensor, then the
-    temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
-    host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
     """
 
 def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:

@@ -211,24 +211,31 @@ class Planner:
 
     @classmethod
     def from_groups(
-        cls, groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]], *, block_size: int | None = None
+        cls,
+        groups: Sequence[tuple[Layout, Sequence[Sequence[Any]]]],
+        *,
+        block_size: int | None = None,
+        also_guard: _core.SglangPool | None = None,
     ) -> Planner:
         """A planner over several recurrent groups: per group ``(layout, states)``, ``states[layer]``
         that layer's tensors, of which the first ``len(layout.persistent)`` are bound (the rest,
         workspace or tensors no copy function covers, are left alone). One decision per request
         applies to every group, so every layout has the same ``num_spec``; a step takes one block
-        table per group.
+        table per group. ``also_guard``: the core's pool whose tensors the states are views of
+        (an SGLang pool's layer-stacked tensors), checked before every write and launch.
 
         Raises:
             BindingError: as the constructor's (the message names the group), groups on different
                 devices, layouts with different ``num_spec``, or groups sharing memory.
         """
         self = cls.__new__(cls)
-        self._bind(groups, block_size, persistent_only=True)
+        self._bind(groups, block_size, persistent_only=True, also_guard=also_guard)
         return self
 
-    def _bind(self, groups: Any, block_size: int | None, *, persistent_only: bool = False) -> None:
-        self.core = _core.Planner(groups, block_size=block_size, persistent_only=persistent_only)
+    def _bind(
+        self, groups: Any, block_size: int | None, *, persistent_only: bool = False, also_guard: Any = None
+    ) -> None:
+        self.core = _core.Planner(groups, block_size=block_size, persistent_only=persistent_only, also_guard=also_guard)
         self._device_path: _DevicePath | None = None
         log.debug("bound %s", self.core)
 

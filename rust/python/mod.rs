@@ -57,7 +57,7 @@ mod _core {
     #[pymodule_export]
     use super::runner::{vllm_request_values, vllm_runner_groups};
     #[pymodule_export]
-    use super::sglang::{sglang_host_copies, sglang_ids, sglang_layout};
+    use super::sglang::{sglang_ids, sglang_layout};
     #[pymodule_export]
     use super::sglang_pool::SglangPool;
     #[pymodule_export]

@@ -8,6 +8,7 @@ use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
 use super::plan::CopyPlan;
+use super::sglang_pool::SglangPool;
 use super::tensor::{describe, Described};
 use crate::binding::Binding;
 use crate::error::{Error, ErrorKind};
@@ -25,6 +26,10 @@ use std::sync::{Arc, OnceLock};
 pub struct Planner {
     pub(crate) inner: Arc<CorePlanner>,
     guard: Guard,
+    /// The adapter's object whose tensors the planner binds by layer (an SGLang pool's
+    /// layer-stacked tensors): its guard is checked before the planner's own on every write and
+    /// launch, so a stacked tensor re-pointed under the views the planner keeps is refused too.
+    also_guard: Option<Py<SglangPool>>,
     /// `states[group][layer][state]`: the bound persistent tensors (an immutable copy).
     // stub: -> tuple[tuple[tuple[_Tensor, ...], ...], ...]
     #[pyo3(get)]
@@ -89,9 +94,17 @@ fn place(groups: usize, g: usize, backend: &str) -> String {
 }
 
 impl Planner {
-    /// Checks the guard, runs `f`, and bumps the version counters of what was written.
+    /// Checks the adapter's guard (`also_guard`), then the planner's own.
+    fn check_guards(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(pool) = &self.also_guard {
+            pool.get().guard().check(py)?;
+        }
+        self.guard.check(py)
+    }
+
+    /// Checks the guards, runs `f`, and bumps the version counters of what was written.
     pub(crate) fn write<T>(&self, py: Python<'_>, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-        self.guard.check(py)?;
+        self.check_guards(py)?;
         let out = f()?;
         self.guard.mark_written(py)?;
         Ok(out)
@@ -181,12 +194,24 @@ device_step_params! {
 impl Planner {
     /// `groups`: per group `(layout, states)`, `states[layer]` that layer's tensors in layout
     /// order (the persistent states, optionally followed by the workspace, which is ignored);
-    /// `block_size`: tokens per block, for vLLM's step decisions.
+    /// `block_size`: tokens per block, for vLLM's step decisions; `also_guard`: the pool whose
+    /// tensors the states are views of (an `SglangPool`), checked before every write and launch.
     #[new]
     #[pyo3(signature = (
         groups: "Sequence[tuple[Layout, Sequence[Sequence[_Tensor]]]]", *, block_size: "int | None" = None, persistent_only: "bool" = false,
+        also_guard: "SglangPool | None" = None,
     ))]
-    fn new(py: Python<'_>, groups: &Bound<'_, PyAny>, block_size: Option<&Bound<'_, PyAny>>, persistent_only: bool) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        groups: &Bound<'_, PyAny>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        persistent_only: bool,
+        also_guard: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let also_guard = match also_guard.filter(|g| !g.is_none()) {
+            Some(g) => Some(instance::<SglangPool>(g, "also_guard", ErrorKind::Binding, "SglangPool")?.unbind()),
+            None => None,
+        };
         let groups = group_args(groups, persistent_only)?;
         let block_size: Option<i64> = match block_size {
             Some(b) => Arg::arg(b, "block_size", ErrorKind::Binding)?,
@@ -252,6 +277,7 @@ impl Planner {
             num_spec: inner.num_spec(),
             inner: Arc::new(inner),
             guard: Guard::new(py, &guarded)?,
+            also_guard,
             states: PyTuple::new(py, states)?.unbind(),
             block_size,
             fused: OnceLock::new(),
@@ -346,9 +372,10 @@ impl Planner {
         RawBuffer::new(self.inner.state_meta())
     }
 
-    /// Raises `BindingError` when a bound tensor no longer owns the memory it was bound with.
+    /// Raises `BindingError` when a bound tensor (or one of `also_guard`'s) no longer owns the
+    /// memory it was bound with.
     pub(crate) fn check(&self, py: Python<'_>) -> PyResult<()> {
-        self.guard.check(py)
+        self.check_guards(py)
     }
 
     /// Bumps autograd's version counters of the bound tensors (after a write on the device).
@@ -395,7 +422,7 @@ impl Planner {
     /// order, the launch path: no keyword dictionary per step, or by keyword), and the keyword
     /// options `block_size` and `pre_copy`.
     fn device_step(&self, py: Python<'_>,) -> PyResult<(Option<KernelLaunch>, u64, bool)> {
-        self.guard.check(py)?;
+        self.check_guards(py)?;
         let fused = self.fused()?;
         let inputs = a.inputs();
         match fused.launch(&inputs, a.pre_copy) {
@@ -413,7 +440,7 @@ impl Planner {
     fn launch_step(&self, py: Python<'_>, launch: &Bound<'_, PyAny>,) -> PyResult<(u64, bool)> {
         let fused = self.fused()?;
         let inputs = a.inputs();
-        self.guard.check(py)?;
+        self.check_guards(py)?;
         match fused.launch(&inputs, a.pre_copy) {
             Ok(l) => {
                 let n = a.src_col.0.shape.first().copied().unwrap_or(0).max(0) as u64;

@@ -1,45 +1,13 @@
-//! SGLang's mamba pool (`crate::sglang`): the host-copy check, the slot ids and the family layout,
-//! for `recoverssm_rs.sglang` (the pool's tensors and its writes: `sglang_pool.rs`).
+//! SGLang's mamba pool (`crate::sglang`): the slot ids and the family layout, for
+//! `recoverssm_rs.sglang` (the pool's tensors, its writes and the host-copy check: `sglang_pool.rs`).
 
-use super::conversion::{items, kwargs, Arg, DtypeName, Ints, Tensor};
+use super::conversion::{kwargs, Arg, DtypeName, Ints};
 use super::layout::Layout;
 use super::params::with_params;
 use crate::dtype::DType;
-use crate::error::{Error, ErrorKind};
+use crate::error::ErrorKind;
 use crate::sglang;
 use pyo3::prelude::*;
-
-/// The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
-/// triple whose third element is ignored) in the order of `pool` (every conv tensor, then the
-/// temporal state), each checked against its pool tensor for a load into `num_slots` slots: on the
-/// host, the pool tensor's dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
-#[pyfunction]
-#[pyo3(signature = (pool: "Sequence[_Tensor]", mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", num_slots: "int") -> "list[_Tensor]")]
-pub(crate) fn sglang_host_copies<'py>(
-    pool: &Bound<'py, PyAny>,
-    mamba_cache_cpu: &Bound<'py, PyAny>,
-    num_slots: u64,
-) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let kind = ErrorKind::Plan;
-    let pool = items(pool, "pool", kind, "tensors")?;
-    let parts = items(mamba_cache_cpu, "load_cpu_copy: mamba_cache_cpu", kind, "(conv_cpu, temporal_cpu)")?;
-    if !(2..=3).contains(&parts.len()) {
-        return Err(Error::plan(format!("load_cpu_copy: mamba_cache_cpu has {} parts; expected (conv_cpu, temporal_cpu)", parts.len())).into());
-    }
-    let conv = items(&parts[0], "load_cpu_copy: mamba_cache_cpu[0] (conv_cpu)", kind, "host tensors")?;
-    if conv.len() + 1 != pool.len() {
-        return Err(Error::plan(format!("load_cpu_copy: conv_cpu has {} tensors, the pool {}", conv.len(), pool.len() - 1)).into());
-    }
-    let mut host = conv;
-    host.push(parts[1].clone());
-    for (k, (dst, src)) in pool.iter().zip(&host).enumerate() {
-        let state = if k + 1 == pool.len() { "temporal".to_string() } else { format!("conv[{k}]") };
-        let what = format!("load_cpu_copy: {state}");
-        let (d, h) = (Tensor::arg(dst, &what, kind)?.0, Tensor::arg(src, &format!("{what} (host copy)"), kind)?.0);
-        sglang::check_host_copy(&state, &d, &h, num_slots as usize)?;
-    }
-    Ok(host)
-}
 
 /// The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
 /// int64 array, CPU tensor or list of ints (a float, bool or other array is refused, never cast,

@@ -8,6 +8,7 @@ use super::launch::KernelLaunch;
 use super::layout::Layout;
 use crate::error::{Error, ErrorKind};
 use crate::layout::ConvLayout;
+use crate::sglang;
 use crate::sglang::hicache::Direction;
 use crate::sglang::kernel::{self, SlotCall, SlotCopy, SlotPool};
 use crate::sglang::pool::Pool;
@@ -74,6 +75,12 @@ kwargs! {
 }
 
 impl SglangPool {
+    /// The guard of the pool's tensors (also checked by the planner over their layers before each
+    /// of its writes and launches).
+    pub(crate) fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
     fn write<T>(&self, py: Python<'_>, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
         self.guard.check(py)?;
         let out = f()?;
@@ -251,6 +258,34 @@ impl SglangPool {
     /// pool (`LayoutError` for several conv tensors holding bytes).
     fn check_transfer(&self) -> PyResult<()> {
         Ok(self.inner.check_transfer()?)
+    }
+
+    /// The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
+    /// triple whose third element is ignored) in the order of `[*conv, temporal]`, for a load into
+    /// `num_slots` slots: first the pool's tensors are checked (`BindingError` naming the one that
+    /// moved), then each copy against its pool tensor as bound: on the host, the pool tensor's
+    /// dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
+    #[pyo3(signature = (mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", num_slots: "int") -> "list[_Tensor]")]
+    fn host_copies<'py>(&self, py: Python<'py>, mamba_cache_cpu: &Bound<'py, PyAny>, num_slots: u64) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        self.guard.check(py)?;
+        let kind = ErrorKind::Plan;
+        let pool = &self.inner.states;
+        let parts = items(mamba_cache_cpu, "load_cpu_copy: mamba_cache_cpu", kind, "(conv_cpu, temporal_cpu)")?;
+        if !(2..=3).contains(&parts.len()) {
+            return Err(Error::plan(format!("load_cpu_copy: mamba_cache_cpu has {} parts; expected (conv_cpu, temporal_cpu)", parts.len())).into());
+        }
+        let conv = items(&parts[0], "load_cpu_copy: mamba_cache_cpu[0] (conv_cpu)", kind, "host tensors")?;
+        if conv.len() + 1 != pool.len() {
+            return Err(Error::plan(format!("load_cpu_copy: conv_cpu has {} tensors, the pool {}", conv.len(), pool.len() - 1)).into());
+        }
+        let mut host = conv;
+        host.push(parts[1].clone());
+        for (k, (dst, src)) in pool.iter().zip(&host).enumerate() {
+            let state = if k + 1 == pool.len() { "temporal".to_string() } else { format!("conv[{k}]") };
+            let h = Tensor::arg(src, &format!("load_cpu_copy: {state} (host copy)"), kind)?.0;
+            sglang::check_host_copy(&state, dst, &h, num_slots as usize)?;
+        }
+        Ok(host)
     }
 
     /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`

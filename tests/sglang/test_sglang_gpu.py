@@ -1,6 +1,7 @@
 """The SGLang adapter's device path on a real GPU (skipped without CUDA by tests/conftest.py):
 every operation on CUDA pools, with the indices on the device, leaves every byte as the host path
-does on copies of the same tensors (dense and deduplicated windows, bf16 and fp32)."""
+does on copies of the same tensors (dense and deduplicated windows, bf16 and fp32); a pool tensor
+replaced under the adapter is refused at every entry point, nothing queued."""
 
 from __future__ import annotations
 
@@ -69,3 +70,39 @@ def test_every_operation_equals_the_host_path(dtype, dedup):
     dev.load_cpu_copy(got, torch.tensor([2, 15], device="cuda"))
     torch.cuda.synchronize()
     _same(host, dev, "load_cpu_copy")
+
+
+REBINDS = {
+    "set_": lambda t: t.set_(torch.zeros_like(t)),
+    "data": lambda t: setattr(t, "data", torch.zeros_like(t)),
+    "resize_": lambda t: t.resize_(2 * t.shape[0], *t.shape[1:]),
+    "storage resize_(0)": lambda t: t.untyped_storage().resize_(0),
+}
+CALLS = {
+    "copy_from": lambda p, host, ids: p.copy_from(ids([1, 3]), ids([2, 4])),
+    "fork": lambda p, host, ids: p.fork(ids([1]), ids([5])),
+    "clear_slots": lambda p, host, ids: p.clear_slots(ids([1, 2])),
+    "get_cpu_copy": lambda p, host, ids: p.get_cpu_copy(ids([1])),
+    "load_cpu_copy": lambda p, host, ids: p.load_cpu_copy(host, ids([2])),
+    "commit_after_verify": lambda p, host, ids: p.commit_after_verify(ids([1, 2]), ids([0, 1])),
+}
+
+
+@pytest.mark.parametrize("rebind", list(REBINDS))
+@pytest.mark.parametrize("op", list(CALLS))
+def test_a_replaced_temporal_state_is_refused_at_every_entry_point(rebind, op):
+    """The temporal state re-pointed, grown or freed under the adapter: every operation is refused
+    by its name before anything is queued, and the memory it was bound with (kept alive by the
+    planner's per-layer views, which ``copy_from`` launches over) is untouched."""
+    from recoverssm_rs.errors import BindingError
+
+    dev = _pool(_host_tensors(torch.bfloat16, False, 2), "cuda", False)
+    host = dev.get_cpu_copy(torch.tensor([5], device="cuda"))
+    before = dev.temporal.clone()
+    REBINDS[rebind](dev.temporal)
+    with pytest.raises(BindingError, match=r"^temporal: .*nothing was written"):
+        CALLS[op](dev, host, lambda x: torch.tensor(x, device="cuda"))
+    torch.cuda.synchronize()
+    if rebind != "storage resize_(0)":
+        bound = torch.stack([layer[1] for layer in dev.planner.states[0]])  # group 0: conv[0], temporal
+        assert torch.equal(bound.view(torch.uint8), before.view(torch.uint8))

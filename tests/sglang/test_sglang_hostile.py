@@ -1,13 +1,16 @@
 """The SGLang pool adapter under hostile or careless input: index vectors of the wrong kind
 (float, bool) or value (negative, the dummy slot, repeated) are refused by the core with the
 package's error naming the operation, the argument and the value, never cast or wrapped; a pool
-tensor re-pointed or its storage freed is refused at every entry point, HiCache copies included;
+tensor re-pointed, grown or its storage freed is refused by its name at every entry point, HiCache
+copies and forks included, on the host and on the (emulated) CUDA path, where the planner's
+per-layer views still hold the memory the tensor was bound with;
 ``load_cpu_copy`` checks everything before it writes; the constructor refuses pools whose tensors
 disagree on the layer count or share memory. Every refused call leaves every byte of the pool (its
 states and its verify scratch) as it was."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,17 +22,31 @@ torch = pytest.importorskip("torch")
 
 from recoverssm_rs.errors import BindingError, PlanError, RecoverSSMError  # noqa: E402
 from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+from support.device_fakes import FakeCuda  # noqa: E402
 
 LAYERS, SLOTS, ROWS, DRAFT = 2, 8, 4, 3
 
+needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation needs a C++ compiler")
+
 
 def _pool(seed=0):
+    conv, temporal, ssm, window = _tensors(seed)
+    return SglangMambaPool(conv, temporal, intermediate_ssm=ssm, intermediate_conv_window=window)
+
+
+def _tensors(seed=0):
     g = torch.Generator().manual_seed(seed)
     conv = [torch.randn(LAYERS, SLOTS, 6, 3, generator=g)]
     temporal = torch.randn(LAYERS, SLOTS, 2, 4, 4, generator=g)
     ssm = torch.randn(LAYERS, ROWS, DRAFT, 2, 4, 4, generator=g)
     window = [torch.randn(LAYERS, ROWS, DRAFT, 6, 3, generator=g)]
-    return SglangMambaPool(conv, temporal, intermediate_ssm=ssm, intermediate_conv_window=window)
+    return conv, temporal, ssm, window
+
+
+def _bound_layers(p, state):
+    """The per-layer views of state ``state`` (0: conv, 1: temporal) that the planner bound: the
+    memory the pool's tensors had when the adapter was built."""
+    return [layer[state] for layer in p.planner.core.states[0]]
 
 
 def _all(p):
@@ -101,31 +118,120 @@ def test_the_no_slot_marker_writes_nothing():
     assert all(torch.equal(a, b) for a, b in zip(before, _all(p), strict=True))
 
 
-@pytest.mark.parametrize(
-    "rebind",
-    [
-        lambda t: t.set_(torch.zeros_like(t)),
-        lambda t: setattr(t, "data", torch.zeros_like(t)),
-        lambda t: t.untyped_storage().resize_(0),
-    ],
-    ids=["set_", "data", "storage resize_(0)"],
-)
-@pytest.mark.parametrize("which", ["conv", "temporal", "intermediate_ssm"])
-def test_a_replaced_pool_tensor_is_refused_at_every_entry_point(rebind, which):
-    calls = [
-        lambda p: p.copy_from([1], [2]),
-        lambda p: p.clear_slots([1]),
-        lambda p: p.get_cpu_copy([1]),
-        lambda p: p.load_cpu_copy(host, [2]),
-        lambda p: p.commit_after_verify([1], [0]),
-    ]
-    for call in calls:
-        p = _pool()
-        host = p.get_cpu_copy([1])
-        tensor = {"conv": p.conv[0], "temporal": p.temporal, "intermediate_ssm": p.intermediate_ssm}[which]
-        rebind(tensor)
-        with pytest.raises(BindingError, match="nothing was written"):
-            call(p)
+def _raw(t):
+    """The torch tensor itself (a ``FakeCuda`` wraps one)."""
+    return t.t if isinstance(t, FakeCuda) else t
+
+
+# Every way a pool tensor can be replaced under the adapter (on the torch tensor, as SGLang's
+# code or a careless caller would): re-pointed, its storage grown elsewhere or freed.
+REBINDS = {
+    "set_": lambda t: t.set_(torch.zeros_like(t)),
+    "data": lambda t: setattr(t, "data", torch.zeros_like(t)),
+    "resize_": lambda t: t.resize_(2 * t.shape[0], *t.shape[1:]),
+    "storage resize_(0)": lambda t: t.untyped_storage().resize_(0),
+}
+LABELS = {"conv": r"conv\[0\]", "temporal": "temporal", "intermediate_ssm": "intermediate_ssm"}
+# Every entry point, each with the arguments it would otherwise run with.
+REBIND_CALLS = {
+    "copy_from": lambda p, host, ids: p.copy_from(ids([1, 3]), ids([2, 4])),
+    "fork": lambda p, host, ids: p.fork(ids([1]), ids([5])),
+    "clear_slots": lambda p, host, ids: p.clear_slots(ids([1, 2])),
+    "get_cpu_copy": lambda p, host, ids: p.get_cpu_copy([1]),
+    "load_cpu_copy": lambda p, host, ids: p.load_cpu_copy(host, [2]),
+    "commit_after_verify": lambda p, host, ids: p.commit_after_verify(ids([1, 2]), ids([0, 1])),
+}
+
+
+def _snapshot(p):
+    """A copy of every tensor of the pool as it is now (``None`` for one whose memory was freed)."""
+    return [None if _raw(t).untyped_storage().nbytes() == 0 else _raw(t).clone() for t in _all(p)]
+
+
+def _same_bytes(a, b):
+    """Byte equality (a tensor grown by ``resize_`` holds uninitialised values, NaN among them)."""
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _unchanged(snapshot, p):
+    return all(a is None or _same_bytes(a, _raw(b)) for a, b in zip(snapshot, _all(p), strict=True))
+
+
+def _rebind(p, which, rebind):
+    tensor = {"conv": p.conv[0], "temporal": p.temporal, "intermediate_ssm": p.intermediate_ssm}[which]
+    REBINDS[rebind](_raw(tensor))
+
+
+def _bound_memory_unchanged(p, before, which, rebind):
+    """The memory the conv and temporal tensors were bound with, which the planner's per-layer
+    views keep alive, still holds ``before`` (one freed by a storage resized to 0 is skipped)."""
+    for i, (name, b) in enumerate(zip(("conv", "temporal"), before, strict=True)):
+        if rebind == "storage resize_(0)" and which == name:
+            continue
+        layers = [_raw(v) for v in _bound_layers(p, i)]
+        assert _same_bytes(torch.stack(layers), b), f"the memory bound as {name} was written"
+
+
+@pytest.mark.parametrize("rebind", list(REBINDS))
+@pytest.mark.parametrize("which", list(LABELS))
+@pytest.mark.parametrize("op", list(REBIND_CALLS))
+def test_a_replaced_pool_tensor_is_refused_at_every_entry_point(rebind, which, op):
+    p = _pool()
+    host = p.get_cpu_copy([1])
+    before = [p.conv[0].clone(), p.temporal.clone()]
+    _rebind(p, which, rebind)
+    replaced = _snapshot(p)
+    with pytest.raises(BindingError, match=rf"^{LABELS[which]}: .*nothing was written"):
+        REBIND_CALLS[op](p, host, lambda x: x)
+    # Nothing written: neither the tensors as they are now nor the memory they were bound with.
+    assert _unchanged(replaced, p)
+    _bound_memory_unchanged(p, before, which, rebind)
+
+
+@needs_cxx
+@pytest.mark.parametrize("rebind", list(REBINDS))
+@pytest.mark.parametrize("which", list(LABELS))
+@pytest.mark.parametrize("op", list(REBIND_CALLS))
+def test_a_replaced_pool_tensor_is_refused_on_the_cuda_path(fake_ops, emulator, strided_fakes, rebind, which, op):
+    """The same on the CUDA path (``FakeCuda`` tensors, the kernels emulated): refused by the
+    tensor's name before any launch. ``copy_from`` and ``fork`` launch through the planner, whose
+    per-layer views keep the memory a re-pointed tensor was bound with: that memory is untouched."""
+    conv, temporal, ssm, window = _tensors()
+    p = SglangMambaPool(
+        [FakeCuda(conv[0])],
+        FakeCuda(temporal),
+        intermediate_ssm=FakeCuda(ssm),
+        intermediate_conv_window=[FakeCuda(window[0])],
+    )
+    host = p.get_cpu_copy([1])
+    before = [conv[0].clone(), temporal.clone()]
+    _rebind(p, which, rebind)
+    replaced = _snapshot(p)
+    launches = len(emulator.calls)
+    ids = lambda x: FakeCuda(torch.tensor(x))  # noqa: E731
+    with pytest.raises(BindingError, match=rf"^{LABELS[which]}: .*nothing was written"):
+        REBIND_CALLS[op](p, host, ids)
+    assert len(emulator.calls) == launches, "nothing launched"
+    assert _unchanged(replaced, p)
+    _bound_memory_unchanged(p, before, which, rebind)
+
+
+def test_the_planner_over_the_pool_checks_the_pool_first():
+    """The adapter's planner binds each layer's views (which keep the old memory): the pool's guard,
+    given as ``also_guard``, is what sees the stacked tensor re-pointed, in the planner's own checks
+    and guarded writes too; ``also_guard`` takes only the core's pool."""
+    from recoverssm_rs import Planner
+
+    p = _pool()
+    p.planner.core.check()
+    p.temporal.set_(torch.zeros_like(p.temporal))
+    with pytest.raises(BindingError, match="^temporal: the tensor no longer points"):
+        p.planner.core.check()
+    with pytest.raises(BindingError, match="^temporal: "):
+        p.planner.core.guarded(lambda: pytest.fail("written"))
+    groups = [(lay, [[t[i] for t in (p.conv[0], p.temporal)] for i in range(LAYERS)]) for lay in p.layouts]
+    with pytest.raises(BindingError, match="also_guard must be a SglangPool, got object"):
+        Planner.from_groups(groups, also_guard=object())
 
 
 def test_get_cpu_copy_after_the_temporal_storage_was_freed_is_an_error_not_a_crash():

@@ -74,9 +74,10 @@ class SglangMambaPool(EngineAdapter):
         self._stacked = [*self.conv, temporal]
         groups = self.tensors.groups
         layers = range(self._stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
-        super().__init__(
-            Planner.from_groups([(lay, [[self._stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups])
-        )
+        # The planner binds each layer's views; the pool's guard, checked by the planner before each
+        # of its writes and launches, refuses a stacked tensor re-pointed under those views.
+        views = [(lay, [[self._stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups]
+        super().__init__(Planner.from_groups(views, also_guard=self.tensors))
         # Fixed once bound: read here, not from the core on every call.
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None
@@ -165,9 +166,7 @@ class SglangMambaPool(EngineAdapter):
         n = self._num_slots
         src = host_ids(src_indices, "copy_from", "src_indices", num_slots=n)
         dst = host_ids(dst_indices, "copy_from", "dst_indices", num_slots=n)
-        plan = self.planner.plan_copy(src, dst)
-        self.check_bound()
-        plan.execute()
+        self.planner.plan_copy(src, dst).execute()  # the pool's tensors checked first
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
         """One fused launch of the state-copy kernel over the identity table of slot ids
@@ -279,11 +278,12 @@ class SglangMambaPool(EngineAdapter):
         Raises:
             PlanError: a bad slot id (as :meth:`copy_from`) or one named twice, or host tensors
                 whose device, dtype or shape differ from the pool's; nothing is written.
+            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
         torch = ops.cuda_ops.torch()
         ids = self._check_slots("load_cpu_copy", indices, unique=True)
         pool = [*self.conv, self.temporal]
-        host = _core.sglang_host_copies(pool, mamba_cache_cpu, len(ids))
+        host = self.tensors.host_copies(mamba_cache_cpu, len(ids))  # the pool's tensors checked first
         if self.placement.is_cuda:
             host_copy(self, "load_cpu_copy", ids, [torch.as_tensor(h) for h in host])
             return
