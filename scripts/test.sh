@@ -85,6 +85,10 @@ stop_lane() {
 trap stop_lane EXIT
 rust_lane() {
   local step rc t0
+  # The tests and benchmarks built without debug information: about 18% less CPU for the build
+  # (measured: 107 -> 88 CPU seconds for `cargo test --no-run`); a failing test still names its
+  # file and line (panic locations need none).
+  export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
   for step in "clippy cargo clippy --all-targets --features python -- -D warnings" \
     "rustfmt cargo fmt --check" "cargo-build cargo test --no-run" "cargo-test cargo test --quiet" \
     "cargo-bench cargo build --benches"; do
