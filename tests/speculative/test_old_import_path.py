@@ -3,14 +3,15 @@ working for one release: it warns, and every module under it gives the new path'
 functions (the same objects)."""
 
 import importlib
-import subprocess
-import sys
 
 import pytest
+from support import isolated
 
 
 def test_old_path_warns_and_aliases_the_new_modules() -> None:
-    # A fresh interpreter: the warning fires once per process, on the first import of the old path.
+    # A process of its own, forked from the zygote of support.isolated (which has imported torch,
+    # numpy and recoverssm_rs, not the old path): the warning fires once per process, on the first
+    # import of the old path.
     code = """
 import warnings
 warnings.simplefilter("error", DeprecationWarning)
@@ -21,7 +22,8 @@ except DeprecationWarning as w:
 else:
     raise SystemExit("no DeprecationWarning")
 """
-    subprocess.run([sys.executable, "-c", code], check=True)
+    result = isolated.shared().run(code, timeout=120)
+    assert result.returncode == 0, result.describe()
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
