@@ -11,12 +11,14 @@ one. Here a *zygote* process is started once per test process (one per pytest-xd
 
 The child runs the code as ``python -c`` would (a fresh ``__main__``, ``sys.argv == ["-c"]``,
 ``sys.path[0] == ""``, stdin from /dev/null, stdout and stderr captured, an uncaught exception
-printed and exit status 1, the interpreter's normal shutdown at the end) in the caller's current
-directory and the environment the zygote was started with. A child that crashes, is killed or
-outlives its timeout (then its process group is killed) fails its own case only: the zygote reaps
-it and serves the next one. Code that needs another environment, or behaviour fixed when an
-interpreter starts (environment variables read at import, ``GLIBC_TUNABLES``, a module never
-imported), needs a real fresh interpreter instead.
+printed and exit status 1; at the end, threads joined, atexit handlers run and the case's objects
+collected, but the modules the zygote imported are not torn down) in the caller's current directory
+and the environment the zygote was started with. A child that crashes, is killed or outlives its
+timeout (then its process group is killed) fails its own case only: the zygote reaps it and serves
+the next one. Code that needs another environment, or behaviour fixed when an interpreter starts
+(environment variables read at import; ``GLIBC_TUNABLES``, which ``mallopt`` in a child cannot
+replace: the zygote's heap already has room the child allocates from; a module not yet imported),
+needs a real fresh interpreter instead.
 
 Why forking the zygote is sound: ``fork()`` copies only the calling thread, so a thread that held a
 lock at that moment would leave it held for ever in the child. The zygote runs no thread of its own
@@ -40,7 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
 
 PRELOAD = ("numpy", "torch", "recoverssm_rs")
 """Modules the zygote imports before its first fork (each one that is installed)."""
@@ -167,7 +169,7 @@ class Zygote:
             raise ZygoteError(f"the zygote did not start: {ready}")
         return self._proc
 
-    def _answer(self, timeout: float) -> dict:
+    def _answer(self, timeout: float) -> dict[str, Any]:
         proc = self._proc
         assert proc is not None and proc.stdout is not None
         deadline = time.monotonic() + timeout
@@ -181,7 +183,8 @@ class Zygote:
                 raise ZygoteError(f"it exited with status {proc.returncode}{self._log_tail()}")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     def _log_tail(self) -> str:
         if self._log is None:
@@ -236,7 +239,7 @@ def _serve(preload: list[str]) -> None:
         answers.write(json.dumps(answer).encode() + b"\n")
 
 
-def _fork_case(request: dict, requests: IO[bytes], answers: IO[bytes]) -> dict:
+def _fork_case(request: dict[str, Any], requests: IO[bytes], answers: IO[bytes]) -> dict[str, Any]:
     """Fork a child for one request, wait for it (killing it at its timeout): the answer."""
     import threading
 
@@ -292,7 +295,7 @@ def _read(f: IO[bytes]) -> str:
     return text
 
 
-def _run_case(request: dict, out: int, err: int) -> NoReturn:
+def _run_case(request: dict[str, Any], out: int, err: int) -> NoReturn:
     """In the forked child: run the case as ``python -c CODE`` would, then end with its status."""
     import atexit
     import builtins
