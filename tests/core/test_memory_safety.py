@@ -1,6 +1,7 @@
 """Memory safety across the Python boundary: a plan or a launch writes only memory its bound tensors
 still own. Each hostile case runs in its own process (a regression would write into freed memory
-or hang, which must not take the test session down) and asserts the package's own error, with no
+or hang, which must not take the test session down), forked from a process that has imported torch,
+numpy and the package once (``support.isolated``), and asserts the package's own error, with no
 byte changed anywhere it can see."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from support import isolated
 
 torch = pytest.importorskip("torch")
 
@@ -34,12 +36,19 @@ def outcome(fn):
 
 
 def run(body: str, env: dict[str, str] | None = None, timeout: float = 120) -> list[str]:
+    """The lines the case printed, run in a child forked from this worker's zygote (torch, numpy and
+    the package already imported: see ``support.isolated``); with ``env``, in a fresh interpreter
+    (glibc reads ``GLIBC_TUNABLES`` when a process starts)."""
     code = PRELUDE + textwrap.dedent(body)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()
+    if env is not None:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()
+    result = isolated.shared().run(code, timeout=timeout)
+    assert result.returncode == 0 and not result.timed_out, result.describe()
+    return result.stdout.strip().splitlines()
 
 
 @pytest.mark.parametrize(
@@ -190,6 +199,7 @@ def test_soak_bind_free_rebind_with_unmapped_frees():
     # into a freed pool faults instead of passing silently.
     out = run(
         """
+        gc.freeze()  # the imported modules' objects: each round's collection walks that round's only
         rng = np.random.default_rng(0)
         refused = 0
         for i in range(150):
@@ -212,7 +222,7 @@ def test_soak_bind_free_rebind_with_unmapped_frees():
         print("refused", refused)
     """,
         env={"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4096"},
-        timeout=900,  # 150 rounds of allocate/bind/free: two minutes on a loaded 2-core machine
+        timeout=900,  # 150 rounds of allocate/bind/free, with room for a heavily loaded 2-core machine
     )
     refused = int(out[0].split()[1])
     assert 0 < refused < 150

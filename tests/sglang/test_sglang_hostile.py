@@ -11,8 +11,6 @@ states and its verify scratch) as it was."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -22,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from recoverssm_rs.errors import BindingError, PlanError, RecoverSSMError  # noqa: E402
 from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+from support import isolated  # noqa: E402
 from support.device_fakes import FakeCuda  # noqa: E402
 
 LAYERS, SLOTS, ROWS, DRAFT = 2, 8, 4, 3
@@ -235,7 +234,8 @@ def test_the_planner_over_the_pool_checks_the_pool_first():
 
 
 def test_get_cpu_copy_after_the_temporal_storage_was_freed_is_an_error_not_a_crash():
-    """Run apart: before the guard covered HiCache copies, this read freed memory (a segfault)."""
+    """Run apart (forked from the zygote of ``support.isolated``): before the guard covered HiCache
+    copies, this read freed memory (a segfault)."""
     code = textwrap.dedent(
         """
         import torch
@@ -249,8 +249,8 @@ def test_get_cpu_copy_after_the_temporal_storage_was_freed_is_an_error_not_a_cra
             print("refused:", e)
         """
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
+    run = isolated.shared().run(code, timeout=120)
+    assert run.returncode == 0 and not run.timed_out, run.describe(2000)
     assert "refused: temporal" in run.stdout and "resized or freed" in run.stdout, run.stdout
 
 
