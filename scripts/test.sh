@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Runs every test of recoverssm_rs on a fresh machine. In the background from the start, the Rust
 # lane: clippy, rustfmt, the Rust tests, a build of the Rust benchmarks (dev profile). In the
-# foreground meanwhile: .venv (scripts/setup.sh --test), ruff, the generated stub's check and
-# stubtest, a strict type check of the package (mypy, [tool.mypy] of pyproject.toml). Then, the
-# lane awaited, the Python tests (which include the kernel checks that need no GPU; tests marked
-# `gpu` skip without one), spread over worker processes (pytest-xdist), with the slowest tests
-# listed at their end.
+# foreground meanwhile: .venv (scripts/setup.sh --test), ruff, the generated stub's check; then in
+# a second background lane stubtest and a strict type check of the package (mypy, [tool.mypy] of
+# pyproject.toml), while the Python tests run in the foreground (they include the kernel checks
+# that need no GPU; tests marked `gpu` skip without one), spread over worker processes
+# (pytest-xdist), with the slowest tests listed at their end; then the lanes are awaited and
+# their output printed.
 # Each stage prints its command and its seconds; a table of all stages (wall seconds, and the CPU
 # seconds its processes used: the cost that does not depend on what else the machine runs) and the
 # run's wall time closes the run (also after a failure, which stops the run).
 #
 #   bash scripts/test.sh [PYTEST_ARGS...]    # arguments go to pytest
-#   RECOVERSSM_TEST_WORKERS=N                # pytest workers (default: one a core, at most one per
-#                                            # 2 GiB of available memory; 1: one process, no xdist)
+#   RECOVERSSM_TEST_WORKERS=N                # pytest workers (default: one a core and one more, at
+#                                            # most one per 2 GiB of available memory; 1: one
+#                                            # process, no xdist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +25,7 @@ times_file=$(mktemp)
 
 table() {
   echo
-  echo "== stages (rust lane: ran beside setup and the Python checks)"
+  echo "== stages (the lanes' stages, last: they ran beside the foreground ones)"
   printf '%-12s %8s %8s  %s\n' stage seconds cpu-s result
   local i
   for i in "${!names[@]}"; do
@@ -71,75 +73,102 @@ stage() {
 # start, beside setup's downloads and the Python checks, in their own order: clippy (with the
 # bindings), rustfmt, the tests built then run, the benchmarks built (in the dev profile: it reuses
 # what the tests built, where `cargo bench --no-run` rebuilds everything optimised with LTO to
-# check the same). Each writes `NAME RC T0 T1 CPU` to the lane's record when it ends; the lane's output
-# is printed when the lane is awaited, before the Python tests.
-lane=$(mktemp -d) lane_pid=
+# check the same). stubtest and mypy, which need .venv, run as a second lane beside the Python
+# tests. A lane runs its steps one after another in a process group of its own; each step writes
+# `NAME RC T0 T1 CPU` to the lane's record when it ends; the lanes' output is printed when they are
+# awaited, after the Python tests. More processes at work also means a larger share of a machine
+# that others load.
+lane_dirs=() lane_pids=()
 # On any exit: a lane still running (a foreground stage failed, or the run was interrupted) is
-# stopped, cargo and rustc with it (the lane is a process group of its own), its folder removed.
-stop_lane() {
-  if [[ -n $lane_pid ]]; then
-    kill -TERM -- "-$lane_pid" 2>/dev/null || true
-  fi
-  rm -rf "$lane" "$times_file"
+# stopped, cargo and rustc with it, its folder removed.
+stop_lanes() {
+  local pid
+  for pid in "${lane_pids[@]}"; do
+    kill -TERM -- "-$pid" 2>/dev/null || true
+  done
+  rm -rf "${lane_dirs[@]}" "$times_file"
 }
-trap stop_lane EXIT
-rust_lane() {
-  local step rc t0
-  # The tests and benchmarks built without debug information: about 18% less CPU for the build
-  # (measured: 107 -> 88 CPU seconds for `cargo test --no-run`); a failing test still names its
-  # file and line (panic locations need none).
-  export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
-  for step in "clippy cargo clippy --all-targets --features python -- -D warnings" \
-    "rustfmt cargo fmt --check" "cargo-build cargo test --no-run" "cargo-test cargo test --quiet" \
-    "cargo-bench cargo build --benches"; do
+trap stop_lanes EXIT
+# The tests and benchmarks built without debug information: about 18% less CPU for the build
+# (measured: 107 -> 88 CPU seconds for `cargo test --no-run`); a failing test still names its file
+# and line (panic locations need none). The release build of the extension is not affected.
+export CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
+# run_steps DIR STEP...: each STEP a "name command args..." (split on spaces), in order, until one fails.
+run_steps() {
+  local dir=$1 step rc t0
+  shift
+  for step in "$@"; do
     set -- $step
     echo "== $1: ${*:2}"
     t0=$EPOCHREALTIME rc=0
-    timed "$lane/times" "${@:2}" || rc=$?
-    echo "$1 $rc $t0 $EPOCHREALTIME $(cpu_of "$lane/times")" >>"$lane/record"
+    timed "$dir/times" "${@:2}" || rc=$?
+    echo "$1 $rc $t0 $EPOCHREALTIME $(cpu_of "$dir/times")" >>"$dir/record"
     echo "== $1: exit $rc"
     ((rc == 0)) || return "$rc"
   done
 }
-echo "== rust lane (clippy, rustfmt, cargo-build, cargo-test, cargo-bench): in the background, output below after mypy"
-set -m # the lane's own process group
-rust_lane >"$lane/log" 2>&1 &
-lane_pid=$!
-set +m
+# start_lane TITLE STEP...: the steps in the background (see run_steps).
+start_lane() {
+  local dir
+  dir=$(mktemp -d)
+  : >"$dir/record"
+  lane_dirs+=("$dir")
+  echo "== $1: in the background, output below after the Python tests"
+  shift
+  set -m # the lane's own process group
+  run_steps "$dir" "$@" >"$dir/log" 2>&1 &
+  lane_pids+=($!)
+  set +m
+}
+# await_lanes: waits for every lane, prints its output, records its steps; a failed lane prints the
+# table and ends the run with its exit status.
+await_lanes() {
+  local i rc failed=0 name step_rc t0 t1 cpu
+  for i in "${!lane_pids[@]}"; do
+    rc=0
+    wait "${lane_pids[$i]}" || rc=$?
+    cat "${lane_dirs[$i]}/log"
+    while read -r name step_rc t0 t1 cpu; do
+      record "$name" "$step_rc" "$t0" "$t1" "$cpu"
+    done <"${lane_dirs[$i]}/record"
+    ((rc == 0)) || failed=$rc
+  done
+  lane_pids=()
+  if ((failed != 0)); then
+    table
+    exit "$failed"
+  fi
+}
 
-# Then, in the foreground: .venv, then the checks of the Python side: ruff (lint and format), the
-# _core stub regenerated from the bindings and the extension setup built (it must equal the committed
-# one: `python scripts/gen_stubs.py` rewrites it), the stub against the compiled extension, and a
-# strict type check of the package (mypy, [tool.mypy] of pyproject.toml).
+start_lane "rust lane (clippy, rustfmt, cargo-build, cargo-test, cargo-bench)" \
+  "clippy cargo clippy --all-targets --features python -- -D warnings" "rustfmt cargo fmt --check" \
+  "cargo-build cargo test --no-run" "cargo-test cargo test --quiet" "cargo-bench cargo build --benches"
+
+# Then, in the foreground: .venv, ruff (lint and format), the _core stub regenerated from the
+# bindings and the extension setup built (it must equal the committed one: `python
+# scripts/gen_stubs.py` rewrites it); then in the background the stub against the compiled
+# extension (stubtest) and a strict type check of the package (mypy, [tool.mypy] of pyproject.toml).
 stage setup bash scripts/setup.sh --test
 stage ruff .venv/bin/ruff check python tests benches build_backend scripts
 stage ruff-format .venv/bin/ruff format --check python tests benches build_backend scripts
 stage stubs .venv/bin/python scripts/gen_stubs.py --check
-stage stubtest .venv/bin/python -m mypy.stubtest --mypy-config-file scripts/stubtest.ini recoverssm_rs._core
-stage mypy .venv/bin/python -m mypy
-
-echo "== rust lane: waiting for it"
-lane_rc=0
-wait "$lane_pid" || lane_rc=$?
-lane_pid=
-cat "$lane/log"
-while read -r name rc t0 t1 cpu; do
-  record "$name" "$rc" "$t0" "$t1" "$cpu"
-done <"$lane/record"
-if ((lane_rc != 0)); then
-  table
-  exit "$lane_rc"
-fi
+start_lane "type lane (stubtest, mypy)" \
+  "stubtest .venv/bin/python -m mypy.stubtest --mypy-config-file scripts/stubtest.ini recoverssm_rs._core" \
+  "mypy .venv/bin/python -m mypy"
 
 # The kernel compile checks must run here, not skip: RECOVERSSM_REQUIRE_NVRTC=1 fails if NVRTC is missing.
 # The test files are independent: pytest-xdist runs them in RECOVERSSM_TEST_WORKERS processes (work
 # stealing evens out the long oracle traces), each with one torch thread so that the workers do
 # not fight over the cores. The oracles' wheels download once whatever the number of workers
 # (tests/support/vllm_oracle.py takes a file lock around the download).
+# One worker a core and one more: a worker waiting on a subprocess (the vLLM end-to-end run, the
+# P/D demo's processes, a forked case) leaves its core to the others.
 workers=${RECOVERSSM_TEST_WORKERS:-$(awk -v cores="$(nproc)" '/^MemAvailable:/ {
-  w = int($2 / (2 * 1024 * 1024)); if (w > cores) w = cores; if (w < 1) w = 1; print w }' /proc/meminfo)}
+  w = int($2 / (2 * 1024 * 1024)); if (w > cores + 1) w = cores + 1; if (w < 1) w = 1; print w }' /proc/meminfo)}
 parallel=()
 ((workers > 1)) && parallel=(-n "$workers" --dist worksteal)
 stage pytest env RECOVERSSM_REQUIRE_NVRTC=1 OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q "${parallel[@]}" \
   --durations=15 --durations-min=1 tests "${pytest_args[@]}"
+echo "== lanes: waiting for them"
+await_lanes
 table
