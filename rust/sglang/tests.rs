@@ -233,6 +233,25 @@ mod host_copy {
     }
 
     #[test]
+    fn a_load_refuses_host_copies_of_the_right_bytes_but_another_dtype_or_shape() {
+        // Each refused copy spans exactly its block's bytes: only its dtype or shape is wrong.
+        let conv: Vec<u16> = vec![0; 2 * 2 * 12];
+        let temporal: Vec<f32> = vec![0.0; 2 * 2 * 5];
+        let (c_at, t_at) = (conv.as_ptr() as u64, temporal.as_ptr() as u64);
+        let c = HostCopy::new(Direction::Load, states(), vec![3, 2], 6).unwrap();
+        let good_temporal = TensorDesc::dense(t_at, "float32", &[2, 2, 5], "cpu");
+        let refused = |host: [TensorDesc; 2]| c.stage(BUF, &host).unwrap_err().message;
+        let m = refused([TensorDesc::dense(c_at, "float16", &[2, 2, 3, 4], "cpu"), good_temporal.clone()]);
+        assert_eq!(m, "load_cpu_copy: conv[0]: the host copy is float16 [2, 2, 3, 4], the pool needs bfloat16 [2, 2, 3, 4]");
+        let m = refused([TensorDesc::dense(c_at, "bfloat16", &[2, 2, 4, 3], "cpu"), good_temporal]);
+        assert!(m.contains("conv[0]: the host copy is bfloat16 [2, 2, 4, 3]"), "{m}");
+        let m = refused([TensorDesc::dense(c_at, "bfloat16", &[2, 2, 3, 4], "cpu"), TensorDesc::dense(t_at, "int32", &[2, 2, 5], "cpu")]);
+        assert!(m.contains("temporal: the host copy is int32 [2, 2, 5], the pool needs float32 [2, 2, 5]"), "{m}");
+        let m = refused([TensorDesc::dense(c_at, "bfloat16", &[2, 2, 3, 4], "cpu"), TensorDesc::dense(t_at, "float32", &[2, 5, 2], "cpu")]);
+        assert!(m.contains("temporal: the host copy is float32 [2, 5, 2]"), "{m}");
+    }
+
+    #[test]
     fn the_pool_pairs_each_state_with_its_scratch_and_refuses_what_it_lacks() {
         let [conv, temporal] = <[TensorDesc; 2]>::try_from(states()).unwrap();
         let ssm = TensorDesc::dense(0x10_0000, "float32", &[2, 3, 4, 5], "cuda:0");
