@@ -812,15 +812,21 @@ class SglangPool:
     def commit_moves(
         self,
         *,
-        slots: _IntArray,
-        steps: _IntArray,
-        rows: _IntArray | None = None,
-        track_slots: _IntArray | None = None,
-        track_steps: _IntArray | None = None,
+        state_indices: _IntArray,
+        last_correct_step_indices: _IntArray,
+        src_indices: _IntArray | None = None,
+        track_indices: _IntArray | None = None,
+        steps_to_track: _IntArray | None = None,
     ) -> list[tuple[int, int, int]]:
         """The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
-        pass then the track pass (with `track_slots`), after every index is checked (`PlanError`
-        naming the request otherwise); `rows` defaults to each request's own index.
+        pass then the track pass (with `track_indices`), after every index is checked (`PlanError`
+        naming the argument, or the request); the arguments are SGLang's (`src_indices` defaults to
+        each request's own index).
+        """
+    def copy_from(self, planner: Planner, src_indices: _IntArray, dst_indices: _IntArray) -> None:
+        """`copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
+        the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
+        host executor (the pool's tensors checked first; every copy checked before the first byte).
         """
     @property
     def groups(self) -> list[tuple[Layout, list[int]]]:
@@ -831,40 +837,50 @@ class SglangPool:
         """One guarded write: the pool's tensors checked (`write` not called when one moved),
         `write()` run, the write recorded (autograd's version counters). Returns what `write` returns.
         """
-    def host_copies(self, mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], num_slots: int) -> list[_Tensor]:
-        """The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
-        triple whose third element is ignored) in the order of `[*conv, temporal]`, for a load into
-        `num_slots` slots: first the pool's tensors are checked (`BindingError` naming the one that
-        moved), then each copy against its pool tensor as bound: on the host, the pool tensor's
-        dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
-        """
     def host_copy(
         self,
         op: str,
-        ids: _IntArray,
+        indices: _IntArray,
         *,
         alloc: Callable[[int], _Tensor],
-        run: Callable[[_Tensor, bytes, int, KernelLaunch | None], object],
+        run: Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object],
         err: _Tensor,
-        host: Sequence[_Tensor] | None = None,
+        mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor] | None = None,
     ) -> tuple[_Tensor, list[tuple[int, int, list[int]]]] | None:
-        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
-        (checked slots of the pool) on CUDA, in one call: the core lays out one device buffer for
-        it (`alloc(n)` returns an int32 device vector of `n` elements), checks the pool's tensors,
-        stages the call (a load's host copies `host`, the slot table, the index vectors) and hands
-        `run(buffer, staged, at, launch)` the bytes to copy into the buffer from int32 element `at`
-        and the slot kernel's launch reporting into `err` (`None`: nothing to launch); then the write
-        is recorded. Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`;
-        `None` for a load that moves nothing (no buffer, no launch).
+        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices` on
+        CUDA, in one call: the slots checked (for a load none twice), the pool's tensors checked,
+        a load's `mamba_cache_cpu` checked as by `load_copies`; then the core lays out one device
+        buffer (`alloc(n)` returns an int32 device vector of `n` elements), stages the call (a
+        load's host copies, the slot table, the index vectors) and hands `run(buffer, staged, at,
+        launch, requests)` the bytes to copy into the buffer from int32 element `at` and the slot
+        kernel's launch over `requests` slots reporting into `err` (`None`: nothing to launch); then
+        the write is recorded.
+        Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`; `None` for a
+        load, or a get that moves nothing.
         """
     @property
     def live(self) -> list[int]:
         """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
         temporal state): indices in `[*conv, temporal]`.
         """
+    def load_copies(
+        self, mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], indices: _IntArray
+    ) -> tuple[list[int], list[_Tensor]]:
+        """The slots `indices` of a load (none twice) and the host copies of `mamba_cache_cpu`
+        (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is
+        ignored) in the order of `[*conv, temporal]`: first the slots are checked, then the pool's
+        tensors (`BindingError` naming the one that moved), then each copy against its pool tensor
+        as bound: on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]`
+        (`PlanError` naming the state).
+        """
     @property
     def num_slots(self) -> int:
         """Slots, the dummy slot 0 included (SGLang's `size + 1`)."""
+    def read_slots(self, op: str, indices: _IntArray) -> list[int]:
+        """The slots `indices` of `op` (checked as slots of the pool other than the dummy slot 0, a
+        slot may repeat), after which the pool's tensors are checked (`BindingError` naming the one
+        that moved): what a read of the slots needs.
+        """
     def slot_launch(
         self,
         run: Callable[[KernelLaunch | None], object],
@@ -889,6 +905,10 @@ class SglangPool:
         """`(state, scratch)` for every state tensor that holds bytes, the temporal state first:
         indices in `[*conv, temporal]` and in `[intermediate_ssm, *intermediate_conv_window]`
         (`PlanError` for a pool without the verify scratch).
+        """
+    def write_slots(self, op: str, indices: _IntArray, write: Callable[[list[int]], _T]) -> _T:
+        """One guarded write of the slots `indices` of `op` (checked as by `read_slots`): the pool's
+        tensors checked, `write(ids)` run, the write recorded. Returns what `write` returns.
         """
 
 @final
@@ -1380,10 +1400,9 @@ def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint,
     """
 
 def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
-    """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
-    int64 array, CPU tensor or list of ints (a float, bool or other array is refused, never cast,
-    naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
-    the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
+    """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values
+    ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
+    dummy slot 0 (negative ids refused), and with `unique` no slot twice.
     """
 
 def sglang_layout(

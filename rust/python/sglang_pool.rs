@@ -2,19 +2,23 @@
 //! checked and guarded once when the adapter is built; every write of an operation is one call
 //! here (the guard checked, the write built, run and recorded).
 
-use super::conversion::{address_int, args, items, kwargs, Arg, Ints, Tensor};
+use super::conversion::{address_int, args, instance, items, kwargs, Arg, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
+use super::planner::Planner;
+use super::sglang::host_ints;
 use crate::error::{Error, ErrorKind};
 use crate::layout::ConvLayout;
 use crate::sglang;
 use crate::sglang::hicache::Direction;
 use crate::sglang::kernel::{self, SlotCall, SlotCopy, SlotPool};
 use crate::sglang::pool::Pool;
+use crate::sglang::Repeats;
 use crate::tensor::{Device, TensorDesc};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 use std::sync::OnceLock;
 
 kwargs! {
@@ -63,17 +67,6 @@ kwargs! {
     }
 }
 
-kwargs! {
-    /// The keyword arguments of `SglangPool.commit_moves`.
-    pub(crate) struct MovesArgs(Plan) {
-        slots: Ints,
-        steps: Ints,
-        rows: Option<Ints>,
-        track_slots: Option<Ints>,
-        track_steps: Option<Ints>,
-    }
-}
-
 impl SglangPool {
     /// The guard of the pool's tensors (also checked by the planner over their layers before each
     /// of its writes and launches).
@@ -86,6 +79,47 @@ impl SglangPool {
         let out = f()?;
         self.guard.mark_written(py)?;
         Ok(out)
+    }
+
+    /// `ids`, the argument `arg` of `op`, as slots of the pool ([`sglang::check_slots`]).
+    fn slot_ids(&self, op: &str, arg: &str, ids: &Bound<'_, PyAny>, repeats: Repeats) -> PyResult<Vec<i64>> {
+        let v = host_ints(ids, op, arg)?;
+        sglang::check_slots(op, arg, &v, self.inner.num_slots, repeats)?;
+        Ok(v)
+    }
+
+    /// A load's slots `indices` (none twice), then the pool's tensors, then its host copies
+    /// `mamba_cache_cpu`, checked: the slots, and the host copies in the order of `[*conv,
+    /// temporal]` (each object with its description).
+    #[allow(clippy::type_complexity)]
+    fn load_args<'py>(
+        &self,
+        py: Python<'py>,
+        mamba_cache_cpu: &Bound<'py, PyAny>,
+        indices: &Bound<'py, PyAny>,
+    ) -> PyResult<(Vec<i64>, Vec<Bound<'py, PyAny>>, Vec<TensorDesc>)> {
+        let ids = self.slot_ids("load_cpu_copy", "indices", indices, Repeats::Refused)?;
+        self.guard.check(py)?;
+        let kind = ErrorKind::Plan;
+        let pool = &self.inner.states;
+        let parts = items(mamba_cache_cpu, "load_cpu_copy: mamba_cache_cpu", kind, "(conv_cpu, temporal_cpu)")?;
+        if !(2..=3).contains(&parts.len()) {
+            return Err(Error::plan(format!("load_cpu_copy: mamba_cache_cpu has {} parts; expected (conv_cpu, temporal_cpu)", parts.len())).into());
+        }
+        let conv = items(&parts[0], "load_cpu_copy: mamba_cache_cpu[0] (conv_cpu)", kind, "host tensors")?;
+        if conv.len() + 1 != pool.len() {
+            return Err(Error::plan(format!("load_cpu_copy: conv_cpu has {} tensors, the pool {}", conv.len(), pool.len() - 1)).into());
+        }
+        let mut host = conv;
+        host.push(parts[1].clone());
+        let mut descs = Vec::with_capacity(host.len());
+        for (k, (dst, src)) in pool.iter().zip(&host).enumerate() {
+            let state = sglang::checks::state_label(k, pool.len());
+            let h = Tensor::arg(src, &format!("load_cpu_copy: {state} (host copy)"), kind)?.0;
+            sglang::check_host_copy(&state, dst, &h, ids.len())?;
+            descs.push(h);
+        }
+        Ok((ids, host, descs))
     }
 }
 
@@ -171,23 +205,28 @@ impl SglangPool {
     }
 
     /// The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
-    /// pass then the track pass (with `track_slots`), after every index is checked (`PlanError`
-    /// naming the request otherwise); `rows` defaults to each request's own index.
+    /// pass then the track pass (with `track_indices`), after every index is checked (`PlanError`
+    /// naming the argument, or the request); the arguments are SGLang's (`src_indices` defaults to
+    /// each request's own index).
     #[pyo3(signature = (
-        *, slots: "_IntArray", steps: "_IntArray", rows: "_IntArray | None" = None, track_slots: "_IntArray | None" = None,
-        track_steps: "_IntArray | None" = None,
+        *, state_indices: "_IntArray", last_correct_step_indices: "_IntArray", src_indices: "_IntArray | None" = None,
+        track_indices: "_IntArray | None" = None, steps_to_track: "_IntArray | None" = None,
     ) -> "list[tuple[int, int, int]]")]
     fn commit_moves(
         &self,
-        slots: Option<&Bound<'_, PyAny>>,
-        steps: Option<&Bound<'_, PyAny>>,
-        rows: Option<&Bound<'_, PyAny>>,
-        track_slots: Option<&Bound<'_, PyAny>>,
-        track_steps: Option<&Bound<'_, PyAny>>,
+        state_indices: &Bound<'_, PyAny>,
+        last_correct_step_indices: &Bound<'_, PyAny>,
+        src_indices: Option<&Bound<'_, PyAny>>,
+        track_indices: Option<&Bound<'_, PyAny>>,
+        steps_to_track: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<(i64, i64, i64)>> {
-        let a = args!(MovesArgs { slots, steps, rows, track_slots, track_steps })?;
-        let track = (a.track_slots.as_ref().map(|v| v.0.as_slice()), a.track_steps.as_ref().map(|v| v.0.as_slice()));
-        Ok(self.inner.commit_moves(&a.slots.0, &a.steps.0, a.rows.as_ref().map(|v| v.0.as_slice()), track)?)
+        let op = "commit_after_verify";
+        let ints = |x: Option<&Bound<'_, PyAny>>, arg: &str| x.filter(|x| !x.is_none()).map(|x| host_ints(x, op, arg)).transpose();
+        let steps = host_ints(last_correct_step_indices, op, "last_correct_step_indices")?;
+        let slots = host_ints(state_indices, op, "state_indices")?;
+        let rows = ints(src_indices, "src_indices")?;
+        let track = (ints(track_indices, "track_indices")?, ints(steps_to_track, "steps_to_track")?);
+        Ok(self.inner.commit_moves(&slots, &steps, rows.as_deref(), (track.0.as_deref(), track.1.as_deref()))?)
     }
 
     /// One guarded launch of the slot kernel, in one call: clear `slots` (`commit` false) or the
@@ -260,69 +299,93 @@ impl SglangPool {
         Ok(self.inner.check_transfer()?)
     }
 
-    /// The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
-    /// triple whose third element is ignored) in the order of `[*conv, temporal]`, for a load into
-    /// `num_slots` slots: first the pool's tensors are checked (`BindingError` naming the one that
-    /// moved), then each copy against its pool tensor as bound: on the host, the pool tensor's
-    /// dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
-    #[pyo3(signature = (mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", num_slots: "int") -> "list[_Tensor]")]
-    fn host_copies<'py>(&self, py: Python<'py>, mamba_cache_cpu: &Bound<'py, PyAny>, num_slots: u64) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        self.guard.check(py)?;
-        let kind = ErrorKind::Plan;
-        let pool = &self.inner.states;
-        let parts = items(mamba_cache_cpu, "load_cpu_copy: mamba_cache_cpu", kind, "(conv_cpu, temporal_cpu)")?;
-        if !(2..=3).contains(&parts.len()) {
-            return Err(Error::plan(format!("load_cpu_copy: mamba_cache_cpu has {} parts; expected (conv_cpu, temporal_cpu)", parts.len())).into());
-        }
-        let conv = items(&parts[0], "load_cpu_copy: mamba_cache_cpu[0] (conv_cpu)", kind, "host tensors")?;
-        if conv.len() + 1 != pool.len() {
-            return Err(Error::plan(format!("load_cpu_copy: conv_cpu has {} tensors, the pool {}", conv.len(), pool.len() - 1)).into());
-        }
-        let mut host = conv;
-        host.push(parts[1].clone());
-        for (k, (dst, src)) in pool.iter().zip(&host).enumerate() {
-            let state = if k + 1 == pool.len() { "temporal".to_string() } else { format!("conv[{k}]") };
-            let h = Tensor::arg(src, &format!("load_cpu_copy: {state} (host copy)"), kind)?.0;
-            sglang::check_host_copy(&state, dst, &h, num_slots as usize)?;
-        }
-        Ok(host)
+    /// `copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
+    /// the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
+    /// host executor (the pool's tensors checked first; every copy checked before the first byte).
+    #[pyo3(signature = (planner: "Planner", src_indices: "_IntArray", dst_indices: "_IntArray") -> "None")]
+    fn copy_from(&self, planner: &Bound<'_, PyAny>, src_indices: &Bound<'_, PyAny>, dst_indices: &Bound<'_, PyAny>) -> PyResult<()> {
+        let src = self.slot_ids("copy_from", "src_indices", src_indices, Repeats::Allowed)?;
+        let dst = self.slot_ids("copy_from", "dst_indices", dst_indices, Repeats::Allowed)?;
+        let planner = instance::<Planner>(planner, "copy_from: planner", ErrorKind::Plan, "Planner")?;
+        let py = planner.py();
+        let kw = PyDict::new(py);
+        kw.set_item(intern!(py, "src_blocks"), src)?;
+        kw.set_item(intern!(py, "dst_blocks"), dst)?;
+        planner.call_method(intern!(py, "plan_copy"), (), Some(&kw))?.call_method0(intern!(py, "execute_host"))?;
+        Ok(())
     }
 
-    /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
-    /// (checked slots of the pool) on CUDA, in one call: the core lays out one device buffer for
-    /// it (`alloc(n)` returns an int32 device vector of `n` elements), checks the pool's tensors,
-    /// stages the call (a load's host copies `host`, the slot table, the index vectors) and hands
-    /// `run(buffer, staged, at, launch)` the bytes to copy into the buffer from int32 element `at`
-    /// and the slot kernel's launch reporting into `err` (`None`: nothing to launch); then the write
-    /// is recorded. Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`;
-    /// `None` for a load that moves nothing (no buffer, no launch).
+    /// The slots `indices` of `op` (checked as slots of the pool other than the dummy slot 0, a
+    /// slot may repeat), after which the pool's tensors are checked (`BindingError` naming the one
+    /// that moved): what a read of the slots needs.
+    #[pyo3(signature = (op: "str", indices: "_IntArray") -> "list[int]")]
+    fn read_slots(&self, py: Python<'_>, op: &str, indices: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        let ids = self.slot_ids(op, "indices", indices, Repeats::Allowed)?;
+        self.guard.check(py)?;
+        Ok(ids)
+    }
+
+    /// One guarded write of the slots `indices` of `op` (checked as by `read_slots`): the pool's
+    /// tensors checked, `write(ids)` run, the write recorded. Returns what `write` returns.
+    #[pyo3(signature = (op: "str", indices: "_IntArray", write: "Callable[[list[int]], _T]") -> "_T")]
+    fn write_slots(&self, py: Python<'_>, op: &str, indices: &Bound<'_, PyAny>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let ids = self.slot_ids(op, "indices", indices, Repeats::Allowed)?;
+        self.write(py, || Ok(write.call1((ids,))?.unbind()))
+    }
+
+    /// The slots `indices` of a load (none twice) and the host copies of `mamba_cache_cpu`
+    /// (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is
+    /// ignored) in the order of `[*conv, temporal]`: first the slots are checked, then the pool's
+    /// tensors (`BindingError` naming the one that moved), then each copy against its pool tensor
+    /// as bound: on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]`
+    /// (`PlanError` naming the state).
+    #[pyo3(signature = (mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", indices: "_IntArray") -> "tuple[list[int], list[_Tensor]]")]
+    fn load_copies<'py>(
+        &self,
+        py: Python<'py>,
+        mamba_cache_cpu: &Bound<'py, PyAny>,
+        indices: &Bound<'py, PyAny>,
+    ) -> PyResult<(Vec<i64>, Vec<Bound<'py, PyAny>>)> {
+        let (ids, host, _) = self.load_args(py, mamba_cache_cpu, indices)?;
+        Ok((ids, host))
+    }
+
+    /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices` on
+    /// CUDA, in one call: the slots checked (for a load none twice), the pool's tensors checked,
+    /// a load's `mamba_cache_cpu` checked as by `load_copies`; then the core lays out one device
+    /// buffer (`alloc(n)` returns an int32 device vector of `n` elements), stages the call (a
+    /// load's host copies, the slot table, the index vectors) and hands `run(buffer, staged, at,
+    /// launch, requests)` the bytes to copy into the buffer from int32 element `at` and the slot
+    /// kernel's launch over `requests` slots reporting into `err` (`None`: nothing to launch); then
+    /// the write is recorded.
+    /// Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`; `None` for a
+    /// load, or a get that moves nothing.
     #[pyo3(signature = (
-        op: "str", ids: "_IntArray", *, alloc: "Callable[[int], _Tensor]", run: "Callable[[_Tensor, bytes, int, KernelLaunch | None], object]",
-        err: "_Tensor", host: "Sequence[_Tensor] | None" = None,
+        op: "str", indices: "_IntArray", *, alloc: "Callable[[int], _Tensor]", run: "Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object]",
+        err: "_Tensor", mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor] | None" = None,
     ) -> "tuple[_Tensor, list[tuple[int, int, list[int]]]] | None")]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn host_copy<'py>(
         &self,
         py: Python<'py>,
         op: &str,
-        ids: &Bound<'py, PyAny>,
+        indices: &Bound<'py, PyAny>,
         alloc: &Bound<'py, PyAny>,
         run: &Bound<'py, PyAny>,
         err: &Bound<'py, PyAny>,
-        host: Option<&Bound<'py, PyAny>>,
+        mamba_cache_cpu: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>)>)>> {
-        let direction = match op {
-            "get_cpu_copy" => Direction::Get,
-            "load_cpu_copy" => Direction::Load,
-            _ => return Err(Error::plan(format!("host_copy: unknown op {op:?}")).into()),
+        // The host copies' objects are held until the call returns (their memory is read then).
+        let (direction, ids, _held, host) = match (op, mamba_cache_cpu) {
+            ("get_cpu_copy", None) => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),
+            ("load_cpu_copy", Some(copies)) => {
+                let (ids, held, descs) = self.load_args(py, copies, indices)?;
+                (Direction::Load, ids, held, descs)
+            }
+            _ => return Err(Error::plan(format!("host_copy: {op:?} is not get_cpu_copy, nor load_cpu_copy with mamba_cache_cpu")).into()),
         };
-        let kind = ErrorKind::Plan;
-        let ids = Ints::arg(ids, &format!("{op}: indices"), kind)?.0;
-        let err = Tensor::arg(err, "err", kind)?.0;
-        let host: Vec<TensorDesc> = match host.filter(|h| !h.is_none()) {
-            Some(h) => Vec::<Tensor>::arg(h, "host", kind)?.into_iter().map(|t| t.0).collect(),
-            None => Vec::new(),
-        };
+        let err = Tensor::arg(err, &format!("{op}: err"), ErrorKind::Plan)?.0;
+        let requests = ids.len();
         let call = self.inner.host_copy(direction, ids)?;
         if call.total == 0 {
             return Ok(None);
@@ -332,10 +395,10 @@ impl SglangPool {
         self.write(py, || {
             let bytes = call.stage(address, &host)?;
             let launch = call.launch(address, &err)?.map(KernelLaunch::new);
-            run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch))?;
+            run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch, requests))?;
             Ok(())
         })?;
-        Ok(Some((buffer, call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect())))
+        Ok((direction == Direction::Get).then(|| (buffer, call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect())))
     }
 
     fn __repr__(&self) -> String {

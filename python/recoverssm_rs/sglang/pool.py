@@ -18,7 +18,7 @@ from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import PlanError
 from ..planner import Planner
-from .device import ARG_NAMES, host_copy, host_ids, int64_on_device, runner
+from .device import ARG_NAMES, host_copy, int64_on_device, runner
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -145,9 +145,9 @@ class SglangMambaPool(EngineAdapter):
             self._scratch = [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
         return self._scratch
 
-    def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
-        """``indices`` (of ``op``) as host ids, checked by the core as slots of the pool."""
-        return host_ids(indices, op, "indices", num_slots=self._num_slots, unique=unique)
+    def _index(self, ids: list[int]) -> Any:
+        """Checked slot ids as an int64 index on the states' device."""
+        return ops.cuda_ops.torch().as_tensor(ids, dtype=ops.cuda_ops.torch().int64, device=self.device)
 
     # ---- SGLang's MambaPool operations ----------------------------------------------------------
 
@@ -162,11 +162,8 @@ class SglangMambaPool(EngineAdapter):
         """
         if self.placement.is_cuda:
             self._launch_copy(src_indices, dst_indices)
-            return
-        n = self._num_slots
-        src = host_ids(src_indices, "copy_from", "src_indices", num_slots=n)
-        dst = host_ids(dst_indices, "copy_from", "dst_indices", num_slots=n)
-        self.planner.plan_copy(src, dst).execute()  # the pool's tensors checked first
+        else:  # one core call: the slots checked, the planner's copy plan run by the host executor
+            self.tensors.copy_from(self.planner.core, src_indices, dst_indices)
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
         """One fused launch of the state-copy kernel over the identity table of slot ids
@@ -190,7 +187,7 @@ class SglangMambaPool(EngineAdapter):
         if getattr(getattr(x, "device", None), "type", None) == "cuda":
             return x
         torch = ops.cuda_ops.torch()
-        return torch.as_tensor(host_ids(x, op, arg)).to(self.device, non_blocking=True)
+        return torch.as_tensor(_core.sglang_ids(op, arg, x), dtype=torch.int64).to(self.device, non_blocking=True)
 
     def _device_constants(self, n: int) -> tuple[Any, Any]:
         """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
@@ -221,15 +218,13 @@ class SglangMambaPool(EngineAdapter):
         if self.placement.is_cuda:
             self.slot_launch(False, indices)
             return
-        torch = ops.cuda_ops.torch()
-        ids = self._check_slots("clear_slots", indices)
-        idx = torch.as_tensor(ids, device=self.device)
 
-        def write() -> None:
+        def write(ids: list[int]) -> None:
+            idx = self._index(ids)
             for t in self.state_tensors():
                 t.index_fill_(1, idx, 0)
 
-        self.guarded(write)
+        self.tensors.write_slots("clear_slots", indices, write)
 
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
         """One guarded launch of the slot kernel on the current stream, one core call: clear ``slots``,
@@ -261,12 +256,9 @@ class SglangMambaPool(EngineAdapter):
             PlanError: a bad slot id (as :meth:`copy_from`).
             BindingError: a pool tensor re-pointed or its storage resized (nothing is read).
         """
-        ids = self._check_slots("get_cpu_copy", indices)
         if self.placement.is_cuda:
-            return host_copy(self, "get_cpu_copy", ids)  # type: ignore[no-any-return]
-        self.check_bound()
-        torch = ops.cuda_ops.torch()
-        idx = torch.as_tensor(ids, device=self.device)
+            return host_copy(self, "get_cpu_copy", indices)  # type: ignore[no-any-return]
+        idx = self._index(self.tensors.read_slots("get_cpu_copy", indices))  # the pool's tensors checked too
         conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
         temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
         return conv_cpu, temporal_cpu
@@ -280,17 +272,16 @@ class SglangMambaPool(EngineAdapter):
                 whose device, dtype or shape differ from the pool's; nothing is written.
             BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
         """
-        torch = ops.cuda_ops.torch()
-        ids = self._check_slots("load_cpu_copy", indices, unique=True)
-        pool = [*self.conv, self.temporal]
-        host = self.tensors.host_copies(mamba_cache_cpu, len(ids))  # the pool's tensors checked first
         if self.placement.is_cuda:
-            host_copy(self, "load_cpu_copy", ids, [torch.as_tensor(h) for h in host])
+            host_copy(self, "load_cpu_copy", indices, mamba_cache_cpu)
             return
+        torch = ops.cuda_ops.torch()
+        pool = [*self.conv, self.temporal]
+        ids, host = self.tensors.load_copies(mamba_cache_cpu, indices)  # the pool's tensors checked too
         # Every source staged apart from the pool before the first write: a host copy that is a
         # view of the pool itself is read whole before any slot changes.
         staged = [torch.as_tensor(h).to(dst.device, copy=True) for dst, h in zip(pool, host, strict=True)]
-        idx = torch.as_tensor(ids, device=self.device)
+        idx = self._index(ids)
 
         def write() -> None:
             for dst, src in zip(pool, staged, strict=True):
@@ -342,11 +333,11 @@ class SglangMambaPool(EngineAdapter):
         if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
             self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
             return
-        op = "commit_after_verify"
-        steps = host_ids(last_correct_step_indices, op, ARG_NAMES["steps"])
-        slots = host_ids(state_indices, op, ARG_NAMES["slots"])
-        ids = {k: None if x is None else host_ids(x, op, ARG_NAMES[k]) for k, x in given.items()}
-        moves = self.tensors.commit_moves(slots=slots, steps=steps, **ids)
+        moves = self.tensors.commit_moves(
+            state_indices=state_indices,
+            last_correct_step_indices=last_correct_step_indices,
+            **{ARG_NAMES[k]: x for k, x in given.items()},
+        )
 
         def write() -> None:
             # One strided copy per (tensor, move), commit pass then track pass: no gathered temporary.
