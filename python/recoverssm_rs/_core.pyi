@@ -805,33 +805,26 @@ class SglangPool:
         """Raises `BindingError` naming the first tensor of the pool that moved (re-pointed, its
         storage resized or freed).
         """
-    def check_transfer(self) -> None:
-        """Checks that a transfer pool over the first conv tensor and the temporal state covers the
-        pool (`LayoutError` for several conv tensors holding bytes).
-        """
     def commit_moves(
         self,
+        write: Callable[[list[tuple[int, int, int]]], object],
         *,
         state_indices: _IntArray,
         last_correct_step_indices: _IntArray,
         src_indices: _IntArray | None = None,
         track_indices: _IntArray | None = None,
         steps_to_track: _IntArray | None = None,
-    ) -> list[tuple[int, int, int]]:
-        """The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
-        pass then the track pass (with `track_indices`), after every index is checked (`PlanError`
-        naming the argument, or the request); the arguments are SGLang's (`src_indices` defaults to
-        each request's own index).
+    ) -> None:
+        """The commit on host states, one guarded write: its moves, `(slot, row, step)` per request
+        that writes, the commit pass then the track pass (with `track_indices`), after every index
+        is checked (`PlanError` naming the argument, or the request; the arguments are SGLang's,
+        `src_indices` defaults to each request's own index); then the pool's tensors checked,
+        `write(moves)` run, the write recorded.
         """
     def copy_from(self, planner: Planner, src_indices: _IntArray, dst_indices: _IntArray) -> None:
         """`copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
         the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
         host executor (the pool's tensors checked first; every copy checked before the first byte).
-        """
-    @property
-    def groups(self) -> list[tuple[Layout, list[int]]]:
-        """The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
-        the first; each one's layout and the indices of its tensors in `[*conv, temporal]`.
         """
     def guarded(self, write: Callable[[], _T]) -> _T:
         """One guarded write: the pool's tensors checked (`write` not called when one moved),
@@ -858,20 +851,24 @@ class SglangPool:
         Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`; `None` for a
         load, or a get that moves nothing.
         """
-    @property
-    def live(self) -> list[int]:
-        """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
-        temporal state): indices in `[*conv, temporal]`.
+    def layer_groups(self) -> list[tuple[Layout, list[list[_Tensor]]]]:
+        """The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
+        the first; each one's layout and, per layer, the views of its tensors (`[conv[k][layer],
+        temporal[layer]]` or `[conv[k][layer]]`).
         """
     def load_copies(
-        self, mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], indices: _IntArray
-    ) -> tuple[list[int], list[_Tensor]]:
-        """The slots `indices` of a load (none twice) and the host copies of `mamba_cache_cpu`
-        (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is
-        ignored) in the order of `[*conv, temporal]`: first the slots are checked, then the pool's
-        tensors (`BindingError` naming the one that moved), then each copy against its pool tensor
-        as bound: on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]`
-        (`PlanError` naming the state).
+        self,
+        mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor],
+        indices: _IntArray,
+        write: Callable[[list[int], list[_Tensor]], object],
+    ) -> None:
+        """A load on host states, one guarded write of the slots `indices` (none twice) from the host
+        copies `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose
+        third element is ignored): first the slots are checked, then the pool's tensors
+        (`BindingError` naming the one that moved), then each copy against its pool tensor as bound:
+        on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]` (`PlanError` naming
+        the state); then `write(ids, copies)` runs (the copies in the order of `[*conv, temporal]`)
+        and the write is recorded.
         """
     @property
     def num_slots(self) -> int:
@@ -901,10 +898,17 @@ class SglangPool:
         device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
         write recorded.
         """
-    def verify_scratch(self) -> list[tuple[int, int]]:
-        """`(state, scratch)` for every state tensor that holds bytes, the temporal state first:
-        indices in `[*conv, temporal]` and in `[intermediate_ssm, *intermediate_conv_window]`
-        (`PlanError` for a pool without the verify scratch).
+    def state_tensors(self) -> list[_Tensor]:
+        """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
+        temporal state).
+        """
+    def transfer_layers(self) -> list[list[_Tensor]]:
+        """What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
+        that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+        """
+    def verify_scratch(self) -> list[tuple[_Tensor, _Tensor]]:
+        """`(state, its verify scratch)` for every state tensor that holds bytes, the temporal state
+        first (`PlanError` for a pool without the verify scratch).
         """
     def write_slots(self, op: str, indices: _IntArray, write: Callable[[list[int]], _T]) -> _T:
         """One guarded write of the slots `indices` of `op` (checked as by `read_slots`): the pool's

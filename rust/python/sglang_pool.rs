@@ -1,6 +1,8 @@
 //! An SGLang pool's tensors held by the core (`crate::sglang::pool`) for `recoverssm_rs.sglang`:
-//! checked and guarded once when the adapter is built; every write of an operation is one call
-//! here (the guard checked, the write built, run and recorded).
+//! checked and guarded once when the adapter is built, with the objects the shell reads (each
+//! group's layer views, the live states, their verify scratch). Every operation is one call here:
+//! its arguments checked (slot ids, a load's host copies, the commit's vectors), then the guard,
+//! then the write built, run and recorded.
 
 use super::conversion::{address_int, args, instance, items, kwargs, Arg, Tensor};
 use super::guard::Guard;
@@ -50,6 +52,10 @@ struct DeviceTable {
 pub struct SglangPool {
     inner: Pool,
     guard: Guard,
+    /// The objects of `inner.states` (every conv tensor, then the temporal state).
+    states: Vec<Py<PyAny>>,
+    /// The objects of the verify scratch (`intermediate_ssm`, then every `intermediate_conv_window`).
+    scratch: Vec<Option<Py<PyAny>>>,
     device: Device,
     /// The slot kernel's tables on the device: clearing, the commit.
     tables: [OnceLock<DeviceTable>; 2],
@@ -150,31 +156,41 @@ impl SglangPool {
             labelled.push((t, format!("conv[{i}]")));
         }
         labelled.push((temporal.expect("converted").clone(), "temporal".into()));
-        if let Some(t) = intermediate_ssm.filter(|t| !t.is_none()) {
+        let states = labelled.iter().map(|(t, _)| t.clone().unbind()).collect();
+        let ssm = intermediate_ssm.filter(|t| !t.is_none());
+        let mut scratch = vec![ssm.map(|t| t.clone().unbind())];
+        if let Some(t) = ssm {
             labelled.push((t.clone(), "intermediate_ssm".into()));
         }
         if let Some(w) = intermediate_conv_window.filter(|w| !w.is_none()) {
             for (i, t) in items(w, "intermediate_conv_window", kind, "tensors")?.into_iter().enumerate() {
+                scratch.push(Some(t.clone().unbind()));
                 labelled.push((t, format!("intermediate_conv_window[{i}]")));
             }
         }
         let first = inner.live().first().copied().unwrap_or(inner.states.len() - 1);
         let device = Device::parse(&inner.states[first].device)?;
-        Ok(SglangPool { guard: Guard::new(py, &labelled)?, inner, device, tables: [OnceLock::new(), OnceLock::new()] })
+        let guard = Guard::new(py, &labelled)?;
+        Ok(SglangPool { guard, inner, states, scratch, device, tables: [OnceLock::new(), OnceLock::new()] })
     }
 
     /// The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
-    /// the first; each one's layout and the indices of its tensors in `[*conv, temporal]`.
-    #[getter]
-    fn groups(&self) -> Vec<(Layout, Vec<usize>)> {
-        self.inner.groups.iter().map(|(l, t)| (l.clone().into(), t.clone())).collect()
+    /// the first; each one's layout and, per layer, the views of its tensors (`[conv[k][layer],
+    /// temporal[layer]]` or `[conv[k][layer]]`).
+    #[pyo3(signature = () -> "list[tuple[Layout, list[list[_Tensor]]]]")]
+    #[allow(clippy::type_complexity)]
+    fn layer_groups<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Layout, Vec<Vec<Bound<'py, PyAny>>>)>> {
+        let layers = self.inner.groups.first().map_or(0, |(_, ks)| self.inner.states[ks[0]].shape[0]); // one count (checked)
+        let view = |k: usize, layer: i64| self.states[k].bind(py).get_item(layer);
+        let per_layer = |ks: &[usize]| (0..layers).map(|i| ks.iter().map(|&k| view(k, i)).collect()).collect::<PyResult<Vec<Vec<_>>>>();
+        self.inner.groups.iter().map(|(l, ks)| Ok((l.clone().into(), per_layer(ks)?))).collect()
     }
 
     /// The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
-    /// temporal state): indices in `[*conv, temporal]`.
-    #[getter]
-    fn live(&self) -> Vec<usize> {
-        self.inner.live()
+    /// temporal state).
+    #[pyo3(signature = () -> "list[_Tensor]")]
+    fn state_tensors<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyAny>> {
+        self.inner.live().into_iter().map(|k| self.states[k].bind(py).clone()).collect()
     }
 
     /// Slots, the dummy slot 0 included (SGLang's `size + 1`).
@@ -196,37 +212,42 @@ impl SglangPool {
         self.write(py, || Ok(write.call0()?.unbind()))
     }
 
-    /// `(state, scratch)` for every state tensor that holds bytes, the temporal state first:
-    /// indices in `[*conv, temporal]` and in `[intermediate_ssm, *intermediate_conv_window]`
-    /// (`PlanError` for a pool without the verify scratch).
-    #[pyo3(signature = () -> "list[tuple[int, int]]")]
-    fn verify_scratch(&self) -> PyResult<Vec<(usize, usize)>> {
-        Ok(self.inner.verify_scratch()?)
+    /// `(state, its verify scratch)` for every state tensor that holds bytes, the temporal state
+    /// first (`PlanError` for a pool without the verify scratch).
+    #[pyo3(signature = () -> "list[tuple[_Tensor, _Tensor]]")]
+    fn verify_scratch<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+        let scratch = |x: usize| self.scratch[x].as_ref().expect("verify_scratch pairs name present scratch").bind(py).clone();
+        Ok(self.inner.verify_scratch()?.into_iter().map(|(k, x)| (self.states[k].bind(py).clone(), scratch(x))).collect())
     }
 
-    /// The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
-    /// pass then the track pass (with `track_indices`), after every index is checked (`PlanError`
-    /// naming the argument, or the request); the arguments are SGLang's (`src_indices` defaults to
-    /// each request's own index).
+    /// The commit on host states, one guarded write: its moves, `(slot, row, step)` per request
+    /// that writes, the commit pass then the track pass (with `track_indices`), after every index
+    /// is checked (`PlanError` naming the argument, or the request; the arguments are SGLang's,
+    /// `src_indices` defaults to each request's own index); then the pool's tensors checked,
+    /// `write(moves)` run, the write recorded.
     #[pyo3(signature = (
-        *, state_indices: "_IntArray", last_correct_step_indices: "_IntArray", src_indices: "_IntArray | None" = None,
-        track_indices: "_IntArray | None" = None, steps_to_track: "_IntArray | None" = None,
-    ) -> "list[tuple[int, int, int]]")]
+        write: "Callable[[list[tuple[int, int, int]]], object]", *, state_indices: "_IntArray", last_correct_step_indices: "_IntArray",
+        src_indices: "_IntArray | None" = None, track_indices: "_IntArray | None" = None, steps_to_track: "_IntArray | None" = None,
+    ) -> "None")]
+    #[allow(clippy::too_many_arguments)]
     fn commit_moves(
         &self,
+        py: Python<'_>,
+        write: &Bound<'_, PyAny>,
         state_indices: &Bound<'_, PyAny>,
         last_correct_step_indices: &Bound<'_, PyAny>,
         src_indices: Option<&Bound<'_, PyAny>>,
         track_indices: Option<&Bound<'_, PyAny>>,
         steps_to_track: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Vec<(i64, i64, i64)>> {
+    ) -> PyResult<()> {
         let op = "commit_after_verify";
         let ints = |x: Option<&Bound<'_, PyAny>>, arg: &str| x.filter(|x| !x.is_none()).map(|x| host_ints(x, op, arg)).transpose();
         let steps = host_ints(last_correct_step_indices, op, "last_correct_step_indices")?;
         let slots = host_ints(state_indices, op, "state_indices")?;
         let rows = ints(src_indices, "src_indices")?;
         let track = (ints(track_indices, "track_indices")?, ints(steps_to_track, "steps_to_track")?);
-        Ok(self.inner.commit_moves(&slots, &steps, rows.as_deref(), (track.0.as_deref(), track.1.as_deref()))?)
+        let moves = self.inner.commit_moves(&slots, &steps, rows.as_deref(), (track.0.as_deref(), track.1.as_deref()))?;
+        self.write(py, || write.call1((moves,)).map(drop))
     }
 
     /// One guarded launch of the slot kernel, in one call: clear `slots` (`commit` false) or the
@@ -293,10 +314,17 @@ impl SglangPool {
         })
     }
 
-    /// Checks that a transfer pool over the first conv tensor and the temporal state covers the
-    /// pool (`LayoutError` for several conv tensors holding bytes).
-    fn check_transfer(&self) -> PyResult<()> {
-        Ok(self.inner.check_transfer()?)
+    /// What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
+    /// that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+    #[pyo3(signature = () -> "list[list[_Tensor]]")]
+    fn transfer_layers<'py>(&self, py: Python<'py>) -> PyResult<Vec<Vec<Bound<'py, PyAny>>>> {
+        self.inner.check_transfer()?;
+        if self.states.len() < 2 {
+            return Err(Error::layout("state_pool binds one conv tensor per layer; this pool has none").into());
+        }
+        let (conv, temporal) = (self.states[0].bind(py), self.states[self.states.len() - 1].bind(py));
+        let layers = self.inner.states[0].shape.first().copied().unwrap_or(0);
+        (0..layers).map(|i| Ok(vec![conv.get_item(i)?, temporal.get_item(i)?])).collect()
     }
 
     /// `copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
@@ -333,21 +361,19 @@ impl SglangPool {
         self.write(py, || Ok(write.call1((ids,))?.unbind()))
     }
 
-    /// The slots `indices` of a load (none twice) and the host copies of `mamba_cache_cpu`
-    /// (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is
-    /// ignored) in the order of `[*conv, temporal]`: first the slots are checked, then the pool's
-    /// tensors (`BindingError` naming the one that moved), then each copy against its pool tensor
-    /// as bound: on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]`
-    /// (`PlanError` naming the state).
-    #[pyo3(signature = (mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", indices: "_IntArray") -> "tuple[list[int], list[_Tensor]]")]
-    fn load_copies<'py>(
-        &self,
-        py: Python<'py>,
-        mamba_cache_cpu: &Bound<'py, PyAny>,
-        indices: &Bound<'py, PyAny>,
-    ) -> PyResult<(Vec<i64>, Vec<Bound<'py, PyAny>>)> {
+    /// A load on host states, one guarded write of the slots `indices` (none twice) from the host
+    /// copies `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose
+    /// third element is ignored): first the slots are checked, then the pool's tensors
+    /// (`BindingError` naming the one that moved), then each copy against its pool tensor as bound:
+    /// on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]` (`PlanError` naming
+    /// the state); then `write(ids, copies)` runs (the copies in the order of `[*conv, temporal]`)
+    /// and the write is recorded.
+    #[pyo3(signature = (
+        mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", indices: "_IntArray", write: "Callable[[list[int], list[_Tensor]], object]",
+    ) -> "None")]
+    fn load_copies(&self, py: Python<'_>, mamba_cache_cpu: &Bound<'_, PyAny>, indices: &Bound<'_, PyAny>, write: &Bound<'_, PyAny>) -> PyResult<()> {
         let (ids, host, _) = self.load_args(py, mamba_cache_cpu, indices)?;
-        Ok((ids, host))
+        self.write(py, || write.call1((ids, host)).map(drop))
     }
 
     /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices` on

@@ -30,7 +30,8 @@ T = TypeVar("T")
 class SglangMambaPool(EngineAdapter):
     """Drop-in ``MambaPool`` operations (same signatures and effects): ``copy_from``, ``fork``,
     ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy`` (HiCache) and :meth:`commit_after_verify`;
-    on CUDA each is one kernel launch.
+    on CUDA each is one kernel launch. Each operation is one call into the core, which checks every
+    argument and the pool's tensors before anything is written.
 
     Args:
         conv: SGLang's ``mamba_cache.conv``: one or more ``[layers, slots + 1, *conv_shape]``
@@ -45,6 +46,11 @@ class SglangMambaPool(EngineAdapter):
     Raises:
         LayoutError / BindingError: the tensors do not form the layout (the core's message names
             the state and layer).
+
+    Every operation raises, with nothing written: :class:`~recoverssm_rs.PlanError` for a bad slot
+    id (not an integer, negative, outside the pool, the dummy slot 0; a load's slot named twice;
+    on CUDA, ``clear_slots`` and the commit skip and report a bad id in :meth:`last_error` instead)
+    and :class:`~recoverssm_rs.BindingError` for a pool tensor re-pointed or its storage resized.
     """
 
     def __init__(
@@ -56,8 +62,6 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
-        # Every tensor the adapter reads or writes, checked and guarded by the core, which forms
-        # the groups (their layouts, and their tensors in [*conv, temporal]).
         self.tensors = _core.SglangPool(
             conv=conv,
             temporal=temporal,
@@ -65,19 +69,16 @@ class SglangMambaPool(EngineAdapter):
             intermediate_conv_window=intermediate_conv_window,
             conv_layout=conv_layout,
         )
-        """The pool's tensors as the core holds them: checked and guarded before every write."""
+        """The pool's tensors as the core holds them (checked, guarded before every write; their
+        groups, layer views and verify scratch)."""
         self.conv = list(conv)
         self.temporal = temporal
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        self._stacked = [*self.conv, temporal]
-        groups = self.tensors.groups
-        layers = range(self._stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
         # The planner binds each layer's views; the pool's guard, checked by the planner before each
         # of its writes and launches, refuses a stacked tensor re-pointed under those views.
-        views = [(lay, [[self._stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups]
-        super().__init__(Planner.from_groups(views, also_guard=self.tensors))
+        super().__init__(Planner.from_groups(self.tensors.layer_groups(), also_guard=self.tensors))
         # Fixed once bound: read here, not from the core on every call.
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None
@@ -88,8 +89,7 @@ class SglangMambaPool(EngineAdapter):
 
     def guarded(self, write: Callable[[], T]) -> T:
         """:meth:`EngineAdapter.guarded` over the pool's layer-stacked tensors (whose layers the
-        planner binds), one core call (a :class:`~recoverssm_rs.BindingError` when one was
-        re-pointed or resized)."""
+        planner binds), one core call."""
         return self.tensors.guarded(write)
 
     def check_bound(self) -> None:
@@ -124,8 +124,7 @@ class SglangMambaPool(EngineAdapter):
     @property
     def num_layers(self) -> int:
         """SGLang's mamba layers (the leading axis of every state tensor)."""
-        first = self.conv[0] if self.conv else self.temporal
-        return int(first.shape[0])
+        return int((self.conv[0] if self.conv else self.temporal).shape[0])
 
     @property
     def num_slots(self) -> int:
@@ -135,14 +134,13 @@ class SglangMambaPool(EngineAdapter):
     def state_tensors(self) -> list[Any]:
         """The pool's non-empty state tensors in SGLang's order (every conv tensor, then the
         temporal state)."""
-        return [self._stacked[k] for k in self.tensors.live]
+        return self.tensors.state_tensors()
 
     def verify_scratch(self) -> list[tuple[Any, Any]]:
         """``(state tensor, its verify scratch)`` for every non-empty state tensor, the temporal
         state first; a :class:`~recoverssm_rs.PlanError` for a pool without verify scratch."""
         if self._scratch is None:  # fixed once bound: asked of the core once
-            scratch = [self.intermediate_ssm, *(self.intermediate_conv_window or [])]
-            self._scratch = [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
+            self._scratch = self.tensors.verify_scratch()
         return self._scratch
 
     def _index(self, ids: list[int]) -> Any:
@@ -154,15 +152,11 @@ class SglangMambaPool(EngineAdapter):
     def copy_from(self, src_indices: Any, dst_indices: Any) -> None:
         """SGLang's ``MambaPool.copy_from``: ``dst`` slots get the states of the ``src`` slots (host:
         one ordered plan; CUDA: one fused launch, sources and destinations disjoint as SGLang's).
-
-        Raises:
-            PlanError: a bad slot id (not an integer, negative, outside the pool, the dummy slot
-                0), lengths that differ, a cycle or two copies to one slot; nothing is written.
-            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
-        """
+        Also a :class:`~recoverssm_rs.PlanError`: lengths that differ, a cycle or two copies to one
+        slot."""
         if self.placement.is_cuda:
             self._launch_copy(src_indices, dst_indices)
-        else:  # one core call: the slots checked, the planner's copy plan run by the host executor
+        else:  # the slots checked, the planner's copy plan run by the host executor
             self.tensors.copy_from(self.planner.core, src_indices, dst_indices)
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
@@ -208,13 +202,8 @@ class SglangMambaPool(EngineAdapter):
 
     def clear_slots(self, indices: Any) -> None:
         """SGLang's ``MambaPool.clear_slots``: zero every state of the given slots (CUDA: one launch
-        of the slot kernel, which skips and reports a bad slot in :meth:`last_error`).
-
-        Raises:
-            PlanError: host states: a bad slot id (as :meth:`copy_from`); CUDA states: indices not
-                an integer vector on the pool's device. Nothing is written.
-            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
-        """
+        of the slot kernel; a :class:`~recoverssm_rs.PlanError` for indices that are not an integer
+        vector on the pool's device)."""
         if self.placement.is_cuda:
             self.slot_launch(False, indices)
             return
@@ -239,55 +228,40 @@ class SglangMambaPool(EngineAdapter):
 
     def last_error(self) -> Any:
         """The error word of the last slot-kernel launch on CUDA (:meth:`copy_from` reports in
-        ``planner.last_error()``). **Synchronises** the device: for debugging and tests.
-
-        Raises:
-            PlanError: a host pool (host operations raise instead of skipping).
-        """
+        ``planner.last_error()``). **Synchronises** the device: for debugging and tests. A
+        :class:`~recoverssm_rs.PlanError` on a host pool (host operations raise instead of skipping)."""
         if not self.slot_error.launched:
             raise PlanError("last_error: no slot kernel has run on this pool (host pools raise instead)")
         return self.slot_error.read()
 
     def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
         """SGLang's ``MambaPool.get_cpu_copy``: ``(conv_cpu, temporal_cpu)``, the slots' states on the
-        host, layer-stacked (``conv_cpu[i]`` is ``conv[i][:, indices]``).
-
-        Raises:
-            PlanError: a bad slot id (as :meth:`copy_from`).
-            BindingError: a pool tensor re-pointed or its storage resized (nothing is read).
-        """
+        host, layer-stacked (``conv_cpu[i]`` is ``conv[i][:, indices]``)."""
         if self.placement.is_cuda:
             return host_copy(self, "get_cpu_copy", indices)  # type: ignore[no-any-return]
         idx = self._index(self.tensors.read_slots("get_cpu_copy", indices))  # the pool's tensors checked too
-        conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
-        temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
-        return conv_cpu, temporal_cpu
+        return [c.index_select(1, idx).to("cpu") for c in self.conv], self.temporal.index_select(1, idx).to("cpu")
 
     def load_cpu_copy(self, mamba_cache_cpu: Sequence[Any], indices: Any) -> None:
         """SGLang's ``MambaPool.load_cpu_copy``: a :meth:`get_cpu_copy` result written back into the
-        slots (a historical third element is ignored, as there).
-
-        Raises:
-            PlanError: a bad slot id (as :meth:`copy_from`) or one named twice, or host tensors
-                whose device, dtype or shape differ from the pool's; nothing is written.
-            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
-        """
+        slots (a historical third element is ignored, as there). Also a
+        :class:`~recoverssm_rs.PlanError`: host tensors whose device, dtype or shape differ from the
+        pool's."""
         if self.placement.is_cuda:
             host_copy(self, "load_cpu_copy", indices, mamba_cache_cpu)
             return
         torch = ops.cuda_ops.torch()
         pool = [*self.conv, self.temporal]
-        ids, host = self.tensors.load_copies(mamba_cache_cpu, indices)  # the pool's tensors checked too
-        # Every source staged apart from the pool before the first write: a host copy that is a
-        # view of the pool itself is read whole before any slot changes.
-        staged = [torch.as_tensor(h).to(dst.device, copy=True) for dst, h in zip(pool, host, strict=True)]
-        idx = self._index(ids)
 
-        def write() -> None:
+        def write(ids: list[int], host: list[Any]) -> None:
+            # Every source staged apart from the pool before the first write: a host copy that is a
+            # view of the pool itself is read whole before any slot changes.
+            staged = [torch.as_tensor(h).to(dst.device, copy=True) for dst, h in zip(pool, host, strict=True)]
+            idx = self._index(ids)
             for dst, src in zip(pool, staged, strict=True):
                 dst.index_copy_(1, idx, src)
 
-        self.guarded(write)
+        self.tensors.load_copies(mamba_cache_cpu, indices, write)
 
     def state_pool(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> Any:
         """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`): ``layout`` is the
@@ -301,9 +275,7 @@ class SglangMambaPool(EngineAdapter):
         """
         from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
-        self.tensors.check_transfer()
-        layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
-        return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
+        return StatePool(layout, self.tensors.transfer_layers(), tp_rank=tp_rank, block_size=block_size)
 
     def commit_after_verify(
         self,
@@ -321,10 +293,9 @@ class SglangMambaPool(EngineAdapter):
         rows (``-1``, or the dummy slot 0) write nothing. docs/design.md section 10.
 
         Raises:
-            PlanError: a pool without verify scratch; host states: vectors of different lengths, a
-                step past the draft, a slot or row past the pool, or two requests writing one slot
-                (nothing is written); CUDA states: vectors of different lengths or not on the
-                pool's device.
+            PlanError: a pool without verify scratch; vectors of different lengths (CUDA: or not on
+                the pool's device); host states: a step past the draft, a slot or row past the
+                pool, or two requests writing one slot.
         """
         scratch = self.verify_scratch()
         given = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
@@ -333,19 +304,17 @@ class SglangMambaPool(EngineAdapter):
         if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
             self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
             return
-        moves = self.tensors.commit_moves(
-            state_indices=state_indices,
-            last_correct_step_indices=last_correct_step_indices,
-            **{ARG_NAMES[k]: x for k, x in given.items()},
-        )
 
-        def write() -> None:
+        def write(moves: list[tuple[int, int, int]]) -> None:
             # One strided copy per (tensor, move), commit pass then track pass: no gathered temporary.
             for state, inter in scratch:
                 for slot, row, step in moves:
                     state[:, slot].copy_(inter[:, row, step])
 
-        self.guarded(write)
+        args = {ARG_NAMES[k]: x for k, x in given.items()}
+        self.tensors.commit_moves(
+            write, state_indices=state_indices, last_correct_step_indices=last_correct_step_indices, **args
+        )
 
     def __repr__(self) -> str:
         return (
