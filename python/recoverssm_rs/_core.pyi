@@ -805,9 +805,13 @@ class SglangPool:
         """Raises `BindingError` naming the first tensor of the pool that moved (re-pointed, its
         storage resized or freed).
         """
-    def commit_moves(
+    def clear_slots(self, indices: _IntArray) -> None:
+        """`clear_slots` on host states, one guarded write run by the core: the slots `indices`
+        checked (slots of the pool other than the dummy slot 0; one may repeat), the pool's tensors
+        checked, every state's slots zeroed, the write recorded.
+        """
+    def commit(
         self,
-        write: Callable[[list[tuple[int, int, int]]], object],
         *,
         state_indices: _IntArray,
         last_correct_step_indices: _IntArray,
@@ -815,11 +819,11 @@ class SglangPool:
         track_indices: _IntArray | None = None,
         steps_to_track: _IntArray | None = None,
     ) -> None:
-        """The commit on host states, one guarded write: its moves, `(slot, row, step)` per request
-        that writes, the commit pass then the track pass (with `track_indices`), after every index
-        is checked (`PlanError` naming the argument, or the request; the arguments are SGLang's,
-        `src_indices` defaults to each request's own index); then the pool's tensors checked,
-        `write(moves)` run, the write recorded.
+        """The commit on host states, one guarded write run by the core: its moves, `(slot, row, step)`
+        per request that writes, the commit pass then the track pass (with `track_indices`), after
+        every index is checked (`PlanError` naming the argument, or the request; the arguments are
+        SGLang's, `src_indices` defaults to each request's own index); then the pool's tensors
+        checked, each state's slots written from its verify scratch, the write recorded.
         """
     def copy_from(self, planner: Planner, src_indices: _IntArray, dst_indices: _IntArray) -> None:
         """`copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
@@ -836,48 +840,33 @@ class SglangPool:
         indices: _IntArray,
         *,
         alloc: Callable[[int], _Tensor],
-        run: Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object],
-        err: _Tensor,
+        run: Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object] | None = None,
+        err: _Tensor | None = None,
         mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor] | None = None,
     ) -> tuple[_Tensor, list[tuple[int, int, list[int]]]] | None:
-        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices` on
-        CUDA, in one call: the slots checked (for a load none twice), the pool's tensors checked,
-        a load's `mamba_cache_cpu` checked as by `load_copies`; then the core lays out one device
-        buffer (`alloc(n)` returns an int32 device vector of `n` elements), stages the call (a
-        load's host copies, the slot table, the index vectors) and hands `run(buffer, staged, at,
-        launch, requests)` the bytes to copy into the buffer from int32 element `at` and the slot
-        kernel's launch over `requests` slots reporting into `err` (`None`: nothing to launch); then
-        the write is recorded.
-        Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`; `None` for a
-        load, or a get that moves nothing.
+        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices`, in
+        one call: the slots checked (for a load none twice), then the pool's tensors (`BindingError`
+        naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
+        `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
+        against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
+        len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
+        (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+        with, per state tensor, its block `(offset, bytes, shape)`; a load returns `None`.
+
+        Host states: the core gathers (get) or writes (load: every host copy read whole first) the
+        slots itself. CUDA: the core stages the call (a load's host copies, the slot table, the index
+        vectors) and hands `run(buffer, staged, at, launch, requests)` the bytes to copy into the
+        buffer from int32 element `at` and the slot kernel's launch over `requests` slots reporting
+        into `err` (`None`: nothing to launch). A load's write is recorded.
         """
     def layer_groups(self) -> list[tuple[Layout, list[list[_Tensor]]]]:
         """The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
         the first; each one's layout and, per layer, the views of its tensors (`[conv[k][layer],
         temporal[layer]]` or `[conv[k][layer]]`).
         """
-    def load_copies(
-        self,
-        mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor],
-        indices: _IntArray,
-        write: Callable[[list[int], list[_Tensor]], object],
-    ) -> None:
-        """A load on host states, one guarded write of the slots `indices` (none twice) from the host
-        copies `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose
-        third element is ignored): first the slots are checked, then the pool's tensors
-        (`BindingError` naming the one that moved), then each copy against its pool tensor as bound:
-        on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]` (`PlanError` naming
-        the state); then `write(ids, copies)` runs (the copies in the order of `[*conv, temporal]`)
-        and the write is recorded.
-        """
     @property
     def num_slots(self) -> int:
         """Slots, the dummy slot 0 included (SGLang's `size + 1`)."""
-    def read_slots(self, op: str, indices: _IntArray) -> list[int]:
-        """The slots `indices` of `op` (checked as slots of the pool other than the dummy slot 0, a
-        slot may repeat), after which the pool's tensors are checked (`BindingError` naming the one
-        that moved): what a read of the slots needs.
-        """
     def slot_launch(
         self,
         run: Callable[[KernelLaunch | None], object],
@@ -909,10 +898,6 @@ class SglangPool:
     def verify_scratch(self) -> list[tuple[_Tensor, _Tensor]]:
         """`(state, its verify scratch)` for every state tensor that holds bytes, the temporal state
         first (`PlanError` for a pool without the verify scratch).
-        """
-    def write_slots(self, op: str, indices: _IntArray, write: Callable[[list[int]], _T]) -> _T:
-        """One guarded write of the slots `indices` of `op` (checked as by `read_slots`): the pool's
-        tensors checked, `write(ids)` run, the write recorded. Returns what `write` returns.
         """
 
 @final

@@ -14,6 +14,7 @@ use crate::error::{Error, ErrorKind};
 use crate::layout::ConvLayout;
 use crate::sglang;
 use crate::sglang::hicache::Direction;
+use crate::sglang::host;
 use crate::sglang::kernel::{self, SlotCall, SlotCopy, SlotPool};
 use crate::sglang::pool::Pool;
 use crate::sglang::Repeats;
@@ -220,20 +221,18 @@ impl SglangPool {
         Ok(self.inner.verify_scratch()?.into_iter().map(|(k, x)| (self.states[k].bind(py).clone(), scratch(x))).collect())
     }
 
-    /// The commit on host states, one guarded write: its moves, `(slot, row, step)` per request
-    /// that writes, the commit pass then the track pass (with `track_indices`), after every index
-    /// is checked (`PlanError` naming the argument, or the request; the arguments are SGLang's,
-    /// `src_indices` defaults to each request's own index); then the pool's tensors checked,
-    /// `write(moves)` run, the write recorded.
+    /// The commit on host states, one guarded write run by the core: its moves, `(slot, row, step)`
+    /// per request that writes, the commit pass then the track pass (with `track_indices`), after
+    /// every index is checked (`PlanError` naming the argument, or the request; the arguments are
+    /// SGLang's, `src_indices` defaults to each request's own index); then the pool's tensors
+    /// checked, each state's slots written from its verify scratch, the write recorded.
     #[pyo3(signature = (
-        write: "Callable[[list[tuple[int, int, int]]], object]", *, state_indices: "_IntArray", last_correct_step_indices: "_IntArray",
-        src_indices: "_IntArray | None" = None, track_indices: "_IntArray | None" = None, steps_to_track: "_IntArray | None" = None,
+        *, state_indices: "_IntArray", last_correct_step_indices: "_IntArray", src_indices: "_IntArray | None" = None,
+        track_indices: "_IntArray | None" = None, steps_to_track: "_IntArray | None" = None,
     ) -> "None")]
-    #[allow(clippy::too_many_arguments)]
-    fn commit_moves(
+    fn commit(
         &self,
         py: Python<'_>,
-        write: &Bound<'_, PyAny>,
         state_indices: &Bound<'_, PyAny>,
         last_correct_step_indices: &Bound<'_, PyAny>,
         src_indices: Option<&Bound<'_, PyAny>>,
@@ -247,7 +246,8 @@ impl SglangPool {
         let rows = ints(src_indices, "src_indices")?;
         let track = (ints(track_indices, "track_indices")?, ints(steps_to_track, "steps_to_track")?);
         let moves = self.inner.commit_moves(&slots, &steps, rows.as_deref(), (track.0.as_deref(), track.1.as_deref()))?;
-        self.write(py, || write.call1((moves,)).map(drop))
+        let pairs = self.inner.verify_pairs()?;
+        self.write(py, || Ok(host::commit(&pairs, &moves)?))
     }
 
     /// One guarded launch of the slot kernel, in one call: clear `slots` (`commit` false) or the
@@ -343,52 +343,34 @@ impl SglangPool {
         Ok(())
     }
 
-    /// The slots `indices` of `op` (checked as slots of the pool other than the dummy slot 0, a
-    /// slot may repeat), after which the pool's tensors are checked (`BindingError` naming the one
-    /// that moved): what a read of the slots needs.
-    #[pyo3(signature = (op: "str", indices: "_IntArray") -> "list[int]")]
-    fn read_slots(&self, py: Python<'_>, op: &str, indices: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-        let ids = self.slot_ids(op, "indices", indices, Repeats::Allowed)?;
-        self.guard.check(py)?;
-        Ok(ids)
+    /// `clear_slots` on host states, one guarded write run by the core: the slots `indices`
+    /// checked (slots of the pool other than the dummy slot 0; one may repeat), the pool's tensors
+    /// checked, every state's slots zeroed, the write recorded.
+    #[pyo3(signature = (indices: "_IntArray") -> "None")]
+    fn clear_slots(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.slot_ids("clear_slots", "indices", indices, Repeats::Allowed)?;
+        let live: Vec<TensorDesc> = self.inner.live().into_iter().map(|k| self.inner.states[k].clone()).collect();
+        self.write(py, || Ok(host::clear(&live, &ids)?))
     }
 
-    /// One guarded write of the slots `indices` of `op` (checked as by `read_slots`): the pool's
-    /// tensors checked, `write(ids)` run, the write recorded. Returns what `write` returns.
-    #[pyo3(signature = (op: "str", indices: "_IntArray", write: "Callable[[list[int]], _T]") -> "_T")]
-    fn write_slots(&self, py: Python<'_>, op: &str, indices: &Bound<'_, PyAny>, write: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let ids = self.slot_ids(op, "indices", indices, Repeats::Allowed)?;
-        self.write(py, || Ok(write.call1((ids,))?.unbind()))
-    }
-
-    /// A load on host states, one guarded write of the slots `indices` (none twice) from the host
-    /// copies `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical triple whose
-    /// third element is ignored): first the slots are checked, then the pool's tensors
-    /// (`BindingError` naming the one that moved), then each copy against its pool tensor as bound:
-    /// on the host, the pool tensor's dtype, shape `[layers, len(indices), ...]` (`PlanError` naming
-    /// the state); then `write(ids, copies)` runs (the copies in the order of `[*conv, temporal]`)
-    /// and the write is recorded.
+    /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices`, in
+    /// one call: the slots checked (for a load none twice), then the pool's tensors (`BindingError`
+    /// naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
+    /// `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
+    /// against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
+    /// len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
+    /// (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+    /// with, per state tensor, its block `(offset, bytes, shape)`; a load returns `None`.
+    ///
+    /// Host states: the core gathers (get) or writes (load: every host copy read whole first) the
+    /// slots itself. CUDA: the core stages the call (a load's host copies, the slot table, the index
+    /// vectors) and hands `run(buffer, staged, at, launch, requests)` the bytes to copy into the
+    /// buffer from int32 element `at` and the slot kernel's launch over `requests` slots reporting
+    /// into `err` (`None`: nothing to launch). A load's write is recorded.
     #[pyo3(signature = (
-        mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", indices: "_IntArray", write: "Callable[[list[int], list[_Tensor]], object]",
-    ) -> "None")]
-    fn load_copies(&self, py: Python<'_>, mamba_cache_cpu: &Bound<'_, PyAny>, indices: &Bound<'_, PyAny>, write: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (ids, host, _) = self.load_args(py, mamba_cache_cpu, indices)?;
-        self.write(py, || write.call1((ids, host)).map(drop))
-    }
-
-    /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices` on
-    /// CUDA, in one call: the slots checked (for a load none twice), the pool's tensors checked,
-    /// a load's `mamba_cache_cpu` checked as by `load_copies`; then the core lays out one device
-    /// buffer (`alloc(n)` returns an int32 device vector of `n` elements), stages the call (a
-    /// load's host copies, the slot table, the index vectors) and hands `run(buffer, staged, at,
-    /// launch, requests)` the bytes to copy into the buffer from int32 element `at` and the slot
-    /// kernel's launch over `requests` slots reporting into `err` (`None`: nothing to launch); then
-    /// the write is recorded.
-    /// Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`; `None` for a
-    /// load, or a get that moves nothing.
-    #[pyo3(signature = (
-        op: "str", indices: "_IntArray", *, alloc: "Callable[[int], _Tensor]", run: "Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object]",
-        err: "_Tensor", mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor] | None" = None,
+        op: "str", indices: "_IntArray", *, alloc: "Callable[[int], _Tensor]",
+        run: "Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object] | None" = None, err: "_Tensor | None" = None,
+        mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor] | None" = None,
     ) -> "tuple[_Tensor, list[tuple[int, int, list[int]]]] | None")]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn host_copy<'py>(
@@ -397,22 +379,54 @@ impl SglangPool {
         op: &str,
         indices: &Bound<'py, PyAny>,
         alloc: &Bound<'py, PyAny>,
-        run: &Bound<'py, PyAny>,
-        err: &Bound<'py, PyAny>,
+        run: Option<&Bound<'py, PyAny>>,
+        err: Option<&Bound<'py, PyAny>>,
         mamba_cache_cpu: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>)>)>> {
         // The host copies' objects are held until the call returns (their memory is read then).
-        let (direction, ids, _held, host) = match (op, mamba_cache_cpu) {
-            ("get_cpu_copy", None) => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),
-            ("load_cpu_copy", Some(copies)) => {
-                let (ids, held, descs) = self.load_args(py, copies, indices)?;
+        let (direction, ids, _held, host) = match op {
+            "get_cpu_copy" => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),
+            "load_cpu_copy" => {
+                let none = py.None().into_bound(py);
+                let (ids, held, descs) = self.load_args(py, mamba_cache_cpu.unwrap_or(&none), indices)?;
                 (Direction::Load, ids, held, descs)
             }
-            _ => return Err(Error::plan(format!("host_copy: {op:?} is not get_cpu_copy, nor load_cpu_copy with mamba_cache_cpu")).into()),
+            _ => return Err(Error::plan(format!("host_copy: op {op:?} is neither get_cpu_copy nor load_cpu_copy")).into()),
+        };
+        let call = self.inner.host_copy(direction, ids.clone())?;
+        let blocks = || call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect();
+        if !self.device.is_cuda() {
+            if direction == Direction::Load {
+                return self.write(py, || Ok(host::load(&call, &self.inner.states, &ids, &host)?)).map(|_| None);
+            }
+            let buffer = alloc.call1((call.total / 4,))?;
+            let out = Tensor::arg(&buffer, "get_cpu_copy: the buffer alloc returned", ErrorKind::Plan)?.0;
+            if out.device.trim() != "cpu"
+                || out.dtype_name() != "int32"
+                || out.shape != [(call.total / 4) as i64]
+                || out.strides != [4]
+                || !out.writable
+            {
+                return Err(Error::plan(format!(
+                    "get_cpu_copy: alloc returned {} {:?} on {}, not int32 [{}] on the host",
+                    out.dtype_name(),
+                    out.shape,
+                    out.device,
+                    call.total / 4
+                ))
+                .into());
+            }
+            self.guard.check(py)?;
+            // SAFETY: the buffer is a writable host vector of `call.total` bytes (checked above),
+            // alive while `buffer` is held, and apart from the pool's tensors (freshly allocated).
+            let bytes = unsafe { std::slice::from_raw_parts_mut(out.data_ptr as *mut u8, call.total as usize) };
+            host::get(&call, &self.inner.states, &ids, bytes)?;
+            return Ok(Some((buffer, blocks())));
+        }
+        let (Some(run), Some(err)) = (run, err) else {
+            return Err(Error::plan(format!("{op}: run and err are needed on CUDA")).into());
         };
         let err = Tensor::arg(err, &format!("{op}: err"), ErrorKind::Plan)?.0;
-        let requests = ids.len();
-        let call = self.inner.host_copy(direction, ids)?;
         if call.total == 0 {
             return Ok(None);
         }
@@ -421,10 +435,10 @@ impl SglangPool {
         self.write(py, || {
             let bytes = call.stage(address, &host)?;
             let launch = call.launch(address, &err)?.map(KernelLaunch::new);
-            run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch, requests))?;
+            run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch, ids.len()))?;
             Ok(())
         })?;
-        Ok((direction == Direction::Get).then(|| (buffer, call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect())))
+        Ok((direction == Direction::Get).then(|| (buffer, blocks())))
     }
 
     fn __repr__(&self) -> String {

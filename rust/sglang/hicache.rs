@@ -186,7 +186,7 @@ impl HostCopy {
 }
 
 /// Copies the elements of the host tensor `t` in C order into `out` (its bytes).
-fn read_host(t: &TensorDesc, out: &mut [u8]) -> Result<()> {
+pub(super) fn read_host(t: &TensorDesc, out: &mut [u8]) -> Result<()> {
     let elem = bytes_of(t)? as usize;
     let count: i64 = t.shape.iter().product();
     if t.device.trim() != "cpu" || count as usize * elem != out.len() || t.data_ptr == 0 {

@@ -49,12 +49,13 @@ def int64_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
 
 
 def host_copy(pool: SglangMambaPool, op: str, indices: Any, mamba_cache_cpu: Any = None) -> Any:
-    """HiCache's host copy on CUDA, ``op`` of the slots ``indices`` (``load_cpu_copy``: of the host
-    copies ``mamba_cache_cpu``), one core call that checks them: one device buffer that the core
-    lays out and stages (the call's blocks, slot table and indices: one host-to-device copy), one
-    launch of the slot kernel; for ``get_cpu_copy`` one device-to-host copy of the blocks follows,
-    and the host tensors (returned as ``(conv_cpu, temporal_cpu)``) are views of it."""
-    index = pool.placement.index
+    """HiCache's host copy, ``op`` of the slots ``indices`` (``load_cpu_copy``: of the host copies
+    ``mamba_cache_cpu``), one core call that checks them and moves the bytes. A get's states come
+    back in one buffer that the core lays out, and the host tensors (returned as ``(conv_cpu,
+    temporal_cpu)``) are views of it. On CUDA the core stages the call (the blocks, slot table and
+    indices: one host-to-device copy) for one launch of the slot kernel; a get's blocks then come
+    back in one device-to-host copy."""
+    torch, index = ops.cuda_ops.torch(), pool.placement.index
 
     def stage(buf: Any, staged: bytes, at: int, kl: Any, requests: int) -> None:  # on the launch's stream
         if staged:
@@ -62,13 +63,15 @@ def host_copy(pool: SglangMambaPool, op: str, indices: Any, mamba_cache_cpu: Any
                 ops.cuda_ops.stage_i32(staged, buf[at:])
         runner(pool, requests)(kl)
 
-    alloc = lambda n: ops.cuda_ops.empty_i32(n, index)  # noqa: E731
-    err = pool.slot_error.alloc()
-    done = pool.tensors.host_copy(op, indices, alloc=alloc, run=stage, err=err, mamba_cache_cpu=mamba_cache_cpu)
+    if pool.placement.is_cuda:
+        device = dict(alloc=lambda n: ops.cuda_ops.empty_i32(n, index), run=stage, err=pool.slot_error.alloc())
+    else:
+        device = dict(alloc=lambda n: torch.empty(n, dtype=torch.int32))
+    done = pool.tensors.host_copy(op, indices, mamba_cache_cpu=mamba_cache_cpu, **device)
     if done is None:
         return None
     buf, blocks = done
-    raw = buf[: (blocks[-1][0] + blocks[-1][1] + 3) // 4].cpu().view(ops.cuda_ops.torch().uint8)
+    raw = buf[: (blocks[-1][0] + blocks[-1][1] + 3) // 4].cpu().view(torch.uint8)
     states = [*pool.conv, pool.temporal]
     out = [raw[o : o + b].view(t.dtype).view(*s) for t, (o, b, s) in zip(states, blocks, strict=True)]
     return out[:-1], out[-1]

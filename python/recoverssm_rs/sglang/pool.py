@@ -143,10 +143,6 @@ class SglangMambaPool(EngineAdapter):
             self._scratch = self.tensors.verify_scratch()
         return self._scratch
 
-    def _index(self, ids: list[int]) -> Any:
-        """Checked slot ids as an int64 index on the states' device."""
-        return ops.cuda_ops.torch().as_tensor(ids, dtype=ops.cuda_ops.torch().int64, device=self.device)
-
     # ---- SGLang's MambaPool operations ----------------------------------------------------------
 
     def copy_from(self, src_indices: Any, dst_indices: Any) -> None:
@@ -206,14 +202,8 @@ class SglangMambaPool(EngineAdapter):
         vector on the pool's device)."""
         if self.placement.is_cuda:
             self.slot_launch(False, indices)
-            return
-
-        def write(ids: list[int]) -> None:
-            idx = self._index(ids)
-            for t in self.state_tensors():
-                t.index_fill_(1, idx, 0)
-
-        self.tensors.write_slots("clear_slots", indices, write)
+        else:
+            self.tensors.clear_slots(indices)
 
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
         """One guarded launch of the slot kernel on the current stream, one core call: clear ``slots``,
@@ -237,31 +227,14 @@ class SglangMambaPool(EngineAdapter):
     def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
         """SGLang's ``MambaPool.get_cpu_copy``: ``(conv_cpu, temporal_cpu)``, the slots' states on the
         host, layer-stacked (``conv_cpu[i]`` is ``conv[i][:, indices]``)."""
-        if self.placement.is_cuda:
-            return host_copy(self, "get_cpu_copy", indices)  # type: ignore[no-any-return]
-        idx = self._index(self.tensors.read_slots("get_cpu_copy", indices))  # the pool's tensors checked too
-        return [c.index_select(1, idx).to("cpu") for c in self.conv], self.temporal.index_select(1, idx).to("cpu")
+        return host_copy(self, "get_cpu_copy", indices)  # type: ignore[no-any-return]
 
     def load_cpu_copy(self, mamba_cache_cpu: Sequence[Any], indices: Any) -> None:
         """SGLang's ``MambaPool.load_cpu_copy``: a :meth:`get_cpu_copy` result written back into the
         slots (a historical third element is ignored, as there). Also a
         :class:`~recoverssm_rs.PlanError`: host tensors whose device, dtype or shape differ from the
         pool's."""
-        if self.placement.is_cuda:
-            host_copy(self, "load_cpu_copy", indices, mamba_cache_cpu)
-            return
-        torch = ops.cuda_ops.torch()
-        pool = [*self.conv, self.temporal]
-
-        def write(ids: list[int], host: list[Any]) -> None:
-            # Every source staged apart from the pool before the first write: a host copy that is a
-            # view of the pool itself is read whole before any slot changes.
-            staged = [torch.as_tensor(h).to(dst.device, copy=True) for dst, h in zip(pool, host, strict=True)]
-            idx = self._index(ids)
-            for dst, src in zip(pool, staged, strict=True):
-                dst.index_copy_(1, idx, src)
-
-        self.tensors.load_copies(mamba_cache_cpu, indices, write)
+        host_copy(self, "load_cpu_copy", indices, mamba_cache_cpu)
 
     def state_pool(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> Any:
         """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`): ``layout`` is the
@@ -303,18 +276,11 @@ class SglangMambaPool(EngineAdapter):
             return
         if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
             self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
-            return
-
-        def write(moves: list[tuple[int, int, int]]) -> None:
-            # One strided copy per (tensor, move), commit pass then track pass: no gathered temporary.
-            for state, inter in scratch:
-                for slot, row, step in moves:
-                    state[:, slot].copy_(inter[:, row, step])
-
-        args = {ARG_NAMES[k]: x for k, x in given.items()}
-        self.tensors.commit_moves(
-            write, state_indices=state_indices, last_correct_step_indices=last_correct_step_indices, **args
-        )
+        else:
+            args = {ARG_NAMES[k]: x for k, x in given.items()}
+            self.tensors.commit(
+                state_indices=state_indices, last_correct_step_indices=last_correct_step_indices, **args
+            )
 
     def __repr__(self) -> str:
         return (
