@@ -1,8 +1,8 @@
 """The SGLang shell's translation helpers: the engine's index vectors as int64 vectors on the pool's
-device, what a slot-kernel launch (``rs_slot_scatter``: clearing, the commit,
-HiCache's copies) runs on the current stream, and HiCache's host copies on CUDA. Each write is one
-core call: the pool's tensors checked, the launch built (and a HiCache call's buffer laid out and
-staged) by the core, the launch queued, the write recorded (docs/design.md section 10)."""
+device, what a slot-kernel launch (``rs_slot_scatter``: clearing, the commit, HiCache's copies)
+runs on the current stream, and HiCache's host copies. Each write is one core call: its arguments
+and the pool's tensors checked, the launch built (and a HiCache call's buffer laid out and staged)
+or, on host states, the bytes moved by the core, the write recorded (docs/design.md section 10)."""
 
 from __future__ import annotations
 

@@ -276,10 +276,13 @@ class SglangMambaPool(EngineAdapter):
             return
         if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
             self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
-        else:
-            args = {ARG_NAMES[k]: x for k, x in given.items()}
+        else:  # one core call: every index checked, then the moves
             self.tensors.commit(
-                state_indices=state_indices, last_correct_step_indices=last_correct_step_indices, **args
+                state_indices=state_indices,
+                last_correct_step_indices=last_correct_step_indices,
+                src_indices=src_indices,
+                track_indices=track_indices,
+                steps_to_track=steps_to_track,
             )
 
     def __repr__(self) -> str:
