@@ -805,62 +805,64 @@ class SglangPool:
         """Raises `BindingError` naming the first tensor of the pool that moved (re-pointed, its
         storage resized or freed).
         """
-    def check_transfer(self) -> None:
-        """Checks that a transfer pool over the first conv tensor and the temporal state covers the
-        pool (`LayoutError` for several conv tensors holding bytes).
+    def clear_slots(self, indices: _IntArray) -> None:
+        """`clear_slots` on host states, one guarded write run by the core: the slots `indices`
+        checked (slots of the pool other than the dummy slot 0; one may repeat), the pool's tensors
+        checked, every state's slots zeroed, the write recorded.
         """
-    def commit_moves(
+    def commit(
         self,
         *,
-        slots: _IntArray,
-        steps: _IntArray,
-        rows: _IntArray | None = None,
-        track_slots: _IntArray | None = None,
-        track_steps: _IntArray | None = None,
-    ) -> list[tuple[int, int, int]]:
-        """The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
-        pass then the track pass (with `track_slots`), after every index is checked (`PlanError`
-        naming the request otherwise); `rows` defaults to each request's own index.
+        state_indices: _IntArray,
+        last_correct_step_indices: _IntArray,
+        src_indices: _IntArray | None = None,
+        track_indices: _IntArray | None = None,
+        steps_to_track: _IntArray | None = None,
+    ) -> None:
+        """The commit on host states, one guarded write run by the core: its moves, `(slot, row, step)`
+        per request that writes, the commit pass then the track pass (with `track_indices`), after
+        every index is checked (`PlanError` naming the argument, or the request; the arguments are
+        SGLang's, `src_indices` defaults to each request's own index); then the pool's tensors
+        checked, each state's slots written from its verify scratch, the write recorded.
         """
-    @property
-    def groups(self) -> list[tuple[Layout, list[int]]]:
-        """The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
-        the first; each one's layout and the indices of its tensors in `[*conv, temporal]`.
+    def copy_from(self, planner: Planner, src_indices: _IntArray, dst_indices: _IntArray) -> None:
+        """`copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
+        the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
+        host executor (the pool's tensors checked first; every copy checked before the first byte).
         """
     def guarded(self, write: Callable[[], _T]) -> _T:
         """One guarded write: the pool's tensors checked (`write` not called when one moved),
         `write()` run, the write recorded (autograd's version counters). Returns what `write` returns.
         """
-    def host_copies(self, mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor], num_slots: int) -> list[_Tensor]:
-        """The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
-        triple whose third element is ignored) in the order of `[*conv, temporal]`, for a load into
-        `num_slots` slots: first the pool's tensors are checked (`BindingError` naming the one that
-        moved), then each copy against its pool tensor as bound: on the host, the pool tensor's
-        dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
-        """
     def host_copy(
         self,
         op: str,
-        ids: _IntArray,
+        indices: _IntArray,
         *,
         alloc: Callable[[int], _Tensor],
-        run: Callable[[_Tensor, bytes, int, KernelLaunch | None], object],
-        err: _Tensor,
-        host: Sequence[_Tensor] | None = None,
+        run: Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object] | None = None,
+        err: _Tensor | None = None,
+        mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor] | None = None,
     ) -> tuple[_Tensor, list[tuple[int, int, list[int]]]] | None:
-        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
-        (checked slots of the pool) on CUDA, in one call: the core lays out one device buffer for
-        it (`alloc(n)` returns an int32 device vector of `n` elements), checks the pool's tensors,
-        stages the call (a load's host copies `host`, the slot table, the index vectors) and hands
-        `run(buffer, staged, at, launch)` the bytes to copy into the buffer from int32 element `at`
-        and the slot kernel's launch reporting into `err` (`None`: nothing to launch); then the write
-        is recorded. Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`;
-        `None` for a load that moves nothing (no buffer, no launch).
+        """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices`, in
+        one call: the slots checked (for a load none twice), then the pool's tensors (`BindingError`
+        naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
+        `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
+        against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
+        len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
+        (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+        with, per state tensor, its block `(offset, bytes, shape)`; a load returns `None`.
+
+        Host states: the core gathers (get) or writes (load: every host copy read whole first) the
+        slots itself. CUDA: the core stages the call (a load's host copies, the slot table, the index
+        vectors) and hands `run(buffer, staged, at, launch, requests)` the bytes to copy into the
+        buffer from int32 element `at` and the slot kernel's launch over `requests` slots reporting
+        into `err` (`None`: nothing to launch). A load's write is recorded.
         """
-    @property
-    def live(self) -> list[int]:
-        """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
-        temporal state): indices in `[*conv, temporal]`.
+    def layer_groups(self) -> list[tuple[Layout, list[list[_Tensor]]]]:
+        """The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
+        the first; each one's layout and, per layer, the views of its tensors (`[conv[k][layer],
+        temporal[layer]]` or `[conv[k][layer]]`).
         """
     @property
     def num_slots(self) -> int:
@@ -885,10 +887,17 @@ class SglangPool:
         device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
         write recorded.
         """
-    def verify_scratch(self) -> list[tuple[int, int]]:
-        """`(state, scratch)` for every state tensor that holds bytes, the temporal state first:
-        indices in `[*conv, temporal]` and in `[intermediate_ssm, *intermediate_conv_window]`
-        (`PlanError` for a pool without the verify scratch).
+    def state_tensors(self) -> list[_Tensor]:
+        """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
+        temporal state).
+        """
+    def transfer_layers(self) -> list[list[_Tensor]]:
+        """What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
+        that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+        """
+    def verify_scratch(self) -> list[tuple[_Tensor, _Tensor]]:
+        """`(state, its verify scratch)` for every state tensor that holds bytes, the temporal state
+        first (`PlanError` for a pool without the verify scratch).
         """
 
 @final
@@ -1380,10 +1389,9 @@ def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint,
     """
 
 def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
-    """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
-    int64 array, CPU tensor or list of ints (a float, bool or other array is refused, never cast,
-    naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
-    the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
+    """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values
+    ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
+    dummy slot 0 (negative ids refused), and with `unique` no slot twice.
     """
 
 def sglang_layout(

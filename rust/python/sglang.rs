@@ -7,16 +7,27 @@ use super::params::with_params;
 use crate::dtype::DType;
 use crate::error::ErrorKind;
 use crate::sglang;
+use pyo3::intern;
 use pyo3::prelude::*;
 
 /// The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
-/// int64 array, CPU tensor or list of ints (a float, bool or other array is refused, never cast,
-/// naming `op` and `arg`). With `num_slots`, every id is checked as a slot of the pool other than
-/// the dummy slot 0 (negative ids refused), and with `unique` no slot twice.
+/// int64 array, tensor or list of ints (a float, bool or other array is refused, never cast, naming
+/// `op` and `arg`); a device tensor is copied to the host as it is (never cast).
+pub(crate) fn host_ints(ids: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyResult<Vec<i64>> {
+    let py = ids.py();
+    let device = ids.getattr(intern!(py, "device")).and_then(|d| d.getattr(intern!(py, "type")));
+    let on_device = device.is_ok_and(|t| !t.eq("cpu").unwrap_or(true)) && ids.hasattr(intern!(py, "detach")).unwrap_or(false);
+    let host = if on_device { ids.call_method0(intern!(py, "detach"))?.call_method1(intern!(py, "to"), ("cpu",))? } else { ids.clone() };
+    Ok(Ints::arg(&host, &format!("{op}: {arg}"), ErrorKind::Plan)?.0)
+}
+
+/// The index vector `ids`, the argument `arg` of operation `op`, as host int64 values
+/// ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
+/// dummy slot 0 (negative ids refused), and with `unique` no slot twice.
 #[pyfunction]
 #[pyo3(signature = (op: "str", arg: "str", ids: "_IntArray", num_slots: "int | None" = None, unique: "bool" = false) -> "list[int]")]
 pub(crate) fn sglang_ids(op: &str, arg: &str, ids: &Bound<'_, PyAny>, num_slots: Option<u64>, unique: bool) -> PyResult<Vec<i64>> {
-    let v = Ints::arg(ids, &format!("{op}: {arg}"), ErrorKind::Plan)?.0;
+    let v = host_ints(ids, op, arg)?;
     if let Some(n) = num_slots {
         let repeats = if unique { sglang::Repeats::Refused } else { sglang::Repeats::Allowed };
         sglang::check_slots(op, arg, &v, n, repeats)?;

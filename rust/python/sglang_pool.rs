@@ -1,20 +1,27 @@
 //! An SGLang pool's tensors held by the core (`crate::sglang::pool`) for `recoverssm_rs.sglang`:
-//! checked and guarded once when the adapter is built; every write of an operation is one call
-//! here (the guard checked, the write built, run and recorded).
+//! checked and guarded once when the adapter is built, with the objects the shell reads (each
+//! group's layer views, the live states, their verify scratch). Every operation is one call here:
+//! its arguments checked (slot ids, a load's host copies, the commit's vectors), then the guard,
+//! then the write built, run and recorded.
 
-use super::conversion::{address_int, args, items, kwargs, Arg, Ints, Tensor};
+use super::conversion::{address_int, args, instance, items, kwargs, Arg, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
+use super::planner::Planner;
+use super::sglang::host_ints;
 use crate::error::{Error, ErrorKind};
 use crate::layout::ConvLayout;
 use crate::sglang;
 use crate::sglang::hicache::Direction;
+use crate::sglang::host;
 use crate::sglang::kernel::{self, SlotCall, SlotCopy, SlotPool};
 use crate::sglang::pool::Pool;
+use crate::sglang::Repeats;
 use crate::tensor::{Device, TensorDesc};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 use std::sync::OnceLock;
 
 kwargs! {
@@ -46,6 +53,10 @@ struct DeviceTable {
 pub struct SglangPool {
     inner: Pool,
     guard: Guard,
+    /// The objects of `inner.states` (every conv tensor, then the temporal state).
+    states: Vec<Py<PyAny>>,
+    /// The objects of the verify scratch (`intermediate_ssm`, then every `intermediate_conv_window`).
+    scratch: Vec<Option<Py<PyAny>>>,
     device: Device,
     /// The slot kernel's tables on the device: clearing, the commit.
     tables: [OnceLock<DeviceTable>; 2],
@@ -63,17 +74,6 @@ kwargs! {
     }
 }
 
-kwargs! {
-    /// The keyword arguments of `SglangPool.commit_moves`.
-    pub(crate) struct MovesArgs(Plan) {
-        slots: Ints,
-        steps: Ints,
-        rows: Option<Ints>,
-        track_slots: Option<Ints>,
-        track_steps: Option<Ints>,
-    }
-}
-
 impl SglangPool {
     /// The guard of the pool's tensors (also checked by the planner over their layers before each
     /// of its writes and launches).
@@ -86,6 +86,47 @@ impl SglangPool {
         let out = f()?;
         self.guard.mark_written(py)?;
         Ok(out)
+    }
+
+    /// `ids`, the argument `arg` of `op`, as slots of the pool ([`sglang::check_slots`]).
+    fn slot_ids(&self, op: &str, arg: &str, ids: &Bound<'_, PyAny>, repeats: Repeats) -> PyResult<Vec<i64>> {
+        let v = host_ints(ids, op, arg)?;
+        sglang::check_slots(op, arg, &v, self.inner.num_slots, repeats)?;
+        Ok(v)
+    }
+
+    /// A load's slots `indices` (none twice), then the pool's tensors, then its host copies
+    /// `mamba_cache_cpu`, checked: the slots, and the host copies in the order of `[*conv,
+    /// temporal]` (each object with its description).
+    #[allow(clippy::type_complexity)]
+    fn load_args<'py>(
+        &self,
+        py: Python<'py>,
+        mamba_cache_cpu: &Bound<'py, PyAny>,
+        indices: &Bound<'py, PyAny>,
+    ) -> PyResult<(Vec<i64>, Vec<Bound<'py, PyAny>>, Vec<TensorDesc>)> {
+        let ids = self.slot_ids("load_cpu_copy", "indices", indices, Repeats::Refused)?;
+        self.guard.check(py)?;
+        let kind = ErrorKind::Plan;
+        let pool = &self.inner.states;
+        let parts = items(mamba_cache_cpu, "load_cpu_copy: mamba_cache_cpu", kind, "(conv_cpu, temporal_cpu)")?;
+        if !(2..=3).contains(&parts.len()) {
+            return Err(Error::plan(format!("load_cpu_copy: mamba_cache_cpu has {} parts; expected (conv_cpu, temporal_cpu)", parts.len())).into());
+        }
+        let conv = items(&parts[0], "load_cpu_copy: mamba_cache_cpu[0] (conv_cpu)", kind, "host tensors")?;
+        if conv.len() + 1 != pool.len() {
+            return Err(Error::plan(format!("load_cpu_copy: conv_cpu has {} tensors, the pool {}", conv.len(), pool.len() - 1)).into());
+        }
+        let mut host = conv;
+        host.push(parts[1].clone());
+        let mut descs = Vec::with_capacity(host.len());
+        for (k, (dst, src)) in pool.iter().zip(&host).enumerate() {
+            let state = sglang::checks::state_label(k, pool.len());
+            let h = Tensor::arg(src, &format!("load_cpu_copy: {state} (host copy)"), kind)?.0;
+            sglang::check_host_copy(&state, dst, &h, ids.len())?;
+            descs.push(h);
+        }
+        Ok((ids, host, descs))
     }
 }
 
@@ -116,31 +157,41 @@ impl SglangPool {
             labelled.push((t, format!("conv[{i}]")));
         }
         labelled.push((temporal.expect("converted").clone(), "temporal".into()));
-        if let Some(t) = intermediate_ssm.filter(|t| !t.is_none()) {
+        let states = labelled.iter().map(|(t, _)| t.clone().unbind()).collect();
+        let ssm = intermediate_ssm.filter(|t| !t.is_none());
+        let mut scratch = vec![ssm.map(|t| t.clone().unbind())];
+        if let Some(t) = ssm {
             labelled.push((t.clone(), "intermediate_ssm".into()));
         }
         if let Some(w) = intermediate_conv_window.filter(|w| !w.is_none()) {
             for (i, t) in items(w, "intermediate_conv_window", kind, "tensors")?.into_iter().enumerate() {
+                scratch.push(Some(t.clone().unbind()));
                 labelled.push((t, format!("intermediate_conv_window[{i}]")));
             }
         }
         let first = inner.live().first().copied().unwrap_or(inner.states.len() - 1);
         let device = Device::parse(&inner.states[first].device)?;
-        Ok(SglangPool { guard: Guard::new(py, &labelled)?, inner, device, tables: [OnceLock::new(), OnceLock::new()] })
+        let guard = Guard::new(py, &labelled)?;
+        Ok(SglangPool { guard, inner, states, scratch, device, tables: [OnceLock::new(), OnceLock::new()] })
     }
 
     /// The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
-    /// the first; each one's layout and the indices of its tensors in `[*conv, temporal]`.
-    #[getter]
-    fn groups(&self) -> Vec<(Layout, Vec<usize>)> {
-        self.inner.groups.iter().map(|(l, t)| (l.clone().into(), t.clone())).collect()
+    /// the first; each one's layout and, per layer, the views of its tensors (`[conv[k][layer],
+    /// temporal[layer]]` or `[conv[k][layer]]`).
+    #[pyo3(signature = () -> "list[tuple[Layout, list[list[_Tensor]]]]")]
+    #[allow(clippy::type_complexity)]
+    fn layer_groups<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Layout, Vec<Vec<Bound<'py, PyAny>>>)>> {
+        let layers = self.inner.groups.first().map_or(0, |(_, ks)| self.inner.states[ks[0]].shape[0]); // one count (checked)
+        let view = |k: usize, layer: i64| self.states[k].bind(py).get_item(layer);
+        let per_layer = |ks: &[usize]| (0..layers).map(|i| ks.iter().map(|&k| view(k, i)).collect()).collect::<PyResult<Vec<Vec<_>>>>();
+        self.inner.groups.iter().map(|(l, ks)| Ok((l.clone().into(), per_layer(ks)?))).collect()
     }
 
     /// The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
-    /// temporal state): indices in `[*conv, temporal]`.
-    #[getter]
-    fn live(&self) -> Vec<usize> {
-        self.inner.live()
+    /// temporal state).
+    #[pyo3(signature = () -> "list[_Tensor]")]
+    fn state_tensors<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyAny>> {
+        self.inner.live().into_iter().map(|k| self.states[k].bind(py).clone()).collect()
     }
 
     /// Slots, the dummy slot 0 included (SGLang's `size + 1`).
@@ -162,32 +213,41 @@ impl SglangPool {
         self.write(py, || Ok(write.call0()?.unbind()))
     }
 
-    /// `(state, scratch)` for every state tensor that holds bytes, the temporal state first:
-    /// indices in `[*conv, temporal]` and in `[intermediate_ssm, *intermediate_conv_window]`
-    /// (`PlanError` for a pool without the verify scratch).
-    #[pyo3(signature = () -> "list[tuple[int, int]]")]
-    fn verify_scratch(&self) -> PyResult<Vec<(usize, usize)>> {
-        Ok(self.inner.verify_scratch()?)
+    /// `(state, its verify scratch)` for every state tensor that holds bytes, the temporal state
+    /// first (`PlanError` for a pool without the verify scratch).
+    #[pyo3(signature = () -> "list[tuple[_Tensor, _Tensor]]")]
+    fn verify_scratch<'py>(&self, py: Python<'py>) -> PyResult<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+        let scratch = |x: usize| self.scratch[x].as_ref().expect("verify_scratch pairs name present scratch").bind(py).clone();
+        Ok(self.inner.verify_scratch()?.into_iter().map(|(k, x)| (self.states[k].bind(py).clone(), scratch(x))).collect())
     }
 
-    /// The commit's moves on the host, `(slot, row, step)` per request that writes, the commit
-    /// pass then the track pass (with `track_slots`), after every index is checked (`PlanError`
-    /// naming the request otherwise); `rows` defaults to each request's own index.
+    /// The commit on host states, one guarded write run by the core: its moves, `(slot, row, step)`
+    /// per request that writes, the commit pass then the track pass (with `track_indices`), after
+    /// every index is checked (`PlanError` naming the argument, or the request; the arguments are
+    /// SGLang's, `src_indices` defaults to each request's own index); then the pool's tensors
+    /// checked, each state's slots written from its verify scratch, the write recorded.
     #[pyo3(signature = (
-        *, slots: "_IntArray", steps: "_IntArray", rows: "_IntArray | None" = None, track_slots: "_IntArray | None" = None,
-        track_steps: "_IntArray | None" = None,
-    ) -> "list[tuple[int, int, int]]")]
-    fn commit_moves(
+        *, state_indices: "_IntArray", last_correct_step_indices: "_IntArray", src_indices: "_IntArray | None" = None,
+        track_indices: "_IntArray | None" = None, steps_to_track: "_IntArray | None" = None,
+    ) -> "None")]
+    fn commit(
         &self,
-        slots: Option<&Bound<'_, PyAny>>,
-        steps: Option<&Bound<'_, PyAny>>,
-        rows: Option<&Bound<'_, PyAny>>,
-        track_slots: Option<&Bound<'_, PyAny>>,
-        track_steps: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Vec<(i64, i64, i64)>> {
-        let a = args!(MovesArgs { slots, steps, rows, track_slots, track_steps })?;
-        let track = (a.track_slots.as_ref().map(|v| v.0.as_slice()), a.track_steps.as_ref().map(|v| v.0.as_slice()));
-        Ok(self.inner.commit_moves(&a.slots.0, &a.steps.0, a.rows.as_ref().map(|v| v.0.as_slice()), track)?)
+        py: Python<'_>,
+        state_indices: &Bound<'_, PyAny>,
+        last_correct_step_indices: &Bound<'_, PyAny>,
+        src_indices: Option<&Bound<'_, PyAny>>,
+        track_indices: Option<&Bound<'_, PyAny>>,
+        steps_to_track: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let op = "commit_after_verify";
+        let ints = |x: Option<&Bound<'_, PyAny>>, arg: &str| x.filter(|x| !x.is_none()).map(|x| host_ints(x, op, arg)).transpose();
+        let steps = host_ints(last_correct_step_indices, op, "last_correct_step_indices")?;
+        let slots = host_ints(state_indices, op, "state_indices")?;
+        let rows = ints(src_indices, "src_indices")?;
+        let track = (ints(track_indices, "track_indices")?, ints(steps_to_track, "steps_to_track")?);
+        let moves = self.inner.commit_moves(&slots, &steps, rows.as_deref(), (track.0.as_deref(), track.1.as_deref()))?;
+        let pairs = self.inner.verify_pairs()?;
+        self.write(py, || Ok(host::commit(&pairs, &moves)?))
     }
 
     /// One guarded launch of the slot kernel, in one call: clear `slots` (`commit` false) or the
@@ -254,76 +314,119 @@ impl SglangPool {
         })
     }
 
-    /// Checks that a transfer pool over the first conv tensor and the temporal state covers the
-    /// pool (`LayoutError` for several conv tensors holding bytes).
-    fn check_transfer(&self) -> PyResult<()> {
-        Ok(self.inner.check_transfer()?)
+    /// What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
+    /// that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+    #[pyo3(signature = () -> "list[list[_Tensor]]")]
+    fn transfer_layers<'py>(&self, py: Python<'py>) -> PyResult<Vec<Vec<Bound<'py, PyAny>>>> {
+        self.inner.check_transfer()?;
+        if self.states.len() < 2 {
+            return Err(Error::layout("state_pool binds one conv tensor per layer; this pool has none").into());
+        }
+        let (conv, temporal) = (self.states[0].bind(py), self.states[self.states.len() - 1].bind(py));
+        let layers = self.inner.states[0].shape.first().copied().unwrap_or(0);
+        (0..layers).map(|i| Ok(vec![conv.get_item(i)?, temporal.get_item(i)?])).collect()
     }
 
-    /// The host copies of `mamba_cache_cpu` (SGLang's `(conv_cpu, temporal_cpu)`, or a historical
-    /// triple whose third element is ignored) in the order of `[*conv, temporal]`, for a load into
-    /// `num_slots` slots: first the pool's tensors are checked (`BindingError` naming the one that
-    /// moved), then each copy against its pool tensor as bound: on the host, the pool tensor's
-    /// dtype, shape `[layers, num_slots, ...]` (`PlanError` naming the state).
-    #[pyo3(signature = (mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor]", num_slots: "int") -> "list[_Tensor]")]
-    fn host_copies<'py>(&self, py: Python<'py>, mamba_cache_cpu: &Bound<'py, PyAny>, num_slots: u64) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        self.guard.check(py)?;
-        let kind = ErrorKind::Plan;
-        let pool = &self.inner.states;
-        let parts = items(mamba_cache_cpu, "load_cpu_copy: mamba_cache_cpu", kind, "(conv_cpu, temporal_cpu)")?;
-        if !(2..=3).contains(&parts.len()) {
-            return Err(Error::plan(format!("load_cpu_copy: mamba_cache_cpu has {} parts; expected (conv_cpu, temporal_cpu)", parts.len())).into());
-        }
-        let conv = items(&parts[0], "load_cpu_copy: mamba_cache_cpu[0] (conv_cpu)", kind, "host tensors")?;
-        if conv.len() + 1 != pool.len() {
-            return Err(Error::plan(format!("load_cpu_copy: conv_cpu has {} tensors, the pool {}", conv.len(), pool.len() - 1)).into());
-        }
-        let mut host = conv;
-        host.push(parts[1].clone());
-        for (k, (dst, src)) in pool.iter().zip(&host).enumerate() {
-            let state = if k + 1 == pool.len() { "temporal".to_string() } else { format!("conv[{k}]") };
-            let h = Tensor::arg(src, &format!("load_cpu_copy: {state} (host copy)"), kind)?.0;
-            sglang::check_host_copy(&state, dst, &h, num_slots as usize)?;
-        }
-        Ok(host)
+    /// `copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
+    /// the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
+    /// host executor (the pool's tensors checked first; every copy checked before the first byte).
+    #[pyo3(signature = (planner: "Planner", src_indices: "_IntArray", dst_indices: "_IntArray") -> "None")]
+    fn copy_from(&self, planner: &Bound<'_, PyAny>, src_indices: &Bound<'_, PyAny>, dst_indices: &Bound<'_, PyAny>) -> PyResult<()> {
+        let src = self.slot_ids("copy_from", "src_indices", src_indices, Repeats::Allowed)?;
+        let dst = self.slot_ids("copy_from", "dst_indices", dst_indices, Repeats::Allowed)?;
+        let planner = instance::<Planner>(planner, "copy_from: planner", ErrorKind::Plan, "Planner")?;
+        let py = planner.py();
+        let kw = PyDict::new(py);
+        kw.set_item(intern!(py, "src_blocks"), src)?;
+        kw.set_item(intern!(py, "dst_blocks"), dst)?;
+        planner.call_method(intern!(py, "plan_copy"), (), Some(&kw))?.call_method0(intern!(py, "execute_host"))?;
+        Ok(())
     }
 
-    /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `ids`
-    /// (checked slots of the pool) on CUDA, in one call: the core lays out one device buffer for
-    /// it (`alloc(n)` returns an int32 device vector of `n` elements), checks the pool's tensors,
-    /// stages the call (a load's host copies `host`, the slot table, the index vectors) and hands
-    /// `run(buffer, staged, at, launch)` the bytes to copy into the buffer from int32 element `at`
-    /// and the slot kernel's launch reporting into `err` (`None`: nothing to launch); then the write
-    /// is recorded. Returns the buffer and, per state tensor, its block `(offset, bytes, shape)`;
-    /// `None` for a load that moves nothing (no buffer, no launch).
+    /// `clear_slots` on host states, one guarded write run by the core: the slots `indices`
+    /// checked (slots of the pool other than the dummy slot 0; one may repeat), the pool's tensors
+    /// checked, every state's slots zeroed, the write recorded.
+    #[pyo3(signature = (indices: "_IntArray") -> "None")]
+    fn clear_slots(&self, py: Python<'_>, indices: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.slot_ids("clear_slots", "indices", indices, Repeats::Allowed)?;
+        let live: Vec<TensorDesc> = self.inner.live().into_iter().map(|k| self.inner.states[k].clone()).collect();
+        self.write(py, || Ok(host::clear(&live, &ids)?))
+    }
+
+    /// HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices`, in
+    /// one call: the slots checked (for a load none twice), then the pool's tensors (`BindingError`
+    /// naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
+    /// `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
+    /// against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
+    /// len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
+    /// (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+    /// with, per state tensor, its block `(offset, bytes, shape)`; a load returns `None`.
+    ///
+    /// Host states: the core gathers (get) or writes (load: every host copy read whole first) the
+    /// slots itself. CUDA: the core stages the call (a load's host copies, the slot table, the index
+    /// vectors) and hands `run(buffer, staged, at, launch, requests)` the bytes to copy into the
+    /// buffer from int32 element `at` and the slot kernel's launch over `requests` slots reporting
+    /// into `err` (`None`: nothing to launch). A load's write is recorded.
     #[pyo3(signature = (
-        op: "str", ids: "_IntArray", *, alloc: "Callable[[int], _Tensor]", run: "Callable[[_Tensor, bytes, int, KernelLaunch | None], object]",
-        err: "_Tensor", host: "Sequence[_Tensor] | None" = None,
+        op: "str", indices: "_IntArray", *, alloc: "Callable[[int], _Tensor]",
+        run: "Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object] | None" = None, err: "_Tensor | None" = None,
+        mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor] | None" = None,
     ) -> "tuple[_Tensor, list[tuple[int, int, list[int]]]] | None")]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn host_copy<'py>(
         &self,
         py: Python<'py>,
         op: &str,
-        ids: &Bound<'py, PyAny>,
+        indices: &Bound<'py, PyAny>,
         alloc: &Bound<'py, PyAny>,
-        run: &Bound<'py, PyAny>,
-        err: &Bound<'py, PyAny>,
-        host: Option<&Bound<'py, PyAny>>,
+        run: Option<&Bound<'py, PyAny>>,
+        err: Option<&Bound<'py, PyAny>>,
+        mamba_cache_cpu: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>)>)>> {
-        let direction = match op {
-            "get_cpu_copy" => Direction::Get,
-            "load_cpu_copy" => Direction::Load,
-            _ => return Err(Error::plan(format!("host_copy: unknown op {op:?}")).into()),
+        // The host copies' objects are held until the call returns (their memory is read then).
+        let (direction, ids, _held, host) = match op {
+            "get_cpu_copy" => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),
+            "load_cpu_copy" => {
+                let none = py.None().into_bound(py);
+                let (ids, held, descs) = self.load_args(py, mamba_cache_cpu.unwrap_or(&none), indices)?;
+                (Direction::Load, ids, held, descs)
+            }
+            _ => return Err(Error::plan(format!("host_copy: op {op:?} is neither get_cpu_copy nor load_cpu_copy")).into()),
         };
-        let kind = ErrorKind::Plan;
-        let ids = Ints::arg(ids, &format!("{op}: indices"), kind)?.0;
-        let err = Tensor::arg(err, "err", kind)?.0;
-        let host: Vec<TensorDesc> = match host.filter(|h| !h.is_none()) {
-            Some(h) => Vec::<Tensor>::arg(h, "host", kind)?.into_iter().map(|t| t.0).collect(),
-            None => Vec::new(),
+        let call = self.inner.host_copy(direction, ids.clone())?;
+        let blocks = || call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect();
+        if !self.device.is_cuda() {
+            if direction == Direction::Load {
+                return self.write(py, || Ok(host::load(&call, &self.inner.states, &ids, &host)?)).map(|_| None);
+            }
+            let buffer = alloc.call1((call.total / 4,))?;
+            let out = Tensor::arg(&buffer, "get_cpu_copy: the buffer alloc returned", ErrorKind::Plan)?.0;
+            if out.device.trim() != "cpu"
+                || out.dtype_name() != "int32"
+                || out.shape != [(call.total / 4) as i64]
+                || out.strides != [4]
+                || !out.writable
+            {
+                return Err(Error::plan(format!(
+                    "get_cpu_copy: alloc returned {} {:?} on {}, not int32 [{}] on the host",
+                    out.dtype_name(),
+                    out.shape,
+                    out.device,
+                    call.total / 4
+                ))
+                .into());
+            }
+            self.guard.check(py)?;
+            // SAFETY: the buffer is a writable host vector of `call.total` bytes (checked above),
+            // alive while `buffer` is held, and apart from the pool's tensors (freshly allocated).
+            let bytes = unsafe { std::slice::from_raw_parts_mut(out.data_ptr as *mut u8, call.total as usize) };
+            host::get(&call, &self.inner.states, &ids, bytes)?;
+            return Ok(Some((buffer, blocks())));
+        }
+        let (Some(run), Some(err)) = (run, err) else {
+            return Err(Error::plan(format!("{op}: run and err are needed on CUDA")).into());
         };
-        let call = self.inner.host_copy(direction, ids)?;
+        let err = Tensor::arg(err, &format!("{op}: err"), ErrorKind::Plan)?.0;
         if call.total == 0 {
             return Ok(None);
         }
@@ -332,10 +435,10 @@ impl SglangPool {
         self.write(py, || {
             let bytes = call.stage(address, &host)?;
             let launch = call.launch(address, &err)?.map(KernelLaunch::new);
-            run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch))?;
+            run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch, ids.len()))?;
             Ok(())
         })?;
-        Ok(Some((buffer, call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect())))
+        Ok((direction == Direction::Get).then(|| (buffer, blocks())))
     }
 
     fn __repr__(&self) -> String {

@@ -97,6 +97,15 @@ pub fn check_pool(tensors: &[(String, &TensorDesc)]) -> Result<()> {
     Ok(())
 }
 
+/// The name of state tensor `k` of a pool's `count` (`conv[k]`, the last one `temporal`).
+pub fn state_label(k: usize, count: usize) -> String {
+    if k + 1 == count {
+        "temporal".to_string()
+    } else {
+        format!("conv[{k}]")
+    }
+}
+
 /// A host copy of one layer-stacked state (`[layers, len(slots), ...]`) may be loaded into the
 /// pool's tensor `[layers, slots + 1, ...]` only from host memory, with the pool's dtype and shape
 /// (SGLang would cast a mismatched dtype silently).

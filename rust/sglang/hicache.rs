@@ -7,6 +7,7 @@
 //! viewed `[layers, slots, 1, ...]`, is the "scratch": block slot `r` gets row `ids[r]`, step 0);
 //! `load_cpu_copy` stages the host copies as the blocks and scatters row `r` into slot `ids[r]`.
 
+use super::checks::{check_host_copy, state_label};
 use super::kernel::{self, SlotCall, SlotPool};
 use crate::error::{Error, Result};
 use crate::kernels::abi::Launch;
@@ -123,8 +124,9 @@ impl HostCopy {
     }
 
     /// The bytes to copy into the buffer (at device address `buffer`) at [`HostCopy::staged_at`]:
-    /// for a load the host copies `host` (one per state tensor, on the host, checked by
-    /// [`super::check_host_copy`]), then the slot table and the index vectors.
+    /// for a load the host copies `host` (one per state tensor, each checked here by
+    /// [`check_host_copy`]: on the host, the state's dtype and shape `[layers, len(ids), ...]`),
+    /// then the slot table and the index vectors.
     pub fn stage(&self, buffer: u64, host: &[TensorDesc]) -> Result<Vec<u8>> {
         let mut out = vec![0u8; (self.total - self.staged_at) as usize];
         if !self.moves() {
@@ -134,6 +136,9 @@ impl HostCopy {
         if self.direction == Direction::Load {
             if host.len() != self.states.len() {
                 return Err(Error::plan(format!("load_cpu_copy: {} host copies for {} state tensors", host.len(), self.states.len())));
+            }
+            for (k, (state, copy)) in self.states.iter().zip(host).enumerate() {
+                check_host_copy(&state_label(k, self.states.len()), state, copy, self.ids.len())?;
             }
             for &k in &self.live {
                 let at = (self.blocks[k].offset - base) as usize;
@@ -181,7 +186,7 @@ impl HostCopy {
 }
 
 /// Copies the elements of the host tensor `t` in C order into `out` (its bytes).
-fn read_host(t: &TensorDesc, out: &mut [u8]) -> Result<()> {
+pub(super) fn read_host(t: &TensorDesc, out: &mut [u8]) -> Result<()> {
     let elem = bytes_of(t)? as usize;
     let count: i64 = t.shape.iter().product();
     if t.device.trim() != "cpu" || count as usize * elem != out.len() || t.data_ptr == 0 {

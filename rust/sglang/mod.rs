@@ -12,6 +12,7 @@ pub use checks::{check_host_copy, check_pool, check_slots, Repeats};
 
 pub mod checks;
 pub mod hicache;
+pub mod host;
 pub mod kernel;
 pub mod layout;
 pub mod pool;

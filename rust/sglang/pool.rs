@@ -93,6 +93,11 @@ impl Pool {
         Ok(pairs.into_iter().chain(convs.into_iter().map(|k| (k, k + 1))).collect())
     }
 
+    /// [`Pool::verify_scratch`]'s pairs as the tensors themselves.
+    pub fn verify_pairs(&self) -> Result<Vec<(&TensorDesc, &TensorDesc)>> {
+        Ok(self.verify_scratch()?.into_iter().map(|(k, x)| (&self.states[k], self.scratch_of(x))).collect())
+    }
+
     fn scratch_of(&self, s: usize) -> &TensorDesc {
         self.scratch[s].as_ref().expect("verify_scratch pairs name present scratch")
     }

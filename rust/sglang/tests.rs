@@ -233,6 +233,25 @@ mod host_copy {
     }
 
     #[test]
+    fn a_load_refuses_host_copies_of_the_right_bytes_but_another_dtype_or_shape() {
+        // Each refused copy spans exactly its block's bytes: only its dtype or shape is wrong.
+        let conv: Vec<u16> = vec![0; 2 * 2 * 12];
+        let temporal: Vec<f32> = vec![0.0; 2 * 2 * 5];
+        let (c_at, t_at) = (conv.as_ptr() as u64, temporal.as_ptr() as u64);
+        let c = HostCopy::new(Direction::Load, states(), vec![3, 2], 6).unwrap();
+        let good_temporal = TensorDesc::dense(t_at, "float32", &[2, 2, 5], "cpu");
+        let refused = |host: [TensorDesc; 2]| c.stage(BUF, &host).unwrap_err().message;
+        let m = refused([TensorDesc::dense(c_at, "float16", &[2, 2, 3, 4], "cpu"), good_temporal.clone()]);
+        assert_eq!(m, "load_cpu_copy: conv[0]: the host copy is float16 [2, 2, 3, 4], the pool needs bfloat16 [2, 2, 3, 4]");
+        let m = refused([TensorDesc::dense(c_at, "bfloat16", &[2, 2, 4, 3], "cpu"), good_temporal]);
+        assert!(m.contains("conv[0]: the host copy is bfloat16 [2, 2, 4, 3]"), "{m}");
+        let m = refused([TensorDesc::dense(c_at, "bfloat16", &[2, 2, 3, 4], "cpu"), TensorDesc::dense(t_at, "int32", &[2, 2, 5], "cpu")]);
+        assert!(m.contains("temporal: the host copy is int32 [2, 2, 5], the pool needs float32 [2, 2, 5]"), "{m}");
+        let m = refused([TensorDesc::dense(c_at, "bfloat16", &[2, 2, 3, 4], "cpu"), TensorDesc::dense(t_at, "float32", &[2, 5, 2], "cpu")]);
+        assert!(m.contains("temporal: the host copy is float32 [2, 5, 2]"), "{m}");
+    }
+
+    #[test]
     fn the_pool_pairs_each_state_with_its_scratch_and_refuses_what_it_lacks() {
         let [conv, temporal] = <[TensorDesc; 2]>::try_from(states()).unwrap();
         let ssm = TensorDesc::dense(0x10_0000, "float32", &[2, 3, 4, 5], "cuda:0");
@@ -252,5 +271,65 @@ mod host_copy {
                 .unwrap();
         assert!(two.check_transfer().unwrap_err().message.contains("this pool has 2"));
         assert!(pool.check_transfer().is_ok());
+    }
+}
+
+mod host_states {
+    use crate::sglang::hicache::{Direction, HostCopy};
+    use crate::sglang::host;
+    use crate::tensor::TensorDesc;
+
+    /// A host tensor over `v` (f32).
+    fn over(v: &mut [f32], shape: &[i64]) -> TensorDesc {
+        TensorDesc::dense(v.as_mut_ptr() as u64, "float32", shape, "cpu")
+    }
+
+    #[test]
+    fn clear_zeroes_the_slots_of_every_layer_and_refuses_before_writing() {
+        // [layers 2, slots 4, 3]
+        let mut v: Vec<f32> = (1..=24).map(|x| x as f32).collect();
+        let t = over(&mut v, &[2, 4, 3]);
+        let before = v.clone();
+        assert!(host::clear(std::slice::from_ref(&t), &[1, 4]).unwrap_err().message.contains("slot 4 is outside 0 ..= 3"));
+        let read_only = TensorDesc { writable: false, ..t.clone() };
+        assert!(host::clear(&[read_only], &[1]).unwrap_err().message.contains("read-only"));
+        assert_eq!(v, before, "a refused clear writes nothing");
+        host::clear(&[t], &[1, 3, 1]).unwrap();
+        let zeroed: Vec<usize> = (0..24).filter(|&i| v[i] == 0.0).collect();
+        assert_eq!(zeroed, vec![3, 4, 5, 9, 10, 11, 15, 16, 17, 21, 22, 23]);
+    }
+
+    #[test]
+    fn commit_copies_strided_scratch_entries_in_c_order() {
+        // State [layers 2, slots 3, 2, 2]; scratch [2, rows 2, draft 2, 2, 2] seen transposed in its last two axes.
+        let mut state = vec![0f32; 2 * 3 * 4];
+        let mut scratch: Vec<f32> = (0..2 * 2 * 2 * 4).map(|x| x as f32).collect();
+        let st = over(&mut state, &[2, 3, 2, 2]);
+        let sc = TensorDesc::new(scratch.as_mut_ptr() as u64, "float32", vec![2, 2, 2, 2, 2], vec![64, 32, 16, 4, 8], "cpu");
+        host::commit(&[(&st, &sc)], &[(2, 1, 0)]).unwrap();
+        // Layer l, row 1, step 0 starts at element l * 16 + 8; element (a, b) of the entry is at a + 2 * b.
+        let want: Vec<f32> = (0..2).flat_map(|l| [0, 2, 1, 3].map(|d| (l * 16 + 8 + d) as f32)).collect();
+        assert_eq!([&state[8..12], &state[20..24]].concat(), want);
+        assert!(state[..8].iter().chain(&state[12..20]).all(|&x| x == 0.0));
+        let m = host::commit(&[(&st, &sc)], &[(1, 2, 0)]).unwrap_err().message;
+        assert!(m.contains("row 2 is outside 0 ..= 1"), "{m}");
+    }
+
+    #[test]
+    fn get_then_load_moves_the_slots_through_dense_blocks() {
+        let mut v: Vec<f32> = (0..2 * 4 * 3).map(|x| x as f32).collect();
+        let t = over(&mut v, &[2, 4, 3]);
+        let get = HostCopy::new(Direction::Get, vec![t.clone()], vec![3, 1], 4).unwrap();
+        let mut buf = vec![0u8; get.total as usize];
+        host::get(&get, std::slice::from_ref(&t), &[3, 1], &mut buf).unwrap();
+        let got: Vec<f32> = buf[..48].chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got, [9., 10., 11., 3., 4., 5., 21., 22., 23., 15., 16., 17.]);
+        // The same block loaded into slots 2 and 3 (slot 3 is read before it is written).
+        let host_copy = TensorDesc::dense(buf.as_ptr() as u64, "float32", &[2, 2, 3], "cpu");
+        let load = HostCopy::new(Direction::Load, vec![t.clone()], vec![2, 3], 4).unwrap();
+        host::load(&load, std::slice::from_ref(&t), &[2, 3], &[host_copy]).unwrap();
+        assert_eq!(&v[6..12], &[9., 10., 11., 3., 4., 5.]);
+        assert_eq!(&v[18..24], &[21., 22., 23., 15., 16., 17.]);
+        assert!(host::get(&get, &[t], &[3, 1], &mut buf[..16]).is_err(), "a buffer shorter than the call");
     }
 }

@@ -209,6 +209,39 @@ def test_hicache_round_trip_is_one_launch_each_way_equal_to_the_host_path(fake_o
 
 
 @needs_cxx
+def test_the_core_s_hicache_load_checks_each_host_copy_s_dtype_and_shape(fake_ops, emulator):
+    """``SglangPool.host_copy``, the core's one call of a load on CUDA, checks the host copies
+    itself: copies of the right byte count but another dtype or shape are refused naming the state
+    before anything is allocated, staged or launched, and the pool keeps every byte."""
+    _, dev, states = _pools(12, torch.bfloat16, (8,))
+    (conv_cpu,), temporal_cpu = dev.get_cpu_copy([1, 2])
+    before, launches = [t.clone() for t in states], len(emulator.calls)
+
+    def never(*_):
+        pytest.fail("a refused load allocated or ran something")
+
+    refused = {
+        r"conv\[0\]: the host copy is float16 \[3, 2, 8, 3\], the pool needs bfloat16 \[3, 2, 8, 3\]": (
+            [conv_cpu.view(torch.float16)],
+            temporal_cpu,
+        ),
+        r"conv\[0\]: the host copy is bfloat16 \[3, 2, 3, 8\]": ([conv_cpu.transpose(2, 3)], temporal_cpu),
+        r"temporal: the host copy is int32 \[3, 2, 2, 4, 4\], the pool needs float32": (
+            [conv_cpu],
+            temporal_cpu.view(torch.int32),
+        ),
+        r"temporal: the host copy is float32 \[3, 2, 4, 2, 4\]": ([conv_cpu], temporal_cpu.reshape(3, 2, 4, 2, 4)),
+    }
+    for match, copies in refused.items():
+        with pytest.raises(PlanError, match=f"^load_cpu_copy: {match}"):
+            dev.tensors.host_copy(
+                "load_cpu_copy", [3, 4], alloc=never, run=never, err=dev.slot_error.alloc(), mamba_cache_cpu=copies
+            )
+    assert len(emulator.calls) == launches
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(before, states, strict=True))
+
+
+@needs_cxx
 def test_states_larger_than_a_chunk_are_cut_over_several_ctas(fake_ops, emulator):
     """A 72 KiB temporal state per slot takes three CTAs (32 KiB each) of the emulated grid; a
     strided bf16 window of 6000 x 3 elements (36 KiB) takes two."""

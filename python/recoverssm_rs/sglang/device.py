@@ -1,22 +1,19 @@
-"""The SGLang shell's translation helpers: the engine's index vectors as host ids or as int64
-vectors on the pool's device, what a slot-kernel launch (``rs_slot_scatter``: clearing, the commit,
-HiCache's copies) runs on the current stream, and HiCache's host copies on CUDA. Each write is one
-core call: the pool's tensors checked, the launch built (and a HiCache call's buffer laid out and
-staged) by the core, the launch queued, the write recorded (docs/design.md section 10)."""
+"""The SGLang shell's translation helpers: the engine's index vectors as int64 vectors on the pool's
+device, what a slot-kernel launch (``rs_slot_scatter``: clearing, the commit, HiCache's copies)
+runs on the current stream, and HiCache's host copies. Each write is one core call: its arguments
+and the pool's tensors checked, the launch built (and a HiCache call's buffer laid out and staged)
+or, on host states, the bytes moved by the core, the write recorded (docs/design.md section 10)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .. import _core
 from ..cuda import ops
 
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
 
-__all__ = ["ARG_NAMES", "host_ids", "host_copy", "int64_on_device", "runner"]
+__all__ = ["ARG_NAMES", "host_copy", "int64_on_device", "runner"]
 
 #: The engine's names of the slot kernel's index vectors (what errors name).
 ARG_NAMES = {
@@ -26,16 +23,6 @@ ARG_NAMES = {
     "track_slots": "track_indices",
     "track_steps": "steps_to_track",
 }
-
-
-def host_ids(x: Any, op: str, arg: str, *, num_slots: int | None = None, unique: bool = False) -> np.ndarray:
-    """``x`` (any tensor, array or list; the argument ``arg`` of ``op``) as a host int64 array, checked
-    by the core (integers; with ``num_slots``, slots of the pool other than the dummy slot 0; with
-    ``unique``, no slot twice). A device tensor is copied to the host as it is (never cast)."""
-    device = getattr(getattr(x, "device", None), "type", None)
-    if device is not None and device != "cpu" and hasattr(x, "detach"):
-        x = x.detach().to("cpu")
-    return np.asarray(_core.sglang_ids(op, arg, x, num_slots=num_slots, unique=unique), dtype=np.int64)
 
 
 def runner(pool: SglangMambaPool, requests: int) -> Any:
@@ -61,26 +48,30 @@ def int64_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
     return x
 
 
-def host_copy(pool: SglangMambaPool, op: str, ids: np.ndarray, host: list[Any] | None = None) -> Any:
-    """HiCache's host copy on CUDA, ``op`` of the checked slots ``ids`` (``load_cpu_copy``: of the
-    checked host copies ``host``), one core call: one device buffer that the core lays out and
-    stages (the call's blocks, slot table and indices: one host-to-device copy), one launch of the
-    slot kernel; for ``get_cpu_copy`` one device-to-host copy of the blocks follows, and the host
-    tensors (returned as ``(conv_cpu, temporal_cpu)``) are views of it."""
-    index, run = pool.placement.index, runner(pool, len(ids))
+def host_copy(pool: SglangMambaPool, op: str, indices: Any, mamba_cache_cpu: Any = None) -> Any:
+    """HiCache's host copy, ``op`` of the slots ``indices`` (``load_cpu_copy``: of the host copies
+    ``mamba_cache_cpu``), one core call that checks them and moves the bytes. A get's states come
+    back in one buffer that the core lays out, and the host tensors (returned as ``(conv_cpu,
+    temporal_cpu)``) are views of it. On CUDA the core stages the call (the blocks, slot table and
+    indices: one host-to-device copy) for one launch of the slot kernel; a get's blocks then come
+    back in one device-to-host copy."""
+    torch, index = ops.cuda_ops.torch(), pool.placement.index
 
-    def stage(buf: Any, staged: bytes, at: int, kl: Any) -> None:  # on the launch's stream
+    def stage(buf: Any, staged: bytes, at: int, kl: Any, requests: int) -> None:  # on the launch's stream
         if staged:
             with ops.cuda_ops.context(index, None):
                 ops.cuda_ops.stage_i32(staged, buf[at:])
-        run(kl)
+        runner(pool, requests)(kl)
 
-    alloc = lambda n: ops.cuda_ops.empty_i32(n, index)  # noqa: E731
-    done = pool.tensors.host_copy(op, ids, alloc=alloc, run=stage, err=pool.slot_error.alloc(), host=host)
-    if done is None or host is not None:
+    if pool.placement.is_cuda:
+        device = dict(alloc=lambda n: ops.cuda_ops.empty_i32(n, index), run=stage, err=pool.slot_error.alloc())
+    else:
+        device = dict(alloc=lambda n: torch.empty(n, dtype=torch.int32))
+    done = pool.tensors.host_copy(op, indices, mamba_cache_cpu=mamba_cache_cpu, **device)
+    if done is None:
         return None
     buf, blocks = done
-    raw = buf[: (blocks[-1][0] + blocks[-1][1] + 3) // 4].cpu().view(ops.cuda_ops.torch().uint8)
+    raw = buf[: (blocks[-1][0] + blocks[-1][1] + 3) // 4].cpu().view(torch.uint8)
     states = [*pool.conv, pool.temporal]
     out = [raw[o : o + b].view(t.dtype).view(*s) for t, (o, b, s) in zip(states, blocks, strict=True)]
     return out[:-1], out[-1]

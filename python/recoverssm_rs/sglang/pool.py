@@ -18,7 +18,7 @@ from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import PlanError
 from ..planner import Planner
-from .device import ARG_NAMES, host_copy, host_ids, int64_on_device, runner
+from .device import ARG_NAMES, host_copy, int64_on_device, runner
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -30,7 +30,8 @@ T = TypeVar("T")
 class SglangMambaPool(EngineAdapter):
     """Drop-in ``MambaPool`` operations (same signatures and effects): ``copy_from``, ``fork``,
     ``clear_slots``, ``get_cpu_copy`` / ``load_cpu_copy`` (HiCache) and :meth:`commit_after_verify`;
-    on CUDA each is one kernel launch.
+    on CUDA each is one kernel launch. Each operation is one call into the core, which checks every
+    argument and the pool's tensors before anything is written.
 
     Args:
         conv: SGLang's ``mamba_cache.conv``: one or more ``[layers, slots + 1, *conv_shape]``
@@ -45,6 +46,11 @@ class SglangMambaPool(EngineAdapter):
     Raises:
         LayoutError / BindingError: the tensors do not form the layout (the core's message names
             the state and layer).
+
+    Every operation raises, with nothing written: :class:`~recoverssm_rs.PlanError` for a bad slot
+    id (not an integer, negative, outside the pool, the dummy slot 0; a load's slot named twice;
+    on CUDA, ``clear_slots`` and the commit skip and report a bad id in :meth:`last_error` instead)
+    and :class:`~recoverssm_rs.BindingError` for a pool tensor re-pointed or its storage resized.
     """
 
     def __init__(
@@ -56,8 +62,6 @@ class SglangMambaPool(EngineAdapter):
         intermediate_conv_window: Sequence[Any] | None = None,
         conv_layout: Literal["SD", "DS"] = "DS",
     ) -> None:
-        # Every tensor the adapter reads or writes, checked and guarded by the core, which forms
-        # the groups (their layouts, and their tensors in [*conv, temporal]).
         self.tensors = _core.SglangPool(
             conv=conv,
             temporal=temporal,
@@ -65,19 +69,16 @@ class SglangMambaPool(EngineAdapter):
             intermediate_conv_window=intermediate_conv_window,
             conv_layout=conv_layout,
         )
-        """The pool's tensors as the core holds them: checked and guarded before every write."""
+        """The pool's tensors as the core holds them (checked, guarded before every write; their
+        groups, layer views and verify scratch)."""
         self.conv = list(conv)
         self.temporal = temporal
         self.intermediate_ssm = intermediate_ssm
         self.intermediate_conv_window = None if intermediate_conv_window is None else list(intermediate_conv_window)
         self.conv_layout = conv_layout
-        self._stacked = [*self.conv, temporal]
-        groups = self.tensors.groups
-        layers = range(self._stacked[groups[0][1][0]].shape[0]) if groups else range(0)  # one count (checked)
         # The planner binds each layer's views; the pool's guard, checked by the planner before each
         # of its writes and launches, refuses a stacked tensor re-pointed under those views.
-        views = [(lay, [[self._stacked[k][i] for k in ks] for i in layers]) for lay, ks in groups]
-        super().__init__(Planner.from_groups(views, also_guard=self.tensors))
+        super().__init__(Planner.from_groups(self.tensors.layer_groups(), also_guard=self.tensors))
         # Fixed once bound: read here, not from the core on every call.
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
         self._slots_dev: Any = None
@@ -88,8 +89,7 @@ class SglangMambaPool(EngineAdapter):
 
     def guarded(self, write: Callable[[], T]) -> T:
         """:meth:`EngineAdapter.guarded` over the pool's layer-stacked tensors (whose layers the
-        planner binds), one core call (a :class:`~recoverssm_rs.BindingError` when one was
-        re-pointed or resized)."""
+        planner binds), one core call."""
         return self.tensors.guarded(write)
 
     def check_bound(self) -> None:
@@ -124,8 +124,7 @@ class SglangMambaPool(EngineAdapter):
     @property
     def num_layers(self) -> int:
         """SGLang's mamba layers (the leading axis of every state tensor)."""
-        first = self.conv[0] if self.conv else self.temporal
-        return int(first.shape[0])
+        return int((self.conv[0] if self.conv else self.temporal).shape[0])
 
     @property
     def num_slots(self) -> int:
@@ -135,38 +134,26 @@ class SglangMambaPool(EngineAdapter):
     def state_tensors(self) -> list[Any]:
         """The pool's non-empty state tensors in SGLang's order (every conv tensor, then the
         temporal state)."""
-        return [self._stacked[k] for k in self.tensors.live]
+        return self.tensors.state_tensors()
 
     def verify_scratch(self) -> list[tuple[Any, Any]]:
         """``(state tensor, its verify scratch)`` for every non-empty state tensor, the temporal
         state first; a :class:`~recoverssm_rs.PlanError` for a pool without verify scratch."""
         if self._scratch is None:  # fixed once bound: asked of the core once
-            scratch = [self.intermediate_ssm, *(self.intermediate_conv_window or [])]
-            self._scratch = [(self._stacked[k], scratch[x]) for k, x in self.tensors.verify_scratch()]
+            self._scratch = self.tensors.verify_scratch()
         return self._scratch
-
-    def _check_slots(self, op: str, indices: Any, *, unique: bool = False) -> Any:
-        """``indices`` (of ``op``) as host ids, checked by the core as slots of the pool."""
-        return host_ids(indices, op, "indices", num_slots=self._num_slots, unique=unique)
 
     # ---- SGLang's MambaPool operations ----------------------------------------------------------
 
     def copy_from(self, src_indices: Any, dst_indices: Any) -> None:
         """SGLang's ``MambaPool.copy_from``: ``dst`` slots get the states of the ``src`` slots (host:
         one ordered plan; CUDA: one fused launch, sources and destinations disjoint as SGLang's).
-
-        Raises:
-            PlanError: a bad slot id (not an integer, negative, outside the pool, the dummy slot
-                0), lengths that differ, a cycle or two copies to one slot; nothing is written.
-            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
-        """
+        Also a :class:`~recoverssm_rs.PlanError`: lengths that differ, a cycle or two copies to one
+        slot."""
         if self.placement.is_cuda:
             self._launch_copy(src_indices, dst_indices)
-            return
-        n = self._num_slots
-        src = host_ids(src_indices, "copy_from", "src_indices", num_slots=n)
-        dst = host_ids(dst_indices, "copy_from", "dst_indices", num_slots=n)
-        self.planner.plan_copy(src, dst).execute()  # the pool's tensors checked first
+        else:  # the slots checked, the planner's copy plan run by the host executor
+            self.tensors.copy_from(self.planner.core, src_indices, dst_indices)
 
     def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
         """One fused launch of the state-copy kernel over the identity table of slot ids
@@ -190,7 +177,7 @@ class SglangMambaPool(EngineAdapter):
         if getattr(getattr(x, "device", None), "type", None) == "cuda":
             return x
         torch = ops.cuda_ops.torch()
-        return torch.as_tensor(host_ids(x, op, arg)).to(self.device, non_blocking=True)
+        return torch.as_tensor(_core.sglang_ids(op, arg, x), dtype=torch.int64).to(self.device, non_blocking=True)
 
     def _device_constants(self, n: int) -> tuple[Any, Any]:
         """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
@@ -211,25 +198,12 @@ class SglangMambaPool(EngineAdapter):
 
     def clear_slots(self, indices: Any) -> None:
         """SGLang's ``MambaPool.clear_slots``: zero every state of the given slots (CUDA: one launch
-        of the slot kernel, which skips and reports a bad slot in :meth:`last_error`).
-
-        Raises:
-            PlanError: host states: a bad slot id (as :meth:`copy_from`); CUDA states: indices not
-                an integer vector on the pool's device. Nothing is written.
-            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
-        """
+        of the slot kernel; a :class:`~recoverssm_rs.PlanError` for indices that are not an integer
+        vector on the pool's device)."""
         if self.placement.is_cuda:
             self.slot_launch(False, indices)
-            return
-        torch = ops.cuda_ops.torch()
-        ids = self._check_slots("clear_slots", indices)
-        idx = torch.as_tensor(ids, device=self.device)
-
-        def write() -> None:
-            for t in self.state_tensors():
-                t.index_fill_(1, idx, 0)
-
-        self.guarded(write)
+        else:
+            self.tensors.clear_slots(indices)
 
     def slot_launch(self, commit: bool, slots: Any, **vectors: Any) -> None:
         """One guarded launch of the slot kernel on the current stream, one core call: clear ``slots``,
@@ -244,59 +218,23 @@ class SglangMambaPool(EngineAdapter):
 
     def last_error(self) -> Any:
         """The error word of the last slot-kernel launch on CUDA (:meth:`copy_from` reports in
-        ``planner.last_error()``). **Synchronises** the device: for debugging and tests.
-
-        Raises:
-            PlanError: a host pool (host operations raise instead of skipping).
-        """
+        ``planner.last_error()``). **Synchronises** the device: for debugging and tests. A
+        :class:`~recoverssm_rs.PlanError` on a host pool (host operations raise instead of skipping)."""
         if not self.slot_error.launched:
             raise PlanError("last_error: no slot kernel has run on this pool (host pools raise instead)")
         return self.slot_error.read()
 
     def get_cpu_copy(self, indices: Any) -> tuple[list[Any], Any]:
         """SGLang's ``MambaPool.get_cpu_copy``: ``(conv_cpu, temporal_cpu)``, the slots' states on the
-        host, layer-stacked (``conv_cpu[i]`` is ``conv[i][:, indices]``).
-
-        Raises:
-            PlanError: a bad slot id (as :meth:`copy_from`).
-            BindingError: a pool tensor re-pointed or its storage resized (nothing is read).
-        """
-        ids = self._check_slots("get_cpu_copy", indices)
-        if self.placement.is_cuda:
-            return host_copy(self, "get_cpu_copy", ids)  # type: ignore[no-any-return]
-        self.check_bound()
-        torch = ops.cuda_ops.torch()
-        idx = torch.as_tensor(ids, device=self.device)
-        conv_cpu = [c.index_select(1, idx).to("cpu") for c in self.conv]
-        temporal_cpu = self.temporal.index_select(1, idx).to("cpu")
-        return conv_cpu, temporal_cpu
+        host, layer-stacked (``conv_cpu[i]`` is ``conv[i][:, indices]``)."""
+        return host_copy(self, "get_cpu_copy", indices)  # type: ignore[no-any-return]
 
     def load_cpu_copy(self, mamba_cache_cpu: Sequence[Any], indices: Any) -> None:
         """SGLang's ``MambaPool.load_cpu_copy``: a :meth:`get_cpu_copy` result written back into the
-        slots (a historical third element is ignored, as there).
-
-        Raises:
-            PlanError: a bad slot id (as :meth:`copy_from`) or one named twice, or host tensors
-                whose device, dtype or shape differ from the pool's; nothing is written.
-            BindingError: a pool tensor re-pointed or its storage resized; nothing is written.
-        """
-        torch = ops.cuda_ops.torch()
-        ids = self._check_slots("load_cpu_copy", indices, unique=True)
-        pool = [*self.conv, self.temporal]
-        host = self.tensors.host_copies(mamba_cache_cpu, len(ids))  # the pool's tensors checked first
-        if self.placement.is_cuda:
-            host_copy(self, "load_cpu_copy", ids, [torch.as_tensor(h) for h in host])
-            return
-        # Every source staged apart from the pool before the first write: a host copy that is a
-        # view of the pool itself is read whole before any slot changes.
-        staged = [torch.as_tensor(h).to(dst.device, copy=True) for dst, h in zip(pool, host, strict=True)]
-        idx = torch.as_tensor(ids, device=self.device)
-
-        def write() -> None:
-            for dst, src in zip(pool, staged, strict=True):
-                dst.index_copy_(1, idx, src)
-
-        self.guarded(write)
+        slots (a historical third element is ignored, as there). Also a
+        :class:`~recoverssm_rs.PlanError`: host tensors whose device, dtype or shape differ from the
+        pool's."""
+        host_copy(self, "load_cpu_copy", indices, mamba_cache_cpu)
 
     def state_pool(self, layout: Layout, *, tp_rank: int = 0, block_size: int = 0) -> Any:
         """This pool as a transfer pool (:class:`recoverssm_rs.transfer.StatePool`): ``layout`` is the
@@ -310,9 +248,7 @@ class SglangMambaPool(EngineAdapter):
         """
         from ..transfer import StatePool  # the transfer tiers import torch-side backends: on use
 
-        self.tensors.check_transfer()
-        layers = [[self.conv[0][layer], self.temporal[layer]] for layer in range(self.num_layers)]
-        return StatePool(layout, layers, tp_rank=tp_rank, block_size=block_size)
+        return StatePool(layout, self.tensors.transfer_layers(), tp_rank=tp_rank, block_size=block_size)
 
     def commit_after_verify(
         self,
@@ -330,10 +266,9 @@ class SglangMambaPool(EngineAdapter):
         rows (``-1``, or the dummy slot 0) write nothing. docs/design.md section 10.
 
         Raises:
-            PlanError: a pool without verify scratch; host states: vectors of different lengths, a
-                step past the draft, a slot or row past the pool, or two requests writing one slot
-                (nothing is written); CUDA states: vectors of different lengths or not on the
-                pool's device.
+            PlanError: a pool without verify scratch; vectors of different lengths (CUDA: or not on
+                the pool's device); host states: a step past the draft, a slot or row past the
+                pool, or two requests writing one slot.
         """
         scratch = self.verify_scratch()
         given = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
@@ -341,20 +276,14 @@ class SglangMambaPool(EngineAdapter):
             return
         if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
             self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
-            return
-        op = "commit_after_verify"
-        steps = host_ids(last_correct_step_indices, op, ARG_NAMES["steps"])
-        slots = host_ids(state_indices, op, ARG_NAMES["slots"])
-        ids = {k: None if x is None else host_ids(x, op, ARG_NAMES[k]) for k, x in given.items()}
-        moves = self.tensors.commit_moves(slots=slots, steps=steps, **ids)
-
-        def write() -> None:
-            # One strided copy per (tensor, move), commit pass then track pass: no gathered temporary.
-            for state, inter in scratch:
-                for slot, row, step in moves:
-                    state[:, slot].copy_(inter[:, row, step])
-
-        self.guarded(write)
+        else:  # one core call: every index checked, then the moves
+            self.tensors.commit(
+                state_indices=state_indices,
+                last_correct_step_indices=last_correct_step_indices,
+                src_indices=src_indices,
+                track_indices=track_indices,
+                steps_to_track=steps_to_track,
+            )
 
     def __repr__(self) -> str:
         return (
