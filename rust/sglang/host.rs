@@ -90,9 +90,10 @@ impl Entry<'_> {
         self.runs(|at, n| out.extend_from_slice(unsafe { std::slice::from_raw_parts(at as *const u8, n) }));
     }
 
-    /// Writes `data` (the entry's bytes in C order, checked by the caller) over the entry.
+    /// Writes `data` (the entry's bytes in C order) over the entry. A `data` of another length is
+    /// a bug of the caller's: a panic, before any byte is read past its end.
     fn write(&self, mut data: &[u8]) {
-        debug_assert_eq!(data.len(), self.bytes());
+        assert_eq!(data.len(), self.bytes(), "a host write of {} bytes over an entry of {}", data.len(), self.bytes());
         self.runs(|at, n| {
             // SAFETY: as `read`; the tensor is writable (checked) and `data` is not its memory.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at as *mut u8, n) };
