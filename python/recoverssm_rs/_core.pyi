@@ -1493,6 +1493,7 @@ def vllm_device_pre_copy(
 def vllm_post_process(
     planner: Planner,
     *,
+    host_only: str | None = None,
     tables: Sequence[_IntArray] | _IntArray,
     state_col: _IntArray,
     num_computed: _IntArray,
@@ -1503,11 +1504,14 @@ def vllm_post_process(
     block_size: int | None = None,
     num_spec_blocks: int | None = None,
 ) -> tuple[RawBuffer, CopyPlan]:
-    """The post-process decision (rows as `align_post_process`) and its plan."""
+    """The post-process decision (rows as `align_post_process`) and its plan; `host_only` as for
+    `vllm_pre_copy`.
+    """
 
 def vllm_pre_copy(
     planner: Planner,
     *,
+    host_only: str | None = None,
     tables: Sequence[_IntArray] | _IntArray,
     num_computed: _IntArray,
     num_scheduled: _IntArray,
@@ -1518,7 +1522,9 @@ def vllm_pre_copy(
     block_size: int | None = None,
     num_spec_blocks: int | None = None,
 ) -> tuple[RawBuffer, CopyPlan]:
-    """The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`."""
+    """The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
+    `host_only`: the caller's name for a call of the host path, refused on CUDA states.
+    """
 
 def vllm_request_values(
     req_ids: Sequence[str],

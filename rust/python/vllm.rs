@@ -142,13 +142,17 @@ with_params! {
         Ok(pre_rows(&d))
     }
 
-    #[signature((planner: "Planner", *,) ..a -> "tuple[RawBuffer, CopyPlan]")]
+    #[signature((planner: "Planner", *, host_only: "str | None" = None,) ..a -> "tuple[RawBuffer, CopyPlan]")]
     /// The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
+    /// `host_only`: the caller's name for a call of the host path, refused on CUDA states.
     #[pyfunction]
     #[pyo3(name = "vllm_pre_copy")]
-    fn pre_copy(planner: Bound<'_, Planner>,) -> PyResult<(RawBuffer, CopyPlan)> {
+    fn pre_copy(planner: Bound<'_, Planner>, host_only: Option<String>,) -> PyResult<(RawBuffer, CopyPlan)> {
         let fresh = fresh_mask(&a.fresh);
         let p = planner.get();
+        if let Some(what) = &host_only {
+            device_step::check_host_path(p.inner.device(), what)?;
+        }
         let step = vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) };
         let (d, plan) = vllm::pre_copy(&p.inner, &a.inputs(&fresh), &step)?;
         Ok((pre_rows(&d), CopyPlan::new(plan, planner.unbind())))
@@ -170,12 +174,16 @@ with_params! {
         Ok(post_rows(&d))
     }
 
-    #[signature((planner: "Planner", *,) ..a -> "tuple[RawBuffer, CopyPlan]")]
-    /// The post-process decision (rows as `align_post_process`) and its plan.
+    #[signature((planner: "Planner", *, host_only: "str | None" = None,) ..a -> "tuple[RawBuffer, CopyPlan]")]
+    /// The post-process decision (rows as `align_post_process`) and its plan; `host_only` as for
+    /// `vllm_pre_copy`.
     #[pyfunction]
     #[pyo3(name = "vllm_post_process")]
-    fn post_process(planner: Bound<'_, Planner>,) -> PyResult<(RawBuffer, CopyPlan)> {
+    fn post_process(planner: Bound<'_, Planner>, host_only: Option<String>,) -> PyResult<(RawBuffer, CopyPlan)> {
         let p = planner.get();
+        if let Some(what) = &host_only {
+            device_step::check_host_path(p.inner.device(), what)?;
+        }
         let step = vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) };
         let (d, plan) = vllm::post_process(&p.inner, &a.inputs(), &step)?;
         Ok((post_rows(&d), CopyPlan::new(plan, planner.unbind())))

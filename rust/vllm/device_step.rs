@@ -180,6 +180,17 @@ pub fn stage(
     Ok(StagedStep { data, groups, rows, cols })
 }
 
+/// Checks that a host-path call (`what`, the caller's name for it) has host states: on CUDA states
+/// the step runs on the device (`preprocess` / `postprocess`, or the device half-steps).
+pub fn check_host_path(device: &Device, what: &str) -> Result<()> {
+    if device.is_cuda() {
+        return Err(Error::plan(format!(
+            "{what} runs the host path, but the states are on {device}: use preprocess / postprocess, or device_step.launch"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a device half-step's `rows` requests against the step's `max_num_reqs` (the rows of its
 /// buffers).
 pub fn check_rows(rows: u64, max_num_reqs: u64) -> Result<()> {
@@ -217,6 +228,13 @@ pub fn check_prev_rows(device: &Device, prev_rows: &TensorDesc, rows: u64, num_a
 mod tests {
     use super::super::decide::row_name;
     use super::*;
+
+    #[test]
+    fn the_host_path_needs_host_states() {
+        assert_eq!(check_host_path(&Device::Cpu, "pre_copy"), Ok(()));
+        let e = check_host_path(&Device::Cuda(1), "post_process").unwrap_err();
+        assert_eq!(e.message, "post_process runs the host path, but the states are on cuda:1: use preprocess / postprocess, or device_step.launch");
+    }
 
     #[test]
     fn a_step_fits_its_buffers() {
