@@ -1460,57 +1460,48 @@ def vllm_check_prev_rows(*, device: str | _Tensor, prev_rows: _Tensor, rows: int
 
 def vllm_device_post_process(
     planner: Planner,
-    run: Callable[[RawBuffer, KernelLaunch | None], object] | None = None,
+    run: Callable[[RawBuffer, KernelLaunch | None, int], object] | None = None,
     *,
-    step_rows: tuple[int, int] | None = None,
-    tables: Sequence[_IntArray] | _IntArray,
-    num_computed: _IntArray,
-    num_scheduled: _IntArray,
-    mamba_state_idx: _IntArray | None = None,
-    state_col: _IntArray | None = None,
-    num_draft: _IntArray | None = None,
-    num_accepted: _IntArray | _Tensor,
-    fresh: _IntArray | None = None,
-    req_ids: Sequence[str] | None = None,
-    staging: _Tensor,
-    device_table: _Tensor | None = None,
+    max_num_reqs: int,
+    step: Any,
+    buffers: Callable[[int, int], tuple[_Tensor, _Tensor | None]],
     err: _Tensor,
-    num_accepted_out: _Tensor,
+    out: _Tensor,
+    device_tables: Sequence[_Tensor] | None = None,
+    prev_rows: _Tensor | None = None,
 ) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]:
-    """The post-process for the device (decided by the kernel from the counts): returns `running`,
-    the staged step and the launch, as `device_pre_copy`.
+    """The post-process for the device of `step` (a `PostProcessInputs`; decided by the kernel from
+    the counts, written to `out[max_num_reqs:][:rows]`): returns `running`, the staged step and the
+    launch, as `vllm_device_pre_copy`.
     """
 
 def vllm_device_pre_copy(
     planner: Planner,
-    run: Callable[[RawBuffer, KernelLaunch | None], object] | None = None,
+    run: Callable[[RawBuffer, KernelLaunch | None, int], object] | None = None,
     *,
-    step_rows: tuple[int, int] | None = None,
-    tables: Sequence[_IntArray] | _IntArray,
-    num_computed: _IntArray,
-    num_scheduled: _IntArray,
-    mamba_state_idx: _IntArray | None = None,
-    state_col: _IntArray | None = None,
-    num_draft: _IntArray | None = None,
-    num_accepted: _IntArray | _Tensor,
-    fresh: _IntArray | None = None,
-    req_ids: Sequence[str] | None = None,
-    staging: _Tensor,
-    device_table: _Tensor | None = None,
+    max_num_reqs: int,
+    step: Any,
+    buffers: Callable[[int, int], tuple[_Tensor, _Tensor | None]],
     err: _Tensor,
-    num_accepted_out: _Tensor,
+    out: _Tensor,
+    device_tables: Sequence[_Tensor] | None = None,
+    prev_rows: _Tensor | None = None,
 ) -> tuple[RawBuffer, RawBuffer, KernelLaunch | None]:
-    """The pre-copy for the device: the host decides the columns (every check that needs no count;
-    with host counts every check), stages the step as int32 and packs the launch that reads it from
-    `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
-    launch), and the launch (`None` without requests). With `run`, one guarded write in this call:
-    after every check, `run(staged, launch)` queues the copy and the launch, and the states are
-    recorded as written.
+    """The pre-copy for the device of `step` (a `PreCopyInputs`): its requests checked against
+    `max_num_reqs` first; the host decides the columns (every check that needs no count; with host
+    counts every check), stages the step as int32 and packs the launch that reads it from the
+    staging buffer `buffers` returns; int64 device counts are narrowed to int32 on the device.
+    Returns `curr` (store it per request), the staged step (copy it into the staging buffer, then
+    launch), and the launch (`None` without requests); the counts after the reset are written to
+    `out[:rows]`. With `run`, one guarded write in this call: after every check,
+    `run(staged, launch, rows)` queues the copy and the launch, and the states are recorded as
+    written.
     """
 
 def vllm_post_process(
     planner: Planner,
     *,
+    host_only: str | None = None,
     tables: Sequence[_IntArray] | _IntArray,
     state_col: _IntArray,
     num_computed: _IntArray,
@@ -1521,11 +1512,14 @@ def vllm_post_process(
     block_size: int | None = None,
     num_spec_blocks: int | None = None,
 ) -> tuple[RawBuffer, CopyPlan]:
-    """The post-process decision (rows as `align_post_process`) and its plan."""
+    """The post-process decision (rows as `align_post_process`) and its plan; `host_only` as for
+    `vllm_pre_copy`.
+    """
 
 def vllm_pre_copy(
     planner: Planner,
     *,
+    host_only: str | None = None,
     tables: Sequence[_IntArray] | _IntArray,
     num_computed: _IntArray,
     num_scheduled: _IntArray,
@@ -1536,7 +1530,9 @@ def vllm_pre_copy(
     block_size: int | None = None,
     num_spec_blocks: int | None = None,
 ) -> tuple[RawBuffer, CopyPlan]:
-    """The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`."""
+    """The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
+    `host_only`: the caller's name for a call of the host path, refused on CUDA states.
+    """
 
 def vllm_request_values(
     req_ids: Sequence[str],

@@ -4,34 +4,36 @@
 //! int64 rows in one buffer that numpy views without a copy.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, args, items, kwargs, Arg, DeviceOf, Ints, RequestNames, Tables, Tensor};
+use super::conversion::{arg_error, args, items, kwargs, type_name, Arg, DeviceOf, Ints, RequestNames, Tables, Tensor};
 use super::launch::KernelLaunch;
 use super::params::with_params;
 use super::plan::CopyPlan;
 use super::planner::Planner;
 use super::tensor::{describe, Described};
 use crate::error::{Error, ErrorKind};
+use crate::kernels::args::check_group_tables;
 use crate::kernels::StepInputs;
 use crate::plan::GroupTable;
 use crate::tensor::TensorDesc;
 use crate::vllm::device_step::{self, StagedStep, Tables as TableSource};
 use crate::vllm::slots::{self, SlotTable};
 use crate::vllm::{self, decide, PostInputs, PreInputs, StepConfig};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyString, PyTuple};
 
 /// Accepted counts: a host vector (checked by the host decision) or a device tensor (read only by
 /// the kernel).
 pub(crate) enum Counts {
     Host(Vec<i64>),
-    Device(TensorDesc),
+    Device(TensorDesc, Py<PyAny>),
 }
 
 impl Arg for Counts {
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
         if let Described::Tensor(t) = describe(obj)? {
             if t.device().is_ok_and(|d| d.is_cuda()) {
-                return Ok(Counts::Device(t));
+                return Ok(Counts::Device(t, obj.clone().unbind()));
             }
         }
         Ints::arg(obj, name, kind).map(|v| Counts::Host(v.0))
@@ -42,7 +44,7 @@ impl Counts {
     fn host(&self) -> Option<&[i64]> {
         match self {
             Counts::Host(v) => Some(v),
-            Counts::Device(_) => None,
+            Counts::Device(..) => None,
         }
     }
 }
@@ -140,13 +142,17 @@ with_params! {
         Ok(pre_rows(&d))
     }
 
-    #[signature((planner: "Planner", *,) ..a -> "tuple[RawBuffer, CopyPlan]")]
+    #[signature((planner: "Planner", *, host_only: "str | None" = None,) ..a -> "tuple[RawBuffer, CopyPlan]")]
     /// The pre-copy decision (rows as `align_pre_copy`) and its plan over every group of `planner`.
+    /// `host_only`: the caller's name for a call of the host path, refused on CUDA states.
     #[pyfunction]
     #[pyo3(name = "vllm_pre_copy")]
-    fn pre_copy(planner: Bound<'_, Planner>,) -> PyResult<(RawBuffer, CopyPlan)> {
+    fn pre_copy(planner: Bound<'_, Planner>, host_only: Option<String>,) -> PyResult<(RawBuffer, CopyPlan)> {
         let fresh = fresh_mask(&a.fresh);
         let p = planner.get();
+        if let Some(what) = &host_only {
+            device_step::check_host_path(p.inner.device(), what)?;
+        }
         let step = vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) };
         let (d, plan) = vllm::pre_copy(&p.inner, &a.inputs(&fresh), &step)?;
         Ok((pre_rows(&d), CopyPlan::new(plan, planner.unbind())))
@@ -168,12 +174,16 @@ with_params! {
         Ok(post_rows(&d))
     }
 
-    #[signature((planner: "Planner", *,) ..a -> "tuple[RawBuffer, CopyPlan]")]
-    /// The post-process decision (rows as `align_post_process`) and its plan.
+    #[signature((planner: "Planner", *, host_only: "str | None" = None,) ..a -> "tuple[RawBuffer, CopyPlan]")]
+    /// The post-process decision (rows as `align_post_process`) and its plan; `host_only` as for
+    /// `vllm_pre_copy`.
     #[pyfunction]
     #[pyo3(name = "vllm_post_process")]
-    fn post_process(planner: Bound<'_, Planner>,) -> PyResult<(RawBuffer, CopyPlan)> {
+    fn post_process(planner: Bound<'_, Planner>, host_only: Option<String>,) -> PyResult<(RawBuffer, CopyPlan)> {
         let p = planner.get();
+        if let Some(what) = &host_only {
+            device_step::check_host_path(p.inner.device(), what)?;
+        }
         let step = vllm::HostStep { tables: &a.tables.views(), block_size: p.block_size()?, name: &|i| a.req_ids.name(i) };
         let (d, plan) = vllm::post_process(&p.inner, &a.inputs(), &step)?;
         Ok((post_rows(&d), CopyPlan::new(plan, planner.unbind())))
@@ -181,41 +191,55 @@ with_params! {
 }
 
 kwargs! {
-    /// A device half-step: the host vectors the host decides with, the accepted counts (host or
-    /// device), and where the kernel reads and writes: `staging` (the device int32 buffer the
-    /// returned staged step is copied into before the launch), optionally the engine's own
-    /// `[groups, R, cols]` device table, the error word and the counts' output; `step_rows`
-    /// (`(R, max_num_reqs)`), when given, checked first.
-    pub(crate) struct DeviceArgs (Plan) {
-        step_rows: Option<StepRows>,
+    /// A device pre-copy's vectors, read from its `PreCopyInputs` by position.
+    pub(crate) struct PreStep (Plan) {
         tables: Tables,
         num_computed: Ints,
         num_scheduled: Ints,
-        mamba_state_idx: Option<Ints>,
-        state_col: Option<Ints>,
-        num_draft: Option<Ints>,
-        num_accepted: Counts,
+        num_accepted: Option<Counts>,
+        mamba_state_idx: Ints,
         fresh: Option<Ints>,
         req_ids: RequestNames,
-        staging: Tensor,
-        device_table: Option<Tensor>,
-        err: Tensor,
-        num_accepted_out: Tensor,
     }
 }
 
-/// A device half-step's `(requests, max_num_reqs)`: the step's rows against its buffers', checked
-/// (`device_step::check_rows`) before any other argument is read.
-pub(crate) struct StepRows {
-    max_num_reqs: u64,
+kwargs! {
+    /// A device post-process's vectors, read from its `PostProcessInputs` by position.
+    pub(crate) struct PostStep (Plan) {
+        tables: Tables,
+        state_col: Ints,
+        num_computed: Ints,
+        num_scheduled: Ints,
+        num_draft: Ints,
+        num_accepted: Option<Counts>,
+        req_ids: RequestNames,
+    }
 }
 
-impl Arg for StepRows {
-    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
-        let (rows, max): (u64, u64) =
-            obj.extract().map_err(|_| arg_error(kind, format!("{name} must be (requests, max_num_reqs), two integers >= 0")))?;
-        device_step::check_rows(rows, max)?;
-        Ok(StepRows { max_num_reqs: max })
+/// An object passed through as it is (a half-step's inputs, a callback).
+pub(crate) struct Object(Py<PyAny>);
+
+impl Arg for Object {
+    fn arg(obj: &Bound<'_, PyAny>, _: &str, _: ErrorKind) -> PyResult<Self> {
+        Ok(Object(obj.clone().unbind()))
+    }
+}
+
+kwargs! {
+    /// A device half-step: its inputs (`step`, a `PreCopyInputs` / `PostProcessInputs`), the rows of
+    /// the step's buffers (`max_num_reqs`), and where the kernel reads and writes: `buffers(n, rows)`
+    /// returns the device int32 staging buffer (at least `n` elements) and the engine's device tables
+    /// stacked (`[groups, rows, cols]`, when `device_tables` are given), `err` the error word, `out`
+    /// the `int32 [3 * max_num_reqs]` counts (the pre-copy's, the post-process's, the remapped), and
+    /// `prev_rows` a pre-copy's alternative to `num_accepted` (remapped into `out`).
+    pub(crate) struct DeviceArgs (Plan) {
+        max_num_reqs: u64,
+        step: Object,
+        buffers: Object,
+        err: Tensor,
+        out: Tensor,
+        device_tables: Option<Vec<Tensor>>,
+        prev_rows: Option<Tensor>,
     }
 }
 
@@ -224,93 +248,145 @@ macro_rules! device_half_params {
     ($($items:tt)*) => {
         $crate::python::params::with_params! {
             ($crate::python::vllm::DeviceArgs {
-                step_rows: "tuple[int, int] | None" = None, tables: "Sequence[_IntArray] | _IntArray", num_computed: "_IntArray",
-                num_scheduled: "_IntArray", mamba_state_idx: "_IntArray | None" = None, state_col: "_IntArray | None" = None,
-                num_draft: "_IntArray | None" = None, num_accepted: "_IntArray | _Tensor", fresh: "_IntArray | None" = None,
-                req_ids: "Sequence[str] | None" = None, staging: "_Tensor", device_table: "_Tensor | None" = None,
-                err: "_Tensor", num_accepted_out: "_Tensor",
+                max_num_reqs: "int", step: "Any", buffers: "Callable[[int, int], tuple[_Tensor, _Tensor | None]]", err: "_Tensor",
+                out: "_Tensor", device_tables: "Sequence[_Tensor] | None" = None, prev_rows: "_Tensor | None" = None,
             })
             $($items)*
         }
     };
 }
 
-/// A dense int32 view of `len` elements at element `offset` of the staging buffer.
-fn staged_view(staging: &TensorDesc, offset: usize, shape: &[i64]) -> TensorDesc {
-    TensorDesc::dense(staging.data_ptr + 4 * offset as u64, "int32", shape, &staging.device)
+/// A dense int32 view of `len` elements at element `offset` of a device buffer.
+fn staged_view(buf: &TensorDesc, offset: usize, shape: &[i64]) -> TensorDesc {
+    TensorDesc::dense(buf.data_ptr + 4 * offset as u64, "int32", shape, &buf.device)
 }
 
-/// The staged step's launch: the table (staged, or the engine's device table), then the vectors.
-fn launch(p: &Planner, a: &DeviceArgs, st: &StagedStep, pre_copy: bool) -> PyResult<Option<KernelLaunch>> {
-    let s = &a.staging.0;
-    let need = st.data.len();
-    if s.dtype_name() != "int32" || s.shape.len() != 1 || s.shape[0] < need as i64 || (s.shape[0] > 1 && s.strides[0] != 4) {
-        return Err(Error::plan(format!(
-            "staging must be a contiguous int32 vector of at least {need} elements, got {} {:?}",
-            s.dtype_name(),
-            s.shape
-        ))
-        .into());
+/// Checks that `t` is a contiguous int32 vector of at least `need` elements (`name` in the error).
+fn check_i32_vector(t: &TensorDesc, need: usize, name: &str) -> PyResult<()> {
+    if t.dtype_name() != "int32" || t.shape.len() != 1 || t.shape[0] < need as i64 || (t.shape[0] > 1 && t.strides[0] != 4) {
+        let msg = format!("{name} must be a contiguous int32 vector of at least {need} elements, got {} {:?}", t.dtype_name(), t.shape);
+        return Err(Error::plan(msg).into());
     }
-    let (r, n) = (st.rows as i64, st.table_len());
-    let table = match &a.device_table {
-        Some(t) => t.0.clone(),
-        None => staged_view(s, 0, &[st.groups as i64, r, st.cols as i64]),
-    };
-    let (first, second) = (staged_view(s, n, &[r]), staged_view(s, n + st.rows, &[r]));
-    let staged_counts;
-    let counts = match &a.num_accepted {
-        Counts::Device(t) => t,
-        Counts::Host(_) => {
-            staged_counts = staged_view(s, n + 2 * st.rows, &[r]);
-            &staged_counts
-        }
-    };
-    let block_size = if pre_copy { None } else { Some(p.block_size()?) };
-    let inputs = StepInputs {
-        block_table: &table,
-        src_col: &first,
-        second: &second,
-        num_accepted: counts,
-        num_accepted_out: Some(&a.num_accepted_out.0),
-        err: Some(&a.err.0),
-        block_size,
-    };
-    p.fused_launch(&inputs, pre_copy)
+    Ok(())
 }
 
-/// `(vector, staged step, launch)` of a device half-step.
-type DeviceHalf = (RawBuffer, Py<RawBuffer>, Option<Py<KernelLaunch>>);
-
-fn required<'a>(v: &'a Option<Ints>, name: &str) -> PyResult<&'a [i64]> {
-    v.as_ref().map(|v| v.0.as_slice()).ok_or_else(|| arg_error(ErrorKind::Plan, format!("missing argument '{name}'")))
+/// The half-step's inputs (`step`) by position: `len(fields)` items, its class named in the error.
+fn step_items<'py>(step: &Bound<'py, PyAny>, fields: &[&str], of: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let items = step.cast::<PyTuple>().ok().filter(|t| t.len() == fields.len()).map(|t| t.iter().collect());
+    items.ok_or_else(|| arg_error(ErrorKind::Plan, format!("step must be a {of} ({} fields), got {}", fields.len(), type_name(step))))
 }
 
-/// One device half-step: `stage` decides and stages it from the core's [`device_step::Stage`]
-/// (the host tables, the planner's configuration), then the bound tensors are checked and the
-/// launch is packed (`pre_copy`: pre-copy semantics). With `run`, the guarded write happens here
-/// too: `run(staged, launch)` (copy the staged step to the device, launch) and the states recorded
-/// as written, in this call.
+/// The requests of a half-step (`len` of its first vector, `first`), checked against the step's
+/// `max_num_reqs` before anything else of the step is read.
+fn step_rows(first: &Bound<'_, PyAny>, name: &str, max_num_reqs: u64) -> PyResult<usize> {
+    let rows = first.len().map_err(|e| arg_error(ErrorKind::Plan, format!("{name}: {e}")))?;
+    device_step::check_rows(rows as u64, max_num_reqs)?;
+    Ok(rows)
+}
+
+/// A half-step's vectors for [`device_half`]: the host tables, the accepted counts (host, device,
+/// or `None` for a pre-copy remapping `prev_rows`) and the request names.
+struct HalfInputs<'a> {
+    rows: usize,
+    tables: &'a Tables,
+    counts: Option<&'a Counts>,
+    req_ids: &'a RequestNames,
+}
+
+/// `t` narrowed to int32 on its device when it is a torch int64 tensor (`t.to(torch.int32)`,
+/// queued on the current stream), else `None`: the kernel reads int32 counts.
+fn narrowed(obj: &Bound<'_, PyAny>, t: &TensorDesc) -> PyResult<Option<(Py<PyAny>, TensorDesc)>> {
+    if t.dtype != "torch.int64" {
+        return Ok(None);
+    }
+    let py = obj.py();
+    let int32 = py.import(intern!(py, "torch"))?.getattr(intern!(py, "int32"))?;
+    let n = obj.call_method1(intern!(py, "to"), (int32,))?;
+    match describe(&n)? {
+        Described::Tensor(d) => Ok(Some((n.unbind(), d))),
+        _ => Err(Error::plan("num_accepted: the int32 copy of the counts is not a tensor").into()),
+    }
+}
+
+/// One device half-step (`pre_copy`: pre-copy semantics): the requests checked against
+/// `max_num_reqs`, the step's vectors converted, the engine's device tables and `prev_rows`
+/// checked, then `stage` decides and stages it from the core's [`device_step::Stage`]; `buffers`
+/// gives the staging buffer (sized for `max_num_reqs`) and the stacked device tables, the counts
+/// are narrowed to int32 on the device where needed, and the launch is packed. With `run`, the
+/// guarded write happens here too: `run(staged, launch, rows)` (copy the staged step to the
+/// device, launch) and the states recorded as written, in this call.
 fn device_half<T>(
     planner: &Bound<'_, Planner>,
     a: &DeviceArgs,
+    inp: HalfInputs<'_>,
     pre_copy: bool,
     run: Option<&Bound<'_, PyAny>>,
     stage: impl FnOnce(&device_step::Stage<'_>) -> crate::error::Result<(T, StagedStep)>,
 ) -> PyResult<(T, Py<RawBuffer>, Option<Py<KernelLaunch>>)> {
     let p = planner.get();
     let py = planner.py();
-    let tables: Vec<GroupTable<'_>> = a.tables.views();
-    let from = if a.device_table.is_some() { TableSource::OnDevice } else { TableSource::Staged };
-    let cfg = vllm::config(&p.inner, p.block_size()?);
-    let name = |i| a.req_ids.name(i);
-    let (out, st) = stage(&device_step::Stage { host_counts: a.num_accepted.host().is_some(), tables: &tables, cfg: &cfg, name: &name, from })?;
-    if let Some(limit) = &a.step_rows {
-        device_step::check_rows(st.rows as u64, limit.max_num_reqs)?; // the rows the core staged, too
+    let device = p.inner.device();
+    let (rows, tables): (usize, Vec<GroupTable<'_>>) = (inp.rows, inp.tables.views());
+    if let Some(dt) = &a.device_tables {
+        let dt: Vec<TensorDesc> = dt.iter().map(|t| t.0.clone()).collect();
+        check_group_tables(device, &dt, p.inner.num_groups() as u32, rows as u64)?;
     }
-    let mut st = st;
+    if let Some(prev) = &a.prev_rows {
+        if !pre_copy {
+            return Err(Error::plan("prev_rows remaps the counts of a pre-copy; a post-process takes this step's num_accepted").into());
+        }
+        device_step::check_prev_rows(device, &prev.0, rows as u64, inp.counts.is_some())?;
+    }
+    let counts = match (inp.counts, &a.prev_rows) {
+        (None, None) => {
+            let msg = "num_accepted is None: pass the counts (a host vector or a CUDA tensor), or prev_rows to remap last step's";
+            return Err(arg_error(ErrorKind::Plan, msg.into()));
+        }
+        (counts, _) => counts,
+    };
+    let host_counts = matches!(counts, Some(Counts::Host(_)));
+    let from = if a.device_tables.is_some() { TableSource::OnDevice } else { TableSource::Staged };
+    let cfg = vllm::config(&p.inner, p.block_size()?);
+    let name = |i| inp.req_ids.name(i);
+    let (vector, mut st) = stage(&device_step::Stage { host_counts, tables: &tables, cfg: &cfg, name: &name, from })?;
+    let m = a.max_num_reqs as usize;
+    check_i32_vector(&a.out.0, 3 * m, "out")?;
+    // The staging buffer holds a step of max_num_reqs requests: its table and three vectors.
+    let need = (st.groups * st.cols + 3) * m;
+    let (staging, table): (Bound<'_, PyAny>, Bound<'_, PyAny>) = a.buffers.0.bind(py).call1((need, rows))?.extract()?;
+    let staging = Tensor::arg(&staging, "staging", ErrorKind::Plan)?.0;
+    check_i32_vector(&staging, need.max(st.data.len()), "staging")?;
+    let table = match (&a.device_tables, table.is_none()) {
+        (Some(_), false) => Tensor::arg(&table, "the stacked device tables", ErrorKind::Plan)?.0,
+        (Some(_), true) => return Err(Error::plan("buffers returned no stacked device tables").into()),
+        (None, _) => staged_view(&staging, 0, &[st.groups as i64, rows as i64, st.cols as i64]),
+    };
+    let (r, n) = (rows as i64, st.table_len());
+    let (first, second) = (staged_view(&staging, n, &[r]), staged_view(&staging, n + rows, &[r]));
+    let mut _keep = None; // the narrowed counts, alive until the launch is queued
+    let counts = match counts {
+        None => staged_view(&a.out.0, 2 * m, &[r]),
+        Some(Counts::Host(_)) => staged_view(&staging, n + 2 * rows, &[r]),
+        Some(Counts::Device(t, obj)) => match narrowed(obj.bind(py), t)? {
+            Some((keep, d)) => {
+                _keep = Some(keep);
+                d
+            }
+            None => t.clone(),
+        },
+    };
+    let counts_out = staged_view(&a.out.0, if pre_copy { 0 } else { m }, &[r]);
+    let inputs = StepInputs {
+        block_table: &table,
+        src_col: &first,
+        second: &second,
+        num_accepted: &counts,
+        num_accepted_out: Some(&counts_out),
+        err: Some(&a.err.0),
+        block_size: if pre_copy { None } else { Some(p.block_size()?) },
+    };
     let mut build = || -> PyResult<(Py<RawBuffer>, Option<Py<KernelLaunch>>)> {
-        let l = launch(p, a, &st, pre_copy)?.map(|l| Py::new(py, l)).transpose()?;
+        let l = p.fused_launch(&inputs, pre_copy)?.map(|l| Py::new(py, l)).transpose()?;
         Ok((Py::new(py, RawBuffer::new(std::mem::take(&mut st.data)))?, l))
     };
     let (staged, l) = match run {
@@ -320,54 +396,79 @@ fn device_half<T>(
         }
         Some(run) => p.write(py, || {
             let (staged, l) = build()?;
-            run.call1((staged.clone_ref(py), l.as_ref().map(|l| l.clone_ref(py))))?;
+            run.call1((staged.clone_ref(py), l.as_ref().map(|l| l.clone_ref(py)), rows))?;
             Ok((staged, l))
         })?,
     };
-    Ok((out, staged, l))
+    Ok((vector, staged, l))
 }
 
+/// `(vector, staged step, launch)` of a device half-step.
+type DeviceHalf = (RawBuffer, Py<RawBuffer>, Option<Py<KernelLaunch>>);
+
+const PRE_FIELDS: [&str; 7] = ["tables", "num_computed", "num_scheduled", "num_accepted", "mamba_state_idx", "fresh", "req_ids"];
+const POST_FIELDS: [&str; 7] = ["tables", "state_col", "num_computed", "num_scheduled", "num_draft", "num_accepted", "req_ids"];
+
 device_half_params! {
-#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
-/// The pre-copy for the device: the host decides the columns (every check that needs no count;
-/// with host counts every check), stages the step as int32 and packs the launch that reads it from
-/// `staging`. Returns `curr` (store it per request), the staged step (copy it into `staging`, then
-/// launch), and the launch (`None` without requests). With `run`, one guarded write in this call:
-/// after every check, `run(staged, launch)` queues the copy and the launch, and the states are
-/// recorded as written.
+#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None, int], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
+/// The pre-copy for the device of `step` (a `PreCopyInputs`): its requests checked against
+/// `max_num_reqs` first; the host decides the columns (every check that needs no count; with host
+/// counts every check), stages the step as int32 and packs the launch that reads it from the
+/// staging buffer `buffers` returns; int64 device counts are narrowed to int32 on the device.
+/// Returns `curr` (store it per request), the staged step (copy it into the staging buffer, then
+/// launch), and the launch (`None` without requests); the counts after the reset are written to
+/// `out[:rows]`. With `run`, one guarded write in this call: after every check,
+/// `run(staged, launch, rows)` queues the copy and the launch, and the states are recorded as
+/// written.
 #[pyfunction]
 #[pyo3(name = "vllm_device_pre_copy")]
 fn device_pre_copy(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>,) -> PyResult<DeviceHalf> {
-    let fresh = fresh_mask(&a.fresh);
-    let host = a.num_accepted.host();
+    let step = a.step.0.bind(planner.py());
+    let it = step_items(step, &PRE_FIELDS, "PreCopyInputs")?;
+    let rows = step_rows(&it[1], "num_computed", a.max_num_reqs)?;
+    let s = PreStep::convert(Some(&it[0]), Some(&it[1]), Some(&it[2]), opt(&it[3]), Some(&it[4]), Some(&it[5]), Some(&it[6]))?;
+    let fresh = fresh_mask(&s.fresh);
+    let host = s.num_accepted.as_ref().and_then(Counts::host);
     let inp = PreInputs {
-        num_computed: &a.num_computed.0,
-        num_scheduled: &a.num_scheduled.0,
+        num_computed: &s.num_computed.0,
+        num_scheduled: &s.num_scheduled.0,
         num_accepted: host.unwrap_or(&[]),
-        mamba_state_idx: required(&a.mamba_state_idx, "mamba_state_idx")?,
+        mamba_state_idx: &s.mamba_state_idx.0,
         fresh: fresh.as_deref(),
     };
-    let (cols, st, l) = device_half(&planner, &a, true, run.as_ref(), |at| device_step::stage_pre_copy_checked(&planner.get().inner, &inp, at))?;
+    let half = HalfInputs { rows, tables: &s.tables, counts: s.num_accepted.as_ref(), req_ids: &s.req_ids };
+    let (cols, st, l) = device_half(&planner, &a, half, true, run.as_ref(), |at| device_step::stage_pre_copy_checked(&planner.get().inner, &inp, at))?;
     Ok((RawBuffer::new(cols.curr), st, l))
 }
 
-#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
-/// The post-process for the device (decided by the kernel from the counts): returns `running`,
-/// the staged step and the launch, as `device_pre_copy`.
+#[signature((planner: "Planner", run: "Callable[[RawBuffer, KernelLaunch | None, int], object] | None" = None, *,) ..a -> "tuple[RawBuffer, RawBuffer, KernelLaunch | None]")]
+/// The post-process for the device of `step` (a `PostProcessInputs`; decided by the kernel from
+/// the counts, written to `out[max_num_reqs:][:rows]`): returns `running`, the staged step and the
+/// launch, as `vllm_device_pre_copy`.
 #[pyfunction]
 #[pyo3(name = "vllm_device_post_process")]
 fn device_post_process(planner: Bound<'_, Planner>, run: Option<Bound<'_, PyAny>>,) -> PyResult<DeviceHalf> {
-    let host = a.num_accepted.host();
+    let step = a.step.0.bind(planner.py());
+    let it = step_items(step, &POST_FIELDS, "PostProcessInputs")?;
+    let rows = step_rows(&it[1], "state_col", a.max_num_reqs)?;
+    let s = PostStep::convert(Some(&it[0]), Some(&it[1]), Some(&it[2]), Some(&it[3]), Some(&it[4]), opt(&it[5]), Some(&it[6]))?;
+    let host = s.num_accepted.as_ref().and_then(Counts::host);
     let inp = PostInputs {
-        state_col: required(&a.state_col, "state_col")?,
-        num_computed: &a.num_computed.0,
-        num_scheduled: &a.num_scheduled.0,
-        num_draft: required(&a.num_draft, "num_draft")?,
+        state_col: &s.state_col.0,
+        num_computed: &s.num_computed.0,
+        num_scheduled: &s.num_scheduled.0,
+        num_draft: &s.num_draft.0,
         num_accepted: host.unwrap_or(&[]),
     };
-    let (running, st, l) = device_half(&planner, &a, false, run.as_ref(), |at| device_step::stage_post_process_checked(&planner.get().inner, &inp, at))?;
+    let half = HalfInputs { rows, tables: &s.tables, counts: s.num_accepted.as_ref(), req_ids: &s.req_ids };
+    let (running, st, l) = device_half(&planner, &a, half, false, run.as_ref(), |at| device_step::stage_post_process_checked(&planner.get().inner, &inp, at))?;
     Ok((RawBuffer::new(running), st, l))
 }
+}
+
+/// `Some(obj)`, or `None` for Python's `None` (an optional field left out).
+fn opt<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Option<&'a Bound<'py, PyAny>> {
+    (!obj.is_none()).then_some(obj)
 }
 
 kwargs! {

@@ -131,29 +131,41 @@ fn check_tables(tables: &[GroupTable<'_>], r: usize) -> Result<()> {
 }
 
 /// Checks that column `col` (and the `extra` columns after it) of request `i` lie inside every
-/// group's row and hold live (non-null, in-range) blocks.
-fn check_live(tables: &[GroupTable<'_>], i: usize, col: i64, extra: i64, what: &str, name: &dyn Fn(usize) -> String) -> Result<()> {
+/// group's row and hold live (non-null, in-range) blocks; `what` names the columns in the error.
+#[inline]
+fn check_live(tables: &[GroupTable<'_>], i: usize, col: i64, extra: i64, what: &dyn Fn() -> String, name: &dyn Fn(usize) -> String) -> Result<()> {
     for (g, t) in tables.iter().enumerate() {
         let last = col + extra;
         if col < 0 || last >= t.cols as i64 {
-            return Err(Error::plan(format!(
-                "{}: {what}: columns {col} ..= {last} are outside group {g}'s block-table row ({} columns)",
-                name(i),
-                t.cols
-            )));
+            return Err(outside_row(tables, g, i, col, last, what, name));
         }
-        for c in col..=last {
-            let id = t.ids[i * t.cols + c as usize];
-            if id <= NULL_BLOCK {
-                return Err(Error::plan(format!(
-                    "{}: {what}: group {g}'s block table holds {} at column {c}, not a live state block",
-                    name(i),
-                    if id == NULL_BLOCK { "the null block 0".to_string() } else { format!("block id {id}") }
-                )));
-            }
+        let row = &t.ids[i * t.cols..(i + 1) * t.cols];
+        if row[col as usize..=last as usize].iter().any(|&id| id <= NULL_BLOCK) {
+            return Err(not_live(tables, g, i, col, last, what, name));
         }
     }
     Ok(())
+}
+
+#[cold]
+fn outside_row(
+    tables: &[GroupTable<'_>],
+    g: usize,
+    i: usize,
+    col: i64,
+    last: i64,
+    what: &dyn Fn() -> String,
+    name: &dyn Fn(usize) -> String,
+) -> Error {
+    Error::plan(format!("{}: {}: columns {col} ..= {last} are outside group {g}'s block-table row ({} columns)", name(i), what(), tables[g].cols))
+}
+
+#[cold]
+fn not_live(tables: &[GroupTable<'_>], g: usize, i: usize, col: i64, last: i64, what: &dyn Fn() -> String, name: &dyn Fn(usize) -> String) -> Error {
+    let t = &tables[g];
+    let (c, id) = (col..=last).map(|c| (c, t.ids[i * t.cols + c as usize])).find(|&(_, id)| id <= NULL_BLOCK).unwrap_or((col, NULL_BLOCK));
+    let held = if id == NULL_BLOCK { "the null block 0".to_string() } else { format!("block id {id}") };
+    Error::plan(format!("{}: {}: group {g}'s block table holds {held} at column {c}, not a live state block", name(i), what()))
 }
 
 /// The pre-copy's columns of every request, decided without the accepted counts: what the host
@@ -193,19 +205,11 @@ fn pre_columns_of(i: usize, inp: &PreInputs<'_>, tables: &[GroupTable<'_>], cfg:
     }
     let prev = if run >= 0 { run } else { (c - 1).div_euclid(bs) };
     let curr = (c + n + bs - 1).div_euclid(bs) - 1;
-    check_live(tables, i, curr, nsb, "the step's running and speculative columns", name)?;
+    check_live(tables, i, curr, nsb, &|| "the step's running and speculative columns".into(), name)?;
     if run < 0 && c > 0 {
-        check_live(
-            tables,
-            i,
-            prev,
-            0,
-            &format!(
-                "prefix-cache hit of {c} computed tokens without a recurrent state at column {prev} \
-                 ((num_computed - 1) // block_size)"
-            ),
-            name,
-        )?;
+        let what =
+            || format!("prefix-cache hit of {c} computed tokens without a recurrent state at column {prev} ((num_computed - 1) // block_size)");
+        check_live(tables, i, prev, 0, &what, name)?;
     }
     Ok((prev, curr))
 }
@@ -263,7 +267,7 @@ pub fn pre_copy(inp: &PreInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepConfig
         let copy = prev >= 0;
         let bias = if copy { a - 1 } else { 0 };
         if copy {
-            check_live(tables, i, prev, bias, "the running state's source columns (prev ..= prev + num_accepted - 1)", name)?;
+            check_live(tables, i, prev, bias, &|| "the running state's source columns (prev ..= prev + num_accepted - 1)".into(), name)?;
         }
         d.bias.push(bias);
         d.num_accepted.push(if copy { 1 } else { a });
@@ -353,8 +357,8 @@ pub fn post_process(inp: &PostInputs<'_>, tables: &[GroupTable<'_>], cfg: &StepC
         }
         let PostSave { aligned, dest, bias, in_place, copy } = post_save(s, running, a, bs);
         if copy {
-            check_live(tables, i, s, bias, "the running state's columns (state_col ..= state_col + bias)", name)?;
-            check_live(tables, i, dest, 0, "the boundary column that saves the aligned state", name)?;
+            check_live(tables, i, s, bias, &|| "the running state's columns (state_col ..= state_col + bias)".into(), name)?;
+            check_live(tables, i, dest, 0, &|| "the boundary column that saves the aligned state".into(), name)?;
         }
         d.running.push(running);
         d.aligned.push(aligned);

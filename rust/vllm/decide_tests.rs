@@ -68,6 +68,15 @@ fn pre_copy_rejects_a_window_outside_or_null() {
     bt[2] = 0;
     let e = pre(&[10], &[3], &[3], &[1], &bt, 8).unwrap_err();
     assert!(e.message.contains("source columns") && e.message.contains("column 2"), "{}", e.message);
+    // The first dead column of the window is named, in the first group holding one.
+    let (g0, mut g1) = (dense(1, 8), dense(1, 8));
+    (g1[6], g1[7]) = (-3, 0);
+    let inp = PreInputs { num_computed: &[20], num_scheduled: &[4], num_accepted: &[1], mamba_state_idx: &[4], fresh: None };
+    let e = pre_copy(&inp, &[GroupTable { ids: &g0, cols: 8 }, GroupTable { ids: &g1, cols: 8 }], &CFG, &row_name).unwrap_err();
+    assert_eq!(
+        e.message,
+        "request 0: the step's running and speculative columns: group 1's block table holds block id -3 at column 6, not a live state block"
+    );
 }
 
 fn post(s: &[i64], c: &[i64], n: &[i64], dr: &[i64], a: &[i64]) -> Result<PostDecision> {

@@ -134,6 +134,16 @@ fn narrow(x: i64, what: &dyn Fn() -> String) -> Result<i32> {
     i32::try_from(x).map_err(|_| Error::plan(format!("{} = {x} does not fit the kernel's int32", what())))
 }
 
+/// Appends `v` narrowed to int32 to `data`: one pass that checks every value fits, then a plain
+/// copy; the first value that does not fit (in order) is the error, `what(index)` naming it.
+fn push_narrowed(data: &mut Vec<i32>, v: &[i64], what: &dyn Fn(usize) -> String) -> Result<()> {
+    if let Some(k) = v.iter().position(|&x| i32::try_from(x).is_err()) {
+        return narrow(v[k], &|| what(k)).map(|_| ());
+    }
+    data.extend(v.iter().map(|&x| x as i32));
+    Ok(())
+}
+
 /// Stages the first `rows` rows of every group's table (when `with_table`) and the `vectors`
 /// (each `rows` long) as int32. Errors name the group, request (`name`) and column, or the vector
 /// and request, of a value outside int32, and a vector of another length.
@@ -153,19 +163,32 @@ pub fn stage(
         if t.cols == 0 || t.ids.len() < rows * t.cols {
             return Err(Error::plan(format!("group {g}: the block table has {} ids, fewer than {rows} rows of {} columns", t.ids.len(), t.cols)));
         }
-        for r in 0..rows {
-            for (c, &id) in t.ids[r * t.cols..(r + 1) * t.cols].iter().enumerate() {
-                data.push(narrow(id, &|| format!("{}: group {g}'s block table, column {c}: block id", name(r)))?);
-            }
+        let what = |k: usize| format!("{}: group {g}'s block table, column {}: block id", name(k / t.cols), k % t.cols);
+        let ids = &t.ids[..rows * t.cols];
+        if t.cols == cols {
+            push_narrowed(&mut data, ids, &what)?;
+            continue;
+        }
+        for (r, row) in ids.chunks_exact(t.cols).enumerate() {
+            push_narrowed(&mut data, row, &|c| what(r * t.cols + c))?;
             data.resize(data.len() + (cols - t.cols), 0);
         }
     }
     for (vec_name, v) in vectors {
-        for (r, &x) in v.iter().enumerate() {
-            data.push(narrow(x, &|| format!("{}: {vec_name}", name(r)))?);
-        }
+        push_narrowed(&mut data, v, &|r| format!("{}: {vec_name}", name(r)))?;
     }
     Ok(StagedStep { data, groups, rows, cols })
+}
+
+/// Checks that a host-path call (`what`, the caller's name for it) has host states: on CUDA states
+/// the step runs on the device (`preprocess` / `postprocess`, or the device half-steps).
+pub fn check_host_path(device: &Device, what: &str) -> Result<()> {
+    if device.is_cuda() {
+        return Err(Error::plan(format!(
+            "{what} runs the host path, but the states are on {device}: use preprocess / postprocess, or device_step.launch"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks a device half-step's `rows` requests against the step's `max_num_reqs` (the rows of its
@@ -205,6 +228,13 @@ pub fn check_prev_rows(device: &Device, prev_rows: &TensorDesc, rows: u64, num_a
 mod tests {
     use super::super::decide::row_name;
     use super::*;
+
+    #[test]
+    fn the_host_path_needs_host_states() {
+        assert_eq!(check_host_path(&Device::Cpu, "pre_copy"), Ok(()));
+        let e = check_host_path(&Device::Cuda(1), "post_process").unwrap_err();
+        assert_eq!(e.message, "post_process runs the host path, but the states are on cuda:1: use preprocess / postprocess, or device_step.launch");
+    }
 
     #[test]
     fn a_step_fits_its_buffers() {
@@ -287,6 +317,11 @@ mod tests {
         assert_eq!(s.data, vec![1, 2, 3, 4, 5, 6, 10, 11, 0, 12, 13, 0, 0, -1, 1, 2]);
         let v = stage(&t, 2, &[("running", &[5, 6])], false, &row_name).unwrap();
         assert_eq!((v.table_len(), v.data), (0, vec![5, 6]));
+        // A value beyond int32 in a padded (narrower) group is named by its own row and column.
+        let g1: Vec<i64> = vec![10, 11, 12, 1 << 40, 14, 15];
+        let t = [GroupTable { ids: &g0, cols: 3 }, GroupTable { ids: &g1, cols: 2 }];
+        let e = stage(&t, 2, &[], true, &row_name).unwrap_err();
+        assert_eq!(e.message, "request 1: group 1's block table, column 1: block id = 1099511627776 does not fit the kernel's int32");
     }
 
     #[test]

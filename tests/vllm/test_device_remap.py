@@ -108,9 +108,15 @@ def test_prev_rows_checks(fake_ops, recorder):
         (None, fake([0.0], torch.float32), "prev_rows: expected an int32 or int64 tensor"),
         (None, fake(np.zeros(0, np.int64)), "1 at least"),
         (None, FakeCuda(torch.zeros(1, dtype=torch.int32), 1), "prev_rows is on cuda:1"),
+        (None, None, "num_accepted is None: pass the counts"),
     ]:
         with pytest.raises(PlanError, match=msg):
             step.launch(args._replace(num_accepted=given), prev_rows=prev_rows)
+    post = PostProcessInputs(table, np.array([1]), np.array([4]), np.array([1]), np.array([0]), fake([1]))
+    with pytest.raises(PlanError, match="prev_rows remaps the counts of a pre-copy"):
+        step.launch(post, prev_rows=fake([0]))
+    with pytest.raises(PlanError, match="step must be a PostProcessInputs \\(7 fields\\), got tuple"):
+        step.launch((table, [1]))
     assert not recorder.calls, "nothing is launched on a refused step"
     # No post-process yet: every row is new and reads 1.
     step.launch(args, prev_rows=fake([3]))

@@ -117,17 +117,23 @@ def fields(step: PreCopyInputs | PostProcessInputs) -> dict[str, Any]:
 
 
 @overload
-def plan(planner: Planner, step: PreCopyInputs) -> tuple[PreCopyDecision, CopyPlan]: ...
+def plan(planner: Planner, step: PreCopyInputs, host_only: str | None = None) -> tuple[PreCopyDecision, CopyPlan]: ...
 @overload
-def plan(planner: Planner, step: PostProcessInputs) -> tuple[PostProcessDecision, CopyPlan]: ...
-def plan(planner: Planner, step: PreCopyInputs | PostProcessInputs) -> tuple[Any, CopyPlan]:
+def plan(
+    planner: Planner, step: PostProcessInputs, host_only: str | None = None
+) -> tuple[PostProcessDecision, CopyPlan]: ...
+def plan(
+    planner: Planner, step: PreCopyInputs | PostProcessInputs, host_only: str | None = None
+) -> tuple[Any, CopyPlan]:
     """The decision for ``step`` (the half by its kind) and its copies over every group of
     ``planner``, in one call into the core; run them with :meth:`CopyPlan.execute
-    <recoverssm_rs.CopyPlan.execute>`."""
+    <recoverssm_rs.CopyPlan.execute>`. ``host_only``: the caller's name for a host-path call, a
+    :class:`~recoverssm_rs.PlanError` on CUDA states."""
     from ..planner import CopyPlan
 
     pre = isinstance(step, PreCopyInputs)
-    raw, copies = (_core.vllm_pre_copy if pre else _core.vllm_post_process)(planner.core, **fields(step))
+    half = _core.vllm_pre_copy if pre else _core.vllm_post_process
+    raw, copies = half(planner.core, host_only=host_only, **fields(step))
     d = decision(raw, PreCopyDecision) if pre else decision(raw, PostProcessDecision)
     return d, CopyPlan(copies, planner)
 

@@ -16,9 +16,8 @@ from .. import _core
 from .._core import ErrorWord, VllmSlots
 from ..cuda import module, ops
 from ..engine import EngineAdapter, ErrorWordBuffer
-from ..errors import PlanError, _reading
 from ..plan_format import records
-from .decide import PostProcessInputs, PreCopyInputs, fields
+from .decide import PostProcessInputs, PreCopyInputs
 
 if TYPE_CHECKING:
     from ..planner import Planner
@@ -50,27 +49,8 @@ class DeviceStep(EngineAdapter):
         self._out: Any = None  # int32 [3 * max_num_reqs]: the pre-copy's counts, the post-process's, the remapped
         self.error = ErrorWordBuffer(self.index)
         """The step's error word (zeroed by each pre-copy)."""
-        self._staging: Any = None  # int32 device buffer the staged step is copied into
+        self._staging: Any = None  # int32 device buffer the staged step is copied into (sized by the core)
         self._post_rows = 0  # the requests of the last post-process (the rows prev_rows index)
-
-    def _stage(self, tables: Sequence[Any], rows: int, device_tables: Sequence[Any] | None) -> tuple[Any, Any]:
-        """The staging buffer for ``max_num_reqs`` requests of the tables' width (allocated again
-        only for wider tables), and the engine's device tables stacked on the device when given."""
-        if self._out is None:
-            self.planner.device_path("the device step")  # the state table and the planner's word; compiled at launch
-            self._out = ops.cuda_ops.zeros_i32(3 * self.max_num_reqs, self.index)
-        per_row, table = 3, None  # the vectors of a half-step, then the staged tables
-        if device_tables is None:
-            per_row += len(tables) * max((np.shape(t)[1] for t in tables), default=0)
-        else:
-            devs = list(device_tables)
-            _core.check_device_tables(
-                device=self.placement.name, tables=devs, groups=self.planner.num_groups, rows=rows
-            )
-            table = ops.cuda_ops.stack_rows(devs, rows, self.index)
-        if self._staging is None or self._staging.shape[0] < per_row * self.max_num_reqs:
-            self._staging = ops.cuda_ops.empty_i32(per_row * self.max_num_reqs, self.index)
-        return self._staging, table
 
     def launch(
         self,
@@ -103,53 +83,39 @@ class DeviceStep(EngineAdapter):
             PlanError: naming the request, before anything is queued.
         """
         pre = isinstance(step, PreCopyInputs)
-        kw = fields(step)
-        first = "num_computed" if pre else "state_col"  # the vector that gives the requests
-        with _reading(first, PlanError):
-            rows = len(kw[first])
-        staging, table = self._stage(kw["tables"], rows, device_tables)
-        out, m = self._out, self.max_num_reqs
-        counts = out[:rows] if pre else out[m : m + rows]
-        acc = kw["num_accepted"]
-        if prev_rows is not None:
-            given = acc is not None
-            _core.vllm_check_prev_rows(
-                device=self.placement.name, prev_rows=prev_rows, rows=rows, num_accepted_given=given
-            )
-            acc = out[2 * m : 2 * m + rows]
-        elif "cuda" in str(getattr(acc, "device", "")) and str(getattr(acc, "dtype", "")) in ("torch.int64", "int64"):
-            acc = acc.to(ops.cuda_ops.torch().int32)  # device counts narrowed on the device (the core checks the rest)
-        kw["num_accepted"] = acc
-        cuda, ts = ops.cuda_ops, self.stream(stream)
+        if self._out is None:
+            self.planner.device_path("the device step")  # the state table and the planner's word; compiled at launch
+            self._out = ops.cuda_ops.zeros_i32(3 * self.max_num_reqs, self.index)
+        out, m, cuda, ts = self._out, self.max_num_reqs, ops.cuda_ops, self.stream(stream)
+        devs = None if device_tables is None else list(device_tables)
 
-        def run(staged: Any, kl: Any) -> None:
+        def buffers(n: int, rows: int) -> tuple[Any, Any]:
+            """The staging buffer of at least ``n`` elements (the core sizes it for ``max_num_reqs``
+            requests: allocated again only for wider tables) and the device tables stacked."""
+            if self._staging is None or self._staging.shape[0] < n:
+                self._staging = cuda.empty_i32(n, self.index)
+            return self._staging, None if devs is None else cuda.stack_rows(devs, rows, self.index)
+
+        def run(staged: Any, kl: Any, rows: int) -> None:
             """The half-step's writes, run by the core after every check (nothing is queued on an
             error), before it records them."""
             with cuda.context(self.index, ts):
                 if pre:
                     self.error.reset(0)  # the step's word: the post-process ORs into it too
                     if prev_rows is not None:
-                        _remap(out[m : m + self._post_rows], prev_rows[:rows], acc)
+                        _remap(out[m : m + self._post_rows], prev_rows[:rows], out[2 * m : 2 * m + rows])
                 if kl is not None:
-                    cuda.stage_i32(staged, staging)
+                    cuda.stage_i32(staged, self._staging)
                     module.launch(kl, self.index, ts)
                     self.error.requests = max(self.error.requests, rows)
 
         half = _core.vllm_device_pre_copy if pre else _core.vllm_device_post_process
-        err = self.error.alloc()
-        vector, _, _ = half(
-            self.core,
-            run,
-            staging=staging,
-            device_table=table,
-            err=err,
-            num_accepted_out=counts,
-            step_rows=(rows, m),
-            **kw,
-        )
+        kw = {"buffers": buffers, "err": self.error.alloc(), "out": out, "device_tables": devs, "prev_rows": prev_rows}
+        vector = records(half(self.core, run, max_num_reqs=m, step=step, **kw)[0], np.int64)
+        first = 0 if pre else m
         if not pre:
-            self._post_rows = rows
-        return records(vector, np.int64), counts
+            self._post_rows = len(vector)
+        return vector, out[first : first + len(vector)]
 
     def last_error(self) -> ErrorWord:
         """The error word of the current step (both halves since the last pre-copy); a step with an

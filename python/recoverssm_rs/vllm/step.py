@@ -194,10 +194,10 @@ class VllmMambaStep(EngineAdapter):
     ) -> PreCopyDecision:
         """The array form of :meth:`preprocess` (host path): decide, copy, store the new running
         columns at the request indices ``slots``; returns the decision."""
-        self._host_only("pre_copy")
         slots = np.asarray(self._slots_table.check(slots, req_ids), dtype=np.int64)
         idx = self.mamba_state_idx[slots]
-        d = self._execute(PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, idx, fresh, req_ids))
+        step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, idx, fresh, req_ids)
+        d = self._execute(step, "pre_copy")
         self.mamba_state_idx[slots] = d.curr
         return d
 
@@ -213,25 +213,18 @@ class VllmMambaStep(EngineAdapter):
         req_ids: Sequence[str] | None = None,
     ) -> PostProcessDecision:
         """The array form of :meth:`postprocess` (host path): decide and copy; returns the decision."""
-        self._host_only("post_process")
         step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
-        return self._execute(step)
+        return self._execute(step, "post_process")
 
     @overload
-    def _execute(self, step: PreCopyInputs) -> PreCopyDecision: ...
+    def _execute(self, step: PreCopyInputs, what: str = ...) -> PreCopyDecision: ...
     @overload
-    def _execute(self, step: PostProcessInputs) -> PostProcessDecision: ...
-    def _execute(self, step: PreCopyInputs | PostProcessInputs) -> PreCopyDecision | PostProcessDecision:
-        d, copies = plan(self.planner, step)
+    def _execute(self, step: PostProcessInputs, what: str = ...) -> PostProcessDecision: ...
+    def _execute(self, step: PreCopyInputs | PostProcessInputs, what: str = "preprocess") -> Any:
+        """The host path: decide and copy (``what``: the caller's name, refused on CUDA states)."""
+        d, copies = plan(self.planner, step, host_only=what)
         copies.execute()
         return d
-
-    def _host_only(self, what: str) -> None:
-        if self.device_step is not None:
-            raise PlanError(
-                f"{what} runs the host path, but the states are on {self.placement.name}: use "
-                "preprocess / postprocess, or device_step.launch"
-            )
 
     def preprocess(
         self,
