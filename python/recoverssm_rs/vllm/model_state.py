@@ -159,6 +159,15 @@ class ModelStateV2(EngineAdapter):
             self._tables.copy_(torch.frombuffer(bytearray(records), dtype=torch.int64))
         module.launch(kl, self.placement.index, None)
 
+    def _restamp(self, kl: Any, records: bytes | None) -> None:
+        """:meth:`_run` of a pre-copy after a pre-copy (no post-process between): a new stamp and
+        its error words cleared first, in the guarded write (a refused call changes neither)."""
+        self._ctl.add_(1)
+        self._stamp += 1
+        w = 3 * (self._stamp & 1)
+        self._err[w : w + 3].zero_()
+        self._run(kl, records)
+
     def preprocess_state(
         self,
         idx_mapping: Any,
@@ -177,14 +186,11 @@ class ModelStateV2(EngineAdapter):
                 ``[>= max_num_reqs, cols]`` int32 table; the groups' tables share one width.
         """
         step = self._step or self._core_step()
-        if self._last == "pre":  # a pre-copy without a post-process since the last: a new stamp
-            self._ctl.add_(1)
-            self._stamp += 1
-            w = 3 * (self._stamp & 1)
-            self._err[w : w + 3].zero_()
         # One guarded core call: every check (each tensor through the launch-argument hook, read
-        # at each call), then the writes (self._run), then the record.
-        step.pre(block_tables, idx_mapping, num_computed_tokens, query_start_loc, self._run, ops.cuda_ops.launch_arg)
+        # at each call), then the writes (a new stamp first after a pre-copy: self._restamp), then
+        # the record.
+        run = self._restamp if self._last == "pre" else self._run
+        step.pre(block_tables, idx_mapping, num_computed_tokens, query_start_loc, run, ops.cuda_ops.launch_arg)
         self._last = "pre"
 
     def postprocess_state(
