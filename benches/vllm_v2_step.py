@@ -10,13 +10,20 @@ request moves its state in the pre-copy and saves one in the post-process (the w
 group of ``--layers`` GDN layers. vLLM's side is not timed here: its step is Triton launches only,
 whose host time needs a GPU.
 
+With ``--split``, where one half-step's time goes at the first ``--requests`` (``timeit``, medians
+of 500 short batches): the planner's guard alone (``planner.core.check()``: every bound view's ``data_ptr()``), the
+Python reads the core's description of one runner stand-in makes, the benchmark's launch-argument
+hook on one tensor, the core's two half-steps called directly (guard, four descriptions per half,
+checks, launch build; a no-op write), and the adapter's two half-steps (the core's plus
+``ModelStateV2``'s Python and its write callback, the launch replaced by a no-op).
+
 With ``--recoverssm``, every row is a spec-decode row whose RecoverSSM commit (a KDA cache of
 ``--layers`` layers, its commit kernel bound the same way) runs inside the post-process's launch:
 timed are the staging (``stage_recoverssm``: the core's plan and the host-to-device copy, made when
 the step's metadata is built) and the post-process with the commit.
 
     .venv/bin/python benches/vllm_v2_step.py [--requests 1 64 256 1024] [--layers 48] [--reps 200]
-                                             [--recoverssm]
+                                             [--recoverssm | --split]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import statistics
 import sys
 import time
+import timeit
 import types
 from pathlib import Path
 from typing import Any
@@ -128,18 +136,61 @@ def run_recoverssm(num_reqs: int, layers: int, reps: int) -> tuple[float, float]
     return statistics.median(stage), statistics.median(post)
 
 
+def split(num_reqs: int, layers: int) -> dict[str, float]:
+    """Microseconds per call of each piece of a half-step."""
+    ms, tables = build(num_reqs, layers)
+    idx = device(torch.randperm(num_reqs).to(torch.int32))
+    qsl = device(torch.arange(0, 3 * (num_reqs + 1), 3, dtype=torch.int32))
+    before = device(torch.full((num_reqs,), 3, dtype=torch.int32))
+    after = device(torch.full((num_reqs,), 6, dtype=torch.int32))
+    sampled = device(torch.full((num_reqs,), 3, dtype=torch.int32))
+
+    def both() -> None:
+        ms.preprocess_state(idx, before, qsl, tables)
+        ms.postprocess_state(idx, sampled, after, tables)
+
+    both()  # the core's step made, the tables uploaded
+    step, core, noop = ms._step, ms.planner.core, lambda *a: None
+
+    def core_both() -> None:
+        step.pre(tables, idx, before, qsl, noop, device)
+        step.post(idx, sampled, after, tables, False, noop, device)
+
+    def reads() -> None:  # what the core reads of one runner stand-in to describe it
+        idx.layout, idx.stride(), idx.dtype, idx.data_ptr(), idx.shape, idx.device  # noqa: B018
+
+    def best(f: Any, n: int) -> float:
+        """The median over 500 batches of ``n`` calls (a batch's time, not a long loop's: on a
+        shared machine a long loop's wall time includes the other jobs' time slices)."""
+        return statistics.median(timeit.repeat(f, number=n, repeat=500)) / n * 1e6
+
+    views = sum(len(layer) for group in ms.planner.states for layer in group)
+    return {
+        f"guard check ({views} bound views)": best(core.check, 10),
+        "one description's Python reads": best(reads, 20),
+        "launch-argument hook, one tensor": best(lambda: device(idx), 20),
+        "core pre + post (no-op write)": best(core_both, 5),
+        "adapter pre + post": best(both, 5),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, nargs="+", default=[1, 64, 256, 1024])
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--recoverssm", action="store_true", help="time the post-process with a RecoverSSM commit")
+    ap.add_argument("--split", action="store_true", help="where one half-step's time goes (timeit)")
     a = ap.parse_args()
     cuda_ops.cuda_ops = FakeOps()
     launches = []
     cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
     cuda_ops.CudaOps.launch_arg = staticmethod(device)  # type: ignore[method-assign,assignment]
     torch.set_num_threads(1)
+    if a.split:
+        for what, us in split(a.requests[0], a.layers).items():
+            print(f"{what:<40} {us:>8.2f} us")
+        return
     if a.recoverssm:
         print(f"{'requests':>8} {'stage us':>12} {'post+commit us':>16} {'launches/post':>14}")
         for r in a.requests:

@@ -1011,17 +1011,18 @@ class VllmSlotStep:
         num_computed_tokens: _Tensor | None,
         block_tables: Sequence[_Tensor] | Mapping[int, _Tensor],
         commit: bool = False,
-        run: Callable[[KernelLaunch, bytes | None, Callable[[_Tensor], object] | None], object] | None = None,
+        run: Callable[[KernelLaunch, bytes | None], object] | None = None,
+        launch_arg: Callable[[_Tensor], _Tensor] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
         """The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
         for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
-        last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
-        without a pre-copy since the last post-process (one post-process per step), and before the
-        first pre-copy unless it has no rows (a step's pre-copy runs before its post-process). A
-        post-process the core builds forgets the staged commit (with `commit` or not); a refused
-        one keeps it.
-        `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
-        `reference` when it runs with this post-process (else `None`).
+        last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`).
+        Refused without a pre-copy since the last post-process (one post-process per step), and
+        before the first pre-copy unless it has no rows (a step's pre-copy runs before its
+        post-process). A post-process the core builds forgets the staged commit (with `commit` or
+        not); a refused one keeps it. `(launch, table records or None)`; `run` and `launch_arg` as
+        `pre`'s; with `run`, a commit staged without a kernel runs first as
+        `reference(num_sampled)` (the caller's own `num_sampled`), inside the same guarded write.
         """
     def pre(
         self,
@@ -1029,13 +1030,16 @@ class VllmSlotStep:
         idx_mapping: _Tensor,
         num_computed_tokens: _Tensor,
         query_start_loc: _Tensor,
-        run: Callable[[KernelLaunch, bytes | None, None], object] | None = None,
+        run: Callable[[KernelLaunch, bytes | None], object] | None = None,
+        launch_arg: Callable[[_Tensor], _Tensor] | None = None,
     ) -> tuple[KernelLaunch, bytes | None]:
         """The pre-copy over the groups' `block_tables` and the runner's `idx_mapping`,
         `num_computed_tokens`, `query_start_loc` (positional: no keyword dict per step):
         `(launch, table records or None)`. With `run`, one guarded write: after every check
-        `run(launch, table records or None, None)` queues the upload and the launch, and the states
-        are recorded as written, in this call.
+        `run(launch, table records or None)` queues the upload and the launch, and the states are
+        recorded as written, in this call. `launch_arg`: the adapter's launch-argument hook
+        (`CudaOps.launch_arg`), applied here to each runner tensor (the tables of the groups only)
+        before it is described.
         """
     def stage_commit(
         self,
@@ -1058,7 +1062,8 @@ class VllmSlotStep:
         kernel, which then runs inside that post-process's launch (`None`: the commit runs before
         it, the launch sets the committed rows' columns and counts) and `bound` the cache's
         `BoundTensors`; `reference`: without a kernel, the caller's host commit, kept with the stage
-        and handed to the post-process's `run` (inside its guarded write, to run before the launch).
+        and called by the post-process as `reference(num_sampled)` inside its guarded write, before
+        its `run`.
         Returns the bytes to copy into the front of the stage buffer;
         nothing is staged when the core refuses the commit.
         """

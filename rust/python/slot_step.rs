@@ -96,32 +96,36 @@ impl VllmSlotStep {
         Ok(())
     }
 
-    /// The groups' tables, `block_tables[g]` for each group id `g` (a sequence or a mapping).
-    fn tables(&self, block_tables: &Bound<'_, PyAny>) -> PyResult<Vec<TensorDesc>> {
+    /// The groups' tables, `block_tables[g]` for each group id `g` (a sequence or a mapping),
+    /// each through the caller's `launch_arg` hook (see [`runner_tensor`]).
+    fn tables(&self, block_tables: &Bound<'_, PyAny>, launch_arg: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<TensorDesc>> {
         self.group_ids
             .iter()
             .zip(&self.table_names)
             .map(|(&g, name)| {
                 let t =
                     block_tables.get_item(g).map_err(|_| arg_error(ErrorKind::Plan, format!("block_tables has no table for KV-cache group {g}")))?;
-                Ok(Tensor::arg(&t, name, ErrorKind::Plan)?.0)
+                runner_tensor(&t, name, launch_arg)
             })
             .collect()
     }
 
     /// One guarded write: checks the guard and the tables, builds the launch with `f`, and with
-    /// `run` calls `run(launch, table records or None, reference or None)` (a host commit, the
-    /// upload, the launch) before the states are recorded as written. Returns the launch and the
-    /// table records when they differ from the uploaded ones.
+    /// `run` calls `reference(num_sampled)` (a staged host commit, when given) and then
+    /// `run(launch, table records or None)` (the upload, the launch) before the states are
+    /// recorded as written. Returns the launch and the table records when they differ from the
+    /// uploaded ones.
+    #[allow(clippy::too_many_arguments)]
     fn half<'py>(
         &self,
         py: Python<'py>,
         block_tables: &Bound<'_, PyAny>,
+        launch_arg: Option<&Bound<'_, PyAny>>,
         run: Option<&Bound<'_, PyAny>>,
-        reference: Option<&Py<PyAny>>,
+        reference: Option<(&Py<PyAny>, &Bound<'_, PyAny>)>,
         f: impl FnOnce(&SlotStep, i32) -> crate::error::Result<crate::kernels::Launch>,
     ) -> PyResult<HalfStep<'py>> {
-        let tables = self.tables(block_tables)?;
+        let tables = self.tables(block_tables, launch_arg)?;
         let planner = self.planner.get();
         planner.write(py, || {
             let (refs, cols) = self.inner.table_refs(&tables)?;
@@ -136,11 +140,23 @@ impl VllmSlotStep {
             };
             let records = changed.then(|| PyBytes::new(py, &TableRef::bytes(&refs)));
             if let Some(run) = run {
-                run.call1((launch.clone_ref(py), records.clone(), reference.map(|r| r.clone_ref(py))))?;
+                if let Some((reference, num_sampled)) = reference {
+                    reference.bind(py).call1((num_sampled,))?; // the caller's own counts
+                }
+                run.call1((launch.clone_ref(py), records.clone()))?;
             }
             Ok((launch, records))
         })
     }
+}
+
+/// A runner tensor described by the core: `launch_arg(obj)` when the caller passes its
+/// launch-argument hook (`CudaOps.launch_arg`, which checks off a GPU replace), else `obj`.
+fn runner_tensor(obj: &Bound<'_, PyAny>, name: &str, launch_arg: Option<&Bound<'_, PyAny>>) -> PyResult<TensorDesc> {
+    Ok(match launch_arg {
+        Some(hook) => Tensor::arg(&hook.call1((obj,))?, name, ErrorKind::Plan)?.0,
+        None => Tensor::arg(obj, name, ErrorKind::Plan)?.0,
+    })
 }
 
 #[pymethods]
@@ -239,12 +255,15 @@ impl VllmSlotStep {
     /// The pre-copy over the groups' `block_tables` and the runner's `idx_mapping`,
     /// `num_computed_tokens`, `query_start_loc` (positional: no keyword dict per step):
     /// `(launch, table records or None)`. With `run`, one guarded write: after every check
-    /// `run(launch, table records or None, None)` queues the upload and the launch, and the states
-    /// are recorded as written, in this call.
+    /// `run(launch, table records or None)` queues the upload and the launch, and the states are
+    /// recorded as written, in this call. `launch_arg`: the adapter's launch-argument hook
+    /// (`CudaOps.launch_arg`), applied here to each runner tensor (the tables of the groups only)
+    /// before it is described.
     #[pyo3(signature = (
         block_tables: "Sequence[_Tensor] | Mapping[int, _Tensor]", idx_mapping: "_Tensor", num_computed_tokens: "_Tensor", query_start_loc: "_Tensor",
-        run: "Callable[[KernelLaunch, bytes | None, None], object] | None" = None,
+        run: "Callable[[KernelLaunch, bytes | None], object] | None" = None, launch_arg: "Callable[[_Tensor], _Tensor] | None" = None,
     ) -> "tuple[KernelLaunch, bytes | None]")]
+    #[allow(clippy::too_many_arguments)]
     fn pre<'py>(
         &self,
         py: Python<'py>,
@@ -253,12 +272,12 @@ impl VllmSlotStep {
         num_computed_tokens: &Bound<'_, PyAny>,
         query_start_loc: &Bound<'_, PyAny>,
         run: Option<&Bound<'_, PyAny>>,
+        launch_arg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<HalfStep<'py>> {
-        let kind = ErrorKind::Plan;
-        let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
-        let nct = Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0;
-        let qsl = Tensor::arg(query_start_loc, "query_start_loc", kind)?.0;
-        let out = self.half(py, block_tables, run, None, |s, cols| s.pre(cols, &idx, &nct, &qsl))?;
+        let idx = runner_tensor(idx_mapping, "idx_mapping", launch_arg)?;
+        let nct = runner_tensor(num_computed_tokens, "num_computed_tokens", launch_arg)?;
+        let qsl = runner_tensor(query_start_loc, "query_start_loc", launch_arg)?;
+        let out = self.half(py, block_tables, launch_arg, run, None, |s, cols| s.pre(cols, &idx, &nct, &qsl))?;
         self.order()?.pre_ran();
         Ok(out)
     }
@@ -269,7 +288,8 @@ impl VllmSlotStep {
     /// kernel, which then runs inside that post-process's launch (`None`: the commit runs before
     /// it, the launch sets the committed rows' columns and counts) and `bound` the cache's
     /// `BoundTensors`; `reference`: without a kernel, the caller's host commit, kept with the stage
-    /// and handed to the post-process's `run` (inside its guarded write, to run before the launch).
+    /// and called by the post-process as `reference(num_sampled)` inside its guarded write, before
+    /// its `run`.
     /// Returns the bytes to copy into the front of the stage buffer;
     /// nothing is staged when the core refuses the commit.
     #[allow(clippy::too_many_arguments)]
@@ -323,16 +343,17 @@ impl VllmSlotStep {
 
     /// The post-process: `num_sampled` a tensor (one count per request row) or a Python int (one
     /// for every row); `num_computed_tokens` `None` (a pipeline-parallel rank that is not the
-    /// last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`). Refused
-    /// without a pre-copy since the last post-process (one post-process per step), and before the
-    /// first pre-copy unless it has no rows (a step's pre-copy runs before its post-process). A
-    /// post-process the core builds forgets the staged commit (with `commit` or not); a refused
-    /// one keeps it.
-    /// `(launch, table records or None)`; `run` as `pre`'s, its third argument the staged commit's
-    /// `reference` when it runs with this post-process (else `None`).
+    /// last): no aligned save; `commit`: run the staged RecoverSSM commit (`stage_commit`).
+    /// Refused without a pre-copy since the last post-process (one post-process per step), and
+    /// before the first pre-copy unless it has no rows (a step's pre-copy runs before its
+    /// post-process). A post-process the core builds forgets the staged commit (with `commit` or
+    /// not); a refused one keeps it. `(launch, table records or None)`; `run` and `launch_arg` as
+    /// `pre`'s; with `run`, a commit staged without a kernel runs first as
+    /// `reference(num_sampled)` (the caller's own `num_sampled`), inside the same guarded write.
     #[pyo3(signature = (
         idx_mapping: "_Tensor", num_sampled: "_Tensor | int", num_computed_tokens: "_Tensor | None", block_tables: "Sequence[_Tensor] | Mapping[int, _Tensor]",
-        commit: "bool" = false, run: "Callable[[KernelLaunch, bytes | None, Callable[[_Tensor], object] | None], object] | None" = None,
+        commit: "bool" = false, run: "Callable[[KernelLaunch, bytes | None], object] | None" = None,
+        launch_arg: "Callable[[_Tensor], _Tensor] | None" = None,
     ) -> "tuple[KernelLaunch, bytes | None]")]
     #[allow(clippy::too_many_arguments)]
     fn post<'py>(
@@ -344,14 +365,14 @@ impl VllmSlotStep {
         block_tables: &Bound<'_, PyAny>,
         commit: bool,
         run: Option<&Bound<'_, PyAny>>,
+        launch_arg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<HalfStep<'py>> {
-        let kind = ErrorKind::Plan;
-        let idx = Tensor::arg(idx_mapping, "idx_mapping", kind)?.0;
+        let idx = runner_tensor(idx_mapping, "idx_mapping", launch_arg)?;
         self.order()?.check_post(idx.shape.first().copied().unwrap_or(0) as u64)?;
-        let nct = if num_computed_tokens.is_none() { None } else { Some(Tensor::arg(num_computed_tokens, "num_computed_tokens", kind)?.0) };
+        let nct = if num_computed_tokens.is_none() { None } else { Some(runner_tensor(num_computed_tokens, "num_computed_tokens", launch_arg)?) };
         let all = num_sampled.is_instance_of::<PyInt>() && !num_sampled.is_instance_of::<PyBool>();
-        let each = if all { None } else { Some(Tensor::arg(num_sampled, "num_sampled", kind)?.0) };
-        let fill = if all { i64::arg(num_sampled, "num_sampled", kind)? } else { 0 };
+        let each = if all { None } else { Some(runner_tensor(num_sampled, "num_sampled", launch_arg)?) };
+        let fill = if all { i64::arg(num_sampled, "num_sampled", ErrorKind::Plan)? } else { 0 };
         // Taken out of the lock (no lock is held across a Python call); put back when refused.
         let taken = self.take_staged()?;
         if commit && taken.is_none() {
@@ -367,8 +388,8 @@ impl VllmSlotStep {
                 bound.bind(py).call_method0(intern!(py, "check"))?; // the cache's tensors, before its write
             }
             let kernel = fused.map(|(k, _)| k.get().core());
-            let reference = st.and_then(|s| s.reference.as_ref());
-            let out = self.half(py, block_tables, run, reference, |s, cols| {
+            let reference = st.and_then(|s| s.reference.as_ref()).map(|r| (r, num_sampled));
+            let out = self.half(py, block_tables, launch_arg, run, reference, |s, cols| {
                 let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
                 s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { request_rows: c.request_rows, cols: c.cols, kernel }))
             })?;

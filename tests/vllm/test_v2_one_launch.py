@@ -373,3 +373,38 @@ def test_a_commit_row_the_kernel_rejects_is_reported_under_its_batch_row(fake_op
     err = ms.last_error()
     assert err.names == ["block"] and (err.first_request, err.last_request) == (1, 1)
     assert all(torch.equal(t, before[k]) for k, t in caches[0].buffers().items())
+
+
+def test_the_core_passes_each_runner_tensor_through_the_launch_hook_once(fake_ops, recorder, monkeypatch):
+    """Each half-step hands the core the runner's objects as they are; the core passes each tensor
+    it describes through ``CudaOps.launch_arg`` (read at every call) once: the index map, the
+    counts, the offsets and the table of each mamba group -- no other group's table, no integer
+    count and no absent ``num_computed_tokens``."""
+    from recoverssm_rs.cuda.ops import CudaOps
+    from support.device_fakes import FakeCuda
+
+    seen: list[object] = []
+
+    def hook(t):
+        seen.append(t)
+        return t if isinstance(t, FakeCuda) else FakeCuda(t)
+
+    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(hook))
+    ms, _, table = _small()
+    other = torch.zeros(4, 6, dtype=torch.int32)  # group 1's: not a mamba group of this adapter
+    idx, nct, qsl = (
+        torch.zeros(0, dtype=torch.int32),
+        torch.zeros(4, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+    )
+    ms.preprocess_state(idx, nct, qsl, [table, other])
+    assert [id(t) for t in seen[-4:]] == [id(idx), id(nct), id(qsl), id(table)]
+    seen.clear()
+    sampled = torch.zeros(0, dtype=torch.int32)
+    ms.postprocess_state(idx, sampled, nct, {0: table, 1: other})
+    assert [id(t) for t in seen] == [id(idx), id(nct), id(sampled), id(table)]
+    seen.clear()
+    ms.preprocess_state(idx, nct, qsl, [table])
+    ms.postprocess_state(idx, 1, None, [table])
+    assert [id(t) for t in seen] == [id(idx), id(nct), id(qsl), id(table), id(idx), id(table)]
+    assert len(recorder.calls) == 4

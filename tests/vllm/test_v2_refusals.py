@@ -292,3 +292,33 @@ def test_non_last_pipeline_rank_post_process_equals_vllm(mh, fake_ops, emulator,
         mh, groups, block_size=4, nsb=2, conv_layout="SD", seed=91, steps=10, emulator=emulator, non_last_rank=0.5
     )
     assert stats.non_last > 0 and stats.pre_moves > 0 and stats.post_saves > 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda t: (_v(1).long(), _v(0, 4, 4, 0), _v(0, 1), [t]),  # idx_mapping int64
+        lambda t: (_v(1), _v(0, 4), _v(0, 1), [t]),  # num_computed_tokens shorter than the slots
+        lambda t: (_v(1), _v(0, 4, 4, 0), _v(0, 1), []),  # no table for the group
+    ],
+)
+def test_a_refused_repeated_pre_copy_changes_nothing(fake_ops, emulator, launch_args, bad):
+    """A pre-copy after a pre-copy (a step whose post-process was skipped) opens a new stamp; one
+    the core refuses changes nothing -- no control or error word, no host mirror -- and launches
+    nothing; the step then runs as on an adapter that never saw the refused call."""
+    ms, states, table = _adapter()
+    twin, twin_states, _ = _adapter()
+    for a, b in zip(states, twin_states, strict=True):
+        b.copy_(a)
+    for m in (ms, twin):
+        m.preprocess_state(_v(1), _v(0, 4, 4, 0), _v(0, 1), [table])
+    before, launched = _everything(ms, states), len(emulator.calls)
+    with pytest.raises(PlanError):
+        ms.preprocess_state(*bad(table))
+    after = _everything(ms, states)
+    assert _same(before[0], after[0]) and before[1] == after[1] and len(emulator.calls) == launched
+    for m in (ms, twin):
+        m.preprocess_state(_v(1), _v(0, 4, 4, 0), _v(0, 1), [table])
+        m.postprocess_state(_v(1), _v(1), _v(0, 5, 4, 0), [table])
+    a, b = _everything(ms, states), _everything(twin, twin_states)
+    assert _same(a[0], b[0]) and a[1] == b[1] and ms.last_error().ok

@@ -149,17 +149,24 @@ class ModelStateV2(EngineAdapter):
         self._core_step()
         module.function_ptr("rs_state_copy_slots", self.cuda("ModelStateV2"))
 
-    def _run(self, kl: Any, records: bytes | None, reference: Any, num_sampled: Any = None) -> None:
-        """A half-step's write, run by the core inside its guarded call: a host cache's reference
-        commit (the stage's, handed back by the core; it reads the caller's own counts), the table
-        records when a table moved, then the launch on the current stream."""
-        if reference is not None:
-            reference(num_sampled)
+    def _run(self, kl: Any, records: bytes | None) -> None:
+        """A half-step's write, run by the core inside its guarded call (after a host cache's
+        reference commit): the table records when a table moved, then the launch on the current
+        stream."""
         if records is not None:
             import torch
 
             self._tables.copy_(torch.frombuffer(bytearray(records), dtype=torch.int64))
         module.launch(kl, self.placement.index, None)
+
+    def _restamp(self, kl: Any, records: bytes | None) -> None:
+        """:meth:`_run` of a pre-copy after a pre-copy (no post-process between): a new stamp and
+        its error words cleared first, in the guarded write (a refused call changes neither)."""
+        self._ctl.add_(1)
+        self._stamp += 1
+        w = 3 * (self._stamp & 1)
+        self._err[w : w + 3].zero_()
+        self._run(kl, records)
 
     def preprocess_state(
         self,
@@ -178,14 +185,12 @@ class ModelStateV2(EngineAdapter):
             block_tables: by vLLM KV-cache group id (a sequence or a mapping), each mamba group's
                 ``[>= max_num_reqs, cols]`` int32 table; the groups' tables share one width.
         """
-        step = self._core_step()
-        if self._last == "pre":  # a pre-copy without a post-process since the last: a new stamp
-            self._ctl.add_(1)
-            self._stamp += 1
-            w = 3 * (self._stamp & 1)
-            self._err[w : w + 3].zero_()
-        arg = ops.cuda_ops.launch_arg
-        step.pre(_tables(block_tables), arg(idx_mapping), arg(num_computed_tokens), arg(query_start_loc), self._run)
+        step = self._step or self._core_step()
+        # One guarded core call: every check (each tensor through the launch-argument hook, read
+        # at each call), then the writes (a new stamp first after a pre-copy: self._restamp), then
+        # the record.
+        run = self._restamp if self._last == "pre" else self._run
+        step.pre(block_tables, idx_mapping, num_computed_tokens, query_start_loc, run, ops.cuda_ops.launch_arg)
         self._last = "pre"
 
     def postprocess_state(
@@ -214,20 +219,17 @@ class ModelStateV2(EngineAdapter):
             PlanError: a bad input (nothing is written), ``recoverssm=True`` with nothing staged,
                 a second post-process for one step, or a post-process before any pre-copy.
         """
-        step = self._core_step()
-        tables = _tables(block_tables)
-        wanted = recoverssm is not None and recoverssm is not False
-        commit = wanted and not isinstance(num_sampled, int)
-        if wanted and not commit:
+        step = self._step or self._core_step()
+        commit = recoverssm is not None and recoverssm is not False
+        if commit and isinstance(num_sampled, int):
             log.debug("postprocess_state: num_sampled is one integer for every row: no RecoverSSM commit (as vLLM's)")
-        if commit and isinstance(recoverssm, RecoverSSMCommit):
+            commit = False
+        elif isinstance(recoverssm, RecoverSSMCommit):
             self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
-        arg = ops.cuda_ops.launch_arg
-        sampled = num_sampled if isinstance(num_sampled, int) else arg(num_sampled)
-        computed = None if num_computed_tokens is None else arg(num_computed_tokens)
-        # One guarded core call: every check, then the writes (self._run), then the record.
-        run = functools.partial(self._run, num_sampled=num_sampled)
-        step.post(arg(idx_mapping), sampled, computed, tables, commit, run)
+        # As preprocess_state's, a staged host commit run first (reference(num_sampled), by the core).
+        step.post(
+            idx_mapping, num_sampled, num_computed_tokens, block_tables, commit, self._run, ops.cuda_ops.launch_arg
+        )
         self._last = "post"
         self._stamp += 1  # the kernel advanced the device's
 
@@ -298,13 +300,3 @@ def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, *, block_size: int
         block_table=rs.block_table,
         block_size=block_size,
     )
-
-
-def _tables(block_tables: Any) -> Any:
-    """The caller's per-group tables as the core reads them (each through
-    :meth:`CudaOps.launch_arg <recoverssm_rs.cuda.ops.CudaOps.launch_arg>`)."""
-    arg = ops.cuda_ops.launch_arg  # read at each call (a hook replaced after this module's import)
-    if isinstance(block_tables, Mapping):
-        return {g: arg(t) for g, t in block_tables.items()}
-    # anything else as it is: the core names what it cannot index
-    return [arg(t) for t in block_tables] if isinstance(block_tables, (list, tuple)) else block_tables
