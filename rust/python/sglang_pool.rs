@@ -417,9 +417,14 @@ impl SglangPool {
                 .into());
             }
             self.guard.check(py)?;
-            // SAFETY: the buffer is a writable host vector of `call.total` bytes (checked above),
-            // alive while `buffer` is held, and apart from the pool's tensors (freshly allocated).
-            let bytes = unsafe { std::slice::from_raw_parts_mut(out.data_ptr as *mut u8, call.total as usize) };
+            let bytes: &mut [u8] = if call.total == 0 {
+                &mut [] // an empty tensor's address may be null, which no slice may have
+            } else {
+                // SAFETY: the buffer is a writable host vector of `call.total` bytes (checked
+                // above), alive while `buffer` is held, and apart from the pool's tensors (freshly
+                // allocated by the shell's own `alloc`).
+                unsafe { std::slice::from_raw_parts_mut(out.data_ptr as *mut u8, call.total as usize) }
+            };
             host::get(&call, &self.inner.states, &ids, bytes)?;
             return Ok(Some((buffer, blocks())));
         }

@@ -204,7 +204,8 @@ pub fn load(call: &HostCopy, states: &[TensorDesc], ids: &[i64], host: &[TensorD
     }
     check_states("load_cpu_copy", states, ids, true)?;
     let mut staged = vec![0u8; call.blocks.last().map_or(0, |b| (b.offset + b.bytes) as usize)];
-    for (k, h) in host.iter().enumerate().filter(|&(k, _)| holds_bytes(&states[k])) {
+    // A load of no slots reads nothing (its host copies are empty, their address may be null).
+    for (k, h) in host.iter().enumerate().filter(|&(k, _)| holds_bytes(&states[k]) && call.blocks[k].bytes > 0) {
         let b = &call.blocks[k];
         read_host(h, &mut staged[b.offset as usize..(b.offset + b.bytes) as usize])?;
     }

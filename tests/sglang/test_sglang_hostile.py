@@ -279,6 +279,17 @@ def test_a_load_from_a_view_of_the_pool_gives_the_right_bytes():
         assert torch.equal(t[:, [2, 3]], w)
 
 
+def test_a_host_copy_of_no_slots_is_empty_and_loads_back_as_nothing():
+    """No slots: the core's buffer has no bytes (an empty tensor, whose address may be null), and
+    the host copies are empty, shaped as SGLang's ``index_select`` of no index."""
+    p = _pool()
+    before = [t.clone() for t in (*p.conv, p.temporal)]
+    conv_cpu, temporal_cpu = p.get_cpu_copy(torch.tensor([], dtype=torch.int64))
+    assert [c.shape for c in conv_cpu] == [(LAYERS, 0, 6, 3)] and temporal_cpu.shape == (LAYERS, 0, 2, 4, 4)
+    p.load_cpu_copy((conv_cpu, temporal_cpu), torch.tensor([], dtype=torch.int64))
+    assert all(torch.equal(t, b) for t, b in zip((*p.conv, p.temporal), before, strict=True))
+
+
 def test_the_constructor_refuses_mismatched_layers_and_aliased_tensors():
     conv, temporal = torch.zeros(2, 8, 6, 3), torch.zeros(3, 8, 2, 4, 4)
     with pytest.raises(BindingError, match="temporal has 3 layers, conv.0. has 2"):
