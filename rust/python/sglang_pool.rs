@@ -11,6 +11,7 @@ use super::layout::Layout;
 use super::planner::Planner;
 use super::sglang::host_ints;
 use crate::error::{Error, ErrorKind};
+use crate::executor;
 use crate::layout::ConvLayout;
 use crate::sglang;
 use crate::sglang::hicache::Direction;
@@ -19,10 +20,9 @@ use crate::sglang::kernel::{self, SlotCall, SlotCopy, SlotPool};
 use crate::sglang::pool::Pool;
 use crate::sglang::Repeats;
 use crate::tensor::{Device, TensorDesc};
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
-use std::sync::OnceLock;
+use pyo3::types::PyBytes;
+use std::sync::{Arc, OnceLock};
 
 kwargs! {
     /// The keyword arguments of `SglangPool`.
@@ -335,12 +335,12 @@ impl SglangPool {
         let src = self.slot_ids("copy_from", "src_indices", src_indices, Repeats::Allowed)?;
         let dst = self.slot_ids("copy_from", "dst_indices", dst_indices, Repeats::Allowed)?;
         let planner = instance::<Planner>(planner, "copy_from: planner", ErrorKind::Plan, "Planner")?;
-        let py = planner.py();
-        let kw = PyDict::new(py);
-        kw.set_item(intern!(py, "src_blocks"), src)?;
-        kw.set_item(intern!(py, "dst_blocks"), dst)?;
-        planner.call_method(intern!(py, "plan_copy"), (), Some(&kw))?.call_method0(intern!(py, "execute_host"))?;
-        Ok(())
+        let (py, p) = (planner.py(), planner.get());
+        let core = Arc::clone(&p.inner);
+        let plan = py.detach(|| core.plan_copy(&src, &dst))?;
+        // As `CopyPlan.execute_host`: the planner's guards (the pool's with them), then the host
+        // executor with the GIL released, then the write recorded.
+        p.write(py, || Ok(py.detach(move || executor::execute(&plan))?))
     }
 
     /// `clear_slots` on host states, one guarded write run by the core: the slots `indices`
