@@ -145,3 +145,21 @@ def test_the_host_path_refuses_prev_rows():
         )
     after = [t for g in side.states for layer in g for t in layer]
     assert repr(step).endswith("live=0)") and all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_the_core_reads_each_field_of_a_step_by_its_position(fake_ops, recorder):
+    """The core reads a half-step's ``PreCopyInputs`` / ``PostProcessInputs`` by position (its own
+    list of their fields): a bad value in each field is named by that field's name, so the two
+    lists keep one order."""
+    lays = group_layouts()[:1]
+    rng = np.random.default_rng(5)
+    step = DeviceStep(planner(lays, [random_states(lays[0], COLS + 2, 1, rng)], 4), 4)
+    table = [np.arange(1, COLS + 1, dtype=np.int64)[None, :]]
+    pre = PreCopyInputs(table, np.array([4]), np.array([1]), np.array([1]), np.array([0]))
+    post = PostProcessInputs(table, np.array([1]), np.array([4]), np.array([1]), np.array([0]), np.array([1]))
+    for inputs in (pre, post):
+        assert inputs._fields[-1] == "req_ids"  # names, which any value spells
+        for name in inputs._fields[:-1]:
+            with pytest.raises(PlanError, match=f"^{name} must be an int32 or int64 array"):
+                step.launch(inputs._replace(**{name: np.array([0.5])}))
+    assert not recorder.calls, "nothing is launched on a refused step"
