@@ -7,7 +7,7 @@ the host work of a HiCache round trip of the same slots on that path (``get_cpu_
 launch, device-to-host copy of the blocks; ``load_cpu_copy`` of that copy: staging, launch).
 Medians over ``--rounds`` rounds, with the lowest and highest round.
 
-    .venv/bin/python benches/sglang_copy_launch.py [--batch 8 32] [--layers 8] [--slots 64] [--repeat 2000] [--rounds 5]
+    .venv/bin/python benches/sglang_copy_launch.py [--batch 8 32] [--layers 8] [--slots 72] [--repeat 2000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=72)
     ap.add_argument("--repeat", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    if 2 * max(a.batch) >= a.slots:  # sources 1..n, destinations n+1..2n, slot 0 the dummy
+        ap.error(f"--batch {max(a.batch)} needs --slots > {2 * max(a.batch)}")
     cuda_ops.cuda_ops = FakeOps()
     # the adapter views its slot ids with other strides
     FakeCuda.as_strided = lambda self, size, stride: FakeCuda(self.t.as_strided(size, stride))  # type: ignore[attr-defined]
