@@ -830,6 +830,23 @@ class SglangPool:
         the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
         host executor (the pool's tensors checked first; every copy checked before the first byte).
         """
+    def copy_launch(
+        self,
+        planner: Planner,
+        run: Callable[[KernelLaunch | None, int], object],
+        upload: Callable[[bytes], _Tensor],
+        src_indices: _Tensor,
+        dst_indices: _Tensor,
+    ) -> None:
+        """`copy_from` on CUDA, one guarded launch of `planner`'s fused copy in one call: the copy of
+        slot `src_indices[i]` into `dst_indices[i]` in every layer, over a block table whose every
+        row is the slot ids (each request's columns are its slots), with pre-copy semantics.
+        `src_indices` and `dst_indices` are int32 vectors of one length on the pool's device
+        (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
+        write one slot twice). The first call hands the slot ids and ones to `upload(bytes)`, which
+        returns them on the device. Then the guards, `run(launch, requests)` on the launch's stream,
+        the write recorded. The kernel checks each slot and skips a bad one (the planner's error word).
+        """
     def guarded(self, write: Callable[[], _T]) -> _T:
         """One guarded write: the pool's tensors checked (`write` not called when one moved),
         `write()` run, the write recorded (autograd's version counters). Returns what `write` returns.

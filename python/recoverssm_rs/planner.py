@@ -159,6 +159,26 @@ class _DevicePath:
         self.err_requests = 0
         log.debug("uploaded %d state metas to cuda:%d", len(meta), index)
 
+    def runner(self, stream: Any, own_err: bool) -> tuple[Callable[[Any, int], None], Callable[[Any, int], None]]:
+        """``(run, write)`` for a guarded launch on the torch stream ``stream``: ``write(launch,
+        requests)`` zeroes the planner's error word for ``requests`` (with ``own_err``: the step
+        brings none of its own) and queues the launch (``None``: nothing to launch); ``run`` does
+        it with ``stream`` made current on the states' device."""
+        cuda = ops.cuda_ops
+
+        def write(kl: Any, n: int) -> None:
+            if own_err:
+                self.err.zero_()
+                self.err_requests = n
+            if kl is not None:
+                module.launch(kl, self.index, stream)
+
+        def run(kl: Any, n: int) -> None:
+            with cuda.context(self.index, stream):
+                write(kl, n)
+
+        return run, write
+
     def last_error(self) -> ErrorWord:
         ops.cuda_ops.synchronize(self.index)
         return ErrorWord([int(x) for x in self.err.cpu().tolist()], self.err_requests)
@@ -401,6 +421,15 @@ class Planner:
         dp = self.device_path("prepare_device")
         module.function_ptr("rs_state_copy", dp.index)
 
+    def launch_runner(self, what: str, stream: Any = None) -> Callable[[Any, int], None]:
+        """``run(launch, requests)`` for a core call that checks its inputs and then launches on
+        this planner's device path (an engine shell's guarded launch): the planner's error word
+        zeroed for ``requests``, then the launch queued on ``stream`` (torch, CuPy or ``None``: the
+        current torch stream) of the states' device. Makes the device path first
+        (:meth:`device_path`: a :class:`PlanError` naming ``what`` for host states)."""
+        dp = self.device_path(what)
+        return dp.runner(ops.cuda_ops.torch_stream(stream, dp.index), True)[0]
+
     def launch(
         self,
         block_table: Any,
@@ -586,18 +615,7 @@ class Planner:
             dp = self.device_path(what, (block_table, src_col, second, num_accepted, err, num_accepted_out), extra)
         cuda = ops.cuda_ops
         ts = cuda.torch_stream(stream, dp.index)
-
-        def write(kl: Any, n: int) -> None:  # on the stream made current
-            if err is None:
-                dp.err.zero_()
-                dp.err_requests = n
-            if kl is not None:
-                module.launch(kl, dp.index, ts)
-
-        def run(kl: Any, n: int) -> None:
-            with cuda.context(dp.index, ts):
-                write(kl, n)
-
+        run, write = dp.runner(ts, err is None)
         args = (block_table, src_col, second, num_accepted, err, num_accepted_out)
         n, narrow = core.launch_step(run, *args, **extra) if extra else core.launch_step(run, *args)
         if narrow:

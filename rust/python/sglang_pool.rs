@@ -12,6 +12,7 @@ use super::planner::Planner;
 use super::sglang::host_ints;
 use crate::error::{Error, ErrorKind};
 use crate::executor;
+use crate::kernels::StepInputs;
 use crate::layout::ConvLayout;
 use crate::sglang;
 use crate::sglang::hicache::Direction;
@@ -60,6 +61,9 @@ pub struct SglangPool {
     device: Device,
     /// The slot kernel's tables on the device: clearing, the commit.
     tables: [OnceLock<DeviceTable>; 2],
+    /// `copy_from`'s constants on the device: int32 slot ids `0..num_slots`, then `num_slots`
+    /// ones (the buffer kept alive, and its description).
+    copy_consts: OnceLock<(Py<PyAny>, TensorDesc)>,
 }
 
 kwargs! {
@@ -172,7 +176,8 @@ impl SglangPool {
         let first = inner.live().first().copied().unwrap_or(inner.states.len() - 1);
         let device = Device::parse(&inner.states[first].device)?;
         let guard = Guard::new(py, &labelled)?;
-        Ok(SglangPool { guard, inner, states, scratch, device, tables: [OnceLock::new(), OnceLock::new()] })
+        let tables = [OnceLock::new(), OnceLock::new()];
+        Ok(SglangPool { guard, inner, states, scratch, device, tables, copy_consts: OnceLock::new() })
     }
 
     /// The planner's groups: one per conv tensor that holds bytes, the temporal state riding on
@@ -341,6 +346,65 @@ impl SglangPool {
         // As `CopyPlan.execute_host`: the planner's guards (the pool's with them), then the host
         // executor with the GIL released, then the write recorded.
         p.write(py, || Ok(py.detach(move || executor::execute(&plan))?))
+    }
+
+    /// `copy_from` on CUDA, one guarded launch of `planner`'s fused copy in one call: the copy of
+    /// slot `src_indices[i]` into `dst_indices[i]` in every layer, over a block table whose every
+    /// row is the slot ids (each request's columns are its slots), with pre-copy semantics.
+    /// `src_indices` and `dst_indices` are int32 vectors of one length on the pool's device
+    /// (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
+    /// write one slot twice). The first call hands the slot ids and ones to `upload(bytes)`, which
+    /// returns them on the device. Then the guards, `run(launch, requests)` on the launch's stream,
+    /// the write recorded. The kernel checks each slot and skips a bad one (the planner's error word).
+    #[pyo3(signature = (
+        planner: "Planner", run: "Callable[[KernelLaunch | None, int], object]", upload: "Callable[[bytes], _Tensor]",
+        src_indices: "_Tensor", dst_indices: "_Tensor",
+    ) -> "None")]
+    fn copy_launch(
+        &self,
+        py: Python<'_>,
+        planner: &Bound<'_, PyAny>,
+        run: &Bound<'_, PyAny>,
+        upload: &Bound<'_, PyAny>,
+        src_indices: &Bound<'_, PyAny>,
+        dst_indices: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let planner = instance::<Planner>(planner, "copy_from: planner", ErrorKind::Plan, "Planner")?;
+        let (src, dst) = (
+            Tensor::arg(src_indices, "copy_from: src_indices", ErrorKind::Plan)?.0,
+            Tensor::arg(dst_indices, "copy_from: dst_indices", ErrorKind::Plan)?.0,
+        );
+        let n = sglang::checks::copy_count(&src, &dst, &self.device, self.inner.num_slots)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let s = self.inner.num_slots as i64;
+        let consts = match self.copy_consts.get() {
+            Some((_, d)) => d,
+            None => {
+                let last =
+                    i32::try_from(s).map_err(|_| Error::plan(format!("copy_from: the copy kernel reads int32 slot ids; the pool has {s} slots")))?;
+                let words: Vec<i32> = (0..last).chain(std::iter::repeat(1).take(s as usize)).collect();
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
+                let d = Tensor::arg(&buffer, "copy_from: the buffer upload returned", ErrorKind::Plan)?.0;
+                sglang::checks::check_uploaded(&d, &self.device, bytes.len() as u64)?;
+                let _ = self.copy_consts.set((buffer.unbind(), d));
+                &self.copy_consts.get().expect("just set").1
+            }
+        };
+        // Every row the slot ids (stride 0 over requests and groups), then the ones.
+        let p = planner.get();
+        let groups = i64::from(p.fused()?.groups);
+        let (shape, strides) = if groups == 1 { (vec![n, s], vec![0, 4]) } else { (vec![groups, n, s], vec![0, 0, 4]) };
+        let table = TensorDesc::new(consts.data_ptr, "int32", shape, strides, &consts.device);
+        let ones = TensorDesc::dense(consts.data_ptr + 4 * s as u64, "int32", &[n], &consts.device);
+        let inputs =
+            StepInputs { block_table: &table, src_col: &src, second: &dst, num_accepted: &ones, num_accepted_out: None, err: None, block_size: None };
+        p.write(py, || {
+            run.call1((p.fused_launch(&inputs, true)?, n))?;
+            Ok(())
+        })
     }
 
     /// `clear_slots` on host states, one guarded write run by the core: the slots `indices`

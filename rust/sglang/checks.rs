@@ -1,10 +1,12 @@
 //! The checks of the SGLang pool's operations that no planner covers: slot ids of the operations
 //! without a "no slot" marker (`copy_from`, `clear_slots`, `get_cpu_copy`, `load_cpu_copy`), the
-//! pool's tensors when the adapter is built (one layer count, no two tensors sharing memory), and
-//! a host copy loaded back into the pool (dtype, shape, host memory).
+//! pool's tensors when the adapter is built (one layer count, no two tensors sharing memory), a
+//! host copy loaded back into the pool (dtype, shape, host memory), and the slot vectors of a
+//! `copy_from` on CUDA (and the constants its launch reads).
 
-use crate::error::{Error, Result};
-use crate::tensor::TensorDesc;
+use crate::error::{Error, ErrorKind, Result};
+use crate::kernels::args::{int_vector, IntType};
+use crate::tensor::{Device, TensorDesc};
 
 /// How an operation may name a slot twice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +123,45 @@ pub fn check_host_copy(state: &str, pool: &TensorDesc, host: &TensorDesc, num_sl
     let (pd, hd) = (pool.dtype_name(), host.dtype_name());
     if pd != hd || host.shape != want {
         return Err(Error::plan(format!("load_cpu_copy: {state}: the host copy is {hd} {:?}, the pool needs {pd} {want:?}", host.shape)));
+    }
+    Ok(())
+}
+
+/// The number of copies of a `copy_from` on CUDA: `src` and `dst` (SGLang's `src_indices`,
+/// `dst_indices`) are int32 vectors of one length on the pool's `device`, contiguous (the shell
+/// narrows int64 ids on the device first); more copies than the pool's `num_slots - 1` slots past
+/// the dummy slot 0 would write some slot twice. The slot values are the kernel's to check (it
+/// reads them on the device and skips a bad one).
+pub fn copy_count(src: &TensorDesc, dst: &TensorDesc, device: &Device, num_slots: u64) -> Result<i64> {
+    let mut lens = [0u64; 2];
+    for (len, (name, t)) in lens.iter_mut().zip([("src_indices", src), ("dst_indices", dst)]) {
+        if Device::parse(&t.device).ok().as_ref() != Some(device) {
+            return Err(Error::plan(format!("copy_from: {name} is on {}, the pool's states on {device}", t.device)));
+        }
+        *len = int_vector(t, &format!("copy_from: {name}"), 0, &[IntType::I32], ErrorKind::Plan)?.len;
+    }
+    let [n, m] = lens;
+    if n != m {
+        return Err(Error::plan(format!("copy_from: src_indices has {n} slot ids, dst_indices {m}: one source per destination")));
+    }
+    let last = num_slots.saturating_sub(1);
+    if n > last {
+        return Err(Error::plan(format!("copy_from: {n} copies into a pool of {last} slots (1 ..= {last}): some slot would be written twice")));
+    }
+    Ok(n as i64)
+}
+
+/// The constants a `copy_from` launch reads, as `upload` returned them: `bytes` contiguous bytes
+/// on the pool's `device`.
+pub fn check_uploaded(t: &TensorDesc, device: &Device, bytes: u64) -> Result<()> {
+    let fits = t.dtype_name() == "uint8" && t.shape == [bytes as i64] && t.strides == [1] && t.data_ptr % 4 == 0;
+    if Device::parse(&t.device).ok().as_ref() != Some(device) || !fits {
+        return Err(Error::plan(format!(
+            "copy_from: upload returned {} {:?} on {}; expected {bytes} contiguous, 4-byte aligned uint8 on {device}",
+            t.dtype.trim(),
+            t.shape,
+            t.device
+        )));
     }
     Ok(())
 }

@@ -333,3 +333,28 @@ mod host_states {
         assert!(host::get(&get, &[t], &[3, 1], &mut buf[..16]).is_err(), "a buffer shorter than the call");
     }
 }
+
+#[test]
+fn a_device_copy_takes_int32_vectors_of_one_length_on_the_pool_s_device_and_no_more_than_its_slots() {
+    let dev = crate::tensor::Device::Cuda(0);
+    let v = |dtype: &str, n: i64, device: &str| TensorDesc::dense(0x1000, dtype, &[n], device);
+    assert_eq!(checks::copy_count(&v("int32", 3, "cuda:0"), &v("int32", 3, "cuda:0"), &dev, 8).unwrap(), 3);
+    assert_eq!(checks::copy_count(&v("int32", 7, "cuda:0"), &v("int32", 7, "cuda:0"), &dev, 8).unwrap(), 7);
+    for (src, dst, want) in [
+        (v("int32", 8, "cuda:0"), v("int32", 8, "cuda:0"), "8 copies into a pool of 7 slots (1 ..= 7): some slot would be written twice"),
+        (v("int32", 2, "cuda:0"), v("int32", 3, "cuda:0"), "src_indices has 2 slot ids, dst_indices 3"),
+        (v("int64", 2, "cuda:0"), v("int32", 2, "cuda:0"), "copy_from: src_indices: expected int32, got int64"),
+        (v("int32", 2, "cuda:0"), v("int32", 2, "cuda:1"), "copy_from: dst_indices is on cuda:1, the pool's states on cuda:0"),
+        (v("int32", 2, "cpu"), v("int32", 2, "cuda:0"), "copy_from: src_indices is on cpu"),
+        (TensorDesc::new(0x1000, "int32", vec![2], vec![8], "cuda:0"), v("int32", 2, "cuda:0"), "src_indices: must be contiguous"),
+    ] {
+        let e = checks::copy_count(&src, &dst, &dev, 8).unwrap_err();
+        assert!(e.message.contains(want), "{}", e.message);
+    }
+    let up = |dtype: &str, n: i64, at: u64| TensorDesc::dense(at, dtype, &[n], "cuda:0");
+    assert!(checks::check_uploaded(&up("uint8", 64, 0x1000), &dev, 64).is_ok());
+    for bad in [up("uint8", 60, 0x1000), up("int32", 16, 0x1000), up("uint8", 64, 0x1002)] {
+        let e = checks::check_uploaded(&bad, &dev, 64).unwrap_err();
+        assert!(e.message.contains("expected 64 contiguous, 4-byte aligned uint8 on cuda:0"), "{}", e.message);
+    }
+}

@@ -13,7 +13,7 @@ from ..cuda import ops
 if TYPE_CHECKING:
     from .pool import SglangMambaPool
 
-__all__ = ["ARG_NAMES", "host_copy", "int64_on_device", "runner"]
+__all__ = ["ARG_NAMES", "host_copy", "ids_on_device", "runner"]
 
 #: The engine's names of the slot kernel's index vectors (what errors name).
 ARG_NAMES = {
@@ -37,12 +37,15 @@ def runner(pool: SglangMambaPool, requests: int) -> Any:
     return run
 
 
-def int64_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str) -> Any:
-    """``x`` (the argument ``arg`` of ``op``) as a contiguous int64 vector on the pool's device
-    (an int32 vector widened there, never read back)."""
+def ids_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str, bits: int = 64) -> Any:
+    """``x`` (the argument ``arg`` of ``op``) as a contiguous vector of ``bits``-bit ids on the
+    pool's device: the other of int32 and int64 converted there, never read back (the copy kernel
+    reads int32 slot ids, the slot kernel int64; any other dtype is the core's to refuse)."""
     x = pool.on_device(x, op, arg)
-    if x.dtype == ops.cuda_ops.torch().int32:  # widened on the device; any other dtype is the core's to refuse
-        x = x.to(ops.cuda_ops.torch().int64)
+    torch = ops.cuda_ops.torch()
+    want, other = (torch.int64, torch.int32) if bits == 64 else (torch.int32, torch.int64)
+    if x.dtype == other:
+        x = x.to(want)
     if len(x.shape) == 1 and x.shape[0] > 1 and x.stride()[0] != 1:
         x = x.contiguous()
     return x

@@ -18,7 +18,7 @@ from ..cuda import ops
 from ..engine import EngineAdapter, ErrorWordBuffer
 from ..errors import PlanError
 from ..planner import Planner
-from .device import ARG_NAMES, host_copy, int64_on_device, runner
+from .device import ARG_NAMES, host_copy, ids_on_device, runner
 
 __all__ = ["SglangMambaPool", "install"]
 
@@ -81,8 +81,6 @@ class SglangMambaPool(EngineAdapter):
         super().__init__(Planner.from_groups(self.tensors.layer_groups(), also_guard=self.tensors))
         # Fixed once bound: read here, not from the core on every call.
         self._groups, self._num_slots = self.planner.num_groups, self.planner.num_blocks
-        self._slots_dev: Any = None
-        self._ones_dev: Any = None
         self._scratch: list[tuple[Any, Any]] | None = None
         self.slot_error = ErrorWordBuffer(self.placement.index)
         """The error word of the slot kernel's launches (:meth:`last_error`)."""
@@ -150,26 +148,14 @@ class SglangMambaPool(EngineAdapter):
         one ordered plan; CUDA: one fused launch, sources and destinations disjoint as SGLang's).
         Also a :class:`~recoverssm_rs.PlanError`: lengths that differ, a cycle or two copies to one
         slot."""
-        if self.placement.is_cuda:
-            self._launch_copy(src_indices, dst_indices)
+        if self.placement.is_cuda:  # int32 slot ids on the device; one guarded launch (docs/design.md section 10)
+            src, dst = (
+                ids_on_device(self, x, "copy_from", a, 32)
+                for x, a in ((src_indices, "src_indices"), (dst_indices, "dst_indices"))
+            )
+            self.tensors.copy_launch(self.planner.core, self.planner.launch_runner("copy_from"), self.upload, src, dst)
         else:  # the slots checked, the planner's copy plan run by the host executor
             self.tensors.copy_from(self.planner.core, src_indices, dst_indices)
-
-    def _launch_copy(self, src_indices: Any, dst_indices: Any) -> None:
-        """One fused launch of the state-copy kernel over the identity table of slot ids
-        (docs/design.md section 10); int64 ids narrowed on the device, one crossing into the core."""
-        torch = ops.cuda_ops.torch()
-        src, dst = (
-            self.on_device(x, "copy_from", a) for x, a in ((src_indices, "src_indices"), (dst_indices, "dst_indices"))
-        )
-        src, dst = (x.to(torch.int32) if x.dtype == torch.int64 else x for x in (src, dst))
-        n = int(src.shape[0]) if len(src.shape) == 1 else 1  # the core refuses other shapes
-        if tuple(src.shape) == tuple(dst.shape) == (0,):
-            return
-        slots, ones = self._device_constants(n)
-        g, s = self._groups, self._num_slots
-        table = slots.as_strided((n, s), (0, 1)) if g == 1 else slots.as_strided((g, n, s), (0, 0, 1))
-        self.planner.launch(table, src, dst, ones[:n], semantics="pre_copy")
 
     def on_device(self, x: Any, op: str, arg: str) -> Any:
         """Slot ids ``x`` (the argument ``arg`` of ``op``) on the pool's device: a CUDA tensor as it is
@@ -179,18 +165,9 @@ class SglangMambaPool(EngineAdapter):
         torch = ops.cuda_ops.torch()
         return torch.as_tensor(_core.sglang_ids(op, arg, x), dtype=torch.int64).to(self.device, non_blocking=True)
 
-    def _device_constants(self, n: int) -> tuple[Any, Any]:
-        """The slot ids ``0..slots`` and a vector of ones of at least ``n`` entries, on the states'
-        device (uploaded once; the ones grow by doubling)."""
-        torch = ops.cuda_ops.torch()
-        index = self.placement.index
-        if self._slots_dev is None:
-            ids = np.arange(self.num_slots, dtype=np.int32)
-            self._slots_dev = ops.cuda_ops.upload(ids.view(np.uint8), index).view(torch.int32)
-        if self._ones_dev is None or int(self._ones_dev.shape[0]) < n:
-            cap = max(n, 2 * (0 if self._ones_dev is None else int(self._ones_dev.shape[0])), 64)
-            self._ones_dev = ops.cuda_ops.upload(np.ones(cap, dtype=np.int32).view(np.uint8), index).view(torch.int32)
-        return self._slots_dev, self._ones_dev
+    def upload(self, raw: bytes) -> Any:
+        """``raw`` copied to the pool's device (what the core's launches read: built once)."""
+        return ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.placement.index)
 
     def fork(self, src_indices: Any, dst_indices: Any) -> None:
         """A fork (SGLang's radix donation: ``alloc`` then ``copy_from``): :meth:`copy_from`."""
@@ -210,11 +187,10 @@ class SglangMambaPool(EngineAdapter):
         or with ``commit`` the verify commit (``vectors``: ``steps``, ``rows``, ``track_slots``,
         ``track_steps``); the first launch of each use uploads the pool's records (built by the core)."""
         op, arg = ("commit_after_verify", "state_indices") if commit else ("clear_slots", "indices")
-        args = {k: int64_on_device(self, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
-        slots = int64_on_device(self, slots, op, arg)
+        args = {k: ids_on_device(self, v, op, ARG_NAMES[k]) for k, v in vectors.items() if v is not None}
+        slots = ids_on_device(self, slots, op, arg)
         run = runner(self, int(slots.shape[0]) if len(slots.shape) == 1 else 0)
-        upload = lambda raw: ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.placement.index)  # noqa: E731
-        self.tensors.slot_launch(run, commit, upload, slots=slots, **args, err=self.slot_error.alloc())
+        self.tensors.slot_launch(run, commit, self.upload, slots=slots, **args, err=self.slot_error.alloc())
 
     def last_error(self) -> Any:
         """The error word of the last slot-kernel launch on CUDA (:meth:`copy_from` reports in

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 import numpy as np
 
@@ -197,7 +197,7 @@ class VllmMambaStep(EngineAdapter):
         slots = np.asarray(self._slots_table.check(slots, req_ids), dtype=np.int64)
         idx = self.mamba_state_idx[slots]
         step = PreCopyInputs(block_tables, num_computed, num_scheduled, num_accepted, idx, fresh, req_ids)
-        d = self._execute(step, "pre_copy")
+        d: PreCopyDecision = self._execute(step, "pre_copy")
         self.mamba_state_idx[slots] = d.curr
         return d
 
@@ -214,12 +214,9 @@ class VllmMambaStep(EngineAdapter):
     ) -> PostProcessDecision:
         """The array form of :meth:`postprocess` (host path): decide and copy; returns the decision."""
         step = PostProcessInputs(block_tables, state_col, num_computed, num_scheduled, num_draft, num_accepted, req_ids)
-        return self._execute(step, "post_process")
+        d: PostProcessDecision = self._execute(step, "post_process")
+        return d
 
-    @overload
-    def _execute(self, step: PreCopyInputs, what: str = ...) -> PreCopyDecision: ...
-    @overload
-    def _execute(self, step: PostProcessInputs, what: str = ...) -> PostProcessDecision: ...
     def _execute(self, step: PreCopyInputs | PostProcessInputs, what: str = "preprocess") -> Any:
         """The host path: decide and copy (``what``: the caller's name, refused on CUDA states)."""
         d, copies = plan(self.planner, step, host_only=what)
