@@ -813,17 +813,19 @@ class SglangPool:
     def commit(
         self,
         *,
-        state_indices: _IntArray,
-        last_correct_step_indices: _IntArray,
-        src_indices: _IntArray | None = None,
-        track_indices: _IntArray | None = None,
-        steps_to_track: _IntArray | None = None,
+        slots: _IntArray,
+        steps: _IntArray,
+        rows: _IntArray | None = None,
+        track_slots: _IntArray | None = None,
+        track_steps: _IntArray | None = None,
     ) -> None:
         """The commit on host states, one guarded write run by the core: its moves, `(slot, row, step)`
-        per request that writes, the commit pass then the track pass (with `track_indices`), after
-        every index is checked (`PlanError` naming the argument, or the request; the arguments are
-        SGLang's, `src_indices` defaults to each request's own index); then the pool's tensors
-        checked, each state's slots written from its verify scratch, the write recorded.
+        per request that writes, the commit pass then the track pass (with `track_slots`), after
+        every index is checked (`PlanError` naming the argument by SGLang's name, or the request):
+        `slots` (SGLang's `state_indices`), `steps` (`last_correct_step_indices`), `rows`
+        (`src_indices`, default each request's own index), `track_slots` (`track_indices`) and
+        `track_steps` (`steps_to_track`), as `slot_launch` takes them on CUDA; then the pool's
+        tensors checked, each state's slots written from its verify scratch, the write recorded.
         """
     def copy_from(self, planner: Planner, src_indices: _IntArray, dst_indices: _IntArray) -> None:
         """`copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of

@@ -227,29 +227,31 @@ impl SglangPool {
     }
 
     /// The commit on host states, one guarded write run by the core: its moves, `(slot, row, step)`
-    /// per request that writes, the commit pass then the track pass (with `track_indices`), after
-    /// every index is checked (`PlanError` naming the argument, or the request; the arguments are
-    /// SGLang's, `src_indices` defaults to each request's own index); then the pool's tensors
-    /// checked, each state's slots written from its verify scratch, the write recorded.
+    /// per request that writes, the commit pass then the track pass (with `track_slots`), after
+    /// every index is checked (`PlanError` naming the argument by SGLang's name, or the request):
+    /// `slots` (SGLang's `state_indices`), `steps` (`last_correct_step_indices`), `rows`
+    /// (`src_indices`, default each request's own index), `track_slots` (`track_indices`) and
+    /// `track_steps` (`steps_to_track`), as `slot_launch` takes them on CUDA; then the pool's
+    /// tensors checked, each state's slots written from its verify scratch, the write recorded.
     #[pyo3(signature = (
-        *, state_indices: "_IntArray", last_correct_step_indices: "_IntArray", src_indices: "_IntArray | None" = None,
-        track_indices: "_IntArray | None" = None, steps_to_track: "_IntArray | None" = None,
+        *, slots: "_IntArray", steps: "_IntArray", rows: "_IntArray | None" = None,
+        track_slots: "_IntArray | None" = None, track_steps: "_IntArray | None" = None,
     ) -> "None")]
     fn commit(
         &self,
         py: Python<'_>,
-        state_indices: &Bound<'_, PyAny>,
-        last_correct_step_indices: &Bound<'_, PyAny>,
-        src_indices: Option<&Bound<'_, PyAny>>,
-        track_indices: Option<&Bound<'_, PyAny>>,
-        steps_to_track: Option<&Bound<'_, PyAny>>,
+        slots: &Bound<'_, PyAny>,
+        steps: &Bound<'_, PyAny>,
+        rows: Option<&Bound<'_, PyAny>>,
+        track_slots: Option<&Bound<'_, PyAny>>,
+        track_steps: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let op = "commit_after_verify";
         let ints = |x: Option<&Bound<'_, PyAny>>, arg: &str| x.filter(|x| !x.is_none()).map(|x| host_ints(x, op, arg)).transpose();
-        let steps = host_ints(last_correct_step_indices, op, "last_correct_step_indices")?;
-        let slots = host_ints(state_indices, op, "state_indices")?;
-        let rows = ints(src_indices, "src_indices")?;
-        let track = (ints(track_indices, "track_indices")?, ints(steps_to_track, "steps_to_track")?);
+        let steps = host_ints(steps, op, "last_correct_step_indices")?;
+        let slots = host_ints(slots, op, "state_indices")?;
+        let rows = ints(rows, "src_indices")?;
+        let track = (ints(track_slots, "track_indices")?, ints(track_steps, "steps_to_track")?);
         let moves = self.inner.commit_moves(&slots, &steps, rows.as_deref(), (track.0.as_deref(), track.1.as_deref()))?;
         let pairs = self.inner.verify_pairs()?;
         self.write(py, || Ok(host::commit(&pairs, &moves)?))

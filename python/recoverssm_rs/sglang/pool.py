@@ -246,20 +246,13 @@ class SglangMambaPool(EngineAdapter):
                 the pool's device); host states: a step past the draft, a slot or row past the
                 pool, or two requests writing one slot.
         """
-        scratch = self.verify_scratch()
-        given = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
-        if not scratch:
+        if not self.verify_scratch():
             return
+        given = dict(rows=src_indices, track_slots=track_indices, track_steps=steps_to_track)
         if self.placement.is_cuda:  # one launch: every tensor, both passes; the indices stay on the device
             self.slot_launch(True, state_indices, steps=last_correct_step_indices, **given)
         else:  # one core call: every index checked, then the moves
-            self.tensors.commit(
-                state_indices=state_indices,
-                last_correct_step_indices=last_correct_step_indices,
-                src_indices=src_indices,
-                track_indices=track_indices,
-                steps_to_track=steps_to_track,
-            )
+            self.tensors.commit(slots=state_indices, steps=last_correct_step_indices, **given)
 
     def __repr__(self) -> str:
         return (
