@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import _core
 from ..cuda import ops
 
 if TYPE_CHECKING:
@@ -39,10 +40,12 @@ def runner(pool: SglangMambaPool, requests: int) -> Any:
 
 def ids_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str, bits: int = 64) -> Any:
     """``x`` (the argument ``arg`` of ``op``) as a contiguous vector of ``bits``-bit ids on the
-    pool's device: the other of int32 and int64 converted there, never read back (the copy kernel
-    reads int32 slot ids, the slot kernel int64; any other dtype is the core's to refuse)."""
-    x = pool.on_device(x, op, arg)
+    pool's device: a CUDA tensor of the other of int32 and int64 converted there, never read back
+    (the copy kernel reads int32 slot ids, the slot kernel int64; any other dtype is the core's to
+    refuse), anything else read as host ids (``_core.sglang_ids``) and copied there."""
     torch = ops.cuda_ops.torch()
+    if getattr(getattr(x, "device", None), "type", None) != "cuda":
+        x = torch.as_tensor(_core.sglang_ids(op, arg, x), dtype=torch.int64).to(pool.device, non_blocking=True)
     want, other = (torch.int64, torch.int32) if bits == 64 else (torch.int32, torch.int64)
     if x.dtype == other:
         x = x.to(want)

@@ -157,14 +157,6 @@ class SglangMambaPool(EngineAdapter):
         else:  # the slots checked, the planner's copy plan run by the host executor
             self.tensors.copy_from(self.planner.core, src_indices, dst_indices)
 
-    def on_device(self, x: Any, op: str, arg: str) -> Any:
-        """Slot ids ``x`` (the argument ``arg`` of ``op``) on the pool's device: a CUDA tensor as it is
-        (the core checks it), anything else as host int64 ids copied there."""
-        if getattr(getattr(x, "device", None), "type", None) == "cuda":
-            return x
-        torch = ops.cuda_ops.torch()
-        return torch.as_tensor(_core.sglang_ids(op, arg, x), dtype=torch.int64).to(self.device, non_blocking=True)
-
     def upload(self, raw: bytes) -> Any:
         """``raw`` copied to the pool's device (what the core's launches read: built once)."""
         return ops.cuda_ops.upload(np.frombuffer(raw, dtype=np.uint8), self.placement.index)
