@@ -105,11 +105,13 @@ impl Entry<'_> {
 /// Zeroes the slots `ids` of every layer of every tensor of `states` (`[layers, slots, ...]`).
 pub fn clear(states: &[TensorDesc], ids: &[i64]) -> Result<()> {
     check_states("clear_slots", states, ids, true)?;
+    let mut zeros = Vec::new();
     for t in states.iter().filter(|t| holds_bytes(t)) {
         for layer in 0..t.shape[0] {
             for &s in ids {
                 let e = entry(t, &[layer, s]);
-                e.write(&vec![0u8; e.bytes()]);
+                zeros.resize(e.bytes(), 0); // zeros only: nothing ever writes into it
+                e.write(&zeros);
             }
         }
     }
