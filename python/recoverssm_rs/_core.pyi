@@ -829,7 +829,8 @@ class SglangPool:
         """
     def copy_from(self, planner: Planner, src_indices: _IntArray, dst_indices: _IntArray) -> None:
         """`copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
-        the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
+        the pool (`PlanError` naming the argument), then `planner`'s (the planner built over the
+        pool's layers, as for `copy_launch`) copy plan of them run by the
         host executor (the pool's tensors checked first; every copy checked before the first byte).
         """
     def copy_launch(
@@ -840,7 +841,8 @@ class SglangPool:
         src_indices: _Tensor,
         dst_indices: _Tensor,
     ) -> None:
-        """`copy_from` on CUDA, one guarded launch of `planner`'s fused copy in one call: the copy of
+        """`copy_from` on CUDA, one guarded launch of the fused copy of `planner` (the planner built
+        over the pool's layers, with `also_guard` the pool; another is a `PlanError`) in one call: the copy of
         slot `src_indices[i]` into `dst_indices[i]` in every layer, over a block table whose every
         row is the slot ids (each request's columns are its slots), with pre-copy semantics.
         `src_indices` and `dst_indices` are int32 vectors of one length on the pool's device

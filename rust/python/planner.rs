@@ -94,6 +94,11 @@ fn place(groups: usize, g: usize, backend: &str) -> String {
 }
 
 impl Planner {
+    /// Whether this planner was built over `pool`'s layers (`also_guard`).
+    pub(crate) fn guards_pool(&self, pool: &Bound<'_, SglangPool>) -> bool {
+        self.also_guard.as_ref().is_some_and(|g| g.as_ptr() == pool.as_ptr())
+    }
+
     /// Checks the adapter's guard (`also_guard`), then the planner's own.
     fn check_guards(&self, py: Python<'_>) -> PyResult<()> {
         if let Some(pool) = &self.also_guard {

@@ -92,6 +92,16 @@ impl SglangPool {
         Ok(out)
     }
 
+    /// `planner` as the planner built over this pool's layers (`Planner(..., also_guard=pool)`):
+    /// another planner's states are not the pool's (`PlanError` naming `op`).
+    fn own_planner<'py>(slf: &Bound<'py, Self>, planner: &Bound<'py, PyAny>, op: &str) -> PyResult<Bound<'py, Planner>> {
+        let planner = instance::<Planner>(planner, &format!("{op}: planner"), ErrorKind::Plan, "Planner")?;
+        if !planner.get().guards_pool(slf) {
+            return Err(Error::plan(format!("{op}: the planner is not this pool's (one built with also_guard=pool)")).into());
+        }
+        Ok(planner)
+    }
+
     /// `ids`, the argument `arg` of `op`, as slots of the pool ([`sglang::check_slots`]).
     fn slot_ids(&self, op: &str, arg: &str, ids: &Bound<'_, PyAny>, repeats: Repeats) -> PyResult<Vec<i64>> {
         let v = host_ints(ids, op, arg)?;
@@ -335,13 +345,15 @@ impl SglangPool {
     }
 
     /// `copy_from` on host states, one call: `src_indices` and `dst_indices` checked as slots of
-    /// the pool (`PlanError` naming the argument), then `planner`'s copy plan of them run by the
+    /// the pool (`PlanError` naming the argument), then `planner`'s (the planner built over the
+    /// pool's layers, as for `copy_launch`) copy plan of them run by the
     /// host executor (the pool's tensors checked first; every copy checked before the first byte).
     #[pyo3(signature = (planner: "Planner", src_indices: "_IntArray", dst_indices: "_IntArray") -> "None")]
-    fn copy_from(&self, planner: &Bound<'_, PyAny>, src_indices: &Bound<'_, PyAny>, dst_indices: &Bound<'_, PyAny>) -> PyResult<()> {
-        let src = self.slot_ids("copy_from", "src_indices", src_indices, Repeats::Allowed)?;
-        let dst = self.slot_ids("copy_from", "dst_indices", dst_indices, Repeats::Allowed)?;
-        let planner = instance::<Planner>(planner, "copy_from: planner", ErrorKind::Plan, "Planner")?;
+    fn copy_from(slf: &Bound<'_, Self>, planner: &Bound<'_, PyAny>, src_indices: &Bound<'_, PyAny>, dst_indices: &Bound<'_, PyAny>) -> PyResult<()> {
+        let this = slf.get();
+        let src = this.slot_ids("copy_from", "src_indices", src_indices, Repeats::Allowed)?;
+        let dst = this.slot_ids("copy_from", "dst_indices", dst_indices, Repeats::Allowed)?;
+        let planner = Self::own_planner(slf, planner, "copy_from")?;
         let (py, p) = (planner.py(), planner.get());
         let core = Arc::clone(&p.inner);
         let plan = py.detach(|| core.plan_copy(&src, &dst))?;
@@ -350,7 +362,8 @@ impl SglangPool {
         p.write(py, || Ok(py.detach(move || executor::execute(&plan))?))
     }
 
-    /// `copy_from` on CUDA, one guarded launch of `planner`'s fused copy in one call: the copy of
+    /// `copy_from` on CUDA, one guarded launch of the fused copy of `planner` (the planner built
+    /// over the pool's layers, with `also_guard` the pool; another is a `PlanError`) in one call: the copy of
     /// slot `src_indices[i]` into `dst_indices[i]` in every layer, over a block table whose every
     /// row is the slot ids (each request's columns are its slots), with pre-copy semantics.
     /// `src_indices` and `dst_indices` are int32 vectors of one length on the pool's device
@@ -363,25 +376,25 @@ impl SglangPool {
         src_indices: "_Tensor", dst_indices: "_Tensor",
     ) -> "None")]
     fn copy_launch(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         planner: &Bound<'_, PyAny>,
         run: &Bound<'_, PyAny>,
         upload: &Bound<'_, PyAny>,
         src_indices: &Bound<'_, PyAny>,
         dst_indices: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let planner = instance::<Planner>(planner, "copy_from: planner", ErrorKind::Plan, "Planner")?;
+        let (py, this) = (slf.py(), slf.get());
+        let planner = Self::own_planner(slf, planner, "copy_from")?;
         let (src, dst) = (
             Tensor::arg(src_indices, "copy_from: src_indices", ErrorKind::Plan)?.0,
             Tensor::arg(dst_indices, "copy_from: dst_indices", ErrorKind::Plan)?.0,
         );
-        let n = sglang::checks::copy_count(&src, &dst, &self.device, self.inner.num_slots)?;
+        let n = sglang::checks::copy_count(&src, &dst, &this.device, this.inner.num_slots)?;
         if n == 0 {
             return Ok(());
         }
-        let s = self.inner.num_slots as i64;
-        let consts = match self.copy_consts.get() {
+        let s = this.inner.num_slots as i64;
+        let consts = match this.copy_consts.get() {
             Some((_, d)) => d,
             None => {
                 let last =
@@ -390,9 +403,9 @@ impl SglangPool {
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                 let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
                 let d = Tensor::arg(&buffer, "copy_from: the buffer upload returned", ErrorKind::Plan)?.0;
-                sglang::checks::check_uploaded(&d, &self.device, bytes.len() as u64)?;
-                let _ = self.copy_consts.set((buffer.unbind(), d));
-                &self.copy_consts.get().expect("just set").1
+                sglang::checks::check_uploaded(&d, &this.device, bytes.len() as u64)?;
+                let _ = this.copy_consts.set((buffer.unbind(), d));
+                &this.copy_consts.get().expect("just set").1
             }
         };
         // Every row the slot ids (stride 0 over requests and groups), then the ones.

@@ -233,6 +233,33 @@ def test_the_planner_over_the_pool_checks_the_pool_first():
         Planner.from_groups(groups, also_guard=object())
 
 
+def test_the_core_copies_only_with_the_pool_s_own_planner(fake_ops, emulator, strided_fakes):
+    """The core's copy of a pool takes the planner built over that pool's layers: another pool's
+    planner (whose states the slot ids would index) is refused on both paths, nothing written or
+    launched."""
+    a, b = _pool(0), _pool(1)
+    snapshots = _snapshot(a), _snapshot(b)
+    for p in (a, b):
+        with pytest.raises(PlanError, match="copy_from: the planner is not this pool's"):
+            p.tensors.copy_from((b if p is a else a).planner.core, [1], [2])
+    assert _unchanged(snapshots[0], a) and _unchanged(snapshots[1], b)
+    conv, temporal, _, _ = _tensors(2)
+    c = SglangMambaPool([FakeCuda(conv[0])], FakeCuda(temporal))
+    ids = FakeCuda(torch.tensor([1], dtype=torch.int32))
+    before = [conv[0].clone(), temporal.clone()]
+    with pytest.raises(PlanError, match="copy_from: the planner is not this pool's"):
+        c.tensors.copy_launch(a.planner.core, lambda kl, n: pytest.fail("launched"), c.upload, ids, ids)
+    c.tensors.copy_launch(
+        c.planner.core,
+        c.planner.launch_runner("copy_from"),
+        c.upload,
+        ids,
+        FakeCuda(torch.tensor([2], dtype=torch.int32)),
+    )
+    assert torch.equal(conv[0][:, 2], before[0][:, 1]) and torch.equal(temporal[:, 2], before[1][:, 1])
+    assert len(emulator.calls) == 1
+
+
 def test_get_cpu_copy_after_the_temporal_storage_was_freed_is_an_error_not_a_crash():
     """Run apart (forked from the zygote of ``support.isolated``): before the guard covered HiCache
     copies, this read freed memory (a segfault)."""
