@@ -28,10 +28,15 @@ impl IntType {
     }
 }
 
+/// The element type of `a` if it is one of the `allowed` integer types.
+fn int_type_among(a: &TensorDesc, allowed: &[IntType]) -> Option<IntType> {
+    let name = a.dtype_name();
+    allowed.iter().copied().find(|t| t.name() == name)
+}
+
 /// The element type of `a` among the `allowed` integer types.
 fn int_type(a: &TensorDesc, what: &str, allowed: &[IntType], kind: ErrorKind) -> Result<IntType> {
-    let name = a.dtype_name();
-    allowed.iter().copied().find(|t| t.name() == name).ok_or_else(|| {
+    int_type_among(a, allowed).ok_or_else(|| {
         let names: Vec<&str> = allowed.iter().map(|t| t.name()).collect();
         err(kind, format!("{what}: expected {}, got {}", names.join(" or "), a.dtype.trim()))
     })
@@ -144,14 +149,21 @@ fn on_same_device(a: &TensorDesc, device: &Device) -> bool {
     Device::parse(&a.device).is_ok_and(|d| d == *device)
 }
 
+/// Whether `a` is on `device` and that is a CUDA device ([`on_device`]'s rule, without a message).
+fn on_cuda_device(a: &TensorDesc, device: &Device) -> bool {
+    device.is_cuda() && on_same_device(a, device)
+}
+
 /// Where the planner's states live, for the step checks.
 fn on_device(a: &TensorDesc, what: &str, device: &Device) -> Result<()> {
+    if on_cuda_device(a, device) {
+        return Ok(());
+    }
     let host_alternative = "the device path reads its inputs in device memory; for host inputs use planner.plan_align(...) and CopyPlan.execute()";
     let Device::Cuda(index) = device else {
         return Err(Error::plan(format!("{what}: the planner's states are on the host; {host_alternative}")));
     };
     match Device::parse(&a.device) {
-        Ok(Device::Cuda(i)) if i == *index => Ok(()),
         Ok(Device::Cuda(_)) => Err(Error::plan(format!("{what} is on {} but the planner's states are on cuda:{index}", a.device))),
         _ => Err(Error::plan(format!("{what}: expected a CUDA tensor on cuda:{index}, got a tensor on {}; {host_alternative}", a.device))),
     }
@@ -321,21 +333,28 @@ pub fn check_group_tables(device: &Device, tables: &[TensorDesc], groups: u32, r
     }
     let mut first: Option<(i64, &str)> = None;
     for (g, t) in tables.iter().enumerate() {
-        let what = format!("group {g}'s device block table");
-        on_device(t, &what, device)?;
-        int_type(t, &what, &[IntType::I32, IntType::I64], ErrorKind::Plan)?;
+        // The group's name, spelled only for an error (this runs at every half-step).
+        let what = || format!("group {g}'s device block table");
+        if !on_cuda_device(t, device) {
+            on_device(t, &what(), device)?;
+        }
+        const TABLE_TYPES: [IntType; 2] = [IntType::I32, IntType::I64];
+        if int_type_among(t, &TABLE_TYPES).is_none() {
+            int_type(t, &what(), &TABLE_TYPES, ErrorKind::Plan)?;
+        }
         let &[r, cols] = &t.shape[..] else {
-            return Err(Error::plan(format!("{what}: expected a 2-D [requests, cols] tensor, got shape {:?}", t.shape)));
+            return Err(Error::plan(format!("{}: expected a 2-D [requests, cols] tensor, got shape {:?}", what(), t.shape)));
         };
         if r < rows as i64 {
-            return Err(Error::plan(format!("{what} has {r} rows for {rows} requests")));
+            return Err(Error::plan(format!("{} has {r} rows for {rows} requests", what())));
         }
         match first {
             None => first = Some((cols, t.dtype_name())),
             Some((c, d)) if c != cols || d != t.dtype_name() => {
                 return Err(Error::plan(format!(
-                    "{what} is [.., {cols}] {}, group 0's [.., {c}] {d}: the groups' device tables must share a width and dtype \
+                    "{} is [.., {cols}] {}, group 0's [.., {c}] {d}: the groups' device tables must share a width and dtype \
                      (or let the step stage the host tables)",
+                    what(),
                     t.dtype_name()
                 )));
             }

@@ -87,6 +87,10 @@ impl VllmSlotStep {
         Ok(self.staged.lock().map_err(|_| Error::plan("the staged commit's lock is poisoned"))?.take())
     }
 
+    fn uploaded(&self) -> PyResult<std::sync::MutexGuard<'_, Vec<TableRef>>> {
+        Ok(self.uploaded.lock().map_err(|_| Error::plan("the table records' lock is poisoned"))?)
+    }
+
     fn order(&self) -> PyResult<std::sync::MutexGuard<'_, HalfOrder>> {
         Ok(self.order.lock().map_err(|_| Error::plan("the half-step order's lock is poisoned"))?)
     }
@@ -130,20 +134,19 @@ impl VllmSlotStep {
         planner.write(py, || {
             let (refs, cols) = self.inner.table_refs(&tables)?;
             let launch = Py::new(py, KernelLaunch::new(f(&self.inner, cols)?))?;
-            let changed = {
-                let mut up = self.uploaded.lock().map_err(|_| Error::plan("the table records' lock is poisoned"))?;
-                let changed = *up != refs;
-                if changed {
-                    up.clone_from(&refs);
-                }
-                changed
-            };
+            let changed = *self.uploaded()? != refs;
             let records = changed.then(|| PyBytes::new(py, &TableRef::bytes(&refs)));
             if let Some(run) = run {
                 if let Some((reference, num_sampled)) = reference {
                     reference.bind(py).call1((num_sampled,))?; // the caller's own counts
                 }
                 run.call1((launch.clone_ref(py), records.clone()))?;
+            }
+            // Recorded once uploaded: with `run`, after it returned (a refused reference commit or
+            // a failed upload leaves the records to be sent again by the next half-step); without,
+            // the caller uploads the records it is given.
+            if changed {
+                *self.uploaded()? = refs;
             }
             Ok((launch, records))
         })

@@ -2,10 +2,12 @@
 //! memory: a torch tensor, a `__cuda_array_interface__` object (a CuPy array) or a numpy array.
 
 use crate::tensor::TensorDesc;
+use pyo3::exceptions::PyAttributeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
+use std::sync::Mutex;
 
 /// What an object turned out to be.
 pub(crate) enum Described {
@@ -90,9 +92,8 @@ fn note_torch(py: Python<'_>) {
     }
 }
 
-/// The spellings of the dtypes and devices launches describe again and again (`str(dtype)`,
-/// `str(device)`), keyed by the object (a dtype is a singleton; devices compare equal): a handful of
-/// entries per process. A dtype's entry is `(spelling, element size)`.
+/// The spellings of the devices launches describe again and again (`str(device)`), keyed by the
+/// device (devices compare equal): a handful of entries per process.
 static SPELLED: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
 
 /// Whether `obj` is a torch dtype (`is_dtype`) or a torch device.
@@ -116,6 +117,15 @@ fn spelled(device: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(s.to_string())
 }
 
+/// The torch dtypes described so far, by identity (a torch dtype is a singleton; each entry holds
+/// its dtype, so the address names that dtype for as long as the entry lives), with the spelling
+/// and element size [`dtype_of`] gives: found without hashing, a dictionary look-up or a conversion
+/// of the remembered values. At most [`DTYPE_ENTRIES`] entries (torch has a few dozen dtypes); a
+/// dtype found past that is spelled every time.
+static DTYPES: Mutex<Vec<(Py<PyAny>, String, i64)>> = Mutex::new(Vec::new());
+
+const DTYPE_ENTRIES: usize = 64;
+
 /// `str(tensor.dtype)` and the tensor's element size. The element size of a torch dtype is the
 /// dtype's own (`dtype.itemsize`, the element size of every tensor of that dtype), remembered with
 /// its spelling, so a tensor is asked for its dtype only; another kind of dtype is spelled and the
@@ -126,13 +136,21 @@ fn dtype_of(tensor: &Bound<'_, PyAny>) -> PyResult<(String, i64)> {
     if !torch_kind(&dtype, true) {
         return Ok((dtype.str()?.to_string(), tensor.call_method0(intern!(py, "element_size"))?.extract()?));
     }
-    let cache = SPELLED.get_or_init(py, || PyDict::new(py).unbind()).bind(py);
-    if let Some(s) = cache.get_item(&dtype)? {
-        return s.extract();
+    // No Python code runs while the lock is held (a poisoned lock only means a panic elsewhere:
+    // the entries are whole either way).
+    let known = |d: &Bound<'_, PyAny>| {
+        let entries = DTYPES.lock().unwrap_or_else(|e| e.into_inner());
+        entries.iter().find(|(k, _, _)| k.as_ptr() == d.as_ptr()).map(|(_, s, es)| (s.clone(), *es))
+    };
+    if let Some(found) = known(&dtype) {
+        return Ok(found);
     }
-    let known: (String, i64) = (dtype.str()?.to_string(), dtype.getattr(intern!(py, "itemsize"))?.extract()?);
-    cache.set_item(&dtype, known.clone())?;
-    Ok(known)
+    let (spelling, es): (String, i64) = (dtype.str()?.to_string(), dtype.getattr(intern!(py, "itemsize"))?.extract()?);
+    let mut entries = DTYPES.lock().unwrap_or_else(|e| e.into_inner());
+    if entries.len() < DTYPE_ENTRIES && !entries.iter().any(|(k, _, _)| k.as_ptr() == dtype.as_ptr()) {
+        entries.push((dtype.unbind(), spelling.clone(), es));
+    }
+    Ok((spelling, es))
 }
 
 /// The integers of a tuple (`torch.Size`, `stride()`), read as a tuple; any other sequence through
@@ -144,8 +162,9 @@ fn ints(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     }
 }
 
-/// Describes a torch tensor (an object with `data_ptr` and `element_size`).
-fn describe_torch(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
+/// Describes a torch tensor (an object with `data_ptr` and `element_size`); `data_ptr`: its
+/// `data_ptr` method when the caller has looked it up already (called, not looked up again).
+fn describe_torch(obj: &Bound<'_, PyAny>, data_ptr: Option<&Bound<'_, PyAny>>) -> PyResult<Described> {
     let py = obj.py();
     // A dense (strided) tensor only.
     if let Ok(layout) = obj.getattr(intern!(py, "layout")) {
@@ -162,7 +181,10 @@ fn describe_torch(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
         && dtype != "torch.bool"
         && obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false);
     Ok(Described::Tensor(TensorDesc {
-        data_ptr: super::conversion::address_int(&obj.call_method0(intern!(py, "data_ptr"))?)?,
+        data_ptr: super::conversion::address_int(&match data_ptr {
+            Some(f) => f.call0()?,
+            None => obj.call_method0(intern!(py, "data_ptr"))?,
+        })?,
         dtype,
         shape: ints(&obj.getattr(intern!(py, "shape"))?)?,
         strides: strides.into_iter().map(|s| s * es).collect(),
@@ -177,11 +199,19 @@ pub(crate) fn describe(obj: &Bound<'_, PyAny>) -> PyResult<Described> {
     let py = obj.py();
     // An object of exactly torch's tensor type is a tensor without asking for its attributes.
     if TORCH.get(py).is_some_and(|t| obj.get_type().is(t.tensor.bind(py))) {
-        return describe_torch(obj);
+        return describe_torch(obj, None);
     }
-    if obj.hasattr(intern!(py, "data_ptr"))? && obj.hasattr(intern!(py, "element_size"))? {
-        note_torch(py);
-        return describe_torch(obj);
+    // `hasattr(obj, "data_ptr")`, the method kept for the description's one call of it.
+    let data_ptr = match obj.getattr(intern!(py, "data_ptr")) {
+        Ok(f) => Some(f),
+        Err(e) if e.is_instance_of::<PyAttributeError>(py) => None,
+        Err(e) => return Err(e),
+    };
+    if let Some(data_ptr) = data_ptr {
+        if obj.hasattr(intern!(py, "element_size"))? {
+            note_torch(py);
+            return describe_torch(obj, Some(&data_ptr));
+        }
     }
     if let Ok(iface) = obj.getattr(intern!(py, "__cuda_array_interface__")) {
         let device = match obj.getattr(intern!(py, "device")).and_then(|d| d.getattr(intern!(py, "id"))) {

@@ -408,3 +408,26 @@ def test_the_core_passes_each_runner_tensor_through_the_launch_hook_once(fake_op
     ms.postprocess_state(idx, 1, None, [table])
     assert [id(t) for t in seen] == [id(idx), id(nct), id(qsl), id(table), id(idx), id(table)]
     assert len(recorder.calls) == 4
+
+
+def test_table_records_are_sent_again_after_a_failed_upload(fake_ops, recorder, launch_args):
+    """The core records the groups' table records as uploaded only once the write that uploads
+    them (``run``) has returned: a half-step whose upload or launch raised hands the records to
+    the next half-step again, so the device never keeps records that were not written."""
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    ms, _, table = _small()
+    got: list[bytes | None] = []
+
+    def failing(kl, records):
+        got.append(records)
+        raise RuntimeError("the upload failed")
+
+    ms._run = failing  # the adapter's write callback, as the core calls it
+    with pytest.raises(RuntimeError, match="the upload failed"):
+        _begin_step(ms, table)
+    ms._run = lambda kl, records: (got.append(records), ModelStateV2._run(ms, kl, records))
+    _begin_step(ms, table)  # not a repeated pre-copy: the refused one did not count
+    ms.postprocess_state(torch.zeros(0, dtype=torch.int32), 1, None, [table])
+    assert got[0] is not None and got[1] == got[0] and got[2] is None, got
+    assert ms._tables.tolist() == list(memoryview(got[0]).cast("q"))

@@ -224,7 +224,7 @@ class ModelStateV2(EngineAdapter):
         if commit and isinstance(num_sampled, int):
             log.debug("postprocess_state: num_sampled is one integer for every row: no RecoverSSM commit (as vLLM's)")
             commit = False
-        elif isinstance(recoverssm, RecoverSSMCommit):
+        elif commit and isinstance(recoverssm, RecoverSSMCommit):
             self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
         # As preprocess_state's, a staged host commit run first (reference(num_sampled), by the core).
         step.post(
