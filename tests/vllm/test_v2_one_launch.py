@@ -304,6 +304,23 @@ def test_a_recoverssm_post_process_with_the_commit_kernel_is_one_launch(fake_ops
         ms.postprocess_state(idx, sampled, nct, [table], recoverssm=True)
 
 
+def test_staging_is_refused_during_a_graph_capture(fake_ops, launch_args, monkeypatch):
+    """A commit staged while a CUDA graph is being captured would be baked into the graph (its
+    host-to-device copy replayed with the captured bytes): refused before anything is planned or
+    staged; the same commit stages once the capture is over."""
+    from recoverssm_rs.errors import PlanError
+
+    ms, _, _, caches = _commit_setup(monkeypatch)
+    stage = ms._stage.clone()
+    monkeypatch.setattr(fake_ops, "capturing", lambda: True, raising=False)
+    with pytest.raises(PlanError, match="a CUDA graph is being captured; stage the commit before the capture"):
+        ms.stage_recoverssm(_commit(caches[0]))
+    assert torch.equal(ms._stage, stage) and fake_ops.staged == 0
+    monkeypatch.setattr(fake_ops, "capturing", lambda: False)
+    ms.stage_recoverssm(_commit(caches[0]))
+    assert fake_ops.staged == 1 and not torch.equal(ms._stage, stage)
+
+
 def test_a_committed_row_whose_counts_disagree_is_reported_not_copied(fake_ops, emulator, launch_args, monkeypatch):
     """The commit's boundary write is a committed row's aligned save; a post-step count that is
     not the commit's tokens plus the sampled ones (16, not 12) would ask for a second save racing

@@ -94,5 +94,10 @@ class CudaOps:
     def synchronize(self, index: int) -> None:
         self.torch().cuda.synchronize(index)
 
+    def capturing(self) -> bool:
+        """Whether the current CUDA stream is capturing a graph (``False`` without CUDA)."""
+        cuda = self.torch().cuda
+        return bool(cuda.is_available() and cuda.is_current_stream_capturing())
+
 
 cuda_ops = CudaOps()

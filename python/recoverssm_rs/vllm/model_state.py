@@ -243,7 +243,7 @@ class ModelStateV2(EngineAdapter):
             PlanError: a bad request index, block, count or boundary, or a block written twice,
                 naming the request, or a capture in progress; nothing is staged.
         """
-        if _capturing():
+        if ops.cuda_ops.capturing():
             raise PlanError("stage_recoverssm: a CUDA graph is being captured; stage the commit before the capture")
         rs, cache = recoverssm, recoverssm.cache
         kernel = cache.fused_commit()
@@ -275,13 +275,6 @@ class ModelStateV2(EngineAdapter):
             f"ModelStateV2(groups={self.group_ids}, block_size={self.block_size}, "
             f"max_num_reqs={self.max_num_reqs}, device={self.device})"
         )
-
-
-def _capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph."""
-    import torch
-
-    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _reference_commit(rs: RecoverSSMCommit, num_sampled: Any, *, block_size: int) -> None:
