@@ -84,7 +84,11 @@ def test_install_on_a_cuda_pool_routes_every_operation(fake_ops):
         ([1, 2], [3], r"copy_from: src_indices has 2 slot ids, dst_indices 1: one source per destination"),
         ([[1, 2]], [[3, 4]], r"copy_from: src_indices: expected a 1-D vector"),
         ([1.0], [2.0], r"copy_from: src_indices: expected int32, got torch.float32"),
-        ([1] * 6, [1, 2, 3, 4, 5, 1], r"copy_from: 6 copies into a pool of 5 slots \(1 ..= 5\): some slot would be written twice"),
+        (
+            [1] * 6,
+            [1, 2, 3, 4, 5, 1],
+            r"copy_from: 6 copies into a pool of 5 slots \(1 ..= 5\): some slot would be written twice",
+        ),
     ],
 )
 def test_device_copy_shapes_are_checked_by_the_core(fake_ops, recorder, strided_fakes, src, dst, match):
