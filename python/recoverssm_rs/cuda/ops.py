@@ -80,6 +80,30 @@ class CudaOps:
         torch = self.torch()
         return torch.stack([t[:rows] for t in tables])
 
+    def filled(self, sizes: list[tuple[int, int, bool]], device: Any) -> list[Any]:
+        """One vector per ``(fill, length, wide)`` of ``sizes`` on ``device`` (a torch device),
+        int64 where ``wide`` else int32, every element ``fill``."""
+        torch = self.torch()
+        return [
+            torch.full((n,), fill, dtype=torch.int64 if wide else torch.int32, device=device) for fill, n, wide in sizes
+        ]
+
+    def copy_i64(self, raw: bytes, dest: Any) -> None:
+        """Copies the int64 words ``raw`` into the int64 vector ``dest`` of as many elements
+        (torch's copy from pageable host memory), on the current stream."""
+        torch = self.torch()
+        dest.copy_(torch.frombuffer(bytearray(raw), dtype=torch.int64))
+
+    def remap_counts(self, prev: Any, prev_rows: Any, dest: Any) -> None:
+        """``dest[i] = prev[prev_rows[i]]``, 1 where ``prev_rows[i]`` is outside ``prev`` (a row new
+        to the batch), queued on the current stream: no host read of a device value."""
+        n = prev.shape[0]
+        if n == 0:
+            dest.fill_(1)
+            return
+        kept = (prev_rows >= 0) & (prev_rows < n)
+        dest.copy_(prev.index_select(0, prev_rows.clamp(0, n - 1)).masked_fill_(~kept, 1))
+
     def empty_i32(self, n: int, index: int) -> Any:
         """An uninitialised int32 device vector (no synchronisation)."""
         torch = self.torch()

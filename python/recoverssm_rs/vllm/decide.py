@@ -8,15 +8,13 @@ call into the core). A half-step's per-request vectors are one :class:`PreCopyIn
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 
 from .. import _core
 from ..errors import PlanError, _reading
-
-if TYPE_CHECKING:
-    from ..planner import CopyPlan, Planner
+from ..planner import CopyPlan, Planner
 
 __all__ = [
     "PreCopyDecision",
@@ -129,8 +127,6 @@ def plan(
     ``planner``, in one call into the core; run them with :meth:`CopyPlan.execute
     <recoverssm_rs.CopyPlan.execute>`. ``host_only``: the caller's name for a host-path call, a
     :class:`~recoverssm_rs.PlanError` on CUDA states."""
-    from ..planner import CopyPlan
-
     pre = isinstance(step, PreCopyInputs)
     half = _core.vllm_pre_copy if pre else _core.vllm_post_process
     raw, copies = half(planner.core, host_only=host_only, **fields(step))

@@ -8,7 +8,7 @@ section 3.6, "The engine step on the device"). Every torch CUDA call goes throug
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,23 +17,10 @@ from .._core import ErrorWord, VllmSlots
 from ..cuda import module, ops
 from ..engine import EngineAdapter, ErrorWordBuffer
 from ..plan_format import records
+from ..planner import Planner
 from .decide import PostProcessInputs, PreCopyInputs
 
-if TYPE_CHECKING:
-    from ..planner import Planner
-
 __all__ = ["DeviceStep"]
-
-
-def _remap(prev: Any, prev_rows: Any, dest: Any) -> None:
-    """``dest[i] = prev[prev_rows[i]]``, 1 where ``prev_rows[i]`` is outside ``prev`` (a new row),
-    queued on the current stream: no host read of a device value."""
-    n = prev.shape[0]
-    if n == 0:
-        dest.fill_(1)
-        return
-    kept = (prev_rows >= 0) & (prev_rows < n)
-    dest.copy_(prev.index_select(0, prev_rows.clamp(0, n - 1)).masked_fill_(~kept, 1))
 
 
 class DeviceStep(EngineAdapter):
@@ -103,7 +90,7 @@ class DeviceStep(EngineAdapter):
                 if pre:
                     self.error.reset(0)  # the step's word: the post-process ORs into it too
                     if prev_rows is not None:
-                        _remap(out[m : m + self._post_rows], prev_rows[:rows], out[2 * m : 2 * m + rows])
+                        cuda.remap_counts(out[m : m + self._post_rows], prev_rows[:rows], out[2 * m : 2 * m + rows])
                 if kl is not None:
                     cuda.stage_i32(staged, self._staging)
                     module.launch(kl, self.index, ts)

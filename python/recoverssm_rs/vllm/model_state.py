@@ -21,6 +21,7 @@ from ..engine import EngineAdapter
 from ..errors import BackendUnavailableError, BindingError, PlanError
 from ..placement import parse_device
 from ..planner import Planner
+from .step import VllmMambaStep
 
 __all__ = ["ModelStateV2", "RecoverSSMCommit"]
 
@@ -66,20 +67,17 @@ class ModelStateV2(EngineAdapter):
     """
 
     def __init__(self, planner: Planner, group_ids: Sequence[int], max_num_reqs: int, *, device: Any = None) -> None:
-        import torch
-
         if not isinstance(planner, Planner):
             raise BindingError(f"planner must be a Planner, got {type(planner).__name__}")
         # The arguments checked and the per-request buffers sized by the core (its buffer_specs).
         self.group_ids, m, self.block_size, sizes = _core.VllmSlotStep.buffers(planner.core, group_ids, max_num_reqs)
         super().__init__(planner)
         self.max_num_reqs = m
-        self.device = dev = torch.device(parse_device(device if device is not None else planner.device).name)
+        self.device = dev = ops.cuda_ops.torch().device(
+            parse_device(device if device is not None else planner.device).name
+        )
         try:
-            bufs = [
-                torch.full((n,), fill, dtype=torch.int64 if wide else torch.int32, device=dev)
-                for fill, n, wide in sizes
-            ]
+            bufs = ops.cuda_ops.filled(sizes, dev)
         except RuntimeError as e:  # no usable device (torch's error, named here)
             raise BackendUnavailableError(
                 f"ModelStateV2: cannot allocate its per-request buffers on {dev}: {e}"
@@ -103,8 +101,6 @@ class ModelStateV2(EngineAdapter):
     ) -> ModelStateV2:
         """Build the step from vLLM's model-runner objects, as (and with the checks of)
         :meth:`VllmMambaStep.from_runner <recoverssm_rs.vllm.VllmMambaStep.from_runner>`."""
-        from .step import VllmMambaStep
-
         step = VllmMambaStep.from_runner(
             kv_cache_config, forward_context, copy_funcs, max_num_reqs=max_num_reqs, conv_layout=conv_layout
         )
@@ -154,9 +150,7 @@ class ModelStateV2(EngineAdapter):
         reference commit): the table records when a table moved, then the launch on the current
         stream."""
         if records is not None:
-            import torch
-
-            self._tables.copy_(torch.frombuffer(bytearray(records), dtype=torch.int64))
+            ops.cuda_ops.copy_i64(records, self._tables)
         module.launch(kl, self.placement.index, None)
 
     def _restamp(self, kl: Any, records: bytes | None) -> None:
