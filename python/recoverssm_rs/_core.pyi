@@ -836,7 +836,7 @@ class SglangPool:
     def copy_launch(
         self,
         planner: Planner,
-        run: Callable[[KernelLaunch | None, int], object],
+        runner: Callable[[str], Callable[[KernelLaunch | None, int], object]],
         upload: Callable[[bytes], _Tensor],
         src_indices: _Tensor,
         dst_indices: _Tensor,
@@ -847,9 +847,11 @@ class SglangPool:
         row is the slot ids (each request's columns are its slots), with pre-copy semantics.
         `src_indices` and `dst_indices` are int32 vectors of one length on the pool's device
         (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
-        write one slot twice). The first call hands the slot ids and ones to `upload(bytes)`, which
-        returns them on the device. Then the guards, `run(launch, requests)` on the launch's stream,
-        the write recorded. The kernel checks each slot and skips a bad one (the planner's error word).
+        write one slot twice). Only then `runner("copy_from")` (`Planner.launch_runner`: makes the
+        planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
+        first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device:
+        a refused call prepares nothing. Then the guards, `run`, the write recorded. The kernel
+        checks each slot and skips a bad one (the planner's error word).
         """
     def guarded(self, write: Callable[[], _T]) -> _T:
         """One guarded write: the pool's tensors checked (`write` not called when one moved),

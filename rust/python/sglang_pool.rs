@@ -368,17 +368,19 @@ impl SglangPool {
     /// row is the slot ids (each request's columns are its slots), with pre-copy semantics.
     /// `src_indices` and `dst_indices` are int32 vectors of one length on the pool's device
     /// (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
-    /// write one slot twice). The first call hands the slot ids and ones to `upload(bytes)`, which
-    /// returns them on the device. Then the guards, `run(launch, requests)` on the launch's stream,
-    /// the write recorded. The kernel checks each slot and skips a bad one (the planner's error word).
+    /// write one slot twice). Only then `runner("copy_from")` (`Planner.launch_runner`: makes the
+    /// planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
+    /// first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device:
+    /// a refused call prepares nothing. Then the guards, `run`, the write recorded. The kernel
+    /// checks each slot and skips a bad one (the planner's error word).
     #[pyo3(signature = (
-        planner: "Planner", run: "Callable[[KernelLaunch | None, int], object]", upload: "Callable[[bytes], _Tensor]",
+        planner: "Planner", runner: "Callable[[str], Callable[[KernelLaunch | None, int], object]]", upload: "Callable[[bytes], _Tensor]",
         src_indices: "_Tensor", dst_indices: "_Tensor",
     ) -> "None")]
     fn copy_launch(
         slf: &Bound<'_, Self>,
         planner: &Bound<'_, PyAny>,
-        run: &Bound<'_, PyAny>,
+        runner: &Bound<'_, PyAny>,
         upload: &Bound<'_, PyAny>,
         src_indices: &Bound<'_, PyAny>,
         dst_indices: &Bound<'_, PyAny>,
@@ -393,6 +395,8 @@ impl SglangPool {
         if n == 0 {
             return Ok(());
         }
+        // Checked: now the device path (`runner("copy_from")` makes it on first use) and the constants.
+        let run = runner.call1(("copy_from",))?;
         let s = this.inner.num_slots as i64;
         let consts = match this.copy_consts.get() {
             Some((_, d)) => d,

@@ -99,3 +99,5 @@ def test_device_copy_shapes_are_checked_by_the_core(fake_ops, recorder, strided_
     with pytest.raises(PlanError, match=match):
         ops.copy_from(FakeCuda(torch.tensor(src)), FakeCuda(torch.tensor(dst)))
     assert not recorder.calls
+    # a refused first call prepares nothing: no device path (state metas, error word), no constants
+    assert (fake_ops.uploads, fake_ops.allocs) == (0, 0)

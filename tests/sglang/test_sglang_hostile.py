@@ -248,10 +248,10 @@ def test_the_core_copies_only_with_the_pool_s_own_planner(fake_ops, emulator, st
     ids = FakeCuda(torch.tensor([1], dtype=torch.int32))
     before = [conv[0].clone(), temporal.clone()]
     with pytest.raises(PlanError, match="copy_from: the planner is not this pool's"):
-        c.tensors.copy_launch(a.planner.core, lambda kl, n: pytest.fail("launched"), c.upload, ids, ids)
+        c.tensors.copy_launch(a.planner.core, lambda what: pytest.fail("prepared"), c.upload, ids, ids)
     c.tensors.copy_launch(
         c.planner.core,
-        c.planner.launch_runner("copy_from"),
+        c.planner.launch_runner,
         c.upload,
         ids,
         FakeCuda(torch.tensor([2], dtype=torch.int32)),

@@ -153,7 +153,7 @@ class SglangMambaPool(EngineAdapter):
                 ids_on_device(self, x, "copy_from", a, 32)
                 for x, a in ((src_indices, "src_indices"), (dst_indices, "dst_indices"))
             )
-            self.tensors.copy_launch(self.planner.core, self.planner.launch_runner("copy_from"), self.upload, src, dst)
+            self.tensors.copy_launch(self.planner.core, self.planner.launch_runner, self.upload, src, dst)
         else:  # the slots checked, the planner's copy plan run by the host executor
             self.tensors.copy_from(self.planner.core, src_indices, dst_indices)
 
