@@ -258,6 +258,9 @@ def test_the_core_copies_only_with_the_pool_s_own_planner(fake_ops, emulator, st
     )
     assert torch.equal(conv[0][:, 2], before[0][:, 1]) and torch.equal(temporal[:, 2], before[1][:, 1])
     assert len(emulator.calls) == 1
+    # a host pool's planner has no device path to launch on: refused by the caller's name
+    with pytest.raises(PlanError, match="copy_from"):
+        a.planner.launch_runner("copy_from")
 
 
 def test_get_cpu_copy_after_the_temporal_storage_was_freed_is_an_error_not_a_crash():
