@@ -8,6 +8,7 @@
 //! `load_cpu_copy` stages the host copies as the blocks and scatters row `r` into slot `ids[r]`.
 
 use super::checks::{check_host_copy, state_label};
+use super::host::read_host;
 use super::kernel::{self, SlotCall, SlotPool};
 use crate::error::{Error, Result};
 use crate::kernels::abi::Launch;
@@ -183,40 +184,4 @@ impl HostCopy {
         let call = SlotCall { slots: &slots, steps: Some(&steps), rows: Some(&rows), track_slots: None, track_steps: None, err };
         kernel::slot_launch(&pool, &call)
     }
-}
-
-/// Copies the elements of the host tensor `t` in C order into `out` (its bytes).
-pub(super) fn read_host(t: &TensorDesc, out: &mut [u8]) -> Result<()> {
-    let elem = bytes_of(t)? as usize;
-    let count: i64 = t.shape.iter().product();
-    if t.device.trim() != "cpu" || count as usize * elem != out.len() || t.data_ptr == 0 {
-        return Err(Error::plan(format!(
-            "load_cpu_copy: a host copy of {} bytes on {} for a block of {}",
-            count as usize * elem,
-            t.device,
-            out.len()
-        )));
-    }
-    let dims: Vec<(i64, i64)> = t.shape.iter().copied().zip(t.strides.iter().copied()).collect();
-    let mut index = vec![0i64; dims.len()];
-    let dense = TensorDesc::dense(0, &t.dtype, &t.shape, "cpu").strides == t.strides;
-    if dense {
-        // SAFETY: the caller's host tensor (alive for the call) spans `out.len()` bytes from its
-        // address; the core checked its device, dtype and shape.
-        unsafe { std::ptr::copy_nonoverlapping(t.data_ptr as *const u8, out.as_mut_ptr(), out.len()) };
-        return Ok(());
-    }
-    for chunk in out.chunks_exact_mut(elem) {
-        let at = t.data_ptr as i64 + index.iter().zip(&dims).map(|(i, (_, s))| i * s).sum::<i64>();
-        // SAFETY: every element address lies inside the host tensor (its shape and strides).
-        unsafe { std::ptr::copy_nonoverlapping(at as *const u8, chunk.as_mut_ptr(), elem) };
-        for d in (0..dims.len()).rev() {
-            index[d] += 1;
-            if index[d] < dims[d].0 {
-                break;
-            }
-            index[d] = 0;
-        }
-    }
-    Ok(())
 }

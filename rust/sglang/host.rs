@@ -6,11 +6,12 @@
 //! address is then the tensor's address plus in-extent indices times its strides, inside the
 //! memory it describes (which the caller keeps alive and checked: the pool's guard).
 
-use super::hicache::{read_host, HostCopy};
+use super::hicache::HostCopy;
 use crate::error::{Error, Result};
 use crate::tensor::TensorDesc;
 
-/// One slot (or scratch entry) of a host tensor: its address and its elements' shape and strides.
+/// Host memory described by an address, a shape and byte strides: one slot (or scratch entry) of a
+/// host tensor, or a whole host tensor; its elements are walked in C order.
 struct Entry<'a> {
     at: u64,
     shape: &'a [i64],
@@ -18,8 +19,8 @@ struct Entry<'a> {
     elem: i64,
 }
 
-/// Checks `t`, the tensor `what`: on the host, writable when `write`, at least `axes + 1` axes
-/// (the indexed ones and the entry), non-negative strides.
+/// Checks `t`, the tensor `what`: on the host, writable when `write`, at least `axes` axes (the
+/// indexed ones), non-negative strides.
 fn check(t: &TensorDesc, what: &str, axes: usize, write: bool) -> Result<()> {
     if t.device.trim() != "cpu" || t.data_ptr == 0 {
         return Err(Error::plan(format!("{what}: expected host memory, got a tensor on {}", t.device)));
@@ -34,7 +35,7 @@ fn check(t: &TensorDesc, what: &str, axes: usize, write: bool) -> Result<()> {
     Ok(())
 }
 
-/// Checks that `index` lies inside `t`'s axes `first..` (`what` names the tensor, `axis` them).
+/// Checks that `index` lies inside axis `axis` of `t` (`what` names the tensor, `name` the index).
 fn check_index(t: &TensorDesc, what: &str, axis: usize, name: &str, index: i64) -> Result<()> {
     if index < 0 || index >= t.shape[axis] {
         return Err(Error::plan(format!("{what}: {name} {index} is outside 0 ..= {}", t.shape[axis] - 1)));
@@ -42,11 +43,15 @@ fn check_index(t: &TensorDesc, what: &str, axis: usize, name: &str, index: i64) 
     Ok(())
 }
 
-/// The entry of `t` (checked by [`check`]) at the leading indices `index` (checked by
-/// [`check_index`]).
-fn entry<'a>(t: &'a TensorDesc, index: &[i64]) -> Entry<'a> {
+/// The bytes of one element of `t` (checked by [`check`]: a state dtype).
+fn itemsize(t: &TensorDesc) -> i64 {
+    t.state_dtype().map_or(1, |d| d.itemsize() as i64)
+}
+
+/// The entry of `t` (checked by [`check`]; its elements `elem` bytes, [`itemsize`]) at the leading
+/// indices `index` (checked by [`check_index`]).
+fn entry<'a>(t: &'a TensorDesc, elem: i64, index: &[i64]) -> Entry<'a> {
     let offset: i64 = index.iter().zip(&t.strides).map(|(i, s)| i * s).sum();
-    let elem = t.state_dtype().map_or(1, |d| d.itemsize() as i64);
     Entry { at: t.data_ptr + offset as u64, shape: &t.shape[index.len()..], strides: &t.strides[index.len()..], elem }
 }
 
@@ -55,7 +60,8 @@ impl Entry<'_> {
         (self.shape.iter().map(|&n| n.max(0)).product::<i64>() * self.elem) as usize
     }
 
-    /// Calls `f(address, bytes)` for each contiguous run of the entry's elements, in C order.
+    /// Calls `f(address, bytes)` for each contiguous run of the entry's elements, in C order (a
+    /// negative stride walks down from `at`).
     fn runs(&self, mut f: impl FnMut(u64, usize)) {
         if self.bytes() == 0 {
             return;
@@ -68,7 +74,7 @@ impl Entry<'_> {
         let mut index = vec![0i64; k];
         loop {
             let offset: i64 = index.iter().zip(self.strides).map(|(i, s)| i * s).sum();
-            f(self.at + offset as u64, run as usize);
+            f((self.at as i64 + offset) as u64, run as usize);
             let mut d = k;
             loop {
                 if d == 0 {
@@ -84,10 +90,16 @@ impl Entry<'_> {
         }
     }
 
-    /// Appends the entry's bytes, in C order, to `out`.
-    fn read(&self, out: &mut Vec<u8>) {
-        // SAFETY: every run lies inside the entry's tensor (in-extent indices, checked strides).
-        self.runs(|at, n| out.extend_from_slice(unsafe { std::slice::from_raw_parts(at as *const u8, n) }));
+    /// Copies the entry's bytes, in C order, into `out` (as many bytes: another length is a bug
+    /// of the caller's, a panic before any byte is copied).
+    fn read_into(&self, mut out: &mut [u8]) {
+        assert_eq!(out.len(), self.bytes(), "a host read of an entry of {} bytes into {}", self.bytes(), out.len());
+        self.runs(|at, n| {
+            // SAFETY: every run lies inside the entry's memory (in-extent indices, the strides of
+            // the tensor it is part of); `out` is not that memory.
+            unsafe { std::ptr::copy_nonoverlapping(at as *const u8, out.as_mut_ptr(), n) };
+            out = &mut std::mem::take(&mut out)[n..];
+        });
     }
 
     /// Writes `data` (the entry's bytes in C order) over the entry. A `data` of another length is
@@ -107,9 +119,10 @@ pub fn clear(states: &[TensorDesc], ids: &[i64]) -> Result<()> {
     check_states("clear_slots", states, ids, true)?;
     let mut zeros = Vec::new();
     for t in states.iter().filter(|t| holds_bytes(t)) {
+        let elem = itemsize(t);
         for layer in 0..t.shape[0] {
             for &s in ids {
-                let e = entry(t, &[layer, s]);
+                let e = entry(t, elem, &[layer, s]);
                 zeros.resize(e.bytes(), 0); // zeros only: nothing ever writes into it
                 e.write(&zeros);
             }
@@ -143,11 +156,14 @@ pub fn commit(pairs: &[(&TensorDesc, &TensorDesc)], moves: &[(i64, i64, i64)]) -
     }
     let mut buf = Vec::new();
     for (st, sc) in pairs {
+        let (es, ec) = (itemsize(st), itemsize(sc));
         for layer in 0..st.shape[0] {
             for &(slot, row, step) in moves {
-                buf.clear();
-                entry(sc, &[layer, row, step]).read(&mut buf);
-                entry(st, &[layer, slot]).write(&buf);
+                // Through a buffer: a scratch entry may share memory with the slot it is written to.
+                let from = entry(sc, ec, &[layer, row, step]);
+                buf.resize(from.bytes(), 0);
+                from.read_into(&mut buf);
+                entry(st, es, &[layer, slot]).write(&buf);
             }
         }
     }
@@ -184,13 +200,11 @@ pub fn get(call: &HostCopy, states: &[TensorDesc], ids: &[i64], out: &mut [u8]) 
         return Err(Error::plan(format!("get_cpu_copy: a buffer of {} bytes for {}", out.len(), call.total)));
     }
     check_states("get_cpu_copy", states, ids, false)?;
-    let mut buf = Vec::new();
     for (k, t) in states.iter().enumerate().filter(|(_, t)| holds_bytes(t)) {
+        let elem = itemsize(t);
         for layer in 0..t.shape[0] {
             for (r, &s) in ids.iter().enumerate() {
-                buf.clear();
-                entry(t, &[layer, s]).read(&mut buf);
-                out[block_range(call, states, k, layer, r, ids.len())].copy_from_slice(&buf);
+                entry(t, elem, &[layer, s]).read_into(&mut out[block_range(call, states, k, layer, r, ids.len())]);
             }
         }
     }
@@ -212,11 +226,30 @@ pub fn load(call: &HostCopy, states: &[TensorDesc], ids: &[i64], host: &[TensorD
         read_host(h, &mut staged[b.offset as usize..(b.offset + b.bytes) as usize])?;
     }
     for (k, t) in states.iter().enumerate().filter(|(_, t)| holds_bytes(t)) {
+        let elem = itemsize(t);
         for layer in 0..t.shape[0] {
             for (r, &s) in ids.iter().enumerate() {
-                entry(t, &[layer, s]).write(&staged[block_range(call, states, k, layer, r, ids.len())]);
+                entry(t, elem, &[layer, s]).write(&staged[block_range(call, states, k, layer, r, ids.len())]);
             }
         }
     }
+    Ok(())
+}
+
+/// Copies the elements of the host tensor `t` (a load's host copy) in C order into `out` (its
+/// bytes): `t` on the host with an address and exactly `out.len()` bytes of elements.
+pub(super) fn read_host(t: &TensorDesc, out: &mut [u8]) -> Result<()> {
+    let elem = t.state_dtype()?.itemsize() as usize;
+    let count: i64 = t.shape.iter().product();
+    if t.device.trim() != "cpu" || count as usize * elem != out.len() || t.data_ptr == 0 || t.strides.len() != t.shape.len() {
+        return Err(Error::plan(format!(
+            "load_cpu_copy: a host copy of {} bytes on {} for a block of {}",
+            count as usize * elem,
+            t.device,
+            out.len()
+        )));
+    }
+    // Every element address lies inside the host tensor, as its shape and strides describe it.
+    Entry { at: t.data_ptr, shape: &t.shape, strides: &t.strides, elem: elem as i64 }.read_into(out);
     Ok(())
 }

@@ -309,6 +309,26 @@ def test_a_load_from_a_view_of_the_pool_gives_the_right_bytes():
         assert torch.equal(t[:, [2, 3]], w)
 
 
+@needs_cxx
+@pytest.mark.parametrize("cuda", [False, True], ids=["host", "cuda"])
+def test_strided_host_copies_load_their_elements_in_order(cuda, fake_ops, emulator, strided_fakes):
+    """Host copies that are not dense (every other element of a wider buffer, permuted axes) load
+    element for element, on host states (the core writes the slots) and on CUDA (the core stages
+    them for the slot kernel); a get gives them back."""
+    conv, temporal, _, _ = _tensors(3)
+    wrap = FakeCuda if cuda else (lambda t: t)
+    p = SglangMambaPool([wrap(conv[0])], wrap(temporal))
+    g = torch.Generator().manual_seed(4)
+    cc = torch.randn(LAYERS, 3, 6, 6, generator=g)[..., ::2]
+    tc = torch.randn(4, LAYERS, 2, 3, 4, generator=g).permute(1, 3, 2, 4, 0)
+    assert not cc.is_contiguous() and not tc.is_contiguous()
+    ids = [1, 4, 5]
+    p.load_cpu_copy(([cc], tc), ids)
+    assert torch.equal(conv[0][:, ids], cc) and torch.equal(temporal[:, ids], tc)
+    (got_conv,), got_temporal = p.get_cpu_copy(ids)
+    assert torch.equal(got_conv, cc) and torch.equal(got_temporal, tc)
+
+
 def test_a_host_copy_of_no_slots_is_empty_and_loads_back_as_nothing():
     """No slots: the core's buffer has no bytes (an empty tensor, whose address may be null), and
     the host copies are empty, shaped as SGLang's ``index_select`` of no index."""
