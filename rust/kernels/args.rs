@@ -145,7 +145,7 @@ pub fn group_block_tables(a: &TensorDesc, groups: u32, allowed: &[IntType], kind
 }
 
 /// The argument lives on `device` (a device string that does not parse lives nowhere).
-fn on_same_device(a: &TensorDesc, device: &Device) -> bool {
+pub fn on_same_device(a: &TensorDesc, device: &Device) -> bool {
     Device::parse(&a.device).is_ok_and(|d| d == *device)
 }
 

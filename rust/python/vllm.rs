@@ -11,7 +11,7 @@ use super::plan::CopyPlan;
 use super::planner::Planner;
 use super::tensor::{describe, Described};
 use crate::error::{Error, ErrorKind};
-use crate::kernels::args::check_group_tables;
+use crate::kernels::args::{check_group_tables, int_vector, IntType};
 use crate::kernels::StepInputs;
 use crate::plan::GroupTable;
 use crate::tensor::TensorDesc;
@@ -261,15 +261,6 @@ fn staged_view(buf: &TensorDesc, offset: usize, shape: &[i64]) -> TensorDesc {
     TensorDesc::dense(buf.data_ptr + 4 * offset as u64, "int32", shape, &buf.device)
 }
 
-/// Checks that `t` is a contiguous int32 vector of at least `need` elements (`name` in the error).
-fn check_i32_vector(t: &TensorDesc, need: usize, name: &str) -> PyResult<()> {
-    if t.dtype_name() != "int32" || t.shape.len() != 1 || t.shape[0] < need as i64 || (t.shape[0] > 1 && t.strides[0] != 4) {
-        let msg = format!("{name} must be a contiguous int32 vector of at least {need} elements, got {} {:?}", t.dtype_name(), t.shape);
-        return Err(Error::plan(msg).into());
-    }
-    Ok(())
-}
-
 /// The half-step's inputs (`step`) by position: `len(fields)` items, its class named in the error.
 fn step_items<'py>(step: &Bound<'py, PyAny>, fields: &[&str], of: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let items = step.cast::<PyTuple>().ok().filter(|t| t.len() == fields.len()).map(|t| t.iter().collect());
@@ -350,12 +341,12 @@ fn device_half<T>(
     let name = |i| inp.req_ids.name(i);
     let (vector, mut st) = stage(&device_step::Stage { host_counts, tables: &tables, cfg: &cfg, name: &name, from })?;
     let m = a.max_num_reqs as usize;
-    check_i32_vector(&a.out.0, 3 * m, "out")?;
+    int_vector(&a.out.0, "out", 3 * m as u64, &[IntType::I32], ErrorKind::Plan)?;
     // The staging buffer holds a step of max_num_reqs requests: its table and three vectors.
     let need = (st.groups * st.cols + 3) * m;
     let (staging, table): (Bound<'_, PyAny>, Bound<'_, PyAny>) = a.buffers.0.bind(py).call1((need, rows))?.extract()?;
     let staging = Tensor::arg(&staging, "staging", ErrorKind::Plan)?.0;
-    check_i32_vector(&staging, need.max(st.data.len()), "staging")?;
+    int_vector(&staging, "staging", need.max(st.data.len()) as u64, &[IntType::I32], ErrorKind::Plan)?;
     let table = match (&a.device_tables, table.is_none()) {
         (Some(_), false) => Tensor::arg(&table, "the stacked device tables", ErrorKind::Plan)?.0,
         (Some(_), true) => return Err(Error::plan("buffers returned no stacked device tables").into()),

@@ -5,7 +5,7 @@
 //! `copy_from` on CUDA (and the constants its launch reads).
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::kernels::args::{int_vector, IntType};
+use crate::kernels::args::{int_vector, on_same_device, IntType};
 use crate::tensor::{Device, TensorDesc};
 
 /// How an operation may name a slot twice.
@@ -135,7 +135,7 @@ pub fn check_host_copy(state: &str, pool: &TensorDesc, host: &TensorDesc, num_sl
 pub fn copy_count(src: &TensorDesc, dst: &TensorDesc, device: &Device, num_slots: u64) -> Result<i64> {
     let mut lens = [0u64; 2];
     for (len, (name, t)) in lens.iter_mut().zip([("src_indices", src), ("dst_indices", dst)]) {
-        if Device::parse(&t.device).ok().as_ref() != Some(device) {
+        if !on_same_device(t, device) {
             return Err(Error::plan(format!("copy_from: {name} is on {}, the pool's states on {device}", t.device)));
         }
         *len = int_vector(t, &format!("copy_from: {name}"), 0, &[IntType::I32], ErrorKind::Plan)?.len;
@@ -155,7 +155,7 @@ pub fn copy_count(src: &TensorDesc, dst: &TensorDesc, device: &Device, num_slots
 /// on the pool's `device`.
 pub fn check_uploaded(t: &TensorDesc, device: &Device, bytes: u64) -> Result<()> {
     let fits = t.dtype_name() == "uint8" && t.shape == [bytes as i64] && t.strides == [1] && t.data_ptr % 4 == 0;
-    if Device::parse(&t.device).ok().as_ref() != Some(device) || !fits {
+    if !on_same_device(t, device) || !fits {
         return Err(Error::plan(format!(
             "copy_from: upload returned {} {:?} on {}; expected {bytes} contiguous, 4-byte aligned uint8 on {device}",
             t.dtype.trim(),
