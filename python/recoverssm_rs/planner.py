@@ -184,15 +184,6 @@ class _DevicePath:
         return ErrorWord([int(x) for x in self.err.cpu().tolist()], self.err_requests)
 
 
-def _as_int32(torch: Any, x: Any) -> Any:
-    """``x`` as int32 with a contiguous last axis, converted on the device (no host copy)."""
-    if x.dtype != torch.int32:
-        x = x.to(torch.int32)
-    if x.shape[-1] > 1 and x.stride()[-1] != 1:
-        x = x.contiguous()
-    return x
-
-
 class Planner:
     """Plans state copies for one layout bound to an engine's state tensors (one group); see
     :meth:`from_groups` for several.
@@ -496,13 +487,14 @@ class Planner:
         source ids in ``[0, num_blocks)``); an invalid request is *skipped* -- nothing of it is
         written, the other requests still run -- and flagged in the error word: ``err`` if given,
         else the planner's own word, read with :meth:`last_error`. Block ids are read as int32
-        (int64 inputs are narrowed on the device).
+        (int64 inputs are narrowed on the device, saturating: an id beyond int32 stays invalid).
 
         Args:
             block_table: CUDA ``int32`` (or ``int64``) tensor ``[>= R, cols]``, on the states'
                 device; rows beyond ``R`` are ignored; the row stride may be anything.
             src_col, dst_col, num_accepted: CUDA ``int32`` (or ``int64``) vectors ``[R]``. int64
-                inputs are converted on the device (``.to(torch.int32)``), never copied to the host.
+                inputs are converted on the device, never copied to the host; a value beyond
+                int32 saturates at its bound, which the kernel's checks treat as the value itself.
             stream: a ``torch.cuda.Stream`` or CuPy stream; ``None``: the current torch stream.
             err: an optional caller-owned ``int32[3]`` CUDA tensor that the kernel ORs its error
                 bits into (zero it before the step; decode a host copy with
@@ -624,7 +616,7 @@ class Planner:
                 if block_table.dim() == 2 and block_table.shape[0] > n and block_table.dtype != torch.int32:
                     block_table = block_table[:n]  # only the rows this step reads of a wide table
                 block_table, src_col, second, num_accepted = (
-                    _as_int32(torch, x) for x in (block_table, src_col, second, num_accepted)
+                    cuda.as_i32(x) for x in (block_table, src_col, second, num_accepted)
                 )
                 core.launch_step(
                     write, block_table, src_col, second, num_accepted, err, num_accepted_out, **(extra or {})

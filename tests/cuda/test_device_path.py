@@ -420,6 +420,32 @@ def test_invalid_requests_are_skipped_and_reported(fake_ops, emulator):
 
 
 @needs_cxx
+def test_int64_values_beyond_int32_are_flagged_not_wrapped(fake_ops, emulator):
+    # Narrowed to int32 on the device, 2**32 + 5 would read as block 5 and 2**32 + 1 as one accepted
+    # token: both valid. Saturated, they stay out of range: each request is skipped and flagged, as
+    # the host plan refuses them, and nothing is written.
+    layout = gdn_layout("SD", 2)
+    R, cols = 2, 4
+    nb = R * cols + 1
+    states = host_states(layout, nb, 1, 3)
+    want = clone_states(states)
+    bt = np.arange(1, nb, dtype=np.int64).reshape(R, cols)
+    bt[0, 3] = 2**32 + 5  # request 0's destination block
+    src, dst, acc = np.array([0, 0]), np.array([3, 3]), np.array([1, 2**32 + 1])
+    with pytest.raises(PlanError):
+        Planner(layout, clone_states(states)).plan_align(bt, src, dst, acc)
+    planner = cuda_planner(layout, states)
+    planner.launch_align(fc(bt, torch.int64), fc(src, torch.int64), fc(dst, torch.int64), fc(acc, torch.int64))
+    word = planner.last_error()
+    assert sorted(word.names) == ["accepted", "block"] and (word.first_request, word.last_request) == (0, 1)
+    assert_same_bytes(states, want)
+    # a column below int32's range is negative, as the int64 value is: a padding row, skipped silently
+    planner.launch_align(fc(bt[1:], torch.int64), fc([-(2**32) + 1], torch.int64), fc([3], torch.int64), fc([1]))
+    assert planner.last_error().ok
+    assert_same_bytes(states, want)
+
+
+@needs_cxx
 def test_null_blocks_are_handled_like_the_host_plan(fake_ops, emulator):
     # Row 0: a null-block row (source and destination both block 0): skipped silently by both.
     # Row 1: an ordinary copy. Row 2: the conv source is the null block: the host rejects the step,

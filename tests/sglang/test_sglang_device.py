@@ -64,6 +64,22 @@ def test_device_copy_skips_the_dummy_slot_and_flags_it(fake_ops, emulator, strid
         assert torch.equal(got, exp), "the dummy slot 0 is never written"
 
 
+@needs_cxx
+@pytest.mark.parametrize("host", [False, True], ids=["cuda-ids", "host-ids"])
+def test_device_copy_flags_an_int64_slot_id_beyond_int32(fake_ops, emulator, strided_fakes, host):
+    # 2**32 + 2 narrowed by wrapping would read as slot 2 and copy it; saturated it stays out of range
+    rng = np.random.default_rng(8)
+    conv, temporal = _pool(rng, 2, 6, [(8, 3)], torch.bfloat16)
+    want = [t.clone() for t in (*conv, temporal)]
+    ops = SglangMambaPool([FakeCuda(c) for c in conv], FakeCuda(temporal))
+    src = [2**32 + 2] if host else FakeCuda(torch.tensor([2**32 + 2]))
+    ops.copy_from(src, FakeCuda(torch.tensor([3])))
+    assert len(emulator.calls) == 1
+    assert not ops.planner.last_error().ok
+    for got, exp in zip((*conv, temporal), want, strict=True):
+        assert torch.equal(got, exp), "nothing is copied"
+
+
 def test_install_on_a_cuda_pool_routes_every_operation(fake_ops):
     import types
 

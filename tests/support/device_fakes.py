@@ -119,6 +119,9 @@ class FakeOps(device_path.CudaOps):
         self.uploads += 1
         return FakeCuda(torch.from_numpy(np.ascontiguousarray(raw).copy()), index)
 
+    def ids_i64(self, ids: Any, index: int) -> Any:
+        return FakeCuda(torch.as_tensor(ids, dtype=torch.int64), index)
+
     def stage_i32(self, host: Any, dest: Any) -> None:
         self.staged += 1
         data = np.frombuffer(host, dtype=np.int32)

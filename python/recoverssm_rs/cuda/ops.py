@@ -104,6 +104,26 @@ class CudaOps:
         kept = (prev_rows >= 0) & (prev_rows < n)
         dest.copy_(prev.index_select(0, prev_rows.clamp(0, n - 1)).masked_fill_(~kept, 1))
 
+    def ids_i64(self, ids: Any, index: int) -> Any:
+        """The host ids ``ids`` (a sequence of ints) as an int64 vector on ``cuda:index``, copied
+        on the current stream."""
+        torch = self.torch()
+        return torch.as_tensor(ids, dtype=torch.int64).to(torch.device("cuda", index), non_blocking=True)
+
+    def as_i32(self, x: Any) -> Any:
+        """``x``, an int32 or int64 CUDA tensor, as int32 with a contiguous last axis, converted on
+        the device (no host copy). int64 values outside int32 saturate at its bounds instead of
+        wrapping (``2**32 + 5`` would read as block ``5``): the kernels compare ids, columns and
+        counts with bounds inside int32 (``< 0``, ``>= cols``, ``>= num_blocks``, ...), so a
+        saturated value fails the check the int64 value fails, and a running count saturated at
+        ``2**31 - 1`` reaches no column of a row either: such a request writes nothing."""
+        torch = self.torch()
+        if x.dtype != torch.int32:
+            x = x.clamp(-(2**31), 2**31 - 1).to(torch.int32)
+        if len(x.shape) and x.shape[-1] > 1 and x.stride()[-1] != 1:
+            x = x.contiguous()
+        return x
+
     def empty_i32(self, n: int, index: int) -> Any:
         """An uninitialised int32 device vector (no synchronisation)."""
         torch = self.torch()

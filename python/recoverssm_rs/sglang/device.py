@@ -45,10 +45,11 @@ def ids_on_device(pool: SglangMambaPool, x: Any, op: str, arg: str, bits: int = 
     refuse), anything else read as host ids (``_core.sglang_ids``) and copied there."""
     torch = ops.cuda_ops.torch()
     if getattr(getattr(x, "device", None), "type", None) != "cuda":
-        x = torch.as_tensor(_core.sglang_ids(op, arg, x), dtype=torch.int64).to(pool.device, non_blocking=True)
-    want, other = (torch.int64, torch.int32) if bits == 64 else (torch.int32, torch.int64)
-    if x.dtype == other:
-        x = x.to(want)
+        x = ops.cuda_ops.ids_i64(_core.sglang_ids(op, arg, x), pool.placement.index)
+    if bits == 32 and x.dtype == torch.int64:
+        return ops.cuda_ops.as_i32(x)  # saturating: an id beyond int32 stays out of range
+    if bits == 64 and x.dtype == torch.int32:
+        x = x.to(torch.int64)
     if len(x.shape) == 1 and x.shape[0] > 1 and x.stride()[0] != 1:
         x = x.contiguous()
     return x
