@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,39 +35,11 @@ from recoverssm_rs.cuda.commit import CommitKernel
 from recoverssm_rs.plan_format import COMMIT_ROW_DTYPE
 from recoverssm_rs.speculative.state_cache import StateCache
 
-
-class FakeCuda:
-    """A CPU tensor that claims to live on cuda:0. The calls the bound-memory guard makes per
-    launch (``data_ptr``, the storage's ``data_ptr`` / ``nbytes``, the version-counter bump) go to
-    the real tensor's own C methods, so they cost what they cost on a CUDA tensor."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.t = t
-        self.device = torch.device("cuda", 0)
-        # What the core reads of a tensor beside its pointer, shape and strides (plain attributes,
-        # as cheap as a CUDA tensor's own getters).
-        self.layout = t.layout
-        self.requires_grad = t.requires_grad
-        self.data_ptr = t.data_ptr  # type: ignore[method-assign]
-        self.untyped_storage = t.untyped_storage
-        self.is_inference = t.is_inference
-        self._base = t._base if t._base is not None else t
-
-    dtype = property(lambda self: self.t.dtype)
-    shape = property(lambda self: self.t.shape)
-
-    def stride(self) -> tuple[int, ...]:
-        return self.t.stride()
-
-    def element_size(self) -> int:
-        return self.t.element_size()
-
-    def zero_(self) -> FakeCuda:
-        self.t.zero_()
-        return self
-
-    def cpu(self) -> torch.Tensor:
-        return self.t
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The tests' stand-in for a CUDA tensor: what the guard calls per launch (``data_ptr``, the storage's
+# ``data_ptr`` / ``nbytes``, the version-counter bump) goes to the host tensor's own C methods, so
+# it costs what it costs on a CUDA tensor.
+from support.device_fakes import FakeCuda  # noqa: E402
 
 
 class FakeOps(device_path.CudaOps):

@@ -10,8 +10,19 @@ request moves its state in the pre-copy and saves one in the post-process (the w
 group of ``--layers`` GDN layers. vLLM's side is not timed here: its step is Triton launches only,
 whose host time needs a GPU.
 
+With ``--cuda`` (a machine with a GPU, CuPy and torch with CUDA), the same on real CUDA tensors:
+the states on ``cuda:0``, the launch a real one, the device synchronised after each step outside
+the timed window; this is the host time a runner pays (``scripts/gpu_check.sh`` records it).
+
+The states are bound as vLLM binds them (one raw buffer per layer, both states strided views of
+it: the guard checks 96 views and 48 storages at 48 layers, and a write bumps 48 version counters),
+and the seam's stand-ins answer what the core reads through the host tensor's own C methods, as a
+CUDA tensor does (until 2026-12-07 each state was a tensor of its own, with no storage checked and
+no version bumped, its stand-in answering through Python methods: figures before that date are not
+comparable).
+
 With ``--split``, where one half-step's time goes at the first ``--requests`` (``timeit``, medians
-of 500 short batches): the planner's guard alone (``planner.core.check()``: every bound view's ``data_ptr()``), the
+of 500 short batches): the planner's guard alone (``planner.core.check()``: every bound view's ``data_ptr()``, every storage's ``data_ptr()`` and ``nbytes()``), the
 Python reads the core's description of one runner stand-in makes, the benchmark's launch-argument
 hook on one tensor, the core's two half-steps called directly (guard, four descriptions per half,
 checks, launch build; a no-op write), and the adapter's two half-steps (the core's plus
@@ -23,12 +34,13 @@ timed are the staging (``stage_recoverssm``: the core's plan and the host-to-dev
 the step's metadata is built) and the post-process with the commit.
 
     .venv/bin/python benches/vllm_v2_step.py [--requests 1 64 256 1024] [--layers 48] [--reps 200]
-                                             [--recoverssm | --split]
+                                             [--recoverssm | --split] [--cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -47,32 +59,52 @@ from recoverssm_rs.vllm.model_state import ModelStateV2  # noqa: E402
 from support.device_fakes import FakeCuda, FakeOps, bind_host_commit  # noqa: E402
 
 BS, NSB, COLS = 4, 2, 4
+ON_GPU = False  # --cuda: real CUDA tensors and launches instead of the seam
 
 
 def build(num_reqs: int, layers: int) -> tuple[ModelStateV2, list[torch.Tensor]]:
+    """A ``ModelStateV2`` over ``layers`` layers bound as vLLM binds them: one raw buffer per layer,
+    whose blocks (pages) each hold the conv state, then the temporal state; both states are
+    strided views of it, so the guard checks 96 views and 48 storages at 48 layers."""
     nb = num_reqs * COLS + 1
+    shapes = ((3 + NSB, 8), (2, 4, 4))
     spec = types.SimpleNamespace(
-        shapes=((3 + NSB, 8), (2, 4, 4)),
+        shapes=shapes,
         dtypes=(torch.float32, torch.float32),
         block_size=BS,
         mamba_type="GDN_ATTN",
         num_speculative_blocks=NSB,
         mamba_cache_mode="align",
     )
+    sizes = [math.prod(shape) for shape in shapes]
+    page = sum(sizes)  # elements per block
+
+    def views(raw: torch.Tensor) -> list[FakeCuda]:
+        out, at = [], 0
+        for shape, size in zip(shapes, sizes, strict=True):
+            inner = torch.empty(shape).stride()
+            out.append(device(raw.as_strided((nb, *shape), (page, *inner), at)))
+            at += size
+        return out
+
     names = [f"l{i}" for i in range(layers)]
-    fc = {
-        n: types.SimpleNamespace(kv_cache=[FakeCuda(torch.zeros(nb, 3 + NSB, 8)), FakeCuda(torch.zeros(nb, 2, 4, 4))])
-        for n in names
-    }
+    where = "cuda" if ON_GPU else "cpu"
+    fc = {n: types.SimpleNamespace(kv_cache=views(torch.zeros(nb * page, device=where))) for n in names}
     kvc = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)])
     funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
-    ms = ModelStateV2.from_runner(kvc, fc, funcs, max_num_reqs=num_reqs, conv_layout="SD", device="cpu")
+    # through the seam the adapter's own buffers are host tensors; on a GPU on the states' device
+    ms = ModelStateV2.from_runner(
+        kvc, fc, funcs, max_num_reqs=num_reqs, conv_layout="SD", device=None if ON_GPU else "cpu"
+    )
     return ms, [device(torch.arange(1, num_reqs * COLS + 1, dtype=torch.int32).reshape(num_reqs, COLS))]
 
 
 def device(x: Any) -> Any:
-    """The seam: a runner tensor as the adapter sees a CUDA one (wrapped once, as a runner's
-    tensors are on the device already; the adapter's own buffers are wrapped when it binds them)."""
+    """A runner tensor as the adapter sees it: on a GPU a CUDA tensor; through the seam a host
+    tensor's stand-in (wrapped once, as a runner's tensors are on the device already; the adapter's
+    own buffers are wrapped when it binds them)."""
+    if ON_GPU:
+        return x.cuda()
     return x if isinstance(x, FakeCuda) else FakeCuda(x)
 
 
@@ -93,6 +125,8 @@ def run(num_reqs: int, layers: int, reps: int) -> tuple[float, float]:
         t1 = time.perf_counter()
         ms.postprocess_state(idx, sampled, after, tables)
         t2 = time.perf_counter()
+        if ON_GPU:
+            torch.cuda.synchronize()
         pre.append(t1 - t0)
         post.append(t2 - t1)
     return statistics.median(pre), statistics.median(post)
@@ -151,10 +185,11 @@ def split(num_reqs: int, layers: int) -> dict[str, float]:
 
     both()  # the core's step made, the tables uploaded
     step, core, noop = ms._step, ms.planner.core, lambda *a: None
+    hook = cuda_ops.cuda_ops.launch_arg
 
     def core_both() -> None:
-        step.pre(tables, idx, before, qsl, noop, device)
-        step.post(idx, sampled, after, tables, False, noop, device)
+        step.pre(tables, idx, before, qsl, noop, hook)
+        step.post(idx, sampled, after, tables, False, noop, hook)
 
     def reads() -> None:  # what the core reads of one runner stand-in to describe it
         idx.layout, idx.stride(), idx.dtype, idx.data_ptr(), idx.shape, idx.device  # noqa: B018
@@ -166,9 +201,9 @@ def split(num_reqs: int, layers: int) -> dict[str, float]:
 
     views = sum(len(layer) for group in ms.planner.states for layer in group)
     return {
-        f"guard check ({views} bound views)": best(core.check, 10),
+        f"guard check ({views} views, {layers} storages)": best(core.check, 10),
         "one description's Python reads": best(reads, 20),
-        "launch-argument hook, one tensor": best(lambda: device(idx), 20),
+        "launch-argument hook, one tensor": best(lambda: hook(idx), 20),
         "core pre + post (no-op write)": best(core_both, 5),
         "adapter pre + post": best(both, 5),
     }
@@ -181,11 +216,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--recoverssm", action="store_true", help="time the post-process with a RecoverSSM commit")
     ap.add_argument("--split", action="store_true", help="where one half-step's time goes (timeit)")
+    ap.add_argument("--cuda", action="store_true", help="real CUDA tensors and launches (needs a GPU and CuPy)")
     a = ap.parse_args()
-    cuda_ops.cuda_ops = FakeOps()
-    launches = []
-    cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
-    cuda_ops.CudaOps.launch_arg = staticmethod(device)  # type: ignore[method-assign,assignment]
+    launches: list[Any] = []
+    if a.cuda:
+        if a.recoverssm:
+            ap.error("--recoverssm runs through the seam only")
+        global ON_GPU
+        ON_GPU = True
+    else:
+        cuda_ops.cuda_ops = FakeOps()
+        cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
+        cuda_ops.CudaOps.launch_arg = staticmethod(device)  # type: ignore[method-assign,assignment]
     torch.set_num_threads(1)
     if a.split:
         for what, us in split(a.requests[0], a.layers).items():
@@ -203,7 +245,8 @@ def main() -> None:
     for r in a.requests:
         launches.clear()
         pre, post = run(r, a.layers, a.reps)
-        print(f"{r:>8} {pre * 1e6:>12.1f} {post * 1e6:>16.1f} {len(launches) / (2 * a.reps):>14.1f}")
+        per_half = "-" if a.cuda else f"{len(launches) / (2 * a.reps):.1f}"  # on a GPU not counted
+        print(f"{r:>8} {pre * 1e6:>12.1f} {post * 1e6:>16.1f} {per_half:>14}")
 
 
 if __name__ == "__main__":

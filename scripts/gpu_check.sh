@@ -11,14 +11,17 @@
 #                   scripts/pack_oracles.sh and carried, on a machine without network)
 # 3. gpu_copy.txt   benches/gpu_copy.py: kernels against device-to-device copy bandwidth
 #    gpu_copy.json
-# 4. summary.txt    exit status and wall time of every stage
+# 4. commit_gpu.txt benches/commit_gpu.py: the RecoverSSM commit kernel (and .json)
+# 5. launch_host.txt benches/launch_host.py: host time per launch (and .json)
+# 6. v2_host.txt    benches/vllm_v2_step.py --cuda: the V2 half-step's host time on CUDA tensors
+# 7. summary.txt    exit status and wall time of every stage
 #
 # The package: the recoverssm_rs that $PYTHON (default python3) already imports, else the wheel in
 # wheelhouse/ (made anywhere by scripts/build_wheel.sh) installed into $RECOVERSSM_SITE (default: a
 # private folder made for this run by mktemp -d, mode 0700, removed at exit; CuPy's kernel cache
 # goes there too unless $CUPY_CACHE_DIR is set). Every stage runs even when an earlier one failed;
 # the exit status is non-zero when any did. Stage time limits (seconds): $GPU_TESTS_TIMEOUT (240),
-# $GPU_BENCH_TIMEOUT (200); extra benchmark arguments: $GPU_BENCH_ARGS.
+# $GPU_BENCH_TIMEOUT (200), $COMMIT_BENCH_TIMEOUT (120), $LAUNCH_HOST_TIMEOUT (60), $V2_HOST_TIMEOUT (90); extra benchmark arguments: $GPU_BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-gpu-results}
@@ -111,6 +114,13 @@ cat "$results/gpu_copy.txt" >&2
 stage commit-bench "${COMMIT_BENCH_TIMEOUT:-120}" \
   "$py" benches/commit_gpu.py --json "$results/commit_gpu.json" >"$results/commit_gpu.txt" 2>&1
 cat "$results/commit_gpu.txt" >&2
+
+# The V2 half-step's host time on real CUDA tensors bound as vLLM binds them (issue: <= 12 us at 48
+# layers), then where it goes.
+stage v2-host "${V2_HOST_TIMEOUT:-90}" \
+  bash -c '"$0" benches/vllm_v2_step.py --cuda --requests 1 64 256 1024 --reps 500 &&
+    "$0" benches/vllm_v2_step.py --cuda --split --requests 64' "$py" >"$results/v2_host.txt" 2>&1
+cat "$results/v2_host.txt" >&2
 
 stage launch-host "${LAUNCH_HOST_TIMEOUT:-60}" \
   "$py" benches/launch_host.py --repeat 1000 --json "$results/launch_host.json" >"$results/launch_host.txt" 2>&1

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,30 +20,29 @@ from recoverssm_rs.cuda import ops as device_path
 
 
 class FakeCuda:
-    """A CPU torch tensor that claims to be on ``cuda:index`` (enough for the host-side logic)."""
+    """A CPU torch tensor that claims to be on ``cuda:index`` (enough for the host-side logic).
+
+    What the core reads of a tensor answers as a CUDA tensor's does, through C: ``data_ptr``,
+    ``stride``, ``dim``, ``element_size``, ``untyped_storage`` and ``is_inference`` are the host
+    tensor's own bound methods (so a ``set_()`` or a storage resize on the host tensor shows through
+    them, and the bound-memory guard checks the storage as it does a CUDA tensor's), ``dtype`` and
+    ``shape`` C getters of it, ``_base`` the tensor whose version counter a write bumps."""
 
     def __init__(self, t: torch.Tensor, index: int = 0) -> None:
         self.t = t
         self.device = torch.device("cuda", index)
-        # What the core reads of a tensor beside its pointer, shape and strides (plain attributes,
-        # as cheap as a CUDA tensor's own getters).
         self.layout = t.layout
         self.requires_grad = t.requires_grad
+        self.data_ptr: Callable[[], int] = t.data_ptr
+        self.stride: Callable[..., Any] = t.stride
+        self.dim: Callable[[], int] = t.dim
+        self.element_size: Callable[[], int] = t.element_size
+        self.untyped_storage: Callable[[], Any] = t.untyped_storage
+        self.is_inference: Callable[[], bool] = t.is_inference
+        self._base = t if t._base is None else t._base
 
-    dtype = property(lambda self: self.t.dtype)
-    shape = property(lambda self: self.t.shape)
-
-    def stride(self) -> tuple[int, ...]:
-        return self.t.stride()
-
-    def data_ptr(self) -> int:
-        return self.t.data_ptr()
-
-    def element_size(self) -> int:
-        return self.t.element_size()
-
-    def dim(self) -> int:
-        return self.t.dim()
+    dtype = property(operator.attrgetter("t.dtype"))
+    shape = property(operator.attrgetter("t.shape"))
 
     def to(self, dtype: Any) -> FakeCuda:
         return FakeCuda(self.t.to(dtype), self.device.index)
