@@ -409,14 +409,17 @@ class HostCacheIndex:
         """
     def need(self, num_requests: int) -> int:
         """Host bytes `num_requests` requests take; PlanError when more than the whole capacity."""
-    def plan_put(self, id: int, num_requests: int) -> list[tuple[int, bool]]:
-        """`(id, spill)` of each entry that `put(id, num_requests)` would evict, least recently used
-        first, changing nothing; PlanError when the requests need more than the capacity.
+    def plan_put(self, id: int, num_requests: int, *, replaces: int | None = None) -> list[tuple[int, bool]]:
+        """`(id, spill)` of each entry that `put(id, num_requests, replaces=)` would evict, least
+        recently used first, changing nothing; PlanError when the requests need more than the
+        capacity.
         """
-    def put(self, id: int, num_requests: int) -> list[tuple[int, bool]]:
+    def put(self, id: int, num_requests: int, *, replaces: int | None = None) -> list[tuple[int, bool]]:
         """Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
-        id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
-        PlanError (nothing changed) when the requests need more than the capacity.
+        id, and forgetting entry `replaces` first: a key's previous version, whose prefetch
+        handles then no longer match); returns `(id, spill)` of each entry evicted to make room,
+        least recently used first. PlanError (nothing changed) when the requests need more than
+        the capacity.
         """
     def spill_path(self, id: int) -> Path:
         """The path of entry `id`'s spill file, in this tier's private directory (made on first use:

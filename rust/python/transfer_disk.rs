@@ -259,16 +259,21 @@ impl HostCacheIndex {
     fn need(&self, num_requests: u64) -> PyResult<u64> {
         Ok(self.inner.need(num_requests)?)
     }
-    /// `(id, spill)` of each entry that `put(id, num_requests)` would evict, least recently used
-    /// first, changing nothing; PlanError when the requests need more than the capacity.
-    fn plan_put(&self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
-        Ok(self.inner.plan_put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    /// `(id, spill)` of each entry that `put(id, num_requests, replaces=)` would evict, least
+    /// recently used first, changing nothing; PlanError when the requests need more than the
+    /// capacity.
+    #[pyo3(signature = (id: "int", num_requests: "int", *, replaces: "int | None" = None) -> "list[tuple[int, bool]]")]
+    fn plan_put(&self, id: u64, num_requests: u64, replaces: Option<u64>) -> PyResult<Vec<(u64, bool)>> {
+        Ok(self.inner.plan_put(id, num_requests, replaces)?.into_iter().map(|e| (e.id, e.spill)).collect())
     }
     /// Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
-    /// id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
-    /// PlanError (nothing changed) when the requests need more than the capacity.
-    fn put(&mut self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
-        Ok(self.inner.put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    /// id, and forgetting entry `replaces` first: a key's previous version, whose prefetch
+    /// handles then no longer match); returns `(id, spill)` of each entry evicted to make room,
+    /// least recently used first. PlanError (nothing changed) when the requests need more than
+    /// the capacity.
+    #[pyo3(signature = (id: "int", num_requests: "int", *, replaces: "int | None" = None) -> "list[tuple[int, bool]]")]
+    fn put(&mut self, id: u64, num_requests: u64, replaces: Option<u64>) -> PyResult<Vec<(u64, bool)>> {
+        Ok(self.inner.put_replacing(id, num_requests, replaces)?.into_iter().map(|e| (e.id, e.spill)).collect())
     }
     /// PlanError unless a prefetch handle of entry `handle_entry` may finish the restore of entry
     /// `id` (None: a key the tier does not hold), named `key` in the error.

@@ -123,9 +123,11 @@ class HostCache:
         the whole capacity or name bad blocks, BindingError when a spill cannot be written: then
         nothing changed (the entry under ``key`` stays, nothing was evicted)."""
         old = self._known(key)
-        i = old if old is not None else self._next_id
+        # Every version of a key is a new entry (a prefetch handle of the old one then no longer
+        # matches it); the core forgets the old version as part of the put.
+        i = self._next_id
         states = self._offload.offload(blocks)  # checks the blocks and the pool; copies only
-        evicted = self._index.plan_put(i, states.num_requests)  # refused when too large
+        evicted = self._index.plan_put(i, states.num_requests, replaces=old)  # refused when too large
         spilled: dict[int, Path] = {}
         try:
             for j, spill in evicted:
@@ -138,11 +140,12 @@ class HostCache:
         # Everything checked and written: now change the tier.
         if old is not None:
             self._forget_file(old)
-        else:
-            self._next_id += 1
-            self._ids[key] = i
-            self._keys[i] = key
-        assert self._index.put(i, states.num_requests) == evicted
+            self._entries.pop(old, None)
+            self._keys.pop(old)
+        self._next_id += 1
+        self._ids[key] = i
+        self._keys[i] = key
+        assert self._index.put(i, states.num_requests, replaces=old) == evicted
         for j, _ in evicted:
             self._entries.pop(j)
             if j in spilled:

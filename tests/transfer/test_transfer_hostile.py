@@ -1,0 +1,60 @@
+"""The host tier under hostile call orders: a prefetch handle outlived by its entry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from recoverssm_rs.errors import PlanError
+from recoverssm_rs.transfer import HostCache, StatePool
+from support.transfer_ref import FAMILIES, layout, paged_states
+
+
+def _pool(seed=0):
+    lay = layout(FAMILIES["mamba2"], 1, 1, "SD")
+    _, states = paged_states(lay, 2, 10, np.random.default_rng(seed))
+    return lay, states, StatePool(lay, states)
+
+
+def _rows(states, block):
+    return [np.asarray(t)[block].view(np.uint8).copy() for layer in states for t in layer]
+
+
+def _per_request(p):
+    return HostCache(p, 10**9).bytes_per_request
+
+
+def _same(a, b):
+    return all((x == y).all() for x, y in zip(a, b))
+
+
+def test_a_handle_prefetched_before_its_key_was_put_again_is_refused():
+    _, states, p = _pool()
+    cache = HostCache(p, 10**9)
+    cache.put("a", [1])
+    stale = cache.prefetch("a", [7])  # copies block 1's states into block 7
+    cache.put("a", [2])  # the key now holds block 2's states
+    before = _rows(states, 7)
+    with pytest.raises(PlanError, match="prefetched for another key, not key 'a'"):
+        cache.restore("a", [7], handle=stale)
+    assert _same(_rows(states, 7), before)
+    fresh = cache.prefetch("a", [7])
+    assert cache.restore("a", [7], handle=fresh)
+    assert _same(_rows(states, 7), _rows(states, 2)), "the restore holds the entry now under the key"
+
+
+def test_replacing_a_key_keeps_the_tier_consistent(tmp_path):
+    lay, states, p = _pool()
+    cache = HostCache(p, _per_request(p) * 2, disk_dir=tmp_path)
+    cache.put("a", [1])
+    cache.put("b", [2])
+    cache.put("a", [3])  # replaces 'a' in place: nothing evicted
+    assert (len(cache), cache.evictions, cache.used_bytes) == (2, 0, _per_request(p) * 2)
+    cache.put("c", [4])  # evicts the least recently used: 'b'
+    assert cache.evictions == 1 and "a" in cache and "b" in cache and "c" in cache
+    assert cache.restore("a", [8]) and _same(_rows(states, 8), _rows(states, 3))
+    assert cache.restore("b", [9]) and _same(_rows(states, 9), _rows(states, 2))  # from disk
+    spilled = set(tmp_path.rglob("*.safetensors"))
+    cache.put("b", [5])  # a spilled key put again: its file goes (and 'a' or 'c' spills)
+    assert len(spilled) == 1 and not spilled & set(tmp_path.rglob("*.safetensors"))
+    assert len(list(tmp_path.rglob("*.safetensors"))) == cache.index.counters().on_disk == 1
+    assert cache.restore("b", [9]) and _same(_rows(states, 9), _rows(states, 5))
