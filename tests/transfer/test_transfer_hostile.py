@@ -1,10 +1,11 @@
-"""The host tier under hostile call orders: a prefetch handle outlived by its entry."""
+"""The host tier under hostile call orders: a prefetch handle outlived by its entry, and refused
+restores that must change nothing (counters and recency included)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from recoverssm_rs.errors import PlanError
+from recoverssm_rs.errors import LayoutError, PlanError
 from recoverssm_rs.transfer import HostCache, StatePool
 from support.transfer_ref import FAMILIES, layout, paged_states
 
@@ -58,3 +59,35 @@ def test_replacing_a_key_keeps_the_tier_consistent(tmp_path):
     assert len(spilled) == 1 and not spilled & set(tmp_path.rglob("*.safetensors"))
     assert len(list(tmp_path.rglob("*.safetensors"))) == cache.index.counters().on_disk == 1
     assert cache.restore("b", [9]) and _same(_rows(states, 9), _rows(states, 5))
+
+
+@pytest.mark.parametrize("bad", [[99], [4, 5]], ids=["out-of-range", "two-blocks-for-one-request"])
+@pytest.mark.parametrize("call", ["restore", "prefetch"])
+def test_a_refused_restore_counts_nothing_and_keeps_the_lru_order(call, bad):
+    lay, states, p = _pool()
+    cache = HostCache(p, _per_request(p) * 2)
+    cache.put("a", [1])
+    cache.put("b", [2])  # 'a' is now the least recently used
+    before = [_rows(states, b) for b in range(1, 10)]
+    with pytest.raises(PlanError):
+        getattr(cache, call)("a", bad)
+    assert (cache.hits, cache.misses) == (0, 0), "a refused call counts no hit"
+    assert all(_same(_rows(states, b), want) for b, want in zip(range(1, 10), before)), "nothing written"
+    cache.put("c", [3])  # evicts the least recently used: still 'a'
+    assert "a" not in cache and "b" in cache
+
+
+def test_a_tampered_spill_file_is_refused_without_counting_a_hit(tmp_path):
+    _, states, p = _pool()
+    cache = HostCache(p, _per_request(p), disk_dir=tmp_path)
+    cache.put("a", [1])
+    cache.put("b", [2])  # spills 'a'
+    (path,) = tmp_path.rglob("*.safetensors")
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    before = _rows(states, 7)
+    for call in (cache.restore, cache.prefetch):
+        with pytest.raises(LayoutError):
+            call("a", [7])
+    assert (cache.hits, cache.misses) == (0, 0) and _same(_rows(states, 7), before)

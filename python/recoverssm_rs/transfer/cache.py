@@ -11,14 +11,18 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import overload
 
-from .._core import HostCacheIndex, block_list, check_pool, remove_file
+from .._core import HostCacheIndex, TransferPlan, block_list, check_pool, remove_file
 from ..errors import PlanError
 from .disk import _load, _save
+from .local import LocalTransfer
 from .offload import HostOffload, HostStates
 from .pool import StatePool
 from .streams import TransferHandle
 
 __all__ = ["HostCache"]
+
+#: An entry found for a restore: its id, states, the blocks, and the checked restore plan.
+_Found = tuple[int, HostStates, list[int], tuple[LocalTransfer, TransferPlan]]
 
 log = logging.getLogger("recoverssm_rs")
 
@@ -179,21 +183,33 @@ class HostCache:
             return _load(path, layout, tier=self._index, entry=i, key=repr(self._keys[i]))
         return None
 
-    def _lookup(self, key: Hashable) -> tuple[int | None, HostStates | None]:
+    def _lookup(self, key: Hashable, blocks: Sequence[int]) -> _Found | None:
+        """The entry of ``key`` and its restore into ``blocks``, checked and planned; then (and
+        only then) the hit is counted and the entry marked used. None, a miss counted, when the
+        tier does not hold ``key``. A refused restore (bad blocks, a bad spill file) counts
+        nothing and keeps the recency order."""
+        ids = block_list(blocks)
         i = self._known(key)
-        where = self._index.lookup(_NO_ID if i is None else i)  # counts the hit or miss
-        return i, (None if i is None else self._states(i, where))
+        where = None if i is None else self._index.location(i)
+        if i is None or where is None:
+            self._index.lookup(_NO_ID if i is None else i)  # counts the miss
+            return None
+        states = self._states(i, where)
+        assert states is not None
+        planned = self._offload.plan_restore(states, ids)  # the core checks states and blocks
+        self._index.lookup(i)  # counts the hit
+        return i, states, ids, planned
 
     def prefetch(self, key: Hashable, blocks: Sequence[int]) -> TransferHandle | None:
         """Starts restoring ``key``'s states into ``blocks`` on the pool's side stream (a spilled
         entry is read from disk first) and returns its handle, or None (nothing enqueued) when
         the tier does not hold ``key``. Pass the handle to :meth:`restore` of the same key (or
         call ``handle.wait()``) before the current stream reads the blocks."""
-        block_list(blocks)
-        i, states = self._lookup(key)
-        if states is None:
+        found = self._lookup(key, blocks)
+        if found is None:
             return None
-        handle = self._offload.prefetch(states, blocks)
+        i, states, ids, planned = found
+        handle = self._offload.start_restore(states, ids, planned)
         handle.entry = i
         return handle
 
@@ -207,11 +223,11 @@ class HostCache:
             self._index.check_prefetched(self._known(key), entry if isinstance(entry, int) else None, repr(key))
             self._offload.restore(handle.states, blocks, handle=handle)
             return True
-        block_list(blocks)
-        _, states = self._lookup(key)
-        if states is None:
+        found = self._lookup(key, blocks)
+        if found is None:
             return False
-        self._offload.restore(states, blocks)
+        transfer, plan = found[3]
+        transfer.execute(plan)
         return True
 
     def drop(self, key: Hashable) -> None:

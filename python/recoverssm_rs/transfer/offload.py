@@ -124,10 +124,17 @@ class HostOffload:
         returns at once; pass the handle to ``restore(states, blocks, handle=)`` or call
         ``handle.wait()`` before the current stream reads the blocks. Every check runs here,
         before anything is enqueued."""
+        ids = block_list(blocks)
+        return self.start_restore(states, ids, self.plan_restore(states, ids))  # checked first
+
+    def start_restore(
+        self, states: HostStates | Sequence[HostStates], ids: list[int], planned: tuple[LocalTransfer, TransferPlan]
+    ) -> TransferHandle:
+        """:meth:`prefetch` of a restore already checked and planned by :meth:`plan_restore` (a
+        caller that must check before it changes anything of its own: :class:`HostCache`)."""
         from .streams import TransferHandle
 
-        ids = block_list(blocks)
-        transfer, plan = self._restore_plan(states, ids)  # the core checks the saved states
+        transfer, plan = planned
         saved = [states] if isinstance(states, HostStates) else list(states)
         event = self._side.run(lambda: transfer.execute(plan))
         return TransferHandle("restore", saved, ids, event, self._side.streams)
@@ -156,10 +163,13 @@ class HostOffload:
                 raise PlanError(f"restore: {handle!r} was not prefetched for these states and blocks {ids}")
             handle.wait()
             return
-        transfer, plan = self._restore_plan(states, ids)
+        transfer, plan = self.plan_restore(states, ids)
         transfer.execute(plan)
 
-    def _restore_plan(self, states: Any, blocks: list[int]) -> tuple[LocalTransfer, TransferPlan]:
+    def plan_restore(self, states: Any, blocks: list[int]) -> tuple[LocalTransfer, TransferPlan]:
+        """Checks and plans a restore of ``states`` into ``blocks`` (block ids from
+        :func:`~recoverssm_rs._core.block_list`); nothing moves until the transfer executes the
+        plan."""
         _, sources = restore_sources(states, len(blocks))  # the core checks the saved states
         transfer = LocalTransfer(dict(sources), self.pool)
         return transfer, transfer.plan([(i + 1, b) for i, b in enumerate(blocks)])
