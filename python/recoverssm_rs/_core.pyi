@@ -1194,12 +1194,13 @@ def check_saved_states(
     tier: HostCacheIndex | None = None,
     entry: int | None = None,
     key: str = ...,
+    path: str | os.PathLike[str] | None = None,
 ) -> tuple[LayoutFingerprint, int, int, list[int]]:
     """Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
     every request's bytes in `data` (the data section) against its checksum and the whole
     record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
     (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
-    LayoutError names the defect.
+    LayoutError names the defect, and the file by `path` (and `key`) when given.
     """
 
 def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint:

@@ -135,12 +135,14 @@ pub(crate) fn read_saved_file<'py>(py: Python<'py>, path: &Bound<'_, PyAny>) -> 
 /// every request's bytes in `data` (the data section) against its checksum and the whole
 /// record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
 /// (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
-/// LayoutError names the defect.
+/// LayoutError names the defect, and the file by `path` (and `key`) when given.
 #[pyfunction]
 #[pyo3(signature = (
     metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, Sequence[int], int, int]]", data: "_Buffer", *,
     tier: "HostCacheIndex | None" = None, entry: "int | None" = None, key: "str" = String::new(),
+    path: "str | os.PathLike[str] | None" = None,
 ) -> "tuple[LayoutFingerprint, int, int, list[int]]")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn check_saved_states(
     py: Python<'_>,
     metadata: std::collections::HashMap<String, String>,
@@ -149,11 +151,25 @@ pub(crate) fn check_saved_states(
     tier: Option<PyRef<'_, HostCacheIndex>>,
     entry: Option<u64>,
     key: String,
+    path: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(LayoutFingerprint, u64, u64, Vec<u64>)> {
+    let path = path.filter(|p| !p.is_none()).map(|p| path_arg(p, "path")).transpose()?;
     let data = buffer_arg(data, "data")?;
     let tensors: Vec<saved::SavedTensor> =
         tensors.into_iter().map(|(name, dtype, shape, begin, end)| saved::SavedTensor { name, dtype, shape, begin, end }).collect();
-    let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64)?;
+    // Which file (and, for a spill file, which key) a defect is in: the core's messages name
+    // only "saved states file".
+    let named = |e: Error| -> Error {
+        let mut which = String::from("saved states file");
+        if let Some(p) = &path {
+            which = format!("{which} {}", p.display());
+        }
+        if !key.is_empty() && !e.message.contains(&format!("key {key}:")) {
+            which = format!("{which} (key {key})");
+        }
+        Error { kind: e.kind, message: e.message.replacen("saved states file", &which, 1) }
+    };
+    let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64).map_err(named)?;
     let sealer = spill_binding(tier.as_ref(), entry)?;
     with_bytes(py, &data, |d| {
         saved::verify(&h, d)?;
@@ -161,7 +177,8 @@ pub(crate) fn check_saved_states(
             Some((s, id)) => saved::verify_entry(&h, d, s, id, &key),
             None => Ok(()),
         }
-    })??;
+    })?
+    .map_err(named)?;
     Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks))
 }
 

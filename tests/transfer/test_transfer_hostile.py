@@ -3,10 +3,12 @@ restores that must change nothing (counters and recency included)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from recoverssm_rs.errors import LayoutError, PlanError
-from recoverssm_rs.transfer import HostCache, StatePool
+from recoverssm_rs.transfer import HostCache, HostOffload, StatePool, load_states, save_states
 from support.transfer_ref import FAMILIES, layout, paged_states
 
 
@@ -91,3 +93,23 @@ def test_a_tampered_spill_file_is_refused_without_counting_a_hit(tmp_path):
         with pytest.raises(LayoutError):
             call("a", [7])
     assert (cache.hits, cache.misses) == (0, 0) and _same(_rows(states, 7), before)
+
+
+def test_a_damaged_file_is_named_by_its_path_and_a_spill_file_by_its_key(tmp_path):
+    lay, _, p = _pool()
+    path = tmp_path / "s.safetensors"
+    save_states(HostOffload(p).offload([1, 2]), path)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(LayoutError, match=f"saved states file {re.escape(str(path))}: request 1 .*checksum"):
+        load_states(path, lay)
+    cache = HostCache(p, _per_request(p), disk_dir=tmp_path)
+    cache.put(("req", 7), [1])
+    cache.put("b", [2])  # spills ('req', 7)
+    (spill,) = (tmp_path / next(tmp_path.glob("recoverssm-spill-*")).name).glob("*.safetensors")
+    raw = bytearray(spill.read_bytes())
+    raw[-1] ^= 0x01
+    spill.write_bytes(bytes(raw))
+    with pytest.raises(LayoutError, match=re.escape(f"saved states file {spill} (key ('req', 7)): request 0")):
+        cache.restore(("req", 7), [7])

@@ -136,7 +136,7 @@ def _load(
     hb, raw = read_saved_file(path)
     meta, tensors = _read_header(path, hb)
     data = np.frombuffer(raw, dtype=np.uint8)
-    fp, num_layers, n, blocks = check_saved_states(meta, tensors, data, tier=tier, entry=entry, key=key)
+    fp, num_layers, n, blocks = check_saved_states(meta, tensors, data, tier=tier, entry=entry, key=key, path=path)
     want = LayoutFingerprint(layout, tp_rank=fp.tp_rank, block_size=fp.block_size)
     if want != fp:
         raise _bad(path, f"saved from a pool of another layout ({fp!r}), not {want!r}")
