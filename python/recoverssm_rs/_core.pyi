@@ -176,6 +176,11 @@ class CheckpointCache:
     ) -> CheckpointCache: ...
     def __len__(self) -> int:
         """Return len(self)."""
+    def discard(self, handles: Sequence[int]) -> None:
+        """Forgets live checkpoints that `finish` placed but the engine could not materialise (its
+        copy of their state failed): as if they had not been written. A handle that is not live
+        is a PlanError naming it, and nothing changes.
+        """
     def finish(
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
     ) -> tuple[list[tuple[int, int]], list[int]]:

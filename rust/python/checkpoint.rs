@@ -136,6 +136,20 @@ impl CheckpointCache {
     fn position(&self, handle: u64) -> Option<usize> {
         self.inner.position(handle)
     }
+    /// Forgets live checkpoints that `finish` placed but the engine could not materialise (its
+    /// copy of their state failed): as if they had not been written. A handle that is not live
+    /// is a PlanError naming it, and nothing changes.
+    #[pyo3(signature = (handles: "Sequence[int]") -> "None")]
+    fn discard(&mut self, handles: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut hs = Vec::new();
+        let items = handles
+            .try_iter()
+            .map_err(|_| arg_error(ErrorKind::Plan, format!("handles must be a list of checkpoint handles (ints), got {}", type_name(handles))))?;
+        for (i, h) in items.enumerate() {
+            hs.push(u64::arg(&h?, &format!("handles[{i}]"), ErrorKind::Plan)?);
+        }
+        Ok(self.inner.discard(&hs)?)
+    }
     /// The most checkpoints held at once so far.
     #[getter]
     fn peak(&self) -> usize {

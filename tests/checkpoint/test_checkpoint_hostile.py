@@ -1,0 +1,75 @@
+"""The checkpoint store and cache under hostile input: a request's end that cannot be
+materialised (no free reserved block, a bad state block) leaves the cache and the store agreeing
+on every live checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+from recoverssm_rs import PlanError
+from recoverssm_rs.checkpoints import CheckpointCache
+from recoverssm_rs.checkpoints.store import CheckpointStore
+from test_copy_on_write import NB, _bytes, _planner
+
+PROMPT = list(range(12))
+OUTPUT = [5, 6, 7, 8, 9]
+
+
+def _agree(cache, store, planner):
+    """Every live checkpoint of the cache has a published block of the store, and no more."""
+    live = store.blocks()
+    assert len(cache) == len(live), (len(cache), live)
+    assert all(cache.position(h) is not None for h in live)
+    assert sorted(planner.published()) == sorted(live.values())
+
+
+@pytest.mark.parametrize(
+    ("reserved", "state_at", "needle"),
+    [
+        ([40], lambda p: 1, "no reserved block is free"),
+        ([40, 41, 42], lambda p: NB + 5, f"source block id {NB + 5} is outside"),
+        ([40, 41, 42], lambda p: 1 if p < 12 else 0, "null block|source block"),
+    ],
+    ids=["too-few-blocks", "state-block-out-of-range", "null-state-block"],
+)
+def test_a_finish_that_cannot_be_materialised_leaves_cache_and_store_agreeing(reserved, state_at, needle):
+    planner, states = _planner()
+    cache = CheckpointCache("recoverssm", block_size=8, granularity=4)
+    store = CheckpointStore(cache, planner, reserved)
+    before = {b: _bytes(states, b) for b in reserved}
+    plan = store.start(PROMPT, 1)
+    with pytest.raises(PlanError, match=needle):
+        store.finish(PROMPT, OUTPUT, plan, state_at)
+    _agree(cache, store, planner)
+    assert store.free_blocks == len(reserved)
+    assert all(_bytes(states, b) == before[b] for b in reserved), "no reserved block written"
+    # The next turn starts from what the cache holds: no checkpoint without a block.
+    nxt = store.start(PROMPT + OUTPUT + [3, 3, 3], 2)
+    assert nxt.hit_handle is None or store.block_of(nxt.hit_handle) is not None
+    plan = store.start(PROMPT, 3)
+    written, _ = store.finish(PROMPT, OUTPUT, plan, lambda p: 3) if len(reserved) > 1 else ([], [])
+    _agree(cache, store, planner)
+    assert all(store.block_of(h) is not None for _, h in written)
+
+
+def test_a_failed_finish_keeps_the_checkpoints_written_before():
+    planner, states = _planner()
+    cache = CheckpointCache("recoverssm", block_size=8, granularity=4)
+    store = CheckpointStore(cache, planner, [40, 41])
+    plan = store.start(PROMPT, 1)
+    first, _ = store.finish(PROMPT, [5], plan, lambda p: 1)
+    assert first and all(store.block_of(h) is not None for _, h in first)
+    kept = store.blocks()
+    other = [9, 9, 9, 9, 9, 9, 9, 9, 9]
+    plan = store.start(other, 2)
+    with pytest.raises(PlanError):
+        store.finish(other, OUTPUT, plan, lambda p: 10**6)
+    _agree(cache, store, planner)
+    assert all(store.blocks().get(h) == b for h, b in kept.items() if cache.position(h) is not None)
+
+
+def test_a_store_over_a_cache_that_already_holds_checkpoints_is_refused():
+    planner, _ = _planner()
+    cache = CheckpointCache("recoverssm", block_size=8, granularity=4)
+    cache.finish(PROMPT, OUTPUT, cache.plan(PROMPT))
+    with pytest.raises(PlanError, match=r"cache already holds \d+ checkpoint"):
+        CheckpointStore(cache, planner, [40, 41])
