@@ -193,7 +193,9 @@ class CheckpointCache:
     def plan(self, prompt: Sequence[int]) -> CheckpointPlan:
         """The checkpoint to start `prompt` from and the positions to save during its prefill."""
     def position(self, handle: int) -> int | None:
-        """The position of a live checkpoint, or None."""
+        """The position of a live checkpoint, or None. A handle that is not an int in
+        `0 ..= 2**64 - 1` is a PlanError naming it.
+        """
 
 @final
 class CheckpointPlan:

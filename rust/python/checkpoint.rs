@@ -132,9 +132,11 @@ impl CheckpointCache {
         let f = self.inner.finish(&p, &o, &plan.inner)?;
         Ok((f.written, f.evicted))
     }
-    /// The position of a live checkpoint, or None.
-    fn position(&self, handle: u64) -> Option<usize> {
-        self.inner.position(handle)
+    /// The position of a live checkpoint, or None. A handle that is not an int in
+    /// `0 ..= 2**64 - 1` is a PlanError naming it.
+    #[pyo3(signature = (handle: "int") -> "int | None")]
+    fn position(&self, handle: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        Ok(self.inner.position(u64::arg(handle, "handle", ErrorKind::Plan)?))
     }
     /// Forgets live checkpoints that `finish` placed but the engine could not materialise (its
     /// copy of their state failed): as if they had not been written. A handle that is not live

@@ -1,6 +1,6 @@
 """The checkpoint store and cache under hostile input: a request's end that cannot be
 materialised (no free reserved block, a bad state block) leaves the cache and the store agreeing
-on every live checkpoint."""
+on every live checkpoint, and handles that are not ints in range are the package's error."""
 
 from __future__ import annotations
 
@@ -73,3 +73,12 @@ def test_a_store_over_a_cache_that_already_holds_checkpoints_is_refused():
     cache.finish(PROMPT, OUTPUT, cache.plan(PROMPT))
     with pytest.raises(PlanError, match=r"cache already holds \d+ checkpoint"):
         CheckpointStore(cache, planner, [40, 41])
+
+
+@pytest.mark.parametrize("handle", [-1, 2**64, 2**70, "1", 1.0, None])
+def test_a_handle_that_is_not_an_int_in_range_is_a_plan_error(handle):
+    cache = CheckpointCache("recoverssm", block_size=8, granularity=4)
+    written, _ = cache.finish(PROMPT, OUTPUT, cache.plan(PROMPT))
+    with pytest.raises(PlanError, match="handle"):
+        cache.position(handle)
+    assert cache.position(written[0][1]) == written[0][0] and cache.position(12345) is None
