@@ -1,12 +1,14 @@
 """The checkpoint store and cache under hostile input: a request's end that cannot be
 materialised (no free reserved block, a bad state block) leaves the cache and the store agreeing
-on every live checkpoint, and handles that are not ints in range are the package's error."""
+on every live checkpoint; handles that are not ints in range, and workload parameters that are
+not counts, ranges or finite numbers, are the package's error naming them."""
 
 from __future__ import annotations
 
 import pytest
 from recoverssm_rs import PlanError
 from recoverssm_rs.checkpoints import CheckpointCache
+from recoverssm_rs.checkpoints import workloads as w
 from recoverssm_rs.checkpoints.store import CheckpointStore
 from test_copy_on_write import NB, _bytes, _planner
 
@@ -82,3 +84,39 @@ def test_a_handle_that_is_not_an_int_in_range_is_a_plan_error(handle):
     with pytest.raises(PlanError, match="handle"):
         cache.position(handle)
     assert cache.position(written[0][1]) == written[0][0] and cache.position(12345) is None
+
+
+# ---- workload generators ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gen", "params", "needle"),
+    [
+        (w.multi_turn, dict(user=(250, 40)), r"user = \(250, 40\)"),
+        (w.agent_loop, dict(tool=(-5, 3)), r"tool = \(-5, 3\)"),
+        (w.multi_turn, dict(output=(1, 2, 3)), "output = "),
+        (w.rag, dict(documents=0), "documents = 0"),
+        (w.rag, dict(zipf=float("nan")), "zipf = nan"),
+        (w.rag, dict(zipf=-1.0), "zipf = -1.0"),
+        (w.shared_prompt, dict(vocab=2.5), "vocab = 2.5"),
+        (w.shared_prompt, dict(requests=2.5), "requests = 2.5"),
+        (w.shared_prompt, dict(requests=-1), "requests = -1"),
+        (w.shared_prompt, dict(requests=0), "requests = 0"),
+        (w.few_shot, dict(shared=-5), "shared = -5"),
+        (w.shared_prompt, dict(requests=True), "requests = True"),
+        (w.shared_prompt, dict(rate=float("inf")), "rate = inf"),
+        (w.shared_prompt, dict(shared=0, suffix=0), "prompt"),
+    ],
+)
+def test_bad_workload_parameters_are_plan_errors_naming_them(gen, params, needle):
+    with pytest.raises(PlanError, match=needle):
+        gen(**params)
+
+
+def test_an_unknown_workload_parameter_is_named():
+    with pytest.raises(PlanError, match=r"workload 'mix'.*'requests'"):
+        w.generate("mix", requests=3)
+    with pytest.raises(PlanError, match=r"workload 'shared-short'.*'turns'"):
+        w.generate("shared-short", turns=3)
+    assert len(w.generate("shared-short", requests=3)) == 3
+    assert all(len(r.prompt) == 1500 + 60 for r in w.generate("shared-short", requests=2))
