@@ -1174,9 +1174,11 @@ def block_list(blocks: _IntArray, what: str = "blocks") -> list[int]:
 def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
     """Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated."""
 
-def check_checkpoint_trace(requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]) -> int:
+def check_checkpoint_trace(
+    requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]], *, source: str | None = None
+) -> int:
     """Checks a trace's requests (`[(line, id, arrival, prompt, output)]`) as `simulate_checkpoints`
-    does; returns their number.
+    does; returns their number. `source`: the trace's name in errors (its path), when given.
     """
 
 def check_commit_counts(device: str, num_accepted: _Tensor, min_len: int) -> None:
@@ -1475,9 +1477,10 @@ def simulate_checkpoints(
     budget: int | None = None,
     budget_bytes: int | None = None,
     state_bytes: int | None = None,
+    source: str | None = None,
 ) -> dict[str, Any]:
     """Replays a trace. `requests`: `[(line, id, arrival, prompt, output)]` in arrival order (`line`
-    names the request in errors). Returns a dict of totals plus per-request lists `reused`,
+    names the request in errors; `source`, when given, the trace). Returns a dict of totals plus per-request lists `reused`,
     `bound` and `writes`.
     """
 

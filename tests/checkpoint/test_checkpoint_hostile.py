@@ -1,13 +1,17 @@
 """The checkpoint store and cache under hostile input: a request's end that cannot be
 materialised (no free reserved block, a bad state block) leaves the cache and the store agreeing
 on every live checkpoint; handles that are not ints in range, and workload parameters that are
-not counts, ranges or finite numbers, are the package's error naming them."""
+not counts, ranges or finite numbers, are the package's error naming them; an empty trace is
+refused however it is given."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from recoverssm_rs import PlanError
-from recoverssm_rs.checkpoints import CheckpointCache
+from recoverssm_rs._core import check_checkpoint_trace
+from recoverssm_rs.checkpoints import CheckpointCache, read_trace, simulate
 from recoverssm_rs.checkpoints import workloads as w
 from recoverssm_rs.checkpoints.store import CheckpointStore
 from test_copy_on_write import NB, _bytes, _planner
@@ -120,3 +124,20 @@ def test_an_unknown_workload_parameter_is_named():
         w.generate("shared-short", turns=3)
     assert len(w.generate("shared-short", requests=3)) == 3
     assert all(len(r.prompt) == 1500 + 60 for r in w.generate("shared-short", requests=2))
+
+
+# ---- empty traces -------------------------------------------------------------------------------
+
+
+def test_an_empty_trace_is_refused_by_every_entry_point(tmp_path):
+    with pytest.raises(PlanError, match="holds no request"):
+        simulate([], "vllm")
+    with pytest.raises(PlanError, match="holds no request"):
+        simulate(iter(()), "recoverssm", budget_checkpoints=2)
+    with pytest.raises(PlanError, match="holds no request"):
+        check_checkpoint_trace([])
+    path = tmp_path / "blank.jsonl"
+    path.write_text("\n   \n")
+    for call in (read_trace, lambda p: simulate(p, "vllm")):
+        with pytest.raises(PlanError, match=f"trace {re.escape(repr(str(path)))} holds no request"):
+            call(path)
