@@ -1303,7 +1303,8 @@ def guarded_transfer(
     """[`guarded_write`] of a transfer plan between pools of this process: `sources` (rank ->
     guard of that source pool) must hold every source rank `plan` reads (BindingError naming
     the missing ranks, of `tp_size`, otherwise); the guards of those ranks and of `destination`
-    are checked, `run()` moves the bytes, and the destination's writes are recorded.
+    are checked, a plan in which one request writes memory another reads (pools sharing memory)
+    is a PlanError, `run()` moves the bytes, and the destination's writes are recorded.
     """
 
 def guarded_write(

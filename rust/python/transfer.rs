@@ -401,7 +401,8 @@ pub(crate) fn guarded_write(
 /// [`guarded_write`] of a transfer plan between pools of this process: `sources` (rank ->
 /// guard of that source pool) must hold every source rank `plan` reads (BindingError naming
 /// the missing ranks, of `tp_size`, otherwise); the guards of those ranks and of `destination`
-/// are checked, `run()` moves the bytes, and the destination's writes are recorded.
+/// are checked, a plan in which one request writes memory another reads (pools sharing memory)
+/// is a PlanError, `run()` moves the bytes, and the destination's writes are recorded.
 #[pyfunction]
 #[pyo3(signature = (
     plan: "TransferPlan", sources: "Mapping[int, BoundTensors]", tp_size: "int", destination: "BoundTensors", run: "Callable[[], _T]",
@@ -426,6 +427,20 @@ pub(crate) fn guarded_transfer(
         sources[r].get().guard().check(py)?;
     }
     destination.guard().check(py)?;
+    // Pools that share memory (one pool, or two over the same tensors): no request may write
+    // what another reads, or the result would depend on the order of the copies.
+    let bases = plan.source_ranks.iter().map(|r| (*r, sources[r].get().guard().tensors().map(|(p, _)| p).collect())).collect();
+    let dst: Vec<(u64, &str)> = destination.guard().tensors().collect();
+    let dst_bases: Vec<u64> = dst.iter().map(|&(p, _)| p).collect();
+    if let Some(o) = transfer::plan::first_overlap(&plan.inner, &bases, &dst_bases) {
+        let label = usize::try_from(o.dst_tensor).ok().and_then(|t| dst.get(t)).map_or("the destination", |&(_, l)| l);
+        return Err(Error::plan(format!(
+            "LocalTransfer: request {} writes {label} where request {} reads (the source and destination share memory): \
+             a block may not be both a destination and another request's source in one transfer; nothing was written",
+            o.writer, o.reader
+        ))
+        .into());
+    }
     let out = run.call0()?;
     destination.guard().mark_written(py)?;
     Ok(out.unbind())

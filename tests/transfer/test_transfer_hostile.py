@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from recoverssm_rs.errors import LayoutError, PlanError
-from recoverssm_rs.transfer import HostCache, HostOffload, StatePool, load_states, save_states
+from recoverssm_rs.transfer import HostCache, HostOffload, LocalTransfer, StatePool, load_states, save_states
 from support.transfer_ref import FAMILIES, layout, paged_states
 
 
@@ -113,3 +113,27 @@ def test_a_damaged_file_is_named_by_its_path_and_a_spill_file_by_its_key(tmp_pat
     spill.write_bytes(bytes(raw))
     with pytest.raises(LayoutError, match=re.escape(f"saved states file {spill} (key ('req', 7)): request 0")):
         cache.restore(("req", 7), [7])
+
+
+# ---- a transfer inside one pool ---------------------------------------------------------------
+
+
+def _all(states):
+    return [np.asarray(t).view(np.uint8).copy() for layer in states for t in layer]
+
+
+@pytest.mark.parametrize("same_object", [True, False], ids=["one-pool", "two-pools-over-one-memory"])
+def test_a_block_both_read_and_written_by_one_transfer_is_refused(same_object):
+    lay, states, p = _pool()
+    dst = p if same_object else StatePool(lay, states)
+    t = LocalTransfer([p], dst)
+    before = _all(states)
+    # Request 0 writes block 2, which request 1 reads: the result would depend on the copy order
+    # (block 3 received block 1's state, not block 2's).
+    with pytest.raises(PlanError, match=r"requests? 0 .*writes .*request 1 reads|request 1 reads .*request 0 writes"):
+        t.run([(1, 2), (2, 3)])
+    assert all((a == b).all() for a, b in zip(_all(states), before)), "nothing written"
+    want = [_rows(states, b) for b in (1, 2)]
+    t.run([(1, 4), (2, 5)])  # disjoint sources and destinations in one pool: fine
+    assert _same(_rows(states, 4), want[0]) and _same(_rows(states, 5), want[1])
+    t.run([(6, 6)])  # a block onto itself changes nothing
