@@ -1165,10 +1165,11 @@ def align_pre_copy(
 ) -> RawBuffer:
     """vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`."""
 
-def block_list(blocks: _IntArray, what: str = "blocks") -> list[int]:
+def block_list(blocks: _IntArray, what: str = "blocks", *, offload: bool = False) -> list[int]:
     """The block ids `blocks` (the argument `what`): a 1-D list or array of host integers (PlanError
     naming the argument otherwise). Their values are the plan's to check (a negative block is
-    refused naming its request).
+    refused naming its request). `offload`: the blocks of an offload, which must name at least
+    one (PlanError otherwise: an offload of no request holds nothing).
     """
 
 def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:

@@ -499,14 +499,20 @@ pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourceP
 
 /// The block ids `blocks` (the argument `what`): a 1-D list or array of host integers (PlanError
 /// naming the argument otherwise). Their values are the plan's to check (a negative block is
-/// refused naming its request).
+/// refused naming its request). `offload`: the blocks of an offload, which must name at least
+/// one (PlanError otherwise: an offload of no request holds nothing).
 #[pyfunction]
-#[pyo3(signature = (blocks: "_IntArray", what: "str" = "blocks") -> "list[int]")]
-pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
-    if blocks.len().ok() == Some(0) && !blocks.is_instance_of::<pyo3::types::PyString>() {
-        return Ok(Vec::new());
+#[pyo3(signature = (blocks: "_IntArray", what: "str" = "blocks", *, offload: "bool" = false) -> "list[int]")]
+pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str, offload: bool) -> PyResult<Vec<i64>> {
+    let ids = if blocks.len().ok() == Some(0) && !blocks.is_instance_of::<pyo3::types::PyString>() {
+        Vec::new()
+    } else {
+        Ints::arg(blocks, what, ErrorKind::Plan)?.0
+    };
+    if offload && ids.is_empty() {
+        return Err(Error::plan(format!("{what} is empty: offload at least one block (one per request)")).into());
     }
-    Ok(Ints::arg(blocks, what, ErrorKind::Plan)?.0)
+    Ok(ids)
 }
 
 /// The saved states of a restore, checked: `states` is one HostStates or a list of them (one

@@ -137,3 +137,14 @@ def test_a_block_both_read_and_written_by_one_transfer_is_refused(same_object):
     t.run([(1, 4), (2, 5)])  # disjoint sources and destinations in one pool: fine
     assert _same(_rows(states, 4), want[0]) and _same(_rows(states, 5), want[1])
     t.run([(6, 6)])  # a block onto itself changes nothing
+
+
+def test_offloading_no_block_is_a_plan_error_naming_the_blocks():
+    _, _, p = _pool()
+    off = HostOffload(p)
+    cache = HostCache(p, 10**9)
+    cache.put("a", [1])
+    for call in (off.offload, off.offload_async, lambda b: cache.put("a", b), lambda b: cache.put("new", b)):
+        with pytest.raises(PlanError, match="blocks is empty: offload at least one block"):
+            call([])
+    assert "new" not in cache and len(cache) == 1 and cache.restore("a", [7])

@@ -111,7 +111,7 @@ class HostOffload:
         return TransferHandle("offload", states, list(states.source_blocks or ()), event[0], self._side.streams)
 
     def _offload(self, blocks: Sequence[int], run: Any) -> HostStates:
-        ids = block_list(blocks)
+        ids = block_list(blocks, offload=True)
         host = self._host_pool(len(ids))
         transfer = LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host)
         plan = transfer.plan([(b, i + 1) for i, b in enumerate(ids)])
