@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from recoverssm_rs.errors import LayoutError, PlanError
+from recoverssm_rs.errors import BindingError, LayoutError, PlanError
 from recoverssm_rs.transfer import HostCache, HostOffload, LocalTransfer, StatePool, load_states, save_states
 from support.transfer_ref import FAMILIES, layout, paged_states
 
@@ -148,3 +148,25 @@ def test_offloading_no_block_is_a_plan_error_naming_the_blocks():
         with pytest.raises(PlanError, match="blocks is empty: offload at least one block"):
             call([])
     assert "new" not in cache and len(cache) == 1 and cache.restore("a", [7])
+
+
+@pytest.mark.parametrize("call", ["drop", "put"])
+def test_a_spill_file_that_cannot_be_removed_leaves_the_tier_as_it_was(tmp_path, call):
+    _, states, p = _pool()
+    cache = HostCache(p, _per_request(p), disk_dir=tmp_path)
+    cache.put("a", [1])
+    cache.put("b", [2])  # spills 'a'
+    (spill,) = tmp_path.rglob("*.safetensors")
+    spill.unlink()
+    spill.mkdir()  # a directory planted where 'a''s spill file was
+    before = (len(cache), cache.evictions, cache.used_bytes)
+    with pytest.raises(BindingError, match="cannot remove .*entry"):
+        cache.drop("a") if call == "drop" else cache.put("a", [3])
+    assert (len(cache), cache.evictions, cache.used_bytes) == before and "a" in cache
+    assert sorted(tmp_path.rglob("*.safetensors")) == [spill], "no spill file left behind"
+    with pytest.raises(BindingError, match="is not a regular file"):
+        cache.restore("a", [7])  # the tier still knows where 'a' was: its error, not a KeyError
+    assert cache.restore("b", [8]) and _same(_rows(states, 8), _rows(states, 2))
+    spill.rmdir()
+    cache.drop("a")
+    assert "a" not in cache and len(cache) == 1

@@ -124,8 +124,9 @@ class HostCache:
     def put(self, key: Hashable, blocks: Sequence[int]) -> None:
         """Offloads ``blocks`` (one per request) under ``key``, replacing an entry of that key,
         evicting least recently used entries until it fits. PlanError when they need more than
-        the whole capacity or name bad blocks, BindingError when a spill cannot be written: then
-        nothing changed (the entry under ``key`` stays, nothing was evicted)."""
+        the whole capacity or name bad blocks, BindingError when a spill cannot be written or the
+        old version's spill file cannot be removed: then nothing changed (the entry under ``key``
+        stays, nothing was evicted)."""
         old = self._known(key)
         # Every version of a key is a new entry (a prefetch handle of the old one then no longer
         # matches it); the core forgets the old version as part of the put.
@@ -137,13 +138,15 @@ class HostCache:
             for j, spill in evicted:
                 if spill:
                     spilled[j] = self._spill(j)
+            if old is not None:
+                self._remove_file(old)  # the last step that can fail
         except BaseException:
             for path in spilled.values():
                 remove_file(path)
             raise
         # Everything checked and written: now change the tier.
         if old is not None:
-            self._forget_file(old)
+            self._on_disk.pop(old, None)
             self._entries.pop(old, None)
             self._keys.pop(old)
         self._next_id += 1
@@ -161,8 +164,10 @@ class HostCache:
     def _forget_key(self, i: int) -> None:
         self._ids.pop(self._keys.pop(i), None)
 
-    def _forget_file(self, i: int) -> None:
-        path = self._on_disk.pop(i, None)
+    def _remove_file(self, i: int) -> None:
+        """Removes entry ``i``'s spill file, if it has one; the tier forgets the file only once
+        it is gone (a file that cannot be removed is a BindingError, and nothing changes)."""
+        path = self._on_disk.get(i)
         if path is not None:
             remove_file(path)
 
@@ -235,7 +240,8 @@ class HostCache:
         i = self._known(key)
         if i is None:
             return
-        self._forget_file(i)
+        self._remove_file(i)  # the only step that can fail: first
+        self._on_disk.pop(i, None)
         self._index.drop(i)
         self._entries.pop(i, None)
         self._forget_key(i)
