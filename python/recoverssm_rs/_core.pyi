@@ -87,6 +87,7 @@ __all__ = [
     "recover_geometry",
     "remove_file",
     "restore_sources",
+    "saved_request_blocks",
     "sglang_ids",
     "sglang_layout",
     "short_conv_layout",
@@ -1429,6 +1430,13 @@ def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint,
     per source rank), each with a StatePool `pool` and `num_requests` equal to `num_blocks`
     (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of
     [`source_pools`] (BindingError).
+    """
+
+def saved_request_blocks(states: object) -> tuple[int, list[int]]:
+    """The request count and source blocks of `states` (HostStates) for a save, checked: a StatePool
+    `pool` holding `num_requests >= 1` requests in its blocks `1..=num_requests`, and
+    `source_blocks` None (then `1..=num_requests`) or one block id `>= 0` per request (PlanError
+    naming the field otherwise).
     """
 
 def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:

@@ -515,6 +515,42 @@ pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str, offload: bool) -
     Ok(ids)
 }
 
+/// The request count and source blocks of `states` (HostStates) for a save, checked: a StatePool
+/// `pool` holding `num_requests >= 1` requests in its blocks `1..=num_requests`, and
+/// `source_blocks` None (then `1..=num_requests`) or one block id `>= 0` per request (PlanError
+/// naming the field otherwise).
+#[pyfunction]
+#[pyo3(signature = (states: "object") -> "tuple[int, list[int]]")]
+pub(crate) fn saved_request_blocks(states: &Bound<'_, PyAny>) -> PyResult<(u64, Vec<u64>)> {
+    let py = states.py();
+    let field = |name: &str| {
+        states
+            .getattr(name)
+            .map_err(|_| PyErr::from(Error::plan(format!("states must be HostStates (from HostOffload.offload), got {}", type_name(states)))))
+    };
+    let pool = field("pool")?;
+    pool_fingerprint(&pool, "states.pool")?;
+    let n = u64::arg(&field("num_requests")?, "states.num_requests", ErrorKind::Plan)?;
+    if n == 0 {
+        return Err(Error::plan("states.num_requests = 0 must be >= 1: a saved file holds at least one request").into());
+    }
+    let held = u64::arg(&pool.getattr(pyo3::intern!(py, "num_blocks"))?, "states.pool.num_blocks", ErrorKind::Binding)?.saturating_sub(1);
+    if n > held {
+        return Err(Error::plan(format!("states.num_requests = {n} but states.pool holds {held} (blocks 1 ..= {held})")).into());
+    }
+    let given = field("source_blocks")?;
+    if given.is_none() {
+        return Ok((n, (1..=n).collect()));
+    }
+    let items = items(&given, "states.source_blocks", ErrorKind::Plan, "block ids (one per request) or None")?;
+    let blocks =
+        items.iter().enumerate().map(|(i, b)| u64::arg(b, &format!("states.source_blocks[{i}]"), ErrorKind::Plan)).collect::<PyResult<Vec<u64>>>()?;
+    if blocks.len() as u64 != n {
+        return Err(Error::plan(format!("states.source_blocks has {} entries for states.num_requests = {n}", blocks.len())).into());
+    }
+    Ok((n, blocks))
+}
+
 /// The saved states of a restore, checked: `states` is one HostStates or a list of them (one
 /// per source rank), each with a StatePool `pool` and `num_requests` equal to `num_blocks`
 /// (PlanError otherwise); returns their `(rank, pool)` pairs after the source checks of

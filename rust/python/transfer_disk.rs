@@ -63,13 +63,20 @@ fn spill_binding<'a>(tier: Option<&'a PyRef<'_, HostCacheIndex>>, entry: Option<
 pub(crate) fn encode_saved_states(
     py: Python<'_>,
     fingerprint: PyRef<'_, LayoutFingerprint>,
-    num_layers: u64,
-    num_requests: u64,
-    source_blocks: Vec<u64>,
+    num_layers: &Bound<'_, PyAny>,
+    num_requests: &Bound<'_, PyAny>,
+    source_blocks: &Bound<'_, PyAny>,
     data: &Bound<'_, PyAny>,
     tier: Option<PyRef<'_, HostCacheIndex>>,
     entry: Option<u64>,
 ) -> PyResult<(saved::Metadata, Vec<SavedTensorTuple>)> {
+    let num_layers = u64::arg(num_layers, "num_layers", ErrorKind::Plan)?;
+    let num_requests = u64::arg(num_requests, "num_requests", ErrorKind::Plan)?;
+    let source_blocks = items(source_blocks, "source_blocks", ErrorKind::Plan, "block ids")?
+        .iter()
+        .enumerate()
+        .map(|(i, b)| u64::arg(b, &format!("source_blocks[{i}]"), ErrorKind::Plan))
+        .collect::<PyResult<Vec<u64>>>()?;
     let data = buffer_arg(data, "data")?;
     let mut h = saved::SavedHeader::new(fingerprint.inner.clone(), num_layers, num_requests, source_blocks);
     let sealer = spill_binding(tier.as_ref(), entry)?;

@@ -170,3 +170,30 @@ def test_a_spill_file_that_cannot_be_removed_leaves_the_tier_as_it_was(tmp_path,
     spill.rmdir()
     cache.drop("a")
     assert "a" not in cache and len(cache) == 1
+
+
+# ---- saving host states whose fields were changed ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("num_requests", 0, r"states.num_requests = 0 must be >= 1"),
+        ("num_requests", -1, r"states.num_requests = -1 must be >= 0"),
+        ("num_requests", "2", r"states.num_requests must be a host integer"),
+        ("num_requests", 3, r"states.num_requests = 3 .*holds 2"),
+        ("num_requests", 1, r"states.source_blocks has 2 entries for states.num_requests = 1"),
+        ("source_blocks", [1], r"states.source_blocks has 1 entries for states.num_requests = 2"),
+        ("source_blocks", [-1, 2], r"states.source_blocks\[0\] = -1 must be >= 0"),
+        ("source_blocks", [1, 2**70], r"states.source_blocks\[1\] = .* is too large"),
+        ("source_blocks", 7, r"states.source_blocks must be"),
+    ],
+)
+def test_saving_host_states_with_a_bad_field_is_refused_before_any_file(tmp_path, field, value, needle):
+    lay, _, p = _pool()
+    states = HostOffload(p).offload([1, 2])
+    setattr(states, field, value)
+    path = tmp_path / "s.safetensors"
+    with pytest.raises(PlanError, match=needle):
+        save_states(states, path)
+    assert list(tmp_path.iterdir()) == [], "no file, no temporary"

@@ -29,6 +29,7 @@ from .._core import (
     encode_saved_states,
     guarded_write,
     read_saved_file,
+    saved_request_blocks,
     write_file,
 )
 from ..errors import LayoutError
@@ -62,8 +63,7 @@ def _save(states: HostStates, path: Any, tier: HostCacheIndex | None = None, ent
     pool = getattr(states, "pool", None)
     check_pool(pool, "states.pool")
     assert isinstance(pool, StatePool)
-    n = states.num_requests
-    blocks = list(states.source_blocks) if states.source_blocks is not None else list(range(1, n + 1))
+    n, blocks = saved_request_blocks(states)  # the core checks the counts and the source blocks
 
     def gather() -> np.ndarray:
         parts = [_host_bytes(t, n) for t in pool.tensors]
