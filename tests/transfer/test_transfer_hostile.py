@@ -197,3 +197,30 @@ def test_saving_host_states_with_a_bad_field_is_refused_before_any_file(tmp_path
     with pytest.raises(PlanError, match=needle):
         save_states(states, path)
     assert list(tmp_path.iterdir()) == [], "no file, no temporary"
+
+
+# ---- a handle used on another pool -------------------------------------------------------------
+
+
+def test_a_handle_prefetched_into_another_pool_is_refused():
+    _, s1, p = _pool(seed=0)
+    _, s2, q = _pool(seed=1)
+    into_p, into_q = HostOffload(p), HostOffload(q)
+    saved = into_p.offload([1, 2])
+    handle = into_p.prefetch(saved, [5, 6])  # the copies went into p's blocks 5 and 6
+    before = [_rows(s2, b) for b in (5, 6)]
+    with pytest.raises(PlanError, match="was not prefetched .*by this HostOffload"):
+        into_q.restore(saved, [5, 6], handle=handle)  # q's blocks were never written
+    assert all(_same(_rows(s2, b), x) for b, x in zip((5, 6), before))
+    into_p.restore(saved, [5, 6], handle=handle)
+    assert _same(_rows(s1, 5), _rows(s1, 1))
+    # The same through two host tiers: an entry of the same key and id in each.
+    a, b = HostCache(p, 10**9), HostCache(q, 10**9)
+    a.put("k", [1])
+    b.put("k", [2])
+    ha = a.prefetch("k", [7])
+    before = _rows(s2, 7)
+    with pytest.raises(PlanError, match="was not prefetched .*by this HostOffload"):
+        b.restore("k", [7], handle=ha)
+    assert _same(_rows(s2, 7), before)
+    assert b.restore("k", [7]) and _same(_rows(s2, 7), _rows(s2, 2))

@@ -137,7 +137,7 @@ class HostOffload:
         transfer, plan = planned
         saved = [states] if isinstance(states, HostStates) else list(states)
         event = self._side.run(lambda: transfer.execute(plan))
-        return TransferHandle("restore", saved, ids, event, self._side.streams)
+        return TransferHandle("restore", saved, ids, event, self._side.streams, owner=self)
 
     def restore(
         self, states: HostStates | Sequence[HostStates], blocks: Sequence[int], *, handle: TransferHandle | None = None
@@ -159,8 +159,11 @@ class HostOffload:
         if handle is not None:
             saved = list(states) if isinstance(states, (list, tuple)) else [states]
             same = isinstance(handle, TransferHandle) and handle.kind == "restore" and handle.blocks == ids
-            if not same or [id(s) for s in handle.states] != [id(s) for s in saved]:  # type: ignore[union-attr]
-                raise PlanError(f"restore: {handle!r} was not prefetched for these states and blocks {ids}")
+            if not same or handle.owner is not self or [id(s) for s in handle.states] != [id(s) for s in saved]:  # type: ignore[union-attr]
+                raise PlanError(
+                    f"restore: {handle!r} was not prefetched for these states and blocks {ids} by this HostOffload "
+                    f"(of {self.pool!r}); nothing was written"
+                )
             handle.wait()
             return
         transfer, plan = self.plan_restore(states, ids)
