@@ -110,6 +110,8 @@ def test_a_handle_that_is_not_an_int_in_range_is_a_plan_error(handle):
         (w.shared_prompt, dict(requests=True), "requests = True"),
         (w.shared_prompt, dict(rate=float("inf")), "rate = inf"),
         (w.shared_prompt, dict(shared=0, suffix=0), "prompt"),
+        (w.shared_prompt, dict(seed=[1]), r"seed = \[1\] must be an int"),
+        (w.mix, dict(seed=1.5), r"seed = 1.5 must be an int"),
     ],
 )
 def test_bad_workload_parameters_are_plan_errors_naming_them(gen, params, needle):

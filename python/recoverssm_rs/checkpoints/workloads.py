@@ -36,14 +36,15 @@ __all__ = ["shared_prompt", "few_shot", "multi_turn", "agent_loop", "rag", "mix"
 VOCAB = 150_000
 
 
-def _count(name: str, v: Any, least: int = 1) -> int:
-    """``v`` as an int ``>= least`` (a bool or a float is refused, a numpy int accepted)."""
+def _count(name: str, v: Any, least: int | None = 1) -> int:
+    """``v`` as an int ``>= least`` (any int when None; a bool or a float is refused, a numpy
+    int accepted)."""
     try:
         n = None if isinstance(v, bool) else operator.index(v)
     except TypeError:
         n = None
-    if n is None or n < least:
-        raise PlanError(f"{name} = {v!r} must be an int >= {least}")
+    if n is None or (least is not None and n < least):
+        raise PlanError(f"{name} = {v!r} must be an int" + ("" if least is None else f" >= {least}"))
     return n
 
 
@@ -75,7 +76,7 @@ class _Gen:
     def __init__(self, seed: int, vocab: int, rate: float) -> None:
         vocab = _count("vocab", vocab, 2)
         rate = _number("rate", rate, 0, strict=True)
-        self.rng = random.Random(seed)
+        self.rng = random.Random(_count("seed", seed, None))
         self.vocab = vocab
         self.rate = rate
         self.t = 0.0
@@ -236,6 +237,7 @@ def rag(
 def mix(seed: int = 0, vocab: int = VOCAB) -> list[TraceRequest]:
     """Every other workload at its defaults (a quarter of the requests each, different seeds),
     merged by arrival time."""
+    seed = _count("seed", seed, None)
     parts = [
         shared_prompt(requests=16, seed=seed + 1, vocab=vocab, rate=1.0),
         few_shot(requests=16, seed=seed + 2, vocab=vocab, rate=1.0),
