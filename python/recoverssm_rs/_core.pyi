@@ -87,6 +87,7 @@ __all__ = [
     "recover_geometry",
     "remove_file",
     "restore_sources",
+    "saved_request_blocks",
     "sglang_ids",
     "sglang_layout",
     "short_conv_layout",
@@ -176,6 +177,11 @@ class CheckpointCache:
     ) -> CheckpointCache: ...
     def __len__(self) -> int:
         """Return len(self)."""
+    def discard(self, handles: Sequence[int]) -> None:
+        """Forgets live checkpoints that `finish` placed but the engine could not materialise (its
+        copy of their state failed): as if they had not been written. A handle that is not live
+        is a PlanError naming it, and nothing changes.
+        """
     def finish(
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
     ) -> tuple[list[tuple[int, int]], list[int]]:
@@ -188,7 +194,9 @@ class CheckpointCache:
     def plan(self, prompt: Sequence[int]) -> CheckpointPlan:
         """The checkpoint to start `prompt` from and the positions to save during its prefill."""
     def position(self, handle: int) -> int | None:
-        """The position of a live checkpoint, or None."""
+        """The position of a live checkpoint, or None. A handle that is not an int in
+        `0 ..= 2**64 - 1` is a PlanError naming it.
+        """
 
 @final
 class CheckpointPlan:
@@ -409,14 +417,17 @@ class HostCacheIndex:
         """
     def need(self, num_requests: int) -> int:
         """Host bytes `num_requests` requests take; PlanError when more than the whole capacity."""
-    def plan_put(self, id: int, num_requests: int) -> list[tuple[int, bool]]:
-        """`(id, spill)` of each entry that `put(id, num_requests)` would evict, least recently used
-        first, changing nothing; PlanError when the requests need more than the capacity.
+    def plan_put(self, id: int, num_requests: int, *, replaces: int | None = None) -> list[tuple[int, bool]]:
+        """`(id, spill)` of each entry that `put(id, num_requests, replaces=)` would evict, least
+        recently used first, changing nothing; PlanError when the requests need more than the
+        capacity.
         """
-    def put(self, id: int, num_requests: int) -> list[tuple[int, bool]]:
+    def put(self, id: int, num_requests: int, *, replaces: int | None = None) -> list[tuple[int, bool]]:
         """Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
-        id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
-        PlanError (nothing changed) when the requests need more than the capacity.
+        id, and forgetting entry `replaces` first: a key's previous version, whose prefetch
+        handles then no longer match); returns `(id, spill)` of each entry evicted to make room,
+        least recently used first. PlanError (nothing changed) when the requests need more than
+        the capacity.
         """
     def spill_path(self, id: int) -> Path:
         """The path of entry `id`'s spill file, in this tier's private directory (made on first use:
@@ -1155,18 +1166,21 @@ def align_pre_copy(
 ) -> RawBuffer:
     """vLLM's pre-copy decision (no copies): int64 rows `prev, curr, src_col, bias, num_accepted`."""
 
-def block_list(blocks: _IntArray, what: str = "blocks") -> list[int]:
+def block_list(blocks: _IntArray, what: str = "blocks", *, offload: bool = False) -> list[int]:
     """The block ids `blocks` (the argument `what`): a 1-D list or array of host integers (PlanError
     naming the argument otherwise). Their values are the plan's to check (a negative block is
-    refused naming its request).
+    refused naming its request). `offload`: the blocks of an offload, which must name at least
+    one (PlanError otherwise: an offload of no request holds nothing).
     """
 
 def check_cache_sizes(num_layers: int, num_blocks: int, max_requests: int) -> None:
     """Checks a state cache's sizes (layers, blocks, workspace rows) before anything is allocated."""
 
-def check_checkpoint_trace(requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]) -> int:
+def check_checkpoint_trace(
+    requests: Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]], *, source: str | None = None
+) -> int:
     """Checks a trace's requests (`[(line, id, arrival, prompt, output)]`) as `simulate_checkpoints`
-    does; returns their number.
+    does; returns their number. `source`: the trace's name in errors (its path), when given.
     """
 
 def check_commit_counts(device: str, num_accepted: _Tensor, min_len: int) -> None:
@@ -1191,12 +1205,13 @@ def check_saved_states(
     tier: HostCacheIndex | None = None,
     entry: int | None = None,
     key: str = ...,
+    path: str | os.PathLike[str] | None = None,
 ) -> tuple[LayoutFingerprint, int, int, list[int]]:
     """Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
     every request's bytes in `data` (the data section) against its checksum and the whole
     record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
     (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
-    LayoutError names the defect.
+    LayoutError names the defect, and the file by `path` (and `key`) when given.
     """
 
 def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint:
@@ -1290,7 +1305,8 @@ def guarded_transfer(
     """[`guarded_write`] of a transfer plan between pools of this process: `sources` (rank ->
     guard of that source pool) must hold every source rank `plan` reads (BindingError naming
     the missing ranks, of `tp_size`, otherwise); the guards of those ranks and of `destination`
-    are checked, `run()` moves the bytes, and the destination's writes are recorded.
+    are checked, a plan in which one request writes memory another reads (pools sharing memory)
+    is a PlanError, `run()` moves the bytes, and the destination's writes are recorded.
     """
 
 def guarded_write(
@@ -1416,6 +1432,13 @@ def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint,
     [`source_pools`] (BindingError).
     """
 
+def saved_request_blocks(states: object) -> tuple[int, list[int]]:
+    """The request count and source blocks of `states` (HostStates) for a save, checked: a StatePool
+    `pool` holding `num_requests >= 1` requests in its blocks `1..=num_requests`, and
+    `source_blocks` None (then `1..=num_requests`) or one block id `>= 0` per request (PlanError
+    naming the field otherwise).
+    """
+
 def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
     """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values
     ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
@@ -1464,9 +1487,10 @@ def simulate_checkpoints(
     budget: int | None = None,
     budget_bytes: int | None = None,
     state_bytes: int | None = None,
+    source: str | None = None,
 ) -> dict[str, Any]:
     """Replays a trace. `requests`: `[(line, id, arrival, prompt, output)]` in arrival order (`line`
-    names the request in errors). Returns a dict of totals plus per-request lists `reused`,
+    names the request in errors; `source`, when given, the trace). Returns a dict of totals plus per-request lists `reused`,
     `bound` and `writes`.
     """
 

@@ -297,6 +297,24 @@ impl CheckpointCache {
         Ok(done)
     }
 
+    /// Forgets live checkpoints that were never materialised (the engine's write of their state
+    /// failed after [`finish`](Self::finish) placed them): as if they had not been written, so
+    /// they count in no eviction floor and no use estimate. A handle that is not live is an error
+    /// naming it, and nothing changes.
+    pub fn discard(&mut self, hs: &[Handle]) -> Result<()> {
+        if let Some(h) = hs.iter().find(|&&h| self.tree.position(h).is_none()) {
+            return Err(Error::plan(format!("checkpoint handle {h} is not a live checkpoint of this cache")));
+        }
+        for &h in hs {
+            if let Some(m) = self.meta.remove(&h) {
+                self.order.remove(&(m.key, h));
+                self.written_of[m.class] = self.written_of[m.class].saturating_sub(1);
+            }
+            self.tree.remove_checkpoint(h);
+        }
+        Ok(())
+    }
+
     fn touch(&mut self, h: Handle) {
         self.tick += 1;
         let Some(mut m) = self.meta.get(&h).copied() else { return };
@@ -447,5 +465,20 @@ mod tests {
         assert!(PolicyKind::parse("lru").unwrap_err().message.contains("'lru'"));
         assert!(Config::budget_from_bytes(10, 0).is_err());
         assert_eq!(Config::budget_from_bytes(10, 3).unwrap(), 3);
+    }
+
+    #[test]
+    fn discarded_checkpoints_are_gone_and_a_dead_handle_changes_nothing() {
+        let mut c = CheckpointCache::new(Config::new(PolicyKind::Recoverssm, 8, 4, None).unwrap());
+        let p: Vec<u32> = (0..12).collect();
+        let plan = c.plan(&p).unwrap();
+        let w = c.finish(&p, &[5, 6], &plan).unwrap().written;
+        assert_eq!(w.len(), 2);
+        assert!(c.discard(&[w[0].1, 999]).unwrap_err().message.contains("handle 999"));
+        assert_eq!(c.len(), 2, "a refused discard changes nothing");
+        c.discard(&[w[1].1]).unwrap();
+        assert_eq!((c.len(), c.position(w[1].1), c.position(w[0].1)), (1, None, Some(w[0].0)));
+        let again: Vec<u32> = p.iter().copied().chain([5, 9]).collect();
+        assert_eq!(c.plan(&again).unwrap().hit.map(|h| h.handle), Some(w[0].1), "never a hit on a discarded checkpoint");
     }
 }

@@ -28,9 +28,14 @@ impl TraceRequest {
     }
 }
 
-/// Checks a trace as a whole: ids unique, arrivals non-decreasing (requests in arrival order).
-/// `lines[i]` is request `i`'s line number, for messages.
-pub fn check_trace(reqs: &[TraceRequest], lines: &[usize]) -> Result<()> {
+/// Checks a trace as a whole: at least one request, ids unique, arrivals non-decreasing
+/// (requests in arrival order). `lines[i]` is request `i`'s line number, and `name` the trace
+/// (`'path'`, or empty), for messages.
+pub fn check_trace(reqs: &[TraceRequest], lines: &[usize], name: &str) -> Result<()> {
+    if reqs.is_empty() {
+        let name = if name.is_empty() { String::new() } else { format!(" {name}") };
+        return Err(Error::plan(format!("trace{name} holds no request; a trace needs at least one")));
+    }
     let line = |i: usize| lines.get(i).copied().unwrap_or(i + 1);
     let mut seen = std::collections::HashMap::with_capacity(reqs.len());
     for (i, r) in reqs.iter().enumerate() {

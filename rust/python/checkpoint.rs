@@ -132,9 +132,25 @@ impl CheckpointCache {
         let f = self.inner.finish(&p, &o, &plan.inner)?;
         Ok((f.written, f.evicted))
     }
-    /// The position of a live checkpoint, or None.
-    fn position(&self, handle: u64) -> Option<usize> {
-        self.inner.position(handle)
+    /// The position of a live checkpoint, or None. A handle that is not an int in
+    /// `0 ..= 2**64 - 1` is a PlanError naming it.
+    #[pyo3(signature = (handle: "int") -> "int | None")]
+    fn position(&self, handle: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        Ok(self.inner.position(u64::arg(handle, "handle", ErrorKind::Plan)?))
+    }
+    /// Forgets live checkpoints that `finish` placed but the engine could not materialise (its
+    /// copy of their state failed): as if they had not been written. A handle that is not live
+    /// is a PlanError naming it, and nothing changes.
+    #[pyo3(signature = (handles: "Sequence[int]") -> "None")]
+    fn discard(&mut self, handles: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut hs = Vec::new();
+        let items = handles
+            .try_iter()
+            .map_err(|_| arg_error(ErrorKind::Plan, format!("handles must be a list of checkpoint handles (ints), got {}", type_name(handles))))?;
+        for (i, h) in items.enumerate() {
+            hs.push(u64::arg(&h?, &format!("handles[{i}]"), ErrorKind::Plan)?);
+        }
+        Ok(self.inner.discard(&hs)?)
     }
     /// The most checkpoints held at once so far.
     #[getter]
@@ -157,8 +173,9 @@ impl CheckpointCache {
     }
 }
 
-/// The requests of a trace, converted and checked (fields, unique ids, arrival order).
-fn trace_requests(requests: &Bound<'_, PyAny>) -> PyResult<Vec<TraceRequest>> {
+/// The requests of a trace, converted and checked (at least one, fields, unique ids, arrival
+/// order); `source` names the trace in errors (a path), when given.
+fn trace_requests(requests: &Bound<'_, PyAny>, source: Option<&str>) -> PyResult<Vec<TraceRequest>> {
     let mut reqs = Vec::new();
     let mut lines = Vec::new();
     for (i, item) in requests.try_iter()?.enumerate() {
@@ -183,25 +200,26 @@ fn trace_requests(requests: &Bound<'_, PyAny>) -> PyResult<Vec<TraceRequest>> {
         reqs.push(TraceRequest::new(line, id, arrival, prompt, output)?);
         lines.push(line);
     }
-    trace::check_trace(&reqs, &lines)?;
+    trace::check_trace(&reqs, &lines, &source.map(|s| format!("'{s}'")).unwrap_or_default())?;
     Ok(reqs)
 }
 
 /// Checks a trace's requests (`[(line, id, arrival, prompt, output)]`) as `simulate_checkpoints`
-/// does; returns their number.
+/// does; returns their number. `source`: the trace's name in errors (its path), when given.
 #[pyfunction]
-#[pyo3(signature = (requests: "Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]") -> "int")]
-pub fn check_checkpoint_trace(requests: &Bound<'_, PyAny>) -> PyResult<usize> {
-    Ok(trace_requests(requests)?.len())
+#[pyo3(signature = (requests: "Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]", *, source: "str | None" = None) -> "int")]
+pub fn check_checkpoint_trace(requests: &Bound<'_, PyAny>, source: Option<&str>) -> PyResult<usize> {
+    Ok(trace_requests(requests, source)?.len())
 }
 
 /// Replays a trace. `requests`: `[(line, id, arrival, prompt, output)]` in arrival order (`line`
-/// names the request in errors). Returns a dict of totals plus per-request lists `reused`,
+/// names the request in errors; `source`, when given, the trace). Returns a dict of totals plus per-request lists `reused`,
 /// `bound` and `writes`.
 #[pyfunction]
 #[pyo3(signature = (
     requests: "Iterable[tuple[int, str, float, Sequence[int], Sequence[int]]]", policy: "str", *, block_size: "int | None" = None,
     granularity: "int | None" = None, budget: "int | None" = None, budget_bytes: "int | None" = None, state_bytes: "int | None" = None,
+    source: "str | None" = None,
 ) -> "dict[str, Any]")]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate_checkpoints<'py>(
@@ -213,9 +231,10 @@ pub fn simulate_checkpoints<'py>(
     budget: Opt<'_, 'py>,
     budget_bytes: Opt<'_, 'py>,
     state_bytes: Opt<'_, 'py>,
+    source: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let cfg = config(policy, block_size, granularity, budget, budget_bytes, state_bytes)?;
-    let reqs = trace_requests(requests)?;
+    let reqs = trace_requests(requests, source)?;
     let (stats, outcomes) = py.detach(|| checkpoint::simulate(&reqs, cfg))?;
     let d = PyDict::new(py);
     d.set_item("policy", cfg.policy.name())?;

@@ -59,6 +59,11 @@ fn address(py: Python<'_>, e: &Entry) -> PyResult<(u64, bool)> {
 }
 
 impl Guard {
+    /// The bound tensors' addresses (as bound, so as checked) and labels, in binding order.
+    pub(crate) fn tensors(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.entries.iter().filter(|e| e.nbytes.is_none()).map(|e| (e.ptr, e.label.as_str()))
+    }
+
     /// Guards `tensors` (torch tensors or numpy arrays), each with the label its errors use.
     pub(crate) fn new(py: Python<'_>, tensors: &[(Bound<'_, PyAny>, String)]) -> PyResult<Guard> {
         let mut storages: Vec<Entry> = Vec::new();

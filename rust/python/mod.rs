@@ -64,8 +64,8 @@ mod _core {
     use super::slot_step::VllmSlotStep;
     #[pymodule_export]
     use super::transfer::{
-        block_list, check_pool, check_sources, guarded_transfer, guarded_write, plan_transfer, restore_sources, source_pools, LayoutFingerprint,
-        PeerInfo, TransferPlan,
+        block_list, check_pool, check_sources, guarded_transfer, guarded_write, plan_transfer, restore_sources, saved_request_blocks, source_pools,
+        LayoutFingerprint, PeerInfo, TransferPlan,
     };
     #[pymodule_export]
     use super::transfer_disk::{check_saved_states, encode_saved_states, read_saved_file, remove_file, write_file, CacheCounters, HostCacheIndex};

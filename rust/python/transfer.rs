@@ -401,7 +401,8 @@ pub(crate) fn guarded_write(
 /// [`guarded_write`] of a transfer plan between pools of this process: `sources` (rank ->
 /// guard of that source pool) must hold every source rank `plan` reads (BindingError naming
 /// the missing ranks, of `tp_size`, otherwise); the guards of those ranks and of `destination`
-/// are checked, `run()` moves the bytes, and the destination's writes are recorded.
+/// are checked, a plan in which one request writes memory another reads (pools sharing memory)
+/// is a PlanError, `run()` moves the bytes, and the destination's writes are recorded.
 #[pyfunction]
 #[pyo3(signature = (
     plan: "TransferPlan", sources: "Mapping[int, BoundTensors]", tp_size: "int", destination: "BoundTensors", run: "Callable[[], _T]",
@@ -426,6 +427,20 @@ pub(crate) fn guarded_transfer(
         sources[r].get().guard().check(py)?;
     }
     destination.guard().check(py)?;
+    // Pools that share memory (one pool, or two over the same tensors): no request may write
+    // what another reads, or the result would depend on the order of the copies.
+    let bases = plan.source_ranks.iter().map(|r| (*r, sources[r].get().guard().tensors().map(|(p, _)| p).collect())).collect();
+    let dst: Vec<(u64, &str)> = destination.guard().tensors().collect();
+    let dst_bases: Vec<u64> = dst.iter().map(|&(p, _)| p).collect();
+    if let Some(o) = transfer::plan::first_overlap(&plan.inner, &bases, &dst_bases) {
+        let label = usize::try_from(o.dst_tensor).ok().and_then(|t| dst.get(t)).map_or("the destination", |&(_, l)| l);
+        return Err(Error::plan(format!(
+            "LocalTransfer: request {} writes {label} where request {} reads (the source and destination share memory): \
+             a block may not be both a destination and another request's source in one transfer; nothing was written",
+            o.writer, o.reader
+        ))
+        .into());
+    }
     let out = run.call0()?;
     destination.guard().mark_written(py)?;
     Ok(out.unbind())
@@ -484,14 +499,56 @@ pub(crate) fn source_pools<'py>(sources: &Bound<'py, PyAny>) -> PyResult<SourceP
 
 /// The block ids `blocks` (the argument `what`): a 1-D list or array of host integers (PlanError
 /// naming the argument otherwise). Their values are the plan's to check (a negative block is
-/// refused naming its request).
+/// refused naming its request). `offload`: the blocks of an offload, which must name at least
+/// one (PlanError otherwise: an offload of no request holds nothing).
 #[pyfunction]
-#[pyo3(signature = (blocks: "_IntArray", what: "str" = "blocks") -> "list[int]")]
-pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
-    if blocks.len().ok() == Some(0) && !blocks.is_instance_of::<pyo3::types::PyString>() {
-        return Ok(Vec::new());
+#[pyo3(signature = (blocks: "_IntArray", what: "str" = "blocks", *, offload: "bool" = false) -> "list[int]")]
+pub(crate) fn block_list(blocks: &Bound<'_, PyAny>, what: &str, offload: bool) -> PyResult<Vec<i64>> {
+    let ids = if blocks.len().ok() == Some(0) && !blocks.is_instance_of::<pyo3::types::PyString>() {
+        Vec::new()
+    } else {
+        Ints::arg(blocks, what, ErrorKind::Plan)?.0
+    };
+    if offload && ids.is_empty() {
+        return Err(Error::plan(format!("{what} is empty: offload at least one block (one per request)")).into());
     }
-    Ok(Ints::arg(blocks, what, ErrorKind::Plan)?.0)
+    Ok(ids)
+}
+
+/// The request count and source blocks of `states` (HostStates) for a save, checked: a StatePool
+/// `pool` holding `num_requests >= 1` requests in its blocks `1..=num_requests`, and
+/// `source_blocks` None (then `1..=num_requests`) or one block id `>= 0` per request (PlanError
+/// naming the field otherwise).
+#[pyfunction]
+#[pyo3(signature = (states: "object") -> "tuple[int, list[int]]")]
+pub(crate) fn saved_request_blocks(states: &Bound<'_, PyAny>) -> PyResult<(u64, Vec<u64>)> {
+    let py = states.py();
+    let field = |name: &str| {
+        states
+            .getattr(name)
+            .map_err(|_| PyErr::from(Error::plan(format!("states must be HostStates (from HostOffload.offload), got {}", type_name(states)))))
+    };
+    let pool = field("pool")?;
+    pool_fingerprint(&pool, "states.pool")?;
+    let n = u64::arg(&field("num_requests")?, "states.num_requests", ErrorKind::Plan)?;
+    if n == 0 {
+        return Err(Error::plan("states.num_requests = 0 must be >= 1: a saved file holds at least one request").into());
+    }
+    let held = u64::arg(&pool.getattr(pyo3::intern!(py, "num_blocks"))?, "states.pool.num_blocks", ErrorKind::Binding)?.saturating_sub(1);
+    if n > held {
+        return Err(Error::plan(format!("states.num_requests = {n} but states.pool holds {held} (blocks 1 ..= {held})")).into());
+    }
+    let given = field("source_blocks")?;
+    if given.is_none() {
+        return Ok((n, (1..=n).collect()));
+    }
+    let items = items(&given, "states.source_blocks", ErrorKind::Plan, "block ids (one per request) or None")?;
+    let blocks =
+        items.iter().enumerate().map(|(i, b)| u64::arg(b, &format!("states.source_blocks[{i}]"), ErrorKind::Plan)).collect::<PyResult<Vec<u64>>>()?;
+    if blocks.len() as u64 != n {
+        return Err(Error::plan(format!("states.source_blocks has {} entries for states.num_requests = {n}", blocks.len())).into());
+    }
+    Ok((n, blocks))
 }
 
 /// The saved states of a restore, checked: `states` is one HostStates or a list of them (one

@@ -63,13 +63,20 @@ fn spill_binding<'a>(tier: Option<&'a PyRef<'_, HostCacheIndex>>, entry: Option<
 pub(crate) fn encode_saved_states(
     py: Python<'_>,
     fingerprint: PyRef<'_, LayoutFingerprint>,
-    num_layers: u64,
-    num_requests: u64,
-    source_blocks: Vec<u64>,
+    num_layers: &Bound<'_, PyAny>,
+    num_requests: &Bound<'_, PyAny>,
+    source_blocks: &Bound<'_, PyAny>,
     data: &Bound<'_, PyAny>,
     tier: Option<PyRef<'_, HostCacheIndex>>,
     entry: Option<u64>,
 ) -> PyResult<(saved::Metadata, Vec<SavedTensorTuple>)> {
+    let num_layers = u64::arg(num_layers, "num_layers", ErrorKind::Plan)?;
+    let num_requests = u64::arg(num_requests, "num_requests", ErrorKind::Plan)?;
+    let source_blocks = items(source_blocks, "source_blocks", ErrorKind::Plan, "block ids")?
+        .iter()
+        .enumerate()
+        .map(|(i, b)| u64::arg(b, &format!("source_blocks[{i}]"), ErrorKind::Plan))
+        .collect::<PyResult<Vec<u64>>>()?;
     let data = buffer_arg(data, "data")?;
     let mut h = saved::SavedHeader::new(fingerprint.inner.clone(), num_layers, num_requests, source_blocks);
     let sealer = spill_binding(tier.as_ref(), entry)?;
@@ -135,12 +142,14 @@ pub(crate) fn read_saved_file<'py>(py: Python<'py>, path: &Bound<'_, PyAny>) -> 
 /// every request's bytes in `data` (the data section) against its checksum and the whole
 /// record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
 /// (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
-/// LayoutError names the defect.
+/// LayoutError names the defect, and the file by `path` (and `key`) when given.
 #[pyfunction]
 #[pyo3(signature = (
     metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, Sequence[int], int, int]]", data: "_Buffer", *,
     tier: "HostCacheIndex | None" = None, entry: "int | None" = None, key: "str" = String::new(),
+    path: "str | os.PathLike[str] | None" = None,
 ) -> "tuple[LayoutFingerprint, int, int, list[int]]")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn check_saved_states(
     py: Python<'_>,
     metadata: std::collections::HashMap<String, String>,
@@ -149,11 +158,25 @@ pub(crate) fn check_saved_states(
     tier: Option<PyRef<'_, HostCacheIndex>>,
     entry: Option<u64>,
     key: String,
+    path: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(LayoutFingerprint, u64, u64, Vec<u64>)> {
+    let path = path.filter(|p| !p.is_none()).map(|p| path_arg(p, "path")).transpose()?;
     let data = buffer_arg(data, "data")?;
     let tensors: Vec<saved::SavedTensor> =
         tensors.into_iter().map(|(name, dtype, shape, begin, end)| saved::SavedTensor { name, dtype, shape, begin, end }).collect();
-    let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64)?;
+    // Which file (and, for a spill file, which key) a defect is in: the core's messages name
+    // only "saved states file".
+    let named = |e: Error| -> Error {
+        let mut which = String::from("saved states file");
+        if let Some(p) = &path {
+            which = format!("{which} {}", p.display());
+        }
+        if !key.is_empty() && !e.message.contains(&format!("key {key}:")) {
+            which = format!("{which} (key {key})");
+        }
+        Error { kind: e.kind, message: e.message.replacen("saved states file", &which, 1) }
+    };
+    let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64).map_err(named)?;
     let sealer = spill_binding(tier.as_ref(), entry)?;
     with_bytes(py, &data, |d| {
         saved::verify(&h, d)?;
@@ -161,7 +184,8 @@ pub(crate) fn check_saved_states(
             Some((s, id)) => saved::verify_entry(&h, d, s, id, &key),
             None => Ok(()),
         }
-    })??;
+    })?
+    .map_err(named)?;
     Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks))
 }
 
@@ -259,16 +283,21 @@ impl HostCacheIndex {
     fn need(&self, num_requests: u64) -> PyResult<u64> {
         Ok(self.inner.need(num_requests)?)
     }
-    /// `(id, spill)` of each entry that `put(id, num_requests)` would evict, least recently used
-    /// first, changing nothing; PlanError when the requests need more than the capacity.
-    fn plan_put(&self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
-        Ok(self.inner.plan_put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    /// `(id, spill)` of each entry that `put(id, num_requests, replaces=)` would evict, least
+    /// recently used first, changing nothing; PlanError when the requests need more than the
+    /// capacity.
+    #[pyo3(signature = (id: "int", num_requests: "int", *, replaces: "int | None" = None) -> "list[tuple[int, bool]]")]
+    fn plan_put(&self, id: u64, num_requests: u64, replaces: Option<u64>) -> PyResult<Vec<(u64, bool)>> {
+        Ok(self.inner.plan_put(id, num_requests, replaces)?.into_iter().map(|e| (e.id, e.spill)).collect())
     }
     /// Records `id` as a new in-memory entry of `num_requests` requests (replacing one of that
-    /// id); returns `(id, spill)` of each entry evicted to make room, least recently used first.
-    /// PlanError (nothing changed) when the requests need more than the capacity.
-    fn put(&mut self, id: u64, num_requests: u64) -> PyResult<Vec<(u64, bool)>> {
-        Ok(self.inner.put(id, num_requests)?.into_iter().map(|e| (e.id, e.spill)).collect())
+    /// id, and forgetting entry `replaces` first: a key's previous version, whose prefetch
+    /// handles then no longer match); returns `(id, spill)` of each entry evicted to make room,
+    /// least recently used first. PlanError (nothing changed) when the requests need more than
+    /// the capacity.
+    #[pyo3(signature = (id: "int", num_requests: "int", *, replaces: "int | None" = None) -> "list[tuple[int, bool]]")]
+    fn put(&mut self, id: u64, num_requests: u64, replaces: Option<u64>) -> PyResult<Vec<(u64, bool)>> {
+        Ok(self.inner.put_replacing(id, num_requests, replaces)?.into_iter().map(|e| (e.id, e.spill)).collect())
     }
     /// PlanError unless a prefetch handle of entry `handle_entry` may finish the restore of entry
     /// `id` (None: a key the tier does not hold), named `key` in the error.

@@ -133,8 +133,8 @@ impl CacheIndex {
     /// The entries [`CacheIndex::put`] of `id` would evict, changing nothing (the caller spills
     /// them first, then puts: a put refused -- too large -- or a spill that fails leaves the tier
     /// as it was).
-    pub fn plan_put(&self, id: u64, num_requests: u64) -> Result<Vec<Eviction>> {
-        self.clone().put(id, num_requests)
+    pub fn plan_put(&self, id: u64, num_requests: u64, replaces: Option<u64>) -> Result<Vec<Eviction>> {
+        self.clone().put_replacing(id, num_requests, replaces)
     }
 
     /// Checks that a prefetch handle made for entry `handle_entry` may finish the restore of `id`
@@ -155,7 +155,18 @@ impl CacheIndex {
     /// so drop first when the old entry's file must be removed). Returns the entries evicted,
     /// least recently used first, to make room. Nothing changes on error.
     pub fn put(&mut self, id: u64, num_requests: u64) -> Result<Vec<Eviction>> {
+        self.put_replacing(id, num_requests, None)
+    }
+
+    /// [`put`](Self::put) of a new version of an entry: `replaces` (the entry's previous id,
+    /// which the caller retires) is forgotten first, as one step, so its bytes make room and it is
+    /// never evicted. A key put again gets a fresh id this way, and a prefetch handle made for the
+    /// old version no longer matches ([`check_prefetched`](Self::check_prefetched)).
+    pub fn put_replacing(&mut self, id: u64, num_requests: u64, replaces: Option<u64>) -> Result<Vec<Eviction>> {
         let need = self.need(num_requests)?;
+        if let Some(old) = replaces {
+            self.drop(old);
+        }
         self.drop(id);
         let mut out = Vec::new();
         while self.used + need > self.capacity {
@@ -276,11 +287,16 @@ mod tests {
         assert_eq!((c.in_memory(), c.counts().0, c.used()), (1, 0, c.bytes_per_request()));
         // A planned put changes nothing; the put itself evicts what the plan said.
         let before = (c.in_memory(), c.on_disk(), c.used(), c.counts());
-        let planned = c.plan_put(2, 2).unwrap();
+        let planned = c.plan_put(2, 2, None).unwrap();
         assert_eq!((c.in_memory(), c.on_disk(), c.used(), c.counts()), before);
         assert_eq!(c.clone().put(2, 2).unwrap(), planned);
         assert!(c.check_prefetched(Some(1), Some(1), "'a'").is_ok());
         assert!(c.check_prefetched(Some(1), Some(2), "'a'").unwrap_err().message.contains("prefetched for another key, not key 'a'"));
+        // A new version of entry 1 under id 5: entry 1's bytes make room, nothing is evicted.
+        let mut r = c.clone();
+        assert!(r.plan_put(5, 2, Some(1)).unwrap().is_empty());
+        assert!(r.put_replacing(5, 2, Some(1)).unwrap().is_empty());
+        assert_eq!((r.location(1), r.location(5), r.in_memory()), (None, Some(Location::Memory), 1));
         assert_eq!(c.drop(1), Some(Location::Memory));
         assert_eq!((c.drop(1), c.used()), (None, 0));
     }

@@ -350,6 +350,45 @@ pub fn plan_transfer(
     Ok(TransferPlan { reads, staged, staging_bytes: staging, num_requests: requests.len() as u64, source_ranks: ranks })
 }
 
+/// A read of a plan that writes memory another request's read reads: `(writer, reader,
+/// dst_tensor)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overlap {
+    pub writer: u64,
+    pub reader: u64,
+    pub dst_tensor: u64,
+}
+
+/// The first read of `plan` whose destination bytes overlap the source bytes of another
+/// request's read, at the addresses the pools' tensors have (`sources[rank][tensor]`,
+/// `destination[tensor]`: block 0 of each); None when every read's destination is disjoint from
+/// every other request's source. Source and destination pools that share memory (one pool, or two
+/// over the same tensors) would otherwise make the result depend on the order of the copies (a
+/// block written by one request and read by another). Staged reads write the staging buffer;
+/// the staged copies run after every read, so they cannot clobber a source.
+pub fn first_overlap(plan: &TransferPlan, sources: &std::collections::BTreeMap<u64, Vec<u64>>, destination: &[u64]) -> Option<Overlap> {
+    let at = |base: Option<&u64>, offset: u64, len: u64| base.map(|&b| (b.saturating_add(offset), b.saturating_add(offset).saturating_add(len)));
+    let mut reads: Vec<(u64, u64, u64)> = plan
+        .reads
+        .iter()
+        .filter_map(|r| {
+            let base = sources.get(&r.src_rank).and_then(|t| t.get(usize::try_from(r.src_tensor).ok()?));
+            at(base, r.src_offset, r.len).map(|(a, b)| (a, b, r.request))
+        })
+        .collect();
+    reads.sort_unstable();
+    let longest = reads.iter().map(|&(a, b, _)| b - a).max().unwrap_or(0);
+    for r in plan.reads.iter().filter(|r| r.dst_tensor != STAGING) {
+        let Some((a, b)) = at(usize::try_from(r.dst_tensor).ok().and_then(|t| destination.get(t)), r.dst_offset, r.len) else { continue };
+        // Reads starting in [a - longest, b) are the only ones that can overlap [a, b).
+        let (lo, hi) = (reads.partition_point(|x| x.0 < a.saturating_sub(longest)), reads.partition_point(|x| x.0 < b));
+        if let Some(x) = reads[lo..hi].iter().find(|x| x.1 > a && x.2 != r.request) {
+            return Some(Overlap { writer: r.request, reader: x.2, dst_tensor: r.dst_tensor });
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,6 +410,20 @@ mod tests {
         assert_eq!(p.source_ranks, vec![1]);
         let conv = s.states[0].nbytes().unwrap();
         assert_eq!(p.reads[0], Read { request: 0, src_rank: 1, src_tensor: 0, src_offset: 2 * conv, dst_tensor: 0, dst_offset: 5 * conv, len: conv });
+    }
+
+    #[test]
+    fn a_block_written_by_one_request_and_read_by_another_overlaps_in_one_pool() {
+        let s = gdn(1, 0, 2, ConvLayout::DS);
+        let g = pool(&s, 2, 8);
+        let bases: Vec<u64> = (0..g.block_strides.len() as u64).map(|t| 1 << 40 | t << 30).collect();
+        let one_pool = std::collections::BTreeMap::from([(0, bases.clone())]);
+        let chained = plan_transfer(&s, std::slice::from_ref(&g), &s, &g, &[(1, 2), (2, 3)]).unwrap();
+        assert_eq!(first_overlap(&chained, &one_pool, &bases), Some(Overlap { writer: 0, reader: 1, dst_tensor: 0 }));
+        let disjoint = plan_transfer(&s, std::slice::from_ref(&g), &s, &g, &[(1, 4), (2, 5), (6, 6)]).unwrap();
+        assert_eq!(first_overlap(&disjoint, &one_pool, &bases), None);
+        let elsewhere: Vec<u64> = bases.iter().map(|b| b + (1 << 29)).collect();
+        assert_eq!(first_overlap(&chained, &one_pool, &elsewhere), None, "pools in separate memory");
     }
 
     #[test]

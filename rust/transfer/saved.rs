@@ -187,9 +187,24 @@ impl Sealer {
     }
 }
 
+/// A header's counts, as written and as read: at least one layer and one request, one source
+/// block per request, and `checksums` (the number of checksums) per request.
+fn check_counts(h: &SavedHeader, checksums: u64) -> Result<()> {
+    if h.num_layers == 0 || h.num_requests == 0 {
+        return Err(bad(format!("{} layers and {} requests: a file holds at least one of each", h.num_layers, h.num_requests)));
+    }
+    for (k, n) in [("source_blocks", h.source_blocks.len() as u64), ("checksums", checksums)] {
+        if n != h.num_requests {
+            return Err(bad(format!("{k} has {n} entries for {} requests", h.num_requests)));
+        }
+    }
+    Ok(())
+}
+
 /// Fills a header's checksums and digests for the data section `data`; with `sealer`, binds the
 /// file to entry `id` of that tier and seals it.
 pub fn seal_header(h: &mut SavedHeader, data: &[u8], sealer: Option<(&Sealer, u64)>) -> Result<()> {
+    check_counts(h, h.num_requests)?;
     h.checksums = request_checksums(h, data)?;
     h.entry = sealer.map(|(s, id)| s.entry(id)).unwrap_or_default();
     h.record = record_digest(h, data);
@@ -286,14 +301,7 @@ pub fn decode_header(get: &dyn Fn(&str) -> Option<String>, tensors: &[SavedTenso
         seal: if seal.is_empty() { None } else { Some(hex("seal", &seal)?) },
         fingerprint,
     };
-    if h.num_layers == 0 || h.num_requests == 0 {
-        return Err(bad(format!("{} layers and {} requests: a file holds at least one of each", h.num_layers, h.num_requests)));
-    }
-    for (k, n) in [("source_blocks", h.source_blocks.len()), ("checksums", h.checksums.len())] {
-        if n as u64 != h.num_requests {
-            return Err(bad(format!("{k} has {n} entries for {} requests", h.num_requests)));
-        }
-    }
+    check_counts(&h, h.checksums.len() as u64)?;
     let ns = h.fingerprint.states.len() as u64;
     if h.num_layers.checked_mul(ns) != Some(tensors.len() as u64) {
         return Err(bad(format!("{} tensors for {} layers x {ns} persistent states", tensors.len(), h.num_layers)));

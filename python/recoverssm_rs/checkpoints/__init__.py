@@ -84,8 +84,6 @@ def _rows_of_file(path: str | os.PathLike[str]) -> list[Row]:
             if not isinstance(rec, dict):
                 raise PlanError(f"trace line {number}: must be a JSON object, got {type(rec).__name__}")
             rows.append((number, rec.get("id"), rec.get("arrival"), rec.get("prompt"), rec.get("output")))
-    if not rows:
-        raise PlanError(f"trace {os.fspath(path)!r} holds no request")
     return rows
 
 
@@ -97,7 +95,7 @@ def read_trace(path: str | os.PathLike[str]) -> list[TraceRequest]:
     """The requests of a JSON-lines trace, checked by the core (a bad line raises
     :class:`~recoverssm_rs.errors.PlanError` naming the line and the field)."""
     rows = _rows_of_file(path)
-    check_checkpoint_trace(rows)
+    check_checkpoint_trace(rows, source=os.fspath(path))
     return [TraceRequest(str(r[1]), float(r[2]), list(r[3]), list(r[4])) for r in rows]
 
 
@@ -131,6 +129,7 @@ def simulate(
     out = simulate_checkpoints(
         rows,
         policy,
+        source=os.fspath(trace) if isinstance(trace, (str, os.PathLike)) else None,
         block_size=block_size,
         granularity=granularity,
         budget=budget_checkpoints,

@@ -32,6 +32,9 @@ class CheckpointStore:
             budget, else a write finds no free block).
         group: the planner's group holding the states.
         run: executes a plan (default: ``plan.execute()``).
+
+    Raises:
+        PlanError: ``cache`` already holds checkpoints (the store would have no block for them).
     """
 
     def __init__(
@@ -43,6 +46,11 @@ class CheckpointStore:
         group: int = 0,
         run: Callable[[Any], None] | None = None,
     ) -> None:
+        if len(cache):
+            raise PlanError(
+                f"the cache already holds {len(cache)} checkpoint(s) that no block of this store holds; "
+                "give the store a new cache"
+            )
         self.cache = cache
         self.planner = planner
         self.group = group
@@ -79,26 +87,36 @@ class CheckpointStore:
         reserved block, then published; each evicted one is retracted and its block freed.
         Returns the cache's ``(written, evicted)``.
 
+        The request's checkpoints are copied by one plan, checked whole before any byte moves; when
+        they cannot all be materialised the cache forgets them (:meth:`CheckpointCache.discard`),
+        so the cache and the store still agree on every live checkpoint, and no reserved block is
+        published.
+
         Raises:
             PlanError: no reserved block is free for a write (fewer reserved blocks than the
-                budget), or a copy the planner refuses.
+                budget), or a copy the planner refuses (a bad block from ``state_at``).
         """
         written, evicted = self.cache.finish(prompt, output, plan)
         gone = set(evicted)
-        for h in evicted:
-            if h in self._block:
-                block = self._block.pop(h)
-                self.planner.retract([block], group=self.group)
-                self._free.append(block)
-        for position, h in written:
-            if h in gone:
-                continue  # written and evicted by the same request: never materialised
-            if not self._free:
+        freed = [self._block.pop(h) for h in evicted if h in self._block]
+        if freed:
+            self.planner.retract(freed, group=self.group)
+            self._free.extend(freed)
+        # Written and evicted by the same request: never materialised.
+        todo = [(position, h) for position, h in written if h not in gone]
+        if not todo:
+            return written, evicted
+        dst = self._free[::-1][: len(todo)]  # the blocks pop() would give, in order
+        try:
+            if len(todo) > len(dst):
                 raise PlanError(
-                    f"checkpoint at position {position}: no reserved block is free (reserve at least the budget)"
+                    f"checkpoint at position {todo[len(dst)][0]}: no reserved block is free (reserve at least the budget)"
                 )
-            block = self._free.pop()
-            self._run(self.planner.plan_copy([state_at(position)], [block]))
-            self.planner.publish([block], group=self.group)
-            self._block[h] = block
+            self._run(self.planner.plan_copy([state_at(position) for position, _ in todo], dst))
+            self.planner.publish(dst, group=self.group)
+        except BaseException:
+            self.cache.discard([h for _, h in todo])
+            raise
+        del self._free[len(self._free) - len(todo) :]
+        self._block.update((h, block) for (_, h), block in zip(todo, dst))
         return written, evicted

@@ -20,6 +20,10 @@ arrival order. :data:`WORKLOADS` names them for the command line and the benchma
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
+import operator
 import random
 from collections.abc import Callable
 from typing import Any
@@ -32,13 +36,47 @@ __all__ = ["shared_prompt", "few_shot", "multi_turn", "agent_loop", "rag", "mix"
 VOCAB = 150_000
 
 
+def _count(name: str, v: Any, least: int | None = 1) -> int:
+    """``v`` as an int ``>= least`` (any int when None; a bool or a float is refused, a numpy
+    int accepted)."""
+    try:
+        n = None if isinstance(v, bool) else operator.index(v)
+    except TypeError:
+        n = None
+    if n is None or (least is not None and n < least):
+        raise PlanError(f"{name} = {v!r} must be an int" + ("" if least is None else f" >= {least}"))
+    return n
+
+
+def _span(name: str, v: Any) -> tuple[int, int]:
+    """``v`` as a range ``(lo, hi)`` of token counts, ``0 <= lo <= hi``."""
+    try:
+        lo, hi = (_count(name, x, 0) for x in v)
+    except (TypeError, ValueError, PlanError):
+        lo, hi = 1, 0
+    if lo > hi:
+        raise PlanError(f"{name} = {v!r} must be a range (lo, hi) of token counts with 0 <= lo <= hi")
+    return lo, hi
+
+
+def _number(name: str, v: Any, least: float, strict: bool) -> float:
+    """``v`` as a finite number ``> least`` (``strict``) or ``>= least``."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or v < least or (strict and v == least):
+        raise PlanError(f"{name} = {v!r} must be a finite number {'>' if strict else '>='} {least:g}")
+    return float(v)
+
+
+def _prompt(what: str, tokens: int) -> None:
+    if tokens < 1:
+        raise PlanError(f"{what} is 0 tokens: every prompt needs at least one token")
+
+
 class _Gen:
     def __init__(self, seed: int, vocab: int, rate: float) -> None:
-        if vocab < 2:
-            raise PlanError(f"vocab = {vocab} must be >= 2")
-        if not rate > 0:
-            raise PlanError(f"rate = {rate} must be > 0")
-        self.rng = random.Random(seed)
+        vocab = _count("vocab", vocab, 2)
+        rate = _number("rate", rate, 0, strict=True)
+        self.rng = random.Random(_count("seed", seed, None))
         self.vocab = vocab
         self.rate = rate
         self.t = 0.0
@@ -66,6 +104,11 @@ def shared_prompt(
     """``requests`` prompts of a ``shared``-token system prompt plus a ``suffix``-token text of
     their own, each answered with ``output`` tokens."""
     g = _Gen(seed, vocab, rate)
+    requests, shared, suffix, output = (
+        _count("requests", requests),
+        *(_count(n, v, 0) for n, v in (("shared", shared), ("suffix", suffix), ("output", output))),
+    )
+    _prompt("the prompt (shared + suffix)", shared + suffix)
     system = g.text(shared)
     return [TraceRequest(f"s{i}", g.arrival(), system + g.text(suffix), g.text(output)) for i in range(requests)]
 
@@ -82,6 +125,11 @@ def few_shot(
     """A ``shared``-token block of examples (less than one engine block by default) and a
     ``query``-token question per request."""
     g = _Gen(seed, vocab, rate)
+    requests, shared, query, output = (
+        _count("requests", requests),
+        *(_count(n, v, 0) for n, v in (("shared", shared), ("query", query), ("output", output))),
+    )
+    _prompt("the prompt (shared + query)", shared + query)
     shots = g.text(shared)
     return [TraceRequest(f"f{i}", g.arrival(), shots + g.text(query), g.text(output)) for i in range(requests)]
 
@@ -101,6 +149,13 @@ def multi_turn(
     (uniform range); answers have ``output`` tokens. Turns of different chats interleave at
     random."""
     g = _Gen(seed, vocab, rate)
+    conversations, turns, system = (
+        _count("conversations", conversations),
+        _count("turns", turns),
+        _count("system", system, 0),
+    )
+    user, output = _span("user", user), _span("output", output)
+    _prompt("the first turn's prompt (system + user)", system + user[0])
     sys_prompt = g.text(system)
     history = [sys_prompt + g.text(g.span(*user)) for _ in range(conversations)]
     left = [turns] * conversations
@@ -129,6 +184,10 @@ def agent_loop(
     from a ``task`` of its own and each step re-sends the whole history: previous prompt, the
     model's call (``output`` tokens) and the tool's result (``tool`` tokens). Agents interleave."""
     g = _Gen(seed, vocab, rate)
+    agents, steps = _count("agents", agents), _count("steps", steps)
+    preamble, task = _count("preamble", preamble, 0), _count("task", task, 0)
+    tool, output = _span("tool", tool), _span("output", output)
+    _prompt("the first step's prompt (preamble + task)", preamble + task)
     pre = g.text(preamble)
     history = [pre + g.text(task) for _ in range(agents)]
     left = [steps] * agents
@@ -158,6 +217,13 @@ def rag(
     (``document`` tokens each; document ``k`` drawn with weight ``1 / (k + 1) ** zipf``) and a
     ``question``."""
     g = _Gen(seed, vocab, rate)
+    requests, documents = _count("requests", requests), _count("documents", documents)
+    instruction, document, output = (
+        _count(n, v, 0) for n, v in (("instruction", instruction), ("document", document), ("output", output))
+    )
+    question = _span("question", question)
+    zipf = _number("zipf", zipf, 0, strict=False)
+    _prompt("the prompt (instruction + document + question)", instruction + document + question[0])
     inst = g.text(instruction)
     docs = [g.text(document) for _ in range(documents)]
     weights = [1.0 / (k + 1) ** zipf for k in range(documents)]
@@ -171,6 +237,7 @@ def rag(
 def mix(seed: int = 0, vocab: int = VOCAB) -> list[TraceRequest]:
     """Every other workload at its defaults (a quarter of the requests each, different seeds),
     merged by arrival time."""
+    seed = _count("seed", seed, None)
     parts = [
         shared_prompt(requests=16, seed=seed + 1, vocab=vocab, rate=1.0),
         few_shot(requests=16, seed=seed + 2, vocab=vocab, rate=1.0),
@@ -187,7 +254,7 @@ def mix(seed: int = 0, vocab: int = VOCAB) -> list[TraceRequest]:
 
 WORKLOADS: dict[str, Callable[..., list[TraceRequest]]] = {
     "shared-long": shared_prompt,
-    "shared-short": lambda **kw: shared_prompt(**{"suffix": 60, **kw}),
+    "shared-short": functools.partial(shared_prompt, suffix=60),
     "few-shot": few_shot,
     "multi-turn": multi_turn,
     "agent-loop": agent_loop,
@@ -204,4 +271,8 @@ def generate(name: str, **params: Any) -> list[TraceRequest]:
         gen = WORKLOADS[name]
     except KeyError:
         raise PlanError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}") from None
+    try:
+        inspect.signature(gen).bind(**params)
+    except TypeError as e:
+        raise PlanError(f"workload {name!r}: {e}") from None
     return gen(**params)

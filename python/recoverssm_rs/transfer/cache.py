@@ -11,14 +11,18 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import overload
 
-from .._core import HostCacheIndex, block_list, check_pool, remove_file
+from .._core import HostCacheIndex, TransferPlan, block_list, check_pool, remove_file
 from ..errors import PlanError
 from .disk import _load, _save
+from .local import LocalTransfer
 from .offload import HostOffload, HostStates
 from .pool import StatePool
 from .streams import TransferHandle
 
 __all__ = ["HostCache"]
+
+#: An entry found for a restore: its id, states, the blocks, and the checked restore plan.
+_Found = tuple[int, HostStates, list[int], tuple[LocalTransfer, TransferPlan]]
 
 log = logging.getLogger("recoverssm_rs")
 
@@ -120,29 +124,35 @@ class HostCache:
     def put(self, key: Hashable, blocks: Sequence[int]) -> None:
         """Offloads ``blocks`` (one per request) under ``key``, replacing an entry of that key,
         evicting least recently used entries until it fits. PlanError when they need more than
-        the whole capacity or name bad blocks, BindingError when a spill cannot be written: then
-        nothing changed (the entry under ``key`` stays, nothing was evicted)."""
+        the whole capacity or name bad blocks, BindingError when a spill cannot be written or the
+        old version's spill file cannot be removed: then nothing changed (the entry under ``key``
+        stays, nothing was evicted)."""
         old = self._known(key)
-        i = old if old is not None else self._next_id
+        # Every version of a key is a new entry (a prefetch handle of the old one then no longer
+        # matches it); the core forgets the old version as part of the put.
+        i = self._next_id
         states = self._offload.offload(blocks)  # checks the blocks and the pool; copies only
-        evicted = self._index.plan_put(i, states.num_requests)  # refused when too large
+        evicted = self._index.plan_put(i, states.num_requests, replaces=old)  # refused when too large
         spilled: dict[int, Path] = {}
         try:
             for j, spill in evicted:
                 if spill:
                     spilled[j] = self._spill(j)
+            if old is not None:
+                self._remove_file(old)  # the last step that can fail
         except BaseException:
             for path in spilled.values():
                 remove_file(path)
             raise
         # Everything checked and written: now change the tier.
         if old is not None:
-            self._forget_file(old)
-        else:
-            self._next_id += 1
-            self._ids[key] = i
-            self._keys[i] = key
-        assert self._index.put(i, states.num_requests) == evicted
+            self._on_disk.pop(old, None)
+            self._entries.pop(old, None)
+            self._keys.pop(old)
+        self._next_id += 1
+        self._ids[key] = i
+        self._keys[i] = key
+        assert self._index.put(i, states.num_requests, replaces=old) == evicted
         for j, _ in evicted:
             self._entries.pop(j)
             if j in spilled:
@@ -154,8 +164,10 @@ class HostCache:
     def _forget_key(self, i: int) -> None:
         self._ids.pop(self._keys.pop(i), None)
 
-    def _forget_file(self, i: int) -> None:
-        path = self._on_disk.pop(i, None)
+    def _remove_file(self, i: int) -> None:
+        """Removes entry ``i``'s spill file, if it has one; the tier forgets the file only once
+        it is gone (a file that cannot be removed is a BindingError, and nothing changes)."""
+        path = self._on_disk.get(i)
         if path is not None:
             remove_file(path)
 
@@ -176,21 +188,33 @@ class HostCache:
             return _load(path, layout, tier=self._index, entry=i, key=repr(self._keys[i]))
         return None
 
-    def _lookup(self, key: Hashable) -> tuple[int | None, HostStates | None]:
+    def _lookup(self, key: Hashable, blocks: Sequence[int]) -> _Found | None:
+        """The entry of ``key`` and its restore into ``blocks``, checked and planned; then (and
+        only then) the hit is counted and the entry marked used. None, a miss counted, when the
+        tier does not hold ``key``. A refused restore (bad blocks, a bad spill file) counts
+        nothing and keeps the recency order."""
+        ids = block_list(blocks)
         i = self._known(key)
-        where = self._index.lookup(_NO_ID if i is None else i)  # counts the hit or miss
-        return i, (None if i is None else self._states(i, where))
+        where = None if i is None else self._index.location(i)
+        if i is None or where is None:
+            self._index.lookup(_NO_ID if i is None else i)  # counts the miss
+            return None
+        states = self._states(i, where)
+        assert states is not None
+        planned = self._offload.plan_restore(states, ids)  # the core checks states and blocks
+        self._index.lookup(i)  # counts the hit
+        return i, states, ids, planned
 
     def prefetch(self, key: Hashable, blocks: Sequence[int]) -> TransferHandle | None:
         """Starts restoring ``key``'s states into ``blocks`` on the pool's side stream (a spilled
         entry is read from disk first) and returns its handle, or None (nothing enqueued) when
         the tier does not hold ``key``. Pass the handle to :meth:`restore` of the same key (or
         call ``handle.wait()``) before the current stream reads the blocks."""
-        block_list(blocks)
-        i, states = self._lookup(key)
-        if states is None:
+        found = self._lookup(key, blocks)
+        if found is None:
             return None
-        handle = self._offload.prefetch(states, blocks)
+        i, states, ids, planned = found
+        handle = self._offload.start_restore(states, ids, planned)
         handle.entry = i
         return handle
 
@@ -204,11 +228,11 @@ class HostCache:
             self._index.check_prefetched(self._known(key), entry if isinstance(entry, int) else None, repr(key))
             self._offload.restore(handle.states, blocks, handle=handle)
             return True
-        block_list(blocks)
-        _, states = self._lookup(key)
-        if states is None:
+        found = self._lookup(key, blocks)
+        if found is None:
             return False
-        self._offload.restore(states, blocks)
+        transfer, plan = found[3]
+        transfer.execute(plan)
         return True
 
     def drop(self, key: Hashable) -> None:
@@ -216,7 +240,8 @@ class HostCache:
         i = self._known(key)
         if i is None:
             return
-        self._forget_file(i)
+        self._remove_file(i)  # the only step that can fail: first
+        self._on_disk.pop(i, None)
         self._index.drop(i)
         self._entries.pop(i, None)
         self._forget_key(i)

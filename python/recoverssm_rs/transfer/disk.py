@@ -29,6 +29,7 @@ from .._core import (
     encode_saved_states,
     guarded_write,
     read_saved_file,
+    saved_request_blocks,
     write_file,
 )
 from ..errors import LayoutError
@@ -62,8 +63,7 @@ def _save(states: HostStates, path: Any, tier: HostCacheIndex | None = None, ent
     pool = getattr(states, "pool", None)
     check_pool(pool, "states.pool")
     assert isinstance(pool, StatePool)
-    n = states.num_requests
-    blocks = list(states.source_blocks) if states.source_blocks is not None else list(range(1, n + 1))
+    n, blocks = saved_request_blocks(states)  # the core checks the counts and the source blocks
 
     def gather() -> np.ndarray:
         parts = [_host_bytes(t, n) for t in pool.tensors]
@@ -136,7 +136,7 @@ def _load(
     hb, raw = read_saved_file(path)
     meta, tensors = _read_header(path, hb)
     data = np.frombuffer(raw, dtype=np.uint8)
-    fp, num_layers, n, blocks = check_saved_states(meta, tensors, data, tier=tier, entry=entry, key=key)
+    fp, num_layers, n, blocks = check_saved_states(meta, tensors, data, tier=tier, entry=entry, key=key, path=path)
     want = LayoutFingerprint(layout, tp_rank=fp.tp_rank, block_size=fp.block_size)
     if want != fp:
         raise _bad(path, f"saved from a pool of another layout ({fp!r}), not {want!r}")

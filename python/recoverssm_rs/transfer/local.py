@@ -141,7 +141,10 @@ class LocalTransfer:
     one instance (the core's ``source_pools``: swapped shards, two pools for one rank, an SD pool
     with a DS pool or mixed TP sizes are refused here, as :class:`~recoverssm_rs.transfer.nixl.NixlEndpoint` refuses them at ``connect``);
     compatibility, geometries, block ids and duplicate destinations are checked by the core's
-    planner; every pool's bound tensors are checked (:meth:`StatePool.check`) before each run.
+    planner; every pool's bound tensors are checked (:meth:`StatePool.check`) before each run; and
+    when the source and destination share memory (one pool, or two over the same tensors) no
+    request may write a block another request reads (PlanError: the result would depend on the
+    order of the copies).
     """
 
     def __init__(self, sources: Mapping[int, StatePool] | Sequence[StatePool], destination: StatePool) -> None:

@@ -111,7 +111,7 @@ class HostOffload:
         return TransferHandle("offload", states, list(states.source_blocks or ()), event[0], self._side.streams)
 
     def _offload(self, blocks: Sequence[int], run: Any) -> HostStates:
-        ids = block_list(blocks)
+        ids = block_list(blocks, offload=True)
         host = self._host_pool(len(ids))
         transfer = LocalTransfer({self.pool.fingerprint.tp_rank: self.pool}, host)
         plan = transfer.plan([(b, i + 1) for i, b in enumerate(ids)])
@@ -124,13 +124,20 @@ class HostOffload:
         returns at once; pass the handle to ``restore(states, blocks, handle=)`` or call
         ``handle.wait()`` before the current stream reads the blocks. Every check runs here,
         before anything is enqueued."""
+        ids = block_list(blocks)
+        return self.start_restore(states, ids, self.plan_restore(states, ids))  # checked first
+
+    def start_restore(
+        self, states: HostStates | Sequence[HostStates], ids: list[int], planned: tuple[LocalTransfer, TransferPlan]
+    ) -> TransferHandle:
+        """:meth:`prefetch` of a restore already checked and planned by :meth:`plan_restore` (a
+        caller that must check before it changes anything of its own: :class:`HostCache`)."""
         from .streams import TransferHandle
 
-        ids = block_list(blocks)
-        transfer, plan = self._restore_plan(states, ids)  # the core checks the saved states
+        transfer, plan = planned
         saved = [states] if isinstance(states, HostStates) else list(states)
         event = self._side.run(lambda: transfer.execute(plan))
-        return TransferHandle("restore", saved, ids, event, self._side.streams)
+        return TransferHandle("restore", saved, ids, event, self._side.streams, owner=self)
 
     def restore(
         self, states: HostStates | Sequence[HostStates], blocks: Sequence[int], *, handle: TransferHandle | None = None
@@ -152,14 +159,20 @@ class HostOffload:
         if handle is not None:
             saved = list(states) if isinstance(states, (list, tuple)) else [states]
             same = isinstance(handle, TransferHandle) and handle.kind == "restore" and handle.blocks == ids
-            if not same or [id(s) for s in handle.states] != [id(s) for s in saved]:  # type: ignore[union-attr]
-                raise PlanError(f"restore: {handle!r} was not prefetched for these states and blocks {ids}")
+            if not same or handle.owner is not self or [id(s) for s in handle.states] != [id(s) for s in saved]:  # type: ignore[union-attr]
+                raise PlanError(
+                    f"restore: {handle!r} was not prefetched for these states and blocks {ids} by this HostOffload "
+                    f"(of {self.pool!r}); nothing was written"
+                )
             handle.wait()
             return
-        transfer, plan = self._restore_plan(states, ids)
+        transfer, plan = self.plan_restore(states, ids)
         transfer.execute(plan)
 
-    def _restore_plan(self, states: Any, blocks: list[int]) -> tuple[LocalTransfer, TransferPlan]:
+    def plan_restore(self, states: Any, blocks: list[int]) -> tuple[LocalTransfer, TransferPlan]:
+        """Checks and plans a restore of ``states`` into ``blocks`` (block ids from
+        :func:`~recoverssm_rs._core.block_list`); nothing moves until the transfer executes the
+        plan."""
         _, sources = restore_sources(states, len(blocks))  # the core checks the saved states
         transfer = LocalTransfer(dict(sources), self.pool)
         return transfer, transfer.plan([(i + 1, b) for i, b in enumerate(blocks)])

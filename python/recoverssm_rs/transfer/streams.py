@@ -74,12 +74,16 @@ class TransferHandle:
         streams: Any,
         *,
         entry: int | None = None,
+        owner: Any = None,
     ) -> None:
         self.kind = kind
         self.states = states
         self.blocks = blocks
         #: The host tier entry this handle restores (set by :meth:`HostCache.prefetch`).
         self.entry = entry
+        #: The :class:`~recoverssm_rs.transfer.HostOffload` that enqueued the copies (a restore
+        #: handle finishes a restore into that offload's pool only).
+        self.owner = owner
         self._event = event
         self._streams = streams
 
