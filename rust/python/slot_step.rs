@@ -5,6 +5,7 @@
 
 use super::commit::PyCommitLaunch;
 use super::conversion::{arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
+use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
@@ -62,6 +63,11 @@ struct Staged {
 pub struct VllmSlotStep {
     planner: Py<Planner>,
     inner: SlotStep,
+    /// The adapter's buffers, held and checked before every launch: the kernel writes them at the
+    /// addresses `inner` was built with, so one resized (`state_idx.resize_()`: the views the
+    /// adapter hands to the engine share the buffers' storages), re-pointed or freed since is
+    /// refused.
+    buffers: Guard,
     /// The KV-cache group id of each planner group.
     #[pyo3(get)]
     group_ids: Vec<usize>,
@@ -132,6 +138,7 @@ impl VllmSlotStep {
         let tables = self.tables(block_tables, launch_arg)?;
         let planner = self.planner.get();
         planner.write(py, || {
+            self.buffers.check(py)?;
             let (refs, cols) = self.inner.table_refs(&tables)?;
             let launch = Py::new(py, KernelLaunch::new(f(&self.inner, cols)?))?;
             let changed = *self.uploaded()? != refs;
@@ -173,6 +180,7 @@ impl VllmSlotStep {
         ctl: "_Tensor", err: "_Tensor", tables: "_Tensor", commit: "_Tensor",
     ))]
     fn new(
+        py: Python<'_>,
         planner: &Bound<'_, Planner>,
         group_ids: Option<&Bound<'_, PyAny>>,
         num_slots: Option<&Bound<'_, PyAny>>,
@@ -199,10 +207,21 @@ impl VllmSlotStep {
             commit: &a.commit.0,
         };
         let inner = SlotStep::new(fused, block_size, a.num_slots, &b)?;
+        let named = [
+            (state_idx, "state_idx"),
+            (num_accepted, "num_accepted"),
+            (scratch, "scratch"),
+            (ctl, "ctl"),
+            (err, "err"),
+            (tables, "tables"),
+            (commit, "commit stage"),
+        ];
+        let held: Vec<_> = named.iter().filter_map(|(t, n)| t.map(|t| (t.clone(), format!("ModelStateV2's {n} buffer")))).collect();
+        let buffers = Guard::new(py, &held)?;
         let (uploaded, staged) = (Mutex::new(Vec::new()), Mutex::new(None));
         let table_names = group_ids.iter().map(|g| format!("block_tables[{g}]")).collect();
         let order = Mutex::new(HalfOrder::default());
-        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, table_names, uploaded, staged, order })
+        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, buffers, group_ids, table_names, uploaded, staged, order })
     }
 
     /// The error buffer's int32 elements: the pre-copy's two words, the post-process's, the stamp
