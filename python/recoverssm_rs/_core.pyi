@@ -1579,7 +1579,7 @@ def vllm_runner_groups(
     groups: Sequence[
         tuple[
             int,
-            tuple[str, str, Sequence[Sequence[int]], Sequence[str], int, int],
+            tuple[str, str, Sequence[Sequence[int]], Sequence[object], int, int],
             Sequence[str],
             Sequence[tuple[str, Sequence[_Tensor] | None]],
         ]
@@ -1590,6 +1590,7 @@ def vllm_runner_groups(
     package reads them): every spec in align mode, every layer in the forward context with a
     tensor per copy function (the leading ones kept), the layouts in `conv_layout` (`"SD"` /
     `"DS"`). Returns the groups and the first spec's `block_size` and `num_speculative_blocks`.
+    A spec's field or a layer name of the wrong type is a `LayoutError` naming it.
     """
 
 def vllm_step_groups(

@@ -61,3 +61,40 @@ def test_a_moved_adapter_buffer_is_refused_before_the_launch(fake_ops, recorder,
         else:
             ms.postprocess_state(_v(1, 2), 1, _v(0, 5, 5, 0), [table])
     assert len(recorder.calls) == launched  # nothing launched over the old address
+
+
+def _from_runner(which, cfg, ctx, funcs):
+    from recoverssm_rs.vllm import VllmMambaStep
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    if which == "V2":
+        return ModelStateV2.from_runner(cfg, ctx, funcs, max_num_reqs=4, device="cpu")
+    return VllmMambaStep.from_runner(cfg, ctx, funcs, max_num_reqs=4)
+
+
+@pytest.mark.parametrize("which", ["V1", "V2"])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("block_size", None, r"GDN_ATTN: block_size must be a host integer \(a Python or numpy int\), got NoneType"),
+        ("num_speculative_blocks", 2**40, r"GDN_ATTN: num_speculative_blocks = 1099511627776 is too large"),
+        ("dtypes", None, r"GDN_ATTN: dtypes must be a list of dtypes, got NoneType"),
+        ("layer_names", [5], r"group 0: layer name 5 must be a string, got int"),
+        ("block_size", "missing", r"group 0: kv_cache_spec: AttributeError: .* no attribute 'block_size'"),
+        ("mamba_cache_mode", "missing", r"group 0: kv_cache_spec: AttributeError: .* no attribute 'mamba_cache_mode'"),
+    ],
+)
+def test_a_malformed_runner_field_is_a_layout_error(which, field, value, message):
+    """A field of vLLM's mamba spec or KV-cache group the core reads, of a type or size no engine
+    has: a LayoutError naming the backend (or group) and the field, from both runners' readers
+    (it was torch's or PyO3's TypeError / OverflowError, which the vLLM plugin does not catch)."""
+    from recoverssm_rs.errors import LayoutError
+
+    cfg, ctx, funcs = vllm_trace.small_runner_objects([torch.randn(16, 5, 3), torch.randn(16, 2, 2)], fake=False)
+    group = cfg.kv_cache_groups[0]
+    if value == "missing":
+        delattr(group.kv_cache_spec, field)
+    else:
+        setattr(group if field == "layer_names" else group.kv_cache_spec, field, value)
+    with pytest.raises(LayoutError, match=message):
+        _from_runner(which, cfg, ctx, funcs)

@@ -70,11 +70,12 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     return out
 
 
-def _spec_record(spec: Any) -> tuple[Any, ...]:
-    """A mamba spec's fields as the core reads them (``vllm_runner_groups``)."""
-    shapes, dtypes = [list(x) for x in spec.shapes], [str(d) for d in spec.dtypes]
-    kind = (_name(spec.mamba_type), _name(spec.mamba_cache_mode))
-    return (*kind, shapes, dtypes, spec.num_speculative_blocks, spec.block_size)
+def _spec_record(gid: int, spec: Any) -> tuple[Any, ...]:
+    """A mamba spec's fields as the core reads them (``vllm_runner_groups``, which converts the
+    shapes, dtypes and sizes and names a bad one); a field missing is a LayoutError naming it."""
+    with _reading(f"group {gid}: kv_cache_spec", LayoutError):
+        kind = (_name(spec.mamba_type), _name(spec.mamba_cache_mode))
+        return (*kind, spec.shapes, spec.dtypes, spec.num_speculative_blocks, spec.block_size)
 
 
 def _block_table(input_batch: Any, gid: int, n: int) -> Any:
@@ -148,7 +149,7 @@ class VllmMambaStep(EngineAdapter):
                 return list(forward_context[layer].kv_cache) if layer in forward_context else None
 
         record = [
-            (gid, _spec_record(spec), by_type[_name(spec.mamba_type)], [(ly, kv_cache(gid, ly)) for ly in layers])
+            (gid, _spec_record(gid, spec), by_type[_name(spec.mamba_type)], [(ly, kv_cache(gid, ly)) for ly in layers])
             for gid, spec, layers in found
         ]
         groups, bs, num_spec = _core.vllm_runner_groups(record, layout_name)
