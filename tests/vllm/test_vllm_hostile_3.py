@@ -98,3 +98,80 @@ def test_a_malformed_runner_field_is_a_layout_error(which, field, value, message
         setattr(group if field == "layer_names" else group.kv_cache_spec, field, value)
     with pytest.raises(LayoutError, match=message):
         _from_runner(which, cfg, ctx, funcs)
+
+
+def _with_cache(seed: int = 0):
+    """The adapter (request index 1 holds 4 tokens, running block 1..4 of its table) and a host
+    RecoverSSM cache of random bytes, with the commit of batch row 0 (request index 1)."""
+    import numpy as np
+    from recoverssm_rs import layouts
+    from recoverssm_rs.speculative.state_cache import StateCache
+    from recoverssm_rs.vllm import RecoverSSMCommit
+
+    torch.manual_seed(seed)  # the states too: two calls give the same bytes
+    ms, states, table = _adapter()
+    layout = layouts.kda(num_heads=2, head_dim=4, conv_kernel_size=3, num_spec=2, recover_ssm=True)
+    cache = StateCache(layout, num_layers=1, num_blocks=12, max_requests=4)
+    g = torch.Generator().manual_seed(seed)
+    for b in cache.buffers().values():
+        b.copy_(torch.randn(b.shape, generator=g).to(b.dtype))
+    commit = RecoverSSMCommit(
+        cache,
+        request_indices=torch.tensor([0]),
+        state_blocks=np.array([1]),
+        num_computed_tokens=torch.tensor([4], dtype=I32),
+        block_table=torch.arange(3, 6, dtype=I32).reshape(1, 3),
+    )
+    return ms, states, table, cache, commit
+
+
+def _snapshot(ms, states, cache):
+    return [t.clone() for t in (*states, ms._state, ms._acc, *cache.buffers().values())]
+
+
+@pytest.mark.parametrize("via", ["stage", "post"])
+@pytest.mark.parametrize("what", ["no commit", "no cache"])
+def test_a_recoverssm_commit_that_is_not_one_is_a_plan_error(fake_ops, recorder, launch_args, via, what):
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.vllm import RecoverSSMCommit
+
+    ms, states, table, cache, good = _with_cache()
+    ms.preprocess_state(_v(1), _v(0, 4, 4, 0), _v(0, 1), [table])
+    launched, before = len(recorder.calls), _snapshot(ms, states, cache)
+    # Not a commit (neither a RecoverSSMCommit nor a bool), or a commit without a cache.
+    bad = object() if what == "no commit" else RecoverSSMCommit(None, [0], [1], [4], [[3, 4, 5]])
+    name = (
+        r"recoverssm: AttributeError: .*'cache'"
+        if what == "no commit"
+        else r"recoverssm.cache \(a RecoverSSM state cache\): AttributeError"
+    )
+    with pytest.raises(PlanError, match=name):
+        if via == "stage":
+            ms.stage_recoverssm(bad)
+        else:
+            ms.postprocess_state(_v(1), _v(3), _v(0, 6, 4, 0), [table], recoverssm=bad)
+    assert len(recorder.calls) == launched
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(ms, states, cache)))
+    with pytest.raises(PlanError, match="no RecoverSSM commit is staged"):  # nothing was staged
+        ms.postprocess_state(_v(1), _v(3), _v(0, 6, 4, 0), [table], recoverssm=True)
+
+
+def test_a_staged_commit_runs_as_staged_after_its_object_changes(fake_ops, emulator, launch_args):
+    """The commit's fields are read when it is staged: the object changed afterwards (a field
+    replaced before ``postprocess_state(recoverssm=True)``) commits what was staged and checked,
+    as an unchanged one does."""
+    runs = []
+    for change in (False, True):
+        ms, states, table, cache, commit = _with_cache()
+        ms.preprocess_state(_v(1), _v(0, 4, 4, 0), _v(0, 1), [table])
+        ms.stage_recoverssm(commit)
+        if change:
+            commit.request_indices, commit.num_computed_tokens = None, "four"
+        ms.postprocess_state(_v(1), _v(3), _v(0, 6, 4, 0), [table], recoverssm=True)
+        assert ms.last_error().ok
+        runs.append(_snapshot(ms, states, cache))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    ms, states, _, cache, _ = _with_cache()
+    fresh = _snapshot(ms, states, cache)
+    written = [not torch.equal(a, b) for a, b in zip(fresh, runs[0])]
+    assert written[-len(cache.buffers()) :].count(True) > 0  # the commit wrote cache bytes
