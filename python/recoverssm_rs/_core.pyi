@@ -1043,7 +1043,8 @@ class VllmSlotStep:
         Refused without a pre-copy since the last post-process (one post-process per step), and
         before the first pre-copy unless it has no rows (a step's pre-copy runs before its
         post-process). A post-process the core builds forgets the staged commit (with `commit` or
-        not); a refused one keeps it. `(launch, table records or None)`; `run` and `launch_arg` as
+        not); a refused one keeps it (a host commit that ran before a failed `run` is kept as run:
+        the retry launches the stage without calling `reference` again). `(launch, table records or None)`; `run` and `launch_arg` as
         `pre`'s; with `run`, a commit staged without a kernel runs first as
         `reference(num_sampled)` (the caller's own `num_sampled`), inside the same guarded write.
         """

@@ -15,6 +15,7 @@ use crate::vllm::slot_step::{buffer_specs, check_group_ids, new_request, step_wo
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt};
+use std::cell::Cell;
 use std::sync::Mutex;
 
 kwargs! {
@@ -132,7 +133,7 @@ impl VllmSlotStep {
         block_tables: &Bound<'_, PyAny>,
         launch_arg: Option<&Bound<'_, PyAny>>,
         run: Option<&Bound<'_, PyAny>>,
-        reference: Option<(&Py<PyAny>, &Bound<'_, PyAny>)>,
+        reference: Option<(&Py<PyAny>, &Bound<'_, PyAny>, &Cell<bool>)>,
         f: impl FnOnce(&SlotStep, i32) -> crate::error::Result<crate::kernels::Launch>,
     ) -> PyResult<HalfStep<'py>> {
         let tables = self.tables(block_tables, launch_arg)?;
@@ -144,8 +145,9 @@ impl VllmSlotStep {
             let changed = *self.uploaded()? != refs;
             let records = changed.then(|| PyBytes::new(py, &TableRef::bytes(&refs)));
             if let Some(run) = run {
-                if let Some((reference, num_sampled)) = reference {
+                if let Some((reference, num_sampled, ran)) = reference {
                     reference.bind(py).call1((num_sampled,))?; // the caller's own counts
+                    ran.set(true); // written: not run again, whatever follows
                 }
                 run.call1((launch.clone_ref(py), records.clone()))?;
             }
@@ -369,7 +371,8 @@ impl VllmSlotStep {
     /// Refused without a pre-copy since the last post-process (one post-process per step), and
     /// before the first pre-copy unless it has no rows (a step's pre-copy runs before its
     /// post-process). A post-process the core builds forgets the staged commit (with `commit` or
-    /// not); a refused one keeps it. `(launch, table records or None)`; `run` and `launch_arg` as
+    /// not); a refused one keeps it (a host commit that ran before a failed `run` is kept as run:
+    /// the retry launches the stage without calling `reference` again). `(launch, table records or None)`; `run` and `launch_arg` as
     /// `pre`'s; with `run`, a commit staged without a kernel runs first as
     /// `reference(num_sampled)` (the caller's own `num_sampled`), inside the same guarded write.
     #[pyo3(signature = (
@@ -403,6 +406,7 @@ impl VllmSlotStep {
             )
             .into());
         }
+        let ran = Cell::new(false);
         let result = (|| {
             let st = if commit { taken.as_ref() } else { None };
             let fused = st.and_then(|s| s.kernel.as_ref());
@@ -410,7 +414,7 @@ impl VllmSlotStep {
                 bound.bind(py).call_method0(intern!(py, "check"))?; // the cache's tensors, before its write
             }
             let kernel = fused.map(|(k, _)| k.get().core());
-            let reference = st.and_then(|s| s.reference.as_ref()).map(|r| (r, num_sampled));
+            let reference = st.and_then(|s| s.reference.as_ref()).map(|r| (r, num_sampled, &ran));
             let out = self.half(py, block_tables, launch_arg, run, reference, |s, cols| {
                 let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
                 s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { request_rows: c.request_rows, cols: c.cols, kernel }))
@@ -421,6 +425,12 @@ impl VllmSlotStep {
             Ok(out)
         })();
         if result.is_err() {
+            let mut taken = taken;
+            if let Some(s) = taken.as_mut().filter(|_| ran.get()) {
+                // The host commit wrote the cache before the launch failed: the retry of this step
+                // launches the stage (the committed rows' columns and counts) without committing again.
+                s.reference = None;
+            }
             self.put_staged(taken)?; // refused: the stage stays for this step
         } else {
             self.order()?.post_ran();

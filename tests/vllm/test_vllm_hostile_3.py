@@ -175,3 +175,31 @@ def test_a_staged_commit_runs_as_staged_after_its_object_changes(fake_ops, emula
     fresh = _snapshot(ms, states, cache)
     written = [not torch.equal(a, b) for a, b in zip(fresh, runs[0])]
     assert written[-len(cache.buffers()) :].count(True) > 0  # the commit wrote cache bytes
+
+
+def test_a_launch_that_fails_after_the_host_commit_does_not_commit_twice(fake_ops, emulator, launch_args, monkeypatch):
+    """A host cache's commit runs inside the post-process's guarded write, before its launch; when
+    the launch then fails (the driver refuses it), the step stays open and its stage stays for the
+    retry, which launches without committing the cache again: the result equals one post-process
+    that never failed."""
+    from recoverssm_rs.cuda import module
+
+    runs = []
+    for fail in (False, True):
+        ms, states, table, cache, commit = _with_cache()
+        ms.preprocess_state(_v(1), _v(0, 4, 4, 0), _v(0, 1), [table])
+        ms.stage_recoverssm(commit)
+        if fail:
+            launch = module.launch
+
+            def refused(*args, **kwargs):
+                monkeypatch.setattr(module, "launch", launch)  # once
+                raise RuntimeError("the driver refused the launch")
+
+            monkeypatch.setattr(module, "launch", refused)
+            with pytest.raises(RuntimeError, match="refused the launch"):
+                ms.postprocess_state(_v(1), _v(3), _v(0, 6, 4, 0), [table], recoverssm=True)
+        ms.postprocess_state(_v(1), _v(3), _v(0, 6, 4, 0), [table], recoverssm=True)
+        assert ms.last_error().ok
+        runs.append(_snapshot(ms, states, cache))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
