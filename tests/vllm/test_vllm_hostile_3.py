@@ -203,3 +203,25 @@ def test_a_launch_that_fails_after_the_host_commit_does_not_commit_twice(fake_op
         assert ms.last_error().ok
         runs.append(_snapshot(ms, states, cache))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("device_tables", [5, object()])
+def test_device_tables_that_are_not_a_list_are_a_plan_error(fake_ops, recorder, device_tables):
+    """The V1 device step's ``device_tables`` (the engine's device block tables): anything not a
+    list of tables is the package's PlanError naming it, and nothing is launched."""
+    import numpy as np
+    from recoverssm_rs import Planner
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.vllm.decide import PreCopyInputs
+    from recoverssm_rs.vllm.device_step import DeviceStep
+    from support.device_fakes import FakeCuda, random_states
+    from support.generators import group_layouts
+
+    lay = group_layouts()[0]
+    states = random_states(lay, 50, 2, np.random.default_rng(0))
+    step = DeviceStep(Planner.from_groups([(lay, [[FakeCuda(t) for t in layer] for layer in states])], block_size=4), 4)
+    tables = [np.arange(1, 17, dtype=np.int64).reshape(2, 8)]
+    counts = FakeCuda(torch.ones(2, dtype=I32))
+    with pytest.raises(PlanError, match="device_tables"):
+        step.launch(PreCopyInputs(tables, [0, 4], [3, 2], counts, [-1, 0]), device_tables=device_tables)
+    assert recorder.calls == []
