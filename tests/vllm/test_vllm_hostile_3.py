@@ -225,3 +225,46 @@ def test_device_tables_that_are_not_a_list_are_a_plan_error(fake_ops, recorder, 
     with pytest.raises(PlanError, match="device_tables"):
         step.launch(PreCopyInputs(tables, [0, 4], [3, 2], counts, [-1, 0]), device_tables=device_tables)
     assert recorder.calls == []
+
+
+BIG = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("computed", "scheduled", "accepted", "column", "block_size", "message"),
+    [
+        # the stored column at the int64 limit, moved with an offset: was a Rust panic (slice index)
+        (4, 4, 2, BIG, 4, r"the running state's source columns .*: columns 9223372036854775807 \.\.= .* are outside"),
+        # the step's columns at the limit with speculative blocks after them: was a Rust panic
+        (
+            BIG - 1,
+            1,
+            1,
+            -1,
+            1,
+            r"the step's running and speculative columns: columns 9223372036854775806 \.\.= .* are outside",
+        ),
+        # computed + scheduled past the limit: was refused with wrapped (negative) columns
+        (BIG - 3, 4, 1, -1, 4, r"num_computed = 9223372036854775804 and num_scheduled = 4 add up past 2\*\*63 - 1"),
+    ],
+)
+def test_a_pre_copy_near_the_int64_limit_is_a_plan_error(computed, scheduled, accepted, column, block_size, message):
+    import numpy as np
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.vllm.decide import PreCopyInputs, align_pre_copy
+
+    step = PreCopyInputs([np.arange(1, 9).reshape(1, 8)], [computed], [scheduled], [accepted], [column])
+    with pytest.raises(PlanError, match=rf"request 0: {message}"):
+        align_pre_copy(step, block_size=block_size, num_spec_blocks=2)
+
+
+def test_a_post_process_whose_tokens_pass_the_int64_limit_is_a_plan_error():
+    """num_computed + num_scheduled past 2**63 - 1 with the wrapped column as state_col: a decision
+    of negative token counts was returned (running = -2**63 + 1); now refused, naming the counts."""
+    import numpy as np
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.vllm.decide import PostProcessInputs, align_post_process
+
+    step = PostProcessInputs([np.arange(1, 9).reshape(1, 8)], [-(2**61)], [BIG], [2], [0], [1])
+    with pytest.raises(PlanError, match=r"request 0: num_computed = 9223372036854775807 and num_scheduled = 2 add up"):
+        align_post_process(step, block_size=4, num_spec_blocks=2)
