@@ -268,3 +268,27 @@ def test_a_post_process_whose_tokens_pass_the_int64_limit_is_a_plan_error():
     step = PostProcessInputs([np.arange(1, 9).reshape(1, 8)], [-(2**61)], [BIG], [2], [0], [1])
     with pytest.raises(PlanError, match=r"request 0: num_computed = 9223372036854775807 and num_scheduled = 2 add up"):
         align_post_process(step, block_size=4, num_spec_blocks=2)
+
+
+@pytest.mark.parametrize(("value", "message"), [(4.5, "must be a host integer"), ("8", "must be a host integer")])
+def test_the_v1_plugins_max_num_reqs_is_the_cores_to_check_not_truncated(value, message):
+    """The V1 plugin reads the input batch's ``max_num_reqs`` for the step it builds: a value that
+    is not an integer is refused by the core (the runner falls back to vLLM, the reason names it),
+    not truncated by ``int()`` into a table of 4 request indices."""
+    import types
+
+    from recoverssm_rs.vllm import plugin
+
+    cfg, ctx, funcs = vllm_trace.small_runner_objects([torch.randn(16, 5, 3), torch.randn(16, 2, 2)], fake=False)
+    p = plugin._Plugin(types.ModuleType("mamba_utils"), {})
+    a = {
+        "cache_config": types.SimpleNamespace(enable_prefix_caching=True),
+        "kv_cache_config": cfg,
+        "forward_context": ctx,
+        "mamba_state_copy_funcs": funcs,
+        "input_batch": types.SimpleNamespace(max_num_reqs=value),
+    }
+    runner = p._build(a)
+    assert runner.step is None and f"max_num_reqs {message}" in str(runner.reason)
+    a["input_batch"] = types.SimpleNamespace(max_num_reqs=4)
+    assert repr(p._build(a).step).startswith("VllmMambaStep(")
