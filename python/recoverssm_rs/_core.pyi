@@ -1121,6 +1121,11 @@ class VllmSlots:
         """Requests holding a slot."""
     def release(self, req_ids: Iterable[str]) -> list[int]:
         """Frees the slots of `req_ids` (ids without one are skipped); returns the freed slots."""
+    def release_all(self, lists: Sequence[tuple[str, Iterable[str]]]) -> list[int]:
+        """Frees the slots of several named lists of ids at once (`(name, req_ids)` pairs: vLLM's
+        finished, preempted and resumed requests): every list is read first, so a malformed one is
+        a `PlanError` naming it and nothing is freed; returns the freed slots.
+        """
 
 def _validate_copy_funcs(
     groups: Sequence[tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]],

@@ -292,3 +292,38 @@ def test_the_v1_plugins_max_num_reqs_is_the_cores_to_check_not_truncated(value, 
     assert runner.step is None and f"max_num_reqs {message}" in str(runner.reason)
     a["input_batch"] = types.SimpleNamespace(max_num_reqs=4)
     assert repr(p._build(a).step).startswith("VllmMambaStep(")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("preempted_req_ids", 5, "scheduler_output.preempted_req_ids"),
+        ("resumed_req_ids", "b", r"scheduler_output.scheduled_cached_reqs.resumed_req_ids"),
+        ("finished_req_ids", None, "scheduler_output.finished_req_ids"),
+    ],
+)
+def test_a_malformed_list_of_released_requests_frees_nothing(field, value, named):
+    """vLLM's finished, preempted and resumed request ids are read before any is released: one
+    list of the wrong kind is a PlanError naming it (not "req_ids"), and the request indices of
+    the others stay where they were (a well-formed finished list was released before)."""
+    import numpy as np
+    from recoverssm_rs.errors import PlanError
+    from recoverssm_rs.vllm import VllmMambaStep
+    from support.vllm_trace import GroupCfg, Req, Side, Sim, scheduler_output
+
+    sim = Sim([GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", seed=0, num_blocks=64)
+    side = Side(sim, sim.make_states(), None)
+    step = VllmMambaStep.from_runner(side.kv_cache_config, side.forward_context, side.copy_funcs(None), max_num_reqs=4)
+    a = Req("a", prompt=9, cols=[{}])
+    sim.ensure_cols(a, 9)
+    side.load_batch([a])
+    step.preprocess(scheduler_output([a], {"a": (9, 0)}, set(), set(), set()), side.input_batch, side.requests)
+    step.postprocess(np.ones(1, np.int64))
+    columns = step.mamba_state_idx.copy()
+    side.load_batch([])
+    out = scheduler_output([], {}, {"a"}, set(), set())  # "a" finished ...
+    target = out.scheduled_cached_reqs if field == "resumed_req_ids" else out
+    setattr(target, field, value)  # ... and one list malformed
+    with pytest.raises(PlanError, match=rf"{named} must be a list of request ids"):
+        step.preprocess(out, side.input_batch, side.requests)
+    assert repr(step).endswith("live=1)") and np.array_equal(step.mamba_state_idx, columns)

@@ -258,7 +258,11 @@ class VllmMambaStep(EngineAdapter):
             so, cached = scheduler_output, scheduler_output.scheduled_cached_reqs
             sched, spec = so.num_scheduled_tokens, so.scheduled_spec_decode_tokens
             pre, res = getattr(so, "preempted_req_ids", None), getattr(cached, "resumed_req_ids", None)
-            released = [so.finished_req_ids, pre or (), res or ()]
+            released = [
+                ("scheduler_output.finished_req_ids", so.finished_req_ids),
+                ("scheduler_output.preempted_req_ids", pre or ()),
+                ("scheduler_output.scheduled_cached_reqs.resumed_req_ids", res or ()),
+            ]
         with _reading("input_batch.req_ids", PlanError):
             req_ids = list(input_batch.req_ids)
             n = len(req_ids)
@@ -269,8 +273,10 @@ class VllmMambaStep(EngineAdapter):
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
         # Per request row: computed, scheduled and draft tokens, read by the core.
         c, ns, nd = records(_core.vllm_request_values(req_ids, requests, sched, spec), np.int64).reshape(3, -1)
-        for ids in released:
-            self.release(ids)
+        # Every list read (by the core) before any request index is freed: a malformed one frees none.
+        freed = self._slots_table.release_all(released)
+        if freed:
+            self.mamba_state_idx[freed] = -1
         added: list[str] = []
         try:
             assigned, added = self._slots_table.assign(req_ids)
