@@ -1011,11 +1011,11 @@ class VllmSlotStep:
     def buffers(
         planner: Planner, group_ids: Sequence[int], max_num_reqs: int
     ) -> tuple[list[int], int, int, list[tuple[int, int, bool]]]:
-        """Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size`; one KV-cache
-        group id per group, each `>= 0`, none twice; `max_num_reqs` in `1 ..= 2**24`) and sizes its
-        buffers: `(group ids, max_num_reqs, block_size, buffers)`, each buffer `(fill, elements,
-        int64)` in the constructor's order (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`,
-        `tables`, `commit`).
+        """Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size` the kernel
+        takes, `1 ..= 2**31 - 1`; one KV-cache group id per group, each `>= 0`, none twice;
+        `max_num_reqs` in `1 ..= 2**24`) and sizes its buffers: `(group ids, max_num_reqs,
+        block_size, buffers)`, each buffer `(fill, elements, int64)` in the constructor's order
+        (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`, `tables`, `commit`).
         """
     def clear_commit(self) -> None:
         """Forgets the staged commit (the stage buffer is the caller's: e.g. after its copy failed)."""

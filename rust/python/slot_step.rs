@@ -11,7 +11,9 @@ use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::TensorDesc;
 use crate::vllm::slot_commit::{plan_stage, CacheShape, SlotCommitInputs};
-use crate::vllm::slot_step::{buffer_specs, check_group_ids, new_request, step_word, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
+use crate::vllm::slot_step::{
+    buffer_specs, check_block_size, check_group_ids, new_request, step_word, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef,
+};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt};
@@ -235,17 +237,17 @@ impl VllmSlotStep {
     #[classattr]
     const CTL_WORDS: u64 = crate::vllm::slot_step::CTL_WORDS;
 
-    /// Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size`; one KV-cache
-    /// group id per group, each `>= 0`, none twice; `max_num_reqs` in `1 ..= 2**24`) and sizes its
-    /// buffers: `(group ids, max_num_reqs, block_size, buffers)`, each buffer `(fill, elements,
-    /// int64)` in the constructor's order (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`,
-    /// `tables`, `commit`).
+    /// Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size` the kernel
+    /// takes, `1 ..= 2**31 - 1`; one KV-cache group id per group, each `>= 0`, none twice;
+    /// `max_num_reqs` in `1 ..= 2**24`) and sizes its buffers: `(group ids, max_num_reqs,
+    /// block_size, buffers)`, each buffer `(fill, elements, int64)` in the constructor's order
+    /// (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`, `tables`, `commit`).
     #[staticmethod]
     #[pyo3(signature = (planner: "Planner", group_ids: "Sequence[int]", max_num_reqs: "int") -> "tuple[list[int], int, int, list[tuple[int, int, bool]]]")]
     fn buffers(planner: &Bound<'_, PyAny>, group_ids: &Bound<'_, PyAny>, max_num_reqs: &Bound<'_, PyAny>) -> PyResult<BufferSizes> {
         let planner = instance::<Planner>(planner, "planner", ErrorKind::Binding, "Planner")?;
         let p = planner.get();
-        let block_size = p.block_size()?;
+        let block_size = check_block_size(p.block_size()?)?;
         let ids = items(group_ids, "group_ids", ErrorKind::Plan, "integers")?
             .iter()
             .enumerate()
@@ -254,7 +256,7 @@ impl VllmSlotStep {
         let ids = check_group_ids(&ids, p.inner.num_groups())?;
         let slots = crate::vllm::slots::check_capacity(i64::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?)?;
         let specs = buffer_specs(slots as u64, ids.len()).iter().map(|b| (b.fill, b.len, b.int64)).collect();
-        Ok((ids, slots, block_size, specs))
+        Ok((ids, slots, block_size.into(), specs))
     }
 
     /// `ModelStateV2.add_request`'s slot and the running column it seeds

@@ -327,3 +327,15 @@ def test_a_malformed_list_of_released_requests_frees_nothing(field, value, named
     with pytest.raises(PlanError, match=rf"{named} must be a list of request ids"):
         step.preprocess(out, side.input_batch, side.requests)
     assert repr(step).endswith("live=1)") and np.array_equal(step.mamba_state_idx, columns)
+
+
+def test_a_block_size_the_kernel_cannot_take_is_refused_when_model_state_v2_is_made():
+    """The slot kernel reads the block size as int32: a planner whose block size is past 2**31 - 1
+    is refused by the constructor (it was refused only at the first half-step, after the model
+    state had been built and served, and add_request had seeded columns with it)."""
+    from recoverssm_rs.errors import PlanError
+
+    cfg, ctx, funcs = vllm_trace.small_runner_objects([torch.randn(16, 5, 3), torch.randn(16, 2, 2)], fake=True)
+    cfg.kv_cache_groups[0].kv_cache_spec.block_size = 2**40
+    with pytest.raises(PlanError, match=r"block_size must be in 1 \.\.= 2\*\*31 - 1, got 1099511627776"):
+        _from_runner("V2", cfg, ctx, funcs)
