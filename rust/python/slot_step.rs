@@ -4,7 +4,7 @@
 //! group's table moved, the table records to upload first).
 
 use super::commit::PyCommitLaunch;
-use super::conversion::{arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
+use super::conversion::{address_int, arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::planner::Planner;
@@ -164,6 +164,30 @@ impl VllmSlotStep {
     }
 }
 
+/// Checks that the storage of one of the adapter's buffers (`t`, described as `d`: a contiguous
+/// vector) holds the bytes the buffer spans: a storage freed (`untyped_storage().resize_(0)`: a null
+/// address) or shrunk before the core step is made over it is a `BindingError` naming it (after,
+/// the step's guard reports the change).
+fn check_held(t: &Bound<'_, PyAny>, label: &str, d: &TensorDesc) -> PyResult<()> {
+    let py = t.py();
+    let Ok(storage) = t.call_method0(intern!(py, "untyped_storage")) else {
+        return Ok(()); // not a torch tensor: nothing to ask
+    };
+    let start = address_int(&storage.call_method0(intern!(py, "data_ptr"))?)?;
+    let held = address_int(&storage.call_method0(intern!(py, "nbytes"))?)?;
+    let span = d.shape.iter().product::<i64>().max(0) as u64 * d.strides.last().copied().unwrap_or(0).max(0) as u64;
+    let end = d.data_ptr.checked_sub(start).and_then(|o| o.checked_add(span));
+    if !end.is_some_and(|e| e <= held) {
+        return Err(Error::binding(format!(
+            "{label}: its storage holds {held} bytes at {start:#x}, not the {span} bytes of the buffer at {:#x} (freed or shrunk since the \
+             buffers were made); nothing was written: make a new ModelStateV2",
+            d.data_ptr
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// A runner tensor described by the core: `launch_arg(obj)` when the caller passes its
 /// launch-argument hook (`CudaOps.launch_arg`, which checks off a GPU replace), else `obj`.
 fn runner_tensor(obj: &Bound<'_, PyAny>, name: &str, launch_arg: Option<&Bound<'_, PyAny>>) -> PyResult<TensorDesc> {
@@ -221,6 +245,9 @@ impl VllmSlotStep {
             (commit, "commit stage"),
         ];
         let held: Vec<_> = named.iter().filter_map(|(t, n)| t.map(|t| (t.clone(), format!("ModelStateV2's {n} buffer")))).collect();
+        for ((t, label), d) in held.iter().zip([&b.state_idx, &b.num_accepted, &b.scratch, &b.ctl, &b.err, &b.tables, &b.commit]) {
+            check_held(t, label, d)?;
+        }
         let buffers = Guard::new(py, &held)?;
         let (uploaded, staged) = (Mutex::new(Vec::new()), Mutex::new(None));
         let table_names = group_ids.iter().map(|g| format!("block_tables[{g}]")).collect();

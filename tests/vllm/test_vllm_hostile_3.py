@@ -339,3 +339,14 @@ def test_a_block_size_the_kernel_cannot_take_is_refused_when_model_state_v2_is_m
     cfg.kv_cache_groups[0].kv_cache_spec.block_size = 2**40
     with pytest.raises(PlanError, match=r"block_size must be in 1 \.\.= 2\*\*31 - 1, got 1099511627776"):
         _from_runner("V2", cfg, ctx, funcs)
+
+
+def test_a_buffer_freed_before_the_first_half_step_is_refused(fake_ops, recorder, launch_args):
+    """The core step is made over the adapter's buffers at the first half-step: a buffer whose
+    storage was freed before then (resized to 0 bytes: a null address) is refused there, not taken
+    as the address the kernel writes."""
+    ms, _, table = _adapter()
+    MOVES["state_idx storage freed"](ms)
+    with pytest.raises(BindingError, match=r"ModelStateV2's state_idx buffer: its storage holds 0 bytes"):
+        ms.preprocess_state(_v(1, 2), _v(0, 4, 4, 0), _v(0, 1, 2), [table])
+    assert recorder.calls == []
