@@ -1022,11 +1022,11 @@ class VllmSlotStep:
     def buffers(
         planner: Planner, group_ids: Sequence[int], max_num_reqs: int
     ) -> tuple[list[int], int, int, list[tuple[int, int, bool]]]:
-        """Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size`; one KV-cache
-        group id per group, each `>= 0`, none twice; `max_num_reqs` in `1 ..= 2**24`) and sizes its
-        buffers: `(group ids, max_num_reqs, block_size, buffers)`, each buffer `(fill, elements,
-        int64)` in the constructor's order (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`,
-        `tables`, `commit`).
+        """Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size` the kernel
+        takes, `1 ..= 2**31 - 1`; one KV-cache group id per group, each `>= 0`, none twice;
+        `max_num_reqs` in `1 ..= 2**24`) and sizes its buffers: `(group ids, max_num_reqs,
+        block_size, buffers)`, each buffer `(fill, elements, int64)` in the constructor's order
+        (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`, `tables`, `commit`).
         """
     def clear_commit(self) -> None:
         """Forgets the staged commit (the stage buffer is the caller's: e.g. after its copy failed)."""
@@ -1054,7 +1054,8 @@ class VllmSlotStep:
         Refused without a pre-copy since the last post-process (one post-process per step), and
         before the first pre-copy unless it has no rows (a step's pre-copy runs before its
         post-process). A post-process the core builds forgets the staged commit (with `commit` or
-        not); a refused one keeps it. `(launch, table records or None)`; `run` and `launch_arg` as
+        not); a refused one keeps it (a host commit that ran before a failed `run` is kept as run:
+        the retry launches the stage without calling `reference` again). `(launch, table records or None)`; `run` and `launch_arg` as
         `pre`'s; with `run`, a commit staged without a kernel runs first as
         `reference(num_sampled)` (the caller's own `num_sampled`), inside the same guarded write.
         """
@@ -1131,6 +1132,11 @@ class VllmSlots:
         """Requests holding a slot."""
     def release(self, req_ids: Iterable[str]) -> list[int]:
         """Frees the slots of `req_ids` (ids without one are skipped); returns the freed slots."""
+    def release_all(self, lists: Sequence[tuple[str, Iterable[str]]]) -> list[int]:
+        """Frees the slots of several named lists of ids at once (`(name, req_ids)` pairs: vLLM's
+        finished, preempted and resumed requests): every list is read first, so a malformed one is
+        a `PlanError` naming it and nothing is freed; returns the freed slots.
+        """
 
 def _validate_copy_funcs(
     groups: Sequence[tuple[str, Sequence[Sequence[int]], Sequence[str] | None, int | None, int | None, str | None]],
@@ -1603,7 +1609,7 @@ def vllm_runner_groups(
     groups: Sequence[
         tuple[
             int,
-            tuple[str, str, Sequence[Sequence[int]], Sequence[str], int, int],
+            tuple[str, str, Sequence[Sequence[int]], Sequence[object], int, int],
             Sequence[str],
             Sequence[tuple[str, Sequence[_Tensor] | None]],
         ]
@@ -1614,6 +1620,7 @@ def vllm_runner_groups(
     package reads them): every spec in align mode, every layer in the forward context with a
     tensor per copy function (the leading ones kept), the layouts in `conv_layout` (`"SD"` /
     `"DS"`). Returns the groups and the first spec's `block_size` and `num_speculative_blocks`.
+    A spec's field or a layer name of the wrong type is a `LayoutError` naming it.
     """
 
 def vllm_step_groups(

@@ -3,7 +3,7 @@
 //! layouts, out) and `VllmMambaStep.preprocess`'s per-request values.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, items, Arg};
+use super::conversion::{arg_error, items, type_name, Arg};
 use super::layout::Layout;
 use crate::error::ErrorKind;
 use crate::vllm::runner::{self, RunnerSpec};
@@ -11,44 +11,92 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyTuple};
 
-/// A spec's fields: `(mamba_type, mamba_cache_mode, shapes, dtypes, num_speculative_blocks,
-/// block_size)`.
-type SpecRecord = (String, String, Vec<Vec<i64>>, Vec<String>, u32, i64);
-/// A group: `(group id, spec, copy function names, [(layer, its kv_cache tensors or None)])`.
-type GroupRecord<'py> = (i64, SpecRecord, Vec<String>, Vec<(String, Option<Vec<Bound<'py, PyAny>>>)>);
+/// A spec's fields as vLLM's spec holds them: `(mamba_type, mamba_cache_mode, shapes, dtypes,
+/// num_speculative_blocks, block_size)`; the last four read by [`spec_of`], named in its errors.
+type SpecRecord<'py> = (String, String, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
+/// A group: `(group id, spec, copy function names, [(layer name, its kv_cache tensors or None)])`.
+type GroupRecord<'py> = (i64, SpecRecord<'py>, Vec<String>, Vec<(Bound<'py, PyAny>, Option<Vec<Bound<'py, PyAny>>>)>);
 /// A step group: `(group id, layout, per layer the tensors of its copy functions)`.
 type StepGroup<'py> = (i64, Layout, Vec<Vec<Bound<'py, PyAny>>>);
+
+/// A spec's fields read: the names, the shapes, the dtypes (`str()` of each), the speculative
+/// blocks and the block size.
+struct Spec {
+    mamba_type: String,
+    mamba_cache_mode: String,
+    shapes: Vec<Vec<i64>>,
+    dtypes: Vec<String>,
+    num_speculative_blocks: u32,
+    block_size: i64,
+}
+
+/// The spec's fields converted; a field of another type or out of range is a `LayoutError` naming
+/// the backend and the field.
+fn spec_of(s: &SpecRecord<'_>) -> PyResult<Spec> {
+    let kind = ErrorKind::Layout;
+    let at = |field: &str| format!("{}: {field}", s.0);
+    let shapes = items(&s.2, &at("shapes"), kind, "shapes")?
+        .iter()
+        .enumerate()
+        .map(|(i, shape)| {
+            let dims = items(shape, &at(&format!("shapes[{i}]")), kind, "integers")?;
+            dims.iter().enumerate().map(|(j, d)| i64::arg(d, &at(&format!("shapes[{i}][{j}]")), kind)).collect()
+        })
+        .collect::<PyResult<Vec<Vec<i64>>>>()?;
+    let dtypes = items(&s.3, &at("dtypes"), kind, "dtypes")?.iter().map(|d| Ok(d.str()?.to_string())).collect::<PyResult<Vec<String>>>()?;
+    Ok(Spec {
+        mamba_type: s.0.clone(),
+        mamba_cache_mode: s.1.clone(),
+        shapes,
+        dtypes,
+        num_speculative_blocks: u32::arg(&s.4, &at("num_speculative_blocks"), kind)?,
+        block_size: i64::arg(&s.5, &at("block_size"), kind)?,
+    })
+}
 
 /// The step's groups from the record of vLLM's mamba groups (one per group id and spec, as the
 /// package reads them): every spec in align mode, every layer in the forward context with a
 /// tensor per copy function (the leading ones kept), the layouts in `conv_layout` (`"SD"` /
 /// `"DS"`). Returns the groups and the first spec's `block_size` and `num_speculative_blocks`.
+/// A spec's field or a layer name of the wrong type is a `LayoutError` naming it.
 #[pyfunction]
 #[pyo3(signature = (
-    groups: "Sequence[tuple[int, tuple[str, str, Sequence[Sequence[int]], Sequence[str], int, int], Sequence[str], Sequence[tuple[str, Sequence[_Tensor] | None]]]]",
+    groups: "Sequence[tuple[int, tuple[str, str, Sequence[Sequence[int]], Sequence[object], int, int], Sequence[str], Sequence[tuple[str, Sequence[_Tensor] | None]]]]",
     conv_layout: "str",
 ) -> "tuple[list[tuple[int, Layout, list[list[_Tensor]]]], int, int]")]
 pub(crate) fn vllm_runner_groups<'py>(groups: Vec<GroupRecord<'py>>, conv_layout: &str) -> PyResult<(Vec<StepGroup<'py>>, i64, u32)> {
-    for (_, s, funcs, _) in &groups {
+    let specs = groups.iter().map(|(_, s, _, _)| spec_of(s)).collect::<PyResult<Vec<Spec>>>()?;
+    for ((_, _, funcs, _), s) in groups.iter().zip(&specs) {
         runner::check_align(&as_spec(s, funcs))?;
     }
-    let first = groups.first().map_or((0, 0), |(_, s, _, _)| (s.5, s.4));
+    let first = specs.first().map_or((0, 0), |s| (s.block_size, s.num_speculative_blocks));
     let mut out = Vec::with_capacity(groups.len());
-    for (gid, s, funcs, layers) in groups {
+    for ((gid, _, funcs, layers), s) in groups.into_iter().zip(&specs) {
         let n = funcs.len();
         let mut states = Vec::with_capacity(layers.len());
         for (layer, kv) in layers {
+            let layer: String = layer.extract().map_err(|_| {
+                let shown = layer.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+                arg_error(ErrorKind::Layout, format!("group {gid}: layer name {shown} must be a string, got {}", type_name(&layer)))
+            })?;
             runner::check_layer(gid, &layer, kv.as_ref().map(Vec::len), n)?;
             states.push(kv.unwrap_or_default().into_iter().take(n).collect());
         }
-        let layout = runner::runner_layout(&as_spec(&s, &funcs), runner::check_conv_layout(conv_layout)?)?;
+        let layout = runner::runner_layout(&as_spec(s, &funcs), runner::check_conv_layout(conv_layout)?)?;
         out.push((gid, layout.into(), states));
     }
     Ok((out, first.0, first.1))
 }
 
-fn as_spec<'a>(s: &'a SpecRecord, funcs: &'a [String]) -> RunnerSpec<'a> {
-    RunnerSpec { mamba_type: &s.0, mamba_cache_mode: &s.1, shapes: &s.2, dtypes: &s.3, num_speculative_blocks: s.4, copy_funcs: funcs }
+fn as_spec<'a>(s: &'a Spec, funcs: &'a [String]) -> RunnerSpec<'a> {
+    RunnerSpec {
+        mamba_type: &s.mamba_type,
+        mamba_cache_mode: &s.mamba_cache_mode,
+        shapes: &s.shapes,
+        dtypes: &s.dtypes,
+        num_speculative_blocks: s.num_speculative_blocks,
+        copy_funcs: funcs,
+    }
 }
 
 /// A step's per-request values, read from vLLM's objects for each request id `r` of `req_ids` (a

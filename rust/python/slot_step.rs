@@ -4,16 +4,20 @@
 //! group's table moved, the table records to upload first).
 
 use super::commit::PyCommitLaunch;
-use super::conversion::{arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
+use super::conversion::{address_int, arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
+use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::planner::Planner;
 use crate::error::{Error, ErrorKind};
 use crate::tensor::TensorDesc;
 use crate::vllm::slot_commit::{plan_stage, CacheShape, SlotCommitInputs};
-use crate::vllm::slot_step::{buffer_specs, check_group_ids, new_request, step_word, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef};
+use crate::vllm::slot_step::{
+    buffer_specs, check_block_size, check_group_ids, new_request, step_word, Commit, HalfOrder, Sampled, SlotBuffers, SlotStep, TableRef,
+};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt};
+use std::cell::Cell;
 use std::sync::Mutex;
 
 kwargs! {
@@ -62,6 +66,11 @@ struct Staged {
 pub struct VllmSlotStep {
     planner: Py<Planner>,
     inner: SlotStep,
+    /// The adapter's buffers, held and checked before every launch: the kernel writes them at the
+    /// addresses `inner` was built with, so one resized (`state_idx.resize_()`: the views the
+    /// adapter hands to the engine share the buffers' storages), re-pointed or freed since is
+    /// refused.
+    buffers: Guard,
     /// The KV-cache group id of each planner group.
     #[pyo3(get)]
     group_ids: Vec<usize>,
@@ -126,19 +135,21 @@ impl VllmSlotStep {
         block_tables: &Bound<'_, PyAny>,
         launch_arg: Option<&Bound<'_, PyAny>>,
         run: Option<&Bound<'_, PyAny>>,
-        reference: Option<(&Py<PyAny>, &Bound<'_, PyAny>)>,
+        reference: Option<(&Py<PyAny>, &Bound<'_, PyAny>, &Cell<bool>)>,
         f: impl FnOnce(&SlotStep, i32) -> crate::error::Result<crate::kernels::Launch>,
     ) -> PyResult<HalfStep<'py>> {
         let tables = self.tables(block_tables, launch_arg)?;
         let planner = self.planner.get();
         planner.write(py, || {
+            self.buffers.check(py)?;
             let (refs, cols) = self.inner.table_refs(&tables)?;
             let launch = Py::new(py, KernelLaunch::new(f(&self.inner, cols)?))?;
             let changed = *self.uploaded()? != refs;
             let records = changed.then(|| PyBytes::new(py, &TableRef::bytes(&refs)));
             if let Some(run) = run {
-                if let Some((reference, num_sampled)) = reference {
+                if let Some((reference, num_sampled, ran)) = reference {
                     reference.bind(py).call1((num_sampled,))?; // the caller's own counts
+                    ran.set(true); // written: not run again, whatever follows
                 }
                 run.call1((launch.clone_ref(py), records.clone()))?;
             }
@@ -151,6 +162,30 @@ impl VllmSlotStep {
             Ok((launch, records))
         })
     }
+}
+
+/// Checks that the storage of one of the adapter's buffers (`t`, described as `d`: a contiguous
+/// vector) holds the bytes the buffer spans: a storage freed (`untyped_storage().resize_(0)`: a null
+/// address) or shrunk before the core step is made over it is a `BindingError` naming it (after,
+/// the step's guard reports the change).
+fn check_held(t: &Bound<'_, PyAny>, label: &str, d: &TensorDesc) -> PyResult<()> {
+    let py = t.py();
+    let Ok(storage) = t.call_method0(intern!(py, "untyped_storage")) else {
+        return Ok(()); // not a torch tensor: nothing to ask
+    };
+    let start = address_int(&storage.call_method0(intern!(py, "data_ptr"))?)?;
+    let held = address_int(&storage.call_method0(intern!(py, "nbytes"))?)?;
+    let span = d.shape.iter().product::<i64>().max(0) as u64 * d.strides.last().copied().unwrap_or(0).max(0) as u64;
+    let end = d.data_ptr.checked_sub(start).and_then(|o| o.checked_add(span));
+    if !end.is_some_and(|e| e <= held) {
+        return Err(Error::binding(format!(
+            "{label}: its storage holds {held} bytes at {start:#x}, not the {span} bytes of the buffer at {:#x} (freed or shrunk since the \
+             buffers were made); nothing was written: make a new ModelStateV2",
+            d.data_ptr
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 /// A runner tensor described by the core: `launch_arg(obj)` when the caller passes its
@@ -173,6 +208,7 @@ impl VllmSlotStep {
         ctl: "_Tensor", err: "_Tensor", tables: "_Tensor", commit: "_Tensor",
     ))]
     fn new(
+        py: Python<'_>,
         planner: &Bound<'_, Planner>,
         group_ids: Option<&Bound<'_, PyAny>>,
         num_slots: Option<&Bound<'_, PyAny>>,
@@ -199,10 +235,24 @@ impl VllmSlotStep {
             commit: &a.commit.0,
         };
         let inner = SlotStep::new(fused, block_size, a.num_slots, &b)?;
+        let named = [
+            (state_idx, "state_idx"),
+            (num_accepted, "num_accepted"),
+            (scratch, "scratch"),
+            (ctl, "ctl"),
+            (err, "err"),
+            (tables, "tables"),
+            (commit, "commit stage"),
+        ];
+        let held: Vec<_> = named.iter().filter_map(|(t, n)| t.map(|t| (t.clone(), format!("ModelStateV2's {n} buffer")))).collect();
+        for ((t, label), d) in held.iter().zip([&b.state_idx, &b.num_accepted, &b.scratch, &b.ctl, &b.err, &b.tables, &b.commit]) {
+            check_held(t, label, d)?;
+        }
+        let buffers = Guard::new(py, &held)?;
         let (uploaded, staged) = (Mutex::new(Vec::new()), Mutex::new(None));
         let table_names = group_ids.iter().map(|g| format!("block_tables[{g}]")).collect();
         let order = Mutex::new(HalfOrder::default());
-        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, group_ids, table_names, uploaded, staged, order })
+        Ok(VllmSlotStep { planner: planner.clone().unbind(), inner, buffers, group_ids, table_names, uploaded, staged, order })
     }
 
     /// The error buffer's int32 elements: the pre-copy's two words, the post-process's, the stamp
@@ -214,17 +264,17 @@ impl VllmSlotStep {
     #[classattr]
     const CTL_WORDS: u64 = crate::vllm::slot_step::CTL_WORDS;
 
-    /// Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size`; one KV-cache
-    /// group id per group, each `>= 0`, none twice; `max_num_reqs` in `1 ..= 2**24`) and sizes its
-    /// buffers: `(group ids, max_num_reqs, block_size, buffers)`, each buffer `(fill, elements,
-    /// int64)` in the constructor's order (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`,
-    /// `tables`, `commit`).
+    /// Checks `ModelStateV2`'s arguments against `planner` (made with a `block_size` the kernel
+    /// takes, `1 ..= 2**31 - 1`; one KV-cache group id per group, each `>= 0`, none twice;
+    /// `max_num_reqs` in `1 ..= 2**24`) and sizes its buffers: `(group ids, max_num_reqs,
+    /// block_size, buffers)`, each buffer `(fill, elements, int64)` in the constructor's order
+    /// (`state_idx`, `num_accepted`, `scratch`, `ctl`, `err`, `tables`, `commit`).
     #[staticmethod]
     #[pyo3(signature = (planner: "Planner", group_ids: "Sequence[int]", max_num_reqs: "int") -> "tuple[list[int], int, int, list[tuple[int, int, bool]]]")]
     fn buffers(planner: &Bound<'_, PyAny>, group_ids: &Bound<'_, PyAny>, max_num_reqs: &Bound<'_, PyAny>) -> PyResult<BufferSizes> {
         let planner = instance::<Planner>(planner, "planner", ErrorKind::Binding, "Planner")?;
         let p = planner.get();
-        let block_size = p.block_size()?;
+        let block_size = check_block_size(p.block_size()?)?;
         let ids = items(group_ids, "group_ids", ErrorKind::Plan, "integers")?
             .iter()
             .enumerate()
@@ -233,7 +283,7 @@ impl VllmSlotStep {
         let ids = check_group_ids(&ids, p.inner.num_groups())?;
         let slots = crate::vllm::slots::check_capacity(i64::arg(max_num_reqs, "max_num_reqs", ErrorKind::Plan)?)?;
         let specs = buffer_specs(slots as u64, ids.len()).iter().map(|b| (b.fill, b.len, b.int64)).collect();
-        Ok((ids, slots, block_size, specs))
+        Ok((ids, slots, block_size.into(), specs))
     }
 
     /// `ModelStateV2.add_request`'s slot and the running column it seeds
@@ -350,7 +400,8 @@ impl VllmSlotStep {
     /// Refused without a pre-copy since the last post-process (one post-process per step), and
     /// before the first pre-copy unless it has no rows (a step's pre-copy runs before its
     /// post-process). A post-process the core builds forgets the staged commit (with `commit` or
-    /// not); a refused one keeps it. `(launch, table records or None)`; `run` and `launch_arg` as
+    /// not); a refused one keeps it (a host commit that ran before a failed `run` is kept as run:
+    /// the retry launches the stage without calling `reference` again). `(launch, table records or None)`; `run` and `launch_arg` as
     /// `pre`'s; with `run`, a commit staged without a kernel runs first as
     /// `reference(num_sampled)` (the caller's own `num_sampled`), inside the same guarded write.
     #[pyo3(signature = (
@@ -384,6 +435,7 @@ impl VllmSlotStep {
             )
             .into());
         }
+        let ran = Cell::new(false);
         let result = (|| {
             let st = if commit { taken.as_ref() } else { None };
             let fused = st.and_then(|s| s.kernel.as_ref());
@@ -391,7 +443,7 @@ impl VllmSlotStep {
                 bound.bind(py).call_method0(intern!(py, "check"))?; // the cache's tensors, before its write
             }
             let kernel = fused.map(|(k, _)| k.get().core());
-            let reference = st.and_then(|s| s.reference.as_ref()).map(|r| (r, num_sampled));
+            let reference = st.and_then(|s| s.reference.as_ref()).map(|r| (r, num_sampled, &ran));
             let out = self.half(py, block_tables, launch_arg, run, reference, |s, cols| {
                 let sampled = each.as_ref().map_or(Sampled::All(fill), Sampled::Each);
                 s.post(cols, &idx, nct.as_ref(), sampled, st.map(|c| Commit { request_rows: c.request_rows, cols: c.cols, kernel }))
@@ -402,6 +454,12 @@ impl VllmSlotStep {
             Ok(out)
         })();
         if result.is_err() {
+            let mut taken = taken;
+            if let Some(s) = taken.as_mut().filter(|_| ran.get()) {
+                // The host commit wrote the cache before the launch failed: the retry of this step
+                // launches the stage (the committed rows' columns and counts) without committing again.
+                s.reference = None;
+            }
             self.put_staged(taken)?; // refused: the stage stays for this step
         } else {
             self.order()?.post_ran();

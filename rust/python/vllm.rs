@@ -566,6 +566,15 @@ impl PySlots {
         let ids = request_ids(req_ids, "req_ids")?;
         Ok(self.inner.release(&id_texts(&ids)?))
     }
+    /// Frees the slots of several named lists of ids at once (`(name, req_ids)` pairs: vLLM's
+    /// finished, preempted and resumed requests): every list is read first, so a malformed one is
+    /// a `PlanError` naming it and nothing is freed; returns the freed slots.
+    #[pyo3(signature = (lists: "Sequence[tuple[str, Iterable[str]]]") -> "list[int]")]
+    fn release_all(&mut self, lists: Vec<(String, Bound<'_, PyAny>)>) -> PyResult<Vec<i64>> {
+        let read = lists.iter().map(|(name, ids)| request_ids(ids, name)).collect::<PyResult<Vec<_>>>()?;
+        let texts = read.iter().map(|ids| id_texts(ids)).collect::<PyResult<Vec<_>>>()?;
+        Ok(texts.iter().flat_map(|ids| self.inner.release(ids)).collect())
+    }
     /// Checks one step's slots (each inside the table, one request per slot); `req_ids` name the
     /// requests in errors.
     #[pyo3(signature = (slots: "_IntArray", req_ids: "Sequence[str] | None" = None) -> "list[int]")]

@@ -134,8 +134,9 @@ fn check_tables(tables: &[GroupTable<'_>], r: usize) -> Result<()> {
 /// group's row and hold live (non-null, in-range) blocks; `what` names the columns in the error.
 #[inline]
 fn check_live(tables: &[GroupTable<'_>], i: usize, col: i64, extra: i64, what: &dyn Fn() -> String, name: &dyn Fn(usize) -> String) -> Result<()> {
+    // Saturated: a column at the int64 limit is outside every row, not a wrapped negative end.
+    let last = col.saturating_add(extra);
     for (g, t) in tables.iter().enumerate() {
-        let last = col + extra;
         if col < 0 || last >= t.cols as i64 {
             return Err(outside_row(tables, g, i, col, last, what, name));
         }
@@ -204,7 +205,8 @@ fn pre_columns_of(i: usize, inp: &PreInputs<'_>, tables: &[GroupTable<'_>], cfg:
         )));
     }
     let prev = if run >= 0 { run } else { (c - 1).div_euclid(bs) };
-    let curr = (c + n + bs - 1).div_euclid(bs) - 1;
+    // ceil((c + n) / bs) - 1, with c + n >= 1
+    let curr = (tokens(c, n, i, name)? - 1).div_euclid(bs);
     check_live(tables, i, curr, nsb, &|| "the step's running and speculative columns".into(), name)?;
     if run < 0 && c > 0 {
         let what =
@@ -288,7 +290,8 @@ fn post_running_of(i: usize, s: i64, c: i64, n: i64, dr: i64, cfg: &StepConfig, 
             (n - 1).min(nsb)
         )));
     }
-    let expect = (c + n - 1).div_euclid(bs);
+    let end = tokens(c, n, i, name)?;
+    let expect = (end - 1).div_euclid(bs);
     if s != expect {
         return Err(Error::plan(format!(
             "{}: state_col = {s}, but this step's running column is (num_computed + num_scheduled - 1) // block_size = {expect}; \
@@ -296,7 +299,13 @@ fn post_running_of(i: usize, s: i64, c: i64, n: i64, dr: i64, cfg: &StepConfig, 
             name(i)
         )));
     }
-    Ok(c + n - dr)
+    Ok(end - dr)
+}
+
+/// `num_computed + num_scheduled` of request `i` (both checked non-negative), refused past
+/// `2**63 - 1` rather than wrapped.
+fn tokens(c: i64, n: i64, i: usize, name: &dyn Fn(usize) -> String) -> Result<i64> {
+    c.checked_add(n).ok_or_else(|| Error::plan(format!("{}: num_computed = {c} and num_scheduled = {n} add up past 2**63 - 1 tokens", name(i))))
 }
 
 /// The post-process's `running` (`computed + scheduled - drafts`) of every request when the

@@ -170,3 +170,16 @@ fn the_device_halves_take_the_same_columns_without_the_counts() {
     let e = post_process_running(&PostInputs { num_accepted: &[], state_col: &c, ..inp }, &tables, &cfg, &row_name).unwrap_err();
     assert!(e.message.contains("state_col ="), "{}", e.message);
 }
+
+#[test]
+fn columns_and_token_counts_at_the_int64_limit_are_refused() {
+    let bt = dense(1, 8);
+    // A stored column at the limit moved with an offset, or the step's window past it: outside the row.
+    let e = pre(&[4], &[4], &[2], &[i64::MAX], &bt, 8).unwrap_err();
+    assert!(e.message.contains("columns 9223372036854775807 ..= 9223372036854775807 are outside"), "{}", e.message);
+    let e = pre(&[i64::MAX - 3], &[4], &[1], &[-1], &bt, 8).unwrap_err();
+    assert!(e.message.contains("add up past 2**63 - 1"), "{}", e.message);
+    let inp = PostInputs { state_col: &[-(1 << 61)], num_computed: &[i64::MAX], num_scheduled: &[2], num_draft: &[0], num_accepted: &[1] };
+    let e = post_process(&inp, &[GroupTable { ids: &bt, cols: 8 }], &CFG, &row_name).unwrap_err();
+    assert!(e.message.contains("num_computed = 9223372036854775807 and num_scheduled = 2 add up"), "{}", e.message);
+}

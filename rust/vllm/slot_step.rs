@@ -200,6 +200,11 @@ impl HalfOrder {
     }
 }
 
+/// The block size as the slot kernel reads it (int32): `1 ..= 2**31 - 1`.
+pub fn check_block_size(block_size: i64) -> Result<i32> {
+    i32::try_from(block_size).ok().filter(|&b| b >= 1).ok_or_else(|| Error::plan(format!("block_size must be in 1 ..= 2**31 - 1, got {block_size}")))
+}
+
 /// Checks the engine's KV-cache group id of each planner group: one per group, each `>= 0`, no
 /// id twice.
 pub fn check_group_ids(ids: &[i64], groups: usize) -> Result<Vec<usize>> {
@@ -224,10 +229,7 @@ impl SlotStep {
     /// `1 ..= 2**31 - 1`.
     pub fn new(fused: FusedCopy, block_size: i64, num_slots: i64, b: &SlotBuffers<'_>) -> Result<SlotStep> {
         let slots = check_capacity(num_slots)? as u64;
-        let block_size = i32::try_from(block_size)
-            .ok()
-            .filter(|&b| b >= 1)
-            .ok_or_else(|| Error::plan(format!("block_size must be in 1 ..= 2**31 - 1, got {block_size}")))?;
+        let block_size = check_block_size(block_size)?;
         let d = &fused.device;
         let i32v = |a: &TensorDesc, what: &str, n: u64| -> Result<u64> {
             let p = vector(a, what, d, IntType::I32, n)?;

@@ -16,6 +16,7 @@ from .. import _core
 from .._core import ErrorWord, VllmSlots
 from ..cuda import module, ops
 from ..engine import EngineAdapter, ErrorWordBuffer
+from ..errors import PlanError, _reading
 from ..plan_format import records
 from ..planner import Planner
 from .decide import PostProcessInputs, PreCopyInputs
@@ -74,7 +75,8 @@ class DeviceStep(EngineAdapter):
             self.planner.device_path("the device step")  # the state table and the planner's word; compiled at launch
             self._out = ops.cuda_ops.zeros_i32(3 * self.max_num_reqs, self.index)
         out, m, cuda, ts = self._out, self.max_num_reqs, ops.cuda_ops, self.stream(stream)
-        devs = None if device_tables is None else list(device_tables)
+        with _reading("device_tables (the groups' device block tables)", PlanError):
+            devs = None if device_tables is None else list(device_tables)  # read once: the core's and the stack's
 
         def buffers(n: int, rows: int) -> tuple[Any, Any]:
             """The staging buffer of at least ``n`` elements (the core sizes it for ``max_num_reqs``

@@ -18,7 +18,7 @@ from .. import _core
 from .._core import ErrorWord
 from ..cuda import module, ops
 from ..engine import EngineAdapter
-from ..errors import BackendUnavailableError, BindingError, PlanError
+from ..errors import BackendUnavailableError, BindingError, PlanError, _reading
 from ..placement import parse_device
 from ..planner import Planner
 from .step import VllmMambaStep
@@ -218,8 +218,8 @@ class ModelStateV2(EngineAdapter):
         if commit and isinstance(num_sampled, int):
             log.debug("postprocess_state: num_sampled is one integer for every row: no RecoverSSM commit (as vLLM's)")
             commit = False
-        elif commit and isinstance(recoverssm, RecoverSSMCommit):
-            self.stage_recoverssm(recoverssm)  # a refused plan leaves every buffer as it was
+        elif commit and not isinstance(recoverssm, (bool, type(None))):
+            self.stage_recoverssm(recoverssm)  # a refused plan (or not a commit) leaves every buffer as it was
         # As preprocess_state's, a staged host commit run first (reference(num_sampled), by the core).
         step.post(
             idx_mapping, num_sampled, num_computed_tokens, block_tables, commit, self._run, ops.cuda_ops.launch_arg
@@ -235,22 +235,28 @@ class ModelStateV2(EngineAdapter):
 
         Raises:
             PlanError: a bad request index, block, count or boundary, or a block written twice,
-                naming the request, or a capture in progress; nothing is staged.
+                naming the request, ``recoverssm`` without a commit's fields or its cache, or a
+                capture in progress; nothing is staged.
         """
         if ops.cuda_ops.capturing():
             raise PlanError("stage_recoverssm: a CUDA graph is being captured; stage the commit before the capture")
-        rs, cache = recoverssm, recoverssm.cache
-        kernel = cache.fused_commit()
+        # The commit's fields read once, here: the reference commit of a host cache runs on these
+        # (the checked and staged values), whatever becomes of the caller's object before the post.
+        with _reading("recoverssm", PlanError):
+            cache = recoverssm.cache
+            values = {f.name: getattr(recoverssm, f.name) for f in dataclasses.fields(RecoverSSMCommit)}
+        with _reading("recoverssm.cache (a RecoverSSM state cache)", PlanError):
+            kernel = cache.fused_commit()
+            shape = {"window": cache.window, "num_blocks": cache.num_blocks, "max_requests": cache.max_requests}
         step = self._core_step()
         generation = self._generation % (2**31 - 1) + 1
-        values = {f.name: getattr(rs, f.name) for f in dataclasses.fields(RecoverSSMCommit) if f.name != "cache"}
+        staged = RecoverSSMCommit(**values)
+        del values["cache"]
         raw = step.stage_commit(
             kernel,
-            functools.partial(_reference_commit, rs, block_size=self.block_size),
-            window=cache.window,
-            num_blocks=cache.num_blocks,
-            max_requests=cache.max_requests,
+            functools.partial(_reference_commit, staged, block_size=self.block_size),
             generation=generation,
+            **shape,
             **values,  # the commit's fields are the core's keywords
         )
         try:

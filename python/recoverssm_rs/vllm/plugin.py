@@ -205,11 +205,11 @@ def _conv_layout(copy_funcs: Mapping[Any, Any]) -> str | None:
     return None
 
 
-def _max_num_reqs(input_batch: Any) -> int:
+def _max_num_reqs(input_batch: Any) -> Any:
     """The input batch's request capacity (its ``max_num_reqs``, else the length of its per-row
-    ``num_accepted_tokens_cpu``)."""
+    ``num_accepted_tokens_cpu``), as given: the core checks it (an integer in ``1 ..= 2**24``)."""
     n = getattr(input_batch, "max_num_reqs", None)
-    return int(n if n is not None else len(input_batch.num_accepted_tokens_cpu))
+    return n if n is not None else len(input_batch.num_accepted_tokens_cpu)
 
 
 class _Runner:

@@ -70,11 +70,12 @@ def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     return out
 
 
-def _spec_record(spec: Any) -> tuple[Any, ...]:
-    """A mamba spec's fields as the core reads them (``vllm_runner_groups``)."""
-    shapes, dtypes = [list(x) for x in spec.shapes], [str(d) for d in spec.dtypes]
-    kind = (_name(spec.mamba_type), _name(spec.mamba_cache_mode))
-    return (*kind, shapes, dtypes, spec.num_speculative_blocks, spec.block_size)
+def _spec_record(gid: int, spec: Any) -> tuple[Any, ...]:
+    """A mamba spec's fields as the core reads them (``vllm_runner_groups``, which converts the
+    shapes, dtypes and sizes and names a bad one); a field missing is a LayoutError naming it."""
+    with _reading(f"group {gid}: kv_cache_spec", LayoutError):
+        kind = (_name(spec.mamba_type), _name(spec.mamba_cache_mode))
+        return (*kind, spec.shapes, spec.dtypes, spec.num_speculative_blocks, spec.block_size)
 
 
 def _block_table(input_batch: Any, gid: int, n: int) -> Any:
@@ -148,7 +149,7 @@ class VllmMambaStep(EngineAdapter):
                 return list(forward_context[layer].kv_cache) if layer in forward_context else None
 
         record = [
-            (gid, _spec_record(spec), by_type[_name(spec.mamba_type)], [(ly, kv_cache(gid, ly)) for ly in layers])
+            (gid, _spec_record(gid, spec), by_type[_name(spec.mamba_type)], [(ly, kv_cache(gid, ly)) for ly in layers])
             for gid, spec, layers in found
         ]
         groups, bs, num_spec = _core.vllm_runner_groups(record, layout_name)
@@ -257,7 +258,11 @@ class VllmMambaStep(EngineAdapter):
             so, cached = scheduler_output, scheduler_output.scheduled_cached_reqs
             sched, spec = so.num_scheduled_tokens, so.scheduled_spec_decode_tokens
             pre, res = getattr(so, "preempted_req_ids", None), getattr(cached, "resumed_req_ids", None)
-            released = [so.finished_req_ids, pre or (), res or ()]
+            released = [
+                ("scheduler_output.finished_req_ids", so.finished_req_ids),
+                ("scheduler_output.preempted_req_ids", pre or ()),
+                ("scheduler_output.scheduled_cached_reqs.resumed_req_ids", res or ()),
+            ]
         with _reading("input_batch.req_ids", PlanError):
             req_ids = list(input_batch.req_ids)
             n = len(req_ids)
@@ -268,8 +273,10 @@ class VllmMambaStep(EngineAdapter):
             dev_tables = self.device_tables(input_batch, n) if self._device_tables else None
         # Per request row: computed, scheduled and draft tokens, read by the core.
         c, ns, nd = records(_core.vllm_request_values(req_ids, requests, sched, spec), np.int64).reshape(3, -1)
-        for ids in released:
-            self.release(ids)
+        # Every list read (by the core) before any request index is freed: a malformed one frees none.
+        freed = self._slots_table.release_all(released)
+        if freed:
+            self.mamba_state_idx[freed] = -1
         added: list[str] = []
         try:
             assigned, added = self._slots_table.assign(req_ids)
