@@ -40,6 +40,7 @@ from recoverssm_rs.vllm import VllmMambaStep  # noqa: E402
 from recoverssm_rs.vllm.decide import PostProcessInputs, PreCopyInputs  # noqa: E402
 from support import vllm_oracle  # noqa: E402
 from support.device_fakes import FakeCuda, FakeOps  # noqa: E402
+from support.vllm_trace import paged_views  # noqa: E402
 
 BS, NSB, COLS = 4, 2, 4
 C, N, D = 3, 3, 2  # every request: running column 1, previous column 0: one move per request
@@ -67,11 +68,8 @@ def build(ns: types.SimpleNamespace, num_reqs: int, num_groups: int, layers: int
         num_speculative_blocks=NSB,
     )
     names = [[f"g{g}.l{i}" for i in range(per)] for g in range(num_groups)]
-    fc = {
-        n: types.SimpleNamespace(kv_cache=[torch.zeros(nb, 3 + NSB, 8), torch.zeros(nb, 2, 4, 4)])
-        for g in names
-        for n in g
-    }
+    # bound as vLLM binds them: one buffer of pages per layer, both states strided views of it
+    fc = {n: types.SimpleNamespace(kv_cache=paged_views(nb, spec.shapes)) for g in names for n in g}
     kvc = types.SimpleNamespace(
         kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=g) for g in names]
     )
@@ -142,12 +140,7 @@ def time_device(kvc, fc, ib, requests, so, ids, reps):
     cuda_ops.cuda_ops = FakeOps()
     cuda_module.launch = lambda kl, index, stream: launches.append(kl.kernel)  # type: ignore[assignment]
 
-    def bound(t: torch.Tensor) -> FakeCuda:
-        f = FakeCuda(t)
-        f.data_ptr = t.data_ptr  # type: ignore[method-assign]  # a C call, as for a real tensor (the guard's)
-        return f
-
-    fake = {k: types.SimpleNamespace(kv_cache=[bound(t) for t in v.kv_cache]) for k, v in fc.items()}
+    fake = {k: types.SimpleNamespace(kv_cache=[FakeCuda(t) for t in v.kv_cache]) for k, v in fc.items()}
     step = VllmMambaStep.from_runner(
         kvc,
         fake,

@@ -40,7 +40,6 @@ the step's metadata is built) and the post-process with the commit.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -57,6 +56,7 @@ from recoverssm_rs.cuda import module as cuda_module  # noqa: E402
 from recoverssm_rs.cuda import ops as cuda_ops  # noqa: E402
 from recoverssm_rs.vllm.model_state import ModelStateV2  # noqa: E402
 from support.device_fakes import FakeCuda, FakeOps, bind_host_commit  # noqa: E402
+from support.vllm_trace import paged_views  # noqa: E402
 
 BS, NSB, COLS = 4, 2, 4
 ON_GPU = False  # --cuda: real CUDA tensors and launches instead of the seam
@@ -76,20 +76,9 @@ def build(num_reqs: int, layers: int) -> tuple[ModelStateV2, list[torch.Tensor]]
         num_speculative_blocks=NSB,
         mamba_cache_mode="align",
     )
-    sizes = [math.prod(shape) for shape in shapes]
-    page = sum(sizes)  # elements per block
-
-    def views(raw: torch.Tensor) -> list[FakeCuda]:
-        out, at = [], 0
-        for shape, size in zip(shapes, sizes, strict=True):
-            inner = torch.empty(shape).stride()
-            out.append(device(raw.as_strided((nb, *shape), (page, *inner), at)))
-            at += size
-        return out
-
     names = [f"l{i}" for i in range(layers)]
     where = "cuda" if ON_GPU else "cpu"
-    fc = {n: types.SimpleNamespace(kv_cache=views(torch.zeros(nb * page, device=where))) for n in names}
+    fc = {n: types.SimpleNamespace(kv_cache=[device(v) for v in paged_views(nb, shapes, where)]) for n in names}
     kvc = types.SimpleNamespace(kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec, layer_names=names)])
     funcs = {"GDN_ATTN": ("get_conv_copy_spec", "get_temporal_copy_spec")}
     # through the seam the adapter's own buffers are host tensors; on a GPU on the states' device

@@ -23,6 +23,20 @@ from . import vllm_oracle
 KINDS = {"GDN_ATTN": ("conv", "temporal"), "SHORT_CONV": ("conv",), "LINEAR": ("temporal",)}
 
 
+def paged_views(num_blocks: int, shapes: Any, device: str = "cpu") -> list[torch.Tensor]:
+    """One layer's states bound as vLLM binds them: one float32 buffer of ``num_blocks`` pages,
+    each page the states of ``shapes`` one after another, and a strided view of it per state (so
+    the states share one storage)."""
+    sizes = [int(np.prod(s)) for s in shapes]
+    raw = torch.zeros(num_blocks * sum(sizes), device=device)
+    views, at = [], 0
+    for shape, size in zip(shapes, sizes, strict=True):
+        inner = [int(np.prod(shape[k + 1 :])) for k in range(len(shape))]
+        views.append(raw.as_strided((num_blocks, *shape), (sum(sizes), *inner), at))
+        at += size
+    return views
+
+
 @dataclasses.dataclass
 class GroupCfg:
     mamba_type: str
