@@ -5,19 +5,26 @@ use super::conversion::{kwargs, Arg, DtypeName, Ints};
 use super::layout::Layout;
 use super::params::with_params;
 use crate::dtype::DType;
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind};
 use crate::sglang;
 use pyo3::intern;
 use pyo3::prelude::*;
 
 /// The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
 /// int64 array, tensor or list of ints (a float, bool or other array is refused, never cast, naming
-/// `op` and `arg`); a device tensor is copied to the host as it is (never cast).
+/// `op` and `arg`); a device tensor is copied to the host as it is (never cast; one whose values
+/// cannot be read there, as a `meta` tensor's, is a `PlanError` naming `op`, `arg` and the device).
 pub(crate) fn host_ints(ids: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyResult<Vec<i64>> {
     let py = ids.py();
     let device = ids.getattr(intern!(py, "device")).and_then(|d| d.getattr(intern!(py, "type")));
-    let on_device = device.is_ok_and(|t| !t.eq("cpu").unwrap_or(true)) && ids.hasattr(intern!(py, "detach")).unwrap_or(false);
-    let host = if on_device { ids.call_method0(intern!(py, "detach"))?.call_method1(intern!(py, "to"), ("cpu",))? } else { ids.clone() };
+    let device = device.ok().filter(|t| !t.eq("cpu").unwrap_or(true));
+    let host = match device {
+        Some(device) if ids.hasattr(intern!(py, "detach")).unwrap_or(false) => ids
+            .call_method0(intern!(py, "detach"))
+            .and_then(|t| t.call_method1(intern!(py, "to"), ("cpu",)))
+            .map_err(|e| Error::plan(format!("{op}: {arg}: a tensor on {device} whose values cannot be read to the host ({})", e.value(py))))?,
+        _ => ids.clone(),
+    };
     Ok(Ints::arg(&host, &format!("{op}: {arg}"), ErrorKind::Plan)?.0)
 }
 
