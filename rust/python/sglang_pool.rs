@@ -316,6 +316,11 @@ impl SglangPool {
                 track_slots: a.track_slots.as_ref().map(|t| &t.0),
                 track_steps: a.track_steps.as_ref().map(|t| &t.0),
                 err: &a.err.0,
+                names: if commit {
+                    ("commit_after_verify", ["state_indices", "last_correct_step_indices", "src_indices", "track_indices", "steps_to_track"])
+                } else {
+                    ("clear_slots", ["indices", "steps", "rows", "track_slots", "track_steps"])
+                },
             };
             let pool = SlotPool {
                 device: &self.device,

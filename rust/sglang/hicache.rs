@@ -181,7 +181,15 @@ impl HostCopy {
         let records = u32::try_from(self.records).map_err(|_| Error::plan("too many slot records"))?;
         let pool = SlotPool { device: &device, metas: buffer + self.table_at, num_meta: records, max_bytes, num_slots, num_rows, draft: 1 };
         let [slots, steps, rows] = self.vectors_at.map(|at| TensorDesc::dense(buffer + at, "int64", &[n], &t.device));
-        let call = SlotCall { slots: &slots, steps: Some(&steps), rows: Some(&rows), track_slots: None, track_steps: None, err };
+        let call = SlotCall {
+            slots: &slots,
+            steps: Some(&steps),
+            rows: Some(&rows),
+            track_slots: None,
+            track_steps: None,
+            err,
+            names: kernel::KERNEL_NAMES,
+        };
         kernel::slot_launch(&pool, &call)
     }
 }

@@ -148,7 +148,14 @@ pub struct SlotCall<'a> {
     pub track_slots: Option<&'a TensorDesc>,
     pub track_steps: Option<&'a TensorDesc>,
     pub err: &'a TensorDesc,
+    /// What errors name: the operation (`""`: none) and its vectors, in the order `slots`,
+    /// `steps`, `rows`, `track_slots`, `track_steps` (the engine's names; [`KERNEL_NAMES`]: the
+    /// kernel's own).
+    pub names: (&'a str, [&'a str; 5]),
 }
+
+/// The kernel's own names of a [`SlotCall`]'s vectors (what its errors name without an engine's).
+pub const KERNEL_NAMES: (&str, [&str; 5]) = ("", ["slots", "steps", "rows", "track_slots", "track_steps"]);
 
 /// What a launch of `rs_slot_scatter` runs over: `num_meta` records at device address `metas` on
 /// `device`, whose largest slot is `max_bytes` bytes, for a pool of `num_slots` slots (the dummy
@@ -168,31 +175,33 @@ pub struct SlotPool<'a> {
 /// (`err`: int32, 3 elements); `None` when nothing is to launch.
 pub fn slot_launch(pool: &SlotPool<'_>, c: &SlotCall<'_>) -> Result<Option<Launch>> {
     let SlotPool { device, metas, num_meta, max_bytes, num_slots, num_rows, draft } = *pool;
+    let (op, names) = c.names;
+    let op = if op.is_empty() { String::new() } else { format!("{op}: ") };
     let vector = |t: &TensorDesc, what: &str| -> Result<DeviceVector> {
-        let v = int_vector(t, what, 0, &[IntType::I64], crate::error::ErrorKind::Plan)?;
+        let v = int_vector(t, &format!("{op}{what}"), 0, &[IntType::I64], crate::error::ErrorKind::Plan)?;
         if Device::parse(&t.device).ok().as_ref() != Some(device) {
-            return Err(Error::plan(format!("{what} is on {}, the pool on {device}", t.device)));
+            return Err(Error::plan(format!("{op}{what} is on {}, the pool on {device}", t.device)));
         }
         Ok(v)
     };
-    let slots = vector(c.slots, "slots")?;
+    let slots = vector(c.slots, names[0])?;
     let n = slots.len;
     let mut ptrs = [0u64; 4];
-    let named = [("steps", c.steps), ("rows", c.rows), ("track_slots", c.track_slots), ("track_steps", c.track_steps)];
+    let named = [(names[1], c.steps), (names[2], c.rows), (names[3], c.track_slots), (names[4], c.track_steps)];
     for (k, (what, t)) in named.into_iter().enumerate() {
         if let Some(t) = t {
             let v = vector(t, what)?;
             if v.len != n {
-                return Err(Error::plan(format!("{what} has {} elements, slots has {n}", v.len)));
+                return Err(Error::plan(format!("{op}{what} has {} elements, {} has {n}", v.len, names[0])));
             }
             ptrs[k] = v.ptr;
         }
     }
     if c.steps.is_none() && (c.rows.is_some() || c.track_slots.is_some()) {
-        return Err(Error::plan("clearing slots takes no rows or track slots"));
+        return Err(Error::plan(format!("{op}clearing slots takes no rows or track slots")));
     }
     if c.track_slots.is_some() != c.track_steps.is_some() {
-        return Err(Error::plan("track: track slots and steps go together"));
+        return Err(Error::plan(format!("{op}{} and {} go together (the track pass)", names[3], names[4])));
     }
     let err = int_vector(c.err, "err", 3, &[IntType::I32], crate::error::ErrorKind::Plan)?;
     if num_slots < 1 || num_rows < 0 || draft < 0 {

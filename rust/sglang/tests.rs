@@ -103,7 +103,7 @@ fn pool_tensors_share_one_layer_count_and_no_memory() {
 }
 
 mod slot_kernel {
-    use crate::sglang::kernel::{slot_launch, slot_table, SlotCall, SlotPool};
+    use crate::sglang::kernel::{slot_launch, slot_table, SlotCall, SlotPool, KERNEL_NAMES};
     use crate::tensor::{Device, TensorDesc};
 
     fn t(ptr: u64, dtype: &str, shape: &[i64], strides: &[i64]) -> TensorDesc {
@@ -152,7 +152,7 @@ mod slot_kernel {
         let slots = TensorDesc::dense(64, "int64", &[3], "cuda:0");
         let steps = TensorDesc::dense(128, "int64", &[2], "cuda:0");
         let err = TensorDesc::dense(256, "int32", &[3], "cuda:0");
-        let call = SlotCall { slots: &slots, steps: Some(&steps), rows: None, track_slots: None, track_steps: None, err: &err };
+        let call = SlotCall { slots: &slots, steps: Some(&steps), rows: None, track_slots: None, track_steps: None, err: &err, names: KERNEL_NAMES };
         let pool = |num_rows, draft| SlotPool { device: &dev, metas: 8, num_meta: 4, max_bytes: 96, num_slots: 9, num_rows, draft };
         let e = slot_launch(&pool(5, 4), &call).unwrap_err();
         assert!(e.message.contains("steps has 2 elements, slots has 3"), "{}", e.message);

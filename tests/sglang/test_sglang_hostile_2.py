@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+from support.device_fakes import FakeCuda  # noqa: E402
 
 LAYERS, SLOTS, ROWS, DRAFT = 2, 8, 4, 3
 
@@ -55,4 +56,78 @@ def test_a_meta_tensor_of_ids_is_refused_naming_the_argument(op, arg, call):
     before = _snapshot(tensors)
     with pytest.raises(PlanError, match=rf"^{op}: {arg}: .*meta"):
         call(p, torch.tensor([1]).to("meta"))
+    assert _unchanged(before, tensors)
+
+
+def _device_pool():
+    conv, temporal, ssm, window = _tensors(1)
+    tensors = [*conv, temporal, ssm, *window]
+    p = SglangMambaPool(
+        [FakeCuda(conv[0])],
+        FakeCuda(temporal),
+        intermediate_ssm=FakeCuda(ssm),
+        intermediate_conv_window=[FakeCuda(window[0])],
+    )
+    return p, tensors
+
+
+def _dev(values, dtype=torch.int64, index=0):
+    return FakeCuda(torch.tensor(values, dtype=dtype), index)
+
+
+# (label, call, the start of the message): device index vectors the slot kernel cannot read
+DEVICE_BAD = [
+    ("clear bool", lambda p: p.clear_slots(_dev([True], torch.bool)), "clear_slots: indices: expected int64"),
+    ("clear float", lambda p: p.clear_slots(_dev([1.0], torch.float32)), "clear_slots: indices: expected int64"),
+    ("clear 2-D", lambda p: p.clear_slots(_dev([[1, 2]])), "clear_slots: indices: expected a 1-D"),
+    ("clear other device", lambda p: p.clear_slots(_dev([1], index=1)), "clear_slots: indices is on cuda:1"),
+    (
+        "commit slots int16",
+        lambda p: p.commit_after_verify(_dev([1], torch.int16), _dev([0])),
+        "commit_after_verify: state_indices: expected int64",
+    ),
+    (
+        "commit steps bool",
+        lambda p: p.commit_after_verify(_dev([1]), _dev([True], torch.bool)),
+        "commit_after_verify: last_correct_step_indices: expected int64",
+    ),
+    (
+        "commit steps length",
+        lambda p: p.commit_after_verify(_dev([1, 2]), _dev([0])),
+        "commit_after_verify: last_correct_step_indices has 1 elements, state_indices has 2",
+    ),
+    (
+        "commit rows float",
+        lambda p: p.commit_after_verify(_dev([1]), _dev([0]), src_indices=_dev([0.0], torch.float32)),
+        "commit_after_verify: src_indices: expected int64",
+    ),
+    (
+        "commit track slots other device",
+        lambda p: p.commit_after_verify(_dev([1]), _dev([0]), _dev([2], index=1), _dev([0])),
+        "commit_after_verify: track_indices is on cuda:1",
+    ),
+    (
+        "commit track steps length",
+        lambda p: p.commit_after_verify(_dev([1]), _dev([0]), _dev([2]), _dev([0, 1])),
+        "commit_after_verify: steps_to_track has 2 elements, state_indices has 1",
+    ),
+    (
+        "commit track without steps",
+        lambda p: p.commit_after_verify(_dev([1]), _dev([0]), _dev([2])),
+        "commit_after_verify: track_indices and steps_to_track go together",
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "call", "message"), DEVICE_BAD, ids=[b[0] for b in DEVICE_BAD])
+def test_the_slot_kernel_s_refusals_name_the_operation_and_sglang_s_argument(fake_ops, recorder, label, call, message):
+    """On CUDA, ``clear_slots`` and ``commit_after_verify`` hand their device vectors to the slot
+    kernel's launch, whose refusals named its own vectors (``slots``, ``steps``, ...) without the
+    operation: now the operation and SGLang's argument name, as on the host path. Nothing is
+    launched or written."""
+    p, tensors = _device_pool()
+    before = _snapshot(tensors)
+    with pytest.raises(PlanError, match="^" + message.replace("[", r"\[")):
+        call(p)
+    assert not recorder.calls, "nothing launched"
     assert _unchanged(before, tensors)
