@@ -714,7 +714,7 @@ class Planner:
         called, when one moved), `write()` runs, and what was written is recorded (autograd's
         version counters). Returns what `write` returns.
         """
-    def holders(self, block: int, *, group: int = 0) -> int:
+    def holders(self, block: int, *, group: int | None = None) -> int:
         """The holders of `block` in `group` (0: not published)."""
     def launch_step(
         self,
@@ -766,15 +766,15 @@ class Planner:
         """
     def plan_copy(self, *, src_blocks: _IntArray, dst_blocks: _IntArray) -> CopyPlan:
         """Plans whole-block copies `dst_blocks[i] <- src_blocks[i]` of every persistent state."""
-    def publish(self, blocks: _IntArray, *, group: int = 0) -> None:
+    def publish(self, blocks: _IntArray, *, group: int | None = None) -> None:
         """Publishes `blocks` of `group` (one more holder each; a checkpoint in the prefix index is
         one holder, each request sharing the block another): until retracted, a plan that would
         write one is refused with a `PlanError` naming the request, state and block. Ids in
         `1..num_blocks`; on an error nothing changes.
         """
-    def published(self, group: int = 0) -> list[int]:
+    def published(self, group: int | None = None) -> list[int]:
         """The published blocks of `group`, ascending."""
-    def retract(self, blocks: _IntArray, *, group: int = 0) -> None:
+    def retract(self, blocks: _IntArray, *, group: int | None = None) -> None:
         """Drops one holder of each of `blocks` of `group`; a block left without holders may be
         written again. A block not published (as often as listed) is a `PlanError`, and nothing
         changes.

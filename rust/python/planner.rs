@@ -345,8 +345,9 @@ impl Planner {
     /// one holder, each request sharing the block another): until retracted, a plan that would
     /// write one is refused with a `PlanError` naming the request, state and block. Ids in
     /// `1..num_blocks`; on an error nothing changes.
-    #[pyo3(signature = (blocks: "_IntArray", *, group: "int" = 0) -> "None")]
-    fn publish(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: usize) -> PyResult<()> {
+    #[pyo3(signature = (blocks: "_IntArray", *, group: "int" = None) -> "None")]
+    fn publish(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let group = group_arg(group)?;
         let blocks = Ints::arg(blocks, "blocks", ErrorKind::Plan)?;
         py.detach(|| self.inner.publish(group, &blocks.0)).map_err(Into::into)
     }
@@ -354,22 +355,24 @@ impl Planner {
     /// Drops one holder of each of `blocks` of `group`; a block left without holders may be
     /// written again. A block not published (as often as listed) is a `PlanError`, and nothing
     /// changes.
-    #[pyo3(signature = (blocks: "_IntArray", *, group: "int" = 0) -> "None")]
-    fn retract(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: usize) -> PyResult<()> {
+    #[pyo3(signature = (blocks: "_IntArray", *, group: "int" = None) -> "None")]
+    fn retract(&self, py: Python<'_>, blocks: &Bound<'_, PyAny>, group: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let group = group_arg(group)?;
         let blocks = Ints::arg(blocks, "blocks", ErrorKind::Plan)?;
         py.detach(|| self.inner.retract(group, &blocks.0)).map_err(Into::into)
     }
 
     /// The published blocks of `group`, ascending.
-    #[pyo3(signature = (group: "int" = 0) -> "list[int]")]
-    fn published(&self, group: usize) -> PyResult<Vec<u64>> {
-        Ok(self.inner.published(group)?)
+    #[pyo3(signature = (group: "int" = None) -> "list[int]")]
+    fn published(&self, group: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<u64>> {
+        Ok(self.inner.published(group_arg(group)?)?)
     }
 
     /// The holders of `block` in `group` (0: not published).
-    #[pyo3(signature = (block: "int", *, group: "int" = 0) -> "int")]
-    fn holders(&self, block: u64, group: usize) -> PyResult<u32> {
-        Ok(self.inner.holders(group, block)?)
+    #[pyo3(signature = (block: "int", *, group: "int" = None) -> "int")]
+    fn holders(&self, block: &Bound<'_, PyAny>, group: Option<&Bound<'_, PyAny>>) -> PyResult<u32> {
+        let group = group_arg(group)?;
+        Ok(self.inner.holders(group, u64::arg(block, "block", ErrorKind::Plan)?)?)
     }
 
     /// The fused kernel's table of every (group, layer, persistent state).
@@ -462,4 +465,10 @@ impl Planner {
         format!("Planner([{}], blocks={}, device={})", sizes.join(", "), self.inner.max_blocks(), self.inner.device())
     }
 }
+}
+
+/// The published-block calls' `group` (default 0): a host integer in `0..` (`PlanError` naming
+/// it otherwise: negative, past 64 bits, a bool, a float; never PyO3's bare `OverflowError`).
+fn group_arg(group: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    group.map_or(Ok(0), |g| usize::arg(g, "group", ErrorKind::Plan))
 }
