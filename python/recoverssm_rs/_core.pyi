@@ -877,7 +877,7 @@ class SglangPool:
         run: Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object] | None = None,
         err: _Tensor | None = None,
         mamba_cache_cpu: Sequence[Sequence[_Tensor] | _Tensor] | None = None,
-    ) -> tuple[_Tensor, list[tuple[int, int, list[int]]]] | None:
+    ) -> tuple[_Tensor, list[tuple[int, int, list[int], str]]] | None:
         """HiCache's host copy `op` (`"get_cpu_copy"` or `"load_cpu_copy"`) of the slots `indices`, in
         one call: the slots checked (for a load none twice), then the pool's tensors (`BindingError`
         naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
@@ -885,7 +885,8 @@ class SglangPool:
         against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
         len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
         (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
-        with, per state tensor, its block `(offset, bytes, shape)`; a load returns `None`.
+        with, per state tensor, its block `(offset, bytes, shape, dtype)` (the shape and dtype the
+        pool tensor was bound with, whatever its Python object says now); a load returns `None`.
 
         Host states: the core gathers (get) or writes (load: every host copy read whole first) the
         slots itself. CUDA: the core stages the call (a load's host copies, the slot table, the index

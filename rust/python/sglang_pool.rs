@@ -448,7 +448,8 @@ impl SglangPool {
     /// against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
     /// len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
     /// (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
-    /// with, per state tensor, its block `(offset, bytes, shape)`; a load returns `None`.
+    /// with, per state tensor, its block `(offset, bytes, shape, dtype)` (the shape and dtype the
+    /// pool tensor was bound with, whatever its Python object says now); a load returns `None`.
     ///
     /// Host states: the core gathers (get) or writes (load: every host copy read whole first) the
     /// slots itself. CUDA: the core stages the call (a load's host copies, the slot table, the index
@@ -459,7 +460,7 @@ impl SglangPool {
         op: "str", indices: "_IntArray", *, alloc: "Callable[[int], _Tensor]",
         run: "Callable[[_Tensor, bytes, int, KernelLaunch | None, int], object] | None" = None, err: "_Tensor | None" = None,
         mamba_cache_cpu: "Sequence[Sequence[_Tensor] | _Tensor] | None" = None,
-    ) -> "tuple[_Tensor, list[tuple[int, int, list[int]]]] | None")]
+    ) -> "tuple[_Tensor, list[tuple[int, int, list[int], str]]] | None")]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn host_copy<'py>(
         &self,
@@ -470,7 +471,7 @@ impl SglangPool {
         run: Option<&Bound<'py, PyAny>>,
         err: Option<&Bound<'py, PyAny>>,
         mamba_cache_cpu: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>)>)>> {
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>, String)>)>> {
         // The host copies' objects are held until the call returns (their memory is read then).
         let (direction, ids, _held, host) = match op {
             "get_cpu_copy" => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),
@@ -482,7 +483,8 @@ impl SglangPool {
             _ => return Err(Error::plan(format!("host_copy: op {op:?} is neither get_cpu_copy nor load_cpu_copy")).into()),
         };
         let call = self.inner.host_copy(direction, ids.clone())?;
-        let blocks = || call.blocks.iter().map(|b| (b.offset, b.bytes, b.shape.clone())).collect();
+        let dtype = |k: usize| self.inner.states[k].dtype_name().to_string();
+        let blocks = || call.blocks.iter().enumerate().map(|(k, b)| (b.offset, b.bytes, b.shape.clone(), dtype(k))).collect();
         if !self.device.is_cuda() {
             if direction == Direction::Load {
                 return self.write(py, || Ok(host::load(&call, &self.inner.states, &ids, &host)?)).map(|_| None);

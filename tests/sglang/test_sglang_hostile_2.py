@@ -131,3 +131,22 @@ def test_the_slot_kernel_s_refusals_name_the_operation_and_sglang_s_argument(fak
         call(p)
     assert not recorder.calls, "nothing launched"
     assert _unchanged(before, tensors)
+
+
+@pytest.mark.parametrize("view", [torch.float16, torch.int32], ids=["other-itemsize", "same-itemsize"])
+def test_get_cpu_copy_keeps_the_bound_dtype_of_a_tensor_retyped_in_place(view):
+    """``t.data = t.view(dtype)`` keeps the memory the pool was bound with (the guard accepts it,
+    and every write uses the bound description), but ``get_cpu_copy`` viewed its buffer with the
+    Python tensor's current dtype: another item size raised torch's ``RuntimeError``, the same one
+    returned host copies of the wrong dtype (which ``load_cpu_copy`` then refused). The host copies
+    now have the dtype and shape the pool was bound with, and load back."""
+    conv, temporal, _, _ = _tensors(2)
+    p = SglangMambaPool(conv, temporal)
+    want = [conv[0][:, [1, 3]].clone(), temporal[:, [1, 3]].clone()]
+    temporal.data = temporal.view(view)
+    (conv_cpu,), temporal_cpu = p.get_cpu_copy([1, 3])
+    assert conv_cpu.dtype == temporal_cpu.dtype == torch.float32
+    assert torch.equal(conv_cpu, want[0]) and torch.equal(temporal_cpu, want[1])
+    p.clear_slots([1, 3])
+    p.load_cpu_copy(([conv_cpu], temporal_cpu), [1, 3])
+    assert torch.equal(temporal.view(torch.float32)[:, [1, 3]], want[1])

@@ -79,6 +79,6 @@ def host_copy(pool: SglangMambaPool, op: str, indices: Any, mamba_cache_cpu: Any
         return None
     buf, blocks = done
     raw = buf[: (blocks[-1][0] + blocks[-1][1] + 3) // 4].cpu().view(torch.uint8)
-    states = [*pool.conv, pool.temporal]
-    out = [raw[o : o + b].view(t.dtype).view(*s) for t, (o, b, s) in zip(states, blocks, strict=True)]
+    # Each block as the core bound its state (dtype, shape), not as the Python tensor reads now.
+    out = [raw[o : o + b].view(getattr(torch, d)).view(*s) for o, b, s, d in blocks]
     return out[:-1], out[-1]
