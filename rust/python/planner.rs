@@ -229,6 +229,7 @@ impl Planner {
         // The process's memory map, read once (at the first host tensor): tensors over pages it
         // maps read-only are bound as read-only, which the binding refuses.
         let mut maps: Option<Option<Vec<memory::Mapping>>> = None;
+        let mut views = Vec::with_capacity(n); // each group's descriptions, for `also_guard`'s check
         for (g, (layout, layers)) in groups.iter().enumerate() {
             let core = layout.get().core();
             let at = place(n, g, core.backend());
@@ -259,6 +260,9 @@ impl Planner {
                 }
                 descs.push(row);
             }
+            if also_guard.is_some() {
+                views.push(descs.iter().map(|row| row.iter().take(persistent).cloned().collect()).collect::<Vec<Vec<TensorDesc>>>());
+            }
             let binding = Binding::new(core, &descs).map_err(|e| {
                 // A group's errors start with its backend: name the group there too.
                 let rest = e.message.strip_prefix(&format!("{}: ", core.backend())).unwrap_or(&e.message);
@@ -272,6 +276,9 @@ impl Planner {
             if bs < 1 {
                 return Err(arg_error(ErrorKind::Binding, format!("block_size must be >= 1, got {bs}")));
             }
+        }
+        if let Some(pool) = &also_guard {
+            pool.bind(py).get().check_layer_views(&views)?;
         }
         let inner = CorePlanner::new(bindings)?;
         Ok(Planner {

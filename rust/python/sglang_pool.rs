@@ -92,6 +92,12 @@ impl SglangPool {
         Ok(out)
     }
 
+    /// Checks that `groups` (what a planner guarded by this pool binds) are the pool's own layer
+    /// views ([`Pool::check_layer_views`]).
+    pub(crate) fn check_layer_views(&self, groups: &[Vec<Vec<TensorDesc>>]) -> PyResult<()> {
+        Ok(self.inner.check_layer_views(groups)?)
+    }
+
     /// `planner` as the planner built over this pool's layers (`Planner(..., also_guard=pool)`):
     /// another planner's states are not the pool's (`PlanError` naming `op`).
     fn own_planner<'py>(slf: &Bound<'py, Self>, planner: &Bound<'py, PyAny>, op: &str) -> PyResult<Bound<'py, Planner>> {

@@ -155,6 +155,47 @@ impl Pool {
     }
 
     /// HiCache's host copy of the (checked) slots `ids` on CUDA.
+    /// Checks that `groups` (per group, per layer, the described tensors a planner binds) are
+    /// exactly this pool's layer views ([`Pool::groups`]: `state[layer]` of each of a group's
+    /// states, in order): a planner guarded by the pool (`also_guard`) writes the pool's memory
+    /// and no other (`BindingError` naming the first view that is not the pool's).
+    pub fn check_layer_views(&self, groups: &[Vec<Vec<TensorDesc>>]) -> Result<()> {
+        if groups.len() != self.groups.len() {
+            return Err(Error::binding(format!(
+                "also_guard: {} groups given, the pool has {} (its layer_groups())",
+                groups.len(),
+                self.groups.len()
+            )));
+        }
+        for (g, ((_, ks), layers)) in self.groups.iter().zip(groups).enumerate() {
+            let count = self.states[ks[0]].shape[0];
+            if layers.len() as i64 != count {
+                return Err(Error::binding(format!("also_guard: group {g} has {} layers, the pool {count}", layers.len())));
+            }
+            for (l, row) in layers.iter().enumerate() {
+                if row.len() != ks.len() {
+                    return Err(Error::binding(format!("also_guard: group {g}, layer {l} has {} states, the pool's {}", row.len(), ks.len())));
+                }
+                for (j, (&k, v)) in ks.iter().zip(row).enumerate() {
+                    let st = &self.states[k];
+                    let at = (st.data_ptr as i128 + l as i128 * st.strides[0] as i128) as u64;
+                    if v.data_ptr != at
+                        || v.shape[..] != st.shape[1..]
+                        || v.strides[..] != st.strides[1..]
+                        || v.dtype_name() != st.dtype_name()
+                        || v.device != st.device
+                    {
+                        let label = super::checks::state_label(k, self.states.len());
+                        return Err(Error::binding(format!(
+                            "also_guard: group {g}, layer {l}, state {j} is not the pool's {label}[{l}]: a planner guarded by a pool binds its layer_groups()"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn host_copy(&self, direction: Direction, ids: Vec<i64>) -> Result<HostCopy> {
         HostCopy::new(direction, self.states.clone(), ids, self.num_slots)
     }

@@ -150,3 +150,22 @@ def test_get_cpu_copy_keeps_the_bound_dtype_of_a_tensor_retyped_in_place(view):
     p.clear_slots([1, 3])
     p.load_cpu_copy(([conv_cpu], temporal_cpu), [1, 3])
     assert torch.equal(temporal.view(torch.float32)[:, [1, 3]], want[1])
+
+
+def test_a_planner_over_another_pool_s_layers_is_refused_as_the_pool_s_guard():
+    """``Planner.from_groups(a's layer groups, also_guard=b)`` was accepted, and the core's
+    ``copy_from`` of ``b`` (which takes only a planner guarding ``b``) then copied ``a``'s slots:
+    ``also_guard`` now requires the groups to be the pool's own layer views."""
+    from recoverssm_rs import Planner
+    from recoverssm_rs.errors import BindingError
+
+    a_conv, a_temporal, _, _ = _tensors(3)
+    b_conv, b_temporal, _, _ = _tensors(4)
+    a, b = SglangMambaPool(a_conv, a_temporal), SglangMambaPool(b_conv, b_temporal)
+    with pytest.raises(BindingError, match=r"^also_guard: group 0, layer 0, state 0 is not .*conv\[0\]"):
+        Planner.from_groups(a.tensors.layer_groups(), also_guard=b.tensors)
+    groups = b.tensors.layer_groups()
+    swapped = [(lay, [layers[1], layers[0]]) for lay, layers in groups]  # b's views, layers swapped
+    with pytest.raises(BindingError, match=r"^also_guard: group 0, layer 0, state 0 is not"):
+        Planner.from_groups(swapped, also_guard=b.tensors)
+    Planner.from_groups(b.tensors.layer_groups(), also_guard=b.tensors)  # its own views: accepted
