@@ -129,9 +129,18 @@ impl Pool {
         let (num_rows, draft) = Self::scratch_sizes(&pairs, self);
         let mut passes = vec![CommitPass { name: "commit", slots, steps }];
         match track {
+            (Some(track), Some(_)) if track.len() != slots.len() => {
+                // Per request, as on CUDA (the slot kernel's launch refuses them too).
+                return Err(Error::plan(format!(
+                    "commit_after_verify: track_indices has {} elements, state_indices {}: one per request",
+                    track.len(),
+                    slots.len()
+                )));
+            }
             (Some(slots), Some(steps)) => passes.push(CommitPass { name: "track", slots, steps }),
             (Some(_), None) => return Err(Error::plan("commit_after_verify: track_indices given without steps_to_track")),
-            _ => {}
+            (None, Some(_)) => return Err(Error::plan("commit_after_verify: steps_to_track given without track_indices")),
+            (None, None) => {}
         }
         let sizes = CommitSizes { num_slots: self.num_slots, num_rows: num_rows.max(0) as u64, draft: draft.max(0) as u64 };
         let selected = commit_selection(&passes, rows, sizes)?;

@@ -169,3 +169,38 @@ def test_a_planner_over_another_pool_s_layers_is_refused_as_the_pool_s_guard():
     with pytest.raises(BindingError, match=r"^also_guard: group 0, layer 0, state 0 is not"):
         Planner.from_groups(swapped, also_guard=b.tensors)
     Planner.from_groups(b.tensors.layer_groups(), also_guard=b.tensors)  # its own views: accepted
+
+
+@pytest.mark.parametrize(
+    ("label", "call", "message"),
+    [
+        (
+            "track shorter",
+            lambda p: p.commit_after_verify([1, 2], [0, 0], [3], [1]),
+            "commit_after_verify: track_indices has 1 elements, state_indices 2",
+        ),
+        (
+            "track longer",
+            lambda p: p.commit_after_verify([1], [0], [3, 4], [1, 1]),
+            "commit_after_verify: track_indices has 2 elements, state_indices 1",
+        ),
+        (
+            "steps_to_track alone",
+            lambda p: p.commit_after_verify([1], [0], None, [1]),
+            "commit_after_verify: steps_to_track given without track_indices",
+        ),
+    ],
+    ids=["track-shorter", "track-longer", "steps_to_track-alone"],
+)
+def test_the_host_commit_refuses_track_vectors_the_device_commit_refuses(label, call, message):
+    """The track pass is per request (``track_indices[r]``, ``steps_to_track[r]``): on CUDA the
+    slot kernel's launch refuses track vectors of another length than ``state_indices`` and
+    ``steps_to_track`` without ``track_indices``; the host commit ran the first (tracking the
+    requests it had) and ignored the second. Now the host refuses both, writing nothing."""
+    conv, temporal, ssm, window = _tensors(5)
+    p = SglangMambaPool(conv, temporal, intermediate_ssm=ssm, intermediate_conv_window=window)
+    tensors = [*conv, temporal, ssm, *window]
+    before = _snapshot(tensors)
+    with pytest.raises(PlanError, match="^" + message):
+        call(p)
+    assert _unchanged(before, tensors), label
