@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
 from support.device_fakes import FakeCuda  # noqa: E402
+from test_sglang_hostile import ENTRIES as _FIRST_PART_ENTRIES  # noqa: E402
 
 LAYERS, SLOTS, ROWS, DRAFT = 2, 8, 4, 3
 
@@ -33,15 +34,9 @@ def _unchanged(before, tensors):
     return all(torch.equal(a, b) for a, b in zip(before, tensors, strict=True))
 
 
-# (operation, argument, call with the argument replaced by v)
-ENTRIES = [
-    ("copy_from", "src_indices", lambda p, v: p.copy_from(v, [2])),
-    ("copy_from", "dst_indices", lambda p, v: p.copy_from([1], v)),
-    ("clear_slots", "indices", lambda p, v: p.clear_slots(v)),
-    ("get_cpu_copy", "indices", lambda p, v: p.get_cpu_copy(v)),
-    ("load_cpu_copy", "indices", lambda p, v: p.load_cpu_copy(p.get_cpu_copy([1]), v)),
-    ("commit_after_verify", "state_indices", lambda p, v: p.commit_after_verify(v, [0])),
-    ("commit_after_verify", "last_correct_step_indices", lambda p, v: p.commit_after_verify([1], v)),
+# (operation, argument, call with the argument replaced by v): the first part's entries without the
+# track pair, and the commit's source slots
+ENTRIES = [e for e in _FIRST_PART_ENTRIES if e[1] not in ("track_indices", "steps_to_track")] + [
     ("commit_after_verify", "src_indices", lambda p, v: p.commit_after_verify([1], [0], src_indices=v)),
 ]
 

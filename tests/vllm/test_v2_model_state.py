@@ -26,15 +26,6 @@ def mh():
     return vllm_oracle.load_or_skip(vllm_v2_oracle.load, f"vLLM {vllm_oracle.VERSION} (V2 runner)")
 
 
-@pytest.fixture
-def launch_args(monkeypatch):
-    """The adapter's buffers are CPU tensors here; the launch sees them as CUDA tensors."""
-    from recoverssm_rs.cuda.ops import CudaOps
-    from support.device_fakes import FakeCuda
-
-    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(FakeCuda))
-
-
 def _trace(mh, cfg, **kw):
     """``vllm_v2_oracle.run_trace`` over a ``TRACES`` / ``RECOVER_TRACES`` entry ``cfg`` (groups,
     block size, speculative blocks, conv layout, seed, steps); ``kw`` adds keywords or replaces

@@ -33,14 +33,6 @@ def _count_ops():
     return CountOps()
 
 
-@pytest.fixture
-def launch_args(monkeypatch):
-    from recoverssm_rs.cuda.ops import CudaOps
-    from support.device_fakes import FakeCuda
-
-    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(FakeCuda))
-
-
 def _small(max_num_reqs: int = 4):
     """``vllm_trace.small_model_state`` (CUDA stand-in states) and a per-slot table: slot ``s``
     holds blocks ``1 + 3s .. 3 + 3s`` in columns 0-2."""

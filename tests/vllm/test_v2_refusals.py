@@ -20,15 +20,6 @@ from support import vllm_oracle, vllm_trace
 I32 = torch.int32
 
 
-@pytest.fixture
-def launch_args(monkeypatch):
-    """The adapter's buffers are CPU tensors here; the launch sees them as CUDA tensors."""
-    from recoverssm_rs.cuda.ops import CudaOps
-    from support.device_fakes import FakeCuda
-
-    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(FakeCuda))
-
-
 def _v(*xs: int) -> torch.Tensor:
     return torch.tensor(xs, dtype=I32)
 
