@@ -13,17 +13,7 @@ from recoverssm_rs.errors import PlanError  # noqa: E402
 from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
 from support.device_fakes import FakeCuda  # noqa: E402
 from test_sglang_hostile import ENTRIES as _FIRST_PART_ENTRIES  # noqa: E402
-
-LAYERS, SLOTS, ROWS, DRAFT = 2, 8, 4, 3
-
-
-def _tensors(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    conv = [torch.randn(LAYERS, SLOTS, 6, 3, generator=g)]
-    temporal = torch.randn(LAYERS, SLOTS, 2, 4, 4, generator=g)
-    ssm = torch.randn(LAYERS, ROWS, DRAFT, 2, 4, 4, generator=g)
-    window = [torch.randn(LAYERS, ROWS, DRAFT, 6, 3, generator=g)]
-    return conv, temporal, ssm, window
+from test_sglang_hostile import _tensors  # noqa: E402
 
 
 def _snapshot(tensors):

@@ -10,23 +10,9 @@ import pytest
 import torch
 from recoverssm_rs.errors import BindingError
 from support import vllm_trace
+from test_v2_refusals import _adapter, _v
 
 I32 = torch.int32
-
-
-def _v(*xs: int) -> torch.Tensor:
-    return torch.tensor(xs, dtype=I32)
-
-
-def _adapter():
-    """One GDN group (block_size 4, 4 slots); slots 1 and 2 hold requests with 4 cached tokens."""
-    ms, states = vllm_trace.small_model_state(fake=True)
-    table = torch.zeros(4, 6, dtype=I32)
-    table[1, :4] = _v(1, 2, 3, 4)
-    table[2, :4] = _v(5, 6, 7, 8)
-    ms.add_request(1, 4)
-    ms.add_request(2, 4)
-    return ms, states, table
 
 
 #: How a caller moves a buffer the adapter's kernel writes: the views ModelStateV2 hands to vLLM
