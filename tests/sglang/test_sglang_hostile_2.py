@@ -25,10 +25,8 @@ def _unchanged(before, tensors):
 
 
 # (operation, argument, call with the argument replaced by v): the first part's entries without the
-# track pair, and the commit's source slots
-ENTRIES = [e for e in _FIRST_PART_ENTRIES if e[1] not in ("track_indices", "steps_to_track")] + [
-    ("commit_after_verify", "src_indices", lambda p, v: p.commit_after_verify([1], [0], src_indices=v)),
-]
+# track pair
+ENTRIES = [e for e in _FIRST_PART_ENTRIES if e[1] not in ("track_indices", "steps_to_track")]
 
 
 @pytest.mark.parametrize(("op", "arg", "call"), ENTRIES, ids=[f"{e[0]}-{e[1]}" for e in ENTRIES])
