@@ -21,14 +21,37 @@ use pyo3::types::PyTuple;
 
 struct Entry {
     obj: Py<PyAny>,
-    /// `obj.data_ptr` and `obj.nbytes`, bound once; `None` for a numpy or CuPy array (its array
+    /// The bound `data_ptr` method that gives `obj`'s address: a tensor's own; for a storage, that
+    /// of a one-byte tensor over it (a tensor's `data_ptr()` costs less than a storage's; the
+    /// storage's own when no such tensor can be made); `None` for a numpy or CuPy array (its array
     /// interface is read instead).
     data_ptr: Option<Py<PyAny>>,
-    nbytes_fn: Option<Py<PyAny>>,
+    /// How a storage's size is read: `len(storage)` (its byte count, through the type's slot) or
+    /// its bound `nbytes` method; `None` for tensors.
+    size: Option<Size>,
     ptr: u64,
     /// Bytes of a storage (`nbytes()`); `None` for tensors.
     nbytes: Option<u64>,
     label: String,
+}
+
+/// How a storage entry's byte count is read.
+enum Size {
+    Len,
+    Method(Py<PyAny>),
+}
+
+/// A one-byte `uint8` tensor over the start of `storage` (it follows the storage's memory when
+/// the storage is resized or freed), whose `data_ptr()` is the storage's address; `None` when
+/// `storage` holds no byte or is not one torch can view.
+fn storage_probe<'py>(storage: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let py = storage.py();
+    let torch = py.import("torch").ok()?;
+    let kw = pyo3::types::PyDict::new(py);
+    kw.set_item("dtype", torch.getattr("uint8").ok()?).ok()?;
+    kw.set_item("device", storage.getattr(intern!(py, "device")).ok()?).ok()?;
+    let empty = torch.call_method("empty", ((0,),), Some(&kw)).ok()?;
+    empty.call_method1("set_", (storage, 0, (1,), (1,))).ok()
 }
 
 /// Bound tensors and storages with the addresses (and storage sizes) they were bound at.
@@ -53,6 +76,9 @@ fn interface_address(obj: &Bound<'_, PyAny>) -> PyResult<(u64, bool)> {
 
 fn address(py: Python<'_>, e: &Entry) -> PyResult<(u64, bool)> {
     match &e.data_ptr {
+        // A storage whose address cannot be read any more (a torch that refuses `data_ptr()` of
+        // a tensor over freed memory) reads as freed: address 0.
+        Some(f) if e.size.is_some() => Ok((f.bind(py).call0().and_then(|p| addr(&p)).unwrap_or(0), false)),
         Some(f) => Ok((addr(&f.bind(py).call0()?)?, false)),
         None => interface_address(e.obj.bind(py)),
     }
@@ -74,29 +100,30 @@ impl Guard {
             if !t.hasattr(intern!(py, "data_ptr"))? {
                 // A numpy array or a `__cuda_array_interface__` object (a CuPy array).
                 let (ptr, _) = interface_address(t)?;
-                entries.push(Entry { obj: t.clone().unbind(), data_ptr: None, nbytes_fn: None, ptr, nbytes: None, label: label.clone() });
+                entries.push(Entry { obj: t.clone().unbind(), data_ptr: None, size: None, ptr, nbytes: None, label: label.clone() });
                 continue;
             }
             let data_ptr = t.getattr(intern!(py, "data_ptr"))?;
             let ptr = data_ptr.call0()?.extract()?;
-            entries.push(Entry {
-                obj: t.clone().unbind(),
-                data_ptr: Some(data_ptr.unbind()),
-                nbytes_fn: None,
-                ptr,
-                nbytes: None,
-                label: label.clone(),
-            });
+            entries.push(Entry { obj: t.clone().unbind(), data_ptr: Some(data_ptr.unbind()), size: None, ptr, nbytes: None, label: label.clone() });
             if let Ok(storage) = t.call_method0(intern!(py, "untyped_storage")) {
                 let (sp, nb) = (storage.getattr(intern!(py, "data_ptr"))?, storage.getattr(intern!(py, "nbytes"))?);
                 let (ptr, nbytes): (u64, u64) = (sp.call0()?.extract()?, nb.call0()?.extract()?);
                 let key = (t.getattr(intern!(py, "device"))?.str()?.to_string(), ptr);
                 if !seen.contains(&key) {
                     seen.push(key);
+                    // The cheaper readers, each used only where it reads what the storage's own
+                    // methods read at binding.
+                    let probe = storage_probe(&storage).map(|p| p.getattr(intern!(py, "data_ptr"))).transpose()?;
+                    let probe = probe.filter(|f| f.call0().and_then(|p| addr(&p)).is_ok_and(|p| p == ptr));
+                    let size = match storage.len() {
+                        Ok(n) if n as u64 == nbytes => Size::Len,
+                        _ => Size::Method(nb.unbind()),
+                    };
                     storages.push(Entry {
                         obj: storage.unbind(),
-                        data_ptr: Some(sp.unbind()),
-                        nbytes_fn: Some(nb.unbind()),
+                        data_ptr: Some(probe.unwrap_or(sp).unbind()),
+                        size: Some(size),
                         ptr,
                         nbytes: Some(nbytes),
                         label: label.clone(),
@@ -132,8 +159,9 @@ impl Guard {
                 ))
                 .into());
             }
-            let nbytes = match &e.nbytes_fn {
-                Some(f) => Some(addr(&f.bind(py).call0()?)?),
+            let nbytes = match &e.size {
+                Some(Size::Len) => Some(e.obj.bind(py).len()? as u64),
+                Some(Size::Method(f)) => Some(addr(&f.bind(py).call0()?)?),
                 None => None,
             };
             if ptr != e.ptr || nbytes != e.nbytes {
@@ -158,8 +186,14 @@ impl Guard {
             return Ok(());
         };
         static INCREMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let f = INCREMENT
-            .get_or_try_init(py, || -> PyResult<Py<PyAny>> { Ok(py.import("torch.autograd.graph")?.getattr("increment_version")?.unbind()) })?;
+        // torch's C function over a sequence of tensors (what `torch.autograd.graph.
+        // increment_version` calls, without its Python frame); that function where it is absent.
+        let f = INCREMENT.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+            match py.import("torch._C").and_then(|c| c.getattr("_increment_version")) {
+                Ok(f) => Ok(f.unbind()),
+                Err(_) => Ok(py.import("torch.autograd.graph")?.getattr("increment_version")?.unbind()),
+            }
+        })?;
         f.bind(py).call1((roots.bind(py),))?;
         Ok(())
     }
