@@ -98,6 +98,7 @@ __all__ = [
     "vllm_check_prev_rows",
     "vllm_device_post_process",
     "vllm_device_pre_copy",
+    "vllm_mamba_groups",
     "vllm_post_process",
     "vllm_pre_copy",
     "vllm_request_values",
@@ -1555,6 +1556,15 @@ def vllm_device_pre_copy(
     `out[:rows]`. With `run`, one guarded write in this call: after every check,
     `run(staged, launch, rows)` queues the copy and the launch, and the states are recorded as
     written.
+    """
+
+def vllm_mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
+    """vLLM's mamba groups in `kv_cache_config` (its `KVCacheConfig`, read by attribute) as `(group
+    id, spec, layer names)` in group order; a group whose layers use several specs
+    (`UniformTypeKVCacheSpecs.kv_cache_specs`) gives one entry per spec, compared by value (vLLM's
+    are frozen dataclasses; plain objects by identity). A spec is one with `mamba_type` and
+    `shapes`; attention groups are skipped. No mamba group, or a config that cannot be read, is a
+    `LayoutError`.
     """
 
 def vllm_post_process(

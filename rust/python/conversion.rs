@@ -56,6 +56,30 @@ pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
 }
 
+/// `e`, raised while reading `what` (an engine's or a caller's object, by attribute, key or
+/// iteration), as an error of `kind` naming `what` and the reason when it says the object is of the
+/// wrong kind (Python's `AttributeError`, `TypeError`, `KeyError`, `IndexError`, `ValueError`);
+/// any other error (the package's own included) unchanged.
+pub(crate) fn reading(kind: ErrorKind, what: &str, e: PyErr) -> PyErr {
+    use pyo3::exceptions::{PyAttributeError, PyIndexError, PyKeyError, PyTypeError, PyValueError};
+    Python::attach(|py| {
+        let wrong_kind = [
+            e.is_instance_of::<PyAttributeError>(py),
+            e.is_instance_of::<PyTypeError>(py),
+            e.is_instance_of::<PyKeyError>(py),
+            e.is_instance_of::<PyIndexError>(py),
+            e.is_instance_of::<PyValueError>(py),
+        ];
+        if !wrong_kind.contains(&true) || super::errors::is_package_error(py, &e) {
+            return e;
+        }
+        let name = e.get_type(py).name().map_or_else(|_| "Exception".into(), |n| n.to_string());
+        let out = arg_error(kind, format!("{what}: {name}: {}", e.value(py)));
+        out.set_cause(py, Some(e));
+        out
+    })
+}
+
 /// The items of the argument `name`, a list (or tuple, or any iterable but a string, bytes or a
 /// mapping) of `of`: anything else, or an iterable that fails, is an error of `kind` naming it.
 pub(crate) fn items<'py>(obj: &Bound<'py, PyAny>, name: &str, kind: ErrorKind, of: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {

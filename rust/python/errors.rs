@@ -100,6 +100,11 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
     }
 }
 
+/// Whether `e` is one of the package's exceptions (a `RecoverSSMError`).
+pub(crate) fn is_package_error(py: Python<'_>, e: &PyErr) -> bool {
+    classes(py).is_ok_and(|c| e.is_instance(py, c.types[0].bind(py)))
+}
+
 pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let c = classes(m.py())?;
     for ((name, _, _), t) in NAMES.iter().zip(&c.types) {

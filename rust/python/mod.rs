@@ -55,7 +55,7 @@ mod _core {
     #[pymodule_export]
     use super::planner::Planner;
     #[pymodule_export]
-    use super::runner::{vllm_request_values, vllm_runner_groups};
+    use super::runner::{vllm_mamba_groups, vllm_request_values, vllm_runner_groups};
     #[pymodule_export]
     use super::sglang::{sglang_ids, sglang_layout};
     #[pymodule_export]

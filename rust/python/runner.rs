@@ -3,7 +3,7 @@
 //! layouts, out) and `VllmMambaStep.preprocess`'s per-request values.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, items, type_name, Arg};
+use super::conversion::{arg_error, items, reading, type_name, Arg};
 use super::layout::Layout;
 use crate::error::ErrorKind;
 use crate::vllm::runner::{self, RunnerSpec};
@@ -16,6 +16,8 @@ use pyo3::types::{PyDict, PyInt, PyTuple};
 type SpecRecord<'py> = (String, String, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>);
 /// A group: `(group id, spec, copy function names, [(layer name, its kv_cache tensors or None)])`.
 type GroupRecord<'py> = (i64, SpecRecord<'py>, Vec<String>, Vec<(Bound<'py, PyAny>, Option<Vec<Bound<'py, PyAny>>>)>);
+/// A mamba group of vLLM's config: `(group id, spec, layer names)`.
+type MambaGroup<'py> = (usize, Bound<'py, PyAny>, Vec<Bound<'py, PyAny>>);
 /// A step group: `(group id, layout, per layer the tensors of its copy functions)`.
 type StepGroup<'py> = (i64, Layout, Vec<Vec<Bound<'py, PyAny>>>);
 
@@ -86,6 +88,54 @@ pub(crate) fn vllm_runner_groups<'py>(groups: Vec<GroupRecord<'py>>, conv_layout
         out.push((gid, layout.into(), states));
     }
     Ok((out, first.0, first.1))
+}
+
+/// vLLM's mamba groups in `kv_cache_config` (its `KVCacheConfig`, read by attribute) as `(group
+/// id, spec, layer names)` in group order; a group whose layers use several specs
+/// (`UniformTypeKVCacheSpecs.kv_cache_specs`) gives one entry per spec, compared by value (vLLM's
+/// are frozen dataclasses; plain objects by identity). A spec is one with `mamba_type` and
+/// `shapes`; attention groups are skipped. No mamba group, or a config that cannot be read, is a
+/// `LayoutError`.
+#[pyfunction]
+#[pyo3(signature = (kv_cache_config: "Any") -> "list[tuple[int, Any, list[str]]]")]
+pub(crate) fn vllm_mamba_groups<'py>(kv_cache_config: &Bound<'py, PyAny>) -> PyResult<Vec<MambaGroup<'py>>> {
+    let py = kv_cache_config.py();
+    let mut out: Vec<MambaGroup<'py>> = Vec::new();
+    let mut read = || -> PyResult<()> {
+        for (gid, group) in kv_cache_config.getattr(intern!(py, "kv_cache_groups"))?.try_iter()?.enumerate() {
+            let group = group?;
+            let spec = group.getattr(intern!(py, "kv_cache_spec"))?;
+            let per_layer = match spec.getattr(intern!(py, "kv_cache_specs")) {
+                Ok(specs) => Some(specs),
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
+                Err(e) => return Err(e),
+            };
+            for layer in group.getattr(intern!(py, "layer_names"))?.try_iter()? {
+                let layer = layer?;
+                let spec = per_layer.as_ref().map_or_else(|| Ok(spec.clone()), |s| s.get_item(&layer))?;
+                if !(spec.hasattr(intern!(py, "mamba_type"))? && spec.hasattr(intern!(py, "shapes"))?) {
+                    continue;
+                }
+                let mut entry = None;
+                for (i, e) in out.iter().enumerate() {
+                    if e.0 == gid && (e.1.is(&spec) || e.1.eq(&spec)?) {
+                        entry = Some(i);
+                        break;
+                    }
+                }
+                match entry {
+                    Some(i) => out[i].2.push(layer),
+                    None => out.push((gid, spec, vec![layer])),
+                }
+            }
+        }
+        Ok(())
+    };
+    read().map_err(|e| reading(ErrorKind::Layout, "kv_cache_config (vLLM's KVCacheConfig)", e))?;
+    if out.is_empty() {
+        return Err(arg_error(ErrorKind::Layout, "the KV-cache config has no mamba group (no spec with mamba_type and shapes)".into()));
+    }
+    Ok(out)
 }
 
 fn as_spec<'a>(s: &'a Spec, funcs: &'a [String]) -> RunnerSpec<'a> {

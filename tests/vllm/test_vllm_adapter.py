@@ -38,6 +38,31 @@ def test_from_runner_binds_each_groups_persistent_prefix():
     assert copy_kind("get_conv_copy_spec") == "conv"
 
 
+def test_mamba_groups_reads_per_layer_specs_by_value_and_names_a_bad_config():
+    import types
+
+    spec = types.SimpleNamespace  # compared by value (==), as vLLM's frozen dataclasses
+    a, a2, b = (
+        spec(mamba_type="GDN_ATTN", shapes=((1,),)),
+        spec(mamba_type="GDN_ATTN", shapes=((1,),)),
+        spec(mamba_type="MAMBA2", shapes=((2,),)),
+    )
+    attention = spec(block_size=16)  # no mamba_type: skipped
+    per_layer = types.SimpleNamespace(kv_cache_specs={"l0": a, "l1": a2, "l2": b, "l3": attention})
+    cfg = types.SimpleNamespace(
+        kv_cache_groups=[
+            types.SimpleNamespace(kv_cache_spec=attention, layer_names=["attn"]),
+            types.SimpleNamespace(kv_cache_spec=per_layer, layer_names=["l0", "l1", "l2", "l3"]),
+        ]
+    )
+    assert [(g, s, names) for g, s, names in mamba_groups(cfg)] == [(1, a, ["l0", "l1"]), (1, b, ["l2"])]
+    per_layer.kv_cache_specs = {"l0": a}  # a layer without its spec
+    with pytest.raises(LayoutError, match=r"^kv_cache_config \(vLLM's KVCacheConfig\): KeyError: 'l1'$"):
+        mamba_groups(cfg)
+    with pytest.raises(LayoutError, match="no mamba group"):
+        mamba_groups(types.SimpleNamespace(kv_cache_groups=cfg.kv_cache_groups[:1]))
+
+
 def test_from_runner_runs_the_contract_check():
     sim, side = _side([GroupCfg("GDN_ATTN", 1)])
     with pytest.raises(LayoutError, match="GDN_ATTN"):

@@ -149,10 +149,8 @@ class SglangMambaPool(EngineAdapter):
         Also a :class:`~recoverssm_rs.PlanError`: lengths that differ, a cycle or two copies to one
         slot."""
         if self.placement.is_cuda:  # int32 slot ids on the device; one guarded launch (docs/design.md section 10)
-            src, dst = (
-                ids_on_device(self, x, "copy_from", a, 32)
-                for x, a in ((src_indices, "src_indices"), (dst_indices, "dst_indices"))
-            )
+            src = ids_on_device(self, src_indices, "copy_from", "src_indices", 32)
+            dst = ids_on_device(self, dst_indices, "copy_from", "dst_indices", 32)
             self.tensors.copy_launch(self.planner.core, self.planner.launch_runner, self.upload, src, dst)
         else:  # the slots checked, the planner's copy plan run by the host executor
             self.tensors.copy_from(self.planner.core, src_indices, dst_indices)

@@ -51,23 +51,9 @@ def copy_kind(func: Any) -> Literal["conv", "temporal"]:
 def mamba_groups(kv_cache_config: Any) -> list[tuple[int, Any, list[str]]]:
     """vLLM's mamba groups as ``(group id, spec, layer names)``, sorted by group id; a group whose
     layers use several specs gives one entry per spec. A spec is recognised by its ``mamba_type``
-    and ``shapes``; attention groups are skipped."""
-    out: list[tuple[int, Any, list[str]]] = []
-    with _reading("kv_cache_config (vLLM's KVCacheConfig)", LayoutError):
-        for gid, group in enumerate(kv_cache_config.kv_cache_groups):
-            per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
-            for layer in group.layer_names:
-                spec = group.kv_cache_spec if per_layer is None else per_layer[layer]
-                if hasattr(spec, "mamba_type") and hasattr(spec, "shapes"):
-                    # Specs are compared by value (vLLM's are frozen dataclasses); plain objects by identity.
-                    entry = next((e for e in out if e[0] == gid and (e[1] is spec or e[1] == spec)), None)
-                    if entry is None:
-                        out.append((gid, spec, [layer]))
-                    else:
-                        entry[2].append(layer)
-    if not out:
-        raise LayoutError("the KV-cache config has no mamba group (no spec with mamba_type and shapes)")
-    return out
+    and ``shapes``; attention groups are skipped. Read by the core (``_core.vllm_mamba_groups``):
+    no mamba group, or a config it cannot read, is a :class:`~recoverssm_rs.LayoutError`."""
+    return _core.vllm_mamba_groups(kv_cache_config)
 
 
 def _spec_record(gid: int, spec: Any) -> tuple[Any, ...]:
@@ -164,9 +150,7 @@ class VllmMambaStep(EngineAdapter):
 
     def release(self, req_ids: Iterable[str]) -> None:
         """Forget finished / preempted / resumed requests (their request indices are freed)."""
-        freed = self._slots_table.release(req_ids)
-        if freed:
-            self.mamba_state_idx[freed] = -1
+        self.mamba_state_idx[self._slots_table.release(req_ids)] = -1
 
     def tables(self, input_batch: Any, n: int) -> list[Any]:
         """The batch's block table of each planner group (first ``n`` rows)."""
@@ -274,9 +258,7 @@ class VllmMambaStep(EngineAdapter):
         # Per request row: computed, scheduled and draft tokens, read by the core.
         c, ns, nd = records(_core.vllm_request_values(req_ids, requests, sched, spec), np.int64).reshape(3, -1)
         # Every list read (by the core) before any request index is freed: a malformed one frees none.
-        freed = self._slots_table.release_all(released)
-        if freed:
-            self.mamba_state_idx[freed] = -1
+        self.mamba_state_idx[self._slots_table.release_all(released)] = -1
         added: list[str] = []
         try:
             assigned, added = self._slots_table.assign(req_ids)
