@@ -23,7 +23,8 @@ Where the package cannot serve (an unknown vLLM version or signature, a layout o
 refuses, a step it rejects), vLLM's own function runs instead: the reason is logged once (a
 warning) and every half-step vLLM serves counts as a fallback in :func:`plugin_stats`. A runner whose
 step was rejected once stays with vLLM's code (the package changed nothing for that step; vLLM's
-bookkeeping was kept current). ``RECOVERSSM_VLLM_PLUGIN=0`` turns the plugin off (nothing replaced).
+bookkeeping was kept current). ``RECOVERSSM_VLLM_PLUGIN=0`` turns the plugin off (nothing replaced),
+as does a value it does not know (a fallback, logged naming it).
 
 vLLM itself is imported only by :func:`register` (from vLLM's plugin loader); everything else reads
 vLLM's objects by attribute. The plugin's log lines go to the logger ``vllm.plugins.recoverssm_rs``.
@@ -353,8 +354,10 @@ class _Plugin:
             dest.copy_(out, non_blocking=True)
 
 
-def _switched_off() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+def _switch() -> bool | None:
+    """``$RECOVERSSM_VLLM_PLUGIN``: on (unset, empty, 1/true/yes/on), off (0/false/no/off), else ``None``."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    return True if value in ("", "1", "true", "yes", "on") else False if value in ("0", "false", "no", "off") else None
 
 
 def register() -> None:
@@ -365,8 +368,14 @@ def register() -> None:
         if _stats.registered:
             return
         _stats.registered = True
-    if _switched_off():
-        log.info("recoverssm_rs vLLM plugin: off (%s=0); vLLM's own mamba state step serves", ENV_SWITCH)
+    on = _switch()
+    if on is None:  # the user set it, most likely to turn the plugin off: vLLM's code is kept
+        _fallback(
+            f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r} is not 0/1, false/true, no/yes or off/on: the plugin stays off"
+        )
+        return
+    if not on:
+        log.info("recoverssm_rs vLLM plugin: off (%s); vLLM's own mamba state step serves", ENV_SWITCH)
         return
     try:
         import vllm

@@ -1,0 +1,71 @@
+"""The vLLM plugin (recoverssm_rs.vllm.plugin) under what a serving process can hand it: its switch
+set to a value it does not know, a vLLM whose step module differs from 0.32 / 0.33's in ways the
+signature check must catch at install time, and calls of the replaced functions as vLLM may make
+them. vLLM's plugin loader calls ``register()`` unguarded in every process: whatever it cannot
+serve must leave vLLM's code in place (counted, logged once), never raise."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import pytest
+from recoverssm_rs.vllm import plugin
+
+STEP_FUNCS = ("preprocess_mamba", "stage_postprocess_inputs_to_gpu", "postprocess_mamba_align_gpu")
+
+
+@pytest.fixture
+def stats(monkeypatch):
+    fresh = plugin._Stats()
+    monkeypatch.setattr(plugin, "_stats", fresh)
+    return fresh
+
+
+def _step_module(calls: list[tuple[str, tuple, dict]]) -> types.ModuleType:
+    """A stand-in for ``vllm.v1.worker.mamba_utils``: functions with vLLM 0.33's parameters that
+    record their calls."""
+    m = types.ModuleType(plugin.MODULE)
+    for name, params in plugin.PARAMS.items():
+        src = f"def {name}({', '.join(params)}):\n    calls.append(({name!r}, ({', '.join(params)},), {{}}))\n"
+        exec(src, {"calls": calls}, m.__dict__)
+    return m
+
+
+def _fake_vllm(monkeypatch, module: types.ModuleType, version: str = "0.33.0") -> None:
+    fake = types.ModuleType("vllm")
+    fake.__version__ = version
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, plugin.MODULE, module)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the V2 import hook, undone after
+
+
+@pytest.mark.parametrize("value", ["disable", "disabled", "n", "nein", "0n"])
+def test_unknown_switch_value_leaves_vllm_alone_and_names_it(monkeypatch, stats, caplog, value):
+    """``RECOVERSSM_VLLM_PLUGIN`` set to a value that is neither on nor off (a typo of ``0``, a word
+    it does not know) was read as on: the plugin replaced vLLM's step although the user tried to
+    turn it off. Now nothing is replaced and one warning names the variable and the value."""
+    calls: list = []
+    module = _step_module(calls)
+    originals = {n: getattr(module, n) for n in STEP_FUNCS}
+    _fake_vllm(monkeypatch, module)
+    monkeypatch.setenv(plugin.ENV_SWITCH, value)
+    with caplog.at_level(logging.WARNING, logger="vllm.plugins.recoverssm_rs"):
+        plugin.register()
+    assert {n: getattr(module, n) for n in STEP_FUNCS} == originals
+    s = plugin.plugin_stats()
+    assert not s["active"] and s["replaced"] == []
+    assert len(s["reasons"]) == 1 and plugin.ENV_SWITCH in s["reasons"][0] and repr(value) in s["reasons"][0]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and plugin.ENV_SWITCH in warned[0] and repr(value) in warned[0]
+
+
+@pytest.mark.parametrize("value,on", [("", True), (" 1 ", True), ("TRUE", True), ("on", True), ("Off", False)])
+def test_known_switch_values(monkeypatch, stats, value, on):
+    module = _step_module([])
+    _fake_vllm(monkeypatch, module)
+    monkeypatch.setenv(plugin.ENV_SWITCH, value)
+    plugin.register()
+    s = plugin.plugin_stats()
+    assert s["active"] is on and s["fallbacks"] == 0
