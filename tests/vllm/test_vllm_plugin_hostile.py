@@ -69,3 +69,22 @@ def test_known_switch_values(monkeypatch, stats, value, on):
     plugin.register()
     s = plugin.plugin_stats()
     assert s["active"] is on and s["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("name", ["stage_postprocess_inputs_to_gpu", "postprocess_mamba_align_gpu"])
+def test_a_step_function_whose_signature_cannot_be_read_is_left_at_install(monkeypatch, stats, name):
+    """A vLLM whose post-process or staging is no longer a plain function (here: an object
+    ``inspect.signature`` cannot read) failed the signature check and was then inspected anyway:
+    ``register()`` raised TypeError into vLLM's plugin loader, which does not guard the call (the
+    engine would not start). Now that function stays vLLM's (as one with another signature) and
+    the rest is served."""
+    calls: list = []
+    module = _step_module(calls)
+    odd = types.SimpleNamespace()
+    setattr(module, name, odd)
+    _fake_vllm(monkeypatch, module)
+    plugin.register()  # must not raise
+    assert getattr(module, name) is odd
+    s = plugin.plugin_stats()
+    assert s["active"] and "preprocess_mamba" in s["replaced"] and name not in s["replaced"]
+

@@ -418,7 +418,7 @@ def install(module: ModuleType, version: str) -> list[str]:
         if ok["stage_postprocess_inputs_to_gpu"]:
             names.append("stage_postprocess_inputs_to_gpu")
     skipped = [n for n in PARAMS if n not in names]
-    plugin = _Plugin(module, {n: originals[n] for n in PARAMS if originals[n] is not None})
+    plugin = _Plugin(module, {n: originals[n] for n in names})  # the others may not be inspectable
     for n in names:
         setattr(module, n, getattr(plugin, n))
     with _stats.lock:
