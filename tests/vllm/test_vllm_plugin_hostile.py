@@ -88,3 +88,19 @@ def test_a_step_function_whose_signature_cannot_be_read_is_left_at_install(monke
     s = plugin.plugin_stats()
     assert s["active"] and "preprocess_mamba" in s["replaced"] and name not in s["replaced"]
 
+
+def test_the_post_process_takes_vllms_arguments_by_position(stats):
+    """The signature check accepts a post-process by its parameters' names and order, but the
+    replacement took keywords only: a vLLM calling it by position (as it calls ``preprocess_mamba``)
+    failed with TypeError inside the plugin at its first speculative step. Now each replacement
+    takes vLLM's arguments as vLLM's function does (here: a runner never pre-copied, so vLLM's own
+    function runs, with the arguments as given)."""
+    calls: list = []
+    module = _step_module(calls)
+    assert "postprocess_mamba_align_gpu" in plugin.install(module, "0.33.0")
+    params = plugin.PARAMS["postprocess_mamba_align_gpu"]
+    args = tuple(types.SimpleNamespace(name=p) for p in params)
+    module.postprocess_mamba_align_gpu(*args[:3], **dict(zip(params[3:], args[3:])))
+    module.postprocess_mamba_align_gpu(*args)
+    assert calls == [("postprocess_mamba_align_gpu", args, {})] * 2
+    assert plugin.plugin_stats()["fallbacks"] == 2

@@ -319,14 +319,14 @@ class _Plugin:
             return
         original(*args, **kwargs)
 
-    def postprocess_mamba_align_gpu(self, **kwargs: Any) -> None:
+    def postprocess_mamba_align_gpu(self, *args: Any, **kwargs: Any) -> None:
         self._announce()
-        bufs = kwargs["bufs"]
-        runner = self._runner_of(getattr(bufs, "preprocess", None))
+        a = self._signatures["postprocess_mamba_align_gpu"].bind(*args, **kwargs).arguments
+        runner = self._runner_of(getattr(a["bufs"], "preprocess", None))
         if runner is not None and runner.step is not None:
             staged, runner.staged = runner.staged, None
             try:
-                self._post_process(runner.step, kwargs)
+                self._post_process(runner.step, a)
                 _stats.count("post_processes")
                 return
             except RecoverSSMError as exc:
@@ -334,7 +334,7 @@ class _Plugin:
                 if staged is not None:
                     staged()
         _fallback(str(runner.reason) if runner is not None else "a post-process for a runner never pre-copied")
-        self.originals["postprocess_mamba_align_gpu"](**kwargs)
+        self.originals["postprocess_mamba_align_gpu"](*args, **kwargs)
 
     @staticmethod
     def _post_process(step: VllmMambaStep, kw: dict[str, Any]) -> None:
