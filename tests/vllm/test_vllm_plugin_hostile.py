@@ -104,3 +104,44 @@ def test_the_post_process_takes_vllms_arguments_by_position(stats):
     module.postprocess_mamba_align_gpu(*args)
     assert calls == [("postprocess_mamba_align_gpu", args, {})] * 2
     assert plugin.plugin_stats()["fallbacks"] == 2
+
+
+def test_a_runner_vllm_frees_frees_its_states(stats):
+    """vLLM drops a runner's mamba buffers when it re-initialises or frees its KV cache (a new
+    engine in the same process, ``LLM`` shut down: vLLM's ``shutdown()`` frees the KV cache so that
+    the memory is reclaimable). The plugin held each runner's step, keyed by vLLM's buffer object, in
+    a dict of its own for the life of the process: the step and every recurrent state it binds (on
+    a GPU, most of the KV cache) stayed allocated. Now the runner lives on vLLM's buffer object and
+    goes with it."""
+    import dataclasses
+    import weakref
+
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    from support import vllm_trace
+
+    @dataclasses.dataclass
+    class CopyBuffers:  # vLLM's MambaCopyBuffers is a plain dataclass
+        n: int = 0
+
+    module = _step_module([])
+    plugin.install(module, "0.33.0")
+
+    def engine() -> weakref.ref:
+        states = [torch.zeros(16, 5, 3), torch.zeros(16, 2, 2)]
+        cfg, ctx, funcs = vllm_trace.small_runner_objects(states, fake=False)
+        batch = types.SimpleNamespace(
+            req_ids=[],
+            max_num_reqs=4,
+            num_accepted_tokens_cpu=np.ones(4, np.int32),
+            block_table=[vllm_trace.BlockTable(4, 8)],
+        )
+        so = vllm_trace.scheduler_output([], {}, set(), set(), set())
+        cache_config = types.SimpleNamespace(enable_prefix_caching=True)
+        module.preprocess_mamba(so, cfg, cache_config, {}, batch, {}, ctx, funcs, CopyBuffers(), None)
+        return weakref.ref(states[0])
+
+    state = engine()
+    assert plugin.plugin_stats()["pre_copies"] == 1, plugin.plugin_stats()["reasons"]
+    assert (state() is None) is True, "the plugin keeps a freed runner's states"

@@ -235,8 +235,7 @@ class _Plugin:
         self.originals = dict(originals)
         self._signatures = {n: inspect.signature(f) for n, f in self.originals.items()}
         self.pending_line: str | None = None  # the INFO line, when vLLM's logging was not set up yet
-        # id(copy_bufs) / id(align ctx) -> (the object, its runner): vLLM's buffer objects are
-        # dataclasses (unhashable); the object is held so that its id is not reused.
+        # id -> (object, runner) for a buffer object that takes no attribute (held: its id is not reused)
         self._runners: dict[int, tuple[Any, _Runner]] = {}
 
     def _announce(self) -> None:
@@ -245,11 +244,17 @@ class _Plugin:
             log.info("%s", line)
 
     def _runner_of(self, key: Any) -> _Runner | None:
-        entry = self._runners.get(id(key))
-        return entry[1] if entry is not None and entry[0] is key else None
+        runner: _Runner | None = getattr(key, "_recoverssm_runner", None)
+        entry = self._runners.get(id(key)) if runner is None else None
+        return entry[1] if entry is not None and entry[0] is key else runner
 
     def _bind(self, key: Any, runner: _Runner) -> None:
-        self._runners[id(key)] = (key, runner)
+        """The runner lives on vLLM's buffer object (copy buffers, align context), freed with it when
+        vLLM re-initialises or frees its KV cache: its step binds the states."""
+        try:
+            object.__setattr__(key, "_recoverssm_runner", runner)
+        except (AttributeError, TypeError):
+            self._runners[id(key)] = (key, runner)
 
     def _build(self, a: dict[str, Any]) -> _Runner:
         if not getattr(a["cache_config"], "enable_prefix_caching", False):
