@@ -145,3 +145,45 @@ def test_a_runner_vllm_frees_frees_its_states(stats):
     state = engine()
     assert plugin.plugin_stats()["pre_copies"] == 1, plugin.plugin_stats()["reasons"]
     assert (state() is None) is True, "the plugin keeps a freed runner's states"
+
+
+def test_a_v2_model_state_the_adapter_cannot_rebuild_goes_to_vllm(monkeypatch, stats):
+    """vLLM's V2 runner initialises its model state's KV cache twice: a minimal one for CUDA-graph
+    profiling, freed, then the real one. Where the adapter served the first and refused the second
+    (the real config, e.g. another group layout), the model state kept the first adapter: its
+    half-steps were served over the freed profiling states, the real ones never copied, while the
+    log said vLLM's code serves. Now a refused (re)build leaves the model state to vLLM's methods."""
+    from recoverssm_rs.errors import LayoutError
+    from recoverssm_rs.vllm import plugin_v2
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+    from support import device_fakes, vllm_oracle, vllm_trace, vllm_v2_oracle
+
+    mh = vllm_oracle.load_or_skip(vllm_v2_oracle.load, f"vLLM {vllm_oracle.VERSION} (V2 runner)")
+    from recoverssm_rs.cuda.ops import CudaOps
+
+    monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(device_fakes.FakeCuda))
+
+    def bound(ctx):  # the states as CUDA ones, so that the adapter serves
+        return {
+            k: types.SimpleNamespace(kv_cache=[device_fakes.FakeCuda(t) for t in v.kv_cache]) for k, v in ctx.items()
+        }
+
+    monkeypatch.setattr(plugin_v2, "_adapter_context", bound)
+    served = types.ModuleType(mh.__name__)
+    served.__dict__.update({k: v for k, v in mh.__dict__.items() if k not in ("__name__", "__spec__")})
+    assert plugin_v2.install_v2(served, "0.33.0")
+    sim = vllm_trace.Sim([vllm_trace.GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 5)
+    side = vllm_trace.Side(sim, sim.make_states(), vllm_oracle.load())
+    tables = [vllm_trace.torch.zeros(sim.max_reqs, sim.cols, dtype=vllm_trace.torch.int32)]
+    ms = vllm_v2_oracle.vllm_model_state(served, side, tables, sim.max_reqs)  # the profiling init: served
+    assert ms._rs is not None and plugin.plugin_stats()["fallbacks"] == 0
+
+    def refuse(*a, **k):
+        raise LayoutError("planted: the real KV-cache config")
+
+    monkeypatch.setattr(ModelStateV2, "from_runner", refuse)
+    bts = types.SimpleNamespace(block_tables=[types.SimpleNamespace(gpu=t) for t in tables], input_block_tables=tables)
+    ms.initialize_kv_cache(side.kv_cache_config, bts)  # the real init: refused
+    assert ms._rs is None, "the model state kept the adapter of the KV cache vLLM replaced"
+    s = plugin.plugin_stats()
+    assert s["fallbacks"] == 1 and "planted: the real KV-cache config" in s["reasons"][0]

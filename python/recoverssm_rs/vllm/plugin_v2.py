@@ -62,6 +62,7 @@ def _served_class(base: type) -> type:
         _mamba_state_idx_gpu: Any
 
         def initialize_kv_cache(self, kv_cache_config: Any, block_tables: Any) -> None:
+            self._rs = None  # an earlier KV cache's adapter (vLLM's profiling one) never serves this one
             super().initialize_kv_cache(kv_cache_config, block_tables)
             reason = self._rs_build(kv_cache_config, block_tables)
             if reason is not None:
