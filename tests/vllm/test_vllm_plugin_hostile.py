@@ -144,26 +144,21 @@ def test_a_runner_vllm_frees_frees_its_states(stats):
 
     state = engine()
     assert plugin.plugin_stats()["pre_copies"] == 1, plugin.plugin_stats()["reasons"]
-    assert (state() is None) is True, "the plugin keeps a freed runner's states"
+    alive = state() is not None
+    assert not alive, "the plugin keeps a freed runner's states"
 
 
-def test_a_v2_model_state_the_adapter_cannot_rebuild_goes_to_vllm(monkeypatch, stats):
-    """vLLM's V2 runner initialises its model state's KV cache twice: a minimal one for CUDA-graph
-    profiling, freed, then the real one. Where the adapter served the first and refused the second
-    (the real config, e.g. another group layout), the model state kept the first adapter: its
-    half-steps were served over the freed profiling states, the real ones never copied, while the
-    log said vLLM's code serves. Now a refused (re)build leaves the model state to vLLM's methods."""
-    from recoverssm_rs.errors import LayoutError
+def _served_v2_model_state(monkeypatch):
+    """A served V2 model state (vLLM 0.33's class, the plugin's subclass installed on a copy of its
+    module) over host states the adapter sees as CUDA ones: (model state, side, block tables)."""
+    from recoverssm_rs.cuda.ops import CudaOps
     from recoverssm_rs.vllm import plugin_v2
-    from recoverssm_rs.vllm.model_state import ModelStateV2
     from support import device_fakes, vllm_oracle, vllm_trace, vllm_v2_oracle
 
     mh = vllm_oracle.load_or_skip(vllm_v2_oracle.load, f"vLLM {vllm_oracle.VERSION} (V2 runner)")
-    from recoverssm_rs.cuda.ops import CudaOps
-
     monkeypatch.setattr(CudaOps, "launch_arg", staticmethod(device_fakes.FakeCuda))
 
-    def bound(ctx):  # the states as CUDA ones, so that the adapter serves
+    def bound(ctx):
         return {
             k: types.SimpleNamespace(kv_cache=[device_fakes.FakeCuda(t) for t in v.kv_cache]) for k, v in ctx.items()
         }
@@ -175,8 +170,21 @@ def test_a_v2_model_state_the_adapter_cannot_rebuild_goes_to_vllm(monkeypatch, s
     sim = vllm_trace.Sim([vllm_trace.GroupCfg("GDN_ATTN", 1)], 4, 2, "SD", 5)
     side = vllm_trace.Side(sim, sim.make_states(), vllm_oracle.load())
     tables = [vllm_trace.torch.zeros(sim.max_reqs, sim.cols, dtype=vllm_trace.torch.int32)]
-    ms = vllm_v2_oracle.vllm_model_state(served, side, tables, sim.max_reqs)  # the profiling init: served
+    ms = vllm_v2_oracle.vllm_model_state(served, side, tables, sim.max_reqs)
     assert ms._rs is not None and plugin.plugin_stats()["fallbacks"] == 0
+    return ms, side, tables
+
+
+def test_a_v2_model_state_the_adapter_cannot_rebuild_goes_to_vllm(monkeypatch, stats):
+    """vLLM's V2 runner initialises its model state's KV cache twice: a minimal one for CUDA-graph
+    profiling, freed, then the real one. Where the adapter served the first and refused the second
+    (the real config, e.g. another group layout), the model state kept the first adapter: its
+    half-steps were served over the freed profiling states, the real ones never copied, while the
+    log said vLLM's code serves. Now a refused (re)build leaves the model state to vLLM's methods."""
+    from recoverssm_rs.errors import LayoutError
+    from recoverssm_rs.vllm.model_state import ModelStateV2
+
+    ms, side, tables = _served_v2_model_state(monkeypatch)  # the profiling init: served
 
     def refuse(*a, **k):
         raise LayoutError("planted: the real KV-cache config")
@@ -187,3 +195,24 @@ def test_a_v2_model_state_the_adapter_cannot_rebuild_goes_to_vllm(monkeypatch, s
     assert ms._rs is None, "the model state kept the adapter of the KV cache vLLM replaced"
     s = plugin.plugin_stats()
     assert s["fallbacks"] == 1 and "planted: the real KV-cache config" in s["reasons"][0]
+
+
+def test_vllms_profiling_teardown_frees_the_v2_states(monkeypatch, stats):
+    """vLLM's V2 runner frees its profiling KV cache before it allocates the real one
+    (``_teardown_profiling_state``: the model state's ``_mamba_ctx`` dropped, the layers' KV
+    caches cleared), having sized the real one on that memory. The served model state's adapter,
+    an attribute of its own, kept binding the profiling states (views: the whole profiling KV
+    cache) until the real ``initialize_kv_cache``, which vLLM calls after allocating the real
+    cache: both were held at once (on a GPU, out of memory or less KV cache than planned). Now the
+    adapter lives on vLLM's align context and goes with it."""
+    import weakref
+
+    ms, side, _ = _served_v2_model_state(monkeypatch)
+    state = weakref.ref(side.states[0][0][0])
+    ms._mamba_ctx = None  # vLLM's teardown
+    for layer in side.forward_context.values():
+        layer.kv_cache = []
+    side.states = None
+    alive = state() is not None
+    assert not alive, "the served model state keeps vLLM's freed profiling states"
+    assert ms._rs is None
