@@ -23,7 +23,8 @@ Where the package cannot serve (an unknown vLLM version or signature, a layout o
 refuses, a step it rejects), vLLM's own function runs instead: the reason is logged once (a
 warning) and every half-step vLLM serves counts as a fallback in :func:`plugin_stats`. A runner whose
 step was rejected once stays with vLLM's code (the package changed nothing for that step; vLLM's
-bookkeeping was kept current). ``RECOVERSSM_VLLM_PLUGIN=0`` turns the plugin off (nothing replaced).
+bookkeeping was kept current). ``RECOVERSSM_VLLM_PLUGIN=0`` turns the plugin off (nothing replaced),
+as does a value it does not know (a fallback, logged naming it).
 
 vLLM itself is imported only by :func:`register` (from vLLM's plugin loader); everything else reads
 vLLM's objects by attribute. The plugin's log lines go to the logger ``vllm.plugins.recoverssm_rs``.
@@ -234,8 +235,7 @@ class _Plugin:
         self.originals = dict(originals)
         self._signatures = {n: inspect.signature(f) for n, f in self.originals.items()}
         self.pending_line: str | None = None  # the INFO line, when vLLM's logging was not set up yet
-        # id(copy_bufs) / id(align ctx) -> (the object, its runner): vLLM's buffer objects are
-        # dataclasses (unhashable); the object is held so that its id is not reused.
+        # id -> (object, runner) for a buffer object that takes no attribute (held: its id is not reused)
         self._runners: dict[int, tuple[Any, _Runner]] = {}
 
     def _announce(self) -> None:
@@ -244,11 +244,17 @@ class _Plugin:
             log.info("%s", line)
 
     def _runner_of(self, key: Any) -> _Runner | None:
-        entry = self._runners.get(id(key))
-        return entry[1] if entry is not None and entry[0] is key else None
+        runner: _Runner | None = getattr(key, "_recoverssm_runner", None)
+        entry = self._runners.get(id(key)) if runner is None else None
+        return entry[1] if entry is not None and entry[0] is key else runner
 
     def _bind(self, key: Any, runner: _Runner) -> None:
-        self._runners[id(key)] = (key, runner)
+        """The runner lives on vLLM's buffer object (copy buffers, align context), freed with it when
+        vLLM re-initialises or frees its KV cache: its step binds the states."""
+        try:
+            object.__setattr__(key, "_recoverssm_runner", runner)
+        except (AttributeError, TypeError):
+            self._runners[id(key)] = (key, runner)
 
     def _build(self, a: dict[str, Any]) -> _Runner:
         if not getattr(a["cache_config"], "enable_prefix_caching", False):
@@ -318,14 +324,14 @@ class _Plugin:
             return
         original(*args, **kwargs)
 
-    def postprocess_mamba_align_gpu(self, **kwargs: Any) -> None:
+    def postprocess_mamba_align_gpu(self, *args: Any, **kwargs: Any) -> None:
         self._announce()
-        bufs = kwargs["bufs"]
-        runner = self._runner_of(getattr(bufs, "preprocess", None))
+        a = self._signatures["postprocess_mamba_align_gpu"].bind(*args, **kwargs).arguments
+        runner = self._runner_of(getattr(a["bufs"], "preprocess", None))
         if runner is not None and runner.step is not None:
             staged, runner.staged = runner.staged, None
             try:
-                self._post_process(runner.step, kwargs)
+                self._post_process(runner.step, a)
                 _stats.count("post_processes")
                 return
             except RecoverSSMError as exc:
@@ -333,7 +339,7 @@ class _Plugin:
                 if staged is not None:
                     staged()
         _fallback(str(runner.reason) if runner is not None else "a post-process for a runner never pre-copied")
-        self.originals["postprocess_mamba_align_gpu"](**kwargs)
+        self.originals["postprocess_mamba_align_gpu"](*args, **kwargs)
 
     @staticmethod
     def _post_process(step: VllmMambaStep, kw: dict[str, Any]) -> None:
@@ -353,8 +359,10 @@ class _Plugin:
             dest.copy_(out, non_blocking=True)
 
 
-def _switched_off() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+def _switch() -> bool | None:
+    """``$RECOVERSSM_VLLM_PLUGIN``: on (unset, empty, 1/true/yes/on), off (0/false/no/off), else ``None``."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    return True if value in ("", "1", "true", "yes", "on") else False if value in ("0", "false", "no", "off") else None
 
 
 def register() -> None:
@@ -365,8 +373,14 @@ def register() -> None:
         if _stats.registered:
             return
         _stats.registered = True
-    if _switched_off():
-        log.info("recoverssm_rs vLLM plugin: off (%s=0); vLLM's own mamba state step serves", ENV_SWITCH)
+    on = _switch()
+    if on is None:  # the user set it, most likely to turn the plugin off: vLLM's code is kept
+        _fallback(
+            f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r} is not 0/1, false/true, no/yes or off/on: the plugin stays off"
+        )
+        return
+    if not on:
+        log.info("recoverssm_rs vLLM plugin: off (%s); vLLM's own mamba state step serves", ENV_SWITCH)
         return
     try:
         import vllm
@@ -409,7 +423,7 @@ def install(module: ModuleType, version: str) -> list[str]:
         if ok["stage_postprocess_inputs_to_gpu"]:
             names.append("stage_postprocess_inputs_to_gpu")
     skipped = [n for n in PARAMS if n not in names]
-    plugin = _Plugin(module, {n: originals[n] for n in PARAMS if originals[n] is not None})
+    plugin = _Plugin(module, {n: originals[n] for n in names})  # the others may not be inspectable
     for n in names:
         setattr(module, n, getattr(plugin, n))
     with _stats.lock:

@@ -57,11 +57,22 @@ def _served_class(base: type) -> type:
     class RecoverSSMMambaHybridModelState(base):  # type: ignore[misc]
         __doc__ = f"vLLM's ``{base.__name__}`` with its align-mode step served by recoverssm_rs."
         _recoverssm_served = True
-        _rs: Any = None
         num_accepted_tokens_gpu: Any
         _mamba_state_idx_gpu: Any
 
+        @property
+        def _rs(self) -> Any:
+            """The adapter, on vLLM's align context: gone with it (vLLM drops it to free its profiling
+            KV cache, which the adapter binds, before it allocates the real one)."""
+            return getattr(getattr(self, "_mamba_ctx", None), "_recoverssm_rs", None)
+
+        @_rs.setter
+        def _rs(self, rs: Any) -> None:
+            if getattr(self, "_mamba_ctx", None) is not None:
+                object.__setattr__(self._mamba_ctx, "_recoverssm_rs", rs)
+
         def initialize_kv_cache(self, kv_cache_config: Any, block_tables: Any) -> None:
+            self._rs = None  # an earlier KV cache's adapter (vLLM's profiling one) never serves this one
             super().initialize_kv_cache(kv_cache_config, block_tables)
             reason = self._rs_build(kv_cache_config, block_tables)
             if reason is not None:
