@@ -96,17 +96,26 @@ pub(crate) fn instance<'py, T: pyo3::PyClass>(obj: &Bound<'py, PyAny>, name: &st
     obj.cast::<T>().cloned().map_err(|_| arg_error(kind, format!("{name} must be a {of}, got {}", type_name(obj))))
 }
 
-/// One host integer: a Python int or a numpy integer. A bool, a float or a tensor (reading a device
-/// tensor would synchronise) is refused.
+/// `(numpy.integer, numpy.ndarray)`, imported once; `None` without numpy.
+static NUMPY_TYPES: pyo3::sync::PyOnceLock<Option<Py<PyTuple>>> = pyo3::sync::PyOnceLock::new();
+
+/// One host integer: a Python int or a numpy integer (a numpy scalar, or a 0-d array, of an integer
+/// dtype). A bool, a float or a tensor (reading a device tensor would synchronise) is refused.
+/// numpy is told by type: since numpy 2 its scalars have a `device` too (`"cpu"`).
 fn int_of(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<i128> {
     let py = obj.py();
     let numpy_int = || {
-        obj.getattr(intern!(py, "dtype"))
-            .and_then(|d| d.getattr(intern!(py, "kind")))
-            .is_ok_and(|k| k.eq("i").unwrap_or(false) || k.eq("u").unwrap_or(false))
+        let types = NUMPY_TYPES.get_or_init(py, || {
+            let np = py.import("numpy").ok()?;
+            PyTuple::new(py, [np.getattr("integer").ok()?, np.getattr("ndarray").ok()?]).ok().map(Bound::unbind)
+        });
+        types.as_ref().is_some_and(|t| obj.is_instance(t.bind(py)).unwrap_or(false))
+            && obj
+                .getattr(intern!(py, "dtype"))
+                .and_then(|d| d.getattr(intern!(py, "kind")))
+                .is_ok_and(|k| k.eq("i").unwrap_or(false) || k.eq("u").unwrap_or(false))
     };
-    let host_int =
-        (obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>()) || (!obj.hasattr(intern!(py, "device")).unwrap_or(true) && numpy_int());
+    let host_int = (obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>()) || numpy_int();
     if !host_int {
         let shown = if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() { format!(" {obj}") } else { String::new() };
         return Err(arg_error(kind, format!("{name} must be a host integer (a Python or numpy int), got {}{shown}", type_name(obj))));

@@ -67,3 +67,15 @@ def test_a_bad_block_of_holders_is_refused_naming_it(bad, message):
     with pytest.raises(PlanError, match="^" + message):
         p.holders(bad)
     assert p.holders(1) == 1
+
+
+@pytest.mark.parametrize("value", [np.int64(1), np.int32(1), np.uint16(1), np.array(1)], ids=repr)
+def test_a_numpy_integer_is_a_host_integer(value):
+    """numpy's integer scalars (and 0-d integer arrays) are host integers, as the errors say: numpy
+    2 gives its scalars a ``device`` attribute, which the conversion once took for a tensor's and
+    refused every numpy integer for."""
+    p = _planner()
+    p.publish([value])
+    assert p.published() == [1] and p.holders(value, group=np.int64(0)) == 1
+    with pytest.raises(PlanError, match="^block must be a host integer"):
+        p.holders(np.bool_(True))  # numpy's bool is not read as block 1
