@@ -191,6 +191,11 @@ class CheckpointCache:
     @property
     def peak(self) -> int:
         """The most checkpoints held at once so far."""
+    def peek(self, prompt: Sequence[int]) -> int | None:
+        """The handle of the checkpoint `plan(prompt)` would start from, or None; changes nothing (no
+        use is counted, nothing is evicted), so an engine can prepare the hit's copy and plan only
+        once the copy is accepted.
+        """
     def plan(self, prompt: Sequence[int]) -> CheckpointPlan:
         """The checkpoint to start `prompt` from and the positions to save during its prefill."""
     def position(self, handle: int) -> int | None:
