@@ -405,7 +405,10 @@ class HostCacheIndex:
     def __len__(self) -> int:
         """Return len(self)."""
     def check_key(self, key: object) -> None:
-        """Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable)."""
+        """Refuses a key the tier cannot hold (PlanError naming it): a key must be hashable and equal
+        to itself, and so must each item of a tuple or frozenset in it (a NaN, found by no other
+        NaN, could be put but never found or dropped by a key built again).
+        """
     def check_prefetched(self, id: int | None, handle_entry: int | None, key: str) -> None:
         """PlanError unless a prefetch handle of entry `handle_entry` may finish the restore of entry
         `id` (None: a key the tier does not hold), named `key` in the error.

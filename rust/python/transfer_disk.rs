@@ -9,7 +9,7 @@ use crate::error::{Error, ErrorKind};
 use crate::transfer::{self, saved};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyFrozenSet, PyTuple};
 use std::path::PathBuf;
 
 /// `(name, safetensors dtype, shape, begin, end)` of one tensor of a saved-states file.
@@ -272,12 +272,45 @@ impl HostCacheIndex {
             on_disk: c.on_disk(),
         }
     }
-    /// Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable).
+    /// Refuses a key the tier cannot hold (PlanError naming it): a key must be hashable and equal
+    /// to itself, and so must each item of a tuple or frozenset in it (a NaN, found by no other
+    /// NaN, could be put but never found or dropped by a key built again).
     #[pyo3(signature = (key: "object") -> "None")]
     fn check_key(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        key.hash()
-            .map(|_| ())
-            .map_err(|e| Error::plan(format!("key must be hashable (a str, an int, a tuple, ...), got {}: {e}", type_name(key))).into())
+        key.hash().map_err(|e| Error::plan(format!("key must be hashable (a str, an int, a tuple, ...), got {}: {e}", type_name(key))))?;
+        let shown = |x: &Bound<'_, PyAny>| {
+            let r = x.repr().map(|r| r.to_string()).unwrap_or_else(|_| format!("<{}>", type_name(x)));
+            if r.chars().count() > 120 {
+                format!("{}...", r.chars().take(120).collect::<String>())
+            } else {
+                r
+            }
+        };
+        let refused = |x: &Bound<'_, PyAny>, why: String| {
+            let item = if x.is(key) { String::new() } else { format!(": its item {} {why}", shown(x)) };
+            let why = if x.is(key) { format!(" {why}") } else { String::new() };
+            Error::plan(format!(
+                "key {}{item}{why}; the tier could store it but no key built again would find it (a NaN equals nothing, \
+                 itself included): use a key that equals itself",
+                shown(key)
+            ))
+        };
+        // Iterative, so that a deeply nested key cannot exhaust the stack.
+        let mut todo = vec![key.clone()];
+        while let Some(x) = todo.pop() {
+            if let Ok(t) = x.cast::<PyTuple>() {
+                todo.extend(t.iter());
+            } else if let Ok(f) = x.cast::<PyFrozenSet>() {
+                todo.extend(f.iter());
+            } else {
+                match x.eq(&x) {
+                    Ok(true) => {}
+                    Ok(false) => return Err(refused(&x, "does not compare equal to itself".into()).into()),
+                    Err(e) => return Err(refused(&x, format!("cannot be compared with itself ({e})")).into()),
+                }
+            }
+        }
+        Ok(())
     }
     /// Host bytes `num_requests` requests take; PlanError when more than the whole capacity.
     fn need(&self, num_requests: u64) -> PyResult<u64> {
