@@ -78,6 +78,7 @@ __all__ = [
     "kda_layout",
     "kernel_abi",
     "linear_attention_layout",
+    "load_args",
     "mamba1_layout",
     "mamba2_layout",
     "pack_launch",
@@ -1367,6 +1368,11 @@ def linear_attention_layout(
     ssm_dtype: str | _DType | None = None,
 ) -> Layout:
     """Linear-attention layout: one temporal state."""
+
+def load_args(pin_memory: bool) -> bool:
+    """`load_states`' arguments other than the file's, checked before the file is read:
+    `pin_memory` (a bool; PlanError naming it otherwise). Returns it converted.
+    """
 
 def mamba1_layout(
     *,

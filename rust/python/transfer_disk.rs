@@ -122,6 +122,14 @@ pub(crate) fn remove_file(path: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(transfer::files::remove(&path_arg(path, "path")?, "path")?)
 }
 
+/// `load_states`' arguments other than the file's, checked before the file is read:
+/// `pin_memory` (a bool; PlanError naming it otherwise). Returns it converted.
+#[pyfunction]
+#[pyo3(signature = (pin_memory: "bool") -> "bool")]
+pub(crate) fn load_args(pin_memory: &Bound<'_, PyAny>) -> PyResult<bool> {
+    bool::arg(pin_memory, "pin_memory", ErrorKind::Plan)
+}
+
 /// Reads a saved-states file: `(header, data)`, the JSON header's bytes (the framing checked: a
 /// length inside the file, no deeper nesting than a header has) and the data section's.
 /// BindingError naming the path when it cannot be read; LayoutError for bad framing.

@@ -1,6 +1,7 @@
 """The host tier refuses a key that does not equal itself: a NaN (float, numpy, complex, Decimal),
 or a tuple or frozenset holding one, could be put but never found or dropped by the same key built
-again; every call naming one is a PlanError naming the key, and nothing changes."""
+again; every call naming one is a PlanError naming the key, and nothing changes. ``load_states``
+refuses a ``pin_memory`` that is not a bool (PlanError naming it) before it reads the file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import numpy as np
 import pytest
 from recoverssm_rs.errors import PlanError
-from recoverssm_rs.transfer import HostCache
+from recoverssm_rs.transfer import HostCache, HostOffload, load_states, save_states
 from test_transfer_cache import _blocks, _pool, _same
 
 
@@ -69,3 +70,20 @@ def test_keys_that_equal_themselves_are_found_again_when_built_again(key):
     assert again in cache and cache.restore(again, [5])
     cache.drop(again)
     assert len(cache) == 0
+
+
+# ---- load_states' pin_memory --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None, 1.0, np.bool_(True)], ids=repr)
+def test_load_states_refuses_a_pin_memory_that_is_not_a_bool(tmp_path, value):
+    lay, _, pool = _pool()
+    path = tmp_path / "s.safetensors"
+    save_states(HostOffload(pool).offload([1, 2]), path)
+    with pytest.raises(PlanError, match=f"pin_memory must be a bool, got {type(value).__name__}"):
+        load_states(path, lay, pin_memory=value)
+    # Checked before the file is read: a missing file is not what is reported.
+    with pytest.raises(PlanError, match="pin_memory must be a bool"):
+        load_states(tmp_path / "missing.safetensors", lay, pin_memory=value)
+    loaded = load_states(path, lay, pin_memory=False)
+    assert loaded.num_requests == 2
