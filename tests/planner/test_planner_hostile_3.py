@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from recoverssm_rs import Planner
+from recoverssm_rs import PlanError, Planner
 from recoverssm_rs.errors import BindingError
-from test_groups import NB, _layout, _reference
+from test_groups import NB, _group, _layout, _reference
 
 
 def _shared_pages(layout, layers: int, rng):
@@ -66,3 +66,30 @@ def test_from_groups_documents_cross_group_sharing_as_allowed():
     raises = doc.split("Raises:", 1)[1]
     assert "groups sharing memory" not in raises
     assert "Different groups may share memory" in doc
+
+
+# ---- a block table whose storage was freed or shrunk (host plan) --------------------------------
+
+
+@pytest.mark.parametrize("how", ["freed", "shrunk"])
+def test_a_host_plan_refuses_a_block_table_whose_storage_is_gone(how):
+    """``numpy()`` of a CPU tensor whose storage was freed hands out a new uninitialised buffer,
+    of a shrunk one a view reading past its end: the plan refuses the table (PlanError naming it)
+    and nothing is read or written."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    la = _layout("gdn", (4, 6), (2, 3, 3), num_spec=2)
+    states = _group(la, 1, rng)
+    before = [t.copy() for t in states[0]]
+    planner = Planner(la, states)
+    bt = torch.arange(1, 11, dtype=torch.int64).reshape(2, 5)
+    bt.untyped_storage().resize_(0 if how == "freed" else 4)
+    needle = "was freed" if how == "freed" else "holds 4 bytes"
+    with pytest.raises(PlanError, match=rf"^tables: its storage {needle}.*nothing was read"):
+        planner.plan(bt, [0, 1], [2, 1], [1, 1], "pre_copy")
+    assert all(np.array_equal(t, b) for t, b in zip(states[0], before))
+    # Views of a live storage (offset, strided, transposed) are read as they are.
+    base = torch.arange(0, 40, dtype=torch.int64).reshape(4, 10)
+    for live in (base[1:3, ::2], base.T[2:7].T[:2].contiguous(), base.T.T[2:4, 3:8]):
+        plan = planner.plan(live, [0, 1], [2, 1], [1, 1], "pre_copy")
+        assert plan is not None
