@@ -78,6 +78,7 @@ __all__ = [
     "kda_layout",
     "kernel_abi",
     "linear_attention_layout",
+    "load_args",
     "mamba1_layout",
     "mamba2_layout",
     "pack_launch",
@@ -192,6 +193,11 @@ class CheckpointCache:
     @property
     def peak(self) -> int:
         """The most checkpoints held at once so far."""
+    def peek(self, prompt: Sequence[int]) -> int | None:
+        """The handle of the checkpoint `plan(prompt)` would start from, or None; changes nothing (no
+        use is counted, nothing is evicted), so an engine can prepare the hit's copy and plan only
+        once the copy is accepted.
+        """
     def plan(self, prompt: Sequence[int]) -> CheckpointPlan:
         """The checkpoint to start `prompt` from and the positions to save during its prefill."""
     def position(self, handle: int) -> int | None:
@@ -401,7 +407,10 @@ class HostCacheIndex:
     def __len__(self) -> int:
         """Return len(self)."""
     def check_key(self, key: object) -> None:
-        """Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable)."""
+        """Refuses a key the tier cannot hold (PlanError naming it): a key must be hashable and equal
+        to itself, and so must each item of a tuple or frozenset in it (a NaN, found by no other
+        NaN, could be put but never found or dropped by a key built again).
+        """
     def check_prefetched(self, id: int | None, handle_entry: int | None, key: str) -> None:
         """PlanError unless a prefetch handle of entry `handle_entry` may finish the restore of entry
         `id` (None: a key the tier does not hold), named `key` in the error.
@@ -1360,6 +1369,11 @@ def linear_attention_layout(
     ssm_dtype: str | _DType | None = None,
 ) -> Layout:
     """Linear-attention layout: one temporal state."""
+
+def load_args(pin_memory: bool) -> bool:
+    """`load_states`' arguments other than the file's, checked before the file is read:
+    `pin_memory` (a bool; PlanError naming it otherwise). Returns it converted.
+    """
 
 def mamba1_layout(
     *,

@@ -235,9 +235,16 @@ class Planner:
         table per group. ``also_guard``: the core's pool whose tensors the states are views of
         (an SGLang pool's layer-stacked tensors), checked before every write and launch.
 
+        Different groups may share memory: vLLM lays one layer of each KV-cache group over one raw
+        tensor and gives each group its own blocks from one pool, so the same block id never
+        holds two groups' states at once. The planner runs one group's copies after another's,
+        never beside them; keeping two groups off one block is the engine's allocator's job. Only
+        the states within one group must not share memory.
+
         Raises:
-            BindingError: as the constructor's (the message names the group), groups on different
-                devices, layouts with different ``num_spec``, or groups sharing memory.
+            BindingError: as the constructor's (the message names the group; two states of one
+                group sharing memory among them), groups on different devices, or layouts with
+                different ``num_spec``.
         """
         self = cls.__new__(cls)
         self._bind(groups, block_size, persistent_only=True, also_guard=also_guard)

@@ -1,7 +1,7 @@
 //! The cache: one policy's placement (what to save) and eviction (what to drop) over a
 //! [`PrefixTree`].
 
-use super::tree::{Handle, PrefixTree, Seeded};
+use super::tree::{Handle, PrefixTree, Seeded, Walk};
 use super::{Config, PolicyKind};
 use crate::error::{Error, Result};
 use std::collections::{BTreeSet, HashMap};
@@ -147,15 +147,8 @@ impl CheckpointCache {
     /// allocates that slot, after the match), whether or not its end later turns out to be cached
     /// already; the next [`finish`](Self::finish) reports it.
     pub fn plan(&mut self, prompt: &[u32]) -> Result<Plan> {
-        if prompt.is_empty() {
-            return Err(Error::plan("a request's prompt must hold at least one token"));
-        }
+        let (walk, cap) = self.walk(prompt)?;
         let n = prompt.len();
-        let cap = match self.cfg.policy {
-            PolicyKind::Vllm => (n - 1) / self.cfg.block_size * self.cfg.block_size,
-            _ => n - 1,
-        };
-        let walk = self.tree.walk_with(prompt, cap, self.cfg.policy == PolicyKind::Marconi);
         let hit = walk.checkpoint.map(|(position, handle)| Hit { position, handle });
         if let Some(h) = hit {
             if let Some(m) = self.meta.get(&h.handle).filter(|m| m.uses == 0) {
@@ -204,6 +197,26 @@ impl CheckpointCache {
         saves.sort_unstable();
         saves.dedup();
         Ok(Plan { hit, saves, speculative, walked: Some((walk.node, walk.shared_chunks / self.tree.chunk())) })
+    }
+
+    /// The checkpoint [`plan`](Self::plan) would start `prompt` from, changing nothing: no use is
+    /// counted and nothing is evicted. An engine that must prepare the hit's copy before it commits
+    /// to the request looks here first, then plans once the copy is accepted.
+    pub fn peek(&self, prompt: &[u32]) -> Result<Option<Hit>> {
+        Ok(self.walk(prompt)?.0.checkpoint.map(|(position, handle)| Hit { position, handle }))
+    }
+
+    /// The prompt's walk through the index, and the deepest position a hit may have.
+    fn walk(&self, prompt: &[u32]) -> Result<(Walk, usize)> {
+        if prompt.is_empty() {
+            return Err(Error::plan("a request's prompt must hold at least one token"));
+        }
+        let n = prompt.len();
+        let cap = match self.cfg.policy {
+            PolicyKind::Vllm => (n - 1) / self.cfg.block_size * self.cfg.block_size,
+            _ => n - 1,
+        };
+        Ok((self.tree.walk_with(prompt, cap, self.cfg.policy == PolicyKind::Marconi), cap))
     }
 
     /// Records the end of a request that ran `prompt` (planned by [`plan`](Self::plan)) and
@@ -451,6 +464,23 @@ mod tests {
                 assert!(c.len() <= 2, "{policy:?}: {} live after {f:?}", c.len());
             }
         }
+    }
+
+    #[test]
+    fn peek_finds_plans_hit_and_changes_nothing() {
+        for policy in PolicyKind::ALL {
+            let mut c = CheckpointCache::new(Config::new(*policy, 64, 16, Some(2)).unwrap());
+            for (p, o) in shared_prefix(100, 90, 6) {
+                let (len, tick, used) = (c.len(), c.tick, c.used_of);
+                let seen = c.peek(&p).unwrap();
+                assert_eq!((c.len(), c.tick, c.used_of), (len, tick, used), "{policy:?}: peek changed the cache");
+                let plan = c.plan(&p).unwrap();
+                assert_eq!(seen, plan.hit, "{policy:?}");
+                c.finish(&p, &o, &plan).unwrap();
+            }
+        }
+        let c = CheckpointCache::new(Config::new(PolicyKind::Vllm, 64, 16, None).unwrap());
+        assert!(c.peek(&[]).is_err());
     }
 
     #[test]

@@ -112,6 +112,14 @@ impl CheckpointCache {
         let p = tokens(prompt, "prompt")?;
         Ok(CheckpointPlan { inner: self.inner.plan(&p)? })
     }
+    /// The handle of the checkpoint `plan(prompt)` would start from, or None; changes nothing (no
+    /// use is counted, nothing is evicted), so an engine can prepare the hit's copy and plan only
+    /// once the copy is accepted.
+    #[pyo3(signature = (prompt: "Sequence[int]") -> "int | None")]
+    fn peek(&self, prompt: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        let p = tokens(prompt, "prompt")?;
+        Ok(self.inner.peek(&p)?.map(|h| h.handle))
+    }
     /// Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
     /// `[(position, handle)]`, `evicted` as handles.
     #[allow(clippy::type_complexity)]

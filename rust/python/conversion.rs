@@ -186,12 +186,63 @@ fn int_array(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<(V
             ));
         }
         let host = obj.call_method0(intern!(py, "detach"))?.call_method0(intern!(py, "numpy")).map_err(|_| refused())?;
+        // Read only what the tensor's storage holds: `numpy()` views a shrunk storage past its
+        // end, and over a freed one (a null address) hands out a new uninitialised buffer.
+        if let Ok(b) = PyBuffer::<i64>::get(&host) {
+            held_by_storage(obj, &b, name, kind)?;
+        } else if let Ok(b) = PyBuffer::<i32>::get(&host) {
+            held_by_storage(obj, &b, name, kind)?;
+        }
         return int_array(&host, name, kind).map_err(|_| refused());
     }
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
         return nested_ints(obj, name, kind).ok_or_else(refused);
     }
     Err(refused())
+}
+
+/// Refuses a host view `b` of the CPU tensor `obj` (the argument `name`) that its storage does not
+/// hold: a storage freed (`untyped_storage().resize_(0)`) or shrunk since the tensor was made.
+/// Three torch calls (the storage, its address, its size); nothing is read.
+fn held_by_storage<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>, b: &PyBuffer<T>, name: &str, kind: ErrorKind) -> PyResult<()> {
+    let py = obj.py();
+    let shape = b.shape();
+    if shape.contains(&0) {
+        return Ok(()); // nothing to read
+    }
+    // The bytes the view spans, from its lowest to its highest element (strides may be negative).
+    let (mut lo, mut hi) = (0i128, b.item_size() as i128);
+    for (&n, &st) in shape.iter().zip(b.strides()) {
+        let reach = (n as i128 - 1) * st as i128;
+        if reach < 0 {
+            lo += reach;
+        } else {
+            hi += reach;
+        }
+    }
+    let Ok(storage) = obj.call_method0(intern!(py, "untyped_storage")) else {
+        return Ok(()); // not a torch tensor: no storage to ask
+    };
+    let start = address_int(&storage.call_method0(intern!(py, "data_ptr"))?)? as i128;
+    let held = address_int(&storage.call_method0(intern!(py, "nbytes"))?)? as i128;
+    let at = b.buf_ptr() as usize as i128;
+    if start == 0 {
+        return Err(arg_error(
+            kind,
+            format!("{name}: its storage was freed (untyped_storage().resize_(0)): the tensor's {} bytes are gone; nothing was read", hi - lo),
+        ));
+    }
+    if at + lo < start || at + hi > start + held {
+        return Err(arg_error(
+            kind,
+            format!(
+                "{name}: its storage holds {held} bytes at {start:#x}, not the {} bytes of the tensor at {at:#x} (shrunk since: \
+                 untyped_storage().resize_()); nothing was read",
+                hi - lo
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a byte-swapped buffer.

@@ -9,7 +9,7 @@ use crate::error::{Error, ErrorKind};
 use crate::transfer::{self, saved};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyFrozenSet, PyTuple};
 use std::path::PathBuf;
 
 /// `(name, safetensors dtype, shape, begin, end)` of one tensor of a saved-states file.
@@ -120,6 +120,14 @@ pub(crate) fn write_file(py: Python<'_>, path: &Bound<'_, PyAny>, parts: &Bound<
 #[pyo3(signature = (path: "str | os.PathLike[str]") -> "None")]
 pub(crate) fn remove_file(path: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(transfer::files::remove(&path_arg(path, "path")?, "path")?)
+}
+
+/// `load_states`' arguments other than the file's, checked before the file is read:
+/// `pin_memory` (a bool; PlanError naming it otherwise). Returns it converted.
+#[pyfunction]
+#[pyo3(signature = (pin_memory: "bool") -> "bool")]
+pub(crate) fn load_args(pin_memory: &Bound<'_, PyAny>) -> PyResult<bool> {
+    bool::arg(pin_memory, "pin_memory", ErrorKind::Plan)
 }
 
 /// Reads a saved-states file: `(header, data)`, the JSON header's bytes (the framing checked: a
@@ -272,12 +280,45 @@ impl HostCacheIndex {
             on_disk: c.on_disk(),
         }
     }
-    /// Refuses a key the tier cannot hold (PlanError naming it: a key must be hashable).
+    /// Refuses a key the tier cannot hold (PlanError naming it): a key must be hashable and equal
+    /// to itself, and so must each item of a tuple or frozenset in it (a NaN, found by no other
+    /// NaN, could be put but never found or dropped by a key built again).
     #[pyo3(signature = (key: "object") -> "None")]
     fn check_key(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        key.hash()
-            .map(|_| ())
-            .map_err(|e| Error::plan(format!("key must be hashable (a str, an int, a tuple, ...), got {}: {e}", type_name(key))).into())
+        key.hash().map_err(|e| Error::plan(format!("key must be hashable (a str, an int, a tuple, ...), got {}: {e}", type_name(key))))?;
+        let shown = |x: &Bound<'_, PyAny>| {
+            let r = x.repr().map(|r| r.to_string()).unwrap_or_else(|_| format!("<{}>", type_name(x)));
+            if r.chars().count() > 120 {
+                format!("{}...", r.chars().take(120).collect::<String>())
+            } else {
+                r
+            }
+        };
+        let refused = |x: &Bound<'_, PyAny>, why: String| {
+            let item = if x.is(key) { String::new() } else { format!(": its item {} {why}", shown(x)) };
+            let why = if x.is(key) { format!(" {why}") } else { String::new() };
+            Error::plan(format!(
+                "key {}{item}{why}; the tier could store it but no key built again would find it (a NaN equals nothing, \
+                 itself included): use a key that equals itself",
+                shown(key)
+            ))
+        };
+        // Iterative, so that a deeply nested key cannot exhaust the stack.
+        let mut todo = vec![key.clone()];
+        while let Some(x) = todo.pop() {
+            if let Ok(t) = x.cast::<PyTuple>() {
+                todo.extend(t.iter());
+            } else if let Ok(f) = x.cast::<PyFrozenSet>() {
+                todo.extend(f.iter());
+            } else {
+                match x.eq(&x) {
+                    Ok(true) => {}
+                    Ok(false) => return Err(refused(&x, "does not compare equal to itself".into()).into()),
+                    Err(e) => return Err(refused(&x, format!("cannot be compared with itself ({e})")).into()),
+                }
+            }
+        }
+        Ok(())
     }
     /// Host bytes `num_requests` requests take; PlanError when more than the whole capacity.
     fn need(&self, num_requests: u64) -> PyResult<u64> {

@@ -375,7 +375,8 @@ impl SlotStep {
     /// The post-process's launch: `num_computed` per slot after this step (`None`, as vLLM's
     /// non-last pipeline-parallel ranks pass it: the counts are scattered, a staged commit runs, and
     /// no aligned save is made), the sampled counts per request row (int32 `[>= R]`) or one count for
-    /// every row.
+    /// every row (`>= 0`, 0 counting as 1 as in vLLM; a negative one is refused: the per-row counts
+    /// are the kernel's alone, which reads a negative one as 1, as vLLM's scatter does).
     /// With a RecoverSSM `commit` staged (counts per row only, a batch of at least its rows), the
     /// committed rows' columns and counts are set as vLLM's `commit_step` does before the aligned
     /// save, and with its `kernel` (the cache's, on the states' device, [`THREADS`] per CTA) the
@@ -392,6 +393,11 @@ impl SlotStep {
         let sampled = match sampled {
             Sampled::Each(t) => (vector(t, "num_sampled", &self.fused.device, IntType::I32, rows.1)?, 0),
             Sampled::All(n) => {
+                // vLLM counts 0 as 1 (a chunked prefill samples nothing) and never passes a
+                // negative count: one would be read as 1 for every row.
+                if n < 0 {
+                    return Err(Error::plan(format!("num_sampled = {n} (one count for every row) must be >= 0 (tokens sampled; 0 counts as 1)")));
+                }
                 let n = i32::try_from(n).map_err(|_| Error::plan(format!("num_sampled = {n} does not fit int32")))?;
                 (0, n)
             }
@@ -545,6 +551,11 @@ mod tests {
             msg(st.post(5, &idx, Some(&nct), Sampled::Each(&t(1, "int32", &[2])), None)).contains("num_sampled: expected a 1-D vector of at least 3")
         );
         assert!(msg(st.post(5, &idx, Some(&nct), Sampled::All(1 << 40), None)).contains("does not fit int32"));
+        for n in [-1, -(1 << 40)] {
+            assert!(
+                msg(st.post(5, &idx, None, Sampled::All(n), None)).starts_with(&format!("num_sampled = {n} (one count for every row) must be >= 0"))
+            );
+        }
     }
 
     #[test]

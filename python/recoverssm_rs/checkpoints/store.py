@@ -73,11 +73,20 @@ class CheckpointStore:
 
     def start(self, prompt: Sequence[int], running_block: int) -> CheckpointPlan:
         """Plans ``prompt`` and, on a hit, copies the checkpoint into ``running_block`` (the
-        request's own block, which its prefill then writes): the checkpoint is never written."""
-        plan = self.cache.plan(prompt)
-        if plan.hit_handle is not None:
-            self._run(self.planner.plan_copy([self._block[plan.hit_handle]], [running_block]))
-        return plan
+        request's own block, which its prefill then writes): the checkpoint is never written.
+
+        The copy is planned and run before the cache plans the request, so a copy the planner
+        refuses (a bad ``running_block``) or one that fails to run leaves the cache as it was: no
+        use of the hit is counted and nothing is evicted at admission.
+
+        Raises:
+            PlanError: the planner refuses the copy (``running_block`` out of range, the null
+                block, or a published block).
+        """
+        hit = self.cache.peek(prompt)
+        if hit is not None:
+            self._run(self.planner.plan_copy([self._block[hit]], [running_block]))
+        return self.cache.plan(prompt)
 
     def finish(
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan, state_at: Callable[[int], int]

@@ -56,6 +56,9 @@ class HostCache:
     rank and layout (:class:`HostStates`), so :meth:`get` may be restored into another rank with
     :meth:`HostOffload.restore`.
 
+    A key must be hashable and equal to itself (so must each item of a tuple or frozenset key):
+    a NaN, which equals no other NaN, is a PlanError naming the key in every call.
+
     A refused call changes nothing: a :meth:`put` that is too large or names bad blocks keeps the
     entry already stored under its key and evicts nothing. The counters are read-only.
 

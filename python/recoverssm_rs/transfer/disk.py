@@ -28,6 +28,7 @@ from .._core import (
     check_saved_states,
     encode_saved_states,
     guarded_write,
+    load_args,
     read_saved_file,
     saved_request_blocks,
     write_file,
@@ -120,8 +121,9 @@ def load_states(path: str | os.PathLike[str], layout: Layout, *, pin_memory: boo
     """Reads the states ``path`` holds into a new host buffer. ``layout``: the layout of the pool
     they were saved from (a file saved from another layout is refused; its TP rank comes from the
     file). Restore the result with :meth:`HostOffload.restore`, into the same rank or -- with the
-    transfer plans -- another. ``pin_memory``: allocate the host buffer pinned (needs torch)."""
-    return _load(path, layout, pin_memory=pin_memory)
+    transfer plans -- another. ``pin_memory``: allocate the host buffer pinned (needs torch); a
+    value that is not a bool is a PlanError naming it, before the file is read."""
+    return _load(path, layout, pin_memory=load_args(pin_memory))
 
 
 def _load(
