@@ -43,8 +43,12 @@ enum Size {
 
 /// A one-byte `uint8` tensor over the start of `storage` (it follows the storage's memory when
 /// the storage is resized or freed), whose `data_ptr()` is the storage's address; `None` when
-/// `storage` holds no byte or is not one torch can view.
-fn storage_probe<'py>(storage: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+/// `storage` holds no byte (`nbytes`: torch's `set_` would grow it to one) or is not one torch
+/// can view.
+fn storage_probe<'py>(storage: &Bound<'py, PyAny>, nbytes: u64) -> Option<Bound<'py, PyAny>> {
+    if nbytes == 0 {
+        return None;
+    }
     let py = storage.py();
     let torch = py.import("torch").ok()?;
     let kw = pyo3::types::PyDict::new(py);
@@ -114,7 +118,7 @@ impl Guard {
                     seen.push(key);
                     // The cheaper readers, each used only where it reads what the storage's own
                     // methods read at binding.
-                    let probe = storage_probe(&storage).map(|p| p.getattr(intern!(py, "data_ptr"))).transpose()?;
+                    let probe = storage_probe(&storage, nbytes).map(|p| p.getattr(intern!(py, "data_ptr"))).transpose()?;
                     let probe = probe.filter(|f| f.call0().and_then(|p| addr(&p)).is_ok_and(|p| p == ptr));
                     let size = match storage.len() {
                         Ok(n) if n as u64 == nbytes => Size::Len,
@@ -185,16 +189,26 @@ impl Guard {
         let Some(roots) = &self.roots else {
             return Ok(());
         };
-        static INCREMENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        // torch's C function over a sequence of tensors (what `torch.autograd.graph.
-        // increment_version` calls, without its Python frame); that function where it is absent.
-        let f = INCREMENT.get_or_try_init(py, || -> PyResult<Py<PyAny>> {
+        // torch's C function (what `torch.autograd.graph.increment_version` calls, without its
+        // Python frame), over the tuple where it takes a sequence (an empty one is its probe);
+        // else one call per tensor, of it or, where it is absent, of that function.
+        static INCREMENT: PyOnceLock<(Py<PyAny>, bool)> = PyOnceLock::new();
+        let (f, sequence) = INCREMENT.get_or_try_init(py, || -> PyResult<(Py<PyAny>, bool)> {
             match py.import("torch._C").and_then(|c| c.getattr("_increment_version")) {
-                Ok(f) => Ok(f.unbind()),
-                Err(_) => Ok(py.import("torch.autograd.graph")?.getattr("increment_version")?.unbind()),
+                Ok(f) => {
+                    let sequence = f.call1((PyTuple::empty(py),)).is_ok();
+                    Ok((f.unbind(), sequence))
+                }
+                Err(_) => Ok((py.import("torch.autograd.graph")?.getattr("increment_version")?.unbind(), false)),
             }
         })?;
-        f.bind(py).call1((roots.bind(py),))?;
+        if *sequence {
+            f.bind(py).call1((roots.bind(py),))?;
+        } else {
+            for t in roots.bind(py).iter() {
+                f.bind(py).call1((t,))?;
+            }
+        }
         Ok(())
     }
 

@@ -106,7 +106,8 @@ pub(crate) fn vllm_mamba_groups<'py>(kv_cache_config: &Bound<'py, PyAny>) -> PyR
             let group = group?;
             let spec = group.getattr(intern!(py, "kv_cache_spec"))?;
             let per_layer = match spec.getattr(intern!(py, "kv_cache_specs")) {
-                Ok(specs) => Some(specs),
+                Ok(specs) if !specs.is_none() => Some(specs),
+                Ok(_) => None,
                 Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => None,
                 Err(e) => return Err(e),
             };

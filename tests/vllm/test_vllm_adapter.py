@@ -55,7 +55,13 @@ def test_mamba_groups_reads_per_layer_specs_by_value_and_names_a_bad_config():
             types.SimpleNamespace(kv_cache_spec=per_layer, layer_names=["l0", "l1", "l2", "l3"]),
         ]
     )
-    assert [(g, s, names) for g, s, names in mamba_groups(cfg)] == [(1, a, ["l0", "l1"]), (1, b, ["l2"])]
+    groups = mamba_groups(cfg)
+    assert [(g, s, names) for g, s, names in groups] == [(1, a, ["l0", "l1"]), (1, b, ["l2"])]
+    assert groups[0][1] is a  # the first of equal specs
+    cfg.kv_cache_groups[1].kv_cache_spec = a  # one spec for the group: kv_cache_specs absent ...
+    a.kv_cache_specs = None  # ... or None, as getattr(spec, "kv_cache_specs", None) reads it
+    assert [(g, names) for g, _, names in mamba_groups(cfg)] == [(1, ["l0", "l1", "l2", "l3"])]
+    cfg.kv_cache_groups[1].kv_cache_spec = per_layer
     per_layer.kv_cache_specs = {"l0": a}  # a layer without its spec
     with pytest.raises(LayoutError, match=r"^kv_cache_config \(vLLM's KVCacheConfig\): KeyError: 'l1'$"):
         mamba_groups(cfg)

@@ -216,3 +216,24 @@ def test_vllms_profiling_teardown_frees_the_v2_states(monkeypatch, stats):
     alive = state() is not None
     assert not alive, "the served model state keeps vLLM's freed profiling states"
     assert ms._rs is None
+
+
+def test_a_v2_adapter_no_align_context_can_hold_is_a_fallback(monkeypatch, stats):
+    """The adapter lives on vLLM's align context. Where there is none, or it takes no attribute,
+    the adapter is not served (a reason, not an exception out of ``initialize_kv_cache``), and
+    vLLM's buffers stay vLLM's: before, the adapter was lost silently after vLLM's two buffers had
+    been pointed at its own."""
+    ms, side, tables = _served_v2_model_state(monkeypatch)
+    bts = types.SimpleNamespace(block_tables=[types.SimpleNamespace(gpu=t) for t in tables], input_block_tables=tables)
+
+    class Slotted:
+        __slots__ = ("x",)
+
+    for ctx in (None, Slotted()):
+        ms._mamba_ctx = ctx
+        ms._rs = object()  # nowhere to hold it: no AttributeError
+        assert ms._rs is None
+        acc, idx = ms.num_accepted_tokens_gpu, ms._mamba_state_idx_gpu
+        reason = ms._rs_build(side.kv_cache_config, bts)
+        assert reason is not None and "no align context" in reason
+        assert ms.num_accepted_tokens_gpu is acc and ms._mamba_state_idx_gpu is idx

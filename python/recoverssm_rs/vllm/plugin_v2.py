@@ -18,6 +18,7 @@ reason is logged once and every such model state / half-step counts as a fallbac
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import inspect
@@ -68,7 +69,8 @@ def _served_class(base: type) -> type:
 
         @_rs.setter
         def _rs(self, rs: Any) -> None:
-            if getattr(self, "_mamba_ctx", None) is not None:
+            # Held nowhere when the context is missing or takes no attribute: _rs_build reports it.
+            with contextlib.suppress(AttributeError, TypeError):
                 object.__setattr__(self._mamba_ctx, "_recoverssm_rs", rs)
 
         def initialize_kv_cache(self, kv_cache_config: Any, block_tables: Any) -> None:
@@ -101,12 +103,15 @@ def _served_class(base: type) -> type:
                 return f"V2 runner: the adapter cannot serve this model state: {type(exc).__name__}: {exc}"
             if not rs.placement.is_cuda:
                 return f"V2 runner: the states are on {rs.placement.name}; the adapter's kernel runs on CUDA"
+            self._rs = rs
+            if self._rs is not rs:
+                return "V2 runner: no align context (_mamba_ctx) that can hold the adapter"
             # vLLM's model kernels and vLLM's own methods read these two: the adapter's buffers.
             rs.num_accepted.copy_(self.num_accepted_tokens_gpu)
             rs.state_idx.copy_(self._mamba_state_idx_gpu)
             self.num_accepted_tokens_gpu = rs.num_accepted
             self._mamba_state_idx_gpu = rs.state_idx
-            self._rs, self._rs_tables = rs, tables
+            self._rs_tables = tables
             return None
 
         def _rs_give_up(self, exc: Exception) -> None:
