@@ -81,7 +81,8 @@ class CheckpointStore:
 
         Raises:
             PlanError: the planner refuses the copy (``running_block`` out of range, the null
-                block, or a published block).
+                block, or a published block other than the hit's own: a copy of the hit onto
+                itself writes nothing, and the request's own writes to it are refused later).
         """
         hit = self.cache.peek(prompt)
         if hit is not None:
