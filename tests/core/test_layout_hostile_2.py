@@ -36,3 +36,49 @@ def test_a_misspelled_dtype_or_conv_layout_names_the_family_and_the_parameter(fa
     # which of the two settings (or which calculator) held the misspelling.
     with pytest.raises(LayoutError, match=rf"^{family}: {param}: unknown .*'bfloat'"):
         CALCULATORS[family](**{param: "bfloat"})
+
+
+def _fingerprint_text() -> str:
+    from recoverssm_rs.transfer import LayoutFingerprint
+
+    return LayoutFingerprint(layouts.gdn(**GDN), tp_rank=0, block_size=16).encode()
+
+
+def _conv_line_without_segments(text: str) -> str:
+    return "\n".join(
+        " ".join(line.split()[:5] + ["0", "4"]) if line.startswith("conv ") else line for line in text.splitlines()
+    )
+
+
+# A peer's fingerprint whose states hold no byte, or two states of one name: decode accepted both
+# (a zero-byte state moves nothing, and two fingerprints of that kind passed check_compatible).
+EMPTY_OR_AMBIGUOUS = {
+    "zero heads": (
+        lambda t: t.replace("heads temporal bfloat16 2 2x8x8", "heads temporal bfloat16 0 0x8x8"),
+        r"state 'temporal': 0 heads .* every dimension must be > 0",
+    ),
+    "zero head dim": (
+        lambda t: t.replace("heads temporal bfloat16 2 2x8x8", "heads temporal bfloat16 2 2x0x8"),
+        r"state 'temporal': 2 heads of local shape \[2, 0, 8\]: every dimension must be > 0",
+    ),
+    "no conv channels": (_conv_line_without_segments, r"state 'conv': the conv window has 0 channels in 0 segments"),
+    "zero-unit segment": (
+        lambda t: t.replace("q:2:8", "q:0:8").replace("SD 3 48", "SD 3 32"),
+        r"state 'conv': segment 'q' has 0 units of 8 channels",
+    ),
+    "duplicate state name": (
+        lambda t: t.replace("heads temporal", "heads conv"),
+        r"state 'conv': the name is used by an earlier state",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(EMPTY_OR_AMBIGUOUS))
+def test_a_fingerprint_of_empty_or_ambiguous_states_is_refused(case):
+    from recoverssm_rs.transfer import LayoutFingerprint
+
+    edit, message = EMPTY_OR_AMBIGUOUS[case]
+    text = edit(_fingerprint_text())
+    assert text != _fingerprint_text()
+    with pytest.raises(LayoutError, match=rf"^gdn: {message}"):
+        LayoutFingerprint.decode(text)
