@@ -248,8 +248,22 @@ impl Fingerprint {
             }
         }
         let mut fp = Fingerprint { family: String::new(), model_dims: vec![], tp_size: 0, tp_rank: 0, num_spec: 0, block_size: 0, states: vec![] };
+        // The line (index) that set each one-value entry, and each model dim: a second one would
+        // silently replace, or contradict, the first.
+        let mut set: Vec<(String, usize)> = Vec::new();
         for (n, line) in lines {
             let t: Vec<&str> = line.split_whitespace().collect();
+            let key = match t.as_slice() {
+                [k @ ("family" | "tp" | "num_spec" | "block_size"), ..] => Some(k.to_string()),
+                ["dim", name, ..] => Some(format!("dim {name}")),
+                _ => None,
+            };
+            if let Some(key) = key {
+                if let Some((_, first)) = set.iter().find(|(k, _)| *k == key) {
+                    return Err(bad(n, format!("'{key}' is given again (first on line {}); each entry is given once", first + 1)));
+                }
+                set.push((key, n));
+            }
             match t.as_slice() {
                 [] => {}
                 ["family", f] => fp.family = f.to_string(),

@@ -82,3 +82,27 @@ def test_a_fingerprint_of_empty_or_ambiguous_states_is_refused(case):
     assert text != _fingerprint_text()
     with pytest.raises(LayoutError, match=rf"^gdn: {message}"):
         LayoutFingerprint.decode(text)
+
+
+# A fingerprint that gives an entry twice: decode kept the last family / tp / num_spec /
+# block_size, and kept both values of a model dim, so a destination claiming head_k_dim 8 and 9
+# passed check_compatible against a source of head_k_dim 8.
+REPEATED = {
+    "dim": ("dim head_k_dim 8", "dim head_k_dim 8\ndim head_k_dim 9", r"'dim head_k_dim' is given again"),
+    "family": ("family gdn", "family gdn\nfamily gdn", r"'family' is given again"),
+    "tp": ("tp 1 0", "tp 1 0\ntp 1 0", r"'tp' is given again"),
+    "num_spec": ("num_spec 0", "num_spec 0\nnum_spec 0", r"'num_spec' is given again"),
+    "block_size": ("block_size 16", "block_size 16\nblock_size 32", r"'block_size' is given again"),
+}
+
+
+@pytest.mark.parametrize("entry", list(REPEATED))
+def test_a_fingerprint_that_repeats_an_entry_is_refused(entry):
+    from recoverssm_rs.transfer import LayoutFingerprint
+
+    old, new, message = REPEATED[entry]
+    text = _fingerprint_text()
+    assert old in text
+    source = LayoutFingerprint.decode(text)
+    with pytest.raises(LayoutError, match=rf"^fingerprint line \d+: {message} \(first on line \d+\)"):
+        source.check_compatible(LayoutFingerprint.decode(text.replace(old, new)))
