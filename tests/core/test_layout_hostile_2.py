@@ -106,3 +106,27 @@ def test_a_fingerprint_that_repeats_an_entry_is_refused(entry):
     source = LayoutFingerprint.decode(text)
     with pytest.raises(LayoutError, match=rf"^fingerprint line \d+: {message} \(first on line \d+\)"):
         source.check_compatible(LayoutFingerprint.decode(text.replace(old, new)))
+
+
+HOSTILE = {"None": None, "str": "abc", "float": 1.5, "bool": True, "negative": -1, "huge": 2**70, "dict": {"a": 1}}
+FINGERPRINT_CALLS = {
+    "decode": (lambda fp, v: type(fp).decode(v), "text", ("str",)),
+    "with_rank": (lambda fp, v: fp.with_rank(v), "tp_rank", ()),
+    "request_nbytes": (lambda fp, v: fp.request_nbytes(v), "num_layers", ()),
+    "check_compatible": (lambda fp, v: fp.check_compatible(v), "destination", ()),
+}
+FP_CASES = [(m, h) for m in FINGERPRINT_CALLS for h in HOSTILE]
+
+
+@pytest.mark.parametrize(("method", "hostile"), FP_CASES, ids=[f"{m}-{h}" for m, h in FP_CASES])
+def test_fingerprint_methods_refuse_the_wrong_kind_naming_the_argument(method, hostile):
+    # decode, with_rank, request_nbytes and check_compatible took their argument as PyO3 typed it:
+    # a TypeError or OverflowError ("can't convert negative int to unsigned") naming nothing.
+    from recoverssm_rs.transfer import LayoutFingerprint
+
+    call, arg, parsed = FINGERPRINT_CALLS[method]
+    fp = LayoutFingerprint.decode(_fingerprint_text())
+    # A string reaches the parser (not a fingerprint: a LayoutError of its own words).
+    match = r"not a transfer fingerprint" if hostile in parsed else rf"\b{arg}\b"
+    with pytest.raises(LayoutError, match=match):
+        call(fp, HOSTILE[hostile])
