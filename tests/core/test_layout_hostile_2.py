@@ -130,3 +130,16 @@ def test_fingerprint_methods_refuse_the_wrong_kind_naming_the_argument(method, h
     match = r"not a transfer fingerprint" if hostile in parsed else rf"\b{arg}\b"
     with pytest.raises(LayoutError, match=match):
         call(fp, HOSTILE[hostile])
+
+
+@pytest.mark.parametrize("funcs", ["conv", "ct", b"conv"])
+def test_a_string_as_a_backends_copy_functions_is_refused_naming_the_backend(funcs):
+    # The string was read character by character: "conv" gave "unrecognised copy function 'c'".
+    from recoverssm_rs.contract import validate_copy_funcs
+
+    group = dict(mamba_type="GDN_ATTN", shapes=[(3, 4), (4, 4, 4)], block_size=16)
+    with pytest.raises(
+        LayoutError, match=r"^copy_funcs\['GDN_ATTN'\] must be a sequence of copy functions, got the string"
+    ):
+        validate_copy_funcs([group], {"GDN_ATTN": funcs})
+    assert validate_copy_funcs([group], {"GDN_ATTN": ["conv"]}) == {"GDN_ATTN": 1}
