@@ -96,7 +96,13 @@ def _needs_torch(what: str) -> str:
 
 def require(module: str, what: str = "this command") -> None:
     """Raise :class:`BackendUnavailableError` if the optional ``module`` (a key of :data:`EXTRAS`)
-    is not installed; the message names ``what`` needs it and the extra to install."""
+    is not installed; the message names ``what`` needs it and the extra to install. A module
+    that is not one of the optional dependencies is refused whether it is installed or not."""
+    if not isinstance(module, str) or module not in EXTRAS:
+        raise BackendUnavailableError(
+            f"require: module = {module!r} is not an optional dependency of {PACKAGE}; "
+            f"expected one of: {', '.join(EXTRAS)}"
+        )
     if module == "torch":
         require_torch(what)
     elif importlib.util.find_spec(module) is None:

@@ -3,6 +3,8 @@ each is refused with the package's error naming the parameter and the value."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from recoverssm_rs import layouts
 from recoverssm_rs.errors import LayoutError
@@ -143,3 +145,16 @@ def test_a_string_as_a_backends_copy_functions_is_refused_naming_the_backend(fun
     ):
         validate_copy_funcs([group], {"GDN_ATTN": funcs})
     assert validate_copy_funcs([group], {"GDN_ATTN": ["conv"]}) == {"GDN_ATTN": 1}
+
+
+@pytest.mark.parametrize("module", ["numpy", "not_a_module", "", None, "a.b"])
+def test_require_refuses_a_module_that_is_not_an_optional_dependency(module):
+    # An unknown module was a KeyError when it was missing ('not_a_module'), an AttributeError for
+    # None, a ModuleNotFoundError for 'a.b', and passed silently when installed ('numpy').
+    from recoverssm_rs.backend_check import require
+    from recoverssm_rs.errors import BackendUnavailableError
+
+    with pytest.raises(
+        BackendUnavailableError, match=rf"^require: module = {re.escape(repr(module))} is not an optional"
+    ):
+        require(module)
