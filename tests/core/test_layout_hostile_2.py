@@ -158,3 +158,28 @@ def test_require_refuses_a_module_that_is_not_an_optional_dependency(module):
         BackendUnavailableError, match=rf"^require: module = {re.escape(repr(module))} is not an optional"
     ):
         require(module)
+
+
+@pytest.mark.parametrize(
+    ("torch_cuda", "dists"),
+    [("12.4", "cupy-cuda12x"), ("12.4", b"cupy-cuda12x"), (12.4, ["cupy-cuda12x"]), (12, [])],
+)
+def test_cuda_match_problem_refuses_arguments_of_the_wrong_kind(torch_cuda, dists):
+    # A string of dists was read character by character ("several CuPy packages are installed
+    # (-, 1, 2, a, c, ...)"); a float torch_cuda was an AttributeError.
+    from recoverssm_rs.backend_check import cuda_match_problem
+    from recoverssm_rs.errors import BackendUnavailableError
+
+    with pytest.raises(BackendUnavailableError, match=r"^cuda_match_problem: torch_cuda must be torch.version.cuda"):
+        cuda_match_problem(torch_cuda, dists)
+
+
+@pytest.mark.parametrize("torch_cuda", ["", "abc", "cu128"])
+def test_cuda_match_problem_names_a_torch_cuda_that_is_no_version(torch_cuda):
+    # It was read as CUDA major None: "keep only cupy-cudaNonex".
+    from recoverssm_rs.backend_check import cuda_match_problem
+
+    for dists in ([], ["cupy-cuda12x"], ["cupy-cuda12x", "cupy-cuda13x"]):
+        assert cuda_match_problem(torch_cuda, dists) == (
+            f"torch.version.cuda = {torch_cuda!r} is not a CUDA version (expected e.g. '12.8'): reinstall torch"
+        )
