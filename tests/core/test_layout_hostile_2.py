@@ -183,3 +183,20 @@ def test_cuda_match_problem_names_a_torch_cuda_that_is_no_version(torch_cuda):
         assert cuda_match_problem(torch_cuda, dists) == (
             f"torch.version.cuda = {torch_cuda!r} is not a CUDA version (expected e.g. '12.8'): reinstall torch"
         )
+
+
+@pytest.mark.parametrize("num_spec", [2, 3, 256])
+@pytest.mark.parametrize("family", ["short_conv", "gdn"])
+def test_a_conv_kernel_near_2_64_is_refused_naming_it_not_a_wrapped_width(family, num_spec):
+    # conv_kernel - 1 + num_spec wrapped: num_spec 2 gave a conv "of shape (0, 8)", num_spec 3
+    # "width 1", 256 "width 254", none of them naming the kernel.
+    name = "conv_kernel" if family == "short_conv" else "conv_kernel_size"
+    call = (
+        (lambda **k: layouts.short_conv(intermediate_size=8, **k))
+        if family == "short_conv"
+        else (lambda **k: layouts.gdn(**{**GDN, **k}))
+    )
+    with pytest.raises(
+        LayoutError, match=rf"^{family}: the conv window width {name} - 1 \+ num_spec = {2**64 - 1} - 1 \+ {num_spec}"
+    ):
+        call(**{name: 2**64 - 1, "num_spec": num_spec})
