@@ -44,7 +44,7 @@ impl StateSpec {
         let (copy, conv_layout) = (text(copy, "copy")?, text(conv_layout, "conv_layout")?);
         let (role, copy, conv_layout) = (role.as_str(), copy.as_deref(), conv_layout.as_deref());
         let shape = Ints::arg(shape, &format!("state '{name}': shape"), ErrorKind::Layout)?.0;
-        let dtype = dtype_name(dtype)?;
+        let dtype = DtypeName::arg(dtype, &format!("state '{name}': dtype"), ErrorKind::Layout)?.0;
         let inner = CoreSpec::from_parts(name, &shape, &dtype, role, copy, conv_layout)?;
         Ok(Self { inner })
     }
@@ -246,14 +246,6 @@ impl Layout {
         let states: Vec<String> = self.inner.states().iter().map(|s| StateSpec { inner: s.clone() }.__repr__()).collect();
         format!("Layout('{}', [{}], num_spec={})", self.inner.backend(), states.join(", "), self.inner.num_spec())
     }
-}
-
-/// A dtype given as a string or as a torch / numpy dtype object.
-pub(crate) fn dtype_name(obj: &Bound<'_, PyAny>) -> PyResult<String> {
-    if let Ok(s) = obj.extract::<String>() {
-        return Ok(s);
-    }
-    Ok(obj.str()?.to_string())
 }
 
 /// The copy kind (`"conv"` or `"temporal"`) a copy function's name or kind names (the core's

@@ -200,3 +200,17 @@ def test_a_conv_kernel_near_2_64_is_refused_naming_it_not_a_wrapped_width(family
         LayoutError, match=rf"^{family}: the conv window width {name} - 1 \+ num_spec = {2**64 - 1} - 1 \+ {num_spec}"
     ):
         call(**{name: 2**64 - 1, "num_spec": num_spec})
+
+
+@pytest.mark.parametrize("dtype", [None, 3, 1.5, True, {"a": 1}, ["float32"], b"float32"])
+def test_a_state_spec_dtype_of_the_wrong_kind_is_named_as_such(dtype):
+    # StateSpec took str() of any object: None was "unknown dtype 'None'", a list
+    # "unknown dtype '['float32']'", as if they were misspelled names.
+    import recoverssm_rs as rs
+
+    with pytest.raises(
+        LayoutError,
+        match=rf"^state 'x': dtype must be a dtype name or a torch / numpy dtype, got {type(dtype).__name__}$",
+    ):
+        rs.StateSpec("x", (3,), dtype, copy="temporal")
+    assert rs.StateSpec("x", (3,), "fp32", copy="temporal").dtype == "float32"
