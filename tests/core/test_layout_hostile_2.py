@@ -214,3 +214,16 @@ def test_a_state_spec_dtype_of_the_wrong_kind_is_named_as_such(dtype):
     ):
         rs.StateSpec("x", (3,), dtype, copy="temporal")
     assert rs.StateSpec("x", (3,), "fp32", copy="temporal").dtype == "float32"
+
+
+def test_a_backend_registered_by_name_and_by_enum_member_is_refused():
+    # Both registrations reached the core under one name and the first one was used silently.
+    import enum
+
+    from recoverssm_rs.contract import validate_copy_funcs
+
+    group = dict(mamba_type="GDN_ATTN", shapes=[(3, 4), (4, 4, 4)], block_size=16)
+    member = enum.Enum("MambaAttentionBackendEnum", ["GDN_ATTN"]).GDN_ATTN
+    with pytest.raises(LayoutError, match=r"^copy_funcs registers backend GDN_ATTN twice"):
+        validate_copy_funcs([group], {"GDN_ATTN": ["conv"], member: ["conv", "temporal"]})
+    assert validate_copy_funcs([group], {member: ["conv", "temporal"]}) == {"GDN_ATTN": 2}
