@@ -60,6 +60,14 @@ fn shape_str(shape: &[u64]) -> String {
 /// Applies the copyable-prefix contract to every group. `copy_funcs` holds, per backend, the names
 /// of the copy functions it registers, in state order.
 pub fn validate_copy_funcs(groups: &[GroupSpec], copy_funcs: &[(String, Vec<String>)]) -> Result<Vec<CopyPrefix>> {
+    for (i, (backend, _)) in copy_funcs.iter().enumerate() {
+        if copy_funcs[..i].iter().any(|(b, _)| b == backend) {
+            return Err(Error::layout(format!(
+                "copy_funcs registers backend {backend} twice (by name and by enum member?); register each backend's copy \
+                 functions once"
+            )));
+        }
+    }
     let mut out: Vec<CopyPrefix> = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
         let backend = g.backend.as_str();
@@ -189,6 +197,13 @@ mod tests {
         let g = group("GDN_ATTN", &[&[32, 8, 128], &[32, 8, 256], &[8192, 10], &[32, 128, 128]]);
         let m = validate_copy_funcs(&[g], &[funcs("GDN_ATTN", &["conv", "temporal"])]).unwrap_err().message;
         assert!(m.contains("state 0 (32, 8, 128)") && m.contains("3-D"), "{m}");
+    }
+
+    #[test]
+    fn a_backend_registered_twice_is_rejected() {
+        let f = [funcs("GDN_ATTN", &["conv"]), funcs("GDN_ATTN", &["conv", "temporal"])];
+        let m = validate_copy_funcs(&[group("GDN_ATTN", &K3)], &f).unwrap_err().message;
+        assert!(m.contains("registers backend GDN_ATTN twice"), "{m}");
     }
 
     #[test]

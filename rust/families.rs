@@ -79,7 +79,11 @@ fn conv_width(family: &str, what: &str, c: &Common, kernel: u64) -> Result<u64> 
     if kernel < 2 {
         return Err(Error::layout(format!("{family}: {what} must be >= 2 (the window keeps {what} - 1 columns), got {kernel}")));
     }
-    Ok(kernel - 1 + c.num_spec as u64)
+    checked(
+        family,
+        &format!("the conv window width {what} - 1 + num_spec = {kernel} - 1 + {}", c.num_spec),
+        (kernel - 1).checked_add(c.num_spec as u64),
+    )
 }
 
 /// Mamba1: conv `dim = intermediate_size / tp`, `width = conv_kernel - 1`; temporal
@@ -213,12 +217,14 @@ pub fn linear_attention(num_heads: u64, head_dim: u64, c: &Common) -> Result<Lay
 
 /// The RecoverSSM verify records per request and layer: corrections `[H, Q, V]` fp32 and
 /// key + gate `[H, Q, key_gate]` in the model dtype, `Q = num_spec + 1`.
-fn recover_records(c: &Common, heads: u64, v: u64, key_gate: u64) -> [StateSpec; 2] {
+/// `key_gate` is `None` when it overflows 64 bits (an error naming `family`).
+fn recover_records(family: &str, c: &Common, heads: u64, v: u64, key_gate: Option<u64>) -> Result<[StateSpec; 2]> {
     let q = c.num_spec as u64 + 1;
-    [
+    let key_gate = checked(family, "the verify_keygate record's last dimension", key_gate)?;
+    Ok([
         StateSpec::workspace("verify_corrections", &[heads, q, v], DType::Float32),
         StateSpec::workspace("verify_keygate", &[heads, q, key_gate], c.dtype),
-    ]
+    ])
 }
 
 /// Gated DeltaNet parameters (vLLM names).
@@ -251,7 +257,7 @@ pub fn gdn(p: &Gdn, c: &Common) -> Result<Layout> {
     let width = conv_width(F, "conv_kernel_size", c, p.conv_kernel_size)?;
     let mut states = vec![conv_state(c, width, dim), StateSpec::persistent("temporal", &[h, hv, hk], c.ssm_dtype, CopyKind::Temporal)];
     if p.recover_ssm {
-        states.extend(recover_records(c, h, hv, hk + 1));
+        states.extend(recover_records(F, c, h, hv, hk.checked_add(1))?);
     }
     // Channels [q | k | v], each sharded by heads.
     let shards = vec![
@@ -291,7 +297,7 @@ pub fn kda(p: &Kda, c: &Common) -> Result<Layout> {
     let width = conv_width(F, "conv_kernel_size", c, p.conv_kernel_size)?;
     let mut states = vec![conv_state(c, width, dim), StateSpec::persistent("recurrent", &[h, hd, hd], c.ssm_dtype, CopyKind::Temporal)];
     if p.recover_ssm {
-        states.extend(recover_records(c, h, hd, 2 * hd));
+        states.extend(recover_records(F, c, h, hd, hd.checked_mul(2))?);
     }
     // Channels [q | k | v] (q and k: num_k_heads x head_k_dim; v: num_heads x head_dim), each
     // sharded by heads.
@@ -397,5 +403,15 @@ mod tests {
         assert!(m.contains("intermediate_size = 2047"), "{m}");
         let m = mamba1(8192, 16, 1, &common(1, 0, ConvLayout::SD)).unwrap_err().message;
         assert!(m.contains("mamba1: conv_kernel must be >= 2"), "{m}");
+    }
+
+    #[test]
+    fn huge_kernels_and_head_dims_overflow_without_wrapping() {
+        // conv_kernel - 1 + num_spec and KDA's 2 * head_dim wrapped (a panic in a debug build).
+        let m = short_conv(2048, u64::MAX, &common(1, 2, ConvLayout::SD)).unwrap_err().message;
+        assert!(m.contains("short_conv: the conv window width conv_kernel - 1 + num_spec") && m.contains("overflows 64 bits"), "{m}");
+        let p = Kda { num_heads: 1, head_dim: 1 << 63, num_k_heads: 1, head_k_dim: 1, conv_kernel_size: 4, recover_ssm: true };
+        let m = kda(&p, &common(1, 0, ConvLayout::SD)).unwrap_err().message;
+        assert!(m.contains("kda: the verify_keygate record's last dimension overflows 64 bits"), "{m}");
     }
 }

@@ -96,7 +96,13 @@ def _needs_torch(what: str) -> str:
 
 def require(module: str, what: str = "this command") -> None:
     """Raise :class:`BackendUnavailableError` if the optional ``module`` (a key of :data:`EXTRAS`)
-    is not installed; the message names ``what`` needs it and the extra to install."""
+    is not installed; the message names ``what`` needs it and the extra to install. A module
+    that is not one of the optional dependencies is refused whether it is installed or not."""
+    if not isinstance(module, str) or module not in EXTRAS:
+        raise BackendUnavailableError(
+            f"require: module = {module!r} is not an optional dependency of {PACKAGE}; "
+            f"expected one of: {', '.join(EXTRAS)}"
+        )
     if module == "torch":
         require_torch(what)
     elif importlib.util.find_spec(module) is None:
@@ -147,6 +153,11 @@ def cuda_match_problem(torch_cuda: str | None, cupy_dists: Iterable[str]) -> str
     exactly one CuPy is installed and its CUDA major equals torch's (a source-built ``cupy`` is
     taken to match), else one line saying what to install or remove.
     """
+    if isinstance(cupy_dists, (str, bytes)) or (torch_cuda is not None and not isinstance(torch_cuda, str)):
+        raise BackendUnavailableError(
+            f"cuda_match_problem: torch_cuda must be torch.version.cuda (a string or None), got {torch_cuda!r}, "
+            f"and cupy_dists a list of distribution names (cupy_distributions()), got {cupy_dists!r}"
+        )
     dists = sorted(set(cupy_dists))
     if torch_cuda is None:
         return (
@@ -154,6 +165,8 @@ def cuda_match_problem(torch_cuda: str | None, cupy_dists: Iterable[str]) -> str
             f"torch, e.g. {_install_line('gpu-cu13')}"
         )
     major = _cuda_major(torch_cuda)
+    if major is None:
+        return f"torch.version.cuda = {torch_cuda!r} is not a CUDA version (expected e.g. '12.8'): reinstall torch"
     want = f"cupy-cuda{major}x"
     fix = f"{_install_line(cupy_extra(major))}"
     if not dists:

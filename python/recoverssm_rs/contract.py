@@ -92,6 +92,17 @@ def copy_func_name(func: Any) -> str:
     return name if isinstance(name, str) else repr(func)
 
 
+def _copy_func_names(backend: Any, seq: Any) -> list[str]:
+    """The names of one backend's copy functions, a sequence; a string (or bytes) would be read
+    character by character, so it is refused naming the backend."""
+    if isinstance(seq, (str, bytes)):
+        raise LayoutError(
+            f"copy_funcs[{_backend_name(backend)!r}] must be a sequence of copy functions, got the string {seq!r}; "
+            f"wrap a single one in a list"
+        )
+    return [copy_func_name(f) for f in seq]
+
+
 def _group_tuple(group: Any) -> tuple[Any, ...]:
     backend = _field(group, "mamba_type", "backend")
     shapes = _field(group, "shapes")
@@ -138,5 +149,5 @@ def validate_copy_funcs(
         group_list = list(groups.keys()) if isinstance(groups, Mapping) else list(groups)
         tuples = [_group_tuple(g) for g in group_list]
     with _reading("copy_funcs (a mapping: backend -> copy functions)", LayoutError):
-        funcs = [(_backend_name(backend), [copy_func_name(f) for f in seq]) for backend, seq in copy_funcs.items()]
+        funcs = [(_backend_name(backend), _copy_func_names(backend, seq)) for backend, seq in copy_funcs.items()]
     return dict(_validate_copy_funcs(tuples, funcs))

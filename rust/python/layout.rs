@@ -44,7 +44,7 @@ impl StateSpec {
         let (copy, conv_layout) = (text(copy, "copy")?, text(conv_layout, "conv_layout")?);
         let (role, copy, conv_layout) = (role.as_str(), copy.as_deref(), conv_layout.as_deref());
         let shape = Ints::arg(shape, &format!("state '{name}': shape"), ErrorKind::Layout)?.0;
-        let dtype = dtype_name(dtype)?;
+        let dtype = DtypeName::arg(dtype, &format!("state '{name}': dtype"), ErrorKind::Layout)?.0;
         let inner = CoreSpec::from_parts(name, &shape, &dtype, role, copy, conv_layout)?;
         Ok(Self { inner })
     }
@@ -248,14 +248,6 @@ impl Layout {
     }
 }
 
-/// A dtype given as a string or as a torch / numpy dtype object.
-pub(crate) fn dtype_name(obj: &Bound<'_, PyAny>) -> PyResult<String> {
-    if let Ok(s) = obj.extract::<String>() {
-        return Ok(s);
-    }
-    Ok(obj.str()?.to_string())
-}
-
 /// The copy kind (`"conv"` or `"temporal"`) a copy function's name or kind names (the core's
 /// table of vLLM's copy-spec functions); `LayoutError` for any other name.
 #[pyfunction]
@@ -345,16 +337,18 @@ macro_rules! layout_params {
     };
 }
 
-/// The shared settings of a family calculator (`tp_size`, `num_spec`, `conv_layout`, `dtype`,
+/// The shared settings of calculator `family` (`tp_size`, `num_spec`, `conv_layout`, `dtype`,
 /// `ssm_dtype`; unset dtypes take the family's defaults: `dtype` bfloat16, `ssm_dtype` `ssm_default`).
-fn common(a: CommonArgs, ssm_default: DType) -> PyResult<Common> {
-    let dtype = |d: Option<DtypeName>, default: DType| d.map_or(Ok(default), |n| DType::parse(&n.0));
+/// A name the core does not know is an error naming the family and the parameter.
+fn common(family: &str, a: CommonArgs, ssm_default: DType) -> PyResult<Common> {
+    let at = |what: &str, e: Error| Error::layout(format!("{family}: {what}: {}", e.message));
+    let dtype = |d: Option<DtypeName>, default: DType, what: &str| d.map_or(Ok(default), |n| DType::parse(&n.0).map_err(|e| at(what, e)));
     Ok(Common {
         tp_size: a.tp_size,
         num_spec: a.num_spec,
-        conv_layout: ConvLayout::parse(&a.conv_layout)?,
-        dtype: dtype(a.dtype, DType::BFloat16)?,
-        ssm_dtype: dtype(a.ssm_dtype, ssm_default)?,
+        conv_layout: ConvLayout::parse(&a.conv_layout).map_err(|e| at("conv_layout", e))?,
+        dtype: dtype(a.dtype, DType::BFloat16, "dtype")?,
+        ssm_dtype: dtype(a.ssm_dtype, ssm_default, "ssm_dtype")?,
     })
 }
 
@@ -417,7 +411,7 @@ pub(crate) fn mamba1_layout(
     state_size: Option<&Bound<'_, PyAny>>,
     conv_kernel: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Layout> {
-    let c = common(c, DType::BFloat16)?;
+    let c = common("mamba1", c, DType::BFloat16)?;
     let p = args!(Mamba1Args { intermediate_size, state_size, conv_kernel })?;
     Ok(families::mamba1(p.intermediate_size, p.state_size, p.conv_kernel, &c)?.into())
 }
@@ -433,7 +427,7 @@ pub(crate) fn mamba2_layout(
     state_size: Option<&Bound<'_, PyAny>>,
     conv_kernel: Option<&Bound<'_, PyAny>>,
 ) (logical_window: Option<&Bound<'_, PyAny>>, mamba_backend: Option<&Bound<'_, PyAny>>) -> PyResult<Layout> {
-    let c = common(c, DType::BFloat16)?;
+    let c = common("mamba2", c, DType::BFloat16)?;
     let m = args!(families::Mamba2 { intermediate_size, n_groups, num_heads, head_dim, state_size, conv_kernel, logical_window, mamba_backend })?;
     Ok(families::mamba2(&m, &c)?.into())
 }
@@ -445,7 +439,7 @@ pub(crate) fn short_conv_layout(
     intermediate_size: Option<&Bound<'_, PyAny>>,
     conv_kernel: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Layout> {
-    let c = common(c, DType::BFloat16)?;
+    let c = common("short_conv", c, DType::BFloat16)?;
     let p = args!(ShortConvArgs { intermediate_size, conv_kernel })?;
     Ok(families::short_conv(p.intermediate_size, p.conv_kernel, &c)?.into())
 }
@@ -457,7 +451,7 @@ pub(crate) fn linear_attention_layout(
     num_heads: Option<&Bound<'_, PyAny>>,
     head_dim: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Layout> {
-    let c = common(c, DType::Float32)?;
+    let c = common("linear_attention", c, DType::Float32)?;
     let p = args!(LinearArgs { num_heads, head_dim })?;
     Ok(families::linear_attention(p.num_heads, p.head_dim, &c)?.into())
 }
@@ -472,7 +466,7 @@ pub(crate) fn gdn_layout(
     head_v_dim: Option<&Bound<'_, PyAny>>,
     conv_kernel_size: Option<&Bound<'_, PyAny>>,
 ) (recover_ssm: Option<&Bound<'_, PyAny>>) -> PyResult<Layout> {
-    let c = common(c, DType::BFloat16)?;
+    let c = common("gdn", c, DType::BFloat16)?;
     let g = args!(families::Gdn { num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size, recover_ssm })?;
     Ok(families::gdn(&g, &c)?.into())
 }
@@ -487,7 +481,7 @@ pub(crate) fn kda_layout(
     head_k_dim: Option<&Bound<'_, PyAny>>,
     conv_kernel_size: Option<&Bound<'_, PyAny>>,
 ) (recover_ssm: Option<&Bound<'_, PyAny>>) -> PyResult<Layout> {
-    let c = common(c, DType::Float32)?;
+    let c = common("kda", c, DType::Float32)?;
     let p = args!(KdaArgs { num_heads, head_dim, num_k_heads, head_k_dim, conv_kernel_size, recover_ssm })?;
     let k = families::Kda {
         num_heads: p.num_heads,

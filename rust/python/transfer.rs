@@ -63,8 +63,9 @@ impl LayoutFingerprint {
     /// Parses the text form of `encode` (LayoutError for any defect, sizes checked for overflow).
     #[staticmethod]
     #[pyo3(signature = (text: "str") -> "LayoutFingerprint")]
-    fn decode(text: &str) -> PyResult<Self> {
-        Ok(Fingerprint::decode(text)?.into())
+    fn decode(text: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let text = String::arg(text, "text", ErrorKind::Layout)?;
+        Ok(Fingerprint::decode(&text)?.into())
     }
     fn encode(&self) -> String {
         self.inner.encode()
@@ -98,20 +99,25 @@ impl LayoutFingerprint {
     }
     /// This fingerprint with another TP rank (the same pool layout on a sibling rank).
     #[pyo3(signature = (tp_rank: "int") -> "LayoutFingerprint")]
-    fn with_rank(&self, tp_rank: u64) -> PyResult<Self> {
+    fn with_rank(&self, tp_rank: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let tp_rank = u64::arg(tp_rank, "tp_rank", ErrorKind::Layout)?;
         let inner = Fingerprint { tp_rank, ..self.inner.clone() };
         inner.check()?;
         Ok(inner.into())
     }
     /// Bytes one request's persistent states take in a pool of `num_layers` layers (what the
     /// host tier and saved states count); LayoutError on overflow.
-    fn request_nbytes(&self, num_layers: u64) -> PyResult<u64> {
+    #[pyo3(signature = (num_layers: "int") -> "int")]
+    fn request_nbytes(&self, num_layers: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let num_layers = u64::arg(num_layers, "num_layers", ErrorKind::Layout)?;
         Ok(transfer::cache::request_bytes(&self.inner, num_layers)?)
     }
     /// Raises LayoutError, naming every incompatible state with both values, unless states can
     /// move from this (source) rank to `destination`.
-    fn check_compatible(&self, destination: PyRef<'_, Self>) -> PyResult<()> {
-        Ok(transfer::check_compatible(&self.inner, &destination.inner)?)
+    #[pyo3(signature = (destination: "LayoutFingerprint") -> "None")]
+    fn check_compatible(&self, destination: &Bound<'_, PyAny>) -> PyResult<()> {
+        let destination = instance::<Self>(destination, "destination", ErrorKind::Layout, "LayoutFingerprint")?;
+        Ok(transfer::check_compatible(&self.inner, &destination.get().inner)?)
     }
     fn __repr__(&self) -> String {
         format!(

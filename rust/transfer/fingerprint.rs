@@ -134,10 +134,22 @@ impl Fingerprint {
         if self.states.is_empty() {
             return Err(Error::layout(format!("{f}: the fingerprint lists no persistent state")));
         }
-        for s in &self.states {
+        for (i, s) in self.states.iter().enumerate() {
             let at = |m: String| Error::layout(format!("{f}: state '{}': {m}", s.name));
+            if s.name.trim().is_empty() {
+                return Err(Error::layout(format!("{f}: state {i} has an empty name")));
+            }
+            if self.states[..i].iter().any(|o| o.name == s.name) {
+                return Err(at("the name is used by an earlier state; state names must be unique".into()));
+            }
             match &s.kind {
                 StateKind::Conv { width, dim, kernel_size, segments, .. } => {
+                    if let Some(g) = segments.iter().find(|g| g.units == 0 || g.unit_dim == 0) {
+                        return Err(at(format!("segment '{}' has {} units of {} channels; both must be > 0", g.name, g.units, g.unit_dim)));
+                    }
+                    if segments.is_empty() || *dim == 0 {
+                        return Err(at(format!("the conv window has {dim} channels in {} segments; it needs at least one of each", segments.len())));
+                    }
                     if *kernel_size < 2 {
                         return Err(at(format!("conv_kernel_size must be >= 2, got {kernel_size}")));
                     }
@@ -165,6 +177,9 @@ impl Fingerprint {
                     }
                 }
                 StateKind::Heads { units, shape } => {
+                    if *units == 0 || shape.contains(&0) {
+                        return Err(at(format!("{units} heads of local shape {shape:?}: every dimension must be > 0")));
+                    }
                     if units % self.tp_size != 0 {
                         return Err(at(format!("{units} heads are not divisible by tp_size {}", self.tp_size)));
                     }
@@ -233,8 +248,22 @@ impl Fingerprint {
             }
         }
         let mut fp = Fingerprint { family: String::new(), model_dims: vec![], tp_size: 0, tp_rank: 0, num_spec: 0, block_size: 0, states: vec![] };
+        // The line (index) that set each one-value entry, and each model dim: a second one would
+        // silently replace, or contradict, the first.
+        let mut set: Vec<(String, usize)> = Vec::new();
         for (n, line) in lines {
             let t: Vec<&str> = line.split_whitespace().collect();
+            let key = match t.as_slice() {
+                [k @ ("family" | "tp" | "num_spec" | "block_size"), ..] => Some(k.to_string()),
+                ["dim", name, ..] => Some(format!("dim {name}")),
+                _ => None,
+            };
+            if let Some(key) = key {
+                if let Some((_, first)) = set.iter().find(|(k, _)| *k == key) {
+                    return Err(bad(n, format!("'{key}' is given again (first on line {}); each entry is given once", first + 1)));
+                }
+                set.push((key, n));
+            }
             match t.as_slice() {
                 [] => {}
                 ["family", f] => fp.family = f.to_string(),
