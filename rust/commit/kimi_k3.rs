@@ -279,10 +279,16 @@ pub fn plan_kimi_k3_commit(step: &KimiK3Step<'_>, geo: &KimiK3Geometry) -> Resul
                 return Err(Error::plan(format!("Kimi-K3 commit: {who}: num_computed_tokens {computed} is negative")));
             }
             let at = |col: i64| a.block_table[req as usize * a.cols + col as usize];
-            let last = computed + count;
+            // The token positions must be 64-bit integers: a count past 2**63 - 1 would wrap.
+            let positions = computed.checked_add(count).zip((computed / a.block_size + 1).checked_mul(a.block_size));
+            let Some((last, next)) = positions else {
+                return Err(Error::plan(format!(
+                    "Kimi-K3 commit: {who}: num_computed_tokens {computed} with {count} accepted tokens (block size {}) is past the largest token position (2**63 - 1)",
+                    a.block_size
+                )));
+            };
             let col = ((last - 1).max(0) / a.block_size).min(a.cols as i64 - 1);
             dest = block(at(col), &who, &format!("block table column {col}: block"), geo.num_blocks)?;
-            let next = (computed / a.block_size + 1) * a.block_size;
             if last >= next {
                 let bcol = next / a.block_size - 1;
                 if bcol >= a.cols as i64 {
@@ -391,6 +397,16 @@ mod tests {
         let a = KimiK3Align { block_table: &bt, cols: 2, num_computed: &[0, 0], block_size: 4 };
         let m = plan_kimi_k3_commit(&step(&[1, 1], &[2, 4], &[0, 3, 6], Some(a)), &geo()).unwrap_err().message;
         assert!(m.contains("writes block 4, which row 1"), "{m}");
+    }
+
+    #[test]
+    fn token_positions_past_i64_are_refused() {
+        let bt = [5, 6];
+        for (computed, bs) in [(i64::MAX, 4), (i64::MAX - 1, 4), (i64::MAX - 1, i64::MAX)] {
+            let a = KimiK3Align { block_table: &bt, cols: 2, num_computed: &[computed], block_size: bs };
+            let m = plan_kimi_k3_commit(&step(&[2], &[2], &[0, 3], Some(a)), &geo()).unwrap_err().message;
+            assert!(m.contains(&format!("row 0 (request 0): num_computed_tokens {computed} with 2 accepted tokens")), "{m}");
+        }
     }
 
     #[test]
