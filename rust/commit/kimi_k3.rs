@@ -67,8 +67,10 @@ const FLOATS: [DType; 3] = [DType::Float32, DType::BFloat16, DType::Float16];
 pub fn kimi_k3_lower_bound(bounds: &[Option<f64>]) -> Result<Option<f64>> {
     let first = *bounds.first().ok_or_else(|| Error::binding("Kimi-K3 commit: at least one KDA layer is needed, got none"))?;
     if let Some(b) = first {
-        if !b.is_finite() {
-            return Err(Error::binding(format!("layer 0: gate_lower_bound must be finite, got {b}")));
+        // The gate is `lower_bound * sigmoid(..)`, a log-decay: a positive bound would make every
+        // decay a growth, and the states would blow up.
+        if !b.is_finite() || b > 0.0 {
+            return Err(Error::binding(format!("layer 0: gate_lower_bound must be finite and <= 0 (the lowest log-decay of the gate), got {b}")));
         }
     }
     match bounds.iter().position(|b| b.map(f64::to_bits) != first.map(f64::to_bits)) {
@@ -416,5 +418,8 @@ mod tests {
         let m = kimi_k3_lower_bound(&[None, Some(-5.0)]).unwrap_err().message;
         assert!(m.contains("layer 1: gate_lower_bound Some(-5.0)"), "{m}");
         assert!(kimi_k3_lower_bound(&[Some(f64::NAN)]).is_err());
+        let m = kimi_k3_lower_bound(&[Some(5.0), Some(5.0)]).unwrap_err().message;
+        assert!(m.contains("layer 0: gate_lower_bound must be finite and <= 0"), "{m}");
+        assert_eq!(kimi_k3_lower_bound(&[Some(0.0)]).unwrap(), Some(0.0));
     }
 }

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from recoverssm_rs import PlanError
+from recoverssm_rs import BindingError, PlanError
 from recoverssm_rs.speculative.kimi_k3 import KimiK3Commit
 
 N, H, V, K, Q, HIST, D, R = 16, 2, 4, 4, 3, 3, 8, 4
@@ -73,6 +73,17 @@ def test_kimi_k3_token_positions_past_int64_are_a_plan_error(computed):
 
 # ----------------------------------------------------------------------------------------------
 # Kimi-K3: scalar arguments
+
+
+def test_kimi_k3_a_positive_gate_lower_bound_is_refused():
+    """The gate ``lower_bound * sigmoid(..)`` is a log-decay: a positive bound made every decay a
+    growth (the states blew up silently)."""
+    a = kimi_args()
+    a["gate_lower_bound"] = [5.0, 5.0]
+    with pytest.raises(BindingError, match="layer 0: gate_lower_bound must be finite and <= 0"):
+        KimiK3Commit(**a)
+    a["gate_lower_bound"] = [-5.0, -5.0]
+    KimiK3Commit(**a)
 
 
 # ----------------------------------------------------------------------------------------------
