@@ -90,6 +90,39 @@ def test_kimi_k3_a_positive_gate_lower_bound_is_refused():
 # Kimi-K3: tensors
 
 
+def test_kimi_k3_layers_writing_shared_memory_are_refused():
+    """One state tensor given for two layers folded the records twice into it; an expanded state
+    wrote every block; a state overlapping a layer's records changed them before they were read."""
+    a = kimi_args()
+    s = a["states"][0]
+    a["states"] = [s, s]
+    with pytest.raises(BindingError, match="layer 0: state and layer 1: state share memory"):
+        KimiK3Commit(**a)
+    a = kimi_args()
+    a["states"] = [torch.zeros(1, H, V, K).expand(N, H, V, K)] + a["states"][1:]
+    with pytest.raises(BindingError, match="layer 0: state: its elements overlap"):
+        KimiK3Commit(**a)
+    a = kimi_args()
+    buf = torch.zeros(N * H * V * K + R * H * Q * V)
+    a["states"][1] = buf[: N * H * V * K].view(N, H, V, K)
+    a["corrections"][1] = buf[-R * H * Q * V - 8 : -8].view(R, H, Q, V)
+    with pytest.raises(BindingError, match="layer 1: state and layer 1: correction share memory"):
+        KimiK3Commit(**a)
+
+
+def test_kimi_k3_vllm_pages_interleaving_conv_and_state_are_accepted():
+    """vLLM's layout: per block one page holding the layer's conv state, then its state."""
+    a = kimi_args(layers=1)
+    conv_elems, state_elems = D * (HIST + Q - 1), H * V * K
+    pages = torch.zeros(N, conv_elems + state_elems)
+    a["conv_states"] = [pages[:, :conv_elems].view(N, D, HIST + Q - 1)]
+    a["states"] = [pages[:, conv_elems:].view(N, H, V, K)]
+    a["states"][0].copy_(torch.randn(N, H, V, K))
+    kc = KimiK3Commit(**a)
+    p = kc.commit([2], [3], [0, 3])
+    assert p[4] == [3]
+
+
 # ----------------------------------------------------------------------------------------------
 # StateCache
 
