@@ -75,6 +75,33 @@ def test_kimi_k3_token_positions_past_int64_are_a_plan_error(computed):
 # Kimi-K3: scalar arguments
 
 
+@pytest.mark.parametrize("value", [3.0, "3", 2**70, True], ids=["float", "str", "huge", "bool"])
+def test_kimi_k3_spec_query_len_of_the_wrong_kind_is_a_binding_error(value):
+    """Was a TypeError / OverflowError from the extension's argument parsing (a bool was read as 1)."""
+    a = kimi_args()
+    a["spec_query_len"] = value
+    with pytest.raises(BindingError, match="spec_query_len"):
+        KimiK3Commit(**a)
+
+
+@pytest.mark.parametrize("value", ["a", True], ids=["str", "bool"])
+def test_kimi_k3_gate_lower_bound_of_the_wrong_kind_is_a_binding_error(value):
+    a = kimi_args()
+    a["gate_lower_bound"] = [value, value]
+    with pytest.raises(BindingError, match=r"gate_lower_bound\[0\] must be a real number or None"):
+        KimiK3Commit(**a)
+
+
+@pytest.mark.parametrize("value", [4.0, "4", 2**64, True], ids=["float", "str", "huge", "bool"])
+def test_kimi_k3_block_size_of_the_wrong_kind_is_a_plan_error(value):
+    a = kimi_args()
+    kc = KimiK3Commit(**a)
+    before = kimi_state(a)
+    with pytest.raises(PlanError, match="block_size"):
+        kc.commit([3, 1], [2, 8], [0, 3, 6], block_table=BT, num_computed_tokens=[6, 1], mamba_block_size=value)
+    assert_kimi_unchanged(a, before)
+
+
 def test_kimi_k3_a_positive_gate_lower_bound_is_refused():
     """The gate ``lower_bound * sigmoid(..)`` is a log-decay: a positive bound made every decay a
     growth (the states blew up silently)."""
