@@ -150,6 +150,14 @@ def test_kimi_k3_vllm_pages_interleaving_conv_and_state_are_accepted():
     assert p[4] == [3]
 
 
+def test_kimi_k3_numpy_arrays_are_refused():
+    """The core takes numpy arrays, the fold indexes torch tensors: was an AttributeError at commit."""
+    a = kimi_args()
+    a["states"] = [t.numpy() for t in a["states"]]
+    with pytest.raises(BindingError, match="layer 0: state: the commit folds torch tensors, got ndarray"):
+        KimiK3Commit(**a)
+
+
 # ----------------------------------------------------------------------------------------------
 # StateCache
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .._core import BoundTensors, KimiK3CommitPlanner
+from ..errors import BindingError
 
 __all__ = ["KimiK3Commit", "KimiK3Plan"]
 
@@ -92,7 +93,11 @@ class KimiK3Commit:
             ("A_log", self.A_log),
             ("dt_bias", self.dt_bias),
         ):
-            labelled += [(t, f"Kimi-K3 layer {i} {name}") for i, t in enumerate(ts)]
+            for i, t in enumerate(ts):
+                # The core takes any array; the fold below indexes torch tensors.
+                if not isinstance(t, torch.Tensor):
+                    raise BindingError(f"layer {i}: {name}: the commit folds torch tensors, got {type(t).__name__}")
+                labelled.append((t, f"Kimi-K3 layer {i} {name}"))
         self._bound = BoundTensors(labelled)
 
     @classmethod
