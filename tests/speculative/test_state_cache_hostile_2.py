@@ -158,6 +158,22 @@ def test_kimi_k3_numpy_arrays_are_refused():
         KimiK3Commit(**a)
 
 
+def test_kimi_k3_lists_given_as_iterators_or_not_lists():
+    """A generator was read by the core and then found empty (an IndexError at commit); ``None``
+    or a bare bound was a TypeError from ``list()``."""
+    a = kimi_args()
+    b = {k: list(v) if isinstance(v, list) else v for k, v in kimi_args().items()}
+    gen = dict(a, **{k: (t for t in a[k]) for k in ("conv_states", "states", "corrections", "key_gates")})
+    want = KimiK3Commit(**b).commit([2, 1], [3, 4], [0, 3, 6])
+    assert KimiK3Commit(**gen).commit([2, 1], [3, 4], [0, 3, 6]) == want
+    for s, t in zip(a["states"], b["states"], strict=True):
+        assert torch.equal(s, t)
+    with pytest.raises(BindingError, match="conv"):
+        KimiK3Commit(**dict(kimi_args(), conv_states=None))
+    with pytest.raises(BindingError, match="gate_lower_bound"):
+        KimiK3Commit(**dict(kimi_args(), gate_lower_bound=-5.0))
+
+
 # ----------------------------------------------------------------------------------------------
 # StateCache
 

@@ -18,7 +18,7 @@ The index vectors are read on the host (a device-to-host copy when they live on 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,11 @@ def _host(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.device.type != "cpu":
         return x.cpu()
     return x
+
+
+def _once(x: Any) -> Any:
+    """An iterator read into a list (it can be read only once), anything else as is."""
+    return list(x) if isinstance(x, Iterator) else x
 
 
 class KimiK3Commit:
@@ -68,14 +73,18 @@ class KimiK3Commit:
         gate_lower_bound: Sequence[float | None],
         spec_query_len: int,
     ) -> None:
+        # An iterator is read once, here; anything else goes to the core as given (it refuses what
+        # is not a list with a BindingError naming the argument).
+        conv_states, states, corrections, key_gates = map(_once, (conv_states, states, corrections, key_gates))
+        A_log, dt_bias, gate_lower_bound = map(_once, (A_log, dt_bias, gate_lower_bound))
         self.planner = KimiK3CommitPlanner(
-            conv=list(conv_states),
-            state=list(states),
-            correction=list(corrections),
-            key_gate=list(key_gates),
-            a_log=list(A_log),
-            dt_bias=list(dt_bias),
-            gate_lower_bound=list(gate_lower_bound),
+            conv=conv_states,
+            state=states,
+            correction=corrections,
+            key_gate=key_gates,
+            a_log=A_log,
+            dt_bias=dt_bias,
+            gate_lower_bound=gate_lower_bound,
             spec_query_len=spec_query_len,
         )
         self.conv_states = tuple(conv_states)
