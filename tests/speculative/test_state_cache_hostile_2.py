@@ -174,6 +174,16 @@ def test_kimi_k3_lists_given_as_iterators_or_not_lists():
         KimiK3Commit(**dict(kimi_args(), gate_lower_bound=-5.0))
 
 
+def test_kimi_k3_meta_index_vectors_are_a_plan_error():
+    """Was a NotImplementedError from copying a meta tensor to the host."""
+    a = kimi_args()
+    kc = KimiK3Commit(**a)
+    before = kimi_state(a)
+    with pytest.raises(PlanError, match="num_accepted_tokens"):
+        kc.commit(torch.tensor([2, 1], device="meta"), [3, 4], [0, 3, 6])
+    assert_kimi_unchanged(a, before)
+
+
 # ----------------------------------------------------------------------------------------------
 # StateCache
 

@@ -33,8 +33,9 @@ KimiK3Plan = tuple[list[int], list[int], list[int], list[int], list[int], list[i
 
 
 def _host(x: Any) -> Any:
-    """An index tensor on the host (the core reads host integers), anything else as is."""
-    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+    """An index tensor on the host (the core reads host integers), anything else as is (a meta
+    tensor, which holds no values, too: the core refuses it)."""
+    if isinstance(x, torch.Tensor) and x.device.type not in ("cpu", "meta"):
         return x.cpu()
     return x
 
