@@ -11,6 +11,7 @@ import pytest
 import torch
 from recoverssm_rs import BindingError, PlanError
 from recoverssm_rs.speculative.kimi_k3 import KimiK3Commit
+from test_state_cache import conv_inputs, make_cache, snapshot
 
 N, H, V, K, Q, HIST, D, R = 16, 2, 4, 4, 3, 3, 8, 4
 
@@ -191,3 +192,16 @@ def test_kimi_k3_meta_index_vectors_are_a_plan_error():
 def assert_unchanged(cache, before) -> None:
     for name, buf in cache.buffers().items():
         assert torch.equal(buf, before[name]), f"{name} changed"
+
+
+@pytest.mark.parametrize("which", ["x", "weight"])
+def test_conv_verify_inputs_on_another_device_are_a_plan_error(which):
+    """Was a RuntimeError from ``torch.cat`` deep in the conv."""
+    cache = make_cache(("kda", "DS", "bfloat16"), num_layers=1)
+    x, w = conv_inputs(cache, 2, torch.Generator().manual_seed(1))
+    args = {"x": x, "weight": w}
+    args[which] = args[which].to("meta")
+    before = snapshot(cache)
+    with pytest.raises(PlanError, match=f"{which}: expected a tensor on cpu, got one on meta"):
+        cache.conv_verify(0, [1, 2], args["x"], args["weight"])
+    assert_unchanged(cache, before)
