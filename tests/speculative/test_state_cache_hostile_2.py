@@ -11,7 +11,7 @@ import pytest
 import torch
 from recoverssm_rs import BindingError, PlanError
 from recoverssm_rs.speculative.kimi_k3 import KimiK3Commit
-from test_state_cache import conv_inputs, make_cache, snapshot
+from test_state_cache import conv_inputs, make_cache, snapshot, window
 
 N, H, V, K, Q, HIST, D, R = 16, 2, 4, 4, 3, 3, 8, 4
 
@@ -204,4 +204,14 @@ def test_conv_verify_inputs_on_another_device_are_a_plan_error(which):
     before = snapshot(cache)
     with pytest.raises(PlanError, match=f"{which}: expected a tensor on cpu, got one on meta"):
         cache.conv_verify(0, [1, 2], args["x"], args["weight"])
+    assert_unchanged(cache, before)
+
+
+def test_verify_query_lens_on_meta_is_a_plan_error():
+    """Was a NotImplementedError from copying the meta tensor."""
+    cache = make_cache(("gdn", "SD", "float32"), num_layers=1)
+    inputs = window(cache, 2, torch.Generator().manual_seed(2))
+    before = snapshot(cache)
+    with pytest.raises(PlanError, match="query_lens"):
+        cache.verify(0, [1, 2], *inputs, query_lens=torch.tensor([2, 2], device="meta"))
     assert_unchanged(cache, before)
