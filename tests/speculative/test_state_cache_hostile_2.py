@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from recoverssm_rs import BindingError, PlanError
+from recoverssm_rs import BindingError, PlanError, _core
 from recoverssm_rs.speculative.kimi_k3 import KimiK3Commit
 from test_state_cache import conv_inputs, make_cache, snapshot, window
 
@@ -215,3 +215,33 @@ def test_verify_query_lens_on_meta_is_a_plan_error():
     with pytest.raises(PlanError, match="query_lens"):
         cache.verify(0, [1, 2], *inputs, query_lens=torch.tensor([2, 2], device="meta"))
     assert_unchanged(cache, before)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda cp, lay: _core.CommitPlanner(lay, True), "num_blocks"),
+        (lambda cp, lay: _core.CommitPlanner("GDN", 8), "layout"),
+        (lambda cp, lay: cp.check_state_blocks([1, 2], -1), "max_requests"),
+        (lambda cp, lay: cp.check_state_blocks([1, 2], "8"), "max_requests"),
+        (lambda cp, lay: cp.check_state_blocks([1, 2], True), "max_requests"),
+        (lambda cp, lay: _core.check_index("layer", 0, -1), "len"),
+        (lambda cp, lay: _core.check_commit_counts("cpu", torch.tensor([1]), -1), "min_len"),
+        (lambda cp, lay: _core.commit_grid(b"", 1.5), "threads"),
+    ],
+    ids=[
+        "planner-bool-blocks",
+        "planner-layout",
+        "max-neg",
+        "max-str",
+        "max-bool",
+        "len-neg",
+        "min-len-neg",
+        "threads",
+    ],
+)
+def test_commit_binding_integers_of_the_wrong_kind_are_the_packages_errors(call, name):
+    """Were TypeError / OverflowError from the extension's argument parsing, or a bool read as 1."""
+    cache = make_cache(("gdn", "SD", "float32"), num_layers=1)
+    with pytest.raises((BindingError, PlanError), match=name):
+        call(cache.commit_planner, cache.layout)
