@@ -245,3 +245,16 @@ def test_commit_binding_integers_of_the_wrong_kind_are_the_packages_errors(call,
     cache = make_cache(("gdn", "SD", "float32"), num_layers=1)
     with pytest.raises((BindingError, PlanError), match=name):
         call(cache.commit_planner, cache.layout)
+
+
+@pytest.mark.parametrize("buffer", ["conv", "recurrent"])
+def test_copy_blocks_after_a_pool_buffer_was_repointed_is_refused(buffer):
+    """The copy planner's per-layer views kept the old memory: a copy after ``set_`` reported its
+    copies and wrote memory the cache no longer reads."""
+    cache = make_cache(("kda", "DS", "bfloat16"), num_layers=2)
+    t = cache.buffers()[buffer]
+    t.set_(torch.zeros_like(t))
+    before = snapshot(cache)
+    with pytest.raises(BindingError, match=f"StateCache {buffer} buffer"):
+        cache.copy_blocks([1], [5])
+    assert_unchanged(cache, before)

@@ -403,7 +403,9 @@ class StateCache:
         """Copy whole blocks (every persistent state of every layer): forks and prefix-cache hits,
         planned and checked by the copy planner. Returns the number of copies."""
         plan = self.planner.plan_copy(src_blocks, dst_blocks)
-        plan.execute()
+        # The planner holds per-layer views made at construction: a pool buffer re-pointed since
+        # (``set_``) would leave them on the old memory, so the cache's buffers are checked too.
+        self._bound.guarded(plan.execute)
         return len(plan)
 
     def memory_report(self) -> MemoryReport:
