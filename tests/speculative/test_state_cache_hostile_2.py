@@ -258,3 +258,11 @@ def test_copy_blocks_after_a_pool_buffer_was_repointed_is_refused(buffer):
     with pytest.raises(BindingError, match=f"StateCache {buffer} buffer"):
         cache.copy_blocks([1], [5])
     assert_unchanged(cache, before)
+
+
+def test_commit_meta_of_a_freed_buffer_is_refused():
+    """Was a RuntimeError from indexing the freed buffer."""
+    cache = make_cache(("gdn", "SD", "float32"), num_layers=2)
+    cache.buffers()["corrections"].untyped_storage().resize_(0)
+    with pytest.raises(BindingError, match="StateCache corrections buffer"):
+        cache.commit_meta()

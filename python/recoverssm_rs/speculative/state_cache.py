@@ -299,8 +299,10 @@ class StateCache:
 
         Raises:
             BindingError: the kernel cannot take this layout (e.g. a (state, record) dtype pair it
-                is not instantiated for; see :data:`~recoverssm_rs.cuda.COMMIT_DTYPE_PAIRS`).
+                is not instantiated for; see :data:`~recoverssm_rs.cuda.COMMIT_DTYPE_PAIRS`), or a
+                buffer was resized, freed or re-pointed since the cache was made.
         """
+        self._bound.check()
         L = self.num_layers
         return build_commit_meta(
             [self._recurrent[l] for l in range(L)],
