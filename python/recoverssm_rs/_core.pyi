@@ -1242,7 +1242,7 @@ def check_vllm_step(planner: Planner, num_spec_blocks: int) -> None:
     given to the planner, `num_spec_blocks` its groups' `num_spec`.
     """
 
-def commit_grid(table: _Buffer, threads: int = ...) -> tuple[int, int]:
+def commit_grid(table: _Buffer, threads: int | None = None) -> tuple[int, int]:
     """`(rec_ctas, conv_ctas)`: CTAs per (layer, row) of the commit kernel for a table's bytes, with
     `threads` threads per CTA.
     """

@@ -67,8 +67,10 @@ const FLOATS: [DType; 3] = [DType::Float32, DType::BFloat16, DType::Float16];
 pub fn kimi_k3_lower_bound(bounds: &[Option<f64>]) -> Result<Option<f64>> {
     let first = *bounds.first().ok_or_else(|| Error::binding("Kimi-K3 commit: at least one KDA layer is needed, got none"))?;
     if let Some(b) = first {
-        if !b.is_finite() {
-            return Err(Error::binding(format!("layer 0: gate_lower_bound must be finite, got {b}")));
+        // The gate is `lower_bound * sigmoid(..)`, a log-decay: a positive bound would make every
+        // decay a growth, and the states would blow up.
+        if !b.is_finite() || b > 0.0 {
+            return Err(Error::binding(format!("layer 0: gate_lower_bound must be finite and <= 0 (the lowest log-decay of the gate), got {b}")));
         }
     }
     match bounds.iter().position(|b| b.map(f64::to_bits) != first.map(f64::to_bits)) {
@@ -170,7 +172,126 @@ pub fn kimi_k3_geometry(layers: &[KimiK3Layer<'_>], window: i64) -> Result<KimiK
             }
         }
     }
+    check_no_shared_memory(layers)?;
     Ok(geo.expect("one layer at least"))
+}
+
+/// Where a tensor's elements lie: the byte range `[lo, hi)` of all of them, and its blocks (the
+/// first axis): their count, byte stride, and the range `[blo, bhi)` of one block's elements
+/// relative to the block's address.
+struct Extent {
+    lo: i128,
+    hi: i128,
+    stride0: i128,
+    block_lo: i128,
+    block_hi: i128,
+}
+
+impl Extent {
+    /// `None` for a tensor without elements.
+    fn of(t: &TensorDesc) -> Option<Extent> {
+        if t.shape.iter().any(|&n| n <= 0) || t.strides.len() != t.shape.len() {
+            return None;
+        }
+        let item = t.state_dtype().map_or(1, |d| d.itemsize()) as i128;
+        let (mut block_lo, mut block_hi) = (0i128, item);
+        for (&n, &st) in t.shape.iter().zip(&t.strides).skip(1) {
+            let reach = (n as i128 - 1) * st as i128;
+            if reach < 0 {
+                block_lo += reach;
+            } else {
+                block_hi += reach;
+            }
+        }
+        let (n0, stride0) = match (t.shape.first(), t.strides.first()) {
+            (Some(&n), Some(&st)) => (n as i128, st as i128),
+            _ => (1, 0),
+        };
+        let base = t.data_ptr as i128;
+        let reach0 = (n0 - 1) * stride0;
+        Some(Extent {
+            lo: base + block_lo + reach0.min(0),
+            hi: base + block_hi + reach0.max(0),
+            stride0,
+            block_lo: base + block_lo,
+            block_hi: base + block_hi,
+        })
+    }
+
+    /// Whether some element of `self` may be an element of `other`. Exact for disjoint ranges and
+    /// for blocks interleaved with one stride (vLLM's pages hold a layer's conv state and state side
+    /// by side); any other overlap of the ranges counts as shared.
+    fn may_share(&self, other: &Extent) -> bool {
+        if self.hi <= other.lo || other.hi <= self.lo {
+            return false;
+        }
+        let s = self.stride0;
+        let (wa, wb) = (self.block_hi - self.block_lo, other.block_hi - other.block_lo);
+        if s > 0 && s == other.stride0 && wa <= s && wb <= s {
+            let d = (other.block_lo - self.block_lo).rem_euclid(s);
+            return !(d >= wa && d + wb <= s);
+        }
+        true
+    }
+}
+
+/// Whether two elements of `t` may be one memory location (an expanded view, a stride of 0, axes
+/// that overlap): a write of one block would then write others.
+fn overlaps_itself(t: &TensorDesc) -> bool {
+    let item = t.state_dtype().map_or(1, |d| d.itemsize()) as i128;
+    let mut axes: Vec<(i128, i128)> =
+        t.shape.iter().zip(&t.strides).filter(|(&n, _)| n > 1).map(|(&n, &st)| ((st as i128).abs(), n as i128)).collect();
+    axes.sort_unstable();
+    let mut extent = item;
+    for (stride, n) in axes {
+        if stride < extent {
+            return true;
+        }
+        extent += (n - 1) * stride;
+    }
+    false
+}
+
+/// The tensors a commit writes (every layer's state and conv state) must not share memory with
+/// each other, with themselves (one block written would write another) or with any tensor a commit
+/// reads (records, gate parameters): a layer's write would change what another layer then reads,
+/// or a block another row owns.
+fn check_no_shared_memory(layers: &[KimiK3Layer<'_>]) -> Result<()> {
+    let mut all: Vec<(String, &TensorDesc, bool)> = Vec::with_capacity(layers.len() * 6);
+    for (l, t) in layers.iter().enumerate() {
+        all.push((format!("layer {l}: state"), t.state, true));
+        all.push((format!("layer {l}: conv state"), t.conv, true));
+        all.push((format!("layer {l}: correction"), t.correction, false));
+        all.push((format!("layer {l}: key_gate"), t.key_gate, false));
+        all.push((format!("layer {l}: A_log"), t.a_log, false));
+        all.push((format!("layer {l}: dt_bias"), t.dt_bias, false));
+    }
+    for (name, t, written) in &all {
+        if *written && overlaps_itself(t) {
+            return Err(Error::binding(format!(
+                "{name}: its elements overlap (shape {:?}, byte strides {:?}: an expanded view, or a stride of 0); a commit writing one block would write others",
+                t.shape, t.strides
+            )));
+        }
+    }
+    let extents: Vec<Option<Extent>> = all.iter().map(|(_, t, _)| Extent::of(t)).collect();
+    for (i, (name, _, written)) in all.iter().enumerate() {
+        let Some(a) = &extents[i] else { continue };
+        if !written {
+            continue;
+        }
+        for (j, (other, _, other_written)) in all.iter().enumerate() {
+            if j == i || (*other_written && j < i) {
+                continue; // each pair of written tensors once
+            }
+            if extents[j].as_ref().is_some_and(|b| a.may_share(b)) {
+                return Err(Error::binding(format!(
+                    "{name} and {other} share memory (the same tensor twice, or overlapping views); the commit writes the first, which would change the other: give every layer its own tensors"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Align mode: the block table (row-major `[rows, cols]`, indexed by request), the tokens each
@@ -279,10 +400,16 @@ pub fn plan_kimi_k3_commit(step: &KimiK3Step<'_>, geo: &KimiK3Geometry) -> Resul
                 return Err(Error::plan(format!("Kimi-K3 commit: {who}: num_computed_tokens {computed} is negative")));
             }
             let at = |col: i64| a.block_table[req as usize * a.cols + col as usize];
-            let last = computed + count;
+            // The token positions must be 64-bit integers: a count past 2**63 - 1 would wrap.
+            let positions = computed.checked_add(count).zip((computed / a.block_size + 1).checked_mul(a.block_size));
+            let Some((last, next)) = positions else {
+                return Err(Error::plan(format!(
+                    "Kimi-K3 commit: {who}: num_computed_tokens {computed} with {count} accepted tokens (block size {}) is past the largest token position (2**63 - 1)",
+                    a.block_size
+                )));
+            };
             let col = ((last - 1).max(0) / a.block_size).min(a.cols as i64 - 1);
             dest = block(at(col), &who, &format!("block table column {col}: block"), geo.num_blocks)?;
-            let next = (computed / a.block_size + 1) * a.block_size;
             if last >= next {
                 let bcol = next / a.block_size - 1;
                 if bcol >= a.cols as i64 {
@@ -394,11 +521,69 @@ mod tests {
     }
 
     #[test]
+    fn token_positions_past_i64_are_refused() {
+        let bt = [5, 6];
+        for (computed, bs) in [(i64::MAX, 4), (i64::MAX - 1, 4), (i64::MAX - 1, i64::MAX)] {
+            let a = KimiK3Align { block_table: &bt, cols: 2, num_computed: &[computed], block_size: bs };
+            let m = plan_kimi_k3_commit(&step(&[2], &[2], &[0, 3], Some(a)), &geo()).unwrap_err().message;
+            assert!(m.contains(&format!("row 0 (request 0): num_computed_tokens {computed} with 2 accepted tokens")), "{m}");
+        }
+    }
+
+    fn dense(addr: u64, shape: &[i64]) -> TensorDesc {
+        TensorDesc::dense(addr, "float32", shape, "cpu")
+    }
+
+    #[test]
+    fn written_tensors_share_no_memory() {
+        let (state, conv) = (dense(0x10000, &[8, 2, 4, 4]), dense(0x20000, &[8, 6, 4]));
+        let (corr, kg) = (dense(0x30000, &[2, 2, 3, 4]), dense(0x40000, &[2, 2, 3, 8]));
+        let (a_log, dt) = (dense(0x50000, &[2]), dense(0x50100, &[2, 4]));
+        let reads = (&corr, &kg, &a_log, &dt);
+        fn with<'a>(
+            state: &'a TensorDesc,
+            conv: &'a TensorDesc,
+            r: (&'a TensorDesc, &'a TensorDesc, &'a TensorDesc, &'a TensorDesc),
+        ) -> KimiK3Layer<'a> {
+            KimiK3Layer { conv, state, correction: r.0, key_gate: r.1, a_log: r.2, dt_bias: r.3 }
+        }
+        let layer = |state, conv| with(state, conv, reads);
+        // Layers may share the records and gate parameters they only read.
+        let state1 = dense(0x60000, &[8, 2, 4, 4]);
+        let conv1 = dense(0x70000, &[8, 6, 4]);
+        assert!(kimi_k3_geometry(&[layer(&state, &conv), layer(&state1, &conv1)], 3).is_ok());
+        let m = kimi_k3_geometry(&[layer(&state, &conv), layer(&state, &conv1)], 3).unwrap_err().message;
+        assert!(m.contains("layer 0: state and layer 1: state share memory"), "{m}");
+        // A state overlapping a record it reads.
+        let over = dense(0x30000 + 64, &[8, 2, 4, 4]);
+        let m = kimi_k3_geometry(&[layer(&over, &conv)], 3).unwrap_err().message;
+        assert!(m.contains("layer 0: state and layer 0: correction share memory"), "{m}");
+        // An expanded state: every block is one.
+        let mut expanded = state.clone();
+        expanded.strides[0] = 0;
+        let m = kimi_k3_geometry(&[layer(&expanded, &conv)], 3).unwrap_err().message;
+        assert!(m.contains("layer 0: state: its elements overlap"), "{m}");
+        // vLLM's pages: a layer's conv state and state interleaved with one block stride.
+        let page = 6 * 4 * 4 + 2 * 4 * 4 * 4;
+        let mut c = dense(0x80000, &[8, 6, 4]);
+        c.strides[0] = page;
+        let mut st = dense(0x80000 + 6 * 4 * 4, &[8, 2, 4, 4]);
+        st.strides[0] = page;
+        assert!(kimi_k3_geometry(&[with(&st, &c, reads)], 3).is_ok());
+        st.data_ptr -= 4;
+        let m = kimi_k3_geometry(&[with(&st, &c, reads)], 3).unwrap_err().message;
+        assert!(m.contains("share memory"), "{m}");
+    }
+
+    #[test]
     fn one_gate_bound_for_every_layer() {
         assert_eq!(kimi_k3_lower_bound(&[Some(-5.0), Some(-5.0)]).unwrap(), Some(-5.0));
         assert_eq!(kimi_k3_lower_bound(&[None, None]).unwrap(), None);
         let m = kimi_k3_lower_bound(&[None, Some(-5.0)]).unwrap_err().message;
         assert!(m.contains("layer 1: gate_lower_bound Some(-5.0)"), "{m}");
         assert!(kimi_k3_lower_bound(&[Some(f64::NAN)]).is_err());
+        let m = kimi_k3_lower_bound(&[Some(5.0), Some(5.0)]).unwrap_err().message;
+        assert!(m.contains("layer 0: gate_lower_bound must be finite and <= 0"), "{m}");
+        assert_eq!(kimi_k3_lower_bound(&[Some(0.0)]).unwrap(), Some(0.0));
     }
 }

@@ -3,7 +3,7 @@
 //! themselves), and the kernel's launch builder of one state cache.
 
 use super::buffer::RawBuffer;
-use super::conversion::{arg_error, args, kwargs, DeviceOf, Ints, Table, Tensor};
+use super::conversion::{arg_error, args, instance, kwargs, Arg, DeviceOf, Ints, Table, Tensor};
 use super::launch::{cuda_index, KernelLaunch};
 use super::layout::Layout;
 use crate::commit::{
@@ -46,9 +46,11 @@ kwargs! {
 impl CommitPlanner {
     #[new]
     #[pyo3(signature = (layout: "Layout", num_blocks: "int"))]
-    fn new(layout: PyRef<'_, Layout>, num_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let num_blocks = num_blocks
-            .extract::<u64>()
+    fn new(layout: &Bound<'_, PyAny>, num_blocks: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let layout = instance::<Layout>(layout, "layout", ErrorKind::Binding, "Layout")?;
+        let layout = layout.borrow();
+        // A host integer (a bool, a float or a string refused), at least 1.
+        let num_blocks = u64::arg(num_blocks, "num_blocks", ErrorKind::Binding)
             .ok()
             .filter(|&n| n >= 1)
             .ok_or_else(|| Error::binding(format!("num_blocks must be a positive integer, got {num_blocks}")))?;
@@ -102,8 +104,9 @@ impl CommitPlanner {
     /// Checks running-state blocks (`<= 0` padding): in range, one request per block, and at most
     /// `max_requests` requests when given (the workspace rows). Returns the number of requests.
     #[pyo3(signature = (state_blocks: "_IntArray", max_requests: "int | None" = None) -> "int")]
-    fn check_state_blocks(&self, state_blocks: &Bound<'_, PyAny>, max_requests: Option<u64>) -> PyResult<usize> {
-        let sb: Ints = super::conversion::Arg::arg(state_blocks, "state_blocks", ErrorKind::Plan)?;
+    fn check_state_blocks(&self, state_blocks: &Bound<'_, PyAny>, max_requests: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let sb = Ints::arg(state_blocks, "state_blocks", ErrorKind::Plan)?;
+        let max_requests = max_requests.map(|m| Option::<u64>::arg(m, "max_requests", ErrorKind::Plan)).transpose()?.flatten();
         if let Some(m) = max_requests {
             check_workspace_rows(sb.0.len(), &self.backend, m)?;
         }
@@ -181,8 +184,9 @@ pub(crate) fn check_cache_sizes_py(num_layers: &Bound<'_, PyAny>, num_blocks: &B
 /// `index` as an index into `len` items named `what` (a `PlanError` otherwise).
 #[pyfunction(name = "check_index")]
 #[pyo3(signature = (what: "str", index: "int", len: "int") -> "int")]
-pub(crate) fn check_index_py(what: &str, index: &Bound<'_, PyAny>, len: u64) -> PyResult<usize> {
+pub(crate) fn check_index_py(what: &str, index: &Bound<'_, PyAny>, len: &Bound<'_, PyAny>) -> PyResult<usize> {
     let i: i64 = super::conversion::Arg::arg(index, what, ErrorKind::Plan)?;
+    let len = u64::arg(len, "len", ErrorKind::Plan)?;
     Ok(check_index(what, i, len)?)
 }
 
@@ -383,8 +387,12 @@ impl PyCommitLaunch {
 /// `(rec_ctas, conv_ctas)`: CTAs per (layer, row) of the commit kernel for a table's bytes, with
 /// `threads` threads per CTA.
 #[pyfunction]
-#[pyo3(signature = (table: "_Buffer", threads: "int" = constants::THREADS) -> "tuple[int, int]")]
-pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32) -> PyResult<(u32, u32)> {
+#[pyo3(signature = (table: "_Buffer", threads: "int" = None) -> "tuple[int, int]")]
+pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: Option<&Bound<'_, PyAny>>) -> PyResult<(u32, u32)> {
+    let threads = match threads {
+        Some(t) => u32::arg(t, "threads", ErrorKind::Binding)?,
+        None => constants::THREADS,
+    };
     Ok(kernels::commit_grid(&commit_table(py, table)?, threads))
 }
 
@@ -392,7 +400,8 @@ pub(crate) fn commit_grid(py: Python<'_>, table: &Bound<'_, PyAny>, threads: u32
 /// least `min_len` counts.
 #[pyfunction]
 #[pyo3(signature = (device: "str", num_accepted: "_Tensor", min_len: "int") -> "None")]
-pub(crate) fn check_commit_counts(device: &str, num_accepted: &Bound<'_, PyAny>, min_len: u64) -> PyResult<()> {
+pub(crate) fn check_commit_counts(device: &str, num_accepted: &Bound<'_, PyAny>, min_len: &Bound<'_, PyAny>) -> PyResult<()> {
+    let min_len = u64::arg(min_len, "min_len", ErrorKind::Plan)?;
     let device = Device::parse(device).map_err(|e| Error::plan(e.message))?;
     let a: Tensor = super::conversion::Arg::arg(num_accepted, "num_accepted", ErrorKind::Plan)?;
     Ok(args::check_commit_counts(&device, &a.0, min_len)?)

@@ -1,10 +1,11 @@
 //! Binding of the Kimi-K3 RecoverSSM commit over vLLM's own tensors (`crate::commit::kimi_k3`):
 //! the KDA layers' tensors checked once, then each step's metadata planned.
 
-use super::conversion::{Arg, Ints, Table, Tensor};
+use super::conversion::{arg_error, items, type_name, Arg, Ints, Table, Tensor};
 use crate::commit::kimi_k3::{kimi_k3_geometry, kimi_k3_lower_bound, plan_kimi_k3_commit, KimiK3Align, KimiK3Geometry, KimiK3Layer, KimiK3Step};
 use crate::error::{Error, ErrorKind};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyString};
 
 /// The columns of a commit plan: per row that writes, its records' row, request, source block,
 /// tokens folded, destination block, boundary block (0: none) and the tokens before the boundary.
@@ -20,6 +21,26 @@ pub struct KimiK3CommitPlanner {
 
 fn tensors(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Tensor>> {
     Vec::<Tensor>::arg(obj, name, ErrorKind::Binding)
+}
+
+/// Per layer, the gate's lower bound: a real number or `None` (a bool or a string is refused, not
+/// read as a number).
+fn lower_bounds(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Option<f64>>> {
+    let name = "gate_lower_bound";
+    items(obj, name, ErrorKind::Binding, "floats or None (one per layer)")?
+        .iter()
+        .enumerate()
+        .map(|(l, x)| {
+            if x.is_none() {
+                return Ok(None);
+            }
+            let refused = || arg_error(ErrorKind::Binding, format!("{name}[{l}] must be a real number or None, got {}", type_name(x)));
+            if x.is_instance_of::<PyBool>() || x.is_instance_of::<PyString>() {
+                return Err(refused());
+            }
+            x.extract::<f64>().map(Some).map_err(|_| refused())
+        })
+        .collect()
 }
 
 #[pymethods]
@@ -44,9 +65,11 @@ impl KimiK3CommitPlanner {
         key_gate: &Bound<'_, PyAny>,
         a_log: &Bound<'_, PyAny>,
         dt_bias: &Bound<'_, PyAny>,
-        gate_lower_bound: Vec<Option<f64>>,
-        spec_query_len: i64,
+        gate_lower_bound: &Bound<'_, PyAny>,
+        spec_query_len: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
+        let gate_lower_bound = lower_bounds(gate_lower_bound)?;
+        let spec_query_len = i64::arg(spec_query_len, "spec_query_len", ErrorKind::Binding)?;
         let lists = [
             tensors(conv, "conv")?,
             tensors(state, "state")?,
@@ -125,8 +148,9 @@ impl KimiK3CommitPlanner {
         request_indices: Option<&Bound<'_, PyAny>>,
         block_table: Option<&Bound<'_, PyAny>>,
         num_computed_tokens: Option<&Bound<'_, PyAny>>,
-        block_size: Option<i64>,
+        block_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PlanColumns> {
+        let block_size = block_size.map(|o| Option::<i64>::arg(o, "block_size", ErrorKind::Plan)).transpose()?.flatten();
         let ints = |o: &Bound<'_, PyAny>, name: &str| Ints::arg(o, name, ErrorKind::Plan).map(|i| i.0);
         let na = ints(num_accepted_tokens, "num_accepted_tokens")?;
         let si = ints(state_indices, "state_indices")?;

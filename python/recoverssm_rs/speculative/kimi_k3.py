@@ -18,12 +18,13 @@ The index vectors are read on the host (a device-to-host copy when they live on 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from .._core import BoundTensors, KimiK3CommitPlanner
+from ..errors import BindingError
 
 __all__ = ["KimiK3Commit", "KimiK3Plan"]
 
@@ -32,10 +33,16 @@ KimiK3Plan = tuple[list[int], list[int], list[int], list[int], list[int], list[i
 
 
 def _host(x: Any) -> Any:
-    """An index tensor on the host (the core reads host integers), anything else as is."""
-    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+    """An index tensor on the host (the core reads host integers), anything else as is (a meta
+    tensor, which holds no values, too: the core refuses it)."""
+    if isinstance(x, torch.Tensor) and x.device.type not in ("cpu", "meta"):
         return x.cpu()
     return x
+
+
+def _once(x: Any) -> Any:
+    """An iterator read into a list (it can be read only once), anything else as is."""
+    return list(x) if isinstance(x, Iterator) else x
 
 
 class KimiK3Commit:
@@ -67,14 +74,18 @@ class KimiK3Commit:
         gate_lower_bound: Sequence[float | None],
         spec_query_len: int,
     ) -> None:
+        # An iterator is read once, here; anything else goes to the core as given (it refuses what
+        # is not a list with a BindingError naming the argument).
+        conv_states, states, corrections, key_gates = map(_once, (conv_states, states, corrections, key_gates))
+        A_log, dt_bias, gate_lower_bound = map(_once, (A_log, dt_bias, gate_lower_bound))
         self.planner = KimiK3CommitPlanner(
-            conv=list(conv_states),
-            state=list(states),
-            correction=list(corrections),
-            key_gate=list(key_gates),
-            a_log=list(A_log),
-            dt_bias=list(dt_bias),
-            gate_lower_bound=list(gate_lower_bound),
+            conv=conv_states,
+            state=states,
+            correction=corrections,
+            key_gate=key_gates,
+            a_log=A_log,
+            dt_bias=dt_bias,
+            gate_lower_bound=gate_lower_bound,
             spec_query_len=spec_query_len,
         )
         self.conv_states = tuple(conv_states)
@@ -92,7 +103,11 @@ class KimiK3Commit:
             ("A_log", self.A_log),
             ("dt_bias", self.dt_bias),
         ):
-            labelled += [(t, f"Kimi-K3 layer {i} {name}") for i, t in enumerate(ts)]
+            for i, t in enumerate(ts):
+                # The core takes any array; the fold below indexes torch tensors.
+                if not isinstance(t, torch.Tensor):
+                    raise BindingError(f"layer {i}: {name}: the commit folds torch tensors, got {type(t).__name__}")
+                labelled.append((t, f"Kimi-K3 layer {i} {name}"))
         self._bound = BoundTensors(labelled)
 
     @classmethod

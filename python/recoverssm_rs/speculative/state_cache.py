@@ -299,8 +299,10 @@ class StateCache:
 
         Raises:
             BindingError: the kernel cannot take this layout (e.g. a (state, record) dtype pair it
-                is not instantiated for; see :data:`~recoverssm_rs.cuda.COMMIT_DTYPE_PAIRS`).
+                is not instantiated for; see :data:`~recoverssm_rs.cuda.COMMIT_DTYPE_PAIRS`), or a
+                buffer was resized, freed or re-pointed since the cache was made.
         """
+        self._bound.check()
         L = self.num_layers
         return build_commit_meta(
             [self._recurrent[l] for l in range(L)],
@@ -403,7 +405,9 @@ class StateCache:
         """Copy whole blocks (every persistent state of every layer): forks and prefix-cache hits,
         planned and checked by the copy planner. Returns the number of copies."""
         plan = self.planner.plan_copy(src_blocks, dst_blocks)
-        plan.execute()
+        # The planner holds per-layer views made at construction: a pool buffer re-pointed since
+        # (``set_``) would leave them on the old memory, so the cache's buffers are checked too.
+        self._bound.guarded(plan.execute)
         return len(plan)
 
     def memory_report(self) -> MemoryReport:

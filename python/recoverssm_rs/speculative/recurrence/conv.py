@@ -107,6 +107,8 @@ def conv_verify(
     check_shape("x", x, ("B", "Q", "dim"), (b, window, dim))
     check_tensor("weight", weight)
     check_shape("weight", weight, ("dim", "conv_kernel_size"), (dim, kc))
+    check_device("x", x, windows.device)
+    check_device("weight", weight, windows.device)
     win = windows.transpose(1, 2) if conv_layout == "SD" else windows
     hist = win[:, :, : kc - 1].float()  # [B, dim, K-1]
     seq = torch.cat([hist, x.float().transpose(1, 2)], dim=2)  # [B, dim, K-1+Q]

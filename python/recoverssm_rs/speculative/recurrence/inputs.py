@@ -120,6 +120,8 @@ def raw_counts(name: str, counts: Counts, batch: int, device: torch.device) -> t
             raise PlanError(f"{name}: expected an int, a sequence of ints or an integer tensor ({exc})") from None
     if c.dtype == torch.bool or c.is_floating_point() or c.is_complex():
         raise PlanError(f"{name}: expected an integer tensor, got dtype {c.dtype}")
+    if c.device.type == "meta":
+        raise PlanError(f"{name}: a tensor on the meta device holds no counts; pass them on {device} or the host")
     if c.ndim == 0:
         c = c.reshape(1).expand(batch)
     check_shape(name, c, ["B"], [batch])
