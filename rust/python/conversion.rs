@@ -334,7 +334,7 @@ impl Arg for Tensor {
             Described::Tensor(t) => Ok(Tensor(t)),
             Described::Dense(reason) => Err(arg_error(kind, format!("{name}: {reason}"))),
             Described::Unknown => {
-                Err(arg_error(kind, format!("{name}: expected a CUDA tensor, a CuPy array or a host array, got a {}", type_name(obj))))
+                Err(arg_error(kind, format!("{name}: expected a CUDA tensor, a CuPy array or a host array, got {}", type_name(obj))))
             }
         }
     }

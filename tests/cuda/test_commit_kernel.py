@@ -689,7 +689,7 @@ def test_commit_meta_of_a_cache():
     with pytest.raises(BindingError, match="layer 0: recurrent: address .* multiples of the 4-byte element"):
         cuda.build_commit_meta([odd], [corr], [torch.zeros(2, 2, 3, 8)], kind="kda")
     with pytest.raises(
-        BindingError, match="layer 0: conv: expected a CUDA tensor, a CuPy array or a host array, got a NoneType"
+        BindingError, match="layer 0: conv: expected a CUDA tensor, a CuPy array or a host array, got NoneType"
     ):
         cuda.build_commit_meta([rec.float()], [corr], [torch.zeros(2, 2, 3, 8)], [None], [None], kind="kda")
     with pytest.raises(BindingError, match="conv_kernel_size = 1180591620717411303424 is too large"):
