@@ -36,15 +36,6 @@ CONFIGS = [
 IDS = [f"{k}-{c}-{d}" for k, c, d in CONFIGS]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one torch thread (extra threads only spin on a loaded 2-core machine)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 # ----------------------------------------------------------------------------------------------
 # helpers
 

@@ -16,14 +16,6 @@ from test_state_cache import conv_inputs, make_cache, snapshot, window
 N, H, V, K, Q, HIST, D, R = 16, 2, 4, 4, 3, 3, 8, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 def kimi_args(layers: int = 2, seed: int = 0) -> dict[str, Any]:
     """The tensors of ``layers`` Kimi-K3 KDA layers, each its own allocation, random contents."""
     g = torch.Generator().manual_seed(seed)
