@@ -113,7 +113,7 @@ def _good(R=2, cols=3):
             lambda a: a.__setitem__(2, np.zeros(2, np.int32)),
             "dst_col: expected a CUDA tensor on cuda:0, got a tensor on cpu",
         ),
-        (lambda a: a.__setitem__(3, [1, 1]), "num_accepted: expected a CUDA tensor.*got a list"),
+        (lambda a: a.__setitem__(3, [1, 1]), "num_accepted: expected a CUDA tensor.*got list"),
         (
             lambda a: a.__setitem__(2, fc([2, 2], index=1)),
             "dst_col is on cuda:1 but the planner's states are on cuda:0",
