@@ -4,7 +4,7 @@
 //! group's table moved, the table records to upload first).
 
 use super::commit::PyCommitLaunch;
-use super::conversion::{address_int, arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
+use super::conversion::{arg_error, args, instance, items, kwargs, outside_storage, Arg, Ints, Table, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::planner::Planner;
@@ -169,15 +169,9 @@ impl VllmSlotStep {
 /// address) or shrunk before the core step is made over it is a `BindingError` naming it (after,
 /// the step's guard reports the change).
 fn check_held(t: &Bound<'_, PyAny>, label: &str, d: &TensorDesc) -> PyResult<()> {
-    let py = t.py();
-    let Ok(storage) = t.call_method0(intern!(py, "untyped_storage")) else {
-        return Ok(()); // not a torch tensor: nothing to ask
-    };
-    let start = address_int(&storage.call_method0(intern!(py, "data_ptr"))?)?;
-    let held = address_int(&storage.call_method0(intern!(py, "nbytes"))?)?;
     let span = d.shape.iter().product::<i64>().max(0) as u64 * d.strides.last().copied().unwrap_or(0).max(0) as u64;
-    let end = d.data_ptr.checked_sub(start).and_then(|o| o.checked_add(span));
-    if !end.is_some_and(|e| e <= held) {
+    let at = d.data_ptr as i128;
+    if let Some((start, held)) = outside_storage(t, at, at + span as i128)? {
         return Err(Error::binding(format!(
             "{label}: its storage holds {held} bytes at {start:#x}, not the {span} bytes of the buffer at {:#x} (freed or shrunk since the \
              buffers were made); nothing was written: make a new ModelStateV2",
