@@ -4,7 +4,7 @@
 //! group's table moved, the table records to upload first).
 
 use super::commit::PyCommitLaunch;
-use super::conversion::{arg_error, args, instance, items, kwargs, outside_storage, Arg, Ints, Table, Tensor};
+use super::conversion::{arg_error, args, instance, items, kwargs, Arg, Ints, Table, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::planner::Planner;
@@ -21,10 +21,17 @@ use std::cell::Cell;
 use std::sync::Mutex;
 
 kwargs! {
-    /// The adapter's buffers and its planner (prepared for the device path).
+    /// The adapter's group ids and slots.
     pub(crate) struct SlotStepArgs (Plan) {
         group_ids: Ints,
         num_slots: i64,
+    }
+}
+
+kwargs! {
+    /// The adapter's buffers, bound by the step (a buffer the core cannot use, or whose storage no
+    /// longer holds it, is a `BindingError` naming it).
+    pub(crate) struct SlotBufferArgs (Binding) {
         state_idx: Tensor,
         num_accepted: Tensor,
         scratch: Tensor,
@@ -164,24 +171,6 @@ impl VllmSlotStep {
     }
 }
 
-/// Checks that the storage of one of the adapter's buffers (`t`, described as `d`: a contiguous
-/// vector) holds the bytes the buffer spans: a storage freed (`untyped_storage().resize_(0)`: a null
-/// address) or shrunk before the core step is made over it is a `BindingError` naming it (after,
-/// the step's guard reports the change).
-fn check_held(t: &Bound<'_, PyAny>, label: &str, d: &TensorDesc) -> PyResult<()> {
-    let span = d.shape.iter().product::<i64>().max(0) as u64 * d.strides.last().copied().unwrap_or(0).max(0) as u64;
-    let at = d.data_ptr as i128;
-    if let Some((start, held)) = outside_storage(t, at, at + span as i128)? {
-        return Err(Error::binding(format!(
-            "{label}: its storage holds {held} bytes at {start:#x}, not the {span} bytes of the buffer at {:#x} (freed or shrunk since the \
-             buffers were made); nothing was written: make a new ModelStateV2",
-            d.data_ptr
-        ))
-        .into());
-    }
-    Ok(())
-}
-
 /// A runner tensor described by the core: `launch_arg(obj)` when the caller passes its
 /// launch-argument hook (`CudaOps.launch_arg`, which checks off a GPU replace), else `obj`.
 fn runner_tensor(obj: &Bound<'_, PyAny>, name: &str, launch_arg: Option<&Bound<'_, PyAny>>) -> PyResult<TensorDesc> {
@@ -214,19 +203,20 @@ impl VllmSlotStep {
         tables: Option<&Bound<'_, PyAny>>,
         commit: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let a = args!(SlotStepArgs { group_ids, num_slots, state_idx, num_accepted, scratch, ctl, err, tables, commit })?;
+        let a = args!(SlotStepArgs { group_ids, num_slots })?;
+        let bufs = args!(SlotBufferArgs { state_idx, num_accepted, scratch, ctl, err, tables, commit })?;
         let p = planner.get();
         let group_ids = check_group_ids(&a.group_ids.0, p.inner.num_groups())?;
         let fused = p.fused()?.clone();
         let block_size = p.block_size()?;
         let b = SlotBuffers {
-            state_idx: &a.state_idx.0,
-            num_accepted: &a.num_accepted.0,
-            scratch: &a.scratch.0,
-            ctl: &a.ctl.0,
-            err: &a.err.0,
-            tables: &a.tables.0,
-            commit: &a.commit.0,
+            state_idx: &bufs.state_idx.0,
+            num_accepted: &bufs.num_accepted.0,
+            scratch: &bufs.scratch.0,
+            ctl: &bufs.ctl.0,
+            err: &bufs.err.0,
+            tables: &bufs.tables.0,
+            commit: &bufs.commit.0,
         };
         let inner = SlotStep::new(fused, block_size, a.num_slots, &b)?;
         let named = [
@@ -238,10 +228,8 @@ impl VllmSlotStep {
             (tables, "tables"),
             (commit, "commit stage"),
         ];
+        // Each buffer's storage holds it (checked as it was described): the guard keeps it so.
         let held: Vec<_> = named.iter().filter_map(|(t, n)| t.map(|t| (t.clone(), format!("ModelStateV2's {n} buffer")))).collect();
-        for ((t, label), d) in held.iter().zip([&b.state_idx, &b.num_accepted, &b.scratch, &b.ctl, &b.err, &b.tables, &b.commit]) {
-            check_held(t, label, d)?;
-        }
         let buffers = Guard::new(py, &held)?;
         let (uploaded, staged) = (Mutex::new(Vec::new()), Mutex::new(None));
         let table_names = group_ids.iter().map(|g| format!("block_tables[{g}]")).collect();

@@ -12,7 +12,8 @@ use std::sync::Mutex;
 /// What an object turned out to be.
 pub(crate) enum Described {
     Tensor(TensorDesc),
-    /// A tensor the core cannot describe, and why (a sparse or nested torch tensor).
+    /// A tensor the core cannot use, and why (a sparse or nested torch tensor, or one whose storage
+    /// no longer holds the bytes it spans).
     Dense(String),
     /// Not a tensor or array.
     Unknown,
@@ -180,7 +181,7 @@ fn describe_torch(obj: &Bound<'_, PyAny>, data_ptr: Option<&Bound<'_, PyAny>>) -
         && !dtype.starts_with("torch.uint")
         && dtype != "torch.bool"
         && obj.getattr(intern!(py, "requires_grad")).and_then(|r| r.extract()).unwrap_or(false);
-    Ok(Described::Tensor(TensorDesc {
+    let t = TensorDesc {
         data_ptr: super::conversion::address_int(&match data_ptr {
             Some(f) => f.call0()?,
             None => obj.call_method0(intern!(py, "data_ptr"))?,
@@ -191,6 +192,33 @@ fn describe_torch(obj: &Bound<'_, PyAny>, data_ptr: Option<&Bound<'_, PyAny>>) -
         device: spelled(&obj.getattr(intern!(py, "device"))?)?,
         writable: true,
         requires_grad,
+    };
+    Ok(match unheld(obj, &t, es)? {
+        Some(reason) => Described::Dense(reason),
+        None => Described::Tensor(t),
+    })
+}
+
+/// Why the storage of the torch tensor `obj` (described as `t`, elements of `itemsize` bytes) does
+/// not hold the bytes the tensor spans, or `None` when it does (or the tensor has no element or no
+/// storage to ask): a storage freed (`untyped_storage().resize_(0)`: a null address) or shrunk
+/// after the tensor was made keeps the tensor's shape, and a kernel or a host copy sized by that
+/// shape would read or write past the allocation.
+fn unheld(obj: &Bound<'_, PyAny>, t: &TensorDesc, itemsize: i64) -> PyResult<Option<String>> {
+    let Some((lo, hi)) = crate::memory::extent(t, itemsize.max(1) as u64) else {
+        return Ok(None);
+    };
+    let Some((start, held)) = super::conversion::outside_storage(obj, lo.into(), hi.into())? else {
+        return Ok(None);
+    };
+    let n = hi - lo;
+    Ok(Some(if start == 0 {
+        format!("its storage was freed (untyped_storage().resize_(0)): the {n} bytes the tensor spans are gone; nothing was read or written")
+    } else {
+        format!(
+            "its storage holds {held} bytes at {start:#x}, not the {n} bytes the tensor spans at {lo:#x} (shrunk after the tensor was \
+             made: untyped_storage().resize_()); nothing was read or written"
+        )
     }))
 }
 

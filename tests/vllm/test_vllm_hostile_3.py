@@ -6,9 +6,11 @@ launched."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
-from recoverssm_rs.errors import BindingError
+from recoverssm_rs.errors import BindingError, PlanError
 from support import vllm_trace
 from test_v2_refusals import _adapter, _v
 
@@ -324,6 +326,51 @@ def test_a_buffer_freed_before_the_first_half_step_is_refused(fake_ops, recorder
     as the address the kernel writes."""
     ms, _, table = _adapter()
     MOVES["state_idx storage freed"](ms)
-    with pytest.raises(BindingError, match=r"ModelStateV2's state_idx buffer: its storage holds 0 bytes"):
+    with pytest.raises(
+        BindingError, match=r"state_idx: its storage was freed \(untyped_storage\(\)\.resize_\(0\)\): the 16 bytes"
+    ):
         ms.preprocess_state(_v(1, 2), _v(0, 4, 4, 0), _v(0, 1, 2), [table])
     assert recorder.calls == []
+
+
+@pytest.mark.parametrize("gone", ["shrunk", "freed"])
+@pytest.mark.parametrize(
+    "name", ["idx_mapping", "num_computed_tokens", "query_start_loc", "block_tables[0]", "num_sampled"]
+)
+def test_a_runner_tensor_whose_storage_is_gone_is_refused(fake_ops, recorder, launch_args, name, gone):
+    """A runner tensor the kernel reads on the device, whose storage was shrunk or freed after the
+    tensor was made (it keeps its shape, so the launch would read past the allocation): a PlanError
+    naming it, before anything is launched."""
+    ms, _, table = _adapter()
+    if name == "num_sampled":
+        ms.preprocess_state(_v(1, 2), _v(0, 4, 4, 0), _v(0, 1, 2), [table])
+    args = {"idx_mapping": _v(1, 2), "num_computed_tokens": _v(0, 4, 4, 0), "query_start_loc": _v(0, 1, 2)}
+    args |= {"block_tables[0]": table, "num_sampled": _v(1, 1)}
+    args[name].untyped_storage().resize_(2 if gone == "shrunk" else 0)
+    launched = len(recorder.calls)
+    what = r"holds 2 bytes at .*shrunk after" if gone == "shrunk" else r"was freed .*are gone"
+    with pytest.raises(PlanError, match=rf"{re.escape(name)}: its storage {what}.*nothing was read or written"):
+        if name == "num_sampled":
+            ms.postprocess_state(_v(1, 2), args["num_sampled"], _v(0, 5, 5, 0), [table])
+        else:
+            ms.preprocess_state(
+                args["idx_mapping"], args["num_computed_tokens"], args["query_start_loc"], [args["block_tables[0]"]]
+            )
+    assert len(recorder.calls) == launched
+
+
+def test_a_state_whose_storage_shrank_is_refused_when_bound():
+    """A state tensor whose storage was shrunk before it is bound: a BindingError naming the layer
+    and state (its shape alone would let every copy write past the allocation)."""
+    import recoverssm_rs as rs
+    from recoverssm_rs import layouts
+
+    gdn = layouts.gdn(
+        num_k_heads=1, num_v_heads=1, head_k_dim=4, head_v_dim=4, conv_kernel_size=2, num_spec=0, dtype="float32"
+    )
+    states = [[torch.zeros(8, *s.shape, dtype=getattr(torch, s.dtype)) for s in gdn.persistent] for _ in range(2)]
+    states[1][1].untyped_storage().resize_(16)
+    with pytest.raises(
+        BindingError, match=r"layer 1.*its storage holds 16 bytes at .* not the \d+ bytes the tensor spans"
+    ):
+        rs.Planner(gdn, states)
