@@ -96,7 +96,7 @@ def test_old_names_are_gone():
         layouts.short_conv(hidden_size=2048, conv_kernel=3)
     with pytest.raises(TypeError, match="conv_kernel_size"):
         layouts.mamba1(intermediate_size=4096, state_size=16, conv_kernel_size=4)
-    with pytest.raises(TypeError, match="replay_ring"):
+    with pytest.raises(LayoutError, match="unknown override 'replay_ring'"):
         layouts.preset("nemotron-h-8b", replay_ring=16)
 
 

@@ -1,5 +1,7 @@
 """Layout calculators: the formulas of docs/design.md section 4 on the presets, and their errors."""
 
+import inspect
+
 import pytest
 from recoverssm_rs import LayoutError, layouts
 
@@ -188,3 +190,20 @@ def test_a_split_no_rank_can_hold_is_refused_naming_the_parameter(family, params
     with pytest.raises(LayoutError) as e:
         layouts.FAMILIES[family](**params, tp_size=tp)
     assert phrase in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(layouts.PRESETS))
+def test_an_unknown_preset_override_is_the_packages_error_naming_it(name):
+    """``preset(name, tp=2)`` (a misspelt ``tp_size``) is a LayoutError naming the override and
+    listing the calculator's parameters, as the docstring says, not Python's TypeError."""
+    p = layouts.PRESETS[name]
+    params = list(inspect.signature(layouts.FAMILIES[p.family]).parameters)
+    with pytest.raises(LayoutError) as e:
+        layouts.preset(name, tp=2)
+    message = str(e.value)
+    assert message.startswith(f"preset {name!r}: unknown override 'tp';")
+    assert message.endswith(f"the {p.family} calculator takes: {', '.join(params)}")
+    with pytest.raises(LayoutError, match="unknown overrides 'tp', 'spec'"):
+        p.layout(tp=2, spec=1)
+    # A known override still overrides.
+    assert layouts.preset(name, tp_size=2) == p.layout(tp_size=2) != layouts.preset(name)
