@@ -356,7 +356,7 @@ impl Arg for Ints {
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
         let (v, shape) = int_array(obj, name, kind)?;
         if shape.len() != 1 {
-            return Err(arg_error(kind, format!("{name} must be 1-D (one entry per request), got shape {shape:?}")));
+            return Err(arg_error(kind, format!("{name} must be 1-D, got shape {shape:?}")));
         }
         Ok(Ints(v))
     }
