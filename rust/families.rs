@@ -142,10 +142,17 @@ pub fn mamba2(p: &Mamba2, c: &Common) -> Result<Layout> {
     c.check(F)?;
     let tp = c.tp_size;
     let g = positive(F, "n_groups", p.n_groups)?;
-    if g % tp != 0 && g > tp {
+    // The groups are sharded (tp_size divides n_groups) or replicated, each group on tp_size /
+    // n_groups consecutive ranks (n_groups divides tp_size): the split a transfer re-shards by
+    // (`sharding::owned_units`). vLLM's calculator computes a shape for any n_groups, but its
+    // Mamba2 layer serves only n_groups % tp_size == 0 or n_groups == 1 (`MambaMixer2`), both
+    // accepted here; any other n_groups (3 groups on 4 ranks, 6 on 4 or 8) leaves a group split
+    // across ranks, which no engine serves and no transfer could re-shard.
+    if g % tp != 0 && tp % g != 0 {
         return Err(Error::layout(format!(
-            "{F}: n_groups = {g} is neither divisible by tp_size = {tp} nor smaller than it (groups \
-             are replicated only when there are fewer groups than ranks)"
+            "{F}: n_groups = {g} cannot be split over tp_size = {tp}: neither divides the other \
+             (groups are sharded when tp_size divides n_groups, replicated when n_groups divides \
+             tp_size)"
         )));
     }
     let g_eff = if g % tp != 0 { g + (tp - g) } else { g };
@@ -294,6 +301,12 @@ pub fn kda(p: &Kda, c: &Common) -> Result<Layout> {
     let total = checked(F, "conv dim", nh.checked_mul(hd).and_then(|x| x.checked_add(nkh.checked_mul(hkd)?.checked_mul(2)?)))?;
     let dim = divide(F, "num_heads * head_dim + 2 * num_k_heads * head_k_dim", total, c.tp_size)?;
     let h = divide(F, "num_heads", nh, c.tp_size)?;
+    // The q and k channels are sharded by key heads, as GDN's: each rank holds num_k_heads /
+    // tp_size of them (the conv dim above counts no replicated heads), the split a transfer
+    // re-shards by. vLLM's calculator only needs the whole conv dim to divide, but its KDA layers
+    // pass no num_k_heads (it is num_heads, which they require tp_size to divide), so this refuses
+    // nothing vLLM serves.
+    divide(F, "num_k_heads", nkh, c.tp_size)?;
     let width = conv_width(F, "conv_kernel_size", c, p.conv_kernel_size)?;
     let mut states = vec![conv_state(c, width, dim), StateSpec::persistent("recurrent", &[h, hd, hd], c.ssm_dtype, CopyKind::Temporal)];
     if p.recover_ssm {
@@ -384,6 +397,40 @@ mod tests {
         assert!(m.contains("not divisible by tp_size = 3"), "{m}");
         let m = linear_attention(6, 64, &common(4, 0, ConvLayout::SD)).unwrap_err().message;
         assert!(m.contains("num_heads = 6"), "{m}");
+    }
+
+    #[test]
+    fn groups_and_key_heads_split_as_a_transfer_reshards_them() {
+        let m = |n_groups, tp| {
+            let p = Mamba2 {
+                intermediate_size: 4096,
+                n_groups,
+                num_heads: 64,
+                head_dim: 64,
+                state_size: 128,
+                conv_kernel: 4,
+                logical_window: None,
+                mamba_backend: MambaBackend::Triton,
+            };
+            mamba2(&p, &common(tp, 0, ConvLayout::SD))
+        };
+        // Sharded (8 over 4), replicated (1 or 2 over 4): accepted.
+        for (g, tp) in [(8, 4), (1, 4), (2, 4), (4, 8)] {
+            assert!(m(g, tp).is_ok(), "n_groups {g}, tp {tp}");
+        }
+        // Neither divides the other: a group would straddle ranks.
+        for (g, tp) in [(3, 4), (6, 4), (6, 8), (2, 3)] {
+            let e = m(g, tp).unwrap_err().message;
+            assert!(e.contains(&format!("n_groups = {g} cannot be split over tp_size = {tp}")), "{e}");
+        }
+        let k = |num_k_heads, tp| {
+            let p = Kda { num_heads: 8, head_dim: 64, num_k_heads, head_k_dim: 64, conv_kernel_size: 4, recover_ssm: false };
+            kda(&p, &common(tp, 0, ConvLayout::SD))
+        };
+        assert!(k(8, 2).is_ok() && k(4, 4).is_ok());
+        let e = k(3, 2).unwrap_err().message;
+        assert!(e.contains("kda: num_k_heads = 3 is not divisible by tp_size = 2"), "{e}");
+        assert!(k(2, 4).unwrap_err().message.contains("num_k_heads = 2"));
     }
 
     #[test]

@@ -112,10 +112,20 @@ def _group_tuple(group: Any) -> tuple[Any, ...]:
     mode = _field(group, "mamba_cache_mode", "cache_mode")
     block_size = _field(group, "block_size")
     spec_blocks = _field(group, "num_speculative_blocks")
+    name = _backend_name(backend)
+    # A field of the wrong kind is named with its backend (a string would be read character by
+    # character).
+    for field_name, value in (("shapes", shapes), ("dtypes", dtypes)):
+        if isinstance(value, (str, bytes)):
+            raise LayoutError(f"{name}: {field_name} must be a list, one entry per state, got the string {value!r}")
+    with _reading(f"{name}: shapes (a list of shapes, each a sequence of integers)", LayoutError):
+        shape_lists = [list(shape) for shape in shapes]  # integers, converted (never truncated) by the core
+    with _reading(f"{name}: dtypes (a list of dtypes)", LayoutError):
+        dtype_names = None if dtypes is None else [str(d) for d in dtypes]
     return (
-        _backend_name(backend),
-        [list(shape) for shape in shapes],  # integers, converted (never truncated) by the core
-        None if dtypes is None else [str(d) for d in dtypes],
+        name,
+        shape_lists,
+        dtype_names,
         block_size,
         spec_blocks,
         None if mode is None else str(_backend_name(mode)),

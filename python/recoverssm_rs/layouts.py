@@ -31,6 +31,7 @@ calculator            states (per rank)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -179,9 +180,25 @@ class Preset:
     note: str = ""
 
     def layout(self, **overrides: Any) -> Layout:
-        """The layout for one rank; keyword arguments override the preset's parameters."""
-        kwargs = {**self.params, **self.defaults, **overrides}
-        return FAMILIES[self.family](**kwargs)
+        """The layout for one rank; keyword arguments override the preset's parameters.
+
+        Raises:
+            LayoutError: an override that is not a parameter of the family's calculator (the
+                message names it and lists the calculator's parameters), or values the calculator
+                refuses.
+        """
+        calculator = FAMILIES[self.family]
+        # The calculator's signature is the one list of its parameters; a name outside it is
+        # reported as the package's error rather than as Python's TypeError from the call.
+        known = inspect.signature(calculator).parameters
+        unknown = [k for k in overrides if k not in known]
+        if unknown:
+            names = ", ".join(repr(k) for k in unknown)
+            raise LayoutError(
+                f"preset {self.name!r}: unknown override{'s' if len(unknown) > 1 else ''} {names}; "
+                f"the {self.family} calculator takes: {', '.join(known)}"
+            )
+        return calculator(**{**self.params, **self.defaults, **overrides})
 
     def __repr__(self) -> str:
         return f"Preset({self.name!r}, model={self.model!r}, family={self.family!r})"
@@ -246,8 +263,9 @@ def preset(name: str, **overrides: Any) -> Layout:
     """The layout of preset ``name`` for one rank (``tp_size``, ``num_spec``, ... as overrides).
 
     Raises:
-        LayoutError: an unknown preset (the message lists the known ones), or overrides the
-            family's calculator refuses.
+        LayoutError: an unknown preset (the message lists the known ones), an override that is not
+            a parameter of the family's calculator (the message names it and lists the
+            parameters), or values the calculator refuses.
     """
     p = PRESETS.get(name) if isinstance(name, str) else None
     if p is None:

@@ -32,9 +32,15 @@ pub(crate) fn address_int(x: &Bound<'_, PyAny>) -> PyResult<u64> {
 pub(crate) trait Arg: Sized {
     /// Converts `obj`, the argument `name` of a call whose errors are of `kind`.
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self>;
-    /// The value of an argument that was not given (an error: it is required).
+    /// The value of a required argument the binding received as `None`: a parameter the binding's
+    /// signature declares without a default reaches here only when the caller passed `None` (Python
+    /// itself refuses a call that leaves it out), so the error is the one converting `None` gives
+    /// (`tp_size must be a host integer ..., got NoneType`), which names the argument and the value.
     fn absent(name: &str, kind: ErrorKind) -> PyResult<Self> {
-        Err(arg_error(kind, format!("missing argument '{name}'")))
+        Python::attach(|py| match Self::arg(py.None().bind(py), name, kind) {
+            Err(e) => Err(e),
+            Ok(_) => Err(arg_error(kind, format!("{name} must be given, got None"))),
+        })
     }
 }
 
@@ -51,9 +57,36 @@ impl<T: Arg> Arg for Option<T> {
     }
 }
 
-/// The type name of `obj` for messages (`float`, `numpy.ndarray`, ...).
+/// The type name of `obj` for messages: a builtin's bare name (`float`, `list`, `NoneType`), any
+/// other type's module-qualified name (`numpy.ndarray`, `numpy.bool`, `torch.Tensor`), so that
+/// numpy's bool or a class that calls itself `int` is not reported as Python's own.
 pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
+    let t = obj.get_type();
+    let name = t.qualname().or_else(|_| t.name()).map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
+    match t.module() {
+        Ok(m) if m.to_str().is_ok_and(|m| m != "builtins" && m != "__main__") => format!("{m}.{name}"),
+        _ => name,
+    }
+}
+
+/// The error for the host integer `obj` (the argument `name`) outside `[min, max]`: its value (a
+/// number too long for Python to print in decimal, past a few thousand digits, by its bit length)
+/// and the bound it crosses.
+fn out_of_range(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind, min: i128, max: u128) -> PyErr {
+    let negative = obj.lt(0).unwrap_or(false);
+    let message = match obj.str() {
+        Ok(v) if negative => format!("{name} = {v} must be >= {min}"),
+        Ok(v) => format!("{name} = {v} is too large (at most {max})"),
+        Err(_) => {
+            let bits = obj.call_method0(intern!(obj.py(), "bit_length")).map(|b| b.to_string()).unwrap_or_else(|_| "?".into());
+            if negative {
+                format!("{name} is a negative integer of {bits} bits; it must be >= {min}")
+            } else {
+                format!("{name} is an integer of {bits} bits, too large (at most {max})")
+            }
+        }
+    };
+    arg_error(kind, message)
 }
 
 /// `e`, raised while reading `what` (an engine's or a caller's object, by attribute, key or
@@ -96,20 +129,32 @@ pub(crate) fn instance<'py, T: pyo3::PyClass>(obj: &Bound<'py, PyAny>, name: &st
     obj.cast::<T>().cloned().map_err(|_| arg_error(kind, format!("{name} must be a {of}, got {}", type_name(obj))))
 }
 
-/// `(numpy.integer, numpy.ndarray)`, imported once; `None` without numpy.
-static NUMPY_TYPES: pyo3::sync::PyOnceLock<Option<Py<PyTuple>>> = pyo3::sync::PyOnceLock::new();
+/// `(numpy.integer, numpy.ndarray)` and `numpy.generic` (every numpy scalar), imported once;
+/// `None` without numpy.
+static NUMPY_TYPES: pyo3::sync::PyOnceLock<Option<(Py<PyTuple>, Py<PyAny>)>> = pyo3::sync::PyOnceLock::new();
+
+fn numpy_types(py: Python<'_>) -> Option<&(Py<PyTuple>, Py<PyAny>)> {
+    NUMPY_TYPES
+        .get_or_init(py, || {
+            let np = py.import("numpy").ok()?;
+            let ints = PyTuple::new(py, [np.getattr("integer").ok()?, np.getattr("ndarray").ok()?]).ok()?;
+            Some((ints.unbind(), np.getattr("generic").ok()?.unbind()))
+        })
+        .as_ref()
+}
 
 /// One host integer: a Python int or a numpy integer (a numpy scalar, or a 0-d array, of an integer
-/// dtype). A bool, a float or a tensor (reading a device tensor would synchronise) is refused.
-/// numpy is told by type: since numpy 2 its scalars have a `device` too (`"cpu"`).
-fn int_of(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<i128> {
+/// dtype; an array of one or more dimensions is not one), as an `i128`, or `None` when it does not
+/// fit one (a Python int of more than 127 bits). A bool (Python's or numpy's), a float or a tensor
+/// (reading a device tensor would synchronise) is refused, the message naming its type and, for a
+/// scalar, its value. numpy is told by type: since numpy 2 its scalars have a `device` too
+/// (`"cpu"`).
+fn int_of(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Option<i128>> {
     let py = obj.py();
+    let numpy = numpy_types(py);
     let numpy_int = || {
-        let types = NUMPY_TYPES.get_or_init(py, || {
-            let np = py.import("numpy").ok()?;
-            PyTuple::new(py, [np.getattr("integer").ok()?, np.getattr("ndarray").ok()?]).ok().map(Bound::unbind)
-        });
-        types.as_ref().is_some_and(|t| obj.is_instance(t.bind(py)).unwrap_or(false))
+        numpy.is_some_and(|(t, _)| obj.is_instance(t.bind(py)).unwrap_or(false))
+            && obj.getattr(intern!(py, "ndim")).is_ok_and(|n| n.eq(0).unwrap_or(false))
             && obj
                 .getattr(intern!(py, "dtype"))
                 .and_then(|d| d.getattr(intern!(py, "kind")))
@@ -117,24 +162,29 @@ fn int_of(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<i128>
     };
     let host_int = (obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>()) || numpy_int();
     if !host_int {
-        let shown = if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() { format!(" {obj}") } else { String::new() };
+        let scalar = obj.is_instance_of::<PyBool>()
+            || obj.is_instance_of::<PyFloat>()
+            || numpy.is_some_and(|(_, g)| obj.is_instance(g.bind(py)).unwrap_or(false));
+        let shown = match obj.repr().map(|r| r.to_string()) {
+            Ok(r) if scalar && r.len() <= 64 => format!(" {r}"),
+            _ => String::new(),
+        };
         return Err(arg_error(kind, format!("{name} must be a host integer (a Python or numpy int), got {}{shown}", type_name(obj))));
     }
-    obj.extract::<i128>().map_err(|_| arg_error(kind, format!("{name} must be a host integer, got {}", type_name(obj))))
+    Ok(obj.extract::<i128>().ok())
+}
+
+/// The host integer `obj` (the argument `name`) as a `T`; out of `T`'s range, an error naming its
+/// value.
+fn int_in<T: TryFrom<i128>>(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind, min: i128, max: u128) -> PyResult<T> {
+    int_of(obj, name, kind)?.and_then(|v| T::try_from(v).ok()).ok_or_else(|| out_of_range(obj, name, kind, min, max))
 }
 
 macro_rules! int_arg {
     ($($t:ty),*) => {$(
         impl Arg for $t {
             fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
-                let v = int_of(obj, name, kind)?;
-                <$t>::try_from(v).map_err(|_| {
-                    if v < <$t>::MIN as i128 {
-                        arg_error(kind, format!("{name} = {v} must be >= {}", <$t>::MIN))
-                    } else {
-                        arg_error(kind, format!("{name} = {v} is too large (at most {})", <$t>::MAX))
-                    }
-                })
+                int_in(obj, name, kind, <$t>::MIN as i128, <$t>::MAX as u128)
             }
         }
     )*};
@@ -161,7 +211,7 @@ fn int_array(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<(V
         let dtype = obj.getattr(intern!(py, "dtype")).and_then(|d| d.str()).map(|s| s.to_string());
         match dtype {
             Ok(d) => format!("{} of {d}", type_name(obj)),
-            Err(_) => format!("a {}", type_name(obj)),
+            Err(_) => type_name(obj),
         }
     };
     let refused = || arg_error(kind, format!("{name} must be an int32 or int64 array (numpy array, CPU tensor or list of ints), got {}", what()));
@@ -196,7 +246,7 @@ fn int_array(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<(V
         return int_array(&host, name, kind).map_err(|_| refused());
     }
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return nested_ints(obj, name, kind).ok_or_else(refused);
+        return nested_ints(obj, name, kind)?.ok_or_else(refused);
     }
     Err(refused())
 }
@@ -262,25 +312,41 @@ fn native<T: pyo3::buffer::Element>(b: &PyBuffer<T>, name: &str, kind: ErrorKind
     Ok(())
 }
 
-/// A list of ints (1-D) or a list of equal-length lists of ints (2-D); `None` for anything else.
-fn nested_ints(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> Option<(Vec<i64>, Vec<usize>)> {
-    let items: Vec<Bound<'_, PyAny>> = obj.try_iter().ok()?.collect::<PyResult<_>>().ok()?;
+/// A list of ints (1-D) or a list of equal-length lists of ints (2-D); `None` for any other
+/// structure. An entry that is not a host integer, or does not fit an int64, is an error naming
+/// it (`name[i]`, `name[i][j]`) and its value.
+fn nested_ints(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Option<(Vec<i64>, Vec<usize>)>> {
+    let Some(items) = obj.try_iter().ok().and_then(|it| it.collect::<PyResult<Vec<_>>>().ok()) else {
+        return Ok(None);
+    };
     let nested = items.first().is_some_and(|x| x.is_instance_of::<PyList>() || x.is_instance_of::<PyTuple>());
     if !nested {
-        let v = items.iter().map(|x| int_of(x, name, kind).ok().and_then(|v| i64::try_from(v).ok())).collect::<Option<Vec<i64>>>()?;
+        if items.iter().any(|x| x.is_instance_of::<PyList>() || x.is_instance_of::<PyTuple>()) {
+            return Ok(None); // ragged: a row among ints
+        }
+        let v = items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| int_in::<i64>(x, &format!("{name}[{i}]"), kind, i64::MIN.into(), i64::MAX as u128))
+            .collect::<PyResult<Vec<i64>>>()?;
         let n = v.len();
-        return Some((v, vec![n]));
+        return Ok(Some((v, vec![n])));
     }
     let mut out = Vec::new();
     let mut cols = None;
-    for row in &items {
-        let (v, shape) = nested_ints(row, name, kind)?;
+    for (r, row) in items.iter().enumerate() {
+        if !(row.is_instance_of::<PyList>() || row.is_instance_of::<PyTuple>()) {
+            return Ok(None); // ragged: an int among rows
+        }
+        let Some((v, shape)) = nested_ints(row, &format!("{name}[{r}]"), kind)? else {
+            return Ok(None);
+        };
         if shape.len() != 1 || *cols.get_or_insert(shape[0]) != shape[0] {
-            return None;
+            return Ok(None);
         }
         out.extend(v);
     }
-    Some((out, vec![items.len(), cols.unwrap_or(0)]))
+    Ok(Some((out, vec![items.len(), cols.unwrap_or(0)])))
 }
 
 /// A 1-D integer vector (one entry per request, or a list of block ids).
@@ -290,7 +356,7 @@ impl Arg for Ints {
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
         let (v, shape) = int_array(obj, name, kind)?;
         if shape.len() != 1 {
-            return Err(arg_error(kind, format!("{name} must be 1-D (one entry per request), got shape {shape:?}")));
+            return Err(arg_error(kind, format!("{name} must be 1-D, got shape {shape:?}")));
         }
         Ok(Ints(v))
     }

@@ -252,8 +252,9 @@ impl Layout {
 /// table of vLLM's copy-spec functions); `LayoutError` for any other name.
 #[pyfunction]
 #[pyo3(signature = (name: "str") -> "Literal['conv', 'temporal']")]
-pub(crate) fn copy_func_kind(name: &str) -> PyResult<&'static str> {
-    crate::copy_funcs::CopyFuncKind::parse(name)
+pub(crate) fn copy_func_kind(name: &Bound<'_, PyAny>) -> PyResult<&'static str> {
+    let name = String::arg(name, "copy function name", ErrorKind::Layout)?;
+    crate::copy_funcs::CopyFuncKind::parse(&name)
         .map(|k| k.name())
         .ok_or_else(|| Error::layout(format!("copy function {name:?} is neither a conv nor a temporal copy")).into())
 }
@@ -292,7 +293,7 @@ pub(crate) fn _validate_copy_funcs<'py>(
                     let dims = shape.try_iter().map_err(|_| {
                         super::conversion::arg_error(kind, format!("{}: must be a sequence of integers", at(&format!("shapes[{i}]"))))
                     })?;
-                    dims.map(|d| u64::arg(&d?, &at(&format!("shapes[{i}]")), kind)).collect::<PyResult<Vec<u64>>>()
+                    dims.enumerate().map(|(j, d)| u64::arg(&d?, &at(&format!("shapes[{i}][{j}]")), kind)).collect::<PyResult<Vec<u64>>>()
                 })
                 .collect::<PyResult<Vec<_>>>()?;
             Ok(GroupSpec {

@@ -96,7 +96,7 @@ def test_old_names_are_gone():
         layouts.short_conv(hidden_size=2048, conv_kernel=3)
     with pytest.raises(TypeError, match="conv_kernel_size"):
         layouts.mamba1(intermediate_size=4096, state_size=16, conv_kernel_size=4)
-    with pytest.raises(TypeError, match="replay_ring"):
+    with pytest.raises(LayoutError, match="unknown override 'replay_ring'"):
         layouts.preset("nemotron-h-8b", replay_ring=16)
 
 
@@ -339,7 +339,12 @@ def _stricter_here(family: str, c: dict[str, Any]) -> bool:
     if family == "gdn":
         return c["num_k_heads"] % tp != 0  # vLLM does not shard-check the key heads
     if family == "mamba2":
-        return c["n_groups"] % tp != 0 and c["n_groups"] > tp  # vLLM shrinks n_groups to tp
+        # vLLM's calculator pads (or shrinks) n_groups to tp; its Mamba2 layer serves only
+        # n_groups % tp == 0 or n_groups == 1, and a transfer re-shards groups sharded or replicated.
+        return c["n_groups"] % tp != 0 and tp % c["n_groups"] != 0
+    if family == "kda":
+        # vLLM does not shard-check the key heads (its KDA layers pass none: num_heads, divisible).
+        return c.get("num_k_heads", c["num_heads"]) % tp != 0
     return False
 
 

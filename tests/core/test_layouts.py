@@ -1,5 +1,7 @@
 """Layout calculators: the formulas of docs/design.md section 4 on the presets, and their errors."""
 
+import inspect
+
 import pytest
 from recoverssm_rs import LayoutError, layouts
 
@@ -120,3 +122,88 @@ def test_calculator_errors(call, phrase):
 def test_unknown_preset():
     with pytest.raises(LayoutError, match="unknown preset 'nope'"):
         layouts.preset("nope")
+
+
+GRID = {
+    "mamba2": [
+        dict(intermediate_size=4096, n_groups=g, num_heads=64, head_dim=64, state_size=128, conv_kernel=4)
+        for g in (1, 2, 3, 4, 6, 8)
+    ],
+    "kda": [
+        dict(num_heads=h, head_dim=64, num_k_heads=k, head_k_dim=kd)
+        for h in (8, 32)
+        for k in (1, 2, 3, 8)
+        for kd in (64, 96)
+    ],
+    "gdn": [
+        dict(num_k_heads=k, num_v_heads=v, head_k_dim=64, head_v_dim=64, conv_kernel_size=4)
+        for k in (1, 2, 3, 16)
+        for v in (4, 6, 32)
+    ],
+    "mamba1": [dict(intermediate_size=i, state_size=16, conv_kernel=4) for i in (96, 4096)],
+    "short_conv": [dict(intermediate_size=i, conv_kernel=3) for i in (96, 2048)],
+    "linear_attention": [dict(num_heads=h, head_dim=64) for h in (6, 8)],
+}
+
+
+@pytest.mark.parametrize("family", sorted(GRID))
+def test_every_layout_a_calculator_accepts_can_be_transferred(family):
+    """What a calculator accepts, a transfer accepts on every rank (its fingerprint): the two
+    apply one split of the groups and heads, so a layout is never refused only at transfer time."""
+    from recoverssm_rs.transfer import LayoutFingerprint
+
+    accepted = refused = 0
+    for params in GRID[family]:
+        for tp in (1, 2, 3, 4, 8):
+            try:
+                lay = layouts.FAMILIES[family](**params, tp_size=tp)
+            except LayoutError as e:
+                assert "tp_size" in str(e), (params, tp, str(e))
+                refused += 1
+                continue
+            for rank in range(tp):
+                LayoutFingerprint(lay, tp_rank=rank)
+            accepted += 1
+    assert accepted and refused, (accepted, refused)
+
+
+@pytest.mark.parametrize(
+    "family, params, tp, phrase",
+    [
+        ("mamba2", dict(GRID["mamba2"][2]), 4, "mamba2: n_groups = 3 cannot be split over tp_size = 4"),
+        ("mamba2", dict(GRID["mamba2"][4]), 8, "mamba2: n_groups = 6 cannot be split over tp_size = 8"),
+        (
+            "kda",
+            dict(num_heads=8, head_dim=64, num_k_heads=3),
+            2,
+            "kda: num_k_heads = 3 is not divisible by tp_size = 2",
+        ),
+        (
+            "kda",
+            dict(num_heads=8, head_dim=64, num_k_heads=2),
+            4,
+            "kda: num_k_heads = 2 is not divisible by tp_size = 4",
+        ),
+    ],
+)
+def test_a_split_no_rank_can_hold_is_refused_naming_the_parameter(family, params, tp, phrase):
+    with pytest.raises(LayoutError) as e:
+        layouts.FAMILIES[family](**params, tp_size=tp)
+    assert phrase in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(layouts.PRESETS))
+def test_an_unknown_preset_override_is_the_packages_error_naming_it(name):
+    """``preset(name, tp=2)`` (a misspelt ``tp_size``) is a LayoutError naming the override and
+    listing the calculator's parameters, as the docstring says, not Python's TypeError."""
+    p = layouts.PRESETS[name]
+    params = list(inspect.signature(layouts.FAMILIES[p.family]).parameters)
+    with pytest.raises(LayoutError) as e:
+        layouts.preset(name, tp=2)
+    message = str(e.value)
+    assert message.startswith(f"preset {name!r}: unknown override 'tp';")
+    assert message.endswith(f"the {p.family} calculator takes: {', '.join(params)}")
+    with pytest.raises(LayoutError, match="unknown overrides 'tp', 'spec'"):
+        p.layout(tp=2, spec=1)
+    # A known override still overrides.
+    assert layouts.preset(name, tp_size=2) == p.layout(tp_size=2) != layouts.preset(name)
