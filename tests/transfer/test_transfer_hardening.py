@@ -278,7 +278,7 @@ def test_bad_state_pool_arguments_are_named(kwargs, err, needle):
     "kwargs,err,needle",
     [
         (dict(capacity_bytes="x"), PlanError, "capacity_bytes must be a host integer"),
-        (dict(capacity_bytes=2**200), PlanError, "capacity_bytes must be a host integer"),
+        (dict(capacity_bytes=2**200), PlanError, f"capacity_bytes = {2**200} is too large"),
         (dict(capacity_bytes=-3), PlanError, "capacity_bytes must be > 0, got -3"),
         (dict(pool="x"), BindingError, "pool must be a StatePool, got str"),
         (dict(disk_dir=3), BindingError, "disk_dir must be a path"),

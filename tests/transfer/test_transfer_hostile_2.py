@@ -80,7 +80,12 @@ def test_load_states_refuses_a_pin_memory_that_is_not_a_bool(tmp_path, value):
     lay, _, pool = _pool()
     path = tmp_path / "s.safetensors"
     save_states(HostOffload(pool).offload([1, 2]), path)
-    with pytest.raises(PlanError, match=f"pin_memory must be a bool, got {type(value).__name__}"):
+    kind = (
+        type(value).__name__
+        if type(value).__module__ == "builtins"
+        else f"{type(value).__module__}.{type(value).__name__}"
+    )
+    with pytest.raises(PlanError, match=f"pin_memory must be a bool, got {kind}"):
         load_states(path, lay, pin_memory=value)
     # Checked before the file is read: a missing file is not what is reported.
     with pytest.raises(PlanError, match="pin_memory must be a bool"):
