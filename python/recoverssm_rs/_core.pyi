@@ -1223,12 +1223,14 @@ def check_saved_states(
     entry: int | None = None,
     key: str = ...,
     path: str | os.PathLike[str] | None = None,
-) -> tuple[LayoutFingerprint, int, int, list[int]]:
-    """Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
-    every request's bytes in `data` (the data section) against its checksum and the whole
-    record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
-    (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
-    LayoutError names the defect, and the file by `path` (and `key`) when given.
+) -> tuple[LayoutFingerprint, int, int, list[int], list[tuple[int, int]]]:
+    """Checks a saved-states file: its metadata and tensor entries (as the JSON header holds them:
+    types and ranges are checked here) against the fingerprint it names, every request's bytes in
+    `data` (the data section) against its checksum and the whole record's digest; with `tier` and
+    `entry`, that it is that tier's spill file of that entry (named `key` in errors). Returns
+    `(fingerprint, num_layers, num_requests, source_blocks, ranges)`, `ranges` the byte range in
+    `data` of each (layer, persistent state) tensor, layer-major; LayoutError names the defect, and
+    the file by `path` (and `key`) when given.
     """
 
 def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint:

@@ -1,14 +1,55 @@
-"""The transfer tiers under hostile inputs: a pool's layout, fingerprint and geometry cannot be
-reassigned after the pool was bound (a transfer then still checks blocks against the tensors it
-holds, and writes nothing on a refusal)."""
+"""The transfer tiers under hostile inputs: a saved-states file whose tensor table holds numbers
+no header has (negative, past 64 bits) is a LayoutError naming the file and the tensor; a pool's
+layout, fingerprint and geometry cannot be reassigned after the pool was bound (a transfer then
+still checks blocks against the tensors it holds, and writes nothing on a refusal)."""
 
 from __future__ import annotations
 
+import json
+import re
+import struct
+
 import numpy as np
 import pytest
-from recoverssm_rs.errors import PlanError
-from recoverssm_rs.transfer import LocalTransfer, StatePool
+from recoverssm_rs.errors import LayoutError, PlanError
+from recoverssm_rs.transfer import HostOffload, LocalTransfer, StatePool, load_states, save_states
 from support.transfer_ref import FAMILIES, layout, paged_states
+
+
+def _saved(tmp_path):
+    lay = layout(FAMILIES["mamba2"], 1, 1, "SD")
+    _, states = paged_states(lay, 2, 10, np.random.default_rng(0))
+    path = tmp_path / "states.safetensors"
+    save_states(HostOffload(StatePool(lay, states)).offload([1, 2]), path)
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return lay, path, json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def _write(path, header, data):
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    path.write_bytes(struct.pack("<Q", len(hb)) + hb + data)
+
+
+@pytest.mark.parametrize(
+    "field,index,value",
+    [
+        ("shape", 0, -1),
+        ("shape", 1, 2**70),
+        ("data_offsets", 0, -8),
+        ("data_offsets", 1, 2**64),
+    ],
+    ids=["negative-dim", "dim-past-64-bits", "negative-offset", "offset-past-64-bits"],
+)
+def test_a_tensor_entry_with_a_number_out_of_range_is_a_layout_error_naming_it(tmp_path, field, index, value):
+    lay, path, header, data = _saved(tmp_path)
+    header["layer0.conv"][field][index] = value
+    _write(path, header, data)
+    with pytest.raises(
+        LayoutError, match=rf"saved states file {re.escape(str(path))}: .*tensor .layer0.conv.: {field}\[{index}\]"
+    ):
+        load_states(path, lay)
 
 
 def _pools():
