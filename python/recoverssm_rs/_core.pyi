@@ -986,6 +986,11 @@ class TransferPlan:
     """
 
     @property
+    def blocks(self) -> list[tuple[int, int]]:
+        """The batch's `(source block, destination block)` pairs, in request order, as the core read
+        them (plain ints, whatever integer table the requests were given as).
+        """
+    @property
     def nbytes(self) -> int:
         """Bytes read over the transport."""
     @property

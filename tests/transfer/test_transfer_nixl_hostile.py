@@ -1,0 +1,59 @@
+"""NIXL pulls under hostile inputs: a batch given as any integer table the core accepts (a CPU
+tensor, an int32 array) is reported in plain block ids -- the failed requests' invalid blocks and
+the notices each source rank receives. Skipped when NIXL is not importable, unless
+RECOVERSSM_REQUIRE_NIXL=1."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from recoverssm_rs.transfer import nixl as rnixl
+from support.transfer_ref import FAMILIES, layout, nixl_or_skip, paged_states, pool
+
+nixl_or_skip()
+
+GDN = FAMILIES["gdn"]
+
+
+def _pair(tag):
+    lay = layout(GDN, 1, 0, "SD")
+    rng = np.random.default_rng(5)
+    _, s = paged_states(lay, 2, 8, rng)
+    _, d = paged_states(lay, 2, 8, rng)
+    src = rnixl.NixlEndpoint(f"hs-src-{tag}", pool(lay, s, 0))
+    dst = rnixl.NixlEndpoint(f"hs-dst-{tag}", pool(lay, d, 0))
+    dst.connect(src.info())
+    return src, dst
+
+
+_BATCHES = {
+    "cpu-tensor": lambda: torch.tensor([[1, 2], [3, 4], [5, 6]]),
+    "int32-array": lambda: np.array([[1, 2], [3, 4], [5, 6]], dtype=np.int32),
+}
+
+
+@pytest.mark.parametrize("kind", list(_BATCHES))
+def test_the_blocks_of_a_failed_pull_are_plain_ints(kind, monkeypatch):
+    src, dst = _pair(f"fail-{kind}")
+    monkeypatch.setattr(dst.agent, "transfer", lambda h: "ERR")  # every read fails to post
+    res = dst.pull(_BATCHES[kind]())
+    assert sorted(res.failed) == [0, 1, 2]
+    assert res.invalid_blocks == [2, 4, 6]
+    assert all(type(b) is int for b in res.invalid_blocks), res.invalid_blocks
+
+
+@pytest.mark.parametrize("kind", list(_BATCHES))
+def test_the_source_is_told_its_blocks_as_numbers(kind):
+    src, dst = _pair(f"note-{kind}")
+    assert dst.pull(_BATCHES[kind]()).ok
+    notes: list[str] = []
+    for _ in range(1000):  # the notices travel over the transport: up to 10 s
+        notes += src.notifications()
+        if sum(len(n.rsplit(":", 1)[1].split(",")) for n in notes) >= 3:
+            break
+        time.sleep(0.01)
+    assert all(n.startswith(f"recoverssm:{dst.name}:") for n in notes), notes
+    assert sorted(b for n in notes for b in n.rsplit(":", 1)[1].split(",")) == ["1", "3", "5"], notes
