@@ -82,3 +82,31 @@ def test_a_block_past_the_bound_tensors_is_refused_with_nothing_written():
     with pytest.raises(PlanError, match="request 1: destination block 50 is out of range"):
         LocalTransfer([src], dst).run([(1, 2), (1, 50)])
     assert all((x == y).all() for x, y in zip(before, _bytes(states))), "request 0 was written"
+
+
+_OPTIMIZED_PUT = """
+import numpy as np
+from recoverssm_rs.transfer import HostCache, StatePool
+from support.transfer_ref import FAMILIES, layout, paged_states
+
+lay = layout(FAMILIES["mamba2"], 1, 1, "SD")
+_, states = paged_states(lay, 2, 10, np.random.default_rng(0))
+cache = HostCache(StatePool(lay, states), 10**9)
+cache.put("a", [1])
+print(len(cache), cache.used_bytes == cache.bytes_per_request, cache.restore("a", [5]))
+"""
+
+
+def test_put_records_the_entry_when_python_runs_optimized():
+    # `python -O` strips assert statements: the tier's put must not live in one.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-O", "-c", _OPTIMIZED_PUT], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert out.split() == ["1", "True", "True"], out

@@ -155,7 +155,9 @@ class HostCache:
         self._next_id += 1
         self._ids[key] = i
         self._keys[i] = key
-        assert self._index.put(i, states.num_requests, replaces=old) == evicted
+        # Not inside an assert: `python -O` strips those, call and all.
+        recorded = self._index.put(i, states.num_requests, replaces=old)
+        assert recorded == evicted, "the core evicted what it planned to"
         for j, _ in evicted:
             self._entries.pop(j)
             if j in spilled:
