@@ -147,26 +147,29 @@ class HostCache:
             for path in spilled.values():
                 remove_file(path)
             raise
-        # Everything checked and written: now change the tier.
+        # Everything checked and written: now change the tier (the core forgets the old version
+        # as part of its put). Not inside an assert: `python -O` strips those, call and all.
+        recorded = self._index.put(i, states.num_requests, replaces=old)
+        assert recorded == evicted, "the core evicted what it planned to"
         if old is not None:
-            self._on_disk.pop(old, None)
-            self._entries.pop(old, None)
-            self._keys.pop(old)
+            self._forget(old)
         self._next_id += 1
         self._ids[key] = i
         self._keys[i] = key
-        # Not inside an assert: `python -O` strips those, call and all.
-        recorded = self._index.put(i, states.num_requests, replaces=old)
-        assert recorded == evicted, "the core evicted what it planned to"
         for j, _ in evicted:
-            self._entries.pop(j)
             if j in spilled:
+                self._entries.pop(j)
                 self._on_disk[j] = spilled[j]
             else:
-                self._forget_key(j)
+                self._forget(j)
         self._entries[i] = states
 
-    def _forget_key(self, i: int) -> None:
+    def _forget(self, i: int) -> None:
+        """Forgets entry ``i`` here -- its bytes, its spill file's path, its key -- once the core
+        has forgotten it and its file is gone (a replaced version, a dropped key, an entry evicted
+        without a spill)."""
+        self._entries.pop(i, None)
+        self._on_disk.pop(i, None)
         self._ids.pop(self._keys.pop(i), None)
 
     def _remove_file(self, i: int) -> None:
@@ -246,10 +249,8 @@ class HostCache:
         if i is None:
             return
         self._remove_file(i)  # the only step that can fail: first
-        self._on_disk.pop(i, None)
         self._index.drop(i)
-        self._entries.pop(i, None)
-        self._forget_key(i)
+        self._forget(i)
 
     def __contains__(self, key: object) -> bool:
         try:
