@@ -1,6 +1,7 @@
-"""NIXL pulls under hostile inputs: a batch given as any integer table the core accepts (a CPU
+"""NIXL endpoints under hostile inputs: a batch given as any integer table the core accepts (a CPU
 tensor, an int32 array) is reported in plain block ids -- the failed requests' invalid blocks and
-the notices each source rank receives. Skipped when NIXL is not importable, unless
+the notices each source rank receives; a source whose pool memory was freed or re-pointed after it
+registered it refuses to hand out its handshake. Skipped when NIXL is not importable, unless
 RECOVERSSM_REQUIRE_NIXL=1."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from recoverssm_rs.errors import BindingError
+from recoverssm_rs.transfer import StatePool
 from recoverssm_rs.transfer import nixl as rnixl
 from support.transfer_ref import FAMILIES, layout, nixl_or_skip, paged_states, pool
 
@@ -57,3 +60,21 @@ def test_the_source_is_told_its_blocks_as_numbers(kind):
         time.sleep(0.01)
     assert all(n.startswith(f"recoverssm:{dst.name}:") for n in notes), notes
     assert sorted(b for n in notes for b in n.rsplit(":", 1)[1].split(",")) == ["1", "3", "5"], notes
+
+
+@pytest.mark.parametrize("change", ["freed", "re-pointed"])
+def test_a_source_does_not_advertise_memory_it_no_longer_holds(change):
+    lay = layout(GDN, 1, 0, "SD")
+    g = torch.Generator().manual_seed(0)
+    layers = [
+        [torch.randn((8, *s.shape), generator=g).to(getattr(torch, s.dtype)) for s in lay.persistent] for _ in range(2)
+    ]
+    src = rnixl.NixlEndpoint(f"hs-gone-{change}", StatePool(lay, layers))
+    assert src.info().addresses == src.addresses
+    t = layers[0][1]
+    if change == "freed":
+        t.untyped_storage().resize_(0)
+    else:
+        t.set_(torch.empty_like(t))
+    with pytest.raises(BindingError, match="layer 0, state 'temporal'"):
+        src.info()

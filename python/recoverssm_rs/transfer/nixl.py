@@ -11,7 +11,7 @@ read, a source process that died) fails only the requests reading from it, withi
 listed in :attr:`TransferResult.invalid_blocks` and hold the bytes they held before the pull
 (their direct reads' targets are saved before posting and written back), and its staged states
 are not finished. Handshake messages are checked by the core (:class:`PeerInfo`); the pool's bound
-tensors are checked before every pull.
+tensors are checked before every pull and before a handshake is handed out.
 
 An endpoint's UCX transport uses only the network interfaces it is given (``interfaces``:
 loopback by default, so nothing listens on an external address unless asked).
@@ -235,7 +235,10 @@ class NixlEndpoint:
                 os.environ[key] = old
 
     def info(self) -> PeerInfo:
-        """This rank's handshake message."""
+        """This rank's handshake message. The pool's bound tensors are checked first
+        (BindingError naming one freed, resized or re-pointed since the endpoint registered its
+        memory): a peer is never told to read memory the pool no longer holds."""
+        self.pool.check()
         return PeerInfo(
             self.name, self.agent.get_agent_metadata(), self.pool.fingerprint, self.pool.geometry, self.addresses
         )
