@@ -110,3 +110,14 @@ def test_put_records_the_entry_when_python_runs_optimized():
         [sys.executable, "-O", "-c", _OPTIMIZED_PUT], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert out.split() == ["1", "True", "True"], out
+
+
+def test_pinned_loading_without_a_device_is_backend_unavailable_before_the_file_is_read(tmp_path):
+    import torch
+    from recoverssm_rs.errors import BackendUnavailableError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine can pin host memory")
+    lay = layout(FAMILIES["mamba2"], 1, 1, "SD")
+    with pytest.raises(BackendUnavailableError, match="pin_memory=True needs"):
+        load_states(tmp_path / "never-read.safetensors", lay, pin_memory=True)

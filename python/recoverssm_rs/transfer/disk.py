@@ -33,7 +33,7 @@ from .._core import (
     saved_request_blocks,
     write_file,
 )
-from ..errors import LayoutError
+from ..errors import BackendUnavailableError, LayoutError
 from .offload import HostStates
 from .pool import StatePool
 
@@ -115,9 +115,27 @@ def load_states(path: str | os.PathLike[str], layout: Layout, *, pin_memory: boo
     """Reads the states ``path`` holds into a new host buffer. ``layout``: the layout of the pool
     they were saved from (a file saved from another layout is refused; its TP rank comes from the
     file). Restore the result with :meth:`HostOffload.restore`, into the same rank or -- with the
-    transfer plans -- another. ``pin_memory``: allocate the host buffer pinned (needs torch); a
-    value that is not a bool is a PlanError naming it, before the file is read."""
-    return _load(path, layout, pin_memory=load_args(pin_memory))
+    transfer plans -- another. ``pin_memory``: allocate the host buffer pinned (needs torch and a
+    device to pin it for: BackendUnavailableError otherwise); a value that is not a bool is a
+    PlanError naming it. Both are checked before the file is read."""
+    pin_memory = load_args(pin_memory)
+    if pin_memory:
+        _check_pinnable()
+    return _load(path, layout, pin_memory=pin_memory)
+
+
+def _check_pinnable() -> None:
+    """Raises BackendUnavailableError unless torch can pin host memory here (it needs a device
+    to pin it for): asked once, before the file is read."""
+    try:
+        import torch
+
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except (ImportError, RuntimeError) as exc:
+        raise BackendUnavailableError(
+            f"load_states: pin_memory=True needs torch and a device to pin host memory for "
+            f"({type(exc).__name__}: {exc}); pass pin_memory=False"
+        ) from None
 
 
 def _load(
