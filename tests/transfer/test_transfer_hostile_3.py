@@ -121,3 +121,21 @@ def test_pinned_loading_without_a_device_is_backend_unavailable_before_the_file_
     lay = layout(FAMILIES["mamba2"], 1, 1, "SD")
     with pytest.raises(BackendUnavailableError, match="pin_memory=True needs"):
         load_states(tmp_path / "never-read.safetensors", lay, pin_memory=True)
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda s: (layer for layer in s), lambda s: [iter(layer) for layer in s], lambda s: iter([iter(x) for x in s])],
+    ids=["generator-of-layers", "iterator-layers", "iterator-of-iterators"],
+)
+def test_a_pool_given_one_shot_iterators_binds_every_tensor(wrap):
+    lay, states, src, _ = _pools()
+    p = StatePool(lay, wrap(states))
+    assert (p.num_layers, len(p.tensors)) == (2, 4)
+    assert all(a is b for a, b in zip(p.tensors, [t for layer in states for t in layer]))
+    LocalTransfer([src], p).run([(1, 2)])
+    held = HostOffload(p).offload([2])  # the bytes just moved, read back through the pool
+    assert all(
+        (np.asarray(h)[1].view(np.uint8) == np.asarray(t)[1].view(np.uint8)).all()
+        for h, t in zip(held.pool.tensors, src.tensors)
+    )

@@ -21,6 +21,15 @@ def _is_torch(t: Any) -> bool:
     return hasattr(t, "data_ptr") and hasattr(t, "element_size")
 
 
+def _read_once(x: Any) -> Any:
+    """``x``, or a list of its items when it is a one-shot iterator (a generator, ``iter(list)``:
+    read a second time, it would be empty); anything else is left for the core to judge."""
+    try:
+        return list(x) if iter(x) is x else x
+    except TypeError:  # not iterable: the core names it
+        return x
+
+
 def byte_view(t: Any) -> Any:
     """A flat uint8 view of the memory a state tensor ``[num_blocks, *shape]`` spans, from its
     block 0 to the end of its last block (strided pages included): a numpy array for numpy and CPU
@@ -65,7 +74,11 @@ class StatePool:
         self, layout: Layout, states: Sequence[Sequence[Any]], *, tp_rank: int = 0, block_size: int = 0
     ) -> None:
         # The core checks every argument (BindingError naming it): the layout and every tensor
-        # against it by its binding, the rank and block size by the fingerprint.
+        # against it by its binding, the rank and block size by the fingerprint. It and the pool
+        # both read ``states``: one-shot iterators are read once, here, for both.
+        states = _read_once(states)
+        if isinstance(states, (list, tuple)):
+            states = [_read_once(layer) for layer in states]
         self._binding = Planner([(layout, states)], persistent_only=True)
         self._layout = layout
         self._fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
