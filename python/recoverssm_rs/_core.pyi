@@ -1434,7 +1434,8 @@ def plan_transfer(
     """
 
 def pull_args(timeout: float, per_request: bool, restore_failed: bool) -> tuple[float, bool, bool]:
-    """A pull's arguments, checked: `timeout` (seconds: an int or float, finite, > 0, at most a week),
+    """A pull's arguments, checked: `timeout` (seconds: a Python or numpy int or float, finite, > 0,
+    at most a week),
     `per_request` and `restore_failed` (bools). Returns them converted (PlanError naming the
     argument otherwise).
     """

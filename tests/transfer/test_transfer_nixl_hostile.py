@@ -78,3 +78,18 @@ def test_a_source_does_not_advertise_memory_it_no_longer_holds(change):
         t.set_(torch.empty_like(t))
     with pytest.raises(BindingError, match="layer 0, state 'temporal'"):
         src.info()
+
+
+@pytest.mark.parametrize("timeout", [np.float32(30.0), np.int64(30), np.float64(30.0), 30, 30.0])
+def test_a_timeout_may_be_any_real_number_type(timeout):
+    src, dst = _pair(f"timeout-{type(timeout).__name__}")
+    assert dst.pull([(1, 2)], timeout=timeout).ok
+
+
+@pytest.mark.parametrize("timeout", [np.float32("nan"), np.float32("inf"), np.int64(-1), np.bool_(True), True, "30"])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_a_plan_error(timeout):
+    from recoverssm_rs.errors import PlanError
+
+    src, dst = _pair(f"bad-timeout-{type(timeout).__name__}-{timeout}")
+    with pytest.raises(PlanError, match="timeout"):
+        dst.pull([(1, 2)], timeout=timeout)
