@@ -439,6 +439,11 @@ class HostCacheIndex:
         least recently used first. PlanError (nothing changed) when the requests need more than
         the capacity.
         """
+    def remove_spill(self, id: int) -> None:
+        """Removes entry `id`'s spill file if it has one (BindingError naming it when it cannot be
+        removed: then the tier still holds it), and forgets its name, so a tier that spills for as
+        long as it runs keeps no name of a file it removed.
+        """
     def spill_path(self, id: int) -> Path:
         """The path of entry `id`'s spill file, in this tier's private directory (made on first use:
         mode 0700, an exclusive create under a random name inside `disk_dir`; removed with the

@@ -289,6 +289,11 @@ pub struct HostCacheIndex {
     private: Option<transfer::files::PrivateDir>,
 }
 
+/// The file name of entry `id`'s spill file in the tier's private directory.
+fn spill_name(id: u64) -> String {
+    format!("entry-{id}.safetensors")
+}
+
 fn location(l: Option<transfer::cache::Location>) -> Option<&'static str> {
     l.map(|l| l.name())
 }
@@ -420,7 +425,17 @@ impl HostCacheIndex {
             Some(p) => p,
             None => self.private.insert(transfer::files::PrivateDir::create(dir, "recoverssm-spill", "disk_dir")?),
         };
-        Ok(private.file(&format!("entry-{id}.safetensors"))?)
+        Ok(private.file(&spill_name(id))?)
+    }
+    /// Removes entry `id`'s spill file if it has one (BindingError naming it when it cannot be
+    /// removed: then the tier still holds it), and forgets its name, so a tier that spills for as
+    /// long as it runs keeps no name of a file it removed.
+    #[pyo3(signature = (id: "int") -> "None")]
+    fn remove_spill(&mut self, id: u64) -> PyResult<()> {
+        match &mut self.private {
+            Some(p) => Ok(p.remove_file(&spill_name(id), "disk_dir")?),
+            None => Ok(()),
+        }
     }
     /// `"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
     /// in-memory entry becomes the most recently used.

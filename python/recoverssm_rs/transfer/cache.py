@@ -11,7 +11,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import overload
 
-from .._core import HostCacheIndex, TransferPlan, block_list, check_pool, remove_file
+from .._core import HostCacheIndex, TransferPlan, block_list, check_pool
 from ..errors import PlanError
 from .disk import _load, _save
 from .local import LocalTransfer
@@ -144,8 +144,8 @@ class HostCache:
             if old is not None:
                 self._remove_file(old)  # the last step that can fail
         except BaseException:
-            for path in spilled.values():
-                remove_file(path)
+            for j in spilled:
+                self._index.remove_spill(j)
             raise
         # Everything checked and written: now change the tier (the core forgets the old version
         # as part of its put). Not inside an assert: `python -O` strips those, call and all.
@@ -175,9 +175,8 @@ class HostCache:
     def _remove_file(self, i: int) -> None:
         """Removes entry ``i``'s spill file, if it has one; the tier forgets the file only once
         it is gone (a file that cannot be removed is a BindingError, and nothing changes)."""
-        path = self._on_disk.get(i)
-        if path is not None:
-            remove_file(path)
+        if i in self._on_disk:
+            self._index.remove_spill(i)
 
     def get(self, key: Hashable) -> HostStates | None:
         """The saved states of ``key`` (loaded from disk if spilled), marked recently used."""
