@@ -439,6 +439,11 @@ class HostCacheIndex:
         least recently used first. PlanError (nothing changed) when the requests need more than
         the capacity.
         """
+    def remove_spill(self, id: int) -> None:
+        """Removes entry `id`'s spill file if it has one (BindingError naming it when it cannot be
+        removed: then the tier still holds it), and forgets its name, so a tier that spills for as
+        long as it runs keeps no name of a file it removed.
+        """
     def spill_path(self, id: int) -> Path:
         """The path of entry `id`'s spill file, in this tier's private directory (made on first use:
         mode 0700, an exclusive create under a random name inside `disk_dir`; removed with the
@@ -986,6 +991,11 @@ class TransferPlan:
     """
 
     @property
+    def blocks(self) -> list[tuple[int, int]]:
+        """The batch's `(source block, destination block)` pairs, in request order, as the core read
+        them (plain ints, whatever integer table the requests were given as).
+        """
+    @property
     def nbytes(self) -> int:
         """Bytes read over the transport."""
     @property
@@ -1223,12 +1233,14 @@ def check_saved_states(
     entry: int | None = None,
     key: str = ...,
     path: str | os.PathLike[str] | None = None,
-) -> tuple[LayoutFingerprint, int, int, list[int]]:
-    """Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
-    every request's bytes in `data` (the data section) against its checksum and the whole
-    record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
-    (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
-    LayoutError names the defect, and the file by `path` (and `key`) when given.
+) -> tuple[LayoutFingerprint, int, int, list[int], list[tuple[int, int]]]:
+    """Checks a saved-states file: its metadata and tensor entries (as the JSON header holds them:
+    types and ranges are checked here) against the fingerprint it names, every request's bytes in
+    `data` (the data section) against its checksum and the whole record's digest; with `tier` and
+    `entry`, that it is that tier's spill file of that entry (named `key` in errors). Returns
+    `(fingerprint, num_layers, num_requests, source_blocks, ranges)`, `ranges` the byte range in
+    `data` of each (layer, persistent state) tensor, layer-major; LayoutError names the defect, and
+    the file by `path` (and `key`) when given.
     """
 
 def check_sources(sources: Sequence[tuple[int, LayoutFingerprint]]) -> LayoutFingerprint:
@@ -1427,7 +1439,8 @@ def plan_transfer(
     """
 
 def pull_args(timeout: float, per_request: bool, restore_failed: bool) -> tuple[float, bool, bool]:
-    """A pull's arguments, checked: `timeout` (seconds: an int or float, finite, > 0, at most a week),
+    """A pull's arguments, checked: `timeout` (seconds: a Python or numpy int or float, finite, > 0,
+    at most a week),
     `per_request` and `restore_failed` (bools). Returns them converted (PlanError naming the
     argument otherwise).
     """

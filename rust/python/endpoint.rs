@@ -7,7 +7,7 @@ use super::transfer::TransferPlan;
 use crate::error::ErrorKind;
 use crate::transfer::endpoint;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
 
 /// A list of strings (or one comma-separated string when `split`), the argument `name`.
 fn strings(obj: &Bound<'_, PyAny>, name: &str, split: bool) -> PyResult<Vec<String>> {
@@ -42,7 +42,28 @@ pub(crate) fn endpoint_args(
     Ok((name, backends, progress_thread, interfaces))
 }
 
-/// A pull's arguments, checked: `timeout` (seconds: an int or float, finite, > 0, at most a week),
+/// Whether `obj` is a real number: a Python int or float, or a numpy integer or floating scalar
+/// (a bool, numpy's included, is not).
+fn real_number(obj: &Bound<'_, PyAny>) -> bool {
+    if obj.is_instance_of::<PyBool>() {
+        return false;
+    }
+    if obj.is_instance_of::<PyFloat>() || obj.is_instance_of::<PyInt>() {
+        return true;
+    }
+    let py = obj.py();
+    let numpy = NUMPY_REALS.get_or_init(py, || {
+        let np = py.import("numpy").ok()?;
+        PyTuple::new(py, [np.getattr("integer").ok()?, np.getattr("floating").ok()?]).ok().map(Bound::unbind)
+    });
+    numpy.as_ref().is_some_and(|t| obj.is_instance(t.bind(py)).unwrap_or(false))
+}
+
+/// `(numpy.integer, numpy.floating)`, imported once; `None` without numpy.
+static NUMPY_REALS: pyo3::sync::PyOnceLock<Option<Py<PyTuple>>> = pyo3::sync::PyOnceLock::new();
+
+/// A pull's arguments, checked: `timeout` (seconds: a Python or numpy int or float, finite, > 0,
+/// at most a week),
 /// `per_request` and `restore_failed` (bools). Returns them converted (PlanError naming the
 /// argument otherwise).
 #[pyfunction]
@@ -52,8 +73,7 @@ pub(crate) fn pull_args(
     per_request: &Bound<'_, PyAny>,
     restore_failed: &Bound<'_, PyAny>,
 ) -> PyResult<(f64, bool, bool)> {
-    let number = !timeout.is_instance_of::<PyBool>() && (timeout.is_instance_of::<PyFloat>() || timeout.is_instance_of::<PyInt>());
-    let seconds = if number { timeout.extract::<f64>().ok() } else { None };
+    let seconds = if real_number(timeout) { timeout.extract::<f64>().ok() } else { None };
     let seconds = seconds.ok_or_else(|| arg_error(ErrorKind::Plan, format!("timeout must be a number of seconds, got {}", type_name(timeout))))?;
     endpoint::check_timeout(seconds)?;
     let per_request = bool::arg(per_request, "per_request", ErrorKind::Plan)?;

@@ -153,6 +153,8 @@ pub struct TransferPlan {
     /// The source ranks the destination rank reads from, ascending.
     #[pyo3(get)]
     source_ranks: Vec<u64>,
+    /// The batch's `(source block, destination block)` pairs, in request order.
+    blocks: Vec<(u64, u64)>,
 }
 
 impl From<transfer::TransferPlan> for TransferPlan {
@@ -164,6 +166,7 @@ impl From<transfer::TransferPlan> for TransferPlan {
             staging_bytes: inner.staging_bytes,
             nbytes: inner.bytes(),
             source_ranks: inner.source_ranks.clone(),
+            blocks: Vec::new(),
             inner,
         }
     }
@@ -183,6 +186,13 @@ fn packed<'py, T: U64Rows>(py: Python<'py>, v: &[T]) -> Bound<'py, PyBytes> {
 
 #[pymethods]
 impl TransferPlan {
+    // stub: -> list[tuple[int, int]]
+    /// The batch's `(source block, destination block)` pairs, in request order, as the core read
+    /// them (plain ints, whatever integer table the requests were given as).
+    #[getter]
+    fn blocks(&self) -> Vec<(u64, u64)> {
+        self.blocks.clone()
+    }
     /// Reads as packed u64 rows `(request, src_rank, src_tensor, src_offset, dst_tensor,
     /// dst_offset, len)`; `dst_tensor == 2**64 - 1` is the staging buffer.
     fn reads<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -271,8 +281,8 @@ pub(crate) fn plan_transfer(
         .collect::<PyResult<Vec<_>>>()?;
     let dp = geometry_arg(destination_pool, "destination_pool")?;
     let requests = block_pairs(requests)?;
-    let plan = py.detach(move || transfer::plan_transfer(&s, &sp, &d, &dp, &requests))?;
-    Ok(plan.into())
+    let (plan, blocks) = py.detach(move || transfer::plan_transfer(&s, &sp, &d, &dp, &requests).map(|p| (p, requests)))?;
+    Ok(TransferPlan { blocks, ..plan.into() })
 }
 
 /// Checks the source ranks an executor was given, `(rank it is used as, its fingerprint)`: each

@@ -9,11 +9,15 @@ use crate::error::{Error, ErrorKind};
 use crate::transfer::{self, saved};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyFrozenSet, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFrozenSet, PyInt, PyList, PyTuple};
 use std::path::PathBuf;
 
 /// `(name, safetensors dtype, shape, begin, end)` of one tensor of a saved-states file.
 type SavedTensorTuple = (String, String, Vec<u64>, u64, u64);
+
+/// What a checked saved-states file holds: `(fingerprint, num_layers, num_requests,
+/// source_blocks, byte range of each tensor)`.
+type SavedStatesTuple = (LayoutFingerprint, u64, u64, Vec<u64>, Vec<(u64, u64)>);
 
 /// A C-contiguous byte buffer's bytes, borrowed for `f` (run with the GIL released).
 fn with_bytes<T: Send>(py: Python<'_>, data: &PyBuffer<u8>, f: impl FnOnce(&[u8]) -> T + Send) -> PyResult<T> {
@@ -146,32 +150,88 @@ pub(crate) fn read_saved_file<'py>(py: Python<'py>, path: &Bound<'_, PyAny>) -> 
     Ok((PyBytes::new(py, &raw[span.clone()]), PyBytes::new(py, &raw[span.end..])))
 }
 
-/// Checks a saved-states file: its metadata and tensor entries against the fingerprint it names,
-/// every request's bytes in `data` (the data section) against its checksum and the whole
-/// record's digest; with `tier` and `entry`, that it is that tier's spill file of that entry
-/// (named `key` in errors). Returns `(fingerprint, num_layers, num_requests, source_blocks)`;
-/// LayoutError names the defect, and the file by `path` (and `key`) when given.
+/// A value of a file's JSON header, `what`, as a u64: a JSON integer (a Python int, not a bool) in
+/// `[0, 2**64)`; a layout error naming it otherwise (a hostile file's number is never cast).
+fn header_u64(x: &Bound<'_, PyAny>, what: &str) -> Result<u64, Error> {
+    if !x.is_instance_of::<PyInt>() || x.is_instance_of::<PyBool>() {
+        return Err(malformed(format!("{what} must be an integer, got {}", type_name(x))));
+    }
+    x.extract::<u64>().map_err(|_| {
+        // A number's text, when short (a hostile one may have thousands of digits).
+        let shown = x.str().map(|s| s.to_string()).ok().filter(|s| s.len() <= 24).map_or(String::new(), |s| format!(" = {s}"));
+        malformed(format!("{what}{shown} is not an integer in [0, 2**64)"))
+    })
+}
+
+fn malformed(m: impl std::fmt::Display) -> Error {
+    Error::layout(format!("saved states file: malformed header ({m})"))
+}
+
+/// A header's `__metadata__`, checked: a map of strings.
+fn header_metadata(obj: &Bound<'_, PyAny>) -> Result<std::collections::HashMap<String, String>, Error> {
+    let map = obj.cast::<PyDict>().map_err(|_| malformed(format!("__metadata__ must be a map of strings, got {}", type_name(obj))))?;
+    map.iter()
+        .map(|(k, v)| match (k.extract::<String>(), v.extract::<String>()) {
+            (Ok(k), Ok(v)) => Ok((k, v)),
+            (Ok(k), Err(_)) => Err(malformed(format!("__metadata__[{k:?}] must be a string, got {}", type_name(&v)))),
+            (Err(_), _) => Err(malformed(format!("__metadata__ has a key that is not a string ({})", type_name(&k)))),
+        })
+        .collect()
+}
+
+/// A header's tensor entries `(name, dtype, shape, begin, end)`, checked (strings and integers in
+/// `[0, 2**64)`, each a layout error naming the tensor and the field) and sorted by byte range.
+fn header_entries(obj: &Bound<'_, PyAny>) -> Result<Vec<saved::SavedTensor>, Error> {
+    let list =
+        items(obj, "tensors", ErrorKind::Layout, "(name, dtype, shape, begin, end) entries").map_err(|_| malformed("tensors must be a list"))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let parts = items(t, "tensors", ErrorKind::Layout, "entries").map_err(|_| malformed(format!("tensor entry {i} is not a tuple")))?;
+        let [name, dtype, shape, begin, end] = &parts[..] else {
+            return Err(malformed(format!("tensor entry {i} has {} fields, not (name, dtype, shape, begin, end)", parts.len())));
+        };
+        let name =
+            name.extract::<String>().map_err(|_| malformed(format!("tensor entry {i}: the name must be a string, got {}", type_name(name))))?;
+        let what = format!("tensor '{name}'");
+        let dtype = dtype.extract::<String>().map_err(|_| malformed(format!("{what}: dtype must be a string, got {}", type_name(dtype))))?;
+        let Ok(shape) = shape.cast::<PyList>() else {
+            return Err(malformed(format!("{what}: shape must be a list of integers, got {}", type_name(shape))));
+        };
+        let shape = shape.iter().enumerate().map(|(d, x)| header_u64(&x, &format!("{what}: shape[{d}]"))).collect::<Result<Vec<u64>, Error>>()?;
+        let begin = header_u64(begin, &format!("{what}: data_offsets[0]"))?;
+        let end = header_u64(end, &format!("{what}: data_offsets[1]"))?;
+        out.push(saved::SavedTensor { name, dtype, shape, begin, end });
+    }
+    out.sort_by_key(|t| (t.begin, t.end));
+    Ok(out)
+}
+
+/// Checks a saved-states file: its metadata and tensor entries (as the JSON header holds them:
+/// types and ranges are checked here) against the fingerprint it names, every request's bytes in
+/// `data` (the data section) against its checksum and the whole record's digest; with `tier` and
+/// `entry`, that it is that tier's spill file of that entry (named `key` in errors). Returns
+/// `(fingerprint, num_layers, num_requests, source_blocks, ranges)`, `ranges` the byte range in
+/// `data` of each (layer, persistent state) tensor, layer-major; LayoutError names the defect, and
+/// the file by `path` (and `key`) when given.
 #[pyfunction]
 #[pyo3(signature = (
     metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, Sequence[int], int, int]]", data: "_Buffer", *,
     tier: "HostCacheIndex | None" = None, entry: "int | None" = None, key: "str" = String::new(),
     path: "str | os.PathLike[str] | None" = None,
-) -> "tuple[LayoutFingerprint, int, int, list[int]]")]
+) -> "tuple[LayoutFingerprint, int, int, list[int], list[tuple[int, int]]]")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn check_saved_states(
     py: Python<'_>,
-    metadata: std::collections::HashMap<String, String>,
-    tensors: Vec<SavedTensorTuple>,
+    metadata: &Bound<'_, PyAny>,
+    tensors: &Bound<'_, PyAny>,
     data: &Bound<'_, PyAny>,
     tier: Option<PyRef<'_, HostCacheIndex>>,
     entry: Option<u64>,
     key: String,
     path: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(LayoutFingerprint, u64, u64, Vec<u64>)> {
+) -> PyResult<SavedStatesTuple> {
     let path = path.filter(|p| !p.is_none()).map(|p| path_arg(p, "path")).transpose()?;
     let data = buffer_arg(data, "data")?;
-    let tensors: Vec<saved::SavedTensor> =
-        tensors.into_iter().map(|(name, dtype, shape, begin, end)| saved::SavedTensor { name, dtype, shape, begin, end }).collect();
     // Which file (and, for a spill file, which key) a defect is in: the core's messages name
     // only "saved states file".
     let named = |e: Error| -> Error {
@@ -184,6 +244,8 @@ pub(crate) fn check_saved_states(
         }
         Error { kind: e.kind, message: e.message.replacen("saved states file", &which, 1) }
     };
+    let metadata = header_metadata(metadata).map_err(named)?;
+    let tensors = header_entries(tensors).map_err(named)?;
     let h = saved::decode_header(&|k| metadata.get(k).cloned(), &tensors, data.len_bytes() as u64).map_err(named)?;
     let sealer = spill_binding(tier.as_ref(), entry)?;
     with_bytes(py, &data, |d| {
@@ -194,7 +256,8 @@ pub(crate) fn check_saved_states(
         }
     })?
     .map_err(named)?;
-    Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks))
+    let ranges = tensors.iter().map(|t| (t.begin, t.end)).collect();
+    Ok((h.fingerprint.into(), h.num_layers, h.num_requests, h.source_blocks, ranges))
 }
 
 /// The rules of a host offload tier (see `HostCache`): bytes per request from the fingerprint,
@@ -224,6 +287,11 @@ pub struct HostCacheIndex {
     /// This tier's private directory inside `disk_dir`, made at the first spill (removed with
     /// the spill files it holds when the tier is dropped).
     private: Option<transfer::files::PrivateDir>,
+}
+
+/// The file name of entry `id`'s spill file in the tier's private directory.
+fn spill_name(id: u64) -> String {
+    format!("entry-{id}.safetensors")
 }
 
 fn location(l: Option<transfer::cache::Location>) -> Option<&'static str> {
@@ -357,7 +425,17 @@ impl HostCacheIndex {
             Some(p) => p,
             None => self.private.insert(transfer::files::PrivateDir::create(dir, "recoverssm-spill", "disk_dir")?),
         };
-        Ok(private.file(&format!("entry-{id}.safetensors"))?)
+        Ok(private.file(&spill_name(id))?)
+    }
+    /// Removes entry `id`'s spill file if it has one (BindingError naming it when it cannot be
+    /// removed: then the tier still holds it), and forgets its name, so a tier that spills for as
+    /// long as it runs keeps no name of a file it removed.
+    #[pyo3(signature = (id: "int") -> "None")]
+    fn remove_spill(&mut self, id: u64) -> PyResult<()> {
+        match &mut self.private {
+            Some(p) => Ok(p.remove_file(&spill_name(id), "disk_dir")?),
+            None => Ok(()),
+        }
     }
     /// `"memory"`, `"disk"` or None for a restore of `id`, counting a hit or a miss; an
     /// in-memory entry becomes the most recently used.

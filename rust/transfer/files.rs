@@ -138,12 +138,32 @@ impl PrivateDir {
     /// The path of the file `name` (a bare file name) in the directory, removed with it when
     /// dropped.
     pub fn file(&mut self, name: &str) -> Result<PathBuf> {
-        if name.is_empty() || name == "." || name == ".." || name.contains(std::path::is_separator) {
-            return Err(Error::binding(format!("{name:?} is not a bare file name")));
-        }
+        check_bare(name)?;
         self.names.insert(name.to_string());
         Ok(self.path.join(name))
     }
+
+    /// Removes the file `name` (the argument `what`) if it exists, and forgets it: a tier that
+    /// spills and removes entries for as long as it runs holds no name it no longer uses. The
+    /// name is forgotten only once the file is gone (an error leaves it to be removed on drop).
+    pub fn remove_file(&mut self, name: &str, what: &str) -> Result<()> {
+        check_bare(name)?;
+        remove(&self.path.join(name), what)?;
+        self.names.remove(name);
+        Ok(())
+    }
+
+    /// How many file names the directory holds for removal on drop.
+    pub fn names_held(&self) -> usize {
+        self.names.len()
+    }
+}
+
+fn check_bare(name: &str) -> Result<()> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(std::path::is_separator) {
+        return Err(Error::binding(format!("{name:?} is not a bare file name")));
+    }
+    Ok(())
 }
 
 impl Drop for PrivateDir {
@@ -288,6 +308,27 @@ mod tests {
             let p = private_dir(&open, "spill", "disk_dir").unwrap();
             assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
         }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_removed_file_is_forgotten_so_a_long_lived_dir_holds_only_live_names() {
+        let d = scratch("forget");
+        let mut p = PrivateDir::create(&d, "spill", "disk_dir").unwrap();
+        for i in 0..1000 {
+            let name = format!("entry-{i}.safetensors");
+            fs::write(p.file(&name).unwrap(), b"x").unwrap();
+            p.remove_file(&name, "disk_dir").unwrap();
+        }
+        assert_eq!(p.names_held(), 0, "every removed file's name was forgotten");
+        let kept = p.file("entry-kept.safetensors").unwrap();
+        fs::write(&kept, b"x").unwrap();
+        p.remove_file("entry-never-written.safetensors", "disk_dir").unwrap(); // absent: nothing to do
+        assert!(p.remove_file("../x", "disk_dir").is_err());
+        assert_eq!(p.names_held(), 1);
+        let made = p.path().to_path_buf();
+        drop(p);
+        assert!(!made.exists(), "the live file went with the directory");
         fs::remove_dir_all(&d).unwrap();
     }
 

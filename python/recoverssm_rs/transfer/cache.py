@@ -11,7 +11,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import overload
 
-from .._core import HostCacheIndex, TransferPlan, block_list, check_pool, remove_file
+from .._core import HostCacheIndex, TransferPlan, block_list, check_pool
 from ..errors import PlanError
 from .disk import _load, _save
 from .local import LocalTransfer
@@ -144,35 +144,39 @@ class HostCache:
             if old is not None:
                 self._remove_file(old)  # the last step that can fail
         except BaseException:
-            for path in spilled.values():
-                remove_file(path)
+            for j in spilled:
+                self._index.remove_spill(j)
             raise
-        # Everything checked and written: now change the tier.
+        # Everything checked and written: now change the tier (the core forgets the old version
+        # as part of its put). Not inside an assert: `python -O` strips those, call and all.
+        recorded = self._index.put(i, states.num_requests, replaces=old)
+        assert recorded == evicted, "the core evicted what it planned to"
         if old is not None:
-            self._on_disk.pop(old, None)
-            self._entries.pop(old, None)
-            self._keys.pop(old)
+            self._forget(old)
         self._next_id += 1
         self._ids[key] = i
         self._keys[i] = key
-        assert self._index.put(i, states.num_requests, replaces=old) == evicted
         for j, _ in evicted:
-            self._entries.pop(j)
             if j in spilled:
+                self._entries.pop(j)
                 self._on_disk[j] = spilled[j]
             else:
-                self._forget_key(j)
+                self._forget(j)
         self._entries[i] = states
 
-    def _forget_key(self, i: int) -> None:
+    def _forget(self, i: int) -> None:
+        """Forgets entry ``i`` here -- its bytes, its spill file's path, its key -- once the core
+        has forgotten it and its file is gone (a replaced version, a dropped key, an entry evicted
+        without a spill)."""
+        self._entries.pop(i, None)
+        self._on_disk.pop(i, None)
         self._ids.pop(self._keys.pop(i), None)
 
     def _remove_file(self, i: int) -> None:
         """Removes entry ``i``'s spill file, if it has one; the tier forgets the file only once
         it is gone (a file that cannot be removed is a BindingError, and nothing changes)."""
-        path = self._on_disk.get(i)
-        if path is not None:
-            remove_file(path)
+        if i in self._on_disk:
+            self._index.remove_spill(i)
 
     def get(self, key: Hashable) -> HostStates | None:
         """The saved states of ``key`` (loaded from disk if spilled), marked recently used."""
@@ -244,10 +248,8 @@ class HostCache:
         if i is None:
             return
         self._remove_file(i)  # the only step that can fail: first
-        self._on_disk.pop(i, None)
         self._index.drop(i)
-        self._entries.pop(i, None)
-        self._forget_key(i)
+        self._forget(i)
 
     def __contains__(self, key: object) -> bool:
         try:

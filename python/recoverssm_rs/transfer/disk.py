@@ -33,7 +33,7 @@ from .._core import (
     saved_request_blocks,
     write_file,
 )
-from ..errors import LayoutError
+from ..errors import BackendUnavailableError, LayoutError
 from .offload import HostStates
 from .pool import StatePool
 
@@ -84,25 +84,19 @@ def _bad(path: Any, what: str) -> LayoutError:
     return LayoutError(f"saved states file {os.fspath(path)}: {what}")
 
 
-def _read_header(path: Any, hb: bytes) -> tuple[dict[str, str], list[tuple[str, str, list[int], int, int]]]:
+def _read_header(path: Any, hb: bytes) -> tuple[Any, list[tuple[Any, Any, Any, Any, Any]]]:
+    """The metadata and tensor entries ``(name, dtype, shape, begin, end)`` of a JSON header, as
+    the file holds them: the core checks their types and values (``check_saved_states``)."""
     # The core checked the framing (and that the JSON nests no deeper than a header does).
     try:
         header = json.loads(hb)
         meta = header.pop("__metadata__")
-        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-            raise TypeError("__metadata__ is not a map of strings")
         tensors = []
         for name, v in header.items():
             a, b = v["data_offsets"]
-            shape = v["shape"]
-            if not (isinstance(shape, list) and all(type(x) is int for x in shape)) or not type(a) is type(b) is int:
-                raise TypeError(f"tensor {name!r}: shape and data_offsets must be integers")
-            if not isinstance(v["dtype"], str):
-                raise TypeError(f"tensor {name!r}: dtype must be a string")
-            tensors.append((name, v["dtype"], shape, a, b))
+            tensors.append((name, v["dtype"], v["shape"], a, b))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise _bad(path, f"malformed header ({type(exc).__name__}: {exc})") from None
-    tensors.sort(key=lambda t: (t[3], t[4]))
     return meta, tensors
 
 
@@ -121,9 +115,27 @@ def load_states(path: str | os.PathLike[str], layout: Layout, *, pin_memory: boo
     """Reads the states ``path`` holds into a new host buffer. ``layout``: the layout of the pool
     they were saved from (a file saved from another layout is refused; its TP rank comes from the
     file). Restore the result with :meth:`HostOffload.restore`, into the same rank or -- with the
-    transfer plans -- another. ``pin_memory``: allocate the host buffer pinned (needs torch); a
-    value that is not a bool is a PlanError naming it, before the file is read."""
-    return _load(path, layout, pin_memory=load_args(pin_memory))
+    transfer plans -- another. ``pin_memory``: allocate the host buffer pinned (needs torch and a
+    device to pin it for: BackendUnavailableError otherwise); a value that is not a bool is a
+    PlanError naming it. Both are checked before the file is read."""
+    pin_memory = load_args(pin_memory)
+    if pin_memory:
+        _check_pinnable()
+    return _load(path, layout, pin_memory=pin_memory)
+
+
+def _check_pinnable() -> None:
+    """Raises BackendUnavailableError unless torch can pin host memory here (it needs a device
+    to pin it for): asked once, before the file is read."""
+    try:
+        import torch
+
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except (ImportError, RuntimeError) as exc:
+        raise BackendUnavailableError(
+            f"load_states: pin_memory=True needs torch and a device to pin host memory for "
+            f"({type(exc).__name__}: {exc}); pass pin_memory=False"
+        ) from None
 
 
 def _load(
@@ -138,7 +150,9 @@ def _load(
     hb, raw = read_saved_file(path)
     meta, tensors = _read_header(path, hb)
     data = np.frombuffer(raw, dtype=np.uint8)
-    fp, num_layers, n, blocks = check_saved_states(meta, tensors, data, tier=tier, entry=entry, key=key, path=path)
+    fp, num_layers, n, blocks, ranges = check_saved_states(
+        meta, tensors, data, tier=tier, entry=entry, key=key, path=path
+    )
     want = LayoutFingerprint(layout, tp_rank=fp.tp_rank, block_size=fp.block_size)
     if want != fp:
         raise _bad(path, f"saved from a pool of another layout ({fp!r}), not {want!r}")
@@ -147,8 +161,8 @@ def _load(
     for layer in range(num_layers):
         row = []
         for i, spec in enumerate(specs):
-            _, _, shape, a, b = tensors[layer * len(specs) + i]
-            t = _empty((n + 1, *shape[1:]), spec.dtype, pin_memory)
+            a, b = ranges[layer * len(specs) + i]
+            t = _empty((n + 1, *spec.shape), spec.dtype, pin_memory)
             if isinstance(t, np.ndarray):
                 t[1:].view(np.uint8).reshape(-1)[...] = data[a:b]
             else:

@@ -11,7 +11,7 @@ read, a source process that died) fails only the requests reading from it, withi
 listed in :attr:`TransferResult.invalid_blocks` and hold the bytes they held before the pull
 (their direct reads' targets are saved before posting and written back), and its staged states
 are not finished. Handshake messages are checked by the core (:class:`PeerInfo`); the pool's bound
-tensors are checked before every pull.
+tensors are checked before every pull and before a handshake is handed out.
 
 An endpoint's UCX transport uses only the network interfaces it is given (``interfaces``:
 loopback by default, so nothing listens on an external address unless asked).
@@ -235,7 +235,10 @@ class NixlEndpoint:
                 os.environ[key] = old
 
     def info(self) -> PeerInfo:
-        """This rank's handshake message."""
+        """This rank's handshake message. The pool's bound tensors are checked first
+        (BindingError naming one freed, resized or re-pointed since the endpoint registered its
+        memory): a peer is never told to read memory the pool no longer holds."""
+        self.pool.check()
         return PeerInfo(
             self.name, self.agent.get_agent_metadata(), self.pool.fingerprint, self.pool.geometry, self.addresses
         )
@@ -366,20 +369,20 @@ class NixlEndpoint:
         # One guarded core call: the pool's bound tensors are checked (BindingError, nothing
         # posted), the reads run, and the pool's write is recorded.
         res: TransferResult = guarded_write(
-            lambda: self._pull(plan, requests, t0, timeout, per_request, restore_failed), writes=[self.pool.guard]
+            lambda: self._pull(plan, t0, timeout, per_request, restore_failed), writes=[self.pool.guard]
         )
         return res
 
     def _pull(
         self,
         plan: TransferPlan,
-        requests: list[tuple[int, int]],
         t0: float,
         timeout: float,
         per_request: bool,
         restore_failed: bool,
     ) -> TransferResult:
         res = TransferResult(nbytes=plan.nbytes)
+        blocks = plan.blocks  # the batch's block pairs as the core read them (plain ints)
         groups = self.descriptors(plan, per_request=per_request)
         saved = self._save_targets(read_rows(plan)) if restore_failed else {}
         pending: dict[int, list[Any]] = {}
@@ -403,10 +406,10 @@ class NixlEndpoint:
             pending.setdefault(req, []).append(h)
         if not per_request:  # one batch: every request shares the batch's transfers and fate
             hs = pending.pop(-1, [])
-            pending = {r: hs for r in range(len(requests))} if hs else {}
+            pending = {r: hs for r in range(len(blocks))} if hs else {}
             if -1 in res.failed:
                 why = res.failed.pop(-1)
-                res.failed.update({r: why for r in range(len(requests))})
+                res.failed.update({r: why for r in range(len(blocks))})
         active = {r: hs for r, hs in pending.items() if r not in res.failed}
         staged = staged_rows(plan)
         rows = read_rows(plan)
@@ -434,7 +437,7 @@ class NixlEndpoint:
                 if staged.size:
                     run_staged(staged, self._staging, self.pool.views, finished)
                 res.done.extend(finished)
-                self._notify(finished, reads_from, requests)
+                self._notify(finished, reads_from, blocks)
             if active and time.perf_counter() > deadline:
                 for req in active:
                     res.failed[req] = f"cancelled after {timeout} s"
@@ -458,7 +461,7 @@ class NixlEndpoint:
             for dst, before in saved.get(req, ()):
                 _copy_back(dst, before)
         res.done.sort()
-        res.invalid_blocks = sorted(requests[r][1] for r in res.failed)
+        res.invalid_blocks = sorted(blocks[r][1] for r in res.failed)
         res.seconds = time.perf_counter() - t0
         return res
 
@@ -488,16 +491,17 @@ class NixlEndpoint:
             out.setdefault(k >> 32, []).append((dst, dst.copy() if isinstance(dst, np.ndarray) else dst.clone()))
         return out
 
-    def _notify(self, finished: list[int], reads_from: np.ndarray, requests: list[tuple[int, int]]) -> None:
+    def _notify(self, finished: list[int], reads_from: np.ndarray, blocks: list[tuple[int, int]]) -> None:
         """Tells each source rank which of its blocks were read, in one message per rank for the
         requests finished in one sweep (a notice per transfer costs a round trip each).
-        ``reads_from``: the plan's distinct ``request << 20 | source rank`` keys."""
+        ``reads_from``: the plan's distinct ``request << 20 | source rank`` keys; ``blocks``: the
+        plan's block pairs."""
         req, rank_of = reads_from >> np.uint64(20), reads_from & np.uint64((1 << 20) - 1)
         done = np.isin(req, np.array(finished, dtype=np.uint64))
         for rank in np.unique(rank_of[done]).tolist():
-            blocks = ",".join(str(requests[r][0]) for r in req[done & (rank_of == rank)].tolist())
+            read = ",".join(str(blocks[r][0]) for r in req[done & (rank_of == rank)].tolist())
             try:
-                self.agent.send_notif(self.peers[rank][0], f"recoverssm:{self.name}:{blocks}".encode())
+                self.agent.send_notif(self.peers[rank][0], f"recoverssm:{self.name}:{read}".encode())
             except Exception as exc:  # the states have landed; only the notice is lost
                 log.warning("nixl endpoint %s: notifying source rank %d: %s", self.name, rank, exc)
 

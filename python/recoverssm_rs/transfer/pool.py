@@ -21,6 +21,15 @@ def _is_torch(t: Any) -> bool:
     return hasattr(t, "data_ptr") and hasattr(t, "element_size")
 
 
+def _read_once(x: Any) -> Any:
+    """``x``, or a list of its items when it is a one-shot iterator (a generator, ``iter(list)``:
+    read a second time, it would be empty); anything else is left for the core to judge."""
+    try:
+        return list(x) if iter(x) is x else x
+    except TypeError:  # not iterable: the core names it
+        return x
+
+
 def byte_view(t: Any) -> Any:
     """A flat uint8 view of the memory a state tensor ``[num_blocks, *shape]`` spans, from its
     block 0 to the end of its last block (strided pages included): a numpy array for numpy and CPU
@@ -65,20 +74,56 @@ class StatePool:
         self, layout: Layout, states: Sequence[Sequence[Any]], *, tp_rank: int = 0, block_size: int = 0
     ) -> None:
         # The core checks every argument (BindingError naming it): the layout and every tensor
-        # against it by its binding, the rank and block size by the fingerprint.
+        # against it by its binding, the rank and block size by the fingerprint. It and the pool
+        # both read ``states``: one-shot iterators are read once, here, for both.
+        states = _read_once(states)
+        if isinstance(states, (list, tuple)):
+            states = [_read_once(layer) for layer in states]
         self._binding = Planner([(layout, states)], persistent_only=True)
-        self.layout = layout
-        self.fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
+        self._layout = layout
+        self._fingerprint = LayoutFingerprint(layout, tp_rank=tp_rank, block_size=block_size)
         n = layout.copyable_prefix_len
         self._tensors: tuple[Any, ...] = tuple(t for layer in states for t in list(layer)[:n])
-        self.num_layers = len(states)
-        self.num_blocks = int(self._binding.num_blocks)
-        self.device = str(self._binding.device)
+        self._num_layers = len(states)
+        self._num_blocks = int(self._binding.num_blocks)
+        self._device = str(self._binding.device)
         names = [s.name for s in layout.persistent]
         self._guard = BoundTensors(
             [(t, f"pool rank {tp_rank}: layer {i // n}, state '{names[i % n]}'") for i, t in enumerate(self._tensors)]
         )
+        # What the transfers plan with, read once from the tensors the core checked: a tensor
+        # re-strided in place later (``as_strided_``) or an attribute assigned cannot make a plan
+        # address memory outside the views.
         self._views: tuple[Any, ...] = tuple(byte_view(t) for t in self._tensors)
+        self._strides: tuple[int, ...] = tuple(self.block_stride(t) for t in self._tensors)
+        self._addresses: tuple[int, ...] = tuple(
+            int(t.data_ptr()) if _is_torch(t) else int(np.asarray(t).ctypes.data) for t in self._tensors
+        )
+
+    @property
+    def layout(self) -> Layout:
+        """The rank's layout (read-only, like every attribute the pool was bound with)."""
+        return self._layout
+
+    @property
+    def fingerprint(self) -> LayoutFingerprint:
+        """The pool's layout fingerprint, its TP rank and block size included."""
+        return self._fingerprint
+
+    @property
+    def num_layers(self) -> int:
+        """Layers of state tensors."""
+        return self._num_layers
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of every state tensor (block 0 is the null block)."""
+        return self._num_blocks
+
+    @property
+    def device(self) -> str:
+        """The tensors' device (``cpu``, ``cuda:0``)."""
+        return self._device
 
     @property
     def tensors(self) -> tuple[Any, ...]:
@@ -105,7 +150,7 @@ class StatePool:
     @property
     def geometry(self) -> Geometry:
         """``(num_layers, num_blocks, block_strides)`` with one byte stride per (layer, state)."""
-        return (self.num_layers, self.num_blocks, [self.block_stride(t) for t in self.tensors])
+        return (self.num_layers, self.num_blocks, list(self._strides))
 
     @staticmethod
     def block_stride(t: Any) -> int:
@@ -115,8 +160,8 @@ class StatePool:
         return int(np.asarray(t).strides[0])
 
     def addresses(self) -> list[int]:
-        """Address of block 0 of every (layer, state) tensor, layer-major."""
-        return [int(t.data_ptr()) if _is_torch(t) else int(np.asarray(t).ctypes.data) for t in self._tensors]
+        """Address of block 0 of every (layer, state) tensor, layer-major (as bound)."""
+        return list(self._addresses)
 
     def spans(self) -> list[int]:
         """Bytes each (layer, state) tensor spans (its byte view's length)."""
