@@ -86,7 +86,6 @@ __all__ = [
     "pull_args",
     "read_saved_file",
     "recover_geometry",
-    "remove_file",
     "restore_sources",
     "saved_request_blocks",
     "sglang_ids",
@@ -1456,9 +1455,6 @@ def recover_geometry(layout: object) -> dict[str, Any]:
     `layout.recover_geometry()` of any object: a `LayoutError` naming `layout` when it is not a
     `Layout`.
     """
-
-def remove_file(path: str | os.PathLike[str]) -> None:
-    """Removes the file `path` if it exists (BindingError naming it when it cannot be removed)."""
 
 def restore_sources(states: object, num_blocks: int) -> tuple[LayoutFingerprint, list[tuple[int, Any]]]:
     """The saved states of a restore, checked: `states` is one HostStates or a list of them (one

@@ -69,7 +69,7 @@ mod _core {
     };
     #[pymodule_export]
     use super::transfer_disk::{
-        check_saved_states, encode_saved_states, load_args, read_saved_file, remove_file, write_file, CacheCounters, HostCacheIndex,
+        check_saved_states, encode_saved_states, load_args, read_saved_file, write_file, CacheCounters, HostCacheIndex,
     };
 
     use pyo3::prelude::*;

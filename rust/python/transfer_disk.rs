@@ -119,13 +119,6 @@ pub(crate) fn write_file(py: Python<'_>, path: &Bound<'_, PyAny>, parts: &Bound<
     .map_err(Into::into)
 }
 
-/// Removes the file `path` if it exists (BindingError naming it when it cannot be removed).
-#[pyfunction]
-#[pyo3(signature = (path: "str | os.PathLike[str]") -> "None")]
-pub(crate) fn remove_file(path: &Bound<'_, PyAny>) -> PyResult<()> {
-    Ok(transfer::files::remove(&path_arg(path, "path")?, "path")?)
-}
-
 /// `load_states`' arguments other than the file's, checked before the file is read:
 /// `pin_memory` (a bool; PlanError naming it otherwise). Returns it converted.
 #[pyfunction]
