@@ -8,22 +8,29 @@ use crate::error::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-/// Token ids: a list (or any sequence) of ints in `0 ..= 2**32 - 1`.
+/// Token ids: a list, a tuple or any other sequence (a numpy array, a range) of ints in
+/// `0 ..= 2**32 - 1`. A bool is not a token id, and neither is a `str`, `bytes` or `bytearray`
+/// (read item by item they would be characters or bytes, not the engine's ids); a refused item is
+/// named by its index.
 fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
-    if let Ok(v) = obj.extract::<Vec<u32>>() {
-        if !obj.is_instance_of::<pyo3::types::PyString>() {
-            return Ok(v);
-        }
-    }
+    use pyo3::types::{PyBool, PyByteArray, PyBytes, PySequence, PyString, PyTuple};
     let refused = |detail: String| arg_error(ErrorKind::Plan, format!("{what} must be a list of token ids (ints in 0 ..= 2**32 - 1){detail}"));
-    let Ok(list) = obj.cast::<PyList>() else { return Err(refused(format!(", got {}", type_name(obj)))) };
-    for (i, x) in list.iter().enumerate() {
-        if x.extract::<u32>().is_err() || x.is_instance_of::<pyo3::types::PyBool>() {
-            let shown = x.repr().map(|r| r.to_string()).unwrap_or_default();
-            return Err(refused(format!("; item {i} is {shown}")));
+    let item = |i: usize, x: Bound<'_, PyAny>| -> PyResult<u32> {
+        match x.extract::<u32>() {
+            Ok(t) if !x.is_instance_of::<PyBool>() => Ok(t),
+            _ => Err(refused(format!("; item {i} is {}", x.repr().map(|r| r.to_string()).unwrap_or_default()))),
         }
+    };
+    if let Ok(list) = obj.cast::<PyList>() {
+        return list.iter().enumerate().map(|(i, x)| item(i, x)).collect();
     }
-    Err(refused(String::new()))
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return tuple.iter().enumerate().map(|(i, x)| item(i, x)).collect();
+    }
+    let text = obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyByteArray>();
+    let sequence = !text && (obj.cast::<PySequence>().is_ok() || obj.hasattr("__array_interface__").unwrap_or(false));
+    let Some(items) = sequence.then(|| obj.try_iter().ok()).flatten() else { return Err(refused(format!(", got {}", type_name(obj)))) };
+    items.enumerate().map(|(i, x)| item(i, x?)).collect()
 }
 
 /// The default block size: vLLM's hybrid block for Qwen3-Next-80B at TP=2.
@@ -37,22 +44,38 @@ fn opt_int<T: Arg>(obj: Opt<'_, '_>, name: &str) -> PyResult<Option<T>> {
     obj.map(|o| Option::<T>::arg(o, name, ErrorKind::Plan)).transpose().map(Option::flatten)
 }
 
+/// The policy's name as a `PolicyKind`; anything but one of the names (a non-string included) is a
+/// `PlanError` listing them.
+fn policy_arg(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
+    let name = match policy.cast::<pyo3::types::PyString>() {
+        Ok(name) => name.to_cow()?.into_owned(),
+        // Never a policy's name: the parse error lists the names and shows what was given.
+        Err(_) => format!("<{} {}>", type_name(policy), policy.repr().map(|r| r.to_string()).unwrap_or_default()),
+    };
+    Ok(PolicyKind::parse(&name)?)
+}
+
 /// The configuration from the binding's arguments; every integer is converted naming its argument,
 /// and the core checks the values.
 fn config(
-    policy: &str,
+    policy: &Bound<'_, PyAny>,
     block_size: Opt<'_, '_>,
     granularity: Opt<'_, '_>,
     budget: Opt<'_, '_>,
     budget_bytes: Opt<'_, '_>,
     state_bytes: Opt<'_, '_>,
 ) -> PyResult<Config> {
-    let policy = PolicyKind::parse(policy)?;
+    let policy = policy_arg(policy)?;
     let block_size = opt_int::<usize>(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK);
     let granularity = opt_int::<usize>(granularity, "granularity")?.unwrap_or(DEFAULT_GRANULARITY);
     let budget =
         checkpoint::resolve_budget(opt_int(budget, "budget")?, opt_int(budget_bytes, "budget_bytes")?, opt_int(state_bytes, "state_bytes")?)?;
     Ok(Config::new(policy, block_size, granularity, budget)?)
+}
+
+/// An optional value as Python writes it: the value, or `None`.
+fn shown<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "None".to_owned(), |v| v.to_string())
 }
 
 /// The plan of one request: the checkpoint to start from and the positions its prefill saves.
@@ -79,7 +102,7 @@ impl CheckpointPlan {
         self.inner.saves.clone()
     }
     fn __repr__(&self) -> String {
-        format!("CheckpointPlan(hit_position={}, hit_handle={:?}, saves={:?})", self.hit_position(), self.hit_handle(), self.inner.saves)
+        format!("CheckpointPlan(hit_position={}, hit_handle={}, saves={:?})", self.hit_position(), shown(self.hit_handle()), self.inner.saves)
     }
 }
 
@@ -97,7 +120,7 @@ impl CheckpointCache {
         budget_bytes: "int | None" = None, state_bytes: "int | None" = None,
     ))]
     fn new(
-        policy: &str,
+        policy: &Bound<'_, PyAny>,
         block_size: Opt<'_, '_>,
         granularity: Opt<'_, '_>,
         budget: Opt<'_, '_>,
@@ -171,11 +194,11 @@ impl CheckpointCache {
     fn __repr__(&self) -> String {
         let c = self.inner.config();
         format!(
-            "CheckpointCache(policy='{}', block_size={}, granularity={}, budget={:?}, live={})",
+            "CheckpointCache(policy='{}', block_size={}, granularity={}, budget={}, live={})",
             c.policy.name(),
             c.block_size,
             c.granularity,
-            c.budget,
+            shown(c.budget),
             self.inner.len()
         )
     }
@@ -233,7 +256,7 @@ pub fn check_checkpoint_trace(requests: &Bound<'_, PyAny>, source: Option<&str>)
 pub fn simulate_checkpoints<'py>(
     py: Python<'py>,
     requests: &Bound<'py, PyAny>,
-    policy: &str,
+    policy: &Bound<'py, PyAny>,
     block_size: Opt<'_, 'py>,
     granularity: Opt<'_, 'py>,
     budget: Opt<'_, 'py>,
