@@ -179,6 +179,14 @@ class CheckpointCache:
     ) -> CheckpointCache: ...
     def __len__(self) -> int:
         """Return len(self)."""
+    @staticmethod
+    def check_running_block(planner: Planner, running_block: int, *, group: int | None = None) -> int:
+        """Checks the block a request is to run in before a checkpoint store starts it: an int naming
+        a block of `planner`'s group `group` (default 0) other than the null block 0, and not
+        published. The request's prefill writes its running block, so a published block (another
+        checkpoint, a block shared by requests, or the very checkpoint the request starts from:
+        copied onto itself it would then be written in place) is refused. Returns the block.
+        """
     def discard(self, handles: Sequence[int]) -> None:
         """Forgets live checkpoints that `finish` placed but the engine could not materialise (its
         copy of their state failed): as if they had not been written. A handle that is not live

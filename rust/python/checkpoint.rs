@@ -2,6 +2,7 @@
 //! (`CheckpointCache`), and the trace replay (`simulate_checkpoints`).
 
 use super::conversion::{arg_error, type_name, Arg};
+use super::planner::Planner;
 use crate::checkpoint::policy::{Hit, Plan};
 use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, PolicyKind, TraceRequest};
 use crate::error::{Error, ErrorKind};
@@ -182,6 +183,36 @@ impl CheckpointCache {
             hs.push(u64::arg(&h?, &format!("handles[{i}]"), ErrorKind::Plan)?);
         }
         Ok(self.inner.discard(&hs)?)
+    }
+    /// Checks the block a request is to run in before a checkpoint store starts it: an int naming
+    /// a block of `planner`'s group `group` (default 0) other than the null block 0, and not
+    /// published. The request's prefill writes its running block, so a published block (another
+    /// checkpoint, a block shared by requests, or the very checkpoint the request starts from:
+    /// copied onto itself it would then be written in place) is refused. Returns the block.
+    #[staticmethod]
+    #[pyo3(signature = (planner: "Planner", running_block: "int", *, group: "int" = None) -> "int")]
+    fn check_running_block(planner: PyRef<'_, Planner>, running_block: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<u64> {
+        let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
+        let block = u64::arg(running_block, "running_block", ErrorKind::Plan)?;
+        let planner = &planner.inner;
+        let holders = planner.holders(g, block)?;
+        let blocks = planner.bindings().nth(g).map_or(0, |b| b.num_blocks());
+        if block == 0 || block >= blocks {
+            return Err(Error::plan(format!(
+                "running_block = {block} is outside 1 ..= {} of group {g} (the null block 0 holds no state and is never written)",
+                blocks.saturating_sub(1)
+            ))
+            .into());
+        }
+        if holders > 0 {
+            return Err(Error::plan(format!(
+                "running_block = {block} holds a published state ({holders} holder(s): a checkpoint, the one this request would \
+                 start from included, or a block shared by requests); a request's prefill writes its running block: give it a \
+                 block of its own, where the checkpoint is copied (copy-on-write)"
+            ))
+            .into());
+        }
+        Ok(block)
     }
     /// The most checkpoints held at once so far.
     #[getter]

@@ -75,15 +75,18 @@ class CheckpointStore:
         """Plans ``prompt`` and, on a hit, copies the checkpoint into ``running_block`` (the
         request's own block, which its prefill then writes): the checkpoint is never written.
 
-        The copy is planned and run before the cache plans the request, so a copy the planner
-        refuses (a bad ``running_block``) or one that fails to run leaves the cache as it was: no
-        use of the hit is counted and nothing is evicted at admission.
+        ``running_block`` is checked first (:meth:`CheckpointCache.check_running_block`), hit or
+        miss, and the copy is planned and run before the cache plans the request, so a refused
+        block or a copy that fails to run leaves the cache as it was: no use of the hit is
+        counted and nothing is evicted at admission.
 
         Raises:
-            PlanError: the planner refuses the copy (``running_block`` out of range, the null
-                block, or a published block other than the hit's own: a copy of the hit onto
-                itself writes nothing, and the request's own writes to it are refused later).
+            PlanError: ``running_block`` is not a writable block of the store's group: out of
+                range, the null block, or published (another checkpoint, a shared block, or the
+                hit's own block: copied onto itself the checkpoint would then be written by the
+                request's prefill).
         """
+        CheckpointCache.check_running_block(self.planner.core, running_block, group=self.group)
         hit = self.cache.peek(prompt)
         if hit is not None:
             self._run(self.planner.plan_copy([self._block[hit]], [running_block]))
