@@ -196,7 +196,9 @@ class CheckpointCache:
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
     ) -> tuple[list[tuple[int, int]], list[int]]:
         """Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
-        `[(position, handle)]`, `evicted` as handles.
+        `[(position, handle)]`, `evicted` as handles. A plan is finished once, by the cache that
+        made it, with the prompt it was made for (its length is checked); anything else is a
+        PlanError and nothing changes.
         """
     @property
     def peak(self) -> int:

@@ -3,11 +3,12 @@
 
 use super::conversion::{arg_error, type_name, Arg};
 use super::planner::Planner;
-use crate::checkpoint::policy::{Hit, Plan};
+use crate::checkpoint::policy::Plan;
 use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, PolicyKind, TraceRequest};
 use crate::error::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Token ids: a list, a tuple or any other sequence (a numpy array, a range) of ints in
 /// `0 ..= 2**32 - 1`. A bool is not a token id, and neither is a `str`, `bytes` or `bytearray`
@@ -83,6 +84,8 @@ fn shown<T: std::fmt::Display>(v: Option<T>) -> String {
 #[pyclass(module = "recoverssm_rs._core", frozen)]
 pub struct CheckpointPlan {
     inner: Plan,
+    /// Set once `finish` accepted the plan: a request ends once.
+    finished: AtomicBool,
 }
 
 #[pymethods]
@@ -134,7 +137,7 @@ impl CheckpointCache {
     #[pyo3(signature = (prompt: "Sequence[int]") -> "CheckpointPlan")]
     fn plan(&mut self, prompt: &Bound<'_, PyAny>) -> PyResult<CheckpointPlan> {
         let p = tokens(prompt, "prompt")?;
-        Ok(CheckpointPlan { inner: self.inner.plan(&p)? })
+        Ok(CheckpointPlan { inner: self.inner.plan(&p)?, finished: AtomicBool::new(false) })
     }
     /// The handle of the checkpoint `plan(prompt)` would start from, or None; changes nothing (no
     /// use is counted, nothing is evicted), so an engine can prepare the hit's copy and plan only
@@ -145,7 +148,9 @@ impl CheckpointCache {
         Ok(self.inner.peek(&p)?.map(|h| h.handle))
     }
     /// Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
-    /// `[(position, handle)]`, `evicted` as handles.
+    /// `[(position, handle)]`, `evicted` as handles. A plan is finished once, by the cache that
+    /// made it, with the prompt it was made for (its length is checked); anything else is a
+    /// PlanError and nothing changes.
     #[allow(clippy::type_complexity)]
     #[pyo3(signature = (prompt: "Sequence[int]", output: "Sequence[int]", plan: "CheckpointPlan") -> "tuple[list[tuple[int, int]], list[int]]")]
     fn finish(
@@ -156,12 +161,11 @@ impl CheckpointCache {
     ) -> PyResult<(Vec<(usize, u64)>, Vec<u64>)> {
         let p = tokens(prompt, "prompt")?;
         let o = tokens(output, "output")?;
-        if let Some(Hit { position, .. }) = plan.inner.hit {
-            if position >= p.len() {
-                return Err(Error::plan(format!("the plan's hit at {position} does not fit this prompt of {} tokens", p.len())).into());
-            }
+        if plan.finished.load(Ordering::Acquire) {
+            return Err(Error::plan("this plan was already finished: a request ends once (plan it again to run it again)").into());
         }
         let f = self.inner.finish(&p, &o, &plan.inner)?;
+        plan.finished.store(true, Ordering::Release);
         Ok((f.written, f.evicted))
     }
     /// The position of a live checkpoint, or None. A handle that is not an int in

@@ -99,3 +99,44 @@ def test_a_trace_that_is_not_utf8_names_its_line(tmp_path):
     for call in (read_trace, lambda p: simulate(p, "vllm")):
         with pytest.raises(PlanError, match=r"trace line 2: not valid UTF-8 \(byte 0xff at column 9\)"):
             call(path)
+
+
+# ---- a request's end that does not match its plan ------------------------------------------------
+
+
+def _snapshot(cache: CheckpointCache) -> tuple:
+    """What a misused finish must leave as it was: the live checkpoints and the next hits."""
+    return len(cache), repr(cache), [cache.peek(p) for p in (PROMPT + [5], PROMPT + [5, 6, 1], [9, 9, 9])]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang-lru", "marconi", "recoverssm"])
+def test_a_request_finished_twice_is_refused_and_changes_nothing(policy):
+    cache = CheckpointCache(policy, block_size=4, granularity=2, budget=3)
+    plan = cache.plan(PROMPT)
+    cache.finish(PROMPT, [5, 6], plan)
+    before = _snapshot(cache)
+    with pytest.raises(PlanError, match=r"this plan was already finished"):
+        cache.finish(PROMPT, [5, 6], plan)
+    assert _snapshot(cache) == before
+
+
+def test_a_plan_of_another_cache_is_refused():
+    ours, theirs = CheckpointCache("recoverssm", block_size=8, granularity=4), _cache()
+    plan = theirs.plan(PROMPT + [5, 9])
+    assert plan.hit_handle is not None
+    before = _snapshot(ours)
+    with pytest.raises(PlanError, match=r"the plan was made by another cache"):
+        ours.finish(PROMPT + [5, 9], [1], plan)
+    assert _snapshot(ours) == before
+    theirs.finish(PROMPT + [5, 9], [1], plan)
+
+
+@pytest.mark.parametrize("prompt", [PROMPT[:5], PROMPT + [5, 1]], ids=["shorter", "longer"])
+def test_a_finish_with_another_prompt_than_planned_is_refused(prompt):
+    cache = _cache()
+    plan = cache.plan(PROMPT + [5])
+    before = _snapshot(cache)
+    with pytest.raises(PlanError, match=rf"the plan was made for a prompt of 13 tokens; this one has {len(prompt)}"):
+        cache.finish(prompt, [1], plan)
+    assert _snapshot(cache) == before
+    cache.finish(PROMPT + [5], [1], plan)
