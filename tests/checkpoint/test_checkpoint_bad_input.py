@@ -140,3 +140,12 @@ def test_a_finish_with_another_prompt_than_planned_is_refused(prompt):
         cache.finish(prompt, [1], plan)
     assert _snapshot(cache) == before
     cache.finish(PROMPT + [5], [1], plan)
+
+
+def test_a_trace_line_nested_too_deeply_names_its_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text('{"id":"a","arrival":0,"prompt":[1],"output":[]}\n{"id":"b","arrival":0,"prompt":' + deep + "}\n")
+    for call in (read_trace, lambda p: simulate(p, "vllm")):
+        with pytest.raises(PlanError, match=r"trace line 2: not valid JSON \(nested too deeply\)"):
+            call(path)

@@ -87,6 +87,8 @@ def _rows_of_file(path: str | os.PathLike[str]) -> list[Row]:
                 rec = json.loads(text)
             except json.JSONDecodeError as e:
                 raise PlanError(f"trace line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise PlanError(f"trace line {number}: not valid JSON (nested too deeply)") from None
             if not isinstance(rec, dict):
                 raise PlanError(f"trace line {number}: must be a JSON object, got {type(rec).__name__}")
             rows.append((number, rec.get("id"), rec.get("arrival"), rec.get("prompt"), rec.get("output")))
