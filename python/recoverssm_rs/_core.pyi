@@ -180,6 +180,13 @@ class CheckpointCache:
     def __len__(self) -> int:
         """Return len(self)."""
     @staticmethod
+    def check_reserved_blocks(planner: Planner, blocks: Iterable[int], *, group: int | None = None) -> list[int]:
+        """Checks the blocks a checkpoint store reserves for its checkpoints (any iterable of block
+        ids): each an int naming a block of `planner`'s group `group` (default 0) other than the
+        null block 0, none twice, none published (the store copies checkpoints into them). Returns
+        them as a list.
+        """
+    @staticmethod
     def check_running_block(planner: Planner, running_block: int, *, group: int | None = None) -> int:
         """Checks the block a request is to run in before a checkpoint store starts it: an int naming
         a block of `planner`'s group `group` (default 0) other than the null block 0, and not

@@ -80,6 +80,28 @@ fn shown<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "None".to_owned(), |v| v.to_string())
 }
 
+/// Refuses `block` (named `name`) as a destination the caller writes outside the planner's plans:
+/// outside group `g`'s blocks, the null block, or published; `why` says who writes it.
+fn writable(planner: &crate::plan::Planner, g: usize, block: u64, name: &str, why: &str) -> PyResult<()> {
+    let holders = planner.holders(g, block)?;
+    let blocks = planner.bindings().nth(g).map_or(0, |b| b.num_blocks());
+    if block == 0 || block >= blocks {
+        let last = blocks.saturating_sub(1);
+        return Err(Error::plan(format!(
+            "{name} = {block} is outside 1 ..= {last} of group {g} (the null block 0 holds no state and is never written)"
+        ))
+        .into());
+    }
+    if holders > 0 {
+        return Err(Error::plan(format!(
+            "{name} = {block} holds a published state ({holders} holder(s): a checkpoint, the one a request would start from \
+             included, or a block shared by requests); {why}"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// The plan of one request: the checkpoint to start from and the positions its prefill saves.
 #[pyclass(module = "recoverssm_rs._core", frozen)]
 pub struct CheckpointPlan {
@@ -198,25 +220,38 @@ impl CheckpointCache {
     fn check_running_block(planner: PyRef<'_, Planner>, running_block: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<u64> {
         let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
         let block = u64::arg(running_block, "running_block", ErrorKind::Plan)?;
-        let planner = &planner.inner;
-        let holders = planner.holders(g, block)?;
-        let blocks = planner.bindings().nth(g).map_or(0, |b| b.num_blocks());
-        if block == 0 || block >= blocks {
-            return Err(Error::plan(format!(
-                "running_block = {block} is outside 1 ..= {} of group {g} (the null block 0 holds no state and is never written)",
-                blocks.saturating_sub(1)
-            ))
-            .into());
-        }
-        if holders > 0 {
-            return Err(Error::plan(format!(
-                "running_block = {block} holds a published state ({holders} holder(s): a checkpoint, the one this request would \
-                 start from included, or a block shared by requests); a request's prefill writes its running block: give it a \
-                 block of its own, where the checkpoint is copied (copy-on-write)"
-            ))
-            .into());
-        }
+        writable(
+            &planner.inner,
+            g,
+            block,
+            "running_block",
+            "a request's prefill writes its running block: give it a block of its own, where the checkpoint is copied (copy-on-write)",
+        )?;
         Ok(block)
+    }
+    /// Checks the blocks a checkpoint store reserves for its checkpoints (any iterable of block
+    /// ids): each an int naming a block of `planner`'s group `group` (default 0) other than the
+    /// null block 0, none twice, none published (the store copies checkpoints into them). Returns
+    /// them as a list.
+    #[staticmethod]
+    #[pyo3(signature = (planner: "Planner", blocks: "Iterable[int]", *, group: "int" = None) -> "list[int]")]
+    fn check_reserved_blocks(planner: PyRef<'_, Planner>, blocks: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<Vec<u64>> {
+        let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
+        let items = blocks
+            .try_iter()
+            .map_err(|_| arg_error(ErrorKind::Plan, format!("blocks must be a sequence of block ids (ints), got {}", type_name(blocks))))?;
+        let mut out = Vec::new();
+        let mut first = std::collections::HashMap::new();
+        for (i, b) in items.enumerate() {
+            let name = format!("blocks[{i}]");
+            let block = u64::arg(&b?, &name, ErrorKind::Plan)?;
+            if let Some(j) = first.insert(block, i) {
+                return Err(Error::plan(format!("{name} = {block} repeats blocks[{j}]: each reserved block holds one checkpoint")).into());
+            }
+            writable(&planner.inner, g, block, &name, "the store copies checkpoints into its reserved blocks: reserve free blocks")?;
+            out.push(block);
+        }
+        Ok(out)
     }
     /// The most checkpoints held at once so far.
     #[getter]

@@ -72,3 +72,35 @@ def test_check_running_block_names_a_bad_group():
     with pytest.raises(PlanError, match="group 3 does not exist"):
         CheckpointCache.check_running_block(store.planner.core, 2, group=3)
     assert CheckpointCache.check_running_block(store.planner.core, 2) == 2
+
+
+@pytest.mark.parametrize(
+    ("reserved", "needle"),
+    [
+        ([40, 41, 40], r"blocks\[2\] = 40 repeats blocks\[0\]"),
+        ([40, 0], r"blocks\[1\] = 0 is outside 1 \.\.= 47"),
+        ([NB, 40], rf"blocks\[0\] = {NB} is outside 1 \.\.= 47"),
+        ([40, -1], r"blocks\[1\] = -1"),
+        ([40, "x"], r"blocks\[1\] must be a host integer"),
+        ([True], r"blocks\[0\] must be a host integer"),
+        ("published", r"blocks\[0\] = 5 holds a published state"),
+        (40, r"blocks must be a sequence of block ids"),
+    ],
+)
+def test_a_store_checks_its_reserved_blocks_when_made(reserved, needle):
+    planner, _ = _planner()
+    if reserved == "published":
+        planner.publish([5])
+        reserved = [5, 40]
+    cache = CheckpointCache("recoverssm", block_size=8, granularity=4)
+    with pytest.raises(PlanError, match=needle):
+        CheckpointStore(cache, planner, reserved)
+    assert len(cache) == 0
+
+
+def test_a_store_takes_any_iterable_of_distinct_block_ids():
+    planner, _ = _planner()
+    store = CheckpointStore(CheckpointCache("recoverssm"), planner, range(40, 44))
+    assert store.free_blocks == 4
+    store = CheckpointStore(CheckpointCache("recoverssm"), planner, (b for b in [40, 41]))
+    assert store.free_blocks == 2

@@ -34,7 +34,9 @@ class CheckpointStore:
         run: executes a plan (default: ``plan.execute()``).
 
     Raises:
-        PlanError: ``cache`` already holds checkpoints (the store would have no block for them).
+        PlanError: ``cache`` already holds checkpoints (the store would have no block for them), or
+            ``blocks`` are not distinct, writable blocks of ``group``
+            (:meth:`CheckpointCache.check_reserved_blocks`).
     """
 
     def __init__(
@@ -54,7 +56,7 @@ class CheckpointStore:
         self.cache = cache
         self.planner = planner
         self.group = group
-        self._free = list(blocks)[::-1]
+        self._free = CheckpointCache.check_reserved_blocks(planner.core, blocks, group=group)[::-1]
         self._block: dict[int, int] = {}
         self._run = run or (lambda plan: plan.execute())
 
