@@ -113,7 +113,8 @@ impl CheckpointCache {
         Self {
             id: NEXT_CACHE.fetch_add(1, Ordering::Relaxed),
             cfg,
-            tree: PrefixTree::new(g),
+            // Marconi's branch point is exact: its index keeps sequences' partial last chunks.
+            tree: if cfg.policy == PolicyKind::Marconi { PrefixTree::with_tails(g) } else { PrefixTree::new(g) },
             meta: HashMap::default(),
             order: BTreeSet::new(),
             next_handle: 1,
