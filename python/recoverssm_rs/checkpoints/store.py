@@ -105,7 +105,8 @@ class CheckpointStore:
         The request's checkpoints are copied by one plan, checked whole before any byte moves; when
         they cannot all be materialised the cache forgets them (:meth:`CheckpointCache.discard`),
         so the cache and the store still agree on every live checkpoint, and no reserved block is
-        published.
+        published. The request has ended either way: its plan is finished (a second ``finish`` of
+        it is refused), so those checkpoints are not written later.
 
         Raises:
             PlanError: no reserved block is free for a write (fewer reserved blocks than the
