@@ -178,6 +178,21 @@ class CheckpointCache:
     ) -> CheckpointCache: ...
     def __len__(self) -> int:
         """Return len(self)."""
+    @staticmethod
+    def check_reserved_blocks(planner: Planner, blocks: Iterable[int], *, group: int | None = None) -> list[int]:
+        """Checks the blocks a checkpoint store reserves for its checkpoints (any iterable of block
+        ids): each an int naming a block of `planner`'s group `group` (default 0) other than the
+        null block 0, none twice, none published (the store copies checkpoints into them). Returns
+        them as a list.
+        """
+    @staticmethod
+    def check_running_block(planner: Planner, running_block: int, *, group: int | None = None) -> int:
+        """Checks the block a request is to run in before a checkpoint store starts it: an int naming
+        a block of `planner`'s group `group` (default 0) other than the null block 0, and not
+        published. The request's prefill writes its running block, so a published block (another
+        checkpoint, a block shared by requests, or the very checkpoint the request starts from:
+        copied onto itself it would then be written in place) is refused. Returns the block.
+        """
     def discard(self, handles: Sequence[int]) -> None:
         """Forgets live checkpoints that `finish` placed but the engine could not materialise (its
         copy of their state failed): as if they had not been written. A handle that is not live
@@ -187,7 +202,9 @@ class CheckpointCache:
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
     ) -> tuple[list[tuple[int, int]], list[int]]:
         """Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
-        `[(position, handle)]`, `evicted` as handles.
+        `[(position, handle)]`, `evicted` as handles. A plan is finished once, by the cache that
+        made it, with the prompt it was made for (its length is checked); anything else is a
+        PlanError and nothing changes.
         """
     @property
     def peak(self) -> int:

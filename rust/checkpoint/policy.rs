@@ -5,6 +5,10 @@ use super::tree::{Handle, PrefixTree, Seeded, Walk};
 use super::{Config, PolicyKind};
 use crate::error::{Error, Result};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The next cache's [`CheckpointCache::id`].
+static NEXT_CACHE: AtomicU64 = AtomicU64::new(1);
 
 /// The checkpoint a request starts from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +35,10 @@ pub struct Plan {
     /// [`finish`](CheckpointCache::finish) resumes there instead of hashing the prompt's shared
     /// chunks again (it checks the node stands for the prompt's prefix first).
     walked: Option<(u32, usize)>,
+    /// The cache that made the plan ([`CheckpointCache::id`]; 0: none) and the prompt's length:
+    /// [`finish`](CheckpointCache::finish) refuses a plan of another cache or another prompt.
+    cache: u64,
+    prompt_len: usize,
 }
 
 /// Why `recoverssm` keeps a checkpoint: its value model differs by kind.
@@ -78,6 +86,8 @@ struct Meta {
 /// A checkpoint cache under one policy.
 #[derive(Debug)]
 pub struct CheckpointCache {
+    /// Unique among the process's caches (>= 1): a plan carries it.
+    id: u64,
     cfg: Config,
     tree: PrefixTree,
     meta: HashMap<Handle, Meta, Seeded>,
@@ -101,8 +111,10 @@ impl CheckpointCache {
     pub fn new(cfg: Config) -> Self {
         let g = if cfg.policy == PolicyKind::Vllm { cfg.block_size } else { cfg.granularity };
         Self {
+            id: NEXT_CACHE.fetch_add(1, Ordering::Relaxed),
             cfg,
-            tree: PrefixTree::new(g),
+            // Marconi's branch point is exact: its index keeps sequences' partial last chunks.
+            tree: if cfg.policy == PolicyKind::Marconi { PrefixTree::with_tails(g) } else { PrefixTree::new(g) },
             meta: HashMap::default(),
             order: BTreeSet::new(),
             next_handle: 1,
@@ -196,7 +208,7 @@ impl CheckpointCache {
         saves.retain(|&p| p > from);
         saves.sort_unstable();
         saves.dedup();
-        Ok(Plan { hit, saves, speculative, walked: Some((walk.node, walk.shared_chunks / self.tree.chunk())) })
+        Ok(Plan { hit, saves, speculative, walked: Some((walk.node, walk.shared_chunks / self.tree.chunk())), cache: self.id, prompt_len: n })
     }
 
     /// The checkpoint [`plan`](Self::plan) would start `prompt` from, changing nothing: no use is
@@ -224,8 +236,21 @@ impl CheckpointCache {
     /// end-of-request save are written (a position whose prefix already has a live checkpoint
     /// refreshes it instead), and checkpoints are evicted down to the budget. `evicted` starts
     /// with the evictions the plan made at admission (`sglang-lru`).
+    ///
+    /// A plan made by another cache, or for a prompt of another length, is an error and nothing
+    /// changes (its hit and saves name another cache's checkpoints or another prompt's
+    /// positions). Finishing one plan twice is the caller's to refuse (the bindings do).
     pub fn finish(&mut self, prompt: &[u32], output: &[u32], plan: &Plan) -> Result<Finished> {
         let n = prompt.len();
+        if plan.cache != self.id {
+            return Err(Error::plan("the plan was made by another cache: finish a request on the cache that planned it"));
+        }
+        if plan.prompt_len != n {
+            return Err(Error::plan(format!(
+                "the plan was made for a prompt of {} tokens; this one has {n}: finish a request with the prompt it was planned with",
+                plan.prompt_len
+            )));
+        }
         if let Some(&bad) = plan.saves.iter().find(|&&p| p == 0 || p > n) {
             return Err(Error::plan(format!("a planned save at position {bad} lies outside the prompt's 1..={n} tokens")));
         }
@@ -487,9 +512,15 @@ mod tests {
     fn bad_input_is_refused() {
         let mut c = CheckpointCache::new(Config::new(PolicyKind::Vllm, 64, 16, None).unwrap());
         assert!(c.plan(&[]).unwrap_err().message.contains("at least one token"));
-        let bad = Plan { saves: vec![9], ..Plan::default() };
+        let bad = Plan { saves: vec![9], ..c.plan(&[1, 2]).unwrap() };
         assert!(c.finish(&[1, 2], &[3], &bad).unwrap_err().message.contains("position 9"));
         assert!(c.is_empty(), "a refused finish changes nothing");
+        let other = CheckpointCache::new(Config::new(PolicyKind::Vllm, 64, 16, None).unwrap());
+        assert!(c.finish(&[1, 2], &[3], &Plan::default()).unwrap_err().message.contains("another cache"));
+        let two = c.plan(&[1, 2]).unwrap();
+        assert!(c.finish(&[1], &[3], &two).unwrap_err().message.contains("prompt of 2 tokens; this one has 1"));
+        assert_ne!(other.id, c.id);
+        assert!(c.is_empty());
         assert!(Config::new(PolicyKind::Vllm, 0, 16, None).unwrap_err().message.contains("block_size = 0"));
         assert!(Config::new(PolicyKind::Vllm, 64, 16, Some(0)).unwrap_err().message.contains("budget = 0"));
         assert!(PolicyKind::parse("lru").unwrap_err().message.contains("'lru'"));

@@ -2,11 +2,12 @@
 //!
 //! A node stands for a prefix whose length is a multiple of the tree's chunk size `g`; its
 //! children are keyed by the next `g` tokens. Every sequence the cache has seen adds its full
-//! chunks (that is what the engine's attention KV / radix index holds). A checkpoint at position
-//! `p` hangs on the node of `p / g` chunks, with the `p % g` tokens after that node as its tail, so
-//! checkpoints can sit at any position while lookups and inserts walk `O(len / g)` nodes (each
-//! step hashes one chunk, or compares it with a node's only child: `O(len)` token reads in all),
-//! never the set of checkpoints.
+//! chunks (that is what the engine's attention KV / radix index holds), and, in a tree that keeps
+//! them, the tokens past its last full chunk. A checkpoint at position `p` hangs on the node of
+//! `p / g` chunks, with the `p % g` tokens after that node as its tail, so checkpoints can sit at
+//! any position while lookups and inserts walk `O(len / g)` nodes (each step hashes one chunk, or
+//! compares it with a node's only child: `O(len)` token reads in all), never the set of
+//! checkpoints.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -93,6 +94,10 @@ struct Node {
     children: HashMap<Arc<[u32]>, u32, Seeded>,
     /// Live checkpoints whose position lies in `[depth * g, (depth + 1) * g)`: (tail, handle).
     checkpoints: Vec<(Box<[u32]>, Handle)>,
+    /// In a tree that keeps them ([`PrefixTree::with_tails`]): the tokens past this node of the
+    /// sequences that end within the next chunk (fewer than `g` each; none a prefix of another or
+    /// of a child's key), so that a walk's `shared_tokens` counts them.
+    tails: Vec<Box<[u32]>>,
 }
 
 /// Where a live checkpoint sits.
@@ -125,6 +130,7 @@ pub struct Walk {
 #[derive(Debug)]
 pub struct PrefixTree {
     g: usize,
+    keep_tails: bool,
     nodes: Vec<Node>,
     located: HashMap<Handle, Located, Seeded>,
 }
@@ -133,7 +139,14 @@ impl PrefixTree {
     /// An empty tree with chunks of `g >= 1` tokens (the caller validates `g`).
     pub fn new(g: usize) -> Self {
         assert!(g >= 1, "chunk size must be >= 1");
-        Self { g, nodes: vec![Node::default()], located: HashMap::default() }
+        Self { g, keep_tails: false, nodes: vec![Node::default()], located: HashMap::default() }
+    }
+
+    /// An empty tree that also keeps each sequence's tokens past its last full chunk, so that an
+    /// exact walk ([`walk_with`](Self::walk_with)) finds a branch point inside a sequence's last,
+    /// partial chunk (fewer than `g` tokens more per sequence).
+    pub fn with_tails(g: usize) -> Self {
+        Self { keep_tails: true, ..Self::new(g) }
     }
 
     /// The chunk size.
@@ -189,8 +202,8 @@ impl PrefixTree {
                 }
                 None => {
                     let rest = &tokens[depth..tokens.len().min(next)];
-                    let partial =
-                        if exact { n.children.keys().map(|k| k.iter().zip(rest).take_while(|(a, b)| a == b).count()).max().unwrap_or(0) } else { 0 };
+                    let lcp = |k: &[u32]| k.iter().zip(rest).take_while(|(a, b)| a == b).count();
+                    let partial = if exact { n.children.keys().map(|k| lcp(k)).chain(n.tails.iter().map(|t| lcp(t))).max().unwrap_or(0) } else { 0 };
                     walk.shared_chunks = depth;
                     walk.shared_tokens = depth + partial;
                     walk.stop_children = n.children.len();
@@ -243,6 +256,14 @@ impl PrefixTree {
                 }
             };
             path.push(node);
+        }
+        let rest = &tokens[tokens.len() / g * g..];
+        if self.keep_tails && !rest.is_empty() {
+            let n = &mut self.nodes[node as usize];
+            if !n.tails.iter().any(|t| t.starts_with(rest)) && !n.children.keys().any(|k| k.starts_with(rest)) {
+                n.tails.retain(|t| !rest.starts_with(t));
+                n.tails.push(rest.into());
+            }
         }
         path
     }
@@ -410,6 +431,26 @@ mod tests {
         assert_eq!(t.ancestor_position(2), 0);
         assert_eq!(t.remove_checkpoint(1), None);
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_tree_with_tails_counts_a_sequences_partial_last_chunk() {
+        let a: Vec<u32> = (0..11).collect(); // two chunks of 4, then 3 tokens
+        let mut b = a[..10].to_vec();
+        b.extend([70, 71]);
+        let (mut plain, mut tails) = (PrefixTree::new(4), PrefixTree::with_tails(4));
+        for t in [&mut plain, &mut tails] {
+            t.insert_sequence(&a[..9]);
+            t.insert_sequence(&a);
+            t.insert_sequence(&a[..10]);
+        }
+        assert_eq!(plain.walk_with(&b, 0, true).shared_tokens, 8, "without tails: the last full chunk");
+        assert_eq!(tails.walk_with(&b, 0, true).shared_tokens, 10);
+        assert_eq!(tails.walk_with(&b, 0, false).shared_tokens, 8, "only an exact walk reads them");
+        assert_eq!(tails.nodes[2].tails.len(), 1, "a tail that prefixes another is not kept twice");
+        tails.insert_sequence(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        tails.insert_sequence(&a);
+        assert_eq!(tails.nodes[2].tails.len(), 1, "nor one that prefixes a child's key");
     }
 
     #[test]

@@ -2,28 +2,37 @@
 //! (`CheckpointCache`), and the trace replay (`simulate_checkpoints`).
 
 use super::conversion::{arg_error, type_name, Arg};
-use crate::checkpoint::policy::{Hit, Plan};
+use super::planner::Planner;
+use crate::checkpoint::policy::Plan;
 use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, PolicyKind, TraceRequest};
 use crate::error::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Token ids: a list (or any sequence) of ints in `0 ..= 2**32 - 1`.
+/// Token ids: a list, a tuple or any other sequence (a numpy array, a range) of ints in
+/// `0 ..= 2**32 - 1`. A bool is not a token id, and neither is a `str`, `bytes` or `bytearray`
+/// (read item by item they would be characters or bytes, not the engine's ids); a refused item is
+/// named by its index.
 fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
-    if let Ok(v) = obj.extract::<Vec<u32>>() {
-        if !obj.is_instance_of::<pyo3::types::PyString>() {
-            return Ok(v);
-        }
-    }
+    use pyo3::types::{PyBool, PyByteArray, PyBytes, PySequence, PyString, PyTuple};
     let refused = |detail: String| arg_error(ErrorKind::Plan, format!("{what} must be a list of token ids (ints in 0 ..= 2**32 - 1){detail}"));
-    let Ok(list) = obj.cast::<PyList>() else { return Err(refused(format!(", got {}", type_name(obj)))) };
-    for (i, x) in list.iter().enumerate() {
-        if x.extract::<u32>().is_err() || x.is_instance_of::<pyo3::types::PyBool>() {
-            let shown = x.repr().map(|r| r.to_string()).unwrap_or_default();
-            return Err(refused(format!("; item {i} is {shown}")));
+    let item = |i: usize, x: Bound<'_, PyAny>| -> PyResult<u32> {
+        match x.extract::<u32>() {
+            Ok(t) if !x.is_instance_of::<PyBool>() => Ok(t),
+            _ => Err(refused(format!("; item {i} is {}", x.repr().map(|r| r.to_string()).unwrap_or_default()))),
         }
+    };
+    if let Ok(list) = obj.cast::<PyList>() {
+        return list.iter().enumerate().map(|(i, x)| item(i, x)).collect();
     }
-    Err(refused(String::new()))
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return tuple.iter().enumerate().map(|(i, x)| item(i, x)).collect();
+    }
+    let text = obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyByteArray>();
+    let sequence = !text && (obj.cast::<PySequence>().is_ok() || obj.hasattr("__array_interface__").unwrap_or(false));
+    let Some(items) = sequence.then(|| obj.try_iter().ok()).flatten() else { return Err(refused(format!(", got {}", type_name(obj)))) };
+    items.enumerate().map(|(i, x)| item(i, x?)).collect()
 }
 
 /// The default block size: vLLM's hybrid block for Qwen3-Next-80B at TP=2.
@@ -37,17 +46,28 @@ fn opt_int<T: Arg>(obj: Opt<'_, '_>, name: &str) -> PyResult<Option<T>> {
     obj.map(|o| Option::<T>::arg(o, name, ErrorKind::Plan)).transpose().map(Option::flatten)
 }
 
+/// The policy's name as a `PolicyKind`; anything but one of the names (a non-string included) is a
+/// `PlanError` listing them.
+fn policy_arg(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
+    let name = match policy.cast::<pyo3::types::PyString>() {
+        Ok(name) => name.to_cow()?.into_owned(),
+        // Never a policy's name: the parse error lists the names and shows what was given.
+        Err(_) => format!("<{} {}>", type_name(policy), policy.repr().map(|r| r.to_string()).unwrap_or_default()),
+    };
+    Ok(PolicyKind::parse(&name)?)
+}
+
 /// The configuration from the binding's arguments; every integer is converted naming its argument,
 /// and the core checks the values.
 fn config(
-    policy: &str,
+    policy: &Bound<'_, PyAny>,
     block_size: Opt<'_, '_>,
     granularity: Opt<'_, '_>,
     budget: Opt<'_, '_>,
     budget_bytes: Opt<'_, '_>,
     state_bytes: Opt<'_, '_>,
 ) -> PyResult<Config> {
-    let policy = PolicyKind::parse(policy)?;
+    let policy = policy_arg(policy)?;
     let block_size = opt_int::<usize>(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK);
     let granularity = opt_int::<usize>(granularity, "granularity")?.unwrap_or(DEFAULT_GRANULARITY);
     let budget =
@@ -55,10 +75,39 @@ fn config(
     Ok(Config::new(policy, block_size, granularity, budget)?)
 }
 
+/// An optional value as Python writes it: the value, or `None`.
+fn shown<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "None".to_owned(), |v| v.to_string())
+}
+
+/// Refuses `block` (named `name`) as a destination the caller writes outside the planner's plans:
+/// outside group `g`'s blocks, the null block, or published; `why` says who writes it.
+fn writable(planner: &crate::plan::Planner, g: usize, block: u64, name: &str, why: &str) -> PyResult<()> {
+    let holders = planner.holders(g, block)?;
+    let blocks = planner.bindings().nth(g).map_or(0, |b| b.num_blocks());
+    if block == 0 || block >= blocks {
+        let last = blocks.saturating_sub(1);
+        return Err(Error::plan(format!(
+            "{name} = {block} is outside 1 ..= {last} of group {g} (the null block 0 holds no state and is never written)"
+        ))
+        .into());
+    }
+    if holders > 0 {
+        return Err(Error::plan(format!(
+            "{name} = {block} holds a published state ({holders} holder(s): a checkpoint, the one a request would start from \
+             included, or a block shared by requests); {why}"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// The plan of one request: the checkpoint to start from and the positions its prefill saves.
 #[pyclass(module = "recoverssm_rs._core", frozen)]
 pub struct CheckpointPlan {
     inner: Plan,
+    /// Set once `finish` accepted the plan: a request ends once.
+    finished: AtomicBool,
 }
 
 #[pymethods]
@@ -79,7 +128,7 @@ impl CheckpointPlan {
         self.inner.saves.clone()
     }
     fn __repr__(&self) -> String {
-        format!("CheckpointPlan(hit_position={}, hit_handle={:?}, saves={:?})", self.hit_position(), self.hit_handle(), self.inner.saves)
+        format!("CheckpointPlan(hit_position={}, hit_handle={}, saves={:?})", self.hit_position(), shown(self.hit_handle()), self.inner.saves)
     }
 }
 
@@ -97,7 +146,7 @@ impl CheckpointCache {
         budget_bytes: "int | None" = None, state_bytes: "int | None" = None,
     ))]
     fn new(
-        policy: &str,
+        policy: &Bound<'_, PyAny>,
         block_size: Opt<'_, '_>,
         granularity: Opt<'_, '_>,
         budget: Opt<'_, '_>,
@@ -110,7 +159,7 @@ impl CheckpointCache {
     #[pyo3(signature = (prompt: "Sequence[int]") -> "CheckpointPlan")]
     fn plan(&mut self, prompt: &Bound<'_, PyAny>) -> PyResult<CheckpointPlan> {
         let p = tokens(prompt, "prompt")?;
-        Ok(CheckpointPlan { inner: self.inner.plan(&p)? })
+        Ok(CheckpointPlan { inner: self.inner.plan(&p)?, finished: AtomicBool::new(false) })
     }
     /// The handle of the checkpoint `plan(prompt)` would start from, or None; changes nothing (no
     /// use is counted, nothing is evicted), so an engine can prepare the hit's copy and plan only
@@ -121,7 +170,9 @@ impl CheckpointCache {
         Ok(self.inner.peek(&p)?.map(|h| h.handle))
     }
     /// Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
-    /// `[(position, handle)]`, `evicted` as handles.
+    /// `[(position, handle)]`, `evicted` as handles. A plan is finished once, by the cache that
+    /// made it, with the prompt it was made for (its length is checked); anything else is a
+    /// PlanError and nothing changes.
     #[allow(clippy::type_complexity)]
     #[pyo3(signature = (prompt: "Sequence[int]", output: "Sequence[int]", plan: "CheckpointPlan") -> "tuple[list[tuple[int, int]], list[int]]")]
     fn finish(
@@ -132,12 +183,11 @@ impl CheckpointCache {
     ) -> PyResult<(Vec<(usize, u64)>, Vec<u64>)> {
         let p = tokens(prompt, "prompt")?;
         let o = tokens(output, "output")?;
-        if let Some(Hit { position, .. }) = plan.inner.hit {
-            if position >= p.len() {
-                return Err(Error::plan(format!("the plan's hit at {position} does not fit this prompt of {} tokens", p.len())).into());
-            }
+        if plan.finished.load(Ordering::Acquire) {
+            return Err(Error::plan("this plan was already finished: a request ends once (plan it again to run it again)").into());
         }
         let f = self.inner.finish(&p, &o, &plan.inner)?;
+        plan.finished.store(true, Ordering::Release);
         Ok((f.written, f.evicted))
     }
     /// The position of a live checkpoint, or None. A handle that is not an int in
@@ -160,6 +210,49 @@ impl CheckpointCache {
         }
         Ok(self.inner.discard(&hs)?)
     }
+    /// Checks the block a request is to run in before a checkpoint store starts it: an int naming
+    /// a block of `planner`'s group `group` (default 0) other than the null block 0, and not
+    /// published. The request's prefill writes its running block, so a published block (another
+    /// checkpoint, a block shared by requests, or the very checkpoint the request starts from:
+    /// copied onto itself it would then be written in place) is refused. Returns the block.
+    #[staticmethod]
+    #[pyo3(signature = (planner: "Planner", running_block: "int", *, group: "int" = None) -> "int")]
+    fn check_running_block(planner: PyRef<'_, Planner>, running_block: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<u64> {
+        let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
+        let block = u64::arg(running_block, "running_block", ErrorKind::Plan)?;
+        writable(
+            &planner.inner,
+            g,
+            block,
+            "running_block",
+            "a request's prefill writes its running block: give it a block of its own, where the checkpoint is copied (copy-on-write)",
+        )?;
+        Ok(block)
+    }
+    /// Checks the blocks a checkpoint store reserves for its checkpoints (any iterable of block
+    /// ids): each an int naming a block of `planner`'s group `group` (default 0) other than the
+    /// null block 0, none twice, none published (the store copies checkpoints into them). Returns
+    /// them as a list.
+    #[staticmethod]
+    #[pyo3(signature = (planner: "Planner", blocks: "Iterable[int]", *, group: "int" = None) -> "list[int]")]
+    fn check_reserved_blocks(planner: PyRef<'_, Planner>, blocks: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<Vec<u64>> {
+        let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
+        let items = blocks
+            .try_iter()
+            .map_err(|_| arg_error(ErrorKind::Plan, format!("blocks must be a sequence of block ids (ints), got {}", type_name(blocks))))?;
+        let mut out = Vec::new();
+        let mut first = std::collections::HashMap::new();
+        for (i, b) in items.enumerate() {
+            let name = format!("blocks[{i}]");
+            let block = u64::arg(&b?, &name, ErrorKind::Plan)?;
+            if let Some(j) = first.insert(block, i) {
+                return Err(Error::plan(format!("{name} = {block} repeats blocks[{j}]: each reserved block holds one checkpoint")).into());
+            }
+            writable(&planner.inner, g, block, &name, "the store copies checkpoints into its reserved blocks: reserve free blocks")?;
+            out.push(block);
+        }
+        Ok(out)
+    }
     /// The most checkpoints held at once so far.
     #[getter]
     fn peak(&self) -> usize {
@@ -171,11 +264,11 @@ impl CheckpointCache {
     fn __repr__(&self) -> String {
         let c = self.inner.config();
         format!(
-            "CheckpointCache(policy='{}', block_size={}, granularity={}, budget={:?}, live={})",
+            "CheckpointCache(policy='{}', block_size={}, granularity={}, budget={}, live={})",
             c.policy.name(),
             c.block_size,
             c.granularity,
-            c.budget,
+            shown(c.budget),
             self.inner.len()
         )
     }
@@ -233,7 +326,7 @@ pub fn check_checkpoint_trace(requests: &Bound<'_, PyAny>, source: Option<&str>)
 pub fn simulate_checkpoints<'py>(
     py: Python<'py>,
     requests: &Bound<'py, PyAny>,
-    policy: &str,
+    policy: &Bound<'py, PyAny>,
     block_size: Opt<'_, 'py>,
     granularity: Opt<'_, 'py>,
     budget: Opt<'_, 'py>,

@@ -143,3 +143,16 @@ def test_an_empty_trace_is_refused_by_every_entry_point(tmp_path):
     for call in (read_trace, lambda p: simulate(p, "vllm")):
         with pytest.raises(PlanError, match=f"trace {re.escape(repr(str(path)))} holds no request"):
             call(path)
+
+
+def test_a_finish_that_could_not_be_materialised_is_not_finished_again():
+    planner, _ = _planner()
+    cache = CheckpointCache("recoverssm", block_size=8, granularity=4)
+    store = CheckpointStore(cache, planner, [40, 41, 42])
+    plan = store.start(PROMPT, 1)
+    with pytest.raises(PlanError, match="source block"):
+        store.finish(PROMPT, OUTPUT, plan, lambda p: NB + 5)
+    with pytest.raises(PlanError, match="this plan was already finished"):
+        store.finish(PROMPT, OUTPUT, plan, lambda p: 1)
+    _agree(cache, store, planner)
+    assert len(cache) == 0 and store.free_blocks == 3

@@ -73,14 +73,22 @@ Row = tuple[int, Any, Any, Any, Any]
 
 def _rows_of_file(path: str | os.PathLike[str]) -> list[Row]:
     rows: list[Row] = []
-    with open(path, encoding="utf-8") as f:
-        for number, text in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PlanError(
+                    f"trace line {number}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                ) from None
             if not text.strip():
                 continue
             try:
                 rec = json.loads(text)
             except json.JSONDecodeError as e:
                 raise PlanError(f"trace line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise PlanError(f"trace line {number}: not valid JSON (nested too deeply)") from None
             if not isinstance(rec, dict):
                 raise PlanError(f"trace line {number}: must be a JSON object, got {type(rec).__name__}")
             rows.append((number, rec.get("id"), rec.get("arrival"), rec.get("prompt"), rec.get("output")))
@@ -88,7 +96,7 @@ def _rows_of_file(path: str | os.PathLike[str]) -> list[Row]:
 
 
 def _rows(requests: Iterable[TraceRequest]) -> list[Row]:
-    return [(i + 1, r.id, r.arrival, list(r.prompt), list(r.output)) for i, r in enumerate(requests)]
+    return [(i + 1, r.id, r.arrival, r.prompt, r.output) for i, r in enumerate(requests)]
 
 
 def read_trace(path: str | os.PathLike[str]) -> list[TraceRequest]:

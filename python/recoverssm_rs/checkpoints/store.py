@@ -34,7 +34,9 @@ class CheckpointStore:
         run: executes a plan (default: ``plan.execute()``).
 
     Raises:
-        PlanError: ``cache`` already holds checkpoints (the store would have no block for them).
+        PlanError: ``cache`` already holds checkpoints (the store would have no block for them), or
+            ``blocks`` are not distinct, writable blocks of ``group``
+            (:meth:`CheckpointCache.check_reserved_blocks`).
     """
 
     def __init__(
@@ -54,7 +56,7 @@ class CheckpointStore:
         self.cache = cache
         self.planner = planner
         self.group = group
-        self._free = list(blocks)[::-1]
+        self._free = CheckpointCache.check_reserved_blocks(planner.core, blocks, group=group)[::-1]
         self._block: dict[int, int] = {}
         self._run = run or (lambda plan: plan.execute())
 
@@ -75,15 +77,18 @@ class CheckpointStore:
         """Plans ``prompt`` and, on a hit, copies the checkpoint into ``running_block`` (the
         request's own block, which its prefill then writes): the checkpoint is never written.
 
-        The copy is planned and run before the cache plans the request, so a copy the planner
-        refuses (a bad ``running_block``) or one that fails to run leaves the cache as it was: no
-        use of the hit is counted and nothing is evicted at admission.
+        ``running_block`` is checked first (:meth:`CheckpointCache.check_running_block`), hit or
+        miss, and the copy is planned and run before the cache plans the request, so a refused
+        block or a copy that fails to run leaves the cache as it was: no use of the hit is
+        counted and nothing is evicted at admission.
 
         Raises:
-            PlanError: the planner refuses the copy (``running_block`` out of range, the null
-                block, or a published block other than the hit's own: a copy of the hit onto
-                itself writes nothing, and the request's own writes to it are refused later).
+            PlanError: ``running_block`` is not a writable block of the store's group: out of
+                range, the null block, or published (another checkpoint, a shared block, or the
+                hit's own block: copied onto itself the checkpoint would then be written by the
+                request's prefill).
         """
+        CheckpointCache.check_running_block(self.planner.core, running_block, group=self.group)
         hit = self.cache.peek(prompt)
         if hit is not None:
             self._run(self.planner.plan_copy([self._block[hit]], [running_block]))
@@ -100,7 +105,8 @@ class CheckpointStore:
         The request's checkpoints are copied by one plan, checked whole before any byte moves; when
         they cannot all be materialised the cache forgets them (:meth:`CheckpointCache.discard`),
         so the cache and the store still agree on every live checkpoint, and no reserved block is
-        published.
+        published. The request has ended either way: its plan is finished (a second ``finish`` of
+        it is refused), so those checkpoints are not written later.
 
         Raises:
             PlanError: no reserved block is free for a write (fewer reserved blocks than the
