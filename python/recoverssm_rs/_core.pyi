@@ -870,8 +870,9 @@ class SglangPool:
         (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
         write one slot twice). Only then `runner("copy_from")` (`Planner.launch_runner`: makes the
         planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
-        first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device:
-        a refused call prepares nothing. Then the guards, `run`, the write recorded. The kernel
+        first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device
+        (checked as `slot_launch`'s records): a refused call prepares nothing. Then the guards,
+        the uploaded constants (still held: `BindingError`), `run`, the write recorded. The kernel
         checks each slot and skips a bad one (the planner's error word).
         """
     def guarded(self, write: Callable[[], _T]) -> _T:
@@ -893,8 +894,11 @@ class SglangPool:
         naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
         `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
         against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
-        len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
-        (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+        len(indices), ...]` (`PlanError` naming the state), and held by its storage. A get lays its
+        states out in one buffer (`alloc(n)` returns a writable, contiguous int32 vector of `n`
+        elements on the pool's device, of its own and held by its storage: a `PlanError` naming the
+        operation and the alloc otherwise, nothing run or written; a load on CUDA stages its copies
+        in one too) and returns it
         with, per state tensor, its block `(offset, bytes, shape, dtype)` (the shape and dtype the
         pool tensor was bound with, whatever its Python object says now); a load returns `None`.
 
@@ -929,8 +933,10 @@ class SglangPool:
         commit (`steps`, optional `rows` and track pair), every vector checked by the core (int64,
         one length, on the pool's device; `err` an int32 error word of 3). The first launch of
         each use builds its records and hands them to `upload(bytes)`, which returns them on the
-        device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
-        write recorded.
+        device (contiguous uint8 of that size on the pool's device, held by its storage: a
+        `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records and `err`
+        (still held by their storage: `BindingError`, `PlanError`), `run(launch)` (`None`: nothing
+        to launch), the write recorded.
         """
     def state_tensors(self) -> list[_Tensor]:
         """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the

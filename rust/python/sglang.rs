@@ -1,14 +1,48 @@
 //! SGLang's mamba pool (`crate::sglang`): the slot ids and the family layout, for
-//! `recoverssm_rs.sglang` (the pool's tensors, its writes and the host-copy check: `sglang_pool.rs`).
+//! `recoverssm_rs.sglang`, and the checks of the tensors its calls are handed that need Python (a
+//! storage that still holds a tensor's bytes); the pool's tensors, its writes and the host-copy
+//! check: `sglang_pool.rs`.
 
-use super::conversion::{kwargs, Arg, DtypeName, Ints};
+use super::conversion::{kwargs, outside_storage, Arg, DtypeName, Ints, Tensor};
 use super::layout::Layout;
 use super::params::with_params;
 use crate::dtype::DType;
 use crate::error::{Error, ErrorKind};
 use crate::sglang;
+use crate::tensor::{Device, TensorDesc};
 use pyo3::intern;
 use pyo3::prelude::*;
+
+/// Refuses `obj` (the object `what` of a call, described at `at`) when its storage does not hold
+/// the `bytes` bytes from `at` that the core or a kernel reads or writes there: a storage freed
+/// (`untyped_storage().resize_(0)`) or shrunk, or a tensor re-pointed at other memory, since the
+/// tensor was made or checked (an error of `kind` naming `what`; nothing has been written).
+pub(crate) fn check_held(obj: &Bound<'_, PyAny>, what: &str, at: u64, bytes: u64, kind: ErrorKind) -> PyResult<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let Some((start, held)) = outside_storage(obj, at as i128, at as i128 + bytes as i128)? else {
+        return Ok(());
+    };
+    Err(Error {
+        kind,
+        message: format!(
+            "{what}: its storage holds {held} bytes at {start:#x}, not the {bytes} bytes at {at:#x} (freed or shrunk: \
+             untyped_storage().resize_()); nothing was written"
+        ),
+    }
+    .into())
+}
+
+/// What `upload` returned for `op` (`bytes` bytes), checked: on the pool's `device`, contiguous
+/// uint8 of that size ([`sglang::checks::check_uploaded`]), held by its storage.
+pub(crate) fn uploaded(op: &str, buffer: &Bound<'_, PyAny>, device: &Device, bytes: u64) -> PyResult<TensorDesc> {
+    let what = format!("{op}: upload returned");
+    let d = Tensor::arg(buffer, &what, ErrorKind::Plan)?.0;
+    sglang::checks::check_uploaded(op, &d, device, bytes)?;
+    check_held(buffer, &what, d.data_ptr, bytes, ErrorKind::Plan)?;
+    Ok(d)
+}
 
 /// The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
 /// int64 array, tensor or list of ints (a float, bool or other array is refused, never cast, naming

@@ -4,12 +4,12 @@
 //! its arguments checked (slot ids, a load's host copies, the commit's vectors), then the guard,
 //! then the write built, run and recorded.
 
-use super::conversion::{address_int, args, instance, items, kwargs, Arg, Tensor};
+use super::conversion::{args, instance, items, kwargs, Arg, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
 use super::planner::Planner;
-use super::sglang::host_ints;
+use super::sglang::{check_held, host_ints, uploaded};
 use crate::error::{Error, ErrorKind};
 use crate::executor;
 use crate::kernels::StepInputs;
@@ -36,9 +36,11 @@ kwargs! {
     }
 }
 
-/// A slot table on the device: its buffer (kept alive) and what a launch over it needs.
+/// A slot table on the device: its buffer (kept alive, and checked before each launch that reads
+/// it) and what a launch over it needs.
 struct DeviceTable {
-    _buffer: Py<PyAny>,
+    buffer: Py<PyAny>,
+    bytes: u64,
     metas: u64,
     num_meta: u32,
     max_bytes: u64,
@@ -62,7 +64,7 @@ pub struct SglangPool {
     /// The slot kernel's tables on the device: clearing, the commit.
     tables: [OnceLock<DeviceTable>; 2],
     /// `copy_from`'s constants on the device: int32 slot ids `0..num_slots`, then `num_slots`
-    /// ones (the buffer kept alive, and its description).
+    /// ones (the buffer kept alive, and checked before each launch that reads it; its description).
     copy_consts: OnceLock<(Py<PyAny>, TensorDesc)>,
 }
 
@@ -147,6 +149,34 @@ impl SglangPool {
             descs.push(h);
         }
         Ok((ids, host, descs))
+    }
+
+    /// Checks that each of a load's host copies (`objs`, described as `descs`) is still held by its
+    /// storage (read next: right before the read).
+    fn check_host_copies(objs: &[Bound<'_, PyAny>], descs: &[TensorDesc]) -> PyResult<()> {
+        for (k, (obj, d)) in objs.iter().zip(descs).enumerate() {
+            if let Some((lo, hi)) = sglang::checks::span(d) {
+                let what = format!("load_cpu_copy: {} (host copy)", sglang::checks::state_label(k, descs.len()));
+                check_held(obj, &what, lo, hi - lo, ErrorKind::Plan)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The buffer of HiCache's host copy `op` of `total` bytes: `alloc(total / 4)`, then the pool's
+    /// tensors checked (a pool tensor freed since it was bound is reported as such, not as a
+    /// buffer over its old memory), then the buffer ([`sglang::checks::check_copy_buffer`]: a
+    /// writable, contiguous int32 vector on the pool's device, apart from the pool's tensors; held
+    /// by its storage). Returns it and its description.
+    fn copy_buffer<'py>(&self, op: &str, alloc: &Bound<'py, PyAny>, total: u64) -> PyResult<(Bound<'py, PyAny>, TensorDesc)> {
+        let n = total / 4;
+        let buffer = alloc.call1((n,))?;
+        let what = format!("{op}: alloc({n}) returned");
+        let out = Tensor::arg(&buffer, &what, ErrorKind::Plan)?.0;
+        self.guard.check(buffer.py())?;
+        sglang::checks::check_copy_buffer(op, &out, &self.device, total, &self.inner.tensors())?;
+        check_held(&buffer, &what, out.data_ptr, total, ErrorKind::Plan)?;
+        Ok((buffer, out))
     }
 }
 
@@ -277,8 +307,10 @@ impl SglangPool {
     /// commit (`steps`, optional `rows` and track pair), every vector checked by the core (int64,
     /// one length, on the pool's device; `err` an int32 error word of 3). The first launch of
     /// each use builds its records and hands them to `upload(bytes)`, which returns them on the
-    /// device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
-    /// write recorded.
+    /// device (contiguous uint8 of that size on the pool's device, held by its storage: a
+    /// `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records and `err`
+    /// (still held by their storage: `BindingError`, `PlanError`), `run(launch)` (`None`: nothing
+    /// to launch), the write recorded.
     #[pyo3(signature = (
         run: "Callable[[KernelLaunch | None], object]", commit: "bool", upload: "Callable[[bytes], _Tensor]", *, slots: "_Tensor",
         steps: "_Tensor | None" = None, rows: "_Tensor | None" = None, track_slots: "_Tensor | None" = None,
@@ -298,6 +330,7 @@ impl SglangPool {
         track_steps: Option<&Bound<'_, PyAny>>,
         err: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let op = if commit { "commit_after_verify" } else { "clear_slots" };
         let cell = &self.tables[usize::from(commit)];
         let table = match cell.get() {
             Some(t) => t,
@@ -305,10 +338,11 @@ impl SglangPool {
                 let t = self.inner.slot_table(commit)?;
                 let bytes: Vec<u8> = t.records.iter().flat_map(SlotCopy::to_le_bytes).collect();
                 let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
-                let metas = address_int(&buffer.call_method0("data_ptr")?)?;
+                let metas = uploaded(op, &buffer, &self.device, bytes.len() as u64)?.data_ptr;
                 let num_meta = u32::try_from(t.records.len()).map_err(|_| Error::plan("too many slot records"))?;
                 let max_bytes = t.records.iter().map(|r| r.bytes).max().unwrap_or(0);
-                let dt = DeviceTable { _buffer: buffer.unbind(), metas, num_meta, max_bytes, rows: t.rows, draft: t.draft };
+                let (buffer, bytes) = (buffer.unbind(), bytes.len() as u64);
+                let dt = DeviceTable { buffer, bytes, metas, num_meta, max_bytes, rows: t.rows, draft: t.draft };
                 let _ = cell.set(dt);
                 cell.get().expect("just set")
             }
@@ -323,9 +357,9 @@ impl SglangPool {
                 track_steps: a.track_steps.as_ref().map(|t| &t.0),
                 err: &a.err.0,
                 names: if commit {
-                    ("commit_after_verify", ["state_indices", "last_correct_step_indices", "src_indices", "track_indices", "steps_to_track"])
+                    (op, ["state_indices", "last_correct_step_indices", "src_indices", "track_indices", "steps_to_track"])
                 } else {
-                    ("clear_slots", ["indices", "steps", "rows", "track_slots", "track_steps"])
+                    (op, ["indices", "steps", "rows", "track_slots", "track_steps"])
                 },
             };
             let pool = SlotPool {
@@ -337,7 +371,12 @@ impl SglangPool {
                 num_rows: table.rows,
                 draft: table.draft,
             };
-            run.call1((kernel::slot_launch(&pool, &call)?.map(KernelLaunch::new),))?;
+            let launch = kernel::slot_launch(&pool, &call)?;
+            // What the kernel reads (the records, uploaded once) and writes (the error word).
+            let records = format!("{op}: the slot records upload returned");
+            check_held(table.buffer.bind(py), &records, table.metas, table.bytes, ErrorKind::Binding)?;
+            check_held(err.expect("converted"), &format!("{op}: err"), a.err.0.data_ptr, 12, ErrorKind::Plan)?;
+            run.call1((launch.map(KernelLaunch::new),))?;
             Ok(())
         })
     }
@@ -381,8 +420,9 @@ impl SglangPool {
     /// (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
     /// write one slot twice). Only then `runner("copy_from")` (`Planner.launch_runner`: makes the
     /// planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
-    /// first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device:
-    /// a refused call prepares nothing. Then the guards, `run`, the write recorded. The kernel
+    /// first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device
+    /// (checked as `slot_launch`'s records): a refused call prepares nothing. Then the guards,
+    /// the uploaded constants (still held: `BindingError`), `run`, the write recorded. The kernel
     /// checks each slot and skips a bad one (the planner's error word).
     #[pyo3(signature = (
         planner: "Planner", runner: "Callable[[str], Callable[[KernelLaunch | None, int], object]]", upload: "Callable[[bytes], _Tensor]",
@@ -417,8 +457,7 @@ impl SglangPool {
                 let words: Vec<i32> = (0..last).chain(std::iter::repeat(1).take(s as usize)).collect();
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                 let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
-                let d = Tensor::arg(&buffer, "copy_from: the buffer upload returned", ErrorKind::Plan)?.0;
-                sglang::checks::check_uploaded(&d, &this.device, bytes.len() as u64)?;
+                let d = uploaded("copy_from", &buffer, &this.device, bytes.len() as u64)?;
                 let _ = this.copy_consts.set((buffer.unbind(), d));
                 &this.copy_consts.get().expect("just set").1
             }
@@ -432,7 +471,10 @@ impl SglangPool {
         let inputs =
             StepInputs { block_table: &table, src_col: &src, second: &dst, num_accepted: &ones, num_accepted_out: None, err: None, block_size: None };
         p.write(py, || {
-            run.call1((p.fused_launch(&inputs, true)?, n))?;
+            let launch = p.fused_launch(&inputs, true)?;
+            let buffer = this.copy_consts.get().expect("set above").0.bind(py);
+            check_held(buffer, "copy_from: the constants upload returned", consts.data_ptr, 8 * s as u64, ErrorKind::Binding)?;
+            run.call1((launch, n))?;
             Ok(())
         })
     }
@@ -452,8 +494,11 @@ impl SglangPool {
     /// naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
     /// `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
     /// against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
-    /// len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
-    /// (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+    /// len(indices), ...]` (`PlanError` naming the state), and held by its storage. A get lays its
+    /// states out in one buffer (`alloc(n)` returns a writable, contiguous int32 vector of `n`
+    /// elements on the pool's device, of its own and held by its storage: a `PlanError` naming the
+    /// operation and the alloc otherwise, nothing run or written; a load on CUDA stages its copies
+    /// in one too) and returns it
     /// with, per state tensor, its block `(offset, bytes, shape, dtype)` (the shape and dtype the
     /// pool tensor was bound with, whatever its Python object says now); a load returns `None`.
     ///
@@ -479,7 +524,7 @@ impl SglangPool {
         mamba_cache_cpu: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>, String)>)>> {
         // The host copies' objects are held until the call returns (their memory is read then).
-        let (direction, ids, _held, host) = match op {
+        let (direction, ids, held, host) = match op {
             "get_cpu_copy" => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),
             "load_cpu_copy" => {
                 let none = py.None().into_bound(py);
@@ -493,32 +538,20 @@ impl SglangPool {
         let blocks = || call.blocks.iter().enumerate().map(|(k, b)| (b.offset, b.bytes, b.shape.clone(), dtype(k))).collect();
         if !self.device.is_cuda() {
             if direction == Direction::Load {
-                return self.write(py, || Ok(host::load(&call, &self.inner.states, &ids, &host)?)).map(|_| None);
+                let load = || {
+                    Self::check_host_copies(&held, &host)?;
+                    Ok(host::load(&call, &self.inner.states, &ids, &host)?)
+                };
+                return self.write(py, load).map(|_| None);
             }
-            let buffer = alloc.call1((call.total / 4,))?;
-            let out = Tensor::arg(&buffer, "get_cpu_copy: the buffer alloc returned", ErrorKind::Plan)?.0;
-            if out.device.trim() != "cpu"
-                || out.dtype_name() != "int32"
-                || out.shape != [(call.total / 4) as i64]
-                || out.strides != [4]
-                || !out.writable
-            {
-                return Err(Error::plan(format!(
-                    "get_cpu_copy: alloc returned {} {:?} on {}, not int32 [{}] on the host",
-                    out.dtype_name(),
-                    out.shape,
-                    out.device,
-                    call.total / 4
-                ))
-                .into());
-            }
-            self.guard.check(py)?;
+            let (buffer, out) = self.copy_buffer(op, alloc, call.total)?;
             let bytes: &mut [u8] = if call.total == 0 {
                 &mut [] // an empty tensor's address may be null, which no slice may have
             } else {
-                // SAFETY: the buffer is a writable host vector of `call.total` bytes (checked
-                // above), alive while `buffer` is held, and apart from the pool's tensors (freshly
-                // allocated by the shell's own `alloc`).
+                // SAFETY: the buffer is a writable host vector of `call.total` bytes that its
+                // storage holds, apart from the pool's tensors, which were checked too (by
+                // `copy_buffer`; no Python code of the caller's has run since), alive while
+                // `buffer` is held.
                 unsafe { std::slice::from_raw_parts_mut(out.data_ptr as *mut u8, call.total as usize) }
             };
             host::get(&call, &self.inner.states, &ids, bytes)?;
@@ -527,15 +560,16 @@ impl SglangPool {
         let (Some(run), Some(err)) = (run, err) else {
             return Err(Error::plan(format!("{op}: run and err are needed on CUDA")).into());
         };
-        let err = Tensor::arg(err, &format!("{op}: err"), ErrorKind::Plan)?.0;
+        let err_desc = Tensor::arg(err, &format!("{op}: err"), ErrorKind::Plan)?.0;
         if call.total == 0 {
             return Ok(None);
         }
-        let buffer = alloc.call1((call.total / 4,))?;
-        let address = address_int(&buffer.call_method0("data_ptr")?)?;
+        let (buffer, out) = self.copy_buffer(op, alloc, call.total)?;
         self.write(py, || {
-            let bytes = call.stage(address, &host)?;
-            let launch = call.launch(address, &err)?.map(KernelLaunch::new);
+            Self::check_host_copies(&held, &host)?;
+            let bytes = call.stage(out.data_ptr, &host)?;
+            let launch = call.launch(out.data_ptr, &err_desc)?.map(KernelLaunch::new);
+            check_held(err, &format!("{op}: err"), err_desc.data_ptr, 12, ErrorKind::Plan)?;
             run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch, ids.len()))?;
             Ok(())
         })?;

@@ -43,7 +43,7 @@ pub fn check_slots(op: &str, arg: &str, ids: &[i64], num_slots: u64, repeats: Re
 }
 
 /// The bytes `[start, end)` a tensor's elements span (`None` when it has none).
-fn span(t: &TensorDesc) -> Option<(u64, u64)> {
+pub fn span(t: &TensorDesc) -> Option<(u64, u64)> {
     if t.shape.iter().any(|&n| n <= 0) {
         return None;
     }
@@ -151,17 +151,52 @@ pub fn copy_count(src: &TensorDesc, dst: &TensorDesc, device: &Device, num_slots
     Ok(n as i64)
 }
 
-/// The constants a `copy_from` launch reads, as `upload` returned them: `bytes` contiguous bytes
-/// on the pool's `device`.
-pub fn check_uploaded(t: &TensorDesc, device: &Device, bytes: u64) -> Result<()> {
+/// What `upload` returned for operation `op` (the records or constants its launches read):
+/// `bytes` contiguous, 4-byte aligned bytes (uint8) on the pool's `device`.
+pub fn check_uploaded(op: &str, t: &TensorDesc, device: &Device, bytes: u64) -> Result<()> {
     let fits = t.dtype_name() == "uint8" && t.shape == [bytes as i64] && t.strides == [1] && t.data_ptr % 4 == 0;
     if !on_same_device(t, device) || !fits {
         return Err(Error::plan(format!(
-            "copy_from: upload returned {} {:?} on {}; expected {bytes} contiguous, 4-byte aligned uint8 on {device}",
+            "{op}: upload returned {} {:?} on {}; expected {bytes} contiguous, 4-byte aligned uint8 on {device}",
             t.dtype.trim(),
             t.shape,
             t.device
         )));
+    }
+    Ok(())
+}
+
+/// The buffer of HiCache's host copy `op` (`get_cpu_copy`, `load_cpu_copy`), `t` as `alloc(n)`
+/// returned it: a writable, contiguous int32 vector of `total / 4` elements on the pool's `device`
+/// (the host for host states), apart from every tensor of the pool (`pool`, labelled), which the
+/// copy into the buffer would otherwise overwrite.
+pub fn check_copy_buffer(op: &str, t: &TensorDesc, device: &Device, total: u64, pool: &[(String, &TensorDesc)]) -> Result<()> {
+    let n = total / 4;
+    let fits = t.dtype_name() == "int32" && t.shape == [n as i64] && (n <= 1 || t.strides == [4]) && t.writable;
+    if !on_same_device(t, device) || !fits {
+        let read_only = if t.writable { "" } else { ", read-only" };
+        return Err(Error::plan(format!(
+            "{op}: alloc({n}) returned {} {:?} (byte strides {:?}{read_only}) on {}; expected a writable, contiguous int32 [{n}] on {device}",
+            t.dtype_name(),
+            t.shape,
+            t.strides,
+            t.device
+        )));
+    }
+    let (lo, hi) = (t.data_ptr as u128, t.data_ptr as u128 + total as u128);
+    for (label, p) in pool {
+        if p.device != t.device || total == 0 {
+            continue;
+        }
+        if let Some((a, b)) = span(p) {
+            if lo < b as u128 && (a as u128) < hi {
+                return Err(Error::plan(format!(
+                    "{op}: alloc({n}) returned memory of the pool's {label} ({total} bytes at {:#x}): the copy would overwrite the pool; \
+                     alloc must return a buffer of its own",
+                    t.data_ptr
+                )));
+            }
+        }
     }
     Ok(())
 }

@@ -48,11 +48,7 @@ impl Pool {
         windows: Option<Vec<TensorDesc>>,
         conv_layout: ConvLayout,
     ) -> Result<Pool> {
-        let mut all: Vec<(String, &TensorDesc)> = conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), t)).collect();
-        all.push(("temporal".into(), &temporal));
-        all.extend(ssm.iter().map(|t| ("intermediate_ssm".to_string(), t)));
-        all.extend(windows.iter().flatten().enumerate().map(|(i, t)| (format!("intermediate_conv_window[{i}]"), t)));
-        check_pool(&all)?;
+        check_pool(&labelled(&conv, &temporal, ssm.as_ref(), windows.as_deref()))?;
         let groups = pool_groups(&conv.iter().collect::<Vec<_>>(), &temporal, conv_layout)?;
         let mut states = conv;
         states.push(temporal);
@@ -60,6 +56,15 @@ impl Pool {
         let count = windows.as_ref().map(Vec::len);
         let scratch = std::iter::once(ssm).chain(windows.into_iter().flatten().map(Some)).collect();
         Ok(Pool { states, scratch, windows: count, groups, num_slots })
+    }
+
+    /// Every tensor of the pool with its name: every conv tensor, the temporal state, the verify
+    /// scratch.
+    pub fn tensors(&self) -> Vec<(String, &TensorDesc)> {
+        let (conv, temporal) = self.states.split_at(self.states.len() - 1);
+        let mut all = labelled(conv, &temporal[0], self.scratch[0].as_ref(), None);
+        all.extend(self.scratch[1..].iter().flatten().enumerate().map(|(i, t)| (format!("intermediate_conv_window[{i}]"), t)));
+        all
     }
 
     /// The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
@@ -208,4 +213,18 @@ impl Pool {
     pub fn host_copy(&self, direction: Direction, ids: Vec<i64>) -> Result<HostCopy> {
         HostCopy::new(direction, self.states.clone(), ids, self.num_slots)
     }
+}
+
+/// The pool's tensors with their names, in the order the pool holds them.
+fn labelled<'a>(
+    conv: &'a [TensorDesc],
+    temporal: &'a TensorDesc,
+    ssm: Option<&'a TensorDesc>,
+    windows: Option<&'a [TensorDesc]>,
+) -> Vec<(String, &'a TensorDesc)> {
+    let mut all: Vec<(String, &TensorDesc)> = conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), t)).collect();
+    all.push(("temporal".into(), temporal));
+    all.extend(ssm.map(|t| ("intermediate_ssm".to_string(), t)));
+    all.extend(windows.into_iter().flatten().enumerate().map(|(i, t)| (format!("intermediate_conv_window[{i}]"), t)));
+    all
 }

@@ -1,0 +1,285 @@
+"""The SGLang pool's core calls under hostile buffers: every tensor a caller hands in or a callback
+returns that the core (or a kernel it launches) writes or reads through its address -- HiCache's
+buffer (``alloc``), a load's host copies, the error word, the slot kernel's records and the copy's
+constants (``upload``) -- is checked before use: on the pool's device, of the dtype and size the
+call needs, apart from the pool's tensors, and held by its storage (not freed or shrunk by
+``untyped_storage().resize_()``). A refusal is a ``PlanError`` (``BindingError`` for an upload
+changed since it was checked) naming the operation and the object, with nothing run, staged or
+written. Writes through a bad host buffer were heap corruption, so those cases run apart (forked
+from the zygote of ``support.isolated``)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from recoverssm_rs.errors import BindingError, PlanError  # noqa: E402
+from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
+from support import isolated  # noqa: E402
+from support.device_fakes import FakeCuda  # noqa: E402
+
+LAYERS, SLOTS = 2, 8
+TESTS = str(Path(__file__).resolve().parents[1])
+
+
+def _tensors(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(LAYERS, SLOTS, 6, 3, generator=g)], torch.randn(LAYERS, SLOTS, 2, 4, 4, generator=g)
+
+
+def _device_pool(seed=0):
+    conv, temporal = _tensors(seed)
+    return SglangMambaPool([FakeCuda(conv[0])], FakeCuda(temporal)), [*conv, temporal]
+
+
+def _host_copies(states, ids):
+    *conv, temporal = states
+    return [c[:, ids].clone() for c in conv], temporal[:, ids].clone()
+
+
+def never(*_):
+    pytest.fail("a refused call ran, staged or launched something")
+
+
+def _freed(t):
+    t.untyped_storage().resize_(0)
+    return t
+
+
+def _shrunk(t):
+    t.untyped_storage().resize_(8)
+    return t
+
+
+def _on_device(raw):
+    """``raw`` as a (fake) device tensor whose storage can be resized."""
+    return FakeCuda(torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone())
+
+
+def _unchanged(before, states):
+    return all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(before, states, strict=True))
+
+
+# ---- HiCache's buffer on the host: written by the core itself -------------------------------------
+
+
+@pytest.mark.parametrize("how", ["freed", "shrunk"])
+def test_a_host_buffer_whose_storage_was_freed_or_shrunk_is_refused_not_written(how):
+    """``alloc`` returning a tensor whose storage no longer holds its bytes passed the dtype, shape
+    and stride checks, and the core wrote the whole buffer there: a null write (freed) or a heap
+    overrun (shrunk). Now a ``PlanError`` naming ``get_cpu_copy``, the alloc and the storage."""
+    code = textwrap.dedent(
+        f"""
+        import torch
+        from recoverssm_rs.errors import PlanError
+        from recoverssm_rs.sglang import SglangMambaPool
+        p = SglangMambaPool([torch.randn(2, 8, 6, 3)], torch.randn(2, 8, 2, 4, 4))
+        before = [p.conv[0].clone(), p.temporal.clone()]
+        def alloc(n):
+            t = torch.empty(n, dtype=torch.int32)
+            t.untyped_storage().resize_({0 if how == "freed" else 8})
+            return t
+        try:
+            p.tensors.host_copy("get_cpu_copy", [1, 2], alloc=alloc)
+            print("accepted")
+        except PlanError as e:
+            print("refused:", e)
+        print("unchanged:", torch.equal(before[0], p.conv[0]) and torch.equal(before[1], p.temporal))
+        """
+    )
+    run = isolated.shared().run(code, timeout=120)
+    assert run.returncode == 0 and not run.timed_out, run.describe(2000)
+    assert re.search(r"refused: get_cpu_copy: alloc\(\d+\) returned: its storage holds", run.stdout), run.stdout
+    assert "unchanged: True" in run.stdout, run.stdout
+
+
+def test_a_host_buffer_of_the_pool_s_own_memory_is_refused():
+    """``alloc`` returning a view of a pool tensor made the gather write the pool's own memory
+    (its slots overwritten by the copy, read and written at once)."""
+    conv, temporal = _tensors(1)
+    p = SglangMambaPool(conv, temporal)
+    before = [conv[0].clone(), temporal.clone()]
+    with pytest.raises(PlanError, match=r"^get_cpu_copy: alloc\(\d+\) returned memory of the pool's temporal"):
+        p.tensors.host_copy("get_cpu_copy", [1, 2], alloc=lambda n: temporal.view(-1).view(torch.int32)[:n])
+    assert _unchanged(before, [*conv, temporal])
+
+
+# ---- HiCache's buffer on CUDA: written by the staged copy and the slot kernel ---------------------
+
+
+BAD_BUFFERS = {
+    "host tensor": (lambda n, s: torch.empty(n, dtype=torch.int32), r"int32 \[\d+\] .*on cpu"),
+    "other device": (lambda n, s: FakeCuda(torch.empty(n, dtype=torch.int32), 1), r"on cuda:1"),
+    "int64": (lambda n, s: FakeCuda(torch.empty(n, dtype=torch.int64)), r"int64 \[\d+\]"),
+    "short": (lambda n, s: FakeCuda(torch.empty(n - 1, dtype=torch.int32)), r"int32 \[\d+\]"),
+    "strided": (lambda n, s: FakeCuda(torch.empty(2 * n, dtype=torch.int32)[::2]), r"byte strides \[8\]"),
+    "freed": (lambda n, s: FakeCuda(_freed(torch.empty(n, dtype=torch.int32))), r"storage holds 0 bytes"),
+    "shrunk": (lambda n, s: FakeCuda(_shrunk(torch.empty(n, dtype=torch.int32))), r"storage holds 8 bytes"),
+    "pool memory": (lambda n, s: FakeCuda(s[-1].view(-1).view(torch.int32)[:n]), r"memory of the pool's temporal"),
+    "not a tensor": (lambda n, s: None, r"expected a CUDA tensor"),
+}
+
+
+@pytest.mark.parametrize("op", ["get_cpu_copy", "load_cpu_copy"])
+@pytest.mark.parametrize("case", BAD_BUFFERS, ids=list(BAD_BUFFERS))
+def test_a_bad_cuda_buffer_is_refused_before_anything_is_staged_or_launched(fake_ops, recorder, op, case):
+    """On CUDA the buffer ``alloc`` returned was not checked at all: its address went to the staged
+    copy and the kernel, which write every byte of the call there."""
+    dev, states = _device_pool(2)
+    before = [t.clone() for t in states]
+    make, what = BAD_BUFFERS[case]
+    asked = []
+
+    def alloc(n):
+        asked.append(n)
+        return make(n, states)
+
+    copies = _host_copies(states, [1, 2]) if op == "load_cpu_copy" else None
+    ids = [3, 4] if copies else [1, 2]
+    with pytest.raises(PlanError, match=rf"^{op}: alloc\(\d+\) returned.*{what}"):
+        dev.tensors.host_copy(op, ids, alloc=alloc, run=never, err=dev.slot_error.alloc(), mamba_cache_cpu=copies)
+    assert len(asked) == 1 and not recorder.calls and fake_ops.staged == 0
+    assert _unchanged(before, states)
+
+
+@pytest.mark.parametrize("case", ["other device", "freed"])
+def test_a_bad_error_word_is_refused_by_host_copy_and_slot_launch(fake_ops, recorder, case):
+    """The slot kernel writes its error word: one on another device than the pool, or whose storage
+    was freed, was handed to the launch."""
+    dev, states = _device_pool(3)
+    before = [t.clone() for t in states]
+    word = torch.zeros(3, dtype=torch.int32)
+    err = FakeCuda(word, 1) if case == "other device" else FakeCuda(_freed(word))
+    what = r"err is on cuda:1, the pool on cuda:0" if case == "other device" else r"err: .*storage holds 0 bytes"
+    with pytest.raises(PlanError, match=rf"^get_cpu_copy: {what}"):
+        dev.tensors.host_copy(
+            "get_cpu_copy", [1, 2], alloc=lambda n: FakeCuda(torch.zeros(n, dtype=torch.int32)), run=never, err=err
+        )
+    slots = FakeCuda(torch.tensor([1, 2]))
+    with pytest.raises(PlanError, match=rf"^clear_slots: {what}"):
+        dev.tensors.slot_launch(never, False, dev.upload, slots=slots, err=err)
+    assert not recorder.calls and _unchanged(before, states)
+
+
+# ---- A load's host copies: read by the core ------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["host", "cuda"])
+@pytest.mark.parametrize("how", ["freed", "shrunk"])
+def test_a_host_copy_whose_storage_was_freed_or_shrunk_is_refused_not_read(device, how):
+    """A load read each host copy through its address whatever its storage held: a shrunk one was
+    read past its end (heap memory loaded into the pool), a freed one was refused as a byte-count
+    mismatch. Now a ``PlanError`` naming the state and its storage; nothing read or written."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {TESTS!r})
+        import torch
+        from recoverssm_rs.errors import PlanError
+        from recoverssm_rs.sglang import SglangMambaPool
+        from recoverssm_rs.cuda import module, ops
+        from support.device_fakes import FakeCuda, FakeOps
+        ops.cuda_ops = FakeOps()
+        ran = []
+        module.launch = lambda *a: ran.append(a)
+        conv, temporal = torch.randn(2, 8, 6, 3), torch.randn(2, 8, 2, 4, 4)
+        wrap = FakeCuda if {device == "cuda"!r} else (lambda t: t)
+        p = SglangMambaPool([wrap(conv)], wrap(temporal))
+        before = [conv.clone(), temporal.clone()]
+        host = ([conv[:, [1, 2]].clone()], temporal[:, [1, 2]].clone())
+        host[1].untyped_storage().resize_({0 if how == "freed" else 8})
+        try:
+            p.load_cpu_copy(host, [3, 4])
+            print("accepted")
+        except PlanError as e:
+            print("refused:", e)
+        print("unchanged:", torch.equal(before[0], conv) and torch.equal(before[1], temporal) and not ran)
+        """
+    )
+    run = isolated.shared().run(code, timeout=120)
+    assert run.returncode == 0 and not run.timed_out, run.describe(2000)
+    held = 0 if how == "freed" else 8
+    assert f"refused: load_cpu_copy: temporal (host copy): its storage holds {held} bytes" in run.stdout, run.stdout
+    assert "unchanged: True" in run.stdout, run.stdout
+
+
+# ---- What upload returned: read by every later launch --------------------------------------------
+
+
+BAD_UPLOADS = {
+    "host tensor": lambda raw: torch.frombuffer(bytearray(raw), dtype=torch.uint8),
+    "short": lambda raw: FakeCuda(torch.frombuffer(bytearray(raw[:-8]), dtype=torch.uint8)),
+    "int32": lambda raw: FakeCuda(torch.frombuffer(bytearray(raw), dtype=torch.int32)),
+    "freed": lambda raw: FakeCuda(_freed(_on_device(raw).t)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_UPLOADS, ids=list(BAD_UPLOADS))
+def test_slot_records_uploaded_wrong_are_refused(fake_ops, recorder, case):
+    """The slot kernel reads ``num_meta`` records from the address of what ``upload`` returned
+    (and writes where they point): that was never checked, so a short, host or freed buffer gave
+    the kernel records read past its end."""
+    dev, states = _device_pool(4)
+    before = [t.clone() for t in states]
+    slots = FakeCuda(torch.tensor([1, 2]))
+    with pytest.raises(PlanError, match=r"^clear_slots: upload returned"):
+        dev.tensors.slot_launch(never, False, BAD_UPLOADS[case], slots=slots, err=dev.slot_error.alloc())
+    assert not recorder.calls and _unchanged(before, states)
+
+
+def test_slot_records_freed_after_the_upload_are_refused_at_the_next_launch(fake_ops, recorder):
+    """The records are uploaded once and read by every later launch: a buffer whose storage was
+    freed since (the caller kept it) is refused by name before the launch."""
+    dev, states = _device_pool(5)
+    kept = []
+
+    def upload(raw):
+        kept.append(_on_device(raw))
+        return kept[-1]
+
+    launched = []
+    slots = FakeCuda(torch.tensor([1, 2]))
+    dev.tensors.slot_launch(launched.append, False, upload, slots=slots, err=dev.slot_error.alloc())
+    assert len(launched) == 1 and launched[0] is not None
+    kept[0].t.untyped_storage().resize_(0)
+    with pytest.raises(
+        BindingError, match=r"^clear_slots: the slot records upload returned: its storage holds 0 bytes"
+    ):
+        dev.tensors.slot_launch(never, False, upload, slots=slots, err=dev.slot_error.alloc())
+    assert len(launched) == 1
+
+
+def test_copy_constants_freed_after_the_upload_are_refused_at_the_next_launch(fake_ops, recorder, strided_fakes):
+    """``copy_from``'s constants (slot ids and ones, read as the launch's block table) are
+    uploaded once: freed since, they are refused by name before the launch."""
+    dev, states = _device_pool(6)
+    kept, launched = [], []
+
+    def upload(raw):
+        kept.append(_on_device(raw))
+        return kept[-1]
+
+    def runner(name):
+        dev.planner.launch_runner(name)  # the planner's device path, made on first use
+        return lambda kl, n: launched.append(n)
+
+    ids = FakeCuda(torch.tensor([1], dtype=torch.int32)), FakeCuda(torch.tensor([2], dtype=torch.int32))
+    dev.tensors.copy_launch(dev.planner.core, runner, upload, *ids)
+    assert launched == [1]
+    kept[0].t.untyped_storage().resize_(0)
+    with pytest.raises(BindingError, match=r"^copy_from: the constants upload returned: its storage holds 0 bytes"):
+        dev.tensors.copy_launch(dev.planner.core, runner, upload, *ids)
+    assert launched == [1]
+    other, _ = _device_pool(7)
+    with pytest.raises(PlanError, match=r"^copy_from: upload returned: its storage holds 0 bytes"):
+        other.tensors.copy_launch(
+            other.planner.core,
+            lambda name: (other.planner.launch_runner(name), never)[1],
+            lambda raw: FakeCuda(_freed(_on_device(raw).t)),
+            *ids,
+        )
