@@ -22,7 +22,7 @@ use crate::sglang::pool::Pool;
 use crate::sglang::Repeats;
 use crate::tensor::{Device, TensorDesc};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 use std::sync::{Arc, OnceLock};
 
 kwargs! {
@@ -195,13 +195,22 @@ impl SglangPool {
         intermediate_conv_window: Option<&Bound<'_, PyAny>>,
         conv_layout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // Each list read once: the tensors described are the ones guarded and held (a generator, or
+        // a sequence yielding other tensors when iterated again, would leave them apart).
+        let kind = ErrorKind::Binding;
+        fn listed<'py>(x: Option<&Bound<'py, PyAny>>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+            let list = |x: &Bound<'py, PyAny>| Ok(PyList::new(x.py(), items(x, name, ErrorKind::Binding, "tensors")?)?.into_any());
+            x.filter(|x| !x.is_none()).map(list).transpose()
+        }
+        let conv = listed(conv, "conv")?.or_else(|| conv.cloned());
+        let intermediate_conv_window = listed(intermediate_conv_window, "intermediate_conv_window")?.or_else(|| intermediate_conv_window.cloned());
+        let (conv, intermediate_conv_window) = (conv.as_ref(), intermediate_conv_window.as_ref());
         let a = args!(PoolArgs { conv, temporal, intermediate_ssm, intermediate_conv_window, conv_layout })?;
         let layout = ConvLayout::parse(&a.conv_layout).map_err(|e| Error::layout(format!("SglangMambaPool: {}", e.message)))?;
         let windows = a.intermediate_conv_window.map(|w| w.into_iter().map(|t| t.0).collect());
         let conv_descs = a.conv.into_iter().map(|t| t.0).collect();
         let inner = Pool::new(conv_descs, a.temporal.0, a.intermediate_ssm.map(|t| t.0), windows, layout)?;
         // The guard: every tensor with the name its errors use (the objects converted above).
-        let kind = ErrorKind::Binding;
         let mut labelled: Vec<(Bound<'_, PyAny>, String)> = Vec::new();
         for (i, t) in items(conv.expect("converted"), "conv", kind, "tensors")?.into_iter().enumerate() {
             labelled.push((t, format!("conv[{i}]")));

@@ -5,7 +5,8 @@ constants (``upload``) -- is checked before use: on the pool's device, of the dt
 call needs, apart from the pool's tensors, and held by its storage (not freed or shrunk by
 ``untyped_storage().resize_()``). A refusal is a ``PlanError`` (``BindingError`` for an upload
 changed since it was checked) naming the operation and the object, with nothing run, staged or
-written. Writes through a bad host buffer were heap corruption, so those cases run apart (forked
+written. The pool's own tensors are read once from the arguments (what is described is what is
+guarded). Writes through a bad host buffer were heap corruption, so those cases run apart (forked
 from the zygote of ``support.isolated``)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from recoverssm_rs import _core  # noqa: E402
 from recoverssm_rs.errors import BindingError, PlanError  # noqa: E402
 from recoverssm_rs.sglang import SglangMambaPool  # noqa: E402
 from support import isolated  # noqa: E402
@@ -283,3 +285,37 @@ def test_copy_constants_freed_after_the_upload_are_refused_at_the_next_launch(fa
             lambda raw: FakeCuda(_freed(_on_device(raw).t)),
             *ids,
         )
+
+
+# ---- The constructor: each argument read once ----------------------------------------------------
+
+
+def test_the_pool_s_tensors_are_read_once_from_an_iterator():
+    """``conv`` was iterated twice (described, then guarded): a generator left the guard without
+    the conv tensors and their objects missing (a Rust panic in ``layer_groups``)."""
+    conv, temporal = _tensors(8)
+    p = _core.SglangPool(conv=(c for c in conv), temporal=temporal)
+    assert p.state_tensors()[0] is conv[0]
+    assert len(p.layer_groups()[0][1]) == LAYERS
+    conv[0].set_(torch.zeros_like(conv[0]))
+    with pytest.raises(BindingError, match=r"^conv\[0\]"):
+        p.check()
+
+
+def test_the_pool_guards_the_tensors_it_describes():
+    """A sequence that yields other tensors when iterated again had its first tensors described
+    (and written) and the second guarded: a re-pointed conv tensor then passed the guard."""
+    conv, temporal = _tensors(9)
+
+    class Flaky(list):
+        calls = 0
+
+        def __iter__(self):
+            Flaky.calls += 1
+            return iter(conv if Flaky.calls == 1 else [torch.randn(LAYERS, SLOTS, 6, 3)])
+
+    p = _core.SglangPool(conv=Flaky(), temporal=temporal)
+    assert p.state_tensors()[0] is conv[0]
+    conv[0].set_(torch.zeros_like(conv[0]))
+    with pytest.raises(BindingError, match=r"^conv\[0\]"):
+        p.clear_slots([1])
