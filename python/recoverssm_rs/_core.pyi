@@ -872,7 +872,8 @@ class SglangPool:
         planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
         first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device
         (checked as `slot_launch`'s records): a refused call prepares nothing. Then the guards,
-        the uploaded constants (still held: `BindingError`), `run`, the write recorded. The kernel
+        the uploaded constants and the slot ids (still held by their storage: `BindingError`,
+        `PlanError`), `run`, the write recorded. The kernel
         checks each slot and skips a bad one (the planner's error word).
         """
     def guarded(self, write: Callable[[], _T]) -> _T:
@@ -934,9 +935,9 @@ class SglangPool:
         one length, on the pool's device; `err` an int32 error word of 3). The first launch of
         each use builds its records and hands them to `upload(bytes)`, which returns them on the
         device (contiguous uint8 of that size on the pool's device, held by its storage: a
-        `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records and `err`
-        (still held by their storage: `BindingError`, `PlanError`), `run(launch)` (`None`: nothing
-        to launch), the write recorded.
+        `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records, the vectors
+        and `err` (still held by their storage: `BindingError`, `PlanError`), `run(launch)`
+        (`None`: nothing to launch), the write recorded.
         """
     def state_tensors(self) -> list[_Tensor]:
         """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the

@@ -317,9 +317,9 @@ impl SglangPool {
     /// one length, on the pool's device; `err` an int32 error word of 3). The first launch of
     /// each use builds its records and hands them to `upload(bytes)`, which returns them on the
     /// device (contiguous uint8 of that size on the pool's device, held by its storage: a
-    /// `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records and `err`
-    /// (still held by their storage: `BindingError`, `PlanError`), `run(launch)` (`None`: nothing
-    /// to launch), the write recorded.
+    /// `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records, the vectors
+    /// and `err` (still held by their storage: `BindingError`, `PlanError`), `run(launch)`
+    /// (`None`: nothing to launch), the write recorded.
     #[pyo3(signature = (
         run: "Callable[[KernelLaunch | None], object]", commit: "bool", upload: "Callable[[bytes], _Tensor]", *, slots: "_Tensor",
         steps: "_Tensor | None" = None, rows: "_Tensor | None" = None, track_slots: "_Tensor | None" = None,
@@ -381,9 +381,25 @@ impl SglangPool {
                 draft: table.draft,
             };
             let launch = kernel::slot_launch(&pool, &call)?;
-            // What the kernel reads (the records, uploaded once) and writes (the error word).
+            // What the kernel reads (the records, uploaded once; the index vectors, int64 of one
+            // length: checked) and writes (the error word), each held by its storage.
             let records = format!("{op}: the slot records upload returned");
             check_held(table.buffer.bind(py), &records, table.metas, table.bytes, ErrorKind::Binding)?;
+            if launch.is_some() {
+                let given = [
+                    (slots, Some(call.slots)),
+                    (steps, call.steps),
+                    (rows, call.rows),
+                    (track_slots, call.track_slots),
+                    (track_steps, call.track_steps),
+                ];
+                for ((obj, d), name) in given.into_iter().zip(call.names.1) {
+                    if let (Some(obj), Some(d)) = (obj, d) {
+                        let bytes = 8 * d.shape.first().copied().unwrap_or(0).max(0) as u64;
+                        check_held(obj, &format!("{op}: {name}"), d.data_ptr, bytes, ErrorKind::Plan)?;
+                    }
+                }
+            }
             check_held(err.expect("converted"), &format!("{op}: err"), a.err.0.data_ptr, 12, ErrorKind::Plan)?;
             run.call1((launch.map(KernelLaunch::new),))?;
             Ok(())
@@ -431,7 +447,8 @@ impl SglangPool {
     /// planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
     /// first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device
     /// (checked as `slot_launch`'s records): a refused call prepares nothing. Then the guards,
-    /// the uploaded constants (still held: `BindingError`), `run`, the write recorded. The kernel
+    /// the uploaded constants and the slot ids (still held by their storage: `BindingError`,
+    /// `PlanError`), `run`, the write recorded. The kernel
     /// checks each slot and skips a bad one (the planner's error word).
     #[pyo3(signature = (
         planner: "Planner", runner: "Callable[[str], Callable[[KernelLaunch | None, int], object]]", upload: "Callable[[bytes], _Tensor]",
@@ -481,8 +498,13 @@ impl SglangPool {
             StepInputs { block_table: &table, src_col: &src, second: &dst, num_accepted: &ones, num_accepted_out: None, err: None, block_size: None };
         p.write(py, || {
             let launch = p.fused_launch(&inputs, true)?;
+            // What the kernel reads, each held by its storage: the constants (uploaded once) and
+            // the slot ids (int32 vectors of `n`: checked).
             let buffer = this.copy_consts.get().expect("set above").0.bind(py);
             check_held(buffer, "copy_from: the constants upload returned", consts.data_ptr, 8 * s as u64, ErrorKind::Binding)?;
+            for (obj, d, name) in [(src_indices, &src, "src_indices"), (dst_indices, &dst, "dst_indices")] {
+                check_held(obj, &format!("copy_from: {name}"), d.data_ptr, 4 * n as u64, ErrorKind::Plan)?;
+            }
             run.call1((launch, n))?;
             Ok(())
         })

@@ -287,6 +287,73 @@ def test_copy_constants_freed_after_the_upload_are_refused_at_the_next_launch(fa
         )
 
 
+# ---- The kernels' index vectors: read on the device -----------------------------------------------
+
+
+def _spec_device_pool(seed=0):
+    """``_device_pool``'s pool with verify scratch (4 rows, a draft of 3)."""
+    conv, temporal = _tensors(seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    ssm, window = torch.randn(LAYERS, 4, 3, 2, 4, 4, generator=g), torch.randn(LAYERS, 4, 3, 6, 3, generator=g)
+    pool = SglangMambaPool(
+        [FakeCuda(conv[0])],
+        FakeCuda(temporal),
+        intermediate_ssm=FakeCuda(ssm),
+        intermediate_conv_window=[FakeCuda(window)],
+    )
+    return pool, [*conv, temporal]
+
+
+def _freed_ids(values, dtype=torch.int64):
+    return FakeCuda(_freed(torch.tensor(values, dtype=dtype)))
+
+
+SLOT_VECTORS = {
+    "clear indices": (False, dict(slots=_freed_ids), "clear_slots: indices"),
+    "commit state_indices": (True, dict(slots=_freed_ids), "commit_after_verify: state_indices"),
+    "commit steps": (True, dict(steps=_freed_ids), "commit_after_verify: last_correct_step_indices"),
+    "commit rows": (True, dict(rows=_freed_ids), "commit_after_verify: src_indices"),
+    "commit track slots": (True, dict(track_slots=_freed_ids), "commit_after_verify: track_indices"),
+    "commit track steps": (True, dict(track_steps=_freed_ids), "commit_after_verify: steps_to_track"),
+}
+
+
+@pytest.mark.parametrize("case", SLOT_VECTORS, ids=list(SLOT_VECTORS))
+def test_a_freed_index_vector_is_refused_before_the_slot_kernel_reads_it(fake_ops, recorder, case):
+    """The slot kernel reads its index vectors at their addresses: one whose storage was freed
+    (a null address on a GPU: an illegal access that ends the process's CUDA context) was
+    launched."""
+    commit, freed, what = SLOT_VECTORS[case]
+    dev, states = _spec_device_pool(10)
+    before = [t.clone() for t in states]
+    vectors = dict(slots=[1, 2], steps=[0, 1], rows=[0, 1], track_slots=[3, 4], track_steps=[0, 0])
+    if not commit:
+        vectors = dict(slots=[1, 2])
+    given = {k: freed[k](v) if k in freed else FakeCuda(torch.tensor(v)) for k, v in vectors.items()}
+    with pytest.raises(PlanError, match=rf"^{what}: its storage holds 0 bytes"):
+        dev.tensors.slot_launch(never, commit, dev.upload, **given, err=dev.slot_error.alloc())
+    assert not recorder.calls and _unchanged(before, states)
+
+
+@pytest.mark.parametrize("arg", ["src_indices", "dst_indices"])
+def test_a_freed_copy_vector_is_refused_before_the_copy_kernel_reads_it(fake_ops, recorder, strided_fakes, arg):
+    """``copy_from`` on CUDA: the copy kernel reads the slot ids at their addresses."""
+    dev, states = _device_pool(11)
+    launched = []
+
+    def runner(name):
+        dev.planner.launch_runner(name)
+        return lambda kl, n: launched.append(n)
+
+    ids = {"src_indices": [1], "dst_indices": [2]}
+    given = [
+        _freed_ids(v, torch.int32) if k == arg else FakeCuda(torch.tensor(v, dtype=torch.int32)) for k, v in ids.items()
+    ]
+    with pytest.raises(PlanError, match=rf"^copy_from: {arg}: its storage holds 0 bytes"):
+        dev.tensors.copy_launch(dev.planner.core, runner, dev.upload, *given)
+    assert not launched
+
+
 # ---- The constructor: each argument read once ----------------------------------------------------
 
 
