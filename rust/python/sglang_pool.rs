@@ -347,7 +347,7 @@ impl SglangPool {
                 let t = self.inner.slot_table(commit)?;
                 let bytes: Vec<u8> = t.records.iter().flat_map(SlotCopy::to_le_bytes).collect();
                 let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
-                let metas = uploaded(op, &buffer, &self.device, bytes.len() as u64)?.data_ptr;
+                let metas = uploaded(op, &buffer, &self.device, bytes.len() as u64, &self.inner.tensors())?.data_ptr;
                 let num_meta = u32::try_from(t.records.len()).map_err(|_| Error::plan("too many slot records"))?;
                 let max_bytes = t.records.iter().map(|r| r.bytes).max().unwrap_or(0);
                 let (buffer, bytes) = (buffer.unbind(), bytes.len() as u64);
@@ -401,6 +401,7 @@ impl SglangPool {
                 }
             }
             check_held(err.expect("converted"), &format!("{op}: err"), a.err.0.data_ptr, 12, ErrorKind::Plan)?;
+            sglang::checks::check_apart(&format!("{op}: err is"), &a.err.0, 12, &self.inner.tensors())?;
             run.call1((launch.map(KernelLaunch::new),))?;
             Ok(())
         })
@@ -483,7 +484,7 @@ impl SglangPool {
                 let words: Vec<i32> = (0..last).chain(std::iter::repeat(1).take(s as usize)).collect();
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                 let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
-                let d = uploaded("copy_from", &buffer, &this.device, bytes.len() as u64)?;
+                let d = uploaded("copy_from", &buffer, &this.device, bytes.len() as u64, &this.inner.tensors())?;
                 let _ = this.copy_consts.set((buffer.unbind(), d));
                 &this.copy_consts.get().expect("just set").1
             }
@@ -601,6 +602,7 @@ impl SglangPool {
             let bytes = call.stage(out.data_ptr, &host)?;
             let launch = call.launch(out.data_ptr, &err_desc)?.map(KernelLaunch::new);
             check_held(err, &format!("{op}: err"), err_desc.data_ptr, 12, ErrorKind::Plan)?;
+            sglang::checks::check_apart(&format!("{op}: err is"), &err_desc, 12, &self.inner.tensors())?;
             run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch, ids.len()))?;
             Ok(())
         })?;

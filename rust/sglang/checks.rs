@@ -170,7 +170,7 @@ pub fn check_uploaded(op: &str, t: &TensorDesc, device: &Device, bytes: u64) -> 
 /// returned it: a writable, contiguous int32 vector of `total / 4` elements on the pool's `device`
 /// (the host for host states), apart from every tensor of the pool (`pool`, labelled), which the
 /// copy into the buffer would otherwise overwrite.
-pub fn check_copy_buffer(op: &str, t: &TensorDesc, device: &Device, total: u64, pool: &[(String, &TensorDesc)]) -> Result<()> {
+pub fn check_copy_buffer(op: &str, t: &TensorDesc, device: &Device, total: u64, pool: &[(&str, &TensorDesc)]) -> Result<()> {
     let n = total / 4;
     let fits = t.dtype_name() == "int32" && t.shape == [n as i64] && (n <= 1 || t.strides == [4]) && t.writable;
     if !on_same_device(t, device) || !fits {
@@ -183,16 +183,24 @@ pub fn check_copy_buffer(op: &str, t: &TensorDesc, device: &Device, total: u64, 
             t.device
         )));
     }
-    let (lo, hi) = (t.data_ptr as u128, t.data_ptr as u128 + total as u128);
+    check_apart(&format!("{op}: alloc({n}) returned"), t, total, pool)
+}
+
+/// Checks that the `bytes` bytes at the address of `t` (`what`: a buffer the core or a kernel
+/// writes, or reads records from that steer its writes) share no memory with a tensor of the pool
+/// (`pool`, labelled) on the same device: a write there would change the pool's states, or the
+/// pool's writes the records.
+pub fn check_apart(what: &str, t: &TensorDesc, bytes: u64, pool: &[(&str, &TensorDesc)]) -> Result<()> {
+    let (lo, hi) = (t.data_ptr as u128, t.data_ptr as u128 + bytes as u128);
     for (label, p) in pool {
-        if p.device != t.device || total == 0 {
+        if p.device != t.device || bytes == 0 {
             continue;
         }
         if let Some((a, b)) = span(p) {
             if lo < b as u128 && (a as u128) < hi {
                 return Err(Error::plan(format!(
-                    "{op}: alloc({n}) returned memory of the pool's {label} ({total} bytes at {:#x}): the copy would overwrite the pool; \
-                     alloc must return a buffer of its own",
+                    "{what} memory of the pool's {label} ({bytes} bytes at {:#x}): it would be written over the pool's states or by them; \
+                     it must be a buffer of its own",
                     t.data_ptr
                 )));
             }

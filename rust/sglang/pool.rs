@@ -25,6 +25,8 @@ pub struct Pool {
     pub groups: Vec<(Layout, Vec<usize>)>,
     /// Slots, the dummy slot 0 included (the planner's blocks).
     pub num_slots: u64,
+    /// The names of the states, then of the verify scratch present (what errors call them).
+    labels: Vec<String>,
 }
 
 /// The slot kernel's records of a pool for one use, and its scratch's rows and draft.
@@ -48,23 +50,23 @@ impl Pool {
         windows: Option<Vec<TensorDesc>>,
         conv_layout: ConvLayout,
     ) -> Result<Pool> {
-        check_pool(&labelled(&conv, &temporal, ssm.as_ref(), windows.as_deref()))?;
+        let all = labelled(&conv, &temporal, ssm.as_ref(), windows.as_deref());
+        check_pool(&all)?;
+        let labels = all.into_iter().map(|(label, _)| label).collect();
         let groups = pool_groups(&conv.iter().collect::<Vec<_>>(), &temporal, conv_layout)?;
         let mut states = conv;
         states.push(temporal);
         let num_slots = groups.iter().flat_map(|(_, ks)| ks).map(|&k| states[k].shape[1].max(0) as u64).max().unwrap_or(0);
         let count = windows.as_ref().map(Vec::len);
         let scratch = std::iter::once(ssm).chain(windows.into_iter().flatten().map(Some)).collect();
-        Ok(Pool { states, scratch, windows: count, groups, num_slots })
+        Ok(Pool { states, scratch, windows: count, groups, num_slots, labels })
     }
 
     /// Every tensor of the pool with its name: every conv tensor, the temporal state, the verify
     /// scratch.
-    pub fn tensors(&self) -> Vec<(String, &TensorDesc)> {
-        let (conv, temporal) = self.states.split_at(self.states.len() - 1);
-        let mut all = labelled(conv, &temporal[0], self.scratch[0].as_ref(), None);
-        all.extend(self.scratch[1..].iter().flatten().enumerate().map(|(i, t)| (format!("intermediate_conv_window[{i}]"), t)));
-        all
+    pub fn tensors(&self) -> Vec<(&str, &TensorDesc)> {
+        let scratch = self.scratch.iter().flatten();
+        self.labels.iter().map(String::as_str).zip(self.states.iter().chain(scratch)).collect()
     }
 
     /// The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the

@@ -363,7 +363,7 @@ fn a_device_copy_takes_int32_vectors_of_one_length_on_the_pool_s_device_and_no_m
 fn a_host_copy_buffer_is_a_writable_int32_vector_of_its_own_on_the_pool_s_device() {
     let dev = crate::tensor::Device::Cuda(0);
     let pool_t = TensorDesc::dense(0x10000, "float32", &[2, 8, 4], "cuda:0");
-    let pool = [("temporal".to_string(), &pool_t)];
+    let pool = [("temporal", &pool_t)];
     let buf = |dtype: &str, n: i64, at: u64, device: &str| TensorDesc::dense(at, dtype, &[n], device);
     assert!(checks::check_copy_buffer("get_cpu_copy", &buf("int32", 16, 0x1000, "cuda:0"), &dev, 64, &pool).is_ok());
     // the pool's memory on another device is another memory

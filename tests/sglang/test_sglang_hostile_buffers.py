@@ -287,6 +287,32 @@ def test_copy_constants_freed_after_the_upload_are_refused_at_the_next_launch(fa
         )
 
 
+def test_records_or_an_error_word_in_the_pool_s_memory_are_refused(fake_ops, recorder):
+    """Records uploaded into a pool tensor's memory would be rewritten by the pool's own writes
+    (the next launch then writing where they point), and an error word there written over a
+    state: both are refused by the pool tensor's name."""
+    dev, states = _device_pool(12)
+    before = [t.clone() for t in states]
+    slots = FakeCuda(torch.tensor([1, 2]))
+
+    def into_the_pool(raw):
+        flat = states[-1].view(-1).view(torch.uint8)[: len(raw)]
+        flat.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        return FakeCuda(flat)
+
+    with pytest.raises(PlanError, match=r"^clear_slots: upload returned memory of the pool's temporal"):
+        dev.tensors.slot_launch(never, False, into_the_pool, slots=slots, err=dev.slot_error.alloc())
+    word = FakeCuda(states[0].view(-1).view(torch.int32)[:3])
+    with pytest.raises(PlanError, match=r"^clear_slots: err is memory of the pool's conv\[0\]"):
+        dev.tensors.slot_launch(never, False, dev.upload, slots=slots, err=word)
+    with pytest.raises(PlanError, match=r"^get_cpu_copy: err is memory of the pool's conv\[0\]"):
+        dev.tensors.host_copy(
+            "get_cpu_copy", [1, 2], alloc=lambda n: FakeCuda(torch.zeros(n, dtype=torch.int32)), run=never, err=word
+        )
+    assert not recorder.calls
+    assert _unchanged(before[:1], states[:1]), "the conv tensor, which the refused calls left alone"
+
+
 # ---- The kernels' index vectors: read on the device -----------------------------------------------
 
 
