@@ -1468,7 +1468,9 @@ def saved_request_blocks(states: object) -> tuple[int, list[int]]:
     naming the field otherwise).
     """
 
-def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
+def sglang_ids(
+    op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool | None = None
+) -> list[int]:
     """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values
     ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
     dummy slot 0 (negative ids refused), and with `unique` no slot twice.

@@ -68,12 +68,22 @@ pub(crate) fn host_ints(ids: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyResult
 /// ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
 /// dummy slot 0 (negative ids refused), and with `unique` no slot twice.
 #[pyfunction]
-#[pyo3(signature = (op: "str", arg: "str", ids: "_IntArray", num_slots: "int | None" = None, unique: "bool" = false) -> "list[int]")]
-pub(crate) fn sglang_ids(op: &str, arg: &str, ids: &Bound<'_, PyAny>, num_slots: Option<u64>, unique: bool) -> PyResult<Vec<i64>> {
-    let v = host_ints(ids, op, arg)?;
+#[pyo3(signature = (op: "str", arg: "str", ids: "_IntArray", num_slots: "int | None" = None, unique: "bool | None" = None) -> "list[int]")]
+pub(crate) fn sglang_ids(
+    op: &Bound<'_, PyAny>,
+    arg: &Bound<'_, PyAny>,
+    ids: &Bound<'_, PyAny>,
+    num_slots: Option<&Bound<'_, PyAny>>,
+    unique: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<i64>> {
+    let kind = ErrorKind::Plan;
+    let (op, arg) = (String::arg(op, "sglang_ids: op", kind)?, String::arg(arg, "sglang_ids: arg", kind)?);
+    let num_slots = num_slots.map(|n| Option::<u64>::arg(n, "sglang_ids: num_slots", kind)).transpose()?.flatten();
+    let unique = unique.map(|u| Option::<bool>::arg(u, "sglang_ids: unique", kind)).transpose()?.flatten().unwrap_or(false);
+    let v = host_ints(ids, &op, &arg)?;
     if let Some(n) = num_slots {
         let repeats = if unique { sglang::Repeats::Refused } else { sglang::Repeats::Allowed };
-        sglang::check_slots(op, arg, &v, n, repeats)?;
+        sglang::check_slots(&op, &arg, &v, n, repeats)?;
     }
     Ok(v)
 }

@@ -330,7 +330,7 @@ impl SglangPool {
         &self,
         py: Python<'_>,
         run: &Bound<'_, PyAny>,
-        commit: bool,
+        commit: &Bound<'_, PyAny>,
         upload: &Bound<'_, PyAny>,
         slots: Option<&Bound<'_, PyAny>>,
         steps: Option<&Bound<'_, PyAny>>,
@@ -339,6 +339,7 @@ impl SglangPool {
         track_steps: Option<&Bound<'_, PyAny>>,
         err: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let commit = bool::arg(commit, "slot_launch: commit", ErrorKind::Plan)?;
         let op = if commit { "commit_after_verify" } else { "clear_slots" };
         let cell = &self.tables[usize::from(commit)];
         let table = match cell.get() {
@@ -548,13 +549,15 @@ impl SglangPool {
     fn host_copy<'py>(
         &self,
         py: Python<'py>,
-        op: &str,
+        op: &Bound<'py, PyAny>,
         indices: &Bound<'py, PyAny>,
         alloc: &Bound<'py, PyAny>,
         run: Option<&Bound<'py, PyAny>>,
         err: Option<&Bound<'py, PyAny>>,
         mamba_cache_cpu: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>, String)>)>> {
+        let op = String::arg(op, "host_copy: op", ErrorKind::Plan)?;
+        let op = op.as_str();
         // The host copies' objects are held until the call returns (their memory is read then).
         let (direction, ids, held, host) = match op {
             "get_cpu_copy" => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),

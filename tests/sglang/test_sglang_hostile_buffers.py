@@ -412,3 +412,53 @@ def test_the_pool_guards_the_tensors_it_describes():
     conv[0].set_(torch.zeros_like(conv[0]))
     with pytest.raises(BindingError, match=r"^conv\[0\]"):
         p.clear_slots([1])
+
+
+# ---- The shell's core calls: arguments of the wrong kind ------------------------------------------
+
+
+def _host_pool():
+    conv, temporal = _tensors(13)
+    return SglangMambaPool(conv, temporal)
+
+
+WRONG_KINDS = {
+    "sglang_ids num_slots -1": (
+        lambda p: _core.sglang_ids("clear_slots", "indices", [1], -1),
+        r"^sglang_ids: num_slots = -1 must be >= 0",
+    ),
+    "sglang_ids num_slots True": (
+        lambda p: _core.sglang_ids("clear_slots", "indices", [1], True),
+        r"^sglang_ids: num_slots must be a host integer .*got bool True",
+    ),
+    "sglang_ids num_slots float": (
+        lambda p: _core.sglang_ids("clear_slots", "indices", [1], 8.0),
+        r"^sglang_ids: num_slots must be a host integer .*got float 8.0",
+    ),
+    "sglang_ids unique 1": (
+        lambda p: _core.sglang_ids("clear_slots", "indices", [1], 8, 1),
+        r"^sglang_ids: unique must be a bool, got int",
+    ),
+    "sglang_ids op None": (lambda p: _core.sglang_ids(None, "indices", [1]), r"^sglang_ids: op must be a string"),
+    "sglang_ids arg 3": (lambda p: _core.sglang_ids("clear_slots", 3, [1]), r"^sglang_ids: arg must be a string"),
+    "slot_launch commit 1": (
+        lambda p: p.tensors.slot_launch(
+            never, 1, never, slots=torch.tensor([1]), err=torch.zeros(3, dtype=torch.int32)
+        ),
+        r"^slot_launch: commit must be a bool, got int",
+    ),
+    "host_copy op None": (lambda p: p.tensors.host_copy(None, [1], alloc=never), r"^host_copy: op must be a string"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_KINDS, ids=list(WRONG_KINDS))
+def test_the_shell_s_core_calls_refuse_arguments_of_the_wrong_kind(case):
+    """Arguments PyO3 converted escaped as ``TypeError`` / ``OverflowError`` naming nothing, and
+    ``num_slots=True`` was read as a pool of one slot: each is now the package's error naming
+    the call and the argument."""
+    call, match = WRONG_KINDS[case]
+    p = _host_pool()
+    before = [t.clone() for t in (*p.conv, p.temporal)]
+    with pytest.raises(PlanError, match=match):
+        call(p)
+    assert _unchanged(before, [*p.conv, p.temporal])
