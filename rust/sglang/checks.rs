@@ -99,6 +99,28 @@ pub fn check_pool(tensors: &[(String, &TensorDesc)]) -> Result<()> {
     Ok(())
 }
 
+/// Checks that the state tensors of a pool (`(label, tensor)`: every conv tensor, then the temporal
+/// state) that hold bytes have one slot count (`[layers, slots, ...]`, SGLang's `size + 1` for
+/// every one): the slot kernel moves every tensor's slots below the pool's count, which for a
+/// smaller tensor would run past its end.
+pub fn check_slot_counts(states: &[(String, &TensorDesc)]) -> Result<()> {
+    let holds = |t: &TensorDesc| t.shape.len() >= 2 && t.shape.iter().all(|&n| n > 0);
+    let mut first: Option<(&str, i64)> = None;
+    for (label, t) in states.iter().filter(|(_, t)| holds(t)) {
+        match first {
+            None => first = Some((label, t.shape[1])),
+            Some((name, n)) if n != t.shape[1] => {
+                return Err(Error::binding(format!(
+                    "SglangMambaPool: {label} has {} slots, {name} has {n}: every state tensor of the pool has one slot count",
+                    t.shape[1]
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The name of state tensor `k` of a pool's `count` (`conv[k]`, the last one `temporal`).
 pub fn state_label(k: usize, count: usize) -> String {
     if k + 1 == count {

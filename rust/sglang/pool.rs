@@ -3,7 +3,7 @@
 //! needs of them -- the state tensors that hold bytes, each with its verify scratch, the slot
 //! kernel's records, the commit's moves and the HiCache host copies.
 
-use super::checks::check_pool;
+use super::checks::{check_pool, check_slot_counts};
 use super::hicache::{Direction, HostCopy};
 use super::kernel::{slot_table, SlotCopy};
 use super::layout::pool_groups;
@@ -52,6 +52,7 @@ impl Pool {
     ) -> Result<Pool> {
         let all = labelled(&conv, &temporal, ssm.as_ref(), windows.as_deref());
         check_pool(&all)?;
+        check_slot_counts(&all[..=conv.len()])?;
         let labels = all.into_iter().map(|(label, _)| label).collect();
         let groups = pool_groups(&conv.iter().collect::<Vec<_>>(), &temporal, conv_layout)?;
         let mut states = conv;

@@ -462,3 +462,21 @@ def test_the_shell_s_core_calls_refuse_arguments_of_the_wrong_kind(case):
     with pytest.raises(PlanError, match=match):
         call(p)
     assert _unchanged(before, [*p.conv, p.temporal])
+
+
+def test_state_tensors_of_different_slot_counts_are_refused():
+    """Two conv tensors form two groups, which the planner let differ in their block counts: a
+    pool whose second conv tensor had fewer slots than the first was accepted, with the slots of
+    the larger one, and the slot kernel (``clear_slots``, the commit, HiCache's copies on CUDA)
+    then moved the smaller tensor's slots past its end."""
+    g = torch.Generator().manual_seed(14)
+    conv = [torch.randn(LAYERS, SLOTS, 6, 3, generator=g), torch.randn(LAYERS, SLOTS - 2, 4, 3, generator=g)]
+    temporal = torch.randn(LAYERS, SLOTS, 2, 4, 4, generator=g)
+    with pytest.raises(
+        BindingError, match=rf"^SglangMambaPool: conv\[1\] has {SLOTS - 2} slots, conv\[0\] has {SLOTS}"
+    ):
+        SglangMambaPool(conv, temporal)
+    with pytest.raises(BindingError, match=rf"^SglangMambaPool: temporal has {SLOTS + 1} slots, conv\[0\] has {SLOTS}"):
+        SglangMambaPool(conv[:1], torch.randn(LAYERS, SLOTS + 1, 2, 4, 4))
+    empty = torch.empty(LAYERS, SLOTS - 2, 0, 3)  # an empty tensor holds no slot: any count
+    assert SglangMambaPool([conv[0], empty], temporal).num_slots == SLOTS
