@@ -944,8 +944,10 @@ class SglangPool:
         temporal state).
         """
     def transfer_layers(self) -> list[list[_Tensor]]:
-        """What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
-        that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+        """What a transfer pool binds, per layer: `[conv[k][layer], temporal[layer]]`, `conv[k]` the
+        conv tensor that holds bytes (`conv[0]` when none does), after checking that they cover the
+        pool (`LayoutError` for several conv tensors holding bytes) and that the pool's tensors have
+        not moved (`BindingError` naming the one that did: the views are of the memory bound).
         """
     def verify_scratch(self) -> list[tuple[_Tensor, _Tensor]]:
         """`(state, its verify scratch)` for every state tensor that holds bytes, the temporal state

@@ -408,16 +408,21 @@ impl SglangPool {
         })
     }
 
-    /// What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
-    /// that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+    /// What a transfer pool binds, per layer: `[conv[k][layer], temporal[layer]]`, `conv[k]` the
+    /// conv tensor that holds bytes (`conv[0]` when none does), after checking that they cover the
+    /// pool (`LayoutError` for several conv tensors holding bytes) and that the pool's tensors have
+    /// not moved (`BindingError` naming the one that did: the views are of the memory bound).
     #[pyo3(signature = () -> "list[list[_Tensor]]")]
     fn transfer_layers<'py>(&self, py: Python<'py>) -> PyResult<Vec<Vec<Bound<'py, PyAny>>>> {
         self.inner.check_transfer()?;
-        if self.states.len() < 2 {
+        let temporal_k = self.states.len() - 1;
+        if temporal_k == 0 {
             return Err(Error::layout("state_pool binds one conv tensor per layer; this pool has none").into());
         }
-        let (conv, temporal) = (self.states[0].bind(py), self.states[self.states.len() - 1].bind(py));
-        let layers = self.inner.states[0].shape.first().copied().unwrap_or(0);
+        self.guard.check(py)?;
+        let k = self.inner.live().into_iter().find(|&k| k < temporal_k).unwrap_or(0);
+        let (conv, temporal) = (self.states[k].bind(py), self.states[temporal_k].bind(py));
+        let layers = self.inner.states[k].shape.first().copied().unwrap_or(0);
         (0..layers).map(|i| Ok(vec![conv.get_item(i)?, temporal.get_item(i)?])).collect()
     }
 

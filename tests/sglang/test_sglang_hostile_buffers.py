@@ -480,3 +480,21 @@ def test_state_tensors_of_different_slot_counts_are_refused():
         SglangMambaPool(conv[:1], torch.randn(LAYERS, SLOTS + 1, 2, 4, 4))
     empty = torch.empty(LAYERS, SLOTS - 2, 0, 3)  # an empty tensor holds no slot: any count
     assert SglangMambaPool([conv[0], empty], temporal).num_slots == SLOTS
+
+
+def test_the_transfer_binds_the_conv_tensor_that_holds_bytes_as_bound():
+    """``state_pool`` bound ``conv[0]`` whatever it held: after an empty first conv tensor (a
+    pool whose only conv state is the second) the binding was refused for the empty one's shape
+    (a ``BindingError`` from the layout check, naming ``conv0``'s shape ``[0, 3]``);
+    and a pool tensor re-pointed since the pool was built was bound at its new memory, which the
+    pool's own operations refuse. The transfer now binds the conv tensor that holds bytes, and a
+    moved tensor is a ``BindingError`` naming it."""
+    conv, temporal = _tensors(15)
+    p = SglangMambaPool([torch.empty(LAYERS, SLOTS, 0, 3), conv[0]], temporal)
+    layers = p.tensors.transfer_layers()
+    assert [[t.data_ptr() for t in row] for row in layers] == [
+        [conv[0][i].data_ptr(), temporal[i].data_ptr()] for i in range(LAYERS)
+    ]
+    temporal.set_(torch.zeros_like(temporal))
+    with pytest.raises(BindingError, match=r"^temporal: the tensor no longer points"):
+        p.tensors.transfer_layers()
