@@ -891,8 +891,10 @@ class SglangPool:
         (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
         write one slot twice). Only then `runner("copy_from")` (`Planner.launch_runner`: makes the
         planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
-        first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device:
-        a refused call prepares nothing. Then the guards, `run`, the write recorded. The kernel
+        first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device
+        (checked as `slot_launch`'s records): a refused call prepares nothing. Then the guards,
+        the uploaded constants and the slot ids (still held by their storage: `BindingError`,
+        `PlanError`), `run`, the write recorded. The kernel
         checks each slot and skips a bad one (the planner's error word).
         """
     def guarded(self, write: Callable[[], _T]) -> _T:
@@ -914,8 +916,11 @@ class SglangPool:
         naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
         `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
         against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
-        len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
-        (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+        len(indices), ...]` (`PlanError` naming the state), and held by its storage. A get lays its
+        states out in one buffer (`alloc(n)` returns a writable, contiguous int32 vector of `n`
+        elements on the pool's device, of its own and held by its storage: a `PlanError` naming the
+        operation and the alloc otherwise, nothing run or written; a load on CUDA stages its copies
+        in one too) and returns it
         with, per state tensor, its block `(offset, bytes, shape, dtype)` (the shape and dtype the
         pool tensor was bound with, whatever its Python object says now); a load returns `None`.
 
@@ -950,16 +955,20 @@ class SglangPool:
         commit (`steps`, optional `rows` and track pair), every vector checked by the core (int64,
         one length, on the pool's device; `err` an int32 error word of 3). The first launch of
         each use builds its records and hands them to `upload(bytes)`, which returns them on the
-        device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
-        write recorded.
+        device (contiguous uint8 of that size on the pool's device, held by its storage: a
+        `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records, the vectors
+        and `err` (still held by their storage: `BindingError`, `PlanError`), `run(launch)`
+        (`None`: nothing to launch), the write recorded.
         """
     def state_tensors(self) -> list[_Tensor]:
         """The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
         temporal state).
         """
     def transfer_layers(self) -> list[list[_Tensor]]:
-        """What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
-        that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+        """What a transfer pool binds, per layer: `[conv[k][layer], temporal[layer]]`, `conv[k]` the
+        conv tensor that holds bytes (`conv[0]` when none does), after checking that they cover the
+        pool (`LayoutError` for several conv tensors holding bytes) and that the pool's tensors have
+        not moved (`BindingError` naming the one that did: the views are of the memory bound).
         """
     def verify_scratch(self) -> list[tuple[_Tensor, _Tensor]]:
         """`(state, its verify scratch)` for every state tensor that holds bytes, the temporal state
@@ -1487,7 +1496,9 @@ def saved_request_blocks(states: object) -> tuple[int, list[int]]:
     naming the field otherwise).
     """
 
-def sglang_ids(op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool = False) -> list[int]:
+def sglang_ids(
+    op: str, arg: str, ids: _IntArray, num_slots: int | None = None, unique: bool | None = None
+) -> list[int]:
     """The index vector `ids`, the argument `arg` of operation `op`, as host int64 values
     ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
     dummy slot 0 (negative ids refused), and with `unique` no slot twice.

@@ -1,14 +1,50 @@
 //! SGLang's mamba pool (`crate::sglang`): the slot ids and the family layout, for
-//! `recoverssm_rs.sglang` (the pool's tensors, its writes and the host-copy check: `sglang_pool.rs`).
+//! `recoverssm_rs.sglang`, and the checks of the tensors its calls are handed that need Python (a
+//! storage that still holds a tensor's bytes); the pool's tensors, its writes and the host-copy
+//! check: `sglang_pool.rs`.
 
-use super::conversion::{kwargs, Arg, DtypeName, Ints};
+use super::conversion::{kwargs, outside_storage, Arg, DtypeName, Ints, Tensor};
 use super::layout::Layout;
 use super::params::with_params;
 use crate::dtype::DType;
 use crate::error::{Error, ErrorKind};
 use crate::sglang;
+use crate::tensor::{Device, TensorDesc};
 use pyo3::intern;
 use pyo3::prelude::*;
+
+/// Refuses `obj` (the object `what` of a call, described at `at`) when its storage does not hold
+/// the `bytes` bytes from `at` that the core or a kernel reads or writes there: a storage freed
+/// (`untyped_storage().resize_(0)`) or shrunk, or a tensor re-pointed at other memory, since the
+/// tensor was made or checked (an error of `kind` naming `what`; nothing has been written).
+pub(crate) fn check_held(obj: &Bound<'_, PyAny>, what: &str, at: u64, bytes: u64, kind: ErrorKind) -> PyResult<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let Some((start, held)) = outside_storage(obj, at as i128, at as i128 + bytes as i128)? else {
+        return Ok(());
+    };
+    Err(Error {
+        kind,
+        message: format!(
+            "{what}: its storage holds {held} bytes at {start:#x}, not the {bytes} bytes at {at:#x} (freed or shrunk: \
+             untyped_storage().resize_()); nothing was written"
+        ),
+    }
+    .into())
+}
+
+/// What `upload` returned for `op` (`bytes` bytes), checked: on the pool's `device`, contiguous
+/// uint8 of that size ([`sglang::checks::check_uploaded`]), apart from the pool's tensors `pool`
+/// ([`sglang::checks::check_apart`]), held by its storage.
+pub(crate) fn uploaded(op: &str, buffer: &Bound<'_, PyAny>, device: &Device, bytes: u64, pool: &[(&str, &TensorDesc)]) -> PyResult<TensorDesc> {
+    let what = format!("{op}: upload returned");
+    let d = Tensor::arg(buffer, &what, ErrorKind::Plan)?.0;
+    sglang::checks::check_uploaded(op, &d, device, bytes)?;
+    sglang::checks::check_apart(&what, &d, bytes, pool)?;
+    check_held(buffer, &what, d.data_ptr, bytes, ErrorKind::Plan)?;
+    Ok(d)
+}
 
 /// The index vector `ids`, the argument `arg` of operation `op`, as host int64 values: an int32 or
 /// int64 array, tensor or list of ints (a float, bool or other array is refused, never cast, naming
@@ -32,12 +68,22 @@ pub(crate) fn host_ints(ids: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyResult
 /// ([`host_ints`]). With `num_slots`, every id is checked as a slot of the pool other than the
 /// dummy slot 0 (negative ids refused), and with `unique` no slot twice.
 #[pyfunction]
-#[pyo3(signature = (op: "str", arg: "str", ids: "_IntArray", num_slots: "int | None" = None, unique: "bool" = false) -> "list[int]")]
-pub(crate) fn sglang_ids(op: &str, arg: &str, ids: &Bound<'_, PyAny>, num_slots: Option<u64>, unique: bool) -> PyResult<Vec<i64>> {
-    let v = host_ints(ids, op, arg)?;
+#[pyo3(signature = (op: "str", arg: "str", ids: "_IntArray", num_slots: "int | None" = None, unique: "bool | None" = None) -> "list[int]")]
+pub(crate) fn sglang_ids(
+    op: &Bound<'_, PyAny>,
+    arg: &Bound<'_, PyAny>,
+    ids: &Bound<'_, PyAny>,
+    num_slots: Option<&Bound<'_, PyAny>>,
+    unique: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<i64>> {
+    let kind = ErrorKind::Plan;
+    let (op, arg) = (String::arg(op, "sglang_ids: op", kind)?, String::arg(arg, "sglang_ids: arg", kind)?);
+    let num_slots = num_slots.map(|n| Option::<u64>::arg(n, "sglang_ids: num_slots", kind)).transpose()?.flatten();
+    let unique = unique.map(|u| Option::<bool>::arg(u, "sglang_ids: unique", kind)).transpose()?.flatten().unwrap_or(false);
+    let v = host_ints(ids, &op, &arg)?;
     if let Some(n) = num_slots {
         let repeats = if unique { sglang::Repeats::Refused } else { sglang::Repeats::Allowed };
-        sglang::check_slots(op, arg, &v, n, repeats)?;
+        sglang::check_slots(&op, &arg, &v, n, repeats)?;
     }
     Ok(v)
 }

@@ -4,12 +4,12 @@
 //! its arguments checked (slot ids, a load's host copies, the commit's vectors), then the guard,
 //! then the write built, run and recorded.
 
-use super::conversion::{address_int, args, instance, items, kwargs, Arg, Tensor};
+use super::conversion::{args, instance, items, kwargs, Arg, Tensor};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
 use super::planner::Planner;
-use super::sglang::host_ints;
+use super::sglang::{check_held, host_ints, uploaded};
 use crate::error::{Error, ErrorKind};
 use crate::executor;
 use crate::kernels::StepInputs;
@@ -22,7 +22,7 @@ use crate::sglang::pool::Pool;
 use crate::sglang::Repeats;
 use crate::tensor::{Device, TensorDesc};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 use std::sync::{Arc, OnceLock};
 
 kwargs! {
@@ -36,9 +36,11 @@ kwargs! {
     }
 }
 
-/// A slot table on the device: its buffer (kept alive) and what a launch over it needs.
+/// A slot table on the device: its buffer (kept alive, and checked before each launch that reads
+/// it) and what a launch over it needs.
 struct DeviceTable {
-    _buffer: Py<PyAny>,
+    buffer: Py<PyAny>,
+    bytes: u64,
     metas: u64,
     num_meta: u32,
     max_bytes: u64,
@@ -62,7 +64,7 @@ pub struct SglangPool {
     /// The slot kernel's tables on the device: clearing, the commit.
     tables: [OnceLock<DeviceTable>; 2],
     /// `copy_from`'s constants on the device: int32 slot ids `0..num_slots`, then `num_slots`
-    /// ones (the buffer kept alive, and its description).
+    /// ones (the buffer kept alive, and checked before each launch that reads it; its description).
     copy_consts: OnceLock<(Py<PyAny>, TensorDesc)>,
 }
 
@@ -148,6 +150,34 @@ impl SglangPool {
         }
         Ok((ids, host, descs))
     }
+
+    /// Checks that each of a load's host copies (`objs`, described as `descs`) is still held by its
+    /// storage (read next: right before the read).
+    fn check_host_copies(objs: &[Bound<'_, PyAny>], descs: &[TensorDesc]) -> PyResult<()> {
+        for (k, (obj, d)) in objs.iter().zip(descs).enumerate() {
+            if let Some((lo, hi)) = sglang::checks::span(d) {
+                let what = format!("load_cpu_copy: {} (host copy)", sglang::checks::state_label(k, descs.len()));
+                check_held(obj, &what, lo, hi - lo, ErrorKind::Plan)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The buffer of HiCache's host copy `op` of `total` bytes: `alloc(total / 4)`, then the pool's
+    /// tensors checked (a pool tensor freed since it was bound is reported as such, not as a
+    /// buffer over its old memory), then the buffer ([`sglang::checks::check_copy_buffer`]: a
+    /// writable, contiguous int32 vector on the pool's device, apart from the pool's tensors; held
+    /// by its storage). Returns it and its description.
+    fn copy_buffer<'py>(&self, op: &str, alloc: &Bound<'py, PyAny>, total: u64) -> PyResult<(Bound<'py, PyAny>, TensorDesc)> {
+        let n = total / 4;
+        let buffer = alloc.call1((n,))?;
+        let what = format!("{op}: alloc({n}) returned");
+        let out = Tensor::arg(&buffer, &what, ErrorKind::Plan)?.0;
+        self.guard.check(buffer.py())?;
+        sglang::checks::check_copy_buffer(op, &out, &self.device, total, &self.inner.tensors())?;
+        check_held(&buffer, &what, out.data_ptr, total, ErrorKind::Plan)?;
+        Ok((buffer, out))
+    }
 }
 
 #[pymethods]
@@ -165,13 +195,22 @@ impl SglangPool {
         intermediate_conv_window: Option<&Bound<'_, PyAny>>,
         conv_layout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // Each list read once: the tensors described are the ones guarded and held (a generator, or
+        // a sequence yielding other tensors when iterated again, would leave them apart).
+        let kind = ErrorKind::Binding;
+        fn listed<'py>(x: Option<&Bound<'py, PyAny>>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+            let list = |x: &Bound<'py, PyAny>| Ok(PyList::new(x.py(), items(x, name, ErrorKind::Binding, "tensors")?)?.into_any());
+            x.filter(|x| !x.is_none()).map(list).transpose()
+        }
+        let conv = listed(conv, "conv")?.or_else(|| conv.cloned());
+        let intermediate_conv_window = listed(intermediate_conv_window, "intermediate_conv_window")?.or_else(|| intermediate_conv_window.cloned());
+        let (conv, intermediate_conv_window) = (conv.as_ref(), intermediate_conv_window.as_ref());
         let a = args!(PoolArgs { conv, temporal, intermediate_ssm, intermediate_conv_window, conv_layout })?;
         let layout = ConvLayout::parse(&a.conv_layout).map_err(|e| Error::layout(format!("SglangMambaPool: {}", e.message)))?;
         let windows = a.intermediate_conv_window.map(|w| w.into_iter().map(|t| t.0).collect());
         let conv_descs = a.conv.into_iter().map(|t| t.0).collect();
         let inner = Pool::new(conv_descs, a.temporal.0, a.intermediate_ssm.map(|t| t.0), windows, layout)?;
         // The guard: every tensor with the name its errors use (the objects converted above).
-        let kind = ErrorKind::Binding;
         let mut labelled: Vec<(Bound<'_, PyAny>, String)> = Vec::new();
         for (i, t) in items(conv.expect("converted"), "conv", kind, "tensors")?.into_iter().enumerate() {
             labelled.push((t, format!("conv[{i}]")));
@@ -277,8 +316,10 @@ impl SglangPool {
     /// commit (`steps`, optional `rows` and track pair), every vector checked by the core (int64,
     /// one length, on the pool's device; `err` an int32 error word of 3). The first launch of
     /// each use builds its records and hands them to `upload(bytes)`, which returns them on the
-    /// device. Then: the pool's tensors checked, `run(launch)` (`None`: nothing to launch), the
-    /// write recorded.
+    /// device (contiguous uint8 of that size on the pool's device, held by its storage: a
+    /// `PlanError` otherwise). Then: the pool's tensors checked, the uploaded records, the vectors
+    /// and `err` (still held by their storage: `BindingError`, `PlanError`), `run(launch)`
+    /// (`None`: nothing to launch), the write recorded.
     #[pyo3(signature = (
         run: "Callable[[KernelLaunch | None], object]", commit: "bool", upload: "Callable[[bytes], _Tensor]", *, slots: "_Tensor",
         steps: "_Tensor | None" = None, rows: "_Tensor | None" = None, track_slots: "_Tensor | None" = None,
@@ -289,7 +330,7 @@ impl SglangPool {
         &self,
         py: Python<'_>,
         run: &Bound<'_, PyAny>,
-        commit: bool,
+        commit: &Bound<'_, PyAny>,
         upload: &Bound<'_, PyAny>,
         slots: Option<&Bound<'_, PyAny>>,
         steps: Option<&Bound<'_, PyAny>>,
@@ -298,6 +339,8 @@ impl SglangPool {
         track_steps: Option<&Bound<'_, PyAny>>,
         err: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let commit = bool::arg(commit, "slot_launch: commit", ErrorKind::Plan)?;
+        let op = if commit { "commit_after_verify" } else { "clear_slots" };
         let cell = &self.tables[usize::from(commit)];
         let table = match cell.get() {
             Some(t) => t,
@@ -305,10 +348,11 @@ impl SglangPool {
                 let t = self.inner.slot_table(commit)?;
                 let bytes: Vec<u8> = t.records.iter().flat_map(SlotCopy::to_le_bytes).collect();
                 let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
-                let metas = address_int(&buffer.call_method0("data_ptr")?)?;
+                let metas = uploaded(op, &buffer, &self.device, bytes.len() as u64, &self.inner.tensors())?.data_ptr;
                 let num_meta = u32::try_from(t.records.len()).map_err(|_| Error::plan("too many slot records"))?;
                 let max_bytes = t.records.iter().map(|r| r.bytes).max().unwrap_or(0);
-                let dt = DeviceTable { _buffer: buffer.unbind(), metas, num_meta, max_bytes, rows: t.rows, draft: t.draft };
+                let (buffer, bytes) = (buffer.unbind(), bytes.len() as u64);
+                let dt = DeviceTable { buffer, bytes, metas, num_meta, max_bytes, rows: t.rows, draft: t.draft };
                 let _ = cell.set(dt);
                 cell.get().expect("just set")
             }
@@ -323,9 +367,9 @@ impl SglangPool {
                 track_steps: a.track_steps.as_ref().map(|t| &t.0),
                 err: &a.err.0,
                 names: if commit {
-                    ("commit_after_verify", ["state_indices", "last_correct_step_indices", "src_indices", "track_indices", "steps_to_track"])
+                    (op, ["state_indices", "last_correct_step_indices", "src_indices", "track_indices", "steps_to_track"])
                 } else {
-                    ("clear_slots", ["indices", "steps", "rows", "track_slots", "track_steps"])
+                    (op, ["indices", "steps", "rows", "track_slots", "track_steps"])
                 },
             };
             let pool = SlotPool {
@@ -337,21 +381,48 @@ impl SglangPool {
                 num_rows: table.rows,
                 draft: table.draft,
             };
-            run.call1((kernel::slot_launch(&pool, &call)?.map(KernelLaunch::new),))?;
+            let launch = kernel::slot_launch(&pool, &call)?;
+            // What the kernel reads (the records, uploaded once; the index vectors, int64 of one
+            // length: checked) and writes (the error word), each held by its storage.
+            let records = format!("{op}: the slot records upload returned");
+            check_held(table.buffer.bind(py), &records, table.metas, table.bytes, ErrorKind::Binding)?;
+            if launch.is_some() {
+                let given = [
+                    (slots, Some(call.slots)),
+                    (steps, call.steps),
+                    (rows, call.rows),
+                    (track_slots, call.track_slots),
+                    (track_steps, call.track_steps),
+                ];
+                for ((obj, d), name) in given.into_iter().zip(call.names.1) {
+                    if let (Some(obj), Some(d)) = (obj, d) {
+                        let bytes = 8 * d.shape.first().copied().unwrap_or(0).max(0) as u64;
+                        check_held(obj, &format!("{op}: {name}"), d.data_ptr, bytes, ErrorKind::Plan)?;
+                    }
+                }
+            }
+            check_held(err.expect("converted"), &format!("{op}: err"), a.err.0.data_ptr, 12, ErrorKind::Plan)?;
+            sglang::checks::check_apart(&format!("{op}: err is"), &a.err.0, 12, &self.inner.tensors())?;
+            run.call1((launch.map(KernelLaunch::new),))?;
             Ok(())
         })
     }
 
-    /// What a transfer pool binds, per layer: `[conv[0][layer], temporal[layer]]`, after checking
-    /// that they cover the pool (`LayoutError` for several conv tensors holding bytes).
+    /// What a transfer pool binds, per layer: `[conv[k][layer], temporal[layer]]`, `conv[k]` the
+    /// conv tensor that holds bytes (`conv[0]` when none does), after checking that they cover the
+    /// pool (`LayoutError` for several conv tensors holding bytes) and that the pool's tensors have
+    /// not moved (`BindingError` naming the one that did: the views are of the memory bound).
     #[pyo3(signature = () -> "list[list[_Tensor]]")]
     fn transfer_layers<'py>(&self, py: Python<'py>) -> PyResult<Vec<Vec<Bound<'py, PyAny>>>> {
         self.inner.check_transfer()?;
-        if self.states.len() < 2 {
+        let temporal_k = self.states.len() - 1;
+        if temporal_k == 0 {
             return Err(Error::layout("state_pool binds one conv tensor per layer; this pool has none").into());
         }
-        let (conv, temporal) = (self.states[0].bind(py), self.states[self.states.len() - 1].bind(py));
-        let layers = self.inner.states[0].shape.first().copied().unwrap_or(0);
+        self.guard.check(py)?;
+        let k = self.inner.live().into_iter().find(|&k| k < temporal_k).unwrap_or(0);
+        let (conv, temporal) = (self.states[k].bind(py), self.states[temporal_k].bind(py));
+        let layers = self.inner.states[k].shape.first().copied().unwrap_or(0);
         (0..layers).map(|i| Ok(vec![conv.get_item(i)?, temporal.get_item(i)?])).collect()
     }
 
@@ -381,8 +452,10 @@ impl SglangPool {
     /// (`PlanError` naming them; more copies than the pool has slots past the dummy slot 0 would
     /// write one slot twice). Only then `runner("copy_from")` (`Planner.launch_runner`: makes the
     /// planner's device path on first use) gives the `run(launch, requests)` of the launch, and the
-    /// first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device:
-    /// a refused call prepares nothing. Then the guards, `run`, the write recorded. The kernel
+    /// first call hands the slot ids and ones to `upload(bytes)`, which returns them on the device
+    /// (checked as `slot_launch`'s records): a refused call prepares nothing. Then the guards,
+    /// the uploaded constants and the slot ids (still held by their storage: `BindingError`,
+    /// `PlanError`), `run`, the write recorded. The kernel
     /// checks each slot and skips a bad one (the planner's error word).
     #[pyo3(signature = (
         planner: "Planner", runner: "Callable[[str], Callable[[KernelLaunch | None, int], object]]", upload: "Callable[[bytes], _Tensor]",
@@ -417,8 +490,7 @@ impl SglangPool {
                 let words: Vec<i32> = (0..last).chain(std::iter::repeat(1).take(s as usize)).collect();
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                 let buffer = upload.call1((PyBytes::new(py, &bytes),))?;
-                let d = Tensor::arg(&buffer, "copy_from: the buffer upload returned", ErrorKind::Plan)?.0;
-                sglang::checks::check_uploaded(&d, &this.device, bytes.len() as u64)?;
+                let d = uploaded("copy_from", &buffer, &this.device, bytes.len() as u64, &this.inner.tensors())?;
                 let _ = this.copy_consts.set((buffer.unbind(), d));
                 &this.copy_consts.get().expect("just set").1
             }
@@ -432,7 +504,15 @@ impl SglangPool {
         let inputs =
             StepInputs { block_table: &table, src_col: &src, second: &dst, num_accepted: &ones, num_accepted_out: None, err: None, block_size: None };
         p.write(py, || {
-            run.call1((p.fused_launch(&inputs, true)?, n))?;
+            let launch = p.fused_launch(&inputs, true)?;
+            // What the kernel reads, each held by its storage: the constants (uploaded once) and
+            // the slot ids (int32 vectors of `n`: checked).
+            let buffer = this.copy_consts.get().expect("set above").0.bind(py);
+            check_held(buffer, "copy_from: the constants upload returned", consts.data_ptr, 8 * s as u64, ErrorKind::Binding)?;
+            for (obj, d, name) in [(src_indices, &src, "src_indices"), (dst_indices, &dst, "dst_indices")] {
+                check_held(obj, &format!("copy_from: {name}"), d.data_ptr, 4 * n as u64, ErrorKind::Plan)?;
+            }
+            run.call1((launch, n))?;
             Ok(())
         })
     }
@@ -452,8 +532,11 @@ impl SglangPool {
     /// naming the one that moved), then a load's host copies `mamba_cache_cpu` (SGLang's
     /// `(conv_cpu, temporal_cpu)`, or a historical triple whose third element is ignored), each
     /// against its pool tensor as bound: on the host, the pool tensor's dtype, shape `[layers,
-    /// len(indices), ...]` (`PlanError` naming the state). A get lays its states out in one buffer
-    /// (`alloc(n)` returns an int32 vector of `n` elements on the pool's device) and returns it
+    /// len(indices), ...]` (`PlanError` naming the state), and held by its storage. A get lays its
+    /// states out in one buffer (`alloc(n)` returns a writable, contiguous int32 vector of `n`
+    /// elements on the pool's device, of its own and held by its storage: a `PlanError` naming the
+    /// operation and the alloc otherwise, nothing run or written; a load on CUDA stages its copies
+    /// in one too) and returns it
     /// with, per state tensor, its block `(offset, bytes, shape, dtype)` (the shape and dtype the
     /// pool tensor was bound with, whatever its Python object says now); a load returns `None`.
     ///
@@ -471,15 +554,17 @@ impl SglangPool {
     fn host_copy<'py>(
         &self,
         py: Python<'py>,
-        op: &str,
+        op: &Bound<'py, PyAny>,
         indices: &Bound<'py, PyAny>,
         alloc: &Bound<'py, PyAny>,
         run: Option<&Bound<'py, PyAny>>,
         err: Option<&Bound<'py, PyAny>>,
         mamba_cache_cpu: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<(u64, u64, Vec<i64>, String)>)>> {
+        let op = String::arg(op, "host_copy: op", ErrorKind::Plan)?;
+        let op = op.as_str();
         // The host copies' objects are held until the call returns (their memory is read then).
-        let (direction, ids, _held, host) = match op {
+        let (direction, ids, held, host) = match op {
             "get_cpu_copy" => (Direction::Get, self.slot_ids(op, "indices", indices, Repeats::Allowed)?, Vec::new(), Vec::new()),
             "load_cpu_copy" => {
                 let none = py.None().into_bound(py);
@@ -493,32 +578,20 @@ impl SglangPool {
         let blocks = || call.blocks.iter().enumerate().map(|(k, b)| (b.offset, b.bytes, b.shape.clone(), dtype(k))).collect();
         if !self.device.is_cuda() {
             if direction == Direction::Load {
-                return self.write(py, || Ok(host::load(&call, &self.inner.states, &ids, &host)?)).map(|_| None);
+                let load = || {
+                    Self::check_host_copies(&held, &host)?;
+                    Ok(host::load(&call, &self.inner.states, &ids, &host)?)
+                };
+                return self.write(py, load).map(|_| None);
             }
-            let buffer = alloc.call1((call.total / 4,))?;
-            let out = Tensor::arg(&buffer, "get_cpu_copy: the buffer alloc returned", ErrorKind::Plan)?.0;
-            if out.device.trim() != "cpu"
-                || out.dtype_name() != "int32"
-                || out.shape != [(call.total / 4) as i64]
-                || out.strides != [4]
-                || !out.writable
-            {
-                return Err(Error::plan(format!(
-                    "get_cpu_copy: alloc returned {} {:?} on {}, not int32 [{}] on the host",
-                    out.dtype_name(),
-                    out.shape,
-                    out.device,
-                    call.total / 4
-                ))
-                .into());
-            }
-            self.guard.check(py)?;
+            let (buffer, out) = self.copy_buffer(op, alloc, call.total)?;
             let bytes: &mut [u8] = if call.total == 0 {
                 &mut [] // an empty tensor's address may be null, which no slice may have
             } else {
-                // SAFETY: the buffer is a writable host vector of `call.total` bytes (checked
-                // above), alive while `buffer` is held, and apart from the pool's tensors (freshly
-                // allocated by the shell's own `alloc`).
+                // SAFETY: the buffer is a writable host vector of `call.total` bytes that its
+                // storage holds, apart from the pool's tensors, which were checked too (by
+                // `copy_buffer`; no Python code of the caller's has run since), alive while
+                // `buffer` is held.
                 unsafe { std::slice::from_raw_parts_mut(out.data_ptr as *mut u8, call.total as usize) }
             };
             host::get(&call, &self.inner.states, &ids, bytes)?;
@@ -527,15 +600,17 @@ impl SglangPool {
         let (Some(run), Some(err)) = (run, err) else {
             return Err(Error::plan(format!("{op}: run and err are needed on CUDA")).into());
         };
-        let err = Tensor::arg(err, &format!("{op}: err"), ErrorKind::Plan)?.0;
+        let err_desc = Tensor::arg(err, &format!("{op}: err"), ErrorKind::Plan)?.0;
         if call.total == 0 {
             return Ok(None);
         }
-        let buffer = alloc.call1((call.total / 4,))?;
-        let address = address_int(&buffer.call_method0("data_ptr")?)?;
+        let (buffer, out) = self.copy_buffer(op, alloc, call.total)?;
         self.write(py, || {
-            let bytes = call.stage(address, &host)?;
-            let launch = call.launch(address, &err)?.map(KernelLaunch::new);
+            Self::check_host_copies(&held, &host)?;
+            let bytes = call.stage(out.data_ptr, &host)?;
+            let launch = call.launch(out.data_ptr, &err_desc)?.map(KernelLaunch::new);
+            check_held(err, &format!("{op}: err"), err_desc.data_ptr, 12, ErrorKind::Plan)?;
+            sglang::checks::check_apart(&format!("{op}: err is"), &err_desc, 12, &self.inner.tensors())?;
             run.call1((&buffer, PyBytes::new(py, &bytes), call.staged_at / 4, launch, ids.len()))?;
             Ok(())
         })?;

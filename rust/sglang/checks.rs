@@ -43,7 +43,7 @@ pub fn check_slots(op: &str, arg: &str, ids: &[i64], num_slots: u64, repeats: Re
 }
 
 /// The bytes `[start, end)` a tensor's elements span (`None` when it has none).
-fn span(t: &TensorDesc) -> Option<(u64, u64)> {
+pub fn span(t: &TensorDesc) -> Option<(u64, u64)> {
     if t.shape.iter().any(|&n| n <= 0) {
         return None;
     }
@@ -94,6 +94,28 @@ pub fn check_pool(tensors: &[(String, &TensorDesc)]) -> Result<()> {
                     )));
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the state tensors of a pool (`(label, tensor)`: every conv tensor, then the temporal
+/// state) that hold bytes have one slot count (`[layers, slots, ...]`, SGLang's `size + 1` for
+/// every one): the slot kernel moves every tensor's slots below the pool's count, which for a
+/// smaller tensor would run past its end.
+pub fn check_slot_counts(states: &[(String, &TensorDesc)]) -> Result<()> {
+    let holds = |t: &TensorDesc| t.shape.len() >= 2 && t.shape.iter().all(|&n| n > 0);
+    let mut first: Option<(&str, i64)> = None;
+    for (label, t) in states.iter().filter(|(_, t)| holds(t)) {
+        match first {
+            None => first = Some((label, t.shape[1])),
+            Some((name, n)) if n != t.shape[1] => {
+                return Err(Error::binding(format!(
+                    "SglangMambaPool: {label} has {} slots, {name} has {n}: every state tensor of the pool has one slot count",
+                    t.shape[1]
+                )))
+            }
+            _ => {}
         }
     }
     Ok(())
@@ -151,17 +173,60 @@ pub fn copy_count(src: &TensorDesc, dst: &TensorDesc, device: &Device, num_slots
     Ok(n as i64)
 }
 
-/// The constants a `copy_from` launch reads, as `upload` returned them: `bytes` contiguous bytes
-/// on the pool's `device`.
-pub fn check_uploaded(t: &TensorDesc, device: &Device, bytes: u64) -> Result<()> {
+/// What `upload` returned for operation `op` (the records or constants its launches read):
+/// `bytes` contiguous, 4-byte aligned bytes (uint8) on the pool's `device`.
+pub fn check_uploaded(op: &str, t: &TensorDesc, device: &Device, bytes: u64) -> Result<()> {
     let fits = t.dtype_name() == "uint8" && t.shape == [bytes as i64] && t.strides == [1] && t.data_ptr % 4 == 0;
     if !on_same_device(t, device) || !fits {
         return Err(Error::plan(format!(
-            "copy_from: upload returned {} {:?} on {}; expected {bytes} contiguous, 4-byte aligned uint8 on {device}",
+            "{op}: upload returned {} {:?} on {}; expected {bytes} contiguous, 4-byte aligned uint8 on {device}",
             t.dtype.trim(),
             t.shape,
             t.device
         )));
+    }
+    Ok(())
+}
+
+/// The buffer of HiCache's host copy `op` (`get_cpu_copy`, `load_cpu_copy`), `t` as `alloc(n)`
+/// returned it: a writable, contiguous int32 vector of `total / 4` elements on the pool's `device`
+/// (the host for host states), apart from every tensor of the pool (`pool`, labelled), which the
+/// copy into the buffer would otherwise overwrite.
+pub fn check_copy_buffer(op: &str, t: &TensorDesc, device: &Device, total: u64, pool: &[(&str, &TensorDesc)]) -> Result<()> {
+    let n = total / 4;
+    let fits = t.dtype_name() == "int32" && t.shape == [n as i64] && (n <= 1 || t.strides == [4]) && t.writable;
+    if !on_same_device(t, device) || !fits {
+        let read_only = if t.writable { "" } else { ", read-only" };
+        return Err(Error::plan(format!(
+            "{op}: alloc({n}) returned {} {:?} (byte strides {:?}{read_only}) on {}; expected a writable, contiguous int32 [{n}] on {device}",
+            t.dtype_name(),
+            t.shape,
+            t.strides,
+            t.device
+        )));
+    }
+    check_apart(&format!("{op}: alloc({n}) returned"), t, total, pool)
+}
+
+/// Checks that the `bytes` bytes at the address of `t` (`what`: a buffer the core or a kernel
+/// writes, or reads records from that steer its writes) share no memory with a tensor of the pool
+/// (`pool`, labelled) on the same device: a write there would change the pool's states, or the
+/// pool's writes the records.
+pub fn check_apart(what: &str, t: &TensorDesc, bytes: u64, pool: &[(&str, &TensorDesc)]) -> Result<()> {
+    let (lo, hi) = (t.data_ptr as u128, t.data_ptr as u128 + bytes as u128);
+    for (label, p) in pool {
+        if p.device != t.device || bytes == 0 {
+            continue;
+        }
+        if let Some((a, b)) = span(p) {
+            if lo < b as u128 && (a as u128) < hi {
+                return Err(Error::plan(format!(
+                    "{what} memory of the pool's {label} ({bytes} bytes at {:#x}): it would be written over the pool's states or by them; \
+                     it must be a buffer of its own",
+                    t.data_ptr
+                )));
+            }
+        }
     }
     Ok(())
 }

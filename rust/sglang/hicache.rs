@@ -188,7 +188,7 @@ impl HostCopy {
             track_slots: None,
             track_steps: None,
             err,
-            names: kernel::KERNEL_NAMES,
+            names: (if self.direction == Direction::Get { "get_cpu_copy" } else { "load_cpu_copy" }, kernel::KERNEL_NAMES.1),
         };
         kernel::slot_launch(&pool, &call)
     }

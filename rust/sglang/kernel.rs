@@ -203,7 +203,10 @@ pub fn slot_launch(pool: &SlotPool<'_>, c: &SlotCall<'_>) -> Result<Option<Launc
     if c.track_slots.is_some() != c.track_steps.is_some() {
         return Err(Error::plan(format!("{op}{} and {} go together (the track pass)", names[3], names[4])));
     }
-    let err = int_vector(c.err, "err", 3, &[IntType::I32], crate::error::ErrorKind::Plan)?;
+    let err = int_vector(c.err, &format!("{op}err"), 3, &[IntType::I32], crate::error::ErrorKind::Plan)?;
+    if Device::parse(&c.err.device).ok().as_ref() != Some(device) {
+        return Err(Error::plan(format!("{op}err is on {}, the pool on {device}: the kernel writes its error word there", c.err.device)));
+    }
     if num_slots < 1 || num_rows < 0 || draft < 0 {
         return Err(Error::plan(format!("bad sizes: slots {num_slots}, rows {num_rows}, draft {draft}")));
     }

@@ -3,7 +3,7 @@
 //! needs of them -- the state tensors that hold bytes, each with its verify scratch, the slot
 //! kernel's records, the commit's moves and the HiCache host copies.
 
-use super::checks::check_pool;
+use super::checks::{check_pool, check_slot_counts};
 use super::hicache::{Direction, HostCopy};
 use super::kernel::{slot_table, SlotCopy};
 use super::layout::pool_groups;
@@ -25,6 +25,8 @@ pub struct Pool {
     pub groups: Vec<(Layout, Vec<usize>)>,
     /// Slots, the dummy slot 0 included (the planner's blocks).
     pub num_slots: u64,
+    /// The names of the states, then of the verify scratch present (what errors call them).
+    labels: Vec<String>,
 }
 
 /// The slot kernel's records of a pool for one use, and its scratch's rows and draft.
@@ -48,18 +50,24 @@ impl Pool {
         windows: Option<Vec<TensorDesc>>,
         conv_layout: ConvLayout,
     ) -> Result<Pool> {
-        let mut all: Vec<(String, &TensorDesc)> = conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), t)).collect();
-        all.push(("temporal".into(), &temporal));
-        all.extend(ssm.iter().map(|t| ("intermediate_ssm".to_string(), t)));
-        all.extend(windows.iter().flatten().enumerate().map(|(i, t)| (format!("intermediate_conv_window[{i}]"), t)));
+        let all = labelled(&conv, &temporal, ssm.as_ref(), windows.as_deref());
         check_pool(&all)?;
+        check_slot_counts(&all[..=conv.len()])?;
+        let labels = all.into_iter().map(|(label, _)| label).collect();
         let groups = pool_groups(&conv.iter().collect::<Vec<_>>(), &temporal, conv_layout)?;
         let mut states = conv;
         states.push(temporal);
         let num_slots = groups.iter().flat_map(|(_, ks)| ks).map(|&k| states[k].shape[1].max(0) as u64).max().unwrap_or(0);
         let count = windows.as_ref().map(Vec::len);
         let scratch = std::iter::once(ssm).chain(windows.into_iter().flatten().map(Some)).collect();
-        Ok(Pool { states, scratch, windows: count, groups, num_slots })
+        Ok(Pool { states, scratch, windows: count, groups, num_slots, labels })
+    }
+
+    /// Every tensor of the pool with its name: every conv tensor, the temporal state, the verify
+    /// scratch.
+    pub fn tensors(&self) -> Vec<(&str, &TensorDesc)> {
+        let scratch = self.scratch.iter().flatten();
+        self.labels.iter().map(String::as_str).zip(self.states.iter().chain(scratch)).collect()
     }
 
     /// The state tensors that hold bytes, in SGLang's order (every such conv tensor, then the
@@ -208,4 +216,18 @@ impl Pool {
     pub fn host_copy(&self, direction: Direction, ids: Vec<i64>) -> Result<HostCopy> {
         HostCopy::new(direction, self.states.clone(), ids, self.num_slots)
     }
+}
+
+/// The pool's tensors with their names, in the order the pool holds them.
+fn labelled<'a>(
+    conv: &'a [TensorDesc],
+    temporal: &'a TensorDesc,
+    ssm: Option<&'a TensorDesc>,
+    windows: Option<&'a [TensorDesc]>,
+) -> Vec<(String, &'a TensorDesc)> {
+    let mut all: Vec<(String, &TensorDesc)> = conv.iter().enumerate().map(|(i, t)| (format!("conv[{i}]"), t)).collect();
+    all.push(("temporal".into(), temporal));
+    all.extend(ssm.map(|t| ("intermediate_ssm".to_string(), t)));
+    all.extend(windows.into_iter().flatten().enumerate().map(|(i, t)| (format!("intermediate_conv_window[{i}]"), t)));
+    all
 }

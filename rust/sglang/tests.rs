@@ -352,9 +352,38 @@ fn a_device_copy_takes_int32_vectors_of_one_length_on_the_pool_s_device_and_no_m
         assert!(e.message.contains(want), "{}", e.message);
     }
     let up = |dtype: &str, n: i64, at: u64| TensorDesc::dense(at, dtype, &[n], "cuda:0");
-    assert!(checks::check_uploaded(&up("uint8", 64, 0x1000), &dev, 64).is_ok());
+    assert!(checks::check_uploaded("copy_from", &up("uint8", 64, 0x1000), &dev, 64).is_ok());
     for bad in [up("uint8", 60, 0x1000), up("int32", 16, 0x1000), up("uint8", 64, 0x1002)] {
-        let e = checks::check_uploaded(&bad, &dev, 64).unwrap_err();
+        let e = checks::check_uploaded("copy_from", &bad, &dev, 64).unwrap_err();
         assert!(e.message.contains("expected 64 contiguous, 4-byte aligned uint8 on cuda:0"), "{}", e.message);
     }
+}
+
+#[test]
+fn a_host_copy_buffer_is_a_writable_int32_vector_of_its_own_on_the_pool_s_device() {
+    let dev = crate::tensor::Device::Cuda(0);
+    let pool_t = TensorDesc::dense(0x10000, "float32", &[2, 8, 4], "cuda:0");
+    let pool = [("temporal", &pool_t)];
+    let buf = |dtype: &str, n: i64, at: u64, device: &str| TensorDesc::dense(at, dtype, &[n], device);
+    assert!(checks::check_copy_buffer("get_cpu_copy", &buf("int32", 16, 0x1000, "cuda:0"), &dev, 64, &pool).is_ok());
+    // the pool's memory on another device is another memory
+    assert!(checks::check_copy_buffer("get_cpu_copy", &buf("int32", 16, 0x10000, "cuda:1"), &crate::tensor::Device::Cuda(1), 64, &pool).is_ok());
+    let strided = TensorDesc { strides: vec![8], ..buf("int32", 16, 0x1000, "cuda:0") };
+    let read_only = TensorDesc { writable: false, ..buf("int32", 16, 0x1000, "cuda:0") };
+    for (bad, want) in [
+        (buf("int32", 16, 0x1000, "cpu"), "int32 [16] (byte strides [4]) on cpu; expected a writable, contiguous int32 [16] on cuda:0"),
+        (buf("int32", 16, 0x1000, "cuda:1"), "on cuda:1; expected"),
+        (buf("int64", 16, 0x1000, "cuda:0"), "returned int64 [16]"),
+        (buf("int32", 15, 0x1000, "cuda:0"), "returned int32 [15]"),
+        (strided, "byte strides [8]"),
+        (read_only, "read-only"),
+        (buf("int32", 16, 0x10000 + 240, "cuda:0"), "returned memory of the pool's temporal (64 bytes at 0x100f0)"),
+        (buf("int32", 16, 0x10000 - 60, "cuda:0"), "returned memory of the pool's temporal"),
+    ] {
+        let e = checks::check_copy_buffer("load_cpu_copy", &bad, &dev, 64, &pool).unwrap_err();
+        assert!(e.message.starts_with("load_cpu_copy: alloc(16) returned "), "{}", e.message);
+        assert!(e.message.contains(want), "{}", e.message);
+    }
+    // just past the pool's last byte (0x10000 + 2 * 8 * 4 * 4): apart
+    assert!(checks::check_copy_buffer("get_cpu_copy", &buf("int32", 16, 0x10000 + 256, "cuda:0"), &dev, 64, &pool).is_ok());
 }
