@@ -253,7 +253,7 @@ fn int_array(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<(V
 
 /// Refuses a host view `b` of the CPU tensor `obj` (the argument `name`) that its storage does not
 /// hold: a storage freed (`untyped_storage().resize_(0)`) or shrunk since the tensor was made
-/// ([`outside_storage`]); nothing is read.
+/// ([`storage_shortfall`]); nothing is read.
 fn held_by_storage<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>, b: &PyBuffer<T>, name: &str, kind: ErrorKind) -> PyResult<()> {
     let shape = b.shape();
     if shape.contains(&0) {
@@ -270,37 +270,37 @@ fn held_by_storage<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>, b: &PyBuffe
         }
     }
     let at = b.buf_ptr() as usize as i128;
-    let Some((start, held)) = outside_storage(obj, at + lo, at + hi)? else {
-        return Ok(());
-    };
-    if start == 0 {
-        return Err(arg_error(
-            kind,
-            format!("{name}: its storage was freed (untyped_storage().resize_(0)): the tensor's {} bytes are gone; nothing was read", hi - lo),
-        ));
+    match storage_shortfall(obj, at + lo, at + hi, "read")? {
+        Some(why) => Err(arg_error(kind, format!("{name}: {why}"))),
+        None => Ok(()),
     }
-    Err(arg_error(
-        kind,
-        format!(
-            "{name}: its storage holds {held} bytes at {start:#x}, not the {} bytes of the tensor at {at:#x} (shrunk since: \
-             untyped_storage().resize_()); nothing was read",
-            hi - lo
-        ),
-    ))
 }
 
-/// Whether the storage of the torch tensor `obj` holds the bytes at addresses `[lo, hi)`: `None`
-/// when it does (or `obj` has no storage to ask), else the storage's `(address, bytes)` (address 0:
-/// freed). Three torch calls: the storage, its address, its size.
-pub(crate) fn outside_storage(obj: &Bound<'_, PyAny>, lo: i128, hi: i128) -> PyResult<Option<(u64, u64)>> {
+/// Why the storage of the torch tensor `obj` does not hold the bytes at addresses `[lo, hi)` that
+/// are about to be read or written, ending "nothing was {did}"; `None` when it does (or `obj` has
+/// no storage to ask). A storage freed (`untyped_storage().resize_(0)`: a null address) or shrunk
+/// after the tensor was made keeps the tensor's shape: what is sized by that shape would reach past
+/// the allocation. Three torch calls: the storage, its address, its size. The one wording of this
+/// refusal, whoever checks.
+pub(crate) fn storage_shortfall(obj: &Bound<'_, PyAny>, lo: i128, hi: i128, did: &str) -> PyResult<Option<String>> {
     let py = obj.py();
     let Ok(storage) = obj.call_method0(intern!(py, "untyped_storage")) else {
         return Ok(None); // not a torch tensor: no storage to ask
     };
     let start = address_int(&storage.call_method0(intern!(py, "data_ptr"))?)?;
     let held = address_int(&storage.call_method0(intern!(py, "nbytes"))?)?;
-    let inside = lo >= start as i128 && hi <= start as i128 + held as i128;
-    Ok((!inside).then_some((start, held)))
+    if lo >= start as i128 && hi <= start as i128 + held as i128 {
+        return Ok(None);
+    }
+    let n = hi - lo;
+    Ok(Some(if start == 0 {
+        format!("its storage was freed (untyped_storage().resize_(0)): the {n} bytes it spans are gone; nothing was {did}")
+    } else {
+        format!(
+            "its storage holds {held} bytes at {start:#x}, not the {n} bytes at {lo:#x} (shrunk since, or the tensor re-pointed: \
+             untyped_storage().resize_()); nothing was {did}"
+        )
+    }))
 }
 
 /// Refuses a byte-swapped buffer.

@@ -68,9 +68,7 @@ mod _core {
         LayoutFingerprint, PeerInfo, TransferPlan,
     };
     #[pymodule_export]
-    use super::transfer_disk::{
-        check_saved_states, encode_saved_states, load_args, read_saved_file, write_file, CacheCounters, HostCacheIndex,
-    };
+    use super::transfer_disk::{check_saved_states, encode_saved_states, load_args, read_saved_file, write_file, CacheCounters, HostCacheIndex};
 
     use pyo3::prelude::*;
 

@@ -3,7 +3,7 @@
 //! storage that still holds a tensor's bytes); the pool's tensors, its writes and the host-copy
 //! check: `sglang_pool.rs`.
 
-use super::conversion::{kwargs, outside_storage, Arg, DtypeName, Ints, Tensor};
+use super::conversion::{kwargs, storage_shortfall, Arg, DtypeName, Ints, Tensor};
 use super::layout::Layout;
 use super::params::with_params;
 use crate::dtype::DType;
@@ -21,17 +21,10 @@ pub(crate) fn check_held(obj: &Bound<'_, PyAny>, what: &str, at: u64, bytes: u64
     if bytes == 0 {
         return Ok(());
     }
-    let Some((start, held)) = outside_storage(obj, at as i128, at as i128 + bytes as i128)? else {
-        return Ok(());
-    };
-    Err(Error {
-        kind,
-        message: format!(
-            "{what}: its storage holds {held} bytes at {start:#x}, not the {bytes} bytes at {at:#x} (freed or shrunk: \
-             untyped_storage().resize_()); nothing was written"
-        ),
+    match storage_shortfall(obj, at as i128, at as i128 + bytes as i128, "written")? {
+        Some(why) => Err(Error { kind, message: format!("{what}: {why}") }.into()),
+        None => Ok(()),
     }
-    .into())
 }
 
 /// What `upload` returned for `op` (`bytes` bytes), checked: on the pool's `device`, contiguous

@@ -68,18 +68,6 @@ pub struct SglangPool {
     copy_consts: OnceLock<(Py<PyAny>, TensorDesc)>,
 }
 
-kwargs! {
-    /// The keyword arguments of `SglangPool.slot_launch`.
-    pub(crate) struct SlotArgs(Plan) {
-        slots: Tensor,
-        steps: Option<Tensor>,
-        rows: Option<Tensor>,
-        track_slots: Option<Tensor>,
-        track_steps: Option<Tensor>,
-        err: Tensor,
-    }
-}
-
 impl SglangPool {
     /// The guard of the pool's tensors (also checked by the planner over their layers before each
     /// of its writes and launches).
@@ -167,7 +155,8 @@ impl SglangPool {
     /// tensors checked (a pool tensor freed since it was bound is reported as such, not as a
     /// buffer over its old memory), then the buffer ([`sglang::checks::check_copy_buffer`]: a
     /// writable, contiguous int32 vector on the pool's device, apart from the pool's tensors; held
-    /// by its storage). Returns it and its description.
+    /// by its storage, as every tensor is checked when it is described). Returns it and its
+    /// description.
     fn copy_buffer<'py>(&self, op: &str, alloc: &Bound<'py, PyAny>, total: u64) -> PyResult<(Bound<'py, PyAny>, TensorDesc)> {
         let n = total / 4;
         let buffer = alloc.call1((n,))?;
@@ -175,7 +164,6 @@ impl SglangPool {
         let out = Tensor::arg(&buffer, &what, ErrorKind::Plan)?.0;
         self.guard.check(buffer.py())?;
         sglang::checks::check_copy_buffer(op, &out, &self.device, total, &self.inner.tensors())?;
-        check_held(&buffer, &what, out.data_ptr, total, ErrorKind::Plan)?;
         Ok((buffer, out))
     }
 }
@@ -357,20 +345,33 @@ impl SglangPool {
                 cell.get().expect("just set")
             }
         };
-        let a = args!(SlotArgs { slots, steps, rows, track_slots, track_steps, err })?;
+        // The vectors described under SGLang's names (each checked to lie inside its storage).
+        let names = if commit {
+            ["state_indices", "last_correct_step_indices", "src_indices", "track_indices", "steps_to_track"]
+        } else {
+            ["indices", "steps", "rows", "track_slots", "track_steps"]
+        };
+        let kind = ErrorKind::Plan;
+        let vector =
+            |obj: Option<&Bound<'_, PyAny>>, i: usize| obj.map(|t| Tensor::arg(t, &format!("{op}: {}", names[i]), kind).map(|t| t.0)).transpose();
+        let slots = match vector(slots, 0)? {
+            Some(t) => t,
+            None => Tensor::absent(&format!("{op}: {}", names[0]), kind)?.0,
+        };
+        let (steps, rows, track_slots, track_steps) = (vector(steps, 1)?, vector(rows, 2)?, vector(track_slots, 3)?, vector(track_steps, 4)?);
+        let err = match err {
+            Some(e) => Tensor::arg(e, &format!("{op}: err"), kind)?.0,
+            None => Tensor::absent(&format!("{op}: err"), kind)?.0,
+        };
         self.write(py, || {
             let call = SlotCall {
-                slots: &a.slots.0,
-                steps: a.steps.as_ref().map(|t| &t.0),
-                rows: a.rows.as_ref().map(|t| &t.0),
-                track_slots: a.track_slots.as_ref().map(|t| &t.0),
-                track_steps: a.track_steps.as_ref().map(|t| &t.0),
-                err: &a.err.0,
-                names: if commit {
-                    (op, ["state_indices", "last_correct_step_indices", "src_indices", "track_indices", "steps_to_track"])
-                } else {
-                    (op, ["indices", "steps", "rows", "track_slots", "track_steps"])
-                },
+                slots: &slots,
+                steps: steps.as_ref(),
+                rows: rows.as_ref(),
+                track_slots: track_slots.as_ref(),
+                track_steps: track_steps.as_ref(),
+                err: &err,
+                names: (op, names),
             };
             let pool = SlotPool {
                 device: &self.device,
@@ -383,26 +384,11 @@ impl SglangPool {
             };
             let launch = kernel::slot_launch(&pool, &call)?;
             // What the kernel reads (the records, uploaded once; the index vectors, int64 of one
-            // length: checked) and writes (the error word), each held by its storage.
+            // length: checked) and writes (the error word), each held by its storage (the vectors and
+            // the error word were checked as they were described).
             let records = format!("{op}: the slot records upload returned");
             check_held(table.buffer.bind(py), &records, table.metas, table.bytes, ErrorKind::Binding)?;
-            if launch.is_some() {
-                let given = [
-                    (slots, Some(call.slots)),
-                    (steps, call.steps),
-                    (rows, call.rows),
-                    (track_slots, call.track_slots),
-                    (track_steps, call.track_steps),
-                ];
-                for ((obj, d), name) in given.into_iter().zip(call.names.1) {
-                    if let (Some(obj), Some(d)) = (obj, d) {
-                        let bytes = 8 * d.shape.first().copied().unwrap_or(0).max(0) as u64;
-                        check_held(obj, &format!("{op}: {name}"), d.data_ptr, bytes, ErrorKind::Plan)?;
-                    }
-                }
-            }
-            check_held(err.expect("converted"), &format!("{op}: err"), a.err.0.data_ptr, 12, ErrorKind::Plan)?;
-            sglang::checks::check_apart(&format!("{op}: err is"), &a.err.0, 12, &self.inner.tensors())?;
+            sglang::checks::check_apart(&format!("{op}: err is"), &err, 12, &self.inner.tensors())?;
             run.call1((launch.map(KernelLaunch::new),))?;
             Ok(())
         })

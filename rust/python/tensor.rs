@@ -201,25 +201,12 @@ fn describe_torch(obj: &Bound<'_, PyAny>, data_ptr: Option<&Bound<'_, PyAny>>) -
 
 /// Why the storage of the torch tensor `obj` (described as `t`, elements of `itemsize` bytes) does
 /// not hold the bytes the tensor spans, or `None` when it does (or the tensor has no element or no
-/// storage to ask): a storage freed (`untyped_storage().resize_(0)`: a null address) or shrunk
-/// after the tensor was made keeps the tensor's shape, and a kernel or a host copy sized by that
-/// shape would read or write past the allocation.
+/// storage to ask): a kernel or a host copy sized by its shape would reach past the allocation.
 fn unheld(obj: &Bound<'_, PyAny>, t: &TensorDesc, itemsize: i64) -> PyResult<Option<String>> {
-    let Some((lo, hi)) = crate::memory::extent(t, itemsize.max(1) as u64) else {
-        return Ok(None);
-    };
-    let Some((start, held)) = super::conversion::outside_storage(obj, lo.into(), hi.into())? else {
-        return Ok(None);
-    };
-    let n = hi - lo;
-    Ok(Some(if start == 0 {
-        format!("its storage was freed (untyped_storage().resize_(0)): the {n} bytes the tensor spans are gone; nothing was read or written")
-    } else {
-        format!(
-            "its storage holds {held} bytes at {start:#x}, not the {n} bytes the tensor spans at {lo:#x} (shrunk after the tensor was \
-             made: untyped_storage().resize_()); nothing was read or written"
-        )
-    }))
+    match crate::memory::extent(t, itemsize.max(1) as u64) {
+        Some((lo, hi)) => super::conversion::storage_shortfall(obj, lo.into(), hi.into(), "read or written"),
+        None => Ok(None),
+    }
 }
 
 /// Describes `obj`; reads attributes only, never its memory.
