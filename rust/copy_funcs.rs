@@ -37,7 +37,7 @@ impl CopyFuncKind {
 pub struct GroupSpec {
     pub backend: String,
     pub shapes: Vec<Vec<u64>>,
-    /// Optional per-state dtype names, only used in messages.
+    /// Optional per-state dtype names (one per state), only used in messages.
     pub dtypes: Option<Vec<String>>,
     pub block_size: Option<u64>,
     pub num_speculative_blocks: Option<u64>,
@@ -77,6 +77,15 @@ pub fn validate_copy_funcs(groups: &[GroupSpec], copy_funcs: &[(String, Vec<Stri
                  per persistent state of this backend, in state order"
             ))
         })?;
+        if let Some(n) = g.dtypes.as_ref().map(Vec::len).filter(|&n| n != g.shapes.len()) {
+            return Err(Error::layout(format!(
+                "group {gi} ({backend}): {n} dtypes for {} states; give one dtype per state, in state order",
+                g.shapes.len()
+            )));
+        }
+        if g.block_size == Some(0) {
+            return Err(Error::layout(format!("group {gi} ({backend}): block_size = 0: a block holds at least one token")));
+        }
         if funcs.is_empty() || funcs.len() > g.shapes.len() {
             return Err(Error::layout(format!(
                 "{backend} declares {} states, but provides {} state copy funcs; expected a \

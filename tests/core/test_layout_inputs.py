@@ -39,3 +39,20 @@ def test_a_bad_shape_entry_is_named_by_its_shape_and_dimension():
         LayoutError, match=r"^GDN_ATTN: shapes \(a list of shapes, each a sequence of integers\): TypeError"
     ):
         validate_copy_funcs([group], {"GDN_ATTN": ["conv"]})
+
+
+def test_a_dtype_list_of_another_length_than_the_shapes_is_refused():
+    """``dtypes`` names each state's dtype: one more or one fewer than the states is a group read
+    wrongly (it was accepted, and a message named the wrong state's dtype or none)."""
+    for dtypes in (["float32"], ["float32", "float32", "float32"]):
+        group = dict(backend="GDN_ATTN", shapes=[[3, 4], [2, 2]], dtypes=dtypes)
+        with pytest.raises(LayoutError, match=rf"^group 0 \(GDN_ATTN\): {len(dtypes)} dtypes for 2 states"):
+            validate_copy_funcs([group], {"GDN_ATTN": ["conv", "temporal"]})
+
+
+def test_a_block_size_of_zero_is_refused():
+    group = dict(backend="GDN_ATTN", shapes=[[3, 4], [2, 2]], block_size=0)
+    with pytest.raises(LayoutError, match=r"^group 0 \(GDN_ATTN\): block_size = 0: a block holds at least one token"):
+        validate_copy_funcs([group], {"GDN_ATTN": ["conv", "temporal"]})
+    group["block_size"] = 16
+    assert validate_copy_funcs([group], {"GDN_ATTN": ["conv", "temporal"]}) == {"GDN_ATTN": 2}
