@@ -22,6 +22,18 @@ pub struct TensorDesc {
     pub requires_grad: bool,
 }
 
+/// Bytes per element of `dtype` (a state dtype or an integer type, with or without the `torch.`
+/// prefix; 1 for one the core does not know).
+fn itemsize(dtype: &str) -> u64 {
+    match dtype.trim().strip_prefix("torch.").unwrap_or(dtype.trim()) {
+        "int64" | "uint64" => 8,
+        "uint32" => 4,
+        "int16" | "uint16" => 2,
+        "bool" => 1,
+        other => DType::parse(other).map_or(1, |d| d.itemsize()),
+    }
+}
+
 impl TensorDesc {
     /// A writable, untracked tensor (what tests and benchmarks describe by hand).
     pub fn new(data_ptr: u64, dtype: &str, shape: Vec<i64>, strides: Vec<i64>, device: &str) -> TensorDesc {
@@ -31,13 +43,7 @@ impl TensorDesc {
     /// A dense C-ordered tensor of `dtype` (a state dtype or an integer type such as `"int64"`)
     /// with `shape` at `data_ptr` on `device`.
     pub fn dense(data_ptr: u64, dtype: &str, shape: &[i64], device: &str) -> TensorDesc {
-        let itemsize = match dtype.strip_prefix("torch.").unwrap_or(dtype) {
-            "int64" | "uint64" => 8,
-            "uint32" => 4,
-            "int16" | "uint16" => 2,
-            "bool" => 1,
-            other => DType::parse(other).map_or(1, |d| d.itemsize() as i64),
-        };
+        let itemsize = itemsize(dtype) as i64;
         let mut strides = vec![0; shape.len()];
         let mut acc = itemsize;
         for i in (0..shape.len()).rev() {
@@ -45,6 +51,11 @@ impl TensorDesc {
             acc *= shape[i].max(1);
         }
         TensorDesc::new(data_ptr, dtype, shape.to_vec(), strides, device)
+    }
+
+    /// Bytes per element of the tensor's dtype (1 for a dtype the core does not know).
+    pub fn itemsize(&self) -> u64 {
+        itemsize(&self.dtype)
     }
 
     /// The dtype without a framework prefix (`"torch.int32"` -> `"int32"`).

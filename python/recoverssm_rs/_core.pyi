@@ -1251,7 +1251,7 @@ def check_pool(pool: object, what: str = "pool") -> LayoutFingerprint:
 
 def check_saved_states(
     metadata: dict[str, str],
-    tensors: Sequence[tuple[str, str, Sequence[int], int, int]],
+    tensors: Sequence[tuple[str, str, list[int], int, int]],
     data: _Buffer,
     *,
     tier: HostCacheIndex | None = None,

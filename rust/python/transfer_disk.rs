@@ -208,7 +208,7 @@ fn header_entries(obj: &Bound<'_, PyAny>) -> Result<Vec<saved::SavedTensor>, Err
 /// the file by `path` (and `key`) when given.
 #[pyfunction]
 #[pyo3(signature = (
-    metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, Sequence[int], int, int]]", data: "_Buffer", *,
+    metadata: "dict[str, str]", tensors: "Sequence[tuple[str, str, list[int], int, int]]", data: "_Buffer", *,
     tier: "HostCacheIndex | None" = None, entry: "int | None" = None, key: "str" = String::new(),
     path: "str | os.PathLike[str] | None" = None,
 ) -> "tuple[LayoutFingerprint, int, int, list[int], list[tuple[int, int]]]")]

@@ -31,10 +31,11 @@ pub(crate) enum Counts {
 
 impl Arg for Counts {
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
-        if let Described::Tensor(t) = describe(obj)? {
-            if t.device().is_ok_and(|d| d.is_cuda()) {
-                return Ok(Counts::Device(t, obj.clone().unbind()));
-            }
+        match describe(obj)? {
+            Described::Tensor(t) if t.device().is_ok_and(|d| d.is_cuda()) => return Ok(Counts::Device(t, obj.clone().unbind())),
+            // A tensor that cannot be used (sparse, or its storage no longer holds it), wherever it is.
+            Described::Dense(why) => return Err(arg_error(kind, format!("{name}: {why}"))),
+            _ => {}
         }
         Ints::arg(obj, name, kind).map(|v| Counts::Host(v.0))
     }

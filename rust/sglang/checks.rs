@@ -44,20 +44,7 @@ pub fn check_slots(op: &str, arg: &str, ids: &[i64], num_slots: u64, repeats: Re
 
 /// The bytes `[start, end)` a tensor's elements span (`None` when it has none).
 pub fn span(t: &TensorDesc) -> Option<(u64, u64)> {
-    if t.shape.iter().any(|&n| n <= 0) {
-        return None;
-    }
-    let item = t.state_dtype().map_or(1, |d| d.itemsize() as i64);
-    let (mut lo, mut hi) = (t.data_ptr as i128, t.data_ptr as i128 + item as i128);
-    for (&n, &s) in t.shape.iter().zip(&t.strides) {
-        let reach = (n as i128 - 1) * s as i128;
-        if reach < 0 {
-            lo += reach;
-        } else {
-            hi += reach;
-        }
-    }
-    Some((lo.max(0) as u64, hi.max(0) as u64))
+    crate::memory::extent(t, t.itemsize())
 }
 
 /// Checks the tensors of an SGLang pool (`(label, tensor)`: every conv tensor, the temporal state,

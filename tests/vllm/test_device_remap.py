@@ -163,3 +163,18 @@ def test_the_core_reads_each_field_of_a_step_by_its_position(fake_ops, recorder)
             with pytest.raises(PlanError, match=f"^{name} must be an int32 or int64 array"):
                 step.launch(inputs._replace(**{name: np.array([0.5])}))
     assert not recorder.calls, "nothing is launched on a refused step"
+
+
+def test_device_counts_whose_storage_is_gone_are_named_as_such(fake_ops, recorder):
+    """Device counts whose storage was freed: refused naming num_accepted and the storage (the
+    message advised host arrays for a caller already on the device path)."""
+    lays = group_layouts()[:1]
+    rng = np.random.default_rng(5)
+    step = DeviceStep(planner(lays, [random_states(lays[0], COLS + 2, 1, rng)], 4), 4)
+    table = [np.arange(1, COLS + 1, dtype=np.int64)[None, :]]
+    acc = fake([1])
+    acc.untyped_storage().resize_(0)
+    args = PreCopyInputs(table, np.array([4]), np.array([1]), acc, np.array([0]))
+    with pytest.raises(PlanError, match=r"num_accepted: its storage was freed .*nothing was read or written"):
+        step.launch(args)
+    assert not recorder.calls
