@@ -14,6 +14,7 @@ pub(crate) mod conversion;
 mod endpoint;
 mod errors;
 mod guard;
+mod int_arrays;
 mod kimi_k3;
 mod launch;
 mod layout;
