@@ -23,6 +23,7 @@ mod plan;
 mod planner;
 mod runner;
 mod sglang;
+mod sglang_host_copy;
 mod sglang_pool;
 mod slot_step;
 mod tensor;
