@@ -252,6 +252,16 @@ impl Arg for Vec<Tensor> {
     }
 }
 
+/// A list of tensors that is not one per layer, each named by its index (`conv[1]`).
+pub(crate) struct TensorList(pub Vec<TensorDesc>);
+
+impl Arg for TensorList {
+    fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
+        let items = obj.try_iter().map_err(|_| arg_error(kind, format!("{name} must be a list of tensors, got {}", type_name(obj))))?;
+        items.enumerate().map(|(i, t)| Ok(Tensor::arg(&t?, &format!("{name}[{i}]"), kind)?.0)).collect::<PyResult<_>>().map(TensorList)
+    }
+}
+
 /// A device given by name (`"cuda:0"`) or as the device of a tensor or array.
 pub(crate) struct DeviceOf(pub crate::tensor::Device);
 

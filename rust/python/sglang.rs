@@ -1,7 +1,7 @@
 //! SGLang's mamba pool (`crate::sglang`): the slot ids and the family layout, for
 //! `recoverssm_rs.sglang`, and the checks of the tensors its calls are handed that need Python (a
-//! storage that still holds a tensor's bytes); the pool's tensors, its writes and the host-copy
-//! check: `sglang_pool.rs`.
+//! storage that still holds a tensor's bytes); the pool's tensors and its writes:
+//! `sglang_pool.rs`; HiCache's host copies: `sglang_host_copy.rs`.
 
 use super::conversion::{kwargs, storage_shortfall, Arg, DtypeName, Ints, Tensor};
 use super::layout::Layout;

@@ -4,7 +4,7 @@
 //! its arguments checked (slot ids, a load's host copies, the commit's vectors), then the guard,
 //! then the write built, run and recorded. HiCache's host copy: `sglang_host_copy.rs`.
 
-use super::conversion::{args, instance, items, kwargs, Arg, Tensor};
+use super::conversion::{args, instance, items, kwargs, Arg, Tensor, TensorList};
 use super::guard::Guard;
 use super::launch::KernelLaunch;
 use super::layout::Layout;
@@ -27,10 +27,10 @@ use std::sync::{Arc, OnceLock};
 kwargs! {
     /// The keyword arguments of `SglangPool`.
     pub(crate) struct PoolArgs(Binding) {
-        conv: Vec<Tensor>,
+        conv: TensorList,
         temporal: Tensor,
         intermediate_ssm: Option<Tensor>,
-        intermediate_conv_window: Option<Vec<Tensor>>,
+        intermediate_conv_window: Option<TensorList>,
         conv_layout: String = "DS".to_string(),
     }
 }
@@ -132,9 +132,8 @@ impl SglangPool {
         let (conv, intermediate_conv_window) = (conv.as_ref(), intermediate_conv_window.as_ref());
         let a = args!(PoolArgs { conv, temporal, intermediate_ssm, intermediate_conv_window, conv_layout })?;
         let layout = ConvLayout::parse(&a.conv_layout).map_err(|e| Error::layout(format!("SglangMambaPool: {}", e.message)))?;
-        let windows = a.intermediate_conv_window.map(|w| w.into_iter().map(|t| t.0).collect());
-        let conv_descs = a.conv.into_iter().map(|t| t.0).collect();
-        let inner = Pool::new(conv_descs, a.temporal.0, a.intermediate_ssm.map(|t| t.0), windows, layout)?;
+        let windows = a.intermediate_conv_window.map(|w| w.0);
+        let inner = Pool::new(a.conv.0, a.temporal.0, a.intermediate_ssm.map(|t| t.0), windows, layout)?;
         // The guard: every tensor with the name its errors use (the objects converted above).
         let mut labelled: Vec<(Bound<'_, PyAny>, String)> = Vec::new();
         for (i, t) in items(conv.expect("converted"), "conv", kind, "tensors")?.into_iter().enumerate() {

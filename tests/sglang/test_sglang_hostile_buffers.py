@@ -498,3 +498,14 @@ def test_the_transfer_binds_the_conv_tensor_that_holds_bytes_as_bound():
     temporal.set_(torch.zeros_like(temporal))
     with pytest.raises(BindingError, match=r"^temporal: the tensor no longer points"):
         p.tensors.transfer_layers()
+
+
+def test_a_pool_tensor_whose_storage_is_gone_is_named_by_its_index():
+    """SGLang's ``conv`` is a list of conv states, not of layers: a freed one is named ``conv[1]``
+    (it read "layer 1: conv")."""
+    g = torch.Generator().manual_seed(15)
+    conv = [torch.randn(LAYERS, SLOTS, 6, 3, generator=g), torch.randn(LAYERS, SLOTS, 4, 3, generator=g)]
+    temporal = torch.randn(LAYERS, SLOTS, 2, 4, 4, generator=g)
+    conv[1].untyped_storage().resize_(0)
+    with pytest.raises(BindingError, match=r"^conv\[1\]: its storage was freed"):
+        SglangMambaPool(conv, temporal)
