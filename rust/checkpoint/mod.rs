@@ -38,7 +38,7 @@ named_enum! {
     /// - `sglang-lru`: SGLang 0.5.23's mamba radix cache — one state where each request's
     ///   computed tokens end; hits at the deepest state on the prompt's path; LRU eviction of
     ///   states (a hit refreshes only the state used), made when a request is admitted (it takes a
-    ///   state slot of its own from the budget) and, past that, when it ends.
+    ///   state slot of its own from the budget; the plan names them) and, past that, when it ends.
     /// - `marconi`: Marconi (MLSys 2025) — states at the exact branch point a new prompt creates in
     ///   the radix tree and at each request's end; eviction among states whose node has at most one
     ///   child by recency plus FLOP efficiency (both min-max normalised, weight 1).

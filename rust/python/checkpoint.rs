@@ -127,8 +127,21 @@ impl CheckpointPlan {
     fn saves(&self) -> Vec<usize> {
         self.inner.saves.clone()
     }
+    /// Checkpoints the cache evicted when it planned the request (`sglang-lru` at a full budget:
+    /// the request takes a state slot of its own), in eviction order: they are no longer live, so
+    /// their storage is free now; `finish` does not report them again.
+    #[getter]
+    fn evicted(&self) -> Vec<u64> {
+        self.inner.evicted.clone()
+    }
     fn __repr__(&self) -> String {
-        format!("CheckpointPlan(hit_position={}, hit_handle={}, saves={:?})", self.hit_position(), shown(self.hit_handle()), self.inner.saves)
+        format!(
+            "CheckpointPlan(hit_position={}, hit_handle={}, saves={:?}, evicted={:?})",
+            self.hit_position(),
+            shown(self.hit_handle()),
+            self.inner.saves,
+            self.inner.evicted
+        )
     }
 }
 
@@ -155,7 +168,8 @@ impl CheckpointCache {
     ) -> PyResult<Self> {
         Ok(Self { inner: Core::new(config(policy, block_size, granularity, budget, budget_bytes, state_bytes)?) })
     }
-    /// The checkpoint to start `prompt` from and the positions to save during its prefill.
+    /// The checkpoint to start `prompt` from and the positions to save during its prefill; the
+    /// checkpoints evicted to admit it (`sglang-lru`) are the plan's `evicted`.
     #[pyo3(signature = (prompt: "Sequence[int]") -> "CheckpointPlan")]
     fn plan(&mut self, prompt: &Bound<'_, PyAny>) -> PyResult<CheckpointPlan> {
         let p = tokens(prompt, "prompt")?;
@@ -170,7 +184,8 @@ impl CheckpointCache {
         Ok(self.inner.peek(&p)?.map(|h| h.handle))
     }
     /// Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
-    /// `[(position, handle)]`, `evicted` as handles. A plan is finished once, by the cache that
+    /// `[(position, handle)]`, `evicted` as the handles the request's end evicted (those evicted
+    /// when it was planned are the plan's `evicted`). A plan is finished once, by the cache that
     /// made it, with the prompt it was made for (its length is checked); anything else is a
     /// PlanError and nothing changes.
     #[allow(clippy::type_complexity)]
