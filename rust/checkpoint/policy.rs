@@ -443,6 +443,7 @@ impl CheckpointCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::Param;
 
     fn run(policy: PolicyKind, b: usize, g: usize, reqs: &[(Vec<u32>, Vec<u32>)]) -> Vec<usize> {
         let mut c = CheckpointCache::new(Config::new(policy, b, g, None).unwrap());
@@ -557,6 +558,13 @@ mod tests {
         assert!(Config::new(PolicyKind::Vllm, 64, 16, Some(0)).unwrap_err().message.contains("budget = 0"));
         assert!(PolicyKind::parse("lru").unwrap_err().message.contains("'lru'"));
         assert!(Config::budget_from_bytes(10, 0).is_err());
+        // A negative value (a caller's, before any usize) gets the same rule as 0.
+        for p in [Param::BlockSize, Param::Granularity, Param::Budget, Param::StateBytes] {
+            let (zero, negative) = (p.refused(0).message, p.refused(-5).message);
+            assert_eq!(negative, zero.replacen(" 0", " -5", 1), "{p:?}");
+            assert!(!negative.contains(">= 0"), "{negative}");
+        }
+        assert!(Param::BudgetBytes.refused(-5).message.contains("budget_bytes = -5 holds no checkpoint; it must be >= state_bytes"));
         assert_eq!(Config::budget_from_bytes(10, 3).unwrap(), 3);
     }
 

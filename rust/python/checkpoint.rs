@@ -4,7 +4,7 @@
 use super::conversion::{arg_error, type_name, Arg};
 use super::planner::Planner;
 use crate::checkpoint::policy::Plan;
-use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, PolicyKind, TraceRequest};
+use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, Param, PolicyKind, TraceRequest};
 use crate::error::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -46,6 +46,23 @@ fn opt_int<T: Arg>(obj: Opt<'_, '_>, name: &str) -> PyResult<Option<T>> {
     obj.map(|o| Option::<T>::arg(o, name, ErrorKind::Plan)).transpose().map(Option::flatten)
 }
 
+/// The configuration parameter `p` (None: not given) as a `T`. A negative int is refused with the
+/// core's rule for `p` (it is refused at 0 too, so the conversion's "must be >= 0" would mislead);
+/// anything else the conversion refuses keeps its error (not an int, too large).
+fn param<T: Arg>(obj: Opt<'_, '_>, p: Param) -> PyResult<Option<T>> {
+    let Some(obj) = obj else { return Ok(None) };
+    Option::<T>::arg(obj, p.name(), ErrorKind::Plan).map_err(|e| {
+        // An int past i64 is compared as a Python int.
+        let negative = i64::arg(obj, p.name(), ErrorKind::Plan).is_ok_and(|v| v < 0)
+            || (obj.is_instance_of::<pyo3::types::PyInt>() && !obj.is_instance_of::<pyo3::types::PyBool>() && obj.lt(0).unwrap_or(false));
+        if !negative {
+            return e;
+        }
+        let shown = obj.str().map_or_else(|_| "<a negative int too long to print>".to_owned(), |s| s.to_string());
+        p.refused(shown).into()
+    })
+}
+
 /// The policy's name as a `PolicyKind`; anything but one of the names (a non-string included) is a
 /// `PlanError` listing them.
 fn policy_arg(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
@@ -57,8 +74,8 @@ fn policy_arg(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
     Ok(PolicyKind::parse(&name)?)
 }
 
-/// The configuration from the binding's arguments; every integer is converted naming its argument,
-/// and the core checks the values.
+/// The configuration from the binding's arguments; every integer is converted naming its argument
+/// (a negative one refused with the core's rule for it), and the core checks the values.
 fn config(
     policy: &Bound<'_, PyAny>,
     block_size: Opt<'_, '_>,
@@ -68,10 +85,10 @@ fn config(
     state_bytes: Opt<'_, '_>,
 ) -> PyResult<Config> {
     let policy = policy_arg(policy)?;
-    let block_size = opt_int::<usize>(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK);
-    let granularity = opt_int::<usize>(granularity, "granularity")?.unwrap_or(DEFAULT_GRANULARITY);
+    let block_size = param::<usize>(block_size, Param::BlockSize)?.unwrap_or(DEFAULT_BLOCK);
+    let granularity = param::<usize>(granularity, Param::Granularity)?.unwrap_or(DEFAULT_GRANULARITY);
     let budget =
-        checkpoint::resolve_budget(opt_int(budget, "budget")?, opt_int(budget_bytes, "budget_bytes")?, opt_int(state_bytes, "state_bytes")?)?;
+        checkpoint::resolve_budget(param(budget, Param::Budget)?, param(budget_bytes, Param::BudgetBytes)?, param(state_bytes, Param::StateBytes)?)?;
     Ok(Config::new(policy, block_size, granularity, budget)?)
 }
 
