@@ -51,16 +51,21 @@ fn opt_int<T: Arg>(obj: Opt<'_, '_>, name: &str) -> PyResult<Option<T>> {
 /// anything else the conversion refuses keeps its error (not an int, too large).
 fn param<T: Arg>(obj: Opt<'_, '_>, p: Param) -> PyResult<Option<T>> {
     let Some(obj) = obj else { return Ok(None) };
-    Option::<T>::arg(obj, p.name(), ErrorKind::Plan).map_err(|e| {
-        // An int past i64 is compared as a Python int.
-        let negative = i64::arg(obj, p.name(), ErrorKind::Plan).is_ok_and(|v| v < 0)
-            || (obj.is_instance_of::<pyo3::types::PyInt>() && !obj.is_instance_of::<pyo3::types::PyBool>() && obj.lt(0).unwrap_or(false));
-        if !negative {
-            return e;
-        }
-        let shown = obj.str().map_or_else(|_| "<a negative int too long to print>".to_owned(), |s| s.to_string());
-        p.refused(shown).into()
+    Option::<T>::arg(obj, p.name(), ErrorKind::Plan).map_err(|e| match negative_int(obj) {
+        Some(shown) => p.refused(shown).into(),
+        None => e,
     })
+}
+
+/// `obj` as Python shows it when it is a negative host integer (a Python or numpy int; a bool is
+/// none), else None: an argument whose rule refuses 0 as well says so for a negative value, which
+/// the unsigned conversion would answer with "must be >= 0".
+fn negative_int(obj: &Bound<'_, PyAny>) -> Option<String> {
+    use pyo3::types::{PyBool, PyInt};
+    // An int past i64 is compared as a Python int.
+    let negative = i64::arg(obj, "value", ErrorKind::Plan).is_ok_and(|v| v < 0)
+        || (obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() && obj.lt(0).unwrap_or(false));
+    negative.then(|| obj.str().map_or_else(|_| "<a negative int too long to print>".to_owned(), |s| s.to_string()))
 }
 
 /// The policy's name as a `PolicyKind`; anything but one of the names (a non-string included) is a
@@ -103,11 +108,7 @@ fn writable(planner: &crate::plan::Planner, g: usize, block: u64, name: &str, wh
     let holders = planner.holders(g, block)?;
     let blocks = planner.bindings().nth(g).map_or(0, |b| b.num_blocks());
     if block == 0 || block >= blocks {
-        let last = blocks.saturating_sub(1);
-        return Err(Error::plan(format!(
-            "{name} = {block} is outside 1 ..= {last} of group {g} (the null block 0 holds no state and is never written)"
-        ))
-        .into());
+        return Err(outside(planner, g, block, name).into());
     }
     if holders > 0 {
         return Err(Error::plan(format!(
@@ -117,6 +118,27 @@ fn writable(planner: &crate::plan::Planner, g: usize, block: u64, name: &str, wh
         .into());
     }
     Ok(())
+}
+
+/// The error for the block id `block` (shown as given; the argument `name`) outside group `g`'s
+/// writable blocks.
+fn outside(planner: &crate::plan::Planner, g: usize, block: impl std::fmt::Display, name: &str) -> Error {
+    let last = planner.bindings().nth(g).map_or(0, |b| b.num_blocks()).saturating_sub(1);
+    Error::plan(format!("{name} = {block} is outside 1 ..= {last} of group {g} (the null block 0 holds no state and is never written)"))
+}
+
+/// The block id `obj` (the argument `name`) of group `g`, for [`writable`]: a negative int is
+/// outside the group's blocks like any other (the null block 0 is refused too, so the
+/// conversion's "must be >= 0" would mislead); a group that does not exist is named first.
+fn block_arg(planner: &crate::plan::Planner, g: usize, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    match u64::arg(obj, name, ErrorKind::Plan) {
+        Ok(block) => Ok(block),
+        Err(e) => {
+            let Some(shown) = negative_int(obj) else { return Err(e) };
+            planner.holders(g, 0)?;
+            Err(outside(planner, g, shown, name).into())
+        }
+    }
 }
 
 /// The plan of one request: the checkpoint to start from and the positions its prefill saves.
@@ -251,7 +273,7 @@ impl CheckpointCache {
     #[pyo3(signature = (planner: "Planner", running_block: "int", *, group: "int" = None) -> "int")]
     fn check_running_block(planner: PyRef<'_, Planner>, running_block: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<u64> {
         let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
-        let block = u64::arg(running_block, "running_block", ErrorKind::Plan)?;
+        let block = block_arg(&planner.inner, g, running_block, "running_block")?;
         writable(
             &planner.inner,
             g,
@@ -276,7 +298,7 @@ impl CheckpointCache {
         let mut first = std::collections::HashMap::new();
         for (i, b) in items.enumerate() {
             let name = format!("blocks[{i}]");
-            let block = u64::arg(&b?, &name, ErrorKind::Plan)?;
+            let block = block_arg(&planner.inner, g, &b?, &name)?;
             if let Some(j) = first.insert(block, i) {
                 return Err(Error::plan(format!("{name} = {block} repeats blocks[{j}]: each reserved block holds one checkpoint")).into());
             }
