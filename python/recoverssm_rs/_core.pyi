@@ -202,7 +202,8 @@ class CheckpointCache:
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan
     ) -> tuple[list[tuple[int, int]], list[int]]:
         """Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
-        `[(position, handle)]`, `evicted` as handles. A plan is finished once, by the cache that
+        `[(position, handle)]`, `evicted` as the handles the request's end evicted (those evicted
+        when it was planned are the plan's `evicted`). A plan is finished once, by the cache that
         made it, with the prompt it was made for (its length is checked); anything else is a
         PlanError and nothing changes.
         """
@@ -215,7 +216,9 @@ class CheckpointCache:
         once the copy is accepted.
         """
     def plan(self, prompt: Sequence[int]) -> CheckpointPlan:
-        """The checkpoint to start `prompt` from and the positions to save during its prefill."""
+        """The checkpoint to start `prompt` from and the positions to save during its prefill; the
+        checkpoints evicted to admit it (`sglang-lru`) are the plan's `evicted`.
+        """
     def position(self, handle: int) -> int | None:
         """The position of a live checkpoint, or None. A handle that is not an int in
         `0 ..= 2**64 - 1` is a PlanError naming it.
@@ -225,6 +228,12 @@ class CheckpointCache:
 class CheckpointPlan:
     """The plan of one request: the checkpoint to start from and the positions its prefill saves."""
 
+    @property
+    def evicted(self) -> list[int]:
+        """Checkpoints the cache evicted when it planned the request (`sglang-lru` at a full budget:
+        the request takes a state slot of its own), in eviction order: they are no longer live, so
+        their storage is free now; `finish` does not report them again.
+        """
     @property
     def hit_handle(self) -> int | None:
         """The checkpoint's handle, or None on a miss."""

@@ -38,7 +38,7 @@ named_enum! {
     /// - `sglang-lru`: SGLang 0.5.23's mamba radix cache — one state where each request's
     ///   computed tokens end; hits at the deepest state on the prompt's path; LRU eviction of
     ///   states (a hit refreshes only the state used), made when a request is admitted (it takes a
-    ///   state slot of its own from the budget) and, past that, when it ends.
+    ///   state slot of its own from the budget; the plan names them) and, past that, when it ends.
     /// - `marconi`: Marconi (MLSys 2025) — states at the exact branch point a new prompt creates in
     ///   the radix tree and at each request's end; eviction among states whose node has at most one
     ///   child by recency plus FLOP efficiency (both min-max normalised, weight 1).
@@ -50,6 +50,42 @@ named_enum! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub enum PolicyKind { Vllm = "vllm", SglangLru = "sglang-lru", Marconi = "marconi", Recoverssm = "recoverssm" }
     parse: exact, |s| Error::plan(format!("policy must be one of vllm, sglang-lru, marconi, recoverssm; got '{s}'"))
+}
+
+/// A numeric parameter of a cache's configuration, each refused at 0 as well as below:
+/// [`refused`](Self::refused) states its rule, whatever the refused value (a caller's negative
+/// number included, which never reaches a `usize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    BlockSize,
+    Granularity,
+    Budget,
+    BudgetBytes,
+    StateBytes,
+}
+
+impl Param {
+    /// The parameter's name, as the API spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Param::BlockSize => "block_size",
+            Param::Granularity => "granularity",
+            Param::Budget => "budget",
+            Param::BudgetBytes => "budget_bytes",
+            Param::StateBytes => "state_bytes",
+        }
+    }
+
+    /// The error for the parameter given as `value` (shown as given): its rule.
+    pub fn refused(self, value: impl std::fmt::Display) -> Error {
+        let name = self.name();
+        Error::plan(match self {
+            Param::BlockSize | Param::Granularity => format!("{name} = {value} tokens must be in 1..={MAX_UNIT}"),
+            Param::Budget => format!("{name} = {value} checkpoints must be in 1..={MAX_BUDGET}"),
+            Param::BudgetBytes => format!("{name} = {value} holds no checkpoint; it must be >= state_bytes (the bytes of one)"),
+            Param::StateBytes => format!("{name} = {value}: one checkpoint's size must be >= 1 byte"),
+        })
+    }
 }
 
 /// A cache's configuration.
@@ -68,11 +104,11 @@ impl Config {
     /// A checked configuration: block size and granularity in `1..=MAX_UNIT`, a budget (when
     /// given) in `1..=MAX_BUDGET`.
     pub fn new(policy: PolicyKind, block_size: usize, granularity: usize, budget: Option<usize>) -> Result<Self> {
-        check_unit("block_size", block_size)?;
-        check_unit("granularity", granularity)?;
+        check_unit(Param::BlockSize, block_size)?;
+        check_unit(Param::Granularity, granularity)?;
         if let Some(b) = budget {
             if b == 0 || b > MAX_BUDGET {
-                return Err(Error::plan(format!("budget = {b} checkpoints must be in 1..={MAX_BUDGET}")));
+                return Err(Param::Budget.refused(b));
             }
         }
         Ok(Self { policy, block_size, granularity, budget })
@@ -81,7 +117,7 @@ impl Config {
     /// The budget in checkpoints that `budget_bytes` holds at `state_bytes` per checkpoint.
     pub fn budget_from_bytes(budget_bytes: u64, state_bytes: u64) -> Result<usize> {
         if state_bytes == 0 {
-            return Err(Error::plan("state_bytes = 0: one checkpoint's size must be >= 1 byte"));
+            return Err(Param::StateBytes.refused(0));
         }
         let n = budget_bytes / state_bytes;
         if n == 0 {
@@ -96,9 +132,9 @@ impl Config {
     }
 }
 
-fn check_unit(name: &str, v: usize) -> Result<()> {
+fn check_unit(p: Param, v: usize) -> Result<()> {
     if v == 0 || v > MAX_UNIT {
-        return Err(Error::plan(format!("{name} = {v} tokens must be in 1..={MAX_UNIT}")));
+        return Err(p.refused(v));
     }
     Ok(())
 }

@@ -31,6 +31,11 @@ pub struct Plan {
     /// prompt sharing all but its last tokens): `recoverssm` values them by how often such saves
     /// were used.
     pub speculative: Vec<usize>,
+    /// Checkpoints evicted when the request was admitted (`sglang-lru` at a full budget: the
+    /// request takes a state slot of its own), in eviction order; already gone from the cache, so
+    /// the caller frees their storage now. [`finish`](CheckpointCache::finish) does not report
+    /// them again.
+    pub evicted: Vec<Handle>,
     /// Where the plan's walk left the tree: (node, depth in chunks), so that
     /// [`finish`](CheckpointCache::finish) resumes there instead of hashing the prompt's shared
     /// chunks again (it checks the node stands for the prompt's prefix first).
@@ -62,8 +67,9 @@ enum Kind {
 pub struct Finished {
     /// Checkpoints written: (position, handle), ascending positions.
     pub written: Vec<(usize, Handle)>,
-    /// Checkpoints evicted, in eviction order (may include ones written by this request when the
-    /// budget cannot hold them all).
+    /// Checkpoints evicted by the request's end, in eviction order (may include ones written by
+    /// this request when the budget cannot hold them all); those evicted at admission are the
+    /// plan's ([`Plan::evicted`]).
     pub evicted: Vec<Handle>,
 }
 
@@ -101,9 +107,6 @@ pub struct CheckpointCache {
     /// checkpoints written, and those a later request started from (each counted once).
     written_of: [u64; 3],
     used_of: [u64; 3],
-    /// `sglang-lru`'s evictions at admission (see [`plan`](Self::plan)), reported by the next
-    /// [`finish`](Self::finish).
-    admitted_evictions: Vec<Handle>,
 }
 
 impl CheckpointCache {
@@ -123,7 +126,6 @@ impl CheckpointCache {
             peak: 0,
             written_of: [0; 3],
             used_of: [0; 3],
-            admitted_evictions: Vec::new(),
         }
     }
 
@@ -157,7 +159,7 @@ impl CheckpointCache {
     /// the budget full, the least recently used checkpoint other than the hit is evicted here: the
     /// running request needs a state slot of its own before it runs (SGLang evicts when it
     /// allocates that slot, after the match), whether or not its end later turns out to be cached
-    /// already; the next [`finish`](Self::finish) reports it.
+    /// already; the plan names it ([`Plan::evicted`]).
     pub fn plan(&mut self, prompt: &[u32]) -> Result<Plan> {
         let (walk, cap) = self.walk(prompt)?;
         let n = prompt.len();
@@ -168,12 +170,13 @@ impl CheckpointCache {
             }
             self.touch(h.handle);
         }
+        let mut evicted = Vec::new();
         if let (PolicyKind::SglangLru, Some(budget)) = (self.cfg.policy, self.cfg.budget) {
             let keep = hit.map(|h| h.handle);
             while self.tree.len() >= budget {
                 let Some(victim) = self.order.iter().map(|&(_, h)| h).find(|&h| Some(h) != keep) else { break };
                 self.evict(victim);
-                self.admitted_evictions.push(victim);
+                evicted.push(victim);
             }
         }
         let from = hit.map_or(0, |h| h.position);
@@ -208,7 +211,15 @@ impl CheckpointCache {
         saves.retain(|&p| p > from);
         saves.sort_unstable();
         saves.dedup();
-        Ok(Plan { hit, saves, speculative, walked: Some((walk.node, walk.shared_chunks / self.tree.chunk())), cache: self.id, prompt_len: n })
+        Ok(Plan {
+            hit,
+            saves,
+            speculative,
+            evicted,
+            walked: Some((walk.node, walk.shared_chunks / self.tree.chunk())),
+            cache: self.id,
+            prompt_len: n,
+        })
     }
 
     /// The checkpoint [`plan`](Self::plan) would start `prompt` from, changing nothing: no use is
@@ -267,7 +278,7 @@ impl CheckpointCache {
         }
         positions.sort_unstable();
         positions.dedup();
-        let mut done = Finished { written: Vec::new(), evicted: std::mem::take(&mut self.admitted_evictions) };
+        let mut done = Finished::default();
         for p in positions {
             let kind = if p == computed && !plan.saves.contains(&p) {
                 Kind::End
@@ -432,6 +443,7 @@ impl CheckpointCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::Param;
 
     fn run(policy: PolicyKind, b: usize, g: usize, reqs: &[(Vec<u32>, Vec<u32>)]) -> Vec<usize> {
         let mut c = CheckpointCache::new(Config::new(policy, b, g, None).unwrap());
@@ -492,6 +504,27 @@ mod tests {
     }
 
     #[test]
+    fn sglang_lrus_admission_evictions_are_the_plans_and_reported_once() {
+        let mut c = CheckpointCache::new(Config::new(PolicyKind::SglangLru, 4, 2, Some(1)).unwrap());
+        let first = c.plan(&[1, 1, 1]).unwrap();
+        let fin = c.finish(&[1, 1, 1], &[5], &first).unwrap();
+        assert!(first.evicted.is_empty() && fin.evicted.is_empty());
+        let kept = fin.written[0].1;
+        let second = c.plan(&[2, 2, 2]).unwrap();
+        assert_eq!((second.evicted.clone(), c.position(kept)), (vec![kept], None), "the slot is taken at admission");
+        let fin = c.finish(&[2, 2, 2], &[5], &second).unwrap();
+        assert!(fin.evicted.is_empty(), "finish reports the admission's eviction again: {fin:?}");
+        for policy in [PolicyKind::Vllm, PolicyKind::Marconi, PolicyKind::Recoverssm] {
+            let mut c = CheckpointCache::new(Config::new(policy, 4, 2, Some(1)).unwrap());
+            for (p, o) in shared_prefix(6, 5, 3) {
+                let plan = c.plan(&p).unwrap();
+                assert!(plan.evicted.is_empty(), "{policy:?} evicts at the end only");
+                c.finish(&p, &o, &plan).unwrap();
+            }
+        }
+    }
+
+    #[test]
     fn peek_finds_plans_hit_and_changes_nothing() {
         for policy in PolicyKind::ALL {
             let mut c = CheckpointCache::new(Config::new(*policy, 64, 16, Some(2)).unwrap());
@@ -525,6 +558,13 @@ mod tests {
         assert!(Config::new(PolicyKind::Vllm, 64, 16, Some(0)).unwrap_err().message.contains("budget = 0"));
         assert!(PolicyKind::parse("lru").unwrap_err().message.contains("'lru'"));
         assert!(Config::budget_from_bytes(10, 0).is_err());
+        // A negative value (a caller's, before any usize) gets the same rule as 0.
+        for p in [Param::BlockSize, Param::Granularity, Param::Budget, Param::StateBytes] {
+            let (zero, negative) = (p.refused(0).message, p.refused(-5).message);
+            assert_eq!(negative, zero.replacen(" 0", " -5", 1), "{p:?}");
+            assert!(!negative.contains(">= 0"), "{negative}");
+        }
+        assert!(Param::BudgetBytes.refused(-5).message.contains("budget_bytes = -5 holds no checkpoint; it must be >= state_bytes"));
         assert_eq!(Config::budget_from_bytes(10, 3).unwrap(), 3);
     }
 

@@ -17,6 +17,7 @@ pub struct RequestOutcome {
     /// + output, floored to the granularity, at most its prompt length - 1.
     pub bound: usize,
     pub written: Vec<(usize, Handle)>,
+    /// Checkpoints evicted at the request's admission ([`Plan::evicted`]), then at its end.
     pub evicted: Vec<Handle>,
     /// Live checkpoints after the request.
     pub live: usize,
@@ -58,11 +59,13 @@ pub fn simulate(reqs: &[TraceRequest], cfg: Config) -> Result<(Stats, Vec<Reques
         stats.reused_tokens += reused as u64;
         stats.hit_requests += usize::from(reused > 0);
         stats.checkpoint_writes += fin.written.len() as u64;
-        stats.evictions += fin.evicted.len() as u64;
+        let mut evicted = plan.evicted.clone();
+        evicted.extend_from_slice(&fin.evicted);
+        stats.evictions += evicted.len() as u64;
         stats.upper_bound_tokens += bound as u64;
         let live = cache.len();
         stats.peak_checkpoints = cache.peak();
-        outcomes.push(RequestOutcome { reused, hit: plan.hit.map(|h| h.handle), bound, written: fin.written, evicted: fin.evicted, live });
+        outcomes.push(RequestOutcome { reused, hit: plan.hit.map(|h| h.handle), bound, written: fin.written, evicted, live });
     }
     Ok((stats, outcomes))
 }

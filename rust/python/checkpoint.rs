@@ -4,7 +4,7 @@
 use super::conversion::{arg_error, type_name, Arg};
 use super::planner::Planner;
 use crate::checkpoint::policy::Plan;
-use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, PolicyKind, TraceRequest};
+use crate::checkpoint::{self, trace, CheckpointCache as Core, Config, Param, PolicyKind, TraceRequest};
 use crate::error::{Error, ErrorKind};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -46,6 +46,28 @@ fn opt_int<T: Arg>(obj: Opt<'_, '_>, name: &str) -> PyResult<Option<T>> {
     obj.map(|o| Option::<T>::arg(o, name, ErrorKind::Plan)).transpose().map(Option::flatten)
 }
 
+/// The configuration parameter `p` (None: not given) as a `T`. A negative int is refused with the
+/// core's rule for `p` (it is refused at 0 too, so the conversion's "must be >= 0" would mislead);
+/// anything else the conversion refuses keeps its error (not an int, too large).
+fn param<T: Arg>(obj: Opt<'_, '_>, p: Param) -> PyResult<Option<T>> {
+    let Some(obj) = obj else { return Ok(None) };
+    Option::<T>::arg(obj, p.name(), ErrorKind::Plan).map_err(|e| match negative_int(obj) {
+        Some(shown) => p.refused(shown).into(),
+        None => e,
+    })
+}
+
+/// `obj` as Python shows it when it is a negative host integer (a Python or numpy int; a bool is
+/// none), else None: an argument whose rule refuses 0 as well says so for a negative value, which
+/// the unsigned conversion would answer with "must be >= 0".
+fn negative_int(obj: &Bound<'_, PyAny>) -> Option<String> {
+    use pyo3::types::{PyBool, PyInt};
+    // An int past i64 is compared as a Python int.
+    let negative = i64::arg(obj, "value", ErrorKind::Plan).is_ok_and(|v| v < 0)
+        || (obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() && obj.lt(0).unwrap_or(false));
+    negative.then(|| obj.str().map_or_else(|_| "<a negative int too long to print>".to_owned(), |s| s.to_string()))
+}
+
 /// The policy's name as a `PolicyKind`; anything but one of the names (a non-string included) is a
 /// `PlanError` listing them.
 fn policy_arg(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
@@ -57,8 +79,8 @@ fn policy_arg(policy: &Bound<'_, PyAny>) -> PyResult<PolicyKind> {
     Ok(PolicyKind::parse(&name)?)
 }
 
-/// The configuration from the binding's arguments; every integer is converted naming its argument,
-/// and the core checks the values.
+/// The configuration from the binding's arguments; every integer is converted naming its argument
+/// (a negative one refused with the core's rule for it), and the core checks the values.
 fn config(
     policy: &Bound<'_, PyAny>,
     block_size: Opt<'_, '_>,
@@ -68,10 +90,10 @@ fn config(
     state_bytes: Opt<'_, '_>,
 ) -> PyResult<Config> {
     let policy = policy_arg(policy)?;
-    let block_size = opt_int::<usize>(block_size, "block_size")?.unwrap_or(DEFAULT_BLOCK);
-    let granularity = opt_int::<usize>(granularity, "granularity")?.unwrap_or(DEFAULT_GRANULARITY);
+    let block_size = param::<usize>(block_size, Param::BlockSize)?.unwrap_or(DEFAULT_BLOCK);
+    let granularity = param::<usize>(granularity, Param::Granularity)?.unwrap_or(DEFAULT_GRANULARITY);
     let budget =
-        checkpoint::resolve_budget(opt_int(budget, "budget")?, opt_int(budget_bytes, "budget_bytes")?, opt_int(state_bytes, "state_bytes")?)?;
+        checkpoint::resolve_budget(param(budget, Param::Budget)?, param(budget_bytes, Param::BudgetBytes)?, param(state_bytes, Param::StateBytes)?)?;
     Ok(Config::new(policy, block_size, granularity, budget)?)
 }
 
@@ -86,11 +108,7 @@ fn writable(planner: &crate::plan::Planner, g: usize, block: u64, name: &str, wh
     let holders = planner.holders(g, block)?;
     let blocks = planner.bindings().nth(g).map_or(0, |b| b.num_blocks());
     if block == 0 || block >= blocks {
-        let last = blocks.saturating_sub(1);
-        return Err(Error::plan(format!(
-            "{name} = {block} is outside 1 ..= {last} of group {g} (the null block 0 holds no state and is never written)"
-        ))
-        .into());
+        return Err(outside(planner, g, block, name).into());
     }
     if holders > 0 {
         return Err(Error::plan(format!(
@@ -100,6 +118,27 @@ fn writable(planner: &crate::plan::Planner, g: usize, block: u64, name: &str, wh
         .into());
     }
     Ok(())
+}
+
+/// The error for the block id `block` (shown as given; the argument `name`) outside group `g`'s
+/// writable blocks.
+fn outside(planner: &crate::plan::Planner, g: usize, block: impl std::fmt::Display, name: &str) -> Error {
+    let last = planner.bindings().nth(g).map_or(0, |b| b.num_blocks()).saturating_sub(1);
+    Error::plan(format!("{name} = {block} is outside 1 ..= {last} of group {g} (the null block 0 holds no state and is never written)"))
+}
+
+/// The block id `obj` (the argument `name`) of group `g`, for [`writable`]: a negative int is
+/// outside the group's blocks like any other (the null block 0 is refused too, so the
+/// conversion's "must be >= 0" would mislead); a group that does not exist is named first.
+fn block_arg(planner: &crate::plan::Planner, g: usize, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    match u64::arg(obj, name, ErrorKind::Plan) {
+        Ok(block) => Ok(block),
+        Err(e) => {
+            let Some(shown) = negative_int(obj) else { return Err(e) };
+            planner.holders(g, 0)?;
+            Err(outside(planner, g, shown, name).into())
+        }
+    }
 }
 
 /// The plan of one request: the checkpoint to start from and the positions its prefill saves.
@@ -127,8 +166,21 @@ impl CheckpointPlan {
     fn saves(&self) -> Vec<usize> {
         self.inner.saves.clone()
     }
+    /// Checkpoints the cache evicted when it planned the request (`sglang-lru` at a full budget:
+    /// the request takes a state slot of its own), in eviction order: they are no longer live, so
+    /// their storage is free now; `finish` does not report them again.
+    #[getter]
+    fn evicted(&self) -> Vec<u64> {
+        self.inner.evicted.clone()
+    }
     fn __repr__(&self) -> String {
-        format!("CheckpointPlan(hit_position={}, hit_handle={}, saves={:?})", self.hit_position(), shown(self.hit_handle()), self.inner.saves)
+        format!(
+            "CheckpointPlan(hit_position={}, hit_handle={}, saves={:?}, evicted={:?})",
+            self.hit_position(),
+            shown(self.hit_handle()),
+            self.inner.saves,
+            self.inner.evicted
+        )
     }
 }
 
@@ -155,7 +207,8 @@ impl CheckpointCache {
     ) -> PyResult<Self> {
         Ok(Self { inner: Core::new(config(policy, block_size, granularity, budget, budget_bytes, state_bytes)?) })
     }
-    /// The checkpoint to start `prompt` from and the positions to save during its prefill.
+    /// The checkpoint to start `prompt` from and the positions to save during its prefill; the
+    /// checkpoints evicted to admit it (`sglang-lru`) are the plan's `evicted`.
     #[pyo3(signature = (prompt: "Sequence[int]") -> "CheckpointPlan")]
     fn plan(&mut self, prompt: &Bound<'_, PyAny>) -> PyResult<CheckpointPlan> {
         let p = tokens(prompt, "prompt")?;
@@ -170,7 +223,8 @@ impl CheckpointCache {
         Ok(self.inner.peek(&p)?.map(|h| h.handle))
     }
     /// Ends a request planned by `plan`: returns `(written, evicted)`, `written` as
-    /// `[(position, handle)]`, `evicted` as handles. A plan is finished once, by the cache that
+    /// `[(position, handle)]`, `evicted` as the handles the request's end evicted (those evicted
+    /// when it was planned are the plan's `evicted`). A plan is finished once, by the cache that
     /// made it, with the prompt it was made for (its length is checked); anything else is a
     /// PlanError and nothing changes.
     #[allow(clippy::type_complexity)]
@@ -219,7 +273,7 @@ impl CheckpointCache {
     #[pyo3(signature = (planner: "Planner", running_block: "int", *, group: "int" = None) -> "int")]
     fn check_running_block(planner: PyRef<'_, Planner>, running_block: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<u64> {
         let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
-        let block = u64::arg(running_block, "running_block", ErrorKind::Plan)?;
+        let block = block_arg(&planner.inner, g, running_block, "running_block")?;
         writable(
             &planner.inner,
             g,
@@ -244,7 +298,7 @@ impl CheckpointCache {
         let mut first = std::collections::HashMap::new();
         for (i, b) in items.enumerate() {
             let name = format!("blocks[{i}]");
-            let block = u64::arg(&b?, &name, ErrorKind::Plan)?;
+            let block = block_arg(&planner.inner, g, &b?, &name)?;
             if let Some(j) = first.insert(block, i) {
                 return Err(Error::plan(format!("{name} = {block} repeats blocks[{j}]: each reserved block holds one checkpoint")).into());
             }

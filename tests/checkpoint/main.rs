@@ -122,6 +122,11 @@ fn check(policy: PolicyKind, b: usize, g: usize, budget: Option<usize>, reqs: &[
     for (i, (p, o)) in reqs.iter().enumerate() {
         let n = p.len();
         let plan: Plan = cache.plan(p).unwrap();
+        // sglang-lru's evictions at admission: named by the plan, gone from the cache already.
+        for h in &plan.evicted {
+            prop_assert!(policy == PolicyKind::SglangLru, "request {i}: {policy:?} evicted {h} at admission");
+            prop_assert!(store.remove(h).is_some(), "request {i}: evicted {h} at admission, which is not live");
+        }
         let cap = if policy == PolicyKind::Vllm { (n - 1) / b * b } else { n - 1 };
         let longest = store.values().filter(|s| s.len() <= cap && p.starts_with(s)).map(Vec::len).max();
         match plan.hit {
@@ -145,8 +150,9 @@ fn check(policy: PolicyKind, b: usize, g: usize, budget: Option<usize>, reqs: &[
         }
         let fin = cache.finish(p, o, &plan).unwrap();
         let seq = computed(p, o);
-        // Evictions of checkpoints live before this request (sglang-lru's at admission, before
-        // the request's writes) leave the store first; the rest were written by this request.
+        // Evictions of checkpoints live before this request's end (an older checkpoint of a prefix
+        // it writes again may be evicted by one of its earlier writes) leave the store first; the
+        // rest were written by this request.
         let mut evicted_now: Vec<u64> = Vec::new();
         for h in &fin.evicted {
             if store.remove(h).is_none() {

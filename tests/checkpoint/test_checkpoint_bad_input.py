@@ -5,11 +5,12 @@ UTF-8. Each is the package's error naming what is wrong, and changes nothing."""
 from __future__ import annotations
 
 import array
+import re
 
 import numpy as np
 import pytest
 from recoverssm_rs import PlanError
-from recoverssm_rs.checkpoints import CheckpointCache, read_trace, simulate
+from recoverssm_rs.checkpoints import CheckpointCache, TraceRequest, read_trace, simulate
 
 PROMPT = list(range(12))
 
@@ -149,3 +150,26 @@ def test_a_trace_line_nested_too_deeply_names_its_line(tmp_path):
     for call in (read_trace, lambda p: simulate(p, "vllm")):
         with pytest.raises(PlanError, match=r"trace line 2: not valid JSON \(nested too deeply\)"):
             call(path)
+
+
+# A configuration parameter refused at 0 as well as below: a negative value is answered with the
+# parameter's real rule (never "must be >= 0", which 0 does not meet either).
+POSITIVE = [
+    ("block_size", {}, r"block_size = {v} tokens must be in 1\.\.=1048576"),
+    ("granularity", {}, r"granularity = {v} tokens must be in 1\.\.=1048576"),
+    ("budget", {}, r"budget = {v} checkpoints must be in 1\.\.=4294967296"),
+    ("state_bytes", {"budget_bytes": 10}, r"state_bytes = {v}: one checkpoint's size must be >= 1 byte"),
+    ("budget_bytes", {"state_bytes": 2}, r"budget_bytes = {v} .*must be >= state_bytes"),
+]
+
+
+@pytest.mark.parametrize(("name", "others", "rule"), POSITIVE, ids=[p[0] for p in POSITIVE])
+@pytest.mark.parametrize("value", [0, -5, np.int64(-5), -(2**70)], ids=["zero", "negative", "numpy", "huge"])
+def test_a_positive_parameter_states_its_rule_for_zero_and_negative_values(name, others, rule, value):
+    pattern = rule.format(v=re.escape(str(value)))
+    with pytest.raises(PlanError, match=pattern) as cache_error:
+        CheckpointCache("vllm", **{name: value}, **others)
+    assert ">= 0" not in str(cache_error.value)
+    kwargs = {"budget_checkpoints" if name == "budget" else name: value, **others}
+    with pytest.raises(PlanError, match=pattern):
+        simulate([TraceRequest("a", 0.0, [1, 2], [3])], "vllm", **kwargs)

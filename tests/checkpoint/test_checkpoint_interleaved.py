@@ -8,7 +8,9 @@ token prefix of every live checkpoint. After every call:
   at most ``len - 1`` (a block boundary for ``vllm``), and the longest such;
 - a plan's saves lie past the hit, within the prompt; writes hold computed prefixes, new handles;
   an eviction names a checkpoint that was live (or written by the same call);
-- the store publishes exactly the live checkpoints' blocks, one block each, and never a block a
+- the store and the cache agree after every call, a start included (``sglang-lru``'s evictions at
+  admission are named by the plan and retracted by the start, and no finish reports them again):
+  the store publishes exactly the live checkpoints' blocks, one block each, and never a block a
   request in flight runs in; every reserved block is free or holds one checkpoint; a checkpoint's
   block keeps its bytes while it is live (no later write or eviction reuses it); a running block
   holds, until its request ends, the bytes its start copied there (no other request's end or
@@ -83,14 +85,17 @@ def _replay(policy: str, seed: int) -> int:
         if len(running) < 3 and (not running or rng.random() < 0.6):
             prompt, output = _request(rng, done)
             block = free.pop()
-            # sglang-lru evicts at admission and reports it at the next finish: until then the
-            # model still lists those, and the cache's position() tells which are gone.
-            want = _usable(policy, prompt, {h: t for h, t in live.items() if cache.position(h) is not None})
+            want = _usable(policy, prompt, live)
             hit = cache.peek(prompt)
             hit_block = store.block_of(hit) if hit is not None else None
             plan = store.start(prompt, block)
             where = f"{policy} seed {seed} step {step}: start of {prompt}"
             assert plan.hit_handle == hit, where
+            # sglang-lru evicts at admission (the request's own state slot): the plan names those
+            # evictions, and the store has retracted them by the time start returns.
+            assert policy == "sglang-lru" or not plan.evicted, where
+            for h in plan.evicted:
+                assert h != hit and live.pop(h, None) is not None, (where, "evicted a checkpoint that was not live", h)
             if hit is not None:
                 hits += 1
                 assert hit in live and plan.hit_position == len(live[hit]) == want, where
@@ -102,13 +107,9 @@ def _replay(policy: str, seed: int) -> int:
                 assert plan.hit_position % B == 0, where
             assert plan.saves == sorted(set(plan.saves)), where
             assert all(plan.hit_position < s <= len(prompt) for s in plan.saves), (where, plan.saves)
-            live_now = {h: t for h, t in live.items() if cache.position(h) is not None}
-            gone_early = set(live) - set(live_now)
-            assert policy == "sglang-lru" or not gone_early, where
             running.append((prompt, output, plan, block, _bytes(states, block)))
             done.append(prompt + output)
-            if not gone_early:
-                check(where)
+            check(where)
             continue
         prompt, output, plan, block, _ = running.pop(rng.randrange(len(running)))
         seq = (prompt + output)[: len(prompt) + max(len(output), 1) - 1]

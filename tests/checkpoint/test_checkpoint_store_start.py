@@ -49,7 +49,8 @@ def test_a_start_into_the_hits_own_block_is_refused_and_changes_nothing(policy):
     [
         (NB + 5, rf"running_block = {NB + 5} is outside 1 \.\.= {NB - 1}"),
         (0, r"running_block = 0 is outside"),
-        (-3, r"running_block = -3"),
+        (-3, rf"running_block = -3 is outside 1 \.\.= {NB - 1}"),
+        (-(2**70), rf"running_block = {-(2**70)} is outside 1 \.\.= {NB - 1}"),
         ("2", r"running_block must be a host integer"),
         (True, r"running_block must be a host integer"),
         ("published", r"holds a published state"),
@@ -80,7 +81,7 @@ def test_check_running_block_names_a_bad_group():
         ([40, 41, 40], r"blocks\[2\] = 40 repeats blocks\[0\]"),
         ([40, 0], r"blocks\[1\] = 0 is outside 1 \.\.= 47"),
         ([NB, 40], rf"blocks\[0\] = {NB} is outside 1 \.\.= 47"),
-        ([40, -1], r"blocks\[1\] = -1"),
+        ([40, -1], r"blocks\[1\] = -1 is outside 1 \.\.= 47"),
         ([40, "x"], r"blocks\[1\] must be a host integer"),
         ([True], r"blocks\[0\] must be a host integer"),
         ("published", r"blocks\[0\] = 5 holds a published state"),

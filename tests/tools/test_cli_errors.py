@@ -258,7 +258,7 @@ BAD = [
     # ---- simulate (the flags are checked before the trace is read) -------------------------
     Bad(["simulate", "t.jsonl", "--policy", "lru"], "--policy", ["'lru'", "vllm, sglang-lru, marconi, recoverssm"]),
     Bad(["simulate", "t.jsonl", "--block-size", "0"], "--block-size", ["0", "1..="]),
-    Bad(["simulate", "t.jsonl", "--granularity", "-1"], "--granularity", ["-1", ">= 0"]),
+    Bad(["simulate", "t.jsonl", "--granularity", "-1"], "--granularity", ["-1", "1..="]),
     Bad(["simulate", "t.jsonl", "--budget-checkpoints", "0"], "--budget-checkpoints", ["0", "1..="]),
     Bad(["simulate", "t.jsonl", "--budget-bytes", "10"], "--budget-bytes", ["needs state_bytes"]),
     Bad(["simulate", "t.jsonl", "--budget-bytes", "5", "--state-bytes", "0"], "--state-bytes", ["0", ">= 1 byte"]),

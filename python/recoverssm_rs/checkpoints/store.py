@@ -3,7 +3,8 @@
 :class:`CheckpointStore` is how an engine would run a :class:`~recoverssm_rs.CheckpointCache`
 over its own state pool: a checkpoint the cache writes is copied into a block of its own (one
 :meth:`~recoverssm_rs.Planner.plan_copy`, on the package's copy path) and published on the
-planner; an eviction retracts it and returns the block. A request starts from a hit by copying the
+planner; an eviction retracts it and returns the block, as soon as the store sees it (a plan's
+evictions at admission when the request starts, the others when it ends). A request starts from a hit by copying the
 checkpoint into the request's own block first (copy-on-write): the published block is only read,
 and the core refuses any plan that would write it (vLLM #57908).
 """
@@ -80,7 +81,9 @@ class CheckpointStore:
         ``running_block`` is checked first (:meth:`CheckpointCache.check_running_block`), hit or
         miss, and the copy is planned and run before the cache plans the request, so a refused
         block or a copy that fails to run leaves the cache as it was: no use of the hit is
-        counted and nothing is evicted at admission.
+        counted and nothing is evicted at admission. The checkpoints the plan evicted at admission
+        (:attr:`CheckpointPlan.evicted`) are retracted and their blocks freed before it returns,
+        so the store and the cache agree on every live checkpoint.
 
         Raises:
             PlanError: ``running_block`` is not a writable block of the store's group: out of
@@ -92,7 +95,9 @@ class CheckpointStore:
         hit = self.cache.peek(prompt)
         if hit is not None:
             self._run(self.planner.plan_copy([self._block[hit]], [running_block]))
-        return self.cache.plan(prompt)
+        plan = self.cache.plan(prompt)
+        self._release(plan.evicted)
+        return plan
 
     def finish(
         self, prompt: Sequence[int], output: Sequence[int], plan: CheckpointPlan, state_at: Callable[[int], int]
@@ -100,7 +105,8 @@ class CheckpointStore:
         """Ends a request: each checkpoint the cache writes at position ``p`` is copied from the
         block ``state_at(p)`` (where the request's prefill or decode left that state) into a
         reserved block, then published; each evicted one is retracted and its block freed.
-        Returns the cache's ``(written, evicted)``.
+        Returns the cache's ``(written, evicted)`` (the evictions of the request's end; those at its
+        admission were the plan's, retracted by :meth:`start`).
 
         The request's checkpoints are copied by one plan, checked whole before any byte moves; when
         they cannot all be materialised the cache forgets them (:meth:`CheckpointCache.discard`),
@@ -114,10 +120,7 @@ class CheckpointStore:
         """
         written, evicted = self.cache.finish(prompt, output, plan)
         gone = set(evicted)
-        freed = [self._block.pop(h) for h in evicted if h in self._block]
-        if freed:
-            self.planner.retract(freed, group=self.group)
-            self._free.extend(freed)
+        self._release(evicted)
         # Written and evicted by the same request: never materialised.
         todo = [(position, h) for position, h in written if h not in gone]
         if not todo:
@@ -136,3 +139,11 @@ class CheckpointStore:
         del self._free[len(self._free) - len(todo) :]
         self._block.update((h, block) for (_, h), block in zip(todo, dst))
         return written, evicted
+
+    def _release(self, evicted: Iterable[int]) -> None:
+        """Retracts the evicted checkpoints this store holds and frees their blocks (one written
+        and evicted by the same request was never given one)."""
+        freed = [self._block.pop(h) for h in evicted if h in self._block]
+        if freed:
+            self.planner.retract(freed, group=self.group)
+            self._free.extend(freed)
