@@ -186,12 +186,16 @@ class CheckpointCache:
         them as a list.
         """
     @staticmethod
-    def check_running_block(planner: Planner, running_block: int, *, group: int | None = None) -> int:
+    def check_running_block(
+        planner: Planner, running_block: int, *, group: int | None = None, reserved: Sequence[int] | None = None
+    ) -> int:
         """Checks the block a request is to run in before a checkpoint store starts it: an int naming
         a block of `planner`'s group `group` (default 0) other than the null block 0, and not
         published. The request's prefill writes its running block, so a published block (another
         checkpoint, a block shared by requests, or the very checkpoint the request starts from:
-        copied onto itself it would then be written in place) is refused. Returns the block.
+        copied onto itself it would then be written in place) is refused, and so is one of
+        `reserved` (a store's free reserved blocks: the next checkpoint would be copied into the
+        block the request is writing). Returns the block.
         """
     def discard(self, handles: Sequence[int]) -> None:
         """Forgets live checkpoints that `finish` placed but the engine could not materialise (its

@@ -214,13 +214,14 @@ impl PrefixTree {
         }
     }
 
-    /// Records the full chunks of a sequence seen (creating their nodes); returns the node of its
-    /// deepest full chunk.
+    /// Records the full chunks of a sequence seen (creating their nodes; a tails tree also keeps
+    /// its tokens past the last full chunk); returns the node of its deepest full chunk.
     pub fn insert_sequence(&mut self, tokens: &[u32]) -> u32 {
         *self.insert_path(tokens).last().expect("a path holds the root")
     }
 
-    /// Records the full chunks of a sequence seen; returns the nodes along it: `path[k]` is the
+    /// Records the full chunks of a sequence seen (and, in a tails tree, its partial last chunk);
+    /// returns the nodes along it: `path[k]` is the
     /// node of its first `k` chunks (`path[0]` the root). [`find_exact_on`](Self::find_exact_on)
     /// and [`add_checkpoint_on`](Self::add_checkpoint_on) take it, so that one request hashes its
     /// chunks once.

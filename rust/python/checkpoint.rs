@@ -30,7 +30,10 @@ fn tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
         return tuple.iter().enumerate().map(|(i, x)| item(i, x)).collect();
     }
     let text = obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyByteArray>();
-    let sequence = !text && (obj.cast::<PySequence>().is_ok() || obj.hasattr("__array_interface__").unwrap_or(false));
+    // An ordered run of items: a sequence, an array or tensor (array interface, DLPack), an
+    // iterator (a generator); not text, and not an unordered collection (a set, a dict's keys).
+    let has = |name: &str| obj.hasattr(name).unwrap_or(false);
+    let sequence = !text && (obj.cast::<PySequence>().is_ok() || has("__array_interface__") || has("__dlpack__") || has("__next__"));
     let Some(items) = sequence.then(|| obj.try_iter().ok()).flatten() else { return Err(refused(format!(", got {}", type_name(obj)))) };
     items.enumerate().map(|(i, x)| item(i, x?)).collect()
 }
@@ -268,12 +271,31 @@ impl CheckpointCache {
     /// a block of `planner`'s group `group` (default 0) other than the null block 0, and not
     /// published. The request's prefill writes its running block, so a published block (another
     /// checkpoint, a block shared by requests, or the very checkpoint the request starts from:
-    /// copied onto itself it would then be written in place) is refused. Returns the block.
+    /// copied onto itself it would then be written in place) is refused, and so is one of
+    /// `reserved` (a store's free reserved blocks: the next checkpoint would be copied into the
+    /// block the request is writing). Returns the block.
     #[staticmethod]
-    #[pyo3(signature = (planner: "Planner", running_block: "int", *, group: "int" = None) -> "int")]
-    fn check_running_block(planner: PyRef<'_, Planner>, running_block: &Bound<'_, PyAny>, group: Opt<'_, '_>) -> PyResult<u64> {
+    #[pyo3(signature = (planner: "Planner", running_block: "int", *, group: "int" = None, reserved: "Sequence[int] | None" = None) -> "int")]
+    fn check_running_block(
+        planner: PyRef<'_, Planner>,
+        running_block: &Bound<'_, PyAny>,
+        group: Opt<'_, '_>,
+        reserved: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
         let g = opt_int::<usize>(group, "group")?.unwrap_or(0);
         let block = block_arg(&planner.inner, g, running_block, "running_block")?;
+        if let Some(reserved) = reserved.filter(|r| !r.is_none()) {
+            let ids = super::conversion::Ints::arg(reserved, "reserved", ErrorKind::Plan)?.0;
+            if ids.contains(&(block as i64)) {
+                return Err(arg_error(
+                    ErrorKind::Plan,
+                    format!(
+                        "running_block = {block} is one of the checkpoint store's free reserved blocks (the next checkpoint would be \
+                         copied into the block the request writes): give the request a block of its own"
+                    ),
+                ));
+            }
+        }
         writable(
             &planner.inner,
             g,

@@ -173,3 +173,27 @@ def test_a_positive_parameter_states_its_rule_for_zero_and_negative_values(name,
     kwargs = {"budget_checkpoints" if name == "budget" else name: value, **others}
     with pytest.raises(PlanError, match=pattern):
         simulate([TraceRequest("a", 0.0, [1, 2], [3])], "vllm", **kwargs)
+
+
+def test_token_ids_as_a_tensor_or_a_generator_are_read_and_a_set_is_refused():
+    """An ordered run of ints is token ids whatever holds it (a torch tensor, a numpy array, a
+    generator); a set or a dict has no order, and is refused naming its type."""
+    import numpy as np
+    import torch
+    from recoverssm_rs.checkpoints import TraceRequest, simulate
+
+    rows = [
+        TraceRequest("a", 0.0, torch.arange(1, 9), [4]),
+        TraceRequest("b", 1.0, np.arange(1, 9), (t for t in [4])),
+    ]
+    result = simulate(rows, "recoverssm", block_size=8, granularity=4)
+    again = simulate(
+        [TraceRequest("a", 0.0, list(range(1, 9)), [4]), TraceRequest("b", 1.0, list(range(1, 9)), [4])],
+        "recoverssm",
+        block_size=8,
+        granularity=4,
+    )
+    assert result == again and result["reused_tokens"] > 0
+    for unordered in ({1, 2, 3}, {1: 0, 2: 0}):
+        with pytest.raises(PlanError, match=rf"must be a list of token ids .*got {type(unordered).__name__}"):
+            simulate([TraceRequest("a", 0.0, unordered, [4])], "recoverssm", block_size=8, granularity=4)

@@ -105,3 +105,24 @@ def test_a_store_takes_any_iterable_of_distinct_block_ids():
     assert store.free_blocks == 4
     store = CheckpointStore(CheckpointCache("recoverssm"), planner, (b for b in [40, 41]))
     assert store.free_blocks == 2
+
+
+def test_a_start_into_one_of_the_stores_free_reserved_blocks_is_refused():
+    """A free reserved block is not published, so the planner would take it: the store's next
+    checkpoint would then be copied into the block the request is writing (and the request's own
+    block published as a checkpoint)."""
+    planner, _ = _planner()
+    store = CheckpointStore(CheckpointCache("recoverssm", block_size=8, granularity=4, budget=2), planner, [40, 41, 42])
+    before = _state(store)
+    with pytest.raises(PlanError, match=r"running_block = 40 is one of the checkpoint store's free reserved blocks"):
+        store.start(PROMPT, 40)
+    assert _state(store) == before
+    store.finish(PROMPT, [5], store.start(PROMPT, 1), lambda p: 1)
+    held = next(iter(store.blocks().values()))  # a reserved block now holding a checkpoint
+    with pytest.raises(PlanError, match=rf"running_block = {held} holds a published state"):
+        store.start(OTHER, held)
+    free = min({40, 41, 42} - set(store.blocks().values()))  # a reserved block still free
+    with pytest.raises(
+        PlanError, match=rf"running_block = {free} is one of the checkpoint store's free reserved blocks"
+    ):
+        store.start(OTHER, free)

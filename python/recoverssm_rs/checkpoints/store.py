@@ -89,9 +89,10 @@ class CheckpointStore:
             PlanError: ``running_block`` is not a writable block of the store's group: out of
                 range, the null block, or published (another checkpoint, a shared block, or the
                 hit's own block: copied onto itself the checkpoint would then be written by the
-                request's prefill).
+                request's prefill), or one of the store's free reserved blocks (the next
+                checkpoint would be copied into the block the request writes).
         """
-        CheckpointCache.check_running_block(self.planner.core, running_block, group=self.group)
+        CheckpointCache.check_running_block(self.planner.core, running_block, group=self.group, reserved=self._free)
         hit = self.cache.peek(prompt)
         if hit is not None:
             self._run(self.planner.plan_copy([self._block[hit]], [running_block]))
