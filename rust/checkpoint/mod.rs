@@ -6,12 +6,13 @@
 //! from ([`CheckpointCache::plan`]: the longest usable checkpoint and the positions to save during
 //! prefill) and, when the request ends ([`CheckpointCache::finish`]), which checkpoints to write
 //! and which to evict to stay within the budget. Four policies ([`PolicyKind`]) share the index
-//! ([`tree::PrefixTree`]) and differ in placement and eviction ([`policy`]). The [`sim`] module
-//! replays a trace through one cache and counts what was reused.
+//! ([`tree::PrefixTree`]) and differ in placement ([`policy`]) and eviction order (`evict`). The
+//! [`sim`] module replays a trace through one cache and counts what was reused.
 //!
 //! The model keeps attention KV unbounded (every sequence seen stays in the index); the budget
 //! counts recurrent checkpoints only.
 
+mod evict;
 pub mod policy;
 pub mod sim;
 pub mod trace;

@@ -1,10 +1,10 @@
-//! The cache: one policy's placement (what to save) and eviction (what to drop) over a
-//! [`PrefixTree`].
+//! The cache: one policy's placement (what to save) and when it evicts (what to drop) over a
+//! [`PrefixTree`]; which checkpoint goes first is the eviction order's (`evict`).
 
-use super::tree::{Handle, PrefixTree, Seeded, Walk};
+use super::evict::{Evictor, Kind};
+use super::tree::{Handle, PrefixTree, Walk};
 use super::{Config, PolicyKind};
 use crate::error::{Error, Result};
-use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The next cache's [`CheckpointCache::id`].
@@ -46,21 +46,9 @@ pub struct Plan {
     prompt_len: usize,
 }
 
-/// Why `recoverssm` keeps a checkpoint: its value model differs by kind.
 /// `recoverssm`'s tail save sits this many chunks before the prompt's last token: a prompt that
 /// ends with a short question of its own (retrieval, few-shot) shares everything before it.
 const TAIL_CHUNKS: usize = 2;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    /// Where the prompt leaves a prefix shared with earlier sequences: worth its tokens per use.
-    Junction,
-    /// The prompt's last chunk boundary: worth something only once a resend uses it.
-    Replay,
-    /// Where a request's computed tokens end: worth its tokens until a later turn that started
-    /// from it saves its own end (the conversation moved on).
-    End,
-}
 
 /// What a request's end changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -73,22 +61,6 @@ pub struct Finished {
     pub evicted: Vec<Handle>,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Meta {
-    last_use: u64,
-    uses: u64,
-    /// Tokens this checkpoint saves over the deepest shallower one on its path, when written.
-    marginal: usize,
-    /// The eviction key (smallest first) for ordered policies.
-    key: u64,
-    kind: Kind,
-    superseded: bool,
-    /// Greedy-dual's clock when the value was last set.
-    base: f64,
-    /// Which use estimate applies (`key_of`): 0 junction, 1 replay boundary, 2 end.
-    class: usize,
-}
-
 /// A checkpoint cache under one policy.
 #[derive(Debug)]
 pub struct CheckpointCache {
@@ -96,17 +68,10 @@ pub struct CheckpointCache {
     id: u64,
     cfg: Config,
     tree: PrefixTree,
-    meta: HashMap<Handle, Meta, Seeded>,
-    order: BTreeSet<(u64, Handle)>,
+    /// The live checkpoints' records and eviction order.
+    evictor: Evictor,
     next_handle: Handle,
-    tick: u64,
-    /// Greedy-dual's inflation value (the priority of the last eviction).
-    floor: f64,
     peak: usize,
-    /// `recoverssm`'s estimate of how often a checkpoint of each kind is used, per [`Kind`]:
-    /// checkpoints written, and those a later request started from (each counted once).
-    written_of: [u64; 3],
-    used_of: [u64; 3],
 }
 
 impl CheckpointCache {
@@ -118,14 +83,9 @@ impl CheckpointCache {
             cfg,
             // Marconi's branch point is exact: its index keeps sequences' partial last chunks.
             tree: if cfg.policy == PolicyKind::Marconi { PrefixTree::with_tails(g) } else { PrefixTree::new(g) },
-            meta: HashMap::default(),
-            order: BTreeSet::new(),
+            evictor: Evictor::new(cfg.policy),
             next_handle: 1,
-            tick: 0,
-            floor: 0.0,
             peak: 0,
-            written_of: [0; 3],
-            used_of: [0; 3],
         }
     }
 
@@ -165,16 +125,13 @@ impl CheckpointCache {
         let n = prompt.len();
         let hit = walk.checkpoint.map(|(position, handle)| Hit { position, handle });
         if let Some(h) = hit {
-            if let Some(m) = self.meta.get(&h.handle).filter(|m| m.uses == 0) {
-                self.used_of[m.class] += 1;
-            }
-            self.touch(h.handle);
+            self.evictor.hit(h.handle);
         }
         let mut evicted = Vec::new();
         if let (PolicyKind::SglangLru, Some(budget)) = (self.cfg.policy, self.cfg.budget) {
             let keep = hit.map(|h| h.handle);
             while self.tree.len() >= budget {
-                let Some(victim) = self.order.iter().map(|&(_, h)| h).find(|&h| Some(h) != keep) else { break };
+                let Some(victim) = self.evictor.oldest_except(keep) else { break };
                 self.evict(victim);
                 evicted.push(victim);
             }
@@ -288,7 +245,7 @@ impl CheckpointCache {
                 Kind::Junction
             };
             if let Some(h) = self.tree.find_exact_on(&path, seq, p) {
-                self.touch(h);
+                self.evictor.touch(h);
                 continue;
             }
             let h = self.next_handle;
@@ -298,32 +255,23 @@ impl CheckpointCache {
             // shallower checkpoint (for an end, the deepest one that is not itself an end: a
             // conversation's earlier ends are superseded by this one).
             let marginal = if kind == Kind::End && self.cfg.policy == PolicyKind::Recoverssm {
-                p - self.tree.ancestor_position_where(h, |x| self.meta.get(&x).is_some_and(|m| m.kind != Kind::End))
+                p - self.tree.ancestor_position_where(h, |x| self.evictor.get(x).is_some_and(|m| m.kind != Kind::End))
             } else {
                 p - self.tree.ancestor_position(h)
             };
-            self.tick += 1;
-            let class = match kind {
-                Kind::Junction => 0,
-                Kind::Replay => 1,
-                Kind::End => 2,
-            };
-            let mut m = Meta { last_use: self.tick, uses: 0, marginal, key: 0, kind, superseded: false, base: self.floor, class };
-            m.key = self.key_of(&m);
+            let m = self.evictor.fresh(kind, marginal);
             // Admission by value: at the budget, a checkpoint worth less than every live one is
             // not written (writing it would evict something worth more).
             let full = self.cfg.budget.is_some_and(|b| self.tree.len() > b);
-            if full && self.cfg.policy == PolicyKind::Recoverssm && self.order.first().is_some_and(|&(k, _)| m.key < k) {
+            if full && self.evictor.worth_less_than_all(&m) {
                 self.tree.remove_checkpoint(h);
                 continue;
             }
-            self.meta.insert(h, m);
-            self.order.insert((m.key, h));
+            self.evictor.insert(h, m);
             done.written.push((p, h));
-            self.written_of[m.class] += 1;
             if let Some(budget) = self.cfg.budget {
                 while self.tree.len() > budget {
-                    let victim = self.victim(h);
+                    let victim = self.evictor.victim(h, &self.tree);
                     self.evict(victim);
                     done.evicted.push(victim);
                 }
@@ -334,13 +282,8 @@ impl CheckpointCache {
         // superseded (its conversation continues from the new one).
         if let Some(hit) = plan.hit {
             let wrote_end = self.cfg.policy == PolicyKind::Recoverssm && done.written.iter().any(|&(p, _)| p == computed);
-            if let Some(mut m) = self.meta.get(&hit.handle).copied().filter(|m| wrote_end && m.kind == Kind::End) {
-                self.order.remove(&(m.key, hit.handle));
-                m.superseded = true;
-                m.base = self.floor;
-                m.key = self.key_of(&m);
-                self.order.insert((m.key, hit.handle));
-                self.meta.insert(hit.handle, m);
+            if wrote_end {
+                self.evictor.supersede_end(hit.handle);
             }
         }
         Ok(done)
@@ -355,87 +298,14 @@ impl CheckpointCache {
             return Err(Error::plan(format!("checkpoint handle {h} is not a live checkpoint of this cache")));
         }
         for &h in hs {
-            if let Some(m) = self.meta.remove(&h) {
-                self.order.remove(&(m.key, h));
-                self.written_of[m.class] = self.written_of[m.class].saturating_sub(1);
-            }
+            self.evictor.discard(h);
             self.tree.remove_checkpoint(h);
         }
         Ok(())
     }
 
-    fn touch(&mut self, h: Handle) {
-        self.tick += 1;
-        let Some(mut m) = self.meta.get(&h).copied() else { return };
-        self.order.remove(&(m.key, h));
-        m.last_use = self.tick;
-        m.uses += 1;
-        m.base = self.floor;
-        m.key = self.key_of(&m);
-        self.order.insert((m.key, h));
-        self.meta.insert(h, m);
-    }
-
-    /// The ordered key: recency for the LRU policies, greedy-dual priority for `recoverssm`:
-    /// the clock when the value was set plus the value, tokens saved over the next shallower
-    /// checkpoint times the uses expected (non-negative f64 bits order like the values).
-    fn key_of(&self, m: &Meta) -> u64 {
-        match self.cfg.policy {
-            PolicyKind::Recoverssm => {
-                let k = m.class;
-                // A checkpoint not used yet is worth the share of its kind that was used
-                // (Laplace's estimate): in a chat most ends are, in retrieval almost none.
-                let expected = (self.used_of[k] + 1) as f64 / (self.written_of[k] + 2) as f64;
-                let uses = match m.kind {
-                    Kind::End if m.superseded => 0.0,
-                    Kind::Replay if m.uses == 0 => 0.0,
-                    Kind::Junction => (m.uses + 1) as f64,
-                    Kind::End if m.uses == 0 => expected,
-                    Kind::End => (m.uses + 1) as f64,
-                    Kind::Replay => m.uses as f64,
-                };
-                (m.base + uses * m.marginal as f64).to_bits()
-            }
-            _ => m.last_use,
-        }
-    }
-
-    /// The checkpoint to evict next; `keep` (just written) only when nothing else is left.
-    fn victim(&self, keep: Handle) -> Handle {
-        if self.cfg.policy == PolicyKind::Marconi {
-            if let Some(v) = self.marconi_victim(keep) {
-                return v;
-            }
-        }
-        self.order.iter().map(|&(_, h)| h).find(|&h| h != keep).unwrap_or(keep)
-    }
-
-    /// Marconi's utility: among checkpoints whose node has at most one child, the smallest
-    /// min-max-normalised recency + FLOP efficiency (tokens saved per state). A scan of the
-    /// candidates, as the paper does.
-    fn marconi_victim(&self, keep: Handle) -> Option<Handle> {
-        let cands: Vec<(Handle, &Meta)> =
-            self.meta.iter().filter(|(&h, _)| h != keep && self.tree.children_of(h) <= 1).map(|(&h, m)| (h, m)).collect();
-        let (rmin, rmax) = cands.iter().fold((u64::MAX, 0), |(a, b), (_, m)| (a.min(m.last_use), b.max(m.last_use)));
-        let (fmin, fmax) = cands.iter().fold((usize::MAX, 0), |(a, b), (_, m)| (a.min(m.marginal), b.max(m.marginal)));
-        let norm = |v: f64, lo: f64, hi: f64| if hi > lo { (v - lo) / (hi - lo) } else { 0.0 };
-        cands
-            .iter()
-            .map(|&(h, m)| {
-                let s = norm(m.last_use as f64, rmin as f64, rmax as f64) + norm(m.marginal as f64, fmin as f64, fmax as f64);
-                (s, m.last_use, h)
-            })
-            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
-            .map(|(_, _, h)| h)
-    }
-
     fn evict(&mut self, h: Handle) {
-        if let Some(m) = self.meta.remove(&h) {
-            self.order.remove(&(m.key, h));
-            if self.cfg.policy == PolicyKind::Recoverssm {
-                self.floor = self.floor.max(f64::from_bits(m.key));
-            }
-        }
+        self.evictor.evict(h);
         self.tree.remove_checkpoint(h);
     }
 }
@@ -529,9 +399,9 @@ mod tests {
         for policy in PolicyKind::ALL {
             let mut c = CheckpointCache::new(Config::new(*policy, 64, 16, Some(2)).unwrap());
             for (p, o) in shared_prefix(100, 90, 6) {
-                let (len, tick, used) = (c.len(), c.tick, c.used_of);
+                let (len, tick, used) = (c.len(), c.evictor.tick, c.evictor.used_of);
                 let seen = c.peek(&p).unwrap();
-                assert_eq!((c.len(), c.tick, c.used_of), (len, tick, used), "{policy:?}: peek changed the cache");
+                assert_eq!((c.len(), c.evictor.tick, c.evictor.used_of), (len, tick, used), "{policy:?}: peek changed the cache");
                 let plan = c.plan(&p).unwrap();
                 assert_eq!(seen, plan.hit, "{policy:?}");
                 c.finish(&p, &o, &plan).unwrap();
