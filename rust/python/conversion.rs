@@ -247,8 +247,7 @@ impl Arg for Tensor {
 
 impl Arg for Vec<Tensor> {
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
-        let items = obj.try_iter().map_err(|_| arg_error(kind, format!("{name} must be a list of tensors, got {}", type_name(obj))))?;
-        items.enumerate().map(|(i, t)| Tensor::arg(&t?, &format!("layer {i}: {name}"), kind)).collect()
+        tensor_list(obj, name, kind, |i| format!("layer {i}: {name}"))
     }
 }
 
@@ -257,9 +256,15 @@ pub(crate) struct TensorList(pub Vec<TensorDesc>);
 
 impl Arg for TensorList {
     fn arg(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<Self> {
-        let items = obj.try_iter().map_err(|_| arg_error(kind, format!("{name} must be a list of tensors, got {}", type_name(obj))))?;
-        items.enumerate().map(|(i, t)| Ok(Tensor::arg(&t?, &format!("{name}[{i}]"), kind)?.0)).collect::<PyResult<_>>().map(TensorList)
+        let list = tensor_list(obj, name, kind, |i| format!("{name}[{i}]"))?;
+        Ok(TensorList(list.into_iter().map(|t| t.0).collect()))
     }
+}
+
+/// The tensors of the list `obj` (the argument `name`), the `i`-th named `label(i)` in errors.
+fn tensor_list(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind, label: impl Fn(usize) -> String) -> PyResult<Vec<Tensor>> {
+    let items = obj.try_iter().map_err(|_| arg_error(kind, format!("{name} must be a list of tensors, got {}", type_name(obj))))?;
+    items.enumerate().map(|(i, t)| Tensor::arg(&t?, &label(i), kind)).collect()
 }
 
 /// A device given by name (`"cuda:0"`) or as the device of a tensor or array.

@@ -62,22 +62,13 @@ fn int_array(obj: &Bound<'_, PyAny>, name: &str, kind: ErrorKind) -> PyResult<(V
 /// hold: a storage freed (`untyped_storage().resize_(0)`) or shrunk since the tensor was made
 /// ([`storage_shortfall`]); nothing is read.
 fn held_by_storage<T: pyo3::buffer::Element>(obj: &Bound<'_, PyAny>, b: &PyBuffer<T>, name: &str, kind: ErrorKind) -> PyResult<()> {
-    let shape = b.shape();
-    if shape.contains(&0) {
-        return Ok(()); // nothing to read
-    }
     // The bytes the view spans, from its lowest to its highest element (strides may be negative).
-    let (mut lo, mut hi) = (0i128, b.item_size() as i128);
-    for (&n, &st) in shape.iter().zip(b.strides()) {
-        let reach = (n as i128 - 1) * st as i128;
-        if reach < 0 {
-            lo += reach;
-        } else {
-            hi += reach;
-        }
-    }
-    let at = b.buf_ptr() as usize as i128;
-    match storage_shortfall(obj, at + lo, at + hi, "read")? {
+    let shape = b.shape().iter().map(|&n| n as i64).collect();
+    let view = crate::tensor::TensorDesc::new(b.buf_ptr() as usize as u64, "", shape, b.strides().iter().map(|&s| s as i64).collect(), "cpu");
+    let Some((lo, hi)) = crate::memory::extent(&view, b.item_size() as u64) else {
+        return Ok(()); // nothing to read
+    };
+    match storage_shortfall(obj, lo.into(), hi.into(), "read")? {
         Some(why) => Err(arg_error(kind, format!("{name}: {why}"))),
         None => Ok(()),
     }

@@ -53,22 +53,11 @@ pub fn span(t: &TensorDesc) -> Option<(u64, u64)> {
 /// two layers alias one buffer).
 pub fn check_pool(tensors: &[(String, &TensorDesc)]) -> Result<()> {
     let live: Vec<&(String, &TensorDesc)> = tensors.iter().filter(|(_, t)| t.shape.iter().all(|&n| n > 0) && !t.shape.is_empty()).collect();
-    let mut first: Option<(&str, i64)> = None;
-    for (label, t) in &live {
-        if t.shape.len() < 2 {
-            return Err(Error::binding(format!("SglangMambaPool: {label} has shape {:?}, not [layers, slots, ...]", t.shape)));
-        }
-        match first {
-            None => first = Some((label, t.shape[0])),
-            Some((name, n)) if n != t.shape[0] => {
-                return Err(Error::binding(format!(
-                    "SglangMambaPool: {label} has {} layers, {name} has {n}: every tensor of the pool has one layer count",
-                    t.shape[0]
-                )))
-            }
-            _ => {}
-        }
-    }
+    let stacked = live.iter().map(|(label, t)| match t.shape.len() {
+        0 | 1 => Err(Error::binding(format!("SglangMambaPool: {label} has shape {:?}, not [layers, slots, ...]", t.shape))),
+        _ => Ok((label.as_str(), *t)),
+    });
+    one_count(stacked, 0, "layers", "every tensor of the pool has one layer count")?;
     for (i, (a, ta)) in live.iter().enumerate() {
         for (b, tb) in &live[..i] {
             if ta.device != tb.device {
@@ -92,15 +81,21 @@ pub fn check_pool(tensors: &[(String, &TensorDesc)]) -> Result<()> {
 /// smaller tensor would run past its end.
 pub fn check_slot_counts(states: &[(String, &TensorDesc)]) -> Result<()> {
     let holds = |t: &TensorDesc| t.shape.len() >= 2 && t.shape.iter().all(|&n| n > 0);
+    let held = states.iter().filter(|(_, t)| holds(t)).map(|(l, t)| Ok((l.as_str(), *t)));
+    one_count(held, 1, "slots", "every state tensor of the pool has one slot count")
+}
+
+/// Refuses the first of `tensors` (`(label, tensor)`, each with a dimension `dim`, or the error
+/// that tensor is refused with, in order) whose size along `dim` (its `what`: layers, slots)
+/// differs from the first one's, saying `rule`.
+fn one_count<'a>(tensors: impl Iterator<Item = Result<(&'a str, &'a TensorDesc)>>, dim: usize, what: &str, rule: &str) -> Result<()> {
     let mut first: Option<(&str, i64)> = None;
-    for (label, t) in states.iter().filter(|(_, t)| holds(t)) {
+    for tensor in tensors {
+        let (label, t) = tensor?;
         match first {
-            None => first = Some((label, t.shape[1])),
-            Some((name, n)) if n != t.shape[1] => {
-                return Err(Error::binding(format!(
-                    "SglangMambaPool: {label} has {} slots, {name} has {n}: every state tensor of the pool has one slot count",
-                    t.shape[1]
-                )))
+            None => first = Some((label, t.shape[dim])),
+            Some((name, n)) if n != t.shape[dim] => {
+                return Err(Error::binding(format!("SglangMambaPool: {label} has {} {what}, {name} has {n}: {rule}", t.shape[dim])))
             }
             _ => {}
         }
